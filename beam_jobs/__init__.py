@@ -1,0 +1,13 @@
+"""Beam pipelines of shardsmith: conversion of image folders to TFRecord shards."""
+
+__all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "ImagesToTFRecords", "run"]
+
+
+def __getattr__(name):
+    # Imported lazily: `python -m beam_jobs.convert` must not import the module
+    # twice (once through the package, once as __main__).
+    if name in __all__:
+        from beam_jobs import convert
+
+        return getattr(convert, name)
+    raise AttributeError(f"module 'beam_jobs' has no attribute {name!r}")

@@ -1,0 +1,279 @@
+"""Validation and normalisation of one image file.
+
+Every image is decoded with TensorFlow's own decode ops (the ones the reader
+runs), so nothing undecodable reaches a shard. Valid JPEG and PNG files are kept
+byte for byte; what TensorFlow cannot decode, or would show differently from
+how a person sees the file, is normalised and the action recorded:
+
+- EXIF-rotated photos are turned upright (re-encoded JPEG);
+- transparent images are flattened onto a background colour (PNG);
+- GIF keeps its first frame, and formats TF lacks or decodes as animations
+  (TIFF, BMP, WebP, ...) are re-encoded losslessly as PNG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import struct
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+__all__ = ["ImageRejected", "ValidImage", "ImageValidator", "sniff_format"]
+
+# Errors Pillow raises on damaged or hostile files: its plugins use OSError for
+# truncation, SyntaxError and ValueError for bad headers, EOFError for missing
+# frames, struct.error for short chunks.
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
+
+_EXIF_ORIENTATION = 0x0112
+
+# Re-encoded photos (EXIF rotation) keep JPEG's size; quality 95 with 4:4:4
+# chroma keeps the re-encoding error below what the eye notices.
+_JPEG_QUALITY = 95
+
+
+class ImageRejected(Exception):
+    """An input that cannot become a record, with a reason code.
+
+    Attributes:
+      reason: A key of `schemas.REJECT_REASONS`.
+      message: A human-readable explanation.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidImage:
+    """An image ready to be stored.
+
+    Attributes:
+      data: Encoded bytes to store (the original bytes unless normalised).
+      format: 'jpeg' or 'png'.
+      height, width, channels: Shape of the decoded image.
+      source_format: What the input was ('jpeg', 'png', 'gif', 'tiff', ...).
+      actions: Normalisations applied, e.g. ('exif_transpose',); empty when the
+        original bytes are stored.
+    """
+
+    data: bytes
+    format: str
+    height: int
+    width: int
+    channels: int
+    source_format: str
+    actions: tuple[str, ...] = ()
+
+
+def sniff_format(head: bytes) -> str | None:
+    """Detects the image format from the first bytes of a file.
+
+    Args:
+      head: At least the first 132 bytes (fewer for short files).
+
+    Returns:
+      'jpeg', 'png', 'gif', 'bmp', 'webp', 'tiff', 'dicom', or None when the
+      bytes match no signature shardsmith knows (Pillow may still read them).
+    """
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head.startswith(b"BM") and len(head) >= 26:
+        return "bmp"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if head[128:132] == b"DICM":
+        return "dicom"
+    return None
+
+
+class ImageValidator:
+    """Validates and normalises encoded images.
+
+    Built once per worker (it imports TensorFlow); `validate` is then called
+    per file.
+
+    Args:
+      max_pixels: Images with more pixels are rejected as 'too_large' before
+        any pixel is decoded (decompression bombs).
+      background: RGB colour that transparent pixels are flattened onto.
+      full_decode: Decode JPEGs at full resolution. By default libjpeg decodes
+        at 1/8 scale, which still reads and checks every entropy-coded byte
+        (a truncated or damaged stream fails the same way) at a fraction of
+        the cost.
+    """
+
+    def __init__(self, *, max_pixels: int, background=(255, 255, 255), full_decode=False):
+        import tensorflow as tf  # Heavy: imported where a worker builds the validator.
+
+        self._tf = tf
+        self._max_pixels = max_pixels
+        self._background = tuple(background)
+        self._jpeg_ratio = 1 if full_decode else 8
+        # We check the pixel count ourselves, against the user's limit, before
+        # decoding; Pillow's own guard would fire on a different number.
+        Image.MAX_IMAGE_PIXELS = None
+
+    def validate(self, data: bytes, name: str) -> ValidImage:
+        """Checks one file's bytes.
+
+        Args:
+          data: The whole file.
+          name: Its relative path, for messages.
+
+        Returns:
+          The image to store.
+
+        Raises:
+          ImageRejected: With the reason the file cannot be stored.
+        """
+        if not data:
+            raise ImageRejected("empty_file", f"{name} has zero bytes")
+        fmt = sniff_format(data[:132])
+        if fmt == "dicom":
+            raise ImageRejected(
+                "unsupported_codec",
+                f"{name} is a DICOM file; DICOM conversion needs shardsmith's DICOM support",
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            try:
+                im = Image.open(io.BytesIO(data))
+            except UnidentifiedImageError:
+                if fmt is None:
+                    raise ImageRejected(
+                        "not_an_image", f"{name} is not in a known image format"
+                    ) from None
+                raise ImageRejected(
+                    "corrupt", f"{name} looks like {fmt.upper()} but its header is damaged"
+                ) from None
+            except _PIL_ERRORS as e:
+                raise ImageRejected("corrupt", f"{name}: unreadable header ({e})") from e
+            fmt = fmt or (im.format or "unknown").lower()
+            width, height = im.size
+            if width * height > self._max_pixels:
+                raise ImageRejected(
+                    "too_large",
+                    f"{name} is {width}x{height} = {width * height:,} pixels, more than "
+                    f"--max_pixels={self._max_pixels:,}",
+                )
+            if width == 0 or height == 0:
+                raise ImageRejected("corrupt", f"{name} has an empty size {width}x{height}")
+            try:
+                if fmt == "jpeg":
+                    return self._jpeg(data, im, name)
+                if fmt == "png":
+                    return self._png(data, im, name)
+                return self._reencode(im, fmt, name)
+            except _PIL_ERRORS as e:
+                raise ImageRejected("corrupt", f"{name}: {e}") from e
+            except self._tf.errors.OpError as e:
+                raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+
+    def _jpeg(self, data: bytes, im: Image.Image, name: str) -> ValidImage:
+        orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+        if orientation not in (1, None) and 2 <= int(orientation) <= 8:
+            # TF ignores EXIF: without this the model would see the photo on
+            # its side while every image viewer shows it upright.
+            upright = ImageOps.exif_transpose(im)
+            upright = _to_storable_mode(upright, self._background)
+            out = _encode(upright, "jpeg" if upright.mode in ("L", "RGB") else "png")
+            return self._checked(out, "jpeg", ("exif_transpose",), name)
+        # Kept byte for byte; the decode only proves TF can read every byte.
+        self._tf.io.decode_jpeg(data, ratio=self._jpeg_ratio)
+        channels = 1 if im.mode == "L" else 3
+        return ValidImage(data, "jpeg", im.height, im.width, channels, "jpeg")
+
+    def _png(self, data: bytes, im: Image.Image, name: str) -> ValidImage:
+        if _has_transparency(im):
+            flat = _to_storable_mode(im, self._background)
+            return self._checked(_encode(flat, "png"), "png", ("flatten_alpha",), name)
+        # An alpha channel that is opaque everywhere is kept as it is.
+        decoded = self._tf.io.decode_png(data, dtype=self._png_dtype(data))
+        h, w, c = decoded.shape
+        return ValidImage(data, "png", int(h), int(w), int(c), "png")
+
+    def _reencode(self, im: Image.Image, fmt: str, name: str) -> ValidImage:
+        actions = [f"reencode_{fmt}_to_png"]
+        if getattr(im, "n_frames", 1) > 1:
+            actions.append("first_frame")
+        im.seek(0)
+        if im.getexif().get(_EXIF_ORIENTATION, 1) not in (1, None):
+            im = ImageOps.exif_transpose(im)
+            actions.append("exif_transpose")
+        if _has_transparency(im):
+            actions.append("flatten_alpha")
+        flat = _to_storable_mode(im, self._background)
+        return self._checked(_encode(flat, "png"), fmt, tuple(actions), name)
+
+    def _png_dtype(self, data: bytes):
+        # Byte 24 is the IHDR bit depth: decoding 16-bit PNGs as uint16 checks
+        # them exactly as a reader asking for 16 bits would.
+        return self._tf.uint16 if data[24] == 16 else self._tf.uint8
+
+    def _checked(self, out: bytes, source_format: str, actions, name: str) -> ValidImage:
+        """Decodes normalised bytes with TF, so what is stored is what TF reads."""
+        fmt = "jpeg" if out.startswith(b"\xff\xd8") else "png"
+        if fmt == "jpeg":
+            decoded = self._tf.io.decode_jpeg(out)
+        else:
+            decoded = self._tf.io.decode_png(out, dtype=self._png_dtype(out))
+        h, w, c = decoded.shape
+        return ValidImage(out, fmt, int(h), int(w), int(c), source_format, tuple(actions))
+
+
+def _tf_message(e) -> str:
+    # TF prefixes op errors with a long '{{function_node ...}}' tag.
+    text = getattr(e, "message", str(e))
+    return text.split("}}")[-1].strip() or text
+
+
+def _has_transparency(im: Image.Image) -> bool:
+    """True when some pixel is not fully opaque (decodes the pixels)."""
+    if im.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        alpha = im.getchannel("A")
+        return alpha.getextrema()[0] < 255
+    if "transparency" in im.info:
+        rgba = im.convert("RGBA")
+        return rgba.getchannel("A").getextrema()[0] < 255
+    return False
+
+
+def _to_storable_mode(im: Image.Image, background) -> Image.Image:
+    """Converts to L, RGB or 16-bit grey, flattening transparency."""
+    if im.mode in ("I", "F", "I;16", "I;16B", "I;16L", "I;16N"):
+        arr = np.asarray(im)
+        if arr.dtype.kind == "f":
+            arr = np.nan_to_num(arr)
+        return Image.fromarray(np.clip(arr, 0, 65535).astype(np.uint16))
+    if im.mode in ("RGBA", "LA", "PA", "P", "La", "RGBa") or "transparency" in im.info:
+        rgba = im.convert("RGBA")
+        if rgba.getchannel("A").getextrema()[0] < 255:
+            base = Image.new("RGBA", rgba.size, tuple(background) + (255,))
+            rgba = Image.alpha_composite(base, rgba)
+        grey = im.mode in ("LA", "La") or (im.mode == "L" and "transparency" in im.info)
+        return rgba.convert("L" if grey else "RGB")
+    if im.mode in ("1", "L"):
+        return im.convert("L")
+    return im.convert("RGB")
+
+
+def _encode(im: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "jpeg":
+        im.save(buf, "JPEG", quality=_JPEG_QUALITY, subsampling=0)
+    else:
+        # Level 6 gives most of the size win at a fraction of level 9's time.
+        im.save(buf, "PNG", compress_level=6)
+    return buf.getvalue()

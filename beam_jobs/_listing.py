@@ -1,0 +1,156 @@
+"""Listing the input folder: every file found, in a stable order.
+
+Local folders are walked with `os.scandir` so that symbolic links, loops and
+hidden files are seen and reported; other file systems (gs://, ...) are listed
+through Beam's FileSystems. Either way the result is sorted, so the same folder
+always gives the same listing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import stat
+
+from apache_beam.io.filesystems import FileSystems
+
+__all__ = ["InputFile", "Problem", "list_input", "is_local", "display_path"]
+
+# Files that operating systems and tools drop into image folders.
+_SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "icon\r"})
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """A regular file found under the input root.
+
+    Attributes:
+      rel_path: Path relative to the root, POSIX separators.
+      path: Full path or URL to open it with.
+      size: Size in bytes.
+    """
+
+    rel_path: str
+    path: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """An input that will not be converted, and why.
+
+    Attributes:
+      rel_path: Path relative to the input root.
+      reason: A key of `schemas.REJECT_REASONS` or `schemas.SKIP_REASONS`.
+      message: A sentence for humans.
+    """
+
+    rel_path: str
+    reason: str
+    message: str
+
+
+def is_local(path: str) -> bool:
+    return FileSystems.get_scheme(path) in (None, "file")
+
+
+def display_path(rel_path: str) -> str:
+    """A printable form of a path that may hold bytes that are not UTF-8."""
+    return os.fsencode(rel_path).decode("utf-8", "backslashreplace")
+
+
+def is_hidden(name: str) -> bool:
+    """Hidden and system files: '.DS_Store', '._photo.jpg', 'Thumbs.db', ..."""
+    return name.startswith(".") or name.lower() in _SYSTEM_FILES
+
+
+def list_input(root: str) -> tuple[list[InputFile], list[Problem]]:
+    """Lists every file under `root`.
+
+    Args:
+      root: A local folder or a file system URL.
+
+    Returns:
+      (files, problems), both sorted by relative path. Hidden files, broken
+      links and link loops are problems, so that nothing found goes unreported.
+
+    Raises:
+      FileNotFoundError: If the root does not exist or is not a folder.
+    """
+    if is_local(root):
+        files, problems = _walk_local(root)
+    else:
+        files, problems = _list_remote(root)
+    files.sort(key=lambda f: os.fsencode(f.rel_path))
+    problems.sort(key=lambda p: os.fsencode(p.rel_path))
+    return files, problems
+
+
+def _walk_local(root: str):
+    root = os.path.abspath(root.removeprefix("file://"))
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"--input_dir {root!r} does not exist or is not a folder.")
+    files: list[InputFile] = []
+    problems: list[Problem] = []
+    visited = {os.path.realpath(root)}
+
+    def walk(folder: str, rel: str):
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: os.fsencode(e.name))
+        for entry in entries:
+            rel_path = f"{rel}{entry.name}"
+            if is_hidden(entry.name):
+                problems.append(Problem(rel_path, "hidden_file", "hidden or system file"))
+                continue
+            try:
+                st = os.stat(entry.path)  # Follows links.
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    problems.append(Problem(rel_path, "symlink_loop", f"link loop: {e.strerror}"))
+                elif entry.is_symlink():
+                    problems.append(Problem(
+                        rel_path, "broken_symlink",
+                        f"link to missing {os.readlink(entry.path)!r}",
+                    ))
+                else:
+                    problems.append(Problem(rel_path, "unreadable", f"cannot stat: {e.strerror}"))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                real = os.path.realpath(entry.path)
+                if real in visited:
+                    problems.append(Problem(
+                        rel_path, "symlink_loop", "link to a folder already listed (a cycle)"
+                    ))
+                    continue
+                visited.add(real)
+                try:
+                    walk(entry.path, rel_path + "/")
+                except PermissionError as e:
+                    problems.append(Problem(rel_path, "unreadable", f"cannot list: {e.strerror}"))
+            elif stat.S_ISREG(st.st_mode):
+                files.append(InputFile(rel_path, entry.path, st.st_size))
+            else:
+                problems.append(Problem(rel_path, "unreadable", "not a regular file"))
+
+    walk(root, "")
+    return files, problems
+
+
+def _list_remote(root: str):
+    root = root.rstrip("/")
+    if not FileSystems.exists(root + "/"):
+        matched = FileSystems.match([root + "/*"], limits=[1])[0].metadata_list
+        if not matched:
+            raise FileNotFoundError(f"--input_dir {root!r} does not exist or is empty.")
+    files: list[InputFile] = []
+    problems: list[Problem] = []
+    for meta in FileSystems.match([root + "/**"])[0].metadata_list:
+        rel_path = meta.path[len(root) + 1:]
+        if not rel_path or rel_path.endswith("/"):
+            continue  # Folder placeholder objects.
+        if any(is_hidden(part) for part in rel_path.split("/")):
+            problems.append(Problem(rel_path, "hidden_file", "hidden or system file"))
+        else:
+            files.append(InputFile(rel_path, meta.path, meta.size_in_bytes))
+    return files, problems

@@ -1,0 +1,327 @@
+"""Planning a conversion: labels, splits and shard membership of every file.
+
+Everything here is a pure function of the listing and the options, computed
+once before the pipeline runs. Split and shard membership come from seeded,
+stable hashes of the relative path, so:
+
+- the same input and seed give the same plan on every run and every runner;
+- adding files later never moves an existing file to another split;
+- every shard is a uniform random mix of classes (never one class per shard).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+from beam_jobs._listing import InputFile, Problem
+
+__all__ = ["PlannedFile", "Plan", "make_plan", "stable_hash", "SPLIT_ALIASES", "read_labels_csv"]
+
+# Folder names recognised as split folders, and the split each one means.
+SPLIT_ALIASES = {
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "val": "validation",
+    "valid": "validation",
+    "test": "test",
+    "testing": "test",
+}
+
+
+def stable_hash(seed: int, purpose: str, *parts: str) -> int:
+    """A 64-bit hash that is the same on every machine and Python run."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{seed}\0{purpose}".encode())
+    for part in parts:
+        h.update(b"\0")
+        h.update(os.fsencode(part))
+    return int.from_bytes(h.digest(), "big")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class PlannedFile:
+    """A file with its place in the dataset.
+
+    Attributes:
+      split: Split name.
+      shard: Shard index within the split.
+      order: Position key within the shard (records are written by `order`).
+      rel_path, path, size: As listed.
+      label: Class index.
+      num_shards: Shards in the split.
+    """
+
+    split: str
+    shard: int
+    order: int
+    rel_path: str
+    path: str
+    size: int
+    label: int
+    num_shards: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The plan of a whole conversion.
+
+    Attributes:
+      files: Files to convert, sorted by (split, shard, order).
+      problems: Inputs that will not be converted (rejected or skipped).
+      class_names: Class names in label order.
+      shard_counts: Split name to number of shards.
+      num_found: Every input: what the listing found (files and problems)
+        and the labels CSV rows that name no file.
+      split_source: 'folders', 'csv' or 'hash'.
+    """
+
+    files: tuple[PlannedFile, ...]
+    problems: tuple[Problem, ...]
+    class_names: tuple[str, ...]
+    shard_counts: Mapping[str, int]
+    num_found: int
+    split_source: str
+
+
+def read_labels_csv(text: str, source: str) -> dict[str, tuple[str, str | None]]:
+    """Parses a labels CSV with columns `path,label[,split]`.
+
+    Returns:
+      Relative path to (label, split or None).
+
+    Raises:
+      ValueError: Naming the file and row, for a missing column, an unknown
+        split or a path listed twice with different labels.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    columns = [c.strip() for c in (reader.fieldnames or [])]
+    if "path" not in columns or "label" not in columns:
+        raise ValueError(
+            f"--labels_csv {source} must have a header with columns path,label[,split]. "
+            f"Received columns: {columns}"
+        )
+    reader.fieldnames = columns
+    has_split = "split" in columns
+    out: dict[str, tuple[str, str | None]] = {}
+    for row_number, row in enumerate(reader, start=2):
+        path = _normalise_rel(row["path"] or "")
+        label = (row["label"] or "").strip()
+        if not path or not label:
+            raise ValueError(f"--labels_csv {source} row {row_number}: empty path or label.")
+        split = None
+        if has_split:
+            raw = (row["split"] or "").strip().lower()
+            if raw not in SPLIT_ALIASES:
+                raise ValueError(
+                    f"--labels_csv {source} row {row_number}: split must be one of "
+                    f"{sorted(SPLIT_ALIASES)}. Received: {raw!r}"
+                )
+            split = SPLIT_ALIASES[raw]
+        if path in out and out[path] != (label, split):
+            raise ValueError(
+                f"--labels_csv {source} row {row_number}: {path!r} is listed twice "
+                f"with different labels or splits."
+            )
+        out[path] = (label, split)
+    return out
+
+
+def _normalise_rel(path: str) -> str:
+    path = path.strip().replace("\\", "/")
+    while path.startswith("./"):
+        path = path[2:]
+    return path.lstrip("/")
+
+
+def _sorted_class_names(names) -> tuple[str, ...]:
+    # Integer-like labels ('2', '10') sort as numbers, so label 10 comes after 2.
+    names = set(names)
+    if names and all(n.lstrip("-").isdigit() for n in names):
+        return tuple(sorted(names, key=int))
+    return tuple(sorted(names))
+
+
+def _labels_from_folders(files: Sequence[InputFile], split_ratios):
+    """Returns ({rel_path: (class, split or None)}, unlabeled, split_source)."""
+    top = {f.rel_path.split("/")[0] for f in files if "/" in f.rel_path}
+    split_dirs = {d for d in top if d.lower() in SPLIT_ALIASES}
+    if split_dirs and split_dirs != top:
+        raise ValueError(
+            f"--input_dir mixes split folders {sorted(split_dirs)} with class folders "
+            f"{sorted(top - split_dirs)} at the top level. Use ROOT/<class>/... or "
+            f"ROOT/<split>/<class>/..., or give a --labels_csv."
+        )
+    if split_dirs and split_ratios is not None:
+        raise ValueError(
+            f"--split assigns splits by hash, but --input_dir already has split folders "
+            f"{sorted(split_dirs)}. Drop --split, or move the files into class folders."
+        )
+    labels, unlabeled = {}, []
+    for f in files:
+        parts = f.rel_path.split("/")
+        if split_dirs:
+            if len(parts) < 3:
+                unlabeled.append(f)
+            else:
+                labels[f.rel_path] = (parts[1], SPLIT_ALIASES[parts[0].lower()])
+        elif len(parts) < 2:
+            unlabeled.append(f)
+        else:
+            labels[f.rel_path] = (parts[0], None)
+    return labels, unlabeled, ("folders" if split_dirs else "hash")
+
+
+def make_plan(
+    files: Sequence[InputFile],
+    problems: Sequence[Problem],
+    *,
+    seed: int,
+    split_ratios: Mapping[str, float] | None,
+    labels_csv: Mapping[str, tuple[str, str | None]] | None = None,
+    class_names: Sequence[str] | None = None,
+    num_shards: int | None = None,
+    target_shard_bytes: int,
+    min_shards: int,
+) -> Plan:
+    """Assigns every listed file a label, a split and a shard.
+
+    Args:
+      files: The listing, sorted.
+      problems: Inputs the listing already gave up on.
+      seed: Seed of every hash.
+      split_ratios: Split name to fraction (summing to 1), for hash splitting;
+        None means split folders, the CSV's split column, or all 'train'.
+      labels_csv: Parsed labels CSV, or None for class folders.
+      class_names: Fixed class order, or None for sorted names.
+      num_shards: Shards per split (capped at its record count), or None to
+        size shards by bytes.
+      target_shard_bytes: Shard size to aim for when num_shards is None.
+      min_shards: Fewest shards a split gets (when it has enough records), so
+        that readers can interleave files in parallel.
+
+    Returns:
+      The plan.
+
+    Raises:
+      ValueError: On inconsistent labels or split options.
+    """
+    problems = list(problems)
+    # Inputs are what the listing found plus CSV rows that point nowhere, so
+    # that inputs == written + rejected + skipped holds exactly.
+    num_found = len(files) + len(problems)
+    if labels_csv is not None:
+        has_csv_split = any(split for _, split in labels_csv.values())
+        if has_csv_split and split_ratios is not None:
+            raise ValueError(
+                "--split assigns splits by hash, but the --labels_csv has a split column. "
+                "Use one or the other."
+            )
+        by_path = {f.rel_path: f for f in files}
+        labels = {}
+        unlabeled = []
+        for f in files:
+            if f.rel_path in labels_csv:
+                labels[f.rel_path] = labels_csv[f.rel_path]
+            else:
+                unlabeled.append(f)
+        for path in sorted(set(labels_csv) - set(by_path)):
+            problems.append(Problem(path, "missing_file", "listed in --labels_csv but not found"))
+            num_found += 1
+        split_source = "csv" if has_csv_split else "hash"
+    else:
+        labels, unlabeled, split_source = _labels_from_folders(files, split_ratios)
+    for f in unlabeled:
+        why = "not in --labels_csv" if labels_csv is not None else "not inside a class folder"
+        problems.append(Problem(f.rel_path, "no_label", why))
+
+    found_classes = {label for label, _ in labels.values()}
+    if class_names is None:
+        class_names = _sorted_class_names(found_classes)
+    class_names = tuple(class_names)
+    index = {name: i for i, name in enumerate(class_names)}
+    if split_source == "hash":
+        ratios = dict(split_ratios or {"train": 1.0})
+    else:
+        ratios = None
+
+    assigned: list[tuple[InputFile, int, str]] = []
+    for f in files:
+        if f.rel_path not in labels:
+            continue
+        label, split = labels[f.rel_path]
+        if label not in index:
+            problems.append(Problem(
+                f.rel_path, "unknown_class", f"class {label!r} is not in --class_names"
+            ))
+            continue
+        if ratios is not None:
+            split = _hash_split(seed, f.rel_path, ratios)
+            if split is None:
+                problems.append(Problem(f.rel_path, "not_in_split", "hashed into no split"))
+                continue
+        assigned.append((f, index[label], split))
+
+    split_names = list(ratios) if ratios is not None else sorted({s for _, _, s in assigned})
+    shard_counts = {}
+    for split in split_names:
+        members = [f for f, _, s in assigned if s == split]
+        shard_counts[split] = _shard_count(
+            len(members), sum(f.size for f in members), num_shards, target_shard_bytes, min_shards
+        )
+    planned = []
+    for split, n in shard_counts.items():
+        members = sorted(
+            (stable_hash(seed, "order", split, f.rel_path), f.rel_path, f, label)
+            for f, label, s in assigned if s == split
+        )
+        # Range partition of the hash order: shards differ by at most one
+        # record, and each is a uniform random sample of the split.
+        for rank, (order, _, f, label) in enumerate(members):
+            planned.append(PlannedFile(
+                split=split,
+                shard=rank * n // len(members),
+                order=order,
+                rel_path=f.rel_path,
+                path=f.path,
+                size=f.size,
+                label=label,
+                num_shards=n,
+            ))
+    planned.sort()
+    problems.sort(key=lambda p: os.fsencode(p.rel_path))
+    return Plan(
+        files=tuple(planned),
+        problems=tuple(problems),
+        class_names=class_names,
+        shard_counts=shard_counts,
+        num_found=num_found,
+        split_source=split_source,
+    )
+
+
+def _hash_split(seed: int, rel_path: str, ratios: Mapping[str, float]) -> str | None:
+    u = stable_hash(seed, "split", rel_path) / 2.0**64
+    acc = 0.0
+    for name, ratio in ratios.items():
+        acc += ratio
+        if u < acc:
+            return name
+    # Rounding can leave a sliver above the last cumulative sum.
+    nonzero = [n for n, r in ratios.items() if r > 0]
+    return nonzero[-1] if nonzero else None
+
+
+def _shard_count(n_records, n_bytes, num_shards, target_shard_bytes, min_shards) -> int:
+    if n_records == 0:
+        return 0
+    if num_shards:
+        return min(num_shards, n_records)
+    by_size = math.ceil(n_bytes / target_shard_bytes)
+    return min(n_records, max(min_shards, by_size))

@@ -1,0 +1,93 @@
+"""TFRecord framing and atomic file writes through Beam's FileSystems.
+
+TFRecord framing is written here rather than with `tf.io.TFRecordWriter` so
+that shards go through Beam's FileSystems (gs://, s3://, ... wherever Beam can
+write) and the shard's checksum is computed while writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import uuid
+
+import google_crc32c
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+__all__ = ["frame_record", "AtomicWriter", "write_atomically", "read_bytes", "TMP_DIRNAME"]
+
+# Temporary files live in this folder inside the output until renamed.
+TMP_DIRNAME = "_shardsmith_tmp"
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_record(record: bytes) -> bytes:
+    """One TFRecord: length, its masked CRC32C, the data, the data's masked CRC32C."""
+    header = struct.pack("<Q", len(record))
+    return b"".join(
+        (header, struct.pack("<I", _masked_crc(header)), record,
+         struct.pack("<I", _masked_crc(record)))
+    )
+
+
+class AtomicWriter:
+    """Writes a file under a unique temporary name and renames it when closed.
+
+    A reader never sees a half-written file under the final name, and a retried
+    worker writes its own temporary file, then replaces the final one with the
+    same bytes.
+
+    Args:
+      output_dir: Folder of the final file.
+      name: Final file name.
+    """
+
+    def __init__(self, output_dir: str, name: str):
+        self.final_path = FileSystems.join(output_dir, name)
+        tmp_dir = FileSystems.join(output_dir, TMP_DIRNAME)
+        self._tmp_path = FileSystems.join(tmp_dir, f"{name}.{uuid.uuid4().hex}")
+        self._file = FileSystems.create(
+            self._tmp_path, compression_type=CompressionTypes.UNCOMPRESSED
+        )
+        self._sha = hashlib.sha256()
+        self.num_bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._sha.update(data)
+        self.num_bytes += len(data)
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+    def commit(self) -> None:
+        """Closes the temporary file and renames it to the final name."""
+        self._file.close()
+        if FileSystems.exists(self.final_path):
+            # Some file systems refuse to rename onto an existing file; an
+            # earlier attempt of this very shard wrote the same bytes.
+            FileSystems.delete([self.final_path])
+        FileSystems.rename([self._tmp_path], [self.final_path])
+
+    def abort(self) -> None:
+        self._file.close()
+        FileSystems.delete([self._tmp_path])
+
+
+def write_atomically(output_dir: str, name: str, data: bytes) -> None:
+    """Writes a small file (metadata) under a temporary name, then renames it."""
+    writer = AtomicWriter(output_dir, name)
+    writer.write(data)
+    writer.commit()
+
+
+def read_bytes(path: str) -> bytes:
+    """Reads a whole file, with no decompression whatever its extension."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()

@@ -1,0 +1,435 @@
+"""Converts a folder of images into a validated, shuffled, sharded TFRecord dataset.
+
+Locally, on every core:
+
+  python -m beam_jobs.convert \\
+      --input_dir ./photos --output_dir ./dataset \\
+      --split train=0.8,validation=0.1,test=0.1 \\
+      --direct_num_workers 0 --direct_running_mode multi_processing
+
+On Dataflow (workers install shardsmith from setup.py):
+
+  python -m beam_jobs.convert \\
+      --input_dir gs://BUCKET/photos --output_dir gs://BUCKET/dataset \\
+      --runner DataflowRunner --project PROJECT --region REGION \\
+      --temp_location gs://BUCKET/tmp --setup_file ./setup.py
+
+The input is `ROOT/<class>/...`, `ROOT/<split>/<class>/...` or a flat folder
+with a `--labels_csv`. The output folder holds `{split}-{i:05d}-of-{n:05d}.tfrecord`
+shards, `rejects.jsonl` (every input not converted, with its reason),
+`normalized.jsonl` (every input stored other than byte for byte, with what was
+done) and `manifest.json`, written last.
+
+Only paths go through Beam's shuffle: each shard's worker reads, validates and
+writes its own images, one at a time, so memory stays bounded whatever the size
+of the dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import sys
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, WorkerOptions
+
+import schemas
+from beam_jobs import _listing, _plan, _shards
+from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
+
+__all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+_MIB = 1 << 20
+# Pillow's own decompression-bomb threshold, doubled: generous for real
+# photographs and scans, far below what exhausts a worker's memory.
+_DEFAULT_MAX_PIXELS = 178_956_970
+
+
+class ConvertOptions(PipelineOptions):
+    """Command-line options of the conversion (Beam's own options come on top)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--input_dir", help="Folder of images (local or a FileSystems URL).")
+        parser.add_argument("--output_dir", help="Folder to write the dataset into.")
+        parser.add_argument(
+            "--labels_csv",
+            help="CSV with columns path,label[,split]; paths relative to --input_dir.",
+        )
+        parser.add_argument(
+            "--class_names",
+            help="Comma-separated class names in label order (default: sorted names found).",
+        )
+        parser.add_argument(
+            "--split",
+            help="Split by a seeded hash of each path, e.g. train=0.8,validation=0.1,test=0.1. "
+            "Default: split folders if present, else everything in train.",
+        )
+        parser.add_argument("--seed", type=int, default=0, help="Seed of every hash (splits, shards, order).")
+        parser.add_argument("--num_shards", type=int, help="Shards per split (default: by size).")
+        parser.add_argument(
+            "--target_shard_mb", type=int, default=128, help="Shard size to aim for, in MiB."
+        )
+        parser.add_argument(
+            "--min_shards", type=int, default=8,
+            help="Fewest shards per split (when it has that many images), for parallel reads.",
+        )
+        parser.add_argument(
+            "--max_pixels", type=int, default=_DEFAULT_MAX_PIXELS,
+            help="Reject images with more pixels than this (decompression bombs).",
+        )
+        parser.add_argument(
+            "--max_reject_fraction", type=float, default=0.1,
+            help="Fail the job when more than this fraction of images is rejected.",
+        )
+        parser.add_argument(
+            "--background", default="255,255,255",
+            help="R,G,B colour that transparent images are flattened onto.",
+        )
+        parser.add_argument(
+            "--full_decode", action="store_true",
+            help="Validate JPEGs at full resolution instead of libjpeg's 1/8 scale.",
+        )
+        parser.add_argument(
+            "--overwrite", action="store_true",
+            help="Replace the dataset in a non-empty --output_dir.",
+        )
+
+
+def _parse_split(text: str) -> dict[str, float]:
+    ratios: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip().lower()
+        name = _plan.SPLIT_ALIASES.get(name, name)
+        try:
+            ratio = float(value)
+        except ValueError:
+            ratio = -1.0
+        if not sep or not re.fullmatch(r"[a-z0-9_]+", name) or not 0 <= ratio <= 1 or name in ratios:
+            raise ValueError(
+                "--split must look like train=0.8,validation=0.1,test=0.1 (names of letters, "
+                f"digits and _, each ratio in [0, 1], each name once). Received: {text!r}"
+            )
+        ratios[name] = ratio
+    if not math.isclose(sum(ratios.values()), 1.0, abs_tol=1e-6):
+        raise ValueError(f"--split ratios must add up to 1. Received: {text!r} (sum {sum(ratios.values()):g})")
+    return ratios
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionConfig:
+    """The validated conversion options.
+
+    Attributes mirror the command-line flags of `ConvertOptions`; see there.
+    """
+
+    input_dir: str
+    output_dir: str
+    labels_csv: str | None = None
+    class_names: tuple[str, ...] | None = None
+    split_ratios: dict[str, float] | None = None
+    seed: int = 0
+    num_shards: int | None = None
+    target_shard_mb: int = 128
+    min_shards: int = 8
+    max_pixels: int = _DEFAULT_MAX_PIXELS
+    max_reject_fraction: float = 0.1
+    background: tuple[int, int, int] = (255, 255, 255)
+    full_decode: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self):
+        for name in ("input_dir", "output_dir"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required.")
+        if self.num_shards is not None and self.num_shards < 1:
+            raise ValueError(f"--num_shards must be at least 1. Received: {self.num_shards}")
+        if self.target_shard_mb < 1:
+            raise ValueError(f"--target_shard_mb must be at least 1. Received: {self.target_shard_mb}")
+        if self.min_shards < 1:
+            raise ValueError(f"--min_shards must be at least 1. Received: {self.min_shards}")
+        if self.max_pixels < 1:
+            raise ValueError(f"--max_pixels must be at least 1. Received: {self.max_pixels}")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ValueError(
+                f"--max_reject_fraction must be in [0, 1]. Received: {self.max_reject_fraction}"
+            )
+        if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
+            raise ValueError(f"--background must be R,G,B in 0-255. Received: {self.background}")
+        if self.class_names is not None:
+            dupes = sorted({c for c in self.class_names if self.class_names.count(c) > 1})
+            if not self.class_names or dupes or "" in self.class_names:
+                raise ValueError(
+                    f"--class_names must be distinct, non-empty names. Received: {self.class_names}"
+                )
+        if _listing.is_local(self.input_dir) and _listing.is_local(self.output_dir):
+            src = os.path.realpath(self.input_dir)
+            dst = os.path.realpath(self.output_dir)
+            if dst == src or dst.startswith(src + os.sep):
+                raise ValueError(
+                    f"--output_dir {self.output_dir!r} is inside --input_dir {self.input_dir!r}; "
+                    "a later run would take the shards for input. Choose another folder."
+                )
+
+    @classmethod
+    def from_options(cls, options: ConvertOptions) -> ConversionConfig:
+        o = options.view_as(ConvertOptions)
+        try:
+            background = tuple(int(c) for c in o.background.split(","))
+        except ValueError:
+            raise ValueError(f"--background must be R,G,B in 0-255. Received: {o.background!r}") from None
+        return cls(
+            input_dir=o.input_dir,
+            output_dir=o.output_dir,
+            labels_csv=o.labels_csv,
+            class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
+            split_ratios=_parse_split(o.split) if o.split else None,
+            seed=o.seed,
+            num_shards=o.num_shards,
+            target_shard_mb=o.target_shard_mb,
+            min_shards=o.min_shards,
+            max_pixels=o.max_pixels,
+            max_reject_fraction=o.max_reject_fraction,
+            background=background,
+            full_decode=o.full_decode,
+            overwrite=o.overwrite,
+        )
+
+    def manifest_options(self, split_source: str) -> dict:
+        """The options that shape the output; no paths, so runs compare equal."""
+        return {
+            "seed": self.seed,
+            "split": {"source": split_source, "ratios": self.split_ratios},
+            "shard_policy": (
+                {"num_shards": self.num_shards}
+                if self.num_shards
+                else {"target_shard_mb": self.target_shard_mb, "min_shards": self.min_shards}
+            ),
+            "max_pixels": self.max_pixels,
+            "max_reject_fraction": self.max_reject_fraction,
+            "background": list(self.background),
+            "validation": "full" if self.full_decode else "jpeg_scaled_1_8",
+            "labels": "csv" if self.labels_csv else "folders",
+            "tool_version": schemas.__version__,
+        }
+
+
+class ConvertImages(beam.PTransform):
+    """The whole conversion of a plan: shards, rejects, and the manifest last.
+
+    Args:
+      plan: The `Plan` of the conversion (labels, splits, shards of each file).
+      config: The `ConversionConfig`.
+    """
+
+    def __init__(self, plan: _plan.Plan, config: ConversionConfig):
+        super().__init__()
+        self._plan = plan
+        self._config = config
+
+    def expand(self, pbegin):
+        plan, config = self._plan, self._config
+        written = (
+            pbegin
+            | "PlannedFiles" >> beam.Create(plan.files, reshuffle=False)  # PlannedFile
+            | "ImagesToTFRecords" >> _shards.ImagesToTFRecords(
+                output_dir=config.output_dir,
+                num_classes=len(plan.class_names),
+                total_shards=sum(plan.shard_counts.values()),
+                max_pixels=config.max_pixels,
+                background=config.background,
+                full_decode=config.full_decode,
+            )
+        )
+        listing_rejects = (
+            pbegin
+            | "ListingProblems" >> beam.Create(plan.problems, reshuffle=False)
+            | "AsRejects" >> beam.Map(_shards.problem_to_reject)  # _shards.Reject
+        )
+        rejects = (listing_rejects, written[_shards.WriteShardFn.REJECTED]) | "AllRejects" >> beam.Flatten()
+        return (
+            pbegin
+            | "Once" >> beam.Create([None])
+            | "WriteManifest" >> beam.ParDo(
+                _shards.FinalizeFn(
+                    output_dir=config.output_dir,
+                    class_names=plan.class_names,
+                    shard_counts=plan.shard_counts,
+                    num_found=plan.num_found,
+                    options=config.manifest_options(plan.split_source),
+                    max_reject_fraction=config.max_reject_fraction,
+                ),
+                shards=beam.pvalue.AsList(written.shards),
+                rejects=beam.pvalue.AsList(rejects),
+                normalized=beam.pvalue.AsList(written[_shards.WriteShardFn.NORMALIZED]),
+            )
+        )
+
+
+def _prepare_output(config: ConversionConfig) -> None:
+    """Refuses a non-empty output unless --overwrite; then clears our own files."""
+    out = config.output_dir
+    if _listing.is_local(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise NotADirectoryError(f"--output_dir {out!r} exists and is not a folder.")
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            raise PermissionError(f"--output_dir {out!r} cannot be created: {e.strerror}.") from e
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(f"--output_dir {out!r} is not writable.")
+    existing = FileSystems.match([FileSystems.join(out, "*")])[0].metadata_list
+    if existing and not config.overwrite:
+        raise FileExistsError(
+            f"--output_dir {out!r} is not empty ({len(existing)} entries). Pass --overwrite to "
+            "replace the dataset in it, or choose an empty folder."
+        )
+    # The manifest goes first: if this run dies, the folder is plainly unfinished.
+    for name in (schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME, TMP_DIRNAME):
+        _shards.delete_if_exists(FileSystems.join(out, name))
+    _shards.remove_dataset_files(out)
+
+
+def build_plan(config: ConversionConfig) -> _plan.Plan:
+    """Lists the input and plans the conversion (no image is read)."""
+    files, problems = _listing.list_input(config.input_dir)
+    if not files and not problems:
+        raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
+    labels_csv = None
+    if config.labels_csv:
+        if not FileSystems.exists(config.labels_csv):
+            raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
+        text = read_bytes(config.labels_csv).decode("utf-8-sig")
+        labels_csv = _plan.read_labels_csv(text, config.labels_csv)
+    plan = _plan.make_plan(
+        files, problems,
+        seed=config.seed,
+        split_ratios=config.split_ratios,
+        labels_csv=labels_csv,
+        class_names=config.class_names,
+        num_shards=config.num_shards,
+        target_shard_bytes=config.target_shard_mb * _MIB,
+        min_shards=config.min_shards,
+    )
+    if not plan.files:
+        raise ValueError(
+            f"--input_dir {config.input_dir!r} has no labelled images: {len(plan.problems)} "
+            "files found, none inside a class folder (ROOT/<class>/...) or the labels CSV."
+        )
+    _LOG.info(
+        "Found %s files belonging to %d classes; %s to convert into %s",
+        f"{plan.num_found:,}", len(plan.class_names), f"{len(plan.files):,}",
+        ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
+    )
+    return plan
+
+
+def _quiet_local_workers(options: PipelineOptions) -> None:
+    """Local worker processes log at WARNING, except shardsmith's progress lines."""
+    worker = options.view_as(WorkerOptions)
+    if worker.default_sdk_harness_log_level is None:
+        worker.default_sdk_harness_log_level = "WARNING"
+        worker.sdk_harness_log_level_overrides = {"shardsmith": "INFO"}
+
+
+def _make_runner(options: PipelineOptions):
+    runner = options.view_as(StandardOptions).runner
+    if runner in (None, "DirectRunner", "direct"):
+        # The DirectRunner first tries the Prism runner, which downloads a
+        # binary; offline it waits and fails. Beam's in-process portable
+        # runner is what it falls back to: use it straight away.
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return FnApiRunner()
+    return None
+
+
+def run(argv: list[str] | None = None, *, wait: bool = True):
+    """Runs the conversion.
+
+    Args:
+      argv: Command-line arguments (ConvertOptions and Beam's options).
+      wait: Wait for the pipeline to finish and log the summary.
+
+    Returns:
+      The `PipelineResult`.
+
+    Raises:
+      ValueError, FileNotFoundError, FileExistsError, PermissionError: For bad
+        arguments, input or output, before any work starts.
+    """
+    options = PipelineOptions(argv)
+    config = ConversionConfig.from_options(options)
+    _quiet_local_workers(options)
+    plan = build_plan(config)
+    _prepare_output(config)
+    pipeline = beam.Pipeline(runner=_make_runner(options), options=options)
+    _ = pipeline | "ConvertImages" >> ConvertImages(plan, config)
+    result = pipeline.run()
+    if wait:
+        result.wait_until_finish()
+        _LOG.info("%s", summarize(config.output_dir))
+    return result
+
+
+def summarize(output_dir: str) -> str:
+    """One paragraph about a finished dataset, from its manifest."""
+    path = FileSystems.join(output_dir, schemas.MANIFEST_FILENAME)
+    manifest = schemas.Manifest.from_json(read_bytes(path).decode(), path)
+    c = manifest.counts
+    shards = sum(len(s.shards) for s in manifest.splits.values())
+    per_split = " / ".join(f"{n} {s.num_records:,}" for n, s in manifest.splits.items())
+    text = f"Converted {c['written']:,} images into {shards} shards ({per_split})"
+    for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
+        detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
+        text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")
+    if c["rejected"] or c["skipped"]:
+        text += f": see {schemas.REJECTS_FILENAME}"
+    if manifest.normalized:
+        text += "; normalised " + ", ".join(f"{a} {n:,}" for a, n in manifest.normalized.items())
+    text += (
+        f". Inputs {c['found']:,} = {c['written']:,} written + {c['rejected']:,} rejected"
+        f" + {c['skipped']:,} skipped."
+    )
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs `run` and turns user errors into one sentence."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    # Beam and TF are chatty at INFO; their warnings still show.
+    for noisy in ("apache_beam", "absl", "tensorflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        run(argv)
+    except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
+        print(f"shardsmith convert: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # The runner wraps errors raised inside workers.
+        message = _conversion_error_message(e)
+        if message is None:
+            raise
+        print(f"shardsmith convert: error: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _conversion_error_message(e: BaseException) -> str | None:
+    """The ConversionError text inside a runner's wrapped exception, if any."""
+    for line in str(e).splitlines():
+        if "ConversionError:" in line:
+            return line.split("ConversionError:", 1)[1].strip()
+    if isinstance(e, _shards.ConversionError):
+        return str(e)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

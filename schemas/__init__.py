@@ -1,0 +1,39 @@
+"""The one definition of shardsmith's record format and dataset metadata."""
+
+from schemas._version import __version__
+from schemas.features import (
+    CHANNELS,
+    FILENAME,
+    FORMAT,
+    HEIGHT,
+    IMAGE,
+    IMAGE_SCHEMA,
+    LABEL,
+    SCHEMA_VERSION,
+    WIDTH,
+    FeatureSpec,
+    ImageExampleSchema,
+    ImageRecord,
+)
+from schemas.manifest import (
+    MANIFEST_FILENAME,
+    NORMALIZED_FILENAME,
+    REJECT_REASONS,
+    REJECTS_FILENAME,
+    SKIP_REASONS,
+    SPLITS,
+    Manifest,
+    ManifestError,
+    ShardInfo,
+    SplitInfo,
+    shard_filename,
+)
+
+__all__ = [
+    "__version__",
+    "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
+    "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
+    "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "SPLITS",
+    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ShardInfo",
+    "SplitInfo", "shard_filename",
+]

@@ -1,0 +1,234 @@
+"""The record format: one spec per feature, shared by the writer and the reader.
+
+Every key, dtype, write-time encoding and read-time parse of a shardsmith record
+is defined here and nowhere else. The converter calls `ImageExampleSchema.encode`,
+the reader calls `ImageExampleSchema.parse_spec`, and tests import the same
+constants, so the two sides cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "FeatureSpec",
+    "ImageRecord",
+    "ImageExampleSchema",
+    "IMAGE",
+    "LABEL",
+    "FILENAME",
+    "FORMAT",
+    "HEIGHT",
+    "WIDTH",
+    "CHANNELS",
+    "IMAGE_SCHEMA",
+]
+
+# Bump when a key, a dtype or an encoding changes; readers refuse versions they
+# do not know (see schemas/manifest.py).
+SCHEMA_VERSION = 1
+
+_DTYPES = {"bytes": tf.string, "int64": tf.int64}
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """One feature of a record: its key, dtype, encoding and parsing.
+
+    Attributes:
+      key: The key in `tf.train.Example.features`.
+      dtype: 'bytes' or 'int64'; parsed as tf.string or tf.int64.
+      description: What the value means, stored in the manifest for humans.
+    """
+
+    key: str
+    dtype: str
+    description: str
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(
+                f"`dtype` of feature {self.key!r} must be one of {tuple(_DTYPES)}. "
+                f"Received: dtype={self.dtype!r}"
+            )
+
+    def encode(self, value: Any) -> tf.train.Feature:
+        """Encodes one Python value as a `tf.train.Feature`.
+
+        Args:
+          value: bytes or str for 'bytes' features (str is encoded with the
+            file system encoding, so undecodable file names survive), int for
+            'int64' features.
+
+        Returns:
+          The feature proto.
+
+        Raises:
+          TypeError: If the value does not fit the dtype.
+        """
+        if self.dtype == "bytes":
+            if isinstance(value, str):
+                value = os.fsencode(value)
+            if not isinstance(value, (bytes, bytearray)):
+                raise TypeError(
+                    f"Feature {self.key!r} takes bytes or str. "
+                    f"Received: {type(value).__name__}"
+                )
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(value)]))
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"Feature {self.key!r} takes an int. Received: {type(value).__name__}"
+            )
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+    def parse_spec(self) -> tf.io.FixedLenFeature:
+        """The parse spec of this feature for `tf.io.parse_example`."""
+        return tf.io.FixedLenFeature([], _DTYPES[self.dtype])
+
+    @property
+    def tf_dtype(self) -> tf.dtypes.DType:
+        return _DTYPES[self.dtype]
+
+    def to_json(self) -> dict[str, str]:
+        return {"dtype": self.dtype, "description": self.description}
+
+
+IMAGE = FeatureSpec(
+    "image", "bytes", "Encoded image bytes (JPEG or PNG), decodable by tf.io.decode_image."
+)
+LABEL = FeatureSpec("label", "int64", "Index into the manifest's class_names (0-based).")
+FILENAME = FeatureSpec(
+    "filename", "bytes", "Path relative to the input root, POSIX separators."
+)
+FORMAT = FeatureSpec("format", "bytes", "Format of the stored image bytes: 'jpeg' or 'png'.")
+HEIGHT = FeatureSpec("height", "int64", "Image height in pixels, as decoded.")
+WIDTH = FeatureSpec("width", "int64", "Image width in pixels, as decoded.")
+CHANNELS = FeatureSpec("channels", "int64", "Channels of the decoded image (1, 3 or 4).")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRecord:
+    """The Python-side values of one record, before encoding."""
+
+    image: bytes
+    label: int
+    filename: str
+    format: str
+    height: int
+    width: int
+    channels: int
+    # Optional string features (for instance chosen DICOM tags), keyed by
+    # feature key; the schema must declare each of them.
+    extra: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+class ImageExampleSchema:
+    """The ordered set of feature specs that make up a shardsmith record.
+
+    Args:
+      extra_string_features: Keys of optional string features (e.g. DICOM tags
+        the user asked for) that every record of the dataset carries.
+    """
+
+    _CORE = (IMAGE, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, CHANNELS)
+
+    def __init__(self, extra_string_features: tuple[str, ...] = ()):
+        core_keys = {spec.key for spec in self._CORE}
+        clashes = sorted(set(extra_string_features) & core_keys)
+        if clashes:
+            raise ValueError(
+                f"Extra features may not reuse the core keys {sorted(core_keys)}. "
+                f"Received: {clashes}"
+            )
+        self.extra = tuple(
+            FeatureSpec(key, "bytes", "Extra string feature.")
+            # Sorted, so the schema rebuilt from a manifest equals the original.
+            for key in sorted(extra_string_features)
+        )
+        self.features: tuple[FeatureSpec, ...] = self._CORE + self.extra
+
+    def __eq__(self, other):
+        return isinstance(other, ImageExampleSchema) and self.features == other.features
+
+    def __hash__(self):
+        return hash(self.features)
+
+    def __repr__(self):
+        return f"ImageExampleSchema({[spec.key for spec in self.features]})"
+
+    def encode(self, record: ImageRecord) -> bytes:
+        """Serializes a record to `tf.train.Example` bytes, deterministically.
+
+        Raises:
+          ValueError: If the record misses an extra feature the schema declares,
+            naming the feature.
+        """
+        values = {
+            IMAGE.key: record.image,
+            LABEL.key: record.label,
+            FILENAME.key: record.filename,
+            FORMAT.key: record.format,
+            HEIGHT.key: record.height,
+            WIDTH.key: record.width,
+            CHANNELS.key: record.channels,
+        }
+        for spec in self.extra:
+            if spec.key not in record.extra:
+                raise ValueError(
+                    f"Record {record.filename!r} has no value for feature {spec.key!r}."
+                )
+            values[spec.key] = record.extra[spec.key]
+        feature = {}
+        for spec in self.features:
+            try:
+                feature[spec.key] = spec.encode(values[spec.key])
+            except TypeError as e:
+                raise TypeError(f"Record {record.filename!r}: {e}") from e
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
+        # Map fields are serialized in a stable key order only when asked: the
+        # same input must give the same shard bytes on every run.
+        return example.SerializeToString(deterministic=True)
+
+    def parse_spec(self, keys=None) -> dict[str, tf.io.FixedLenFeature]:
+        """The `tf.io.parse_example` spec for `keys` (default: every feature).
+
+        Raises:
+          ValueError: If a key is not part of the schema.
+        """
+        by_key = {spec.key: spec for spec in self.features}
+        keys = list(by_key) if keys is None else list(keys)
+        unknown = [k for k in keys if k not in by_key]
+        if unknown:
+            raise ValueError(
+                f"Unknown feature keys {unknown}; the schema has {list(by_key)}."
+            )
+        return {k: by_key[k].parse_spec() for k in keys}
+
+    def to_json(self) -> dict[str, dict[str, str]]:
+        return {spec.key: spec.to_json() for spec in self.features}
+
+    @classmethod
+    def from_json(cls, features: Mapping[str, Any]) -> ImageExampleSchema:
+        """Rebuilds the schema stored in a manifest; raises ValueError on mismatch."""
+        core = {spec.key: spec.to_json() for spec in cls._CORE}
+        missing = [k for k in core if k not in features]
+        if missing:
+            raise ValueError(f"the stored schema lacks the core features {missing}")
+        for key, want in core.items():
+            got = dict(features[key])
+            if got.get("dtype") != want["dtype"]:
+                raise ValueError(
+                    f"feature {key!r} is stored as {got.get('dtype')!r}, "
+                    f"this reader expects {want['dtype']!r}"
+                )
+        extra = tuple(sorted(k for k in features if k not in core))
+        return cls(extra_string_features=extra)
+
+
+IMAGE_SCHEMA = ImageExampleSchema()

@@ -1,0 +1,244 @@
+"""The dataset metadata: `manifest.json`, shard names and reject reasons.
+
+The manifest is written last by the converter, so its presence marks a complete
+dataset. It holds everything a reader needs (schema, class names, shard files
+and their counts) and nothing that changes between two runs of the same input
+and seed (no timestamps, no output path), so two such runs compare equal byte
+for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from schemas.features import SCHEMA_VERSION
+
+__all__ = [
+    "MANIFEST_FILENAME",
+    "REJECTS_FILENAME",
+    "NORMALIZED_FILENAME",
+    "SPLITS",
+    "REJECT_REASONS",
+    "SKIP_REASONS",
+    "ManifestError",
+    "ShardInfo",
+    "SplitInfo",
+    "Manifest",
+    "shard_filename",
+    "SHARD_FILENAME_RE",
+]
+
+MANIFEST_FILENAME = "manifest.json"
+REJECTS_FILENAME = "rejects.jsonl"
+NORMALIZED_FILENAME = "normalized.jsonl"
+
+# Canonical split names, in the order they are reported.
+SPLITS = ("train", "validation", "test")
+
+# Why an input file was rejected: it was meant to be converted and could not be.
+REJECT_REASONS = {
+    "empty_file": "The file has zero bytes.",
+    "not_an_image": "The bytes are not in any image format shardsmith reads.",
+    "corrupt": "The image could not be decoded (truncated or damaged data).",
+    "too_large": "The image has more pixels than --max_pixels allows.",
+    "unreadable": "The file could not be read (permissions, I/O error).",
+    "broken_symlink": "A symbolic link whose target does not exist.",
+    "symlink_loop": "A symbolic link that points back at itself.",
+    "missing_file": "A path named in the labels CSV does not exist.",
+    "unknown_class": "The file's class is not among --class_names.",
+    "unsupported_codec": "The image uses a compression whose decoder is not installed.",
+    "no_pixel_data": "A DICOM file without an image (e.g. a report or a plan).",
+    "duplicate": "Same content as another input that was kept.",
+}
+# Why an input file was skipped: it was never meant to be an image of the set.
+SKIP_REASONS = {
+    "hidden_file": "Hidden or system file (.DS_Store, ._*, Thumbs.db, ...).",
+    "no_label": "The file has no label: outside any class folder, or not in the CSV.",
+    "not_in_split": "The file's split has a ratio of zero.",
+}
+
+_SHARD_TEMPLATE = "{split}-{index:05d}-of-{count:05d}.tfrecord"
+SHARD_FILENAME_RE = re.compile(r"^(?P<split>[A-Za-z0-9_]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$")
+
+
+def shard_filename(split: str, index: int, count: int) -> str:
+    """The file name of shard `index` of `count` in `split`."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index must be in [0, {count}). Received: {index}")
+    return _SHARD_TEMPLATE.format(split=split, index=index, count=count)
+
+
+class ManifestError(ValueError):
+    """A dataset folder whose metadata is missing, unreadable or incompatible."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard file of a split."""
+
+    file: str
+    num_records: int
+    num_bytes: int
+    sha256: str
+    # Records per class, indexed like the manifest's class_names.
+    class_counts: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["class_counts"] = list(self.class_counts)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ShardInfo:
+        return cls(
+            file=str(d["file"]),
+            num_records=int(d["num_records"]),
+            num_bytes=int(d["num_bytes"]),
+            sha256=str(d["sha256"]),
+            class_counts=tuple(int(c) for c in d["class_counts"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """The shards of one split, in index order."""
+
+    name: str
+    shards: tuple[ShardInfo, ...]
+
+    @property
+    def num_records(self) -> int:
+        return sum(s.num_records for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.num_bytes for s in self.shards)
+
+    @property
+    def class_counts(self) -> tuple[int, ...]:
+        if not self.shards:
+            return ()
+        return tuple(sum(col) for col in zip(*(s.class_counts for s in self.shards)))
+
+    def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
+        counts = self.class_counts or (0,) * len(class_names)
+        return {
+            "num_records": self.num_records,
+            "num_bytes": self.num_bytes,
+            "class_counts": dict(zip(class_names, counts)),
+            "shards": [s.to_json() for s in self.shards],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Everything stored about a converted dataset.
+
+    Attributes:
+      schema_version: Version of the record format (schemas.SCHEMA_VERSION).
+      tool_version: shardsmith version that wrote the data.
+      features: The stored schema, `ImageExampleSchema.to_json()`.
+      class_names: Class names in label order (label i is class_names[i]).
+      splits: Split name to `SplitInfo`.
+      counts: 'found', 'written', 'rejected', 'skipped' input files;
+        found == written + rejected + skipped.
+      rejects: Reason code to number of rejected or skipped inputs.
+      normalized: Normalisation applied (e.g. 'exif_transpose') to count.
+      options: The conversion options that shape the output (seed, shard policy).
+      extra: Further sections owned by other parts (e.g. DICOM provenance).
+    """
+
+    schema_version: int
+    tool_version: str
+    features: Mapping[str, Any]
+    class_names: tuple[str, ...]
+    splits: Mapping[str, SplitInfo]
+    counts: Mapping[str, int]
+    rejects: Mapping[str, int]
+    normalized: Mapping[str, int]
+    options: Mapping[str, Any]
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Serializes with sorted keys, so equal manifests are equal bytes."""
+        doc = {
+            "format": "shardsmith",
+            "schema_version": self.schema_version,
+            "tool_version": self.tool_version,
+            "features": dict(self.features),
+            "class_names": list(self.class_names),
+            "splits": {
+                name: info.to_json(self.class_names) for name, info in self.splits.items()
+            },
+            "counts": dict(self.counts),
+            "rejects": dict(self.rejects),
+            "normalized": dict(self.normalized),
+            "options": dict(self.options),
+        }
+        doc.update(self.extra)
+        return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = MANIFEST_FILENAME) -> Manifest:
+        """Parses and checks a manifest.
+
+        Args:
+          text: The file content.
+          source: Where it came from, for error messages.
+
+        Raises:
+          ManifestError: If it is not a shardsmith manifest or has a schema
+            version this code does not read.
+        """
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"{source} is not valid JSON ({e}).") from e
+        if not isinstance(doc, dict) or doc.get("format") != "shardsmith":
+            raise ManifestError(f"{source} is not a shardsmith manifest.")
+        version = doc.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(
+                f"{source} has schema_version={version!r}, but this shardsmith reads "
+                f"schema_version={SCHEMA_VERSION}. Convert the images again with this "
+                f"version, or install the shardsmith version that wrote them "
+                f"({doc.get('tool_version', 'unknown')})."
+            )
+        try:
+            splits = {
+                name: SplitInfo(
+                    name=name,
+                    shards=tuple(ShardInfo.from_json(s) for s in info["shards"]),
+                )
+                for name, info in doc["splits"].items()
+            }
+            known = {
+                "format", "schema_version", "tool_version", "features", "class_names",
+                "splits", "counts", "rejects", "normalized", "options",
+            }
+            return cls(
+                schema_version=version,
+                tool_version=str(doc["tool_version"]),
+                features=doc["features"],
+                class_names=tuple(doc["class_names"]),
+                splits=splits,
+                counts=doc["counts"],
+                rejects=doc["rejects"],
+                normalized=doc["normalized"],
+                options=doc["options"],
+                extra={k: v for k, v in doc.items() if k not in known},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"{source} is incomplete or damaged ({e!r}).") from e
+
+    def split(self, name: str) -> SplitInfo:
+        """The named split; raises ManifestError listing the splits there are."""
+        if name not in self.splits:
+            raise ManifestError(
+                f"The dataset has no split {name!r}; it has {sorted(self.splits)}."
+            )
+        return self.splits[name]

@@ -1,0 +1,52 @@
+"""Installable distribution of shardsmith.
+
+Dataflow workers install the same distribution with ``--setup_file ./setup.py``,
+so every module the pipeline imports lives in one of the packages below.
+"""
+
+import re
+
+import setuptools
+
+# Read without importing: the packages import TensorFlow and Beam.
+with open("schemas/_version.py", encoding="utf-8") as f:
+    VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+setuptools.setup(
+    name="shardsmith",
+    version=VERSION,
+    description=(
+        "Image folders (JPEG, PNG, DICOM, ...) to validated, sharded TFRecord "
+        "datasets with Apache Beam, and fast tf.data readers for them."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=["schemas", "beam_jobs", "readers"],
+    install_requires=[
+        "apache-beam>=2.60",
+        # The pipeline validates every image with TensorFlow's own decoders,
+        # the same ops the reader runs, so TF is a worker dependency too.
+        "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
+        "tensorflow>=2.16; platform_machine!='x86_64'",
+        "numpy",
+        "pillow>=10",
+        "google-crc32c>=1.5",
+    ],
+    extras_require={
+        "dicom": [
+            "pydicom>=3.0",
+            "pylibjpeg>=2.0",
+            "pylibjpeg-libjpeg>=2.1",
+            "pylibjpeg-openjpeg>=2.3",
+            "pylibjpeg-rle>=2.0",
+        ],
+        "demo": ["scikit-image>=0.22"],
+        "test": ["pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis"],
+        "bench": ["psutil", "scikit-image>=0.22"],
+    },
+    entry_points={
+        "console_scripts": ["shardsmith-convert=beam_jobs.convert:main"],
+    },
+)
