@@ -1,0 +1,159 @@
+"""Validation and normalisation of single images (beam_jobs/_images.py)."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import encode, pixels
+from PIL import Image
+
+from beam_jobs._images import ImageRejected, ImageValidator, sniff_format
+
+
+@pytest.fixture(scope="module")
+def validator():
+    return ImageValidator(max_pixels=10_000_000)
+
+
+def _decode(data: bytes) -> np.ndarray:
+    return tf.io.decode_image(data, expand_animations=False).numpy()
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (encode(pixels(0), "JPEG"), "jpeg"),
+        (encode(pixels(0), "PNG"), "png"),
+        (encode(pixels(0), "GIF"), "gif"),
+        (encode(pixels(0), "BMP"), "bmp"),
+        (encode(pixels(0), "WEBP"), "webp"),
+        (encode(pixels(0), "TIFF"), "tiff"),
+        (b"\0" * 128 + b"DICM" + b"\0" * 8, "dicom"),  # DICOM preamble then magic
+        (b"hello world", None),
+    ],
+)
+def test_sniff_format_reads_bytes_not_names(data, expected):
+    assert sniff_format(data[:132]) == expected
+
+
+def test_valid_jpeg_and_png_are_kept_byte_for_byte(validator):
+    for fmt, data in (("jpeg", encode(pixels(1), "JPEG", quality=90)),
+                      ("jpeg", encode(pixels(2), "JPEG", progressive=True)),
+                      ("jpeg", encode(pixels(3, mode="L"), "JPEG")),
+                      ("png", encode(pixels(4), "PNG")),
+                      ("png", encode(pixels(5, mode="L"), "PNG"))):
+        out = validator.validate(data, "x")
+        assert out.data == data and out.format == fmt and out.actions == ()
+        assert (out.height, out.width, out.channels) == _decode(data).shape
+
+
+def test_cmyk_jpeg_is_kept_and_decodes_to_rgb(validator):
+    buf = io.BytesIO()
+    Image.fromarray(pixels(6)).convert("CMYK").save(buf, "JPEG")
+    data = buf.getvalue()
+    out = validator.validate(data, "cmyk.jpg")
+    assert out.data == data and out.channels == 3
+
+
+def test_exif_rotated_photo_is_turned_upright(validator):
+    upright = np.zeros((40, 20, 3), np.uint8)
+    upright[:10] = (250, 10, 10)  # A red band at the top of the upright picture.
+    stored = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)  # As a camera stores it.
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "Rotate 90 CW to display."
+    buf = io.BytesIO()
+    stored.save(buf, "JPEG", exif=exif, quality=95)
+    out = validator.validate(buf.getvalue(), "phone.jpg")
+    assert out.actions == ("exif_transpose",)
+    got = _decode(out.data)
+    assert got.shape == (40, 20, 3)
+    assert np.abs(got.astype(int) - upright.astype(int)).mean() < 6
+    assert got[:10, :, 0].mean() > 200 and got[20:, :, 0].mean() < 50
+
+
+def test_transparent_png_is_flattened_onto_the_background():
+    arr = np.zeros((8, 8, 4), np.uint8)
+    arr[:, :4] = (255, 0, 0, 0)  # Invisible red: a viewer shows the background.
+    arr[:, 4:] = (0, 0, 255, 255)
+    data = encode(arr, "PNG")
+    for background in ((255, 255, 255), (0, 0, 0)):
+        out = ImageValidator(max_pixels=100, background=background).validate(data, "t.png")
+        assert out.actions == ("flatten_alpha",) and out.channels == 3
+        got = _decode(out.data)
+        assert (got[:, :4] == background).all() and (got[:, 4:] == (0, 0, 255)).all()
+
+
+def test_opaque_rgba_png_is_kept(validator):
+    arr = np.dstack([pixels(7), np.full((24, 32), 255, np.uint8)])
+    data = encode(arr, "PNG")
+    out = validator.validate(data, "opaque.png")
+    assert out.data == data and out.channels == 4
+
+
+def test_sixteen_bit_png_is_kept(validator):
+    arr = (np.arange(24 * 32, dtype=np.uint16).reshape(24, 32) * 80)
+    data = encode(arr, "PNG")
+    out = validator.validate(data, "ct.png")
+    assert out.data == data and out.channels == 1
+    np.testing.assert_array_equal(tf.io.decode_png(out.data, dtype=tf.uint16).numpy()[..., 0], arr)
+
+
+def test_animated_gif_keeps_its_first_frame(validator):
+    frames = [Image.fromarray(pixels(i)).convert("P") for i in (8, 9)]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    out = validator.validate(buf.getvalue(), "anim.gif")
+    assert out.format == "png" and "first_frame" in out.actions
+    np.testing.assert_array_equal(_decode(out.data), np.asarray(frames[0].convert("RGB")))
+
+
+@pytest.mark.parametrize("fmt, kwargs", [("TIFF", {}), ("BMP", {}), ("WEBP", {"lossless": True})])
+def test_formats_tf_lacks_are_reencoded_losslessly(validator, fmt, kwargs):
+    arr = pixels(10)
+    out = validator.validate(encode(arr, fmt, **kwargs), f"x.{fmt.lower()}")
+    assert out.format == "png" and out.actions[0] == f"reencode_{fmt.lower()}_to_png"
+    np.testing.assert_array_equal(_decode(out.data), arr)
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def test_decompression_bomb_header_is_rejected_before_decoding(validator):
+    ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(b"\0" * 64))
+    with pytest.raises(ImageRejected) as e:
+        validator.validate(data, "bomb.png")
+    assert e.value.reason == "too_large" and "10,000,000,000" in e.value.message
+
+
+@pytest.mark.parametrize(
+    "name, mutate, reason",
+    [
+        ("empty", lambda b: b"", "empty_file"),
+        ("text", lambda b: b"GIF? no, text", "not_an_image"),
+        ("truncated", lambda b: b[: len(b) // 2], "corrupt"),
+        ("bad_crc", lambda b: b[:40] + bytes([b[40] ^ 0xFF]) + b[41:], "corrupt"),
+    ],
+)
+def test_broken_png_is_rejected_with_reason(validator, name, mutate, reason):
+    data = mutate(encode(pixels(11, size=(64, 64)), "PNG"))
+    with pytest.raises(ImageRejected) as e:
+        validator.validate(data, f"{name}.png")
+    assert e.value.reason == reason
+    assert f"{name}.png" in e.value.message or reason == "corrupt"
+
+
+@pytest.mark.parametrize("full_decode", [False, True])
+def test_truncated_jpeg_is_caught_at_both_validation_scales(full_decode):
+    data = encode(pixels(12, size=(256, 256)), "JPEG", quality=95)
+    v = ImageValidator(max_pixels=10**7, full_decode=full_decode)
+    for cut in (0.3, 0.7, 0.95):
+        with pytest.raises(ImageRejected) as e:
+            v.validate(data[: int(len(data) * cut)], "cut.jpg")
+        assert e.value.reason == "corrupt"
