@@ -44,6 +44,8 @@ class ShardResult:
     num_bytes: int
     sha256: str
     class_counts: tuple[int, ...]
+    index_file: str
+    index_sha256: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +100,7 @@ class WriteShardFn(beam.DoFn):
         files = sorted(files)
         name = schemas.shard_filename(split, index, files[0].num_shards)
         writer = AtomicWriter(self._output_dir, name)
+        index_lines = []
         class_counts = [0] * self._num_classes
         rejected = 0
         try:
@@ -123,13 +126,19 @@ class WriteShardFn(beam.DoFn):
                     width=image.width,
                     channels=image.channels,
                 ))
-                writer.write(frame_record(record))
+                framed = frame_record(record)
+                index_lines.append(f"{writer.num_bytes} {len(framed)}\n")
+                writer.write(framed)
                 class_counts[f.label] += 1
                 self._written.inc()
         except BaseException:
             writer.abort()
             raise
         writer.commit()
+        index_name = schemas.index_filename(name)
+        index_writer = AtomicWriter(self._output_dir, index_name)
+        index_writer.write("".join(index_lines).encode())
+        index_writer.commit()
         self._shards.inc()
         num_records = sum(class_counts)
         _LOG.info(
@@ -139,7 +148,7 @@ class WriteShardFn(beam.DoFn):
         )
         yield ShardResult(
             split, index, files[0].num_shards, name, num_records, writer.num_bytes,
-            writer.sha256, tuple(class_counts),
+            writer.sha256, tuple(class_counts), index_name, index_writer.sha256,
         )
 
     def _read(self, f):
@@ -243,7 +252,8 @@ class FinalizeFn(beam.DoFn):
             if [s.index for s in mine] != list(range(count)):
                 raise RuntimeError(f"Split {split!r}: shards {[s.index for s in mine]} of {count}")
             splits[split] = schemas.SplitInfo(split, tuple(
-                schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts)
+                schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts,
+                                  s.index_file, s.index_sha256)
                 for s in mine
             ))
         actions = collections.Counter(a for _, _, acts in normalized for a in acts)
@@ -258,7 +268,7 @@ class FinalizeFn(beam.DoFn):
             normalized=dict(sorted(actions.items())),
             options=self._options,
         )
-        keep = {s.file for info in splits.values() for s in info.shards}
+        keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
         write_atomically(self._output_dir, schemas.MANIFEST_FILENAME, manifest.to_json().encode())
         delete_if_exists(FileSystems.join(self._output_dir, TMP_DIRNAME))

@@ -26,6 +26,7 @@ from schemas.manifest import (
     ManifestError,
     ShardInfo,
     SplitInfo,
+    index_filename,
     shard_filename,
 )
 
@@ -35,5 +36,5 @@ __all__ = [
     "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ShardInfo",
-    "SplitInfo", "shard_filename",
+    "SplitInfo", "shard_filename", "index_filename",
 ]

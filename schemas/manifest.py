@@ -29,6 +29,7 @@ __all__ = [
     "SplitInfo",
     "Manifest",
     "shard_filename",
+    "index_filename",
     "SHARD_FILENAME_RE",
 ]
 
@@ -62,7 +63,12 @@ SKIP_REASONS = {
 }
 
 _SHARD_TEMPLATE = "{split}-{index:05d}-of-{count:05d}.tfrecord"
-SHARD_FILENAME_RE = re.compile(r"^(?P<split>[A-Za-z0-9_]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$")
+# Shard files and their index files, as written by any run of the converter.
+SHARD_FILENAME_RE = re.compile(
+    r"^(?P<split>[A-Za-z0-9_]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.(?P<ext>tfrecord|idx)$"
+)
+_SHARD_SUFFIX = ".tfrecord"
+INDEX_SUFFIX = ".idx"
 
 
 def shard_filename(split: str, index: int, count: int) -> str:
@@ -70,6 +76,15 @@ def shard_filename(split: str, index: int, count: int) -> str:
     if not 0 <= index < count:
         raise ValueError(f"shard index must be in [0, {count}). Received: {index}")
     return _SHARD_TEMPLATE.format(split=split, index=index, count=count)
+
+
+def index_filename(shard_file: str) -> str:
+    """The index file of a shard: one line per record, 'offset length'.
+
+    The format of NVIDIA DALI's and the PyPI `tfrecord` package's TFRecord
+    readers: the byte offset of each record in the shard and its framed length.
+    """
+    return shard_file.removesuffix(_SHARD_SUFFIX) + INDEX_SUFFIX
 
 
 class ManifestError(ValueError):
@@ -86,6 +101,9 @@ class ShardInfo:
     sha256: str
     # Records per class, indexed like the manifest's class_names.
     class_counts: tuple[int, ...]
+    # The shard's index file (see `index_filename`) and its checksum.
+    index_file: str | None = None
+    index_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -100,6 +118,8 @@ class ShardInfo:
             num_bytes=int(d["num_bytes"]),
             sha256=str(d["sha256"]),
             class_counts=tuple(int(c) for c in d["class_counts"]),
+            index_file=d.get("index_file"),
+            index_sha256=d.get("index_sha256"),
         )
 
 

@@ -278,3 +278,23 @@ def test_dofns_and_specs_pickle():
         output_dir="/tmp/x", num_classes=2, total_shards=1, max_pixels=10,
         background=(0, 0, 0), full_decode=False)))
     assert restored._validator is None
+
+
+def test_index_files_give_each_record_offset_and_length(converted):
+    import hashlib
+
+    _, _, out, manifest = converted
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            assert shard.index_file == schemas.index_filename(shard.file)
+            index_bytes = (out / shard.index_file).read_bytes()
+            assert hashlib.sha256(index_bytes).hexdigest() == shard.index_sha256
+            assert hashlib.sha256((out / shard.file).read_bytes()).hexdigest() == shard.sha256
+            entries = [tuple(map(int, line.split())) for line in index_bytes.decode().splitlines()]
+            assert len(entries) == shard.num_records
+            data = (out / shard.file).read_bytes()
+            assert sum(length for _, length in entries) == len(data)
+            records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(str(out / shard.file))]
+            for (offset, length), record in zip(entries, records):
+                # 12 bytes of length and its CRC before the data, 4 bytes of CRC after.
+                assert data[offset + 12: offset + length - 4] == record
