@@ -1,6 +1,12 @@
 """Beam pipelines of shardsmith: conversion of image folders to TFRecord shards."""
 
-__all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "ImagesToTFRecords", "run"]
+import os
+
+# TensorFlow's C++ start-up lines (oneDNN, CPU features) bury the pipeline's
+# own output; a user who wants them sets the variable.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+__all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "run"]
 
 
 def __getattr__(name):

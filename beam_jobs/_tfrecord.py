@@ -15,7 +15,10 @@ import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["frame_record", "AtomicWriter", "write_atomically", "read_bytes", "TMP_DIRNAME"]
+__all__ = [
+    "frame_record", "AtomicWriter", "write_atomically", "read_bytes", "TMP_DIRNAME", "RecordError",
+    "iter_records",
+]
 
 # Temporary files live in this folder inside the output until renamed.
 TMP_DIRNAME = "_shardsmith_tmp"
@@ -91,3 +94,37 @@ def read_bytes(path: str) -> bytes:
     """Reads a whole file, with no decompression whatever its extension."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
+
+
+class RecordError(ValueError):
+    """A TFRecord whose framing or checksum is wrong."""
+
+
+def iter_records(f):
+    """Reads TFRecords from a binary file object, checking both checksums.
+
+    Yields:
+      (offset, framed_length, data) per record.
+
+    Raises:
+      RecordError: On a truncated record or a checksum mismatch, naming the offset.
+    """
+    offset = 0
+    while True:
+        header = f.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise RecordError(f"truncated record header at byte {offset}")
+        (length,) = struct.unpack("<Q", header[:8])
+        (length_crc,) = struct.unpack("<I", header[8:])
+        if _masked_crc(header[:8]) != length_crc:
+            raise RecordError(f"length checksum mismatch at byte {offset}")
+        body = f.read(length + 4)
+        if len(body) < length + 4:
+            raise RecordError(f"truncated record at byte {offset}")
+        data = body[:length]
+        if _masked_crc(data) != struct.unpack("<I", body[length:])[0]:
+            raise RecordError(f"data checksum mismatch in the record at byte {offset}")
+        yield offset, 16 + length, data
+        offset += 16 + length

@@ -36,10 +36,10 @@ import sys
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, WorkerOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
-from beam_jobs import _listing, _plan, _shards
+from beam_jobs import _listing, _plan, _runner, _shards
 from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
 
 __all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main"]
@@ -292,7 +292,8 @@ def _prepare_output(config: ConversionConfig) -> None:
             "replace the dataset in it, or choose an empty folder."
         )
     # The manifest goes first: if this run dies, the folder is plainly unfinished.
-    for name in (schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME, TMP_DIRNAME):
+    for name in (schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
+                 schemas.VERIFY_REPORT_FILENAME, TMP_DIRNAME):
         _shards.delete_if_exists(FileSystems.join(out, name))
     _shards.remove_dataset_files(out)
 
@@ -331,26 +332,6 @@ def build_plan(config: ConversionConfig) -> _plan.Plan:
     return plan
 
 
-def _quiet_local_workers(options: PipelineOptions) -> None:
-    """Local worker processes log at WARNING, except shardsmith's progress lines."""
-    worker = options.view_as(WorkerOptions)
-    if worker.default_sdk_harness_log_level is None:
-        worker.default_sdk_harness_log_level = "WARNING"
-        worker.sdk_harness_log_level_overrides = {"shardsmith": "INFO"}
-
-
-def _make_runner(options: PipelineOptions):
-    runner = options.view_as(StandardOptions).runner
-    if runner in (None, "DirectRunner", "direct"):
-        # The DirectRunner first tries the Prism runner, which downloads a
-        # binary; offline it waits and fails. Beam's in-process portable
-        # runner is what it falls back to: use it straight away.
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        return FnApiRunner()
-    return None
-
-
 def run(argv: list[str] | None = None, *, wait: bool = True):
     """Runs the conversion.
 
@@ -367,10 +348,9 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     """
     options = PipelineOptions(argv)
     config = ConversionConfig.from_options(options)
-    _quiet_local_workers(options)
     plan = build_plan(config)
     _prepare_output(config)
-    pipeline = beam.Pipeline(runner=_make_runner(options), options=options)
+    pipeline = beam.Pipeline(runner=_runner.make_runner(options), options=options)
     _ = pipeline | "ConvertImages" >> ConvertImages(plan, config)
     result = pipeline.run()
     if wait:
@@ -403,10 +383,7 @@ def summarize(output_dir: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs `run` and turns user errors into one sentence."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    # Beam and TF are chatty at INFO; their warnings still show.
-    for noisy in ("apache_beam", "absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _runner.configure_logging()
     try:
         run(argv)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:

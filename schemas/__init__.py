@@ -22,6 +22,7 @@ from schemas.manifest import (
     REJECTS_FILENAME,
     SKIP_REASONS,
     SPLITS,
+    VERIFY_REPORT_FILENAME,
     Manifest,
     ManifestError,
     ShardInfo,
@@ -34,7 +35,7 @@ __all__ = [
     "__version__",
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
     "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
-    "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "SPLITS",
+    "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
+from google.protobuf import message
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -212,6 +213,36 @@ class ImageExampleSchema:
 
     def to_json(self) -> dict[str, dict[str, str]]:
         return {spec.key: spec.to_json() for spec in self.features}
+
+    def decode(self, serialized: bytes) -> dict[str, Any]:
+        """Parses serialized Example bytes in Python (no graph), checking the schema.
+
+        The Python twin of `parse_spec`, for tools that look at single records
+        (verify, inspect). Bytes features come back as bytes, int64 as int.
+
+        Raises:
+          ValueError: Naming the feature that is missing, of another dtype, or
+            not exactly one value.
+        """
+        try:
+            example = tf.train.Example.FromString(serialized)
+        except message.DecodeError as e:
+            raise ValueError(f"not a tf.train.Example ({type(e).__name__})") from e
+        features = example.features.feature
+        out = {}
+        for spec in self.features:
+            if spec.key not in features:
+                raise ValueError(f"feature {spec.key!r} is missing")
+            feature = features[spec.key]
+            kind = feature.WhichOneof("kind")
+            want = "bytes_list" if spec.dtype == "bytes" else "int64_list"
+            if kind != want:
+                raise ValueError(f"feature {spec.key!r} is {kind}, the schema says {want}")
+            values = getattr(feature, kind).value
+            if len(values) != 1:
+                raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
+            out[spec.key] = values[0]
+        return out
 
     @classmethod
     def from_json(cls, features: Mapping[str, Any]) -> ImageExampleSchema:

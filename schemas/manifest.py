@@ -21,6 +21,7 @@ __all__ = [
     "MANIFEST_FILENAME",
     "REJECTS_FILENAME",
     "NORMALIZED_FILENAME",
+    "VERIFY_REPORT_FILENAME",
     "SPLITS",
     "REJECT_REASONS",
     "SKIP_REASONS",
@@ -36,6 +37,8 @@ __all__ = [
 MANIFEST_FILENAME = "manifest.json"
 REJECTS_FILENAME = "rejects.jsonl"
 NORMALIZED_FILENAME = "normalized.jsonl"
+# Written by `beam_jobs.verify`; removed by a new conversion into the folder.
+VERIFY_REPORT_FILENAME = "verify_report.json"
 
 # Canonical split names, in the order they are reported.
 SPLITS = ("train", "validation", "test")

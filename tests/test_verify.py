@@ -1,0 +1,79 @@
+"""verify: every shard re-read and checked against the manifest (beam_jobs/verify.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import convert, encode, make_class_tree, pixels, write
+
+import schemas
+from beam_jobs import verify
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "images"
+    make_class_tree(root, per_class=4)
+    # The same picture under two names: the hash split may put them apart.
+    same = encode(pixels(99), "JPEG")
+    for i in range(6):
+        write(root / "cat" / f"copy_{i}.jpg", same)
+    out = tmp_path / "out"
+    manifest = convert(out.parent / "images", out, "--split", "train=0.5,test=0.5", "--min_shards", "2")
+    return out, manifest
+
+
+def test_a_fresh_dataset_verifies_and_duplicates_are_reported(dataset, capsys):
+    out, manifest = dataset
+    assert verify.main([str(out)]) == 0
+    report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
+    assert report["ok"] and report["problems"] == []
+    assert report["records"] == manifest.counts["written"] == 18
+    groups = report["duplicates"]["list"]
+    assert len(groups) == 1 and len(groups[0]["images"]) == 6
+    assert {img["filename"] for img in groups[0]["images"]} == {f"cat/copy_{i}.jpg" for i in range(6)}
+    assert report["duplicates"]["across_splits"] == (1 if len(groups[0]["splits"]) > 1 else 0)
+    err = capsys.readouterr().err
+    assert err.startswith("OK: 18 records") and "Duplicates: 1 group of identical images" in err
+    if report["duplicates"]["across_splits"]:
+        assert verify.main([str(out), "--fail_on_duplicates"]) == 1
+
+
+def test_a_flipped_byte_is_found_and_named(dataset):
+    out, manifest = dataset
+    shard = manifest.splits["train"].shards[0]
+    data = bytearray((out / shard.file).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (out / shard.file).write_bytes(bytes(data))
+    assert verify.main([str(out)]) == 1
+    report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
+    assert any(shard.file in p and "checksum mismatch" in p for p in report["problems"])
+    assert any("records, the manifest says" in p for p in report["problems"])
+
+
+def test_missing_shard_and_wrong_counts_are_mismatches(dataset):
+    out, manifest = dataset
+    gone = manifest.splits["test"].shards[-1]
+    (out / gone.file).unlink()
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert f"{gone.file}: file is missing" in problems
+    assert any(p.startswith("split test:") for p in problems)
+
+
+def test_a_folder_without_manifest_gets_one_clear_error(tmp_path, capsys):
+    (tmp_path / "half").mkdir()
+    assert verify.main([str(tmp_path / "half")]) == 2
+    err = capsys.readouterr().err
+    assert "not a finished shardsmith dataset" in err and "--overwrite" in err
+
+
+def test_a_tampered_index_file_is_found(dataset):
+    out, manifest = dataset
+    shard = manifest.splits["train"].shards[0]
+    shutil.copy(out / manifest.splits["test"].shards[0].index_file, out / shard.index_file)
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert f"{shard.index_file}: sha256 differs from the manifest" in problems
