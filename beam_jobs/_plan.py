@@ -66,6 +66,8 @@ class PlannedFile:
     size: int
     label: int
     num_shards: int
+    # With --dedup: the kept file with the same content, when this one is a copy.
+    duplicate_of: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +29,8 @@ __all__ = [
 
 _LOG = logging.getLogger("shardsmith.convert")
 _NAMESPACE = "shardsmith"
+# Inside the temporary folder: one receipt per finished shard, for --resume.
+RECEIPTS_DIRNAME = "done"
 
 
 class ConversionError(Exception):
@@ -77,19 +80,27 @@ class WriteShardFn(beam.DoFn):
     Input: ((split, shard_index), iterable of PlannedFile).
     Main output: ShardResult. Tagged outputs: REJECTED (Reject) and
     NORMALIZED ((rel_path, source_format, actions)).
+
+    After a shard and its index are renamed into place, a small receipt with
+    everything the manifest needs from the shard is saved in the temporary
+    folder; with `resume`, a shard whose receipt and file still match is not
+    written again.
     """
 
     REJECTED = "rejected"
     NORMALIZED = "normalized"
 
-    def __init__(self, *, output_dir, num_classes, total_shards, max_pixels, background, full_decode):
+    def __init__(self, *, output_dir, num_classes, total_shards, max_pixels, background, full_decode,
+                 resume=False):
         # Plain values only: the DoFn is pickled to every worker.
         self._output_dir = output_dir
         self._num_classes = num_classes
         self._total_shards = total_shards
         self._validator_args = dict(max_pixels=max_pixels, background=background, full_decode=full_decode)
+        self._resume = resume
         self._written = Metrics.counter(_NAMESPACE, "records_written")
         self._shards = Metrics.counter(_NAMESPACE, "shards_written")
+        self._resumed = Metrics.counter(_NAMESPACE, "shards_resumed")
         self._validator = None
 
     def setup(self):
@@ -99,24 +110,47 @@ class WriteShardFn(beam.DoFn):
         (split, index), files = element
         files = sorted(files)
         name = schemas.shard_filename(split, index, files[0].num_shards)
+        fingerprint = self._fingerprint(files)
+        outcome = self._load_receipt(name, fingerprint) if self._resume else None
+        if outcome is not None:
+            self._resumed.inc()
+            _LOG.info("Kept %s from the interrupted run (--resume)", name)
+        else:
+            outcome = self._write(split, index, name, files)
+            self._save_receipt(name, fingerprint, outcome)
+            _LOG.info(
+                "Wrote %s: %s images%s [%d of %d shards done]",
+                name, f"{outcome[0].num_records:,}",
+                f", {len(outcome[1])} rejected" if outcome[1] else "",
+                self._count_done(), self._total_shards,
+            )
+        result, rejects, normalized = outcome
+        for reject in rejects:
+            Metrics.counter(_NAMESPACE, f"rejected_{reject.reason}").inc()
+            yield beam.pvalue.TaggedOutput(self.REJECTED, reject)
+        for item in normalized:
+            yield beam.pvalue.TaggedOutput(self.NORMALIZED, item)
+        yield result
+
+    def _write(self, split, index, name, files):
+        """Writes the shard and its index; returns (ShardResult, rejects, normalized)."""
         writer = AtomicWriter(self._output_dir, name)
         index_lines = []
         class_counts = [0] * self._num_classes
-        rejected = 0
+        rejects, normalized = [], []
         try:
             for f in files:
+                if f.duplicate_of is not None:
+                    rejects.append(Reject(f.rel_path, "duplicate", "same content as "
+                                          + _listing.display_path(f.duplicate_of)))
+                    continue
                 try:
                     image = self._validator.validate(self._read(f), f.rel_path)
                 except ImageRejected as e:
-                    rejected += 1
-                    Metrics.counter(_NAMESPACE, f"rejected_{e.reason}").inc()
-                    yield beam.pvalue.TaggedOutput(self.REJECTED, Reject(f.rel_path, e.reason, e.message))
+                    rejects.append(Reject(f.rel_path, e.reason, e.message))
                     continue
                 if image.actions:
-                    Metrics.counter(_NAMESPACE, "normalized").inc()
-                    yield beam.pvalue.TaggedOutput(
-                        self.NORMALIZED, (f.rel_path, image.source_format, image.actions)
-                    )
+                    normalized.append((f.rel_path, image.source_format, tuple(image.actions)))
                 record = schemas.IMAGE_SCHEMA.encode(schemas.ImageRecord(
                     image=image.data,
                     label=f.label,
@@ -140,16 +174,52 @@ class WriteShardFn(beam.DoFn):
         index_writer.write("".join(index_lines).encode())
         index_writer.commit()
         self._shards.inc()
-        num_records = sum(class_counts)
-        _LOG.info(
-            "Wrote %s: %s images%s [%d of %d shards done]",
-            name, f"{num_records:,}", f", {rejected} rejected" if rejected else "",
-            self._count_done(), self._total_shards,
-        )
-        yield ShardResult(
-            split, index, files[0].num_shards, name, num_records, writer.num_bytes,
+        result = ShardResult(
+            split, index, files[0].num_shards, name, sum(class_counts), writer.num_bytes,
             writer.sha256, tuple(class_counts), index_name, index_writer.sha256,
         )
+        return result, rejects, normalized
+
+    def _fingerprint(self, files) -> str:
+        """What the shard's bytes depend on: its planned files and the validation options."""
+        h = hashlib.sha256(repr(sorted(self._validator_args.items())).encode())
+        for f in files:
+            h.update(repr((os.fsencode(f.rel_path), f.size, f.label, f.order, f.duplicate_of)).encode())
+        return h.hexdigest()
+
+    def _receipt_path(self, name: str) -> str:
+        return FileSystems.join(self._output_dir, TMP_DIRNAME, RECEIPTS_DIRNAME, name + ".json")
+
+    def _save_receipt(self, name, fingerprint, outcome):
+        result, rejects, normalized = outcome
+        receipt = {
+            "fingerprint": fingerprint,
+            "result": dataclasses.asdict(result),
+            "rejects": [dataclasses.astuple(r) for r in rejects],
+            "normalized": [[p, src, list(actions)] for p, src, actions in normalized],
+        }
+        text = json.dumps(receipt, sort_keys=True, ensure_ascii=True)
+        write_atomically(FileSystems.join(self._output_dir, TMP_DIRNAME, RECEIPTS_DIRNAME),
+                         name + ".json", text.encode("utf-8", "surrogateescape"))
+
+    def _load_receipt(self, name, fingerprint):
+        """The saved outcome of a shard, if its files are still exactly as written."""
+        path = self._receipt_path(name)
+        if not FileSystems.exists(path):
+            return None
+        receipt = json.loads(read_bytes(path).decode("utf-8", "surrogateescape"))
+        if receipt["fingerprint"] != fingerprint:
+            return None
+        fields = receipt["result"]
+        fields["class_counts"] = tuple(fields["class_counts"])
+        result = ShardResult(**fields)
+        for file_name, sha in ((result.file, result.sha256), (result.index_file, result.index_sha256)):
+            path = FileSystems.join(self._output_dir, file_name)
+            if not FileSystems.exists(path) or hashlib.sha256(read_bytes(path)).hexdigest() != sha:
+                return None
+        rejects = [Reject(*r) for r in receipt["rejects"]]
+        normalized = [(p, src, tuple(actions)) for p, src, actions in receipt["normalized"]]
+        return result, rejects, normalized
 
     def _read(self, f):
         try:
@@ -168,6 +238,24 @@ def _key_by_shard(f: _plan.PlannedFile):
     return (f.split, f.shard), f
 
 
+def _key_by_content(f: _plan.PlannedFile):
+    """(sha256 of the file's bytes, file); unreadable files get a key of their own."""
+    try:
+        return hashlib.sha256(read_bytes(f.path)).hexdigest(), f
+    except OSError:
+        # The shard writer reads it again and rejects it with the reason.
+        return "unreadable:" + f.rel_path, f
+
+
+def _mark_copies(element):
+    """Keeps the file with the smallest path of each content; marks the others."""
+    _, files = element
+    files = sorted(files, key=lambda f: os.fsencode(f.rel_path))
+    yield files[0]
+    for copy in files[1:]:
+        yield dataclasses.replace(copy, duplicate_of=files[0].rel_path)
+
+
 class ImagesToTFRecords(beam.PTransform):
     """Writes planned files into shards: only paths are grouped, never bytes.
 
@@ -179,17 +267,28 @@ class ImagesToTFRecords(beam.PTransform):
       num_classes: Number of classes (for per-shard class counts).
       total_shards: Shards of all splits together (for progress lines).
       max_pixels, background, full_decode: See `ImageValidator`.
+      dedup: Keep one file of each content (the smallest path); the copies
+        are rejected as 'duplicate'. Only hashes and paths are grouped.
+      resume: Keep shards an interrupted run finished (see `WriteShardFn`).
     """
 
     def __init__(self, *, output_dir, num_classes, total_shards, max_pixels,
-                 background=(255, 255, 255), full_decode=False):
+                 background=(255, 255, 255), full_decode=False, dedup=False, resume=False):
         super().__init__()
+        self._dedup = dedup
         self._fn = WriteShardFn(
             output_dir=output_dir, num_classes=num_classes, total_shards=total_shards,
-            max_pixels=max_pixels, background=background, full_decode=full_decode,
+            max_pixels=max_pixels, background=background, full_decode=full_decode, resume=resume,
         )
 
     def expand(self, files):
+        if self._dedup:
+            files = (
+                files
+                | "HashContent" >> beam.Map(_key_by_content)  # (sha256, PlannedFile)
+                | "GroupByContent" >> beam.GroupByKey()  # (sha256, [PlannedFile])
+                | "MarkCopies" >> beam.FlatMap(_mark_copies)  # PlannedFile
+            )
         return (
             files
             | "KeyByShard" >> beam.Map(_key_by_shard)  # ((split, shard), PlannedFile)

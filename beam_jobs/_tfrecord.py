@@ -48,12 +48,19 @@ class AtomicWriter:
     Args:
       output_dir: Folder of the final file.
       name: Final file name.
+      in_tmp_dir: Keep the temporary file in the output's temporary folder
+        (shards: a crash leaves its debris in one place that a re-run clears);
+        otherwise beside the final file under a hidden name (small metadata
+        files, also written into folders that have no temporary folder).
     """
 
-    def __init__(self, output_dir: str, name: str):
+    def __init__(self, output_dir: str, name: str, in_tmp_dir: bool = True):
         self.final_path = FileSystems.join(output_dir, name)
-        tmp_dir = FileSystems.join(output_dir, TMP_DIRNAME)
-        self._tmp_path = FileSystems.join(tmp_dir, f"{name}.{uuid.uuid4().hex}")
+        if in_tmp_dir:
+            tmp_path = FileSystems.join(output_dir, TMP_DIRNAME, f"{name}.{uuid.uuid4().hex}")
+        else:
+            tmp_path = FileSystems.join(output_dir, f".{name}.{uuid.uuid4().hex}.tmp")
+        self._tmp_path = tmp_path
         self._file = FileSystems.create(
             self._tmp_path, compression_type=CompressionTypes.UNCOMPRESSED
         )
@@ -85,7 +92,7 @@ class AtomicWriter:
 
 def write_atomically(output_dir: str, name: str, data: bytes) -> None:
     """Writes a small file (metadata) under a temporary name, then renames it."""
-    writer = AtomicWriter(output_dir, name)
+    writer = AtomicWriter(output_dir, name, in_tmp_dir=False)
     writer.write(data)
     writer.commit()
 

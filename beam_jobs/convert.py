@@ -97,8 +97,16 @@ class ConvertOptions(PipelineOptions):
             help="Validate JPEGs at full resolution instead of libjpeg's 1/8 scale.",
         )
         parser.add_argument(
+            "--dedup", action="store_true",
+            help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
+        )
+        parser.add_argument(
             "--overwrite", action="store_true",
             help="Replace the dataset in a non-empty --output_dir.",
+        )
+        parser.add_argument(
+            "--resume", action="store_true",
+            help="Finish an interrupted conversion into --output_dir, keeping its complete shards.",
         )
 
 
@@ -143,7 +151,9 @@ class ConversionConfig:
     max_reject_fraction: float = 0.1
     background: tuple[int, int, int] = (255, 255, 255)
     full_decode: bool = False
+    dedup: bool = False
     overwrite: bool = False
+    resume: bool = False
 
     def __post_init__(self):
         for name in ("input_dir", "output_dir"):
@@ -163,6 +173,11 @@ class ConversionConfig:
             )
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
             raise ValueError(f"--background must be R,G,B in 0-255. Received: {self.background}")
+        if self.overwrite and self.resume:
+            raise ValueError(
+                "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
+                "wrote; give one of them."
+            )
         if self.class_names is not None:
             dupes = sorted({c for c in self.class_names if self.class_names.count(c) > 1})
             if not self.class_names or dupes or "" in self.class_names:
@@ -199,7 +214,9 @@ class ConversionConfig:
             max_reject_fraction=o.max_reject_fraction,
             background=background,
             full_decode=o.full_decode,
+            dedup=o.dedup,
             overwrite=o.overwrite,
+            resume=o.resume,
         )
 
     def manifest_options(self, split_source: str) -> dict:
@@ -216,6 +233,7 @@ class ConversionConfig:
             "max_reject_fraction": self.max_reject_fraction,
             "background": list(self.background),
             "validation": "full" if self.full_decode else "jpeg_scaled_1_8",
+            "dedup": self.dedup,
             "labels": "csv" if self.labels_csv else "folders",
             "tool_version": schemas.__version__,
         }
@@ -246,6 +264,8 @@ class ConvertImages(beam.PTransform):
                 max_pixels=config.max_pixels,
                 background=config.background,
                 full_decode=config.full_decode,
+                dedup=config.dedup,
+                resume=config.resume,
             )
         )
         listing_rejects = (
@@ -274,7 +294,11 @@ class ConvertImages(beam.PTransform):
 
 
 def _prepare_output(config: ConversionConfig) -> None:
-    """Refuses a non-empty output unless --overwrite; then clears our own files."""
+    """Refuses a non-empty output unless --overwrite or --resume; clears our own files.
+
+    With --resume the shards, index files and receipts of the interrupted run
+    stay; the shard writers keep those that still match.
+    """
     out = config.output_dir
     if _listing.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
@@ -286,16 +310,21 @@ def _prepare_output(config: ConversionConfig) -> None:
         if not os.access(out, os.W_OK | os.X_OK):
             raise PermissionError(f"--output_dir {out!r} is not writable.")
     existing = FileSystems.match([FileSystems.join(out, "*")])[0].metadata_list
-    if existing and not config.overwrite:
+    if existing and not (config.overwrite or config.resume):
         raise FileExistsError(
             f"--output_dir {out!r} is not empty ({len(existing)} entries). Pass --overwrite to "
-            "replace the dataset in it, or choose an empty folder."
+            "replace the dataset in it, --resume to finish an interrupted conversion, or choose "
+            "an empty folder."
         )
     # The manifest goes first: if this run dies, the folder is plainly unfinished.
-    for name in (schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
-                 schemas.VERIFY_REPORT_FILENAME, TMP_DIRNAME):
+    names = [schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
+             schemas.VERIFY_REPORT_FILENAME]
+    if not config.resume:
+        names.append(TMP_DIRNAME)
+    for name in names:
         _shards.delete_if_exists(FileSystems.join(out, name))
-    _shards.remove_dataset_files(out)
+    if not config.resume:
+        _shards.remove_dataset_files(out)
 
 
 def build_plan(config: ConversionConfig) -> _plan.Plan:
