@@ -47,6 +47,6 @@ setuptools.setup(
         "bench": ["psutil", "scikit-image>=0.22"],
     },
     entry_points={
-        "console_scripts": ["shardsmith-convert=beam_jobs.convert:main"],
+        "console_scripts": ["shardsmith=beam_jobs.cli:main"],
     },
 )

@@ -36,10 +36,11 @@ import sys
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
 
 import schemas
 from beam_jobs import _listing, _plan, _runner, _shards
+from beam_jobs._progress import ProgressBar
 from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
 
 __all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main"]
@@ -379,11 +380,25 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     config = ConversionConfig.from_options(options)
     plan = build_plan(config)
     _prepare_output(config)
-    pipeline = beam.Pipeline(runner=_runner.make_runner(options), options=options)
+    runner = _runner.make_runner(options)
+    progress = None
+    if runner is not None and wait and ProgressBar.wanted():
+        # The bar replaces the per-shard lines on a terminal.
+        options.view_as(WorkerOptions).sdk_harness_log_level_overrides = {"shardsmith": "WARNING"}
+        logging.getLogger("shardsmith.convert").setLevel(logging.WARNING)
+        progress = ProgressBar(config.output_dir, len(plan.files), _shards.RECEIPTS_DIRNAME)
+        progress.start()
+    pipeline = beam.Pipeline(runner=runner, options=options)
     _ = pipeline | "ConvertImages" >> ConvertImages(plan, config)
-    result = pipeline.run()
+    try:
+        result = pipeline.run()
+        if wait:
+            result.wait_until_finish()
+    finally:
+        if progress is not None:
+            progress.stop()
+            logging.getLogger("shardsmith.convert").setLevel(logging.NOTSET)
     if wait:
-        result.wait_until_finish()
         _LOG.info("%s", summarize(config.output_dir))
     return result
 

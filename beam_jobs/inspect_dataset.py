@@ -1,0 +1,151 @@
+"""Answers at a glance about a converted dataset: `shardsmith inspect OUT`.
+
+Reads only the metadata (manifest, rejects, the verify report if there is
+one), so it is instant whatever the size of the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from apache_beam.io.filesystems import FileSystems
+
+import schemas
+from beam_jobs._tfrecord import read_bytes
+
+__all__ = ["inspect_dataset", "format_inspection", "main"]
+
+# A class with this many times the images of the smallest is worth a warning.
+_IMBALANCE_WARNING = 10.0
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def inspect_dataset(data_dir: str) -> dict:
+    """Collects the facts and warnings about a dataset.
+
+    Returns:
+      A dict with 'manifest' (the parsed Manifest), 'verify' (the verify
+      report or None) and 'warnings' (sentences).
+
+    Raises:
+      ManifestError: If the folder is not a finished dataset.
+    """
+    path = FileSystems.join(data_dir, schemas.MANIFEST_FILENAME)
+    if not FileSystems.exists(path):
+        raise schemas.ManifestError(
+            f"{data_dir} has no {schemas.MANIFEST_FILENAME}: it is not a finished shardsmith dataset "
+            "(the conversion did not complete, or this is the wrong folder)."
+        )
+    manifest = schemas.Manifest.from_json(read_bytes(path).decode(), path)
+    report_path = FileSystems.join(data_dir, schemas.VERIFY_REPORT_FILENAME)
+    report = json.loads(read_bytes(report_path).decode()) if FileSystems.exists(report_path) else None
+    warnings = []
+    for split, info in manifest.splits.items():
+        if split == "train":
+            continue
+        missing = [c for c, n in zip(manifest.class_names, info.class_counts) if n == 0]
+        if missing:
+            warnings.append(f"{len(missing)} class(es) have no {split} images: {', '.join(missing[:10])}")
+    for split, info in manifest.splits.items():
+        counts = [n for n in info.class_counts if n > 0]
+        if len(counts) > 1 and max(counts) / min(counts) >= _IMBALANCE_WARNING:
+            big = manifest.class_names[info.class_counts.index(max(counts))]
+            small = manifest.class_names[info.class_counts.index(min(counts))]
+            warnings.append(
+                f"heavy imbalance in {split}: {big!r} has {max(counts) / min(counts):.0f}x the images "
+                f"of {small!r}"
+            )
+    if report is None:
+        warnings.append("not verified yet: run `shardsmith verify` to re-read every record")
+    else:
+        if not report["ok"]:
+            warnings.append(f"verify found {len(report['problems'])} problems: see {schemas.VERIFY_REPORT_FILENAME}")
+        if report["duplicates"]["across_splits"]:
+            warnings.append(
+                f"{report['duplicates']['across_splits']} images appear in more than one split "
+                "(evaluation leaks into training): convert with --dedup"
+            )
+    rejected = manifest.counts["rejected"]
+    considered = manifest.counts["written"] + rejected
+    if considered and rejected / considered > 0.01:
+        warnings.append(f"{rejected / considered:.1%} of the images were rejected: see {schemas.REJECTS_FILENAME}")
+    return {"manifest": manifest, "verify": report, "warnings": warnings}
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
+    """The facts as a few aligned tables."""
+    m: schemas.Manifest = facts["manifest"]
+    total_records = sum(s.num_records for s in m.splits.values())
+    total_bytes = sum(s.num_bytes for s in m.splits.values())
+    lines = [
+        f"{data_dir}: shardsmith {m.tool_version}, schema v{m.schema_version}, "
+        f"{len(m.class_names)} classes, {total_records:,} records, {_human_bytes(total_bytes)}",
+        "",
+    ]
+    rows = [["split", "shards", "records", "bytes", "min/max per shard"]]
+    for name, info in m.splits.items():
+        sizes = [s.num_records for s in info.shards] or [0]
+        rows.append([name, str(len(info.shards)), f"{info.num_records:,}", _human_bytes(info.num_bytes),
+                     f"{min(sizes):,}/{max(sizes):,}"])
+    lines += _table(rows) + [""]
+    splits = list(m.splits)
+    rows = [["class", *splits, "total"]]
+    for i, name in enumerate(m.class_names[:max_classes]):
+        per = [m.splits[s].class_counts[i] if m.splits[s].class_counts else 0 for s in splits]
+        rows.append([name, *(f"{n:,}" for n in per), f"{sum(per):,}"])
+    lines += _table(rows)
+    if len(m.class_names) > max_classes:
+        lines.append(f"... and {len(m.class_names) - max_classes} more classes")
+    c = m.counts
+    lines += ["", f"inputs {c['found']:,} = {c['written']:,} written + {c['rejected']:,} rejected + "
+                  f"{c['skipped']:,} skipped"]
+    if m.rejects:
+        lines.append("rejects: " + ", ".join(f"{r} {n:,}" for r, n in m.rejects.items())
+                     + f" (see {schemas.REJECTS_FILENAME})")
+    if m.normalized:
+        lines.append("normalised: " + ", ".join(f"{a} {n:,}" for a, n in m.normalized.items()))
+    report = facts["verify"]
+    if report is not None:
+        dup = report["duplicates"]
+        lines.append(f"verify: {'OK' if report['ok'] else 'MISMATCH'}, {dup['groups']} duplicate groups "
+                     f"({dup['across_splits']} across splits)")
+    lines.append("")
+    if facts["warnings"]:
+        lines.append("warnings:")
+        lines += [f"  - {w}" for w in facts["warnings"]]
+    else:
+        lines.append("no warnings")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardsmith inspect OUT`: prints the tables; 2 if OUT is not a dataset."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: shardsmith inspect DATASET_DIR", file=sys.stderr)
+        return 2
+    try:
+        facts = inspect_dataset(argv[0].rstrip("/"))
+    except schemas.ManifestError as e:
+        print(f"shardsmith inspect: error: {e}", file=sys.stderr)
+        return 2
+    print(format_inspection(argv[0], facts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

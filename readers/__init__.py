@@ -1,0 +1,22 @@
+"""tf.data readers for datasets written by the shardsmith converter.
+
+    ds = readers.image_dataset_from_tfrecords("gs://bucket/pets", "train",
+                                              image_size=(224, 224))
+    model.fit(ds, epochs=10)
+
+The lower-level pieces live in `readers.metadata` (manifest and shard files),
+`readers.decode` (records to tensors, schema only) and `readers.preprocess`
+(resize policies, augmentation, output dtype).
+"""
+
+from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
+from readers.distributed import distributed_dataset, make_dataset_fn
+from readers.metadata import load_manifest
+
+__all__ = [
+    "ReaderConfig",
+    "image_dataset_from_tfrecords",
+    "distributed_dataset",
+    "make_dataset_fn",
+    "load_manifest",
+]

@@ -1,0 +1,611 @@
+"""`image_dataset_from_tfrecords`: a converted dataset as a batched `tf.data.Dataset`.
+
+The pipeline, all stages AUTOTUNEd:
+
+  shard files from the manifest (shuffled per epoch with the seed)
+  -> parallel interleave of `TFRecordDataset`s
+  -> record shuffle buffer (bounded, holds encoded records only)
+  -> vectorised parse of small record batches
+  -> per example: decode + resize policy or standard augmentation
+  -> optional user augmentation function
+  -> batch -> per batch: scale/normalise, cast, label encoding
+  -> prefetch
+
+Nothing is cached unless `cache` is set. Without `seed`, the pipeline runs
+non-deterministically (faster: workers need not wait for each other); with a
+`seed` it is deterministic by default and gives the same batches on every
+run, augmentation included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from readers import decode, preprocess
+from readers.metadata import SplitFiles, load_split
+from schemas.features import IMAGE, LABEL
+
+__all__ = ["LABEL_MODES", "AUGMENTATIONS", "ReaderConfig", "image_dataset_from_tfrecords"]
+
+logger = logging.getLogger(__name__)
+
+LABEL_MODES = ("int", "categorical", "binary", None)
+AUGMENTATIONS = (None, "standard")
+
+# Records parsed per vectorised `tf.io.parse_example` call.
+_PARSE_BATCH = 64
+# Most shard files read at once by the interleave.
+_MAX_CYCLE_LENGTH = 16
+# Default record shuffle buffer: at most this many records ...
+_DEFAULT_SHUFFLE_RECORDS = 1024
+# ... and at most about this many bytes of encoded records.
+_SHUFFLE_RAM_BUDGET = 256 * 1024 * 1024
+_SEED_MODULUS = 2**31 - 1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r}")
+
+
+def _check_per_channel(name: str, value, allow_zero: bool = True) -> Any:
+    """A float or a sequence of floats (one per channel), as a tuple or float."""
+    if _is_number(value):
+        values = (value,)
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0 and all(
+        _is_number(v) for v in value
+    ):
+        values = tuple(value)
+    else:
+        raise TypeError(
+            f"`{name}` must be a number or a sequence of numbers (one per channel). "
+            f"Received: {name}={value!r}"
+        )
+    if not allow_zero and any(v == 0 for v in values):
+        raise ValueError(f"`{name}` must not contain zero. Received: {name}={value!r}")
+    return float(value) if _is_number(value) else tuple(float(v) for v in values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderConfig:
+    """How to read a converted dataset; validated on construction.
+
+    Defaults follow `keras.utils.image_dataset_from_directory`: float32 pixel
+    values in 0-255, int labels, shuffled, batches of 32.
+
+    Attributes:
+      batch_size: Examples per batch, or None for unbatched examples. In
+        `distributed_dataset` it is the global batch size.
+      image_size: (height, width) of the output images. None keeps the stored
+        sizes (only with `batch_size=None`, as sizes differ).
+      color_mode: 'rgb' (3 channels), 'grayscale' (1) or 'rgba' (4).
+      shuffle: Shuffle shard files per epoch and records in a buffer.
+      seed: Seed for shuffling and augmentation; with a seed the pipeline is
+        reproducible.
+      label_mode: 'int' (int32 labels [batch]), 'categorical' (float32 one-hot
+        [batch, num_classes]), 'binary' (float32 [batch, 1], two classes only)
+        or None (no labels).
+      resize: 'stretch', 'crop' or 'pad', see `readers.preprocess`. Ignored
+        when `augment='standard'`.
+      crop_fraction: With resize='crop', the centre fraction of the window to
+        keep; 0.875 gives the ImageNet evaluation crop.
+      interpolation: Resize method, one of `preprocess.INTERPOLATIONS`.
+      dtype: Output pixel dtype: 'float32', 'bfloat16', 'float16' (values in
+        0-255 unless scaled), 'uint8', or 'uint16' (decodes 16-bit PNGs at
+        full depth; 8-bit sources are multiplied by 257).
+      scale: Optional multiplier applied per batch, e.g. 1/255 (float dtypes).
+      normalize: Optional (mean, std), each a float or per-channel sequence,
+        applied after `scale` as (x - mean) / std (float dtypes).
+      augment: None; 'standard' for the ImageNet training recipe (random
+        resized crop fused with JPEG decoding, random horizontal flip); or a
+        callable `fn(image) -> image` applied per example before batching to a
+        float32 [height, width, channels] image of pixel values (before
+        `scale`), returning the same shape. Its random ops are only
+        reproducible if it uses stateless ops seeded from its input.
+      repeat: Repeat forever (pass `steps_per_epoch` to `fit`). Every
+        epoch of records (batches may straddle two epochs) holds every record
+        exactly once, in a new order; when not deterministic, a few records
+        near the boundary may swap epochs.
+      drop_remainder: Drop the last, smaller batch.
+      extra_features: Further record features to return, e.g.
+        `(FILENAME.key,)`; any feature of the dataset's schema except image
+        and label.
+      deterministic: Keep element order reproducible. None: True when `seed`
+        is set, else False (faster).
+      cache: False; True to cache the encoded records in memory during the
+        first epoch; or a file path prefix to cache them on disk. Later epochs
+        keep the first epoch's file order; the record shuffle still varies.
+      shuffle_buffer: Records in the shuffle buffer. None: up to 1024,
+        limited to about 256 MiB of encoded records.
+    """
+
+    batch_size: int | None = 32
+    image_size: tuple[int, int] | None = (224, 224)
+    color_mode: str = "rgb"
+    shuffle: bool = True
+    seed: int | None = None
+    label_mode: str | None = "int"
+    resize: str = "stretch"
+    crop_fraction: float = 1.0
+    interpolation: str = "bilinear"
+    dtype: str = "float32"
+    scale: float | tuple[float, ...] | None = None
+    normalize: tuple[Any, Any] | None = None
+    augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None
+    repeat: bool = False
+    drop_remainder: bool = False
+    extra_features: tuple[str, ...] = ()
+    deterministic: bool | None = None
+    cache: bool | str = False
+    shuffle_buffer: int | None = None
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+
+        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
+            raise ValueError(
+                "`batch_size` must be a positive integer or None. "
+                f"Received: batch_size={self.batch_size!r}"
+            )
+        if self.image_size is None:
+            if self.batch_size is not None:
+                raise ValueError(
+                    "`image_size=None` keeps the stored image sizes, which differ, so "
+                    "it needs `batch_size=None`. Received: "
+                    f"image_size=None, batch_size={self.batch_size!r}"
+                )
+        else:
+            size = self.image_size
+            if (
+                not isinstance(size, Sequence)
+                or isinstance(size, str)
+                or len(size) != 2
+                or not all(_is_int(s) and s > 0 for s in size)
+            ):
+                raise ValueError(
+                    "`image_size` must be a tuple of two positive integers "
+                    f"(height, width). Received: image_size={size!r}"
+                )
+            set_("image_size", tuple(size))
+        if self.color_mode not in decode.CHANNELS_BY_COLOR_MODE:
+            raise ValueError(
+                f"`color_mode` must be one of {tuple(decode.CHANNELS_BY_COLOR_MODE)}. "
+                f"Received: color_mode={self.color_mode!r}"
+            )
+        for name in ("shuffle", "repeat", "drop_remainder"):
+            _check_bool(name, getattr(self, name))
+        if self.deterministic is not None:
+            _check_bool("deterministic", self.deterministic)
+        if self.seed is not None and not _is_int(self.seed):
+            raise TypeError(f"`seed` must be an integer or None. Received: seed={self.seed!r}")
+        if self.label_mode not in LABEL_MODES:
+            raise ValueError(
+                f"`label_mode` must be one of {LABEL_MODES}. "
+                f"Received: label_mode={self.label_mode!r}"
+            )
+        if self.resize not in preprocess.RESIZE_POLICIES:
+            raise ValueError(
+                f"`resize` must be one of {preprocess.RESIZE_POLICIES}. "
+                f"Received: resize={self.resize!r}"
+            )
+        if not _is_number(self.crop_fraction) or not 0 < self.crop_fraction <= 1:
+            raise ValueError(
+                "`crop_fraction` must be a number in (0, 1]. "
+                f"Received: crop_fraction={self.crop_fraction!r}"
+            )
+        if self.crop_fraction != 1 and self.resize != "crop":
+            raise ValueError(
+                "`crop_fraction` only applies to resize='crop'. Received: "
+                f"crop_fraction={self.crop_fraction!r}, resize={self.resize!r}"
+            )
+        if self.interpolation not in preprocess.INTERPOLATIONS:
+            raise ValueError(
+                f"`interpolation` must be one of {preprocess.INTERPOLATIONS}. "
+                f"Received: interpolation={self.interpolation!r}"
+            )
+        try:
+            dtype_name = tf.as_dtype(self.dtype).name
+        except TypeError:
+            dtype_name = None
+        if dtype_name not in preprocess.OUTPUT_DTYPES:
+            raise ValueError(
+                f"`dtype` must be one of {preprocess.OUTPUT_DTYPES}. "
+                f"Received: dtype={self.dtype!r}"
+            )
+        set_("dtype", dtype_name)
+        channels = decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
+        integer_output = tf.as_dtype(dtype_name).is_integer
+        if self.scale is not None:
+            set_("scale", _check_per_channel("scale", self.scale))
+        if self.normalize is not None:
+            if not isinstance(self.normalize, Sequence) or len(self.normalize) != 2:
+                raise TypeError(
+                    "`normalize` must be a pair (mean, std). "
+                    f"Received: normalize={self.normalize!r}"
+                )
+            set_(
+                "normalize",
+                (
+                    _check_per_channel("normalize mean", self.normalize[0]),
+                    _check_per_channel("normalize std", self.normalize[1], allow_zero=False),
+                ),
+            )
+        for name, value in (("scale", self.scale), ("normalize", self.normalize)):
+            if value is None:
+                continue
+            if integer_output:
+                raise ValueError(
+                    f"`{name}` needs a float `dtype` {('float32', 'bfloat16', 'float16')}. "
+                    f"Received: {name}={value!r}, dtype={dtype_name!r}"
+                )
+            for part in value if name == "normalize" else (value,):
+                if isinstance(part, tuple) and len(part) not in (1, channels):
+                    raise ValueError(
+                        f"`{name}` must have 1 or {channels} values for "
+                        f"color_mode={self.color_mode!r}. Received: {name}={value!r}"
+                    )
+        if not (self.augment in AUGMENTATIONS or callable(self.augment)):
+            raise ValueError(
+                f"`augment` must be one of {AUGMENTATIONS} or a callable "
+                f"fn(image) -> image. Received: augment={self.augment!r}"
+            )
+        if self.augment is not None and self.image_size is None:
+            raise ValueError(
+                "`augment` needs a fixed `image_size`. "
+                f"Received: augment={self.augment!r}, image_size=None"
+            )
+        if isinstance(self.extra_features, str) or not isinstance(
+            self.extra_features, Sequence
+        ):
+            raise TypeError(
+                "`extra_features` must be a tuple of feature keys, e.g. "
+                f"(FILENAME.key,). Received: extra_features={self.extra_features!r}"
+            )
+        if not all(isinstance(k, str) for k in self.extra_features):
+            raise TypeError(
+                "`extra_features` must contain feature keys (str). "
+                f"Received: extra_features={self.extra_features!r}"
+            )
+        if len(set(self.extra_features)) != len(self.extra_features):
+            raise ValueError(
+                "`extra_features` must not repeat a key. "
+                f"Received: extra_features={self.extra_features!r}"
+            )
+        set_("extra_features", tuple(self.extra_features))
+        if not (
+            isinstance(self.cache, bool)
+            or (isinstance(self.cache, (str, os.PathLike)) and os.fspath(self.cache))
+        ):
+            raise TypeError(
+                "`cache` must be True, False or a file path prefix. "
+                f"Received: cache={self.cache!r}"
+            )
+        if self.shuffle_buffer is not None and (
+            not _is_int(self.shuffle_buffer) or self.shuffle_buffer < 1
+        ):
+            raise ValueError(
+                "`shuffle_buffer` must be a positive integer or None. "
+                f"Received: shuffle_buffer={self.shuffle_buffer!r}"
+            )
+
+    @property
+    def channels(self) -> int:
+        return decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
+
+    @property
+    def is_deterministic(self) -> bool:
+        """Whether element order is reproducible, resolving None."""
+        if self.deterministic is None:
+            return self.seed is not None
+        return self.deterministic
+
+    def check_schema(self, split_files: SplitFiles) -> None:
+        """Checks the options that depend on the dataset itself.
+
+        Raises:
+          ValueError: If an extra feature is not in the dataset's schema, or
+            label_mode='binary' is asked of a dataset without two classes.
+        """
+        keys = [spec.key for spec in split_files.schema.features]
+        allowed = [k for k in keys if k not in (IMAGE.key, LABEL.key)]
+        unknown = [k for k in self.extra_features if k not in allowed]
+        if unknown:
+            raise ValueError(
+                f"`extra_features` must be a subset of this dataset's features {allowed}. "
+                f"Received: extra_features={self.extra_features!r}"
+            )
+        if self.label_mode == "binary" and len(split_files.class_names) != 2:
+            raise ValueError(
+                "label_mode='binary' needs exactly 2 classes; this dataset has "
+                f"{len(split_files.class_names)}: {list(split_files.class_names)}. Use "
+                "label_mode='int' or 'categorical'. Received: label_mode='binary'"
+            )
+
+
+def _derive_seed(seed: int | None, *salt: int) -> int | None:
+    """A seed for one random stage, independent of the other stages' seeds."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(repr((seed, *salt)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") % _SEED_MODULUS
+
+
+def _shuffle_buffer(config: ReaderConfig, num_records: int, num_bytes: int) -> int:
+    if config.shuffle_buffer is not None:
+        return config.shuffle_buffer
+    mean_bytes = max(1, num_bytes // max(1, num_records))
+    by_ram = max(1, _SHUFFLE_RAM_BUDGET // mean_bytes)
+    return max(1, min(num_records, _DEFAULT_SHUFFLE_RECORDS, by_ram))
+
+
+def build_dataset(
+    split_files: SplitFiles,
+    config: ReaderConfig,
+    *,
+    batch_size: int | None,
+    pipeline_id: int = 0,
+    num_pipelines: int = 1,
+    sharded_here: bool = False,
+) -> tf.data.Dataset:
+    """Builds the input pipeline of one input pipeline's share of a split.
+
+    With `num_pipelines` > 1, pipeline `pipeline_id` reads shard files
+    `pipeline_id::num_pipelines`; if there are fewer files than pipelines,
+    every pipeline reads all files in the same order and keeps every
+    `num_pipelines`-th record instead.
+
+    Args:
+      split_files: The split, from `readers.metadata.load_split`.
+      config: The reading options (already validated).
+      batch_size: Examples per batch of this pipeline (overrides
+        `config.batch_size`, e.g. the per-replica batch size).
+      pipeline_id: Index of this input pipeline.
+      num_pipelines: Number of input pipelines.
+      sharded_here: The caller shards the input (as `distributed_dataset`
+        does): switch tf.data auto-sharding off.
+
+    Returns:
+      The dataset, see `image_dataset_from_tfrecords`.
+    """
+    config.check_schema(split_files)
+    paths, counts, sizes = split_files.paths, split_files.num_records, split_files.num_bytes
+    record_sharding = num_pipelines > 1 and len(paths) < num_pipelines
+    if num_pipelines > 1 and not record_sharding:
+        paths = paths[pipeline_id::num_pipelines]
+        counts = counts[pipeline_id::num_pipelines]
+        sizes = sizes[pipeline_id::num_pipelines]
+    num_records = sum(counts)
+    num_bytes = sum(sizes)
+    if record_sharding:
+        num_records = len(range(pipeline_id, num_records, num_pipelines))
+        num_bytes = num_bytes // num_pipelines
+    seed = config.seed
+
+    files = tf.data.Dataset.from_tensor_slices(list(paths))
+    # Record-level sharding needs every pipeline to see the records in the same
+    # order, which a per-process random file order would break.
+    if config.shuffle and len(paths) > 1 and not (record_sharding and seed is None):
+        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    records = files.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True if record_sharding else None,
+    )
+    if record_sharding:
+        records = records.shard(num_pipelines, pipeline_id)
+    # Fails the iteration if the files hold other counts than the manifest.
+    records = records.apply(tf.data.experimental.assert_cardinality(num_records))
+    if config.cache:
+        records = records.cache("" if config.cache is True else os.fspath(config.cache))
+    if config.shuffle:
+        records = records.shuffle(
+            _shuffle_buffer(config, num_records, num_bytes),
+            seed=_derive_seed(seed, 1, pipeline_id),
+            reshuffle_each_iteration=True,
+        )
+    if config.repeat:
+        # Each repetition re-runs the file and record shuffles: every epoch
+        # holds every record exactly once, in a new order.
+        records = records.repeat()
+
+    keys = [IMAGE.key] + ([LABEL.key] if config.label_mode else []) + list(config.extra_features)
+    schema = split_files.schema
+    ds = (
+        records.batch(_PARSE_BATCH)
+        .map(lambda s: decode.parse_examples(s, keys, schema), num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+    )
+
+    standard = config.augment == "standard"
+    if standard:
+        seeds = tf.data.Dataset.random(
+            seed=_derive_seed(seed, 2, pipeline_id), rerandomize_each_iteration=True
+        ).batch(2)
+        ds = tf.data.Dataset.zip(ds, seeds)
+
+    depth = tf.uint16 if config.dtype == "uint16" else tf.uint8
+
+    def load(features, example_seed=None):
+        features = dict(features)
+        features[IMAGE.key] = preprocess.load_image(
+            features[IMAGE.key],
+            image_size=config.image_size,
+            resize=config.resize,
+            crop_fraction=config.crop_fraction,
+            interpolation=config.interpolation,
+            channels=config.channels,
+            depth=depth,
+            augment=standard,
+            seed=example_seed,
+        )
+        return features
+
+    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+
+    if callable(config.augment):
+        user_fn = config.augment
+        shape = [*config.image_size, config.channels]
+
+        def augment(features):
+            features = dict(features)
+            image = tf.convert_to_tensor(user_fn(features[IMAGE.key]))
+            features[IMAGE.key] = tf.ensure_shape(tf.cast(image, tf.float32), shape)
+            return features
+
+        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+
+    if batch_size is not None:
+        ds = ds.batch(batch_size, drop_remainder=config.drop_remainder,
+                      num_parallel_calls=tf.data.AUTOTUNE)
+    num_classes = len(split_files.class_names)
+    ds = ds.map(lambda f: _finalize(f, config, num_classes), num_parallel_calls=tf.data.AUTOTUNE)
+
+    if not config.repeat:
+        if batch_size is None:
+            num_elements = num_records
+        elif config.drop_remainder:
+            num_elements = num_records // batch_size
+        else:
+            num_elements = math.ceil(num_records / batch_size)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(num_elements))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+
+    options = tf.data.Options()
+    options.deterministic = config.is_deterministic
+    if sharded_here:
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF
+        )
+    ds = ds.with_options(options)
+    ds.class_names = list(split_files.class_names)
+    return ds
+
+
+def _finalize(features, config: ReaderConfig, num_classes: int):
+    """Per batch: converts pixels and labels and builds the output structure."""
+    images = preprocess.convert_images(
+        features[IMAGE.key], config.dtype, scale=config.scale, normalize=config.normalize
+    )
+    out = [images]
+    if config.label_mode is not None:
+        labels = features[LABEL.key]
+        if config.label_mode == "int":
+            labels = tf.cast(labels, tf.int32)
+        elif config.label_mode == "categorical":
+            labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
+        else:
+            labels = tf.expand_dims(tf.cast(labels, tf.float32), -1)
+        out.append(labels)
+    if config.extra_features:
+        out.append({k: features[k] for k in config.extra_features})
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def image_dataset_from_tfrecords(
+    data_dir: str | os.PathLike,
+    split: str = "train",
+    *,
+    batch_size: int | None = 32,
+    image_size: tuple[int, int] | None = (224, 224),
+    color_mode: str = "rgb",
+    shuffle: bool = True,
+    seed: int | None = None,
+    label_mode: str | None = "int",
+    resize: str = "stretch",
+    crop_fraction: float = 1.0,
+    interpolation: str = "bilinear",
+    dtype: str = "float32",
+    scale: float | Sequence[float] | None = None,
+    normalize: tuple[Any, Any] | None = None,
+    augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None,
+    repeat: bool = False,
+    drop_remainder: bool = False,
+    extra_features: Sequence[str] = (),
+    deterministic: bool | None = None,
+    cache: bool | str = False,
+    shuffle_buffer: int | None = None,
+) -> tf.data.Dataset:
+    """Reads one split of a shardsmith dataset as a batched `tf.data.Dataset`.
+
+    Like `keras.utils.image_dataset_from_directory`, but from the TFRecord
+    shards the converter wrote. The shard files are the ones the manifest
+    lists, never a glob of the folder.
+
+    Args:
+      data_dir: The dataset folder (the converter's `--output_dir`); local
+        or any URL `tf.io.gfile` reads, e.g. `gs://bucket/dataset`.
+      split: The split to read, e.g. 'train' or 'validation'.
+      batch_size, image_size, color_mode, shuffle, seed, label_mode, resize,
+      crop_fraction, interpolation, dtype, scale, normalize, augment, repeat,
+      drop_remainder, extra_features, deterministic, cache, shuffle_buffer:
+        See `ReaderConfig`.
+
+    Returns:
+      A `tf.data.Dataset` whose elements are
+        - `(images, labels)` by default,
+        - `images` alone with `label_mode=None`,
+        - `(images, labels, extras)` or, with `label_mode=None`,
+          `(images, extras)` when `extra_features` are asked for; `extras`
+          is a dict from feature key to a [batch] tensor (tf.string for
+          bytes features, tf.int64 for int features). Keras's `fit` would
+          take `extras` for sample weights: use this form for evaluation
+          and inspection.
+      `images` is `dtype` [batch, height, width, channels]; `labels` as
+      described under `ReaderConfig.label_mode`. Without batching the batch
+      dimension is absent. Without `repeat`, the cardinality is known (from
+      the manifest's counts), so `model.fit` shows progress. The dataset has
+      a `class_names` attribute, the class names in label order.
+
+    Raises:
+      TypeError, ValueError: If an argument is invalid; the message names it,
+        its allowed values and what was received.
+      FileNotFoundError: If `data_dir` is missing, is not a finished
+        shardsmith dataset, or lacks shard files its manifest lists.
+      schemas.ManifestError: If the manifest is damaged, of an unknown schema
+        version, or has no such split.
+    """
+    config = ReaderConfig(
+        batch_size=batch_size,
+        image_size=image_size,
+        color_mode=color_mode,
+        shuffle=shuffle,
+        seed=seed,
+        label_mode=label_mode,
+        resize=resize,
+        crop_fraction=crop_fraction,
+        interpolation=interpolation,
+        dtype=dtype,
+        scale=scale,
+        normalize=normalize,
+        augment=augment,
+        repeat=repeat,
+        drop_remainder=drop_remainder,
+        extra_features=extra_features,
+        deterministic=deterministic,
+        cache=cache,
+        shuffle_buffer=shuffle_buffer,
+    )
+    split_files = load_split(data_dir, split)
+    logger.info(
+        "Reading split %r of %s: %d records in %d shard files.",
+        split, split_files.data_dir, split_files.total_records, len(split_files.paths),
+    )
+    return build_dataset(split_files, config, batch_size=config.batch_size)

@@ -1,0 +1,225 @@
+"""Parsing and decoding of shardsmith records; depends on the schema alone.
+
+Nothing here knows about models, image sizes or batches: it turns serialized
+`tf.train.Example` bytes into tensors exactly as they were stored. Model-side
+work (resizing, augmentation, scaling) lives in `readers.preprocess`.
+
+Stored images are JPEG or PNG (8- or 16-bit, 1 to 4 channels). Decoding is
+format-aware: JPEG goes through the JPEG decoder (which has no alpha channel,
+so 'rgba' adds an opaque one), everything else through `tf.io.decode_image`.
+8-bit sources read as uint16 are scaled by 257 (255 maps to 65535) whatever
+their format; 16-bit PNGs read as uint8 keep their high byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from schemas.features import IMAGE, IMAGE_SCHEMA, ImageExampleSchema
+
+__all__ = [
+    "CHANNELS_BY_COLOR_MODE",
+    "parse_examples",
+    "decode_image",
+    "decode_cropped_image",
+    "image_shape",
+    "decode_example",
+]
+
+# Keras's `color_mode` names and the channels they decode to.
+CHANNELS_BY_COLOR_MODE = {"grayscale": 1, "rgb": 3, "rgba": 4}
+
+_DECODE_DTYPES = (tf.uint8, tf.uint16)
+
+
+def _check_channels(channels) -> int:
+    if isinstance(channels, bool) or channels not in (1, 3, 4):
+        raise ValueError(
+            f"`channels` must be one of (1, 3, 4). Received: channels={channels!r}"
+        )
+    return int(channels)
+
+
+def _check_decode_dtype(dtype) -> tf.dtypes.DType:
+    try:
+        as_dtype = tf.as_dtype(dtype)
+    except TypeError:
+        as_dtype = None
+    if as_dtype not in _DECODE_DTYPES:
+        raise ValueError(
+            f"`dtype` must be one of {[d.name for d in _DECODE_DTYPES]}. "
+            f"Received: dtype={dtype!r}"
+        )
+    return as_dtype
+
+
+def parse_examples(
+    serialized: tf.Tensor,
+    keys: Sequence[str] | None = None,
+    schema: ImageExampleSchema = IMAGE_SCHEMA,
+) -> dict[str, tf.Tensor]:
+    """Parses serialized records, vectorised over a batch.
+
+    Args:
+      serialized: A string tensor of serialized `tf.train.Example`s, of shape
+        [] or [N].
+      keys: Feature keys to parse (default: every feature of `schema`).
+      schema: The record schema, e.g. the one stored in the manifest.
+
+    Returns:
+      A dict from feature key to a tensor of the same shape as `serialized`:
+      tf.string for 'bytes' features, tf.int64 for 'int64' features.
+
+    Raises:
+      ValueError: If a key is not part of the schema.
+    """
+    return tf.io.parse_example(serialized, schema.parse_spec(keys))
+
+
+def _finish(image: tf.Tensor, channels: int, dtype: tf.dtypes.DType) -> tf.Tensor:
+    """Adds alpha to a JPEG-decoded uint8 image and converts it to `dtype`."""
+    if channels == 4:
+        alpha = tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
+        image = tf.concat([image, alpha], axis=-1)
+    if dtype == tf.uint16:
+        image = tf.cast(image, tf.uint16) * 257
+    return image
+
+
+def _decode_jpeg(encoded, channels, dtype, crop_window=None):
+    jpeg_channels = min(channels, 3)
+    if crop_window is None:
+        image = tf.io.decode_jpeg(encoded, channels=jpeg_channels)
+    else:
+        image = tf.io.decode_and_crop_jpeg(encoded, crop_window, channels=jpeg_channels)
+    return _finish(image, channels, dtype)
+
+
+def _decode_other(encoded, channels, dtype):
+    return tf.io.decode_image(encoded, channels=channels, dtype=dtype, expand_animations=False)
+
+
+def decode_image(
+    encoded: tf.Tensor, *, channels: int = 3, dtype: tf.dtypes.DType = tf.uint8
+) -> tf.Tensor:
+    """Decodes one stored JPEG or PNG image.
+
+    Args:
+      encoded: A scalar string tensor, the stored image bytes.
+      channels: 1 (grayscale), 3 (RGB) or 4 (RGBA); sources with other channel
+        counts are converted.
+      dtype: tf.uint8, or tf.uint16 to keep the full depth of 16-bit PNGs.
+
+    Returns:
+      A `dtype` tensor of shape [height, width, channels].
+
+    Raises:
+      ValueError: If `channels` or `dtype` is not supported.
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    image = tf.cond(
+        tf.io.is_jpeg(encoded),
+        lambda: _decode_jpeg(encoded, channels, dtype),
+        lambda: _decode_other(encoded, channels, dtype),
+    )
+    return tf.ensure_shape(image, [None, None, channels])
+
+
+def decode_cropped_image(
+    encoded: tf.Tensor,
+    crop_window: tf.Tensor,
+    *,
+    channels: int = 3,
+    dtype: tf.dtypes.DType = tf.uint8,
+) -> tf.Tensor:
+    """Decodes only a window of a stored image (fused for JPEG).
+
+    JPEGs go through `tf.io.decode_and_crop_jpeg`, which skips the work for
+    pixels outside the window; other formats are decoded whole and sliced.
+    For JPEGs with subsampled chroma, the window's last row and column can
+    differ slightly from decoding the whole image and slicing it (libjpeg
+    upsamples chroma without the pixels beyond the window).
+
+    Args:
+      encoded: A scalar string tensor, the stored image bytes.
+      crop_window: An int32 tensor [offset_y, offset_x, height, width] within
+        the image.
+      channels: As `decode_image`.
+      dtype: As `decode_image`.
+
+    Returns:
+      A `dtype` tensor of shape [crop height, crop width, channels].
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    crop_window = tf.cast(crop_window, tf.int32)
+
+    def other():
+        image = _decode_other(encoded, channels, dtype)
+        return tf.slice(
+            image,
+            tf.concat([crop_window[:2], [0]], 0),
+            tf.concat([crop_window[2:], [channels]], 0),
+        )
+
+    image = tf.cond(
+        tf.io.is_jpeg(encoded),
+        lambda: _decode_jpeg(encoded, channels, dtype, crop_window),
+        other,
+    )
+    return tf.ensure_shape(image, [None, None, channels])
+
+
+def image_shape(encoded: tf.Tensor) -> tf.Tensor:
+    """[height, width] (int32) of a stored image, reading only JPEG headers.
+
+    Non-JPEG images are decoded to find out, so callers that decode them
+    anyway should take the shape from the decoded tensor instead.
+    """
+    return tf.cond(
+        tf.io.is_jpeg(encoded),
+        lambda: tf.io.extract_jpeg_shape(encoded)[:2],
+        lambda: tf.shape(_decode_other(encoded, 1, tf.uint8))[:2],
+    )
+
+
+def decode_example(
+    serialized: tf.Tensor,
+    schema: ImageExampleSchema = IMAGE_SCHEMA,
+    *,
+    keys: Sequence[str] | None = None,
+    channels: int = 3,
+    dtype: tf.dtypes.DType = tf.uint8,
+) -> dict[str, tf.Tensor]:
+    """Parses one serialized record and decodes its image.
+
+    Args:
+      serialized: A scalar string tensor, one serialized `tf.train.Example`.
+      schema: The record schema (default: the current one; pass the schema
+        stored in the manifest to get its extra features).
+      keys: Feature keys to return (default: every feature of `schema`).
+      channels: Channels of the decoded image, 1, 3 or 4.
+      dtype: tf.uint8 or tf.uint16, see `decode_image`.
+
+    Returns:
+      A dict with one scalar-record entry per key:
+        - `IMAGE.key`: `dtype` [height, width, channels], the decoded pixels.
+        - `LABEL.key`: int64 [], index into the class names.
+        - `FILENAME.key`: string [], path relative to the input root, POSIX
+          separators.
+        - `FORMAT.key`: string [], the stored format, jpeg or png.
+        - `HEIGHT.key`, `WIDTH.key`, `CHANNELS.key`: int64 [], the stored
+          image's size and channel count (before any channel conversion).
+        - extra features of the schema (e.g. DICOM tags): string [].
+
+    Raises:
+      ValueError: If a key is not part of the schema, or `channels`/`dtype`
+        are not supported.
+    """
+    features = parse_examples(serialized, keys, schema)
+    if IMAGE.key in features:
+        features[IMAGE.key] = decode_image(features[IMAGE.key], channels=channels, dtype=dtype)
+    return features

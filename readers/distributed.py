@@ -1,0 +1,178 @@
+"""Reading a converted dataset under a `tf.distribute.Strategy`.
+
+`distributed_dataset` builds one input pipeline per worker with
+`strategy.distribute_datasets_from_function`. Each pipeline reads its own
+subset of the shard files (`input_pipeline_id::num_input_pipelines`) and
+batches at the per-replica batch size, so no two workers read the same record
+and nothing is read only to be thrown away. tf.data auto-sharding is switched
+off, as the pipelines are sharded here.
+
+If there are fewer shard files than input pipelines, file sharding would
+leave pipelines without data: then every pipeline reads all files in the same
+fixed order and keeps every n-th record (a warning says so; convert with more
+shards to avoid the wasted reading).
+
+With several workers, pipelines may get different numbers of records; for
+multi-worker training pass `repeat=True` and `steps_per_epoch` to `fit` so all
+workers run the same number of steps.
+
+When the last global batch of an epoch is partial, some replicas get an empty
+batch. Keras's Dense layer fails on those on CPU with oneDNN enabled (the TF
+default): train with `drop_remainder=True` there (or TF_ENABLE_ONEDNN_OPTS=0).
+The distributed dataset has no cardinality, so `fit` shows no epoch total.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from readers.dataset import ReaderConfig, build_dataset
+from readers.metadata import SplitFiles, load_split
+
+__all__ = ["make_dataset_fn", "distributed_dataset"]
+
+logger = logging.getLogger(__name__)
+
+_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ReaderConfig) if f.name != "batch_size")
+
+
+def _config(global_batch_size, options: dict[str, Any]) -> ReaderConfig:
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        hint = " (pass `global_batch_size` instead)" if "batch_size" in unknown else ""
+        raise TypeError(
+            f"Unknown reader options {unknown}{hint}; the options are {list(_OPTION_NAMES)}."
+        )
+    if not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool) or (
+        global_batch_size < 1
+    ):
+        raise ValueError(
+            "`global_batch_size` must be a positive integer. "
+            f"Received: global_batch_size={global_batch_size!r}"
+        )
+    return ReaderConfig(batch_size=global_batch_size, **options)
+
+
+def _pipeline_dataset(
+    split_files: SplitFiles, config: ReaderConfig, context: tf.distribute.InputContext
+) -> tf.data.Dataset:
+    per_replica = context.get_per_replica_batch_size(config.batch_size)
+    num_pipelines = context.num_input_pipelines
+    pipeline_id = context.input_pipeline_id
+    if len(split_files.paths) < num_pipelines:
+        logger.warning(
+            "Split %r of %s has %d shard file(s) for %d input pipelines: every "
+            "pipeline reads all files and keeps one record in every %d, so each reads "
+            "%d times the data it uses. Convert with at least %d shards per split "
+            "to shard by file.%s",
+            split_files.split, split_files.data_dir, len(split_files.paths),
+            num_pipelines, num_pipelines, num_pipelines, num_pipelines,
+            "" if config.seed is not None or not config.shuffle else
+            " Without a `seed` the file order is not shuffled in this mode.",
+        )
+    logger.info(
+        "Input pipeline %d of %d: per-replica batch size %d.",
+        pipeline_id, num_pipelines, per_replica,
+    )
+    return build_dataset(
+        split_files,
+        config,
+        batch_size=per_replica,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        sharded_here=True,
+    )
+
+
+def make_dataset_fn(
+    data_dir: str | os.PathLike,
+    split: str = "train",
+    *,
+    global_batch_size: int,
+    **options: Any,
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """The dataset function `distributed_dataset` hands to the strategy.
+
+    Reads and checks the manifest now, so errors surface here rather than
+    inside the strategy.
+
+    Args:
+      data_dir: The dataset folder, as for `image_dataset_from_tfrecords`.
+      split: The split to read.
+      global_batch_size: Batch size summed over all replicas; must divide by
+        the number of replicas.
+      **options: Any `ReaderConfig` option except `batch_size`.
+
+    Returns:
+      `fn(input_context) -> tf.data.Dataset` building the pipeline of input
+      pipeline `input_context.input_pipeline_id`, batched at
+      `input_context.get_per_replica_batch_size(global_batch_size)`.
+
+    Raises:
+      TypeError: For an unknown option.
+      ValueError, FileNotFoundError, schemas.ManifestError: As
+        `image_dataset_from_tfrecords`.
+    """
+    config = _config(global_batch_size, options)
+    split_files = load_split(data_dir, split)
+    config.check_schema(split_files)
+    return lambda context: _pipeline_dataset(split_files, config, context)
+
+
+def distributed_dataset(
+    strategy: tf.distribute.Strategy,
+    data_dir: str | os.PathLike,
+    split: str = "train",
+    *,
+    global_batch_size: int,
+    **options: Any,
+) -> tf.distribute.DistributedDataset:
+    """Reads one split as a distributed dataset for `strategy`.
+
+    Works with `MirroredStrategy`, `MultiWorkerMirroredStrategy` and other
+    strategies supporting `distribute_datasets_from_function`, for
+    `model.fit` and custom training loops (`strategy.run`).
+
+    Args:
+      strategy: The `tf.distribute.Strategy`.
+      data_dir: The dataset folder, as for `image_dataset_from_tfrecords`.
+      split: The split to read.
+      global_batch_size: Batch size summed over all replicas; each replica
+        gets `global_batch_size // strategy.num_replicas_in_sync`.
+      **options: Any `ReaderConfig` option except `batch_size`, e.g.
+        `image_size`, `seed`, `augment`, `repeat`.
+
+    Returns:
+      A `tf.distribute.DistributedDataset` whose per-replica elements are
+      those of `image_dataset_from_tfrecords`. It has a `class_names`
+      attribute.
+
+    Raises:
+      ValueError: If `global_batch_size` does not divide by the number of
+        replicas, or an option is invalid.
+      TypeError, FileNotFoundError, schemas.ManifestError: As
+        `make_dataset_fn`.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if isinstance(global_batch_size, int) and global_batch_size % replicas:
+        raise ValueError(
+            f"`global_batch_size` must be divisible by the number of replicas "
+            f"({replicas}). Received: global_batch_size={global_batch_size!r}"
+        )
+    config = _config(global_batch_size, options)
+    split_files = load_split(data_dir, split)
+    config.check_schema(split_files)
+    dataset = strategy.distribute_datasets_from_function(
+        lambda context: _pipeline_dataset(split_files, config, context)
+    )
+    try:
+        dataset.class_names = list(split_files.class_names)
+    except AttributeError:  # Some DistributedDataset types refuse attributes.
+        logger.debug("Could not attach class_names to %r.", dataset)
+    return dataset

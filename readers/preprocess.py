@@ -1,0 +1,251 @@
+"""Model-side image preprocessing: resize policies, augmentation, output dtype.
+
+Per example (before batching), `load_image` decodes the stored bytes and
+brings them to the model's `image_size` with one of Keras's resize policies
+(`image_dataset_from_directory` semantics):
+
+- 'stretch': resize the whole image, ignoring its aspect ratio.
+- 'crop': take the largest centred window with the target aspect ratio, then
+  resize it (Keras's `crop_to_aspect_ratio=True`). With `crop_fraction` < 1
+  the window shrinks around its centre: `crop_fraction=0.875` is the classic
+  ImageNet evaluation path (resize, then centre crop). JPEGs decode only the
+  window (`tf.io.decode_and_crop_jpeg`).
+- 'pad': pad with zeros (centred) to the target aspect ratio, then resize
+  (Keras's `pad_to_aspect_ratio=True`).
+
+`augment=True` replaces the policy by the standard ImageNet training recipe:
+a random resized crop (`tf.image.stateless_sample_distorted_bounding_box`, area
+8%-100%, aspect ratio 3/4-4/3) fused with JPEG decoding, then a random
+horizontal flip. Randomness is stateless, driven by a per-example seed, so a
+seeded pipeline is reproducible.
+
+Per batch (vectorised), `convert_images` applies the optional scaling and
+normalisation and casts to the output dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from readers.decode import decode_cropped_image, decode_image
+
+__all__ = [
+    "RESIZE_POLICIES",
+    "INTERPOLATIONS",
+    "OUTPUT_DTYPES",
+    "center_crop_window",
+    "pad_to_aspect_ratio",
+    "random_crop_window",
+    "load_image",
+    "convert_images",
+]
+
+RESIZE_POLICIES = ("stretch", "pad", "crop")
+INTERPOLATIONS = (
+    "bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5", "gaussian",
+    "mitchellcubic",
+)
+OUTPUT_DTYPES = ("float32", "bfloat16", "float16", "uint8", "uint16")
+
+# The ImageNet ("Inception") random resized crop.
+_CROP_AREA_RANGE = (0.08, 1.0)
+_CROP_ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+_CROP_MIN_OBJECT_COVERED = 0.1
+_CROP_MAX_ATTEMPTS = 10
+
+
+def _trunc(x) -> tf.Tensor:
+    return tf.cast(x, tf.int32)
+
+
+def center_crop_window(height, width, target_size, crop_fraction=1.0) -> tf.Tensor:
+    """The centred window with the aspect ratio of `target_size`.
+
+    Mirrors Keras's `crop_to_aspect_ratio`: the largest such window, shrunk
+    around its centre by `crop_fraction`.
+
+    Args:
+      height: Image height (int or scalar int tensor).
+      width: Image width.
+      target_size: (target_height, target_width) whose aspect ratio to take.
+      crop_fraction: Fraction (0, 1] of the largest window's sides to keep.
+
+    Returns:
+      An int32 tensor [offset_y, offset_x, crop_height, crop_width].
+    """
+    height = tf.cast(height, tf.int32)
+    width = tf.cast(width, tf.int32)
+    target_height, target_width = target_size
+    crop_height = _trunc(tf.cast(width * target_height, tf.float32) / target_width)
+    crop_height = tf.maximum(tf.minimum(height, crop_height), 1)
+    crop_width = _trunc(tf.cast(height * target_width, tf.float32) / target_height)
+    crop_width = tf.maximum(tf.minimum(width, crop_width), 1)
+    if crop_fraction != 1.0:
+        crop_height = tf.maximum(_trunc(tf.cast(crop_height, tf.float32) * crop_fraction), 1)
+        crop_width = tf.maximum(_trunc(tf.cast(crop_width, tf.float32) * crop_fraction), 1)
+    offset_y = _trunc(tf.cast(height - crop_height, tf.float32) / 2)
+    offset_x = _trunc(tf.cast(width - crop_width, tf.float32) / 2)
+    return tf.stack([offset_y, offset_x, crop_height, crop_width])
+
+
+def pad_to_aspect_ratio(image: tf.Tensor, target_size) -> tf.Tensor:
+    """Pads `image` [H, W, C] with zeros, centred, to `target_size`'s aspect ratio.
+
+    Mirrors Keras's `pad_to_aspect_ratio`.
+    """
+    shape = tf.shape(image)
+    height, width = shape[0], shape[1]
+    target_height, target_width = target_size
+    pad_height = tf.maximum(
+        height, _trunc(tf.cast(width * target_height, tf.float32) / target_width)
+    )
+    pad_width = tf.maximum(
+        width, _trunc(tf.cast(height * target_width, tf.float32) / target_height)
+    )
+    offset_y = _trunc(tf.cast(pad_height - height, tf.float32) / 2)
+    offset_x = _trunc(tf.cast(pad_width - width, tf.float32) / 2)
+    return tf.image.pad_to_bounding_box(image, offset_y, offset_x, pad_height, pad_width)
+
+
+def random_crop_window(height, width, seed: tf.Tensor) -> tf.Tensor:
+    """A random window of the ImageNet random-resized-crop recipe.
+
+    Args:
+      height: Image height (int or scalar int tensor).
+      width: Image width.
+      seed: Shape [2] int tensor, the stateless seed of this example.
+
+    Returns:
+      An int32 tensor [offset_y, offset_x, crop_height, crop_width]; the whole
+      image when no window satisfying the constraints is found.
+    """
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.stack([tf.cast(height, tf.int32), tf.cast(width, tf.int32), 1]),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=seed,
+        min_object_covered=_CROP_MIN_OBJECT_COVERED,
+        aspect_ratio_range=_CROP_ASPECT_RATIO_RANGE,
+        area_range=_CROP_AREA_RANGE,
+        max_attempts=_CROP_MAX_ATTEMPTS,
+        use_image_if_no_bounding_boxes=True,
+    )
+    return tf.concat([begin[:2], size[:2]], axis=0)
+
+
+def _decode_window(encoded, window_fn, channels, depth):
+    """Decodes the window `window_fn(height, width)`; fused for JPEG."""
+
+    def jpeg():
+        shape = tf.io.extract_jpeg_shape(encoded)
+        window = window_fn(shape[0], shape[1])
+        return decode_cropped_image(encoded, window, channels=channels, dtype=depth)
+
+    def other():
+        image = decode_image(encoded, channels=channels, dtype=depth)
+        shape = tf.shape(image)
+        window = window_fn(shape[0], shape[1])
+        return tf.slice(
+            image,
+            tf.concat([window[:2], [0]], 0),
+            tf.concat([window[2:], [channels]], 0),
+        )
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def load_image(
+    encoded: tf.Tensor,
+    *,
+    image_size: tuple[int, int] | None,
+    resize: str = "stretch",
+    crop_fraction: float = 1.0,
+    interpolation: str = "bilinear",
+    channels: int = 3,
+    depth: tf.dtypes.DType = tf.uint8,
+    augment: bool = False,
+    seed: tf.Tensor | None = None,
+) -> tf.Tensor:
+    """Decodes one stored image and brings it to `image_size`.
+
+    Args:
+      encoded: Scalar string tensor, the stored JPEG or PNG bytes.
+      image_size: (height, width) of the output, or None to keep the stored
+        size (then `resize` and `augment` do not apply).
+      resize: One of `RESIZE_POLICIES`, see the module docstring.
+      crop_fraction: For resize='crop', the centre fraction to keep.
+      interpolation: One of `INTERPOLATIONS`.
+      channels: 1, 3 or 4.
+      depth: tf.uint8 (pixel values 0-255) or tf.uint16 (0-65535, full depth
+        of 16-bit PNGs), the decoding depth.
+      augment: Use the standard random-resized-crop and flip recipe instead
+        of `resize`.
+      seed: Shape [2] int tensor; required when `augment` is True.
+
+    Returns:
+      A float32 tensor [height, width, channels] of pixel values in the range
+      of `depth`.
+    """
+    if image_size is None:
+        return tf.cast(decode_image(encoded, channels=channels, dtype=depth), tf.float32)
+    if augment:
+        if seed is None:
+            raise ValueError("`seed` is required when `augment` is True. Received: seed=None")
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        image = _decode_window(
+            encoded, lambda h, w: random_crop_window(h, w, crop_seed), channels, depth
+        )
+    elif resize == "crop":
+        image = _decode_window(
+            encoded,
+            lambda h, w: center_crop_window(h, w, image_size, crop_fraction),
+            channels,
+            depth,
+        )
+    else:
+        image = decode_image(encoded, channels=channels, dtype=depth)
+        if resize == "pad":
+            image = pad_to_aspect_ratio(image, image_size)
+    image = tf.image.resize(image, image_size, method=interpolation)
+    image = tf.cast(image, tf.float32)
+    if augment:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return tf.ensure_shape(image, [*image_size, channels])
+
+
+def _per_channel(value) -> tf.Tensor:
+    return tf.constant(value, tf.float32)
+
+
+def convert_images(
+    images: tf.Tensor,
+    dtype: str = "float32",
+    *,
+    scale: float | Sequence[float] | None = None,
+    normalize: tuple | None = None,
+) -> tf.Tensor:
+    """Scales, normalises and casts float32 pixels; works on one image or a batch.
+
+    Computes `images * scale`, then `(x - mean) / std` for `normalize=(mean,
+    std)`, each a float or a per-channel sequence, then casts to `dtype`.
+    Integer dtypes are rounded and saturated.
+
+    Args:
+      images: float32 tensor [..., height, width, channels].
+      dtype: One of `OUTPUT_DTYPES`.
+      scale: Optional multiplier, e.g. 1/255.
+      normalize: Optional (mean, std), applied after `scale`.
+
+    Returns:
+      The converted tensor, same shape.
+    """
+    if scale is not None:
+        images = images * _per_channel(scale)
+    if normalize is not None:
+        mean, std = normalize
+        images = (images - _per_channel(mean)) / _per_channel(std)
+    dtype = tf.as_dtype(dtype)
+    if dtype.is_integer:
+        return tf.saturate_cast(tf.round(images), dtype)
+    return tf.cast(images, dtype)

@@ -1,0 +1,188 @@
+"""Small converted datasets for the reader tests, written without the converter.
+
+Real JPEG/PNG files are written with PIL, encoded with the shared schema,
+spread round-robin over shard files named with `shard_filename`, and described
+by a `manifest.json`, so the readers see exactly what the converter produces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+from schemas import (
+    IMAGE_SCHEMA,
+    MANIFEST_FILENAME,
+    REJECTS_FILENAME,
+    SCHEMA_VERSION,
+    ImageRecord,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    shard_filename,
+)
+
+# Kind of stored image -> (PIL mode, format, extension, channels as stored).
+KINDS = {
+    "rgb_jpeg": ("RGB", "JPEG", "jpg", 3),
+    "gray_jpeg": ("L", "JPEG", "jpg", 1),
+    "rgb_png": ("RGB", "PNG", "png", 3),
+    "rgba_png": ("RGBA", "PNG", "png", 4),
+    "gray_png": ("L", "PNG", "png", 1),
+    "gray16_png": ("I;16", "PNG", "png", 1),
+}
+DEFAULT_KINDS = ("rgb_jpeg", "rgb_png", "gray_jpeg", "rgba_png", "gray16_png")
+CLASS_NAMES = ("cat", "dog", "eel")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One written image, as the tests know it."""
+
+    filename: str  # relative POSIX path, as stored in the record
+    label: int
+    path: Path  # the source file on disk
+    kind: str
+    shard: int  # index of the shard file holding it
+    pixels: np.ndarray  # the array PIL wrote (uint8 or uint16)
+
+    @property
+    def data(self) -> bytes:
+        return self.path.read_bytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    data_dir: Path
+    class_names: tuple[str, ...]
+    sources: Mapping[str, tuple[Source, ...]]  # split -> sources
+    shard_paths: Mapping[str, tuple[Path, ...]]  # split -> shard files
+
+    def by_filename(self, split: str = "train") -> dict[str, Source]:
+        return {s.filename: s for s in self.sources[split]}
+
+
+def _pixels(kind: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    mode, _, _, channels = KINDS[kind]
+    if mode == "I;16":
+        return rng.integers(0, 65536, (height, width), dtype=np.uint16)
+    # Smooth gradients plus noise: realistic enough for JPEG, not constant.
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = (yy * 255 // max(1, height - 1) + xx * 127 // max(1, width - 1)) % 256
+    shape = (height, width) if channels == 1 else (height, width, channels)
+    noise = rng.integers(0, 64, shape)
+    if channels > 1:
+        base = base[..., None]
+    return ((base + noise) % 256).astype(np.uint8)
+
+
+def encode_image(pixels: np.ndarray, kind: str) -> bytes:
+    mode, fmt, _, _ = KINDS[kind]
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def write_dataset(
+    root: Path,
+    *,
+    splits: Mapping[str, int] = {"train": 12},
+    num_shards: Mapping[str, int] | int = 3,
+    kinds: Sequence[str] = DEFAULT_KINDS,
+    sizes: Sequence[tuple[int, int]] = ((12, 16), (16, 12), (10, 10), (9, 14)),
+    class_names: Sequence[str] = CLASS_NAMES,
+    schema_version: int = SCHEMA_VERSION,
+    write_manifest: bool = True,
+    seed: int = 0,
+) -> Written:
+    """Writes images under root/images and a converted dataset under root/dataset.
+
+    Record i of a split has kind kinds[i % len], size sizes[i % len], label
+    i % len(class_names), and lands in shard i % num_shards.
+    """
+    rng = np.random.default_rng(seed)
+    images_dir = root / "images"
+    data_dir = root / "dataset"
+    data_dir.mkdir(parents=True)
+    sources: dict[str, tuple[Source, ...]] = {}
+    shard_paths: dict[str, tuple[Path, ...]] = {}
+    split_infos: dict[str, SplitInfo] = {}
+    counter = itertools.count()
+    for split, count in splits.items():
+        n = num_shards if isinstance(num_shards, int) else num_shards[split]
+        per_shard: list[list[tuple[bytes, int]]] = [[] for _ in range(n)]
+        written = []
+        for i in range(count):
+            kind = kinds[i % len(kinds)]
+            height, width = sizes[i % len(sizes)]
+            label = i % len(class_names)
+            pixels = _pixels(kind, height, width, rng)
+            ext = KINDS[kind][2]
+            filename = f"{split}/{class_names[label]}/img_{next(counter):03d}.{ext}"
+            path = images_dir / filename
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(encode_image(pixels, kind))
+            record = ImageRecord(
+                image=path.read_bytes(),
+                label=label,
+                filename=filename,
+                format="jpeg" if ext == "jpg" else "png",
+                height=height,
+                width=width,
+                channels=KINDS[kind][3],
+            )
+            per_shard[i % n].append((IMAGE_SCHEMA.encode(record), label))
+            written.append(Source(filename, label, path, kind, i % n, pixels))
+        shards, paths = [], []
+        for index, records in enumerate(per_shard):
+            name = shard_filename(split, index, n)
+            path = data_dir / name
+            with tf.io.TFRecordWriter(str(path)) as writer:
+                for serialized, _ in records:
+                    writer.write(serialized)
+            data = path.read_bytes()
+            counts = [0] * len(class_names)
+            for _, label in records:
+                counts[label] += 1
+            shards.append(
+                ShardInfo(
+                    file=name,
+                    num_records=len(records),
+                    num_bytes=len(data),
+                    sha256=hashlib.sha256(data).hexdigest(),
+                    class_counts=tuple(counts),
+                )
+            )
+            paths.append(path)
+        split_infos[split] = SplitInfo(name=split, shards=tuple(shards))
+        sources[split] = tuple(written)
+        shard_paths[split] = tuple(paths)
+    (data_dir / REJECTS_FILENAME).write_text("")
+    if write_manifest:
+        total = sum(splits.values())
+        manifest = Manifest(
+            schema_version=schema_version,
+            tool_version="0.1.0",
+            features=IMAGE_SCHEMA.to_json(),
+            class_names=tuple(class_names),
+            splits=split_infos,
+            counts={"found": total, "written": total, "rejected": 0, "skipped": 0},
+            rejects={},
+            normalized={},
+            options={"seed": seed},
+        )
+        (data_dir / MANIFEST_FILENAME).write_text(manifest.to_json())
+    return Written(data_dir, tuple(class_names), sources, shard_paths)
+
+
+def decoded(source: Source, channels: int = 3) -> np.ndarray:
+    """The reference pixels: `tf.io.decode_image` of the source file."""
+    return tf.io.decode_image(source.data, channels=channels, expand_animations=False).numpy()

@@ -1,0 +1,414 @@
+"""Tests of readers.dataset: image_dataset_from_tfrecords end to end from shards."""
+
+import collections
+import dataclasses
+import inspect
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from readers import ReaderConfig, image_dataset_from_tfrecords
+from schemas import CHANNELS, FILENAME, HEIGHT, IMAGE, LABEL, shard_filename
+
+try:
+    from tests import _reader_data as rd
+except ImportError:  # tests/ itself is on sys.path
+    import _reader_data as rd
+
+NAMES = (FILENAME.key,)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """14 records of every kind and several sizes over 4 shards."""
+    return rd.write_dataset(
+        tmp_path_factory.mktemp("mixed"), splits={"train": 14, "validation": 3}, num_shards=4
+    )
+
+
+@pytest.fixture(scope="module")
+def uniform(tmp_path_factory):
+    """Same-size images, so they batch at their own size without resizing."""
+    return rd.write_dataset(
+        tmp_path_factory.mktemp("uniform"), splits={"train": 7}, sizes=((10, 13),),
+        kinds=("rgb_jpeg", "rgb_png", "gray_jpeg", "rgba_png"), num_shards=3,
+    )
+
+
+def _names(batch_extras):
+    return [n.decode() for n in batch_extras[FILENAME.key].numpy()]
+
+
+def _epoch_names(ds):
+    names = []
+    for element in ds:
+        names.extend(_names(element[-1]))
+    return names
+
+
+def test_batched_uint8_pixels_equal_the_source(uniform):
+    ds = image_dataset_from_tfrecords(
+        uniform.data_dir, image_size=(10, 13), dtype="uint8", batch_size=3,
+        extra_features=NAMES, shuffle=False,
+    )
+    by_name = uniform.by_filename()
+    seen = []
+    for images, labels, extras in ds:
+        assert images.dtype == tf.uint8 and labels.dtype == tf.int32
+        for image, label, name in zip(images.numpy(), labels.numpy(), _names(extras)):
+            np.testing.assert_array_equal(image, rd.decoded(by_name[name]))
+            assert label == by_name[name].label
+            seen.append(name)
+    assert sorted(seen) == sorted(by_name)
+
+
+def test_unbatched_original_sizes_equal_the_source(mixed):
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=None, image_size=None, dtype="uint8", extra_features=NAMES
+    )
+    by_name = mixed.by_filename()
+    seen = []
+    for image, label, extras in ds:
+        name = extras[FILENAME.key].numpy().decode()
+        np.testing.assert_array_equal(image.numpy(), rd.decoded(by_name[name]))
+        assert int(label) == by_name[name].label
+        seen.append(name)
+    assert sorted(seen) == sorted(by_name)
+
+
+def test_default_float_path_keeps_0_255_values(uniform):
+    ds = image_dataset_from_tfrecords(uniform.data_dir, image_size=(10, 13), extra_features=NAMES)
+    by_name = uniform.by_filename()
+    for images, _, extras in ds:
+        assert images.dtype == tf.float32
+        for image, name in zip(images.numpy(), _names(extras)):
+            np.testing.assert_array_equal(image, rd.decoded(by_name[name]).astype(np.float32))
+
+
+@pytest.mark.parametrize("batch_size, drop_remainder", [(4, False), (4, True), (14, False), (5, True)])
+def test_one_epoch_yields_every_record_once(mixed, batch_size, drop_remainder):
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=batch_size, image_size=(8, 8),
+        drop_remainder=drop_remainder, extra_features=NAMES,
+    )
+    total = len(mixed.sources["train"])
+    expected_batches = total // batch_size if drop_remainder else math.ceil(total / batch_size)
+    assert int(ds.cardinality()) == expected_batches
+    names = []
+    batches = 0
+    for images, labels, extras in ds:
+        assert images.shape[1:] == (8, 8, 3) and images.shape[0] == labels.shape[0]
+        names.extend(_names(extras))
+        batches += 1
+    assert batches == expected_batches
+    counts = collections.Counter(names)
+    assert set(counts.values()) == {1}
+    assert len(names) == (expected_batches * batch_size if drop_remainder else total)
+    assert set(counts) <= set(mixed.by_filename())
+    if not drop_remainder:
+        assert set(counts) == set(mixed.by_filename())
+
+
+def test_class_names_and_element_spec(mixed):
+    ds = image_dataset_from_tfrecords(mixed.data_dir, "validation", batch_size=2, image_size=(5, 6))
+    assert ds.class_names == list(mixed.class_names)
+    images, labels = ds.element_spec
+    assert images.shape.as_list() == [None, 5, 6, 3] and images.dtype == tf.float32
+    assert labels.shape.as_list() == [None] and labels.dtype == tf.int32
+
+
+def test_stale_files_in_the_folder_are_not_read(tmp_path):
+    w = rd.write_dataset(tmp_path, splits={"train": 6}, num_shards=2)
+    # A leftover shard of an earlier run, with records of its own.
+    (w.data_dir / shard_filename("train", 2, 3)).write_bytes(w.shard_paths["train"][0].read_bytes())
+    ds = image_dataset_from_tfrecords(w.data_dir, batch_size=4, image_size=(4, 4), extra_features=NAMES)
+    assert sorted(_epoch_names(ds)) == sorted(w.by_filename())
+
+
+def test_shards_that_disagree_with_the_manifest_fail_loudly(tmp_path):
+    w = rd.write_dataset(tmp_path, splits={"train": 6}, num_shards=2)
+    # Shard 1 loses a record after the manifest was written.
+    shard = w.shard_paths["train"][1]
+    kept = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))][:-1]
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for record in kept:
+            writer.write(record)
+    ds = image_dataset_from_tfrecords(w.data_dir, batch_size=2, image_size=(4, 4), shuffle=False)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 6 elements"):
+        for _ in ds:
+            pass
+
+
+def test_seeded_runs_repeat_and_epochs_reshuffle(mixed):
+    def build(seed, **kw):
+        return image_dataset_from_tfrecords(
+            mixed.data_dir, batch_size=3, image_size=(4, 4), seed=seed,
+            extra_features=NAMES, deterministic=True, **kw,
+        )
+
+    first = build(5)
+    epoch1, epoch2, epoch3 = (_epoch_names(first) for _ in range(3))
+    # A fresh dataset with the same seed replays the same epochs.
+    again = build(5)
+    assert _epoch_names(again) == epoch1
+    assert _epoch_names(again) == epoch2
+    assert sorted(epoch1) == sorted(epoch2) == sorted(epoch3) == sorted(mixed.by_filename())
+    assert len({tuple(epoch1), tuple(epoch2), tuple(epoch3)}) > 1
+    assert _epoch_names(build(6)) != epoch1
+
+
+def test_file_order_changes_between_epochs(mixed):
+    # With a one-record buffer, the order is the interleave of the files:
+    # which shard comes first shows the per-epoch file shuffle.
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=14, image_size=(4, 4), seed=1, shuffle_buffer=1,
+        extra_features=NAMES,
+    )
+    shard_of = {s.filename: s.shard for s in mixed.sources["train"]}
+    position = {s.filename: i for i, s in enumerate(mixed.sources["train"])}
+    orders = []
+    for _ in range(4):
+        names = _epoch_names(ds)
+        assert sorted(names) == sorted(shard_of)
+        # Records of one shard keep their file order.
+        for shard in range(4):
+            in_shard = [position[n] for n in names if shard_of[n] == shard]
+            assert in_shard == sorted(in_shard)
+        orders.append(tuple(shard_of[n] for n in names[:4]))
+    assert len(set(orders)) > 1
+
+
+def test_no_shuffle_reads_in_manifest_order(mixed):
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=5, image_size=(4, 4), shuffle=False, extra_features=NAMES,
+        deterministic=True,
+    )
+    names = _epoch_names(ds)
+    shard_of = {s.filename: s.shard for s in mixed.sources["train"]}
+    assert [shard_of[n] for n in names[:4]] == [0, 1, 2, 3]
+    assert names == _epoch_names(ds)
+
+
+@pytest.mark.parametrize("policy", ["stretch", "pad", "crop"])
+def test_resize_policies_shapes(mixed, policy):
+    ds = image_dataset_from_tfrecords(mixed.data_dir, batch_size=6, image_size=(7, 5), resize=policy)
+    images, labels = next(iter(ds))
+    assert images.shape == (6, 7, 5, 3) and labels.shape == (6,)
+
+
+def test_label_modes(mixed):
+    common = dict(batch_size=4, image_size=(4, 4), extra_features=NAMES)
+    by_name = mixed.by_filename()
+    ds = image_dataset_from_tfrecords(mixed.data_dir, label_mode="categorical", **common)
+    assert ds.element_spec[1].shape.as_list() == [None, 3]
+    for _, labels, extras in ds:
+        assert labels.dtype == tf.float32
+        expected = np.eye(3)[[by_name[n].label for n in _names(extras)]]
+        np.testing.assert_array_equal(labels.numpy(), expected)
+    ds = image_dataset_from_tfrecords(mixed.data_dir, label_mode=None, **common)
+    images, extras = next(iter(ds))
+    assert images.shape == (4, 4, 4, 3) and set(extras) == set(NAMES)
+    ds = image_dataset_from_tfrecords(mixed.data_dir, label_mode=None, batch_size=4, image_size=(4, 4))
+    assert isinstance(ds.element_spec, tf.TensorSpec)
+
+
+def test_binary_labels(tmp_path):
+    w = rd.write_dataset(tmp_path, splits={"train": 5}, class_names=("no", "yes"), num_shards=2)
+    ds = image_dataset_from_tfrecords(
+        w.data_dir, label_mode="binary", batch_size=5, image_size=(4, 4), extra_features=NAMES
+    )
+    _, labels, extras = next(iter(ds))
+    assert labels.dtype == tf.float32 and labels.shape == (5, 1)
+    by_name = w.by_filename()
+    assert labels.numpy()[:, 0].tolist() == [float(by_name[n].label) for n in _names(extras)]
+
+
+def test_binary_needs_two_classes(mixed):
+    with pytest.raises(ValueError, match=r"label_mode='binary' needs exactly 2 classes.*3"):
+        image_dataset_from_tfrecords(mixed.data_dir, label_mode="binary")
+
+
+def test_extra_features_from_the_schema(mixed):
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=14, image_size=(4, 4),
+        extra_features=(FILENAME.key, HEIGHT.key, CHANNELS.key),
+    )
+    _, _, extras = next(iter(ds))
+    assert extras[HEIGHT.key].dtype == tf.int64
+    by_name = mixed.by_filename()
+    for name, height, channels in zip(
+        _names(extras), extras[HEIGHT.key].numpy(), extras[CHANNELS.key].numpy()
+    ):
+        assert height == by_name[name].pixels.shape[0]
+        assert channels == rd.KINDS[by_name[name].kind][3]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "uint8", tf.uint8, np.float16])
+def test_output_dtypes(uniform, dtype):
+    ds = image_dataset_from_tfrecords(
+        uniform.data_dir, batch_size=7, image_size=(10, 13), dtype=dtype, extra_features=NAMES
+    )
+    images, _, extras = next(iter(ds))
+    assert images.dtype == tf.as_dtype(dtype)
+    by_name = uniform.by_filename()
+    expected = np.stack([rd.decoded(by_name[n]) for n in _names(extras)]).astype(np.float32)
+    np.testing.assert_allclose(tf.cast(images, tf.float32).numpy(), expected, rtol=1e-2)
+
+
+def test_uint16_reads_16_bit_pngs_at_full_depth(tmp_path):
+    w = rd.write_dataset(tmp_path, splits={"train": 3}, kinds=("gray16_png",), sizes=((6, 5),), num_shards=1)
+    ds = image_dataset_from_tfrecords(
+        w.data_dir, batch_size=3, image_size=(6, 5), dtype="uint16", color_mode="grayscale",
+        extra_features=NAMES,
+    )
+    images, _, extras = next(iter(ds))
+    assert images.dtype == tf.uint16 and images.shape == (3, 6, 5, 1)
+    by_name = w.by_filename()
+    for image, name in zip(images.numpy(), _names(extras)):
+        np.testing.assert_array_equal(image[..., 0], by_name[name].pixels)
+
+
+def test_scale_and_normalize(uniform):
+    mean, std = (120.0, 110.0, 100.0), (60.0, 50.0, 40.0)
+    ds = image_dataset_from_tfrecords(
+        uniform.data_dir, batch_size=7, image_size=(10, 13), scale=2.0, normalize=(mean, std),
+        extra_features=NAMES,
+    )
+    images, _, extras = next(iter(ds))
+    by_name = uniform.by_filename()
+    raw = np.stack([rd.decoded(by_name[n]) for n in _names(extras)]).astype(np.float32)
+    np.testing.assert_allclose(images.numpy(), (raw * 2 - mean) / np.array(std), rtol=1e-5, atol=1e-5)
+
+
+def test_color_modes(mixed):
+    for mode, channels in (("grayscale", 1), ("rgba", 4)):
+        ds = image_dataset_from_tfrecords(mixed.data_dir, batch_size=14, image_size=(4, 4), color_mode=mode)
+        assert next(iter(ds))[0].shape == (14, 4, 4, channels)
+
+
+def test_standard_augmentation(mixed):
+    def build():
+        return image_dataset_from_tfrecords(
+            mixed.data_dir, batch_size=7, image_size=(9, 11), augment="standard", seed=2,
+            extra_features=NAMES, dtype="bfloat16",
+        )
+
+    first = [(x.numpy(), _names(e)) for x, _, e in build()]
+    assert all(x.shape == (7, 9, 11, 3) and x.dtype == tf.bfloat16.as_numpy_dtype for x, _ in first)
+    assert all(0 <= x.astype(np.float32).min() and x.astype(np.float32).max() <= 255 for x, _ in first)
+    # Reproducible with a seed, pixels included.
+    second = [(x.numpy(), _names(e)) for x, _, e in build()]
+    for (x1, n1), (x2, n2) in zip(first, second):
+        assert n1 == n2
+        np.testing.assert_array_equal(x1, x2)
+    # Differs from the plain resize.
+    plain = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=7, image_size=(9, 11), seed=2, extra_features=NAMES,
+        dtype="bfloat16",
+    )
+    assert any(not np.array_equal(a[0], b.numpy()) for a, (b, _, _) in zip(first, plain))
+
+
+def test_user_augmentation_runs_per_example_before_batching(uniform):
+    calls = []
+
+    def invert(image):
+        calls.append(image.shape.as_list())  # traced once, per example
+        return 255.0 - image
+
+    ds = image_dataset_from_tfrecords(
+        uniform.data_dir, batch_size=7, image_size=(10, 13), augment=invert, dtype="uint8",
+        extra_features=NAMES,
+    )
+    images, _, extras = next(iter(ds))
+    assert calls and calls[0] == [10, 13, 3]
+    by_name = uniform.by_filename()
+    for image, name in zip(images.numpy(), _names(extras)):
+        np.testing.assert_array_equal(image, 255 - rd.decoded(by_name[name]))
+
+
+def test_repeat_and_cache(mixed):
+    # Deterministic: otherwise parallel stages may move a few records across
+    # the epoch boundary.
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=4, image_size=(4, 4), repeat=True, extra_features=NAMES,
+        seed=4,
+    )
+    assert ds.cardinality() in (tf.data.INFINITE_CARDINALITY, tf.data.UNKNOWN_CARDINALITY)
+    names = _epoch_names(ds.take(7))  # 28 records: two epochs of 14
+    assert sorted(names[:14]) == sorted(names[14:]) == sorted(mixed.by_filename())
+    assert names[:14] != names[14:]  # reshuffled
+    cached = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=4, image_size=(4, 4), cache=True, extra_features=NAMES
+    )
+    for _ in range(2):
+        assert sorted(_epoch_names(cached)) == sorted(mixed.by_filename())
+    cached_repeat = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=7, image_size=(4, 4), cache=True, repeat=True,
+        extra_features=NAMES, deterministic=True,
+    )
+    names = _epoch_names(cached_repeat.take(6))
+    for epoch in range(3):
+        assert sorted(names[14 * epoch : 14 * (epoch + 1)]) == sorted(mixed.by_filename())
+
+
+def test_signature_defaults_are_the_config_defaults():
+    params = inspect.signature(image_dataset_from_tfrecords).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(ReaderConfig)}
+    keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert set(keyword_only) == set(fields)
+    for name, default in fields.items():
+        assert keyword_only[name] == default, name
+    assert ReaderConfig().batch_size == 32 and ReaderConfig().dtype == "float32"
+
+
+def test_deterministic_defaults_follow_the_seed():
+    assert ReaderConfig(seed=1).is_deterministic
+    assert not ReaderConfig().is_deterministic
+    assert not ReaderConfig(seed=1, deterministic=False).is_deterministic
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"batch_size": 0}, ValueError, r"`batch_size` must be a positive integer or None. Received: batch_size=0"),
+        ({"batch_size": 2.0}, ValueError, r"Received: batch_size=2.0"),
+        ({"image_size": 224}, ValueError, r"`image_size` must be a tuple of two positive integers.*Received: image_size=224"),
+        ({"image_size": (0, 3)}, ValueError, r"Received: image_size=\(0, 3\)"),
+        ({"image_size": None}, ValueError, r"needs `batch_size=None`.*batch_size=32"),
+        ({"color_mode": "bgr"}, ValueError, r"`color_mode` must be one of \('grayscale', 'rgb', 'rgba'\). Received: color_mode='bgr'"),
+        ({"shuffle": "yes"}, TypeError, r"`shuffle` must be True or False. Received: shuffle='yes'"),
+        ({"seed": "1"}, TypeError, r"`seed` must be an integer or None. Received: seed='1'"),
+        ({"label_mode": "onehot"}, ValueError, r"`label_mode` must be one of \('int', 'categorical', 'binary', None\). Received: label_mode='onehot'"),
+        ({"resize": "fit"}, ValueError, r"`resize` must be one of \('stretch', 'pad', 'crop'\). Received: resize='fit'"),
+        ({"crop_fraction": 0.0, "resize": "crop"}, ValueError, r"`crop_fraction` must be a number in \(0, 1\]. Received: crop_fraction=0.0"),
+        ({"crop_fraction": 0.875}, ValueError, r"`crop_fraction` only applies to resize='crop'.*resize='stretch'"),
+        ({"interpolation": "cubic"}, ValueError, r"`interpolation` must be one of .*'bilinear'.*Received: interpolation='cubic'"),
+        ({"dtype": "int32"}, ValueError, r"`dtype` must be one of \('float32', 'bfloat16', 'float16', 'uint8', 'uint16'\). Received: dtype='int32'"),
+        ({"dtype": "pixels"}, ValueError, r"Received: dtype='pixels'"),
+        ({"scale": 1 / 255, "dtype": "uint8"}, ValueError, r"`scale` needs a float `dtype`.*dtype='uint8'"),
+        ({"scale": "1/255"}, TypeError, r"`scale` must be a number or a sequence.*Received: scale='1/255'"),
+        ({"scale": (1.0, 2.0)}, ValueError, r"`scale` must have 1 or 3 values for color_mode='rgb'"),
+        ({"normalize": (0.5,)}, TypeError, r"`normalize` must be a pair \(mean, std\). Received: normalize=\(0.5,\)"),
+        ({"normalize": (0.5, 0.0)}, ValueError, r"`normalize std` must not contain zero"),
+        ({"augment": "heavy"}, ValueError, r"`augment` must be one of \(None, 'standard'\) or a callable.*Received: augment='heavy'"),
+        ({"augment": "standard", "image_size": None, "batch_size": None}, ValueError, r"`augment` needs a fixed `image_size`"),
+        ({"extra_features": FILENAME.key}, TypeError, r"`extra_features` must be a tuple of feature keys"),
+        ({"extra_features": (FILENAME.key, FILENAME.key)}, ValueError, r"must not repeat a key"),
+        ({"extra_features": (IMAGE.key,)}, ValueError, r"`extra_features` must be a subset of this dataset's features"),
+        ({"extra_features": (LABEL.key + "s",)}, ValueError, r"must be a subset.*Received: extra_features="),
+        ({"deterministic": 1}, TypeError, r"`deterministic` must be True or False. Received: deterministic=1"),
+        ({"cache": ""}, TypeError, r"`cache` must be True, False or a file path prefix. Received: cache=''"),
+        ({"shuffle_buffer": 0}, ValueError, r"`shuffle_buffer` must be a positive integer or None. Received: shuffle_buffer=0"),
+    ],
+)
+def test_bad_arguments(mixed, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        image_dataset_from_tfrecords(mixed.data_dir, **kwargs)
+
+
+def test_unknown_argument_is_a_type_error(mixed):
+    with pytest.raises(TypeError, match="label_mod"):
+        image_dataset_from_tfrecords(mixed.data_dir, label_mod="int")

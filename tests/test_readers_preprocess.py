@@ -1,0 +1,169 @@
+"""Tests of readers.preprocess: resize policies, augmentation and output dtypes."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from readers import preprocess
+
+try:
+    from tests import _reader_data as rd
+except ImportError:  # tests/ itself is on sys.path
+    import _reader_data as rd
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    written = rd.write_dataset(
+        tmp_path_factory.mktemp("pre"),
+        splits={"train": 4},
+        kinds=("rgb_png", "rgb_png", "rgb_jpeg", "gray16_png"),
+        sizes=((12, 20), (21, 9), (15, 15), (10, 17)),
+        num_shards=1,
+    )
+    return written.sources["train"]
+
+
+def _png(sources):
+    return [s for s in sources if s.kind == "rgb_png"]
+
+
+@pytest.mark.parametrize("policy", ["crop", "pad"])
+@pytest.mark.parametrize("target", [(8, 8), (6, 14), (14, 5)])
+def test_aspect_ratio_policies_match_keras(sources, policy, target):
+    # Lossless sources: the whole-image decode equals the fused window decode.
+    for source in _png(sources):
+        image = preprocess.load_image(tf.constant(source.data), image_size=target, resize=policy)
+        expected = keras.ops.image.resize(
+            rd.decoded(source).astype(np.float32),
+            target,
+            crop_to_aspect_ratio=policy == "crop",
+            pad_to_aspect_ratio=policy == "pad",
+        )
+        assert image.shape == target + (3,) and image.dtype == tf.float32
+        np.testing.assert_allclose(image.numpy(), np.asarray(expected), atol=1e-3)
+
+
+def test_stretch_is_a_plain_resize(sources):
+    for source in sources:
+        image = preprocess.load_image(tf.constant(source.data), image_size=(7, 11), resize="stretch")
+        expected = tf.image.resize(rd.decoded(source), (7, 11))
+        np.testing.assert_allclose(image.numpy(), expected.numpy(), atol=1e-4)
+
+
+def test_pad_fills_with_zeros(sources):
+    # A tall image padded to a wide aspect ratio gets black side bands.
+    tall = next(s for s in _png(sources) if s.pixels.shape[0] > s.pixels.shape[1])
+    image = preprocess.load_image(tf.constant(tall.data), image_size=(10, 40), resize="pad").numpy()
+    h, w = tall.pixels.shape[:2]
+    # The source spans w / (h * 4) of the padded width, centred.
+    band = 40 * w / (h * 4)
+    left, right = int((40 - band) / 2) - 1, int((40 + band) / 2) + 1
+    assert (image[:, :left] == 0).all() and (image[:, right:] == 0).all()
+    assert image[:, 19:21].sum() > 0
+
+
+def test_center_crop_window_fraction():
+    full = preprocess.center_crop_window(100, 60, (224, 224)).numpy()
+    assert list(full) == [20, 0, 60, 60]  # largest centred square
+    eval_crop = preprocess.center_crop_window(100, 60, (224, 224), crop_fraction=0.875).numpy()
+    side = int(60 * 0.875)
+    assert list(eval_crop) == [(100 - side) // 2, (60 - side) // 2, side, side]
+
+
+def test_crop_fraction_zooms_into_the_centre(sources):
+    source = _png(sources)[0]
+    h, w = source.pixels.shape[:2]
+    image = preprocess.load_image(
+        tf.constant(source.data), image_size=(4, 4), resize="crop", crop_fraction=0.5,
+        interpolation="nearest",
+    )
+    side = max(1, int(min(h, w) * 0.5))
+    y, x = (h - side) // 2, (w - side) // 2
+    expected = tf.image.resize(rd.decoded(source)[y : y + side, x : x + side], (4, 4), "nearest")
+    np.testing.assert_array_equal(image.numpy(), tf.cast(expected, tf.float32).numpy())
+
+
+def test_random_crop_window_is_seeded_and_within_bounds():
+    windows = set()
+    for i in range(20):
+        seed = tf.constant([i, 7])
+        window = preprocess.random_crop_window(50, 80, seed).numpy()
+        again = preprocess.random_crop_window(50, 80, seed).numpy()
+        np.testing.assert_array_equal(window, again)
+        y, x, h, w = window
+        assert 0 <= y and 0 <= x and 0 < h and 0 < w and y + h <= 50 and x + w <= 80
+        assert h * w >= 0.08 * 50 * 80 * 0.9  # area range, allowing rounding
+        windows.add(tuple(window))
+    assert len(windows) > 10
+
+
+@pytest.mark.parametrize("kind", ["rgb_jpeg", "rgb_png", "gray16_png"])
+def test_standard_augment_shape_range_and_seed(sources, kind):
+    source = next(s for s in sources if s.kind == kind)
+    data = tf.constant(source.data)
+    outputs = [
+        preprocess.load_image(data, image_size=(9, 9), augment=True, seed=tf.constant([s, 0]))
+        for s in range(6)
+    ]
+    for out in outputs:
+        assert out.shape == (9, 9, 3) and out.dtype == tf.float32
+        assert 0 <= float(tf.reduce_min(out)) and float(tf.reduce_max(out)) <= 255
+    again = preprocess.load_image(data, image_size=(9, 9), augment=True, seed=tf.constant([0, 0]))
+    np.testing.assert_array_equal(outputs[0].numpy(), again.numpy())
+    assert len({out.numpy().tobytes() for out in outputs}) > 1
+
+
+def test_standard_augment_flips(sources):
+    # Each output is a crop of the source or of its mirror image: with a whole
+    # image window (tiny area range is impossible to force), compare
+    # horizontal gradients instead. Seeds differ, so both flips occur.
+    source = _png(sources)[0]
+    flips = set()
+    for s in range(12):
+        seed = tf.constant([s, 1])
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        window = preprocess.random_crop_window(*source.pixels.shape[:2], crop_seed).numpy()
+        y, x, h, w = window
+        crop = tf.image.resize(rd.decoded(source)[y : y + h, x : x + w], (6, 6)).numpy()
+        out = preprocess.load_image(
+            tf.constant(source.data), image_size=(6, 6), augment=True, seed=seed
+        ).numpy()
+        if np.allclose(out, crop, atol=1e-3):
+            flips.add(False)
+        else:
+            np.testing.assert_allclose(out, crop[:, ::-1], atol=1e-3)
+            flips.add(True)
+    assert flips == {False, True}
+
+
+def test_augment_needs_a_seed(sources):
+    with pytest.raises(ValueError, match="`seed` is required"):
+        preprocess.load_image(tf.constant(sources[0].data), image_size=(4, 4), augment=True)
+
+
+def test_uint16_depth_resizes_at_full_range(sources):
+    source = next(s for s in sources if s.kind == "gray16_png")
+    image = preprocess.load_image(
+        tf.constant(source.data), image_size=source.pixels.shape[:2], depth=tf.uint16,
+        channels=1,
+    )
+    np.testing.assert_array_equal(image.numpy()[..., 0], source.pixels.astype(np.float32))
+
+
+def test_convert_images_dtypes_scale_and_normalize():
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, (2, 3, 4, 3)).astype(np.float32)
+    for dtype in ("float32", "bfloat16", "float16"):
+        out = preprocess.convert_images(tf.constant(images), dtype)
+        assert out.dtype == tf.as_dtype(dtype)
+        np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(), images, rtol=1e-2)
+    as_uint8 = preprocess.convert_images(tf.constant(images), "uint8")
+    np.testing.assert_array_equal(as_uint8.numpy(), np.round(images).astype(np.uint8))
+    out = preprocess.convert_images(tf.constant(images + 300), "uint8")
+    assert (out.numpy() == 255).all()  # saturates instead of wrapping
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    out = preprocess.convert_images(tf.constant(images), scale=1 / 255, normalize=(mean, std))
+    expected = (images / 255 - np.array(mean)) / np.array(std)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
