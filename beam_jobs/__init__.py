@@ -4,7 +4,7 @@ import os
 
 # TensorFlow's C++ start-up lines (oneDNN, CPU features) bury the pipeline's
 # own output; a user who wants them sets the variable.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "run"]
 

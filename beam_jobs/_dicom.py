@@ -36,7 +36,7 @@ import pydicom
 from pydicom import uid as dicom_uid
 from pydicom.datadict import dictionary_has_tag, dictionary_VR, tag_for_keyword
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.errors import InvalidDicomError
+from pydicom.errors import BytesLengthException, InvalidDicomError
 from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, apply_modality_lut, convert_color_space, get_decoder
 from pydicom.pixels.utils import get_nr_frames
@@ -133,16 +133,19 @@ _CODEC_PACKAGES = {
 # The decoding plugin of pydicom that shardsmith[dicom] provides.
 _PREFERRED_PLUGIN = "pylibjpeg"
 
-# pydicom raises these for damaged files: InvalidDicomError for a bad header,
-# ValueError (UnicodeDecodeError included) for unparsable values and pixel
-# data of the wrong length, AttributeError/KeyError for missing or misnamed
-# elements, TypeError for values of the wrong kind, IndexError for empty
-# sequences, EOFError/struct.error for truncation, OverflowError for absurd
-# lengths, NotImplementedError for layouts it does not handle, RuntimeError
-# when every decoding plugin fails, zlib.error for bad deflated data.
+# pydicom raises these for damaged files (found by truncating and corrupting
+# every bundled test file): InvalidDicomError for a bad header; OSError ("No
+# tag to read at file position", the data is in memory so it is never I/O)
+# and struct.error for truncation; BytesLengthException for a value whose
+# length does not fit its VR; ValueError (UnicodeDecodeError included) for
+# unparsable values and pixel data of the wrong length; AttributeError for
+# missing required elements; TypeError for values of the wrong kind;
+# NotImplementedError for layouts it does not handle; RuntimeError when every
+# decoding plugin fails; zlib.error for damaged deflated data. KeyError and
+# IndexError come from empty or malformed sequences (LUTs, functional groups).
 _PYDICOM_ERRORS = (
-    InvalidDicomError, ValueError, AttributeError, KeyError, TypeError, IndexError,
-    EOFError, struct.error, OverflowError, NotImplementedError, RuntimeError, zlib.error,
+    InvalidDicomError, BytesLengthException, OSError, struct.error, zlib.error, ValueError,
+    AttributeError, TypeError, KeyError, IndexError, NotImplementedError, RuntimeError,
 )
 
 # Photometric interpretations.
@@ -556,7 +559,15 @@ def _install_hint(ts: dicom_uid.UID) -> str:
 def _decode_frame(decoder, ds: Dataset, index: int, name: str):
     """Decodes one frame; raw=True leaves colour conversion to `_render`, which records it."""
     try:
-        return decoder.as_array(ds, index=index, raw=True)
+        try:
+            return decoder.as_array(ds, index=index, raw=True)
+        except BaseException as e:
+            # Rust decoders (pylibjpeg-rle) panic on some damaged streams;
+            # pyo3 raises that as PanicException, a BaseException that pydicom
+            # does not catch and that pyo3 does not export to import.
+            if type(e).__name__ != "PanicException":
+                raise
+            raise RuntimeError(f"decoder panic: {e}") from e
     except _PYDICOM_ERRORS as e:
         ts = decoder.UID
         if ts.is_encapsulated and _PREFERRED_PLUGIN not in decoder.available_plugins:

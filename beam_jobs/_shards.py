@@ -119,8 +119,8 @@ class WriteShardFn(beam.DoFn):
             outcome = self._write(split, index, name, files)
             self._save_receipt(name, fingerprint, outcome)
             _LOG.info(
-                "Wrote %s: %s images%s [%d of %d shards done]",
-                name, f"{outcome[0].num_records:,}",
+                "Wrote %s: %s image%s%s [%d of %d shards done]",
+                name, f"{outcome[0].num_records:,}", "" if outcome[0].num_records == 1 else "s",
                 f", {len(outcome[1])} rejected" if outcome[1] else "",
                 self._count_done(), self._total_shards,
             )
