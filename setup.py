@@ -31,7 +31,7 @@ setuptools.setup(
         "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
         "tensorflow>=2.16; platform_machine!='x86_64'",
         "numpy",
-        "pillow>=10",
+        "pillow>=10.1",
         "google-crc32c>=1.5",
     ],
     extras_require={
@@ -43,7 +43,9 @@ setuptools.setup(
             "pylibjpeg-rle>=2.0",
         ],
         "demo": ["scikit-image>=0.22"],
-        "test": ["pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis"],
+        "test": [
+            "pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis", "tensorflow-datasets>=4.9",
+        ],
         "bench": ["psutil", "scikit-image>=0.22"],
     },
     entry_points={

@@ -18,6 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import schemas
+from schemas.tfds_metadata import tfds_files
 from beam_jobs import _listing, _plan
 from beam_jobs._images import ImageRejected, ImageValidator
 from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, frame_record, read_bytes, write_atomically
@@ -369,6 +370,9 @@ class FinalizeFn(beam.DoFn):
         )
         keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
+        # TFDS's metadata too, so `tfds.builder_from_directory` reads the folder as is.
+        for name, text in tfds_files(manifest).items():
+            write_atomically(self._output_dir, name, text.encode())
         write_atomically(self._output_dir, schemas.MANIFEST_FILENAME, manifest.to_json().encode())
         delete_if_exists(FileSystems.join(self._output_dir, TMP_DIRNAME))
         yield manifest

@@ -39,6 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
 
 import schemas
+from schemas.tfds_metadata import TFDS_FILENAMES
 from beam_jobs import _listing, _plan, _runner, _shards
 from beam_jobs._progress import ProgressBar
 from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
@@ -319,7 +320,7 @@ def _prepare_output(config: ConversionConfig) -> None:
         )
     # The manifest goes first: if this run dies, the folder is plainly unfinished.
     names = [schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
-             schemas.VERIFY_REPORT_FILENAME]
+             schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]
     if not config.resume:
         names.append(TMP_DIRNAME)
     for name in names:

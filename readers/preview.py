@@ -1,0 +1,659 @@
+"""Pictures of a converted dataset: `shardsmith preview`.
+
+  shardsmith preview ./dataset --split train --output preview.png
+
+writes two PNG files:
+
+- `preview.png`, a contact sheet: one row per class, in label order, with a
+  few images of the class as the model sees them: read from the shards
+  through the shardsmith reader (its decoding and resize, uint8 output), each
+  captioned with its file name. Label mix-ups, sideways photos, broken DICOM
+  windowing or a resize policy that cuts off the subject show at a glance.
+- `preview_counts.png` (beside `--output`), a bar chart of the images per
+  class in every split, from `manifest.json` alone.
+
+The sheet reads as little as it can. Shard files are scanned in order
+(starting at a seeded shard), looking only at labels, and the scan stops as
+soon as every shown class has a pool of candidates, or after `--max_records`
+records; shards holding none of the classes still wanted are skipped (the
+manifest has every shard's class counts). From each class's pool the seed picks
+`--per_class` records; only those are decoded and resized. The same dataset,
+options and seed give the same PNG bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import logging
+import os
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image, ImageDraw, ImageFont
+
+from readers import preprocess
+from readers.dataset import ReaderConfig, build_dataset
+from readers.metadata import SplitFiles, load_manifest, load_split
+from schemas.features import FILENAME, LABEL
+from schemas.manifest import Manifest, ManifestError
+
+__all__ = ["add_arguments", "main", "contact_sheet", "count_chart"]
+
+logger = logging.getLogger(__name__)
+
+_PROG = "shardsmith preview"
+# Each shown class's pool of candidates holds this many times `per_class`
+# records; the seed picks `per_class` of them.
+_POOL_FACTOR = 4
+_MIN_IMAGE_SIZE, _MAX_IMAGE_SIZE = 16, 1024
+_MAX_PER_CLASS = 100
+_MAX_CHART_CLASSES = 1000
+
+_MARGIN = 12
+_GAP = 6
+_WHITE = (255, 255, 255)
+_BLANK = (236, 236, 236)
+_INK = (25, 25, 25)
+_MUTED = (115, 115, 115)
+_WARN = (185, 35, 35)
+_BAR = (72, 112, 170)
+_STRIPE = (246, 246, 246)
+
+
+# --- Text ---------------------------------------------------------------------
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1 has one fixed-size bitmap font.
+        return ImageFont.load_default()
+
+
+def _line_height(font) -> int:
+    ascent, descent = font.getmetrics()
+    return ascent + descent + 2
+
+
+def _fit(font, text: str, width: float, *, path: bool = False) -> str:
+    """`text`, shortened with '…' until it fits `width` pixels.
+
+    Prose loses its end. For a `path` the end (the file's own name) is the
+    most telling part: it is kept whole if it fits, and the folders are
+    shortened first ('astro…/astronaut_07.jpg').
+    """
+    if font.getlength(text) <= width:
+        return text
+    shorten = _elide if path else (lambda t, keep: t[:keep].rstrip() + "…")
+    lo, hi = 0, len(text) - 1  # Characters kept: the largest count that fits.
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if font.getlength(shorten(text, mid)) <= width:
+            lo = mid
+        else:
+            hi = mid - 1
+    return shorten(text, lo)
+
+
+def _elide(text: str, keep: int) -> str:
+    """`keep` characters of `text` around a '…': the end first, up to the base name."""
+    base = len(text) - text.rfind("/")  # The base name with its '/', or the whole text + 1.
+    tail = min(keep, base)
+    head = keep - tail
+    if head < 3:  # A stub of a folder name helps nobody.
+        head = 0
+    return text[:head] + "…" + text[len(text) - tail:] if tail else text[:head] + "…"
+
+
+def _save_png(image: Image.Image, path: str) -> None:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", optimize=False)
+    parent = os.path.dirname(path)
+    if parent:
+        tf.io.gfile.makedirs(parent)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(buf.getvalue())
+
+
+# --- Choosing the records -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sample:
+    """The records picked for the sheet.
+
+    Attributes:
+      records: Per shown class (label order), its picked serialized records,
+        in the order they were read.
+      scanned: Records looked at.
+      shards_read: Shard files opened.
+    """
+
+    records: tuple[tuple[bytes, ...], ...]
+    scanned: int
+    shards_read: int
+
+
+def _sample(
+    split_files: SplitFiles,
+    manifest: Manifest,
+    *,
+    num_shown: int,
+    per_class: int,
+    seed: int,
+    max_records: int,
+) -> _Sample:
+    """Scans shard files in order until every shown class has a pool; picks from it.
+
+    Each class's pick is a seeded reservoir sample of `per_class` records from
+    the first `per_class * _POOL_FACTOR` records of the class the scan meets,
+    so only the picked records are held in memory.
+    """
+    shards = [s for s in manifest.split(split_files.split).shards if s.num_records > 0]
+    counts = manifest.split(split_files.split).class_counts
+    pool = per_class * _POOL_FACTOR
+    wanted = [min(pool, counts[c]) for c in range(num_shown)]
+    seen = [0] * num_shown
+    picked: list[list[tuple[int, bytes]]] = [[] for _ in range(num_shown)]
+    rngs = [np.random.default_rng([seed, c]) for c in range(num_shown)]
+    start = int(np.random.default_rng([seed, num_shown]).integers(len(shards)))
+    order = list(range(start, len(shards))) + list(range(start))
+    remaining = sum(wanted)  # Candidates still to find.
+    scanned = shards_read = 0
+    for i in order:
+        if not remaining or scanned >= max_records:
+            break
+        if not any(shards[i].class_counts[c] for c in range(num_shown) if seen[c] < wanted[c]):
+            continue
+        shards_read += 1
+        path = split_files.paths[i]
+        start_count = scanned
+        for raw in tf.data.TFRecordDataset(path).take(max_records - scanned):
+            serialized = raw.numpy()
+            try:
+                label = int(split_files.schema.decode(serialized)[LABEL.key])
+            except ValueError as e:
+                raise ValueError(f"record {scanned - start_count} of {path} is damaged: {e}") from e
+            position = scanned
+            scanned += 1
+            if label < num_shown and seen[label] < wanted[label]:
+                n = seen[label]
+                seen[label] += 1
+                remaining -= 1
+                if n < per_class:
+                    picked[label].append((position, serialized))
+                else:  # Reservoir sampling (Algorithm R).
+                    j = int(rngs[label].integers(n + 1))
+                    if j < per_class:
+                        picked[label][j] = (position, serialized)
+                if not remaining:
+                    break
+    records = tuple(tuple(r for _, r in sorted(p)) for p in picked)
+    logger.info(
+        "Scanned %d of %d records in %d of %d shard files; picked %d records.",
+        scanned, split_files.total_records, shards_read, len(shards), sum(map(len, records)),
+    )
+    return _Sample(records=records, scanned=scanned, shards_read=shards_read)
+
+
+def _through_reader(
+    records: list[bytes], split_files: SplitFiles, image_size: int, resize: str
+) -> list[tuple[str, np.ndarray]]:
+    """Decodes and resizes records exactly as `image_dataset_from_tfrecords` does.
+
+    The picked records are written to a temporary one-shard split that the
+    reader's own pipeline (`readers.dataset.build_dataset`) then reads, without
+    shuffling, with uint8 output.
+
+    Returns:
+      (file name, uint8 [image_size, image_size, 3] array) per record, in order.
+    """
+    if not records:
+        return []
+    config = ReaderConfig(
+        batch_size=None,
+        image_size=(image_size, image_size),
+        shuffle=False,
+        dtype="uint8",
+        resize=resize,
+        extra_features=(FILENAME.key,),
+        deterministic=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="shardsmith-preview-") as tmp:
+        path = os.path.join(tmp, "picked.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for r in records:
+                writer.write(r)
+        picked = dataclasses.replace(
+            split_files,
+            data_dir=tmp,
+            paths=(path,),
+            num_records=(len(records),),
+            num_bytes=(os.path.getsize(path),),
+        )
+        ds = build_dataset(picked, config, batch_size=None)
+        return [
+            (extras[FILENAME.key].numpy().decode("utf-8", "replace"), image.numpy())
+            for image, _, extras in ds
+        ]
+
+
+# --- The contact sheet --------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where everything goes on the sheet; all sizes in pixels."""
+
+    tile: int
+    columns: int
+    rows: int
+    label_width: int
+    caption_height: int
+    header_height: int
+    footer_height: int
+    min_width: int = 0
+
+    @property
+    def row_height(self) -> int:
+        return self.tile + self.caption_height + _GAP
+
+    @property
+    def size(self) -> tuple[int, int]:
+        grid = self.label_width + self.columns * (self.tile + _GAP) - _GAP
+        width = max(2 * _MARGIN + grid, self.min_width)
+        height = 2 * _MARGIN + self.header_height + self.rows * self.row_height + self.footer_height
+        return width, height
+
+    def tile_origin(self, row: int, column: int) -> tuple[int, int]:
+        """The top-left pixel (x, y) of the tile in `row`, `column`."""
+        if not (0 <= row < self.rows and 0 <= column < self.columns):
+            raise IndexError(f"no tile ({row}, {column}) in a {self.rows}x{self.columns} grid")
+        x = _MARGIN + self.label_width + column * (self.tile + _GAP)
+        y = _MARGIN + self.header_height + row * self.row_height
+        return x, y
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sheet:
+    """A rendered contact sheet and what is on it.
+
+    Attributes:
+      image: The RGB sheet.
+      layout: Its layout (`layout.tile_origin(row, column)`).
+      rows: Per row, the class label and the file names of its tiles.
+      notes: The footer lines.
+      scanned: Records scanned.
+    """
+
+    image: Image.Image
+    layout: _Layout
+    rows: tuple[tuple[int, tuple[str, ...]], ...]
+    notes: tuple[str, ...]
+    scanned: int
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be an integer. Received: {name}={value!r}")
+    if value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"`{name}` must be {allowed}. Received: {name}={value!r}")
+    return int(value)
+
+
+def _build_sheet(
+    data_dir,
+    split: str,
+    *,
+    per_class: int,
+    image_size: int,
+    seed: int,
+    max_classes: int,
+    max_records: int,
+    resize: str,
+) -> _Sheet:
+    per_class = _check_int("per_class", per_class, 1, _MAX_PER_CLASS)
+    image_size = _check_int("image_size", image_size, _MIN_IMAGE_SIZE, _MAX_IMAGE_SIZE)
+    seed = _check_int("seed", seed, 0)
+    max_classes = _check_int("max_classes", max_classes, 1)
+    max_records = _check_int("max_records", max_records, 1)
+    if resize not in preprocess.RESIZE_POLICIES:
+        raise ValueError(
+            f"`resize` must be one of {preprocess.RESIZE_POLICIES}. Received: resize={resize!r}"
+        )
+    split_files = load_split(data_dir, split)
+    manifest = load_manifest(data_dir)
+    names = manifest.class_names
+    counts = manifest.split(split).class_counts
+    num_shown = min(len(names), max_classes)
+    sample = _sample(
+        split_files, manifest, num_shown=num_shown, per_class=per_class, seed=seed,
+        max_records=max_records,
+    )
+    decoded = iter(_through_reader(
+        [r for rows in sample.records for r in rows], split_files, image_size, resize
+    ))
+    tiles = [[next(decoded) for _ in rows] for rows in sample.records]
+
+    not_found = [
+        c for c in range(num_shown) if len(tiles[c]) < min(per_class, counts[c])
+    ]
+    notes = []  # (text, colour)
+    if len(names) > num_shown:
+        notes.append((
+            f"{len(names) - num_shown:,} more classes not shown (--max_classes {max_classes}).",
+            _WARN,
+        ))
+    if not_found:
+        listed = ", ".join(names[c] for c in not_found[:5])
+        listed += ", …" if len(not_found) > 5 else ""
+        notes.append((
+            f"{len(not_found)} classes not (fully) found within the first {max_records:,} "
+            f"records scanned (--max_records): {listed}.",
+            _WARN,
+        ))
+    notes.append((
+        f"Scanned {sample.scanned:,} of {split_files.total_records:,} records in "
+        f"{sample.shards_read} of {len(split_files.paths)} shard files.",
+        _MUTED,
+    ))
+
+    title_font, name_font, small_font = _font(16), _font(14), _font(12)
+    caption_height = _line_height(small_font)
+    label_width = min(
+        max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
+    )
+    layout = _Layout(
+        tile=image_size,
+        columns=per_class,
+        rows=num_shown,
+        label_width=label_width,
+        caption_height=caption_height,
+        header_height=_line_height(title_font) + 2 * _line_height(small_font) + _GAP,
+        footer_height=_GAP + len(notes) * _line_height(small_font),
+        min_width=560,
+    )
+    sheet = Image.new("RGB", layout.size, _WHITE)
+    draw = ImageDraw.Draw(sheet)
+    width, height = layout.size
+    text_width = width - 2 * _MARGIN
+
+    y = _MARGIN
+    title = f"{os.fspath(data_dir)}: split '{split}'"
+    title = _fit(title_font, title, text_width, path=True)
+    draw.text((_MARGIN, y), title, font=title_font, fill=_INK)
+    y += _line_height(title_font)
+    header = (
+        f"{split_files.total_records:,} images in {len(names)} classes. Up to {per_class} "
+        f"per class, as the reader returns them:",
+        f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='uint8'; seed {seed}.",
+    )
+    for line in header:
+        draw.text((_MARGIN, y), _fit(small_font, line, text_width), font=small_font, fill=_MUTED)
+        y += _line_height(small_font)
+
+    rows = []
+    for c in range(num_shown):
+        x0, y0 = layout.tile_origin(c, 0)
+        name_width = label_width - _GAP
+        draw.text((_MARGIN, y0), _fit(name_font, names[c], name_width), font=name_font, fill=_INK)
+        info = f"label {c} · {counts[c]:,} image" + ("" if counts[c] == 1 else "s")
+        draw.text(
+            (_MARGIN, y0 + _line_height(name_font)), _fit(small_font, info, name_width),
+            font=small_font, fill=_MUTED,
+        )
+        for k in range(per_class):
+            x, y = layout.tile_origin(c, k)
+            if k < len(tiles[c]):
+                filename, pixels = tiles[c][k]
+                sheet.paste(Image.fromarray(pixels), (x, y))
+                caption = _fit(small_font, filename, image_size, path=True)
+                draw.text((x, y + image_size + 1), caption, font=small_font, fill=_INK)
+            else:
+                draw.rectangle((x, y, x + image_size - 1, y + image_size - 1), fill=_BLANK)
+        if counts[c] == 0:
+            message, color = "no images in this split", _MUTED
+        elif c in not_found and not tiles[c]:
+            message, color = f"not found in the first {max_records:,} records", _WARN
+        else:
+            message = None
+        if message:
+            x, y = layout.tile_origin(c, 0)
+            span = per_class * (image_size + _GAP) - _GAP - 2 * _GAP
+            draw.text(
+                (x + _GAP, y + image_size // 2 - _line_height(small_font) // 2),
+                _fit(small_font, message, span), font=small_font, fill=color,
+            )
+        rows.append((c, tuple(f for f, _ in tiles[c])))
+
+    y = height - _MARGIN - len(notes) * _line_height(small_font)
+    for note, color in notes:
+        draw.text((_MARGIN, y), _fit(small_font, note, text_width), font=small_font, fill=color)
+        y += _line_height(small_font)
+    return _Sheet(sheet, layout, tuple(rows), tuple(n for n, _ in notes), sample.scanned)
+
+
+def contact_sheet(
+    data_dir: str | os.PathLike,
+    split: str = "train",
+    *,
+    per_class: int = 6,
+    image_size: int = 128,
+    seed: int = 0,
+    max_classes: int = 20,
+    max_records: int = 5000,
+    resize: str = "stretch",
+) -> Image.Image:
+    """A contact sheet of a split: a few images per class, as the reader gives them.
+
+    Rows are classes in label order, labelled with the class name, its label
+    and its image count; each tile is an image exactly as
+    `image_dataset_from_tfrecords(..., image_size=(image_size, image_size),
+    resize=resize, dtype='uint8')` returns it, captioned with its file name.
+    Missing images leave grey tiles; the footer says what was left out.
+
+    Args:
+      data_dir: The dataset folder (local path or `tf.io.gfile` URL).
+      split: The split to show.
+      per_class: Images per class (columns), 1 to 100.
+      image_size: Side of the square tiles: the reader's output size, 16 to 1024.
+      seed: Picks the images (a non-negative integer); same seed, same sheet.
+      max_classes: Show the first this many classes in label order.
+      max_records: Scan at most this many records; classes not met by then
+        are named in the footer.
+      resize: The reader's resize policy, one of
+        `readers.preprocess.RESIZE_POLICIES`.
+
+    Returns:
+      The RGB sheet as a PIL image.
+
+    Raises:
+      TypeError, ValueError: If an argument is invalid (the message names it,
+        its allowed values and what was received), or the split is empty.
+      FileNotFoundError: If `data_dir` is not a finished shardsmith dataset.
+      schemas.ManifestError: If the dataset has no such split.
+    """
+    return _build_sheet(
+        data_dir, split, per_class=per_class, image_size=image_size, seed=seed,
+        max_classes=max_classes, max_records=max_records, resize=resize,
+    ).image
+
+
+# --- The count chart ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChartLayout:
+    """Where the count chart's rows and bars go; all sizes in pixels."""
+
+    classes: int
+    splits: int
+    label_width: int
+    row: int
+    header_height: int
+    footer_height: int
+    panel: int = 300
+    # Room after the longest bar for its count.
+    reserve: int = 60
+
+    @property
+    def bar_width(self) -> int:
+        """Length of the longest bar of a panel."""
+        return self.panel - self.reserve
+
+    @property
+    def size(self) -> tuple[int, int]:
+        width = 2 * _MARGIN + self.label_width + max(1, self.splits) * (self.panel + 2 * _GAP)
+        height = 2 * _MARGIN + self.header_height + self.classes * self.row + self.footer_height
+        return width, height
+
+    def row_top(self, row: int) -> int:
+        return _MARGIN + self.header_height + row * self.row
+
+    def bar_origin(self, panel: int, row: int) -> tuple[int, int]:
+        """(x, y) of the axis of `panel` in the middle of `row`; the bar starts at x + 1."""
+        x = _MARGIN + self.label_width + panel * (self.panel + 2 * _GAP) + _GAP
+        return x, self.row_top(row) + self.row // 2
+
+
+def _chart_layout(manifest: Manifest) -> _ChartLayout:
+    font = _font(12)
+    names = manifest.class_names[:_MAX_CHART_CLASSES]
+    return _ChartLayout(
+        classes=len(names),
+        splits=len(manifest.splits),
+        label_width=min(max([60] + [int(font.getlength(n)) + _GAP for n in names]), 240),
+        row=_line_height(font) + 4,
+        header_height=_line_height(_font(16)) + _line_height(font) + _GAP,
+        footer_height=_GAP + (len(manifest.class_names) > len(names)) * _line_height(font),
+    )
+
+
+def _count_chart(manifest: Manifest, title: str) -> Image.Image:
+    """Horizontal bars of images per class, one panel per split."""
+    layout = _chart_layout(manifest)
+    names = manifest.class_names[: layout.classes]
+    title_font, font = _font(16), _font(12)
+    width, height = layout.size
+    image = Image.new("RGB", layout.size, _WHITE)
+    draw = ImageDraw.Draw(image)
+    draw.text(
+        (_MARGIN, _MARGIN), _fit(title_font, title, width - 2 * _MARGIN, path=True),
+        font=title_font, fill=_INK,
+    )
+    for i, name in enumerate(names):
+        y = layout.row_top(i)
+        if i % 2:
+            draw.rectangle((_MARGIN, y, width - _MARGIN, y + layout.row - 1), fill=_STRIPE)
+        name = _fit(font, name, layout.label_width - _GAP)
+        draw.text((_MARGIN, y + 2), name, font=font, fill=_INK)
+    for p, (split, info) in enumerate(manifest.splits.items()):
+        counts = (info.class_counts or (0,) * len(manifest.class_names))[: layout.classes]
+        x0, _ = layout.bar_origin(p, 0)
+        top = layout.row_top(0)
+        heading = _fit(font, f"{split}: {info.num_records:,} images", layout.panel)
+        draw.text((x0, top - _line_height(font) - 2), heading, font=font, fill=_INK)
+        draw.line((x0, top, x0, top + layout.classes * layout.row - 1), fill=_MUTED)
+        largest = max(counts, default=0) or 1
+        for i, n in enumerate(counts):
+            y = layout.row_top(i)
+            length = max(1, round(layout.bar_width * n / largest)) if n else 0
+            if length:
+                draw.rectangle((x0 + 1, y + 3, x0 + length, y + layout.row - 4), fill=_BAR)
+            draw.text((x0 + length + 4, y + 2), f"{n:,}", font=font, fill=_INK if n else _WARN)
+    if len(manifest.class_names) > layout.classes:
+        note = f"{len(manifest.class_names) - layout.classes:,} more classes not shown."
+        y = layout.row_top(layout.classes) + _GAP
+        draw.text((_MARGIN, y), note, font=font, fill=_WARN)
+    return image
+
+
+def count_chart(data_dir: str | os.PathLike) -> Image.Image:
+    """Images per class in every split, as horizontal bars, from the manifest.
+
+    One panel per split, classes in label order (the first 1000), the count
+    written after each bar; zero counts in red.
+
+    Raises:
+      FileNotFoundError: If `data_dir` is not a finished shardsmith dataset.
+    """
+    manifest = load_manifest(data_dir)
+    return _count_chart(manifest, f"Images per class: {os.fspath(data_dir)}")
+
+
+# --- Command line -------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the options of `shardsmith preview` to `parser`."""
+    parser.add_argument("dataset_dir", help="Folder written by the converter.")
+    parser.add_argument("--split", default="train", help="Split to show (default: train).")
+    parser.add_argument(
+        "--output", default="preview.png",
+        help="Contact sheet PNG to write (default: preview.png). The class-count chart "
+        "goes beside it, as <name>_counts.png.",
+    )
+    parser.add_argument("--per_class", type=int, default=6, help="Images per class (default: 6).")
+    parser.add_argument(
+        "--image_size", type=int, default=128,
+        help="Tile side: the size the reader resizes to (default: 128).",
+    )
+    parser.add_argument(
+        "--resize", default="stretch", choices=preprocess.RESIZE_POLICIES,
+        help="The reader's resize policy (default: stretch).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Picks the images (default: 0).")
+    parser.add_argument(
+        "--max_classes", type=int, default=20,
+        help="Show the first this many classes in label order (default: 20).",
+    )
+    parser.add_argument(
+        "--max_records", type=int, default=5000,
+        help="Scan at most this many records to find images of every class (default: 5000).",
+    )
+
+
+def _counts_path(output: str) -> str:
+    root, _ = os.path.splitext(output)
+    return f"{root}_counts.png"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shardsmith preview`: writes the sheet and the chart, prints their paths.
+
+    Returns:
+      0 on success; 2 with a one-line error on stderr if the folder is not a
+      dataset, the split does not exist, or an option is invalid.
+    """
+    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # --help, or argparse's own usage error.
+        return int(e.code or 0)
+    counts_output = _counts_path(args.output)
+    try:
+        sheet = contact_sheet(
+            args.dataset_dir, args.split, per_class=args.per_class, image_size=args.image_size,
+            seed=args.seed, max_classes=args.max_classes, max_records=args.max_records,
+            resize=args.resize,
+        )
+        chart = count_chart(args.dataset_dir)
+        _save_png(sheet, args.output)
+        _save_png(chart, counts_output)
+    except (FileNotFoundError, ManifestError, ValueError, TypeError, tf.errors.OpError) as e:
+        message = " ".join(str(getattr(e, "message", None) or e).split())
+        print(f"{_PROG}: error: {message}", file=sys.stderr)
+        return 2
+    print(args.output)
+    print(counts_output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Metadata files that let TensorFlow Datasets read a shardsmith dataset as is.
+
+    builder = tfds.builder_from_directory("/data/pets")
+    ds = builder.as_dataset(split="train")  # {"image": uint8 [h, w, 3], "label": ..., ...}
+    ds = builder.as_dataset(split="train", as_supervised=True)  # (image, label)
+
+`tfds.builder_from_directory` reads any folder of TFRecord files of
+`tf.train.Example`s that holds (see https://www.tensorflow.org/datasets/external_tfrecord):
+
+- `dataset_info.json`: the protobuf JSON of a TFDS `DatasetInfo`: name,
+  version, file format, and per split the record count of every shard and a
+  file name template (`filepathTemplate`) that finds the shards. The template
+  `{SPLIT}-{SHARD_X_OF_Y}.tfrecord` names our shard files exactly, so they are
+  read where they are, without copies or renames.
+- `features.json`: the `tfds.features` that decode each Example key.
+- `<key>.labels.txt`: the class names of a `ClassLabel` feature, one a line.
+
+`tfds_files` writes their text from the manifest alone, by hand from those
+formats: producing them needs neither TFDS nor any data file, so the converter
+writes them with the manifest at no cost.
+
+How each record feature is exposed:
+
+- the image as `tfds.features.Image(shape=(None, None, 3), dtype=uint8)`.
+  TFDS decodes it with `tf.image.decode_image(channels=3)`, which reads every
+  image shardsmith stores (JPEG, 8- or 16-bit PNG, 1 to 4 channels): grey is
+  replicated to RGB, alpha dropped, 16-bit PNGs keep their high byte. These
+  are the pixels of the shardsmith reader with its defaults `color_mode='rgb'`
+  and `dtype='uint8'`, and the convention of TFDS's image classification
+  datasets, so TFDS models and pipelines work unchanged. Full 16-bit depth
+  or alpha needs `readers.image_dataset_from_tfrecords(dtype='uint16',
+  color_mode='rgba')`; the encoded bytes are not exposed raw, as TFDS users
+  expect decoded images.
+- the label as `tfds.features.ClassLabel` with the manifest's class names.
+- other bytes features (file name, format, extra string features) as
+  `tfds.features.Text`, int64 features as scalar int64 `tfds.features.Tensor`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from schemas.features import IMAGE, LABEL, ImageExampleSchema
+from schemas.manifest import Manifest, shard_filename
+
+__all__ = ["TFDS_DATASET_INFO_FILENAME", "TFDS_FEATURES_FILENAME", "TFDS_FILENAMES", "tfds_files"]
+
+TFDS_DATASET_INFO_FILENAME = "dataset_info.json"
+TFDS_FEATURES_FILENAME = "features.json"
+
+# TFDS's file name template for our shard names (`schemas.shard_filename`):
+# TFDS writes SHARD_X_OF_Y with at least 5 digits, as we do.
+_FILEPATH_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.tfrecord"
+# A TFDS dataset version; the data has no versions of its own.
+_VERSION = "1.0.0"
+_DATASET_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_SPLIT_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+
+_CLASS = "tensorflow_datasets.core.features."
+_IMAGE_FEATURE = {
+    "pythonClassName": _CLASS + "image_feature.Image",
+    "image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "3"]}},
+}
+_TEXT_FEATURE = {"pythonClassName": _CLASS + "text_feature.Text", "text": {}}
+_INT64_FEATURE = {
+    "pythonClassName": _CLASS + "tensor_feature.Tensor",
+    "tensor": {"dtype": "int64", "encoding": "none", "shape": {}},
+}
+
+
+def _labels_filename(key: str) -> str:
+    return f"{key}.labels.txt"
+
+
+# Every file `tfds_files` may write, for a new conversion to clear first.
+TFDS_FILENAMES = (TFDS_DATASET_INFO_FILENAME, TFDS_FEATURES_FILENAME, _labels_filename(LABEL.key))
+
+
+def _storable_names(names: tuple[str, ...]) -> bool:
+    """Whether TFDS reads the names back as written.
+
+    TFDS splits `<key>.labels.txt` at line breaks, strips each line and drops
+    empty ones.
+    """
+    return all(name and name == name.strip() and "\n" not in name for name in names)
+
+
+def _feature_json(spec_key: str, dtype: str, num_classes: int) -> dict[str, Any]:
+    if spec_key == IMAGE.key:
+        return _IMAGE_FEATURE
+    if spec_key == LABEL.key:
+        return {
+            "pythonClassName": _CLASS + "class_label_feature.ClassLabel",
+            "classLabel": {"numClasses": str(num_classes)},
+        }
+    return _TEXT_FEATURE if dtype == "bytes" else _INT64_FEATURE
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str, str]:
+    """The TFDS metadata files of a dataset, for `tfds.builder_from_directory`.
+
+    A pure function of the manifest: the same manifest gives the same text.
+    Write each file, UTF-8 encoded, into the dataset folder beside the shards.
+
+    Args:
+      manifest: The dataset's manifest.
+      dataset_name: The TFDS dataset name (`builder.info.name`): a letter,
+        then letters, digits or underscores.
+
+    Returns:
+      {file name: text}: `dataset_info.json`, `features.json` and
+      `<label key>.labels.txt`. The class names file is left out, and the
+      description says so, when a class name would not survive TFDS's format
+      (leading or trailing white space, a line break): TFDS then names the
+      classes '0', '1', ... Splits without records are left out (TFDS
+      cannot read an empty split); empty shards are described and skipped.
+
+    Raises:
+      ValueError: If `dataset_name` is not a valid TFDS name, or if the
+        manifest's schema, split names or shard file names cannot be
+        described to TFDS (not a dataset this shardsmith wrote).
+    """
+    if not isinstance(dataset_name, str) or not _DATASET_NAME_RE.fullmatch(dataset_name):
+        raise ValueError(
+            "`dataset_name` must be a letter followed by letters, digits or "
+            f"underscores. Received: dataset_name={dataset_name!r}"
+        )
+    schema = ImageExampleSchema.from_json(manifest.features)
+    class_names = tuple(manifest.class_names)
+
+    splits = []
+    for name, info in manifest.splits.items():
+        if info.num_records == 0:
+            # TFDS lists an empty split but fails to read it; leaving it out
+            # makes `as_dataset` name the splits there are instead.
+            continue
+        if not _SPLIT_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"Split name {name!r} cannot be described to TFDS: it takes letters, "
+                "digits, '_' and '-'."
+            )
+        for index, shard in enumerate(info.shards):
+            expected = shard_filename(name, index, len(info.shards))
+            if shard.file != expected:
+                raise ValueError(
+                    f"Shard {index} of split {name!r} is {shard.file!r}; TFDS's file "
+                    f"template {_FILEPATH_TEMPLATE!r} names it {expected!r}."
+                )
+        splits.append(
+            {
+                "filepathTemplate": _FILEPATH_TEMPLATE,
+                "name": name,
+                # Protobuf JSON writes int64 fields as strings.
+                "numBytes": str(info.num_bytes),
+                "shardLengths": [str(s.num_records) for s in info.shards],
+            }
+        )
+
+    files = {}
+    description = (
+        f"Images converted by shardsmith {manifest.tool_version} (record schema "
+        f"v{manifest.schema_version}), {len(class_names)} classes. "
+        f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
+        "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
+    )
+    if _storable_names(class_names):
+        files[_labels_filename(LABEL.key)] = "".join(f"{n}\n" for n in class_names)
+    else:
+        description += (
+            f" Class names are not stored for TFDS (one has leading or trailing white "
+            f"space or a line break): '{LABEL.key}' indexes class_names in manifest.json."
+        )
+
+    files[TFDS_DATASET_INFO_FILENAME] = _dumps(
+        {
+            "name": dataset_name,
+            "version": _VERSION,
+            "description": description,
+            "fileFormat": "tfrecord",
+            "splits": splits,
+            "supervisedKeys": {
+                "tuple": {"items": [{"featureKey": IMAGE.key}, {"featureKey": LABEL.key}]}
+            },
+        }
+    )
+    files[TFDS_FEATURES_FILENAME] = _dumps(
+        {
+            "pythonClassName": _CLASS + "features_dict.FeaturesDict",
+            "featuresDict": {
+                "features": {
+                    spec.key: _feature_json(spec.key, spec.dtype, len(class_names))
+                    for spec in schema.features
+                }
+            },
+        }
+    )
+    return files
