@@ -9,6 +9,8 @@ The lower-level pieces live in `readers.metadata` (manifest and shard files),
 (resize policies, augmentation, output dtype).
 """
 
+# First: TensorFlow is imported once, the cheap way (see schemas/_tf.py).
+from schemas import _tf  # noqa: F401  isort: skip
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
 from readers.distributed import distributed_dataset, make_dataset_fn
 from readers.metadata import load_manifest

@@ -13,8 +13,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import tensorflow as tf
 from google.protobuf import message
+
+from schemas._tf import tf
 
 __all__ = [
     "SCHEMA_VERSION",
