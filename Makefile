@@ -20,6 +20,8 @@ help:
 	@echo "make convert INPUT=DIR OUTPUT=DIR [ARGS='--split train=0.8,validation=0.2']"
 	@echo "make verify OUTPUT=DIR   re-read and check every record of a dataset"
 	@echo "make bench     run the benchmarks in bench/"
+	@echo "make cluster-up / cluster-down   a local Dask cluster (DASK_WORKERS=2)"
+	@echo "make convert-dataflow PROJECT=... BUCKET=... INPUT=gs://... OUTPUT=gs://..."
 
 venv: $(STAMP)
 
@@ -56,3 +58,54 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build .pytest_cache
+
+# A local Dask cluster for `--runner DaskRunner` (see README).
+DASK_DIR := build/dask
+DASK_PORT ?= 8786
+DASK_WORKERS ?= 2
+DASK_THREADS ?= 1
+DASK_ADDRESS := tcp://127.0.0.1:$(DASK_PORT)
+
+.PHONY: cluster-up cluster-down
+
+cluster-up: $(STAMP)
+	@mkdir -p $(DASK_DIR)
+	@! $(PY) -c 'import socket; socket.create_connection(("127.0.0.1", $(DASK_PORT)), 1)' 2>/dev/null \
+	    || { echo "port $(DASK_PORT) is taken: make cluster-down, or DASK_PORT=..."; exit 1; }
+	$(VENV)/bin/dask scheduler --host 127.0.0.1 --port $(DASK_PORT) --no-dashboard \
+	    --scheduler-file $(DASK_DIR)/scheduler.json > $(DASK_DIR)/scheduler.log 2>&1 & echo $$! > $(DASK_DIR)/scheduler.pid
+	for i in $$(seq $(DASK_WORKERS)); do \
+	  DASK_LOGGING__SHARDSMITH=info $(VENV)/bin/dask worker $(DASK_ADDRESS) --host 127.0.0.1 \
+	    --nworkers 1 --nthreads $(DASK_THREADS) --no-dashboard --local-directory $(DASK_DIR)/worker$$i \
+	    > $(DASK_DIR)/worker$$i.log 2>&1 & echo $$! > $(DASK_DIR)/worker$$i.pid; \
+	done
+	$(PY) -c 'from distributed import Client; Client("$(DASK_ADDRESS)", timeout=60).wait_for_workers($(DASK_WORKERS), timeout=120)'
+	@echo "Dask cluster up at $(DASK_ADDRESS), logs in $(DASK_DIR). Convert on it with:"
+	@echo "  make convert INPUT=... OUTPUT=... ARGS='--runner DaskRunner --dask_client_address $(DASK_ADDRESS)'"
+
+cluster-down:
+	-@test ! -f $(DASK_DIR)/scheduler.pid || $(PY) -c 'from distributed import Client; \
+	    Client("$(DASK_ADDRESS)", timeout=5).shutdown()' 2>/dev/null
+	-@for f in $(DASK_DIR)/*.pid; do test -f $$f && kill $$(cat $$f) 2>/dev/null; done; true
+	rm -rf $(DASK_DIR)
+
+# Conversion on Google Cloud Dataflow (see README).
+PROJECT ?=
+REGION ?= us-central1
+BUCKET ?=
+DATAFLOW_REQUIREMENTS := build/dataflow-requirements.txt
+
+.PHONY: convert-dataflow
+
+$(DATAFLOW_REQUIREMENTS): setup.py $(STAMP)
+	@mkdir -p $(dir $@)
+	$(PY) -c 'import importlib.metadata as m; print("\n".join(sorted(r.split(";")[0].strip() for r in m.requires("shardsmith") if "extra == \"dicom\"" in r)))' > $@
+
+convert-dataflow: $(STAMP) $(DATAFLOW_REQUIREMENTS)
+	@test -n "$(PROJECT)" -a -n "$(BUCKET)" -a -n "$(INPUT)" -a -n "$(OUTPUT)" || { echo \
+	    "usage: make convert-dataflow PROJECT=my-project BUCKET=my-bucket INPUT=gs://.../images OUTPUT=gs://.../dataset [REGION=us-central1] [ARGS=...]"; exit 2; }
+	$(PY) -m beam_jobs.convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
+	    --runner DataflowRunner --project $(PROJECT) --region $(REGION) \
+	    --temp_location gs://$(BUCKET)/tmp --staging_location gs://$(BUCKET)/staging \
+	    --setup_file $(CURDIR)/setup.py --requirements_file $(DATAFLOW_REQUIREMENTS) \
+	    --experiments=upload_graph $(ARGS)

@@ -33,18 +33,29 @@ setuptools.setup(
         "numpy",
         "pillow>=10.1",
         "google-crc32c>=1.5",
+        "protobuf",
+        # DICOM files are read with pydicom (pure Python); the codecs for
+        # compressed DICOM come with the `dicom` extra.
+        "pydicom>=3.0",
     ],
     extras_require={
         "dicom": [
-            "pydicom>=3.0",
             "pylibjpeg>=2.0",
             "pylibjpeg-libjpeg>=2.1",
             "pylibjpeg-openjpeg>=2.3",
             "pylibjpeg-rle>=2.0",
         ],
+        # Beam's Dask runner bound; `--runner DaskRunner` on a dask.distributed cluster.
+        "dask": ["dask[distributed]>=2024.4.2"],
+        # Real Google Cloud Storage and Dataflow submission.
+        "gcp": ["apache-beam[gcp]"],
         "demo": ["scikit-image>=0.22"],
         "test": [
             "pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis", "tensorflow-datasets>=4.9",
+            "dask[distributed]>=2024.4.2",
+            # A GCS emulator on loopback, and the light client Beam's GCS I/O needs.
+            "gcp-storage-emulator", "google-cloud-storage>=2.18.2,<4",
+            "google-auth-httplib2>=0.1.0,<0.3.0",
         ],
         "bench": ["psutil", "scikit-image>=0.22"],
     },

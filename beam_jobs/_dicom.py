@@ -39,11 +39,11 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.errors import BytesLengthException, InvalidDicomError
 from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, apply_modality_lut, convert_color_space, get_decoder
-from pydicom.pixels.utils import get_nr_frames
 
-from beam_jobs._images import ImageRejected
+from beam_jobs._errors import ImageRejected
 
 __all__ = [
+    "is_keyword",
     "IDENTIFYING_TAGS",
     "DicomOptions",
     "DicomFrame",
@@ -141,17 +141,23 @@ _PREFERRED_PLUGIN = "pylibjpeg"
 # unparsable values and pixel data of the wrong length; AttributeError for
 # missing required elements; TypeError for values of the wrong kind;
 # NotImplementedError for layouts it does not handle; RuntimeError when every
-# decoding plugin fails; zlib.error for damaged deflated data. KeyError and
-# IndexError come from empty or malformed sequences (LUTs, functional groups).
+# decoding plugin fails; zlib.error for damaged deflated data.
 _PYDICOM_ERRORS = (
     InvalidDicomError, BytesLengthException, OSError, struct.error, zlib.error, ValueError,
-    AttributeError, TypeError, KeyError, IndexError, NotImplementedError, RuntimeError,
+    AttributeError, TypeError, NotImplementedError, RuntimeError,
 )
 
 # Photometric interpretations.
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
 _YBR_TO_CONVERT = ("YBR_FULL", "YBR_FULL_422")
 _PALETTE = "PALETTE COLOR"
+
+_J2K_SYNTAXES = frozenset({
+    dicom_uid.JPEG2000Lossless, dicom_uid.JPEG2000, dicom_uid.HTJ2KLossless,
+    dicom_uid.HTJ2KLosslessRPCL, dicom_uid.HTJ2K,
+})
+# A JP2 file's first box: length 12, type 'jP  ' (ISO/IEC 15444-1 I.5.1).
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  "
 
 # The elements every image needs before its pixels can be decoded.
 _IMAGE_PIXEL_ELEMENTS = ("Rows", "Columns", "BitsAllocated", "PhotometricInterpretation")
@@ -259,8 +265,8 @@ class DicomFrame:
       tags: The requested `DicomOptions.tags`, as strings ('' when absent;
         values of multi-valued elements joined with a backslash, as in DICOM).
       provenance: What was applied, JSON-serialisable:
-        rescale: {'slope', 'intercept'} or None;
-        modality_lut: True when a Modality LUT Sequence was applied;
+        rescale: {'slope', 'intercept'} or None (no Rescale elements);
+        modality_lut: True when a Modality LUT Sequence was applied instead;
         window: {'center', 'width', 'function', 'source'} or None for colour
           images; source is 'cli', 'file', 'file_first_of_n' (the file lists
           several windows, the first was used), 'voi_lut' (center and width
@@ -478,7 +484,7 @@ def _decode(data: bytes, name: str, options: DicomOptions) -> list[DicomFrame]:
         rows, cols = int(ds.Rows), int(ds.Columns)
         if rows < 1 or cols < 1:
             raise ImageRejected("corrupt", f"{name} has an empty size {cols}x{rows}")
-        num_frames = get_nr_frames(ds, warn=False)
+        num_frames = _num_frames(ds, name)
         indices = _frame_indices(num_frames, options.frames)
         pixels = rows * cols * len(indices)
         if pixels > options.max_pixels:
@@ -488,6 +494,8 @@ def _decode(data: bytes, name: str, options: DicomOptions) -> list[DicomFrame]:
                 f"than --max_pixels={options.max_pixels:,}",
             )
         decoder = _decoder_for(ts, name)
+        if ts in _J2K_SYNTAXES:
+            _check_jp2_boxes(ds.PixelData, name)
         tags = {k: _tag_string(ds, k) for k in options.tags}
         photometric = str(ds.PhotometricInterpretation).strip().upper()
         base = {
@@ -547,13 +555,40 @@ def _decoder_for(ts: dicom_uid.UID, name: str):
             f"{name} uses transfer syntax {ts.name} ({ts}), which pydicom cannot decode",
         ) from None
     if not decoder.is_available:
-        raise ImageRejected("unsupported_codec", f"{name} uses {ts.name}; {_install_hint(ts)}")
+        raise ImageRejected(
+            "unsupported_codec",
+            f"{name} uses {ts.name}, which no installed decoder reads; {_install_hint(ts)}",
+        )
     return decoder
+
+
+def _check_jp2_boxes(pixel_data: bytes, name: str) -> None:
+    """Rejects JP2-wrapped frames whose box walk would never end.
+
+    pydicom 3.0 reads a frame's JP2 header (`get_j2k_parameters`) by hopping
+    from box to box by each box's length until the codestream box; a box of
+    length 0 that is not the codestream makes it loop forever, hanging the
+    worker. The same walk is done here, over the whole Pixel Data (a
+    superset of each frame), and stops at the first such box.
+    """
+    start = pixel_data.find(_JP2_SIGNATURE)
+    while start != -1:
+        offset = start + 12  # After the 12-byte signature box, as pydicom walks.
+        while offset < len(pixel_data):
+            length = int.from_bytes(pixel_data[offset:offset + 4], "big")
+            if pixel_data[offset + 4:offset + 8] == b"jp2c":
+                break
+            if length == 0:
+                raise ImageRejected(
+                    "corrupt", f"{name}: a JPEG 2000 (JP2) header box has length 0 before the codestream"
+                )
+            offset += length
+        start = pixel_data.find(_JP2_SIGNATURE, start + 1)
 
 
 def _install_hint(ts: dicom_uid.UID) -> str:
     packages = _CODEC_PACKAGES.get(ts, "pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
-    return f"no installed decoder reads it: pip install 'shardsmith[dicom]' (or: pip install {packages})"
+    return f"pip install 'shardsmith[dicom]' (or: pip install {packages})"
 
 
 def _decode_frame(decoder, ds: Dataset, index: int, name: str):
@@ -576,7 +611,7 @@ def _decode_frame(decoder, ds: Dataset, index: int, name: str):
             raise ImageRejected(
                 "unsupported_codec",
                 f"{name}: the installed decoders ({', '.join(decoder.available_plugins)}) "
-                f"failed on {ts.name} ({_short(e)}); {_install_hint(ts)}",
+                f"failed on {ts.name} ({_short(e)}); for the full decoder, {_install_hint(ts)}",
             ) from e
         raise ImageRejected("corrupt", f"{name}: cannot decode {ts.name} pixel data ({_short(e)})") from e
 
@@ -608,14 +643,17 @@ def _render(arr, meta, ds, index, options, photometric, provenance, name):
         rgb = arr
         bits = int(meta.get("bits_stored", 8))
     else:
+        # A known interpretation with the wrong number of samples is
+        # inconsistent; an unknown one (retired ARGB, CMYK, ...) unsupported.
+        known = photometric in _MONOCHROME + _YBR_TO_CONVERT + ("RGB", _PALETTE)
         raise ImageRejected(
-            "corrupt" if photometric in _MONOCHROME + ("RGB", _PALETTE) + _YBR_TO_CONVERT else "unsupported_codec",
+            "corrupt" if known else "unsupported_codec",
             f"{name} has photometric interpretation {photometric} with {samples} sample(s) per pixel",
         )
     if bits > 8:
         # Full scale of the stored bits maps to 255, e.g. 16-bit 65535 -> 255.
         rgb = np.floor(rgb.astype(np.float64) * (255.0 / (2**bits - 1)) + 0.5)
-    provenance.update(rescale=None, window=None, inverted=False, bit_depth=8)
+    provenance.update(rescale=None, modality_lut=False, window=None, inverted=False, bit_depth=8)
     if options.bit_depth != 8:
         provenance["bit_depth_requested"] = options.bit_depth
     return np.clip(rgb, 0, 255).astype(np.uint8), 3
@@ -623,24 +661,22 @@ def _render(arr, meta, ds, index, options, photometric, provenance, name):
 
 def _render_grey(arr, ds, index, options, photometric, provenance):
     """Modality LUT, VOI, MONOCHROME1 inversion, then scaling to the output depth."""
-    provenance["color_conversion"] = None
+    provenance.update(color_conversion=None, rescale=None, modality_lut=False)
     if "PixelData" not in ds:
         # Float pixel data holds real values already; no Modality LUT applies.
         values = np.nan_to_num(arr.astype(np.float64))
-        provenance["rescale"] = None
     elif ds.get("ModalityLUTSequence"):
         values = apply_modality_lut(arr, ds).astype(np.float64)
-        provenance["rescale"] = None
         provenance["modality_lut"] = True
     else:
         slope = _frame_value(ds, index, "PixelValueTransformationSequence", "RescaleSlope")
         intercept = _frame_value(ds, index, "PixelValueTransformationSequence", "RescaleIntercept")
         values = arr.astype(np.float64)
-        if slope is None and intercept is None:
-            provenance["rescale"] = None
-        else:
-            slope = 1.0 if slope is None else float(slope)
-            intercept = 0.0 if intercept is None else float(intercept)
+        if slope not in (None, "") or intercept not in (None, ""):
+            # A value that is present but not a number leaves the pixels'
+            # meaning unknown: float() raises ValueError and the file is corrupt.
+            slope = 1.0 if slope in (None, "") else float(slope)
+            intercept = 0.0 if intercept in (None, "") else float(intercept)
             values = values * slope + intercept
             provenance["rescale"] = {"slope": slope, "intercept": intercept}
 
@@ -670,13 +706,17 @@ def _voi(values, ds, index, options):
     if function not in ("LINEAR", "LINEAR_EXACT", "SIGMOID"):
         function = "LINEAR"
     if centers and widths:
-        center, width = float(centers[0]), float(widths[0])
+        center, width = _to_float(centers[0]), _to_float(widths[0])
         # PS3.3 C.11.2.1.2: width >= 1 for LINEAR, > 0 otherwise; a file
-        # breaking that gets the next VOI source rather than a blank image.
-        if math.isfinite(center) and math.isfinite(width) and width >= (1 if function == "LINEAR" else 1e-9):
+        # breaking that (or with a non-numeric value) gets the next VOI
+        # source rather than a blank image or a reject.
+        if (
+            center is not None and width is not None
+            and math.isfinite(center) and math.isfinite(width)
+            and width >= (1 if function == "LINEAR" else 1e-9)
+        ):
             source = "file" if len(centers) == 1 and len(widths) == 1 else "file_first_of_n"
             return _window(values, center, width, function), _window_info(center, width, function, source)
-        _LOG.debug("Ignoring invalid window center=%s width=%s", center, width)
 
     lut = ds.get("VOILUTSequence")
     if lut:
@@ -763,12 +803,31 @@ def _frame_value(ds: Dataset, index: int, sequence: str, keyword: str, multi: bo
     return value
 
 
+def _to_float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _as_list(value) -> list:
     if value is None or value == "":
         return []
     if isinstance(value, (list, MultiValue, tuple)):
         return [v for v in value if v is not None and v != ""]
     return [value]
+
+
+def _num_frames(ds: Dataset, name: str) -> int:
+    value = ds.get("NumberOfFrames")
+    if value is None or value == "":
+        return 1
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise ImageRejected("corrupt", f"{name}: NumberOfFrames {value!r} is not a whole number") from None
+    # pydicom reads 0 (or less) as 1 too.
+    return max(count, 1)
 
 
 def _frame_indices(num_frames: int, frames: str) -> list[int]:
@@ -830,3 +889,8 @@ def _short(e: BaseException) -> str:
     """An exception as one line, for reject messages."""
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
     return (text or type(e).__name__)[:300]
+
+
+def is_keyword(keyword: str) -> bool:
+    """Whether `keyword` names a DICOM data element (e.g. 'PatientID')."""
+    return isinstance(keyword, str) and tag_for_keyword(keyword) is not None

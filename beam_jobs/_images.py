@@ -17,9 +17,14 @@ import dataclasses
 import io
 import struct
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from beam_jobs import _dicom
+from beam_jobs._errors import ImageRejected
 
 __all__ = ["ImageRejected", "ValidImage", "ImageValidator", "sniff_format"]
 
@@ -35,20 +40,6 @@ _EXIF_ORIENTATION = 0x0112
 _JPEG_QUALITY = 95
 
 
-class ImageRejected(Exception):
-    """An input that cannot become a record, with a reason code.
-
-    Attributes:
-      reason: A key of `schemas.REJECT_REASONS`.
-      message: A human-readable explanation.
-    """
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
-
-
 @dataclasses.dataclass(frozen=True)
 class ValidImage:
     """An image ready to be stored.
@@ -60,6 +51,10 @@ class ValidImage:
       source_format: What the input was ('jpeg', 'png', 'gif', 'tiff', ...).
       actions: Normalisations applied, e.g. ('exif_transpose',); empty when the
         original bytes are stored.
+      frame: For one frame of a multi-frame file kept with every frame, its
+        index (the record's filename says which frame); otherwise None.
+      tags: Requested DICOM tags as strings (keyword to value).
+      details: What a conversion applied, JSON-safe (DICOM provenance).
     """
 
     data: bytes
@@ -69,6 +64,9 @@ class ValidImage:
     channels: int
     source_format: str
     actions: tuple[str, ...] = ()
+    frame: int | None = None
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    details: Mapping[str, Any] | None = None
 
 
 def sniff_format(head: bytes) -> str | None:
@@ -112,21 +110,51 @@ class ImageValidator:
         at 1/8 scale, which still reads and checks every entropy-coded byte
         (a truncated or damaged stream fails the same way) at a fraction of
         the cost.
+      dicom: How DICOM files are rendered (`_dicom.DicomOptions`); None for
+        the defaults.
     """
 
-    def __init__(self, *, max_pixels: int, background=(255, 255, 255), full_decode=False):
+    def __init__(self, *, max_pixels: int, background=(255, 255, 255), full_decode=False,
+                 dicom: _dicom.DicomOptions | None = None):
         import tensorflow as tf  # Heavy: imported where a worker builds the validator.
 
         self._tf = tf
         self._max_pixels = max_pixels
         self._background = tuple(background)
         self._jpeg_ratio = 1 if full_decode else 8
+        self._dicom = dicom or _dicom.DicomOptions(max_pixels=max_pixels)
         # We check the pixel count ourselves, against the user's limit, before
         # decoding; Pillow's own guard would fire on a different number.
         Image.MAX_IMAGE_PIXELS = None
 
+    def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
+        """Checks one file's bytes; a multi-frame DICOM file may give several images.
+
+        Raises:
+          ImageRejected: With the reason the file cannot be stored.
+        """
+        if data and (sniff_format(data[:132]) == "dicom" or _dicom.is_dicom(data[:1024])):
+            return self._dicom_frames(data, name)
+        return [self.validate(data, name)]
+
+    def _dicom_frames(self, data: bytes, name: str) -> list[ValidImage]:
+        out = []
+        all_frames = self._dicom.frames == "all"
+        for frame in _dicom.decode_dicom(data, name, self._dicom):
+            try:
+                checked = self._checked(frame.png, "dicom", ("dicom_to_png",), name)
+            except self._tf.errors.OpError as e:
+                raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+            out.append(dataclasses.replace(
+                checked,
+                frame=frame.frame if all_frames and frame.num_frames > 1 else None,
+                tags=dict(frame.tags),
+                details=frame.provenance,
+            ))
+        return out
+
     def validate(self, data: bytes, name: str) -> ValidImage:
-        """Checks one file's bytes.
+        """Checks one file's bytes (one image; see `validate_all` for DICOM).
 
         Args:
           data: The whole file.
@@ -141,11 +169,11 @@ class ImageValidator:
         if not data:
             raise ImageRejected("empty_file", f"{name} has zero bytes")
         fmt = sniff_format(data[:132])
-        if fmt == "dicom":
-            raise ImageRejected(
-                "unsupported_codec",
-                f"{name} is a DICOM file; DICOM conversion needs shardsmith's DICOM support",
-            )
+        if fmt == "dicom" or _dicom.is_dicom(data[:1024]):
+            frames = self._dicom_frames(data, name)
+            if len(frames) != 1:
+                raise ValueError(f"{name} has {len(frames)} frames: use validate_all")
+            return frames[0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:

@@ -139,13 +139,14 @@ def _walk_local(root: str):
 
 def _list_remote(root: str):
     root = root.rstrip("/")
-    if not FileSystems.exists(root + "/"):
-        matched = FileSystems.match([root + "/*"], limits=[1])[0].metadata_list
-        if not matched:
-            raise FileNotFoundError(f"--input_dir {root!r} does not exist or is empty.")
+    # Object stores (gs://, s3://) have no folders: the root is a prefix of
+    # object names, and a class tree has no object directly under it.
+    found = FileSystems.match([root + "/**"])[0].metadata_list
+    if not found:
+        raise FileNotFoundError(f"--input_dir {root!r} does not exist or is empty.")
     files: list[InputFile] = []
     problems: list[Problem] = []
-    for meta in FileSystems.match([root + "/**"])[0].metadata_list:
+    for meta in found:
         rel_path = meta.path[len(root) + 1:]
         if not rel_path or rel_path.endswith("/"):
             continue  # Folder placeholder objects.

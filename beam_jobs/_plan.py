@@ -11,6 +11,7 @@ stable hashes of the relative path, so:
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import hashlib
@@ -82,6 +83,8 @@ class Plan:
       num_found: Every input: what the listing found (files and problems)
         and the labels CSV rows that name no file.
       split_source: 'folders', 'csv' or 'hash'.
+      groups: With --group_by: per split, the sorted hashes of its groups
+        (values are hashed so that no patient identifier is stored).
     """
 
     files: tuple[PlannedFile, ...]
@@ -90,6 +93,7 @@ class Plan:
     shard_counts: Mapping[str, int]
     num_found: int
     split_source: str
+    groups: Mapping[str, tuple[str, ...]] | None = None
 
 
 def read_labels_csv(text: str, source: str) -> dict[str, tuple[str, str | None]]:
@@ -191,6 +195,7 @@ def make_plan(
     num_shards: int | None = None,
     target_shard_bytes: int,
     min_shards: int,
+    groups: Mapping[str, str] | None = None,
 ) -> Plan:
     """Assigns every listed file a label, a split and a shard.
 
@@ -207,6 +212,9 @@ def make_plan(
       target_shard_bytes: Shard size to aim for when num_shards is None.
       min_shards: Fewest shards a split gets (when it has enough records), so
         that readers can interleave files in parallel.
+      groups: Relative path to group (e.g. a PatientID), for hash splitting:
+        every file of a group lands in the same split. Files without a group
+        are their own group.
 
     Returns:
       The plan.
@@ -264,7 +272,8 @@ def make_plan(
             ))
             continue
         if ratios is not None:
-            split = _hash_split(seed, f.rel_path, ratios)
+            key = f.rel_path if groups is None or f.rel_path not in groups else "group:" + groups[f.rel_path]
+            split = _hash_split(seed, key, ratios)
             if split is None:
                 problems.append(Problem(f.rel_path, "not_in_split", "hashed into no split"))
                 continue
@@ -298,6 +307,19 @@ def make_plan(
             ))
     planned.sort()
     problems.sort(key=lambda p: os.fsencode(p.rel_path))
+    group_ids = None
+    if groups is not None:
+        if ratios is None:
+            raise ValueError(
+                "--group_by decides splits by hashing each group, so it needs hash splits "
+                "(--split ...), not split folders or the CSV's split column."
+            )
+        per_split = collections.defaultdict(set)
+        for f in planned:
+            if f.rel_path in groups:
+                digest = hashlib.sha256(f"{seed}\0{groups[f.rel_path]}".encode()).hexdigest()[:16]
+                per_split[f.split].add(digest)
+        group_ids = {split: tuple(sorted(per_split.get(split, ()))) for split in shard_counts}
     return Plan(
         files=tuple(planned),
         problems=tuple(problems),
@@ -305,6 +327,7 @@ def make_plan(
         shard_counts=shard_counts,
         num_found=num_found,
         split_source=split_source,
+        groups=group_ids,
     )
 
 

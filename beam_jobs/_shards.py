@@ -50,6 +50,8 @@ class ShardResult:
     class_counts: tuple[int, ...]
     index_file: str
     index_sha256: str
+    # Input files that gave records (a multi-frame DICOM file gives several).
+    num_sources: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +82,7 @@ class WriteShardFn(beam.DoFn):
 
     Input: ((split, shard_index), iterable of PlannedFile).
     Main output: ShardResult. Tagged outputs: REJECTED (Reject) and
-    NORMALIZED ((rel_path, source_format, actions)).
+    NORMALIZED ((record filename, source_format, actions, details or None)).
 
     After a shard and its index are renamed into place, a small receipt with
     everything the manifest needs from the shard is saved in the temporary
@@ -92,12 +94,14 @@ class WriteShardFn(beam.DoFn):
     NORMALIZED = "normalized"
 
     def __init__(self, *, output_dir, num_classes, total_shards, max_pixels, background, full_decode,
-                 resume=False):
+                 resume=False, dicom=None):
         # Plain values only: the DoFn is pickled to every worker.
         self._output_dir = output_dir
         self._num_classes = num_classes
         self._total_shards = total_shards
-        self._validator_args = dict(max_pixels=max_pixels, background=background, full_decode=full_decode)
+        self._validator_args = dict(max_pixels=max_pixels, background=background,
+                                    full_decode=full_decode, dicom=dicom)
+        self._tags = tuple(dicom.tags) if dicom is not None else ()
         self._resume = resume
         self._written = Metrics.counter(_NAMESPACE, "records_written")
         self._shards = Metrics.counter(_NAMESPACE, "shards_written")
@@ -106,6 +110,9 @@ class WriteShardFn(beam.DoFn):
 
     def setup(self):
         self._validator = ImageValidator(**self._validator_args)
+        self._schema = schemas.ImageExampleSchema(
+            extra_string_features=tuple(schemas.dicom_tag_key(t) for t in self._tags)
+        )
 
     def process(self, element):
         (split, index), files = element
@@ -139,6 +146,7 @@ class WriteShardFn(beam.DoFn):
         index_lines = []
         class_counts = [0] * self._num_classes
         rejects, normalized = [], []
+        num_sources = 0
         try:
             for f in files:
                 if f.duplicate_of is not None:
@@ -146,26 +154,32 @@ class WriteShardFn(beam.DoFn):
                                           + _listing.display_path(f.duplicate_of)))
                     continue
                 try:
-                    image = self._validator.validate(self._read(f), f.rel_path)
+                    images = self._validator.validate_all(self._read(f), f.rel_path)
                 except ImageRejected as e:
                     rejects.append(Reject(f.rel_path, e.reason, e.message))
                     continue
-                if image.actions:
-                    normalized.append((f.rel_path, image.source_format, tuple(image.actions)))
-                record = schemas.IMAGE_SCHEMA.encode(schemas.ImageRecord(
-                    image=image.data,
-                    label=f.label,
-                    filename=f.rel_path,
-                    format=image.format,
-                    height=image.height,
-                    width=image.width,
-                    channels=image.channels,
-                ))
-                framed = frame_record(record)
-                index_lines.append(f"{writer.num_bytes} {len(framed)}\n")
-                writer.write(framed)
-                class_counts[f.label] += 1
-                self._written.inc()
+                num_sources += 1
+                for image in images:
+                    # One record per kept frame: its filename says which.
+                    filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
+                    if image.actions:
+                        normalized.append((filename, image.source_format, tuple(image.actions),
+                                           image.details))
+                    record = self._schema.encode(schemas.ImageRecord(
+                        image=image.data,
+                        label=f.label,
+                        filename=filename,
+                        format=image.format,
+                        height=image.height,
+                        width=image.width,
+                        channels=image.channels,
+                        extra={schemas.dicom_tag_key(t): image.tags.get(t, "") for t in self._tags},
+                    ))
+                    framed = frame_record(record)
+                    index_lines.append(f"{writer.num_bytes} {len(framed)}\n")
+                    writer.write(framed)
+                    class_counts[f.label] += 1
+                    self._written.inc()
         except BaseException:
             writer.abort()
             raise
@@ -177,7 +191,7 @@ class WriteShardFn(beam.DoFn):
         self._shards.inc()
         result = ShardResult(
             split, index, files[0].num_shards, name, sum(class_counts), writer.num_bytes,
-            writer.sha256, tuple(class_counts), index_name, index_writer.sha256,
+            writer.sha256, tuple(class_counts), index_name, index_writer.sha256, num_sources,
         )
         return result, rejects, normalized
 
@@ -197,7 +211,7 @@ class WriteShardFn(beam.DoFn):
             "fingerprint": fingerprint,
             "result": dataclasses.asdict(result),
             "rejects": [dataclasses.astuple(r) for r in rejects],
-            "normalized": [[p, src, list(actions)] for p, src, actions in normalized],
+            "normalized": [[p, src, list(actions), details] for p, src, actions, details in normalized],
         }
         text = json.dumps(receipt, sort_keys=True, ensure_ascii=True)
         write_atomically(FileSystems.join(self._output_dir, TMP_DIRNAME, RECEIPTS_DIRNAME),
@@ -219,7 +233,7 @@ class WriteShardFn(beam.DoFn):
             if not FileSystems.exists(path) or hashlib.sha256(read_bytes(path)).hexdigest() != sha:
                 return None
         rejects = [Reject(*r) for r in receipt["rejects"]]
-        normalized = [(p, src, tuple(actions)) for p, src, actions in receipt["normalized"]]
+        normalized = [(p, src, tuple(actions), details) for p, src, actions, details in receipt["normalized"]]
         return result, rejects, normalized
 
     def _read(self, f):
@@ -271,15 +285,19 @@ class ImagesToTFRecords(beam.PTransform):
       dedup: Keep one file of each content (the smallest path); the copies
         are rejected as 'duplicate'. Only hashes and paths are grouped.
       resume: Keep shards an interrupted run finished (see `WriteShardFn`).
+      dicom: `_dicom.DicomOptions` for DICOM inputs; its tags become extra
+        string features of every record.
     """
 
     def __init__(self, *, output_dir, num_classes, total_shards, max_pixels,
-                 background=(255, 255, 255), full_decode=False, dedup=False, resume=False):
+                 background=(255, 255, 255), full_decode=False, dedup=False, resume=False,
+                 dicom=None):
         super().__init__()
         self._dedup = dedup
         self._fn = WriteShardFn(
             output_dir=output_dir, num_classes=num_classes, total_shards=total_shards,
             max_pixels=max_pixels, background=background, full_decode=full_decode, resume=resume,
+            dicom=dicom,
         )
 
     def expand(self, files):
@@ -304,8 +322,11 @@ class FinalizeFn(beam.DoFn):
     """Writes rejects.jsonl, normalized.jsonl, then manifest.json (last)."""
 
     def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
-                 max_reject_fraction):
+                 max_reject_fraction, features=None, extra=None):
         self._output_dir = output_dir
+        self._features = dict(features or schemas.IMAGE_SCHEMA.to_json())
+        # Further manifest sections known before the run (e.g. split groups).
+        self._extra = dict(extra or {})
         self._class_names = tuple(class_names)
         self._shard_counts = dict(shard_counts)
         self._num_found = num_found
@@ -322,12 +343,12 @@ class FinalizeFn(beam.DoFn):
         write_atomically(
             self._output_dir, schemas.NORMALIZED_FILENAME,
             "".join(
-                json.dumps({"path": _listing.display_path(p), "source_format": src,
-                            "actions": list(actions)}, sort_keys=True, ensure_ascii=False) + "\n"
-                for p, src, actions in normalized
+                json.dumps(_normalized_entry(p, src, actions, details), sort_keys=True,
+                           ensure_ascii=False) + "\n"
+                for p, src, actions, details in normalized
             ).encode(),
         )
-        written = sum(s.num_records for s in shards)
+        written = sum(s.num_sources for s in shards)
         kinds = collections.Counter(r.kind for r in rejects)
         counts = {
             "found": self._num_found,
@@ -356,17 +377,22 @@ class FinalizeFn(beam.DoFn):
                                   s.index_file, s.index_sha256)
                 for s in mine
             ))
-        actions = collections.Counter(a for _, _, acts in normalized for a in acts)
+        actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
+        extra = dict(self._extra)
+        dicom = _dicom_summary(normalized)
+        if dicom:
+            extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}
         manifest = schemas.Manifest(
             schema_version=schemas.SCHEMA_VERSION,
             tool_version=schemas.__version__,
-            features=schemas.IMAGE_SCHEMA.to_json(),
+            features=self._features,
             class_names=self._class_names,
             splits=splits,
             counts=counts,
             rejects=dict(sorted(collections.Counter(r.reason for r in rejects).items())),
             normalized=dict(sorted(actions.items())),
             options=self._options,
+            extra=extra,
         )
         keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
@@ -378,13 +404,45 @@ class FinalizeFn(beam.DoFn):
         yield manifest
 
 
+def _normalized_entry(path, source_format, actions, details) -> dict:
+    entry = {"path": _listing.display_path(path), "source_format": source_format,
+             "actions": list(actions)}
+    if details:
+        entry["details"] = details
+    return entry
+
+
+def _dicom_summary(normalized) -> dict:
+    """How many DICOM records got each rescale, window source, inversion and bit depth."""
+    counters = collections.defaultdict(collections.Counter)
+    for _, source_format, _, details in normalized:
+        if source_format != "dicom" or not details:
+            continue
+        window = details.get("window") or {}
+        counters["window_source"][window.get("source", "none (colour)")] += 1
+        counters["rescaled"][str(bool(details.get("rescale") or details.get("modality_lut")))] += 1
+        counters["inverted_monochrome1"][str(bool(details.get("inverted")))] += 1
+        counters["bit_depth"][str(details.get("bit_depth"))] += 1
+        counters["photometric"][str(details.get("photometric"))] += 1
+    return {name: dict(sorted(c.items())) for name, c in sorted(counters.items())}
+
+
 def problem_to_reject(p: _listing.Problem) -> Reject:
     return Reject(p.rel_path, p.reason, p.message)
 
 
 def delete_if_exists(path: str) -> None:
+    """Deletes a file, or a folder with everything in it, if it is there.
+
+    On object stores (gs://, s3://) a folder is only a prefix of object names:
+    no object has its name, so its objects are listed and deleted.
+    """
     if FileSystems.exists(path):
         FileSystems.delete([path])
+    elif not _listing.is_local(path):
+        inside = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
+        if inside:
+            FileSystems.delete([meta.path for meta in inside])
 
 
 def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:

@@ -27,6 +27,7 @@ of the dataset.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -35,12 +36,13 @@ import re
 import sys
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
 
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
-from beam_jobs import _listing, _plan, _runner, _shards
+from beam_jobs import _dicom, _listing, _plan, _runner, _shards
 from beam_jobs._progress import ProgressBar
 from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
 
@@ -99,6 +101,32 @@ class ConvertOptions(PipelineOptions):
             help="Validate JPEGs at full resolution instead of libjpeg's 1/8 scale.",
         )
         parser.add_argument(
+            "--group_by",
+            help="Keep groups in one split: dicom:PatientID, dicom:StudyInstanceUID (any DICOM "
+            "keyword), or regex:PATTERN over the relative path (its first group, else the match).",
+        )
+        parser.add_argument(
+            "--dicom_window",
+            help="CENTER,WIDTH applied to every greyscale DICOM image (e.g. 40,400); "
+            "default: the file's own window.",
+        )
+        parser.add_argument(
+            "--dicom_bit_depth", type=int, default=8,
+            help="8, or 16 to keep the windowed range in 16-bit PNGs.",
+        )
+        parser.add_argument(
+            "--dicom_frames", default="first",
+            help="Frames of multi-frame DICOM files to keep: first, middle or all (one record each).",
+        )
+        parser.add_argument(
+            "--dicom_tags",
+            help="Comma-separated DICOM keywords stored as string features, e.g. Modality,BodyPartExamined.",
+        )
+        parser.add_argument(
+            "--dicom_allow_identifying_tags", action="store_true",
+            help="Allow --dicom_tags that identify patients (PatientName, PatientID, ...).",
+        )
+        parser.add_argument(
             "--dedup", action="store_true",
             help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
         )
@@ -153,6 +181,8 @@ class ConversionConfig:
     max_reject_fraction: float = 0.1
     background: tuple[int, int, int] = (255, 255, 255)
     full_decode: bool = False
+    group_by: str | None = None
+    dicom: _dicom.DicomOptions = dataclasses.field(default_factory=_dicom.DicomOptions)
     dedup: bool = False
     overwrite: bool = False
     resume: bool = False
@@ -175,6 +205,25 @@ class ConversionConfig:
             )
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
             raise ValueError(f"--background must be R,G,B in 0-255. Received: {self.background}")
+        if self.group_by is not None:
+            kind, _, value = self.group_by.partition(":")
+            if kind not in ("dicom", "regex") or not value:
+                raise ValueError(
+                    "--group_by must be dicom:KEYWORD (e.g. dicom:PatientID) or regex:PATTERN. "
+                    f"Received: {self.group_by!r}"
+                )
+            if kind == "regex":
+                try:
+                    re.compile(value)
+                except re.error as e:
+                    raise ValueError(f"--group_by regex {value!r} does not compile: {e}.") from None
+            elif not _dicom.is_keyword(value):
+                raise ValueError(f"--group_by names {value!r}, which is not a DICOM keyword.")
+            if self.split_ratios is None:
+                raise ValueError(
+                    "--group_by keeps each group in one split chosen by hash, so it needs "
+                    "--split (e.g. --split train=0.8,validation=0.2)."
+                )
         if self.overwrite and self.resume:
             raise ValueError(
                 "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
@@ -202,6 +251,14 @@ class ConversionConfig:
             background = tuple(int(c) for c in o.background.split(","))
         except ValueError:
             raise ValueError(f"--background must be R,G,B in 0-255. Received: {o.background!r}") from None
+        dicom = _dicom.DicomOptions(
+            window=_dicom.parse_window(o.dicom_window) if o.dicom_window else None,
+            bit_depth=o.dicom_bit_depth,
+            frames=o.dicom_frames,
+            tags=tuple(t.strip() for t in o.dicom_tags.split(",")) if o.dicom_tags else (),
+            allow_identifying_tags=o.dicom_allow_identifying_tags,
+            max_pixels=o.max_pixels,
+        )
         return cls(
             input_dir=o.input_dir,
             output_dir=o.output_dir,
@@ -216,6 +273,8 @@ class ConversionConfig:
             max_reject_fraction=o.max_reject_fraction,
             background=background,
             full_decode=o.full_decode,
+            group_by=o.group_by,
+            dicom=dicom,
             dedup=o.dedup,
             overwrite=o.overwrite,
             resume=o.resume,
@@ -236,6 +295,13 @@ class ConversionConfig:
             "background": list(self.background),
             "validation": "full" if self.full_decode else "jpeg_scaled_1_8",
             "dedup": self.dedup,
+            "group_by": self.group_by,
+            "dicom": {
+                "window": list(self.dicom.window) if self.dicom.window else None,
+                "bit_depth": self.dicom.bit_depth,
+                "frames": self.dicom.frames,
+                "tags": list(self.dicom.tags),
+            },
             "labels": "csv" if self.labels_csv else "folders",
             "tool_version": schemas.__version__,
         }
@@ -268,6 +334,7 @@ class ConvertImages(beam.PTransform):
                 full_decode=config.full_decode,
                 dedup=config.dedup,
                 resume=config.resume,
+                dicom=config.dicom,
             )
         )
         listing_rejects = (
@@ -287,6 +354,10 @@ class ConvertImages(beam.PTransform):
                     num_found=plan.num_found,
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
+                    features=schemas.ImageExampleSchema(
+                        extra_string_features=tuple(schemas.dicom_tag_key(t) for t in config.dicom.tags)
+                    ).to_json(),
+                    extra=_group_section(plan, config),
                 ),
                 shards=beam.pvalue.AsList(written.shards),
                 rejects=beam.pvalue.AsList(rejects),
@@ -340,8 +411,10 @@ def build_plan(config: ConversionConfig) -> _plan.Plan:
             raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
         text = read_bytes(config.labels_csv).decode("utf-8-sig")
         labels_csv = _plan.read_labels_csv(text, config.labels_csv)
+    groups = _group_keys(files, config.group_by) if config.group_by else None
     plan = _plan.make_plan(
         files, problems,
+        groups=groups,
         seed=config.seed,
         split_ratios=config.split_ratios,
         labels_csv=labels_csv,
@@ -361,6 +434,52 @@ def build_plan(config: ConversionConfig) -> _plan.Plan:
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
     return plan
+
+
+def _group_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
+    if plan.groups is None:
+        return {}
+    return {"groups": {
+        "by": config.group_by,
+        "per_split": {split: {"count": len(ids), "sha256_16": list(ids)} for split, ids in plan.groups.items()},
+    }}
+
+
+def _group_keys(files, group_by: str) -> dict[str, str]:
+    """Relative path to group value, for the files that have one.
+
+    DICOM headers are read from the first 64 KiB of each file (the whole file
+    when the keyword lies further in), on a few threads: the work is I/O.
+    """
+    kind, _, value = group_by.partition(":")
+    if kind == "regex":
+        pattern = re.compile(value)
+        out = {}
+        for f in files:
+            m = pattern.search(f.rel_path)
+            if m:
+                out[f.rel_path] = m.group(1) if m.groups() else m.group(0)
+        return out
+
+    def read_key(f):
+        try:
+            with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+                head = fh.read(65536)
+                if not _dicom.is_dicom(head[:1024]):
+                    return f.rel_path, None
+                key = _dicom.read_group_value(head, value)
+                if key is None and f.size > len(head):
+                    key = _dicom.read_group_value(head + fh.read(), value)
+        except OSError:
+            return f.rel_path, None  # The shard writer reads it again and says why.
+        return f.rel_path, key
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        found = dict(pool.map(read_key, files))
+    keyed = {path: key for path, key in found.items() if key}
+    _LOG.info("Read %s from %s of %s files (--group_by %s)", value, f"{len(keyed):,}",
+              f"{len(files):,}", group_by)
+    return keyed
 
 
 def run(argv: list[str] | None = None, *, wait: bool = True):

@@ -14,6 +14,7 @@ from schemas.features import (
     FeatureSpec,
     ImageExampleSchema,
     ImageRecord,
+    dicom_tag_key,
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
@@ -34,7 +35,7 @@ from schemas.manifest import (
 __all__ = [
     "__version__",
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
-    "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
+    "dicom_tag_key", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",

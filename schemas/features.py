@@ -30,6 +30,7 @@ __all__ = [
     "WIDTH",
     "CHANNELS",
     "IMAGE_SCHEMA",
+    "dicom_tag_key",
 ]
 
 # Bump when a key, a dtype or an encoding changes; readers refuse versions they
@@ -264,3 +265,8 @@ class ImageExampleSchema:
 
 
 IMAGE_SCHEMA = ImageExampleSchema()
+
+
+def dicom_tag_key(keyword: str) -> str:
+    """The key of the extra string feature holding DICOM tag `keyword` (--dicom_tags)."""
+    return f"dicom_{keyword}"

@@ -78,11 +78,12 @@ def read_records(out_dir) -> list[dict]:
     import schemas
 
     manifest = schemas.Manifest.from_json((pathlib.Path(out_dir) / schemas.MANIFEST_FILENAME).read_text())
+    spec = schemas.ImageExampleSchema.from_json(manifest.features).parse_spec()
     records = []
     for split, info in manifest.splits.items():
         for shard in info.shards:
             for raw in tf.data.TFRecordDataset(str(pathlib.Path(out_dir) / shard.file)):
-                parsed = tf.io.parse_single_example(raw, schemas.IMAGE_SCHEMA.parse_spec())
+                parsed = tf.io.parse_single_example(raw, spec)
                 rec = {k: v.numpy() for k, v in parsed.items()}
                 rec["split"] = split
                 rec["shard"] = shard.file
@@ -97,3 +98,44 @@ def convert(input_dir, output_dir, *args) -> "schemas.Manifest":
 
     convert_module.run(["--input_dir", str(input_dir), "--output_dir", str(output_dir), *map(str, args)])
     return schemas.Manifest.from_json((pathlib.Path(output_dir) / schemas.MANIFEST_FILENAME).read_text())
+
+
+def make_dicom(
+    stored,
+    *,
+    photometric="MONOCHROME2",
+    signed=True,
+    file_format=True,
+    **elements,
+) -> bytes:
+    """A 16-bit greyscale DICOM file (frames, rows, columns) or (rows, columns)."""
+    stored = np.asarray(stored)
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage
+
+    ds = Dataset()
+    ds.SOPClassUID = SecondaryCaptureImageStorage
+    ds.SOPInstanceUID = "1.2.826.0.1.3680043.2.1143.1"
+    ds.Modality = "OT"
+    ds.Rows, ds.Columns = stored.shape[-2:]
+    if stored.ndim == 3:
+        ds.NumberOfFrames = stored.shape[0]
+    ds.SamplesPerPixel = 1
+    ds.BitsAllocated = ds.BitsStored = 16
+    ds.HighBit = 15
+    ds.PixelRepresentation = 1 if signed else 0
+    ds.PhotometricInterpretation = photometric
+    ds.PixelData = stored.astype("<i2" if signed else "<u2").tobytes()
+    for keyword, value in elements.items():
+        setattr(ds, keyword, value)
+    buf = io.BytesIO()
+    if file_format:
+        ds.file_meta = FileMetaDataset()
+        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+        ds.save_as(buf, enforce_file_format=True)
+    else:
+        # A bare dataset, as old archives write: no preamble, no File Meta.
+        ds.save_as(buf, implicit_vr=True, little_endian=True)
+    return buf.getvalue()

@@ -1,0 +1,187 @@
+"""The DoFns of `beam_jobs.verify`, in an importable module.
+
+`python -m beam_jobs.verify` runs verify.py as __main__; classes defined there
+could not be unpickled by worker processes (multi_processing, Dask, Dataflow).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+import schemas
+from beam_jobs._tfrecord import RecordError, iter_records, read_bytes, write_atomically
+
+__all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn"]
+
+_NAMESPACE = "shardsmith"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCheck:
+    split: str
+    file: str
+    num_records: int
+    class_counts: tuple[int, ...]
+    problems: tuple[str, ...]
+
+
+class VerifyShardFn(beam.DoFn):
+    """Reads one shard and checks everything about it.
+
+    Input: (split, ShardInfo). Main output: ShardCheck. Tagged output
+    CONTENT: (sha256 of image bytes, (split, filename)).
+    """
+
+    CONTENT = "content"
+
+    def __init__(self, dataset_dir: str, features, num_classes: int):
+        self._dir = dataset_dir
+        self._features = dict(features)
+        self._num_classes = num_classes
+        self._records = Metrics.counter(_NAMESPACE, "records_verified")
+        self._schema = None
+        self._tf = None
+
+    def setup(self):
+        import tensorflow as tf
+
+        self._tf = tf
+        self._schema = schemas.ImageExampleSchema.from_json(self._features)
+
+    def process(self, element):
+        split, shard = element
+        problems = []
+        counts = [0] * self._num_classes
+        path = FileSystems.join(self._dir, shard.file)
+        sha = hashlib.sha256()
+        size = 0
+        offsets = []
+        if not FileSystems.exists(path):
+            yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
+            return
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            reader = _HashingReader(f, sha)
+            try:
+                for number, (offset, length, data) in enumerate(iter_records(reader)):
+                    offsets.append((offset, length))
+                    problem, label, digest, name = self._check_record(data)
+                    if problem:
+                        problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
+                        continue
+                    counts[label] += 1
+                    self._records.inc()
+                    yield beam.pvalue.TaggedOutput(self.CONTENT, (digest, (split, name)))
+            except RecordError as e:
+                problems.append(f"{shard.file}: {e}; the rest of the shard is unreadable")
+            size = reader.size
+        if size != shard.num_bytes:
+            problems.append(f"{shard.file}: {size} bytes, the manifest says {shard.num_bytes}")
+        elif sha.hexdigest() != shard.sha256:
+            problems.append(f"{shard.file}: sha256 differs from the manifest")
+        if len(offsets) != shard.num_records:
+            problems.append(f"{shard.file}: {len(offsets)} records, the manifest says {shard.num_records}")
+        if tuple(counts) != tuple(shard.class_counts):
+            problems.append(f"{shard.file}: class counts {counts}, the manifest says {list(shard.class_counts)}")
+        problems.extend(self._check_index(shard, offsets))
+        yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems))
+
+    def _check_record(self, data: bytes):
+        """Returns (problem or None, label, content digest, filename)."""
+        try:
+            values = self._schema.decode(data)
+        except ValueError as e:
+            return f"does not parse: {e}", None, None, None
+        name = values[schemas.FILENAME.key].decode("utf-8", "backslashreplace")
+        label = values[schemas.LABEL.key]
+        if not 0 <= label < self._num_classes:
+            return f"{name}: label {label} is outside [0, {self._num_classes})", None, None, name
+        image = values[schemas.IMAGE.key]
+        try:
+            shape = self._tf.io.decode_image(image, expand_animations=False).shape
+        except self._tf.errors.OpError as e:
+            return f"{name}: image does not decode ({e.message.split('}}')[-1].strip()})", None, None, name
+        stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
+        if tuple(shape) != stored:
+            return f"{name}: decodes to {tuple(shape)}, the record says {stored}", None, None, name
+        return None, label, hashlib.sha256(image).hexdigest(), name
+
+    def _check_index(self, shard, offsets):
+        if not shard.index_file:
+            return []
+        path = FileSystems.join(self._dir, shard.index_file)
+        if not FileSystems.exists(path):
+            return [f"{shard.index_file}: index file is missing"]
+        data = read_bytes(path)
+        if hashlib.sha256(data).hexdigest() != shard.index_sha256:
+            return [f"{shard.index_file}: sha256 differs from the manifest"]
+        want = "".join(f"{o} {n}\n" for o, n in offsets).encode()
+        return [] if data == want else [f"{shard.index_file}: offsets do not match the shard's records"]
+
+
+class _HashingReader:
+    """A file wrapper that hashes and counts what is read through it."""
+
+    def __init__(self, f, sha):
+        self._f = f
+        self._sha = sha
+        self.size = 0
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read(n)
+        self._sha.update(data)
+        self.size += len(data)
+        return data
+
+
+def duplicate_group(element):
+    digest, members = element
+    members = sorted(members)
+    if len(members) > 1:
+        yield {"sha256": digest, "images": [{"split": s, "filename": n} for s, n in members],
+               "splits": sorted({s for s, _ in members})}
+
+
+class ReportFn(beam.DoFn):
+    """Builds the report from every shard check and duplicate group; writes it."""
+
+    def __init__(self, manifest_json: str, report_path: str):
+        self._manifest_json = manifest_json
+        self._report_path = report_path
+
+    def process(self, unused, checks, duplicates):
+        manifest = schemas.Manifest.from_json(self._manifest_json)
+        problems = [p for c in sorted(checks, key=lambda c: c.file) for p in c.problems]
+        splits = {}
+        for name, info in manifest.splits.items():
+            mine = [c for c in checks if c.split == name]
+            records = sum(c.num_records for c in mine)
+            counts = tuple(sum(col) for col in zip(*(c.class_counts for c in mine))) if mine else ()
+            if records != info.num_records:
+                problems.append(f"split {name}: {records} records, the manifest says {info.num_records}")
+            if mine and counts != info.class_counts:
+                problems.append(f"split {name}: class counts {list(counts)}, the manifest says "
+                                f"{list(info.class_counts)}")
+            splits[name] = {"shards": len(mine), "records": records}
+        duplicates = sorted(duplicates, key=lambda d: d["images"][0]["filename"])
+        report = {
+            "ok": not problems,
+            "problems": problems,
+            "splits": splits,
+            "records": sum(s["records"] for s in splits.values()),
+            "duplicates": {
+                "groups": len(duplicates),
+                "across_splits": sum(1 for d in duplicates if len(d["splits"]) > 1),
+                "list": duplicates,
+            },
+        }
+        text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        directory, name = self._report_path.rsplit("/", 1) if "/" in self._report_path else (".", self._report_path)
+        write_atomically(directory, name, text.encode())
+        yield report

@@ -1,0 +1,221 @@
+"""Conversion and verification on a real Dask cluster of two workers on 127.0.0.1.
+
+The fixture starts `dask scheduler` and two `dask worker` processes from this
+interpreter's bin folder, each in a process group of its own, and kills those
+groups when the module is done, whatever happened.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import distributed  # shardsmith[dask]; the test extra has it.
+import pytest
+
+from conftest import encode, make_class_tree, pixels, write
+
+import schemas
+from beam_jobs import convert as convert_module
+from beam_jobs import verify as verify_module
+
+_LOG = logging.getLogger(__name__)
+_START_TIMEOUT_S = 120  # Two workers that each import TensorFlow, on a busy 2-core machine.
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+_ARGS = ("--split", "train=0.6,validation=0.4", "--seed", "7", "--max_reject_fraction", "0.5")
+
+
+def _dask_command(*args: str) -> list[str]:
+    script = pathlib.Path(sys.executable).with_name("dask")
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process group (nanny, worker, resource tracker), then SIGKILL."""
+    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+        deadline = time.monotonic() + grace
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if all(p.poll() is not None for p in procs):
+            # The groups may still hold children of a leader that exited.
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            return
+
+
+def _written_json(path: pathlib.Path) -> bool:
+    """Whether the file exists and holds complete JSON (the scheduler writes it once up)."""
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@dataclasses.dataclass
+class Cluster:
+    """What the tests get of the cluster.
+
+    Attributes:
+      address: The scheduler's tcp:// address.
+      client: A client connected to it.
+      worker_logs: Output files of the two worker process groups.
+      pgids: Process groups of everything started (scheduler, workers).
+    """
+
+    address: str
+    client: "distributed.Client"
+    worker_logs: list[pathlib.Path]
+    pgids: set[int]
+
+    def log_sizes(self) -> list[int]:
+        return [p.stat().st_size for p in self.worker_logs]
+
+    def shards_written(self, since: list[int]) -> dict[int, list[str]]:
+        """{pid: [shard names]} from the workers' "Wrote ..." lines after `since`."""
+        written = collections.defaultdict(list)
+        for path, offset in zip(self.worker_logs, since):
+            with open(path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+            for pid, name in re.findall(r"^(\d+) shardsmith\.convert INFO Wrote (\S+):", text, re.M):
+                written[int(pid)].append(name)
+        return dict(written)
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    """A `Cluster` of a scheduler and two workers on 127.0.0.1."""
+    base = tmp_path_factory.mktemp("dask")
+    scheduler_file = base / "scheduler.json"
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(_REPO),
+        # Workers print shardsmith's lines ("Wrote <shard>: ..."), each with its pid.
+        DASK_LOGGING__SHARDSMITH="info",
+        DASK_DISTRIBUTED__ADMIN__LOG_FORMAT="%(process)d %(name)s %(levelname)s %(message)s",
+    )
+    procs: list[subprocess.Popen] = []
+    logs = []
+    client = None
+
+    def start(name, *args):
+        log = open(base / f"{name}.log", "wb")
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            _dask_command(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, cwd=str(base), start_new_session=True,
+        ))
+
+    def log_tails():
+        return "\n".join(
+            f"--- {p.name}:\n" + p.read_text(errors="replace")[-2000:] for p in sorted(base.glob("*.log"))
+        )
+
+    try:
+        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+              "--scheduler-file", str(scheduler_file))
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not _written_json(scheduler_file):
+            if procs[0].poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dask scheduler did not start:\n{log_tails()}")
+            time.sleep(0.2)
+        for i in range(2):
+            start(f"worker{i}", "worker", "--scheduler-file", str(scheduler_file),
+                  "--host", "127.0.0.1", "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
+                  "--name", f"shardsmith-test-{i}", "--local-directory", str(base / f"worker{i}"))
+        client = distributed.Client(scheduler_file=str(scheduler_file), timeout=_START_TIMEOUT_S)
+        try:
+            client.wait_for_workers(2, timeout=max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            pytest.fail(f"the two dask workers did not register:\n{log_tails()}")
+        yield Cluster(client.scheduler.address, client, [base / f"worker{i}.log" for i in range(2)],
+                      {p.pid for p in procs})
+    finally:
+        if client is not None:
+            client.close()
+        _stop(procs)
+        for log in logs:
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def dataset_input(tmp_path_factory):
+    """A class tree with a reject, a hidden file and an image that gets normalised."""
+    root = tmp_path_factory.mktemp("dask_input") / "images"
+    make_class_tree(root, per_class=8)
+    write(root / "cat" / "truncated.jpg", encode(pixels(1), "JPEG")[:200])
+    write(root / "dog" / ".DS_Store", b"\0" * 16)
+    write(root / "fish" / "alpha.png", encode(pixels(2, mode="RGBA"), "PNG"))
+    return root
+
+
+def _files(folder: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_convert_and_verify_on_dask_match_local_runner(dask_cluster, dataset_input, tmp_path):
+    cluster = dask_cluster
+    local_out, dask_out = tmp_path / "local", tmp_path / "dask"
+    convert_module.run(["--input_dir", str(dataset_input), "--output_dir", str(local_out), *_ARGS])
+
+    before = cluster.log_sizes()
+    convert_module.run([
+        "--input_dir", str(dataset_input), "--output_dir", str(dask_out), *_ARGS,
+        "--runner", "DaskRunner", "--dask_client_address", cluster.address,
+    ])
+
+    # Every shard was written by a worker process of the groups this module
+    # started, not by this test process.
+    manifest = schemas.Manifest.from_json((local_out / schemas.MANIFEST_FILENAME).read_text())
+    shards = sorted(s.file for info in manifest.splits.values() for s in info.shards)
+    written = cluster.shards_written(before)
+    assert sorted(name for names in written.values() for name in names) == shards
+    worker_pids = set(cluster.client.run(os.getpid).values())
+    assert set(written) <= worker_pids and os.getpid() not in written
+    assert {os.getpgid(pid) for pid in written} <= cluster.pgids
+    _LOG.info("shards written by %d of 2 workers: %s", len(written),
+              {pid: len(names) for pid, names in written.items()})
+
+    # Byte for byte the local runner's dataset: shards, indexes, rejects, manifest.
+    local, on_dask = _files(local_out), _files(dask_out)
+    assert sorted(on_dask) == sorted(local)
+    assert [name for name in local if on_dask[name] != local[name]] == []
+    assert set(manifest.splits) == {"train", "validation"}
+    assert manifest.counts["rejected"] == 1 and manifest.counts["skipped"] == 1
+    assert manifest.normalized == {"flatten_alpha": 1}
+
+    report = verify_module.run([str(dask_out), "--runner", "DaskRunner", "--dask_client_address",
+                                cluster.address])
+    assert report["ok"], report["problems"]
+    assert report["records"] == manifest.counts["written"]
+    local_report = verify_module.run([str(local_out)])
+    assert {k: v for k, v in report.items() if k != "report_path"} == {
+        k: v for k, v in local_report.items() if k != "report_path"
+    }
+
+
+def test_worker_error_reaches_the_caller(dask_cluster, dataset_input, tmp_path):
+    """Too many rejects: the ConversionError raised on a worker fails the run here."""
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="max_reject_fraction"):
+        convert_module.run([
+            "--input_dir", str(dataset_input), "--output_dir", str(out), "--max_reject_fraction", "0",
+            "--runner", "DaskRunner", "--dask_client_address", dask_cluster.address,
+            "--dask_partition_size", "5",
+        ])
+    assert not (out / schemas.MANIFEST_FILENAME).exists()

@@ -1,0 +1,168 @@
+"""gs:// in and out: a conversion from a bucket into a bucket, on a local GCS emulator.
+
+The emulator (`gcp-storage-emulator`, from PyPI) listens on 127.0.0.1 only.
+Beam's GCS file system uses google-cloud-storage, which sends every request
+to `STORAGE_EMULATOR_HOST` when that is set. The conversion and the verify
+pipeline run as the commands users type, in child processes whose environment
+points at the emulator and turns off Google's credential discovery (no
+metadata-server probe leaves this machine).
+
+TensorFlow's own gs:// support does not read STORAGE_EMULATOR_HOST, so
+`readers` (tf.io.gfile / TFRecordDataset) cannot read the bucket here; the
+records are checked with `beam_jobs.verify`, which reads through Beam's
+FileSystems, and byte for byte against a local conversion of the same images.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage  # With gcp-storage-emulator, in the test extra.
+
+from conftest import convert, encode, make_class_tree, pixels, write
+
+import schemas
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+_BUCKET = "shardsmith-test"
+_ARGS = ("--split", "train=0.6,validation=0.4", "--seed", "3", "--max_reject_fraction", "0.5")
+_START_TIMEOUT_S = 60
+_RUN_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    """The emulator's http://127.0.0.1:PORT; stopped (its process group killed) after."""
+    base = tmp_path_factory.mktemp("gcs")
+    script = pathlib.Path(sys.executable).with_name("gcp-storage-emulator")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gcp_storage_emulator"]
+    port = _free_port()
+    log = open(base / "emulator.log", "wb")
+    proc = subprocess.Popen(
+        [*command, "--data-dir", str(base / "data"), "start", "--host", "127.0.0.1",
+         "--port", str(port), "--quiet"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("gcp-storage-emulator did not start:\n"
+                            + (base / "emulator.log").read_text(errors="replace")[-2000:])
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def bucket(emulator):
+    client = storage.Client(
+        project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator}
+    )
+    return client.create_bucket(_BUCKET)
+
+
+@pytest.fixture(scope="module")
+def child_env(emulator, tmp_path_factory) -> dict[str, str]:
+    """A child's environment: Beam's GCS client on the emulator, no Google servers.
+
+    Without credentials Beam retries Google's credential lookup for half a
+    minute before it connects anonymously; a user credential whose token is
+    still valid is taken at once and never refreshed (were it refreshed, the
+    request would go to the emulator). The emulator ignores the token.
+    """
+    credentials = tmp_path_factory.mktemp("auth") / "credentials.json"
+    expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+    credentials.write_text(json.dumps({
+        "type": "authorized_user", "client_id": "shardsmith-test", "client_secret": "unused",
+        "refresh_token": "unused", "token": "emulator-ignores-it",
+        "expiry": expiry.strftime("%Y-%m-%dT%H:%M:%SZ"), "token_uri": f"{emulator}/token",
+    }))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "CLOUDSDK_"))}
+    env.update(
+        STORAGE_EMULATOR_HOST=emulator,
+        GOOGLE_APPLICATION_CREDENTIALS=str(credentials),
+        GOOGLE_CLOUD_PROJECT="shardsmith-test",
+        NO_GCE_CHECK="true",  # google-auth: never probe the GCE metadata server,
+        GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9",  # and if, here.
+        CLOUDSDK_CONFIG=str(credentials.parent),  # Not this machine's gcloud settings.
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=str(_REPO),
+    )
+    return env
+
+
+def _run(env: dict[str, str], module: str, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, cwd=str(_REPO),
+        capture_output=True, text=True, timeout=_RUN_TIMEOUT_S, stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, f"{module} failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    return result
+
+
+def _objects(bucket, prefix: str) -> dict[str, bytes]:
+    return {
+        blob.name[len(prefix):]: blob.download_as_bytes()
+        for blob in bucket.client.list_blobs(bucket, prefix=prefix)
+    }
+
+
+def test_convert_bucket_to_bucket_and_verify(child_env, bucket, tmp_path):
+    images = tmp_path / "images"
+    make_class_tree(images, per_class=6)
+    write(images / "cat" / "truncated.jpg", encode(pixels(1), "JPEG")[:200])
+    write(images / "dog" / ".DS_Store", b"\0" * 16)
+    write(images / "fish" / "alpha.png", encode(pixels(2, mode="RGBA"), "PNG"))
+    for path in sorted(p for p in images.rglob("*") if p.is_file()):
+        bucket.blob(f"images/{path.relative_to(images).as_posix()}").upload_from_filename(str(path))
+    # What an earlier, interrupted conversion leaves in the output: a stale
+    # shard, and temporary files under a "folder" that is only a name prefix.
+    bucket.blob("out/train-00000-of-00099.tfrecord").upload_from_string(b"stale")
+    bucket.blob("out/_shardsmith_tmp/done/train-00000-of-00099.tfrecord.json").upload_from_string(b"{}")
+    bucket.blob("out/_shardsmith_tmp/train-00000-of-00099.tfrecord.1234").upload_from_string(b"x")
+
+    _run(child_env, "beam_jobs.convert", "--input_dir", f"gs://{_BUCKET}/images",
+         "--output_dir", f"gs://{_BUCKET}/out", "--overwrite", *_ARGS)
+
+    # The same bytes as a conversion of the same images on local disk, and
+    # nothing else in the output: no stale shard, no temporary objects.
+    local_out = tmp_path / "local"
+    manifest = convert(images, local_out, *_ARGS)
+    local = {str(p.relative_to(local_out)): p.read_bytes() for p in local_out.rglob("*") if p.is_file()}
+    remote = _objects(bucket, "out/")
+    assert sorted(remote) == sorted(local)
+    assert [name for name in local if remote[name] != local[name]] == []
+    assert manifest.counts == {"found": 21, "written": 19, "rejected": 1, "skipped": 1}
+
+    result = _run(child_env, "beam_jobs.verify", f"gs://{_BUCKET}/out")
+    assert "OK: 19 records" in result.stderr + result.stdout
+    report = json.loads(bucket.blob(f"out/{schemas.VERIFY_REPORT_FILENAME}").download_as_bytes())
+    assert report["ok"] and report["records"] == 19, report["problems"]
