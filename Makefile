@@ -46,11 +46,11 @@ convert: $(STAMP)
 	@test -n "$(INPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
 	@test -n "$(OUTPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
 	$(PY) -m beam_jobs.convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
-	    --direct_num_workers 0 --direct_running_mode multi_processing $(ARGS)
+	    $(ARGS)
 
 verify: $(STAMP)
 	@test -n "$(OUTPUT)" || { echo "usage: make verify OUTPUT=DIR"; exit 2; }
-	$(PY) -m beam_jobs.verify "$(OUTPUT)" --direct_num_workers 0 --direct_running_mode multi_processing
+	$(PY) -m beam_jobs.verify "$(OUTPUT)"
 
 bench: $(STAMP)
 	$(PY) -m bench.convert

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, WorkerOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    StandardOptions,
+    WorkerOptions,
+)
 from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
@@ -31,6 +37,14 @@ def make_runner(options: PipelineOptions):
         worker.sdk_harness_log_level_overrides = {"shardsmith": "INFO"}
     runner = options.view_as(StandardOptions).runner
     if runner in (None, "DirectRunner", "direct"):
+        given = options.get_all_options(drop_default=True)
+        if "direct_running_mode" not in given and "direct_num_workers" not in given:
+            # Every core by default. Threads, not processes: TensorFlow's and
+            # Pillow's decoders release the GIL, and each worker process would
+            # import TensorFlow again (seconds of CPU, ~0.5 GB each).
+            direct = options.view_as(DirectOptions)
+            direct.direct_running_mode = "multi_threading"
+            direct.direct_num_workers = os.cpu_count() or 1
         # The DirectRunner first tries the Prism runner, which downloads a
         # binary; offline it waits and fails. Beam's in-process portable
         # runner is what it falls back to: use it straight away.

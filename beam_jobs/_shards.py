@@ -7,8 +7,10 @@ run as __main__), so every runner can pickle them to its workers.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -30,6 +32,10 @@ __all__ = [
 
 _LOG = logging.getLogger("shardsmith.convert")
 _NAMESPACE = "shardsmith"
+# Files of a shard read and validated ahead of the writer, and the threads
+# that do it (see `WriteShardFn._validated`).
+_READ_AHEAD = 8
+_POOL_THREADS = min(4, os.cpu_count() or 1)
 # Inside the temporary folder: one receipt per finished shard, for --resume.
 RECEIPTS_DIRNAME = "done"
 
@@ -148,16 +154,11 @@ class WriteShardFn(beam.DoFn):
         rejects, normalized = [], []
         num_sources = 0
         try:
-            for f in files:
-                if f.duplicate_of is not None:
-                    rejects.append(Reject(f.rel_path, "duplicate", "same content as "
-                                          + _listing.display_path(f.duplicate_of)))
+            for f, outcome in self._validated(files):
+                if isinstance(outcome, Reject):
+                    rejects.append(outcome)
                     continue
-                try:
-                    images = self._validator.validate_all(self._read(f), f.rel_path)
-                except ImageRejected as e:
-                    rejects.append(Reject(f.rel_path, e.reason, e.message))
-                    continue
+                images = outcome
                 num_sources += 1
                 for image in images:
                     # One record per kept frame: its filename says which.
@@ -194,6 +195,37 @@ class WriteShardFn(beam.DoFn):
             writer.sha256, tuple(class_counts), index_name, index_writer.sha256, num_sources,
         )
         return result, rejects, normalized
+
+    def _validate(self, f):
+        """Reads and validates one file: its images, or its Reject."""
+        if f.duplicate_of is not None:
+            return Reject(f.rel_path, "duplicate",
+                          "same content as " + _listing.display_path(f.duplicate_of))
+        try:
+            return self._validator.validate_all(self._read(f), f.rel_path)
+        except ImageRejected as e:
+            return Reject(f.rel_path, e.reason, e.message)
+
+    def _validated(self, files):
+        """Yields (file, images or Reject) in order, working a few files ahead.
+
+        Reads wait on storage (tens of milliseconds per object on cloud
+        storage) and decoders release the GIL, so a small pool keeps every
+        core and the network busy within one shard. At most `_READ_AHEAD`
+        files are in memory at once; the output order, and so the shard's
+        bytes, do not depend on the pool.
+        """
+        pending = collections.deque()
+        files = iter(files)
+        with concurrent.futures.ThreadPoolExecutor(_POOL_THREADS, "shardsmith-read") as pool:
+            for f in itertools.islice(files, _READ_AHEAD):
+                pending.append((f, pool.submit(self._validate, f)))
+            while pending:
+                f, future = pending.popleft()
+                outcome = future.result()
+                for nxt in itertools.islice(files, 1):
+                    pending.append((nxt, pool.submit(self._validate, nxt)))
+                yield f, outcome
 
     def _fingerprint(self, files) -> str:
         """What the shard's bytes depend on: its planned files and the validation options."""

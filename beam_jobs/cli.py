@@ -21,8 +21,7 @@ _EXAMPLES = {
     "convert": """\
         example:
           shardsmith convert --input_dir ./photos --output_dir ./dataset \\
-              --split train=0.8,validation=0.1,test=0.1 \\
-              --direct_num_workers 0 --direct_running_mode multi_processing
+              --split train=0.8,validation=0.1,test=0.1
 
         Every Beam option works too (--runner DataflowRunner --project ... --setup_file ./setup.py).""",
     "verify": """\

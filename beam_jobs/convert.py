@@ -4,8 +4,7 @@ Locally, on every core:
 
   python -m beam_jobs.convert \\
       --input_dir ./photos --output_dir ./dataset \\
-      --split train=0.8,validation=0.1,test=0.1 \\
-      --direct_num_workers 0 --direct_running_mode multi_processing
+      --split train=0.8,validation=0.1,test=0.1
 
 On Dataflow (workers install shardsmith from setup.py):
 
