@@ -1,0 +1,402 @@
+"""Reading benchmark: shardsmith's reader against the usual ways to feed a model.
+
+On the corpora of the conversion benchmark (`bench.corpus photos`: ImageNet-like
+~500x375 JPEGs of 100-150 KB, 10% PNG; and `bench.corpus small`: 64x64 JPEGs),
+converted once with `beam_jobs.convert`, it measures at 224x224, batch 32:
+
+- images/s in steady state: a timed window of batches after a warm-up;
+- time to first batch (TTFB): from the start of dataset construction, in a
+  fresh process (after `import tensorflow`);
+- CPU time of the process per image in the window: on a machine shared with
+  other work it is steadier than images/s, and shows the work each contender
+  does per image;
+
+for these contenders (`bench._read_baselines` describes each exactly):
+
+- shardsmith: `readers.image_dataset_from_tfrecords`;
+- hand-tuned: a tuned tf.data TFRecord pipeline (interleave, batched parse,
+  fused decode, batch, prefetch), written against `schemas` alone;
+- decode ceiling: the same encoded bytes already in memory, decoded and
+  resized with the same per-image work by a parallel map on all cores;
+- keras: `keras.utils.image_dataset_from_directory` on the raw image files
+  (full decode and stretch resize), followed for the training preset by the
+  same random resized crop and flip.
+
+Scenarios:
+
+- photos eval: the evaluation path (centre crop of 0.875, fused with JPEG
+  decoding, resized), not shuffled;
+- photos train: the training preset (`augment="standard"`: random resized crop
+  fused with decoding, random flip), shuffled;
+- small: the 64x64 corpus, default options (shuffled, stretch resize to
+  224x224), meant to show the per-file cost of loose files; and, for
+  reference, the same at 64x64 output ('small @64x64'), where the resize to
+  224x224 (three quarters of the work above) is gone.
+
+Targets (2-core machine): photos eval, shardsmith >= 0.95x the hand-tuned
+pipeline and >= 0.9x the decode ceiling in images/s, TTFB <= 1.5x the
+hand-tuned pipeline's; photos train, shardsmith >= 1.5x keras followed by the
+same random crop; small, shardsmith >= 3x keras.
+
+Every contender runs in its own process, one after another; each is run
+`--repeat` times (default 3, rounds interleaved), and its best images/s and
+best TTFB and CPU time per image are kept (the cores may be shared with
+other work: figures are noisy; CPU time per image is the steadier figure, and
+each target is also shown as a ratio of images per CPU-second). The timed
+window is at least one epoch, 64 batches and `--min-seconds`. Page caches are
+warmed first.
+
+Measured on the 2-core machine (defaults: 2,000 photos, 20,000 small
+images; best of 3; load average 1.2-3.2), images/s: photos eval shardsmith
+949, hand-tuned 956, ceiling 1047 (0.99x, 0.91x; TTFB 0.27 s vs 0.39 s);
+photos train shardsmith 978 vs idfd + crop 601 (1.63x); small shardsmith
+4731 vs idfd 4815 (0.98x; the ceiling is 5235: the resize to 224x224 is
+most of the work, and the per-file cost of a warm local disk is small); small
+at 64x64 output shardsmith 24145 vs idfd 18696 (1.29x).
+
+Corpora are made in `WORK/corpora` (shared with `bench.convert`) and converted
+into `WORK/read/`; both are reused by later runs with the same count and seed.
+
+Usage:
+
+  python -m bench.read [--count 2000] [--small-count 20000] [--seed 0]
+      [--work build/bench] [--skip-small] [--repeat 3] [--warmup 16] [--only NAMES]
+      [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from bench import corpus
+
+__all__ = ["Contender", "CONTENDERS", "TARGETS", "prepare", "run_contender", "run", "main"]
+
+_LOG = logging.getLogger("shardsmith.bench.read")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STAMP = ".bench-read.json"
+_STAMP_VERSION = 1
+# What `bench._read_baselines` prints before its result (not imported from
+# there: that would load TensorFlow into this process).
+RESULT_PREFIX = "BENCH_READ_RESULT "
+
+
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """One pipeline on one corpus.
+
+    Attributes:
+      name: Short id (`--only`, JSON results).
+      corpus: 'photos' or 'small'.
+      pipeline: One of `bench._read_baselines.PIPELINES`.
+      preset: One of `bench._read_baselines.PRESETS`.
+      label: Row title of the table.
+      image_size: Side of the square output images.
+    """
+
+    name: str
+    corpus: str
+    pipeline: str
+    preset: str
+    label: str
+    image_size: int = 224
+
+
+CONTENDERS = (
+    Contender("eval-shardsmith", "photos", "shardsmith", "eval", "shardsmith reader"),
+    Contender("eval-hand", "photos", "hand", "eval", "hand-tuned TFRecord"),
+    Contender("eval-ceiling", "photos", "ceiling", "eval", "decode ceiling (in memory)"),
+    Contender("eval-keras", "photos", "keras", "stretch", "image_dataset_from_directory*"),
+    Contender("train-shardsmith", "photos", "shardsmith", "train", "shardsmith augment=standard"),
+    Contender("train-keras", "photos", "keras", "train", "idfd + random crop + flip"),
+    Contender("train-hand", "photos", "hand", "train", "hand-tuned TFRecord"),
+    Contender("train-ceiling", "photos", "ceiling", "train", "decode ceiling (in memory)"),
+    Contender("small-shardsmith", "small", "shardsmith", "stretch", "shardsmith reader"),
+    Contender("small-keras", "small", "keras", "stretch", "image_dataset_from_directory"),
+    Contender("small-hand", "small", "hand", "stretch", "hand-tuned TFRecord"),
+    Contender("small-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)"),
+    # For reference: the same at the images' own size, where the resize to
+    # 224x224 (most of the work above) all but vanishes.
+    Contender("small64-shardsmith", "small", "shardsmith", "stretch", "shardsmith reader", 64),
+    Contender("small64-keras", "small", "keras", "stretch", "image_dataset_from_directory", 64),
+    Contender("small64-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)", 64),
+)
+
+_SCENARIOS = (
+    ("photos eval", "eval-"),
+    ("photos train", "train-"),
+    ("small", "small-"),
+    ("small @64x64", "small64-"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A ratio of two contenders' figures that must reach a bound."""
+
+    label: str
+    metric: str  # 'images_per_s' or 'ttfb_s'
+    numerator: str
+    denominator: str
+    bound: float
+    at_most: bool = False  # True: the ratio must stay at or below `bound`.
+
+
+TARGETS = (
+    Target("photos eval: images/s vs hand-tuned", "images_per_s", "eval-shardsmith", "eval-hand", 0.95),
+    Target("photos eval: images/s vs decode ceiling", "images_per_s", "eval-shardsmith",
+           "eval-ceiling", 0.9),
+    Target("photos eval: TTFB vs hand-tuned", "ttfb_s", "eval-shardsmith", "eval-hand", 1.5,
+           at_most=True),
+    Target("photos train: images/s vs idfd + same crop", "images_per_s", "train-shardsmith",
+           "train-keras", 1.5),
+    Target("small: images/s vs idfd", "images_per_s", "small-shardsmith", "small-keras", 3.0),
+)
+
+
+# ---------------------------------------------------------------------------
+# Corpora and their conversion, reused across runs.
+
+
+def _corpus_key(info: corpus.CorpusInfo) -> dict:
+    digest = hashlib.sha256("\n".join(info.files).encode()).hexdigest()[:16]
+    return {"version": _STAMP_VERSION, "generator": corpus.GENERATOR_VERSION, "kind": info.kind,
+            "count": info.count, "seed": info.seed, "files": len(info.files),
+            "bytes": info.num_bytes, "listing": digest}
+
+
+def _converted(info: corpus.CorpusInfo, out: str) -> bool:
+    try:
+        with open(os.path.join(out, _STAMP), encoding="utf-8") as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return stamp == _corpus_key(info) and os.path.exists(os.path.join(out, "manifest.json"))
+
+
+def prepare(kind: str, count: int, seed: int, work: str) -> tuple[str, str]:
+    """Makes (or reuses) a corpus and its conversion.
+
+    Returns:
+      (image folder, converted dataset folder).
+    """
+    name = f"{kind}-{count}-seed{seed}"
+    info = corpus.generate(kind, os.path.join(work, "corpora", name), count=count, seed=seed)
+    out = os.path.join(work, "read", name)
+    if _converted(info, out):
+        _LOG.info("Reusing the conversion in %s", out)
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        log_path = out + ".convert.log"
+        _LOG.info("Converting %s into %s (log: %s)", info.root, out, log_path)
+        start = time.perf_counter()
+        with open(log_path, "wb") as log:
+            subprocess.run(
+                [sys.executable, "-m", "beam_jobs.convert", "--input_dir", info.root,
+                 "--output_dir", out, "--overwrite", "--direct_num_workers", "2",
+                 "--direct_running_mode", "multi_processing"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_REPO,
+                check=True,
+            )
+        with open(os.path.join(out, _STAMP), "w", encoding="utf-8") as f:
+            json.dump(_corpus_key(info), f)
+        _LOG.info("  converted in %.1f s", time.perf_counter() - start)
+    return info.root, out
+
+
+def _warm_page_cache(*folders: str) -> None:
+    """Reads every file once: the benchmark is of a warm local disk."""
+    for folder in folders:
+        for dirpath, _, names in os.walk(folder):
+            for fname in names:
+                with open(os.path.join(dirpath, fname), "rb") as f:
+                    while f.read(1 << 20):
+                        pass
+
+
+# ---------------------------------------------------------------------------
+# Running the contenders.
+
+
+def run_contender(c: Contender, raw: str, tfrecords: str, *, warmup: int, batches: int,
+                  log_path: str, batch_size: int = 32, min_seconds: float = 0.0) -> dict | None:
+    """Runs one contender in a fresh process; its result dict, or None on failure."""
+    argv = [sys.executable, "-m", "bench._read_baselines", c.pipeline, c.preset,
+            "--tfrecords", tfrecords, "--raw", raw, "--warmup", str(warmup),
+            "--batches", str(batches), "--batch_size", str(batch_size),
+            "--image_size", str(c.image_size), "--min_seconds", str(min_seconds)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=_REPO, env=env,
+                          stdin=subprocess.DEVNULL)
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(proc.stdout + proc.stderr)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        _LOG.error("  %s failed (exit %d): see %s", c.name, proc.returncode, log_path)
+        return None
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def _best(runs: list[dict]) -> dict:
+    """Best images/s, TTFB and CPU time per image of the runs (each its own best)."""
+    fastest = max(runs, key=lambda r: r["images_per_s"])
+    return dict(fastest, ttfb_s=min(r["ttfb_s"] for r in runs),
+                cpu_ms_per_image=min(r["cpu_ms_per_image"] for r in runs),
+                runs=[{k: r[k] for k in ("images_per_s", "ttfb_s")} for r in runs])
+
+
+def _ratio(results: dict, t: Target) -> float | None:
+    a, b = results.get(t.numerator), results.get(t.denominator)
+    if not a or not b:
+        return None
+    return a[t.metric] / b[t.metric]
+
+
+def _table(results: dict) -> str:
+    head = (f"{'scenario':<13} {'contender':<30} {'images/s':>9} {'TTFB s':>7} "
+            f"{'CPU ms/img':>10} {'RSS MiB':>8} {'vs hand':>8} {'vs ceil':>8} {'vs idfd':>8}")
+    lines = [head, "-" * len(head)]
+    for scenario, prefix in _SCENARIOS:
+        first = True
+        rows = [c for c in CONTENDERS if c.name.startswith(prefix) and c.name in results]
+        for c in rows:
+            r = results[c.name]
+            title = scenario if first else ""
+            first = False
+            if r is None:
+                lines.append(f"{title:<13} {c.label:<30} {'failed':>9}")
+                continue
+            row = (f"{title:<13} {c.label:<30} {r['images_per_s']:>9.1f} {r['ttfb_s']:>7.2f} "
+                   f"{r['cpu_ms_per_image']:>10.2f} {r['peak_rss_mib']:>8.0f}")
+            for ref in ("hand", "ceiling", "keras"):
+                ref_r = results.get(prefix + ref)
+                if ref_r and c.pipeline != ref:
+                    row += f" {r['images_per_s'] / ref_r['images_per_s']:>7.2f}x"
+                else:
+                    row += f" {'':>8}"
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str = "build/bench",
+        skip_small: bool = False, repeat: int = 3, warmup: int = 16, min_seconds: float = 5.0,
+        names: tuple[str, ...] | None = None) -> dict:
+    """Runs the benchmark, prints its table and returns the results."""
+    import psutil
+
+    work = os.path.abspath(work)
+    contenders = [c for c in CONTENDERS
+                  if (names is None or c.name in names) and not (skip_small and c.corpus == "small")]
+    counts = {"photos": count, "small": small_count}
+    data = {}
+    for kind in sorted({c.corpus for c in contenders}):
+        data[kind] = prepare(kind, counts[kind], seed, work)
+        _LOG.info("%s: %s", kind, corpus.format_stats(corpus.describe(data[kind][0])))
+        _warm_page_cache(*data[kind])
+    # The timed window: at least one epoch of images, 64 batches and
+    # `min_seconds`.
+    batches = {kind: max(64, math.ceil(counts[kind] / 32)) for kind in data}
+    logs = os.path.join(work, "read", "logs")
+    os.makedirs(logs, exist_ok=True)
+    load_before = psutil.getloadavg()[0]
+    runs: dict[str, list[dict]] = {c.name: [] for c in contenders}
+    for r in range(repeat):
+        _LOG.info("Round %d of %d:", r + 1, repeat)
+        for c in contenders:
+            raw, tfrecords = data[c.corpus]
+            result = run_contender(c, raw, tfrecords, warmup=warmup, batches=batches[c.corpus],
+                                   log_path=os.path.join(logs, f"{c.name}-{r}.log"),
+                                   min_seconds=min_seconds)
+            if result is not None:
+                runs[c.name].append(result)
+                _LOG.info("  %-18s %8.1f images/s  TTFB %5.2f s  %5.2f CPU ms/image", c.name,
+                          result["images_per_s"], result["ttfb_s"], result["cpu_ms_per_image"])
+    load_after = psutil.getloadavg()[0]
+    results = {name: (_best(rs) if rs else None) for name, rs in runs.items()}
+
+    print()
+    print(f"Reading at 224x224, batch 32: photos {count:,} images, small {small_count:,}"
+          f"{' (skipped)' if skip_small else ''}, seed {seed}. Steady state: {warmup} warm-up "
+          f"batches, then at least {' and '.join(f'{v} ({k})' for k, v in batches.items())} timed "
+          f"batches and {min_seconds:g} s.")
+    print(f"Best images/s and best TTFB of {repeat} run(s) of each contender, one process at a "
+          f"time; {os.cpu_count()} cores, load average {load_before:.1f} before, "
+          f"{load_after:.1f} after (shared cores: figures are noisy).")
+    print(_table(results))
+    print("* photos eval: image_dataset_from_directory decodes and stretches the whole image "
+          "(no crop): for reference. 'small @64x64': output at the images' own size, for "
+          "reference.")
+    verdicts = []
+    for t in TARGETS:
+        ratio = _ratio(results, t)
+        if ratio is None:
+            continue
+        ok = ratio <= t.bound if t.at_most else ratio >= t.bound
+        cpu_ratio = None
+        if t.metric == "images_per_s":
+            cpu_ratio = (results[t.denominator]["cpu_ms_per_image"]
+                         / results[t.numerator]["cpu_ms_per_image"])
+        verdicts.append({"target": t.label, "ratio": ratio, "bound": t.bound,
+                         "at_most": t.at_most, "pass": ok, "cpu_ratio": cpu_ratio})
+        print(f"  {t.label:<45} {ratio:5.2f}x (target {'<=' if t.at_most else '>='} "
+              f"{t.bound}x): {'PASS' if ok else 'FAIL'}"
+              + (f"   [images per CPU-second: {cpu_ratio:.2f}x]" if cpu_ratio else ""))
+    return {"count": count, "small_count": small_count, "seed": seed, "repeat": repeat,
+            "warmup": warmup, "batches": batches, "cpu_count": os.cpu_count(),
+            "load_average": [load_before, load_after], "results": results, "targets": verdicts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.read",
+        description="Time shardsmith's reader against image_dataset_from_directory, a "
+        "hand-tuned tf.data pipeline and the decode ceiling.",
+    )
+    parser.add_argument("--count", type=int, default=2000, help="Photos (default 2000).")
+    parser.add_argument("--small-count", type=int, default=20000,
+                        help="64x64 images (default 20000).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the corpora (default 0).")
+    parser.add_argument("--work", default=os.path.join(_REPO, "build", "bench"),
+                        help="Folder of corpora, conversions and logs (default build/bench).")
+    parser.add_argument("--skip-small", action="store_true", help="Skip the small-image scenario.")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="Runs of each contender; the best is kept (default 3).")
+    parser.add_argument("--warmup", type=int, default=16,
+                        help="Batches after the first one before the timed window (default 16).")
+    parser.add_argument("--min-seconds", type=float, default=5.0,
+                        help="Shortest timed window, in seconds (default 5).")
+    parser.add_argument("--only", help="Comma-separated contenders: "
+                        + ",".join(c.name for c in CONTENDERS))
+    parser.add_argument("--json", help="Also write the results to this file.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.count < 1 or args.small_count < 1 or args.repeat < 1 or args.warmup < 0:
+        parser.error("--count, --small-count and --repeat must be positive, --warmup >= 0")
+    names = None
+    if args.only:
+        names = tuple(n.strip() for n in args.only.split(","))
+        unknown = set(names) - {c.name for c in CONTENDERS}
+        if unknown:
+            parser.error(f"unknown contenders {sorted(unknown)}")
+    summary = run(count=args.count, small_count=args.small_count, seed=args.seed, work=args.work,
+                  skip_small=args.skip_small, repeat=args.repeat, warmup=args.warmup,
+                  min_seconds=args.min_seconds, names=names)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+    return 1 if any(r is None for r in summary["results"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
