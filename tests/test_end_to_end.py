@@ -56,3 +56,27 @@ def test_training_batches_have_the_model_shape_and_every_record_once(dataset):
         assert float(tf.reduce_max(images)) <= 255.0
         names += [n.decode() for n in extras[schemas.FILENAME.key].numpy()]
     assert len(names) == len(set(names)) == manifest.splits["train"].num_records
+
+
+@pytest.mark.parametrize("options", [
+    dict(image_size=(16, 16), seed=3, augment="standard"),  # training preset
+    dict(image_size=(20, 12), resize="pad", dtype="uint8", shuffle=False, deterministic=True),
+    dict(image_size=(16, 16), resize="crop", label_mode="categorical", shuffle=False, deterministic=True,
+         extra_features=(schemas.FILENAME.key,)),
+])
+def test_batched_and_per_image_decoding_give_the_same_batches(dataset, monkeypatch, options):
+    """Small records take the batch-at-a-time decode path; large ones decode per image."""
+    from readers import dataset as dataset_module
+
+    _, _, out, _ = dataset
+
+    def batches():
+        ds = readers.image_dataset_from_tfrecords(str(out), "train", batch_size=4, **options)
+        return [tf.nest.map_structure(lambda t: t.numpy(), b) for b in ds]
+
+    small_path = batches()
+    monkeypatch.setattr(dataset_module, "_BATCHED_DECODE_MAX_RECORD_BYTES", 0)
+    per_image = batches()
+    assert len(small_path) == len(per_image) > 1
+    for a, b in zip(small_path, per_image):
+        tf.nest.map_structure(np.testing.assert_array_equal, a, b)
