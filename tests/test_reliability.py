@@ -89,6 +89,10 @@ def test_a_killed_conversion_leaves_no_manifest_and_no_partial_shard(interrupted
             assert sum(1 for _ in iter_records(f)) > 0
         assert shard.read_bytes() == (reference / shard.name).read_bytes()
     assert verify.main([str(out)]) == 2  # "not a finished shardsmith dataset"
+    import readers
+
+    with pytest.raises(FileNotFoundError, match="not a finished shardsmith dataset.*did not finish"):
+        readers.image_dataset_from_tfrecords(str(out), "train")
 
 
 def test_resume_finishes_with_the_bytes_of_an_uninterrupted_run(interrupted, tmp_path):
