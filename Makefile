@@ -38,6 +38,7 @@ demo: $(STAMP)
 	    --split train=0.8,validation=0.2 --overwrite
 	$(PY) -m beam_jobs.verify $(DEMO_DIR)/dataset
 	$(PY) -m beam_jobs.inspect_dataset $(DEMO_DIR)/dataset
+	$(PY) -m beam_jobs.cli preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
