@@ -56,6 +56,7 @@ verify: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.convert
 	$(PY) -m bench.read
+	$(PY) -m bench.scale
 
 clean:
 	rm -rf build .pytest_cache

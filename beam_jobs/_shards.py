@@ -100,9 +100,13 @@ class WriteShardFn(beam.DoFn):
     NORMALIZED = "normalized"
 
     def __init__(self, *, output_dir, num_classes, total_shards, max_pixels, background, full_decode,
-                 resume=False, dicom=None):
+                 resume=False, dicom=None, worker_threads=None):
         # Plain values only: the DoFn is pickled to every worker.
         self._output_dir = output_dir
+        # Threads that read and validate ahead (None: `_POOL_THREADS` of the
+        # worker's machine). They change speed only, never the shard's bytes,
+        # so they are not part of `_fingerprint`.
+        self._worker_threads = worker_threads
         self._num_classes = num_classes
         self._total_shards = total_shards
         self._validator_args = dict(max_pixels=max_pixels, background=background,
@@ -217,7 +221,8 @@ class WriteShardFn(beam.DoFn):
         """
         pending = collections.deque()
         files = iter(files)
-        with concurrent.futures.ThreadPoolExecutor(_POOL_THREADS, "shardsmith-read") as pool:
+        threads = self._worker_threads or _POOL_THREADS
+        with concurrent.futures.ThreadPoolExecutor(threads, "shardsmith-read") as pool:
             for f in itertools.islice(files, _READ_AHEAD):
                 pending.append((f, pool.submit(self._validate, f)))
             while pending:
@@ -319,17 +324,20 @@ class ImagesToTFRecords(beam.PTransform):
       resume: Keep shards an interrupted run finished (see `WriteShardFn`).
       dicom: `_dicom.DicomOptions` for DICOM inputs; its tags become extra
         string features of every record.
+      worker_threads: Threads of each shard writer that read and validate
+        files ahead (None: min(4, cores of the worker)). Output bytes do not
+        depend on it.
     """
 
     def __init__(self, *, output_dir, num_classes, total_shards, max_pixels,
                  background=(255, 255, 255), full_decode=False, dedup=False, resume=False,
-                 dicom=None):
+                 dicom=None, worker_threads=None):
         super().__init__()
         self._dedup = dedup
         self._fn = WriteShardFn(
             output_dir=output_dir, num_classes=num_classes, total_shards=total_shards,
             max_pixels=max_pixels, background=background, full_decode=full_decode, resume=resume,
-            dicom=dicom,
+            dicom=dicom, worker_threads=worker_threads,
         )
 
     def expand(self, files):
