@@ -30,6 +30,9 @@ setuptools.setup(
         # the same ops the reader runs, so TF is a worker dependency too.
         "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
         "tensorflow>=2.16; platform_machine!='x86_64'",
+        # readers.ResumeCallback subclasses Keras's Callback; TensorFlow >= 2.16
+        # depends on Keras 3 already, so this adds nothing to an install.
+        "keras>=3",
         "numpy",
         "pillow>=10.1",
         "google-crc32c>=1.5",
@@ -56,6 +59,9 @@ setuptools.setup(
             # A GCS emulator on loopback, and the light client Beam's GCS I/O needs.
             "gcp-storage-emulator", "google-cloud-storage>=2.18.2,<4",
             "google-auth-httplib2>=0.1.0,<0.3.0",
+            # Reads our index files in a test (without TensorFlow in the process:
+            # its bundled example.proto clashes with TensorFlow's). No torch needed.
+            "tfrecord>=1.14.6",
         ],
         "bench": ["psutil", "scikit-image>=0.22"],
     },

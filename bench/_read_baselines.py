@@ -18,6 +18,10 @@ Contenders (`PIPELINES`):
 
 - ``shardsmith``: `readers.image_dataset_from_tfrecords` with the preset's
   options and `repeat=True`; shuffled except for ``eval``.
+- ``global``: the same with `shuffle="global"` (seed 0): a true per-epoch
+  permutation, each record read alone by offset (for local files, positioned
+  reads in a `tf.py_function`); ``global-tf``: the same, reading with
+  TensorFlow's TFRecord reader at an offset (what URLs use), for reference.
 - ``hand``: a hand-tuned tf.data TFRecord pipeline: the shard files, an
   AUTOTUNE interleave of `TFRecordDataset`s, `parse_example` on batches of
   64 records, the preset's decode per record, batch, prefetch; no ordering
@@ -53,11 +57,12 @@ import tensorflow as tf
 from schemas import IMAGE, IMAGE_SCHEMA, LABEL
 
 __all__ = [
-    "PIPELINES", "PRESETS", "RESULT_PREFIX", "shardsmith", "hand", "load_encoded", "ceiling",
+    "PIPELINES", "PRESETS", "RESULT_PREFIX", "shardsmith", "global_shuffle", "hand",
+    "load_encoded", "ceiling",
     "keras_directory", "measure", "main",
 ]
 
-PIPELINES = ("shardsmith", "hand", "ceiling", "keras")
+PIPELINES = ("shardsmith", "global", "global-tf", "hand", "ceiling", "keras")
 PRESETS = ("eval", "train", "stretch")
 RESULT_PREFIX = "BENCH_READ_RESULT "  # Also in bench.read, which does not import TensorFlow.
 
@@ -155,6 +160,25 @@ def shardsmith(data_dir: str, preset: str, size, batch_size: int) -> tf.data.Dat
     }[preset]
     return readers.image_dataset_from_tfrecords(
         data_dir, _SPLIT, batch_size=batch_size, image_size=size, repeat=True, **options
+    )
+
+
+def global_shuffle(data_dir: str, preset: str, size, batch_size: int,
+                   tf_reader: bool = False) -> tf.data.Dataset:
+    """shardsmith's reader with shuffle='global' (and the preset's decode)."""
+    import readers
+    from readers import record_index
+
+    if tf_reader:
+        record_index._READER = "tf"
+    options = {
+        "eval": dict(resize="crop", crop_fraction=_EVAL_CROP),
+        "train": dict(augment="standard"),
+        "stretch": {},
+    }[preset]
+    return readers.image_dataset_from_tfrecords(
+        data_dir, _SPLIT, batch_size=batch_size, image_size=size, repeat=True,
+        shuffle="global", seed=0, **options,
     )
 
 
@@ -314,14 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     size = (args.image_size, args.image_size)
     if args.pipeline == "keras":
         import keras  # noqa: F401  (imported before the clock, like TensorFlow)
-    if args.pipeline == "shardsmith":
+    if args.pipeline in ("shardsmith", "global", "global-tf"):
         import readers  # noqa: F401
 
     if args.pipeline == "ceiling":
         encoded = load_encoded(args.tfrecords)
         build = lambda: ceiling(encoded, args.preset, size, args.batch_size)  # noqa: E731
     else:
-        fn = {"shardsmith": shardsmith, "hand": hand, "keras": keras_directory}[args.pipeline]
+        fn = {
+            "shardsmith": shardsmith, "hand": hand, "keras": keras_directory,
+            "global": global_shuffle,
+            "global-tf": lambda *a: global_shuffle(*a, tf_reader=True),
+        }[args.pipeline]
         source = args.raw if args.pipeline == "keras" else args.tfrecords
         build = lambda: fn(source, args.preset, size, args.batch_size)  # noqa: E731
     result = measure(build, warmup=args.warmup, batches=args.batches,

@@ -14,6 +14,10 @@ converted once with `beam_jobs.convert`, it measures at 224x224, batch 32:
 for these contenders (`bench._read_baselines` describes each exactly):
 
 - shardsmith: `readers.image_dataset_from_tfrecords`;
+- shuffle='global' (training preset only): the same reader with a true
+  per-epoch permutation, each record read alone at its offset (Python
+  positioned reads for local files); and, for reference, the same reading
+  with TensorFlow's TFRecord reader at an offset (what URLs use);
 - hand-tuned: a tuned tf.data TFRecord pipeline (interleave, batched parse,
   fused decode, batch, prefetch), written against `schemas` alone;
 - decode ceiling: the same encoded bytes already in memory, decoded and
@@ -36,7 +40,8 @@ Scenarios:
 Targets (2-core machine): photos eval, shardsmith >= 0.95x the hand-tuned
 pipeline and >= 0.9x the decode ceiling in images/s, TTFB <= 1.5x the
 hand-tuned pipeline's; photos train, shardsmith >= 1.5x keras followed by the
-same random crop; small, shardsmith >= 3x keras.
+same random crop; small, shardsmith >= 3x keras; photos train,
+shuffle='global' >= 0.9x shardsmith's default (shards) shuffle.
 
 Every contender runs in its own process, one after another; each is run
 `--repeat` times (default 3, rounds interleaved), and its best images/s and
@@ -52,7 +57,11 @@ images; best of 3; load average 1.2-3.2), images/s: photos eval shardsmith
 photos train shardsmith 978 vs idfd + crop 601 (1.63x); small shardsmith
 4731 vs idfd 4815 (0.98x; the ceiling is 5235: the resize to 224x224 is
 most of the work, and the per-file cost of a warm local disk is small); small
-at 64x64 output shardsmith 24145 vs idfd 18696 (1.29x).
+at 64x64 output shardsmith 24145 vs idfd 18696 (1.29x). Global shuffle
+(`--only train-shardsmith,train-global,train-global-tf,train-hand`, best of
+3, load average 1.4-2.1): 1015 images/s vs shards mode 995 (1.02x; 1.92 vs
+1.96 CPU ms/image), TensorFlow's reader at an offset 961; an earlier run
+985 vs 987 (1.00x).
 
 Corpora are made in `WORK/corpora` (shared with `bench.convert`) and converted
 into `WORK/read/`; both are reused by later runs with the same count and seed.
@@ -121,6 +130,8 @@ CONTENDERS = (
     Contender("train-keras", "photos", "keras", "train", "idfd + random crop + flip"),
     Contender("train-hand", "photos", "hand", "train", "hand-tuned TFRecord"),
     Contender("train-ceiling", "photos", "ceiling", "train", "decode ceiling (in memory)"),
+    Contender("train-global", "photos", "global", "train", "shuffle='global'"),
+    Contender("train-global-tf", "photos", "global-tf", "train", "shuffle='global', TF reads"),
     Contender("small-shardsmith", "small", "shardsmith", "stretch", "shardsmith reader"),
     Contender("small-keras", "small", "keras", "stretch", "image_dataset_from_directory"),
     Contender("small-hand", "small", "hand", "stretch", "hand-tuned TFRecord"),
@@ -161,6 +172,8 @@ TARGETS = (
     Target("photos train: images/s vs idfd + same crop", "images_per_s", "train-shardsmith",
            "train-keras", 1.5),
     Target("small: images/s vs idfd", "images_per_s", "small-shardsmith", "small-keras", 3.0),
+    Target("photos train: global shuffle vs shards", "images_per_s", "train-global",
+           "train-shardsmith", 0.9),
 )
 
 

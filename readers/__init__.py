@@ -6,7 +6,11 @@
 
 The lower-level pieces live in `readers.metadata` (manifest and shard files),
 `readers.decode` (records to tensors, schema only) and `readers.preprocess`
-(resize policies, augmentation, output dtype).
+(resize policies, augmentation, output dtype). `shuffle="global"` (a true
+per-epoch permutation read by offset, resumable exactly from a
+`ReadPosition`) lives in `readers.global_shuffle`, `readers.record_index`
+and `readers.positions`; `ResumeCallback` (which imports Keras) is loaded on
+first use.
 """
 
 # First: TensorFlow is imported once, the cheap way (see schemas/_tf.py).
@@ -14,6 +18,7 @@ from schemas import _tf  # noqa: F401  isort: skip
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
 from readers.distributed import distributed_dataset, make_dataset_fn
 from readers.metadata import load_manifest
+from readers.positions import PositionTracker, ReadPosition
 
 __all__ = [
     "ReaderConfig",
@@ -21,4 +26,16 @@ __all__ = [
     "distributed_dataset",
     "make_dataset_fn",
     "load_manifest",
+    "ReadPosition",
+    "PositionTracker",
+    "ResumeCallback",
 ]
+
+
+def __getattr__(name):
+    # Keras costs a second to import; only training with fit needs it here.
+    if name == "ResumeCallback":
+        from readers.resume import ResumeCallback
+
+        return ResumeCallback
+    raise AttributeError(f"module 'readers' has no attribute {name!r}")

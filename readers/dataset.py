@@ -1,6 +1,7 @@
 """`image_dataset_from_tfrecords`: a converted dataset as a batched `tf.data.Dataset`.
 
-The pipeline, all stages AUTOTUNEd:
+The pipeline (`shuffle=True`, also spelled 'shards', or False), all stages
+AUTOTUNEd:
 
   shard files from the manifest (shuffled per epoch with the seed)
   -> parallel interleave of `TFRecordDataset`s
@@ -15,6 +16,11 @@ For small images (mean record size up to 32 KiB) with batching and without a
 callable `augment`, the parse, decode and per-batch steps run as one function
 per output batch instead (same results, same order), which saves the
 per-element overhead that dominates when decoding is cheap.
+
+With `shuffle="global"` the first three stages are replaced by a true
+permutation of every record of the split per epoch, read record by record at
+the offsets of the converter's index files (`readers.global_shuffle`); the
+read can then be resumed exactly from a `readers.ReadPosition`.
 
 Nothing is cached unless `cache` is set. Without `seed`, the pipeline runs
 non-deterministically (faster: workers need not wait for each other); with a
@@ -34,16 +40,22 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers import decode, preprocess
+from readers import decode, global_shuffle, preprocess
 from readers.metadata import SplitFiles, load_split
-from schemas.features import IMAGE, LABEL
+from readers.positions import ReadPosition
+from schemas.features import IMAGE, LABEL, ImageRecord
 
-__all__ = ["LABEL_MODES", "AUGMENTATIONS", "ReaderConfig", "image_dataset_from_tfrecords"]
+__all__ = [
+    "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "ReaderConfig",
+    "image_dataset_from_tfrecords",
+]
 
 logger = logging.getLogger(__name__)
 
 LABEL_MODES = ("int", "categorical", "binary", None)
 AUGMENTATIONS = (None, "standard")
+# True is 'shards'; False reads in manifest order.
+SHUFFLE_MODES = (True, False, "shards", "global")
 
 # Records parsed per vectorised `tf.io.parse_example` call.
 _PARSE_BATCH = 64
@@ -109,9 +121,15 @@ class ReaderConfig:
       image_size: (height, width) of the output images. None keeps the stored
         sizes (only with `batch_size=None`, as sizes differ).
       color_mode: 'rgb' (3 channels), 'grayscale' (1) or 'rgba' (4).
-      shuffle: Shuffle shard files per epoch and records in a buffer.
+      shuffle: True or 'shards': shuffle the shard files per epoch and the
+        records in a buffer (cheap, approximate). 'global': a new permutation
+        of every record of the split each epoch, derived from (seed, epoch),
+        read record by record at the offsets of the index files; resumable
+        exactly with `start`, and the same whatever the number of input
+        pipelines (see `readers.global_shuffle`). False: manifest order.
       seed: Seed for shuffling and augmentation; with a seed the pipeline is
-        reproducible.
+        reproducible. With shuffle='global' and no seed, one is drawn and
+        logged (and set as the dataset's `seed` attribute).
       label_mode: 'int' (int32 labels [batch]), 'categorical' (float32 one-hot
         [batch, num_classes]), 'binary' (float32 [batch, 1], two classes only)
         or None (no labels).
@@ -146,13 +164,26 @@ class ReaderConfig:
         first epoch; or a file path prefix to cache them on disk. Later epochs
         keep the first epoch's file order; the record shuffle still varies.
       shuffle_buffer: Records in the shuffle buffer. None: up to 1024,
-        limited to about 256 MiB of encoded records.
+        limited to about 256 MiB of encoded records. Not with 'global'.
+      start: shuffle='global' only: the `readers.ReadPosition` to start at,
+        e.g. `tracker.position()` after restoring a checkpoint; needs the
+        `seed` of the run being resumed. Reading starts at `start.consumed`
+        of epoch `start.epoch`; without `repeat` the dataset ends with that
+        epoch (and iterating it again reads the same epoch: for several
+        epochs use `repeat=True` with `steps_per_epoch`).
+      max_bad_records: shuffle='global' only: damaged records (bad CRC,
+        truncated) skipped per epoch and input pipeline before the read
+        fails; each is logged with its shard, byte offset and (if it parses)
+        file name, and leaves its batch one record short (the batch
+        dimension is then not static). With 0 (the default), the first one
+        fails the read with that description. In the other modes a damaged
+        record fails the read (TensorFlow's DataLossError).
     """
 
     batch_size: int | None = 32
     image_size: tuple[int, int] | None = (224, 224)
     color_mode: str = "rgb"
-    shuffle: bool = True
+    shuffle: bool | str = True
     seed: int | None = None
     label_mode: str | None = "int"
     resize: str = "stretch"
@@ -168,6 +199,8 @@ class ReaderConfig:
     deterministic: bool | None = None
     cache: bool | str = False
     shuffle_buffer: int | None = None
+    start: ReadPosition | None = None
+    max_bad_records: int = 0
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -202,7 +235,12 @@ class ReaderConfig:
                 f"`color_mode` must be one of {tuple(decode.CHANNELS_BY_COLOR_MODE)}. "
                 f"Received: color_mode={self.color_mode!r}"
             )
-        for name in ("shuffle", "repeat", "drop_remainder"):
+        if not any(self.shuffle is m or (isinstance(m, str) and self.shuffle == m)
+                   for m in SHUFFLE_MODES):
+            raise TypeError(
+                f"`shuffle` must be one of {SHUFFLE_MODES}. Received: shuffle={self.shuffle!r}"
+            )
+        for name in ("repeat", "drop_remainder"):
             _check_bool(name, getattr(self, name))
         if self.deterministic is not None:
             _check_bool("deterministic", self.deterministic)
@@ -317,16 +355,55 @@ class ReaderConfig:
                 "`shuffle_buffer` must be a positive integer or None. "
                 f"Received: shuffle_buffer={self.shuffle_buffer!r}"
             )
+        if not _is_int(self.max_bad_records) or self.max_bad_records < 0:
+            raise ValueError(
+                "`max_bad_records` must be a non-negative integer. "
+                f"Received: max_bad_records={self.max_bad_records!r}"
+            )
+        if self.start is not None and not isinstance(self.start, ReadPosition):
+            raise TypeError(
+                "`start` must be a readers.ReadPosition or None. "
+                f"Received: start={self.start!r}"
+            )
+        if self.shuffle_mode == "global":
+            for name, value in (("cache", self.cache), ("shuffle_buffer", self.shuffle_buffer)):
+                if value not in (False, None):
+                    raise ValueError(
+                        f"`{name}` does not apply to shuffle='global', which reads every "
+                        f"record by offset. Received: {name}={value!r}, shuffle='global'"
+                    )
+            if self.start is not None and self.seed is None:
+                raise ValueError(
+                    "`start` resumes a shuffle='global' read and needs that run's `seed`. "
+                    f"Received: start={self.start!r}, seed=None"
+                )
+        else:
+            for name, value, default in (
+                ("start", self.start, None), ("max_bad_records", self.max_bad_records, 0)
+            ):
+                if value != default:
+                    raise ValueError(
+                        f"`{name}` applies to shuffle='global' only. "
+                        f"Received: {name}={value!r}, shuffle={self.shuffle!r}"
+                    )
 
     @property
     def channels(self) -> int:
         return decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
 
     @property
+    def shuffle_mode(self) -> str | None:
+        """'shards', 'global', or None (no shuffling)."""
+        if self.shuffle is True:
+            return "shards"
+        return self.shuffle or None
+
+    @property
     def is_deterministic(self) -> bool:
-        """Whether element order is reproducible, resolving None."""
+        """Whether element order is reproducible, resolving None (always with
+        shuffle='global', whose order is the point)."""
         if self.deterministic is None:
-            return self.seed is not None
+            return self.seed is not None or self.shuffle_mode == "global"
         return self.deterministic
 
     def check_schema(self, split_files: SplitFiles) -> None:
@@ -360,12 +437,93 @@ def _derive_seed(seed: int | None, *salt: int) -> int | None:
     return int.from_bytes(digest[:8], "little") % _SEED_MODULUS
 
 
+def _random_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") % _SEED_MODULUS
+
+
 def _shuffle_buffer(config: ReaderConfig, num_records: int, num_bytes: int) -> int:
     if config.shuffle_buffer is not None:
         return config.shuffle_buffer
     mean_bytes = max(1, num_bytes // max(1, num_records))
     by_ram = max(1, _SHUFFLE_RAM_BUDGET // mean_bytes)
     return max(1, min(num_records, _DEFAULT_SHUFFLE_RECORDS, by_ram))
+
+
+def _placeholder_record(schema) -> bytes:
+    """A valid record of `schema` with a 1x1 image: stands in for a skipped
+    damaged record until its batch drops it (keeps per-example stages simple)."""
+    png = tf.io.encode_png(tf.zeros([1, 1, 1], tf.uint8)).numpy()
+    return schema.encode(
+        ImageRecord(
+            image=png, label=0, filename="", format="png", height=1, width=1, channels=1,
+            extra={spec.key: "" for spec in schema.extra},
+        )
+    )
+
+
+def _shards_records(
+    split_files: SplitFiles,
+    config: ReaderConfig,
+    *,
+    pipeline_id: int,
+    num_pipelines: int,
+    standard: bool,
+) -> tuple[tf.data.Dataset, int, int]:
+    """The record stream of the 'shards' and unshuffled modes.
+
+    Returns:
+      (records, records of this pipeline per epoch, their bytes); elements are
+      serialized records, or (serialized, [2] seed) with standard augmentation.
+    """
+    paths, counts, sizes = split_files.paths, split_files.num_records, split_files.num_bytes
+    record_sharding = num_pipelines > 1 and len(paths) < num_pipelines
+    if num_pipelines > 1 and not record_sharding:
+        paths = paths[pipeline_id::num_pipelines]
+        counts = counts[pipeline_id::num_pipelines]
+        sizes = sizes[pipeline_id::num_pipelines]
+    num_records = sum(counts)
+    num_bytes = sum(sizes)
+    if record_sharding:
+        num_records = len(range(pipeline_id, num_records, num_pipelines))
+        num_bytes = num_bytes // num_pipelines
+    seed = config.seed
+    shuffle = config.shuffle_mode == "shards"
+
+    files = tf.data.Dataset.from_tensor_slices(list(paths))
+    # Record-level sharding needs every pipeline to see the records in the same
+    # order, which a per-process random file order would break.
+    if shuffle and len(paths) > 1 and not (record_sharding and seed is None):
+        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    records = files.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True if record_sharding else None,
+    )
+    if record_sharding:
+        records = records.shard(num_pipelines, pipeline_id)
+    # Fails the iteration if the files hold other counts than the manifest.
+    records = records.apply(tf.data.experimental.assert_cardinality(num_records))
+    if config.cache:
+        records = records.cache("" if config.cache is True else os.fspath(config.cache))
+    if shuffle:
+        records = records.shuffle(
+            _shuffle_buffer(config, num_records, num_bytes),
+            seed=_derive_seed(seed, 1, pipeline_id),
+            reshuffle_each_iteration=True,
+        )
+    if config.repeat:
+        # Each repetition re-runs the file and record shuffles: every epoch
+        # holds every record exactly once, in a new order.
+        records = records.repeat()
+    if standard:
+        # One seed per record, drawn in record order.
+        seeds = tf.data.Dataset.random(
+            seed=_derive_seed(seed, 2, pipeline_id), rerandomize_each_iteration=True
+        ).batch(2)
+        records = tf.data.Dataset.zip(records, seeds)
+    return records, num_records, num_bytes
 
 
 def build_dataset(
@@ -382,7 +540,9 @@ def build_dataset(
     With `num_pipelines` > 1, pipeline `pipeline_id` reads shard files
     `pipeline_id::num_pipelines`; if there are fewer files than pipelines,
     every pipeline reads all files in the same order and keeps every
-    `num_pipelines`-th record instead.
+    `num_pipelines`-th record instead. With shuffle='global', it reads its
+    contiguous slice of every global batch (`config.batch_size` is the
+    global batch size) instead, see `readers.global_shuffle`.
 
     Args:
       split_files: The split, from `readers.metadata.load_split`.
@@ -396,53 +556,46 @@ def build_dataset(
 
     Returns:
       The dataset, see `image_dataset_from_tfrecords`.
+
+    Raises:
+      ValueError: With shuffle='global', if `config.seed` is None or the
+        global batch size does not divide by `num_pipelines`.
+      schemas.ManifestError, FileNotFoundError: With shuffle='global', if an
+        index file is missing or does not match the manifest.
     """
     config.check_schema(split_files)
-    paths, counts, sizes = split_files.paths, split_files.num_records, split_files.num_bytes
-    record_sharding = num_pipelines > 1 and len(paths) < num_pipelines
-    if num_pipelines > 1 and not record_sharding:
-        paths = paths[pipeline_id::num_pipelines]
-        counts = counts[pipeline_id::num_pipelines]
-        sizes = sizes[pipeline_id::num_pipelines]
-    num_records = sum(counts)
-    num_bytes = sum(sizes)
-    if record_sharding:
-        num_records = len(range(pipeline_id, num_records, num_pipelines))
-        num_bytes = num_bytes // num_pipelines
-    seed = config.seed
-
-    files = tf.data.Dataset.from_tensor_slices(list(paths))
-    # Record-level sharding needs every pipeline to see the records in the same
-    # order, which a per-process random file order would break.
-    if config.shuffle and len(paths) > 1 and not (record_sharding and seed is None):
-        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    records = files.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
-        block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True if record_sharding else None,
-    )
-    if record_sharding:
-        records = records.shard(num_pipelines, pipeline_id)
-    # Fails the iteration if the files hold other counts than the manifest.
-    records = records.apply(tf.data.experimental.assert_cardinality(num_records))
-    if config.cache:
-        records = records.cache("" if config.cache is True else os.fspath(config.cache))
-    if config.shuffle:
-        records = records.shuffle(
-            _shuffle_buffer(config, num_records, num_bytes),
-            seed=_derive_seed(seed, 1, pipeline_id),
-            reshuffle_each_iteration=True,
+    standard = config.augment == "standard"
+    # With shuffle='global' and a damage budget, a skipped record arrives as
+    # b"" and is dropped from its batch (positions stay exact).
+    masked = config.shuffle_mode == "global" and config.max_bad_records > 0
+    if config.shuffle_mode == "global":
+        if config.seed is None:
+            raise ValueError(
+                "shuffle='global' needs a `seed` here, the same for every input "
+                "pipeline. Received: seed=None"
+            )
+        records, num_records, _ = global_shuffle.global_records(
+            split_files,
+            perm_seed=_derive_seed(config.seed, 3),
+            aug_seed=_derive_seed(config.seed, 4) if standard else None,
+            start=config.start or ReadPosition(),
+            global_batch_size=config.batch_size or 1,
+            pipeline_id=pipeline_id,
+            num_pipelines=num_pipelines,
+            repeat=config.repeat,
+            drop_remainder=config.drop_remainder,
+            max_bad_records=config.max_bad_records,
         )
-    if config.repeat:
-        # Each repetition re-runs the file and record shuffles: every epoch
-        # holds every record exactly once, in a new order.
-        records = records.repeat()
+        num_bytes_per_record = split_files.total_bytes / split_files.total_records
+    else:
+        records, num_records, num_bytes = _shards_records(
+            split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
+            standard=standard,
+        )
+        num_bytes_per_record = num_bytes / max(1, num_records)
 
     keys = [IMAGE.key] + ([LABEL.key] if config.label_mode else []) + list(config.extra_features)
     schema = split_files.schema
-    standard = config.augment == "standard"
     depth = tf.uint16 if config.dtype == "uint16" else tf.uint8
     num_classes = len(split_files.class_names)
 
@@ -460,17 +613,15 @@ def build_dataset(
         )
 
     ds = records
-    if standard:
-        # One seed per record, drawn in record order.
-        seeds = tf.data.Dataset.random(
-            seed=_derive_seed(seed, 2, pipeline_id), rerandomize_each_iteration=True
-        ).batch(2)
-        ds = tf.data.Dataset.zip(ds, seeds)
+    if masked and batch_size is None:
+        # Unbatched, a skipped record simply does not appear.
+        ds = ds.filter(_no_autograph(lambda s, *_: tf.strings.length(s) > 0))
+        masked = False
 
     batched_decode = (
         batch_size is not None
         and not callable(config.augment)
-        and num_bytes <= _BATCHED_DECODE_MAX_RECORD_BYTES * max(1, num_records)
+        and num_bytes_per_record <= _BATCHED_DECODE_MAX_RECORD_BYTES
     )
     if batched_decode:
         # Small images: one function call per output batch parses it, decodes
@@ -483,6 +634,11 @@ def build_dataset(
 
         @_no_autograph
         def load_batch(serialized, batch_seeds=None):
+            if masked:
+                keep = tf.strings.length(serialized) > 0
+                serialized = tf.boolean_mask(serialized, keep)
+                if standard:
+                    batch_seeds = tf.boolean_mask(batch_seeds, keep)
             features = decode.parse_examples(serialized, keys, schema)
             if standard:
                 features[IMAGE.key] = tf.map_fn(
@@ -499,22 +655,26 @@ def build_dataset(
         ds = ds.batch(batch_size, drop_remainder=config.drop_remainder)
         ds = ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
     else:
-        if standard:
-            ds = ds.batch(_PARSE_BATCH).map(
-                _no_autograph(lambda s, b: (decode.parse_examples(s, keys, schema), b)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            ).unbatch()
-        else:
-            ds = ds.batch(_PARSE_BATCH).map(
-                _no_autograph(lambda s: decode.parse_examples(s, keys, schema)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            ).unbatch()
+        # Elements from here on: features, then the seed with standard
+        # augmentation, then the keep flag when masked.
+        placeholder = _placeholder_record(schema) if masked else None
 
         @_no_autograph
-        def load(features, example_seed=None):
+        def parse(serialized, *rest):
+            if masked:
+                keep = tf.strings.length(serialized) > 0
+                serialized = tf.where(keep, serialized, placeholder)
+                rest = (*rest, keep)
+            features = decode.parse_examples(serialized, keys, schema)
+            return (features, *rest) if rest else features
+
+        ds = ds.batch(_PARSE_BATCH).map(parse, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+        @_no_autograph
+        def load(features, *rest):
             features = dict(features)
-            features[IMAGE.key] = load_image(features[IMAGE.key], example_seed)
-            return features
+            features[IMAGE.key] = load_image(features[IMAGE.key], rest[0] if standard else None)
+            return (features, rest[-1]) if masked else features
 
         ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -522,23 +682,28 @@ def build_dataset(
             user_fn = config.augment
             shape = [*config.image_size, config.channels]
 
-            def augment(features):
+            def augment(features, *keep):
                 features = dict(features)
                 image = tf.convert_to_tensor(user_fn(features[IMAGE.key]))
                 features[IMAGE.key] = tf.ensure_shape(tf.cast(image, tf.float32), shape)
-                return features
+                return (features, *keep) if keep else features
 
             ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
 
         if batch_size is not None:
             ds = ds.batch(batch_size, drop_remainder=config.drop_remainder,
                           num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.map(
-            _no_autograph(lambda f: _finalize(f, config, num_classes)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
 
-    if not config.repeat:
+        @_no_autograph
+        def finalize(features, *keep):
+            if keep:
+                features = {k: tf.boolean_mask(v, keep[0]) for k, v in features.items()}
+            return _finalize(features, config, num_classes)
+
+        ds = ds.map(finalize, num_parallel_calls=tf.data.AUTOTUNE)
+
+    if not config.repeat and not (config.shuffle_mode == "global" and batch_size is None
+                                  and config.max_bad_records):
         if batch_size is None:
             num_elements = num_records
         elif config.drop_remainder:
@@ -556,6 +721,8 @@ def build_dataset(
         )
     ds = ds.with_options(options)
     ds.class_names = list(split_files.class_names)
+    ds.records_per_epoch = split_files.total_records
+    ds.seed = config.seed
     return ds
 
 
@@ -586,7 +753,7 @@ def image_dataset_from_tfrecords(
     batch_size: int | None = 32,
     image_size: tuple[int, int] | None = (224, 224),
     color_mode: str = "rgb",
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     seed: int | None = None,
     label_mode: str | None = "int",
     resize: str = "stretch",
@@ -602,6 +769,8 @@ def image_dataset_from_tfrecords(
     deterministic: bool | None = None,
     cache: bool | str = False,
     shuffle_buffer: int | None = None,
+    start: ReadPosition | None = None,
+    max_bad_records: int = 0,
 ) -> tf.data.Dataset:
     """Reads one split of a shardsmith dataset as a batched `tf.data.Dataset`.
 
@@ -615,7 +784,8 @@ def image_dataset_from_tfrecords(
       split: The split to read, e.g. 'train' or 'validation'.
       batch_size, image_size, color_mode, shuffle, seed, label_mode, resize,
       crop_fraction, interpolation, dtype, scale, normalize, augment, repeat,
-      drop_remainder, extra_features, deterministic, cache, shuffle_buffer:
+      drop_remainder, extra_features, deterministic, cache, shuffle_buffer,
+      start, max_bad_records:
         See `ReaderConfig`.
 
     Returns:
@@ -632,7 +802,10 @@ def image_dataset_from_tfrecords(
       described under `ReaderConfig.label_mode`. Without batching the batch
       dimension is absent. Without `repeat`, the cardinality is known (from
       the manifest's counts), so `model.fit` shows progress. The dataset has
-      a `class_names` attribute, the class names in label order.
+      a `class_names` attribute, the class names in label order,
+      `records_per_epoch` (records of the split, for `readers.ReadPosition`
+      and `readers.PositionTracker`) and `seed` (the seed in use: with
+      shuffle='global' and no `seed`, the one drawn).
 
     Raises:
       TypeError, ValueError: If an argument is invalid; the message names it,
@@ -640,7 +813,8 @@ def image_dataset_from_tfrecords(
       FileNotFoundError: If `data_dir` is missing, is not a finished
         shardsmith dataset, or lacks shard files its manifest lists.
       schemas.ManifestError: If the manifest is damaged, of an unknown schema
-        version, or has no such split.
+        version, or has no such split; with shuffle='global', if an index
+        file does not match the manifest (or it lists none).
     """
     config = ReaderConfig(
         batch_size=batch_size,
@@ -662,7 +836,15 @@ def image_dataset_from_tfrecords(
         deterministic=deterministic,
         cache=cache,
         shuffle_buffer=shuffle_buffer,
+        start=start,
+        max_bad_records=max_bad_records,
     )
+    if config.shuffle_mode == "global" and config.seed is None:
+        config = dataclasses.replace(config, seed=_random_seed())
+        logger.info(
+            "shuffle='global' without a seed: using seed=%d (pass it, with `start`, "
+            "to resume this read).", config.seed,
+        )
     split_files = load_split(data_dir, split)
     logger.info(
         "Reading split %r of %s: %d records in %d shard files.",

@@ -20,6 +20,17 @@ When the last global batch of an epoch is partial, some replicas get an empty
 batch. Keras's Dense layer fails on those on CPU with oneDNN enabled (the TF
 default): train with `drop_remainder=True` there (or TF_ENABLE_ONEDNN_OPTS=0).
 The distributed dataset has no cardinality, so `fit` shows no epoch total.
+
+With `shuffle="global"` (which needs a `seed`, the same on every worker) the
+pipelines do not split the files: pipeline p of P reads its contiguous slice
+of G/P positions of every global batch of G (`global_batch_size`, which must
+divide by P and by the number of replicas), and its replicas (consecutive
+replica ids) get consecutive per-replica batches of that slice. The
+per-replica batches of a step, concatenated in replica order, are then
+global batch b of the global order whatever P and the replica count, so a
+run can be resumed (`start`) with another number of workers or replicas. A
+partial last global batch (without `repeat`) is cut the same way, so some
+replicas may get fewer records or none.
 """
 
 from __future__ import annotations
@@ -56,7 +67,14 @@ def _config(global_batch_size, options: dict[str, Any]) -> ReaderConfig:
             "`global_batch_size` must be a positive integer. "
             f"Received: global_batch_size={global_batch_size!r}"
         )
-    return ReaderConfig(batch_size=global_batch_size, **options)
+    config = ReaderConfig(batch_size=global_batch_size, **options)
+    if config.shuffle_mode == "global" and config.seed is None:
+        raise ValueError(
+            "shuffle='global' in a distributed read needs a `seed`: every input "
+            "pipeline (on every worker) must compute the same permutation. "
+            "Received: seed=None"
+        )
+    return config
 
 
 def _pipeline_dataset(
@@ -65,7 +83,7 @@ def _pipeline_dataset(
     per_replica = context.get_per_replica_batch_size(config.batch_size)
     num_pipelines = context.num_input_pipelines
     pipeline_id = context.input_pipeline_id
-    if len(split_files.paths) < num_pipelines:
+    if config.shuffle_mode != "global" and len(split_files.paths) < num_pipelines:
         logger.warning(
             "Split %r of %s has %d shard file(s) for %d input pipelines: every "
             "pipeline reads all files and keeps one record in every %d, so each reads "

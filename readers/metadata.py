@@ -43,6 +43,9 @@ class SplitFiles:
       num_bytes: Bytes of each of `paths`.
       class_names: Class names in label order.
       schema: The record schema stored in the manifest.
+      index_files: Full path of each shard's index file (None where the
+        manifest lists none), for `readers.record_index`.
+      index_sha256: The manifest's sha256 of each index file.
     """
 
     data_dir: str
@@ -52,6 +55,8 @@ class SplitFiles:
     num_bytes: tuple[int, ...]
     class_names: tuple[str, ...]
     schema: ImageExampleSchema
+    index_files: tuple[str | None, ...] = ()
+    index_sha256: tuple[str | None, ...] = ()
 
     @property
     def total_records(self) -> int:
@@ -195,4 +200,8 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
         num_bytes=tuple(s.num_bytes for s in shards),
         class_names=tuple(manifest.class_names),
         schema=schema,
+        index_files=tuple(
+            tf.io.gfile.join(path, s.index_file) if s.index_file else None for s in shards
+        ),
+        index_sha256=tuple(s.index_sha256 for s in shards),
     )
