@@ -51,20 +51,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
-import pathlib
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 import psutil
 
+from beam_jobs._local_dask import LocalDaskCluster
 from bench import corpus
 from bench.convert import Contender, Measurement, count_records, measure
 
@@ -142,91 +140,23 @@ def _dask_contender(s: Setup, address: str) -> Contender:
 # --- A local Dask cluster ----------------------------------------------------
 
 
-def _dask_command(*args: str) -> list[str]:
-    script = pathlib.Path(sys.executable).with_name("dask")
-    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
-
-
-def _kill_groups(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to each process group (nanny, worker, ...), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, sig)
-        deadline = time.monotonic() + grace
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        if all(p.poll() is not None for p in procs):
-            # The groups may still hold children of a leader that exited.
-            for p in procs:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            return
-
-
-class DaskCluster:
+class DaskCluster(LocalDaskCluster):
     """A scheduler and `workers` worker processes of 1 thread on 127.0.0.1.
 
     Use as a context manager: on exit (or any error while starting) every
     process group started is killed. With `cpu`, the workers may run on that
-    core only.
+    core only. `cpu_seconds` is here, not in `LocalDaskCluster`, as psutil is
+    a dependency of the benchmarks only.
     """
 
     def __init__(self, workers: int, folder: str, cpu: int | None = None):
-        self.workers = workers
-        self.folder = folder
-        self.cpu = cpu
-        self.address: str | None = None
-        self._procs: list[subprocess.Popen] = []
-        self._logs = []
-
-    def _start(self, name: str, *args: str, cpu: int | None = None) -> None:
-        log = open(os.path.join(self.folder, f"{name}.log"), "wb")
-        self._logs.append(log)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=_REPO)
-        self._procs.append(subprocess.Popen(
-            _dask_command(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, cwd=self.folder, start_new_session=True,
-            # Inherited by the nanny's worker process.
-            preexec_fn=None if cpu is None else functools.partial(os.sched_setaffinity, 0, [cpu]),
-        ))
-
-    def __enter__(self) -> DaskCluster:
-        import distributed
-
-        os.makedirs(self.folder, exist_ok=True)
-        scheduler_file = os.path.join(self.folder, "scheduler.json")
-        try:
-            self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0",
-                        "--no-dashboard", "--scheduler-file", scheduler_file)
-            deadline = time.monotonic() + _DASK_START_TIMEOUT_S
-            while True:
-                with contextlib.suppress(OSError, ValueError), open(scheduler_file) as f:
-                    self.address = json.load(f)["address"]
-                    break
-                if self._procs[0].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"dask scheduler did not start: see {self.folder}/scheduler.log")
-                time.sleep(0.2)
-            for i in range(self.workers):
-                self._start(f"worker{i}", "worker", "--scheduler-file", scheduler_file,
-                            "--host", "127.0.0.1", "--nworkers", "1", "--nthreads", "1",
-                            "--no-dashboard", "--name", f"bench-scale-{i}",
-                            "--local-directory", os.path.join(self.folder, f"worker{i}"),
-                            cpu=self.cpu)
-            with distributed.Client(scheduler_file=scheduler_file,
-                                    timeout=_DASK_START_TIMEOUT_S) as client:
-                client.wait_for_workers(self.workers,
-                                        timeout=max(1.0, deadline - time.monotonic()))
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
+        super().__init__(workers, folder, cpu=cpu, name_prefix="bench-scale",
+                         start_timeout=_DASK_START_TIMEOUT_S)
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of every process of the cluster so far."""
         total = 0.0
-        for p in self._procs:
+        for p in self.procs:
             try:
                 procs = [psutil.Process(p.pid)]
                 procs += procs[0].children(recursive=True)
@@ -237,11 +167,6 @@ class DaskCluster:
                     t = q.cpu_times()
                     total += t.user + t.system
         return total
-
-    def __exit__(self, *exc) -> None:
-        _kill_groups(self._procs)
-        for log in self._logs:
-            log.close()
 
 
 # --- Measurements ------------------------------------------------------------

@@ -8,17 +8,11 @@ groups when the module is done, whatever happened.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import json
 import logging
 import os
 import pathlib
 import re
-import signal
-import subprocess
-import sys
-import time
 
 import distributed  # shardsmith[dask]; the test extra has it.
 import pytest
@@ -28,43 +22,11 @@ from conftest import encode, make_class_tree, pixels, write
 import schemas
 from beam_jobs import convert as convert_module
 from beam_jobs import verify as verify_module
+from beam_jobs._local_dask import LocalDaskCluster
 
 _LOG = logging.getLogger(__name__)
 _START_TIMEOUT_S = 120  # Two workers that each import TensorFlow, on a busy 2-core machine.
-_REPO = pathlib.Path(__file__).resolve().parent.parent
 _ARGS = ("--split", "train=0.6,validation=0.4", "--seed", "7", "--max_reject_fraction", "0.5")
-
-
-def _dask_command(*args: str) -> list[str]:
-    script = pathlib.Path(sys.executable).with_name("dask")
-    return [str(script), *args] if script.exists() else [sys.executable, "-m", "dask", *args]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to each process group (nanny, worker, resource tracker), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, sig)
-        deadline = time.monotonic() + grace
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        if all(p.poll() is not None for p in procs):
-            # The groups may still hold children of a leader that exited.
-            for p in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            return
-
-
-def _written_json(path: pathlib.Path) -> bool:
-    """Whether the file exists and holds complete JSON (the scheduler writes it once up)."""
-    try:
-        json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 @dataclasses.dataclass
@@ -101,56 +63,22 @@ class Cluster:
 @pytest.fixture(scope="module")
 def dask_cluster(tmp_path_factory):
     """A `Cluster` of a scheduler and two workers on 127.0.0.1."""
-    base = tmp_path_factory.mktemp("dask")
-    scheduler_file = base / "scheduler.json"
-    env = dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(_REPO),
+    local = LocalDaskCluster(
+        2, tmp_path_factory.mktemp("dask"), name_prefix="shardsmith-test",
+        start_timeout=_START_TIMEOUT_S,
         # Workers print shardsmith's lines ("Wrote <shard>: ..."), each with its pid.
-        DASK_LOGGING__SHARDSMITH="info",
-        DASK_DISTRIBUTED__ADMIN__LOG_FORMAT="%(process)d %(name)s %(levelname)s %(message)s",
+        env={"DASK_LOGGING__SHARDSMITH": "info",
+             "DASK_DISTRIBUTED__ADMIN__LOG_FORMAT": "%(process)d %(name)s %(levelname)s %(message)s"},
     )
-    procs: list[subprocess.Popen] = []
-    logs = []
-    client = None
-
-    def start(name, *args):
-        log = open(base / f"{name}.log", "wb")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            _dask_command(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, cwd=str(base), start_new_session=True,
-        ))
-
-    def log_tails():
-        return "\n".join(
-            f"--- {p.name}:\n" + p.read_text(errors="replace")[-2000:] for p in sorted(base.glob("*.log"))
-        )
-
     try:
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-              "--scheduler-file", str(scheduler_file))
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not _written_json(scheduler_file):
-            if procs[0].poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dask scheduler did not start:\n{log_tails()}")
-            time.sleep(0.2)
-        for i in range(2):
-            start(f"worker{i}", "worker", "--scheduler-file", str(scheduler_file),
-                  "--host", "127.0.0.1", "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
-                  "--name", f"shardsmith-test-{i}", "--local-directory", str(base / f"worker{i}"))
-        client = distributed.Client(scheduler_file=str(scheduler_file), timeout=_START_TIMEOUT_S)
-        try:
-            client.wait_for_workers(2, timeout=max(1.0, deadline - time.monotonic()))
-        except TimeoutError:
-            pytest.fail(f"the two dask workers did not register:\n{log_tails()}")
-        yield Cluster(client.scheduler.address, client, [base / f"worker{i}.log" for i in range(2)],
-                      {p.pid for p in procs})
+        local.start()
+    except RuntimeError as e:  # Did not start; the message holds the logs' tails.
+        pytest.fail(str(e))
+    try:
+        with distributed.Client(local.address, timeout=_START_TIMEOUT_S) as client:
+            yield Cluster(local.address, client, local.worker_logs, local.pgids)
     finally:
-        if client is not None:
-            client.close()
-        _stop(procs)
-        for log in logs:
-            log.close()
+        local.stop()
 
 
 @pytest.fixture(scope="module")
