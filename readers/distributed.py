@@ -13,8 +13,10 @@ fixed order and keeps every n-th record (a warning says so; convert with more
 shards to avoid the wasted reading).
 
 With several workers, pipelines may get different numbers of records; for
-multi-worker training pass `repeat=True` and `steps_per_epoch` to `fit` so all
-workers run the same number of steps.
+multi-worker training pass `repeat=True` and run a fixed number of steps so
+all workers run the same number. (Keras 3's `model.fit` itself fails under
+MultiWorkerMirroredStrategy whatever the input, keras-team/keras#20585: train
+with `strategy.run` in a custom loop there.)
 
 When the last global batch of an epoch is partial, some replicas get an empty
 batch. Keras's Dense layer fails on those on CPU with oneDNN enabled (the TF
