@@ -15,7 +15,7 @@ import argparse
 import sys
 import textwrap
 
-__all__ = ["main"]
+__all__ = ["main", "command_help"]
 
 _EXAMPLES = {
     "convert": """\
@@ -44,7 +44,8 @@ _SUMMARIES = {
 }
 
 
-def _help(command: str) -> str:
+def command_help(command: str) -> str:
+    """The help text of `shardsmith COMMAND --help`, with its options and an example."""
     parser = argparse.ArgumentParser(
         prog=f"shardsmith {command}",
         description=_SUMMARIES[command],
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if "-h" in rest or "--help" in rest:
-        print(_help(command))
+        print(command_help(command))
         return 0
     if command == "convert":
         from beam_jobs.convert import main as run

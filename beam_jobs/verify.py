@@ -150,8 +150,13 @@ def describe(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
-    _runner.configure_logging()
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        from beam_jobs.cli import command_help
+
+        print(command_help("verify"))
+        return 0
+    _runner.configure_logging()
     try:
         report = run(argv)
     except (ValueError, FileNotFoundError) as e:  # ManifestError is a ValueError.

@@ -114,3 +114,12 @@ def test_progress_bar_counts_finished_shards_from_their_receipts(tmp_path, monke
     assert not ProgressBar.wanted(io.StringIO())  # not a terminal: quiet
     monkeypatch.setenv("CI", "true")
     assert not ProgressBar.wanted(_Tty())  # CI logs: quiet
+
+
+@pytest.mark.parametrize("module", ["convert", "verify"])
+def test_python_m_modules_show_the_same_help(capsys, module):
+    import importlib
+
+    assert importlib.import_module(f"beam_jobs.{module}").main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: shardsmith {module}") and "example:" in out
