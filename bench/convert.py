@@ -55,6 +55,7 @@ import time
 import psutil
 
 from bench import corpus
+from bench._cli import parse_only
 
 __all__ = ["Contender", "Measurement", "CONTENDERS", "measure", "count_records", "run", "main"]
 
@@ -388,12 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.count < 4 or args.repeat < 1:
         parser.error("--count must be at least 4 and --repeat at least 1")
-    names = None
-    if args.only:
-        names = tuple(n.strip() for n in args.only.split(","))
-        unknown = set(names) - {c.name for c in CONTENDERS}
-        if unknown:
-            parser.error(f"unknown contenders {sorted(unknown)}")
+    names = parse_only(parser, args.only, CONTENDERS)
     summary = run(count=args.count, seed=args.seed, repeat=args.repeat, skip_memory=args.skip_memory,
                   work=args.work, corpus_dir=args.corpus_dir, pss=args.pss, keep=args.keep,
                   names=names)

@@ -88,6 +88,7 @@ import sys
 import time
 
 from bench import corpus
+from bench._cli import parse_only
 
 __all__ = ["Contender", "CONTENDERS", "TARGETS", "prepare", "run_contender", "run", "main"]
 
@@ -396,12 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.count < 1 or args.small_count < 1 or args.repeat < 1 or args.warmup < 0:
         parser.error("--count, --small-count and --repeat must be positive, --warmup >= 0")
-    names = None
-    if args.only:
-        names = tuple(n.strip() for n in args.only.split(","))
-        unknown = set(names) - {c.name for c in CONTENDERS}
-        if unknown:
-            parser.error(f"unknown contenders {sorted(unknown)}")
+    names = parse_only(parser, args.only, CONTENDERS)
     summary = run(count=args.count, small_count=args.small_count, seed=args.seed, work=args.work,
                   skip_small=args.skip_small, repeat=args.repeat, warmup=args.warmup,
                   min_seconds=args.min_seconds, names=names)
