@@ -27,7 +27,8 @@ from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, frame_record, read_by
 
 __all__ = [
     "ConversionError", "ShardResult", "Reject", "WriteShardFn", "ImagesToTFRecords", "FinalizeFn",
-    "problem_to_reject", "remove_dataset_files", "delete_if_exists",
+    "problem_to_reject", "remove_dataset_files", "delete_if_exists", "write_shard_plans",
+    "load_shard_plan",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -286,6 +287,40 @@ class WriteShardFn(beam.DoFn):
         return len(FileSystems.match([pattern])[0].metadata_list)
 
 
+# Inside the temporary folder: the files of each shard, written by the driver.
+PLANS_DIRNAME = "plans"
+
+
+def write_shard_plans(files, output_dir: str) -> list[str]:
+    """Writes each shard's planned files to a small JSON file; returns their paths.
+
+    The pipeline then carries one path per shard instead of one element per
+    image: a job graph of a few kilobytes whatever the size of the dataset
+    (Dataflow refuses requests over 10 MB, about a million files inline).
+    """
+    by_shard = collections.defaultdict(list)
+    for f in files:
+        by_shard[(f.split, f.shard, f.num_shards)].append(dataclasses.astuple(f))
+    folder = FileSystems.join(output_dir, TMP_DIRNAME, PLANS_DIRNAME)
+    paths = []
+    for (split, shard, count), rows in sorted(by_shard.items()):
+        name = schemas.shard_filename(split, shard, count) + ".json"
+        # ASCII escapes keep file names that are not UTF-8 intact.
+        write_atomically(folder, name, json.dumps(rows, ensure_ascii=True).encode())
+        paths.append(FileSystems.join(folder, name))
+    return paths
+
+
+def load_shard_plan(path: str):
+    """((split, shard), [PlannedFile]) from a file of `write_shard_plans`."""
+    files = [_plan.PlannedFile(*row) for row in json.loads(read_bytes(path))]
+    return (files[0].split, files[0].shard), files
+
+
+def _files_of(element):
+    return element[1]
+
+
 def _key_by_shard(f: _plan.PlannedFile):
     return (f.split, f.shard), f
 
@@ -309,10 +344,11 @@ def _mark_copies(element):
 
 
 class ImagesToTFRecords(beam.PTransform):
-    """Writes planned files into shards: only paths are grouped, never bytes.
+    """Writes planned shards: the pipeline carries paths, never image bytes.
 
-    Input: PCollection of `PlannedFile`. Output: a tuple-like with the main
-    output (shard results) and the tagged outputs `rejected` and `normalized`.
+    Input: PCollection of shard plan paths (`write_shard_plans`). Output: a
+    tuple-like with the main output (shard results) and the tagged outputs
+    `rejected` and `normalized`.
 
     Args:
       output_dir: Folder of the shards.
@@ -340,21 +376,21 @@ class ImagesToTFRecords(beam.PTransform):
             dicom=dicom, worker_threads=worker_threads,
         )
 
-    def expand(self, files):
+    def expand(self, plan_paths):
+        shards = plan_paths | "LoadShardPlans" >> beam.Map(load_shard_plan)  # ((split, shard), [PlannedFile])
         if self._dedup:
-            files = (
-                files
+            # Copies may sit in any shard: hashes and paths meet in one shuffle.
+            shards = (
+                shards
+                | "Files" >> beam.FlatMap(_files_of)  # PlannedFile
                 | "HashContent" >> beam.Map(_key_by_content)  # (sha256, PlannedFile)
                 | "GroupByContent" >> beam.GroupByKey()  # (sha256, [PlannedFile])
                 | "MarkCopies" >> beam.FlatMap(_mark_copies)  # PlannedFile
+                | "KeyByShard" >> beam.Map(_key_by_shard)  # ((split, shard), PlannedFile)
+                | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [PlannedFile])
             )
-        return (
-            files
-            | "KeyByShard" >> beam.Map(_key_by_shard)  # ((split, shard), PlannedFile)
-            | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [PlannedFile])
-            | "ValidateAndWrite" >> beam.ParDo(self._fn).with_outputs(
-                WriteShardFn.REJECTED, WriteShardFn.NORMALIZED, main="shards"
-            )
+        return shards | "ValidateAndWrite" >> beam.ParDo(self._fn).with_outputs(
+            WriteShardFn.REJECTED, WriteShardFn.NORMALIZED, main="shards"
         )
 
 

@@ -321,18 +321,20 @@ class ConvertImages(beam.PTransform):
     Args:
       plan: The `Plan` of the conversion (labels, splits, shards of each file).
       config: The `ConversionConfig`.
+      plan_paths: The shard plan files of `plan` (`_shards.write_shard_plans`).
     """
 
-    def __init__(self, plan: _plan.Plan, config: ConversionConfig):
+    def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str]):
         super().__init__()
         self._plan = plan
         self._config = config
+        self._plan_paths = plan_paths
 
     def expand(self, pbegin):
         plan, config = self._plan, self._config
         written = (
             pbegin
-            | "PlannedFiles" >> beam.Create(plan.files, reshuffle=False)  # PlannedFile
+            | "ShardPlans" >> beam.Create(self._plan_paths)  # path of a shard's plan
             | "ImagesToTFRecords" >> _shards.ImagesToTFRecords(
                 output_dir=config.output_dir,
                 num_classes=len(plan.class_names),
@@ -518,7 +520,8 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         progress = ProgressBar(config.output_dir, len(plan.files), _shards.RECEIPTS_DIRNAME)
         progress.start()
     pipeline = beam.Pipeline(runner=runner, options=options)
-    _ = pipeline | "ConvertImages" >> ConvertImages(plan, config)
+    plan_paths = _shards.write_shard_plans(plan.files, config.output_dir)
+    _ = pipeline | "ConvertImages" >> ConvertImages(plan, config, plan_paths)
     try:
         result = pipeline.run()
         if wait:

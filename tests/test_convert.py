@@ -298,3 +298,28 @@ def test_index_files_give_each_record_offset_and_length(converted):
             for (offset, length), record in zip(entries, records):
                 # 12 bytes of length and its CRC before the data, 4 bytes of CRC after.
                 assert data[offset + 12: offset + length - 4] == record
+
+
+def test_the_job_graph_does_not_grow_with_the_number_of_images(tmp_path):
+    """Only one plan path per shard travels in the graph (Dataflow caps requests at 10 MB)."""
+    import apache_beam as beam
+
+    from beam_jobs import _plan, _shards
+
+    def graph_bytes(n_files):
+        out = tmp_path / f"out{n_files}"
+        files = [_plan.PlannedFile("train", i % 4, i, f"c/{i:07d}_a_long_file_name.jpg",
+                                   f"/data/in/c/{i:07d}_a_long_file_name.jpg", 1000, 0, 4)
+                 for i in range(n_files)]
+        plan = _plan.Plan(files=tuple(files), problems=(), class_names=("c",),
+                          shard_counts={"train": 4}, num_found=n_files, split_source="hash")
+        config = convert_module.ConversionConfig(input_dir="/data/in", output_dir=str(out))
+        paths = _shards.write_shard_plans(plan.files, str(out))
+        assert [_shards.load_shard_plan(p)[1] for p in paths] == [
+            [f for f in files if f.shard == i] for i in range(4)]
+        pipeline = beam.Pipeline()
+        _ = pipeline | convert_module.ConvertImages(plan, config, paths)
+        return len(pipeline.to_runner_api().SerializeToString())
+
+    small, large = graph_bytes(10), graph_bytes(20_000)
+    assert large - small < 2_000, (small, large)
