@@ -4,7 +4,10 @@ The pipeline (`shuffle=True`, also spelled 'shards', or False), all stages
 AUTOTUNEd:
 
   shard files from the manifest (shuffled per epoch with the seed)
-  -> parallel interleave of `TFRecordDataset`s
+  -> parallel interleave of the shards, each read in order record by record
+     at the offsets of its index file (`record_index.read_records_at`, so a
+     damaged record can be skipped alone; `TFRecordDataset`s for datasets
+     whose manifest lists no index files)
   -> record shuffle buffer (bounded, holds encoded records only)
   -> vectorised parse of small record batches
   -> per example: decode + resize policy or standard augmentation
@@ -38,9 +41,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
-from readers import decode, global_shuffle, preprocess
+from readers import decode, global_shuffle, preprocess, record_index
 from readers.metadata import SplitFiles, load_split
 from readers.positions import ReadPosition
 from schemas.features import IMAGE, LABEL, ImageRecord
@@ -171,13 +175,15 @@ class ReaderConfig:
         of epoch `start.epoch`; without `repeat` the dataset ends with that
         epoch (and iterating it again reads the same epoch: for several
         epochs use `repeat=True` with `steps_per_epoch`).
-      max_bad_records: shuffle='global' only: damaged records (bad CRC,
-        truncated) skipped per epoch and input pipeline before the read
-        fails; each is logged with its shard, byte offset and (if it parses)
-        file name, and leaves its batch one record short (the batch
-        dimension is then not static). With 0 (the default), the first one
-        fails the read with that description. In the other modes a damaged
-        record fails the read (TensorFlow's DataLossError).
+      max_bad_records: Damaged records (bad CRC, truncated) skipped per
+        epoch and input pipeline before the read fails; each is logged with
+        its shard, byte offset and (if it parses) file name, and leaves its
+        batch one record short (the batch dimension is then not static); the
+        rest of its shard is read. With 0 (the default), the first one fails
+        the read: in 'global' mode with that description; in the 'shards'
+        and unshuffled modes, which then read with TensorFlow's reader
+        (quicker to the first batch), with its DataLossError. A budget needs
+        the index files (every dataset the converter writes lists them).
     """
 
     batch_size: int | None = 32
@@ -378,14 +384,11 @@ class ReaderConfig:
                     f"Received: start={self.start!r}, seed=None"
                 )
         else:
-            for name, value, default in (
-                ("start", self.start, None), ("max_bad_records", self.max_bad_records, 0)
-            ):
-                if value != default:
-                    raise ValueError(
-                        f"`{name}` applies to shuffle='global' only. "
-                        f"Received: {name}={value!r}, shuffle={self.shuffle!r}"
-                    )
+            if self.start is not None:
+                raise ValueError(
+                    "`start` applies to shuffle='global' only. "
+                    f"Received: start={self.start!r}, shuffle={self.shuffle!r}"
+                )
 
     @property
     def channels(self) -> int:
@@ -461,6 +464,46 @@ def _placeholder_record(schema) -> bytes:
     )
 
 
+def _has_index_files(split_files: SplitFiles) -> bool:
+    return len(split_files.index_files) == len(split_files.paths) and all(
+        split_files.index_files
+    )
+
+
+def _shard_reader(split_files: SplitFiles) -> Callable[[tf.Tensor], tf.data.Dataset]:
+    """`fn(shard) -> dataset` of the shard's records in file order, each as
+    `((path, offset, length, -1, record), serialized)`, read by offset with
+    `record_index.read_records_at` (b"" for a damaged record); `record` is the
+    record's number in the split (as `shuffle='global'` numbers them)."""
+    index = record_index.load_record_index(split_files)
+    counts = np.asarray(split_files.num_records, np.int64)
+    first = tf.constant(np.concatenate([[0], np.cumsum(counts)]), tf.int64)
+    paths = tf.constant(index.paths, tf.string)
+    offsets = tf.constant(index.offset, tf.int64)
+    lengths = tf.constant(index.length, tf.int64)
+    remote = any("://" in p for p in index.paths)
+
+    @_no_autograph
+    def locate(shard):
+        records = tf.range(first[shard], first[shard + 1])
+        n = tf.shape(records, out_type=tf.int64)[0]
+        return (
+            tf.fill([n], paths[shard]), tf.gather(offsets, records),
+            tf.gather(lengths, records), tf.fill([n], tf.constant(-1, tf.int64)), records,
+        )
+
+    def read_shard(shard):
+        # The locations go beside the reads rather than through them, as in
+        # `global_shuffle`: a shard's order is fixed.
+        location = locate(shard)
+        data = record_index.read_records_at(
+            tf.data.Dataset.from_tensor_slices(location[:3]), remote=remote
+        )
+        return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(location), data)
+
+    return read_shard
+
+
 def _shards_records(
     split_files: SplitFiles,
     config: ReaderConfig,
@@ -489,13 +532,38 @@ def _shards_records(
     seed = config.seed
     shuffle = config.shuffle_mode == "shards"
 
-    files = tf.data.Dataset.from_tensor_slices(list(paths))
+    read_shard = None
+    if config.max_bad_records and _has_index_files(split_files):
+        # Only with a budget: reading by offset keeps throughput but doubles
+        # the time to the first batch, and with no budget a damaged record
+        # fails the read either way (TensorFlow's DataLossError).
+        read_shard = _shard_reader(split_files)
+    elif config.max_bad_records:
+        raise ValueError(
+            f"`max_bad_records` needs the index files of the shards, which the manifest of "
+            f"{split_files.data_dir!r} does not list (converted by an older shardsmith): "
+            "convert the images again, or read with max_bad_records=0. Received: "
+            f"max_bad_records={config.max_bad_records}"
+        )
+    indexed = read_shard is not None
+    if indexed:
+        # Each shard read in order by offset, every record alone (as
+        # shuffle='global' reads), so that a damaged one is skipped alone.
+        shard_ids = list(range(len(split_files.paths)))
+        if num_pipelines > 1 and not record_sharding:
+            shard_ids = shard_ids[pipeline_id::num_pipelines]
+        files = tf.data.Dataset.from_tensor_slices(tf.constant(shard_ids, tf.int64))
+    else:
+        # Datasets converted before index files: TensorFlow's reader, which
+        # fails on a damaged record (DataLossError).
+        files = tf.data.Dataset.from_tensor_slices(list(paths))
+        read_shard = tf.data.TFRecordDataset
     # Record-level sharding needs every pipeline to see the records in the same
     # order, which a per-process random file order would break.
     if shuffle and len(paths) > 1 and not (record_sharding and seed is None):
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
     records = files.interleave(
-        tf.data.TFRecordDataset,
+        read_shard,
         cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -503,6 +571,11 @@ def _shards_records(
     )
     if record_sharding:
         records = records.shard(num_pipelines, pipeline_id)
+    if indexed:
+        # After the sharding: a damaged record is reported by its pipeline only.
+        records = global_shuffle.check_damaged(
+            records, split_files.schema, split_files.split, config.max_bad_records
+        )
     # Fails the iteration if the files hold other counts than the manifest.
     records = records.apply(tf.data.experimental.assert_cardinality(num_records))
     if config.cache:
@@ -565,9 +638,9 @@ def build_dataset(
     """
     config.check_schema(split_files)
     standard = config.augment == "standard"
-    # With shuffle='global' and a damage budget, a skipped record arrives as
-    # b"" and is dropped from its batch (positions stay exact).
-    masked = config.shuffle_mode == "global" and config.max_bad_records > 0
+    # With a damage budget, a skipped record arrives as b"" and is dropped
+    # from its batch (with shuffle='global', positions stay exact).
+    masked = config.max_bad_records > 0
     if config.shuffle_mode == "global":
         if config.seed is None:
             raise ValueError(
@@ -702,8 +775,7 @@ def build_dataset(
 
         ds = ds.map(finalize, num_parallel_calls=tf.data.AUTOTUNE)
 
-    if not config.repeat and not (config.shuffle_mode == "global" and batch_size is None
-                                  and config.max_bad_records):
+    if not config.repeat and not (batch_size is None and config.max_bad_records):
         if batch_size is None:
             num_elements = num_records
         elif config.drop_remainder:

@@ -31,7 +31,7 @@ from readers import record_index
 from readers.metadata import SplitFiles
 from readers.positions import ReadPosition
 
-__all__ = ["GlobalOrder", "global_records"]
+__all__ = ["GlobalOrder", "check_damaged", "global_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +118,10 @@ def _report(schema, split: str, budget: int):
         what = record_index.describe_damaged(path, offset, length, schema)
         message = (
             f"Damaged record in shard {os.path.basename(path)} at byte offset {offset} "
-            f"({length} bytes; {what}): record {int(record.numpy())} of split {split!r}, "
-            f"epoch {int(epoch.numpy())}"
+            f"({length} bytes; {what}): record {int(record.numpy())} of split {split!r}"
         )
+        if int(epoch.numpy()) >= 0:
+            message += f", epoch {int(epoch.numpy())}"
         count = int(count.numpy())
         if count <= budget:
             logger.warning(
@@ -137,6 +138,77 @@ def _report(schema, split: str, budget: int):
         return message
 
     return report
+
+
+def check_damaged(ds: tf.data.Dataset, schema, split: str, max_bad_records: int,
+                  output=None) -> tf.data.Dataset:
+    """Logs, counts and fails on the damaged records of a stream read by offset.
+
+    Args:
+      ds: Elements `((path, offset, length, epoch, record), serialized)`, the
+        serialized record from `record_index.read_records_at` (b"" if
+        damaged). `epoch` is -1 where the reader does not know it (the
+        'shards' mode, whose stream is re-iterated per epoch).
+      schema: The split's schema (to name the damaged record's file).
+      split: The split's name, for the messages.
+      max_bad_records: Damaged records skipped per epoch (a change of
+        `epoch`, or a new iteration of `ds`) before the read fails; with 0 the
+        first one fails it.
+      output: `fn(location, serialized)` making the output elements (in the
+        same map as the check); None keeps `serialized` alone.
+
+    Returns:
+      The elements `output` makes; a damaged record within the budget stays
+      b"" (the caller drops it), and one over the budget fails the iteration
+      with an `InvalidArgumentError` that describes it.
+    """
+    if output is None:
+        output = lambda location, serialized: serialized  # noqa: E731
+    report = _report(schema, split, max_bad_records)
+
+    def log_damaged(path, offset, length, epoch, record, count_in_epoch):
+        return tf.py_function(
+            report, [path, offset, length, epoch, record, count_in_epoch], tf.string
+        )
+
+    if max_bad_records == 0:
+
+        @_no_autograph
+        def check(location, serialized):
+            path, offset, length, epoch, record = location
+
+            def fail():
+                message = log_damaged(path, offset, length, epoch, record, tf.constant(1, tf.int64))
+                with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+                    return tf.identity(serialized)
+
+            serialized = tf.cond(tf.strings.length(serialized) > 0, lambda: serialized, fail)
+            return output(location, serialized)
+
+        return ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    budget = tf.constant(max_bad_records, tf.int64)
+
+    @_no_autograph
+    def count_damaged(state, element):
+        location, serialized = element
+        path, offset, length, epoch, record = location
+        state_epoch, damaged = state
+        damaged = tf.where(epoch == state_epoch, damaged, tf.zeros_like(damaged))
+        valid = tf.strings.length(serialized) > 0
+        damaged += tf.cast(tf.logical_not(valid), tf.int64)
+
+        def bad():
+            message = log_damaged(path, offset, length, epoch, record, damaged)
+            with tf.control_dependencies([tf.debugging.Assert(damaged <= budget, [message])]):
+                return tf.identity(serialized)
+
+        serialized = tf.cond(valid, lambda: serialized, bad)
+        return (epoch, damaged), (location, serialized)
+
+    # Sequential, but only a few scalar ops per record.
+    ds = ds.scan((tf.constant(-1, tf.int64), tf.constant(0, tf.int64)), count_damaged)
+    return ds.map(_no_autograph(output), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def global_records(
@@ -212,13 +284,6 @@ def global_records(
     )
     ds = tf.data.Dataset.zip(located, data)
 
-    report = _report(split_files.schema, split_files.split, max_bad_records)
-
-    def log_damaged(path, offset, length, epoch, record, count_in_epoch):
-        return tf.py_function(
-            report, [path, offset, length, epoch, record, count_in_epoch], tf.string
-        )
-
     base = None if aug_seed is None else tf.constant([aug_seed, 0], tf.int64)
 
     def output(location, serialized):
@@ -229,45 +294,7 @@ def global_records(
         seed = tf.random.experimental.stateless_fold_in(base, epoch)
         return serialized, tf.random.experimental.stateless_fold_in(seed, record)
 
-    if max_bad_records == 0:
-
-        @_no_autograph
-        def check(location, serialized):
-            path, offset, length, epoch, record = location
-
-            def fail():
-                message = log_damaged(path, offset, length, epoch, record, tf.constant(1, tf.int64))
-                with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-                    return tf.identity(serialized)
-
-            serialized = tf.cond(tf.strings.length(serialized) > 0, lambda: serialized, fail)
-            return output(location, serialized)
-
-        ds = ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    else:
-        budget = tf.constant(max_bad_records, tf.int64)
-
-        @_no_autograph
-        def count_damaged(state, element):
-            location, serialized = element
-            path, offset, length, epoch, record = location
-            state_epoch, damaged = state
-            damaged = tf.where(epoch == state_epoch, damaged, tf.zeros_like(damaged))
-            valid = tf.strings.length(serialized) > 0
-            damaged += tf.cast(tf.logical_not(valid), tf.int64)
-
-            def bad():
-                message = log_damaged(path, offset, length, epoch, record, damaged)
-                with tf.control_dependencies([tf.debugging.Assert(damaged <= budget, [message])]):
-                    return tf.identity(serialized)
-
-            serialized = tf.cond(valid, lambda: serialized, bad)
-            return (epoch, damaged), (location, serialized)
-
-        # Sequential, but only a few scalar ops per record.
-        ds = ds.scan((tf.constant(-1, tf.int64), tf.constant(0, tf.int64)), count_damaged)
-        ds = ds.map(_no_autograph(output), num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=True)
+    ds = check_damaged(ds, split_files.schema, split_files.split, max_bad_records, output)
     logger.info(
         "Global shuffle of %d records: pipeline %d of %d starts at epoch %d position %d; %s.",
         n, pipeline_id, num_pipelines, start.epoch, start.consumed,

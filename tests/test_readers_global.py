@@ -124,14 +124,18 @@ def test_index_must_match_the_manifest(converted, tmp_path):
     index.unlink()
     with pytest.raises(FileNotFoundError, match=rf"{name}.*missing.*shardsmith verify"):
         readers.image_dataset_from_tfrecords(data_dir, shuffle="global", seed=1)
-    # The other modes do not need the index.
+    # The other modes do not need the index, unless they skip damaged records.
     assert len(_names(readers.image_dataset_from_tfrecords(data_dir, **SMALL))) == 200
+    with pytest.raises(FileNotFoundError, match=rf"{name}.*missing"):
+        readers.image_dataset_from_tfrecords(data_dir, max_bad_records=1)
 
 
 def test_dataset_without_index_files_is_refused(tmp_path):
     written = rd.write_dataset(tmp_path, splits={"train": 6}, num_shards=2)
     with pytest.raises(schemas.ManifestError, match=r"wrote none.*--overwrite"):
         readers.image_dataset_from_tfrecords(written.data_dir, shuffle="global", seed=1)
+    with pytest.raises(ValueError, match=r"`max_bad_records` needs the index files"):
+        readers.image_dataset_from_tfrecords(written.data_dir, max_bad_records=1)
 
 
 # --- The permutation ---------------------------------------------------------
@@ -329,9 +333,34 @@ def test_damaged_record_fails_the_read_without_budget(damaged):
     match = rf"Damaged record in shard {shard} at byte offset {offset}.*max_bad_records=0"
     with pytest.raises(tf.errors.InvalidArgumentError, match=match + ".*shardsmith verify"):
         _names(ds)
-    # shuffle='shards' reads the shard files through; TensorFlow's reader fails.
-    with pytest.raises(tf.errors.DataLossError):
-        _names(readers.image_dataset_from_tfrecords(copy, **SMALL))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shards_mode_skips_a_damaged_record_alone(damaged, shuffle, caplog):
+    # With a budget, shuffle='shards' and False read each shard in order, record
+    # by record at the index's offsets: the rest of the damaged shard is still read.
+    copy, shard, offset, victim, everyone = damaged
+    with caplog.at_level(logging.WARNING, logger="readers"):
+        ds = readers.image_dataset_from_tfrecords(
+            copy, batch_size=20, shuffle=shuffle, seed=5, max_bad_records=1, **SMALL
+        )
+        sizes, names = [], []
+        for _ in range(2):  # the budget is per epoch
+            for _, _, extras in ds:
+                sizes.append(len(extras[FILENAME.key]))
+                names.extend(n.decode() for n in extras[FILENAME.key].numpy())
+    assert sorted(names) == sorted(2 * [n for n in everyone if n != victim])
+    assert sorted(sizes) == 2 * [19] + [20] * 18  # its batch is one short, no other
+    warnings = [r.getMessage() for r in caplog.records if "Damaged record" in r.getMessage()]
+    assert len(warnings) == 2
+    assert f"shard {shard} at byte offset {offset}" in warnings[0]
+    assert "bad data CRC" in warnings[0] and repr(victim) in warnings[0]
+    assert "(1 of max_bad_records=1" in warnings[0]
+
+    # With no budget the shards are read by TensorFlow's reader (faster to the
+    # first batch), and the damaged record fails the read.
+    with pytest.raises(tf.errors.DataLossError, match="corrupted record"):
+        _names(readers.image_dataset_from_tfrecords(copy, shuffle=shuffle, **SMALL))
 
 
 # --- Arguments -----------------------------------------------------------------
@@ -344,7 +373,6 @@ def test_damaged_record_fails_the_read_without_budget(damaged):
         ({"shuffle": "global", "shuffle_buffer": 8}, ValueError, r"`shuffle_buffer` does not apply"),
         ({"shuffle": "global", "start": ReadPosition()}, ValueError, r"`start` resumes.*needs that run's `seed`. Received: start=ReadPosition\(epoch=0, consumed=0\), seed=None"),
         ({"start": ReadPosition(), "seed": 1}, ValueError, r"`start` applies to shuffle='global' only. Received: start=ReadPosition\(epoch=0, consumed=0\), shuffle=True"),
-        ({"max_bad_records": 2}, ValueError, r"`max_bad_records` applies to shuffle='global' only"),
         ({"shuffle": "global", "max_bad_records": -1}, ValueError, r"`max_bad_records` must be a non-negative integer. Received: max_bad_records=-1"),
         ({"shuffle": "global", "start": {"epoch": 0}, "seed": 1}, TypeError, r"`start` must be a readers.ReadPosition"),
     ],
