@@ -15,7 +15,7 @@ import argparse
 import sys
 import textwrap
 
-__all__ = ["main", "command_help"]
+__all__ = ["main", "command_help", "print_help_if_asked"]
 
 _EXAMPLES = {
     "convert": """\
@@ -71,6 +71,14 @@ def command_help(command: str) -> str:
     return parser.format_help()
 
 
+def print_help_if_asked(command: str, argv: list[str]) -> bool:
+    """Prints `command`'s help and returns True when argv asks for it (-h, --help)."""
+    if "-h" in argv or "--help" in argv:
+        print(command_help(command))
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _SUMMARIES:
@@ -84,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         return 0
     command, rest = argv[0], argv[1:]
-    if "-h" in rest or "--help" in rest:
-        print(command_help(command))
+    if print_help_if_asked(command, rest):
         return 0
     if command == "convert":
         from beam_jobs.convert import main as run

@@ -560,10 +560,9 @@ def summarize(output_dir: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs `run` and turns user errors into one sentence."""
     argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        from beam_jobs.cli import command_help
+    from beam_jobs.cli import print_help_if_asked  # The CLI imports this module.
 
-        print(command_help("convert"))
+    if print_help_if_asked("convert", argv):
         return 0
     _runner.configure_logging()
     try:

@@ -151,10 +151,9 @@ def describe(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
     argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        from beam_jobs.cli import command_help
+    from beam_jobs.cli import print_help_if_asked  # The CLI imports this module.
 
-        print(command_help("verify"))
+    if print_help_if_asked("verify", argv):
         return 0
     _runner.configure_logging()
     try:

@@ -186,3 +186,19 @@ def write_dataset(
 def decoded(source: Source, channels: int = 3) -> np.ndarray:
     """The reference pixels: `tf.io.decode_image` of the source file."""
     return tf.io.decode_image(source.data, channels=channels, expand_animations=False).numpy()
+
+
+def strategy_label_sum(strategy, dist) -> float:
+    """Sum of every label of `dist`, one `strategy.run` + cross-replica reduce per step.
+
+    Each step is a collective, so every replica (and worker) must take part.
+    """
+
+    @tf.function
+    def step(images, labels):
+        def replica_fn(x, y):
+            return tf.reduce_sum(tf.cast(y, tf.float32)) + 0.0 * tf.reduce_sum(x)
+        per = strategy.run(replica_fn, args=(images, labels))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
+
+    return float(sum(step(x, y) for x, y in dist))

@@ -23,6 +23,7 @@ import keras  # noqa: E402
 
 from readers import distributed_dataset  # noqa: E402
 from schemas import FILENAME  # noqa: E402
+from _reader_data import strategy_label_sum  # noqa: E402
 
 GLOBAL_BATCH = 4
 TRAIN_STEPS = 4
@@ -63,17 +64,10 @@ def main(data_dir: str) -> dict:
 
     # Custom loop: strategy.run plus a cross-worker reduce, so each step is a
     # collective; the global label sum must be the same on both workers.
-    @tf.function
-    def step(images, labels):
-        def replica_fn(x, y):
-            return tf.reduce_sum(tf.cast(y, tf.float32)) + 0.0 * tf.reduce_sum(x)
-        per = strategy.run(replica_fn, args=(images, labels))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
-
     dist = distributed_dataset(
         strategy, data_dir, "train", global_batch_size=GLOBAL_BATCH, image_size=(8, 8), seed=5,
     )
-    result["label_sum"] = float(sum(step(x, y) for x, y in dist))
+    result["label_sum"] = strategy_label_sum(strategy, dist)
 
     # Training a Keras model: the documented multi-worker recipe (repeat, a
     # fixed number of steps, drop_remainder so no replica gets an empty batch)
