@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from beam_jobs import _dicom
+from schemas import _tf
 from beam_jobs._errors import ImageRejected
 
 __all__ = ["ImageRejected", "ValidImage", "ImageValidator", "sniff_format"]
@@ -116,9 +117,9 @@ class ImageValidator:
 
     def __init__(self, *, max_pixels: int, background=(255, 255, 255), full_decode=False,
                  dicom: _dicom.DicomOptions | None = None):
-        import tensorflow as tf  # Heavy: imported where a worker builds the validator.
-
-        self._tf = tf
+        # Heavy: loaded where a worker builds the validator, and only the
+        # decode ops (see schemas/_tf.py), not TensorFlow's whole Python API.
+        self._ops = _tf.image_ops()
         self._max_pixels = max_pixels
         self._background = tuple(background)
         self._jpeg_ratio = 1 if full_decode else 8
@@ -143,7 +144,7 @@ class ImageValidator:
         for frame in _dicom.decode_dicom(data, name, self._dicom):
             try:
                 checked = self._checked(frame.png, "dicom", ("dicom_to_png",), name)
-            except self._tf.errors.OpError as e:
+            except self._ops.OpError as e:
                 raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
             out.append(dataclasses.replace(
                 checked,
@@ -206,7 +207,7 @@ class ImageValidator:
                 return self._reencode(im, fmt, name)
             except _PIL_ERRORS as e:
                 raise ImageRejected("corrupt", f"{name}: {e}") from e
-            except self._tf.errors.OpError as e:
+            except self._ops.OpError as e:
                 raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
 
     def _jpeg(self, data: bytes, im: Image.Image, name: str) -> ValidImage:
@@ -219,7 +220,7 @@ class ImageValidator:
             out = _encode(upright, "jpeg" if upright.mode in ("L", "RGB") else "png")
             return self._checked(out, "jpeg", ("exif_transpose",), name)
         # Kept byte for byte; the decode only proves TF can read every byte.
-        self._tf.io.decode_jpeg(data, ratio=self._jpeg_ratio)
+        self._ops.decode_jpeg(data, ratio=self._jpeg_ratio)
         channels = 1 if im.mode == "L" else 3
         return ValidImage(data, "jpeg", im.height, im.width, channels, "jpeg")
 
@@ -228,7 +229,7 @@ class ImageValidator:
             flat = _to_storable_mode(im, self._background)
             return self._checked(_encode(flat, "png"), "png", ("flatten_alpha",), name)
         # An alpha channel that is opaque everywhere is kept as it is.
-        decoded = self._tf.io.decode_png(data, dtype=self._png_dtype(data))
+        decoded = self._ops.decode_png(data, dtype=self._png_dtype(data))
         h, w, c = decoded.shape
         return ValidImage(data, "png", int(h), int(w), int(c), "png")
 
@@ -248,15 +249,15 @@ class ImageValidator:
     def _png_dtype(self, data: bytes):
         # Byte 24 is the IHDR bit depth: decoding 16-bit PNGs as uint16 checks
         # them exactly as a reader asking for 16 bits would.
-        return self._tf.uint16 if data[24] == 16 else self._tf.uint8
+        return self._ops.uint16 if data[24] == 16 else self._ops.uint8
 
     def _checked(self, out: bytes, source_format: str, actions, name: str) -> ValidImage:
         """Decodes normalised bytes with TF, so what is stored is what TF reads."""
         fmt = "jpeg" if out.startswith(b"\xff\xd8") else "png"
         if fmt == "jpeg":
-            decoded = self._tf.io.decode_jpeg(out)
+            decoded = self._ops.decode_jpeg(out)
         else:
-            decoded = self._tf.io.decode_png(out, dtype=self._png_dtype(out))
+            decoded = self._ops.decode_png(out, dtype=self._png_dtype(out))
         h, w, c = decoded.shape
         return ValidImage(out, fmt, int(h), int(w), int(c), source_format, tuple(actions))
 

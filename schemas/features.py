@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import message
 
-from schemas._tf import tf
+from schemas import _tf
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -37,7 +37,8 @@ __all__ = [
 # do not know (see schemas/manifest.py).
 SCHEMA_VERSION = 1
 
-_DTYPES = {"bytes": tf.string, "int64": tf.int64}
+# Schema dtype -> name of the TensorFlow dtype it is parsed as.
+_DTYPES = {"bytes": "string", "int64": "int64"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,13 @@ class FeatureSpec:
                 f"Received: dtype={self.dtype!r}"
             )
 
-    def encode(self, value: Any) -> tf.train.Feature:
-        """Encodes one Python value as a `tf.train.Feature`.
+    def encode(self, value: Any) -> bytes:
+        """Encodes one Python value as a serialized `tf.train.Feature`.
+
+        The wire format is written directly: TensorFlow's Python API is not
+        needed to write records (the converter does not load it), and the
+        bytes equal those of `tf.train.Feature(...).SerializeToString()`
+        (tests/test_schemas.py compares them).
 
         Args:
           value: bytes or str for 'bytes' features (str is encoded with the
@@ -70,10 +76,11 @@ class FeatureSpec:
             'int64' features.
 
         Returns:
-          The feature proto.
+          The serialized feature message.
 
         Raises:
           TypeError: If the value does not fit the dtype.
+          ValueError: If an int does not fit in 64 bits.
         """
         if self.dtype == "bytes":
             if isinstance(value, str):
@@ -83,23 +90,46 @@ class FeatureSpec:
                     f"Feature {self.key!r} takes bytes or str. "
                     f"Received: {type(value).__name__}"
                 )
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(value)]))
+            # Feature.bytes_list (field 1) = BytesList{value (field 1): [value]}.
+            return _length_delimited(1, _length_delimited(1, bytes(value)))
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(
                 f"Feature {self.key!r} takes an int. Received: {type(value).__name__}"
             )
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        if not -(1 << 63) <= value < (1 << 63):
+            raise ValueError(f"Feature {self.key!r} takes a 64-bit int. Received: {value}")
+        # Feature.int64_list (field 3) = Int64List{value (field 1, packed): [value]}.
+        return _length_delimited(3, _length_delimited(1, _varint(value & _UINT64_MASK)))
 
-    def parse_spec(self) -> tf.io.FixedLenFeature:
+    def parse_spec(self):
         """The parse spec of this feature for `tf.io.parse_example`."""
-        return tf.io.FixedLenFeature([], _DTYPES[self.dtype])
+        tf = _tf.full()
+        return tf.io.FixedLenFeature([], self.tf_dtype)
 
     @property
-    def tf_dtype(self) -> tf.dtypes.DType:
-        return _DTYPES[self.dtype]
+    def tf_dtype(self):
+        return getattr(_tf.full(), _DTYPES[self.dtype])
 
     def to_json(self) -> dict[str, str]:
         return {"dtype": self.dtype, "description": self.description}
+
+
+_UINT64_MASK = (1 << 64) - 1
+
+
+def _varint(value: int) -> bytes:
+    """Protocol buffer base-128 varint of a non-negative int."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): tag, length, payload."""
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
 
 
 IMAGE = FeatureSpec(
@@ -155,6 +185,7 @@ class ImageExampleSchema:
             for key in sorted(extra_string_features)
         )
         self.features: tuple[FeatureSpec, ...] = self._CORE + self.extra
+        self._by_encoded_key = tuple(sorted(self.features, key=lambda spec: spec.key.encode()))
 
     def __eq__(self, other):
         return isinstance(other, ImageExampleSchema) and self.features == other.features
@@ -187,18 +218,23 @@ class ImageExampleSchema:
                     f"Record {record.filename!r} has no value for feature {spec.key!r}."
                 )
             values[spec.key] = record.extra[spec.key]
-        feature = {}
-        for spec in self.features:
+        entries = []
+        # Sorted by key, as protobuf's deterministic serialization orders map
+        # entries: the same input gives the same shard bytes on every run.
+        for spec in self._by_encoded_key:
             try:
-                feature[spec.key] = spec.encode(values[spec.key])
-            except TypeError as e:
-                raise TypeError(f"Record {record.filename!r}: {e}") from e
-        example = tf.train.Example(features=tf.train.Features(feature=feature))
-        # Map fields are serialized in a stable key order only when asked: the
-        # same input must give the same shard bytes on every run.
-        return example.SerializeToString(deterministic=True)
+                value = spec.encode(values[spec.key])
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"Record {record.filename!r}: {e}") from e
+            # Features.feature is map<string, Feature> (field 1): each entry a
+            # message of key (field 1) and value (field 2).
+            entries.append(_length_delimited(
+                1, _length_delimited(1, spec.key.encode()) + _length_delimited(2, value)
+            ))
+        # Example.features (field 1).
+        return _length_delimited(1, b"".join(entries))
 
-    def parse_spec(self, keys=None) -> dict[str, tf.io.FixedLenFeature]:
+    def parse_spec(self, keys=None) -> dict:
         """The `tf.io.parse_example` spec for `keys` (default: every feature).
 
         Raises:
@@ -227,7 +263,7 @@ class ImageExampleSchema:
             not exactly one value.
         """
         try:
-            example = tf.train.Example.FromString(serialized)
+            example = _tf.example_pb2().Example.FromString(serialized)
         except message.DecodeError as e:
             raise ValueError(f"not a tf.train.Example ({type(e).__name__})") from e
         features = example.features.feature

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import schemas
 from schemas import IMAGE_SCHEMA, ImageExampleSchema, ImageRecord
@@ -26,6 +31,85 @@ def test_encode_then_parse_gives_the_values_back():
     assert parsed[schemas.FILENAME.key].numpy().decode() == "cat/ä b.jpg"
     assert parsed[schemas.HEIGHT.key].dtype == tf.int64
     assert set(parsed) == {spec.key for spec in IMAGE_SCHEMA.features}
+
+
+def _tf_example(schema, record):
+    """The same record built with TensorFlow's own protos, the reference encoding."""
+    values = {
+        schemas.IMAGE.key: record.image, schemas.LABEL.key: record.label,
+        schemas.FILENAME.key: record.filename, schemas.FORMAT.key: record.format,
+        schemas.HEIGHT.key: record.height, schemas.WIDTH.key: record.width,
+        schemas.CHANNELS.key: record.channels, **record.extra,
+    }
+    feature = {}
+    for spec in schema.features:
+        value = values[spec.key]
+        if spec.dtype == "bytes":
+            value = os.fsencode(value) if isinstance(value, str) else value
+            feature[spec.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        else:
+            feature[spec.key] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    return example.SerializeToString(deterministic=True)
+
+
+_INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    image=st.binary(max_size=300), label=_INT64, filename=_TEXT, fmt=_TEXT,
+    sizes=st.tuples(_INT64, _INT64, _INT64),
+    extra=st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), _TEXT, max_size=3),
+)
+def test_encoding_equals_tensorflows_own_serialization(image, label, filename, fmt, sizes, extra):
+    # The writer frames wire bytes itself; they must be exactly what
+    # tf.train.Example would give, for any value (negative and 64-bit ints,
+    # empty and non-ASCII strings, extra features sorting among the core keys).
+    extra = {k: v for k, v in extra.items() if k not in {s.key for s in ImageExampleSchema._CORE}}
+    schema = ImageExampleSchema(extra_string_features=tuple(extra))
+    record = _record(image=image, label=label, filename=filename, format=fmt,
+                     height=sizes[0], width=sizes[1], channels=sizes[2], extra=extra)
+    ours = schema.encode(record)
+    assert tf.train.Example.FromString(ours) == tf.train.Example.FromString(_tf_example(schema, record))
+    assert schema.decode(ours)[schemas.LABEL.key] == label
+    keys = [spec.key for spec in schema.features]
+    if not any(a != b and b.startswith(a) for a in keys for b in keys):
+        # Byte for byte too. (When a key is a prefix of another, protobuf's
+        # upb backend puts the longer first; we keep plain byte order.)
+        assert ours == _tf_example(schema, record)
+
+
+def test_ints_beyond_64_bits_are_refused_with_the_feature_named():
+    with pytest.raises(ValueError, match="'height'.*64-bit"):
+        IMAGE_SCHEMA.encode(_record(height=1 << 63))
+
+
+def test_writing_records_does_not_load_tensorflows_python_api():
+    # The converter encodes records and decodes images without TensorFlow's
+    # Python API (a third of the start-up); code that asks for TensorFlow
+    # afterwards in the same process still gets all of it.
+    code = (
+        "import sys\n"
+        "from schemas import IMAGE_SCHEMA, ImageRecord, _tf\n"
+        "ops = _tf.image_ops()\n"
+        "record = IMAGE_SCHEMA.encode(ImageRecord(image=b'x', label=1, filename='a', format='png',"
+        " height=1, width=1, channels=1))\n"
+        "import io\n"
+        "from PIL import Image\n"
+        "buf = io.BytesIO()\n"
+        "Image.new('L', (1, 1)).save(buf, 'PNG')\n"
+        "png = buf.getvalue()\n"
+        "assert ops.decode_png(png).shape == (1, 1, 1)\n"
+        "print('before', _tf.api_loaded())\n"
+        "import tensorflow as tf\n"
+        "parsed = tf.io.parse_single_example(record, IMAGE_SCHEMA.parse_spec())\n"
+        "print('after', _tf.api_loaded(), int(parsed['label']), tf.data.Dataset.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout
+    assert out.split("\n")[:2] == ["before False", "after True 1 DatasetV2"]
 
 
 def test_encoding_is_deterministic_and_keeps_undecodable_names():
