@@ -30,6 +30,7 @@ import importlib.util
 import sys
 import threading
 import types
+from collections.abc import Callable
 from typing import NamedTuple
 
 __all__ = ["full", "image_ops", "example_pb2", "api_loaded"]
@@ -121,21 +122,36 @@ class ImageOps(NamedTuple):
     (generated op wrappers), so the validation runs the reader's decoders.
     """
 
-    decode_jpeg: object
-    decode_png: object
+    decode_jpeg: Callable
+    decode_png: Callable
     OpError: type
     uint8: object
     uint16: object
 
 
 def image_ops() -> ImageOps:
-    """TensorFlow's image decode ops, without loading the Python API if not loaded yet."""
+    """TensorFlow's image decode ops, without loading the Python API if not loaded yet.
+
+    The ops take the encoded bytes (Python bytes) and keyword attributes, as
+    `tf.io.decode_jpeg` and `tf.io.decode_png` do.
+    """
     _register_package_without_api()
     with _LOCK, _collector_paused():
-        # constant_op registers the conversion of Python bytes to a tensor.
-        from tensorflow.python.framework import constant_op, dtypes, errors  # noqa: F401
+        from tensorflow.python.framework import constant_op, dtypes, errors
         from tensorflow.python.ops import gen_image_ops
-    return ImageOps(gen_image_ops.decode_jpeg, gen_image_ops.decode_png, errors.OpError,
+
+    def with_tensor_input(op):
+        def run(contents: bytes, **attrs):
+            # Given a tensor, TF's C fast path runs the op: given Python
+            # bytes, every call takes the slow Python path (1.7x the
+            # overhead), and the second call imports resource_variable_ops,
+            # half a second, to check the bytes are not a variable.
+            return op(constant_op.constant(contents, dtype=dtypes.string), **attrs)
+
+        return run
+
+    return ImageOps(with_tensor_input(gen_image_ops.decode_jpeg),
+                    with_tensor_input(gen_image_ops.decode_png), errors.OpError,
                     dtypes.uint8, dtypes.uint16)
 
 
