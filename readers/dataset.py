@@ -47,7 +47,7 @@ import tensorflow as tf
 from readers import decode, global_shuffle, preprocess, record_index
 from readers.metadata import SplitFiles, load_split
 from readers.positions import ReadPosition
-from schemas.features import IMAGE, LABEL, ImageRecord
+from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord
 
 __all__ = [
     "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "ReaderConfig",
@@ -704,6 +704,8 @@ def build_dataset(
         # noise, and decoding them one per call spreads a batch over the
         # cores (first batch sooner, more parallelism on many cores).
         image_spec = tf.TensorSpec([*config.image_size, config.channels], tf.float32)
+        # The stored sizes, parsed too: a batch of one size is resized at once.
+        sizes = [k for k in (HEIGHT.key, WIDTH.key) if k not in keys]
 
         @_no_autograph
         def load_batch(serialized, batch_seeds=None):
@@ -712,16 +714,23 @@ def build_dataset(
                 serialized = tf.boolean_mask(serialized, keep)
                 if standard:
                     batch_seeds = tf.boolean_mask(batch_seeds, keep)
-            features = decode.parse_examples(serialized, keys, schema)
             if standard:
+                features = decode.parse_examples(serialized, keys, schema)
                 features[IMAGE.key] = tf.map_fn(
                     lambda e: load_image(e[0], e[1]),
                     (features[IMAGE.key], batch_seeds),
                     fn_output_signature=image_spec,
                 )
             else:
-                features[IMAGE.key] = tf.map_fn(
-                    load_image, features[IMAGE.key], fn_output_signature=image_spec
+                features = decode.parse_examples(serialized, keys + sizes, schema)
+                heights, widths = features[HEIGHT.key], features[WIDTH.key]
+                for k in sizes:
+                    del features[k]
+                features[IMAGE.key] = preprocess.load_image_batch(
+                    features[IMAGE.key], heights, widths,
+                    image_size=config.image_size, resize=config.resize,
+                    crop_fraction=config.crop_fraction, interpolation=config.interpolation,
+                    channels=config.channels, depth=depth,
                 )
             return _finalize(features, config, num_classes)
 

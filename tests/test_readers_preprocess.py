@@ -52,6 +52,23 @@ def test_stretch_is_a_plain_resize(sources):
         np.testing.assert_allclose(image.numpy(), expected.numpy(), atol=1e-4)
 
 
+@pytest.mark.parametrize("policy", ["stretch", "pad", "crop"])
+@pytest.mark.parametrize("interpolation", ["bilinear", "area"])
+def test_batch_loading_equals_image_by_image(tmp_path, sources, policy, interpolation):
+    # One stored size (resized as one batch) and mixed sizes (image by image)
+    # must both give exactly the pixels of `load_image`.
+    same = rd.write_dataset(tmp_path, splits={"train": 3}, kinds=("rgb_jpeg", "rgb_png", "rgb_jpeg"),
+                            sizes=((9, 13),) * 3, num_shards=1).sources["train"]
+    for batch in (same, sources):
+        encoded = tf.constant([s.data for s in batch])
+        heights = tf.constant([s.pixels.shape[0] for s in batch], tf.int64)
+        widths = tf.constant([s.pixels.shape[1] for s in batch], tf.int64)
+        options = dict(image_size=(16, 12), resize=policy, interpolation=interpolation)
+        together = preprocess.load_image_batch(encoded, heights, widths, **options)
+        one_by_one = [preprocess.load_image(e, **options) for e in encoded]
+        np.testing.assert_array_equal(together.numpy(), np.stack(one_by_one))
+
+
 def test_pad_fills_with_zeros(sources):
     # A tall image padded to a wide aspect ratio gets black side bands.
     tall = next(s for s in _png(sources) if s.pixels.shape[0] > s.pixels.shape[1])
