@@ -23,9 +23,9 @@ sampling cost of about 10 ms per process.
 Then shardsmith's peak memory on the corpus is compared with its peak on a
 quarter of it: memory must stay bounded whatever the dataset's size.
 
-Targets (2-core machine), for shardsmith multi_processing x2: at least 1.2x the
-images/s of (b), at least 0.5x those of (a), and peak memory at 4x the images
-within 1.2x of the peak at 1x.
+Targets (2-core machine), for shardsmith's default command (threads on every
+core): at least 1.2x the images/s of (b), at least 0.5x those of (a), and peak
+memory at 4x the images within 1.2x of the peak at 1x.
 
 The machine's cores may be shared: figures are noisy. Compare contenders of the
 same run, and use `--repeat` (best wall time of N interleaved rounds).

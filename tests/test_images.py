@@ -12,7 +12,7 @@ import tensorflow as tf
 from conftest import encode, pixels
 from PIL import Image
 
-from beam_jobs._images import ImageRejected, ImageValidator, sniff_format
+from beam_jobs._images import ImageRejected, ImageValidator, _jpeg_header, sniff_format
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,48 @@ def test_valid_jpeg_and_png_are_kept_byte_for_byte(validator):
         out = validator.validate(data, "x")
         assert out.data == data and out.format == fmt and out.actions == ()
         assert (out.height, out.width, out.channels) == _decode(data).shape
+
+
+def _jpeg_variants():
+    """JPEGs as cameras and tools write them, and some they should not."""
+    out = []
+    for i, (size, mode) in enumerate((((24, 32), "RGB"), ((7, 300), "RGB"), ((33, 17), "L"))):
+        arr = pixels(i, size=size, mode=mode)
+        out.append(encode(arr, "JPEG"))
+        out.append(encode(arr, "JPEG", progressive=True, optimize=True))
+        for orientation in (1, 3, 6, 8, 9):
+            exif = Image.Exif()
+            exif[0x0112] = orientation
+            exif[0x010F] = "maker"  # Another tag before it in IFD0.
+            out.append(encode(arr, "JPEG", exif=exif))
+        buf = io.BytesIO()
+        Image.fromarray(arr).convert("CMYK").save(buf, "JPEG")
+        out.append(buf.getvalue())
+    data = out[0]
+    out.append(data[:2] + b"\xff\xe1\x00\x10Exif\x00\x00MM\x00*\x00\x00" + data[2:])  # Damaged EXIF.
+    out.append(data[:2] + b"\xff\xff" + data[2:])  # A fill byte.
+    out.append(data[:40])  # Cut in its header.
+    out.append(data[:2] + b"\xff\xc0\x00\x02" + data[2:])  # A frame header with no frame.
+    return out
+
+
+def test_jpeg_marker_reader_agrees_with_pillow_or_leaves_the_file_to_it():
+    # The marker walk replaces Pillow on ordinary JPEGs: where it answers, it
+    # must give Pillow's size, channels and orientation; where it cannot, it
+    # returns None and Pillow reads the file as before.
+    answered = 0
+    for data in _jpeg_variants():
+        header = _jpeg_header(data)
+        if header is None:
+            continue
+        answered += 1
+        with Image.open(io.BytesIO(data)) as im:
+            assert (header.width, header.height) == im.size
+            assert header.components == len(im.getbands())
+            assert header.orientation == im.getexif().get(0x0112)
+    # Every RGB and grey variant and the one with a fill byte; not CMYK, not
+    # the damaged ones.
+    assert answered == 22
 
 
 def test_cmyk_jpeg_is_kept_and_decodes_to_rgb(validator):
