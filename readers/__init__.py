@@ -14,7 +14,9 @@ first use.
 """
 
 # First: TensorFlow is imported once, the cheap way (see schemas/_tf.py).
-from schemas import _tf  # noqa: F401  isort: skip
+from schemas import _tf  # isort: skip
+
+_tf.full()
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
 from readers.distributed import distributed_dataset, make_dataset_fn
 from readers.metadata import load_manifest
