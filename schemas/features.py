@@ -232,8 +232,9 @@ class ImageExampleSchema:
             values[spec.key] = record.extra[spec.key]
         parts = []
         size = 0
-        # Sorted by key, as protobuf's deterministic serialization orders map
-        # entries: the same input gives the same shard bytes on every run.
+        # Map entries sorted by key bytes, so the same input gives the same
+        # shard bytes on every run. (protobuf's own deterministic order, except
+        # that its upb backend writes a key after its longer extensions.)
         for spec in self._by_encoded_key:
             try:
                 header, payload = spec._wire_parts(values[spec.key])
