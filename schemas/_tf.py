@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
+import logging
 import sys
 import threading
 import types
@@ -35,6 +36,7 @@ from typing import NamedTuple
 
 __all__ = ["full", "image_ops", "example_pb2", "api_loaded"]
 
+_LOG = logging.getLogger("shardsmith")
 _PACKAGE = "tensorflow"
 # Re-entrant: loading the API imports modules that may ask for it again.
 _LOCK = threading.RLock()
@@ -133,26 +135,39 @@ def image_ops() -> ImageOps:
     """TensorFlow's image decode ops, without loading the Python API if not loaded yet.
 
     The ops take the encoded bytes (Python bytes) and keyword attributes, as
-    `tf.io.decode_jpeg` and `tf.io.decode_png` do.
+    `tf.io.decode_jpeg` and `tf.io.decode_png` do. Should a TensorFlow
+    release move the internal modules this needs, the ops come from the whole
+    library instead: the same ops, a slower start.
     """
+    try:
+        return _ops_without_api()
+    except (ImportError, AttributeError) as e:
+        _LOG.info("Loading all of TensorFlow for its decode ops (%s: %s)", type(e).__name__, e)
+        tf = full()
+        return ImageOps(_with_tensor_input(tf.io.decode_jpeg, tf.constant, tf.string),
+                        _with_tensor_input(tf.io.decode_png, tf.constant, tf.string),
+                        tf.errors.OpError, tf.uint8, tf.uint16)
+
+
+def _ops_without_api() -> ImageOps:
     _register_package_without_api()
     with _LOCK, _collector_paused():
         from tensorflow.python.framework import constant_op, dtypes, errors
         from tensorflow.python.ops import gen_image_ops
+    return ImageOps(_with_tensor_input(gen_image_ops.decode_jpeg, constant_op.constant, dtypes.string),
+                    _with_tensor_input(gen_image_ops.decode_png, constant_op.constant, dtypes.string),
+                    errors.OpError, dtypes.uint8, dtypes.uint16)
 
-    def with_tensor_input(op):
-        def run(contents: bytes, **attrs):
-            # Given a tensor, TF's C fast path runs the op: given Python
-            # bytes, every call takes the slow Python path (1.7x the
-            # overhead), and the second call imports resource_variable_ops,
-            # half a second, to check the bytes are not a variable.
-            return op(constant_op.constant(contents, dtype=dtypes.string), **attrs)
 
-        return run
+def _with_tensor_input(op, constant, string):
+    def run(contents: bytes, **attrs):
+        # Given a tensor, TF's C fast path runs the op: given Python bytes,
+        # every call takes the slow Python path (1.7x the overhead), and the
+        # second call imports resource_variable_ops, half a second, to check
+        # the bytes are not a variable.
+        return op(constant(contents, dtype=string), **attrs)
 
-    return ImageOps(with_tensor_input(gen_image_ops.decode_jpeg),
-                    with_tensor_input(gen_image_ops.decode_png), errors.OpError,
-                    dtypes.uint8, dtypes.uint16)
+    return run
 
 
 def example_pb2() -> types.ModuleType:

@@ -112,6 +112,30 @@ def test_writing_records_does_not_load_tensorflows_python_api():
     assert out.split("\n")[:2] == ["before False", "after True 1 DatasetV2"]
 
 
+def test_decode_ops_fall_back_to_the_whole_library():
+    # A TensorFlow release that moved the internal modules the light path
+    # needs must still convert: the same ops come from the whole library.
+    code = (
+        "import io\n"
+        "from PIL import Image\n"
+        "from schemas import _tf\n"
+        "def moved():\n"
+        "    raise ImportError('cannot import name gen_image_ops')\n"
+        "_tf._ops_without_api = moved\n"
+        "ops = _tf.image_ops()\n"
+        "buf = io.BytesIO()\n"
+        "Image.new('RGB', (3, 2)).save(buf, 'JPEG')\n"
+        "print(tuple(ops.decode_jpeg(buf.getvalue()).shape), _tf.api_loaded())\n"
+        "try:\n"
+        "    ops.decode_jpeg(buf.getvalue()[:20])\n"
+        "except ops.OpError:\n"
+        "    print('OpError')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout
+    assert out.split("\n")[:2] == ["(2, 3, 3) True", "OpError"]
+
+
 def test_encoding_is_deterministic_and_keeps_undecodable_names():
     name = b"bad\xff.jpg".decode("utf-8", "surrogateescape")
     a = IMAGE_SCHEMA.encode(_record(filename=name))
