@@ -53,8 +53,9 @@ def test_stretch_is_a_plain_resize(sources):
 
 
 @pytest.mark.parametrize("policy", ["stretch", "pad", "crop"])
-@pytest.mark.parametrize("interpolation", ["bilinear", "area"])
-def test_batch_loading_equals_image_by_image(tmp_path, sources, policy, interpolation):
+@pytest.mark.parametrize("interpolation", ["bilinear", "area", "nearest"])
+@pytest.mark.parametrize("size", [(16, 12), (5, 4)])  # Enlarging and shrinking.
+def test_batch_loading_equals_image_by_image(tmp_path, sources, policy, interpolation, size):
     # One stored size (resized as one batch) and mixed sizes (image by image)
     # must both give exactly the pixels of `load_image`.
     same = rd.write_dataset(tmp_path, splits={"train": 3}, kinds=("rgb_jpeg", "rgb_png", "rgb_jpeg"),
@@ -63,7 +64,7 @@ def test_batch_loading_equals_image_by_image(tmp_path, sources, policy, interpol
         encoded = tf.constant([s.data for s in batch])
         heights = tf.constant([s.pixels.shape[0] for s in batch], tf.int64)
         widths = tf.constant([s.pixels.shape[1] for s in batch], tf.int64)
-        options = dict(image_size=(16, 12), resize=policy, interpolation=interpolation)
+        options = dict(image_size=size, resize=policy, interpolation=interpolation)
         together = preprocess.load_image_batch(encoded, heights, widths, **options)
         one_by_one = [preprocess.load_image(e, **options) for e in encoded]
         np.testing.assert_array_equal(together.numpy(), np.stack(one_by_one))
