@@ -61,16 +61,16 @@ small images; best of 2; load average 1.5-1.7; this day's machine ran about
 half as fast as on 2026-11-29), images/s: photos eval shardsmith 569,
 hand-tuned 597, ceiling 587 (0.95x, 0.97x; TTFB 0.53 s vs 0.60 s); photos
 train shardsmith 620 vs idfd + crop 318 (1.95x); global shuffle 600 (0.97x
-of shards mode). Small, cold: shardsmith 2725 vs idfd 1685 (1.62x; target 3x
-missed); warm: 2749 vs 1620 (1.70x); at 64x64 output: 11780 vs 8374 (1.41x).
-Why 3x is out of reach at 224x224 here: the bilinear resize to 224x224x3
-float32, which both must run, costs 0.37 ms of CPU per image on its own
-(this TensorFlow build has no AVX2 kernels), and idfd's whole cost is 1.0 ms;
-shardsmith is at 0.67 ms (batches of one stored size are resized by one op).
-And this virtual disk serves cold small files fast: across this day's runs
-idfd read 1570-1685 images/s cold and 1560-2380 warm, so loose files cost
-little next to decoding and resizing (on network or spinning storage they
-would dominate, which this machine cannot show). Earlier figures
+of shards mode). Small (a later run of the day, after the batched float32 resize,
+shardsmith and keras on the three small scenarios, best of 2):
+cold 3282 vs idfd 1562 (2.10x; target 3x missed), warm 3700 vs 1974 (1.87x), at
+64x64 output 10762 vs 7928 (1.36x); CPU ms per image 0.55 / 0.51 / 0.18 against
+idfd's 1.07 / 0.96 / 0.22. Why 3x is out of reach here: at the stored size the
+whole reader costs 0.18 ms per image, so producing the 224x224x3 float32 output
+costs the other ~0.35 ms, while idfd's whole cost is ~1.0 ms; and this virtual
+disk serves cold small files fast (idfd is barely slower cold than warm), so
+loose files' per-file cost, which the reader avoids, is small here (on network
+or spinning storage it would dominate, which this machine cannot show). Earlier figures
 (2026-11-29, before the batched resize, best of 3, load 1.2-3.2): photos eval
 949 vs hand-tuned 956 vs ceiling 1047; train 978 vs 601; small warm 4731 vs
 4815; small @64x64 24145 vs 18696.
