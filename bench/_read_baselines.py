@@ -284,6 +284,11 @@ def _cpu_seconds() -> float:
     return t.user + t.system
 
 
+def _images_in(batch) -> int:
+    """Images in a batch: `(images, labels)` or images alone."""
+    return int((batch[0] if isinstance(batch, tuple) else batch).shape[0])
+
+
 def measure(build, *, warmup: int, batches: int, min_seconds: float = 0.0) -> dict:
     """Times `build()` and the batches it yields.
 
@@ -308,7 +313,7 @@ def measure(build, *, warmup: int, batches: int, min_seconds: float = 0.0) -> di
     taken = 0
     while taken < batches or time.perf_counter() - t0 < min_seconds:
         batch = next(it)
-        images += int((batch[0] if isinstance(batch, tuple) else batch).shape[0])
+        images += _images_in(batch)
         taken += 1
     window = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
@@ -332,10 +337,10 @@ def measure_first(build, *, images: int) -> dict:
     it = iter(build())
     batch = next(it)
     ttfb = time.perf_counter() - start
-    taken = int((batch[0] if isinstance(batch, tuple) else batch).shape[0])
+    taken = _images_in(batch)
     while taken < images:
         batch = next(it)
-        taken += int((batch[0] if isinstance(batch, tuple) else batch).shape[0])
+        taken += _images_in(batch)
     span = time.perf_counter() - start
     return {
         "ttfb_s": ttfb,
