@@ -178,8 +178,9 @@ def _exif_orientation(tiff: bytes):
         return False
     for i in range(0, len(entries), 12):
         if int.from_bytes(entries[i:i + 2], order) == _EXIF_ORIENTATION:
-            kind, n = int.from_bytes(entries[i + 2:i + 4], order), int.from_bytes(entries[i + 4:i + 8], order)
-            if kind != 3 or n != 1:  # Not one SHORT: let Pillow interpret it.
+            kind = int.from_bytes(entries[i + 2:i + 4], order)
+            values = int.from_bytes(entries[i + 4:i + 8], order)
+            if kind != 3 or values != 1:  # Not one SHORT: let Pillow interpret it.
                 return False
             return int.from_bytes(entries[i + 8:i + 10], order)
     return None

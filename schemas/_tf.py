@@ -154,8 +154,9 @@ def _ops_without_api() -> ImageOps:
     with _LOCK, _collector_paused():
         from tensorflow.python.framework import constant_op, dtypes, errors
         from tensorflow.python.ops import gen_image_ops
-    return ImageOps(_with_tensor_input(gen_image_ops.decode_jpeg, constant_op.constant, dtypes.string),
-                    _with_tensor_input(gen_image_ops.decode_png, constant_op.constant, dtypes.string),
+    constant, string = constant_op.constant, dtypes.string
+    return ImageOps(_with_tensor_input(gen_image_ops.decode_jpeg, constant, string),
+                    _with_tensor_input(gen_image_ops.decode_png, constant, string),
                     errors.OpError, dtypes.uint8, dtypes.uint16)
 
 
