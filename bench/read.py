@@ -126,6 +126,7 @@ class Contender:
       image_size: Side of the square output images.
       cold: Measure the first epoch after the corpus's files (images and
         shards) are dropped from the page cache, instead of the steady state.
+      env: Extra environment variables of its process.
     """
 
     name: str
@@ -135,17 +136,27 @@ class Contender:
     label: str
     image_size: int = 224
     cold: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# The host-memory pool that importing `readers` turns on (readers/_allocator.py).
+# The decode ceilings always have it (a ceiling is the fastest this TensorFlow
+# can go); the '-pool' rows give it to a baseline, to show what it alone is worth.
+_POOL = (("TF_CPU_ALLOCATOR_USE_BFC", "true"),)
 
 
 CONTENDERS = (
     Contender("eval-shardsmith", "photos", "shardsmith", "eval", "shardsmith reader"),
     Contender("eval-hand", "photos", "hand", "eval", "hand-tuned TFRecord"),
-    Contender("eval-ceiling", "photos", "ceiling", "eval", "decode ceiling (in memory)"),
+    Contender("eval-ceiling", "photos", "ceiling", "eval", "decode ceiling (in memory)",
+              env=_POOL),
+    Contender("eval-hand-pool", "photos", "hand", "eval", "hand-tuned, TF's BFC pool", env=_POOL),
     Contender("eval-keras", "photos", "keras", "stretch", "image_dataset_from_directory*"),
     Contender("train-shardsmith", "photos", "shardsmith", "train", "shardsmith augment=standard"),
     Contender("train-keras", "photos", "keras", "train", "idfd + random crop + flip"),
     Contender("train-hand", "photos", "hand", "train", "hand-tuned TFRecord"),
-    Contender("train-ceiling", "photos", "ceiling", "train", "decode ceiling (in memory)"),
+    Contender("train-ceiling", "photos", "ceiling", "train", "decode ceiling (in memory)",
+              env=_POOL),
     Contender("train-global", "photos", "global", "train", "shuffle='global'"),
     Contender("train-global-tf", "photos", "global-tf", "train", "shuffle='global', TF reads"),
     # Where per-file cost dominates: the first epoch read from storage, as
@@ -154,16 +165,21 @@ CONTENDERS = (
               cold=True),
     Contender("smallcold-keras", "small", "keras", "stretch", "image_dataset_from_directory",
               cold=True),
+    Contender("smallcold-keras-pool", "small", "keras", "stretch", "idfd, TF's BFC pool",
+              cold=True, env=_POOL),
     Contender("smallcold-hand", "small", "hand", "stretch", "hand-tuned TFRecord", cold=True),
     Contender("small-shardsmith", "small", "shardsmith", "stretch", "shardsmith reader"),
     Contender("small-keras", "small", "keras", "stretch", "image_dataset_from_directory"),
+    Contender("small-keras-pool", "small", "keras", "stretch", "idfd, TF's BFC pool", env=_POOL),
     Contender("small-hand", "small", "hand", "stretch", "hand-tuned TFRecord"),
-    Contender("small-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)"),
+    Contender("small-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)",
+              env=_POOL),
     # For reference: the same at the images' own size, where the resize to
     # 224x224 (most of the work above) all but vanishes.
     Contender("small64-shardsmith", "small", "shardsmith", "stretch", "shardsmith reader", 64),
     Contender("small64-keras", "small", "keras", "stretch", "image_dataset_from_directory", 64),
-    Contender("small64-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)", 64),
+    Contender("small64-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)", 64,
+              env=_POOL),
 )
 
 _SCENARIOS = (
@@ -199,6 +215,17 @@ TARGETS = (
            "smallcold-keras", 3.0),
     Target("photos train: global shuffle vs shards", "images_per_s", "train-global",
            "train-shardsmith", 0.9),
+)
+
+# Printed with the targets, without a bound: the same comparisons with the
+# baseline given the host-memory pool too, so the pool's share is visible.
+SAME_POOL = (
+    Target("photos eval: vs hand-tuned with the pool", "images_per_s", "eval-shardsmith",
+           "eval-hand-pool", 0.0),
+    Target("small, cold: vs idfd with the pool", "images_per_s", "smallcold-shardsmith",
+           "smallcold-keras-pool", 0.0),
+    Target("small, warm: vs idfd with the pool", "images_per_s", "small-shardsmith",
+           "small-keras-pool", 0.0),
 )
 
 
@@ -304,6 +331,7 @@ def run_contender(c: Contender, raw: str, tfrecords: str, *, warmup: int, batche
         argv += ["--first_images", str(epoch_images)]
         _drop_page_cache(raw, tfrecords)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    env.update(c.env)
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=_REPO, env=env,
                           stdin=subprocess.DEVNULL)
     with open(log_path, "w", encoding="utf-8") as log:
@@ -423,6 +451,10 @@ def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str
         print(f"  {t.label:<45} {ratio:5.2f}x (target {'<=' if t.at_most else '>='} "
               f"{t.bound}x): {'PASS' if ok else 'FAIL'}"
               + (f"   [images per CPU-second: {cpu_ratio:.2f}x]" if cpu_ratio else ""))
+    for t in SAME_POOL:
+        ratio = _ratio(results, t)
+        if ratio is not None:
+            print(f"  {t.label:<45} {ratio:5.2f}x (for reference)")
     return {"count": count, "small_count": small_count, "seed": seed, "repeat": repeat,
             "warmup": warmup, "batches": batches, "cpu_count": os.cpu_count(),
             "load_average": [load_before, load_after], "results": results, "targets": verdicts}

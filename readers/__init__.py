@@ -11,11 +11,19 @@ per-epoch permutation read by offset, resumable exactly from a
 `ReadPosition`) lives in `readers.global_shuffle`, `readers.record_index`
 and `readers.positions`; `ResumeCallback` (which imports Keras) is loaded on
 first use.
+
+Importing `readers` before TensorFlow runs its first op turns on TensorFlow's
+pooling allocator for host memory (`TF_CPU_ALLOCATOR_USE_BFC=true`, unless
+that variable is set already): see `readers._allocator` for why and how to
+opt out.
 """
 
-# First: TensorFlow is imported once, the cheap way (see schemas/_tf.py).
+# First: host memory from a pool, chosen before TensorFlow creates its
+# devices; then TensorFlow, imported once, the cheap way (schemas/_tf.py).
+from readers import _allocator  # isort: skip
 from schemas import _tf  # isort: skip
 
+_allocator.use_pooling_allocator()
 _tf.full()
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
 from readers.distributed import distributed_dataset, make_dataset_fn

@@ -1,0 +1,95 @@
+"""Tests of readers._allocator: TensorFlow's host memory from a pool, when still possible."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from readers import _allocator
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Prints which allocator TensorFlow's CPU device uses: only the pooling one
+# keeps statistics.
+_WHICH = (
+    "import tensorflow as tf\n"
+    "tf.zeros([256, 256]).numpy()\n"
+    "try:\n"
+    "    tf.config.experimental.get_memory_info('CPU:0')\n"
+    "    print('pool')\n"
+    "except ValueError:\n"
+    "    print('malloc')\n"
+    "import os\n"
+    "print(os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'))\n"
+)
+
+
+def _fresh_python(code: str, **env: str) -> tuple[list[str], str]:
+    """(stdout lines, stderr) of `code` in a new interpreter, with only `env` of the allocator's."""
+    child_env = {k: v for k, v in os.environ.items()
+                 if k not in (_allocator.USE_BFC, _allocator.MEM_LIMIT_MB)}
+    child_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=_REPO, env=child_env)
+    return proc.stdout.split("\n"), proc.stderr
+
+
+def test_importing_readers_first_gives_tensorflow_the_pool():
+    lines, _ = _fresh_python("import readers\n" + _WHICH)
+    assert lines[:2] == ["pool", "true"]
+
+
+def test_without_readers_tensorflow_uses_malloc():
+    # The control for the test above: the pool comes from readers.
+    lines, _ = _fresh_python(_WHICH)
+    assert lines[:2] == ["malloc", "None"]
+
+
+def test_the_users_setting_stands():
+    lines, _ = _fresh_python("import readers\n" + _WHICH, TF_CPU_ALLOCATOR_USE_BFC="false")
+    assert lines[:2] == ["malloc", "false"]
+
+
+def test_too_late_is_left_alone_and_said():
+    code = ("import logging\n"
+            "logging.basicConfig(level=logging.INFO)\n"
+            "import tensorflow as tf\n"
+            "tf.ones([2]).numpy()\n"
+            "import readers\n" + _WHICH)
+    lines, stderr = _fresh_python(code)
+    assert lines[:2] == ["malloc", "None"]
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts" in stderr
+
+
+@pytest.mark.parametrize("physical_mb, expected", [
+    (200_000, "200000"),  # more than TensorFlow's 64 GiB ceiling: raised
+    (16_000, None),  # less: TensorFlow's default stands
+    (None, None),  # unknown
+])
+def test_pool_ceiling_follows_the_machine(monkeypatch, physical_mb, expected):
+    monkeypatch.delenv(_allocator.USE_BFC, raising=False)
+    monkeypatch.delenv(_allocator.MEM_LIMIT_MB, raising=False)
+    monkeypatch.setattr(_allocator, "_tensorflow_started", lambda: False)
+    monkeypatch.setattr(_allocator, "_physical_memory_mb", lambda: physical_mb)
+    assert _allocator.use_pooling_allocator() is True
+    assert os.environ[_allocator.USE_BFC] == "true"
+    assert os.environ.get(_allocator.MEM_LIMIT_MB) == expected
+
+
+def test_a_users_ceiling_stands(monkeypatch):
+    monkeypatch.delenv(_allocator.USE_BFC, raising=False)
+    monkeypatch.setenv(_allocator.MEM_LIMIT_MB, "1024")
+    monkeypatch.setattr(_allocator, "_tensorflow_started", lambda: False)
+    monkeypatch.setattr(_allocator, "_physical_memory_mb", lambda: 500_000)
+    assert _allocator.use_pooling_allocator() is True
+    assert os.environ[_allocator.MEM_LIMIT_MB] == "1024"
+
+
+def test_started_tensorflow_is_seen_in_this_process():
+    # This process ran TensorFlow ops (readers is imported, tests ran ops):
+    # too late to change, and nothing is changed.
+    import tensorflow as tf
+
+    tf.zeros([1]).numpy()
+    assert _allocator._tensorflow_started() is True
