@@ -730,7 +730,7 @@ def build_dataset(
                     features[IMAGE.key], heights, widths,
                     image_size=config.image_size, resize=config.resize,
                     crop_fraction=config.crop_fraction, interpolation=config.interpolation,
-                    channels=config.channels, depth=depth,
+                    channels=config.channels, depth=depth, batch_size=batch_size,
                 )
             return _finalize(features, config, num_classes)
 

