@@ -59,6 +59,8 @@ class ShardResult:
     index_sha256: str
     # Input files that gave records (a multi-frame DICOM file gives several).
     num_sources: int
+    # schemas.ImageStats.to_json() of its records (None: none, or an older receipt).
+    images: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +158,7 @@ class WriteShardFn(beam.DoFn):
         writer = AtomicWriter(self._output_dir, name)
         index_lines = []
         class_counts = [0] * self._num_classes
+        stored = []  # (format, height, width) of each record
         rejects, normalized = [], []
         num_sources = 0
         try:
@@ -185,6 +188,7 @@ class WriteShardFn(beam.DoFn):
                     index_lines.append(f"{writer.num_bytes} {len(framed)}\n")
                     writer.write(framed)
                     class_counts[f.label] += 1
+                    stored.append((image.format, image.height, image.width))
                     self._written.inc()
         except BaseException:
             writer.abort()
@@ -198,6 +202,7 @@ class WriteShardFn(beam.DoFn):
         result = ShardResult(
             split, index, files[0].num_shards, name, sum(class_counts), writer.num_bytes,
             writer.sha256, tuple(class_counts), index_name, index_writer.sha256, num_sources,
+            images=(stats.to_json() if (stats := schemas.ImageStats.of(stored)) else None),
         )
         return result, rejects, normalized
 
@@ -450,7 +455,8 @@ class FinalizeFn(beam.DoFn):
                 raise RuntimeError(f"Split {split!r}: shards {[s.index for s in mine]} of {count}")
             splits[split] = schemas.SplitInfo(split, tuple(
                 schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts,
-                                  s.index_file, s.index_sha256)
+                                  s.index_file, s.index_sha256,
+                                  schemas.ImageStats.from_json(s.images))
                 for s in mine
             ))
         actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)

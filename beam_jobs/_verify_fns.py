@@ -60,6 +60,7 @@ class VerifyShardFn(beam.DoFn):
         split, shard = element
         problems = []
         counts = [0] * self._num_classes
+        stored = []  # (format, height, width) of each good record
         path = FileSystems.join(self._dir, shard.file)
         sha = hashlib.sha256()
         size = 0
@@ -72,11 +73,12 @@ class VerifyShardFn(beam.DoFn):
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader)):
                     offsets.append((offset, length))
-                    problem, label, digest, name = self._check_record(data)
+                    problem, label, digest, name, image = self._check_record(data)
                     if problem:
                         problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
                         continue
                     counts[label] += 1
+                    stored.append(image)
                     self._records.inc()
                     yield beam.pvalue.TaggedOutput(self.CONTENT, (digest, (split, name)))
             except RecordError as e:
@@ -90,28 +92,35 @@ class VerifyShardFn(beam.DoFn):
             problems.append(f"{shard.file}: {len(offsets)} records, the manifest says {shard.num_records}")
         if tuple(counts) != tuple(shard.class_counts):
             problems.append(f"{shard.file}: class counts {counts}, the manifest says {list(shard.class_counts)}")
+        stats = schemas.ImageStats.of(stored)
+        if shard.images is not None and not problems and stats != shard.images:
+            # Readers specialise on these (e.g. JPEGs of one size): they must be true.
+            problems.append(f"{shard.file}: images {stats and stats.to_json()}, the manifest "
+                            f"says {shard.images.to_json()}")
         problems.extend(self._check_index(shard, offsets))
         yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems))
 
     def _check_record(self, data: bytes):
-        """Returns (problem or None, label, content digest, filename)."""
+        """Returns (problem or None, label, content digest, filename, (format, height, width))."""
         try:
             values = self._schema.decode(data)
         except ValueError as e:
-            return f"does not parse: {e}", None, None, None
+            return f"does not parse: {e}", None, None, None, None
         name = values[schemas.FILENAME.key].decode("utf-8", "backslashreplace")
         label = values[schemas.LABEL.key]
         if not 0 <= label < self._num_classes:
-            return f"{name}: label {label} is outside [0, {self._num_classes})", None, None, name
+            return f"{name}: label {label} is outside [0, {self._num_classes})", None, None, name, None
         image = values[schemas.IMAGE.key]
         try:
             shape = self._tf.io.decode_image(image, expand_animations=False).shape
         except self._tf.errors.OpError as e:
-            return f"{name}: image does not decode ({e.message.split('}}')[-1].strip()})", None, None, name
+            return (f"{name}: image does not decode ({e.message.split('}}')[-1].strip()})", None,
+                    None, name, None)
         stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
         if tuple(shape) != stored:
-            return f"{name}: decodes to {tuple(shape)}, the record says {stored}", None, None, name
-        return None, label, hashlib.sha256(image).hexdigest(), name
+            return f"{name}: decodes to {tuple(shape)}, the record says {stored}", None, None, name, None
+        fmt = values[schemas.FORMAT.key].decode("ascii", "replace")
+        return None, label, hashlib.sha256(image).hexdigest(), name, (fmt, stored[0], stored[1])
 
     def _check_index(self, shard, offsets):
         if not shard.index_file:

@@ -107,7 +107,7 @@ __all__ = ["Contender", "CONTENDERS", "TARGETS", "prepare", "run_contender", "ru
 _LOG = logging.getLogger("shardsmith.bench.read")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STAMP = ".bench-read.json"
-_STAMP_VERSION = 1
+_STAMP_VERSION = 2  # 2: manifests with image stats
 # What `bench._read_baselines` prints before its result (not imported from
 # there: that would load TensorFlow into this process).
 RESULT_PREFIX = "BENCH_READ_RESULT "

@@ -706,6 +706,10 @@ def build_dataset(
         image_spec = tf.TensorSpec([*config.image_size, config.channels], tf.float32)
         # The stored sizes, parsed too: a batch of one size is resized at once.
         sizes = [k for k in (HEIGHT.key, WIDTH.key) if k not in keys]
+        # JPEGs of one size, says the manifest: the graph needs no other path.
+        stats = split_files.images
+        jpegs_of_size = (stats.one_size if stats and [f for f, _ in stats.formats] == ["jpeg"]
+                         else None)
 
         @_no_autograph
         def load_batch(serialized, batch_seeds=None):
@@ -731,6 +735,7 @@ def build_dataset(
                     image_size=config.image_size, resize=config.resize,
                     crop_fraction=config.crop_fraction, interpolation=config.interpolation,
                     channels=config.channels, depth=depth, batch_size=batch_size,
+                    jpegs_of_size=jpegs_of_size,
                 )
             return _finalize(features, config, num_classes)
 

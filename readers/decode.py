@@ -140,6 +140,7 @@ def decode_image_batch(
     batch_size: int | None = None,
     channels: int = 3,
     dtype: tf.dtypes.DType = tf.uint8,
+    all_jpeg: bool = False,
 ) -> tf.Tensor:
     """Decodes a batch of stored images that all have one size.
 
@@ -157,6 +158,8 @@ def decode_image_batch(
       batch_size: The largest n, when known in advance (the dataset's batch
         size).
       channels, dtype: As for `decode_image`.
+      all_jpeg: Every image is known to be a JPEG (the manifest says so):
+        no check at run time.
 
     Returns:
       A `dtype` tensor [n, height, width, channels] ([0, 0, 0, channels] when
@@ -189,9 +192,11 @@ def decode_image_batch(
     def some():
         if batch_size is None or batch_size > _MAX_UNROLLED_BATCH:
             return in_a_loop()
-        all_jpeg = tf.reduce_all(tf.equal(tf.strings.substr(encoded, 0, len(_JPEG_START)),
-                                          _JPEG_START))
-        return tf.cond(all_jpeg, unrolled, in_a_loop)
+        if all_jpeg:
+            return unrolled()
+        jpegs = tf.reduce_all(tf.equal(tf.strings.substr(encoded, 0, len(_JPEG_START)),
+                                       _JPEG_START))
+        return tf.cond(jpegs, unrolled, in_a_loop)
 
     # No images, no size: an empty batch is [0, 0, 0, channels].
     return tf.cond(n > 0, some, lambda: tf.zeros([0, 0, 0, channels], dtype))

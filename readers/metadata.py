@@ -18,6 +18,7 @@ from schemas.features import ImageExampleSchema
 from schemas.manifest import (
     MANIFEST_FILENAME,
     SHARD_FILENAME_RE,
+    ImageStats,
     Manifest,
     ManifestError,
 )
@@ -46,6 +47,8 @@ class SplitFiles:
       index_files: Full path of each shard's index file (None where the
         manifest lists none), for `readers.record_index`.
       index_sha256: The manifest's sha256 of each index file.
+      images: Formats and sizes of the split's images, if the manifest
+        has them.
     """
 
     data_dir: str
@@ -57,6 +60,7 @@ class SplitFiles:
     schema: ImageExampleSchema
     index_files: tuple[str | None, ...] = ()
     index_sha256: tuple[str | None, ...] = ()
+    images: ImageStats | None = None
 
     @property
     def total_records(self) -> int:
@@ -204,4 +208,5 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
             tf.io.gfile.join(path, s.index_file) if s.index_file else None for s in shards
         ),
         index_sha256=tuple(s.index_sha256 for s in shards),
+        images=manifest.split(split).images,
     )

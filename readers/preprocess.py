@@ -227,6 +227,7 @@ def load_image_batch(
     channels: int = 3,
     depth: tf.dtypes.DType = tf.uint8,
     batch_size: int | None = None,
+    jpegs_of_size: tuple[int, int] | None = None,
 ) -> tf.Tensor:
     """`load_image` of a batch of stored images (no augmentation).
 
@@ -237,6 +238,10 @@ def load_image_batch(
     the copy of each resized image into the batch saved (about a sixth of the
     CPU for 64x64 JPEGs read at 224x224). Other batches go image by image.
 
+    When the manifest says every image is a JPEG of one size
+    (`jpegs_of_size`), the graph holds that path alone: no run-time checks,
+    and half the tracing (0.6 -> 0.3 s to the first batch of 64x64 JPEGs).
+
     Args:
       encoded: String tensor [batch], the stored image bytes.
       heights, widths: int tensors [batch], the stored sizes (the records'
@@ -244,11 +249,14 @@ def load_image_batch(
       image_size, resize, crop_fraction, interpolation, channels, depth: As
         for `load_image`.
       batch_size: The largest batch, when known (see `decode_image_batch`).
+      jpegs_of_size: (height, width) when every image is known to be a JPEG
+        of that size; needs `batch_size`.
 
     Returns:
       A float32 tensor [batch, height, width, channels].
     """
     one_by_one_spec = tf.TensorSpec([*image_size, channels], tf.float32)
+    output_shape = [None, *image_size, channels]
 
     def one_by_one():
         return tf.map_fn(
@@ -261,30 +269,35 @@ def load_image_batch(
     if resize not in ("stretch", "pad"):
         return one_by_one()
 
-    def together():
+    def together(all_jpeg=False, stored_size=None):
         images = decode_image_batch(encoded, batch_size=batch_size, channels=channels,
-                                    dtype=depth)
+                                    dtype=depth, all_jpeg=all_jpeg)
         if resize == "pad":
             images = pad_to_aspect_ratio(images, image_size)
         # The same values either way. Enlarging, each input pixel is read for
         # several output pixels, and converting the input to float32 once
         # first is cheaper (0.67 -> 0.52 CPU ms per 64x64 image at 224x224);
         # otherwise converting the whole input costs more than it saves.
+        as_float = lambda: tf.image.resize(  # noqa: E731
+            tf.cast(images, tf.float32), image_size, method=interpolation)
+        as_is = lambda: tf.cast(  # noqa: E731
+            tf.image.resize(images, image_size, method=interpolation), tf.float32)
+        if stored_size is not None and resize == "stretch":
+            enlarging = stored_size[0] * stored_size[1] < image_size[0] * image_size[1]
+            return as_float() if enlarging else as_is()
         height_width = tf.shape(images)[1:3]
         enlarging = height_width[0] * height_width[1] < image_size[0] * image_size[1]
-        return tf.cond(
-            enlarging,
-            lambda: tf.image.resize(tf.cast(images, tf.float32), image_size, method=interpolation),
-            lambda: tf.cast(tf.image.resize(images, image_size, method=interpolation), tf.float32),
-        )
+        return tf.cond(enlarging, as_float, as_is)
 
+    if jpegs_of_size is not None and batch_size is not None:
+        return tf.ensure_shape(together(all_jpeg=True, stored_size=jpegs_of_size), output_shape)
     uniform = tf.logical_and(
         tf.size(heights) > 0,
         tf.logical_and(tf.reduce_all(tf.equal(heights, heights[:1])),
                        tf.reduce_all(tf.equal(widths, widths[:1]))),
     )
     images = tf.cond(uniform, together, one_by_one)
-    return tf.ensure_shape(images, [None, *image_size, channels])
+    return tf.ensure_shape(images, output_shape)
 
 
 def _per_channel(value) -> tf.Tensor:

@@ -24,6 +24,7 @@ from schemas.manifest import (
     SKIP_REASONS,
     SPLITS,
     VERIFY_REPORT_FILENAME,
+    ImageStats,
     Manifest,
     ManifestError,
     ShardInfo,
@@ -37,6 +38,6 @@ __all__ = [
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
     "dicom_tag_key", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
-    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ShardInfo",
+    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",
 ]

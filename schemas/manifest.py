@@ -26,6 +26,7 @@ __all__ = [
     "REJECT_REASONS",
     "SKIP_REASONS",
     "ManifestError",
+    "ImageStats",
     "ShardInfo",
     "SplitInfo",
     "Manifest",
@@ -95,6 +96,67 @@ class ManifestError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class ImageStats:
+    """What the stored images of a shard or split are: formats and sizes.
+
+    A reader uses it to specialise its pipeline (a split of JPEGs that all
+    have one size needs no per-batch checks); `verify` checks it against the
+    records.
+
+    Attributes:
+      formats: (format, records) pairs, sorted by format ('jpeg', 'png').
+      min_size: (smallest height, smallest width).
+      max_size: (largest height, largest width).
+    """
+
+    formats: tuple[tuple[str, int], ...]
+    min_size: tuple[int, int]
+    max_size: tuple[int, int]
+
+    @classmethod
+    def of(cls, images: Sequence[tuple[str, int, int]]) -> ImageStats | None:
+        """The stats of (format, height, width) triples; None if there are none."""
+        if not images:
+            return None
+        formats: dict[str, int] = {}
+        for fmt, _, _ in images:
+            formats[fmt] = formats.get(fmt, 0) + 1
+        heights = [h for _, h, _ in images]
+        widths = [w for _, _, w in images]
+        return cls(tuple(sorted(formats.items())), (min(heights), min(widths)),
+                   (max(heights), max(widths)))
+
+    def merge(self, other: ImageStats) -> ImageStats:
+        formats = dict(self.formats)
+        for fmt, n in other.formats:
+            formats[fmt] = formats.get(fmt, 0) + n
+        return ImageStats(
+            tuple(sorted(formats.items())),
+            (min(self.min_size[0], other.min_size[0]), min(self.min_size[1], other.min_size[1])),
+            (max(self.max_size[0], other.max_size[0]), max(self.max_size[1], other.max_size[1])),
+        )
+
+    @property
+    def one_size(self) -> tuple[int, int] | None:
+        """(height, width) if every image has that size, else None."""
+        return self.min_size if self.min_size == self.max_size else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"formats": dict(self.formats), "min_size": list(self.min_size),
+                "max_size": list(self.max_size)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> ImageStats | None:
+        if d is None:
+            return None
+        return cls(
+            tuple(sorted((str(k), int(v)) for k, v in d["formats"].items())),
+            (int(d["min_size"][0]), int(d["min_size"][1])),
+            (int(d["max_size"][0]), int(d["max_size"][1])),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ShardInfo:
     """One shard file of a split."""
 
@@ -107,10 +169,14 @@ class ShardInfo:
     # The shard's index file (see `index_filename`) and its checksum.
     index_file: str | None = None
     index_sha256: str | None = None
+    # Formats and sizes of its images (None: no records, or written by a
+    # version that did not record them).
+    images: ImageStats | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["class_counts"] = list(self.class_counts)
+        d["images"] = self.images.to_json() if self.images else None
         return d
 
     @classmethod
@@ -123,6 +189,7 @@ class ShardInfo:
             class_counts=tuple(int(c) for c in d["class_counts"]),
             index_file=d.get("index_file"),
             index_sha256=d.get("index_sha256"),
+            images=ImageStats.from_json(d.get("images")),
         )
 
 
@@ -146,6 +213,18 @@ class SplitInfo:
         if not self.shards:
             return ()
         return tuple(sum(col) for col in zip(*(s.class_counts for s in self.shards)))
+
+    @property
+    def images(self) -> ImageStats | None:
+        """The stats of all its images; None if a shard with records has none."""
+        stats = None
+        for shard in self.shards:
+            if shard.num_records == 0:
+                continue
+            if shard.images is None:
+                return None
+            stats = shard.images if stats is None else stats.merge(shard.images)
+        return stats
 
     def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
         counts = self.class_counts or (0,) * len(class_names)

@@ -24,6 +24,7 @@ from schemas import (
     REJECTS_FILENAME,
     SCHEMA_VERSION,
     ImageRecord,
+    ImageStats,
     Manifest,
     ShardInfo,
     SplitInfo,
@@ -102,11 +103,14 @@ def write_dataset(
     schema_version: int = SCHEMA_VERSION,
     write_manifest: bool = True,
     seed: int = 0,
+    image_stats: bool = True,
 ) -> Written:
     """Writes images under root/images and a converted dataset under root/dataset.
 
     Record i of a split has kind kinds[i % len], size sizes[i % len], label
-    i % len(class_names), and lands in shard i % num_shards.
+    i % len(class_names), and lands in shard i % num_shards. With
+    `image_stats`, the manifest has each shard's formats and sizes, as the
+    converter writes them.
     """
     rng = np.random.default_rng(seed)
     images_dir = root / "images"
@@ -118,7 +122,7 @@ def write_dataset(
     counter = itertools.count()
     for split, count in splits.items():
         n = num_shards if isinstance(num_shards, int) else num_shards[split]
-        per_shard: list[list[tuple[bytes, int]]] = [[] for _ in range(n)]
+        per_shard: list[list[tuple[bytes, int, tuple]]] = [[] for _ in range(n)]
         written = []
         for i in range(count):
             kind = kinds[i % len(kinds)]
@@ -139,18 +143,19 @@ def write_dataset(
                 width=width,
                 channels=KINDS[kind][3],
             )
-            per_shard[i % n].append((IMAGE_SCHEMA.encode(record), label))
+            per_shard[i % n].append((IMAGE_SCHEMA.encode(record), label,
+                                     (record.format, height, width)))
             written.append(Source(filename, label, path, kind, i % n, pixels))
         shards, paths = [], []
         for index, records in enumerate(per_shard):
             name = shard_filename(split, index, n)
             path = data_dir / name
             with tf.io.TFRecordWriter(str(path)) as writer:
-                for serialized, _ in records:
+                for serialized, _, _ in records:
                     writer.write(serialized)
             data = path.read_bytes()
             counts = [0] * len(class_names)
-            for _, label in records:
+            for _, label, _ in records:
                 counts[label] += 1
             shards.append(
                 ShardInfo(
@@ -159,6 +164,7 @@ def write_dataset(
                     num_bytes=len(data),
                     sha256=hashlib.sha256(data).hexdigest(),
                     class_counts=tuple(counts),
+                    images=ImageStats.of([r[2] for r in records]) if image_stats else None,
                 )
             )
             paths.append(path)

@@ -83,6 +83,11 @@ def test_manifest_counts_match_shards(converted):
             assert shard.num_bytes == (out / shard.file).stat().st_size
             counts = [sum(r[schemas.LABEL.key] == i for r in in_shard) for i in range(3)]
             assert list(shard.class_counts) == counts
+            # What readers specialise on: the formats and sizes of its records.
+            stored = [(r[schemas.FORMAT.key].decode(), r[schemas.HEIGHT.key], r[schemas.WIDTH.key])
+                      for r in in_shard]
+            assert shard.images == schemas.ImageStats.of(stored)
+            assert shard.images is None or sum(n for _, n in shard.images.formats) == len(in_shard)
     text = (out / schemas.MANIFEST_FILENAME).read_text()
     assert str(out) not in text  # No output path, so runs compare equal.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -191,6 +192,26 @@ def test_manifest_round_trips_byte_for_byte():
     assert again.to_json() == text
     assert again.split("train").class_counts == (1, 2)
     assert json.loads(text)["splits"]["train"]["class_counts"] == {"a": 1, "b": 2}
+
+
+def test_image_stats_merge_over_shards_and_round_trip():
+    a = schemas.ImageStats.of([("jpeg", 64, 64), ("jpeg", 64, 64)])
+    b = schemas.ImageStats.of([("png", 32, 80), ("jpeg", 64, 64)])
+    assert a.one_size == (64, 64) and a.formats == (("jpeg", 2),)
+    assert b.one_size is None and b.min_size == (32, 64) and b.max_size == (64, 80)
+    assert schemas.ImageStats.of([]) is None
+    shards = tuple(schemas.ShardInfo(schemas.shard_filename("train", i, 3), n, 10, "ab", (n,),
+                                     images=stats)
+                   for i, (n, stats) in enumerate([(2, a), (0, None), (2, b)]))
+    split = schemas.SplitInfo("train", shards)
+    assert split.images == schemas.ImageStats((("jpeg", 3), ("png", 1)), (32, 64), (64, 80))
+    manifest = _manifest(class_names=("a",), splits={"train": split})
+    again = schemas.Manifest.from_json(manifest.to_json())
+    assert again.split("train").images == split.images
+    assert again.to_json() == manifest.to_json()
+    # A shard with records but no stats (an older converter): the split's are unknown.
+    older = dataclasses.replace(shards[2], images=None)
+    assert schemas.SplitInfo("train", (shards[0], older)).images is None
 
 
 def test_manifest_errors_say_what_to_do():

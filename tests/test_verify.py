@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -77,3 +78,19 @@ def test_a_tampered_index_file_is_found(dataset):
     assert verify.main([str(out)]) == 1
     problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
     assert f"{shard.index_file}: sha256 differs from the manifest" in problems
+
+
+def test_false_image_stats_are_found(dataset):
+    # Readers specialise on the manifest's formats and sizes: verify checks them.
+    out, manifest = dataset
+    shard = manifest.splits["train"].shards[0]
+    false = dataclasses.replace(shard.images, formats=(("png", shard.num_records),))
+    tampered = dataclasses.replace(shard, images=false)
+    train = dataclasses.replace(manifest.splits["train"],
+                                shards=(tampered, *manifest.splits["train"].shards[1:]))
+    changed = dataclasses.replace(manifest, splits={**manifest.splits, "train": train})
+    (out / schemas.MANIFEST_FILENAME).write_text(changed.to_json())
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert [p for p in problems if p.startswith(f"{shard.file}: images ")] == [
+        f"{shard.file}: images {shard.images.to_json()}, the manifest says {false.to_json()}"]
