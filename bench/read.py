@@ -56,24 +56,18 @@ each target is also shown as a ratio of images per CPU-second). The steady
 window is at least one epoch, 64 batches and `--min-seconds`. Page caches are
 warmed first (and dropped again before each cold contender).
 
-Measured on the 2-core machine on 2026-11-30 (defaults: 2,000 photos, 20,000
-small images; best of 2; load average 1.5-1.7; this day's machine ran about
-half as fast as on 2026-11-29), images/s: photos eval shardsmith 569,
-hand-tuned 597, ceiling 587 (0.95x, 0.97x; TTFB 0.53 s vs 0.60 s); photos
-train shardsmith 620 vs idfd + crop 318 (1.95x); global shuffle 600 (0.97x
-of shards mode). Small (a later run of the day, after the batched float32 resize,
-shardsmith and keras on the three small scenarios, best of 2):
-cold 3282 vs idfd 1562 (2.10x; target 3x missed), warm 3700 vs 1974 (1.87x), at
-64x64 output 10762 vs 7928 (1.36x); CPU ms per image 0.55 / 0.51 / 0.18 against
-idfd's 1.07 / 0.96 / 0.22. Why 3x is out of reach here: at the stored size the
-whole reader costs 0.18 ms per image, so producing the 224x224x3 float32 output
-costs the other ~0.35 ms, while idfd's whole cost is ~1.0 ms; and this virtual
-disk serves cold small files fast (idfd is barely slower cold than warm), so
-loose files' per-file cost, which the reader avoids, is small here (on network
-or spinning storage it would dominate, which this machine cannot show). Earlier figures
-(2026-11-29, before the batched resize, best of 3, load 1.2-3.2): photos eval
-949 vs hand-tuned 956 vs ceiling 1047; train 978 vs 601; small warm 4731 vs
-4815; small @64x64 24145 vs 18696.
+Measured on the 2-core machine on 2026-11-30 (evening; defaults: 2,000 photos,
+20,000 small images; best of 3; load average 1.1-2.0), images/s: photos eval
+shardsmith 588, hand-tuned 598, ceiling 618 (0.98x, 0.95x; TTFB 0.50 s vs
+0.70 s); photos train shardsmith 629 vs idfd + crop 300 (2.09x); global
+shuffle 599 (0.95x of shards mode). Small (a later run, after the manifest's
+image stats; best of 3, load 1.2-1.8): cold 5236 vs idfd 1494 (3.50x; every
+round >= 3.26x), warm 5361 vs 2628 (2.04x), at 64x64 output 15117 vs 8812
+(1.72x); CPU ms per image 0.35 / 0.35 / 0.13 against idfd's 1.08 / 0.74 /
+0.21. With the same host-memory pool idfd reaches 2030 cold and 3062 warm
+(shardsmith 2.58x and 1.75x of that). Earlier figures (2026-11-29, best of 3,
+load 1.2-3.2): photos eval 949 vs hand-tuned 956 vs ceiling 1047; train 978 vs
+601; small warm 4731 vs 4815; small @64x64 24145 vs 18696 (a faster day).
 
 Corpora are made in `WORK/corpora` (shared with `bench.convert`) and converted
 into `WORK/read/`; both are reused by later runs with the same count and seed.
