@@ -290,7 +290,11 @@ def load_image_batch(
         return tf.cond(enlarging, as_float, as_is)
 
     if jpegs_of_size is not None and batch_size is not None:
-        return tf.ensure_shape(together(all_jpeg=True, stored_size=jpegs_of_size), output_shape)
+        # A batch can be empty when every record of it was damaged (max_bad_records).
+        images = tf.cond(tf.size(encoded) > 0,
+                         lambda: together(all_jpeg=True, stored_size=jpegs_of_size),
+                         lambda: tf.zeros([0, *image_size, channels], tf.float32))
+        return tf.ensure_shape(images, output_shape)
     uniform = tf.logical_and(
         tf.size(heights) > 0,
         tf.logical_and(tf.reduce_all(tf.equal(heights, heights[:1])),

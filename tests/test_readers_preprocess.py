@@ -74,6 +74,19 @@ def test_batch_loading_equals_image_by_image(tmp_path, sources, policy, interpol
         np.testing.assert_array_equal(together.numpy(), np.stack(one_by_one))
 
 
+def test_batches_known_to_be_jpegs_of_one_size(tmp_path):
+    # The manifest's stats say so: the graph holds that path alone, and a
+    # batch emptied by damaged records still gives an empty batch.
+    jpegs = rd.write_dataset(tmp_path, splits={"train": 3}, kinds=("rgb_jpeg",) * 3,
+                             sizes=((9, 13),) * 3, num_shards=1).sources["train"]
+    options = dict(image_size=(16, 12), batch_size=4, jpegs_of_size=(9, 13))
+    load = tf.function(lambda e: preprocess.load_image_batch(e, e, e, **options))
+    encoded = tf.constant([s.data for s in jpegs])
+    one_by_one = [preprocess.load_image(e, image_size=(16, 12)) for e in encoded]
+    np.testing.assert_array_equal(load(encoded).numpy(), np.stack(one_by_one))
+    assert load(tf.constant([], tf.string)).shape == (0, 16, 12, 3)
+
+
 def test_pad_fills_with_zeros(sources):
     # A tall image padded to a wide aspect ratio gets black side bands.
     tall = next(s for s in _png(sources) if s.pixels.shape[0] > s.pixels.shape[1])
