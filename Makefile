@@ -37,8 +37,8 @@ demo: $(STAMP)
 	$(PY) -m beam_jobs.convert --input_dir $(DEMO_DIR)/images --output_dir $(DEMO_DIR)/dataset \
 	    --split train=0.8,validation=0.2 --overwrite
 	$(PY) -m beam_jobs.verify $(DEMO_DIR)/dataset
-	$(PY) -m beam_jobs.inspect_dataset $(DEMO_DIR)/dataset
-	$(PY) -m beam_jobs.cli preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
+	$(PY) -m shardsmith inspect $(DEMO_DIR)/dataset
+	$(PY) -m shardsmith preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

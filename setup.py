@@ -23,7 +23,7 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["schemas", "beam_jobs", "readers"],
+    packages=["schemas", "imaging", "beam_jobs", "readers", "shardsmith"],
     install_requires=[
         "apache-beam>=2.60",
         # The pipeline validates every image with TensorFlow's own decoders,
@@ -66,6 +66,6 @@ setuptools.setup(
         "bench": ["psutil", "scikit-image>=0.22"],
     },
     entry_points={
-        "console_scripts": ["shardsmith=beam_jobs.cli:main"],
+        "console_scripts": ["shardsmith=shardsmith.cli:main"],
     },
 )

@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 import schemas
 from schemas.tfds_metadata import tfds_files
 from beam_jobs import _listing, _plan
-from beam_jobs._images import ImageRejected, ImageValidator
+from imaging import ImageRejected, ImageValidator
 from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, frame_record, read_bytes, write_atomically
 
 __all__ = [

@@ -41,8 +41,9 @@ from apache_beam.options.pipeline_options import PipelineOptions, WorkerOptions
 
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
-from beam_jobs import _dicom, _listing, _plan, _runner, _shards
-from beam_jobs._progress import ProgressBar
+from beam_jobs import _listing, _plan, _runner, _shards
+from imaging import dicom as _dicom
+from shardsmith.progress import ProgressBar
 from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
 
 __all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main"]
@@ -560,7 +561,7 @@ def summarize(output_dir: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs `run` and turns user errors into one sentence."""
     argv = sys.argv[1:] if argv is None else argv
-    from beam_jobs.cli import print_help_if_asked  # The CLI imports this module.
+    from shardsmith.cli import print_help_if_asked  # The CLI imports this module.
 
     if print_help_if_asked("convert", argv):
         return 0

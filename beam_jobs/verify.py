@@ -151,7 +151,7 @@ def describe(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
     argv = sys.argv[1:] if argv is None else argv
-    from beam_jobs.cli import print_help_if_asked  # The CLI imports this module.
+    from shardsmith.cli import print_help_if_asked  # The CLI imports this module.
 
     if print_help_if_asked("verify", argv):
         return 0

@@ -62,7 +62,7 @@ import time
 
 import psutil
 
-from beam_jobs._local_dask import LocalDaskCluster
+from devtools.local_dask import LocalDaskCluster
 from bench import corpus
 from bench.convert import Contender, Measurement, count_records, measure
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import schemas
-from beam_jobs._images import ImageRejected, ImageValidator
+from imaging import ImageRejected, ImageValidator
 
 
 def _png_with_bad_crc() -> bytes:

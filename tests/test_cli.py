@@ -13,8 +13,9 @@ import pytest
 from conftest import convert, encode, make_class_tree, pixels, write
 
 import schemas
-from beam_jobs import _runner, cli, inspect_dataset
-from beam_jobs._progress import ProgressBar
+from beam_jobs import _runner
+from shardsmith import cli, inspection as inspect_dataset
+from shardsmith.progress import ProgressBar
 from beam_jobs._shards import RECEIPTS_DIRNAME
 from beam_jobs._tfrecord import TMP_DIRNAME
 

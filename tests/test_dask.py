@@ -22,7 +22,7 @@ from conftest import encode, make_class_tree, pixels, write
 import schemas
 from beam_jobs import convert as convert_module
 from beam_jobs import verify as verify_module
-from beam_jobs._local_dask import LocalDaskCluster
+from devtools.local_dask import LocalDaskCluster
 
 _LOG = logging.getLogger(__name__)
 _START_TIMEOUT_S = 120  # Two workers that each import TensorFlow, on a busy 2-core machine.

@@ -13,7 +13,7 @@ from pydicom.data import get_testdata_file
 import readers
 import schemas
 from beam_jobs import convert as convert_module
-from beam_jobs._dicom import DicomOptions, decode_dicom
+from imaging.dicom import DicomOptions, decode_dicom
 
 
 def _copy(name, dest):

@@ -26,7 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 # The packages setup.py installs, which the pipelines' workers import.
-_PACKAGES = ("beam_jobs", "readers", "schemas")
+_PACKAGES = ("schemas", "imaging", "beam_jobs", "readers", "shardsmith")
 # Beam transforms whose first argument is user code pickled to the workers.
 _USER_CODE_TRANSFORMS = {
     "Map", "FlatMap", "Filter", "ParDo", "MapTuple", "FlatMapTuple", "CombineGlobally",

@@ -8,7 +8,7 @@ from PIL import Image
 
 import readers
 import schemas
-from beam_jobs import cli
+from shardsmith import cli
 from conftest import convert, make_class_tree
 from readers import preview
 

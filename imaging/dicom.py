@@ -40,7 +40,7 @@ from pydicom.errors import BytesLengthException, InvalidDicomError
 from pydicom.multival import MultiValue
 from pydicom.pixels import apply_color_lut, apply_modality_lut, convert_color_space, get_decoder
 
-from beam_jobs._errors import ImageRejected
+from imaging.errors import ImageRejected
 
 __all__ = [
     "is_keyword",

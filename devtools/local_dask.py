@@ -26,7 +26,7 @@ from typing import Mapping
 
 __all__ = ["LocalDaskCluster", "dask_command", "kill_groups"]
 
-# The folder holding the `beam_jobs` package: workers unpickle shardsmith's
+# The folder holding the shardsmith packages: workers unpickle shardsmith's
 # functions, so they must import it even when it is not installed.
 _CODE_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 _POLL_S = 0.2

@@ -20,7 +20,7 @@ from conftest import make_dicom  # noqa: E402
 from pydicom.dataset import Dataset  # noqa: E402
 from pydicom.sequence import Sequence  # noqa: E402
 
-from beam_jobs._dicom import (  # noqa: E402
+from imaging.dicom import (  # noqa: E402
     IDENTIFYING_TAGS,
     DicomOptions,
     decode_dicom,
@@ -29,7 +29,7 @@ from beam_jobs._dicom import (  # noqa: E402
     parse_window,
     read_group_value,
 )
-from beam_jobs._images import ImageRejected  # noqa: E402
+from imaging import ImageRejected  # noqa: E402
 from schemas import REJECT_REASONS  # noqa: E402
 from conftest import encode, pixels  # noqa: E402
 
@@ -552,8 +552,8 @@ def _without_libjpeg(**params):
 md.entry_points = _without_libjpeg
 sys.modules["libjpeg"] = None
 
-from beam_jobs._dicom import DicomOptions, decode_dicom, describe_available_codecs
-from beam_jobs._images import ImageRejected
+from imaging.dicom import DicomOptions, decode_dicom, describe_available_codecs
+from imaging import ImageRejected
 
 out = {"codecs": describe_available_codecs()}
 for path in sys.argv[1:]:

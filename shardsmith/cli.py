@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     elif command == "verify":
         from beam_jobs.verify import main as run
     elif command == "inspect":
-        from beam_jobs.inspect_dataset import main as run
+        from shardsmith.inspection import main as run
     else:
         from readers.preview import main as run
     return run(rest)

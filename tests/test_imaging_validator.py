@@ -1,4 +1,4 @@
-"""Validation and normalisation of single images (beam_jobs/_images.py)."""
+"""Validation and normalisation of single images (imaging/validator.py, imaging/sniff.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import tensorflow as tf
 from conftest import encode, pixels
 from PIL import Image
 
-from beam_jobs._images import ImageRejected, ImageValidator, _jpeg_header, sniff_format
+from imaging import ImageRejected, ImageValidator, sniff_format
+from imaging.sniff import jpeg_header
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_jpeg_marker_reader_agrees_with_pillow_or_leaves_the_file_to_it():
     # returns None and Pillow reads the file as before.
     answered = 0
     for data in _jpeg_variants():
-        header = _jpeg_header(data)
+        header = jpeg_header(data)
         if header is None:
             continue
         answered += 1

@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from beam_jobs import _dicom
+from imaging import dicom as _dicom
+from imaging.errors import ImageRejected
+from imaging.sniff import JpegHeader, jpeg_header, sniff_format
 from schemas import _tf
-from beam_jobs._errors import ImageRejected
 
-__all__ = ["ImageRejected", "ValidImage", "ImageValidator", "sniff_format"]
+__all__ = ["ValidImage", "ImageValidator"]
 
 # Errors Pillow raises on damaged or hostile files: its plugins use OSError for
 # truncation, SyntaxError and ValueError for bad headers, EOFError for missing
@@ -69,121 +70,6 @@ class ValidImage:
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     details: Mapping[str, Any] | None = None
 
-
-def sniff_format(head: bytes) -> str | None:
-    """Detects the image format from the first bytes of a file.
-
-    Args:
-      head: At least the first 132 bytes (fewer for short files).
-
-    Returns:
-      'jpeg', 'png', 'gif', 'bmp', 'webp', 'tiff', 'dicom', or None when the
-      bytes match no signature shardsmith knows (Pillow may still read them).
-    """
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if head.startswith(b"BM") and len(head) >= 26:
-        return "bmp"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
-        return "tiff"
-    if head[128:132] == b"DICM":
-        return "dicom"
-    return None
-
-
-# Start-of-frame markers (baseline, extended, progressive, lossless; Huffman
-# and arithmetic); not DHT (C4), JPG (C8) or DAC (CC).
-_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-@dataclasses.dataclass(frozen=True)
-class _JpegHeader:
-    height: int
-    width: int
-    components: int
-    orientation: int | None
-
-
-def _jpeg_header(data: bytes) -> _JpegHeader | None:
-    """Size, components and EXIF orientation of an ordinary JPEG, from its markers.
-
-    Walks the marker segments up to the first scan: a few microseconds in
-    place of Pillow's `open` and `getexif` (a tenth of a millisecond under
-    the GIL, per image). Returns None for anything out of the ordinary (other
-    than 8-bit, 1 or 3 components, a height given later by DNL, damaged
-    segments, an orientation not stored as one SHORT); Pillow then reads the
-    file as before and says what is wrong with it.
-    """
-    pos, end = 2, len(data)
-    sof = None
-    orientation = None
-    exif_seen = False
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # Fill byte.
-            pos += 1
-            continue
-        if marker == 0xDA:  # Start of scan: the header is over.
-            break
-        if marker in (0x01, 0xD8, 0xD9) or 0xD0 <= marker <= 0xD7:
-            return None
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
-        segment = data[pos + 4:pos + 2 + length]
-        if length < 2 or pos + 2 + length > end:
-            return None
-        if marker in _JPEG_SOF:
-            if sof is not None or len(segment) < 6:
-                return None
-            sof = segment
-        elif marker == 0xE1 and segment.startswith(b"Exif\0\0") and not exif_seen:
-            # Pillow reads the first Exif segment only.
-            exif_seen = True
-            orientation = _exif_orientation(segment[6:])
-            if orientation is False:
-                return None
-        pos += 2 + length
-    else:
-        return None
-    if sof is None:
-        return None
-    precision, components = sof[0], sof[5]
-    height, width = int.from_bytes(sof[1:3], "big"), int.from_bytes(sof[3:5], "big")
-    if precision != 8 or components not in (1, 3) or height == 0 or width == 0:
-        return None
-    return _JpegHeader(height, width, components, orientation)
-
-
-def _exif_orientation(tiff: bytes):
-    """The Orientation of IFD0 of an EXIF block: an int, None if absent, False if unreadable."""
-    if tiff[:4] == b"II*\0":
-        order = "little"
-    elif tiff[:4] == b"MM\0*":
-        order = "big"
-    else:
-        return False
-    ifd = int.from_bytes(tiff[4:8], order)
-    if ifd + 2 > len(tiff):
-        return False
-    count = int.from_bytes(tiff[ifd:ifd + 2], order)
-    entries = tiff[ifd + 2:ifd + 2 + 12 * count]
-    if len(entries) < 12 * count:
-        return False
-    for i in range(0, len(entries), 12):
-        if int.from_bytes(entries[i:i + 2], order) == _EXIF_ORIENTATION:
-            kind = int.from_bytes(entries[i + 2:i + 4], order)
-            values = int.from_bytes(entries[i + 4:i + 8], order)
-            if kind != 3 or values != 1:  # Not one SHORT: let Pillow interpret it.
-                return False
-            return int.from_bytes(entries[i + 8:i + 10], order)
-    return None
 
 
 class ImageValidator:
@@ -265,7 +151,7 @@ class ImageValidator:
                 raise ValueError(f"{name} has {len(frames)} frames: use validate_all")
             return frames[0]
         if fmt == "jpeg":
-            header = _jpeg_header(data)
+            header = jpeg_header(data)
             if header is not None and header.orientation not in range(2, 9):
                 return self._plain_jpeg(data, header, name)
         with warnings.catch_warnings():
@@ -307,8 +193,8 @@ class ImageValidator:
                 f"--max_pixels={self._max_pixels:,}",
             )
 
-    def _plain_jpeg(self, data: bytes, header: _JpegHeader, name: str) -> ValidImage:
-        """An upright 8-bit JPEG whose markers were read by `_jpeg_header`: TF decodes it."""
+    def _plain_jpeg(self, data: bytes, header: JpegHeader, name: str) -> ValidImage:
+        """An upright 8-bit JPEG whose markers were read by `jpeg_header`: TF decodes it."""
         self._check_pixels(header.width, header.height, name)
         try:
             # Kept byte for byte; the decode only proves TF can read every byte.
