@@ -21,19 +21,9 @@ import os
 from collections.abc import Mapping, Sequence
 
 from beam_jobs._listing import InputFile, Problem
+from schemas.manifest import SPLIT_ALIASES
 
 __all__ = ["PlannedFile", "Plan", "make_plan", "stable_hash", "SPLIT_ALIASES", "read_labels_csv"]
-
-# Folder names recognised as split folders, and the split each one means.
-SPLIT_ALIASES = {
-    "train": "train",
-    "training": "train",
-    "validation": "validation",
-    "val": "validation",
-    "valid": "validation",
-    "test": "test",
-    "testing": "test",
-}
 
 
 def stable_hash(seed: int, purpose: str, *parts: str) -> int:

@@ -1,29 +1,31 @@
 """`image_dataset_from_tfrecords`: a converted dataset as a batched `tf.data.Dataset`.
 
-The pipeline (`shuffle=True`, also spelled 'shards', or False), all stages
-AUTOTUNEd:
+The options come in three frozen, self-validating groups (`ReadOptions`,
+`ImageOptions`, `ShuffleOptions`), composed and cross-checked by
+`ReaderConfig`. `build_dataset` runs named stages, all AUTOTUNEd:
 
-  shard files from the manifest (shuffled per epoch with the seed)
-  -> parallel interleave of the shards, each read in order record by record
-     at the offsets of its index file (`record_index.read_records_at`, so a
-     damaged record can be skipped alone; `TFRecordDataset`s for datasets
-     whose manifest lists no index files)
-  -> record shuffle buffer (bounded, holds encoded records only)
-  -> vectorised parse of small record batches
-  -> per example: decode + resize policy or standard augmentation
-  -> optional user augmentation function
-  -> batch -> per batch: scale/normalise, cast, label encoding
-  -> prefetch
+  records (`_shards_records`, for `shuffle=True`, also spelled 'shards', or
+     False): shard files from the manifest (shuffled per epoch with the
+     seed) -> parallel interleave of the shards, each read in order record
+     by record at the offsets of its index file (`record_index.read_records_at`,
+     so a damaged record can be skipped alone; `TFRecordDataset`s for
+     datasets whose manifest lists no index files) -> record shuffle buffer
+     (bounded, holds encoded records only).
+     Or (`_global_records`, `shuffle="global"`): a true permutation of every
+     record of the split per epoch, read record by record at the offsets of
+     the converter's index files (`readers.global_shuffle`); the read can
+     then be resumed exactly from a `readers.ReadPosition`.
+  -> parse: vectorised, small record batches
+  -> decode and preprocess, per example: decode + resize policy or standard
+     augmentation; then an optional user augmentation function
+  -> batch and finish: batch -> per batch: scale/normalise, cast, labels
+  -> `_finish_dataset`: cardinality, prefetch, options.
 
 For small images (mean record size up to 32 KiB) with batching and without a
-callable `augment`, the parse, decode and per-batch steps run as one function
-per output batch instead (same results, same order), which saves the
-per-element overhead that dominates when decoding is cheap.
-
-With `shuffle="global"` the first three stages are replaced by a true
-permutation of every record of the split per epoch, read record by record at
-the offsets of the converter's index files (`readers.global_shuffle`); the
-read can then be resumed exactly from a `readers.ReadPosition`.
+callable `augment`, parse, decode, preprocess and finish run as one function
+per output batch instead (`_BY_BATCH`; same results, same order), which
+saves the per-element overhead that dominates when decoding is cheap; a split
+of JPEGs of one size (the manifest's image stats) traces that path alone.
 
 Nothing is cached unless `cache` is set. Without `seed`, the pipeline runs
 non-deterministically (faster: workers need not wait for each other); with a
@@ -50,8 +52,9 @@ from readers.positions import ReadPosition
 from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord
 
 __all__ = [
-    "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "ReaderConfig",
-    "image_dataset_from_tfrecords",
+    "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
+    "ShuffleOptions", "ReadOptions", "ReaderConfig", "image_dataset_from_tfrecords",
+    "without_extras",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,32 +116,20 @@ def _check_per_channel(name: str, value, allow_zero: bool = True) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReaderConfig:
-    """How to read a converted dataset; validated on construction.
-
-    Defaults follow `keras.utils.image_dataset_from_directory`: float32 pixel
-    values in 0-255, int labels, shuffled, batches of 32.
+class ImageOptions:
+    """What the output images are; validated on construction.
 
     Attributes:
-      batch_size: Examples per batch, or None for unbatched examples. In
-        `distributed_dataset` it is the global batch size.
       image_size: (height, width) of the output images. None keeps the stored
-        sizes (only with `batch_size=None`, as sizes differ).
+        sizes (only with `batch_size=None`, as sizes differ). Keras's
+        `image_dataset_from_directory` defaults to (256, 256); the default
+        here is (224, 224), the input size of the ImageNet models in
+        `keras.applications` (ResNet, EfficientNetB0, MobileNet, ...) and of
+        the 'standard' augmentation recipe.
       color_mode: 'rgb' (3 channels), 'grayscale' (1) or 'rgba' (4).
-      shuffle: True or 'shards': shuffle the shard files per epoch and the
-        records in a buffer (cheap, approximate). 'global': a new permutation
-        of every record of the split each epoch, derived from (seed, epoch),
-        read record by record at the offsets of the index files; resumable
-        exactly with `start`, and the same whatever the number of input
-        pipelines (see `readers.global_shuffle`). False: manifest order.
-      seed: Seed for shuffling and augmentation; with a seed the pipeline is
-        reproducible. With shuffle='global' and no seed, one is drawn and
-        logged (and set as the dataset's `seed` attribute).
-      label_mode: 'int' (int32 labels [batch]), 'categorical' (float32 one-hot
-        [batch, num_classes]), 'binary' (float32 [batch, 1], two classes only)
-        or None (no labels).
-      resize: 'stretch', 'crop' or 'pad', see `readers.preprocess`. Ignored
-        when `augment='standard'`.
+      resize: 'stretch' (as Keras's default), 'crop' (Keras's
+        `crop_to_aspect_ratio=True`) or 'pad' (`pad_to_aspect_ratio=True`),
+        see `readers.preprocess`. Ignored when `augment='standard'`.
       crop_fraction: With resize='crop', the centre fraction of the window to
         keep; 0.875 gives the ImageNet evaluation crop.
       interpolation: Resize method, one of `preprocess.INTERPOLATIONS`.
@@ -154,44 +145,10 @@ class ReaderConfig:
         float32 [height, width, channels] image of pixel values (before
         `scale`), returning the same shape. Its random ops are only
         reproducible if it uses stateless ops seeded from its input.
-      repeat: Repeat forever (pass `steps_per_epoch` to `fit`). Every
-        epoch of records (batches may straddle two epochs) holds every record
-        exactly once, in a new order; when not deterministic, a few records
-        near the boundary may swap epochs.
-      drop_remainder: Drop the last, smaller batch.
-      extra_features: Further record features to return, e.g.
-        `(FILENAME.key,)`; any feature of the dataset's schema except image
-        and label.
-      deterministic: Keep element order reproducible. None: True when `seed`
-        is set, else False (faster).
-      cache: False; True to cache the encoded records in memory during the
-        first epoch; or a file path prefix to cache them on disk. Later epochs
-        keep the first epoch's file order; the record shuffle still varies.
-      shuffle_buffer: Records in the shuffle buffer. None: up to 1024,
-        limited to about 256 MiB of encoded records. Not with 'global'.
-      start: shuffle='global' only: the `readers.ReadPosition` to start at,
-        e.g. `tracker.position()` after restoring a checkpoint; needs the
-        `seed` of the run being resumed. Reading starts at `start.consumed`
-        of epoch `start.epoch`; without `repeat` the dataset ends with that
-        epoch (and iterating it again reads the same epoch: for several
-        epochs use `repeat=True` with `steps_per_epoch`).
-      max_bad_records: Damaged records (bad CRC, truncated) skipped per
-        epoch and input pipeline before the read fails; each is logged with
-        its shard, byte offset and (if it parses) file name, and leaves its
-        batch one record short (the batch dimension is then not static); the
-        rest of its shard is read. With 0 (the default), the first one fails
-        the read: in 'global' mode with that description; in the 'shards'
-        and unshuffled modes, which then read with TensorFlow's reader
-        (quicker to the first batch), with its DataLossError. A budget needs
-        the index files (every dataset the converter writes lists them).
     """
 
-    batch_size: int | None = 32
     image_size: tuple[int, int] | None = (224, 224)
     color_mode: str = "rgb"
-    shuffle: bool | str = True
-    seed: int | None = None
-    label_mode: str | None = "int"
     resize: str = "stretch"
     crop_fraction: float = 1.0
     interpolation: str = "bilinear"
@@ -199,64 +156,33 @@ class ReaderConfig:
     scale: float | tuple[float, ...] | None = None
     normalize: tuple[Any, Any] | None = None
     augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None
-    repeat: bool = False
-    drop_remainder: bool = False
-    extra_features: tuple[str, ...] = ()
-    deterministic: bool | None = None
-    cache: bool | str = False
-    shuffle_buffer: int | None = None
-    start: ReadPosition | None = None
-    max_bad_records: int = 0
 
     def __post_init__(self):
-        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
-
-        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
-            raise ValueError(
-                "`batch_size` must be a positive integer or None. "
-                f"Received: batch_size={self.batch_size!r}"
-            )
-        if self.image_size is None:
-            if self.batch_size is not None:
-                raise ValueError(
-                    "`image_size=None` keeps the stored image sizes, which differ, so "
-                    "it needs `batch_size=None`. Received: "
-                    f"image_size=None, batch_size={self.batch_size!r}"
-                )
-        else:
-            size = self.image_size
-            if (
-                not isinstance(size, Sequence)
-                or isinstance(size, str)
-                or len(size) != 2
-                or not all(_is_int(s) and s > 0 for s in size)
-            ):
-                raise ValueError(
-                    "`image_size` must be a tuple of two positive integers "
-                    f"(height, width). Received: image_size={size!r}"
-                )
-            set_("image_size", tuple(size))
+        if self.image_size is not None:
+            self._set("image_size", _check_image_size(self.image_size))
         if self.color_mode not in decode.CHANNELS_BY_COLOR_MODE:
             raise ValueError(
                 f"`color_mode` must be one of {tuple(decode.CHANNELS_BY_COLOR_MODE)}. "
                 f"Received: color_mode={self.color_mode!r}"
             )
-        if not any(self.shuffle is m or (isinstance(m, str) and self.shuffle == m)
-                   for m in SHUFFLE_MODES):
-            raise TypeError(
-                f"`shuffle` must be one of {SHUFFLE_MODES}. Received: shuffle={self.shuffle!r}"
-            )
-        for name in ("repeat", "drop_remainder"):
-            _check_bool(name, getattr(self, name))
-        if self.deterministic is not None:
-            _check_bool("deterministic", self.deterministic)
-        if self.seed is not None and not _is_int(self.seed):
-            raise TypeError(f"`seed` must be an integer or None. Received: seed={self.seed!r}")
-        if self.label_mode not in LABEL_MODES:
+        self._check_resize()
+        self._set("dtype", _check_dtype(self.dtype))
+        self._check_pixel_transform()
+        if not (self.augment in AUGMENTATIONS or callable(self.augment)):
             raise ValueError(
-                f"`label_mode` must be one of {LABEL_MODES}. "
-                f"Received: label_mode={self.label_mode!r}"
+                f"`augment` must be one of {AUGMENTATIONS} or a callable "
+                f"fn(image) -> image. Received: augment={self.augment!r}"
             )
+        if self.augment is not None and self.image_size is None:
+            raise ValueError(
+                "`augment` needs a fixed `image_size`. "
+                f"Received: augment={self.augment!r}, image_size=None"
+            )
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check_resize(self) -> None:
         if self.resize not in preprocess.RESIZE_POLICIES:
             raise ValueError(
                 f"`resize` must be one of {preprocess.RESIZE_POLICIES}. "
@@ -277,27 +203,18 @@ class ReaderConfig:
                 f"`interpolation` must be one of {preprocess.INTERPOLATIONS}. "
                 f"Received: interpolation={self.interpolation!r}"
             )
-        try:
-            dtype_name = tf.as_dtype(self.dtype).name
-        except TypeError:
-            dtype_name = None
-        if dtype_name not in preprocess.OUTPUT_DTYPES:
-            raise ValueError(
-                f"`dtype` must be one of {preprocess.OUTPUT_DTYPES}. "
-                f"Received: dtype={self.dtype!r}"
-            )
-        set_("dtype", dtype_name)
-        channels = decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
-        integer_output = tf.as_dtype(dtype_name).is_integer
+
+    def _check_pixel_transform(self) -> None:
+        """`scale` and `normalize`: float output only, one value or one per channel."""
         if self.scale is not None:
-            set_("scale", _check_per_channel("scale", self.scale))
+            self._set("scale", _check_per_channel("scale", self.scale))
         if self.normalize is not None:
             if not isinstance(self.normalize, Sequence) or len(self.normalize) != 2:
                 raise TypeError(
                     "`normalize` must be a pair (mean, std). "
                     f"Received: normalize={self.normalize!r}"
                 )
-            set_(
+            self._set(
                 "normalize",
                 (
                     _check_per_channel("normalize mean", self.normalize[0]),
@@ -307,53 +224,75 @@ class ReaderConfig:
         for name, value in (("scale", self.scale), ("normalize", self.normalize)):
             if value is None:
                 continue
-            if integer_output:
+            if tf.as_dtype(self.dtype).is_integer:
                 raise ValueError(
                     f"`{name}` needs a float `dtype` {('float32', 'bfloat16', 'float16')}. "
-                    f"Received: {name}={value!r}, dtype={dtype_name!r}"
+                    f"Received: {name}={value!r}, dtype={self.dtype!r}"
                 )
             for part in value if name == "normalize" else (value,):
-                if isinstance(part, tuple) and len(part) not in (1, channels):
+                if isinstance(part, tuple) and len(part) not in (1, self.channels):
                     raise ValueError(
-                        f"`{name}` must have 1 or {channels} values for "
+                        f"`{name}` must have 1 or {self.channels} values for "
                         f"color_mode={self.color_mode!r}. Received: {name}={value!r}"
                     )
-        if not (self.augment in AUGMENTATIONS or callable(self.augment)):
-            raise ValueError(
-                f"`augment` must be one of {AUGMENTATIONS} or a callable "
-                f"fn(image) -> image. Received: augment={self.augment!r}"
-            )
-        if self.augment is not None and self.image_size is None:
-            raise ValueError(
-                "`augment` needs a fixed `image_size`. "
-                f"Received: augment={self.augment!r}, image_size=None"
-            )
-        if isinstance(self.extra_features, str) or not isinstance(
-            self.extra_features, Sequence
-        ):
+
+    @property
+    def channels(self) -> int:
+        return decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
+
+    @property
+    def depth(self) -> tf.DType:
+        """The integer dtype images are decoded to (16 bits only for uint16 output)."""
+        return tf.uint16 if self.dtype == "uint16" else tf.uint8
+
+    @property
+    def standard_augment(self) -> bool:
+        return self.augment == "standard"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffleOptions:
+    """In what order records are read; validated on construction.
+
+    Attributes:
+      shuffle: True or 'shards': shuffle the shard files per epoch and the
+        records in a buffer (cheap, approximate). 'global': a new permutation
+        of every record of the split each epoch, derived from (seed, epoch),
+        read record by record at the offsets of the index files; resumable
+        exactly with `start`, and the same whatever the number of input
+        pipelines (see `readers.global_shuffle`). False: manifest order.
+      seed: Seed for shuffling and augmentation; with a seed the pipeline is
+        reproducible. With shuffle='global' and no seed, one is drawn and
+        logged (and set as the dataset's `seed` attribute).
+      deterministic: Keep element order reproducible. None: True when `seed`
+        is set, else False (faster). (Keras's `image_dataset_from_directory`
+        keeps tf.data's deterministic default.)
+      shuffle_buffer: Records in the shuffle buffer. None: up to 1024,
+        limited to about 256 MiB of encoded records. Not with 'global'.
+      start: shuffle='global' only: the `readers.ReadPosition` to start at,
+        e.g. `tracker.position()` after restoring a checkpoint; needs the
+        `seed` of the run being resumed. Reading starts at `start.consumed`
+        of epoch `start.epoch`; without `repeat` the dataset ends with that
+        epoch (and iterating it again reads the same epoch: for several
+        epochs use `repeat=True` with `steps_per_epoch`).
+    """
+
+    shuffle: bool | str = True
+    seed: int | None = None
+    deterministic: bool | None = None
+    shuffle_buffer: int | None = None
+    start: ReadPosition | None = None
+
+    def __post_init__(self):
+        if not any(self.shuffle is m or (isinstance(m, str) and self.shuffle == m)
+                   for m in SHUFFLE_MODES):
             raise TypeError(
-                "`extra_features` must be a tuple of feature keys, e.g. "
-                f"(FILENAME.key,). Received: extra_features={self.extra_features!r}"
+                f"`shuffle` must be one of {SHUFFLE_MODES}. Received: shuffle={self.shuffle!r}"
             )
-        if not all(isinstance(k, str) for k in self.extra_features):
-            raise TypeError(
-                "`extra_features` must contain feature keys (str). "
-                f"Received: extra_features={self.extra_features!r}"
-            )
-        if len(set(self.extra_features)) != len(self.extra_features):
-            raise ValueError(
-                "`extra_features` must not repeat a key. "
-                f"Received: extra_features={self.extra_features!r}"
-            )
-        set_("extra_features", tuple(self.extra_features))
-        if not (
-            isinstance(self.cache, bool)
-            or (isinstance(self.cache, (str, os.PathLike)) and os.fspath(self.cache))
-        ):
-            raise TypeError(
-                "`cache` must be True, False or a file path prefix. "
-                f"Received: cache={self.cache!r}"
-            )
+        if self.deterministic is not None:
+            _check_bool("deterministic", self.deterministic)
+        if self.seed is not None and not _is_int(self.seed):
+            raise TypeError(f"`seed` must be an integer or None. Received: seed={self.seed!r}")
         if self.shuffle_buffer is not None and (
             not _is_int(self.shuffle_buffer) or self.shuffle_buffer < 1
         ):
@@ -361,41 +300,31 @@ class ReaderConfig:
                 "`shuffle_buffer` must be a positive integer or None. "
                 f"Received: shuffle_buffer={self.shuffle_buffer!r}"
             )
-        if not _is_int(self.max_bad_records) or self.max_bad_records < 0:
-            raise ValueError(
-                "`max_bad_records` must be a non-negative integer. "
-                f"Received: max_bad_records={self.max_bad_records!r}"
-            )
         if self.start is not None and not isinstance(self.start, ReadPosition):
             raise TypeError(
                 "`start` must be a readers.ReadPosition or None. "
                 f"Received: start={self.start!r}"
             )
-        if self.shuffle_mode == "global":
-            for name, value in (("cache", self.cache), ("shuffle_buffer", self.shuffle_buffer)):
-                if value not in (False, None):
-                    raise ValueError(
-                        f"`{name}` does not apply to shuffle='global', which reads every "
-                        f"record by offset. Received: {name}={value!r}, shuffle='global'"
-                    )
+        if self.mode == "global":
+            if self.shuffle_buffer is not None:
+                raise ValueError(
+                    "`shuffle_buffer` does not apply to shuffle='global', which reads every "
+                    f"record by offset. Received: shuffle_buffer={self.shuffle_buffer!r}, "
+                    "shuffle='global'"
+                )
             if self.start is not None and self.seed is None:
                 raise ValueError(
                     "`start` resumes a shuffle='global' read and needs that run's `seed`. "
                     f"Received: start={self.start!r}, seed=None"
                 )
-        else:
-            if self.start is not None:
-                raise ValueError(
-                    "`start` applies to shuffle='global' only. "
-                    f"Received: start={self.start!r}, shuffle={self.shuffle!r}"
-                )
+        elif self.start is not None:
+            raise ValueError(
+                "`start` applies to shuffle='global' only. "
+                f"Received: start={self.start!r}, shuffle={self.shuffle!r}"
+            )
 
     @property
-    def channels(self) -> int:
-        return decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
-
-    @property
-    def shuffle_mode(self) -> str | None:
+    def mode(self) -> str | None:
         """'shards', 'global', or None (no shuffling)."""
         if self.shuffle is True:
             return "shards"
@@ -406,8 +335,80 @@ class ReaderConfig:
         """Whether element order is reproducible, resolving None (always with
         shuffle='global', whose order is the point)."""
         if self.deterministic is None:
-            return self.seed is not None or self.shuffle_mode == "global"
+            return self.seed is not None or self.mode == "global"
         return self.deterministic
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How records are read and what each element holds; validated on construction.
+
+    Attributes:
+      batch_size: Examples per batch, or None for unbatched examples. In
+        `distributed_dataset` it is the global batch size.
+      label_mode: 'int' (int32 labels [batch]), 'categorical' (float32 one-hot
+        [batch, num_classes]), 'binary' (float32 [batch, 1], two classes only)
+        or None (no labels), as in Keras.
+      repeat: Repeat forever (pass `steps_per_epoch` to `fit`). Every
+        epoch of records (batches may straddle two epochs) holds every record
+        exactly once, in a new order; when not deterministic, a few records
+        near the boundary may swap epochs.
+      drop_remainder: Drop the last, smaller batch.
+      extra_features: Further record features to return, e.g.
+        `(FILENAME.key,)`; any feature of the dataset's schema except image
+        and label. Such elements are not for `model.fit`/`evaluate` as they
+        are (Keras would take the extras for sample weights): map them
+        through `without_extras` for that.
+      cache: False; True to cache the encoded records in memory during the
+        first epoch; or a file path prefix to cache them on disk. Later epochs
+        keep the first epoch's file order; the record shuffle still varies.
+        Not with shuffle='global'.
+      max_bad_records: Damaged records (bad CRC, truncated) skipped per
+        epoch and input pipeline before the read fails; each is logged with
+        its shard, byte offset and (if it parses) file name, and leaves its
+        batch one record short (the batch dimension is then not static); the
+        rest of its shard is read. With 0 (the default), the first one fails
+        the read: in 'global' mode with that description; in the 'shards'
+        and unshuffled modes, which then read with TensorFlow's reader
+        (quicker to the first batch), with its DataLossError. A budget needs
+        the index files (every dataset the converter writes lists them).
+    """
+
+    batch_size: int | None = 32
+    label_mode: str | None = "int"
+    repeat: bool = False
+    drop_remainder: bool = False
+    extra_features: tuple[str, ...] = ()
+    cache: bool | str = False
+    max_bad_records: int = 0
+
+    def __post_init__(self):
+        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
+            raise ValueError(
+                "`batch_size` must be a positive integer or None. "
+                f"Received: batch_size={self.batch_size!r}"
+            )
+        for name in ("repeat", "drop_remainder"):
+            _check_bool(name, getattr(self, name))
+        if self.label_mode not in LABEL_MODES:
+            raise ValueError(
+                f"`label_mode` must be one of {LABEL_MODES}. "
+                f"Received: label_mode={self.label_mode!r}"
+            )
+        object.__setattr__(self, "extra_features", _check_extra_features(self.extra_features))
+        if not (
+            isinstance(self.cache, bool)
+            or (isinstance(self.cache, (str, os.PathLike)) and os.fspath(self.cache))
+        ):
+            raise TypeError(
+                "`cache` must be True, False or a file path prefix. "
+                f"Received: cache={self.cache!r}"
+            )
+        if not _is_int(self.max_bad_records) or self.max_bad_records < 0:
+            raise ValueError(
+                "`max_bad_records` must be a non-negative integer. "
+                f"Received: max_bad_records={self.max_bad_records!r}"
+            )
 
     def check_schema(self, split_files: SplitFiles) -> None:
         """Checks the options that depend on the dataset itself.
@@ -432,6 +433,168 @@ class ReaderConfig:
             )
 
 
+def _check_image_size(size) -> tuple[int, int]:
+    if (
+        not isinstance(size, Sequence)
+        or isinstance(size, str)
+        or len(size) != 2
+        or not all(_is_int(s) and s > 0 for s in size)
+    ):
+        raise ValueError(
+            "`image_size` must be a tuple of two positive integers "
+            f"(height, width). Received: image_size={size!r}"
+        )
+    return tuple(size)
+
+
+def _check_dtype(dtype) -> str:
+    """The canonical name of an output dtype given as a name or `tf.DType`."""
+    try:
+        name = tf.as_dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in preprocess.OUTPUT_DTYPES:
+        raise ValueError(
+            f"`dtype` must be one of {preprocess.OUTPUT_DTYPES}. Received: dtype={dtype!r}"
+        )
+    return name
+
+
+def _check_extra_features(keys) -> tuple[str, ...]:
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        raise TypeError(
+            "`extra_features` must be a tuple of feature keys, e.g. "
+            f"(FILENAME.key,). Received: extra_features={keys!r}"
+        )
+    if not all(isinstance(k, str) for k in keys):
+        raise TypeError(
+            "`extra_features` must contain feature keys (str). "
+            f"Received: extra_features={keys!r}"
+        )
+    if len(set(keys)) != len(keys):
+        raise ValueError(
+            f"`extra_features` must not repeat a key. Received: extra_features={keys!r}"
+        )
+    return tuple(keys)
+
+
+# The option groups of a `ReaderConfig`, by attribute, and the group of each option.
+_GROUPS = (("reading", ReadOptions), ("image", ImageOptions), ("shuffling", ShuffleOptions))
+_GROUP_OF = {f.name: attr for attr, cls in _GROUPS for f in dataclasses.fields(cls)}
+# Every keyword option of `ReaderConfig` (and of `image_dataset_from_tfrecords`).
+OPTION_NAMES = tuple(_GROUP_OF)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class ReaderConfig:
+    """How to read a converted dataset: the three option groups, validated.
+
+    Built from the keyword options of `image_dataset_from_tfrecords`, e.g.
+    `ReaderConfig(batch_size=64, image_size=(160, 160), seed=0)`, each routed
+    to its group (`ReadOptions`, `ImageOptions`, `ShuffleOptions`, which
+    document them), or from whole groups: `ReaderConfig(image=ImageOptions(...))`.
+    Every option is also readable here by its name (`config.batch_size`).
+
+    The defaults are those of `keras.utils.image_dataset_from_directory`
+    (float32 pixel values in 0-255, int labels, rgb, bilinear stretch,
+    shuffled, batches of 32) except for:
+      - `image_size`: (224, 224), not (256, 256): the input size of the
+        ImageNet models of `keras.applications` and of the 'standard'
+        augmentation recipe.
+      - `deterministic`: without a `seed`, element order is not reproducible
+        (workers need not wait for each other: faster); Keras keeps order.
+      - splits come from the converter's manifest (`split=`), not from
+        `validation_split`/`subset`.
+
+    Attributes:
+      reading: The `ReadOptions`.
+      image: The `ImageOptions`.
+      shuffling: The `ShuffleOptions`.
+    """
+
+    reading: ReadOptions
+    image: ImageOptions
+    shuffling: ShuffleOptions
+
+    def __init__(
+        self,
+        *,
+        reading: ReadOptions | None = None,
+        image: ImageOptions | None = None,
+        shuffling: ShuffleOptions | None = None,
+        **options,
+    ):
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise TypeError(
+                f"ReaderConfig got unknown options {unknown}; the options are "
+                f"{list(OPTION_NAMES)}."
+            )
+        given = {"reading": reading, "image": image, "shuffling": shuffling}
+        for attr, cls in _GROUPS:
+            flat = {k: v for k, v in options.items() if _GROUP_OF[k] == attr}
+            group = given[attr]
+            if group is None:
+                group = cls(**flat)
+            elif not isinstance(group, cls):
+                raise TypeError(
+                    f"`{attr}` must be a {cls.__name__}. Received: {attr}={group!r}"
+                )
+            elif flat:
+                raise TypeError(
+                    f"Pass `{attr}` or its options {sorted(flat)}, not both. "
+                    f"Received: {attr}={group!r}, " + ", ".join(f"{k}={v!r}" for k, v in flat.items())
+                )
+            object.__setattr__(self, attr, group)
+        self._check_across_groups()
+
+    def _check_across_groups(self) -> None:
+        if self.image.image_size is None and self.reading.batch_size is not None:
+            raise ValueError(
+                "`image_size=None` keeps the stored image sizes, which differ, so "
+                "it needs `batch_size=None`. Received: "
+                f"image_size=None, batch_size={self.reading.batch_size!r}"
+            )
+        if self.shuffling.mode == "global" and self.reading.cache is not False:
+            raise ValueError(
+                "`cache` does not apply to shuffle='global', which reads every "
+                f"record by offset. Received: cache={self.reading.cache!r}, shuffle='global'"
+            )
+
+    def __getattr__(self, name: str):
+        # Only called for names not found otherwise: the options of the groups.
+        group = _GROUP_OF.get(name)
+        if group is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, group), name)
+
+    def options(self) -> dict[str, Any]:
+        """Every option by name (validated values, e.g. `dtype` as a name)."""
+        return {name: getattr(self, name) for name in OPTION_NAMES}
+
+    def replace(self, **changes) -> ReaderConfig:
+        """A copy with some options changed, validated again."""
+        return ReaderConfig(**{**self.options(), **changes})
+
+    @property
+    def channels(self) -> int:
+        return self.image.channels
+
+    @property
+    def shuffle_mode(self) -> str | None:
+        """'shards', 'global', or None (no shuffling)."""
+        return self.shuffling.mode
+
+    @property
+    def is_deterministic(self) -> bool:
+        """Whether element order is reproducible, see `ShuffleOptions`."""
+        return self.shuffling.is_deterministic
+
+    def check_schema(self, split_files: SplitFiles) -> None:
+        """Checks the options that depend on the dataset, see `ReadOptions`."""
+        self.reading.check_schema(split_files)
+
+
 def _derive_seed(seed: int | None, *salt: int) -> int | None:
     """A seed for one random stage, independent of the other stages' seeds."""
     if seed is None:
@@ -444,9 +607,9 @@ def _random_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") % _SEED_MODULUS
 
 
-def _shuffle_buffer(config: ReaderConfig, num_records: int, num_bytes: int) -> int:
-    if config.shuffle_buffer is not None:
-        return config.shuffle_buffer
+def _shuffle_buffer(shuffling: ShuffleOptions, num_records: int, num_bytes: int) -> int:
+    if shuffling.shuffle_buffer is not None:
+        return shuffling.shuffle_buffer
     mean_bytes = max(1, num_bytes // max(1, num_records))
     by_ram = max(1, _SHUFFLE_RAM_BUDGET // mean_bytes)
     return max(1, min(num_records, _DEFAULT_SHUFFLE_RECORDS, by_ram))
@@ -468,6 +631,53 @@ def _has_index_files(split_files: SplitFiles) -> bool:
     return len(split_files.index_files) == len(split_files.paths) and all(
         split_files.index_files
     )
+
+
+# --- Stage 1: records -----------------------------------------------------------
+# Two implementations, one per shuffle mode; each returns (records, records of
+# this pipeline per epoch, mean bytes per record). Elements are serialized
+# records (b"" for a skipped damaged one), or (serialized, [2] seed) with
+# standard augmentation.
+
+
+def _records(
+    split_files: SplitFiles, config: ReaderConfig, *, pipeline_id: int, num_pipelines: int
+) -> tuple[tf.data.Dataset, int, float]:
+    if config.shuffling.mode == "global":
+        return _global_records(
+            split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines
+        )
+    records, num_records, num_bytes = _shards_records(
+        split_files, config.shuffling, config.reading,
+        pipeline_id=pipeline_id, num_pipelines=num_pipelines,
+        standard=config.image.standard_augment,
+    )
+    return records, num_records, num_bytes / max(1, num_records)
+
+
+def _global_records(
+    split_files: SplitFiles, config: ReaderConfig, *, pipeline_id: int, num_pipelines: int
+) -> tuple[tf.data.Dataset, int, float]:
+    """shuffle='global': a permutation of every record per epoch, see `readers.global_shuffle`."""
+    seed, reading = config.shuffling.seed, config.reading
+    if seed is None:
+        raise ValueError(
+            "shuffle='global' needs a `seed` here, the same for every input "
+            "pipeline. Received: seed=None"
+        )
+    records, num_records, _ = global_shuffle.global_records(
+        split_files,
+        perm_seed=_derive_seed(seed, 3),
+        aug_seed=_derive_seed(seed, 4) if config.image.standard_augment else None,
+        start=config.shuffling.start or ReadPosition(),
+        global_batch_size=reading.batch_size or 1,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        repeat=reading.repeat,
+        drop_remainder=reading.drop_remainder,
+        max_bad_records=reading.max_bad_records,
+    )
+    return records, num_records, split_files.total_bytes / split_files.total_records
 
 
 def _shard_reader(split_files: SplitFiles) -> Callable[[tf.Tensor], tf.data.Dataset]:
@@ -506,7 +716,8 @@ def _shard_reader(split_files: SplitFiles) -> Callable[[tf.Tensor], tf.data.Data
 
 def _shards_records(
     split_files: SplitFiles,
-    config: ReaderConfig,
+    shuffling: ShuffleOptions,
+    reading: ReadOptions,
     *,
     pipeline_id: int,
     num_pipelines: int,
@@ -515,8 +726,7 @@ def _shards_records(
     """The record stream of the 'shards' and unshuffled modes.
 
     Returns:
-      (records, records of this pipeline per epoch, their bytes); elements are
-      serialized records, or (serialized, [2] seed) with standard augmentation.
+      (records, records of this pipeline per epoch, their bytes).
     """
     paths, counts, sizes = split_files.paths, split_files.num_records, split_files.num_bytes
     record_sharding = num_pipelines > 1 and len(paths) < num_pipelines
@@ -529,21 +739,21 @@ def _shards_records(
     if record_sharding:
         num_records = len(range(pipeline_id, num_records, num_pipelines))
         num_bytes = num_bytes // num_pipelines
-    seed = config.seed
-    shuffle = config.shuffle_mode == "shards"
+    seed = shuffling.seed
+    shuffle = shuffling.mode == "shards"
 
     read_shard = None
-    if config.max_bad_records and _has_index_files(split_files):
+    if reading.max_bad_records and _has_index_files(split_files):
         # Only with a budget: reading by offset keeps throughput but doubles
         # the time to the first batch, and with no budget a damaged record
         # fails the read either way (TensorFlow's DataLossError).
         read_shard = _shard_reader(split_files)
-    elif config.max_bad_records:
+    elif reading.max_bad_records:
         raise ValueError(
             f"`max_bad_records` needs the index files of the shards, which the manifest of "
             f"{split_files.data_dir!r} does not list (converted by an older shardsmith): "
             "convert the images again, or read with max_bad_records=0. Received: "
-            f"max_bad_records={config.max_bad_records}"
+            f"max_bad_records={reading.max_bad_records}"
         )
     indexed = read_shard is not None
     if indexed:
@@ -574,19 +784,19 @@ def _shards_records(
     if indexed:
         # After the sharding: a damaged record is reported by its pipeline only.
         records = global_shuffle.check_damaged(
-            records, split_files.schema, split_files.split, config.max_bad_records
+            records, split_files.schema, split_files.split, reading.max_bad_records
         )
     # Fails the iteration if the files hold other counts than the manifest.
     records = records.apply(tf.data.experimental.assert_cardinality(num_records))
-    if config.cache:
-        records = records.cache("" if config.cache is True else os.fspath(config.cache))
+    if reading.cache:
+        records = records.cache("" if reading.cache is True else os.fspath(reading.cache))
     if shuffle:
         records = records.shuffle(
-            _shuffle_buffer(config, num_records, num_bytes),
+            _shuffle_buffer(shuffling, num_records, num_bytes),
             seed=_derive_seed(seed, 1, pipeline_id),
             reshuffle_each_iteration=True,
         )
-    if config.repeat:
+    if reading.repeat:
         # Each repetition re-runs the file and record shuffles: every epoch
         # holds every record exactly once, in a new order.
         records = records.repeat()
@@ -599,6 +809,262 @@ def _shards_records(
     return records, num_records, num_bytes
 
 
+# --- Stages 2-5: parse, decode, preprocess, batch and finish ---------------------
+# Two implementations: `_BY_BATCH` runs all of them in one function per output
+# batch (small records), `_PER_IMAGE` parses small record batches, then
+# decodes and preprocesses each image in parallel, then batches and finishes.
+# Decoding and preprocessing are one step per image in both (`preprocess`
+# fuses crops with JPEG decoding and resizes at the stored size).
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stages:
+    """What the stage functions of one input pipeline need, resolved once.
+
+    Attributes:
+      config: The reading options.
+      schema: The dataset's record schema.
+      keys: The features parsed for the output: image, label if any, extras.
+      num_classes: Classes of the dataset (for one-hot labels).
+      batch_size: Examples per batch of this pipeline, or None.
+      masked: Elements may be skipped damaged records (b"") to drop from
+        their batch.
+      jpegs_of_size: The one (height, width) of a split of JPEGs only, from
+        the manifest's image stats; else None.
+    """
+
+    config: ReaderConfig
+    schema: Any
+    keys: tuple[str, ...]
+    num_classes: int
+    batch_size: int | None
+    masked: bool
+    jpegs_of_size: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
+        keys = (IMAGE.key,) + ((LABEL.key,) if config.reading.label_mode else ())
+        stats = split_files.images
+        return cls(
+            config=config,
+            schema=split_files.schema,
+            keys=keys + config.reading.extra_features,
+            num_classes=len(split_files.class_names),
+            batch_size=batch_size,
+            # Unbatched, a skipped record is filtered out before (`_drop_skipped`).
+            masked=config.reading.max_bad_records > 0 and batch_size is not None,
+            jpegs_of_size=(stats.one_size if stats and [f for f, _ in stats.formats] == ["jpeg"]
+                           else None),
+        )
+
+    @property
+    def standard(self) -> bool:
+        return self.config.image.standard_augment
+
+    def load_image(self, encoded, example_seed=None):
+        """Decodes and preprocesses one image."""
+        image = self.config.image
+        return preprocess.load_image(
+            encoded,
+            image_size=image.image_size,
+            resize=image.resize,
+            crop_fraction=image.crop_fraction,
+            interpolation=image.interpolation,
+            channels=image.channels,
+            depth=image.depth,
+            augment=self.standard,
+            seed=example_seed,
+        )
+
+    def finish(self, features):
+        """Per batch: converts pixels and labels and builds the output structure."""
+        image, reading = self.config.image, self.config.reading
+        images = preprocess.convert_images(
+            features[IMAGE.key], image.dtype, scale=image.scale, normalize=image.normalize
+        )
+        out = [images]
+        if reading.label_mode is not None:
+            labels = features[LABEL.key]
+            if reading.label_mode == "int":
+                labels = tf.cast(labels, tf.int32)
+            elif reading.label_mode == "categorical":
+                labels = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
+            else:
+                labels = tf.expand_dims(tf.cast(labels, tf.float32), -1)
+            out.append(labels)
+        if reading.extra_features:
+            out.append({k: features[k] for k in reading.extra_features})
+        return out[0] if len(out) == 1 else tuple(out)
+
+
+def _decodes_by_batch(config: ReaderConfig, batch_size: int | None,
+                      bytes_per_record: float) -> bool:
+    """Whether a batch is decoded in one function call: for small images.
+
+    The per-element stages of the general path (unbatch, map, batch) cost
+    some 40 us of CPU per image, a third of the work for 64x64 JPEGs; for
+    larger images that is noise, and decoding them one per call spreads a
+    batch over the cores (first batch sooner, more parallelism on many
+    cores). A callable `augment` runs per example, so needs that path.
+    """
+    return (
+        batch_size is not None
+        and not callable(config.image.augment)
+        and bytes_per_record <= _BATCHED_DECODE_MAX_RECORD_BYTES
+    )
+
+
+def _drop_skipped(records: tf.data.Dataset) -> tf.data.Dataset:
+    """Unbatched, a skipped damaged record simply does not appear."""
+    return records.filter(_no_autograph(lambda s, *_: tf.strings.length(s) > 0))
+
+
+def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Batches records, then parses, decodes, preprocesses and finishes each
+    batch in one function call (its images decoded in a loop)."""
+    config, standard, masked = stages.config, stages.standard, stages.masked
+    image_spec = tf.TensorSpec([*config.image.image_size, config.image.channels], tf.float32)
+    # The stored sizes, parsed too: a batch of one size is resized at once.
+    sizes = [k for k in (HEIGHT.key, WIDTH.key) if k not in stages.keys]
+    keys = list(stages.keys)
+
+    @_no_autograph
+    def load_batch(serialized, batch_seeds=None):
+        if masked:
+            keep = tf.strings.length(serialized) > 0
+            serialized = tf.boolean_mask(serialized, keep)
+            if standard:
+                batch_seeds = tf.boolean_mask(batch_seeds, keep)
+        if standard:
+            features = decode.parse_examples(serialized, keys, stages.schema)
+            features[IMAGE.key] = tf.map_fn(
+                lambda e: stages.load_image(e[0], e[1]),
+                (features[IMAGE.key], batch_seeds),
+                fn_output_signature=image_spec,
+            )
+        else:
+            features = decode.parse_examples(serialized, keys + sizes, stages.schema)
+            heights, widths = features[HEIGHT.key], features[WIDTH.key]
+            for k in sizes:
+                del features[k]
+            image = config.image
+            features[IMAGE.key] = preprocess.load_image_batch(
+                features[IMAGE.key], heights, widths,
+                image_size=image.image_size, resize=image.resize,
+                crop_fraction=image.crop_fraction, interpolation=image.interpolation,
+                channels=image.channels, depth=image.depth, batch_size=stages.batch_size,
+                jpegs_of_size=stages.jpegs_of_size,
+            )
+        return stages.finish(features)
+
+    ds = records.batch(stages.batch_size, drop_remainder=config.reading.drop_remainder)
+    return ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+# In the per-image stages, elements are: features, then the seed with standard
+# augmentation, then the keep flag when masked.
+
+
+def _parse(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Parses records `_PARSE_BATCH` at a time (vectorised), then unbatches."""
+    masked, keys = stages.masked, list(stages.keys)
+    placeholder = _placeholder_record(stages.schema) if masked else None
+
+    @_no_autograph
+    def parse(serialized, *rest):
+        if masked:
+            keep = tf.strings.length(serialized) > 0
+            serialized = tf.where(keep, serialized, placeholder)
+            rest = (*rest, keep)
+        features = decode.parse_examples(serialized, keys, stages.schema)
+        return (features, *rest) if rest else features
+
+    return records.batch(_PARSE_BATCH).map(parse, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+
+def _decode_and_preprocess(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Decodes and preprocesses each image, in parallel."""
+    standard, masked = stages.standard, stages.masked
+
+    @_no_autograph
+    def load(features, *rest):
+        features = dict(features)
+        features[IMAGE.key] = stages.load_image(features[IMAGE.key], rest[0] if standard else None)
+        return (features, rest[-1]) if masked else features
+
+    return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _user_augment(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Applies a callable `augment` per example (AutoGraph converts it)."""
+    image = stages.config.image
+    if not callable(image.augment):
+        return ds
+    user_fn = image.augment
+    shape = [*image.image_size, image.channels]
+
+    def augment(features, *keep):
+        features = dict(features)
+        output = tf.convert_to_tensor(user_fn(features[IMAGE.key]))
+        features[IMAGE.key] = tf.ensure_shape(tf.cast(output, tf.float32), shape)
+        return (features, *keep) if keep else features
+
+    return ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Batches (unless unbatched), drops skipped records, finishes each batch."""
+    if stages.batch_size is not None:
+        ds = ds.batch(stages.batch_size, drop_remainder=stages.config.reading.drop_remainder,
+                      num_parallel_calls=tf.data.AUTOTUNE)
+
+    @_no_autograph
+    def finish(features, *keep):
+        if keep:
+            features = {k: tf.boolean_mask(v, keep[0]) for k, v in features.items()}
+        return stages.finish(features)
+
+    return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+_BY_BATCH = (_by_batch,)
+_PER_IMAGE = (_parse, _decode_and_preprocess, _user_augment, _batch_and_finish)
+
+
+def _finish_dataset(
+    ds: tf.data.Dataset,
+    split_files: SplitFiles,
+    config: ReaderConfig,
+    *,
+    batch_size: int | None,
+    num_records: int,
+    sharded_here: bool,
+) -> tf.data.Dataset:
+    """Known cardinality, prefetch, tf.data options and the dataset's attributes."""
+    reading = config.reading
+    if not reading.repeat and not (batch_size is None and reading.max_bad_records):
+        if batch_size is None:
+            num_elements = num_records
+        elif reading.drop_remainder:
+            num_elements = num_records // batch_size
+        else:
+            num_elements = math.ceil(num_records / batch_size)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(num_elements))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+
+    options = tf.data.Options()
+    options.deterministic = config.shuffling.is_deterministic
+    if sharded_here:
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF
+        )
+    ds = ds.with_options(options)
+    ds.class_names = list(split_files.class_names)
+    ds.records_per_epoch = split_files.total_records
+    ds.seed = config.shuffling.seed
+    return ds
+
+
 def build_dataset(
     split_files: SplitFiles,
     config: ReaderConfig,
@@ -609,6 +1075,11 @@ def build_dataset(
     sharded_here: bool = False,
 ) -> tf.data.Dataset:
     """Builds the input pipeline of one input pipeline's share of a split.
+
+    The stages: records (`_global_records` or `_shards_records`), then
+    parse -> decode and preprocess -> batch and finish, either all in one
+    function per batch (`_BY_BATCH`, small records) or per image
+    (`_PER_IMAGE`), then `_finish_dataset`.
 
     With `num_pipelines` > 1, pipeline `pipeline_id` reads shard files
     `pipeline_id::num_pipelines`; if there are fewer files than pipelines,
@@ -637,199 +1108,41 @@ def build_dataset(
         index file is missing or does not match the manifest.
     """
     config.check_schema(split_files)
-    standard = config.augment == "standard"
-    # With a damage budget, a skipped record arrives as b"" and is dropped
-    # from its batch (with shuffle='global', positions stay exact).
-    masked = config.max_bad_records > 0
-    if config.shuffle_mode == "global":
-        if config.seed is None:
-            raise ValueError(
-                "shuffle='global' needs a `seed` here, the same for every input "
-                "pipeline. Received: seed=None"
-            )
-        records, num_records, _ = global_shuffle.global_records(
-            split_files,
-            perm_seed=_derive_seed(config.seed, 3),
-            aug_seed=_derive_seed(config.seed, 4) if standard else None,
-            start=config.start or ReadPosition(),
-            global_batch_size=config.batch_size or 1,
-            pipeline_id=pipeline_id,
-            num_pipelines=num_pipelines,
-            repeat=config.repeat,
-            drop_remainder=config.drop_remainder,
-            max_bad_records=config.max_bad_records,
-        )
-        num_bytes_per_record = split_files.total_bytes / split_files.total_records
-    else:
-        records, num_records, num_bytes = _shards_records(
-            split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
-            standard=standard,
-        )
-        num_bytes_per_record = num_bytes / max(1, num_records)
-
-    keys = [IMAGE.key] + ([LABEL.key] if config.label_mode else []) + list(config.extra_features)
-    schema = split_files.schema
-    depth = tf.uint16 if config.dtype == "uint16" else tf.uint8
-    num_classes = len(split_files.class_names)
-
-    def load_image(encoded, example_seed=None):
-        return preprocess.load_image(
-            encoded,
-            image_size=config.image_size,
-            resize=config.resize,
-            crop_fraction=config.crop_fraction,
-            interpolation=config.interpolation,
-            channels=config.channels,
-            depth=depth,
-            augment=standard,
-            seed=example_seed,
-        )
-
+    records, num_records, bytes_per_record = _records(
+        split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines
+    )
+    if config.reading.max_bad_records and batch_size is None:
+        records = _drop_skipped(records)
+    stages = _Stages.of(split_files, config, batch_size)
     ds = records
-    if masked and batch_size is None:
-        # Unbatched, a skipped record simply does not appear.
-        ds = ds.filter(_no_autograph(lambda s, *_: tf.strings.length(s) > 0))
-        masked = False
-
-    batched_decode = (
-        batch_size is not None
-        and not callable(config.augment)
-        and num_bytes_per_record <= _BATCHED_DECODE_MAX_RECORD_BYTES
+    for stage in (_BY_BATCH if _decodes_by_batch(config, batch_size, bytes_per_record)
+                  else _PER_IMAGE):
+        ds = stage(ds, stages)
+    return _finish_dataset(
+        ds, split_files, config,
+        batch_size=batch_size, num_records=num_records, sharded_here=sharded_here,
     )
-    if batched_decode:
-        # Small images: one function call per output batch parses it, decodes
-        # its images in a loop and finalizes it. The per-element stages of the
-        # general path (unbatch, map, batch) cost some 40 us of CPU per image,
-        # a third of the work for 64x64 JPEGs; for larger images that is
-        # noise, and decoding them one per call spreads a batch over the
-        # cores (first batch sooner, more parallelism on many cores).
-        image_spec = tf.TensorSpec([*config.image_size, config.channels], tf.float32)
-        # The stored sizes, parsed too: a batch of one size is resized at once.
-        sizes = [k for k in (HEIGHT.key, WIDTH.key) if k not in keys]
-        # JPEGs of one size, says the manifest: the graph needs no other path.
-        stats = split_files.images
-        jpegs_of_size = (stats.one_size if stats and [f for f, _ in stats.formats] == ["jpeg"]
-                         else None)
-
-        @_no_autograph
-        def load_batch(serialized, batch_seeds=None):
-            if masked:
-                keep = tf.strings.length(serialized) > 0
-                serialized = tf.boolean_mask(serialized, keep)
-                if standard:
-                    batch_seeds = tf.boolean_mask(batch_seeds, keep)
-            if standard:
-                features = decode.parse_examples(serialized, keys, schema)
-                features[IMAGE.key] = tf.map_fn(
-                    lambda e: load_image(e[0], e[1]),
-                    (features[IMAGE.key], batch_seeds),
-                    fn_output_signature=image_spec,
-                )
-            else:
-                features = decode.parse_examples(serialized, keys + sizes, schema)
-                heights, widths = features[HEIGHT.key], features[WIDTH.key]
-                for k in sizes:
-                    del features[k]
-                features[IMAGE.key] = preprocess.load_image_batch(
-                    features[IMAGE.key], heights, widths,
-                    image_size=config.image_size, resize=config.resize,
-                    crop_fraction=config.crop_fraction, interpolation=config.interpolation,
-                    channels=config.channels, depth=depth, batch_size=batch_size,
-                    jpegs_of_size=jpegs_of_size,
-                )
-            return _finalize(features, config, num_classes)
-
-        ds = ds.batch(batch_size, drop_remainder=config.drop_remainder)
-        ds = ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-        # Elements from here on: features, then the seed with standard
-        # augmentation, then the keep flag when masked.
-        placeholder = _placeholder_record(schema) if masked else None
-
-        @_no_autograph
-        def parse(serialized, *rest):
-            if masked:
-                keep = tf.strings.length(serialized) > 0
-                serialized = tf.where(keep, serialized, placeholder)
-                rest = (*rest, keep)
-            features = decode.parse_examples(serialized, keys, schema)
-            return (features, *rest) if rest else features
-
-        ds = ds.batch(_PARSE_BATCH).map(parse, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-
-        @_no_autograph
-        def load(features, *rest):
-            features = dict(features)
-            features[IMAGE.key] = load_image(features[IMAGE.key], rest[0] if standard else None)
-            return (features, rest[-1]) if masked else features
-
-        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-
-        if callable(config.augment):
-            user_fn = config.augment
-            shape = [*config.image_size, config.channels]
-
-            def augment(features, *keep):
-                features = dict(features)
-                image = tf.convert_to_tensor(user_fn(features[IMAGE.key]))
-                features[IMAGE.key] = tf.ensure_shape(tf.cast(image, tf.float32), shape)
-                return (features, *keep) if keep else features
-
-            ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
-
-        if batch_size is not None:
-            ds = ds.batch(batch_size, drop_remainder=config.drop_remainder,
-                          num_parallel_calls=tf.data.AUTOTUNE)
-
-        @_no_autograph
-        def finalize(features, *keep):
-            if keep:
-                features = {k: tf.boolean_mask(v, keep[0]) for k, v in features.items()}
-            return _finalize(features, config, num_classes)
-
-        ds = ds.map(finalize, num_parallel_calls=tf.data.AUTOTUNE)
-
-    if not config.repeat and not (batch_size is None and config.max_bad_records):
-        if batch_size is None:
-            num_elements = num_records
-        elif config.drop_remainder:
-            num_elements = num_records // batch_size
-        else:
-            num_elements = math.ceil(num_records / batch_size)
-        ds = ds.apply(tf.data.experimental.assert_cardinality(num_elements))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-
-    options = tf.data.Options()
-    options.deterministic = config.is_deterministic
-    if sharded_here:
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF
-        )
-    ds = ds.with_options(options)
-    ds.class_names = list(split_files.class_names)
-    ds.records_per_epoch = split_files.total_records
-    ds.seed = config.seed
-    return ds
 
 
-def _finalize(features, config: ReaderConfig, num_classes: int):
-    """Per batch: converts pixels and labels and builds the output structure."""
-    images = preprocess.convert_images(
-        features[IMAGE.key], config.dtype, scale=config.scale, normalize=config.normalize
-    )
-    out = [images]
-    if config.label_mode is not None:
-        labels = features[LABEL.key]
-        if config.label_mode == "int":
-            labels = tf.cast(labels, tf.int32)
-        elif config.label_mode == "categorical":
-            labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
-        else:
-            labels = tf.expand_dims(tf.cast(labels, tf.float32), -1)
-        out.append(labels)
-    if config.extra_features:
-        out.append({k: features[k] for k in config.extra_features})
-    return out[0] if len(out) == 1 else tuple(out)
+def without_extras(*element):
+    """Drops the `extra_features` dict from an element, for Keras.
+
+    Keras's `fit` and `evaluate` read a third element as sample weights, so a
+    dataset read with `extra_features` is mapped through this first:
+
+        ds = image_dataset_from_tfrecords(..., extra_features=(FILENAME.key,))
+        model.evaluate(ds.map(without_extras))
+        for images, labels, extras in ds:   # predictions with their file names
+            scores = model.predict_on_batch(images)
+
+    Args:
+      *element: An element `(images, labels, extras)` or `(images, extras)`.
+
+    Returns:
+      `(images, labels)`, or `images` alone.
+    """
+    rest = element[:-1]
+    return rest[0] if len(rest) == 1 else rest
 
 
 def image_dataset_from_tfrecords(
@@ -862,17 +1175,25 @@ def image_dataset_from_tfrecords(
 
     Like `keras.utils.image_dataset_from_directory`, but from the TFRecord
     shards the converter wrote. The shard files are the ones the manifest
-    lists, never a glob of the folder.
+    lists, never a glob of the folder. The defaults are Keras's except
+    `image_size` ((224, 224), not (256, 256)) and `deterministic` (order not
+    kept without a `seed`), see `ReaderConfig`.
 
     Args:
       data_dir: The dataset folder (the converter's `--output_dir`); local
         or any URL `tf.io.gfile` reads, e.g. `gs://bucket/dataset`.
-      split: The split to read, e.g. 'train' or 'validation'.
+      split: The split to read, e.g. 'train' or 'validation'; the
+        converter's folder names 'val', 'valid', 'training', 'testing' are
+        accepted for the split they mean.
       batch_size, image_size, color_mode, shuffle, seed, label_mode, resize,
       crop_fraction, interpolation, dtype, scale, normalize, augment, repeat,
       drop_remainder, extra_features, deterministic, cache, shuffle_buffer,
       start, max_bad_records:
-        See `ReaderConfig`.
+        See `ReadOptions` (batch_size, label_mode, repeat, drop_remainder,
+        extra_features, cache, max_bad_records), `ImageOptions` (image_size,
+        color_mode, resize, crop_fraction, interpolation, dtype, scale,
+        normalize, augment) and `ShuffleOptions` (shuffle, seed,
+        deterministic, shuffle_buffer, start).
 
     Returns:
       A `tf.data.Dataset` whose elements are
@@ -881,11 +1202,12 @@ def image_dataset_from_tfrecords(
         - `(images, labels, extras)` or, with `label_mode=None`,
           `(images, extras)` when `extra_features` are asked for; `extras`
           is a dict from feature key to a [batch] tensor (tf.string for
-          bytes features, tf.int64 for int features). Keras's `fit` would
-          take `extras` for sample weights: use this form for evaluation
-          and inspection.
+          bytes features, tf.int64 for int features). Keras's `fit` and
+          `evaluate` would take `extras` for sample weights: give them
+          `ds.map(without_extras)`, and iterate `ds` itself to pair
+          predictions with file names.
       `images` is `dtype` [batch, height, width, channels]; `labels` as
-      described under `ReaderConfig.label_mode`. Without batching the batch
+      described under `ReadOptions.label_mode`. Without batching the batch
       dimension is absent. Without `repeat`, the cardinality is known (from
       the manifest's counts), so `model.fit` shows progress. The dataset has
       a `class_names` attribute, the class names in label order,
@@ -926,7 +1248,7 @@ def image_dataset_from_tfrecords(
         max_bad_records=max_bad_records,
     )
     if config.shuffle_mode == "global" and config.seed is None:
-        config = dataclasses.replace(config, seed=_random_seed())
+        config = config.replace(seed=_random_seed())
         logger.info(
             "shuffle='global' without a seed: using seed=%d (pass it, with `start`, "
             "to resume this read).", config.seed,

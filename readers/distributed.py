@@ -37,7 +37,6 @@ replicas may get fewer records or none.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -45,14 +44,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers.dataset import ReaderConfig, build_dataset
+from readers.dataset import OPTION_NAMES, ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_split
 
 __all__ = ["make_dataset_fn", "distributed_dataset"]
 
 logger = logging.getLogger(__name__)
 
-_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ReaderConfig) if f.name != "batch_size")
+_OPTION_NAMES = tuple(name for name in OPTION_NAMES if name != "batch_size")
 
 
 def _config(global_batch_size, options: dict[str, Any]) -> ReaderConfig:

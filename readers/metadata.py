@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import tensorflow as tf
 
@@ -18,6 +20,7 @@ from schemas.features import ImageExampleSchema
 from schemas.manifest import (
     MANIFEST_FILENAME,
     SHARD_FILENAME_RE,
+    SPLIT_ALIASES,
     ImageStats,
     Manifest,
     ManifestError,
@@ -140,12 +143,21 @@ def load_manifest(data_dir: str | os.PathLike) -> Manifest:
     return _read_manifest(path, _listdir(path))
 
 
+def _resolve_split(split: str, available: Mapping[str, Any]) -> str:
+    """The dataset's name for `split`: itself, or the split an alias of the
+    converter's means (e.g. 'val' -> 'validation', as for folder names)."""
+    if split in available:
+        return split
+    return SPLIT_ALIASES.get(split.strip().lower(), split)
+
+
 def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
     """Resolves the shard files of one split and checks they are all there.
 
     Args:
       data_dir: The dataset folder, see `load_manifest`.
-      split: The split to read, e.g. 'train'.
+      split: The split to read, e.g. 'train'; an alias the converter accepts
+        (`schemas.manifest.SPLIT_ALIASES`, e.g. 'val') names the split it means.
 
     Returns:
       A `SplitFiles`; shards with no records are left out.
@@ -166,11 +178,13 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
     path = _check_data_dir(data_dir)
     names = _listdir(path)
     manifest = _read_manifest(path, names)
-    if split not in manifest.splits:
+    resolved = _resolve_split(split, manifest.splits)
+    if resolved not in manifest.splits:
         raise ManifestError(
             f"`split` must be one of the dataset's splits {sorted(manifest.splits)}. "
             f"Received: split={split!r} (data_dir={path!r})"
         )
+    split = resolved
     try:
         schema = ImageExampleSchema.from_json(manifest.features)
     except ValueError as e:

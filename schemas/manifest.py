@@ -23,6 +23,7 @@ __all__ = [
     "NORMALIZED_FILENAME",
     "VERIFY_REPORT_FILENAME",
     "SPLITS",
+    "SPLIT_ALIASES",
     "REJECT_REASONS",
     "SKIP_REASONS",
     "ManifestError",
@@ -43,6 +44,18 @@ VERIFY_REPORT_FILENAME = "verify_report.json"
 
 # Canonical split names, in the order they are reported.
 SPLITS = ("train", "validation", "test")
+
+# Names accepted for a split (folder names, --split, labels CSV, the reader's
+# `split=`), and the canonical split each one means.
+SPLIT_ALIASES = {
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "val": "validation",
+    "valid": "validation",
+    "test": "test",
+    "testing": "test",
+}
 
 # Why an input file was rejected: it was meant to be converted and could not be.
 REJECT_REASONS = {

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from readers import ReaderConfig, image_dataset_from_tfrecords, preprocess
+from readers.dataset import OPTION_NAMES, ImageOptions, ReadOptions, ShuffleOptions, without_extras
 from schemas import CHANNELS, FILENAME, HEIGHT, IMAGE, LABEL, shard_filename
 
 try:
@@ -376,7 +377,9 @@ def test_repeat_and_cache(mixed):
 
 def test_signature_defaults_are_the_config_defaults():
     params = inspect.signature(image_dataset_from_tfrecords).parameters
-    fields = {f.name: f.default for f in dataclasses.fields(ReaderConfig)}
+    groups = (ImageOptions, ShuffleOptions, ReadOptions)
+    fields = {f.name: f.default for g in groups for f in dataclasses.fields(g)}
+    assert set(fields) == set(OPTION_NAMES)
     keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
     assert set(keyword_only) == set(fields)
     for name, default in fields.items():
@@ -432,3 +435,99 @@ def test_bad_arguments(mixed, kwargs, error, match):
 def test_unknown_argument_is_a_type_error(mixed):
     with pytest.raises(TypeError, match="label_mod"):
         image_dataset_from_tfrecords(mixed.data_dir, label_mod="int")
+
+
+# --- Option groups ---------------------------------------------------------------
+
+
+def test_config_is_composed_of_its_option_groups():
+    config = ReaderConfig(batch_size=8, image_size=[6, 7], dtype=tf.bfloat16, seed=3)
+    assert config.reading == ReadOptions(batch_size=8)
+    assert config.image == ImageOptions(image_size=(6, 7), dtype="bfloat16")
+    assert config.shuffling == ShuffleOptions(seed=3)
+    # Every option is readable by name, with its validated value.
+    assert (config.batch_size, config.image_size, config.dtype, config.seed) == (8, (6, 7), "bfloat16", 3)
+    assert ReaderConfig(image=ImageOptions(image_size=(6, 7), dtype="bfloat16"),
+                        batch_size=8, seed=3) == config
+    assert config.replace(seed=4).shuffling.seed == 4 and config.replace(seed=4).image == config.image
+    assert dataclasses.replace(config, reading=ReadOptions(batch_size=2)).batch_size == 2
+    assert set(config.options()) == set(OPTION_NAMES)
+    with pytest.raises(AttributeError, match="no attribute 'batchsize'"):
+        config.batchsize
+
+
+def test_config_refuses_a_group_with_its_options_or_of_the_wrong_type():
+    with pytest.raises(TypeError, match=r"Pass `image` or its options \['dtype'\], not both"):
+        ReaderConfig(image=ImageOptions(), dtype="uint8")
+    with pytest.raises(TypeError, match=r"`shuffling` must be a ShuffleOptions. Received: shuffling=\{"):
+        ReaderConfig(shuffling={"seed": 1})
+    with pytest.raises(TypeError, match=r"unknown options \['label_mod'\]"):
+        ReaderConfig(label_mod="int")
+
+
+@pytest.mark.parametrize(
+    "group, kwargs, error, match",
+    [
+        (ImageOptions, {"dtype": "int32"}, ValueError, r"`dtype` must be one of .*Received: dtype='int32'"),
+        (ImageOptions, {"scale": (1.0, 2.0), "color_mode": "rgba"}, ValueError, r"1 or 4 values for color_mode='rgba'"),
+        (ShuffleOptions, {"shuffle": "global", "shuffle_buffer": 8}, ValueError, r"`shuffle_buffer` does not apply to shuffle='global'.*Received: shuffle_buffer=8"),
+        (ShuffleOptions, {"start": "0"}, TypeError, r"`start` must be a readers.ReadPosition or None. Received: start='0'"),
+        (ReadOptions, {"max_bad_records": -1}, ValueError, r"`max_bad_records` must be a non-negative integer. Received: max_bad_records=-1"),
+        (ReadOptions, {"repeat": 1}, TypeError, r"`repeat` must be True or False. Received: repeat=1"),
+    ],
+)
+def test_each_group_validates_itself(group, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        group(**kwargs)
+    with pytest.raises(error, match=match):
+        ReaderConfig(**kwargs)
+
+
+def test_checks_across_groups_name_both_options():
+    with pytest.raises(ValueError, match=r"needs `batch_size=None`. Received: image_size=None, batch_size=4"):
+        ReaderConfig(image_size=None, batch_size=4)
+    with pytest.raises(ValueError, match=r"`cache` does not apply to shuffle='global'.*Received: cache=True"):
+        ReaderConfig(shuffle="global", cache=True)
+
+
+# --- Extras with Keras -------------------------------------------------------------
+
+
+def _tiny_model(num_classes):
+    keras = tf.keras
+    model = keras.Sequential(
+        [keras.Input((4, 4, 3)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+         keras.layers.Dense(num_classes)]
+    )
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def test_without_extras_gives_fit_and_evaluate_what_they_take(mixed):
+    common = dict(batch_size=4, image_size=(4, 4), shuffle=False, deterministic=True)
+    with_names = image_dataset_from_tfrecords(mixed.data_dir, extra_features=NAMES, **common)
+    plain = image_dataset_from_tfrecords(mixed.data_dir, **common)
+    model = _tiny_model(len(with_names.class_names))
+    history = model.fit(with_names.map(without_extras), epochs=2, verbose=0, shuffle=False)
+    assert len(history.history["loss"]) == 2 and all(map(math.isfinite, history.history["loss"]))
+    got = model.evaluate(with_names.map(without_extras), verbose=0, return_dict=True)
+    assert got == pytest.approx(model.evaluate(plain, verbose=0, return_dict=True))
+    # The file names stay with the predictions when the dataset itself is iterated.
+    names, scores = [], []
+    for images, _, extras in with_names:
+        names.extend(_names(extras))
+        scores.append(model.predict_on_batch(images))
+    assert sorted(names) == sorted(mixed.by_filename())
+    assert np.concatenate(scores).shape == (len(names), len(with_names.class_names))
+
+
+def test_without_extras_leaves_images_alone_without_labels(mixed):
+    ds = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=5, image_size=(4, 4), label_mode=None, extra_features=NAMES,
+        shuffle=False, deterministic=True,
+    )
+    images = next(iter(ds.map(without_extras)))
+    assert isinstance(images, tf.Tensor) and images.shape == (5, 4, 4, 3)
+    predictions = _tiny_model(len(ds.class_names)).predict(ds.map(without_extras), verbose=0)
+    assert predictions.shape == (len(mixed.by_filename()), len(ds.class_names))

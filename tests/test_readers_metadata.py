@@ -121,6 +121,28 @@ def test_missing_split_lists_the_splits(written):
         image_dataset_from_tfrecords(written.data_dir, "test")
 
 
+@pytest.mark.parametrize("alias", ["val", "valid", "Val", "validation"])
+def test_the_converters_split_aliases_name_their_split(written, alias):
+    files = load_split(written.data_dir, alias)
+    assert files.split == "validation"
+    assert files.total_records == len(written.sources["validation"])
+    ds = image_dataset_from_tfrecords(written.data_dir, alias, batch_size=2, image_size=(4, 4))
+    assert sum(int(labels.shape[0]) for _, labels in ds) == len(written.sources["validation"])
+
+
+def test_an_alias_of_a_missing_split_is_refused_by_the_name_given(written):
+    with pytest.raises(ManifestError, match=r"Received: split='testing'"):
+        load_split(written.data_dir, "testing")
+
+
+def test_the_reader_and_the_converter_share_one_alias_table():
+    from beam_jobs import _plan
+    from schemas import manifest
+
+    assert _plan.SPLIT_ALIASES is manifest.SPLIT_ALIASES
+    assert set(manifest.SPLIT_ALIASES.values()) == set(manifest.SPLITS)
+
+
 def test_split_must_be_a_string(written):
     with pytest.raises(TypeError, match=r"`split` must be a str.*Received: split=0"):
         load_split(written.data_dir, 0)
