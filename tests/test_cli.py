@@ -16,7 +16,7 @@ import schemas
 from beam_jobs import _runner
 from shardsmith import cli, inspection as inspect_dataset
 from shardsmith.progress import ProgressBar
-from beam_jobs._shards import RECEIPTS_DIRNAME
+from beam_jobs._write import RECEIPTS_DIRNAME
 from beam_jobs._tfrecord import TMP_DIRNAME
 
 

@@ -12,7 +12,8 @@ import tensorflow as tf
 from conftest import convert, encode, make_class_tree, pixels, read_records, write
 
 import schemas
-from beam_jobs import _shards
+from imaging import ValidationOptions
+from beam_jobs import _shards, _write
 from beam_jobs import convert as convert_module
 
 
@@ -273,15 +274,16 @@ def test_missing_or_empty_input_and_output_inside_input(tmp_path, capsys):
 def test_dofns_and_specs_pickle():
     from apache_beam.internal import pickler
 
-    fn = _shards.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1, max_pixels=10,
-                              background=(0, 0, 0), full_decode=False)
+    def write_fn():
+        return _write.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1,
+                                   validation=ValidationOptions(max_pixels=10, background=(0, 0, 0)))
+
+    fn = write_fn()
     for obj in (fn, schemas.IMAGE_SCHEMA, schemas.IMAGE):
         assert pickler.loads(pickler.dumps(obj)) is not None
         pickle.loads(pickle.dumps(obj))
     fn.setup()  # Heavy objects are built in setup(), after unpickling.
-    restored = pickler.loads(pickler.dumps(_shards.WriteShardFn(
-        output_dir="/tmp/x", num_classes=2, total_shards=1, max_pixels=10,
-        background=(0, 0, 0), full_decode=False)))
+    restored = pickler.loads(pickler.dumps(write_fn()))
     assert restored._validator is None
 
 
