@@ -14,6 +14,7 @@ folder; the exit code is non-zero on any mismatch.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -23,27 +24,40 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
-from beam_jobs import _runner, _verify_fns
+from beam_jobs import _args, _runner, _verify_fns
 from beam_jobs._tfrecord import read_bytes
 
-__all__ = ["VerifyOptions", "VerifyDataset", "run", "main"]
+__all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text"]
 
 _LOG = logging.getLogger("shardsmith.verify")
+
+_EXAMPLE = """\
+    example:
+      shardsmith verify ./dataset
+      shardsmith verify gs://bucket/dataset --runner DataflowRunner ... --setup_file ./setup.py"""
+
 
 class VerifyOptions(PipelineOptions):
     """Command-line options of verify (Beam's own options come on top)."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument("--dataset_dir", help="Folder written by the converter.")
-        parser.add_argument(
-            "--report",
-            help=f"Where to write the JSON report (default: DATASET_DIR/{schemas.VERIFY_REPORT_FILENAME}).",
-        )
-        parser.add_argument(
-            "--fail_on_duplicates", action="store_true",
-            help="Exit non-zero when the same image content appears in two splits.",
-        )
+        # The positional DATASET_DIR reaches Beam as this flag (see `run`); the
+        # help shows the positional only.
+        parser.add_argument("--dataset_dir", help=argparse.SUPPRESS)
+        _add_flags(parser)
+
+
+def _add_flags(parser) -> None:
+    """The options of verify other than the dataset folder."""
+    parser.add_argument(
+        "--report",
+        help=f"Where to write the JSON report (default: DATASET_DIR/{schemas.VERIFY_REPORT_FILENAME}).",
+    )
+    parser.add_argument(
+        "--fail_on_duplicates", action="store_true",
+        help="Exit non-zero when the same image content appears in two splits.",
+    )
 
 
 class VerifyDataset(beam.PTransform):
@@ -106,12 +120,13 @@ def run(argv: list[str] | None = None) -> dict:
 
     Raises:
       ManifestError: If the folder has no readable manifest.
-      ValueError: If --dataset_dir is missing.
+      ValueError: If --dataset_dir is missing, or an argument is unknown
+        (`_args.UsageError`).
     """
     argv = list(argv or [])
     if argv and not argv[0].startswith("-"):
         argv = ["--dataset_dir", argv[0], *argv[1:]]
-    options = PipelineOptions(argv)
+    options = _args.pipeline_options(argv, VerifyOptions)
     opts = options.view_as(VerifyOptions)
     if not opts.dataset_dir:
         raise ValueError("Give the dataset folder: python -m beam_jobs.verify DATASET_DIR")
@@ -148,12 +163,21 @@ def describe(report: dict) -> str:
     return "\n".join(lines)
 
 
+def help_text() -> str:
+    """The text of `shardsmith verify --help`: every option and an example."""
+
+    def add_arguments(parser):
+        parser.add_argument("dataset_dir", help="Folder written by the converter.")
+        _add_flags(parser)
+
+    return _args.help_text("shardsmith verify", "Re-read every shard, record and image against the manifest.",
+                           _EXAMPLE, add_arguments)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
     argv = sys.argv[1:] if argv is None else argv
-    from shardsmith.cli import print_help_if_asked  # The CLI imports this module.
-
-    if print_help_if_asked("verify", argv):
+    if _args.print_help_if_asked(argv, help_text):
         return 0
     _runner.configure_logging()
     try:

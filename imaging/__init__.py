@@ -4,14 +4,16 @@ Framework-free: nothing here imports Beam or tf.data, so every step is tested
 on its own. TensorFlow's decode ops validate images (the ops the reader runs),
 loaded without TensorFlow's Python API (`schemas._tf`).
 
-    validator = imaging.ImageValidator(max_pixels=50_000_000)
-    for image in validator.validate(data, "cats/001.jpg"):  # raises ImageRejected
+    validator = imaging.ImageValidator(imaging.ValidationOptions(max_pixels=50_000_000))
+    for image in validator.validate_all(data, "cats/001.jpg"):  # raises ImageRejected
         ...
 """
 
 from imaging.dicom import DicomOptions
 from imaging.errors import ImageRejected
 from imaging.sniff import sniff_format
-from imaging.validator import ImageValidator, ValidImage
+from imaging.validator import ImageValidator, ValidationOptions, ValidImage
 
-__all__ = ["DicomOptions", "ImageRejected", "ImageValidator", "ValidImage", "sniff_format"]
+__all__ = [
+    "DicomOptions", "ImageRejected", "ImageValidator", "ValidationOptions", "ValidImage", "sniff_format",
+]

@@ -28,7 +28,7 @@ from imaging.errors import ImageRejected
 from imaging.sniff import JpegHeader, jpeg_header, sniff_format
 from schemas import _tf
 
-__all__ = ["ValidImage", "ImageValidator"]
+__all__ = ["ValidationOptions", "ValidImage", "ImageValidator"]
 
 # Errors Pillow raises on damaged or hostile files: its plugins use OSError for
 # truncation, SyntaxError and ValueError for bad headers, EOFError for missing
@@ -72,33 +72,75 @@ class ValidImage:
 
 
 
+@dataclasses.dataclass(frozen=True)
+class ValidationOptions:
+    """How files are checked and normalised; validated when built.
+
+    Attributes:
+      max_pixels: Images with more pixels are rejected as 'too_large' before
+        any pixel is decoded (decompression bombs) (--max_pixels). DICOM files
+        are held to the same limit: `dicom.max_pixels` is set to it.
+      background: RGB colour that transparent pixels are flattened onto
+        (--background).
+      full_decode: Decode JPEGs at full resolution (--full_decode). By default
+        libjpeg decodes at 1/8 scale, which still reads and checks every
+        entropy-coded byte (a truncated or damaged stream fails the same way)
+        at a fraction of the cost.
+      dicom: How DICOM files are rendered (`DicomOptions`).
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    # One definition of the default: DicomOptions' (Pillow's decompression-bomb
+    # error limit), which DICOM files are held to when used on their own.
+    max_pixels: int = _dicom.DicomOptions.max_pixels
+    background: tuple[int, int, int] = (255, 255, 255)
+    full_decode: bool = False
+    dicom: _dicom.DicomOptions = dataclasses.field(default_factory=_dicom.DicomOptions)
+
+    def __post_init__(self):
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
+            raise ValueError(f"--max_pixels must be at least 1. Received: {self.max_pixels}")
+        background = tuple(self.background)
+        if len(background) != 3 or not all(0 <= c <= 255 for c in background):
+            raise ValueError(f"--background must be R,G,B in 0-255. Received: {self.background}")
+        object.__setattr__(self, "background", background)
+        if not isinstance(self.dicom, _dicom.DicomOptions):
+            raise ValueError(f"dicom must be an imaging.DicomOptions. Received: {self.dicom!r}")
+        if self.dicom.max_pixels != self.max_pixels:
+            object.__setattr__(self, "dicom", dataclasses.replace(self.dicom, max_pixels=self.max_pixels))
+
+
 class ImageValidator:
     """Validates and normalises encoded images.
 
     Built once per worker (it imports TensorFlow); `validate` is then called
     per file.
 
+        ImageValidator(ValidationOptions(max_pixels=50_000_000, full_decode=True))
+        ImageValidator(max_pixels=50_000_000, full_decode=True)  # the same
+
     Args:
-      max_pixels: Images with more pixels are rejected as 'too_large' before
-        any pixel is decoded (decompression bombs).
-      background: RGB colour that transparent pixels are flattened onto.
-      full_decode: Decode JPEGs at full resolution. By default libjpeg decodes
-        at 1/8 scale, which still reads and checks every entropy-coded byte
-        (a truncated or damaged stream fails the same way) at a fraction of
-        the cost.
-      dicom: How DICOM files are rendered (`_dicom.DicomOptions`); None for
-        the defaults.
+      options: The `ValidationOptions`; None for the defaults.
+      **overrides: Fields of `ValidationOptions` to set (on top of `options`).
+
+    Raises:
+      ValueError: From `ValidationOptions`, for a bad value.
     """
 
-    def __init__(self, *, max_pixels: int, background=(255, 255, 255), full_decode=False,
-                 dicom: _dicom.DicomOptions | None = None):
+    def __init__(self, options: ValidationOptions | None = None, **overrides):
+        if options is None:
+            options = ValidationOptions(**overrides)
+        elif overrides:
+            options = dataclasses.replace(options, **overrides)
         # Heavy: loaded where a worker builds the validator, and only the
         # decode ops (see schemas/_tf.py), not TensorFlow's whole Python API.
         self._ops = _tf.image_ops()
-        self._max_pixels = max_pixels
-        self._background = tuple(background)
-        self._jpeg_ratio = 1 if full_decode else 8
-        self._dicom = dicom or _dicom.DicomOptions(max_pixels=max_pixels)
+        self._max_pixels = options.max_pixels
+        self._background = options.background
+        self._jpeg_ratio = 1 if options.full_decode else 8
+        self._dicom = options.dicom
         # We check the pixel count ourselves, against the user's limit, before
         # decoding; Pillow's own guard would fire on a different number.
         Image.MAX_IMAGE_PIXELS = None

@@ -111,7 +111,7 @@ def _read_manifest(path: str, names: set[str]) -> Manifest:
             why = (
                 f"It has no {MANIFEST_FILENAME} and no shard files: this is not "
                 "the output folder of a shardsmith conversion. Pass the folder given "
-                "as --output_dir to shardsmith-convert."
+                "as --output_dir to shardsmith convert."
             )
         raise FileNotFoundError(
             f"`data_dir` is not a finished shardsmith dataset. {why} "

@@ -13,21 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
 
 __all__ = ["main", "command_help", "print_help_if_asked"]
 
+# The examples of convert and verify live with their pipelines, which print
+# the same help for `python -m beam_jobs.convert|verify --help`.
 _EXAMPLES = {
-    "convert": """\
-        example:
-          shardsmith convert --input_dir ./photos --output_dir ./dataset \\
-              --split train=0.8,validation=0.1,test=0.1
-
-        Every Beam option works too (--runner DataflowRunner --project ... --setup_file ./setup.py).""",
-    "verify": """\
-        example:
-          shardsmith verify ./dataset
-          shardsmith verify gs://bucket/dataset --runner DataflowRunner ... --setup_file ./setup.py""",
     "inspect": """\
         example:
           shardsmith inspect ./dataset""",
@@ -44,31 +35,32 @@ _SUMMARIES = {
 }
 
 
+def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset_dir", help="Folder written by the converter.")
+
+
+def _add_preview_arguments(parser: argparse.ArgumentParser) -> None:
+    from readers.preview import add_arguments
+
+    add_arguments(parser)
+
+
+_ADD_ARGUMENTS = {"inspect": _add_inspect_arguments, "preview": _add_preview_arguments}
+
+
 def command_help(command: str) -> str:
     """The help text of `shardsmith COMMAND --help`, with its options and an example."""
-    parser = argparse.ArgumentParser(
-        prog=f"shardsmith {command}",
-        description=_SUMMARIES[command],
-        epilog=textwrap.dedent(_EXAMPLES[command]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        add_help=False,
-    )
     if command == "convert":
-        from beam_jobs.convert import ConvertOptions
-
-        ConvertOptions._add_argparse_args(parser)  # The options' own help texts.
+        from beam_jobs.convert import help_text
     elif command == "verify":
-        from beam_jobs.verify import VerifyOptions
-
-        parser.add_argument("dataset_dir", help="Folder written by the converter.")
-        VerifyOptions._add_argparse_args(parser)
-    elif command == "inspect":
-        parser.add_argument("dataset_dir", help="Folder written by the converter.")
+        from beam_jobs.verify import help_text
     else:
-        from readers.preview import add_arguments
+        from beam_jobs import _args
 
-        add_arguments(parser)
-    return parser.format_help()
+        def help_text():
+            return _args.help_text(f"shardsmith {command}", _SUMMARIES[command], _EXAMPLES[command],
+                                   _ADD_ARGUMENTS[command])
+    return help_text()
 
 
 def print_help_if_asked(command: str, argv: list[str]) -> bool:
@@ -79,10 +71,35 @@ def print_help_if_asked(command: str, argv: list[str]) -> bool:
     return False
 
 
+def _check_options(command: str, argv: list[str]) -> str | None:
+    """The one-line error for an option `inspect` or `preview` does not take, else None.
+
+    convert and verify check their own arguments (Beam's options included).
+    """
+    from beam_jobs import _args
+
+    parser = argparse.ArgumentParser(add_help=False)
+    _ADD_ARGUMENTS[command](parser)
+    try:
+        _args.check_arguments(parser, argv)
+    except _args.UsageError as e:
+        return f"shardsmith {command}: error: {e}"
+    return None
+
+
+def _version() -> str:
+    from schemas import __version__
+
+    return f"shardsmith {__version__}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "--version":
+        print(_version())
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _SUMMARIES:
-        lines = ["usage: shardsmith {convert,verify,inspect,preview} ...", ""]
+        lines = ["usage: shardsmith [--version] {convert,verify,inspect,preview} ...", ""]
         lines += [f"  {name:<8} {text}" for name, text in _SUMMARIES.items()]
         lines += ["", "`shardsmith COMMAND --help` shows the options and an example."]
         if argv and argv[0] not in ("-h", "--help"):
@@ -94,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if print_help_if_asked(command, rest):
         return 0
+    if command in _ADD_ARGUMENTS:
+        error = _check_options(command, rest)
+        if error is not None:
+            print(error, file=sys.stderr)
+            return 2
     if command == "convert":
         from beam_jobs.convert import main as run
     elif command == "verify":

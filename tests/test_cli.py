@@ -16,7 +16,7 @@ import schemas
 from beam_jobs import _runner
 from shardsmith import cli, inspection as inspect_dataset
 from shardsmith.progress import ProgressBar
-from beam_jobs._shards import RECEIPTS_DIRNAME
+from beam_jobs._write import RECEIPTS_DIRNAME
 from beam_jobs._tfrecord import TMP_DIRNAME
 
 
@@ -124,3 +124,136 @@ def test_python_m_modules_show_the_same_help(capsys, module):
     assert importlib.import_module(f"beam_jobs.{module}").main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: shardsmith {module}") and "example:" in out
+
+
+# --- Arguments: unknown ones fail, Beam's own work, one spelling in --help ---
+
+_HELPED = ("convert", "verify", "inspect", "preview")
+
+
+def _entry_points(dataset):
+    """(name, call, argv prefix) for every command line that takes options."""
+    from beam_jobs import convert as convert_module, verify as verify_module
+
+    return {
+        "shardsmith convert": (cli.main, ["convert", "--input_dir", str(dataset), "--output_dir"]),
+        "python -m beam_jobs.convert": (convert_module.main, ["--input_dir", str(dataset), "--output_dir"]),
+        "shardsmith verify": (cli.main, ["verify", str(dataset), "--report"]),
+        "python -m beam_jobs.verify": (verify_module.main, [str(dataset), "--report"]),
+        "shardsmith inspect": (cli.main, ["inspect", str(dataset), "--report"]),
+        "shardsmith preview": (cli.main, ["preview", str(dataset), "--output"]),
+    }
+
+
+@pytest.mark.parametrize("entry", [
+    "shardsmith convert", "python -m beam_jobs.convert", "shardsmith verify",
+    "python -m beam_jobs.verify", "shardsmith inspect", "shardsmith preview",
+])
+def test_a_misspelled_option_exits_2_with_a_suggestion(unbalanced, tmp_path, capsys, entry):
+    call, argv = _entry_points(unbalanced)[entry]
+    wrong, right = {
+        "convert": ("--num_shard", "--num_shards"),
+        "verify": ("--fail_on_duplicate", "--fail_on_duplicates"),
+        "inspect": ("--dataset_dirr", None),
+        "preview": ("--per_clas", "--per_class"),
+    }[entry.split()[-1].rsplit(".", 1)[-1]]
+    out = tmp_path / "out"
+    code = call([*argv, str(out), wrong, "2"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"unknown option {wrong}" in err
+    if right:
+        assert f"(did you mean {right}?)" in err
+    assert not out.exists()  # Nothing was started.
+
+
+def test_misspelled_flags_through_the_real_command_write_nothing(tmp_path):
+    """The issue's case: --splits and --num_shard were dropped and the job ran."""
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a", "b"), per_class=2)
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.convert", "--input_dir", str(root), "--output_dir", str(out),
+         "--splits", "train=0.8,validation=0.2", "--num_shard", "2"],
+        capture_output=True, text=True, cwd=pathlib.Path(__file__).parent.parent, timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "unknown option --splits (did you mean --split?)" in run.stderr
+    assert "unknown option --num_shard (did you mean --num_shards?)" in run.stderr
+    assert "Discarding unparseable args" not in run.stderr
+    assert not out.exists()
+    exe = pathlib.Path(sys.executable).parent / "shardsmith"
+    run = subprocess.run([str(exe), "verify", str(out), "--reprot", "r.json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "(did you mean --report?)" in run.stderr, run.stderr
+
+
+def test_beam_pipeline_options_keep_working(tmp_path, capsys):
+    from beam_jobs import convert as convert_module
+
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a", "b"), per_class=2)
+    out = tmp_path / "out"
+    code = convert_module.main([
+        "--input_dir", str(root), "--output_dir", str(out), "--runner", "DirectRunner",
+        "--direct_num_workers", "1", "--direct_running_mode", "in_memory",
+        "--project", "some-project", "--temp_location", str(tmp_path / "tmp"),
+        "--experiments", "a", "--experiments=b",
+    ])
+    assert code == 0, capsys.readouterr().err
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    assert manifest.counts["written"] == 4
+
+
+def test_runner_options_registered_on_import_are_known(tmp_path):
+    """Dask's options exist once its runner module is imported: the check imports it."""
+    code = (
+        "import sys\n"
+        "from beam_jobs import _args, convert\n"
+        "assert 'apache_beam.runners.dask.dask_runner' not in sys.modules\n"
+        "o = _args.pipeline_options(['--input_dir', 'a', '--dask_client_address', 'tcp://h:1',"
+        " '--runner', 'DaskRunner'], convert.ConvertOptions)\n"
+        "print(o.get_all_options()['address'])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=pathlib.Path(__file__).parent.parent, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "tcp://h:1"
+
+
+def test_one_pipelines_options_are_not_anothers(capsys):
+    from beam_jobs import _args, convert as convert_module, verify as verify_module
+
+    # Both option classes are registered with Beam in this process.
+    with pytest.raises(_args.UsageError, match="unknown option --input_dir"):
+        _args.pipeline_options(["--dataset_dir", "d", "--input_dir", "x"], verify_module.VerifyOptions)
+    with pytest.raises(_args.UsageError, match="unknown option --report"):
+        _args.pipeline_options(["--input_dir", "x", "--report", "r"], convert_module.ConvertOptions)
+    with pytest.raises(_args.UsageError, match="unexpected argument 'stray'"):
+        _args.pipeline_options(["--input_dir", "x", "stray"], convert_module.ConvertOptions)
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"shardsmith {schemas.__version__}"
+    exe = pathlib.Path(sys.executable).parent / "shardsmith"
+    run = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == f"shardsmith {schemas.__version__}"
+
+
+@pytest.mark.parametrize("command", _HELPED)
+def test_help_has_one_spelling_per_option(capsys, command):
+    import re
+
+    assert cli.main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    body = text.split("\n\n", 1)[1]  # Past the usage line.
+    section = body.split("positional arguments:\n", 1)[-1].split("\n\n", 1)[0] if (
+        "positional arguments:" in body) else ""
+    positionals = re.findall(r"^  (\w+)\s", section, re.M)
+    flags = re.findall(r"^  (--\w+)", body, re.M)
+    assert flags or command == "inspect", text  # inspect takes the folder alone.
+    assert len(flags) == len(set(flags)), text
+    if command != "convert":
+        assert positionals == ["dataset_dir"], text
+    assert not {f"--{p}" for p in positionals} & set(flags), text

@@ -12,7 +12,8 @@ import tensorflow as tf
 from conftest import convert, encode, make_class_tree, pixels, read_records, write
 
 import schemas
-from beam_jobs import _shards
+from imaging import ValidationOptions
+from beam_jobs import _shards, _write
 from beam_jobs import convert as convert_module
 
 
@@ -246,6 +247,11 @@ def test_overwrite_required_and_stale_shards_removed(tmp_path):
         (["--max_reject_fraction", "2"], r"--max_reject_fraction must be in \[0, 1\]"),
         (["--class_names", "a,a"], "--class_names must be distinct"),
         (["--background", "red"], "--background must be R,G,B"),
+        (["--background", "0,0,300"], r"--background must be R,G,B in 0-255. Received: \(0, 0, 300\)"),
+        (["--max_pixels", "0"], "--max_pixels must be at least 1. Received: 0"),
+        (["--target_shard_mb", "0"], "--target_shard_mb must be at least 1. Received: 0"),
+        (["--min_shards", "0"], "--min_shards must be at least 1. Received: 0"),
+        (["--overwrite", "--resume"], "give one of them"),
     ],
 )
 def test_bad_arguments_get_one_clear_sentence(tmp_path, capsys, args, message):
@@ -273,15 +279,16 @@ def test_missing_or_empty_input_and_output_inside_input(tmp_path, capsys):
 def test_dofns_and_specs_pickle():
     from apache_beam.internal import pickler
 
-    fn = _shards.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1, max_pixels=10,
-                              background=(0, 0, 0), full_decode=False)
+    def write_fn():
+        return _write.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1,
+                                   validation=ValidationOptions(max_pixels=10, background=(0, 0, 0)))
+
+    fn = write_fn()
     for obj in (fn, schemas.IMAGE_SCHEMA, schemas.IMAGE):
         assert pickler.loads(pickler.dumps(obj)) is not None
         pickle.loads(pickle.dumps(obj))
     fn.setup()  # Heavy objects are built in setup(), after unpickling.
-    restored = pickler.loads(pickler.dumps(_shards.WriteShardFn(
-        output_dir="/tmp/x", num_classes=2, total_shards=1, max_pixels=10,
-        background=(0, 0, 0), full_decode=False)))
+    restored = pickler.loads(pickler.dumps(write_fn()))
     assert restored._validator is None
 
 
@@ -328,3 +335,24 @@ def test_the_job_graph_does_not_grow_with_the_number_of_images(tmp_path):
 
     small, large = graph_bytes(10), graph_bytes(20_000)
     assert large - small < 2_000, (small, large)
+
+
+def test_options_are_built_once_into_groups_handed_down_whole():
+    from beam_jobs._options import ShardingOptions, WritingOptions
+    from imaging import DicomOptions
+
+    config = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions([
+        "--input_dir", "in", "--output_dir", "out", "--max_pixels", "1000", "--full_decode",
+        "--background", "1,2,3", "--dicom_frames", "all", "--num_shards", "3", "--dedup",
+        "--worker_threads", "2",
+    ]))
+    assert config.validation == ValidationOptions(
+        max_pixels=1000, background=(1, 2, 3), full_decode=True, dicom=DicomOptions(frames="all"))
+    # DICOM files are held to the same --max_pixels.
+    assert config.validation.dicom.max_pixels == 1000
+    assert config.sharding == ShardingOptions(num_shards=3)
+    assert config.writing == WritingOptions(dedup=True, worker_threads=2)
+    # The flags' defaults are the groups' defaults: one definition each.
+    default = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions(
+        ["--input_dir", "in", "--output_dir", "out"]))
+    assert default == convert_module.ConversionConfig(input_dir="in", output_dir="out")

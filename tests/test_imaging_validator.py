@@ -200,3 +200,20 @@ def test_truncated_jpeg_is_caught_at_both_validation_scales(full_decode):
         with pytest.raises(ImageRejected) as e:
             v.validate(data[: int(len(data) * cut)], "cut.jpg")
         assert e.value.reason == "corrupt"
+
+
+def test_options_object_and_keywords_build_the_same_validator():
+    from imaging import DicomOptions, ValidationOptions
+
+    data = encode(np.full((8, 8, 4), (10, 20, 30, 0), np.uint8), "PNG")
+    by_options = ImageValidator(ValidationOptions(max_pixels=100, background=(0, 0, 255)))
+    by_keywords = ImageValidator(max_pixels=100, background=(0, 0, 255))
+    assert by_options.validate(data, "t.png") == by_keywords.validate(data, "t.png")
+    with pytest.raises(ImageRejected, match="more than --max_pixels=10"):
+        ImageValidator(ValidationOptions(max_pixels=100), max_pixels=10).validate(data, "t.png")
+    assert ValidationOptions(max_pixels=7, dicom=DicomOptions(frames="all")).dicom == DicomOptions(
+        frames="all", max_pixels=7)
+    with pytest.raises(ValueError, match=r"--max_pixels must be at least 1. Received: 0"):
+        ValidationOptions(max_pixels=0)
+    with pytest.raises(ValueError, match=r"--background must be R,G,B in 0-255. Received: \(1, 2\)"):
+        ValidationOptions(background=(1, 2))

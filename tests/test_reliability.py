@@ -13,7 +13,8 @@ import pytest
 from conftest import convert, encode, make_class_tree, pixels, write
 
 import schemas
-from beam_jobs import _plan, _shards, verify
+from imaging import ValidationOptions
+from beam_jobs import _plan, _write, verify
 from beam_jobs._tfrecord import TMP_DIRNAME, iter_records
 
 
@@ -102,7 +103,7 @@ def test_resume_finishes_with_the_bytes_of_an_uninterrupted_run(interrupted, tmp
     out = tmp_path / "resumed"
     shutil.copytree(killed, out)
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("*.tfrecord")}
-    receipts = list((out / TMP_DIRNAME / _shards.RECEIPTS_DIRNAME).glob("*.json"))
+    receipts = list((out / TMP_DIRNAME / _write.RECEIPTS_DIRNAME).glob("*.json"))
     with pytest.raises(FileExistsError, match="--resume to finish an interrupted conversion"):
         convert(root, out, "--num_shards", "12")
     convert(root, out, "--num_shards", "12", "--resume")
@@ -136,8 +137,8 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
     out = tmp_path / "out"
 
     def fn():
-        f = _shards.WriteShardFn(output_dir=str(out), num_classes=3, total_shards=1, max_pixels=10**7,
-                                 background=(255, 255, 255), full_decode=False)
+        f = _write.WriteShardFn(output_dir=str(out), num_classes=3, total_shards=1,
+                                validation=ValidationOptions(max_pixels=10**7))
         f.setup()
         return f
 

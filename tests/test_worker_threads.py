@@ -9,7 +9,9 @@ import pytest
 from conftest import convert, encode, make_class_tree, pixels, write
 
 import schemas
-from beam_jobs import _shards
+from imaging import ValidationOptions
+from beam_jobs import _write
+from beam_jobs._options import WritingOptions
 from beam_jobs import convert as convert_module
 
 # Enough files per shard (> the 8 read ahead) for the pool to finish out of order.
@@ -41,13 +43,13 @@ def default_output(images, tmp_path_factory):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_output_is_byte_identical_to_the_default(images, default_output, tmp_path, monkeypatch, threads):
     names = set()
-    validate = _shards.WriteShardFn._validate
+    validate = _write.WriteShardFn._validate
 
     def recording_validate(self, f):
         names.add(threading.current_thread().name)
         return validate(self, f)
 
-    monkeypatch.setattr(_shards.WriteShardFn, "_validate", recording_validate)
+    monkeypatch.setattr(_write.WriteShardFn, "_validate", recording_validate)
     out = tmp_path / "out"
     manifest = convert(images, out, *_ARGS, "--worker_threads", threads)
 
@@ -63,8 +65,9 @@ def test_output_is_byte_identical_to_the_default(images, default_output, tmp_pat
 
 def test_not_part_of_the_resume_fingerprint():
     def fn(threads):
-        return _shards.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1, max_pixels=10,
-                                    background=(0, 0, 0), full_decode=False, worker_threads=threads)
+        return _write.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1,
+                                   validation=ValidationOptions(max_pixels=10, background=(0, 0, 0)),
+                                   writing=WritingOptions(worker_threads=threads))
 
     assert fn(1)._fingerprint([]) == fn(3)._fingerprint([]) == fn(None)._fingerprint([])
 
@@ -72,9 +75,9 @@ def test_not_part_of_the_resume_fingerprint():
 def test_config_and_manifest_options():
     config = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions(
         ["--input_dir", "in", "--output_dir", "out", "--worker_threads", "2"]))
-    assert config.worker_threads == 2
+    assert config.writing.worker_threads == 2
     default = convert_module.ConversionConfig(input_dir="in", output_dir="out")
-    assert default.worker_threads is None
+    assert default.writing.worker_threads is None
     # It does not shape the output, so the manifest does not record it.
     assert config.manifest_options("folders") == default.manifest_options("folders")
 

@@ -1,0 +1,64 @@
+"""What travels between the conversion's steps: shard results and rejects.
+
+Plain frozen values in an importable module (not the script run as __main__),
+so every runner can pickle them to its workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import schemas
+from beam_jobs import _listing
+
+__all__ = ["ConversionError", "ShardResult", "Reject", "problem_to_reject"]
+
+
+class ConversionError(Exception):
+    """The conversion ran but its result must not be used (e.g. too many rejects)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    split: str
+    index: int
+    count: int
+    file: str
+    num_records: int
+    num_bytes: int
+    sha256: str
+    class_counts: tuple[int, ...]
+    index_file: str
+    index_sha256: str
+    # Input files that gave records (a multi-frame DICOM file gives several).
+    num_sources: int
+    # schemas.ImageStats.to_json() of its records (None: none, or an older receipt).
+    images: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Reject:
+    rel_path: str
+    reason: str
+    message: str
+
+    @property
+    def kind(self) -> str:
+        return "skipped" if self.reason in schemas.SKIP_REASONS else "rejected"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "path": _listing.display_path(self.rel_path),
+                "kind": self.kind,
+                "reason": self.reason,
+                "message": self.message,
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+
+
+def problem_to_reject(p: _listing.Problem) -> Reject:
+    return Reject(p.rel_path, p.reason, p.message)

@@ -1,0 +1,153 @@
+"""The conversion's last step: rejects.jsonl, normalized.jsonl, then manifest.json."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+import schemas
+from schemas.tfds_metadata import tfds_files
+from beam_jobs import _listing
+from beam_jobs._elements import ConversionError
+from beam_jobs._output import delete_if_exists, remove_dataset_files
+from beam_jobs._tfrecord import TMP_DIRNAME, write_atomically
+
+__all__ = ["FinalizeFn"]
+
+
+class FinalizeFn(beam.DoFn):
+    """Writes rejects.jsonl, normalized.jsonl, then manifest.json (last).
+
+    Args:
+      output_dir: The dataset folder.
+      class_names, shard_counts, num_found: From the plan.
+      options: The manifest's `options` (`ConversionConfig.manifest_options`).
+      max_reject_fraction: Above this fraction of rejects, raise
+        `ConversionError` and write no manifest.
+      features: The schema's JSON (default: the plain image schema).
+      extra: Further manifest sections known before the run (e.g. split groups).
+    """
+
+    def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
+                 max_reject_fraction, features=None, extra=None):
+        self._output_dir = output_dir
+        self._features = dict(features or schemas.IMAGE_SCHEMA.to_json())
+        self._extra = dict(extra or {})
+        self._class_names = tuple(class_names)
+        self._shard_counts = dict(shard_counts)
+        self._num_found = num_found
+        self._options = options
+        self._max_reject_fraction = max_reject_fraction
+
+    def process(self, unused_element, shards, rejects, normalized):
+        rejects = sorted(rejects, key=lambda r: os.fsencode(r.rel_path))
+        normalized = sorted(normalized, key=lambda n: os.fsencode(n[0]))
+        self._write_lists(rejects, normalized)
+        counts = self._counts(shards, rejects)
+        splits = self._splits(shards)
+        manifest = self._manifest(splits, counts, rejects, normalized)
+        keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
+        remove_dataset_files(self._output_dir, keep=keep)
+        # TFDS's metadata too, so `tfds.builder_from_directory` reads the folder as is.
+        for name, text in tfds_files(manifest).items():
+            write_atomically(self._output_dir, name, text.encode())
+        write_atomically(self._output_dir, schemas.MANIFEST_FILENAME, manifest.to_json().encode())
+        delete_if_exists(FileSystems.join(self._output_dir, TMP_DIRNAME))
+        yield manifest
+
+    def _write_lists(self, rejects, normalized) -> None:
+        write_atomically(
+            self._output_dir, schemas.REJECTS_FILENAME,
+            "".join(r.to_json() + "\n" for r in rejects).encode(),
+        )
+        write_atomically(
+            self._output_dir, schemas.NORMALIZED_FILENAME,
+            "".join(
+                json.dumps(_normalized_entry(p, src, actions, details), sort_keys=True,
+                           ensure_ascii=False) + "\n"
+                for p, src, actions, details in normalized
+            ).encode(),
+        )
+
+    def _counts(self, shards, rejects) -> dict:
+        """The manifest's counts; raises when inputs went missing or too many were rejected."""
+        written = sum(s.num_sources for s in shards)
+        kinds = collections.Counter(r.kind for r in rejects)
+        counts = {
+            "found": self._num_found,
+            "written": written,
+            "rejected": kinds["rejected"],
+            "skipped": kinds["skipped"],
+        }
+        if written + kinds["rejected"] + kinds["skipped"] != self._num_found:
+            # An internal invariant, not a user error: an input went missing.
+            raise RuntimeError(f"Inputs do not reconcile, nothing may be lost: {counts}")
+        considered = written + kinds["rejected"]
+        if considered and kinds["rejected"] / considered > self._max_reject_fraction:
+            raise ConversionError(
+                f"{kinds['rejected']:,} of {considered:,} images were rejected, more than "
+                f"--max_reject_fraction={self._max_reject_fraction:g}; see "
+                f"{FileSystems.join(self._output_dir, schemas.REJECTS_FILENAME)}. "
+                "No manifest was written."
+            )
+        return counts
+
+    def _splits(self, shards) -> dict:
+        splits = {}
+        for split, count in self._shard_counts.items():
+            mine = sorted((s for s in shards if s.split == split), key=lambda s: s.index)
+            if [s.index for s in mine] != list(range(count)):
+                raise RuntimeError(f"Split {split!r}: shards {[s.index for s in mine]} of {count}")
+            splits[split] = schemas.SplitInfo(split, tuple(
+                schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts,
+                                  s.index_file, s.index_sha256,
+                                  schemas.ImageStats.from_json(s.images))
+                for s in mine
+            ))
+        return splits
+
+    def _manifest(self, splits, counts, rejects, normalized) -> schemas.Manifest:
+        actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
+        extra = dict(self._extra)
+        dicom = _dicom_summary(normalized)
+        if dicom:
+            extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}
+        return schemas.Manifest(
+            schema_version=schemas.SCHEMA_VERSION,
+            tool_version=schemas.__version__,
+            features=self._features,
+            class_names=self._class_names,
+            splits=splits,
+            counts=counts,
+            rejects=dict(sorted(collections.Counter(r.reason for r in rejects).items())),
+            normalized=dict(sorted(actions.items())),
+            options=self._options,
+            extra=extra,
+        )
+
+
+def _normalized_entry(path, source_format, actions, details) -> dict:
+    entry = {"path": _listing.display_path(path), "source_format": source_format,
+             "actions": list(actions)}
+    if details:
+        entry["details"] = details
+    return entry
+
+
+def _dicom_summary(normalized) -> dict:
+    """How many DICOM records got each rescale, window source, inversion and bit depth."""
+    counters = collections.defaultdict(collections.Counter)
+    for _, source_format, _, details in normalized:
+        if source_format != "dicom" or not details:
+            continue
+        window = details.get("window") or {}
+        counters["window_source"][window.get("source", "none (colour)")] += 1
+        counters["rescaled"][str(bool(details.get("rescale") or details.get("modality_lut")))] += 1
+        counters["inverted_monochrome1"][str(bool(details.get("inverted")))] += 1
+        counters["bit_depth"][str(details.get("bit_depth"))] += 1
+        counters["photometric"][str(details.get("photometric"))] += 1
+    return {name: dict(sorted(c.items())) for name, c in sorted(counters.items())}

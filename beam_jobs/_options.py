@@ -1,0 +1,350 @@
+"""The options of the conversion: its flags, and the validated groups built from them.
+
+`ConvertOptions` declares the flags; `ConversionConfig.from_options` turns
+them, once, into frozen groups that check themselves (`imaging.ValidationOptions`,
+`ShardingOptions`, `WritingOptions`), and each part of the pipeline is handed
+the group it uses, whole. Every default is defined once, in its group; the
+flags read it from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import schemas
+from beam_jobs import _listing, _plan
+from imaging import DicomOptions, ValidationOptions
+from imaging import dicom as _dicom
+
+__all__ = ["ConvertOptions", "ShardingOptions", "WritingOptions", "ConversionConfig", "parse_split"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingOptions:
+    """How many shards each split gets.
+
+    Attributes:
+      num_shards: Shards per split (--num_shards); None chooses by size.
+      target_shard_mb: Shard size to aim for, in MiB (--target_shard_mb).
+      min_shards: Fewest shards per split, when it has that many images
+        (--min_shards), so readers can read in parallel.
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    num_shards: int | None = None
+    target_shard_mb: int = 128
+    min_shards: int = 8
+
+    def __post_init__(self):
+        if self.num_shards is not None and self.num_shards < 1:
+            raise ValueError(f"--num_shards must be at least 1. Received: {self.num_shards}")
+        if self.target_shard_mb < 1:
+            raise ValueError(f"--target_shard_mb must be at least 1. Received: {self.target_shard_mb}")
+        if self.min_shards < 1:
+            raise ValueError(f"--min_shards must be at least 1. Received: {self.min_shards}")
+
+    @property
+    def target_shard_bytes(self) -> int:
+        return self.target_shard_mb << 20
+
+    def to_json(self) -> dict:
+        """The manifest's `shard_policy`."""
+        if self.num_shards:
+            return {"num_shards": self.num_shards}
+        return {"target_shard_mb": self.target_shard_mb, "min_shards": self.min_shards}
+
+
+@dataclasses.dataclass(frozen=True)
+class WritingOptions:
+    """How the shard writers work.
+
+    Attributes:
+      dedup: Keep one copy of identical files, the smallest path (--dedup).
+      resume: Keep the shards an interrupted run finished (--resume).
+      worker_threads: Threads of each shard writer that read and validate
+        files ahead (--worker_threads); None: min(4, cores of the worker).
+        Speed only: the output bytes do not depend on it.
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    dedup: bool = False
+    resume: bool = False
+    worker_threads: int | None = None
+
+    def __post_init__(self):
+        if self.worker_threads is not None and self.worker_threads < 1:
+            raise ValueError(f"--worker_threads must be at least 1. Received: {self.worker_threads}")
+
+
+_VALIDATION = ValidationOptions()
+_DICOM = DicomOptions()
+_SHARDING = ShardingOptions()
+
+
+class ConvertOptions(PipelineOptions):
+    """Command-line options of the conversion (Beam's own options come on top)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--input_dir", help="Folder of images (local or a FileSystems URL).")
+        parser.add_argument("--output_dir", help="Folder to write the dataset into.")
+        parser.add_argument(
+            "--labels_csv",
+            help="CSV with columns path,label[,split]; paths relative to --input_dir.",
+        )
+        parser.add_argument(
+            "--class_names",
+            help="Comma-separated class names in label order (default: sorted names found).",
+        )
+        parser.add_argument(
+            "--split",
+            help="Split by a seeded hash of each path, e.g. train=0.8,validation=0.1,test=0.1. "
+            "Default: split folders if present, else everything in train.",
+        )
+        parser.add_argument(
+            "--seed", type=int, default=ConversionConfig.seed,
+            help="Seed of every hash (splits, shards, order).",
+        )
+        parser.add_argument("--num_shards", type=int, help="Shards per split (default: by size).")
+        parser.add_argument(
+            "--target_shard_mb", type=int, default=_SHARDING.target_shard_mb,
+            help="Shard size to aim for, in MiB.",
+        )
+        parser.add_argument(
+            "--min_shards", type=int, default=_SHARDING.min_shards,
+            help="Fewest shards per split (when it has that many images), for parallel reads.",
+        )
+        parser.add_argument(
+            "--max_pixels", type=int, default=_VALIDATION.max_pixels,
+            help="Reject images with more pixels than this (decompression bombs).",
+        )
+        parser.add_argument(
+            "--max_reject_fraction", type=float, default=ConversionConfig.max_reject_fraction,
+            help="Fail the job when more than this fraction of images is rejected.",
+        )
+        parser.add_argument(
+            "--background", default=",".join(map(str, _VALIDATION.background)),
+            help="R,G,B colour that transparent images are flattened onto.",
+        )
+        parser.add_argument(
+            "--full_decode", action="store_true",
+            help="Validate JPEGs at full resolution instead of libjpeg's 1/8 scale.",
+        )
+        parser.add_argument(
+            "--group_by",
+            help="Keep groups in one split: dicom:PatientID, dicom:StudyInstanceUID (any DICOM "
+            "keyword), or regex:PATTERN over the relative path (its first group, else the match).",
+        )
+        parser.add_argument(
+            "--dicom_window",
+            help="CENTER,WIDTH applied to every greyscale DICOM image (e.g. 40,400); "
+            "default: the file's own window.",
+        )
+        parser.add_argument(
+            "--dicom_bit_depth", type=int, default=_DICOM.bit_depth,
+            help="8, or 16 to keep the windowed range in 16-bit PNGs.",
+        )
+        parser.add_argument(
+            "--dicom_frames", default=_DICOM.frames,
+            help="Frames of multi-frame DICOM files to keep: first, middle or all (one record each).",
+        )
+        parser.add_argument(
+            "--dicom_tags",
+            help="Comma-separated DICOM keywords stored as string features, e.g. Modality,BodyPartExamined.",
+        )
+        parser.add_argument(
+            "--dicom_allow_identifying_tags", action="store_true",
+            help="Allow --dicom_tags that identify patients (PatientName, PatientID, ...).",
+        )
+        parser.add_argument(
+            "--dedup", action="store_true",
+            help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
+        )
+        parser.add_argument(
+            "--overwrite", action="store_true",
+            help="Replace the dataset in a non-empty --output_dir.",
+        )
+        parser.add_argument(
+            "--resume", action="store_true",
+            help="Finish an interrupted conversion into --output_dir, keeping its complete shards.",
+        )
+        parser.add_argument(
+            "--worker_threads", type=int, default=None,
+            help="Threads of each shard writer that read and validate images ahead "
+            "(default: min(4, cores of the worker)). Speed only: the output is the same.",
+        )
+
+
+def parse_split(text: str) -> dict[str, float]:
+    """Parses --split 'train=0.8,validation=0.2' into {split: ratio}.
+
+    Raises:
+      ValueError: For a malformed text or ratios that do not add up to 1.
+    """
+    ratios: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip().lower()
+        name = _plan.SPLIT_ALIASES.get(name, name)
+        try:
+            ratio = float(value)
+        except ValueError:
+            ratio = -1.0
+        if not sep or not re.fullmatch(r"[a-z0-9_]+", name) or not 0 <= ratio <= 1 or name in ratios:
+            raise ValueError(
+                "--split must look like train=0.8,validation=0.1,test=0.1 (names of letters, "
+                f"digits and _, each ratio in [0, 1], each name once). Received: {text!r}"
+            )
+        ratios[name] = ratio
+    if not math.isclose(sum(ratios.values()), 1.0, abs_tol=1e-6):
+        raise ValueError(f"--split ratios must add up to 1. Received: {text!r} (sum {sum(ratios.values()):g})")
+    return ratios
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionConfig:
+    """The validated conversion options.
+
+    Attributes mirror the command-line flags of `ConvertOptions`; see there.
+    The options of one part of the pipeline come as one group: `validation`
+    (`imaging.ValidationOptions`, DICOM rendering included), `sharding`
+    (`ShardingOptions`) and `writing` (`WritingOptions`).
+    """
+
+    input_dir: str
+    output_dir: str
+    labels_csv: str | None = None
+    class_names: tuple[str, ...] | None = None
+    split_ratios: dict[str, float] | None = None
+    seed: int = 0
+    max_reject_fraction: float = 0.1
+    group_by: str | None = None
+    overwrite: bool = False
+    validation: ValidationOptions = dataclasses.field(default_factory=ValidationOptions)
+    sharding: ShardingOptions = dataclasses.field(default_factory=ShardingOptions)
+    writing: WritingOptions = dataclasses.field(default_factory=WritingOptions)
+
+    def __post_init__(self):
+        for name in ("input_dir", "output_dir"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required.")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ValueError(
+                f"--max_reject_fraction must be in [0, 1]. Received: {self.max_reject_fraction}"
+            )
+        if self.group_by is not None:
+            self._check_group_by()
+        if self.overwrite and self.writing.resume:
+            raise ValueError(
+                "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
+                "wrote; give one of them."
+            )
+        if self.class_names is not None:
+            dupes = sorted({c for c in self.class_names if self.class_names.count(c) > 1})
+            if not self.class_names or dupes or "" in self.class_names:
+                raise ValueError(
+                    f"--class_names must be distinct, non-empty names. Received: {self.class_names}"
+                )
+        if _listing.is_local(self.input_dir) and _listing.is_local(self.output_dir):
+            src = os.path.realpath(self.input_dir)
+            dst = os.path.realpath(self.output_dir)
+            if dst == src or dst.startswith(src + os.sep):
+                raise ValueError(
+                    f"--output_dir {self.output_dir!r} is inside --input_dir {self.input_dir!r}; "
+                    "a later run would take the shards for input. Choose another folder."
+                )
+
+    def _check_group_by(self):
+        kind, _, value = self.group_by.partition(":")
+        if kind not in ("dicom", "regex") or not value:
+            raise ValueError(
+                "--group_by must be dicom:KEYWORD (e.g. dicom:PatientID) or regex:PATTERN. "
+                f"Received: {self.group_by!r}"
+            )
+        if kind == "regex":
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"--group_by regex {value!r} does not compile: {e}.") from None
+        elif not _dicom.is_keyword(value):
+            raise ValueError(f"--group_by names {value!r}, which is not a DICOM keyword.")
+        if self.split_ratios is None:
+            raise ValueError(
+                "--group_by keeps each group in one split chosen by hash, so it needs "
+                "--split (e.g. --split train=0.8,validation=0.2)."
+            )
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> ConversionConfig:
+        """Builds the config, and each group of it, once from the flags.
+
+        Raises:
+          ValueError: For the first bad flag, naming it.
+        """
+        o = options.view_as(ConvertOptions)
+        try:
+            background = tuple(int(c) for c in o.background.split(","))
+        except ValueError:
+            raise ValueError(f"--background must be R,G,B in 0-255. Received: {o.background!r}") from None
+        sharding = ShardingOptions(
+            num_shards=o.num_shards, target_shard_mb=o.target_shard_mb, min_shards=o.min_shards,
+        )
+        writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads)
+        validation = ValidationOptions(
+            max_pixels=o.max_pixels,
+            background=background,
+            full_decode=o.full_decode,
+            dicom=DicomOptions(
+                window=_dicom.parse_window(o.dicom_window) if o.dicom_window else None,
+                bit_depth=o.dicom_bit_depth,
+                frames=o.dicom_frames,
+                tags=tuple(t.strip() for t in o.dicom_tags.split(",")) if o.dicom_tags else (),
+                allow_identifying_tags=o.dicom_allow_identifying_tags,
+            ),  # Held to --max_pixels by ValidationOptions.
+        )
+        return cls(
+            input_dir=o.input_dir,
+            output_dir=o.output_dir,
+            labels_csv=o.labels_csv,
+            class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
+            split_ratios=parse_split(o.split) if o.split else None,
+            seed=o.seed,
+            max_reject_fraction=o.max_reject_fraction,
+            group_by=o.group_by,
+            overwrite=o.overwrite,
+            validation=validation,
+            sharding=sharding,
+            writing=writing,
+        )
+
+    def manifest_options(self, split_source: str) -> dict:
+        """The options that shape the output; no paths, so runs compare equal."""
+        v = self.validation
+        return {
+            "seed": self.seed,
+            "split": {"source": split_source, "ratios": self.split_ratios},
+            "shard_policy": self.sharding.to_json(),
+            "max_pixels": v.max_pixels,
+            "max_reject_fraction": self.max_reject_fraction,
+            "background": list(v.background),
+            "validation": "full" if v.full_decode else "jpeg_scaled_1_8",
+            "dedup": self.writing.dedup,
+            "group_by": self.group_by,
+            "dicom": {
+                "window": list(v.dicom.window) if v.dicom.window else None,
+                "bit_depth": v.dicom.bit_depth,
+                "frames": v.dicom.frames,
+                "tags": list(v.dicom.tags),
+            },
+            "labels": "csv" if self.labels_csv else "folders",
+            "tool_version": schemas.__version__,
+        }

@@ -1,0 +1,103 @@
+"""The dataset folder: preparing it before a run, clearing stale files, the summary after."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from apache_beam.io.filesystems import FileSystems
+
+import schemas
+from schemas.tfds_metadata import TFDS_FILENAMES
+from beam_jobs import _listing
+from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
+
+__all__ = ["prepare_output", "delete_if_exists", "remove_dataset_files", "summarize"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+
+
+def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
+    """Refuses a non-empty output unless --overwrite or --resume; clears our own files.
+
+    With --resume the shards, index files and receipts of the interrupted run
+    stay; the shard writers keep those that still match.
+
+    Raises:
+      NotADirectoryError, PermissionError, FileExistsError: Naming the flag.
+    """
+    out = output_dir
+    if _listing.is_local(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise NotADirectoryError(f"--output_dir {out!r} exists and is not a folder.")
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            raise PermissionError(f"--output_dir {out!r} cannot be created: {e.strerror}.") from e
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(f"--output_dir {out!r} is not writable.")
+    existing = FileSystems.match([FileSystems.join(out, "*")])[0].metadata_list
+    if existing and not (overwrite or resume):
+        raise FileExistsError(
+            f"--output_dir {out!r} is not empty ({len(existing)} entries). Pass --overwrite to "
+            "replace the dataset in it, --resume to finish an interrupted conversion, or choose "
+            "an empty folder."
+        )
+    # The manifest goes first: if this run dies, the folder is plainly unfinished.
+    names = [schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
+             schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]
+    if not resume:
+        names.append(TMP_DIRNAME)
+    for name in names:
+        delete_if_exists(FileSystems.join(out, name))
+    if not resume:
+        remove_dataset_files(out)
+
+
+def delete_if_exists(path: str) -> None:
+    """Deletes a file, or a folder with everything in it, if it is there.
+
+    On object stores (gs://, s3://) a folder is only a prefix of object names:
+    no object has its name, so its objects are listed and deleted.
+    """
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    elif not _listing.is_local(path):
+        inside = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
+        if inside:
+            FileSystems.delete([meta.path for meta in inside])
+
+
+def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
+    """Deletes shards not in `keep`, so no stale file looks part of the dataset."""
+    removed = []
+    for meta in FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list:
+        name = meta.path.rstrip("/").rsplit("/", 1)[-1]
+        if schemas.manifest.SHARD_FILENAME_RE.match(name) and name not in keep:
+            FileSystems.delete([meta.path])
+            removed.append(name)
+    if removed:
+        _LOG.info("Removed %d shard files of an earlier dataset", len(removed))
+    return removed
+
+
+def summarize(output_dir: str) -> str:
+    """One paragraph about a finished dataset, from its manifest."""
+    path = FileSystems.join(output_dir, schemas.MANIFEST_FILENAME)
+    manifest = schemas.Manifest.from_json(read_bytes(path).decode(), path)
+    c = manifest.counts
+    shards = sum(len(s.shards) for s in manifest.splits.values())
+    per_split = " / ".join(f"{n} {s.num_records:,}" for n, s in manifest.splits.items())
+    text = f"Converted {c['written']:,} images into {shards} shards ({per_split})"
+    for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
+        detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
+        text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")
+    if c["rejected"] or c["skipped"]:
+        text += f": see {schemas.REJECTS_FILENAME}"
+    if manifest.normalized:
+        text += "; normalised " + ", ".join(f"{a} {n:,}" for a, n in manifest.normalized.items())
+    text += (
+        f". Inputs {c['found']:,} = {c['written']:,} written + {c['rejected']:,} rejected"
+        f" + {c['skipped']:,} skipped."
+    )
+    return text

@@ -1,0 +1,118 @@
+"""The driver's side of planning: reads the listing, labels CSV and group keys, then plans.
+
+`_plan` decides from what it is given (pure functions); this module fetches
+it: the input listing, the labels CSV, and each file's group value for
+--group_by (DICOM headers, read on a few threads). No image is decoded.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs import _listing, _plan
+from beam_jobs._options import ConversionConfig
+from beam_jobs._tfrecord import read_bytes
+from imaging import dicom as _dicom
+
+__all__ = ["build_plan", "group_section"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+# DICOM headers are read from this many first bytes of each file (the whole
+# file when the keyword lies further in).
+_HEAD_BYTES = 65536
+# The work is I/O: waits on storage, not the CPU.
+_HEADER_THREADS = 8
+
+
+def build_plan(config: ConversionConfig) -> _plan.Plan:
+    """Lists the input and plans the conversion (no image is read).
+
+    Raises:
+      FileNotFoundError: For an empty --input_dir or a missing --labels_csv.
+      ValueError: When no file has a label.
+    """
+    files, problems = _listing.list_input(config.input_dir)
+    if not files and not problems:
+        raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
+    labels_csv = None
+    if config.labels_csv:
+        if not FileSystems.exists(config.labels_csv):
+            raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
+        text = read_bytes(config.labels_csv).decode("utf-8-sig")
+        labels_csv = _plan.read_labels_csv(text, config.labels_csv)
+    groups = group_keys(files, config.group_by) if config.group_by else None
+    sharding = config.sharding
+    plan = _plan.make_plan(
+        files, problems,
+        groups=groups,
+        seed=config.seed,
+        split_ratios=config.split_ratios,
+        labels_csv=labels_csv,
+        class_names=config.class_names,
+        num_shards=sharding.num_shards,
+        target_shard_bytes=sharding.target_shard_bytes,
+        min_shards=sharding.min_shards,
+    )
+    if not plan.files:
+        raise ValueError(
+            f"--input_dir {config.input_dir!r} has no labelled images: {len(plan.problems)} "
+            "files found, none inside a class folder (ROOT/<class>/...) or the labels CSV."
+        )
+    _LOG.info(
+        "Found %s files belonging to %d classes; %s to convert into %s",
+        f"{plan.num_found:,}", len(plan.class_names), f"{len(plan.files):,}",
+        ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
+    )
+    return plan
+
+
+def group_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
+    """The manifest's `groups` section (hashed group ids per split), if --group_by."""
+    if plan.groups is None:
+        return {}
+    return {"groups": {
+        "by": config.group_by,
+        "per_split": {split: {"count": len(ids), "sha256_16": list(ids)} for split, ids in plan.groups.items()},
+    }}
+
+
+def group_keys(files, group_by: str) -> dict[str, str]:
+    """Relative path to group value, for the files that have one."""
+    kind, _, value = group_by.partition(":")
+    if kind == "regex":
+        return _regex_keys(files, re.compile(value))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
+        found = dict(pool.map(lambda f: (f.rel_path, _dicom_key(f, value)), files))
+    keyed = {path: key for path, key in found.items() if key}
+    _LOG.info("Read %s from %s of %s files (--group_by %s)", value, f"{len(keyed):,}",
+              f"{len(files):,}", group_by)
+    return keyed
+
+
+def _regex_keys(files, pattern: re.Pattern) -> dict[str, str]:
+    out = {}
+    for f in files:
+        m = pattern.search(f.rel_path)
+        if m:
+            out[f.rel_path] = m.group(1) if m.groups() else m.group(0)
+    return out
+
+
+def _dicom_key(f, keyword: str) -> str | None:
+    """The file's DICOM `keyword` value; None when it is no DICOM file or lacks it."""
+    try:
+        with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+            head = fh.read(_HEAD_BYTES)
+            if not _dicom.is_dicom(head[:1024]):
+                return None
+            key = _dicom.read_group_value(head, keyword)
+            if key is None and f.size > len(head):
+                key = _dicom.read_group_value(head + fh.read(), keyword)
+    except OSError:
+        return None  # The shard writer reads it again and says why.
+    return key
