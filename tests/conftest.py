@@ -1,141 +1,38 @@
-"""Fixtures that make tiny real image files (JPEG, PNG, GIF, TIFF, ...) on disk."""
+"""pytest configuration and shared fixtures of the test suite.
+
+Only fixtures and pytest hooks live here; the plain helper functions the tests import are in
+`helpers.py` (a conftest is loaded by pytest, not meant to be imported as a library).
+"""
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import pathlib
 
-import numpy as np
 import pytest
-from PIL import Image
 
-# TF and Beam log a lot at import; tests read their own output only.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-logging.getLogger("apache_beam").setLevel(logging.WARNING)
+from helpers import make_class_tree
 
-
-def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
-    """A smooth random picture (JPEG-friendly), reproducible from the seed."""
-    rng = np.random.default_rng(seed)
-    h, w = size
-    channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
-    base = rng.integers(0, 256, size=(channels,))
-    yy, xx = np.mgrid[0:h, 0:w]
-    arr = (base[None, None, :] + 3 * yy[..., None] + 2 * xx[..., None] * rng.integers(1, 4)) % 256
-    arr = arr.astype(np.uint8)
-    return arr[..., 0] if mode == "L" else arr
+# TensorFlow's C++ start-up lines and Beam's INFO lines bury the output the
+# tests check. Set for the whole test session (and inherited by the child
+# processes the tests start), not by any package on import.
+_TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
+_QUIET_LOGGERS = ("apache_beam",)
 
 
-def encode(arr: np.ndarray, fmt: str, **kwargs) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, fmt, **kwargs)
-    return buf.getvalue()
+def pytest_configure(config):
+    """Quiets TensorFlow's C++ log (unless the caller set it) and Beam's loggers for the session.
 
-
-def write(path: pathlib.Path, data: bytes) -> pathlib.Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
-def make_class_tree(root: pathlib.Path, classes=("cat", "dog", "fish"), per_class=6, seed=0):
-    """ROOT/<class>/... with JPEG and PNG files, some grey, some nested.
-
-    Returns:
-      {relative path: class name} of every image written.
+    Runs before any test module is imported, so before TensorFlow reads the variable.
     """
-    written = {}
-    for c, name in enumerate(classes):
-        for i in range(per_class):
-            s = seed * 1000 + c * 100 + i
-            if i % 3 == 2:
-                rel = f"{name}/img_{i:02d}.png"
-                data = encode(pixels(s), "PNG")
-            elif i % 5 == 4:
-                rel = f"{name}/nested/grey_{i:02d}.jpg"
-                data = encode(pixels(s, mode="L"), "JPEG", quality=90)
-            else:
-                rel = f"{name}/img_{i:02d}.jpg"
-                data = encode(pixels(s), "JPEG", quality=90)
-            write(root / rel, data)
-            written[rel] = name
-    return written
+    os.environ.setdefault(_TF_LOG_ENV, "2")
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @pytest.fixture
 def class_tree(tmp_path):
+    """(root, {relative path: class name}) of a small ROOT/<class>/... tree of JPEG and PNG files."""
     root = tmp_path / "images"
     files = make_class_tree(root)
     return root, files
-
-
-def read_records(out_dir) -> list[dict]:
-    """Every record of every shard the manifest lists, parsed with the schema."""
-    import tensorflow as tf
-
-    import schemas
-
-    manifest = schemas.Manifest.from_json((pathlib.Path(out_dir) / schemas.MANIFEST_FILENAME).read_text())
-    spec = schemas.ImageExampleSchema.from_json(manifest.features).parse_spec()
-    records = []
-    for split, info in manifest.splits.items():
-        for shard in info.shards:
-            for raw in tf.data.TFRecordDataset(str(pathlib.Path(out_dir) / shard.file)):
-                parsed = tf.io.parse_single_example(raw, spec)
-                rec = {k: v.numpy() for k, v in parsed.items()}
-                rec["split"] = split
-                rec["shard"] = shard.file
-                records.append(rec)
-    return records
-
-
-def convert(input_dir, output_dir, *args) -> "schemas.Manifest":
-    """Runs the conversion in-process on Beam's local runner; returns the manifest."""
-    import schemas
-    from beam_jobs import convert as convert_module
-
-    convert_module.run(["--input_dir", str(input_dir), "--output_dir", str(output_dir), *map(str, args)])
-    return schemas.Manifest.from_json((pathlib.Path(output_dir) / schemas.MANIFEST_FILENAME).read_text())
-
-
-def make_dicom(
-    stored,
-    *,
-    photometric="MONOCHROME2",
-    signed=True,
-    file_format=True,
-    **elements,
-) -> bytes:
-    """A 16-bit greyscale DICOM file (frames, rows, columns) or (rows, columns)."""
-    stored = np.asarray(stored)
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage
-
-    ds = Dataset()
-    ds.SOPClassUID = SecondaryCaptureImageStorage
-    ds.SOPInstanceUID = "1.2.826.0.1.3680043.2.1143.1"
-    ds.Modality = "OT"
-    ds.Rows, ds.Columns = stored.shape[-2:]
-    if stored.ndim == 3:
-        ds.NumberOfFrames = stored.shape[0]
-    ds.SamplesPerPixel = 1
-    ds.BitsAllocated = ds.BitsStored = 16
-    ds.HighBit = 15
-    ds.PixelRepresentation = 1 if signed else 0
-    ds.PhotometricInterpretation = photometric
-    ds.PixelData = stored.astype("<i2" if signed else "<u2").tobytes()
-    for keyword, value in elements.items():
-        setattr(ds, keyword, value)
-    buf = io.BytesIO()
-    if file_format:
-        ds.file_meta = FileMetaDataset()
-        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
-        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-        ds.save_as(buf, enforce_file_format=True)
-    else:
-        # A bare dataset, as old archives write: no preamble, no File Meta.
-        ds.save_as(buf, implicit_vr=True, little_endian=True)
-    return buf.getvalue()

@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import convert, encode, pixels, read_records, write
+from helpers import convert, encode, pixels, read_records, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from beam_jobs import _runner

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import convert, encode, make_class_tree, pixels, read_records, write
+from helpers import convert, encode, make_class_tree, pixels, read_records, write
 
 import schemas
 from imaging import ValidationOptions

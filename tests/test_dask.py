@@ -17,7 +17,7 @@ import re
 import distributed  # shardsmith[dask]; the test extra has it.
 import pytest
 
-from conftest import encode, make_class_tree, pixels, write
+from helpers import encode, make_class_tree, pixels, write
 
 import schemas
 from beam_jobs import convert as convert_module

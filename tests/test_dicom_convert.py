@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
-from conftest import convert, encode, make_dicom, pixels, read_records, write
+from helpers import convert, encode, make_dicom, pixels, read_records, write
 from pydicom.data import get_testdata_file
 
 import readers

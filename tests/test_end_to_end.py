@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 import readers
 import schemas

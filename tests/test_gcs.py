@@ -30,7 +30,7 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage  # With gcp-storage-emulator, in the test extra.
 
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 

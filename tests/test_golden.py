@@ -26,7 +26,7 @@ import pytest
 from PIL import Image
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from conftest import convert, encode, make_dicom, pixels, write  # noqa: E402
+from helpers import convert, encode, make_dicom, pixels, write  # noqa: E402
 
 GOLDEN = pathlib.Path(__file__).parent / "golden_hashes.json"
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import pydicom  # noqa: E402
-from conftest import make_dicom  # noqa: E402
+from helpers import make_dicom  # noqa: E402
 from pydicom.dataset import Dataset  # noqa: E402
 from pydicom.sequence import Sequence  # noqa: E402
 
@@ -31,7 +31,7 @@ from imaging.dicom import (  # noqa: E402
 )
 from imaging import ImageRejected  # noqa: E402
 from schemas import REJECT_REASONS  # noqa: E402
-from conftest import encode, pixels  # noqa: E402
+from helpers import encode, pixels  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Only the files shipped inside the pydicom wheel: get_testdata_file() would

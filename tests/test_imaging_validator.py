@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import encode, pixels
+from helpers import encode, pixels
 from PIL import Image
 
 from imaging import ImageRejected, ImageValidator, sniff_format

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import write
+from helpers import write
 
 from beam_jobs._listing import InputFile, list_input
 from beam_jobs._plan import make_plan, read_labels_csv

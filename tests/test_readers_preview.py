@@ -9,7 +9,7 @@ from PIL import Image
 import readers
 import schemas
 from shardsmith import cli
-from conftest import convert, make_class_tree
+from helpers import convert, make_class_tree
 from readers import preview
 
 _CLASSES = ("cat", "dog", "fish", "owl")

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions

@@ -17,7 +17,7 @@ from PIL import Image
 import readers
 import schemas
 from schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME, TFDS_FEATURES_FILENAME, tfds_files
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 _CLASSES = ("cat", "dog", "fish")
 

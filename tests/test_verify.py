@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from beam_jobs import verify

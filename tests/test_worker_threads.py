@@ -6,7 +6,7 @@ import pathlib
 import threading
 
 import pytest
-from conftest import convert, encode, make_class_tree, pixels, write
+from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions

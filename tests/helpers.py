@@ -1,0 +1,139 @@
+"""Helpers of the tests: tiny real image and DICOM files on disk, conversions, records read back.
+
+Plain functions, imported by the test modules (`from helpers import convert, make_class_tree`).
+`tests/` has no `__init__.py`, so pytest's default (prepend) import mode puts `tests/` first on
+`sys.path` before it imports `conftest.py` and the test modules: this module and `_reader_data.py`
+are imported by bare name. The `_reader_*_child.py` scripts run in their own interpreter as
+scripts, so their folder is `sys.path[0]` there too. Fixtures and pytest's own configuration live
+in `conftest.py`.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom"]
+
+
+def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
+    """A smooth random picture (JPEG-friendly), reproducible from the seed."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
+    base = rng.integers(0, 256, size=(channels,))
+    yy, xx = np.mgrid[0:h, 0:w]
+    arr = (base[None, None, :] + 3 * yy[..., None] + 2 * xx[..., None] * rng.integers(1, 4)) % 256
+    arr = arr.astype(np.uint8)
+    return arr[..., 0] if mode == "L" else arr
+
+
+def encode(arr: np.ndarray, fmt: str, **kwargs) -> bytes:
+    """`arr` encoded by Pillow in `fmt` (e.g. "JPEG", "PNG"); `kwargs` go to `Image.save`."""
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, fmt, **kwargs)
+    return buf.getvalue()
+
+
+def write(path: pathlib.Path, data: bytes) -> pathlib.Path:
+    """Writes `data` to `path`, creating its folders; returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def make_class_tree(root: pathlib.Path, classes=("cat", "dog", "fish"), per_class=6, seed=0):
+    """ROOT/<class>/... with JPEG and PNG files, some grey, some nested.
+
+    Returns:
+      {relative path: class name} of every image written.
+    """
+    written = {}
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            s = seed * 1000 + c * 100 + i
+            if i % 3 == 2:
+                rel = f"{name}/img_{i:02d}.png"
+                data = encode(pixels(s), "PNG")
+            elif i % 5 == 4:
+                rel = f"{name}/nested/grey_{i:02d}.jpg"
+                data = encode(pixels(s, mode="L"), "JPEG", quality=90)
+            else:
+                rel = f"{name}/img_{i:02d}.jpg"
+                data = encode(pixels(s), "JPEG", quality=90)
+            write(root / rel, data)
+            written[rel] = name
+    return written
+
+
+def read_records(out_dir) -> list[dict]:
+    """Every record of every shard the manifest lists, parsed with the schema."""
+    import tensorflow as tf
+
+    import schemas
+
+    manifest = schemas.Manifest.from_json((pathlib.Path(out_dir) / schemas.MANIFEST_FILENAME).read_text())
+    spec = schemas.ImageExampleSchema.from_json(manifest.features).parse_spec()
+    records = []
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            for raw in tf.data.TFRecordDataset(str(pathlib.Path(out_dir) / shard.file)):
+                parsed = tf.io.parse_single_example(raw, spec)
+                rec = {k: v.numpy() for k, v in parsed.items()}
+                rec["split"] = split
+                rec["shard"] = shard.file
+                records.append(rec)
+    return records
+
+
+def convert(input_dir, output_dir, *args) -> "schemas.Manifest":
+    """Runs the conversion in-process on Beam's local runner; returns the manifest."""
+    import schemas
+    from beam_jobs import convert as convert_module
+
+    convert_module.run(["--input_dir", str(input_dir), "--output_dir", str(output_dir), *map(str, args)])
+    return schemas.Manifest.from_json((pathlib.Path(output_dir) / schemas.MANIFEST_FILENAME).read_text())
+
+
+def make_dicom(
+    stored,
+    *,
+    photometric="MONOCHROME2",
+    signed=True,
+    file_format=True,
+    **elements,
+) -> bytes:
+    """A 16-bit greyscale DICOM file (frames, rows, columns) or (rows, columns)."""
+    stored = np.asarray(stored)
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage
+
+    ds = Dataset()
+    ds.SOPClassUID = SecondaryCaptureImageStorage
+    ds.SOPInstanceUID = "1.2.826.0.1.3680043.2.1143.1"
+    ds.Modality = "OT"
+    ds.Rows, ds.Columns = stored.shape[-2:]
+    if stored.ndim == 3:
+        ds.NumberOfFrames = stored.shape[0]
+    ds.SamplesPerPixel = 1
+    ds.BitsAllocated = ds.BitsStored = 16
+    ds.HighBit = 15
+    ds.PixelRepresentation = 1 if signed else 0
+    ds.PhotometricInterpretation = photometric
+    ds.PixelData = stored.astype("<i2" if signed else "<u2").tobytes()
+    for keyword, value in elements.items():
+        setattr(ds, keyword, value)
+    buf = io.BytesIO()
+    if file_format:
+        ds.file_meta = FileMetaDataset()
+        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+        ds.save_as(buf, enforce_file_format=True)
+    else:
+        # A bare dataset, as old archives write: no preamble, no File Meta.
+        ds.save_as(buf, implicit_vr=True, little_endian=True)
+    return buf.getvalue()
