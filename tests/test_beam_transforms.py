@@ -51,13 +51,8 @@ def _images_to_tfrecords(plan, config) -> beam.PTransform:
         output_dir=config.output_dir,
         num_classes=len(plan.class_names),
         total_shards=sum(plan.shard_counts.values()),
-        max_pixels=config.max_pixels,
-        background=config.background,
-        full_decode=config.full_decode,
-        dedup=config.dedup,
-        resume=config.resume,
-        dicom=config.dicom,
-        worker_threads=config.worker_threads,
+        validation=config.validation,
+        writing=config.writing,
     )
 
 
