@@ -21,9 +21,10 @@ from apache_beam.metrics import Metrics
 
 import schemas
 from schemas.tfds_metadata import tfds_files
+from schemas.tfrecord import format_index, frame_record
 from beam_jobs import _listing, _plan
 from imaging import ImageRejected, ImageValidator
-from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, frame_record, read_bytes, write_atomically
+from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, read_bytes, write_atomically
 
 __all__ = [
     "ConversionError", "ShardResult", "Reject", "WriteShardFn", "ImagesToTFRecords", "FinalizeFn",
@@ -156,7 +157,7 @@ class WriteShardFn(beam.DoFn):
     def _write(self, split, index, name, files):
         """Writes the shard and its index; returns (ShardResult, rejects, normalized)."""
         writer = AtomicWriter(self._output_dir, name)
-        index_lines = []
+        index_entries = []  # (offset, framed length) of each record
         class_counts = [0] * self._num_classes
         stored = []  # (format, height, width) of each record
         rejects, normalized = [], []
@@ -185,7 +186,7 @@ class WriteShardFn(beam.DoFn):
                         extra={schemas.dicom_tag_key(t): image.tags.get(t, "") for t in self._tags},
                     ))
                     framed = frame_record(record)
-                    index_lines.append(f"{writer.num_bytes} {len(framed)}\n")
+                    index_entries.append((writer.num_bytes, len(framed)))
                     writer.write(framed)
                     class_counts[f.label] += 1
                     stored.append((image.format, image.height, image.width))
@@ -196,7 +197,7 @@ class WriteShardFn(beam.DoFn):
         writer.commit()
         index_name = schemas.index_filename(name)
         index_writer = AtomicWriter(self._output_dir, index_name)
-        index_writer.write("".join(index_lines).encode())
+        index_writer.write(format_index(index_entries))
         index_writer.commit()
         self._shards.inc()
         result = ShardResult(
