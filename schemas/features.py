@@ -41,8 +41,14 @@ SCHEMA_VERSION = 1
 _UINT64_MASK = (1 << 64) - 1
 
 
+# Varints of 0..127: one byte each, the common case (tags, short lengths).
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+
+
 def _varint(value: int) -> bytes:
     """Protocol buffer base-128 varint of a non-negative int."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -53,7 +59,7 @@ def _varint(value: int) -> bytes:
 
 def _field_header(field: int, length: int) -> bytes:
     """Tag and length of a length-delimited field (wire type 2) of `length` bytes."""
-    return _varint(field << 3 | 2) + _varint(length)
+    return _ONE_BYTE[field << 3 | 2] + _varint(length)
 
 
 def _bytes_list(key: str, value: Any) -> tuple[bytes, bytes]:
@@ -220,7 +226,13 @@ class ImageExampleSchema:
             for key in sorted(extra_string_features)
         )
         self.features: tuple[FeatureSpec, ...] = self._CORE + self.extra
-        self._by_encoded_key = tuple(sorted(self.features, key=lambda spec: spec.key.encode()))
+        # Encoding order (see `encode`), each spec with its map entry's key
+        # field (field 1: the key), which is the same in every record.
+        self._encoding_order = tuple(
+            (spec, _field_header(1, len(key)) + key)
+            for spec, key in sorted(((spec, spec.key.encode()) for spec in self.features),
+                                    key=lambda pair: pair[1])
+        )
 
     def __eq__(self, other):
         return isinstance(other, ImageExampleSchema) and self.features == other.features
@@ -253,22 +265,22 @@ class ImageExampleSchema:
         # records are not built with protobuf's `SerializeToString(
         # deterministic=True)`: its upb backend (protobuf 6.33) writes a key
         # after its longer extensions ('dicom_Manufacturer' after
-        # 'dicom_ManufacturerModelName', both --dicom_tags), unlike its C++
-        # and pure-Python backends, and a fix of that order is pending
+        # 'dicom_ManufacturerModelName', both --dicom_tags), unlike its
+        # pure-Python backend (checked: byte order, as here) and C++'s
+        # std::string order, and a fix of upb's order is pending
         # (protocolbuffers/protobuf#26621); each would change shard bytes.
-        for spec in self._by_encoded_key:
+        for spec, key_field in self._encoding_order:
             try:
                 header, payload = spec._wire_parts(values[spec.key])
             except (TypeError, ValueError) as e:
                 raise type(e)(f"Record {record.filename!r}: {e}") from e
             # Features.feature is map<string, Feature> (field 1): each entry a
             # message of key (field 1) and value (field 2).
-            key = spec.key.encode()
-            entry_head = _field_header(1, len(key)) + key + _field_header(
-                2, len(header) + len(payload))
-            entry_head = _field_header(1, len(entry_head) + len(header) + len(payload)) + entry_head
+            value_size = len(header) + len(payload)
+            entry = key_field + _field_header(2, value_size)
+            entry_head = _field_header(1, len(entry) + value_size) + entry
             parts += (entry_head, header, payload)
-            size += len(entry_head) + len(header) + len(payload)
+            size += len(entry_head) + value_size
         # Example.features (field 1).
         return b"".join([_field_header(1, size)] + parts)
 
