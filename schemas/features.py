@@ -2,8 +2,11 @@
 
 Every key, dtype, write-time encoding and read-time parse of a shardsmith record
 is defined here and nowhere else. The converter calls `ImageExampleSchema.encode`,
-the reader calls `ImageExampleSchema.parse_spec`, and tests import the same
-constants, so the two sides cannot drift apart.
+the reader calls `ImageExampleSchema.parse_spec`, verify and inspect call
+`ImageExampleSchema.decode`, and tests import the same constants, so the sides
+cannot drift apart. All three are driven by the list of specs: a feature is one
+`FeatureSpec` (and, for a core feature, a field of `ImageRecord`), and what
+depends on a dtype is one entry of `_DTYPES`.
 """
 
 from __future__ import annotations
@@ -188,7 +191,10 @@ CHANNELS = FeatureSpec("channels", "int64", "Channels of the decoded image (1, 3
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
-    """The Python-side values of one record, before encoding."""
+    """The Python-side values of one record, before encoding.
+
+    One field per core feature (`ImageExampleSchema._CORE`), named by its key.
+    """
 
     image: bytes
     label: int
@@ -267,8 +273,10 @@ class ImageExampleSchema:
         # after its longer extensions ('dicom_Manufacturer' after
         # 'dicom_ManufacturerModelName', both --dicom_tags), unlike its
         # pure-Python backend (checked: byte order, as here) and C++'s
-        # std::string order, and a fix of upb's order is pending
+        # std::string order, and upb's order is being changed upstream
         # (protocolbuffers/protobuf#26621); each would change shard bytes.
+        # Measured (bench/encode.py): 18 vs 11 us per 5 KB record, 22 vs 27
+        # us at 150 KB, against milliseconds to validate the image.
         for spec, key_field in self._encoding_order:
             try:
                 header, payload = spec._wire_parts(values[spec.key])
