@@ -1,19 +1,20 @@
-"""TFRecord framing and atomic file writes through Beam's FileSystems.
+"""Atomic file writes and whole-file reads through Beam's FileSystems.
 
-TFRecord framing is written here rather than with `tf.io.TFRecordWriter` so
-that shards go through Beam's FileSystems (gs://, s3://, ... wherever Beam can
-write) and the shard's checksum is computed while writing.
+Shards are framed by `schemas.tfrecord` (re-exported here for the pipelines)
+rather than written with `tf.io.TFRecordWriter`, so that they go through
+Beam's FileSystems (gs://, s3://, ... wherever Beam can write) and the shard's
+checksum is computed while writing.
 """
 
 from __future__ import annotations
 
 import hashlib
-import struct
 import uuid
 
-import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+
+from schemas.tfrecord import RecordError, frame_record, iter_records
 
 __all__ = [
     "frame_record", "AtomicWriter", "write_atomically", "read_bytes", "TMP_DIRNAME", "RecordError",
@@ -22,20 +23,6 @@ __all__ = [
 
 # Temporary files live in this folder inside the output until renamed.
 TMP_DIRNAME = "_shardsmith_tmp"
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame_record(record: bytes) -> bytes:
-    """One TFRecord: length, its masked CRC32C, the data, the data's masked CRC32C."""
-    header = struct.pack("<Q", len(record))
-    return b"".join(
-        (header, struct.pack("<I", _masked_crc(header)), record,
-         struct.pack("<I", _masked_crc(record)))
-    )
 
 
 class AtomicWriter:
@@ -101,37 +88,3 @@ def read_bytes(path: str) -> bytes:
     """Reads a whole file, with no decompression whatever its extension."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
-
-
-class RecordError(ValueError):
-    """A TFRecord whose framing or checksum is wrong."""
-
-
-def iter_records(f):
-    """Reads TFRecords from a binary file object, checking both checksums.
-
-    Yields:
-      (offset, framed_length, data) per record.
-
-    Raises:
-      RecordError: On a truncated record or a checksum mismatch, naming the offset.
-    """
-    offset = 0
-    while True:
-        header = f.read(12)
-        if not header:
-            return
-        if len(header) < 12:
-            raise RecordError(f"truncated record header at byte {offset}")
-        (length,) = struct.unpack("<Q", header[:8])
-        (length_crc,) = struct.unpack("<I", header[8:])
-        if _masked_crc(header[:8]) != length_crc:
-            raise RecordError(f"length checksum mismatch at byte {offset}")
-        body = f.read(length + 4)
-        if len(body) < length + 4:
-            raise RecordError(f"truncated record at byte {offset}")
-        data = body[:length]
-        if _masked_crc(data) != struct.unpack("<I", body[length:])[0]:
-            raise RecordError(f"data checksum mismatch in the record at byte {offset}")
-        yield offset, 16 + length, data
-        offset += 16 + length

@@ -17,7 +17,8 @@ from apache_beam.metrics import Metrics
 
 import schemas
 from schemas import _tf
-from beam_jobs._tfrecord import RecordError, iter_records, read_bytes, write_atomically
+from schemas.tfrecord import RecordError, format_index, iter_records
+from beam_jobs._tfrecord import read_bytes, write_atomically
 
 __all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn"]
 
@@ -71,7 +72,7 @@ class VerifyShardFn(beam.DoFn):
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             reader = _HashingReader(f, sha)
             try:
-                for number, (offset, length, data) in enumerate(iter_records(reader)):
+                for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
                     offsets.append((offset, length))
                     problem, label, digest, name, image = self._check_record(data)
                     if problem:
@@ -82,7 +83,8 @@ class VerifyShardFn(beam.DoFn):
                     self._records.inc()
                     yield beam.pvalue.TaggedOutput(self.CONTENT, (digest, (split, name)))
             except RecordError as e:
-                problems.append(f"{shard.file}: {e}; the rest of the shard is unreadable")
+                # The error names the shard file and the record's offset.
+                problems.append(f"{e}; the rest of the shard is unreadable")
             size = reader.size
         if size != shard.num_bytes:
             problems.append(f"{shard.file}: {size} bytes, the manifest says {shard.num_bytes}")
@@ -131,8 +133,9 @@ class VerifyShardFn(beam.DoFn):
         data = read_bytes(path)
         if hashlib.sha256(data).hexdigest() != shard.index_sha256:
             return [f"{shard.index_file}: sha256 differs from the manifest"]
-        want = "".join(f"{o} {n}\n" for o, n in offsets).encode()
-        return [] if data == want else [f"{shard.index_file}: offsets do not match the shard's records"]
+        if data != format_index(offsets):
+            return [f"{shard.index_file}: offsets do not match the shard's records"]
+        return []
 
 
 class _HashingReader:

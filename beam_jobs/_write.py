@@ -23,8 +23,9 @@ import schemas
 from beam_jobs import _listing
 from beam_jobs._elements import Reject, ShardResult
 from beam_jobs._options import WritingOptions
-from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, frame_record, read_bytes, write_atomically
+from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, read_bytes, write_atomically
 from imaging import ImageRejected, ImageValidator, ValidationOptions
+from schemas.tfrecord import format_index, frame_record
 
 __all__ = ["WriteShardFn", "RECEIPTS_DIRNAME"]
 
@@ -70,7 +71,7 @@ class _Shard:
     """What one shard collects while its records are written."""
 
     def __init__(self, num_classes: int):
-        self.index_lines: list[str] = []
+        self.index_entries: list[tuple[int, int]] = []  # (offset, framed length) of each record
         self.class_counts = [0] * num_classes
         self.stored: list[tuple[str, int, int]] = []  # (format, height, width) of each record
         self.rejects: list[Reject] = []
@@ -200,7 +201,7 @@ class WriteShardFn(beam.DoFn):
         writer.commit()
         index_name = schemas.index_filename(name)
         index_writer = AtomicWriter(self._output_dir, index_name)
-        index_writer.write("".join(shard.index_lines).encode())
+        index_writer.write(format_index(shard.index_entries))
         index_writer.commit()
         self._shards.inc()
         stats = schemas.ImageStats.of(shard.stored)
@@ -228,7 +229,7 @@ class WriteShardFn(beam.DoFn):
             extra={schemas.dicom_tag_key(t): image.tags.get(t, "") for t in self._tags},
         ))
         framed = frame_record(record)
-        shard.index_lines.append(f"{writer.num_bytes} {len(framed)}\n")
+        shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
         shard.class_counts[f.label] += 1
         shard.stored.append((image.format, image.height, image.width))

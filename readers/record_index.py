@@ -3,8 +3,9 @@
 The converter writes one index file per shard (`schemas.index_filename`): one
 line per record, `offset length`, the byte offset of the framed record in the
 shard and its framed length (12-byte header + data + 4-byte CRC), the format
-of NVIDIA DALI's and the PyPI `tfrecord` package's readers. The manifest lists
-each index file with its sha256, which is checked here before use.
+of NVIDIA DALI's and the PyPI `tfrecord` package's readers (`schemas.tfrecord`
+defines it and the framing). The manifest lists each index file with its
+sha256, which is checked here before use.
 
 `read_records_at` turns a dataset of record locations into a dataset of the
 records' bytes, one per location and in the same order, reading each record
@@ -16,9 +17,9 @@ rest of the file).
 Two ways to read at an offset:
 
 - Local files: a `tf.py_function` reads batches of records with positioned
-  reads (`os.pread`) and checks their lengths and CRCs (`google_crc32c`, as
-  the converter writes them). Measured on ImageNet-like 150 KB records (2
-  cores), it costs some 80 us of CPU per record, less than reading the shards
+  reads (`os.pread`) and checks their lengths and CRCs
+  (`schemas.tfrecord.check_frame`). Measured on ImageNet-like 150 KB records
+  (2 cores), it costs some 80 us of CPU per record, less than reading the shards
   sequentially with `TFRecordDataset` (about 100 us).
 - Object stores and other `tf.io.gfile` URLs: `tf.raw_ops.TFRecordDatasetV2`
   with `byte_offsets` (what `tf.data.TFRecordDataset` runs; that input is not
@@ -44,15 +45,14 @@ import hashlib
 import inspect
 import logging
 import os
-import struct
 
-import google_crc32c
 import numpy as np
 import tensorflow as tf
 
 from readers.metadata import SplitFiles
 from schemas.features import FILENAME, ImageExampleSchema
 from schemas.manifest import ManifestError
+from schemas.tfrecord import IndexFileError, check_frame, frame_data, parse_index
 
 __all__ = [
     "RecordIndex", "load_record_index", "read_records_at", "supports_offset_reads",
@@ -61,10 +61,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Header (8-byte length + 4-byte masked CRC of it) and footer (CRC of the data).
-_HEADER_BYTES = 12
-_FOOTER_BYTES = 4
-_FRAME_BYTES = _HEADER_BYTES + _FOOTER_BYTES
 # Records read concurrently by TensorFlow's reader. Object stores: enough to
 # hide the latency of one ranged request per record. Local files (only when
 # forced, for comparison): more in flight only adds threads that compete with
@@ -75,7 +71,6 @@ _CYCLE_LENGTH_LOCAL = 8
 _PY_READ_BATCH = 16
 # Index files loaded at once.
 _INDEX_LOAD_THREADS = 16
-_CRC_MASK_DELTA = 0xA282EAD8
 
 
 def _remedy(data_dir: str) -> str:
@@ -108,33 +103,6 @@ class RecordIndex:
     @property
     def num_records(self) -> int:
         return int(self.shard.shape[0])
-
-
-def _parse_index(data: bytes, name: str, num_records: int, num_bytes: int, data_dir: str):
-    try:
-        rows = np.array(data.split(), dtype=np.int64).reshape(-1, 2)
-    except ValueError as e:
-        raise ManifestError(
-            f"Index file {name} of {data_dir!r} does not hold 'offset length' lines "
-            f"({e}). {_remedy(data_dir)}"
-        ) from e
-    offsets, lengths = rows[:, 0], rows[:, 1]
-    # The manifest's checksum vouches for the file; these checks catch an index
-    # that belongs to another shard or conversion.
-    consistent = (
-        len(rows) == num_records
-        and (num_records == 0 or offsets[0] == 0)
-        and bool(np.all(lengths >= _FRAME_BYTES))
-        and bool(np.all(offsets[1:] == offsets[:-1] + lengths[:-1]))
-        and (num_records == 0 or int(offsets[-1] + lengths[-1]) == num_bytes)
-    )
-    if not consistent:
-        raise ManifestError(
-            f"Index file {name} of {data_dir!r} does not describe its shard: the "
-            f"manifest says {num_records} records in {num_bytes} bytes, the index has "
-            f"{len(rows)} entries that do not tile the file. {_remedy(data_dir)}"
-        )
-    return offsets, lengths
 
 
 def load_record_index(split_files: SplitFiles) -> RecordIndex:
@@ -178,7 +146,12 @@ def load_record_index(split_files: SplitFiles) -> RecordIndex:
                 f"manifest: it was changed or damaged after the conversion. "
                 f"{_remedy(data_dir)}"
             )
-        return _parse_index(data, name, num, size, data_dir)
+        try:
+            # The manifest's checksum vouches for the file; this check catches
+            # an index that belongs to another shard or conversion.
+            return parse_index(data, f"{name} of {data_dir!r}", num_records=num, num_bytes=size)
+        except IndexFileError as e:
+            raise ManifestError(f"{e}. {_remedy(data_dir)}") from e
 
     # In parallel: on an object store each file is a request of its own.
     with concurrent.futures.ThreadPoolExecutor(_INDEX_LOAD_THREADS) as pool:
@@ -247,28 +220,6 @@ def _record_at(path: tf.Tensor, offset: tf.Tensor, length: tf.Tensor) -> tf.data
     return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string)).take(1)
 
 
-def _masked_crc(data) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
-
-
-def check_frame(frame: bytes) -> str | None:
-    """Why a framed TFRecord is damaged, or None if its lengths and CRCs hold."""
-    if len(frame) < _FRAME_BYTES:
-        return f"truncated ({len(frame)} bytes)"
-    header = frame[:8]
-    (size,) = struct.unpack("<Q", header)
-    (header_crc,) = struct.unpack("<I", frame[8:12])
-    if header_crc != _masked_crc(header):
-        return "bad length CRC"
-    if size != len(frame) - _FRAME_BYTES:
-        return f"length {size} differs from the index ({len(frame) - _FRAME_BYTES})"
-    (data_crc,) = struct.unpack("<I", frame[-4:])
-    if data_crc != _masked_crc(frame[_HEADER_BYTES:-_FOOTER_BYTES]):
-        return "bad data CRC"
-    return None
-
-
 class _Files:
     """Files opened for one batch of reads, closed together.
 
@@ -320,7 +271,7 @@ def _py_read_batch(paths, offsets, lengths):
                 # Reported (with the error) by the caller, like a bad CRC.
                 frame = b""
             ok = check_frame(frame) is None
-            out.append(frame[_HEADER_BYTES:-_FOOTER_BYTES] if ok else b"")
+            out.append(frame_data(frame) if ok else b"")
     finally:
         files.close()
     return tf.constant(out, tf.string) if out else tf.zeros([0], tf.string)
@@ -385,7 +336,7 @@ def describe_damaged(path: str, offset: int, length: int, schema: ImageExampleSc
         return f"unreadable ({e})"
     why = check_frame(frame) or "unreadable by TensorFlow"
     try:
-        values = schema.decode(frame[_HEADER_BYTES:-_FOOTER_BYTES])
+        values = schema.decode(frame_data(frame))
         name = values[FILENAME.key].decode("utf-8", "backslashreplace")
         return f"{why}; file name {name!r}"
     except (ValueError, KeyError):

@@ -1,4 +1,8 @@
-"""The one definition of shardsmith's record format and dataset metadata."""
+"""The one definition of shardsmith's record format and dataset metadata.
+
+`schemas.features`: the features of a record; `schemas.manifest`: the dataset's
+metadata; `schemas.tfrecord`: the TFRecord framing, CRC and index-file format.
+"""
 
 from schemas._version import __version__
 from schemas.features import (

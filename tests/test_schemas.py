@@ -82,6 +82,28 @@ def test_encoding_equals_tensorflows_own_serialization(image, label, filename, f
         assert ours == _tf_example(schema, record)
 
 
+def test_keys_that_prefix_others_stay_in_byte_order():
+    # Real --dicom_tags such as Manufacturer,ManufacturerModelName: entries in
+    # plain byte order of their keys (shorter first), whatever protobuf's
+    # backend would do (upb puts the longer key first, see schemas/features.py).
+    tags = ("ManufacturerModelName", "Manufacturer", "StudyIDIssuer", "StudyID")
+    keys = [schemas.dicom_tag_key(t) for t in tags]
+    schema = ImageExampleSchema(extra_string_features=tuple(keys))
+    record = _record(extra={k: f"v{i}" for i, k in enumerate(keys)})
+    ours = schema.encode(record)
+    every = [spec.key.encode() for spec in schema.features]
+    positions = {key: ours.index(b"\n" + bytes([len(key)]) + key) for key in every}
+    assert sorted(every, key=positions.get) == sorted(every)
+    assert tf.train.Example.FromString(ours) == tf.train.Example.FromString(_tf_example(schema, record))
+
+
+def test_each_core_feature_is_a_field_of_an_image_record():
+    # encode reads the core values by key: a new core feature is a spec in
+    # ImageExampleSchema._CORE and a field of ImageRecord of the same name.
+    fields = [f.name for f in dataclasses.fields(ImageRecord)]
+    assert fields == [spec.key for spec in ImageExampleSchema._CORE] + ["extra"]
+
+
 def test_ints_beyond_64_bits_are_refused_with_the_feature_named():
     with pytest.raises(ValueError, match="'height'.*64-bit"):
         IMAGE_SCHEMA.encode(_record(height=1 << 63))
