@@ -14,7 +14,7 @@ from schemas.tfds_metadata import tfds_files
 from beam_jobs import _listing
 from beam_jobs._elements import ConversionError
 from beam_jobs._output import delete_if_exists, remove_dataset_files
-from beam_jobs._tfrecord import TMP_DIRNAME, write_atomically
+from beam_jobs._files import TMP_DIRNAME, write_atomically
 
 __all__ = ["FinalizeFn"]
 

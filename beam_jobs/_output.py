@@ -10,7 +10,7 @@ from apache_beam.io.filesystems import FileSystems
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
 from beam_jobs import _listing
-from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
+from beam_jobs._files import TMP_DIRNAME, read_bytes
 
 __all__ = ["prepare_output", "delete_if_exists", "remove_dataset_files", "summarize"]
 

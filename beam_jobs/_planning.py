@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import _listing, _plan
 from beam_jobs._options import ConversionConfig
-from beam_jobs._tfrecord import read_bytes
+from beam_jobs._files import read_bytes
 from imaging import dicom as _dicom
 
 __all__ = ["build_plan", "group_section"]

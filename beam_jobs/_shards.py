@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 import schemas
 from beam_jobs import _plan
 from beam_jobs._options import WritingOptions
-from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes, write_atomically
+from beam_jobs._files import TMP_DIRNAME, read_bytes, write_atomically
 from beam_jobs._write import WriteShardFn
 from imaging import ValidationOptions
 

@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 import schemas
 from schemas import _tf
 from schemas.tfrecord import RecordError, format_index, iter_records
-from beam_jobs._tfrecord import read_bytes, write_atomically
+from beam_jobs._files import read_bytes, write_atomically
 
 __all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn"]
 

@@ -23,7 +23,7 @@ import schemas
 from beam_jobs import _listing
 from beam_jobs._elements import Reject, ShardResult
 from beam_jobs._options import WritingOptions
-from beam_jobs._tfrecord import TMP_DIRNAME, AtomicWriter, read_bytes, write_atomically
+from beam_jobs._files import TMP_DIRNAME, AtomicWriter, read_bytes, write_atomically
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from schemas.tfrecord import format_index, frame_record
 

@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
 from beam_jobs import _args, _runner, _verify_fns
-from beam_jobs._tfrecord import read_bytes
+from beam_jobs._files import read_bytes
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text"]
 

@@ -15,7 +15,8 @@ from helpers import convert, encode, make_class_tree, pixels, write
 import schemas
 from imaging import ValidationOptions
 from beam_jobs import _plan, _write, verify
-from beam_jobs._tfrecord import TMP_DIRNAME, iter_records
+from beam_jobs._files import TMP_DIRNAME
+from schemas.tfrecord import iter_records
 
 
 def _rejects(out):

@@ -17,7 +17,7 @@ from beam_jobs import _runner
 from shardsmith import cli, inspection as inspect_dataset
 from shardsmith.progress import ProgressBar
 from beam_jobs._write import RECEIPTS_DIRNAME
-from beam_jobs._tfrecord import TMP_DIRNAME
+from beam_jobs._files import TMP_DIRNAME
 
 
 def test_console_script_is_installed_and_lists_commands():

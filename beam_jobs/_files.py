@@ -1,9 +1,9 @@
 """Atomic file writes and whole-file reads through Beam's FileSystems.
 
-Shards are framed by `schemas.tfrecord` (re-exported here for the pipelines)
-rather than written with `tf.io.TFRecordWriter`, so that they go through
-Beam's FileSystems (gs://, s3://, ... wherever Beam can write) and the shard's
-checksum is computed while writing.
+Shards are framed by `schemas.tfrecord` and written here, not with
+`tf.io.TFRecordWriter`, so that they go through Beam's FileSystems (gs://,
+s3://, ... wherever Beam can write) and the shard's checksum is computed
+while writing.
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ import uuid
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.tfrecord import RecordError, frame_record, iter_records
-
-__all__ = [
-    "frame_record", "AtomicWriter", "write_atomically", "read_bytes", "TMP_DIRNAME", "RecordError",
-    "iter_records",
-]
+__all__ = ["AtomicWriter", "write_atomically", "read_bytes", "TMP_DIRNAME"]
 
 # Temporary files live in this folder inside the output until renamed.
 TMP_DIRNAME = "_shardsmith_tmp"
