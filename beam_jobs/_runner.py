@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 
@@ -68,10 +67,10 @@ def make_runner(options: PipelineOptions):
 
 
 def configure_logging() -> None:
-    """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    for noisy in ("apache_beam", "absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's (shardsmith.console)."""
+    from shardsmith.console import configure_logging
+
+    configure_logging()
 
 
 # --- Dask ------------------------------------------------------------------

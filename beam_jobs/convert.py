@@ -43,6 +43,7 @@ import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
 from beam_jobs import _listing, _plan, _runner, _shards
 from imaging import dicom as _dicom
+from shardsmith import console
 from shardsmith.progress import ProgressBar
 from beam_jobs._tfrecord import TMP_DIRNAME, read_bytes
 
@@ -62,6 +63,7 @@ class ConvertOptions(PipelineOptions):
     def _add_argparse_args(cls, parser):
         parser.add_argument("--input_dir", help="Folder of images (local or a FileSystems URL).")
         parser.add_argument("--output_dir", help="Folder to write the dataset into.")
+        parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
         parser.add_argument(
             "--labels_csv",
             help="CSV with columns path,label[,split]; paths relative to --input_dir.",
@@ -560,6 +562,12 @@ def summarize(output_dir: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs `run` and turns user errors into one sentence."""
+    argv = sys.argv[1:] if argv is None else argv
+    with console.entry_point(argv):  # Logging, and quiet C++ libraries.
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from shardsmith.cli import print_help_if_asked  # The CLI imports this module.
 

@@ -25,6 +25,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import schemas
 from beam_jobs import _runner, _verify_fns
 from beam_jobs._tfrecord import read_bytes
+from shardsmith import console
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main"]
 
@@ -36,6 +37,7 @@ class VerifyOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
         parser.add_argument("--dataset_dir", help="Folder written by the converter.")
+        parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
         parser.add_argument(
             "--report",
             help=f"Where to write the JSON report (default: DATASET_DIR/{schemas.VERIFY_REPORT_FILENAME}).",
@@ -151,6 +153,12 @@ def describe(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
     argv = sys.argv[1:] if argv is None else argv
+    with console.entry_point(argv):  # Logging, and quiet C++ libraries.
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     from shardsmith.cli import print_help_if_asked  # The CLI imports this module.
 
     if print_help_if_asked("verify", argv):
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # ManifestError is a ValueError.
         print(f"shardsmith verify: error: {e}", file=sys.stderr)
         return 2
-    _LOG.info("%s", describe(report))
+    print(describe(report))  # The verdict is the result: stdout.
     fail_dups = PipelineOptions(argv).view_as(VerifyOptions).fail_on_duplicates
     if not report["ok"] or (fail_dups and report["duplicates"]["across_splits"]):
         return 1

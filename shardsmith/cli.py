@@ -80,7 +80,16 @@ def print_help_if_asked(command: str, argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`shardsmith COMMAND ...`: runs the command, returns its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    from shardsmith import console
+
+    # Before the commands' modules import Beam and TensorFlow, which log as they load.
+    with console.entry_point(argv):
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _SUMMARIES:
         lines = ["usage: shardsmith {convert,verify,inspect,preview} ...", ""]
         lines += [f"  {name:<8} {text}" for name, text in _SUMMARIES.items()]
