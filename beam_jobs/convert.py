@@ -63,7 +63,6 @@ class ConvertOptions(PipelineOptions):
     def _add_argparse_args(cls, parser):
         parser.add_argument("--input_dir", help="Folder of images (local or a FileSystems URL).")
         parser.add_argument("--output_dir", help="Folder to write the dataset into.")
-        parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
         parser.add_argument(
             "--labels_csv",
             help="CSV with columns path,label[,split]; paths relative to --input_dir.",

@@ -37,7 +37,6 @@ class VerifyOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
         parser.add_argument("--dataset_dir", help="Folder written by the converter.")
-        parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
         parser.add_argument(
             "--report",
             help=f"Where to write the JSON report (default: DATASET_DIR/{schemas.VERIFY_REPORT_FILENAME}).",

@@ -53,15 +53,19 @@ def command_help(command: str) -> str:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
     )
+    if command in ("convert", "verify"):
+        from beam_jobs import _runner
     if command == "convert":
         from beam_jobs.convert import ConvertOptions
 
         ConvertOptions._add_argparse_args(parser)  # The options' own help texts.
+        _runner.ConsoleOptions._add_argparse_args(parser)
     elif command == "verify":
         from beam_jobs.verify import VerifyOptions
 
         parser.add_argument("dataset_dir", help="Folder written by the converter.")
         VerifyOptions._add_argparse_args(parser)
+        _runner.ConsoleOptions._add_argparse_args(parser)
     elif command == "inspect":
         parser.add_argument("dataset_dir", help="Folder written by the converter.")
     else:
