@@ -5,7 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-EXTRAS ?= test,dicom,demo,bench
+# `cpu`: the CPU-only TensorFlow build (setup.py explains why it is an extra).
+EXTRAS ?= cpu,test,dicom,demo,bench
 
 INPUT ?=
 OUTPUT ?=

@@ -28,6 +28,13 @@ __all__ = ["full", "image_ops", "example_pb2", "api_loaded"]
 _LOG = logging.getLogger("shardsmith")
 _LOCK = threading.RLock()
 _LOADED: dict[str, object] = {}  # 'image_ops', 'example_pb2': loaded once per process.
+# setup.py leaves the TensorFlow build to the user (CPU-only or GPU).
+_NO_TENSORFLOW = (
+    "shardsmith needs TensorFlow, and leaves the build to you: "
+    "pip install 'tensorflow-cpu>=2.16,<2.22' (CPU only: CPU machines, Dataflow workers) or "
+    "'tensorflow[and-cuda]>=2.16,<2.22' (GPU), or install shardsmith with its `cpu` or `gpu` "
+    "extra (pip install '.[cpu]' in a clone)."
+)
 
 
 def api_loaded() -> bool:
@@ -41,7 +48,12 @@ def full() -> types.ModuleType:
         module = sys.modules.get("tensorflow")
         if module is None:
             with tf_internals.collector_paused():
-                import tensorflow as module
+                try:
+                    import tensorflow as module
+                except ModuleNotFoundError as e:
+                    if e.name != "tensorflow":
+                        raise
+                    raise ModuleNotFoundError(_NO_TENSORFLOW, name=e.name) from None
         else:
             tf_internals.load_api(module)
     return module
