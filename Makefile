@@ -100,9 +100,15 @@ DATAFLOW_REQUIREMENTS := build/dataflow-requirements.txt
 
 .PHONY: convert-dataflow
 
+# The workers' extras (they install the sdist without any): the CPU-only
+# TensorFlow and the DICOM codecs, for Linux x86_64 workers.
 $(DATAFLOW_REQUIREMENTS): setup.py $(STAMP)
 	@mkdir -p $(dir $@)
-	$(PY) -c 'import importlib.metadata as m; print("\n".join(sorted(r.split(";")[0].strip() for r in m.requires("shardsmith") if "extra == \"dicom\"" in r)))' > $@
+	$(PY) -c 'import importlib.metadata as m; from packaging.requirements import Requirement as R; \
+	    workers = {"platform_machine": "x86_64", "platform_system": "Linux", "sys_platform": "linux"}; \
+	    reqs = [R(r) for r in m.requires("shardsmith")]; \
+	    print("\n".join(sorted(f"{r.name}{r.specifier}" for r in reqs if r.marker and not r.marker.evaluate({**workers, "extra": ""}) \
+	        and any(r.marker.evaluate({**workers, "extra": e}) for e in ("cpu", "dicom")))))' > $@
 
 convert-dataflow: $(STAMP) $(DATAFLOW_REQUIREMENTS)
 	@test -n "$(PROJECT)" -a -n "$(BUCKET)" -a -n "$(INPUT)" -a -n "$(OUTPUT)" || { echo \
