@@ -123,7 +123,6 @@ class DaskClusterRunner(PipelineRunner):
         beam_internals.check()  # Before any work: a clear error on an untested Beam.
         import dask.distributed as ddist
         from apache_beam.runners.dask.dask_runner import DaskOptions
-        from apache_beam.runners.dask.overrides import dask_overrides
 
         dask_options = options.view_as(DaskOptions).get_all_options(
             drop_default=True, current_only=True
@@ -143,7 +142,7 @@ class DaskClusterRunner(PipelineRunner):
                 # a few bundles per worker thread spread it over the cluster.
                 threads = sum(client.nthreads().values())
                 bag_kwargs = {"npartitions": max(1, _BUNDLES_PER_THREAD * threads)}
-            pipeline.replace_all(dask_overrides())
+            pipeline.replace_all(beam_internals.overrides())
             translator = _BagTranslator(bag_kwargs)
             pipeline.visit(translator)
             futures = client.compute([bag.count() for bag in translator.sinks()])

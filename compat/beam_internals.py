@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from compat._versions import check_version, installed_version
 
-__all__ = ["TESTED", "check", "bag_kwargs", "primitive_kind", "side_input_views", "run_bundle",
-           "receiver_class", "dumps", "loads"]
+__all__ = ["TESTED", "check", "bag_kwargs", "overrides", "primitive_kind", "side_input_views",
+           "run_bundle", "receiver_class", "dumps", "loads"]
 
 # The lowest Beam release these internals were used with and the first one
 # they were not tested with.
@@ -33,6 +33,14 @@ def bag_kwargs(dask_options: dict) -> dict:
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
     return DaskOptions._extract_bag_kwargs(dask_options)
+
+
+def overrides() -> list:
+    """The PTransform overrides that turn a pipeline into the Dask runner's primitives."""
+    check()
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    return dask_overrides()
 
 
 def primitive_kind(transform) -> str | None:
