@@ -70,7 +70,7 @@ setuptools.setup(
         # Beam's Dask runner bound; `--runner DaskRunner` on a dask.distributed cluster.
         "dask": ["dask[distributed]>=2024.4.2"],
         # Real Google Cloud Storage and Dataflow submission.
-        "gcp": ["apache-beam[gcp]"],
+        "gcp": ["apache-beam[gcp]>=2.60,<2.78"],
         "demo": ["scikit-image>=0.22"],
         "test": [
             "pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis", "tensorflow-datasets>=4.9",
