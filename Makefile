@@ -33,11 +33,13 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# The `shardsmith` command rather than `python -m beam_jobs.X`: it quiets Beam's import-time
+# BigQuery notice too, which is logged before any `main` runs.
 demo: $(STAMP)
 	$(PY) -m bench.corpus demo $(DEMO_DIR)/images
-	$(PY) -m beam_jobs.convert --input_dir $(DEMO_DIR)/images --output_dir $(DEMO_DIR)/dataset \
+	$(PY) -m shardsmith convert --input_dir $(DEMO_DIR)/images --output_dir $(DEMO_DIR)/dataset \
 	    --split train=0.8,validation=0.2 --overwrite
-	$(PY) -m beam_jobs.verify $(DEMO_DIR)/dataset
+	$(PY) -m shardsmith verify $(DEMO_DIR)/dataset
 	$(PY) -m shardsmith inspect $(DEMO_DIR)/dataset
 	$(PY) -m shardsmith preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
 
@@ -47,12 +49,12 @@ test: $(STAMP)
 convert: $(STAMP)
 	@test -n "$(INPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
 	@test -n "$(OUTPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
-	$(PY) -m beam_jobs.convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
+	$(PY) -m shardsmith convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
 	    $(ARGS)
 
 verify: $(STAMP)
 	@test -n "$(OUTPUT)" || { echo "usage: make verify OUTPUT=DIR"; exit 2; }
-	$(PY) -m beam_jobs.verify "$(OUTPUT)"
+	$(PY) -m shardsmith verify "$(OUTPUT)"
 
 bench: $(STAMP)
 	$(PY) -m bench.convert
@@ -113,7 +115,7 @@ $(DATAFLOW_REQUIREMENTS): setup.py $(STAMP)
 convert-dataflow: $(STAMP) $(DATAFLOW_REQUIREMENTS)
 	@test -n "$(PROJECT)" -a -n "$(BUCKET)" -a -n "$(INPUT)" -a -n "$(OUTPUT)" || { echo \
 	    "usage: make convert-dataflow PROJECT=my-project BUCKET=my-bucket INPUT=gs://.../images OUTPUT=gs://.../dataset [REGION=us-central1] [ARGS=...]"; exit 2; }
-	$(PY) -m beam_jobs.convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
+	$(PY) -m shardsmith convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
 	    --runner DataflowRunner --project $(PROJECT) --region $(REGION) \
 	    --temp_location gs://$(BUCKET)/tmp --staging_location gs://$(BUCKET)/staging \
 	    --setup_file $(CURDIR)/setup.py --requirements_file $(DATAFLOW_REQUIREMENTS) \
