@@ -148,15 +148,35 @@ def _native_stderr_filtered() -> Iterator[None]:
     forwarder = threading.Thread(target=_forward, args=(read_end, real),
                                  name="shardsmith-stderr-filter", daemon=True)
     forwarder.start()
+    python_stderr = sys.stderr
+    if os.isatty(real):
+        # Writes still go through the filter, but whoever asks (the progress
+        # bar) still learns that stderr is a terminal.
+        sys.stderr = _TerminalStderr(python_stderr)
     try:
         yield
     finally:
+        if isinstance(sys.stderr, _TerminalStderr):
+            sys.stderr = python_stderr
         sys.stderr.flush()
         # The last write end closes (unless a child process still holds
         # one): the forwarder drains the pipe and stops.
         os.dup2(real, 2)
         forwarder.join(_JOIN_TIMEOUT_S)
         os.close(real)
+
+
+class _TerminalStderr:
+    """Python's stderr (now writing into the filter) that still says it is a terminal."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def isatty(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _forward(read_end: int, real: int) -> None:

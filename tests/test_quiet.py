@@ -124,3 +124,26 @@ def test_the_filter_drops_only_the_chatter():
 ])
 def test_what_counts_as_chatter(line, noise):
     assert console.is_native_noise(line) is noise
+
+
+def test_on_a_terminal_the_progress_bar_still_draws():
+    # stderr becomes a pipe into the filter; code asking whether stderr is a
+    # terminal (the progress bar) must still hear yes when it is one.
+    import pty
+
+    code = ("import os, sys\n"
+            "from shardsmith import console\n"
+            "from shardsmith.progress import ProgressBar\n"
+            "print(ProgressBar.wanted(), end=' ')\n"  # The control: a terminal, before.
+            "with console.entry_point([]):\n"
+            "    print(ProgressBar.wanted(), end=' ')\n"
+            "print(type(sys.stderr).__name__)\n")
+    terminal, child_side = pty.openpty()
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("CI", console.VERBOSE_ENV)}
+        proc = subprocess.run([sys.executable, "-c", code], stderr=child_side,
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=_REPO, timeout=120)
+    finally:
+        os.close(child_side)
+        os.close(terminal)
+    assert proc.stdout == "True True TextIOWrapper\n"
