@@ -157,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     from shardsmith.cli import print_help_if_asked  # The CLI imports this module.
 
     if print_help_if_asked("verify", argv):
