@@ -5,7 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-EXTRAS ?= test,dicom,demo,bench
+# `cpu`: the CPU-only TensorFlow build (setup.py explains why it is an extra).
+EXTRAS ?= cpu,test,dicom,demo,bench
 
 INPUT ?=
 OUTPUT ?=
@@ -32,11 +33,13 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# The `shardsmith` command rather than `python -m beam_jobs.X`: it quiets Beam's import-time
+# BigQuery notice too, which is logged before any `main` runs.
 demo: $(STAMP)
 	$(PY) -m bench.corpus demo $(DEMO_DIR)/images
-	$(PY) -m beam_jobs.convert --input_dir $(DEMO_DIR)/images --output_dir $(DEMO_DIR)/dataset \
+	$(PY) -m shardsmith convert --input_dir $(DEMO_DIR)/images --output_dir $(DEMO_DIR)/dataset \
 	    --split train=0.8,validation=0.2 --overwrite
-	$(PY) -m beam_jobs.verify $(DEMO_DIR)/dataset
+	$(PY) -m shardsmith verify $(DEMO_DIR)/dataset
 	$(PY) -m shardsmith inspect $(DEMO_DIR)/dataset
 	$(PY) -m shardsmith preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
 
@@ -46,12 +49,12 @@ test: $(STAMP)
 convert: $(STAMP)
 	@test -n "$(INPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
 	@test -n "$(OUTPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
-	$(PY) -m beam_jobs.convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
+	$(PY) -m shardsmith convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
 	    $(ARGS)
 
 verify: $(STAMP)
 	@test -n "$(OUTPUT)" || { echo "usage: make verify OUTPUT=DIR"; exit 2; }
-	$(PY) -m beam_jobs.verify "$(OUTPUT)"
+	$(PY) -m shardsmith verify "$(OUTPUT)"
 
 bench: $(STAMP)
 	$(PY) -m bench.convert
@@ -99,14 +102,20 @@ DATAFLOW_REQUIREMENTS := build/dataflow-requirements.txt
 
 .PHONY: convert-dataflow
 
+# The workers' extras (they install the sdist without any): the CPU-only
+# TensorFlow and the DICOM codecs, for Linux x86_64 workers.
 $(DATAFLOW_REQUIREMENTS): setup.py $(STAMP)
 	@mkdir -p $(dir $@)
-	$(PY) -c 'import importlib.metadata as m; print("\n".join(sorted(r.split(";")[0].strip() for r in m.requires("shardsmith") if "extra == \"dicom\"" in r)))' > $@
+	$(PY) -c 'import importlib.metadata as m; from packaging.requirements import Requirement as R; \
+	    workers = {"platform_machine": "x86_64", "platform_system": "Linux", "sys_platform": "linux"}; \
+	    reqs = [R(r) for r in m.requires("shardsmith")]; \
+	    print("\n".join(sorted(f"{r.name}{r.specifier}" for r in reqs if r.marker and not r.marker.evaluate({**workers, "extra": ""}) \
+	        and any(r.marker.evaluate({**workers, "extra": e}) for e in ("cpu", "dicom")))))' > $@
 
 convert-dataflow: $(STAMP) $(DATAFLOW_REQUIREMENTS)
 	@test -n "$(PROJECT)" -a -n "$(BUCKET)" -a -n "$(INPUT)" -a -n "$(OUTPUT)" || { echo \
 	    "usage: make convert-dataflow PROJECT=my-project BUCKET=my-bucket INPUT=gs://.../images OUTPUT=gs://.../dataset [REGION=us-central1] [ARGS=...]"; exit 2; }
-	$(PY) -m beam_jobs.convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
+	$(PY) -m shardsmith convert --input_dir "$(INPUT)" --output_dir "$(OUTPUT)" \
 	    --runner DataflowRunner --project $(PROJECT) --region $(REGION) \
 	    --temp_location gs://$(BUCKET)/tmp --staging_location gs://$(BUCKET)/staging \
 	    --setup_file $(CURDIR)/setup.py --requirements_file $(DATAFLOW_REQUIREMENTS) \

@@ -23,13 +23,22 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["schemas", "imaging", "beam_jobs", "readers", "shardsmith"],
+    packages=["schemas", "imaging", "beam_jobs", "readers", "shardsmith", "compat"],
+    # Upper bounds: the releases shardsmith was tested with. Its compatibility
+    # code (compat/) uses private internals of Beam and TensorFlow and checks
+    # their versions again when it runs.
     install_requires=[
-        "apache-beam>=2.60",
-        # The pipeline validates every image with TensorFlow's own decoders,
-        # the same ops the reader runs, so TF is a worker dependency too.
-        "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
-        "tensorflow>=2.16; platform_machine!='x86_64'",
+        # The Dask runner (beam_jobs/_runner.py, compat/beam_internals.py) was
+        # written against Beam 2.77.
+        "apache-beam>=2.60,<2.78",
+        # TensorFlow is required but not installed from here: its CPU-only
+        # and GPU builds are different distributions (tensorflow-cpu,
+        # tensorflow, tensorflow[and-cuda]) that install the same `tensorflow`
+        # package, and pip cannot tell a GPU machine from the others. Forcing
+        # one (as `tensorflow-cpu` on every x86_64 machine did) puts a
+        # CPU-only build next to a trainer's GPU build. So: bring your own
+        # TensorFlow, or pick a flavour with the `cpu` or `gpu` extra (one
+        # each, so no install gets two); without any, the first use says so.
         # readers.ResumeCallback subclasses Keras's Callback; TensorFlow >= 2.16
         # depends on Keras 3 already, so this adds nothing to an install.
         "keras>=3",
@@ -39,9 +48,19 @@ setuptools.setup(
         "protobuf",
         # DICOM files are read with pydicom (pure Python); the codecs for
         # compressed DICOM come with the `dicom` extra.
-        "pydicom>=3.0",
+        "pydicom>=3.0,<3.1",
     ],
     extras_require={
+        # A lean CPU-only TensorFlow: CPU machines, Dataflow workers, CI.
+        # The pipeline validates every image with TensorFlow's own decoders,
+        # the same ops the reader runs, so workers need TensorFlow too.
+        "cpu": [
+            "tensorflow-cpu>=2.16,<2.22; platform_machine=='x86_64' or platform_machine=='AMD64'",
+            # Elsewhere (aarch64, macOS arm64) `tensorflow` is the CPU build.
+            "tensorflow>=2.16,<2.22; platform_machine!='x86_64' and platform_machine!='AMD64'",
+        ],
+        # TensorFlow with GPU support and its CUDA libraries (Linux).
+        "gpu": ["tensorflow[and-cuda]>=2.16,<2.22"],
         "dicom": [
             "pylibjpeg>=2.0",
             "pylibjpeg-libjpeg>=2.1",
@@ -51,7 +70,7 @@ setuptools.setup(
         # Beam's Dask runner bound; `--runner DaskRunner` on a dask.distributed cluster.
         "dask": ["dask[distributed]>=2024.4.2"],
         # Real Google Cloud Storage and Dataflow submission.
-        "gcp": ["apache-beam[gcp]"],
+        "gcp": ["apache-beam[gcp]>=2.60,<2.78"],
         "demo": ["scikit-image>=0.22"],
         "test": [
             "pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis", "tensorflow-datasets>=4.9",

@@ -1,26 +1,9 @@
-"""Beam pipelines of shardsmith: conversion of image folders to TFRecord shards."""
+"""Beam pipelines of shardsmith: conversion of image folders to TFRecord shards.
 
-import logging
-import os
-
-
-class _BigQueryNotice(logging.Filter):
-    """Drops Beam's import-time notice about BigQuery clients we never use.
-
-    With the light GCS client installed (the `test` and `gcp` extras), Beam
-    logs "apitools not found ..." on the root logger at import, before any
-    logging is configured, on every run.
-    """
-
-    def filter(self, record):
-        return not str(record.msg).startswith("apitools not found")
-
-
-logging.getLogger().addFilter(_BigQueryNotice())
-
-# TensorFlow's C++ start-up lines (oneDNN, CPU features) bury the pipeline's
-# own output; a user who wants them sets the variable.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+Importing the package changes nothing in the process: the entry points
+(`main` of `beam_jobs.convert` and `beam_jobs.verify`) configure logging and
+quiet TensorFlow's C++ lines (shardsmith/console.py).
+"""
 
 __all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "run"]
 

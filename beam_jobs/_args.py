@@ -22,7 +22,9 @@ __all__ = ["UsageError", "pipeline_options", "check_arguments", "help_text", "pr
 # Beam modules that declare their runner's options when imported; imported
 # only when an argument is unknown without them (Dask's costs ~0.6 s).
 _RUNNER_OPTION_MODULES = ("apache_beam.runners.dask.dask_runner",)
-# Options classes of this project: one pipeline's options are not another's.
+# Options classes of this project: one pipeline's options are not another's,
+# except those of a class that says it serves every pipeline
+# (`SHARED_BY_ALL_PIPELINES = True`, e.g. `_runner.ConsoleOptions`).
 _OWN_PACKAGE = "beam_jobs."
 
 
@@ -107,7 +109,8 @@ def _unknown(argv: list[str], own: type[PipelineOptions]) -> tuple[list[str], li
     PipelineOptions(argv).get_all_options(add_extra_args_fn=capture, retain_unknown_options=True)
     foreign = set()
     for cls in PipelineOptions.__subclasses__():
-        if cls is not own and cls.__module__.startswith(_OWN_PACKAGE):
+        if (cls is not own and cls.__module__.startswith(_OWN_PACKAGE)
+                and not getattr(cls, "SHARED_BY_ALL_PIPELINES", False)):
             foreign |= _option_strings(cls)
     foreign -= _option_strings(own)
     unknown = list(found["unknown"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 
@@ -16,7 +15,9 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
-__all__ = ["make_runner", "configure_logging", "DaskClusterRunner"]
+from compat import beam_internals
+
+__all__ = ["make_runner", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
 
 _BUNDLES_PER_THREAD = 4
 _DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
@@ -67,11 +68,23 @@ def make_runner(options: PipelineOptions):
     return None
 
 
+class ConsoleOptions(PipelineOptions):
+    """Options every shardsmith pipeline's command takes (declared once for all of them)."""
+
+    SHARED_BY_ALL_PIPELINES = True  # Not foreign to any pipeline (see `_args`).
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        from shardsmith import console
+
+        parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
+
+
 def configure_logging() -> None:
-    """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    for noisy in ("apache_beam", "absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's (shardsmith.console)."""
+    from shardsmith.console import configure_logging
+
+    configure_logging()
 
 
 # --- Dask ------------------------------------------------------------------
@@ -109,14 +122,14 @@ class DaskClusterRunner(PipelineRunner):
         return False
 
     def run_pipeline(self, pipeline, options):
+        beam_internals.check()  # Before any work: a clear error on an untested Beam.
         import dask.distributed as ddist
         from apache_beam.runners.dask.dask_runner import DaskOptions
-        from apache_beam.runners.dask.overrides import dask_overrides
 
         dask_options = options.view_as(DaskOptions).get_all_options(
             drop_default=True, current_only=True
         )
-        bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        bag_kwargs = beam_internals.bag_kwargs(dask_options)
         try:
             client = ddist.Client(**dask_options)
         except (OSError, TimeoutError) as e:
@@ -131,7 +144,7 @@ class DaskClusterRunner(PipelineRunner):
                 # a few bundles per worker thread spread it over the cluster.
                 threads = sum(client.nthreads().values())
                 bag_kwargs = {"npartitions": max(1, _BUNDLES_PER_THREAD * threads)}
-            pipeline.replace_all(dask_overrides())
+            pipeline.replace_all(beam_internals.overrides())
             translator = _BagTranslator(bag_kwargs)
             pipeline.visit(translator)
             futures = client.compute([bag.count() for bag in translator.sinks()])
@@ -199,15 +212,15 @@ class _BagTranslator(PipelineVisitor):
     def visit_transform(self, node):
         import apache_beam as beam
         import dask.bag as db
-        from apache_beam.runners.dask import overrides as ov
 
         transform = node.transform
+        kind = beam_internals.primitive_kind(transform)
         inputs = [
             self._input(pcoll) for pcoll in node.main_inputs.values()
             if isinstance(pcoll, beam.pvalue.PCollection)  # Not PBegin.
         ]
         outputs = list(node.outputs.items())
-        if isinstance(transform, ov._Create):
+        if kind == "create":
             values = list(transform.values)
             kwargs = dict(self._bag_kwargs)
             if "npartitions" in kwargs:
@@ -216,13 +229,13 @@ class _BagTranslator(PipelineVisitor):
             self._set_only_output(node, bag)
         elif isinstance(transform, beam.ParDo):
             self._par_do(node, inputs[0], outputs)
-        elif isinstance(transform, ov._GroupByKeyOnly):
+        elif kind == "group_by_key":
             grouped = inputs[0].map(_key_and_encoded_key).groupby(_second, shuffle="tasks")
             self._set_only_output(node, grouped.map(_merge_group))
-        elif isinstance(transform, ov._Flatten):
+        elif kind == "flatten":
             bag = db.concat(inputs) if inputs else db.from_sequence([], npartitions=1)
             self._set_only_output(node, bag)
-        elif isinstance(transform, ov._Reshuffle):
+        elif kind == "reshuffle":
             self._set_only_output(node, inputs[0])
         else:
             raise NotImplementedError(
@@ -241,15 +254,14 @@ class _BagTranslator(PipelineVisitor):
 
     def _par_do(self, node, input_bag, outputs):
         import dask.bag as db
-        from apache_beam.internal import pickler
         from dask.base import tokenize
         from dask.highlevelgraph import HighLevelGraph
 
         transform = node.transform
         side_bags = [self._input(si.pvalue) for si in node.side_inputs]
-        views = [(type(si), si._view_options()) for si in node.side_inputs]
+        views = beam_internals.side_input_views(node.side_inputs)
         window_fn = next(iter(node.main_inputs.values())).windowing.windowfn
-        payload = pickler.dumps(
+        payload = beam_internals.dumps(
             (transform.fn, transform.args, transform.kwargs, views, window_fn, node.full_label)
         )
         # Built by hand: Dask finalises (and so recomputes) each collection
@@ -311,36 +323,16 @@ def _has_tag(tag, pair):
 
 def _run_bundle(elements, payload, *side_values):
     """Runs a DoFn over one partition (a bundle); returns [(tag, WindowedValue)]."""
-    from apache_beam import DoFn
-    from apache_beam.internal import pickler
-    from apache_beam.runners import common
     from apache_beam.transforms.sideinputs import SideInputMap
 
-    fn, args, kwargs, views, window_fn, label = pickler.loads(payload)
+    fn, args, kwargs, views, window_fn, label = beam_internals.loads(payload)
     side_inputs = [
         SideInputMap(view_class, view_options, values)
         for (view_class, view_options), values in zip(views, side_values)
     ]
     out = []
-    receivers = _Receivers(out)
-    handler = common._OutputHandler(
-        window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
-        per_element_output_counter=None, output_batch_converter=None,
-        process_yields_batches=False, process_batch_yields_elements=False,
-    )
-    invoker = common.DoFnInvoker.create_invoker(
-        common.DoFnSignature(fn), handler, context=common.DoFnContext(label, state=None),
-        side_inputs=side_inputs, input_args=args, input_kwargs=kwargs,
-        user_state_context=None, bundle_finalizer_param=DoFn.BundleFinalizerParam(),
-    )
-    invoker.invoke_setup()
-    try:
-        invoker.invoke_start_bundle()
-        for element in elements:
-            invoker.invoke_process(element)
-        invoker.invoke_finish_bundle()
-    finally:
-        invoker.invoke_teardown()
+    beam_internals.run_bundle(fn, args, kwargs, side_inputs, window_fn, label, elements,
+                              _Receivers(out))
     return out
 
 
@@ -357,9 +349,7 @@ class _Receivers(dict):
 
 
 def _tag_receiver(tag, out):
-    from apache_beam.runners.common import Receiver
-
-    class _TagReceiver(Receiver):
+    class _TagReceiver(beam_internals.receiver_class()):
         def receive(self, windowed_value):
             out.append((tag, windowed_value))
 

@@ -40,6 +40,7 @@ from beam_jobs._output import prepare_output, summarize
 from beam_jobs._planning import build_plan, group_section
 from beam_jobs._shards import ImagesToTFRecords, write_shard_plans
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
+from shardsmith import console
 from shardsmith.progress import ProgressBar
 
 __all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main", "summarize", "help_text"]
@@ -157,13 +158,22 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
 
 def help_text() -> str:
     """The text of `shardsmith convert --help`: every option and an example."""
-    return _args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE,
-                           ConvertOptions._add_argparse_args)
+
+    def add_arguments(parser):
+        ConvertOptions._add_argparse_args(parser)
+        _runner.ConsoleOptions._add_argparse_args(parser)
+
+    return _args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs `run` and turns user errors into one sentence (exit status 2)."""
     argv = sys.argv[1:] if argv is None else argv
+    with console.entry_point(argv):  # Logging, and quiet C++ libraries.
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     if _args.print_help_if_asked(argv, help_text):
         return 0
     _runner.configure_logging()

@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import schemas
 from beam_jobs import _args, _runner, _verify_fns
 from beam_jobs._files import read_bytes
+from shardsmith import console
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text"]
 
@@ -169,6 +170,7 @@ def help_text() -> str:
     def add_arguments(parser):
         parser.add_argument("dataset_dir", help="Folder written by the converter.")
         _add_flags(parser)
+        _runner.ConsoleOptions._add_argparse_args(parser)
 
     return _args.help_text("shardsmith verify", "Re-read every shard, record and image against the manifest.",
                            _EXAMPLE, add_arguments)
@@ -177,6 +179,11 @@ def help_text() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
     argv = sys.argv[1:] if argv is None else argv
+    with console.entry_point(argv):  # Logging, and quiet C++ libraries.
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     if _args.print_help_if_asked(argv, help_text):
         return 0
     _runner.configure_logging()
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # ManifestError is a ValueError.
         print(f"shardsmith verify: error: {e}", file=sys.stderr)
         return 2
-    _LOG.info("%s", describe(report))
+    print(describe(report))  # The verdict is the result: stdout.
     fail_dups = PipelineOptions(argv).view_as(VerifyOptions).fail_on_duplicates
     if not report["ok"] or (fail_dups and report["duplicates"]["across_splits"]):
         return 1

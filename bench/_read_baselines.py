@@ -371,7 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.pipeline == "keras":
         import keras  # noqa: F401  (imported before the clock, like TensorFlow)
     if args.pipeline in ("shardsmith", "global", "global-tf"):
-        import readers  # noqa: F401
+        import readers
+
+        # As the README tells a trainer to: before TensorFlow's first op.
+        readers.use_pooled_host_memory()
 
     if args.pipeline == "ceiling":
         encoded = load_encoded(args.tfrecords)

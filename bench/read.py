@@ -133,7 +133,7 @@ class Contender:
     env: tuple[tuple[str, str], ...] = ()
 
 
-# The host-memory pool that importing `readers` turns on (readers/_allocator.py).
+# The host-memory pool that `readers.use_pooled_host_memory()` turns on (readers/_allocator.py).
 # The decode ceilings always have it (a ceiling is the fastest this TensorFlow
 # can go); the '-pool' rows give it to a baseline, to show what it alone is worth.
 _POOL = (("TF_CPU_ALLOCATOR_USE_BFC", "true"),)

@@ -138,14 +138,23 @@ _PREFERRED_PLUGIN = "pylibjpeg"
 # tag to read at file position", the data is in memory so it is never I/O)
 # and struct.error for truncation; BytesLengthException for a value whose
 # length does not fit its VR; ValueError (UnicodeDecodeError included) for
-# unparsable values and pixel data of the wrong length; AttributeError for
-# missing required elements; TypeError for values of the wrong kind;
-# NotImplementedError for layouts it does not handle; RuntimeError when every
-# decoding plugin fails; zlib.error for damaged deflated data.
+# unparsable values and pixel data of the wrong length; NotImplementedError
+# for layouts it does not handle; zlib.error for damaged deflated data.
+# Generic errors (AttributeError, TypeError, RuntimeError) are not among them:
+# raised by shardsmith's own code they are bugs, not damaged files.
 _PYDICOM_ERRORS = (
     InvalidDicomError, BytesLengthException, OSError, struct.error, zlib.error, ValueError,
-    AttributeError, TypeError, NotImplementedError, RuntimeError,
+    NotImplementedError,
 )
+
+# Around pydicom's pixel decoder call only, two generic errors are the
+# decoder's own: RuntimeError when every plugin failed ("Unable to decode as
+# exceptions were raised by all available plugins"; the Rust decoders' panic
+# becomes one too) and AttributeError when its validation finds a damaged or
+# missing image element ("Missing required element: (0028,0103) 'Pixel
+# Representation'", found by corrupting pydicom's bundled files). Anywhere
+# else they are a bug in shardsmith, and propagate.
+_DECODER_ERRORS = (*_PYDICOM_ERRORS, RuntimeError, AttributeError)
 
 # Photometric interpretations.
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
@@ -457,6 +466,14 @@ def decode_dicom(data: bytes, name: str, options: DicomOptions) -> list[DicomFra
         warnings.simplefilter("always")
         try:
             return _decode(data, name, options)
+        except ImageRejected:
+            raise
+        except Exception as e:
+            # Not a damaged file (those are rejected above): a bug, which
+            # fails the conversion; the note says which file set it off.
+            if hasattr(e, "add_note"):  # Python >= 3.11
+                e.add_note(f"while decoding the DICOM file {name}")
+            raise
         finally:
             if caught:
                 _LOG.debug("%s: %d pydicom warning(s), first: %s", name, len(caught), caught[0].message)
@@ -603,7 +620,7 @@ def _decode_frame(decoder, ds: Dataset, index: int, name: str):
             if type(e).__name__ != "PanicException":
                 raise
             raise RuntimeError(f"decoder panic: {e}") from e
-    except _PYDICOM_ERRORS as e:
+    except _DECODER_ERRORS as e:
         ts = decoder.UID
         if ts.is_encapsulated and _PREFERRED_PLUGIN not in decoder.available_plugins:
             # Only a fallback plugin (e.g. Pillow) was tried: it may lack the

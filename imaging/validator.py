@@ -141,9 +141,6 @@ class ImageValidator:
         self._background = options.background
         self._jpeg_ratio = 1 if options.full_decode else 8
         self._dicom = options.dicom
-        # We check the pixel count ourselves, against the user's limit, before
-        # decoding; Pillow's own guard would fire on a different number.
-        Image.MAX_IMAGE_PIXELS = None
 
     def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file may give several images.
@@ -199,7 +196,7 @@ class ImageValidator:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:
-                im = Image.open(io.BytesIO(data))
+                im = _open(data)
             except UnidentifiedImageError:
                 if fmt is None:
                     raise ImageRejected(
@@ -301,6 +298,41 @@ def _tf_message(e) -> str:
     # TF prefixes op errors with a long '{{function_node ...}}' tag.
     text = getattr(e, "message", str(e))
     return text.split("}}")[-1].strip() or text
+
+
+def _open(data: bytes) -> Image.Image:
+    """`Image.open`, but the pixel count is checked by the validator, not by Pillow.
+
+    The validator checks the header's size against --max_pixels itself, before
+    decoding. Pillow's own guard (`Image.MAX_IMAGE_PIXELS`, a module global:
+    setting it would change it for the whole process) refuses headers above
+    twice its limit; such a header is opened again by the format's own opener,
+    which reads the header without that check, so the validator can say how
+    large it is (or accept it, under a larger --max_pixels).
+    """
+    try:
+        return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        return _open_without_pixel_limit(data)
+
+
+def _open_without_pixel_limit(data: bytes) -> Image.Image:
+    # What `Image.open` does for bytes (Pillow 10 to 12), less the pixel check:
+    # the registered openers in order, the common plugins first.
+    prefix, tried = data[:16], set()
+    for load_plugins in (Image.preinit, Image.init):
+        load_plugins()
+        for fmt in [f for f in Image.ID if f not in tried]:
+            tried.add(fmt)
+            factory, accept = Image.OPEN[fmt]
+            accepted = not accept or accept(prefix)
+            if not accepted or isinstance(accepted, str):
+                continue
+            try:
+                return factory(io.BytesIO(data), "")
+            except (SyntaxError, IndexError, TypeError, struct.error):
+                continue  # As Image.open: the next format may read it.
+    raise UnidentifiedImageError("cannot identify image file")
 
 
 def _has_transparency(im: Image.Image) -> bool:

@@ -12,19 +12,18 @@ per-epoch permutation read by offset, resumable exactly from a
 and `readers.positions`; `ResumeCallback` (which imports Keras) is loaded on
 first use.
 
-Importing `readers` before TensorFlow runs its first op turns on TensorFlow's
-pooling allocator for host memory (`TF_CPU_ALLOCATOR_USE_BFC=true`, unless
-that variable is set already): see `readers._allocator` for why and how to
-opt out.
+Importing `readers` changes nothing in the process (no environment variable,
+logger or allocator). `readers.use_pooled_host_memory()`, called by a training
+script before TensorFlow runs its first op, gives TensorFlow's host memory a
+pool: see `readers._allocator` for when that helps.
 """
 
-# First: host memory from a pool, chosen before TensorFlow creates its
-# devices; then TensorFlow, imported once, the cheap way (schemas/_tf.py).
-from readers import _allocator  # isort: skip
+# TensorFlow, imported once, the cheap way (schemas/_tf.py), before the
+# modules below import it.
 from schemas import _tf  # isort: skip
 
-_allocator.use_pooling_allocator()
 _tf.full()
+from readers._allocator import use_pooled_host_memory
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
 from readers.distributed import distributed_dataset, make_dataset_fn
 from readers.metadata import load_manifest
@@ -39,6 +38,7 @@ __all__ = [
     "ReadPosition",
     "PositionTracker",
     "ResumeCallback",
+    "use_pooled_host_memory",
 ]
 
 

@@ -27,6 +27,7 @@ import os
 
 import tensorflow as tf
 
+from compat import tf_internals
 from readers import record_index
 from readers.metadata import SplitFiles
 from readers.positions import ReadPosition
@@ -39,10 +40,6 @@ logger = logging.getLogger(__name__)
 _ENDLESS = 2**62
 # Positions located per vectorised call.
 _LOCATE_BATCH = 256
-# What `tf.random.experimental.index_shuffle` puts before a [2] seed to make
-# the [3] seed of its op (TF 2.21); `_index_shuffle` does the same for a batch
-# of seeds, which the public function mishandles (it pads the batch axis).
-_INDEX_SHUFFLE_SEED_PAD = 498247692
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -50,10 +47,13 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 def _index_shuffle(index: tf.Tensor, seed: int, epoch: tf.Tensor, max_index: int) -> tf.Tensor:
     """`tf.random.experimental.index_shuffle(index[j], [seed, epoch[j]], max_index)`
     for every j, in one op call (int64 vectors)."""
+    # The public function pads a [2] seed to its op's [3] seed with a private
+    # constant, and mishandles a batch of seeds (it pads the batch axis): the
+    # same padding is done here for a batch (compat/tf_internals.py).
     shape = tf.shape(index)
     seeds = tf.stack(
         [
-            tf.fill(shape, tf.constant(_INDEX_SHUFFLE_SEED_PAD, tf.int64)),
+            tf.fill(shape, tf.constant(tf_internals.index_shuffle_seed_pad(), tf.int64)),
             tf.fill(shape, tf.constant(seed, tf.int64)),
             epoch,
         ],

@@ -616,6 +616,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max_records", type=int, default=5000,
         help="Scan at most this many records to find images of every class (default: 5000).",
     )
+    from shardsmith import console  # The command line's own module: loaded when used.
+
+    parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
 
 
 def _counts_path(output: str) -> str:
@@ -630,10 +633,18 @@ def main(argv: list[str] | None = None) -> int:
       0 on success; 2 with a one-line error on stderr if the folder is not a
       dataset, the split does not exist, or an option is invalid.
     """
+    from shardsmith import console  # The command line's own module: loaded when used.
+
+    argv = sys.argv[1:] if argv is None else argv
+    with console.entry_point(argv):  # Logging, and quiet C++ libraries.
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0])
     add_arguments(parser)
     try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or argparse's own usage error.
         return int(e.code or 0)
     counts_output = _counts_path(args.output)

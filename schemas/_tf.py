@@ -1,22 +1,12 @@
 """TensorFlow for shardsmith: the whole library, or only the ops the converter runs.
 
-Two costs of `import tensorflow` matter to a converter whose whole run may last
-seconds:
-
-1. The import creates about a million Python objects. With the collector on,
-   it runs many full collections during the import, and every later full
-   collection (and interpreter exit) scans those objects again: more than a
-   second of CPU in every process. Both entry points below import with the
-   collector paused, then freeze what was created into the permanent
-   generation, where the collector leaves it.
-2. Most of the import builds the Python API (tf.distribute, tf.keras,
-   autograph, feature columns...), none of which the converter uses: it only
-   runs image decode ops eagerly. `image_ops()` loads the op runtime and those
-   ops alone, about a third of the full import. The `tensorflow` package is
-   registered without running its `__init__`; the first time any code asks
-   the package itself for anything (`tf.data`, `from tensorflow import keras`,
-   `tf.__version__`), its `__init__` runs in place, so code that uses
-   TensorFlow later in the same process sees the whole library, as usual.
+A converter process that only decodes images needs TensorFlow's op runtime,
+not its Python API (a third of the import's cost): `image_ops()` loads just
+that, through `compat.tf_internals` (where the why, the measurements and the
+tested TensorFlow releases are), and falls back to the whole library when
+those internals are not usable. `full()` imports the whole library with the
+collector paused. Both are loaded once per process: later calls return what
+was loaded and change nothing.
 
 `tf` (`from schemas._tf import tf`) is the whole library, imported the cheap
 way on first use.
@@ -24,9 +14,6 @@ way on first use.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import importlib.util
 import logging
 import sys
 import threading
@@ -34,87 +21,42 @@ import types
 from collections.abc import Callable
 from typing import NamedTuple
 
+from compat import UntestedVersion, tf_internals
+
 __all__ = ["full", "image_ops", "example_pb2", "api_loaded"]
 
 _LOG = logging.getLogger("shardsmith")
-_PACKAGE = "tensorflow"
-# Re-entrant: loading the API imports modules that may ask for it again.
 _LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was_enabled:
-            gc.enable()
-
-
-class _PackageWithoutApi(types.ModuleType):
-    """The `tensorflow` package before its `__init__` has run.
-
-    Submodules import normally (the import system reads `__path__` and
-    `__spec__`, which are set). Any other attribute runs the real `__init__`
-    first, in this very module object.
-    """
-
-    def __getattr__(self, name):
-        _load_api(self)
-        return getattr(self, name)
-
-
-def _load_api(module: types.ModuleType) -> None:
-    with _LOCK:
-        if type(module) is not _PackageWithoutApi:
-            return
-        # As during a normal import, code that imports the package while its
-        # `__init__` runs sees a partly initialised module.
-        module.__class__ = types.ModuleType
-        with _collector_paused():
-            module.__spec__.loader.exec_module(module)
+_LOADED: dict[str, object] = {}  # 'image_ops', 'example_pb2': loaded once per process.
+# setup.py leaves the TensorFlow build to the user (CPU-only or GPU).
+_NO_TENSORFLOW = (
+    "shardsmith needs TensorFlow, and leaves the build to you: "
+    "pip install 'tensorflow-cpu>=2.16,<2.22' (CPU only: CPU machines, Dataflow workers) or "
+    "'tensorflow[and-cuda]>=2.16,<2.22' (GPU), or install shardsmith with its `cpu` or `gpu` "
+    "extra (pip install '.[cpu]' in a clone)."
+)
 
 
 def api_loaded() -> bool:
     """Whether TensorFlow's Python API has been loaded in this process."""
-    module = sys.modules.get(_PACKAGE)
-    return module is not None and type(module) is not _PackageWithoutApi
+    return tf_internals.api_loaded()
 
 
 def full() -> types.ModuleType:
     """The whole `tensorflow` module, imported with the collector paused."""
     with _LOCK:
-        module = sys.modules.get(_PACKAGE)
+        module = sys.modules.get("tensorflow")
         if module is None:
-            with _collector_paused():
-                import tensorflow as module
+            with tf_internals.collector_paused():
+                try:
+                    import tensorflow as module
+                except ModuleNotFoundError as e:
+                    if e.name != "tensorflow":
+                        raise
+                    raise ModuleNotFoundError(_NO_TENSORFLOW, name=e.name) from None
         else:
-            _load_api(module)
+            tf_internals.load_api(module)
     return module
-
-
-def _register_package_without_api() -> None:
-    """Registers the bare package, then turns on TF2 behaviour as its `__init__` would."""
-    with _LOCK:
-        if _PACKAGE in sys.modules:
-            return
-        spec = importlib.util.find_spec(_PACKAGE)
-        if spec is None:
-            raise ModuleNotFoundError(f"No module named {_PACKAGE!r}", name=_PACKAGE)
-        module = importlib.util.module_from_spec(spec)
-        module.__class__ = _PackageWithoutApi
-        sys.modules[_PACKAGE] = module
-        with _collector_paused():
-            from tensorflow.python import tf2
-            from tensorflow.python.compat import v2_compat
-
-            # The first thing TensorFlow's `__init__` does, and its last:
-            # modules read `tf2.enabled()` when imported, and ops run eagerly.
-            tf2.enable()
-            v2_compat.enable_v2_behavior()
 
 
 class ImageOps(NamedTuple):
@@ -136,12 +78,21 @@ def image_ops() -> ImageOps:
 
     The ops take the encoded bytes (Python bytes) and keyword attributes, as
     `tf.io.decode_jpeg` and `tf.io.decode_png` do. Should a TensorFlow
-    release move the internal modules this needs, the ops come from the whole
-    library instead: the same ops, a slower start.
+    release move or change the internals this needs, the ops come from the
+    whole library instead: the same ops, a slower start.
     """
+    with _LOCK:
+        if "image_ops" not in _LOADED:
+            _LOADED["image_ops"] = _load_image_ops()
+        return _LOADED["image_ops"]
+
+
+def _load_image_ops() -> ImageOps:
     try:
-        return _ops_without_api()
-    except (ImportError, AttributeError) as e:
+        jpeg, png, op_error, uint8, uint16, constant, string = _ops_without_api()
+        return ImageOps(_with_tensor_input(jpeg, constant, string),
+                        _with_tensor_input(png, constant, string), op_error, uint8, uint16)
+    except (ImportError, AttributeError, UntestedVersion) as e:
         _LOG.info("Loading all of TensorFlow for its decode ops (%s: %s)", type(e).__name__, e)
         tf = full()
         return ImageOps(_with_tensor_input(tf.io.decode_jpeg, tf.constant, tf.string),
@@ -149,15 +100,9 @@ def image_ops() -> ImageOps:
                         tf.errors.OpError, tf.uint8, tf.uint16)
 
 
-def _ops_without_api() -> ImageOps:
-    _register_package_without_api()
-    with _LOCK, _collector_paused():
-        from tensorflow.python.framework import constant_op, dtypes, errors
-        from tensorflow.python.ops import gen_image_ops
-    constant, string = constant_op.constant, dtypes.string
-    return ImageOps(_with_tensor_input(gen_image_ops.decode_jpeg, constant, string),
-                    _with_tensor_input(gen_image_ops.decode_png, constant, string),
-                    errors.OpError, dtypes.uint8, dtypes.uint16)
+def _ops_without_api():
+    # A seam for the fallback's test.
+    return tf_internals.decode_ops_without_api()
 
 
 def _with_tensor_input(op, constant, string):
@@ -172,11 +117,21 @@ def _with_tensor_input(op, constant, string):
 
 
 def example_pb2() -> types.ModuleType:
-    """TensorFlow's `Example` protocol buffer module, without the Python API."""
-    _register_package_without_api()
-    with _LOCK, _collector_paused():
-        from tensorflow.core.example import example_pb2 as module
-    return module
+    """TensorFlow's `Example` protocol buffer module, without the Python API if not loaded."""
+    with _LOCK:
+        if "example_pb2" not in _LOADED:
+            try:
+                _LOADED["example_pb2"] = tf_internals.example_pb2_without_api()
+            except (ImportError, AttributeError, UntestedVersion) as e:
+                _LOG.info("Loading all of TensorFlow for Example (%s: %s)", type(e).__name__, e)
+                train = full().train
+                # The same message classes, from their public names.
+                _LOADED["example_pb2"] = types.SimpleNamespace(**{
+                    name: getattr(train, name)
+                    for name in ("Example", "Features", "Feature", "BytesList", "Int64List",
+                                 "FloatList")
+                })
+        return _LOADED["example_pb2"]
 
 
 def __getattr__(name):

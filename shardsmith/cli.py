@@ -36,7 +36,10 @@ _SUMMARIES = {
 
 
 def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    from shardsmith import console
+
     parser.add_argument("dataset_dir", help="Folder written by the converter.")
+    parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
 
 
 def _add_preview_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +97,16 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`shardsmith COMMAND ...`: runs the command, returns its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    from shardsmith import console
+
+    # Before the commands' modules import Beam and TensorFlow, which log as they load.
+    with console.entry_point(argv):
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "--version":
         print(_version())
         return 0

@@ -134,9 +134,12 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`shardsmith inspect OUT`: prints the tables; 2 if OUT is not a dataset."""
+    from shardsmith import console
+
     argv = sys.argv[1:] if argv is None else argv
+    argv = [a for a in argv if a != console.VERBOSE_FLAG]  # Read by the CLI's entry point.
     if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: shardsmith inspect DATASET_DIR", file=sys.stderr)
+        print("usage: shardsmith inspect DATASET_DIR [--verbose]", file=sys.stderr)
         return 2
     try:
         facts = inspect_dataset(argv[0].rstrip("/"))

@@ -27,19 +27,19 @@ def dataset(tmp_path):
 
 
 def test_a_fresh_dataset_verifies_and_duplicates_are_reported(dataset, capsys):
-    out, manifest = dataset
-    assert verify.main([str(out)]) == 0
-    report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
+    folder, manifest = dataset
+    assert verify.main([str(folder)]) == 0
+    report = json.loads((folder / schemas.VERIFY_REPORT_FILENAME).read_text())
     assert report["ok"] and report["problems"] == []
     assert report["records"] == manifest.counts["written"] == 18
     groups = report["duplicates"]["list"]
     assert len(groups) == 1 and len(groups[0]["images"]) == 6
     assert {img["filename"] for img in groups[0]["images"]} == {f"cat/copy_{i}.jpg" for i in range(6)}
     assert report["duplicates"]["across_splits"] == (1 if len(groups[0]["splits"]) > 1 else 0)
-    err = capsys.readouterr().err
-    assert err.startswith("OK: 18 records") and "Duplicates: 1 group of identical images" in err
+    out = capsys.readouterr().out  # The verdict is the result: stdout.
+    assert out.startswith("OK: 18 records") and "Duplicates: 1 group of identical images" in out
     if report["duplicates"]["across_splits"]:
-        assert verify.main([str(out), "--fail_on_duplicates"]) == 1
+        assert verify.main([str(folder), "--fail_on_duplicates"]) == 1
 
 
 def test_a_flipped_byte_is_found_and_named(dataset):

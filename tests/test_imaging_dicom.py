@@ -591,3 +591,24 @@ def test_missing_decoder_is_unsupported_codec_naming_the_package():
     # Other codecs are unaffected.
     assert out["MR_small_RLE.dcm"][0] == "converted"
     assert out["MR_small_jp2klossless.dcm"][0] == "converted"
+
+
+def test_a_bug_fails_loudly_naming_the_file_instead_of_rejecting_it(monkeypatch):
+    # A generic error raised by shardsmith's own rendering (not by pydicom's
+    # reader or decoders) is a bug: it propagates, with the file named,
+    # instead of filing the image as 'corrupt'.
+    from pydicom.data import get_testdata_file
+
+    from imaging import dicom
+
+    data = open(get_testdata_file("CT_small.dcm"), "rb").read()
+    options = dicom.DicomOptions(max_pixels=10**7)
+    assert dicom.decode_dicom(data, "ct.dcm", options)  # The control: it converts.
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(dicom, "_render", broken)
+    with pytest.raises(AttributeError) as e:
+        dicom.decode_dicom(data, "ct.dcm", options)
+    assert "while decoding the DICOM file ct.dcm" in getattr(e.value, "__notes__", [])

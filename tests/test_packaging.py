@@ -26,7 +26,13 @@ from apache_beam.runners.portability.stager import Stager
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 # The packages setup.py installs, which the pipelines' workers import.
-_PACKAGES = ("schemas", "imaging", "beam_jobs", "readers", "shardsmith")
+_PACKAGES = ("schemas", "imaging", "beam_jobs", "readers", "shardsmith", "compat")
+# Distributions that install the `tensorflow` package: one TensorFlow build each.
+_TF_FLAVOURS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
+                "tf-nightly", "tf-nightly-cpu"}
+# The extras that pick a TensorFlow build (setup.py: TensorFlow is brought by
+# the user or by one of these).
+_TF_EXTRAS = ("cpu", "gpu")
 # Beam transforms whose first argument is user code pickled to the workers.
 _USER_CODE_TRANSFORMS = {
     "Map", "FlatMap", "Filter", "ParDo", "MapTuple", "FlatMapTuple", "CombineGlobally",
@@ -235,7 +241,12 @@ def test_third_party_imports_are_declared(sdist):
             seen.add((top, (name, line) in eager))
             owners = _distributions_of(name) or {_canonical(top)}
             where = f"{path.relative_to(_REPO)}:{line} imports {name} (from {sorted(owners)})"
-            if module in loaded and (name, line) in eager:
+            if owners & _TF_FLAVOURS:
+                # Required but deliberately not core: every TensorFlow extra brings a build.
+                lacking = [e for e in _TF_EXTRAS if not extras.get(e, set()) & _TF_FLAVOURS]
+                if lacking:
+                    problems.append(f"{where}: no TensorFlow build in the extras {lacking}")
+            elif module in loaded and (name, line) in eager:
                 # Imported whenever a worker imports shardsmith: a core requirement.
                 if not owners & core:
                     problems.append(f"{where}: not in install_requires {sorted(core)}")
@@ -301,3 +312,84 @@ def test_no_save_main_session_reliance():
         "pipeline code defined in a module that runs as __main__ (python -m); move it to an "
         f"importable module: {problems}"
     )
+
+
+def _requirement_lines(tar: tarfile.TarFile) -> list[tuple[str, str, "Requirement"]]:
+    """(extra or '', section marker or '', requirement) of each line of requires.txt."""
+    from packaging.requirements import Requirement
+
+    files = _sdist_files(tar)
+    requires = next(m for n, m in files.items() if n.endswith(".egg-info/requires.txt"))
+    out, extra, marker = [], "", ""
+    for line in tar.extractfile(requires).read().decode().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            extra, _, marker = line[1:-1].partition(":")
+        elif line:
+            out.append((extra, marker, Requirement(line)))
+    return out
+
+
+def _flavours_installed(lines, extras: tuple[str, ...], machine: str, system: str) -> set[str]:
+    """The TensorFlow builds `pip install 'shardsmith[extras]'` puts on such a machine."""
+    from packaging.markers import Marker
+
+    env = {"platform_machine": machine, "platform_system": system,
+           "sys_platform": system.lower()}
+    return {
+        _canonical(req.name) for extra, marker, req in lines
+        if (extra == "" or extra in extras) and _canonical(req.name) in _TF_FLAVOURS
+        and (not marker or Marker(marker).evaluate(env))
+    }
+
+
+def test_no_tensorflow_build_is_forced_and_each_extra_picks_one(sdist):
+    lines = _requirement_lines(sdist)
+    machines = [("x86_64", "Linux"), ("aarch64", "Linux"), ("arm64", "Darwin"), ("AMD64", "Windows")]
+    for machine, system in machines:
+        # A GPU trainer's `pip install shardsmith` keeps the TensorFlow it has.
+        assert _flavours_installed(lines, (), machine, system) == set(), machine
+        assert len(_flavours_installed(lines, ("cpu",), machine, system)) == 1, machine
+    assert _flavours_installed(lines, ("cpu",), "x86_64", "Linux") == {"tensorflow-cpu"}
+    gpu = [req for extra, _, req in lines if extra == "gpu"]
+    assert [(r.name, sorted(r.extras)) for r in gpu] == [("tensorflow", ["and-cuda"])]
+    # What `make` installs for development and CI: the CPU build alone.
+    makefile = (_REPO / "Makefile").read_text(encoding="utf-8")
+    make_extras = tuple(re.search(r"^EXTRAS \?= (.+)$", makefile, re.M).group(1).split(","))
+    assert _flavours_installed(lines, make_extras, "x86_64", "Linux") == {"tensorflow-cpu"}
+
+
+def test_libraries_with_private_internals_are_bounded_to_the_tested_releases(sdist):
+    # compat/ checks the same ranges at use; the declared ones must not allow more.
+    from compat import beam_internals, tf_internals
+
+    lines = _requirement_lines(sdist)
+    by_name = {}
+    for _, _, req in lines:
+        by_name.setdefault(_canonical(req.name), []).append(req)
+    for name, first_untested in (("apache-beam", beam_internals.TESTED[1]),
+                                 ("tensorflow", tf_internals.TESTED[1]),
+                                 ("tensorflow-cpu", tf_internals.TESTED[1]),
+                                 ("pydicom", "3.1")):
+        for req in by_name[name]:
+            assert not req.specifier.contains(first_untested, prereleases=True), (name, str(req))
+            assert any(s.operator == "<" for s in req.specifier), (name, str(req))
+
+
+
+def test_without_tensorflow_the_first_use_says_what_to_install():
+    # TensorFlow is not installed from setup.py's core requirements: a machine
+    # without any build gets one sentence, at `import readers` (its first use).
+    import subprocess
+
+    code = ("import sys\n"
+            "sys.modules['tensorflow'] = None\n"  # As if no TensorFlow were installed.
+            "import shardsmith, beam_jobs, imaging, schemas\n"  # Not needed to import these.
+            "try:\n"
+            "    import readers\n"
+            "except ModuleNotFoundError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=_REPO, check=True).stdout
+    assert "shardsmith needs TensorFlow" in out and "tensorflow-cpu" in out
+    assert "tensorflow[and-cuda]" in out

@@ -1,0 +1,113 @@
+"""Private Apache Beam internals shardsmith's Dask runner relies on, and nothing else.
+
+`beam_jobs._runner.DaskClusterRunner` translates a pipeline to Dask bags
+itself (Beam's own Dask runner mixes up the outputs of multi-output ParDos).
+It needs what Beam keeps private: the Dask overrides' primitive transforms,
+how `DaskOptions` picks the bag arguments, a side input's view options, and
+running a DoFn over a bundle with Beam's own invoker and output handler.
+Written against Beam 2.77 (`TESTED`); checked at use, not import: another
+release raises `compat.UntestedVersion` when the runner starts.
+"""
+
+from __future__ import annotations
+
+from compat._versions import check_version, installed_version
+
+__all__ = ["TESTED", "check", "bag_kwargs", "overrides", "primitive_kind", "side_input_views",
+           "run_bundle", "receiver_class", "dumps", "loads"]
+
+# The lowest Beam release these internals were used with and the first one
+# they were not tested with.
+TESTED = ("2.77", "2.78")
+_WHAT = "--runner DaskRunner (shardsmith's DaskClusterRunner)"
+
+
+def check(what: str = _WHAT) -> None:
+    """Raises compat.UntestedVersion if the installed Beam is outside `TESTED`."""
+    check_version("apache_beam", installed_version("apache-beam"), TESTED, what)
+
+
+def bag_kwargs(dask_options: dict) -> dict:
+    """The `dask.bag.from_sequence` arguments Beam's Dask runner takes from its options."""
+    check()
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    return DaskOptions._extract_bag_kwargs(dask_options)
+
+
+def overrides() -> list:
+    """The PTransform overrides that turn a pipeline into the Dask runner's primitives."""
+    check()
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    return dask_overrides()
+
+
+def primitive_kind(transform) -> str | None:
+    """'create', 'group_by_key', 'flatten' or 'reshuffle' for the Dask overrides' primitives."""
+    from apache_beam.runners.dask import overrides as ov
+
+    kinds = ((ov._Create, "create"), (ov._GroupByKeyOnly, "group_by_key"),
+             (ov._Flatten, "flatten"), (ov._Reshuffle, "reshuffle"))
+    return next((kind for cls, kind in kinds if isinstance(transform, cls)), None)
+
+
+def side_input_views(side_inputs) -> list[tuple[type, dict]]:
+    """(view class, view options) of each side input, to rebuild them on a worker."""
+    return [(type(si), si._view_options()) for si in side_inputs]
+
+
+def run_bundle(fn, args, kwargs, side_inputs, window_fn, label, elements, receivers) -> None:
+    """Runs a DoFn over one bundle of WindowedValues, as Beam's workers do.
+
+    Args:
+      fn, args, kwargs: The ParDo's DoFn and its extra arguments.
+      side_inputs: `SideInputMap`s, in the ParDo's order.
+      window_fn: The main input's window function.
+      label: The transform's full label.
+      elements: The bundle's WindowedValues.
+      receivers: Output receivers by tag (None: the main output).
+    """
+    check()
+    from apache_beam import DoFn
+    from apache_beam.runners import common
+
+    handler = common._OutputHandler(
+        window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
+        per_element_output_counter=None, output_batch_converter=None,
+        process_yields_batches=False, process_batch_yields_elements=False,
+    )
+    invoker = common.DoFnInvoker.create_invoker(
+        common.DoFnSignature(fn), handler, context=common.DoFnContext(label, state=None),
+        side_inputs=side_inputs, input_args=args, input_kwargs=kwargs,
+        user_state_context=None, bundle_finalizer_param=DoFn.BundleFinalizerParam(),
+    )
+    invoker.invoke_setup()
+    try:
+        invoker.invoke_start_bundle()
+        for element in elements:
+            invoker.invoke_process(element)
+        invoker.invoke_finish_bundle()
+    finally:
+        invoker.invoke_teardown()
+
+
+def receiver_class():
+    """Beam's `Receiver` base class (of what `run_bundle` hands outputs to)."""
+    from apache_beam.runners.common import Receiver
+
+    return Receiver
+
+
+def dumps(value) -> bytes:
+    """Pickles a DoFn and its arguments as Beam sends them to its workers."""
+    from apache_beam.internal import pickler
+
+    return pickler.dumps(value)
+
+
+def loads(payload: bytes):
+    """The inverse of `dumps`."""
+    from apache_beam.internal import pickler
+
+    return pickler.loads(payload)

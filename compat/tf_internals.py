@@ -1,0 +1,187 @@
+"""Private TensorFlow internals shardsmith relies on, and nothing else.
+
+Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
+
+1. TensorFlow's op runtime without its Python API. `import tensorflow`
+   builds the whole Python API (tf.distribute, tf.keras, autograph...), about
+   two thirds of the import's cost, none of which the converter uses: it only
+   runs image decode ops eagerly. Measured, a fresh interpreter that decodes
+   one JPEG takes 1.7 s of CPU this way, 4.0 s with the whole library imported
+   with the collector paused and 4.7 s with a plain `import tensorflow`; every
+   converter worker process pays that. The `tensorflow` package is registered
+   in `sys.modules` without running its `__init__`; the first time any code
+   asks the package itself for anything (`tf.data`, `tf.__version__`), its
+   `__init__` runs in place, so later code in the process sees the whole
+   library, as usual.
+2. The import creates about a million Python objects; with the collector on,
+   it runs many full collections during the import, and every later full
+   collection scans them again. Each load runs with the collector paused and
+   then freezes what it created into the permanent generation, once per load
+   (a call that loads nothing new freezes nothing: freezing on every call
+   kept the garbage of every decoded record alive for good).
+3. Whether TensorFlow's eager context created its devices
+   (`context_initialized`), which the public API cannot tell without creating
+   them.
+4. The constant TensorFlow pads an index_shuffle seed with
+   (`index_shuffle_seed_pad`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import sys
+import threading
+import types
+
+from compat._versions import check_version, installed_version
+
+__all__ = [
+    "TESTED",
+    "check",
+    "api_loaded",
+    "load_api",
+    "decode_ops_without_api",
+    "example_pb2_without_api",
+    "context_initialized",
+    "index_shuffle_seed_pad",
+]
+
+# The lowest TensorFlow release these internals were used with and the first
+# one they were not tested with.
+TESTED = ("2.16", "2.22")
+# Distributions that install the `tensorflow` package.
+_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
+                  "tf-nightly", "tf-nightly-cpu")
+_PACKAGE = "tensorflow"
+# Re-entrant: loading the API imports modules that may ask for it again.
+_LOCK = threading.RLock()
+
+
+def check(what: str) -> None:
+    """Raises compat.UntestedVersion if the installed TensorFlow is outside `TESTED`."""
+    check_version(_PACKAGE, installed_version(*_DISTRIBUTIONS), TESTED, what)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Pauses the collector; freezes what was imported meanwhile, if anything was."""
+    was_enabled = gc.isenabled()
+    modules_before = len(sys.modules)
+    gc.disable()
+    try:
+        yield
+    finally:
+        if len(sys.modules) != modules_before:
+            gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
+class _PackageWithoutApi(types.ModuleType):
+    """The `tensorflow` package before its `__init__` has run.
+
+    Submodules import normally (the import system reads `__path__` and
+    `__spec__`, which are set). Any other attribute runs the real `__init__`
+    first, in this very module object.
+    """
+
+    def __getattr__(self, name):
+        load_api(self)
+        return getattr(self, name)
+
+
+def load_api(module: types.ModuleType) -> None:
+    """Runs the real `__init__` of a package registered without it (else nothing)."""
+    with _LOCK:
+        if type(module) is not _PackageWithoutApi:
+            return
+        # As during a normal import, code that imports the package while its
+        # `__init__` runs sees a partly initialised module.
+        module.__class__ = types.ModuleType
+        with collector_paused():
+            module.__spec__.loader.exec_module(module)
+
+
+def api_loaded() -> bool:
+    """Whether TensorFlow's Python API has been loaded in this process."""
+    module = sys.modules.get(_PACKAGE)
+    return module is not None and type(module) is not _PackageWithoutApi
+
+
+def _register_package_without_api() -> None:
+    """Registers the bare package, then turns on TF2 behaviour as its `__init__` would."""
+    with _LOCK:
+        if _PACKAGE in sys.modules:
+            return
+        check("Loading TensorFlow's decode ops without its Python API")
+        spec = importlib.util.find_spec(_PACKAGE)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {_PACKAGE!r}", name=_PACKAGE)
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = _PackageWithoutApi
+        sys.modules[_PACKAGE] = module
+        with collector_paused():
+            from tensorflow.python import tf2
+            from tensorflow.python.compat import v2_compat
+
+            # The first thing TensorFlow's `__init__` does, and its last:
+            # modules read `tf2.enabled()` when imported, and ops run eagerly.
+            tf2.enable()
+            v2_compat.enable_v2_behavior()
+
+
+def decode_ops_without_api():
+    """(decode_jpeg, decode_png, OpError, uint8, uint16, constant, string), API not loaded.
+
+    The decoders are the generated op wrappers `tf.io.decode_jpeg` and
+    `tf.io.decode_png` are.
+
+    Raises:
+      compat.UntestedVersion: Outside `TESTED` (and TensorFlow not imported yet).
+      ImportError, AttributeError: If a release moved these modules.
+    """
+    _register_package_without_api()
+    with _LOCK, collector_paused():
+        from tensorflow.python.framework import constant_op, dtypes, errors
+        from tensorflow.python.ops import gen_image_ops
+    return (gen_image_ops.decode_jpeg, gen_image_ops.decode_png, errors.OpError,
+            dtypes.uint8, dtypes.uint16, constant_op.constant, dtypes.string)
+
+
+def example_pb2_without_api() -> types.ModuleType:
+    """TensorFlow's `Example` protocol buffer module, without the Python API."""
+    _register_package_without_api()
+    with _LOCK, collector_paused():
+        from tensorflow.core.example import example_pb2
+    return example_pb2
+
+
+def context_initialized() -> bool:
+    """Whether TensorFlow created its devices (and so its host allocator) already.
+
+    False when TensorFlow's eager context module is not even imported.
+
+    Raises:
+      compat.UntestedVersion: Outside `TESTED`.
+    """
+    context = sys.modules.get("tensorflow.python.eager.context")
+    if context is None:
+        return False
+    check("Telling whether TensorFlow has started")
+    ctx = context.context_safe()
+    return ctx is not None and bool(ctx._initialized)
+
+
+def index_shuffle_seed_pad() -> int:
+    """What `tf.random.experimental.index_shuffle` puts before a [2] seed to make its op's [3] seed.
+
+    Copied from tensorflow/python/ops/stateless_random_ops.py (`index_shuffle`).
+
+    Raises:
+      compat.UntestedVersion: Outside `TESTED`: a release may have changed it,
+        and with it every permutation.
+    """
+    check("shuffle='global' (TensorFlow's index_shuffle seed layout)")
+    return 498247692

@@ -1,0 +1,211 @@
+"""What every shardsmith entry point sets up: its own log lines, and quiet C++ libraries.
+
+Importing this module changes nothing; `entry_point()` does, for the time an
+entry point (`shardsmith ...`, `python -m beam_jobs.convert`, ...) runs:
+
+- shardsmith's log lines at INFO on stderr, Beam's and TensorFlow's Python
+  loggers at WARNING, without Beam's import-time notice about BigQuery
+  clients we never use ("apitools not found ...").
+- TensorFlow's and libjpeg's C++ lines hidden: TensorFlow 2.21 logs through
+  absl straight to file descriptor 2 ("WARNING: All log messages before
+  absl::InitializeLog() ...", "I0000 ... oneDNN custom operations are on",
+  "E0000 ... Premature end of JPEG data") and libjpeg `fprintf`s its
+  warnings there ("Corrupt JPEG data: 3 extraneous bytes ..."), for files
+  that shardsmith then handles and reports itself. `TF_CPP_MIN_LOG_LEVEL` no
+  longer reaches these, and changing TF_ENABLE_ONEDNN_OPTS would change which
+  kernels run. So file descriptor 2 becomes a pipe for the duration; a thread
+  forwards every line to the real stderr except those lines. Everything
+  else, Python's tracebacks and a crashing library's last words included,
+  passes through, in order.
+
+`--verbose`, or SHARDSMITH_VERBOSE=1 in the environment, shows all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import select
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+
+__all__ = ["VERBOSE_ENV", "VERBOSE_FLAG", "VERBOSE_HELP", "entry_point", "configure_logging",
+           "is_verbose", "is_native_noise"]
+
+VERBOSE_ENV = "SHARDSMITH_VERBOSE"
+VERBOSE_FLAG = "--verbose"
+VERBOSE_HELP = (
+    "Also show TensorFlow's and libjpeg's C++ log lines, hidden by default (or set "
+    f"{VERBOSE_ENV}=1)."
+)
+
+# Lines written by TensorFlow (absl, and the older tsl format) and libjpeg
+# that describe conditions shardsmith reports itself, or nothing at all.
+_NOISE = re.compile(
+    rb"[\r\n]*(?:"
+    rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    # absl: severity, MMDD hh:mm:ss.micros (TF 2.21: 0000 00:00:epoch.micros), thread, file:line]
+    rb"|[IWE]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+\s+[\w./-]+:\d+\]"
+    # TensorFlow < 2.17 (tsl): date time: severity path:line]
+    rb"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] [\w./-]+:\d+\]"
+    # libjpeg(-turbo)'s warnings (jerror.h, JWRN_*).
+    rb"|Corrupt JPEG data:|Premature end of JPEG file|Invalid SOS parameters for sequential JPEG"
+    rb"|Inconsistent progression sequence for component|Unsupported marker type 0x"
+    rb"|Application transferred too (?:many|few) scanlines|Warning: unknown JFIF revision number"
+    rb"|Warning: thumbnail image size does not match data length|Unknown Adobe color transform code"
+    # Continuation lines of TensorFlow's CPU-feature notice.
+    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler"
+    rb")"
+)
+# A partial line is forwarded when nothing follows it for this long (a
+# progress bar redraws its line without ending it).
+_PARTIAL_WAIT_S = 0.05
+_JOIN_TIMEOUT_S = 5.0
+
+
+class _BigQueryNotice(logging.Filter):
+    """Drops Beam's notice, logged on the root logger when it is imported, about BigQuery."""
+
+    def filter(self, record):
+        return not str(record.msg).startswith("apitools not found")
+
+
+def is_native_noise(line: bytes) -> bool:
+    """Whether one line of stderr is C++ chatter from TensorFlow or libjpeg."""
+    return _NOISE.match(line) is not None
+
+
+def is_verbose(argv: Sequence[str] = ()) -> bool:
+    """Whether `argv` has --verbose or the environment has SHARDSMITH_VERBOSE=1 (or true/yes)."""
+    from_env = os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes")
+    return from_env or VERBOSE_FLAG in argv
+
+
+_DEPTH_LOCK = threading.Lock()
+_depth = 0
+
+
+@contextlib.contextmanager
+def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
+    """Configures logging and hides C++ chatter while an entry point runs.
+
+    Re-entrant: an entry point called by another (`shardsmith convert` runs
+    `beam_jobs.convert.main`) keeps the outer one's setting.
+
+    Args:
+      argv: The entry point's arguments; `--verbose` among them shows the
+        C++ lines.
+    """
+    global _depth
+    with _DEPTH_LOCK:
+        outer = _depth > 0
+        _depth += 1
+    try:
+        if outer:
+            yield
+            return
+        verbose = is_verbose(argv)
+        configure_logging(verbose)
+        if verbose or os.name != "posix":
+            yield
+        else:
+            with _native_stderr_filtered():
+                yield
+    finally:
+        with _DEPTH_LOCK:
+            _depth -= 1
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's Python loggers.
+
+    Args:
+      verbose: Keep Beam's import-time BigQuery notice.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    for noisy in ("apache_beam", "absl", "tensorflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    root = logging.getLogger()
+    if not verbose and not any(isinstance(f, _BigQueryNotice) for f in root.filters):
+        root.addFilter(_BigQueryNotice())
+
+
+@contextlib.contextmanager
+def _native_stderr_filtered() -> Iterator[None]:
+    """File descriptor 2 through a filter that drops `is_native_noise` lines."""
+    sys.stderr.flush()
+    try:
+        real = os.dup(2)
+    except OSError:  # No stderr at all: nothing to filter.
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    forwarder = threading.Thread(target=_forward, args=(read_end, real),
+                                 name="shardsmith-stderr-filter", daemon=True)
+    forwarder.start()
+    python_stderr = sys.stderr
+    if os.isatty(real):
+        # Writes still go through the filter, but whoever asks (the progress
+        # bar) still learns that stderr is a terminal.
+        sys.stderr = _TerminalStderr(python_stderr)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stderr, _TerminalStderr):
+            sys.stderr = python_stderr
+        sys.stderr.flush()
+        # The last write end closes (unless a child process still holds
+        # one): the forwarder drains the pipe and stops.
+        os.dup2(real, 2)
+        forwarder.join(_JOIN_TIMEOUT_S)
+        os.close(real)
+
+
+class _TerminalStderr:
+    """Python's stderr (now writing into the filter) that still says it is a terminal."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def isatty(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _forward(read_end: int, real: int) -> None:
+    pending = b""
+    try:
+        while True:
+            ready, _, _ = select.select([read_end], [], [], _PARTIAL_WAIT_S if pending else None)
+            if not ready:  # A partial line, and nothing after it for a while.
+                _write(real, pending)
+                pending = b""
+                continue
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = re.split(rb"(?<=[\r\n])", pending)
+            for line in lines:
+                _write(real, line)
+        _write(real, pending)
+    finally:
+        os.close(read_end)
+
+
+def _write(fd: int, line: bytes) -> None:
+    if not line or is_native_noise(line):
+        return
+    view = memoryview(line)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:  # The real stderr went away: nothing left to tell.
+        pass

@@ -1,0 +1,143 @@
+"""Tests of compat/: private internals of TensorFlow, Beam and pydicom in quarantine."""
+
+import ast
+import io
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from compat import UntestedVersion, beam_internals, tf_internals
+from compat._versions import check_version, installed_version
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+# Where shardsmith's code lives (tests and benchmarks may poke at anything).
+_CODE = ("schemas", "imaging", "beam_jobs", "readers", "shardsmith", "devtools")
+_LIBRARIES = ("tensorflow", "apache_beam", "pydicom")
+# Modules of those libraries that are internals as a whole.
+_PRIVATE_MODULES = re.compile(
+    r"^(tensorflow\.(python|core)|apache_beam\.(internal|runners\.common"
+    r"|runners\.dask\.overrides)|pydicom\._)"
+)
+
+
+def _fresh_python(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=_REPO).stdout
+    return out.split("\n")
+
+
+def test_the_installed_libraries_are_the_tested_ones():
+    # The versions setup.py allows are those checked at use; this machine has them.
+    tf_internals.check("test")
+    beam_internals.check("test")
+
+
+def test_an_untested_version_is_a_clear_error():
+    with pytest.raises(UntestedVersion) as e:
+        check_version("apache_beam", "2.80.1", beam_internals.TESTED, "--runner DaskRunner")
+    message = str(e.value)
+    assert "--runner DaskRunner" in message and "apache_beam>=2.77,<2.78" in message
+    assert "installed: 2.80.1" in message
+    with pytest.raises(UntestedVersion, match="unknown version"):
+        check_version("tensorflow", None, tf_internals.TESTED, "x")
+    check_version("tensorflow", "2.21.0rc1", tf_internals.TESTED, "x")  # In range: no error.
+    assert installed_version("no-such-distribution-here") is None
+
+
+def test_an_untested_tensorflow_takes_the_public_way():
+    # Outside the tested range the decode ops come from the whole library,
+    # and the Example messages from their public names: the same results.
+    lines = _fresh_python(
+        "import io\n"
+        "from PIL import Image\n"
+        "from compat import tf_internals\n"
+        "tf_internals.TESTED = ('1.0', '1.1')\n"
+        "from schemas import _tf\n"
+        "ops = _tf.image_ops()\n"
+        "buf = io.BytesIO()\n"
+        "Image.new('RGB', (3, 2)).save(buf, 'JPEG')\n"
+        "print(tuple(ops.decode_jpeg(buf.getvalue()).shape), _tf.api_loaded())\n"
+        "print(_tf.example_pb2().Example.__name__)\n"
+    )
+    assert lines[:2] == ["(2, 3, 3) True", "Example"]
+
+
+def test_decoding_freezes_once_and_leaks_nothing():
+    # gc.freeze() on every use froze whatever the caller had alive at that
+    # moment, for good: cyclic garbage was never collected again. Now only a
+    # load that imports something freezes.
+    lines = _fresh_python(
+        "import gc, io\n"
+        "from PIL import Image\n"
+        "from schemas import IMAGE_SCHEMA, ImageRecord, _tf\n"
+        "buf = io.BytesIO()\n"
+        "Image.new('RGB', (8, 8)).save(buf, 'JPEG')\n"
+        "jpeg = buf.getvalue()\n"
+        "record = IMAGE_SCHEMA.encode(ImageRecord(image=jpeg, label=1, filename='a.jpg',"
+        " format='jpeg', height=8, width=8, channels=3))\n"
+        "ops = _tf.image_ops()\n"
+        "for _ in range(10):\n"  # Warm-up: every lazy import done (the whole API too).
+        "    IMAGE_SCHEMA.decode(record); _tf.image_ops().decode_jpeg(jpeg); _tf.full()\n"
+        "gc.collect()\n"
+        "frozen, objects = gc.get_freeze_count(), len(gc.get_objects())\n"
+        "for _ in range(1000):\n"
+        # A caller's object in a reference cycle, alive during the decode and
+        # garbage after: frozen meanwhile, the collector would never free it.
+        "    cycle = [record]; cycle.append(cycle)\n"
+        "    IMAGE_SCHEMA.decode(record); _tf.image_ops().decode_jpeg(jpeg); _tf.full()\n"
+        "    del cycle\n"
+        "gc.collect()\n"
+        "print(frozen > 0, gc.get_freeze_count() - frozen, len(gc.get_objects()) - objects < 200)\n"
+    )
+    assert lines[0] == "True 0 True"
+
+
+def _private_uses(path: pathlib.Path) -> list[str]:
+    """`file:line what` for each import of, or underscore attribute on, the libraries' internals."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    aliases = {}  # local name -> library module it names
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in _LIBRARIES:
+                    aliases[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+                    if _PRIVATE_MODULES.match(alias.name):
+                        found.append(f"{node.lineno} import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.split(".")[0] in _LIBRARIES:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    aliases[alias.asname or alias.name] = full
+                    if _PRIVATE_MODULES.match(full) or alias.name.startswith("_"):
+                        found.append(f"{node.lineno} from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if _PRIVATE_MODULES.match(node.value):  # importlib.import_module("tensorflow.python...")
+                found.append(f"{node.lineno} {node.value!r}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in aliases:
+                found.append(f"{node.lineno} {ast.unparse(node)}")
+    return [f"{path.relative_to(_REPO)}:{use}" for use in found]
+
+
+def test_only_compat_touches_private_internals():
+    uses = [use for package in _CODE for path in sorted((_REPO / package).rglob("*.py"))
+            for use in _private_uses(path)]
+    assert uses == [], "private TensorFlow/Beam/pydicom internals outside compat/:\n" + "\n".join(uses)
+
+
+def test_the_private_use_finder_finds_them():
+    # The finder of the test above, on compat/ itself: it does find what is there.
+    found = "\n".join(_private_uses(_REPO / "compat" / "beam_internals.py")
+                      + _private_uses(_REPO / "compat" / "tf_internals.py"))
+    for expected in ("DaskOptions._extract_bag_kwargs", "common._OutputHandler", "ov._Create",
+                     "import tf2", "gen_image_ops", "apache_beam.internal import pickler"):
+        assert expected in found, expected

@@ -1,0 +1,115 @@
+"""Importing any shardsmith package (or command module) changes nothing in the process.
+
+Each import runs in a fresh interpreter, which then reports what a library
+could have changed: the environment, the root logger, Pillow's pixel limit
+and the allocator TensorFlow picks for host memory. A control interpreter
+does the same without the shardsmith import, so third-party libraries' own
+import effects (Beam's root handler, TensorFlow's choice of allocator on this
+CPU) are in both and cancel out.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The packages setup.py installs, then the modules the commands start from.
+_MODULES = (
+    "schemas", "imaging", "beam_jobs", "readers", "shardsmith", "compat",
+    "beam_jobs.convert", "beam_jobs.verify", "readers.preview", "shardsmith.cli",
+)
+
+# Imports `argv[1]` (if given) after the third-party libraries shardsmith
+# uses, then reports the state; TensorFlow runs an op last, so its allocator
+# is chosen after the import.
+_REPORT = r'''
+import importlib, json, logging, os, sys
+before = dict(os.environ)
+import PIL.Image, apache_beam  # noqa: E401  (their own import effects: in the control too)
+if len(sys.argv) > 1:
+    importlib.import_module(sys.argv[1])
+after_import = dict(os.environ)
+import tensorflow as tf
+tf.zeros([64, 64]).numpy()
+try:
+    tf.config.experimental.get_memory_info("CPU:0")
+    allocator = "pool"
+except ValueError:
+    allocator = "malloc"
+root = logging.getLogger()
+print(json.dumps({
+    "env_changed_by_import": sorted(k for k in set(before) | set(after_import)
+                                    if before.get(k) != after_import.get(k)),
+    "env": dict(os.environ),
+    "root_level": root.level,
+    "root_handlers": [(type(h).__name__, getattr(getattr(h, "stream", None), "name", None),
+                       h.level, [type(f).__name__ for f in h.filters]) for h in root.handlers],
+    "root_filters": [type(f).__name__ for f in root.filters],
+    "max_image_pixels": PIL.Image.MAX_IMAGE_PIXELS,
+    "allocator": allocator,
+}))
+'''
+
+
+@functools.lru_cache(maxsize=None)
+def _state(module: str | None) -> dict:
+    # The same environment for every interpreter (pytest names the running test in it).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
+    args = [sys.executable, "-c", _REPORT] + ([module] if module else [])
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=_REPO, env=env, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_control_reports_a_state():
+    control = _state(None)
+    assert control["allocator"] in ("pool", "malloc")  # TensorFlow's own choice here.
+    assert "TF_CPU_ALLOCATOR_USE_BFC" not in control["env"]
+    assert control["max_image_pixels"] == 89_478_485  # Pillow's default (1 GiB / 4 / 3).
+
+
+@pytest.mark.parametrize("module", _MODULES)
+def test_importing_changes_nothing(module):
+    state, control = dict(_state(module)), dict(_state(None))
+    # TensorFlow's own import sets a few (TF2_BEHAVIOR, TPU_ML_PLATFORM, ...):
+    # a module that imports TensorFlow may change those, and nothing else.
+    tensorflows_own = set(_state("tensorflow")["env_changed_by_import"])
+    assert set(state["env_changed_by_import"]) <= tensorflows_own
+    assert "TF_CPU_ALLOCATOR_USE_BFC" not in state["env"]
+    assert "TF_CPP_MIN_LOG_LEVEL" not in state["env"]
+    state.pop("env_changed_by_import"), control.pop("env_changed_by_import")
+    assert state == control
+
+
+def test_validating_an_image_leaves_pillows_limit_alone():
+    # The validator checks pixel counts itself, without Pillow's global limit:
+    # a header over Pillow's refusal threshold (twice its limit) is still
+    # rejected as too large, and the limit is what it was.
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    from imaging.errors import ImageRejected
+    from imaging.validator import ImageValidator
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    before = Image.MAX_IMAGE_PIXELS
+    assert before is not None
+    side = int((2 * before) ** 0.5) + 10
+    data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+    with pytest.raises(Image.DecompressionBombError):  # The fact relied on: Pillow refuses it.
+        Image.open(__import__("io").BytesIO(data))
+    validator = ImageValidator(max_pixels=1_000_000)
+    with pytest.raises(ImageRejected) as e:
+        validator.validate(data, "bomb.png")
+    assert e.value.reason == "too_large" and f"{side}x{side}" in e.value.message
+    assert Image.MAX_IMAGE_PIXELS == before

@@ -1,0 +1,149 @@
+"""The commands print shardsmith's lines, not TensorFlow's or libjpeg's C++ chatter.
+
+The C++ lines are written straight to file descriptor 2; shardsmith.console
+filters it while an entry point runs. The tests run the real commands in new
+processes, with `--verbose` as the control that shows the lines do occur.
+"""
+
+import io
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from shardsmith import console
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+_NOISE = re.compile(
+    r"absl::InitializeLog|^[IWE]\d{4} \d\d:\d\d:|oneDNN custom operations|Premature end of JPEG"
+    r"|Corrupt JPEG data", re.M)
+
+
+def _run(*args: str, verbose_env: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in (console.VERBOSE_ENV, "TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
+    if verbose_env:
+        env[console.VERBOSE_ENV] = "1"
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=_REPO,
+                          env=env, timeout=300)
+
+
+def _jpeg(seed: int) -> bytes:
+    image = Image.effect_noise((48, 40), 40 + seed).convert("RGB")
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def noisy_folder(tmp_path_factory) -> pathlib.Path:
+    """Good JPEGs, a truncated one (TensorFlow logs 'Premature end') and one with
+    bytes before its end marker (libjpeg prints 'Corrupt JPEG data')."""
+    root = tmp_path_factory.mktemp("noisy")
+    for label in ("cat", "dog"):
+        (root / label).mkdir()
+        for i in range(4):
+            (root / label / f"{i}.jpg").write_bytes(_jpeg(i + (10 if label == "dog" else 0)))
+    good = _jpeg(99)
+    (root / "cat" / "truncated.jpg").write_bytes(good[: len(good) * 2 // 3])
+    (root / "dog" / "extraneous.jpg").write_bytes(good[:-2] + b"\x55" * 40 + good[-2:])
+    return root
+
+
+def _convert(folder, out, *extra, verbose_env=False):
+    return _run("-m", "shardsmith", "convert", "--input_dir", str(folder), "--output_dir",
+                str(out), "--max_reject_fraction", "0.5", "--overwrite", *extra,
+                verbose_env=verbose_env)
+
+
+def test_convert_is_quiet_and_verbose_shows_the_lines(noisy_folder, tmp_path):
+    loud = _convert(noisy_folder, tmp_path / "loud", "--verbose")
+    assert loud.returncode == 0, loud.stderr
+    # The fact the test relies on: this TensorFlow and libjpeg do print them.
+    assert _NOISE.search(loud.stderr), loud.stderr
+    quiet = _convert(noisy_folder, tmp_path / "quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert _NOISE.search(quiet.stderr) is None, quiet.stderr
+    assert "Converted 9 images" in quiet.stderr and "rejected 1 (corrupt 1)" in quiet.stderr
+    assert "apitools" not in quiet.stderr
+
+
+def test_the_environment_variable_asks_for_the_lines_too(noisy_folder, tmp_path):
+    loud = _convert(noisy_folder, tmp_path / "out", verbose_env=True)
+    assert loud.returncode == 0 and _NOISE.search(loud.stderr), loud.stderr
+
+
+def test_verify_puts_the_verdict_on_stdout_and_preview_is_quiet(noisy_folder, tmp_path):
+    out = tmp_path / "ds"
+    assert _convert(noisy_folder, out).returncode == 0
+    verified = _run("-m", "shardsmith", "verify", str(out))
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.startswith("OK: 9 records")
+    assert _NOISE.search(verified.stderr) is None, verified.stderr
+    preview = _run("-m", "shardsmith", "preview", str(out), "--output", str(tmp_path / "p.png"))
+    assert preview.returncode == 0, preview.stderr
+    assert preview.stdout.split() == [str(tmp_path / "p.png"), str(tmp_path / "p_counts.png")]
+    assert _NOISE.search(preview.stderr) is None, preview.stderr
+
+
+def test_the_filter_drops_only_the_chatter():
+    # Written to file descriptor 2 as C++ does; the real line and a
+    # progress-style partial line pass, in order, before the entry point returns.
+    code = (
+        "import os, sys\n"
+        "from shardsmith import console\n"
+        "with console.entry_point([]):\n"
+        "    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are"
+        " written to STDERR\\n')\n"
+        "    os.write(2, b'I0000 00:00:1796130937.671886   31678 cpu_feature_guard.cc:227] This"
+        " TensorFlow binary is optimized\\n')\n"
+        "    os.write(2, b'a real line\\nCorrupt JPEG data: 35 extraneous bytes before marker"
+        " 0xd9\\n')\n"
+        "    print('from python', file=sys.stderr)\n"
+        "    os.write(2, b'\\rprogress 50%')\n"
+        "os.write(2, b'|after')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=_REPO,
+                          timeout=120)  # Bytes: text mode would turn the \r into \n.
+    assert proc.returncode == 0
+    assert proc.stderr == b"a real line\nfrom python\n\rprogress 50%|after"
+
+
+@pytest.mark.parametrize("line, noise", [
+    (b"E0000 00:00:1796130939.307951   31861 jpeg_mem.cc:331] Premature end of JPEG data.\n", True),
+    (b"W0000 00:00:1796130939.310633   31861 local_rendezvous.cc:412] Local rendezvous\n", True),
+    (b"2024-05-01 10:00:00.123456: I tensorflow/core/util/port.cc:113] oneDNN custom\n", True),
+    (b"Premature end of JPEG file\n", True),
+    (b"Converted 7 images into 8 shards (train 7)\n", False),
+    (b"Traceback (most recent call last):\n", False),
+    (b"F0000 00:00:1796130939.307951   31861 x.cc:1] Check failed\n", False),  # Fatal: kept.
+])
+def test_what_counts_as_chatter(line, noise):
+    assert console.is_native_noise(line) is noise
+
+
+def test_on_a_terminal_the_progress_bar_still_draws():
+    # stderr becomes a pipe into the filter; code asking whether stderr is a
+    # terminal (the progress bar) must still hear yes when it is one.
+    import pty
+
+    code = ("import os, sys\n"
+            "from shardsmith import console\n"
+            "from shardsmith.progress import ProgressBar\n"
+            "print(ProgressBar.wanted(), end=' ')\n"  # The control: a terminal, before.
+            "with console.entry_point([]):\n"
+            "    print(ProgressBar.wanted(), end=' ')\n"
+            "print(type(sys.stderr).__name__)\n")
+    terminal, child_side = pty.openpty()
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("CI", console.VERBOSE_ENV)}
+        proc = subprocess.run([sys.executable, "-c", code], stderr=child_side,
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=_REPO, timeout=120)
+    finally:
+        os.close(child_side)
+        os.close(terminal)
+    assert proc.stdout == "True True TextIOWrapper\n"
