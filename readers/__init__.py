@@ -24,7 +24,7 @@ from schemas import _tf  # isort: skip
 
 _tf.full()
 from readers._allocator import use_pooled_host_memory
-from readers.dataset import ReaderConfig, image_dataset_from_tfrecords
+from readers.dataset import ReaderConfig, image_dataset_from_tfrecords, without_extras
 from readers.distributed import distributed_dataset, make_dataset_fn
 from readers.metadata import load_manifest
 from readers.positions import PositionTracker, ReadPosition
@@ -39,6 +39,7 @@ __all__ = [
     "PositionTracker",
     "ResumeCallback",
     "use_pooled_host_memory",
+    "without_extras",
 ]
 
 
