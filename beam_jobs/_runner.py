@@ -61,7 +61,7 @@ def make_runner(options: PipelineOptions):
             from apache_beam.runners.dask import dask_runner  # noqa: F401
         except ImportError as e:
             raise ImportError(
-                f"--runner {runner} needs dask[distributed]: pip install 'shardsmith[dask]' "
+                f"--runner {runner} needs dask[distributed]: pip install 'dask[distributed]' "
                 f"(import failed: {e})."
             ) from e
         return DaskClusterRunner()

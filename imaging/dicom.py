@@ -605,7 +605,9 @@ def _check_jp2_boxes(pixel_data: bytes, name: str) -> None:
 
 def _install_hint(ts: dicom_uid.UID) -> str:
     packages = _CODEC_PACKAGES.get(ts, "pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
-    return f"pip install 'shardsmith[dicom]' (or: pip install {packages})"
+    # The packages themselves: shardsmith is installed from a clone, so `shardsmith[dicom]`
+    # would not resolve on an index; `pip install '.[dicom]'` in the clone installs them all.
+    return f"pip install {packages} (all codecs: pip install '.[dicom]' in shardsmith's folder)"
 
 
 def _decode_frame(decoder, ds: Dataset, index: int, name: str):
