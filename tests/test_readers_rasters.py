@@ -188,3 +188,46 @@ def test_split_band_stats_reads_the_split_field(tmp_path):
     ))
     manifest = dataclasses.replace(manifest, splits={"train": with_stats})
     assert stored.split_band_stats(manifest, "train") == stored.BandStats((1.5, 3.0), (2.0, 0.5))
+
+
+def test_preview_of_a_13_band_dataset(tmp_path):
+    from readers import preview
+
+    arrays = _arrays("uint16", 13, n=8, sizes=((16, 16),))
+    items = write_raster_dataset(tmp_path / "ds", arrays)
+    sheet = preview._build_sheet(tmp_path / "ds", "train", per_class=2, image_size=16, seed=0,
+                                 max_classes=20, max_records=100, resize="stretch",
+                                 rgb_bands="4,3,2")
+    assert "13-band rasters: bands 4,3,2 as R,G,B (--rgb_bands), each stretched to its 2-98 % " \
+           "percentiles per image." in sheet.header
+    font = preview._font(12)
+    width = sheet.image.size[0] - 2 * preview._MARGIN
+    assert all(font.getlength(line) <= width for line in sheet.header)  # Not cut short.
+    by_name = {i.filename: i for i in items}
+    filename = sheet.rows[0][1][0]
+    tile = np.asarray(sheet.image)[slice(*(lambda o: (o[1], o[1] + 16))(
+        sheet.layout.tile_origin(0, 0)))][:, slice(*(lambda o: (o[0], o[0] + 16))(
+            sheet.layout.tile_origin(0, 0)))]
+    # The stored size is the tile size: the tile is bands 4, 3, 2 of the stored array, stretched.
+    want = preview._stretch_to_rgb(by_name[filename].pixels.astype(np.float32), (4, 3, 2))
+    np.testing.assert_array_equal(tile, want)
+    assert tile.std() > 0
+    for bad in ("0,1,2", "4,3", "14,1,1"):
+        with pytest.raises(ValueError, match=r"`rgb_bands` must be 1 or 3 band numbers in 1..13"):
+            preview._build_sheet(tmp_path / "ds", "train", per_class=1, image_size=16, seed=0,
+                                 max_classes=1, max_records=10, resize="stretch", rgb_bands=bad)
+    out = tmp_path / "sheet.png"
+    assert preview.main([str(tmp_path / "ds"), "--output", str(out), "--rgb_bands", "4,3,2",
+                         "--image_size", "16", "--per_class", "2"]) == 0
+    assert out.stat().st_size > 0 and (tmp_path / "sheet_counts.png").stat().st_size > 0
+
+
+def test_stretch_maps_the_2_and_98_percentiles():
+    from readers import preview
+
+    band = np.arange(100, dtype=np.float32).reshape(10, 10, 1)
+    rgb = preview._stretch_to_rgb(band, (1,))
+    low, high = np.percentile(band, (2, 98))
+    assert rgb.shape == (10, 10, 3) and (rgb[..., 0] == rgb[..., 2]).all()
+    assert rgb[0, 0, 0] == 0 and rgb[-1, -1, 0] == 255
+    assert rgb[5, 0, 0] == round((50 - low) / (high - low) * 255)
