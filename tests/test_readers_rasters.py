@@ -231,3 +231,26 @@ def test_stretch_maps_the_2_and_98_percentiles():
     assert rgb.shape == (10, 10, 3) and (rgb[..., 0] == rgb[..., 2]).all()
     assert rgb[0, 0, 0] == 0 and rgb[-1, -1, 0] == 255
     assert rgb[5, 0, 0] == round((50 - low) / (high - low) * 255)
+
+
+def test_inspect_lists_formats_and_dtypes(tmp_path):
+    from shardsmith import inspection
+
+    write_raster_dataset(tmp_path / "ds", _arrays("uint16", 13, n=3) + _arrays("float32", 1, n=2),
+                         photos=[np.zeros((4, 4, 3), np.uint8)])
+    facts = inspection.inspect_dataset(str(tmp_path / "ds"))
+    text = inspection.format_inspection(str(tmp_path / "ds"), facts)
+    row = next(line for line in text.splitlines() if line.startswith("train") and "raw-" in line)
+    assert row.split("  ")[0] == "train"
+    assert "png 1, raw-float32 2, raw-uint16 3" in row
+    assert "float32, uint16, uint8/uint16" in row
+    assert "stored as" in text and "dtypes" in text
+
+
+def test_inspect_of_photos_unchanged(tmp_path):
+    from shardsmith import inspection
+
+    write_raster_dataset(tmp_path / "ds", [], photos=[np.zeros((4, 4, 3), np.uint8)] * 2)
+    text = inspection.format_inspection(str(tmp_path / "ds"),
+                                        inspection.inspect_dataset(str(tmp_path / "ds")))
+    assert "stored as" not in text
