@@ -120,7 +120,8 @@ class ImageOptions:
             self._set("image_size", _check_image_size(self.image_size))
         if self.color_mode is not None and self.color_mode not in decode.CHANNELS_BY_COLOR_MODE:
             raise ValueError(
-                f"`color_mode` must be one of {(*decode.CHANNELS_BY_COLOR_MODE, None)}. "
+                f"`color_mode` must be one of {tuple(decode.CHANNELS_BY_COLOR_MODE)} or None "
+                "(every band, as stored). "
                 f"Received: color_mode={self.color_mode!r}"
             )
         self._check_resize()
