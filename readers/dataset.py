@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from readers import decode, global_shuffle, preprocess, record_index
+from readers import decode, global_shuffle, preprocess, record_index, stored
 from readers.metadata import SplitFiles, load_split
 from readers.options import (
     AUGMENTATIONS,
     LABEL_MODES,
+    NORMALIZE_DATASET,
     OPTION_NAMES,
     SHUFFLE_MODES,
     ImageOptions,
@@ -59,7 +60,7 @@ from readers.options import (
     ShuffleOptions,
 )
 from readers.positions import ReadPosition
-from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord
+from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord, raw_format
 
 __all__ = [
     "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
@@ -110,14 +111,20 @@ def _shuffle_buffer(shuffling: ShuffleOptions, num_records: int, num_bytes: int)
     return max(1, min(num_records, _DEFAULT_SHUFFLE_RECORDS, by_ram))
 
 
-def _placeholder_record(schema) -> bytes:
+def _placeholder_record(schema, raster: stored.RasterPlan | None = None) -> bytes:
     """A valid record of `schema` with a 1x1 image: stands in for a skipped
-    damaged record until its batch drops it (keeps per-example stages simple)."""
-    png = tf.io.encode_png(tf.zeros([1, 1, 1], tf.uint8)).numpy()
+    damaged record until its batch drops it (keeps per-example stages simple).
+    For a split of rasters, a raw one of the split's bands."""
+    if raster is None:
+        image, fmt, channels = tf.io.encode_png(tf.zeros([1, 1, 1], tf.uint8)).numpy(), "png", 1
+    else:
+        dtype = raster.raw_dtypes[0]
+        image = np.zeros([1, 1, raster.bands], np.dtype(dtype).newbyteorder("<")).tobytes()
+        fmt, channels = raw_format(dtype), raster.bands
     return schema.encode(
         ImageRecord(
-            image=png, label=0, filename="", format="png", height=1, width=1, channels=1,
-            extra={spec.key: "" for spec in schema.extra},
+            image=image, label=0, filename="", format=fmt, height=1, width=1,
+            channels=channels, extra={spec.key: "" for spec in schema.extra},
         )
     )
 
@@ -326,6 +333,9 @@ class _Stages:
         their batch.
       jpegs_of_size: The one (height, width) of a split of JPEGs only, from
         the manifest's image stats; else None.
+      raster: How a split holding raw-stored rasters is decoded
+        (`readers.stored.plan`); None for photos only.
+      shape_keys: Features parsed only to decode rasters, dropped after.
     """
 
     config: ReaderConfig
@@ -335,26 +345,49 @@ class _Stages:
     batch_size: int | None
     masked: bool
     jpegs_of_size: tuple[int, int] | None
+    raster: stored.RasterPlan | None = None
+    shape_keys: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
         keys = (IMAGE.key,) + ((LABEL.key,) if config.reading.label_mode else ())
+        keys += config.reading.extra_features
         stats = split_files.images
+        raster = stored.plan(split_files, config.image)
+        shape_keys = tuple(k for k in stored.SHAPE_KEYS if k not in keys) if raster else ()
         return cls(
             config=config,
             schema=split_files.schema,
-            keys=keys + config.reading.extra_features,
+            keys=keys + shape_keys,
             num_classes=len(split_files.class_names),
             batch_size=batch_size,
             # Unbatched, a skipped record is filtered out before (`_drop_skipped`).
             masked=config.reading.max_bad_records > 0 and batch_size is not None,
             jpegs_of_size=(stats.one_size if stats and [f for f, _ in stats.formats] == ["jpeg"]
                            else None),
+            raster=raster,
+            shape_keys=shape_keys,
         )
 
     @property
     def standard(self) -> bool:
         return self.config.image.standard_augment
+
+    @property
+    def channels(self) -> int:
+        """Channels of every output image."""
+        return self.raster.bands if self.raster else self.config.image.channels
+
+    def decode(self, features, example_seed=None):
+        """Decodes and preprocesses the image of one parsed record's features."""
+        features = dict(features)
+        if self.raster is None:
+            features[IMAGE.key] = self.load_image(features[IMAGE.key], example_seed)
+            return features
+        features[IMAGE.key] = self.raster.decode(features, self.config.image, example_seed)
+        for k in self.shape_keys:
+            del features[k]
+        return features
 
     def load_image(self, encoded, example_seed=None):
         """Decodes and preprocesses one image."""
@@ -375,7 +408,8 @@ class _Stages:
         """Per batch: converts pixels and labels and builds the output structure."""
         image, reading = self.config.image, self.config.reading
         images = preprocess.convert_images(
-            features[IMAGE.key], image.dtype, scale=image.scale, normalize=image.normalize
+            features[IMAGE.key], self.raster.output_dtype if self.raster else image.dtype,
+            scale=image.scale, normalize=image.normalize,
         )
         out = [images]
         if reading.label_mode is not None:
@@ -463,7 +497,7 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
 def _parse(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     """Parses records `_PARSE_BATCH` at a time (vectorised), then unbatches."""
     masked, keys = stages.masked, list(stages.keys)
-    placeholder = _placeholder_record(stages.schema) if masked else None
+    placeholder = _placeholder_record(stages.schema, stages.raster) if masked else None
 
     @_no_autograph
     def parse(serialized, *rest):
@@ -483,8 +517,7 @@ def _decode_and_preprocess(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Data
 
     @_no_autograph
     def load(features, *rest):
-        features = dict(features)
-        features[IMAGE.key] = stages.load_image(features[IMAGE.key], rest[0] if standard else None)
+        features = stages.decode(features, rest[0] if standard else None)
         return (features, rest[-1]) if masked else features
 
     return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
@@ -496,7 +529,7 @@ def _user_augment(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     if not callable(image.augment):
         return ds
     user_fn = image.augment
-    shape = [*image.image_size, image.channels]
+    shape = [*image.image_size, stages.channels]
 
     def augment(features, *keep):
         features = dict(features)
@@ -603,6 +636,8 @@ def build_dataset(
         index file is missing or does not match the manifest.
     """
     config.check_schema(split_files)
+    if config.image.normalize == NORMALIZE_DATASET:
+        config = config.replace(normalize=stored.resolve_normalize(split_files, config.image))
     records, num_records, bytes_per_record = _records(
         split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines
     )
@@ -610,8 +645,9 @@ def build_dataset(
         records = _drop_skipped(records)
     stages = _Stages.of(split_files, config, batch_size)
     ds = records
-    for stage in (_BY_BATCH if _decodes_by_batch(config, batch_size, bytes_per_record)
-                  else _PER_IMAGE):
+    # Rasters decode per image (`readers.stored`).
+    by_batch = stages.raster is None and _decodes_by_batch(config, batch_size, bytes_per_record)
+    for stage in (_BY_BATCH if by_batch else _PER_IMAGE):
         ds = stage(ds, stages)
     return _finish_dataset(
         ds, split_files, config,
@@ -646,16 +682,16 @@ def image_dataset_from_tfrecords(
     *,
     batch_size: int | None = 32,
     image_size: tuple[int, int] | None = (224, 224),
-    color_mode: str = "rgb",
+    color_mode: str | None = "rgb",
     shuffle: bool | str = True,
     seed: int | None = None,
     label_mode: str | None = "int",
     resize: str = "stretch",
     crop_fraction: float = 1.0,
     interpolation: str = "bilinear",
-    dtype: str = "float32",
+    dtype: str | None = "float32",
     scale: float | Sequence[float] | None = None,
-    normalize: tuple[Any, Any] | None = None,
+    normalize: tuple[Any, Any] | str | None = None,
     augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None,
     repeat: bool = False,
     drop_remainder: bool = False,
@@ -701,7 +737,9 @@ def image_dataset_from_tfrecords(
           `evaluate` would take `extras` for sample weights: give them
           `ds.map(without_extras)`, and iterate `ds` itself to pair
           predictions with file names.
-      `images` is `dtype` [batch, height, width, channels]; `labels` as
+      `images` is `dtype` [batch, height, width, channels]; for a split of
+      raw-stored rasters, `color_mode=None` gives every band and
+      `dtype=None` the stored dtype (see `readers.stored`); `labels` as
       described under `ReadOptions.label_mode`. Without batching the batch
       dimension is absent. Without `repeat`, the cardinality is known (from
       the manifest's counts), so `model.fit` shows progress. The dataset has

@@ -9,6 +9,11 @@ format-aware: JPEG goes through the JPEG decoder (which has no alpha channel,
 so 'rgba' adds an opaque one), everything else through `tf.io.decode_image`.
 8-bit sources read as uint16 are scaled by 257 (255 maps to 65535) whatever
 their format; 16-bit PNGs read as uint8 keep their high byte.
+
+Images PNG cannot hold (more bands, signed, 32-bit, float) are stored raw
+(`schemas.features.RAW_FORMAT_PREFIX`): `decode_raw` gives them back exactly,
+every band, in their stored dtype, from the record's height, width and
+channels.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from schemas.features import IMAGE, IMAGE_SCHEMA, ImageExampleSchema
+from schemas.features import IMAGE, IMAGE_SCHEMA, RAW_DTYPES, ImageExampleSchema
 
 __all__ = [
     "CHANNELS_BY_COLOR_MODE",
@@ -27,6 +32,7 @@ __all__ = [
     "decode_image_batch",
     "image_shape",
     "decode_example",
+    "decode_raw",
 ]
 
 # Keras's `color_mode` names and the channels they decode to.
@@ -38,6 +44,33 @@ _DECODE_DTYPES = (tf.uint8, tf.uint16)
 _JPEG_START = b"\xff\xd8\xff"
 # Larger static batches decode in a loop: one op per image would make big graphs.
 _MAX_UNROLLED_BATCH = 256
+
+
+def decode_raw(encoded, height, width, channels, dtype: str) -> tf.Tensor:
+    """Decodes one raw-stored image: its bytes, little-endian, C order.
+
+    Args:
+      encoded: A scalar string tensor, the stored array's bytes.
+      height, width, channels: Scalar int tensors (the record's features).
+      dtype: The stored dtype, one of `schemas.features.RAW_DTYPES` (from the
+        format, 'raw-<dtype>').
+
+    Returns:
+      A `dtype` tensor [height, width, channels], the values as stored.
+
+    Raises:
+      ValueError: If `dtype` is not a raw dtype.
+      InvalidArgumentError: At run time, if the bytes do not hold that shape.
+    """
+    if dtype not in RAW_DTYPES:
+        raise ValueError(f"`dtype` must be one of {RAW_DTYPES}. Received: dtype={dtype!r}")
+    # DecodeRaw has no uint32: the same bytes as int32, reinterpreted.
+    as_read = tf.int32 if dtype == "uint32" else tf.as_dtype(dtype)
+    flat = tf.io.decode_raw(encoded, as_read, little_endian=True)
+    if dtype == "uint32":
+        flat = tf.bitcast(flat, tf.uint32)
+    shape = tf.cast(tf.stack([height, width, channels]), tf.int32)
+    return tf.reshape(flat, shape)
 
 
 def _check_channels(channels) -> int:

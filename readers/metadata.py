@@ -52,6 +52,8 @@ class SplitFiles:
       index_sha256: The manifest's sha256 of each index file.
       images: Formats and sizes of the split's images, if the manifest
         has them.
+      band_stats: Per-band statistics the manifest records, by split name
+        (`readers.stored.split_band_stats`), for `normalize='dataset'`.
     """
 
     data_dir: str
@@ -64,6 +66,7 @@ class SplitFiles:
     index_files: tuple[str | None, ...] = ()
     index_sha256: tuple[str | None, ...] = ()
     images: ImageStats | None = None
+    band_stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def total_records(self) -> int:
@@ -223,4 +226,12 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
         ),
         index_sha256=tuple(s.index_sha256 for s in shards),
         images=manifest.split(split).images,
+        band_stats=_band_stats(manifest),
     )
+
+
+def _band_stats(manifest: Manifest) -> dict[str, Any]:
+    from readers.stored import split_band_stats  # It imports the decoders.
+
+    stats = {name: split_band_stats(manifest, name) for name in manifest.splits}
+    return {name: s for name, s in stats.items() if s is not None}

@@ -23,11 +23,13 @@ from readers.positions import ReadPosition
 from schemas.features import IMAGE, LABEL
 
 __all__ = [
-    "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
+    "LABEL_MODES", "NORMALIZE_DATASET", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
     "ShuffleOptions", "ReadOptions", "ReaderConfig",
 ]
 
 LABEL_MODES = ("int", "categorical", "binary", None)
+# normalize= value: the train split's per-band statistics from the manifest.
+NORMALIZE_DATASET = "dataset"
 AUGMENTATIONS = (None, "standard")
 # True is 'shards'; False reads in manifest order.
 SHUFFLE_MODES = (True, False, "shards", "global")
@@ -75,7 +77,9 @@ class ImageOptions:
         here is (224, 224), the input size of the ImageNet models in
         `keras.applications` (ResNet, EfficientNetB0, MobileNet, ...) and of
         the 'standard' augmentation recipe.
-      color_mode: 'rgb' (3 channels), 'grayscale' (1) or 'rgba' (4).
+      color_mode: 'rgb' (3 channels), 'grayscale' (1) or 'rgba' (4); or None:
+        every band as stored, for splits of raw-stored rasters (any band
+        count; see `readers.stored`).
       resize: 'stretch' (as Keras's default), 'crop' (Keras's
         `crop_to_aspect_ratio=True`) or 'pad' (`pad_to_aspect_ratio=True`),
         see `readers.preprocess`. Ignored when `augment='standard'`.
@@ -84,10 +88,15 @@ class ImageOptions:
       interpolation: Resize method, one of `preprocess.INTERPOLATIONS`.
       dtype: Output pixel dtype: 'float32', 'bfloat16', 'float16' (values in
         0-255 unless scaled), 'uint8', or 'uint16' (decodes 16-bit PNGs at
-        full depth; 8-bit sources are multiplied by 257).
+        full depth; 8-bit sources are multiplied by 257); or None: the stored
+        dtype, for splits of raw-stored rasters of one dtype (values exactly
+        as stored unless resized).
       scale: Optional multiplier applied per batch, e.g. 1/255 (float dtypes).
       normalize: Optional (mean, std), each a float or per-channel sequence,
-        applied after `scale` as (x - mean) / std (float dtypes).
+        applied after `scale` as (x - mean) / std (float dtypes); or
+        'dataset': the per-band mean and std the converter recorded for the
+        *train* split (whatever split is read, so that no statistic of the
+        evaluation data leaks into training), see `readers.stored`.
       augment: None; 'standard' for the ImageNet training recipe (random
         resized crop fused with JPEG decoding, random horizontal flip); or a
         callable `fn(image) -> image` applied per example before batching to a
@@ -109,13 +118,15 @@ class ImageOptions:
     def __post_init__(self):
         if self.image_size is not None:
             self._set("image_size", _check_image_size(self.image_size))
-        if self.color_mode not in decode.CHANNELS_BY_COLOR_MODE:
+        if self.color_mode is not None and self.color_mode not in decode.CHANNELS_BY_COLOR_MODE:
             raise ValueError(
-                f"`color_mode` must be one of {tuple(decode.CHANNELS_BY_COLOR_MODE)}. "
+                f"`color_mode` must be one of {tuple(decode.CHANNELS_BY_COLOR_MODE)} or None "
+                "(every band, as stored). "
                 f"Received: color_mode={self.color_mode!r}"
             )
         self._check_resize()
-        self._set("dtype", _check_dtype(self.dtype))
+        if self.dtype is not None:
+            self._set("dtype", _check_dtype(self.dtype))
         self._check_pixel_transform()
         if not (self.augment in AUGMENTATIONS or callable(self.augment)):
             raise ValueError(
@@ -157,7 +168,7 @@ class ImageOptions:
         """`scale` and `normalize`: float output only, one value or one per channel."""
         if self.scale is not None:
             self._set("scale", _check_per_channel("scale", self.scale))
-        if self.normalize is not None:
+        if self.normalize is not None and self.normalize != NORMALIZE_DATASET:
             if not isinstance(self.normalize, Sequence) or len(self.normalize) != 2:
                 raise TypeError(
                     "`normalize` must be a pair (mean, std). "
@@ -173,11 +184,14 @@ class ImageOptions:
         for name, value in (("scale", self.scale), ("normalize", self.normalize)):
             if value is None:
                 continue
-            if tf.as_dtype(self.dtype).is_integer:
+            # dtype=None (the stored dtype) is checked against the dataset.
+            if self.dtype is not None and tf.as_dtype(self.dtype).is_integer:
                 raise ValueError(
                     f"`{name}` needs a float `dtype` {('float32', 'bfloat16', 'float16')}. "
                     f"Received: {name}={value!r}, dtype={self.dtype!r}"
                 )
+            if value == NORMALIZE_DATASET or self.channels is None:
+                continue  # Checked against the dataset's bands.
             for part in value if name == "normalize" else (value,):
                 if isinstance(part, tuple) and len(part) not in (1, self.channels):
                     raise ValueError(
@@ -186,7 +200,10 @@ class ImageOptions:
                     )
 
     @property
-    def channels(self) -> int:
+    def channels(self) -> int | None:
+        """Channels of the color mode; None: every stored band."""
+        if self.color_mode is None:
+            return None
         return decode.CHANNELS_BY_COLOR_MODE[self.color_mode]
 
     @property

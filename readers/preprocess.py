@@ -40,6 +40,7 @@ __all__ = [
     "random_crop_window",
     "load_image",
     "convert_images",
+    "fit_image",
 ]
 
 RESIZE_POLICIES = ("stretch", "pad", "crop")
@@ -215,6 +216,51 @@ def load_image(
     return tf.ensure_shape(image, [*image_size, channels])
 
 
+def fit_image(
+    image: tf.Tensor,
+    *,
+    image_size: tuple[int, int],
+    resize: str = "stretch",
+    crop_fraction: float = 1.0,
+    interpolation: str = "bilinear",
+    augment: bool = False,
+    seed: tf.Tensor | None = None,
+) -> tf.Tensor:
+    """`load_image`'s resize policies and augmentation for an image already decoded.
+
+    For images with any number of bands (raw-stored rasters), where there is
+    no JPEG decoder to fuse the crop with: the window is cut after decoding.
+
+    Args:
+      image: Tensor [height, width, bands] of any real dtype.
+      image_size, resize, crop_fraction, interpolation, augment, seed: As
+        for `load_image`.
+
+    Returns:
+      A float32 tensor [*image_size, bands].
+    """
+    image = tf.cast(image, tf.float32)
+    shape = tf.shape(image)
+    if augment:
+        if seed is None:
+            raise ValueError("`seed` is required when `augment` is True. Received: seed=None")
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        window = random_crop_window(shape[0], shape[1], crop_seed)
+    elif resize == "crop":
+        window = center_crop_window(shape[0], shape[1], image_size, crop_fraction)
+    else:
+        window = None
+    if window is not None:
+        image = tf.slice(image, tf.concat([window[:2], [0]], 0),
+                         tf.concat([window[2:], [shape[2]]], 0))
+    elif resize == "pad":
+        image = pad_to_aspect_ratio(image, image_size)
+    image = tf.image.resize(image, image_size, method=interpolation)
+    if augment:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return image
+
+
 def load_image_batch(
     encoded: tf.Tensor,
     heights: tf.Tensor,
@@ -304,8 +350,8 @@ def load_image_batch(
     return tf.ensure_shape(images, output_shape)
 
 
-def _per_channel(value) -> tf.Tensor:
-    return tf.constant(value, tf.float32)
+def _per_channel(value, dtype=tf.float32) -> tf.Tensor:
+    return tf.constant(value, dtype)
 
 
 def convert_images(
@@ -330,12 +376,15 @@ def convert_images(
     Returns:
       The converted tensor, same shape.
     """
+    # In the images' own float dtype (float64 rasters read as stored).
     if scale is not None:
-        images = images * _per_channel(scale)
+        images = images * _per_channel(scale, images.dtype)
     if normalize is not None:
         mean, std = normalize
-        images = (images - _per_channel(mean)) / _per_channel(std)
+        images = (images - _per_channel(mean, images.dtype)) / _per_channel(std, images.dtype)
     dtype = tf.as_dtype(dtype)
+    if images.dtype == dtype:
+        return images
     if dtype.is_integer:
         return tf.saturate_cast(tf.round(images), dtype)
     return tf.cast(images, dtype)

@@ -19,6 +19,12 @@ records; shards holding none of the classes still wanted are skipped (the
 manifest has every shard's class counts). From each class's pool the seed picks
 `--per_class` records; only those are decoded and resized. The same dataset,
 options and seed give the same PNG bytes.
+
+Rasters (raw-stored, any band count) are read with every band as float32
+and shown through a band-to-RGB mapping, `--rgb_bands 4,3,2` (1-based, as
+GDAL numbers bands; default the first three, one band as grey), each shown
+band stretched from its 2nd to its 98th percentile in each image; the sheet
+says so.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
-from readers import preprocess
+from readers import preprocess, stored
 from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_manifest, load_split
 from schemas.features import FILENAME, LABEL
@@ -62,6 +69,8 @@ _MUTED = (115, 115, 115)
 _WARN = (185, 35, 35)
 _BAR = (72, 112, 170)
 _STRIPE = (246, 246, 246)
+# Percentiles each shown band of a raster is stretched between.
+_STRETCH = (2.0, 98.0)
 
 
 # --- Text ---------------------------------------------------------------------
@@ -200,8 +209,46 @@ def _sample(
     return _Sample(records=records, scanned=scanned, shards_read=shards_read)
 
 
+def _default_rgb_bands(bands: int) -> tuple[int, ...]:
+    return (1, 2, 3) if bands >= 3 else (1,)
+
+
+def _check_rgb_bands(rgb_bands, bands: int) -> tuple[int, ...]:
+    if rgb_bands is None:
+        return _default_rgb_bands(bands)
+    if isinstance(rgb_bands, str):
+        try:
+            rgb_bands = tuple(int(b) for b in rgb_bands.split(","))
+        except ValueError:
+            rgb_bands = None
+    if (not isinstance(rgb_bands, (tuple, list)) or len(rgb_bands) not in (1, 3)
+            or not all(isinstance(b, int) and 1 <= b <= bands for b in rgb_bands)):
+        raise ValueError(
+            f"`rgb_bands` must be 1 or 3 band numbers in 1..{bands} (1-based), e.g. '4,3,2'. "
+            f"Received: rgb_bands={rgb_bands!r}"
+        )
+    return tuple(rgb_bands)
+
+
+def _stretch_to_rgb(image: np.ndarray, rgb_bands: tuple[int, ...]) -> np.ndarray:
+    """uint8 RGB of bands `rgb_bands` (1-based), each stretched between its
+    `_STRETCH` percentiles (NaN and infinities ignored, shown as 0)."""
+    channels = []
+    for band in rgb_bands:
+        values = image[..., band - 1].astype(np.float64)
+        finite = values[np.isfinite(values)]
+        low, high = np.percentile(finite, _STRETCH) if finite.size else (0.0, 0.0)
+        scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
+        scaled = np.where(np.isfinite(scaled), scaled, 0.0)
+        channels.append(np.round(np.clip(scaled, 0.0, 1.0) * 255).astype(np.uint8))
+    if len(channels) == 1:
+        channels *= 3
+    return np.stack(channels, axis=-1)
+
+
 def _through_reader(
-    records: list[bytes], split_files: SplitFiles, image_size: int, resize: str
+    records: list[bytes], split_files: SplitFiles, image_size: int, resize: str,
+    rgb_bands=None,
 ) -> list[tuple[str, np.ndarray]]:
     """Decodes and resizes records exactly as `image_dataset_from_tfrecords` does.
 
@@ -214,11 +261,14 @@ def _through_reader(
     """
     if not records:
         return []
+    rasters = _is_raster_split(split_files)
     config = ReaderConfig(
         batch_size=None,
         image_size=(image_size, image_size),
         shuffle=False,
-        dtype="uint8",
+        # Rasters: every band, as float32, for the band mapping and stretch.
+        color_mode=None if rasters else "rgb",
+        dtype="float32" if rasters else "uint8",
         resize=resize,
         extra_features=(FILENAME.key,),
         deterministic=True,
@@ -237,9 +287,21 @@ def _through_reader(
         )
         ds = build_dataset(picked, config, batch_size=None)
         return [
-            (extras[FILENAME.key].numpy().decode("utf-8", "replace"), image.numpy())
+            (extras[FILENAME.key].numpy().decode("utf-8", "replace"),
+             _stretch_to_rgb(image.numpy(), rgb_bands) if rasters else image.numpy())
             for image, _, extras in ds
         ]
+
+
+def _is_raster_split(split_files: SplitFiles) -> bool:
+    """Whether the split holds rasters only (mixed splits show as photos: rgb)."""
+    photos, raws = stored.stored_formats(split_files.images)
+    return bool(raws) and not photos
+
+
+def _raster_bands(split_files: SplitFiles) -> int:
+    return stored.plan(split_files, ReaderConfig(
+        batch_size=None, image_size=None, color_mode=None, dtype="float32").image).bands
 
 
 # --- The contact sheet --------------------------------------------------------
@@ -288,6 +350,7 @@ class _Sheet:
       rows: Per row, the class label and the file names of its tiles.
       notes: The footer lines.
       scanned: Records scanned.
+      header: The lines under the title.
     """
 
     image: Image.Image
@@ -295,6 +358,7 @@ class _Sheet:
     rows: tuple[tuple[int, tuple[str, ...]], ...]
     notes: tuple[str, ...]
     scanned: int
+    header: tuple[str, ...] = ()
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> int:
@@ -316,6 +380,7 @@ def _build_sheet(
     max_classes: int,
     max_records: int,
     resize: str,
+    rgb_bands=None,
 ) -> _Sheet:
     per_class = _check_int("per_class", per_class, 1, _MAX_PER_CLASS)
     image_size = _check_int("image_size", image_size, _MIN_IMAGE_SIZE, _MAX_IMAGE_SIZE)
@@ -327,6 +392,15 @@ def _build_sheet(
             f"`resize` must be one of {preprocess.RESIZE_POLICIES}. Received: resize={resize!r}"
         )
     split_files = load_split(data_dir, split)
+    rasters = _is_raster_split(split_files)
+    if rasters:
+        bands = _raster_bands(split_files)
+        rgb_bands = _check_rgb_bands(rgb_bands, bands)
+    elif rgb_bands is not None:
+        raise ValueError(
+            f"`rgb_bands` maps the bands of rasters; split {split!r} holds photos. "
+            f"Received: rgb_bands={rgb_bands!r}"
+        )
     manifest = load_manifest(data_dir)
     names = manifest.class_names
     counts = manifest.split(split).class_counts
@@ -336,7 +410,8 @@ def _build_sheet(
         max_records=max_records,
     )
     decoded = iter(_through_reader(
-        [r for rows in sample.records for r in rows], split_files, image_size, resize
+        [r for rows in sample.records for r in rows], split_files, image_size, resize,
+        rgb_bands,
     ))
     tiles = [[next(decoded) for _ in rows] for rows in sample.records]
 
@@ -368,15 +443,18 @@ def _build_sheet(
     label_width = min(
         max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
     )
+    raster_lines = _raster_caption(image_size, resize, seed, bands, rgb_bands) if rasters else ()
     layout = _Layout(
         tile=image_size,
         columns=per_class,
         rows=num_shown,
         label_width=label_width,
         caption_height=caption_height,
-        header_height=_line_height(title_font) + 2 * _line_height(small_font) + _GAP,
+        header_height=_line_height(title_font) + (2 + rasters) * _line_height(small_font) + _GAP,
         footer_height=_GAP + len(notes) * _line_height(small_font),
-        min_width=560,
+        # Wide enough to say in full how rasters are shown.
+        min_width=max([560] + [int(small_font.getlength(line)) + 2 * _MARGIN + 1
+                               for line in raster_lines]),
     )
     sheet = Image.new("RGB", layout.size, _WHITE)
     draw = ImageDraw.Draw(sheet)
@@ -393,6 +471,8 @@ def _build_sheet(
         f"per class, as the reader returns them:",
         f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='uint8'; seed {seed}.",
     )
+    if rasters:
+        header = (header[0], *raster_lines)
     for line in header:
         draw.text((_MARGIN, y), _fit(small_font, line, text_width), font=small_font, fill=_MUTED)
         y += _line_height(small_font)
@@ -435,7 +515,21 @@ def _build_sheet(
     for note, color in notes:
         draw.text((_MARGIN, y), _fit(small_font, note, text_width), font=small_font, fill=color)
         y += _line_height(small_font)
-    return _Sheet(sheet, layout, tuple(rows), tuple(n for n, _ in notes), sample.scanned)
+    return _Sheet(sheet, layout, tuple(rows), tuple(n for n, _ in notes), sample.scanned,
+                  tuple(header))
+
+
+def _raster_caption(image_size, resize, seed, bands, rgb_bands) -> tuple[str, str]:
+    """The sheet's two lines saying how rasters are shown."""
+    shown = ("band {} as grey".format(*rgb_bands) if len(rgb_bands) == 1
+             else "bands {},{},{} as R,G,B".format(*rgb_bands))
+    low, high = _STRETCH
+    return (
+        f"{bands}-band rasters: {shown} (--rgb_bands), each stretched to its "
+        f"{low:g}-{high:g} % percentiles per image.",
+        f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='float32'; "
+        f"seed {seed}.",
+    )
 
 
 def contact_sheet(
@@ -448,6 +542,7 @@ def contact_sheet(
     max_classes: int = 20,
     max_records: int = 5000,
     resize: str = "stretch",
+    rgb_bands: Sequence[int] | str | None = None,
 ) -> Image.Image:
     """A contact sheet of a split: a few images per class, as the reader gives them.
 
@@ -468,6 +563,10 @@ def contact_sheet(
         are named in the footer.
       resize: The reader's resize policy, one of
         `readers.preprocess.RESIZE_POLICIES`.
+      rgb_bands: For a split of rasters, the 1-based bands shown as red,
+        green and blue (or one band as grey), e.g. (4, 3, 2) or '4,3,2';
+        default the first three (the first alone for fewer than three).
+        Each is stretched to its 2-98 % percentiles per image.
 
     Returns:
       The RGB sheet as a PIL image.
@@ -480,7 +579,7 @@ def contact_sheet(
     """
     return _build_sheet(
         data_dir, split, per_class=per_class, image_size=image_size, seed=seed,
-        max_classes=max_classes, max_records=max_records, resize=resize,
+        max_classes=max_classes, max_records=max_records, resize=resize, rgb_bands=rgb_bands,
     ).image
 
 
@@ -607,6 +706,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resize", default="stretch", choices=preprocess.RESIZE_POLICIES,
         help="The reader's resize policy (default: stretch).",
     )
+    parser.add_argument(
+        "--rgb_bands", default=None,
+        help="Rasters: the 1-based bands shown as red, green, blue, e.g. 4,3,2, or one band "
+        "as grey (default: the first three), each stretched to its 2-98 %% percentiles.",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Picks the images (default: 0).")
     parser.add_argument(
         "--max_classes", type=int, default=20,
@@ -652,7 +756,7 @@ def _main(argv: list[str]) -> int:
         sheet = contact_sheet(
             args.dataset_dir, args.split, per_class=args.per_class, image_size=args.image_size,
             seed=args.seed, max_classes=args.max_classes, max_records=args.max_records,
-            resize=args.resize,
+            resize=args.resize, rgb_bands=args.rgb_bands,
         )
         chart = count_chart(args.dataset_dir)
         _save_png(sheet, args.output)

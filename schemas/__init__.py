@@ -19,6 +19,7 @@ from schemas.features import (
     ImageExampleSchema,
     ImageRecord,
     dicom_tag_key,
+    raw_dtype,
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
@@ -40,7 +41,7 @@ from schemas.manifest import (
 __all__ = [
     "__version__",
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
-    "dicom_tag_key", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
+    "dicom_tag_key", "raw_dtype", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",

@@ -35,6 +35,10 @@ __all__ = [
     "CHANNELS",
     "IMAGE_SCHEMA",
     "dicom_tag_key",
+    "RAW_FORMAT_PREFIX",
+    "RAW_DTYPES",
+    "raw_format",
+    "raw_dtype",
 ]
 
 # Bump when a key, a dtype or an encoding changes; readers refuse versions they
@@ -174,6 +178,37 @@ class FeatureSpec:
 
     def to_json(self) -> dict[str, str]:
         return {"dtype": self.dtype, "description": self.description}
+
+
+# Images PNG cannot hold (more bands, 2 bands, signed, 32-bit, float) are stored
+# raw: the `image` feature holds the array's bytes, little-endian, C order,
+# shape (height, width, channels); `format` is RAW_FORMAT_PREFIX + its dtype.
+RAW_FORMAT_PREFIX = "raw-"
+RAW_DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "float32", "float64")
+
+
+def raw_format(dtype: str) -> str:
+    """The `format` value of a raw image of numpy dtype name `dtype` ('raw-uint16')."""
+    if dtype not in RAW_DTYPES:
+        raise ValueError(f"`dtype` must be one of {RAW_DTYPES}. Received: dtype={dtype!r}")
+    return RAW_FORMAT_PREFIX + dtype
+
+
+def raw_dtype(fmt: str) -> str | None:
+    """The dtype name of a raw image's `format` ('raw-uint16' -> 'uint16'); None if not raw.
+
+    Raises:
+      ValueError: If `fmt` has the raw prefix but an unknown dtype.
+    """
+    if not fmt.startswith(RAW_FORMAT_PREFIX):
+        return None
+    dtype = fmt[len(RAW_FORMAT_PREFIX):]
+    if dtype not in RAW_DTYPES:
+        raise ValueError(
+            f"unknown raw image format {fmt!r}; this reader knows "
+            f"{[RAW_FORMAT_PREFIX + d for d in RAW_DTYPES]}"
+        )
+    return dtype
 
 
 IMAGE = FeatureSpec(

@@ -86,6 +86,26 @@ def _table(rows: list[list[str]]) -> list[str]:
             for r in rows]
 
 
+def _stored_images(m: schemas.Manifest) -> list[str]:
+    """What the splits store, when any holds raw rasters: formats, dtypes, band counts.
+
+    Photos-only datasets print nothing here (their output is unchanged).
+    """
+    stats = {name: info.images for name, info in m.splits.items() if info.images}
+    formats = {f for s in stats.values() for f, _ in s.formats}
+    if not any(schemas.raw_dtype(f) for f in formats):
+        return []
+    rows = [["split", "stored as", "dtypes", "bands"]]
+    for name, s in stats.items():
+        dtypes = sorted({schemas.raw_dtype(f) or "uint8/uint16" for f, _ in s.formats})
+        # Per-band statistics (and so the band count) come with the converter's
+        # band_stats, where it records them.
+        band_stats = getattr(m.splits[name], "band_stats", None)
+        rows.append([name, ", ".join(f"{f} {n:,}" for f, n in s.formats), ", ".join(dtypes),
+                     str(len(band_stats)) if band_stats else "-"])
+    return _table(rows) + [""]
+
+
 def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
     """The facts as a few aligned tables."""
     m: schemas.Manifest = facts["manifest"]
@@ -102,6 +122,7 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
         rows.append([name, str(len(info.shards)), f"{info.num_records:,}", _human_bytes(info.num_bytes),
                      f"{min(sizes):,}/{max(sizes):,}"])
     lines += _table(rows) + [""]
+    lines += _stored_images(m)
     splits = list(m.splits)
     rows = [["class", *splits, "total"]]
     for i, name in enumerate(m.class_names[:max_classes]):

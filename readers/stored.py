@@ -1,0 +1,282 @@
+"""What a split stores, and how the reader decodes it: photos, rasters or both.
+
+The manifest's image stats (`schemas.ImageStats.formats`) say which formats a
+split holds: 'jpeg' and 'png' (photos, decoded by `readers.decode` to the
+`color_mode`'s channels) and 'raw-<dtype>' (rasters: every band, as stored,
+`readers.decode.decode_raw`). `plan` resolves the reader's image options
+against them once, before the pipeline is built:
+
+- A split of photos only is read as it always was (`plan` returns None).
+- A split of rasters yields every band (`color_mode=None`) in the stored
+  dtype (`dtype=None`), values exactly as stored; with `image_size`, a float
+  `dtype` and `augment`, through the usual crop, flip and resize (done after
+  decoding: there is no JPEG decoder to fuse the crop with).
+- Photos and rasters, or rasters of several dtypes, share one output only
+  with a given `dtype` (and, with photos, a `color_mode` whose channels are
+  the rasters' band count); otherwise they are refused here, naming what the
+  split holds and what to pass.
+
+`normalize='dataset'` takes the per-band mean and std the converter recorded
+for the train split (`dataset_band_stats`): statistics of the data being
+evaluated would leak into training otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from readers import decode, preprocess
+from schemas.features import CHANNELS, FORMAT, HEIGHT, IMAGE, WIDTH, raw_dtype, raw_format
+from schemas.manifest import ImageStats, Manifest, ManifestError
+
+__all__ = [
+    "BandStats",
+    "RasterPlan",
+    "STATS_SPLIT",
+    "dataset_band_stats",
+    "split_band_stats",
+    "stored_formats",
+    "plan",
+]
+
+logger = logging.getLogger(__name__)
+
+# The split whose statistics `normalize='dataset'` uses, whatever split is read.
+STATS_SPLIT = "train"
+# Features a raster record is decoded from, besides the image bytes.
+SHAPE_KEYS = (FORMAT.key, HEIGHT.key, WIDTH.key, CHANNELS.key)
+
+
+@dataclasses.dataclass(frozen=True)
+class BandStats:
+    """Per-band statistics of one split, as the converter recorded them.
+
+    Attributes:
+      mean, std: One value per band, band order as stored.
+    """
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def bands(self) -> int:
+        return len(self.mean)
+
+
+def _band_value(band: Any, name: str) -> float:
+    value = band.get(name) if isinstance(band, Mapping) else getattr(band, name, None)
+    if value is None:
+        raise ManifestError(f"a band's statistics have no {name!r}: {band!r}")
+    return float(value)
+
+
+def split_band_stats(manifest: Manifest, split: str) -> BandStats | None:
+    """The per-band statistics the manifest records for `split`, or None.
+
+    The one place that knows where the manifest keeps them: the
+    `band_stats` of the split's `SplitInfo`, a sequence with one entry per
+    band holding (at least) `mean` and `std`, as attributes or keys.
+    """
+    stats = getattr(manifest.split(split), "band_stats", None)
+    if not stats:
+        return None
+    if isinstance(stats, Mapping):  # Keyed by band number.
+        stats = [stats[k] for k in sorted(stats, key=int)]
+    return BandStats(
+        mean=tuple(_band_value(b, "mean") for b in stats),
+        std=tuple(_band_value(b, "std") for b in stats),
+    )
+
+
+def dataset_band_stats(band_stats: Mapping[str, BandStats], data_dir: str) -> BandStats:
+    """The statistics `normalize='dataset'` uses: those of the train split.
+
+    Raises:
+      ManifestError: If the manifest records none for the train split.
+    """
+    stats = band_stats.get(STATS_SPLIT)
+    if stats is None:
+        raise ManifestError(
+            f"normalize='dataset' needs the per-band statistics of the {STATS_SPLIT!r} split, "
+            f"which the manifest of {data_dir!r} does not record (converted by a shardsmith "
+            f"that did not compute them, or without a {STATS_SPLIT!r} split): convert the "
+            "images again, or pass normalize=(mean, std). Received: normalize='dataset'"
+        )
+    return stats
+
+
+def stored_formats(stats: ImageStats | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(photo formats, raw dtypes) of a split's image stats, each sorted.
+
+    A manifest without image stats (an older converter) holds photos only.
+    """
+    if stats is None:
+        return (), ()
+    photos, raws = [], []
+    for fmt, _ in stats.formats:
+        dtype = raw_dtype(fmt)
+        (photos if dtype is None else raws).append(fmt if dtype is None else dtype)
+    return tuple(photos), tuple(raws)
+
+
+@dataclasses.dataclass(frozen=True)
+class RasterPlan:
+    """How the reader decodes a split that holds raw-stored rasters.
+
+    Attributes:
+      raw_dtypes: The stored dtypes of its rasters.
+      photos: The split holds photos too (decoded to `bands` channels).
+      bands: Channels of every output image.
+      output_dtype: The dtype of the output images.
+      as_stored: Decoded images keep their stored dtype until the end (one
+        raw dtype, no resize, no photos); else they are float32 in between.
+    """
+
+    raw_dtypes: tuple[str, ...]
+    photos: bool
+    bands: int
+    output_dtype: str
+    as_stored: bool
+
+    def decode(self, features: Mapping[str, tf.Tensor], image, seed=None) -> tf.Tensor:
+        """Decodes and preprocesses one record's image (`image`: the `ImageOptions`)."""
+        encoded, fmt = features[IMAGE.key], features[FORMAT.key]
+        height, width, channels = features[HEIGHT.key], features[WIDTH.key], features[CHANNELS.key]
+
+        def raster(dtype):
+            def fn():
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        channels, tf.constant(self.bands, tf.int64),
+                        message=f"a raster of this split has another band count than "
+                                f"its first ({self.bands}); read it with batch_size=None")]):
+                    pixels = decode.decode_raw(encoded, height, width, channels, dtype)
+                pixels = tf.ensure_shape(pixels, [None, None, self.bands])
+                if image.image_size is not None:
+                    return preprocess.fit_image(
+                        pixels, image_size=image.image_size, resize=image.resize,
+                        crop_fraction=image.crop_fraction, interpolation=image.interpolation,
+                        augment=image.standard_augment, seed=seed)
+                return pixels if self.as_stored else tf.cast(pixels, tf.float32)
+            return fn
+
+        branches = [(tf.equal(fmt, raw_format(d)), raster(d)) for d in self.raw_dtypes]
+        if self.photos:
+            def photo():
+                return preprocess.load_image(
+                    encoded, image_size=image.image_size, resize=image.resize,
+                    crop_fraction=image.crop_fraction, interpolation=image.interpolation,
+                    channels=self.bands, depth=image.depth, augment=image.standard_augment,
+                    seed=seed)
+            default = photo
+        else:
+            default = branches.pop()[1]
+        if not branches:
+            return default()
+        return tf.case(branches, default=default, exclusive=True)
+
+
+def _count_bands(split_files, band_stats: BandStats | None) -> int:
+    """The band count of the split's rasters: from the statistics, else its first raster."""
+    if band_stats is not None:
+        return band_stats.bands
+    schema = split_files.schema
+    for path in split_files.paths:
+        for serialized in tf.data.TFRecordDataset(path):
+            record = schema.decode(serialized.numpy())
+            fmt = record[FORMAT.key].decode("utf-8", "replace")
+            if raw_dtype(fmt) is not None:
+                return int(record[CHANNELS.key])
+    raise ManifestError(
+        f"The manifest of {split_files.data_dir!r} lists raw images in split "
+        f"{split_files.split!r}, but its shard files hold none."
+    )
+
+
+def _formats_text(photos: Sequence[str], raws: Sequence[str]) -> str:
+    return ", ".join([*photos, *(raw_format(d) for d in raws)])
+
+
+def plan(split_files, image) -> RasterPlan | None:
+    """Resolves the image options (`readers.options.ImageOptions`) against a split.
+
+    Returns:
+      None for a split of photos only (read as before), else the `RasterPlan`.
+
+    Raises:
+      ValueError: If the options cannot give one output shape and dtype for
+        what the split stores; the message names both.
+    """
+    photos, raws = stored_formats(split_files.images)
+    where = f"split {split_files.split!r} of {split_files.data_dir!r}"
+    if not raws:
+        for name, value, allowed in (
+            ("color_mode", image.color_mode, tuple(decode.CHANNELS_BY_COLOR_MODE)),
+            ("dtype", image.dtype, preprocess.OUTPUT_DTYPES),
+        ):
+            if value is None:
+                raise ValueError(
+                    f"`{name}=None` keeps what raw-stored rasters store; {where} holds "
+                    f"{_formats_text(photos, raws) or 'jpeg/png'} images, whose channels and "
+                    f"depth the manifest does not record: pass one of {allowed}. "
+                    f"Received: {name}=None"
+                )
+        return None
+    held = _formats_text(photos, raws)
+    if photos and (image.color_mode is None or image.dtype is None):
+        raise ValueError(
+            f"{where} holds photos and rasters ({held}), which share one output only with a "
+            "given `color_mode` (the rasters' band count) and `dtype`; read the rasters "
+            "alone, or pass both. Received: "
+            f"color_mode={image.color_mode!r}, dtype={image.dtype!r}"
+        )
+    if len(raws) > 1 and image.dtype is None:
+        raise ValueError(
+            f"{where} holds rasters of several dtypes ({held}), so there is no one stored "
+            f"dtype to keep: pass one of {preprocess.OUTPUT_DTYPES}. Received: dtype=None"
+        )
+    bands = _count_bands(split_files, split_files.band_stats.get(split_files.split))
+    if image.channels is not None and image.channels != bands:
+        raise ValueError(
+            f"color_mode={image.color_mode!r} gives {image.channels} channels, but the rasters "
+            f"of {where} ({held}) have {bands} bands: pass color_mode=None to read every band. "
+            f"Received: color_mode={image.color_mode!r}"
+        )
+    output = image.dtype or raws[0]
+    if (image.scale is not None or image.normalize is not None) and not tf.as_dtype(
+            output).is_floating:
+        raise ValueError(
+            f"`scale` and `normalize` need a float output; the rasters of {where} are "
+            f"{output}: pass dtype='float32'. Received: dtype={image.dtype!r}"
+        )
+    for name, value in (("scale", image.scale), ("normalize", image.normalize)):
+        parts = value if name == "normalize" and isinstance(value, tuple) else (value,)
+        if any(isinstance(p, tuple) and len(p) not in (1, bands) for p in parts):
+            raise ValueError(
+                f"`{name}` must have 1 or {bands} values (the bands of {where}). "
+                f"Received: {name}={value!r}"
+            )
+    return RasterPlan(
+        raw_dtypes=raws,
+        photos=bool(photos),
+        bands=bands,
+        output_dtype=output,
+        as_stored=(len(raws) == 1 and not photos and image.image_size is None
+                   and output == raws[0]),
+    )
+
+
+def resolve_normalize(split_files, image):
+    """`normalize` with 'dataset' replaced by the train split's (mean, std)."""
+    if image.normalize != "dataset":
+        return image.normalize
+    stats = dataset_band_stats(split_files.band_stats, split_files.data_dir)
+    logger.info(
+        "normalize='dataset': the per-band mean and std of the %r split (%d bands), "
+        "for split %r.", STATS_SPLIT, stats.bands, split_files.split,
+    )
+    return stats.mean, stats.std

@@ -1,0 +1,256 @@
+"""Raw-stored rasters (issue 16) read back: every band, every bit, as stored.
+
+The datasets are written record by record with the schema's encoder
+(`_reader_data.write_raster_dataset`), as the converter stores rasters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import readers
+from _reader_data import SplitWithBandStats, write_raster_dataset
+from readers import stored
+from readers.dataset import ReaderConfig, build_dataset
+from readers.metadata import load_manifest, load_split
+from schemas import FILENAME
+
+_RNG = np.random.default_rng(16)
+
+
+def _arrays(dtype, bands, n=5, sizes=((8, 6), (5, 9), (7, 7))):
+    out = []
+    for i in range(n):
+        shape = (*sizes[i % len(sizes)], bands)
+        if np.dtype(dtype).kind == "f":
+            a = _RNG.uniform(-125.0, 295.0, shape).astype(dtype)
+            a.flat[0] = np.finfo(dtype).max  # Out of any integer range.
+            a.flat[-1] = -0.0 if i else np.finfo(dtype).tiny
+        else:
+            info = np.iinfo(dtype)
+            a = _RNG.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+            a.flat[0], a.flat[-1] = info.min, info.max
+        out.append(a)
+    return out
+
+
+def _as_stored(data_dir):
+    ds = readers.image_dataset_from_tfrecords(
+        data_dir, "train", batch_size=None, image_size=None, color_mode=None, dtype=None,
+        shuffle=False, extra_features=(FILENAME.key,))
+    return {extras[FILENAME.key].numpy().decode(): (image, int(label))
+            for image, label, extras in ds}
+
+
+@pytest.mark.parametrize("dtype,bands", [
+    ("uint16", 13), ("float32", 1), ("int16", 4), ("float64", 3), ("uint16", 2),
+    ("uint32", 5), ("int32", 1), ("uint8", 6),
+])
+def test_values_exactly_as_stored(tmp_path, dtype, bands):
+    items = write_raster_dataset(tmp_path / "ds", _arrays(dtype, bands))
+    got = _as_stored(tmp_path / "ds")
+    assert sorted(got) == sorted(i.filename for i in items)
+    for item in items:
+        image, label = got[item.filename]
+        assert image.dtype.name == dtype
+        assert image.shape == item.pixels.shape
+        assert label == item.label
+        # Byte for byte: -0.0, extremes and every band.
+        assert image.numpy().tobytes() == item.pixels.tobytes()
+
+
+def test_float32_negatives_cast_to_float32_output(tmp_path):
+    arrays = _arrays("float32", 1)
+    write_raster_dataset(tmp_path / "ds", arrays)
+    ds = readers.image_dataset_from_tfrecords(
+        tmp_path / "ds", "train", batch_size=None, image_size=None, color_mode=None,
+        dtype="float32", shuffle=False, label_mode=None)
+    values = sorted(float(x.numpy().min()) for x in ds)
+    assert values[0] < 0
+    assert values == sorted(float(a.min()) for a in arrays)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "float64"])
+def test_batched_float_pipeline_with_standard_augment(tmp_path, dtype):
+    # Within float32's range: float64's extremes would be infinite.
+    arrays = [np.clip(a, -1e5, 1e5) for a in _arrays(dtype, 13, n=7)]
+    write_raster_dataset(tmp_path / "ds", arrays)
+    kwargs = dict(batch_size=3, image_size=(16, 12), color_mode=None, dtype="float32",
+                  augment="standard", seed=3)
+    first = [x.numpy() for x, _ in readers.image_dataset_from_tfrecords(
+        tmp_path / "ds", "train", **kwargs)]
+    again = [x.numpy() for x, _ in readers.image_dataset_from_tfrecords(
+        tmp_path / "ds", "train", **kwargs)]
+    assert [x.shape for x in first] == [(3, 16, 12, 13), (3, 16, 12, 13), (1, 16, 12, 13)]
+    assert all(x.dtype == np.float32 for x in first)
+    for a, b in zip(first, again):  # Seeded: the same crops and flips.
+        np.testing.assert_array_equal(a, b)
+    low = min(float(a.min()) for a in arrays)
+    high = max(float(a.max()) for a in arrays)
+    for x in first:  # A bilinear resize stays within the input's range.
+        assert low - 1e-3 <= x.min() and x.max() <= high + 1e-3
+
+
+def test_stretch_resize_matches_tf_image_resize(tmp_path):
+    arrays = _arrays("int16", 4, n=3, sizes=((6, 6),))
+    items = write_raster_dataset(tmp_path / "ds", arrays, num_shards=1)
+    ds = readers.image_dataset_from_tfrecords(
+        tmp_path / "ds", "train", batch_size=3, image_size=(9, 4), color_mode=None,
+        shuffle=False, deterministic=True)
+    (images, _), = list(ds)
+    want = tf.image.resize(np.stack([i.pixels for i in items]).astype(np.float32), (9, 4))
+    np.testing.assert_allclose(images.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_color_mode_must_match_the_bands(tmp_path):
+    write_raster_dataset(tmp_path / "ds", _arrays("uint16", 13))
+    with pytest.raises(ValueError, match=r"gives 3 channels, but the rasters .* have 13 bands: "
+                                         r"pass color_mode=None"):
+        readers.image_dataset_from_tfrecords(tmp_path / "ds", "train", image_size=(8, 8))
+
+
+def test_mixed_photos_and_rasters(tmp_path):
+    rasters = _arrays("float32", 3, n=3)
+    photos = [_RNG.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(2)]
+    items = write_raster_dataset(tmp_path / "ds", rasters, photos=photos)
+    for kwargs in (dict(color_mode=None), dict(dtype=None)):
+        with pytest.raises(ValueError, match=r"holds photos and rasters \(png, raw-float32\), "
+                                             r"which share one output only"):
+            readers.image_dataset_from_tfrecords(
+                tmp_path / "ds", "train", batch_size=None, image_size=None, **kwargs)
+    # Given both, they share one: float32 with 3 channels.
+    got = {e[FILENAME.key].numpy().decode(): x.numpy()
+           for x, _, e in readers.image_dataset_from_tfrecords(
+               tmp_path / "ds", "train", batch_size=None, image_size=None, color_mode="rgb",
+               dtype="float32", shuffle=False, extra_features=(FILENAME.key,))}
+    for item in items:
+        np.testing.assert_array_equal(got[item.filename], item.pixels.astype(np.float32))
+    ds = readers.image_dataset_from_tfrecords(tmp_path / "ds", "train", batch_size=5,
+                                              image_size=(4, 4), color_mode="rgb")
+    (images, _), = list(ds)
+    assert images.shape == (5, 4, 4, 3)
+
+
+def test_rasters_of_several_dtypes_need_a_dtype(tmp_path):
+    write_raster_dataset(tmp_path / "ds", _arrays("uint16", 2, n=2) + _arrays("int16", 2, n=2))
+    with pytest.raises(ValueError, match=r"several dtypes \(raw-int16, raw-uint16\).*"
+                                         r"Received: dtype=None"):
+        _as_stored(tmp_path / "ds")
+    ds = readers.image_dataset_from_tfrecords(
+        tmp_path / "ds", "train", batch_size=None, image_size=None, color_mode=None,
+        dtype="float32", shuffle=False, label_mode=None)
+    assert sorted(float(x.numpy().min()) for x in ds)[0] == -32768.0
+
+
+def test_photo_splits_refuse_as_stored_options(tmp_path):
+    write_raster_dataset(tmp_path / "ds", [], photos=[np.zeros((4, 4, 3), np.uint8)] * 2)
+    with pytest.raises(ValueError, match=r"`dtype=None` keeps what raw-stored rasters store.*"
+                                         r"holds png images"):
+        readers.image_dataset_from_tfrecords(tmp_path / "ds", "train", dtype=None)
+    with pytest.raises(ValueError, match=r"`color_mode=None`"):
+        readers.image_dataset_from_tfrecords(tmp_path / "ds", "train", color_mode=None)
+
+
+def test_normalize_dataset_uses_the_train_split_stats(tmp_path):
+    arrays = _arrays("uint16", 3, n=4)
+    write_raster_dataset(tmp_path / "ds", arrays, num_shards=1)
+    split_files = load_split(tmp_path / "ds", "train")
+    with pytest.raises(Exception, match=r"normalize='dataset' needs the per-band statistics of "
+                                        r"the 'train' split"):
+        readers.image_dataset_from_tfrecords(
+            tmp_path / "ds", "train", batch_size=None, image_size=None, color_mode=None,
+            normalize="dataset")
+    mean, std = (10.0, 20.0, 30.0), (2.0, 4.0, 8.0)
+    # Statistics of another split must not be used: those of train are.
+    band_stats = {"train": stored.BandStats(mean, std),
+                  "validation": stored.BandStats((0.0,) * 3, (1.0,) * 3)}
+    config = ReaderConfig(batch_size=None, image_size=None, color_mode=None, shuffle=False,
+                          label_mode=None, normalize="dataset")
+    for split in ("train", "validation"):
+        files = dataclasses.replace(split_files, split=split, band_stats=band_stats)
+        got = [x.numpy() for x in build_dataset(files, config, batch_size=None)]
+        for x, a in zip(got, arrays):
+            np.testing.assert_allclose(x, (a.astype(np.float32) - mean) / std, rtol=1e-6)
+
+
+def test_split_band_stats_reads_the_split_field(tmp_path):
+    write_raster_dataset(tmp_path / "ds", _arrays("uint16", 2, n=2))
+    manifest = load_manifest(tmp_path / "ds")
+    assert stored.split_band_stats(manifest, "train") is None
+    split = manifest.splits["train"]
+    with_stats = SplitWithBandStats(split.name, split.shards, band_stats=(
+        {"mean": 1.5, "std": 2.0, "min": 0, "max": 9, "nodata": 0},
+        {"mean": 3.0, "std": 0.5, "min": 0, "max": 9, "nodata": 2},
+    ))
+    manifest = dataclasses.replace(manifest, splits={"train": with_stats})
+    assert stored.split_band_stats(manifest, "train") == stored.BandStats((1.5, 3.0), (2.0, 0.5))
+
+
+def test_preview_of_a_13_band_dataset(tmp_path):
+    from readers import preview
+
+    arrays = _arrays("uint16", 13, n=8, sizes=((16, 16),))
+    items = write_raster_dataset(tmp_path / "ds", arrays)
+    sheet = preview._build_sheet(tmp_path / "ds", "train", per_class=2, image_size=16, seed=0,
+                                 max_classes=20, max_records=100, resize="stretch",
+                                 rgb_bands="4,3,2")
+    assert "13-band rasters: bands 4,3,2 as R,G,B (--rgb_bands), each stretched to its 2-98 % " \
+           "percentiles per image." in sheet.header
+    font = preview._font(12)
+    width = sheet.image.size[0] - 2 * preview._MARGIN
+    assert all(font.getlength(line) <= width for line in sheet.header)  # Not cut short.
+    by_name = {i.filename: i for i in items}
+    filename = sheet.rows[0][1][0]
+    tile = np.asarray(sheet.image)[slice(*(lambda o: (o[1], o[1] + 16))(
+        sheet.layout.tile_origin(0, 0)))][:, slice(*(lambda o: (o[0], o[0] + 16))(
+            sheet.layout.tile_origin(0, 0)))]
+    # The stored size is the tile size: the tile is bands 4, 3, 2 of the stored array, stretched.
+    want = preview._stretch_to_rgb(by_name[filename].pixels.astype(np.float32), (4, 3, 2))
+    np.testing.assert_array_equal(tile, want)
+    assert tile.std() > 0
+    for bad in ("0,1,2", "4,3", "14,1,1"):
+        with pytest.raises(ValueError, match=r"`rgb_bands` must be 1 or 3 band numbers in 1..13"):
+            preview._build_sheet(tmp_path / "ds", "train", per_class=1, image_size=16, seed=0,
+                                 max_classes=1, max_records=10, resize="stretch", rgb_bands=bad)
+    out = tmp_path / "sheet.png"
+    assert preview.main([str(tmp_path / "ds"), "--output", str(out), "--rgb_bands", "4,3,2",
+                         "--image_size", "16", "--per_class", "2"]) == 0
+    assert out.stat().st_size > 0 and (tmp_path / "sheet_counts.png").stat().st_size > 0
+
+
+def test_stretch_maps_the_2_and_98_percentiles():
+    from readers import preview
+
+    band = np.arange(100, dtype=np.float32).reshape(10, 10, 1)
+    rgb = preview._stretch_to_rgb(band, (1,))
+    low, high = np.percentile(band, (2, 98))
+    assert rgb.shape == (10, 10, 3) and (rgb[..., 0] == rgb[..., 2]).all()
+    assert rgb[0, 0, 0] == 0 and rgb[-1, -1, 0] == 255
+    assert rgb[5, 0, 0] == round((50 - low) / (high - low) * 255)
+
+
+def test_inspect_lists_formats_and_dtypes(tmp_path):
+    from shardsmith import inspection
+
+    write_raster_dataset(tmp_path / "ds", _arrays("uint16", 13, n=3) + _arrays("float32", 1, n=2),
+                         photos=[np.zeros((4, 4, 3), np.uint8)])
+    facts = inspection.inspect_dataset(str(tmp_path / "ds"))
+    text = inspection.format_inspection(str(tmp_path / "ds"), facts)
+    row = next(line for line in text.splitlines() if line.startswith("train") and "raw-" in line)
+    assert row.split("  ")[0] == "train"
+    assert "png 1, raw-float32 2, raw-uint16 3" in row
+    assert "float32, uint16, uint8/uint16" in row
+    assert "stored as" in text and "dtypes" in text
+
+
+def test_inspect_of_photos_unchanged(tmp_path):
+    from shardsmith import inspection
+
+    write_raster_dataset(tmp_path / "ds", [], photos=[np.zeros((4, 4, 3), np.uint8)] * 2)
+    text = inspection.format_inspection(str(tmp_path / "ds"),
+                                        inspection.inspect_dataset(str(tmp_path / "ds")))
+    assert "stored as" not in text
