@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(PY) -m bench.convert
 	$(PY) -m bench.read
 	$(PY) -m bench.scale
+	$(PY) -m bench.photos_large
 
 clean:
 	rm -rf build .pytest_cache

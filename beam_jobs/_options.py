@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
 from beam_jobs import _listing, _plan
-from imaging import DicomOptions, ValidationOptions
+from imaging import DicomOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
 
 __all__ = ["ConvertOptions", "ShardingOptions", "WritingOptions", "ConversionConfig", "parse_split"]
@@ -88,6 +88,7 @@ class WritingOptions:
 _VALIDATION = ValidationOptions()
 _DICOM = DicomOptions()
 _SHARDING = ShardingOptions()
+_RESIZE = ResizeOptions()
 
 
 class ConvertOptions(PipelineOptions):
@@ -138,6 +139,21 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--full_decode", action="store_true",
             help="Validate JPEGs at full resolution instead of libjpeg's 1/8 scale.",
+        )
+        parser.add_argument(
+            "--max_side", type=int, default=None,
+            help="Store images whose longer side exceeds N scaled down to N (aspect kept, never "
+            "up; Lanczos after EXIF orientation). Default: every valid image as it is.",
+        )
+        parser.add_argument(
+            "--min_side", type=int, default=None,
+            help="The alternative to --max_side: scale the shorter side down to N, as the "
+            "ImageNet preprocessing scripts do.",
+        )
+        parser.add_argument(
+            "--jpeg_quality", type=int, default=None,
+            help=f"Quality of resized JPEGs, 1-100 (default {_RESIZE.jpeg_quality}); needs "
+            "--max_side or --min_side.",
         )
         parser.add_argument(
             "--group_by",
@@ -299,6 +315,16 @@ class ConversionConfig:
             num_shards=o.num_shards, target_shard_mb=o.target_shard_mb, min_shards=o.min_shards,
         )
         writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads)
+        resize = ResizeOptions(
+            max_side=o.max_side, min_side=o.min_side,
+            jpeg_quality=_RESIZE.jpeg_quality if o.jpeg_quality is None else o.jpeg_quality,
+        )
+        if o.jpeg_quality is not None and not resize.active:
+            # Only resized images are re-encoded at it: alone it would change nothing.
+            raise ValueError(
+                "--jpeg_quality sets the quality of resized JPEGs: give --max_side or --min_side "
+                f"with it. Received: --jpeg_quality {o.jpeg_quality} alone"
+            )
         validation = ValidationOptions(
             max_pixels=o.max_pixels,
             background=background,
@@ -310,6 +336,7 @@ class ConversionConfig:
                 tags=tuple(t.strip() for t in o.dicom_tags.split(",")) if o.dicom_tags else (),
                 allow_identifying_tags=o.dicom_allow_identifying_tags,
             ),  # Held to --max_pixels by ValidationOptions.
+            resize=resize,
         )
         return cls(
             input_dir=o.input_dir,
@@ -347,4 +374,6 @@ class ConversionConfig:
             },
             "labels": "csv" if self.labels_csv else "folders",
             "tool_version": schemas.__version__,
+            # Only when asked for: datasets converted without it keep their exact manifest.
+            **({"resize": v.resize.to_json()} if v.resize.active else {}),
         }

@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import schemas
+from imaging import ResizeOptions
 from schemas import _tf
 from schemas.tfrecord import RecordError, format_index, iter_records
 from beam_jobs._files import read_bytes, write_atomically
@@ -39,12 +40,21 @@ class VerifyShardFn(beam.DoFn):
 
     Input: (split, ShardInfo). Main output: ShardCheck. Tagged output
     CONTENT: (sha256 of image bytes, (split, filename)).
+
+    Args:
+      dataset_dir: The dataset folder.
+      features: The manifest's feature specs.
+      num_classes: Number of classes.
+      resize: The manifest's `options.resize` (--max_side/--min_side), whose
+        sizes every stored image must obey; None when the dataset has none.
     """
 
     CONTENT = "content"
 
-    def __init__(self, dataset_dir: str, features, num_classes: int):
+    def __init__(self, dataset_dir: str, features, num_classes: int, resize: dict | None = None):
         self._dir = dataset_dir
+        # Plain JSON in, validated here: a malformed manifest fails before any worker starts.
+        self._resize = ResizeOptions.from_json(resize) if resize else None
         self._features = dict(features)
         self._num_classes = num_classes
         self._records = Metrics.counter(_NAMESPACE, "records_verified")
@@ -121,6 +131,9 @@ class VerifyShardFn(beam.DoFn):
         stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
         if tuple(shape) != stored:
             return f"{name}: decodes to {tuple(shape)}, the record says {stored}", None, None, name, None
+        if self._resize is not None and not self._resize.allows(stored[0], stored[1]):
+            return (f"{name}: stored at {stored[0]}x{stored[1]}, larger than the manifest's "
+                    f"resize {self._resize.to_json()} allows"), None, None, name, None
         fmt = values[schemas.FORMAT.key].decode("ascii", "replace")
         return None, label, hashlib.sha256(image).hexdigest(), name, (fmt, stored[0], stored[1])
 

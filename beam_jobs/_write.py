@@ -64,6 +64,8 @@ def validation_fingerprint(validation: ValidationOptions) -> str:
     """The text of the options a shard's bytes depend on (kept as receipts of older runs wrote it)."""
     args = dict(max_pixels=validation.max_pixels, background=validation.background,
                 full_decode=validation.full_decode, dicom=validation.dicom)
+    if validation.resize.active:  # Absent otherwise, as receipts of older runs have it.
+        args["resize"] = validation.resize
     return repr(sorted(args.items()))
 
 

@@ -85,7 +85,8 @@ class VerifyDataset(beam.PTransform):
             pbegin
             | "Shards" >> beam.Create(shards)  # (split, ShardInfo)
             | "VerifyShards" >> beam.ParDo(
-                _verify_fns.VerifyShardFn(self._dir, m.features, len(m.class_names))
+                _verify_fns.VerifyShardFn(self._dir, m.features, len(m.class_names),
+                                          resize=m.options.get("resize"))
             ).with_outputs(_verify_fns.VerifyShardFn.CONTENT, main="checks")
         )
         duplicates = (

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from imaging import dicom as _dicom
+from imaging import resize as _resize
 from imaging.errors import ImageRejected
 from imaging.sniff import JpegHeader, jpeg_header, sniff_format
 from schemas import _tf
@@ -87,6 +88,8 @@ class ValidationOptions:
         entropy-coded byte (a truncated or damaged stream fails the same way)
         at a fraction of the cost.
       dicom: How DICOM files are rendered (`DicomOptions`).
+      resize: The size images are stored at (`imaging.resize.ResizeOptions`,
+        --max_side/--min_side); by default none is resized.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -98,6 +101,7 @@ class ValidationOptions:
     background: tuple[int, int, int] = (255, 255, 255)
     full_decode: bool = False
     dicom: _dicom.DicomOptions = dataclasses.field(default_factory=_dicom.DicomOptions)
+    resize: _resize.ResizeOptions = dataclasses.field(default_factory=_resize.ResizeOptions)
 
     def __post_init__(self):
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
@@ -108,6 +112,8 @@ class ValidationOptions:
         object.__setattr__(self, "background", background)
         if not isinstance(self.dicom, _dicom.DicomOptions):
             raise ValueError(f"dicom must be an imaging.DicomOptions. Received: {self.dicom!r}")
+        if not isinstance(self.resize, _resize.ResizeOptions):
+            raise ValueError(f"resize must be an imaging.ResizeOptions. Received: {self.resize!r}")
         if self.dicom.max_pixels != self.max_pixels:
             object.__setattr__(self, "dicom", dataclasses.replace(self.dicom, max_pixels=self.max_pixels))
 
@@ -141,6 +147,7 @@ class ImageValidator:
         self._background = options.background
         self._jpeg_ratio = 1 if options.full_decode else 8
         self._dicom = options.dicom
+        self._resize = options.resize
 
     def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file may give several images.
@@ -149,7 +156,7 @@ class ImageValidator:
           ImageRejected: With the reason the file cannot be stored.
         """
         if data and (sniff_format(data[:132]) == "dicom" or _dicom.is_dicom(data[:1024])):
-            return self._dicom_frames(data, name)
+            return [self._fit(frame, name) for frame in self._dicom_frames(data, name)]
         return [self.validate(data, name)]
 
     def _dicom_frames(self, data: bytes, name: str) -> list[ValidImage]:
@@ -176,11 +183,18 @@ class ImageValidator:
           name: Its relative path, for messages.
 
         Returns:
-          The image to store.
+          The image to store, at the size `ValidationOptions.resize` asks for.
 
         Raises:
           ImageRejected: With the reason the file cannot be stored.
         """
+        if self._resize.active and data[:2] == b"\xff\xd8":
+            header = jpeg_header(data)
+            if header is not None and not self._resize.allows(header.height, header.width):
+                return self._resized_jpeg(data, header, name)
+        return self._fit(self._validate(data, name), name)
+
+    def _validate(self, data: bytes, name: str) -> ValidImage:
         if not data:
             raise ImageRejected("empty_file", f"{name} has zero bytes")
         fmt = sniff_format(data[:132])
@@ -222,6 +236,47 @@ class ImageValidator:
                 raise ImageRejected("corrupt", f"{name}: {e}") from e
             except self._ops.OpError as e:
                 raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+
+    def _resized_jpeg(self, data: bytes, header: JpegHeader, name: str) -> ValidImage:
+        """A JPEG larger than --max_side/--min_side: decoded once, at libjpeg's reduced scale.
+
+        That decode is the validation too (TF's op reads every entropy-coded
+        byte at any scale); what is stored is checked by `_checked`.
+        """
+        self._check_pixels(header.width, header.height, name)
+        ratio = _resize.jpeg_scale(header.height, header.width, self._resize)
+        try:
+            pixels = np.asarray(self._ops.decode_jpeg(data, ratio=ratio))
+        except self._ops.OpError as e:
+            raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+        actions = ("exif_transpose",) if header.orientation in range(2, 9) else ()
+        upright = _resize.orient_array(pixels, header.orientation)
+        # The upright size at full scale: what a viewer shows, what the cap applies to.
+        full = (header.height, header.width) if upright.shape[:2] == pixels.shape[:2] \
+            else (header.width, header.height)
+        return self._store_resized(upright, full, "jpeg", "jpeg", actions, None, name)
+
+    def _fit(self, image: ValidImage, name: str) -> ValidImage:
+        """`image` scaled down to --max_side/--min_side when larger; itself otherwise."""
+        if not self._resize.active or self._resize.allows(image.height, image.width):
+            return image
+        if image.format == "jpeg":
+            pixels = self._ops.decode_jpeg(image.data)
+        else:
+            pixels = self._ops.decode_png(image.data, dtype=self._png_dtype(image.data))
+        return self._store_resized(np.asarray(pixels), (image.height, image.width), image.format,
+                                   image.source_format, image.actions, image.details, name,
+                                   frame=image.frame, tags=image.tags)
+
+    def _store_resized(self, pixels, original, fmt, source_format, actions, details, name, **fields):
+        small = _resize.resize_array(pixels, self._resize)
+        out = _resize.encode(small, fmt, self._resize.jpeg_quality)
+        try:
+            image = self._checked(out, source_format, (*actions, self._resize.action), name)
+        except self._ops.OpError as e:
+            raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+        sizes = {"original": list(original), "stored": [image.height, image.width]}
+        return dataclasses.replace(image, details={**(details or {}), **sizes}, **fields)
 
     def _check_pixels(self, width: int, height: int, name: str) -> None:
         """Rejects decompression bombs from the header's size, before any decoding."""
