@@ -18,7 +18,12 @@ from schemas.features import (
     FeatureSpec,
     ImageExampleSchema,
     ImageRecord,
+    RAW_DTYPES,
+    RAW_FORMAT_PREFIX,
     dicom_tag_key,
+    parse_raw_format,
+    raw_format,
+    raw_itemsize,
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
@@ -40,7 +45,8 @@ from schemas.manifest import (
 __all__ = [
     "__version__",
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
-    "dicom_tag_key", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
+    "dicom_tag_key", "RAW_FORMAT_PREFIX", "RAW_DTYPES", "raw_format", "parse_raw_format",
+    "raw_itemsize", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",

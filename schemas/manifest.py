@@ -71,6 +71,7 @@ REJECT_REASONS = {
     "unsupported_codec": "The image uses a compression whose decoder is not installed.",
     "no_pixel_data": "A DICOM file without an image (e.g. a report or a plan).",
     "duplicate": "Same content as another input that was kept.",
+    "unsupported_dtype": "The image's sample type (complex, bit depth, ...) cannot be stored.",
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
 SKIP_REASONS = {
