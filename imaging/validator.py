@@ -24,8 +24,10 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from imaging import dicom as _dicom
+from imaging import raster as _raster
 from imaging.errors import ImageRejected
 from imaging.sniff import JpegHeader, jpeg_header, sniff_format
+import schemas
 from schemas import _tf
 
 __all__ = ["ValidationOptions", "ValidImage", "ImageValidator"]
@@ -57,6 +59,10 @@ class ValidImage:
         index (the record's filename says which frame); otherwise None.
       tags: Requested DICOM tags as strings (keyword to value).
       details: What a conversion applied, JSON-safe (DICOM provenance).
+      page: For one page of a multi-page TIFF kept with every page, its index
+        (the record's filename says which page); otherwise None.
+      band_stats: Per-band `schemas.BandStats` of a raster read by
+        imaging/raster.py, for the manifest; None for other images.
     """
 
     data: bytes
@@ -69,7 +75,8 @@ class ValidImage:
     frame: int | None = None
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     details: Mapping[str, Any] | None = None
-
+    page: int | None = None
+    band_stats: schemas.BandStats | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +94,8 @@ class ValidationOptions:
         entropy-coded byte (a truncated or damaged stream fails the same way)
         at a fraction of the cost.
       dicom: How DICOM files are rendered (`DicomOptions`).
+      raster: How TIFF rasters are read (`imaging.raster.RasterOptions`);
+        held to `max_pixels` as `dicom` is.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -98,6 +107,7 @@ class ValidationOptions:
     background: tuple[int, int, int] = (255, 255, 255)
     full_decode: bool = False
     dicom: _dicom.DicomOptions = dataclasses.field(default_factory=_dicom.DicomOptions)
+    raster: _raster.RasterOptions = dataclasses.field(default_factory=_raster.RasterOptions)
 
     def __post_init__(self):
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
@@ -110,6 +120,10 @@ class ValidationOptions:
             raise ValueError(f"dicom must be an imaging.DicomOptions. Received: {self.dicom!r}")
         if self.dicom.max_pixels != self.max_pixels:
             object.__setattr__(self, "dicom", dataclasses.replace(self.dicom, max_pixels=self.max_pixels))
+        if not isinstance(self.raster, _raster.RasterOptions):
+            raise ValueError(f"raster must be an imaging.RasterOptions. Received: {self.raster!r}")
+        if self.raster.max_pixels != self.max_pixels:
+            object.__setattr__(self, "raster", dataclasses.replace(self.raster, max_pixels=self.max_pixels))
 
 
 class ImageValidator:
@@ -141,6 +155,7 @@ class ImageValidator:
         self._background = options.background
         self._jpeg_ratio = 1 if options.full_decode else 8
         self._dicom = options.dicom
+        self._raster = options.raster
 
     def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file may give several images.
@@ -150,7 +165,33 @@ class ImageValidator:
         """
         if data and (sniff_format(data[:132]) == "dicom" or _dicom.is_dicom(data[:1024])):
             return self._dicom_frames(data, name)
+        if data and sniff_format(data[:132]) == "tiff" and not _raster.pillow_owns(data, self._raster):
+            return self._rasters(data, name)
         return [self.validate(data, name)]
+
+    def _rasters(self, data: bytes, name: str) -> list[ValidImage]:
+        """A TIFF read by imaging/raster.py: every band and bit, PNG or raw (see there)."""
+        out = []
+        for r in _raster.decode_raster(data, name, self._raster):
+            h, w, c = r.array.shape
+            if _raster.is_png_storable(r.array):
+                if r.array.dtype == np.uint8:
+                    # Pillow's encoder, as for the 8-bit TIFFs Pillow reads.
+                    png = _encode(Image.fromarray(r.array[:, :, 0] if c == 1 else r.array), "png")
+                else:
+                    png = _raster.png_bytes(r.array)
+                try:
+                    image = self._checked(png, "tiff", ("reencode_tiff_to_png",) + r.actions, name)
+                except self._ops.OpError as e:
+                    raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+            else:
+                image = ValidImage(_raster.raw_bytes(r.array), schemas.raw_format(r.array.dtype),
+                                   h, w, c, "tiff", ("store_tiff_as_raw",) + r.actions)
+            out.append(dataclasses.replace(
+                image, page=r.page, details=r.details,
+                band_stats=_raster.band_stats(r.array, r.nodata),
+            ))
+        return out
 
     def _dicom_frames(self, data: bytes, name: str) -> list[ValidImage]:
         out = []
@@ -193,6 +234,11 @@ class ImageValidator:
             header = jpeg_header(data)
             if header is not None and header.orientation not in range(2, 9):
                 return self._plain_jpeg(data, header, name)
+        if fmt == "tiff" and not _raster.pillow_owns(data, self._raster):
+            images = self._rasters(data, name)
+            if len(images) != 1:
+                raise ValueError(f"{name} has {len(images)} pages: use validate_all")
+            return images[0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:

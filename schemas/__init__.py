@@ -33,6 +33,7 @@ from schemas.manifest import (
     SKIP_REASONS,
     SPLITS,
     VERIFY_REPORT_FILENAME,
+    BandStats,
     ImageStats,
     Manifest,
     ManifestError,
@@ -48,6 +49,6 @@ __all__ = [
     "dicom_tag_key", "RAW_FORMAT_PREFIX", "RAW_DTYPES", "raw_format", "parse_raw_format",
     "raw_itemsize", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
-    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "ShardInfo",
+    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "BandStats", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",
 ]
