@@ -11,9 +11,10 @@ loaded without TensorFlow's Python API (`schemas._tf`).
 
 from imaging.dicom import DicomOptions
 from imaging.errors import ImageRejected
+from imaging.raster import RasterOptions
 from imaging.sniff import sniff_format
 from imaging.validator import ImageValidator, ValidationOptions, ValidImage
 
 __all__ = [
-    "DicomOptions", "ImageRejected", "ImageValidator", "ValidationOptions", "ValidImage", "sniff_format",
+    "DicomOptions", "ImageRejected", "RasterOptions", "ImageValidator", "ValidationOptions", "ValidImage", "sniff_format",
 ]

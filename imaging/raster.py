@@ -38,8 +38,6 @@ _WIDEN = {"int8": "int16", "float16": "float32"}
 # zlib level of 16-bit PNGs: level 6 as the validator's Pillow encoder.
 _PNG_LEVEL = 6
 _PNG_BANDS = {1: 0, 3: 2, 4: 6}  # bands -> PNG colour type (grey, RGB, RGBA)
-_GEO_KEY_PROJECTED = 3072
-_GEO_KEY_GEOGRAPHIC = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +57,6 @@ class RasterOptions:
       value_range: (low, high) mapped onto 0..max of `dtype`
         (--raster_range); None: the full range of an integer source type
         (a float source then needs it).
-      georef: Store the GeoTIFF EPSG code and geotransform per record
-        (--raster_georef).
       max_pixels: Set by `ValidationOptions` to --max_pixels: height * width
         * bands * pages kept above it is rejected before decoding.
 
@@ -72,7 +68,6 @@ class RasterOptions:
     bands: tuple[int, ...] | None = None
     dtype: str | None = None
     value_range: tuple[float, float] | None = None
-    georef: bool = False
     max_pixels: int = 178_956_970
 
     def __post_init__(self):
@@ -127,8 +122,7 @@ class RasterOptions:
 
     def to_json(self) -> dict[str, Any]:
         return {"pages": self.pages, "bands": list(self.bands) if self.bands else None,
-                "dtype": self.dtype, "range": list(self.value_range) if self.value_range else None,
-                "georef": self.georef}
+                "dtype": self.dtype, "range": list(self.value_range) if self.value_range else None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +136,6 @@ class Raster:
       nodata: The GDAL nodata value of the file, or None.
       actions: What was changed beyond re-encoding ('select_bands', ...).
       details: JSON-safe provenance for normalized.jsonl.
-      epsg, geotransform: GeoTIFF georeferencing (None if absent).
     """
 
     array: np.ndarray
@@ -150,8 +143,6 @@ class Raster:
     nodata: float | None
     actions: tuple[str, ...]
     details: dict[str, Any]
-    epsg: int | None = None
-    geotransform: tuple[float, ...] | None = None
 
 
 # 8-bit TIFFs that Pillow has always read and shows as a person sees them
@@ -228,12 +219,11 @@ def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster
                 f"--max_pixels={options.max_pixels:,}",
             )
         nodata = _nodata(keep[0])
-        georef = _georef(tif, keep[0]) if options.georef else (None, None)
         out = []
         for index, page in enumerate(keep):
             array = _read_page(page, data, name)
             page_index = index if options.pages == "all" and len(keep) > 1 else None
-            out.append(_finish(array, page_index, nodata, georef, options, name))
+            out.append(_finish(array, page_index, nodata, options, name))
         return out
 
 
@@ -249,6 +239,8 @@ def _shape(page, name: str) -> tuple[int, int, int]:
 
 def _source_dtype(page, name: str) -> np.dtype:
     dtype = page.dtype
+    if dtype is None and not 0 < int(page.bitspersample) <= 128:
+        raise ImageRejected("corrupt", f"{name}: its header says {page.bitspersample} bits per sample")
     if dtype is None:
         raise ImageRejected(
             "unsupported_dtype",
@@ -346,32 +338,7 @@ def _nodata(page) -> float | None:
     return float(value)
 
 
-def _georef(tif, page) -> tuple[int | None, tuple[float, ...] | None]:
-    """(EPSG code, GDAL geotransform) from the GeoTIFF tags, or None for what is missing."""
-    epsg = None
-    keys = page.tags.get(34735)
-    if keys is not None:
-        values = list(keys.value)
-        for i in range(4, len(values) - 3, 4):
-            key, location, _, value = values[i:i + 4]
-            if location == 0 and key in (_GEO_KEY_PROJECTED, _GEO_KEY_GEOGRAPHIC) and 0 < value < 32767:
-                epsg = int(value)
-                if key == _GEO_KEY_PROJECTED:
-                    break
-    transform = None
-    matrix = page.tags.get(34264)
-    scale, tiepoint = page.tags.get(33550), page.tags.get(33922)
-    if matrix is not None and len(matrix.value) >= 8:
-        m = [float(v) for v in matrix.value]
-        transform = (m[3], m[0], m[1], m[7], m[4], m[5])
-    elif scale is not None and tiepoint is not None and len(tiepoint.value) >= 6:
-        sx, sy = float(scale.value[0]), float(scale.value[1])
-        i, j, _, x, y, _ = (float(v) for v in tiepoint.value[:6])
-        transform = (x - i * sx, sx, 0.0, y + j * sy, 0.0, -sy)
-    return epsg, transform
-
-
-def _finish(array, page, nodata, georef, options: RasterOptions, name: str) -> Raster:
+def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
     actions: list[str] = []
     details: dict[str, Any] = {"source_dtype": array.dtype.name, "source_bands": int(array.shape[2])}
     if options.bands is not None:
@@ -391,8 +358,7 @@ def _finish(array, page, nodata, georef, options: RasterOptions, name: str) -> R
         details["scaling"] = scaling
     if nodata is not None:
         details["nodata"] = _json_number(nodata)
-    epsg, transform = georef
-    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details, epsg, transform)
+    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details)
 
 
 def _scale(array, nodata, options: RasterOptions, name: str):
