@@ -152,6 +152,9 @@ _PILLOW_PHOTOMETRIC = {"MINISWHITE", "MINISBLACK", "RGB", "PALETTE", "YCBCR", "S
 _PILLOW_COMPRESSION = {"NONE", "LZW", "ADOBE_DEFLATE", "DEFLATE", "PACKBITS", "JPEG",
                        "CCITTRLE", "CCITT_T4", "CCITT_T6"}
 _ALPHA = (1, 2)  # ExtraSamples: associated or unassociated alpha
+# What tifffile raises on damaged headers, beside its TiffFileError: its
+# parsers fail on wrongly typed tag values (tuples for ints, missing tags).
+_HEADER_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, EOFError)
 
 
 def pillow_owns(data: bytes, options: RasterOptions) -> bool:
@@ -175,8 +178,7 @@ def pillow_owns(data: bytes, options: RasterOptions) -> bool:
             compression = _enum_name(page.compression)
             extra = tuple(int(e) for e in page.extrasamples)
             fmt = _sample_format(page)
-    except (tifffile.TiffFileError, ValueError, struct.error, EOFError, IndexError, KeyError) as e:
-        del e
+    except (tifffile.TiffFileError, *_HEADER_ERRORS):
         return True
     if bits > 8 or fmt != "UINT" or photometric not in _PILLOW_PHOTOMETRIC:
         return False
@@ -200,12 +202,12 @@ def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster
 
     try:
         tif = tifffile.TiffFile(io.BytesIO(data))
-    except (tifffile.TiffFileError, ValueError, struct.error, EOFError) as e:
+    except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
         raise ImageRejected("corrupt", f"{name} looks like TIFF but its header is damaged ({e})") from e
     with tif:
         try:
             pages = [p for p in tif.pages if not _is_reduced(p)] or [tif.pages.first]
-        except (tifffile.TiffFileError, ValueError, struct.error, IndexError) as e:
+        except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
             raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
         keep = pages if options.pages == "all" else pages[:1]
         shapes = [_shape(p, name) for p in keep]

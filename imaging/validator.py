@@ -34,8 +34,10 @@ __all__ = ["ValidationOptions", "ValidImage", "ImageValidator"]
 
 # Errors Pillow raises on damaged or hostile files: its plugins use OSError for
 # truncation, SyntaxError and ValueError for bad headers, EOFError for missing
-# frames, struct.error for short chunks.
-_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
+# frames, struct.error for short chunks, TypeError for a TIFF page without
+# dimensions ("Missing dimensions", met when seeking its frames).
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, TypeError,
+               Image.DecompressionBombError)
 
 _EXIF_ORIENTATION = 0x0112
 
