@@ -49,6 +49,10 @@ setuptools.setup(
         # DICOM files are read with pydicom (pure Python); the codecs for
         # compressed DICOM come with the `dicom` extra.
         "pydicom>=3.0,<3.1",
+        # TIFF rasters (any band count and sample type, tiles, BigTIFF) are
+        # read with tifffile; imagecodecs holds its LZW/deflate/zstd/JPEG codecs.
+        "tifffile>=2023.1",
+        "imagecodecs>=2023.1",
     ],
     extras_require={
         # A lean CPU-only TensorFlow: CPU machines, Dataflow workers, CI.

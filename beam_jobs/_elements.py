@@ -35,6 +35,8 @@ class ShardResult:
     num_sources: int
     # schemas.ImageStats.to_json() of its records (None: none, or an older receipt).
     images: dict | None = None
+    # schemas.BandStats.to_json() of its raster records (None: none).
+    band_stats: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)

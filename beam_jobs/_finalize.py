@@ -105,7 +105,8 @@ class FinalizeFn(beam.DoFn):
             splits[split] = schemas.SplitInfo(split, tuple(
                 schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts,
                                   s.index_file, s.index_sha256,
-                                  schemas.ImageStats.from_json(s.images))
+                                  schemas.ImageStats.from_json(s.images),
+                                  schemas.BandStats.from_json(s.band_stats))
                 for s in mine
             ))
         return splits

@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
 from beam_jobs import _listing, _plan
-from imaging import DicomOptions, ResizeOptions, ValidationOptions
+from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
 
 __all__ = ["ConvertOptions", "ShardingOptions", "WritingOptions", "ConversionConfig", "parse_split"]
@@ -87,6 +87,7 @@ class WritingOptions:
 
 _VALIDATION = ValidationOptions()
 _DICOM = DicomOptions()
+_RASTER = RasterOptions()
 _SHARDING = ShardingOptions()
 _RESIZE = ResizeOptions()
 
@@ -180,6 +181,24 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--dicom_allow_identifying_tags", action="store_true",
             help="Allow --dicom_tags that identify patients (PatientName, PatientID, ...).",
+        )
+        parser.add_argument(
+            "--raster_pages", default=_RASTER.pages,
+            help="Pages of multi-page TIFFs to keep: first, or all (one record each, PATH#page=N).",
+        )
+        parser.add_argument(
+            "--raster_bands",
+            help="1-based TIFF bands to keep, in this order (as GDAL numbers them), e.g. 4,3,2,8.",
+        )
+        parser.add_argument(
+            "--raster_dtype",
+            help="Opt-in, value-changing: scale TIFF rasters linearly to uint8 or uint16 "
+            "(from --raster_range, default the source type's full range; rounded, clipped). "
+            "Default: every value kept.",
+        )
+        parser.add_argument(
+            "--raster_range",
+            help="LOW,HIGH mapped onto 0..max of --raster_dtype (needed for float rasters).",
         )
         parser.add_argument(
             "--dedup", action="store_true",
@@ -337,6 +356,12 @@ class ConversionConfig:
                 allow_identifying_tags=o.dicom_allow_identifying_tags,
             ),  # Held to --max_pixels by ValidationOptions.
             resize=resize,
+            raster=RasterOptions(
+                pages=o.raster_pages,
+                bands=RasterOptions.parse_bands(o.raster_bands) if o.raster_bands else None,
+                dtype=o.raster_dtype,
+                value_range=RasterOptions.parse_range(o.raster_range) if o.raster_range else None,
+            ),  # Held to --max_pixels too.
         )
         return cls(
             input_dir=o.input_dir,
@@ -356,7 +381,7 @@ class ConversionConfig:
     def manifest_options(self, split_source: str) -> dict:
         """The options that shape the output; no paths, so runs compare equal."""
         v = self.validation
-        return {
+        options = {
             "seed": self.seed,
             "split": {"source": split_source, "ratios": self.split_ratios},
             "shard_policy": self.sharding.to_json(),
@@ -377,3 +402,7 @@ class ConversionConfig:
             # Only when asked for: datasets converted without it keep their exact manifest.
             **({"resize": v.resize.to_json()} if v.resize.active else {}),
         }
+        if not v.raster.is_default:
+            # Only then, so datasets converted without raster options keep their bytes.
+            options["raster"] = v.raster.to_json()
+        return options

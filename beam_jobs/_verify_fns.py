@@ -123,12 +123,19 @@ class VerifyShardFn(beam.DoFn):
         if not 0 <= label < self._num_classes:
             return f"{name}: label {label} is outside [0, {self._num_classes})", None, None, name, None
         image = values[schemas.IMAGE.key]
+        stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
         try:
-            shape = self._tf.io.decode_image(image, expand_animations=False).shape
+            raw = schemas.parse_raw_format(values[schemas.FORMAT.key])
+        except ValueError as e:
+            return f"{name}: {e}", None, None, name, None
+        try:
+            if raw is None:
+                shape = self._tf.io.decode_image(image, expand_animations=False).shape
+            else:
+                shape = self._raw_shape(image, raw, stored)
         except self._tf.errors.OpError as e:
             return (f"{name}: image does not decode ({e.message.split('}}')[-1].strip()})", None,
                     None, name, None)
-        stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
         if tuple(shape) != stored:
             return f"{name}: decodes to {tuple(shape)}, the record says {stored}", None, None, name, None
         if self._resize is not None and not self._resize.allows(stored[0], stored[1]):
@@ -136,6 +143,16 @@ class VerifyShardFn(beam.DoFn):
                     f"resize {self._resize.to_json()} allows"), None, None, name, None
         fmt = values[schemas.FORMAT.key].decode("ascii", "replace")
         return None, label, hashlib.sha256(image).hexdigest(), name, (fmt, stored[0], stored[1])
+
+    def _raw_shape(self, image: bytes, dtype: str, stored):
+        """The shape a raw record decodes to: its bytes as `dtype`, reshaped as the record says."""
+        tf = self._tf
+        values = tf.io.decode_raw(image, getattr(tf, dtype), little_endian=True)
+        h, w, c = stored
+        if int(values.shape[0]) != h * w * c:
+            # Not reshapeable: report the sample count the bytes hold.
+            return (int(values.shape[0]),)
+        return tuple(tf.reshape(values, (h, w, c)).shape)
 
     def _check_index(self, shard, offsets):
         if not shard.index_file:

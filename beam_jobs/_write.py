@@ -66,6 +66,9 @@ def validation_fingerprint(validation: ValidationOptions) -> str:
                 full_decode=validation.full_decode, dicom=validation.dicom)
     if validation.resize.active:  # Absent otherwise, as receipts of older runs have it.
         args["resize"] = validation.resize
+    if not validation.raster.is_default:
+        # Only then: receipts of runs without raster options stay valid.
+        args["raster"] = validation.raster
     return repr(sorted(args.items()))
 
 
@@ -79,6 +82,8 @@ class _Shard:
         self.rejects: list[Reject] = []
         self.normalized: list[tuple] = []
         self.num_sources = 0
+        self.band_stats = None  # schemas.BandStats of its raster records, merged as written
+        self.mixed_bands = False
 
 
 class _Receipts:
@@ -211,6 +216,7 @@ class WriteShardFn(beam.DoFn):
             split, index, files[0].num_shards, name, sum(shard.class_counts), writer.num_bytes,
             writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
+            band_stats=None if shard.band_stats is None or shard.mixed_bands else shard.band_stats.to_json(),
         )
         return result, shard.rejects, shard.normalized
 
@@ -218,6 +224,8 @@ class WriteShardFn(beam.DoFn):
         """Encodes, frames and writes one image; notes it in the shard's index and counts."""
         # One record per kept frame: its filename says which.
         filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
+        if image.page is not None:
+            filename += f"#page={image.page}"
         if image.actions:
             shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
         record = self._schema.encode(schemas.ImageRecord(
@@ -235,6 +243,10 @@ class WriteShardFn(beam.DoFn):
         writer.write(framed)
         shard.class_counts[f.label] += 1
         shard.stored.append((image.format, image.height, image.width))
+        if image.band_stats is not None and not shard.mixed_bands:
+            merged = image.band_stats if shard.band_stats is None else shard.band_stats.merge(image.band_stats)
+            shard.mixed_bands = merged is None
+            shard.band_stats = merged
         self._written.inc()
 
     def _validate(self, f):

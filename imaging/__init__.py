@@ -11,10 +11,12 @@ loaded without TensorFlow's Python API (`schemas._tf`).
 
 from imaging.dicom import DicomOptions
 from imaging.errors import ImageRejected
+from imaging.raster import RasterOptions
 from imaging.resize import ResizeOptions
 from imaging.sniff import sniff_format
 from imaging.validator import ImageValidator, ValidationOptions, ValidImage
 
 __all__ = [
-    "DicomOptions", "ImageRejected", "ImageValidator", "ResizeOptions", "ValidationOptions", "ValidImage", "sniff_format",
+    "DicomOptions", "ImageRejected", "ImageValidator", "RasterOptions", "ResizeOptions",
+    "ValidationOptions", "ValidImage", "sniff_format",
 ]

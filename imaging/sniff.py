@@ -34,7 +34,8 @@ def sniff_format(head: bytes) -> str | None:
         return "bmp"
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "webp"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
+    # Classic TIFF, then BigTIFF (version 43).
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
         return "tiff"
     if head[128:132] == b"DICM":
         return "dicom"

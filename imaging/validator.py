@@ -24,17 +24,21 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from imaging import dicom as _dicom
+from imaging import raster as _raster
 from imaging import resize as _resize
 from imaging.errors import ImageRejected
 from imaging.sniff import JpegHeader, jpeg_header, sniff_format
+import schemas
 from schemas import _tf
 
 __all__ = ["ValidationOptions", "ValidImage", "ImageValidator"]
 
 # Errors Pillow raises on damaged or hostile files: its plugins use OSError for
 # truncation, SyntaxError and ValueError for bad headers, EOFError for missing
-# frames, struct.error for short chunks.
-_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
+# frames, struct.error for short chunks, TypeError for a TIFF page without
+# dimensions ("Missing dimensions", met when seeking its frames).
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, TypeError,
+               Image.DecompressionBombError)
 
 _EXIF_ORIENTATION = 0x0112
 
@@ -58,6 +62,10 @@ class ValidImage:
         index (the record's filename says which frame); otherwise None.
       tags: Requested DICOM tags as strings (keyword to value).
       details: What a conversion applied, JSON-safe (DICOM provenance).
+      page: For one page of a multi-page TIFF kept with every page, its index
+        (the record's filename says which page); otherwise None.
+      band_stats: Per-band `schemas.BandStats` of a raster read by
+        imaging/raster.py, for the manifest; None for other images.
     """
 
     data: bytes
@@ -70,7 +78,8 @@ class ValidImage:
     frame: int | None = None
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     details: Mapping[str, Any] | None = None
-
+    page: int | None = None
+    band_stats: schemas.BandStats | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +99,8 @@ class ValidationOptions:
       dicom: How DICOM files are rendered (`DicomOptions`).
       resize: The size images are stored at (`imaging.resize.ResizeOptions`,
         --max_side/--min_side); by default none is resized.
+      raster: How TIFF rasters are read (`imaging.raster.RasterOptions`);
+        held to `max_pixels` as `dicom` is.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -102,6 +113,7 @@ class ValidationOptions:
     full_decode: bool = False
     dicom: _dicom.DicomOptions = dataclasses.field(default_factory=_dicom.DicomOptions)
     resize: _resize.ResizeOptions = dataclasses.field(default_factory=_resize.ResizeOptions)
+    raster: _raster.RasterOptions = dataclasses.field(default_factory=_raster.RasterOptions)
 
     def __post_init__(self):
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
@@ -116,6 +128,10 @@ class ValidationOptions:
             raise ValueError(f"resize must be an imaging.ResizeOptions. Received: {self.resize!r}")
         if self.dicom.max_pixels != self.max_pixels:
             object.__setattr__(self, "dicom", dataclasses.replace(self.dicom, max_pixels=self.max_pixels))
+        if not isinstance(self.raster, _raster.RasterOptions):
+            raise ValueError(f"raster must be an imaging.RasterOptions. Received: {self.raster!r}")
+        if self.raster.max_pixels != self.max_pixels:
+            object.__setattr__(self, "raster", dataclasses.replace(self.raster, max_pixels=self.max_pixels))
 
 
 class ImageValidator:
@@ -148,6 +164,7 @@ class ImageValidator:
         self._jpeg_ratio = 1 if options.full_decode else 8
         self._dicom = options.dicom
         self._resize = options.resize
+        self._raster = options.raster
 
     def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file may give several images.
@@ -157,7 +174,41 @@ class ImageValidator:
         """
         if data and (sniff_format(data[:132]) == "dicom" or _dicom.is_dicom(data[:1024])):
             return [self._fit(frame, name) for frame in self._dicom_frames(data, name)]
+        if data and sniff_format(data[:132]) == "tiff" and not _raster.pillow_owns(data, self._raster):
+            return self._rasters(data, name)
         return [self.validate(data, name)]
+
+    def _rasters(self, data: bytes, name: str) -> list[ValidImage]:
+        """A TIFF read by imaging/raster.py: every band and bit, PNG or raw (see there)."""
+        out = []
+        for r in _raster.decode_raster(data, name, self._raster):
+            array, actions, details = r.array, r.actions, r.details
+            if self._resize.active and not self._resize.allows(*array.shape[:2]):
+                # The one size cap for every kind of input (--max_side/--min_side).
+                original = array.shape[:2]
+                array = _resize.resize_array(array, self._resize)
+                actions = actions + (self._resize.action,)
+                details = {**(details or {}), "original": list(original), "stored": list(array.shape[:2])}
+            r = dataclasses.replace(r, array=array, actions=actions, details=details)
+            h, w, c = r.array.shape
+            if _raster.is_png_storable(r.array):
+                if r.array.dtype == np.uint8:
+                    # Pillow's encoder, as for the 8-bit TIFFs Pillow reads.
+                    png = _encode(Image.fromarray(r.array[:, :, 0] if c == 1 else r.array), "png")
+                else:
+                    png = _raster.png_bytes(r.array)
+                try:
+                    image = self._checked(png, "tiff", ("reencode_tiff_to_png",) + r.actions, name)
+                except self._ops.OpError as e:
+                    raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+            else:
+                image = ValidImage(_raster.raw_bytes(r.array), schemas.raw_format(r.array.dtype),
+                                   h, w, c, "tiff", ("store_tiff_as_raw",) + r.actions)
+            out.append(dataclasses.replace(
+                image, page=r.page, details=r.details,
+                band_stats=_raster.band_stats(r.array, r.nodata),
+            ))
+        return out
 
     def _dicom_frames(self, data: bytes, name: str) -> list[ValidImage]:
         out = []
@@ -207,6 +258,11 @@ class ImageValidator:
             header = jpeg_header(data)
             if header is not None and header.orientation not in range(2, 9):
                 return self._plain_jpeg(data, header, name)
+        if fmt == "tiff" and not _raster.pillow_owns(data, self._raster):
+            images = self._rasters(data, name)
+            if len(images) != 1:
+                raise ValueError(f"{name} has {len(images)} pages: use validate_all")
+            return images[0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:

@@ -26,12 +26,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import tensorflow as tf
 
 from readers import decode, preprocess
-from schemas.features import CHANNELS, FORMAT, HEIGHT, IMAGE, WIDTH, raw_dtype, raw_format
+from schemas.features import CHANNELS, FORMAT, HEIGHT, IMAGE, WIDTH, parse_raw_format, raw_format
 from schemas.manifest import ImageStats, Manifest, ManifestError
 
 __all__ = [
@@ -68,29 +67,27 @@ class BandStats:
         return len(self.mean)
 
 
-def _band_value(band: Any, name: str) -> float:
-    value = band.get(name) if isinstance(band, Mapping) else getattr(band, name, None)
-    if value is None:
-        raise ManifestError(f"a band's statistics have no {name!r}: {band!r}")
-    return float(value)
-
-
 def split_band_stats(manifest: Manifest, split: str) -> BandStats | None:
-    """The per-band statistics the manifest records for `split`, or None.
+    """The per-band mean and std the manifest records for `split`, or None.
 
-    The one place that knows where the manifest keeps them: the
-    `band_stats` of the split's `SplitInfo`, a sequence with one entry per
-    band holding (at least) `mean` and `std`, as attributes or keys.
+    The one place the reader takes them from: `SplitInfo.band_stats`, merged
+    exactly from the shards' statistics the converter accumulated while it
+    wrote them (None unless every record of the split is a raster with the
+    same number of bands).
+
+    Raises:
+      ManifestError: If a band has no valid sample (nodata everywhere), so no std.
     """
-    stats = getattr(manifest.split(split), "band_stats", None)
-    if not stats:
+    stats = manifest.split(split).band_stats
+    if stats is None:
         return None
-    if isinstance(stats, Mapping):  # Keyed by band number.
-        stats = [stats[k] for k in sorted(stats, key=int)]
-    return BandStats(
-        mean=tuple(_band_value(b, "mean") for b in stats),
-        std=tuple(_band_value(b, "std") for b in stats),
-    )
+    if any(std is None for std in stats.std):
+        empty = [b + 1 for b, std in enumerate(stats.std) if std is None]
+        raise ManifestError(
+            f"split {split!r} has no valid sample in band(s) {empty} (all nodata), so no "
+            "statistics to normalise with: pass normalize=(mean, std)."
+        )
+    return BandStats(mean=tuple(stats.mean), std=tuple(stats.std))
 
 
 def dataset_band_stats(band_stats: Mapping[str, BandStats], data_dir: str) -> BandStats:
@@ -119,7 +116,7 @@ def stored_formats(stats: ImageStats | None) -> tuple[tuple[str, ...], tuple[str
         return (), ()
     photos, raws = [], []
     for fmt, _ in stats.formats:
-        dtype = raw_dtype(fmt)
+        dtype = parse_raw_format(fmt)
         (photos if dtype is None else raws).append(fmt if dtype is None else dtype)
     return tuple(photos), tuple(raws)
 
@@ -189,7 +186,7 @@ def _count_bands(split_files, band_stats: BandStats | None) -> int:
         for serialized in tf.data.TFRecordDataset(path):
             record = schema.decode(serialized.numpy())
             fmt = record[FORMAT.key].decode("utf-8", "replace")
-            if raw_dtype(fmt) is not None:
+            if parse_raw_format(fmt) is not None:
                 return int(record[CHANNELS.key])
     raise ManifestError(
         f"The manifest of {split_files.data_dir!r} lists raw images in split "
@@ -274,6 +271,16 @@ def resolve_normalize(split_files, image):
     """`normalize` with 'dataset' replaced by the train split's (mean, std)."""
     if image.normalize != "dataset":
         return image.normalize
+    photos, _ = stored_formats(split_files.images)
+    if photos:
+        # The statistics are of the values in the files; PNG/JPEG images come out of the
+        # photo pipeline in its own scale (0-255 floats), where they would not apply.
+        raise ValueError(
+            f"normalize='dataset' applies the band statistics of raw-stored rasters; split "
+            f"{split_files.split!r} holds {', '.join(photos)} images (8/16-bit with 1, 3 or 4 "
+            "bands are stored so): pass normalize=(mean, std) in the output's scale. "
+            "Received: normalize='dataset'"
+        )
     stats = dataset_band_stats(split_files.band_stats, split_files.data_dir)
     logger.info(
         "normalize='dataset': the per-band mean and std of the %r split (%d bands), "

@@ -18,8 +18,12 @@ from schemas.features import (
     FeatureSpec,
     ImageExampleSchema,
     ImageRecord,
+    RAW_DTYPES,
+    RAW_FORMAT_PREFIX,
     dicom_tag_key,
-    raw_dtype,
+    parse_raw_format,
+    raw_format,
+    raw_itemsize,
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
@@ -29,6 +33,7 @@ from schemas.manifest import (
     SKIP_REASONS,
     SPLITS,
     VERIFY_REPORT_FILENAME,
+    BandStats,
     ImageStats,
     Manifest,
     ManifestError,
@@ -41,8 +46,9 @@ from schemas.manifest import (
 __all__ = [
     "__version__",
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
-    "dicom_tag_key", "raw_dtype", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
+    "dicom_tag_key", "RAW_FORMAT_PREFIX", "RAW_DTYPES", "raw_format", "parse_raw_format",
+    "raw_itemsize", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
-    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "ShardInfo",
+    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "BandStats", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",
 ]

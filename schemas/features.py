@@ -38,7 +38,8 @@ __all__ = [
     "RAW_FORMAT_PREFIX",
     "RAW_DTYPES",
     "raw_format",
-    "raw_dtype",
+    "parse_raw_format",
+    "raw_itemsize",
 ]
 
 # Bump when a key, a dtype or an encoding changes; readers refuse versions they
@@ -178,37 +179,6 @@ class FeatureSpec:
 
     def to_json(self) -> dict[str, str]:
         return {"dtype": self.dtype, "description": self.description}
-
-
-# Images PNG cannot hold (more bands, 2 bands, signed, 32-bit, float) are stored
-# raw: the `image` feature holds the array's bytes, little-endian, C order,
-# shape (height, width, channels); `format` is RAW_FORMAT_PREFIX + its dtype.
-RAW_FORMAT_PREFIX = "raw-"
-RAW_DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "float32", "float64")
-
-
-def raw_format(dtype: str) -> str:
-    """The `format` value of a raw image of numpy dtype name `dtype` ('raw-uint16')."""
-    if dtype not in RAW_DTYPES:
-        raise ValueError(f"`dtype` must be one of {RAW_DTYPES}. Received: dtype={dtype!r}")
-    return RAW_FORMAT_PREFIX + dtype
-
-
-def raw_dtype(fmt: str) -> str | None:
-    """The dtype name of a raw image's `format` ('raw-uint16' -> 'uint16'); None if not raw.
-
-    Raises:
-      ValueError: If `fmt` has the raw prefix but an unknown dtype.
-    """
-    if not fmt.startswith(RAW_FORMAT_PREFIX):
-        return None
-    dtype = fmt[len(RAW_FORMAT_PREFIX):]
-    if dtype not in RAW_DTYPES:
-        raise ValueError(
-            f"unknown raw image format {fmt!r}; this reader knows "
-            f"{[RAW_FORMAT_PREFIX + d for d in RAW_DTYPES]}"
-        )
-    return dtype
 
 
 IMAGE = FeatureSpec(
@@ -439,6 +409,56 @@ def _example_class() -> type[message.Message]:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+# Raw rasters (schema-level contract shared by the converter and the reader).
+# Images that PNG cannot hold losslessly in a way TF decodes (more than 4 or
+# exactly 2 bands, signed, 32-bit, float) are stored as their array's bytes:
+# `image` holds the array little-endian in C order, shape (height, width,
+# channels) as the `height`, `width` and `channels` features say, and `format`
+# is RAW_FORMAT_PREFIX + the numpy dtype name, e.g. 'raw-uint16', 'raw-float32'.
+# A plain reader parses it with tf.io.decode_raw(image, dtype) and tf.reshape.
+RAW_FORMAT_PREFIX = "raw-"
+# Sample types a raw record may have, with their sizes in bytes.
+_RAW_ITEMSIZE = {
+    "uint8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "float32": 4, "float64": 8,
+}
+RAW_DTYPES = tuple(_RAW_ITEMSIZE)
+
+
+def raw_format(dtype) -> str:
+    """The `format` value of a raw record of `dtype` (a name, or a numpy dtype).
+
+    Raises:
+      ValueError: If the dtype is not one of RAW_DTYPES.
+    """
+    name = getattr(dtype, "name", dtype)
+    if name not in _RAW_ITEMSIZE:
+        raise ValueError(f"Raw records hold one of {RAW_DTYPES}. Received: dtype={dtype!r}")
+    return RAW_FORMAT_PREFIX + name
+
+
+def parse_raw_format(fmt: str | bytes) -> str | None:
+    """The dtype name of a raw record's `format` ('raw-uint16' -> 'uint16'); None if not raw.
+
+    Raises:
+      ValueError: For a raw format of a dtype this schema does not know.
+    """
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode("ascii", "replace")
+    if not fmt.startswith(RAW_FORMAT_PREFIX):
+        return None
+    name = fmt[len(RAW_FORMAT_PREFIX):]
+    if name not in _RAW_ITEMSIZE:
+        raise ValueError(f"Unknown raw format {fmt!r}; raw records hold one of {RAW_DTYPES}.")
+    return name
+
+
+def raw_itemsize(dtype: str) -> int:
+    """Bytes per sample of a raw dtype name (one of RAW_DTYPES)."""
+    if dtype not in _RAW_ITEMSIZE:
+        raise ValueError(f"Raw records hold one of {RAW_DTYPES}. Received: dtype={dtype!r}")
+    return _RAW_ITEMSIZE[dtype]
 
 
 def dicom_tag_key(keyword: str) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "SKIP_REASONS",
     "ManifestError",
     "ImageStats",
+    "BandStats",
     "ShardInfo",
     "SplitInfo",
     "Manifest",
@@ -71,6 +72,8 @@ REJECT_REASONS = {
     "unsupported_codec": "The image uses a compression whose decoder is not installed.",
     "no_pixel_data": "A DICOM file without an image (e.g. a report or a plan).",
     "duplicate": "Same content as another input that was kept.",
+    "unsupported_dtype": "The image's sample type (complex, bit depth, ...) cannot be stored.",
+    "missing_bands": "The image has fewer bands than --raster_bands asks for.",
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
 SKIP_REASONS = {
@@ -170,6 +173,88 @@ class ImageStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class BandStats:
+    """Per-band statistics of the raster records of a shard or split, mergeable.
+
+    Computed while converting (no second pass) on the stored values; samples
+    equal to the file's nodata value, and NaN, are counted in `nodata` and
+    left out of the rest. Shards keep `m2` (sum of squared deviations from
+    the mean) so splits merge exactly (Chan et al.'s parallel variance).
+
+    Attributes:
+      records: Records these statistics cover.
+      count: Valid samples per band.
+      min, max: Per band; None for a band with no valid sample.
+      mean: Per band (0.0 with no valid sample).
+      m2: Per band, sum of squared deviations from `mean`.
+      nodata: Per band, samples that were nodata or NaN.
+    """
+
+    records: int
+    count: tuple[int, ...]
+    min: tuple[float | None, ...]
+    max: tuple[float | None, ...]
+    mean: tuple[float, ...]
+    m2: tuple[float, ...]
+    nodata: tuple[int, ...]
+
+    @property
+    def num_bands(self) -> int:
+        return len(self.count)
+
+    @property
+    def std(self) -> tuple[float | None, ...]:
+        """Population standard deviation per band (None with no valid sample)."""
+        return tuple((m2 / n) ** 0.5 if n else None for n, m2 in zip(self.count, self.m2))
+
+    def merge(self, other: BandStats) -> BandStats | None:
+        """Both together; None when their band counts differ (nothing to merge band by band)."""
+        if other.num_bands != self.num_bands:
+            return None
+        count, mins, maxs, means, m2s = [], [], [], [], []
+        for b in range(self.num_bands):
+            na, nb = self.count[b], other.count[b]
+            n = na + nb
+            delta = other.mean[b] - self.mean[b]
+            mean = self.mean[b] + delta * nb / n if n else 0.0
+            m2 = self.m2[b] + other.m2[b] + (delta * delta * na * nb / n if n else 0.0)
+            count.append(n)
+            means.append(mean)
+            m2s.append(m2)
+            mins.append(_pick(min, self.min[b], other.min[b]))
+            maxs.append(_pick(max, self.max[b], other.max[b]))
+        nodata = tuple(a + b for a, b in zip(self.nodata, other.nodata))
+        return BandStats(self.records + other.records, tuple(count), tuple(mins), tuple(maxs),
+                         tuple(means), tuple(m2s), nodata)
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, for a shard (merged later)."""
+        return {"records": self.records, "count": list(self.count), "min": list(self.min),
+                "max": list(self.max), "mean": list(self.mean), "m2": list(self.m2),
+                "nodata": list(self.nodata)}
+
+    def summary_json(self) -> dict[str, Any]:
+        """What a split reports: per band min, max, mean, std and nodata count."""
+        return {"records": self.records, "count": list(self.count), "min": list(self.min),
+                "max": list(self.max), "mean": list(self.mean), "std": list(self.std),
+                "nodata_count": list(self.nodata)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> BandStats | None:
+        if d is None:
+            return None
+        opt = lambda v: None if v is None else float(v)  # noqa: E731
+        return cls(int(d["records"]), tuple(int(v) for v in d["count"]),
+                   tuple(opt(v) for v in d["min"]), tuple(opt(v) for v in d["max"]),
+                   tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["m2"]),
+                   tuple(int(v) for v in d["nodata"]))
+
+
+def _pick(fn, a, b):
+    return b if a is None else a if b is None else fn(a, b)
+
+
+@dataclasses.dataclass(frozen=True)
 class ShardInfo:
     """One shard file of a split."""
 
@@ -185,11 +270,17 @@ class ShardInfo:
     # Formats and sizes of its images (None: no records, or written by a
     # version that did not record them).
     images: ImageStats | None = None
+    # Per-band statistics of its raster records (absent: none, or an older
+    # version; only written when present, so other datasets keep their bytes).
+    band_stats: BandStats | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["class_counts"] = list(self.class_counts)
         d["images"] = self.images.to_json() if self.images else None
+        d.pop("band_stats")
+        if self.band_stats is not None:
+            d["band_stats"] = self.band_stats.to_json()
         return d
 
     @classmethod
@@ -203,6 +294,7 @@ class ShardInfo:
             index_file=d.get("index_file"),
             index_sha256=d.get("index_sha256"),
             images=ImageStats.from_json(d.get("images")),
+            band_stats=BandStats.from_json(d.get("band_stats")),
         )
 
 
@@ -239,14 +331,32 @@ class SplitInfo:
             stats = shard.images if stats is None else stats.merge(shard.images)
         return stats
 
+    @property
+    def band_stats(self) -> BandStats | None:
+        """Per-band statistics of the split; None unless every record is a raster with as many bands."""
+        stats = None
+        for shard in self.shards:
+            if shard.band_stats is None:
+                continue
+            stats = shard.band_stats if stats is None else stats.merge(shard.band_stats)
+            if stats is None:
+                return None
+        if stats is None or stats.records != self.num_records:
+            return None
+        return stats
+
     def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
         counts = self.class_counts or (0,) * len(class_names)
-        return {
+        d = {
             "num_records": self.num_records,
             "num_bytes": self.num_bytes,
             "class_counts": dict(zip(class_names, counts)),
             "shards": [s.to_json() for s in self.shards],
         }
+        stats = self.band_stats
+        if stats is not None:
+            d["band_stats"] = stats.summary_json()
+        return d
 
 
 @dataclasses.dataclass(frozen=True)

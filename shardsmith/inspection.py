@@ -93,16 +93,15 @@ def _stored_images(m: schemas.Manifest) -> list[str]:
     """
     stats = {name: info.images for name, info in m.splits.items() if info.images}
     formats = {f for s in stats.values() for f, _ in s.formats}
-    if not any(schemas.raw_dtype(f) for f in formats):
+    if not any(schemas.parse_raw_format(f) for f in formats):
         return []
     rows = [["split", "stored as", "dtypes", "bands"]]
     for name, s in stats.items():
-        dtypes = sorted({schemas.raw_dtype(f) or "uint8/uint16" for f, _ in s.formats})
-        # Per-band statistics (and so the band count) come with the converter's
-        # band_stats, where it records them.
-        band_stats = getattr(m.splits[name], "band_stats", None)
+        dtypes = sorted({schemas.parse_raw_format(f) or "uint8/uint16" for f, _ in s.formats})
+        # The band count comes with the per-band statistics (rasters of one band count).
+        band_stats = m.splits[name].band_stats
         rows.append([name, ", ".join(f"{f} {n:,}" for f, n in s.formats), ", ".join(dtypes),
-                     str(len(band_stats)) if band_stats else "-"])
+                     str(band_stats.num_bands) if band_stats else "-"])
     return _table(rows) + [""]
 
 

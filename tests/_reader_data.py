@@ -284,14 +284,3 @@ def write_raster_dataset(
     (data_dir / MANIFEST_FILENAME).write_text(manifest.to_json())
     (data_dir / REJECTS_FILENAME).write_text("")
     return tuple(items)
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitWithBandStats(SplitInfo):
-    """A split with per-band statistics, where the converter side of issue 16 puts them.
-
-    Stands in for that field until it lands (the manifest's JSON does not
-    carry it yet): `readers.stored.split_band_stats` reads it.
-    """
-
-    band_stats: tuple = ()

@@ -187,6 +187,12 @@ def test_random_and_mutated_bytes_never_crash_and_never_pass_undecodable(data):
     except ImageRejected as e:
         assert e.reason in schemas.REJECT_REASONS
         return
-    # Whatever is accepted decodes with the reader's op, at the size it claims.
-    decoded = tf.io.decode_image(image.data, expand_animations=False)
+    # Whatever is accepted decodes with the reader's op, at the size it claims:
+    # decode_image, or for a raw raster decode_raw of its dtype, reshaped.
+    raw = schemas.parse_raw_format(image.format)
+    if raw is None:
+        decoded = tf.io.decode_image(image.data, expand_animations=False)
+    else:
+        decoded = tf.reshape(tf.io.decode_raw(image.data, getattr(tf, raw)),
+                             (image.height, image.width, image.channels))
     assert tuple(decoded.shape) == (image.height, image.width, image.channels)

@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 import readers
-from _reader_data import SplitWithBandStats, write_raster_dataset
+import schemas
+from _reader_data import write_raster_dataset
 from readers import stored
 from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import load_manifest, load_split
@@ -182,12 +183,21 @@ def test_split_band_stats_reads_the_split_field(tmp_path):
     manifest = load_manifest(tmp_path / "ds")
     assert stored.split_band_stats(manifest, "train") is None
     split = manifest.splits["train"]
-    with_stats = SplitWithBandStats(split.name, split.shards, band_stats=(
-        {"mean": 1.5, "std": 2.0, "min": 0, "max": 9, "nodata": 0},
-        {"mean": 3.0, "std": 0.5, "min": 0, "max": 9, "nodata": 2},
-    ))
-    manifest = dataclasses.replace(manifest, splits={"train": with_stats})
-    assert stored.split_band_stats(manifest, "train") == stored.BandStats((1.5, 3.0), (2.0, 0.5))
+    # Two shards' statistics, as the converter writes them: the split's are their exact merge.
+    a = np.array([[0.0, 1.0], [4.0, 5.0]])  # band 0 values, band 1 values (2 samples each shard)
+    b = np.array([[2.0, 9.0], [6.0, 3.0]])
+    shards = []
+    for shard, values in zip(split.shards, (a, b)):
+        stats = schemas.BandStats(
+            records=shard.num_records, count=(2, 2), min=tuple(values.min(1)), max=tuple(values.max(1)),
+            mean=tuple(values.mean(1)), m2=tuple(((values - values.mean(1, keepdims=True)) ** 2).sum(1)),
+            nodata=(0, 0))
+        shards.append(dataclasses.replace(shard, band_stats=stats))
+    manifest = dataclasses.replace(manifest, splits={"train": dataclasses.replace(split, shards=tuple(shards))})
+    got = stored.split_band_stats(manifest, "train")
+    both = np.concatenate([a, b], axis=1)
+    np.testing.assert_allclose(got.mean, both.mean(1))
+    np.testing.assert_allclose(got.std, both.std(1))
 
 
 def test_preview_of_a_13_band_dataset(tmp_path):

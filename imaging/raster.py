@@ -1,0 +1,460 @@
+"""TIFF rasters (satellite, scientific, 16-bit cameras) to storable arrays, without loss.
+
+Read with `tifffile` (and `imagecodecs` for its compressions): strips and tiles,
+interleaved and planar, BigTIFF, any number of bands and the sample types of
+`schemas.RAW_DTYPES`. Bands come last: (height, width, bands). What is stored
+(see `schemas.raw_format`):
+
+- 8- and 16-bit unsigned images of 1, 3 or 4 bands: PNG (TF decodes it);
+- anything else: the array's bytes, little-endian, C order, format
+  'raw-<dtype>'.
+
+No value changes unless asked (`RasterOptions.dtype`). Framework-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import schemas
+from imaging.errors import ImageRejected
+
+__all__ = ["RasterOptions", "Raster", "decode_raster", "pillow_owns", "png_bytes", "raw_bytes",
+           "band_stats", "is_png_storable"]
+
+_PAGES = ("first", "all")
+# Opt-in conversions (--raster_dtype): the target types, each a linear scaling.
+_TARGET_DTYPES = ("uint8", "uint16")
+# Lossless widening of sample types that raw records do not hold.
+_WIDEN = {"int8": "int16", "float16": "float32"}
+# zlib level of 16-bit PNGs: level 6 as the validator's Pillow encoder.
+_PNG_LEVEL = 6
+_PNG_BANDS = {1: 0, 3: 2, 4: 6}  # bands -> PNG colour type (grey, RGB, RGBA)
+
+
+@dataclasses.dataclass(frozen=True)
+class RasterOptions:
+    """How TIFF rasters are read; validated when built.
+
+    Attributes:
+      pages: 'first', or 'all' for one record per page of a multi-page file
+        (reduced-resolution pages, GeoTIFF overviews, are never records)
+        (--raster_pages).
+      bands: 1-based band numbers to keep, in this order, as GDAL numbers
+        them (--raster_bands 4,3,2,8); None keeps every band.
+      dtype: None stores every value as it is (the default). 'uint8' or
+        'uint16' scales linearly from `value_range` onto the full range of
+        that type, rounding to nearest and clipping (--raster_dtype); the
+        scaling is listed in normalized.jsonl.
+      value_range: (low, high) mapped onto 0..max of `dtype`
+        (--raster_range); None: the full range of an integer source type
+        (a float source then needs it).
+      max_pixels: Set by `ValidationOptions` to --max_pixels: height * width
+        * bands * pages kept above it is rejected before decoding.
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    pages: str = "first"
+    bands: tuple[int, ...] | None = None
+    dtype: str | None = None
+    value_range: tuple[float, float] | None = None
+    max_pixels: int = 178_956_970
+
+    def __post_init__(self):
+        if self.pages not in _PAGES:
+            raise ValueError(f"--raster_pages must be one of {', '.join(_PAGES)}. Received: {self.pages!r}")
+        if self.bands is not None:
+            bands = tuple(self.bands)
+            if not bands or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in bands):
+                raise ValueError(
+                    f"--raster_bands must be band numbers from 1, e.g. 4,3,2. Received: {self.bands!r}"
+                )
+            object.__setattr__(self, "bands", bands)
+        if self.dtype is not None and self.dtype not in _TARGET_DTYPES:
+            raise ValueError(
+                f"--raster_dtype must be one of {', '.join(_TARGET_DTYPES)} (default: keep the "
+                f"file's type). Received: {self.dtype!r}"
+            )
+        if self.value_range is not None:
+            low, high = (float(v) for v in self.value_range)
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise ValueError(
+                    f"--raster_range must be LOW,HIGH with LOW < HIGH. Received: {self.value_range!r}"
+                )
+            if self.dtype is None:
+                raise ValueError("--raster_range scales values, so it needs --raster_dtype.")
+            object.__setattr__(self, "value_range", (low, high))
+
+    @classmethod
+    def parse_bands(cls, text: str) -> tuple[int, ...]:
+        """'4,3,2,8' -> (4, 3, 2, 8); raises ValueError naming --raster_bands."""
+        try:
+            return tuple(int(b) for b in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"--raster_bands must be band numbers from 1, e.g. 4,3,2. Received: {text!r}"
+            ) from None
+
+    @classmethod
+    def parse_range(cls, text: str) -> tuple[float, float]:
+        """'0,10000' -> (0.0, 10000.0); raises ValueError naming --raster_range."""
+        parts = text.split(",")
+        try:
+            low, high = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"--raster_range must be LOW,HIGH. Received: {text!r}") from None
+        return low, high
+
+    @property
+    def is_default(self) -> bool:
+        """Whether every option but max_pixels is its default (the output then matches older runs)."""
+        return dataclasses.replace(self, max_pixels=RasterOptions.max_pixels) == RasterOptions()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pages": self.pages, "bands": list(self.bands) if self.bands else None,
+                "dtype": self.dtype, "range": list(self.value_range) if self.value_range else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Raster:
+    """One page of a TIFF, decoded.
+
+    Attributes:
+      array: (height, width, bands), the stored sample type.
+      page: Its page index when every page is kept and the file has several;
+        otherwise None.
+      nodata: The GDAL nodata value of the file, or None.
+      actions: What was changed beyond re-encoding ('select_bands', ...).
+      details: JSON-safe provenance for normalized.jsonl.
+    """
+
+    array: np.ndarray
+    page: int | None
+    nodata: float | None
+    actions: tuple[str, ...]
+    details: dict[str, Any]
+
+
+# 8-bit TIFFs that Pillow has always read and shows as a person sees them
+# (palette, CMYK, bilevel, YCbCr) keep Pillow's path and bytes: its
+# photometric interpretations and compressions.
+_PILLOW_PHOTOMETRIC = {"MINISWHITE", "MINISBLACK", "RGB", "PALETTE", "YCBCR", "SEPARATED"}
+_PILLOW_COMPRESSION = {"NONE", "LZW", "ADOBE_DEFLATE", "DEFLATE", "PACKBITS", "JPEG",
+                       "CCITTRLE", "CCITT_T4", "CCITT_T6"}
+_ALPHA = (1, 2)  # ExtraSamples: associated or unassociated alpha
+# What tifffile raises on damaged headers, beside its TiffFileError: its
+# parsers fail on wrongly typed tag values (tuples for ints, missing tags).
+_HEADER_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, EOFError)
+
+
+def pillow_owns(data: bytes, options: RasterOptions) -> bool:
+    """Whether a TIFF stays on Pillow's path (an 8-bit photo-like image, as before rasters).
+
+    True for unsigned images of at most 8 bits per sample with 1 or 3 bands,
+    or 4 when the fourth is alpha or the image is CMYK, compressed in a way
+    Pillow decodes, when no raster option asks for more; also when tifffile
+    cannot read the header (Pillow then says what is wrong, as it did).
+    """
+    if not options.is_default:
+        return False
+    import tifffile
+
+    try:
+        with tifffile.TiffFile(io.BytesIO(data)) as tif:
+            page = tif.pages.first
+            bits = page.bitspersample
+            samples = page.samplesperpixel
+            photometric = _enum_name(page.photometric)
+            compression = _enum_name(page.compression)
+            extra = tuple(int(e) for e in page.extrasamples)
+            fmt = _sample_format(page)
+    except (tifffile.TiffFileError, *_HEADER_ERRORS):
+        return True
+    if bits > 8 or fmt != "UINT" or photometric not in _PILLOW_PHOTOMETRIC:
+        return False
+    if compression not in _PILLOW_COMPRESSION:
+        return False
+    if samples in (1, 3) and not extra:
+        return True
+    return samples == 4 and (photometric == "SEPARATED" and not extra or extra == _ALPHA[1:] or extra == _ALPHA[:1])
+
+
+def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster]:
+    """Decodes a TIFF file's kept pages.
+
+    Raises:
+      ImageRejected: 'corrupt' for damaged headers, truncated or undecodable
+        data; 'unsupported_dtype' for sample types raw records cannot hold
+        (complex, 64-bit integers, ...); 'too_large' above max_pixels;
+        'unsupported_codec' for a compression with no decoder installed.
+    """
+    import tifffile  # Heavy-ish; only files that are TIFFs need it.
+
+    try:
+        tif = tifffile.TiffFile(io.BytesIO(data))
+    except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+        raise ImageRejected("corrupt", f"{name} looks like TIFF but its header is damaged ({e})") from e
+    with tif:
+        try:
+            pages = [p for p in tif.pages if not _is_reduced(p)] or [tif.pages.first]
+        except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+            raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
+        keep = pages if options.pages == "all" else pages[:1]
+        shapes = [_shape(p, name) for p in keep]
+        total = sum(h * w * b for h, w, b in shapes)
+        if total > options.max_pixels:
+            h, w, b = shapes[0]
+            raise ImageRejected(
+                "too_large",
+                f"{name} is {w}x{h} with {b} band{'s' * (b != 1)}"
+                f"{f' on {len(keep)} pages' if len(keep) > 1 else ''} = {total:,} samples, more than "
+                f"--max_pixels={options.max_pixels:,}",
+            )
+        nodata = _nodata(keep[0])
+        out = []
+        for index, page in enumerate(keep):
+            array = _read_page(page, data, name)
+            page_index = index if options.pages == "all" and len(keep) > 1 else None
+            out.append(_finish(array, page_index, nodata, options, name))
+        return out
+
+
+def _is_reduced(page) -> bool:
+    return bool(getattr(page, "is_reduced", False))
+
+
+def _shape(page, name: str) -> tuple[int, int, int]:
+    if getattr(page, "imagedepth", 1) > 1:
+        raise ImageRejected("unsupported_dtype", f"{name} is a volume TIFF (ImageDepth {page.imagedepth})")
+    return int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
+
+
+def _source_dtype(page, name: str) -> np.dtype:
+    dtype = page.dtype
+    if dtype is None and not 0 < int(page.bitspersample) <= 128:
+        raise ImageRejected("corrupt", f"{name}: its header says {page.bitspersample} bits per sample")
+    if dtype is None:
+        raise ImageRejected(
+            "unsupported_dtype",
+            f"{name} has samples of {page.bitspersample} bits, sample format "
+            f"{_sample_format(page)}, which no raw record holds",
+        )
+    dtype = np.dtype(dtype)
+    name_ = _WIDEN.get(dtype.name, dtype.name)
+    if dtype.kind == "b" or (name_ not in schemas.RAW_DTYPES):
+        raise ImageRejected(
+            "unsupported_dtype",
+            f"{name} has {dtype.name} samples ({page.bitspersample} bits, sample format "
+            f"{_sample_format(page)}); stored types are {', '.join(schemas.RAW_DTYPES)}",
+        )
+    return dtype
+
+
+def _enum_name(value) -> str:
+    return getattr(value, "name", str(value))
+
+
+def _sample_format(page) -> str:
+    """'UINT', 'INT', 'IEEEFP', 'COMPLEXIEEEFP', ... (tifffile gives the tag's int)."""
+    import tifffile
+
+    try:
+        return tifffile.SAMPLEFORMAT(int(page.sampleformat)).name
+    except ValueError:
+        return str(page.sampleformat)
+
+
+def _read_page(page, data: bytes, name: str) -> np.ndarray:
+    """The page's samples as (height, width, bands), every byte of it read and checked."""
+    import tifffile
+
+    dtype = _source_dtype(page, name)
+    _check_segments(page, len(data), dtype, name)
+    try:
+        # One thread: the writer already validates several files at once.
+        array = page.asarray(maxworkers=1)
+    except tifffile.TiffFileError as e:
+        raise ImageRejected("corrupt", f"{name}: {e}") from e
+    except (ValueError, RuntimeError, OSError, EOFError, struct.error, IndexError, TypeError) as e:
+        message = str(e)
+        if "imagecodecs" in message or "requires" in message.lower():
+            raise ImageRejected("unsupported_codec", f"{name}: {message}") from e
+        # imagecodecs' errors subclass RuntimeError (LZW, deflate, zstd, ...).
+        raise ImageRejected("corrupt", f"{name}: compressed data does not decode ({type(e).__name__}: {e})") from e
+    if _enum_name(page.photometric) == "PALETTE" and page.colormap is not None:
+        # The pixels are indices: what the file shows is the colour map's entries.
+        array = np.moveaxis(page.colormap, 0, -1)[array]
+    axes = page.axes
+    order = [axes.index(a) for a in "YXS" if a in axes]
+    if len(order) != array.ndim:
+        raise ImageRejected("unsupported_dtype", f"{name} has axes {axes!r}, not height, width, bands")
+    array = np.transpose(array, order)
+    if array.ndim == 2:
+        array = array[:, :, np.newaxis]
+    widened = _WIDEN.get(array.dtype.name)
+    if widened:
+        array = array.astype(widened)
+    return array
+
+
+def _check_segments(page, file_size: int, dtype: np.dtype, name: str) -> None:
+    """Rejects strips or tiles past the end of the file (tifffile would fill them with zeros)."""
+    offsets, counts = page.dataoffsets, page.databytecounts
+    if not offsets or len(offsets) != len(counts):
+        raise ImageRejected("corrupt", f"{name}: no strip or tile offsets")
+    uncompressed = int(page.compression) == 1
+    if uncompressed:
+        # What one strip or tile must hold; the last strip may be shorter.
+        h, w, b = int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
+        total = h * w * b * dtype.itemsize
+    else:
+        total = 0
+    for offset, count in zip(offsets, counts):
+        if count == 0 or offset + count > file_size:
+            raise ImageRejected(
+                "corrupt",
+                f"{name}: a strip or tile of {count} bytes at offset {offset} ends past the file's "
+                f"{file_size} bytes (truncated)",
+            )
+    if uncompressed and not page.is_tiled and sum(counts) < total:
+        raise ImageRejected(
+            "corrupt", f"{name}: its strips hold {sum(counts)} of the {total} bytes the image needs (truncated)"
+        )
+
+
+def _nodata(page) -> float | None:
+    value = getattr(page, "nodata", 0)
+    # tifffile reports 0 when there is no GDAL_NODATA tag.
+    if 42113 not in page.tags:
+        return None
+    return float(value)
+
+
+def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
+    actions: list[str] = []
+    details: dict[str, Any] = {"source_dtype": array.dtype.name, "source_bands": int(array.shape[2])}
+    if options.bands is not None:
+        bands = array.shape[2]
+        missing = [b for b in options.bands if b > bands]
+        if missing:
+            raise ImageRejected(
+                "missing_bands",
+                f"{name} has {bands} band{'s' * (bands != 1)}; --raster_bands asks for {missing}",
+            )
+        array = array[:, :, [b - 1 for b in options.bands]]
+        actions.append("select_bands")
+        details["bands"] = list(options.bands)
+    if options.dtype is not None:
+        array, scaling = _scale(array, nodata, options, name)
+        actions.append(f"scale_to_{options.dtype}")
+        details["scaling"] = scaling
+    if nodata is not None:
+        details["nodata"] = _json_number(nodata)
+    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details)
+
+
+def _scale(array, nodata, options: RasterOptions, name: str):
+    """Linear scaling of (low, high) onto 0..max of the target type, rounded and clipped."""
+    if options.value_range is not None:
+        low, high = options.value_range
+    elif array.dtype.kind in "ui":
+        info = np.iinfo(array.dtype)
+        low, high = float(info.min), float(info.max)
+    else:
+        raise ImageRejected(
+            "unsupported_dtype",
+            f"{name} has {array.dtype.name} samples: --raster_dtype needs --raster_range LOW,HIGH for them",
+        )
+    top = float(np.iinfo(options.dtype).max)
+    values = array.astype(np.float64)
+    scaled = np.rint((values - low) * (top / (high - low)))
+    scaled = np.clip(np.nan_to_num(scaled, nan=0.0), 0, top).astype(options.dtype)
+    return scaled, {"from": [low, high], "to": [0, int(top)], "rounding": "nearest, clipped",
+                    "nan": 0}
+
+
+def _json_number(value: float):
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return int(value) if value == int(value) else value
+
+
+def is_png_storable(array: np.ndarray) -> bool:
+    """Whether the contract stores this array as PNG: uint8/uint16 with 1, 3 or 4 bands."""
+    return array.dtype.name in ("uint8", "uint16") and array.shape[2] in _PNG_BANDS
+
+
+def png_bytes(array: np.ndarray) -> bytes:
+    """A 16-bit PNG of a (height, width, 1|3|4) uint16 array (Pillow writes 16-bit grey only).
+
+    Deterministic: the 'Up' filter on every row, zlib level 6.
+    """
+    h, w, b = array.shape
+    rows = array.astype(">u2").reshape(h, w * b).view(np.uint8)
+    filtered = np.empty((h, rows.shape[1] + 1), np.uint8)
+    filtered[:, 0] = 2  # Up: each byte minus the one above it.
+    filtered[0, 1:] = rows[0]
+    filtered[1:, 1:] = rows[1:] - rows[:-1]
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, _PNG_BANDS[b], 0, 0, 0)
+    return b"".join((b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", ihdr),
+                     _chunk(b"IDAT", zlib.compress(filtered.tobytes(), _PNG_LEVEL)),
+                     _chunk(b"IEND", b"")))
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def raw_bytes(array: np.ndarray) -> bytes:
+    """The raw record payload: little-endian, C order, (height, width, bands)."""
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
+    """Per band: valid samples, min, max, mean, sum of squared deviations, nodata count.
+
+    Samples equal to `nodata`, and NaN, are counted as nodata and left out.
+    """
+    counts, mins, maxs, means, m2s, missing = [], [], [], [], [], []
+    for band in _bands(array):
+        values = band.astype(np.float64, copy=False).ravel()
+        invalid = np.isnan(values)
+        if nodata is not None and not math.isnan(nodata):
+            invalid |= values == nodata
+        n_invalid = int(invalid.sum())
+        if n_invalid:
+            values = values[~invalid]
+        n = int(values.size)
+        counts.append(n)
+        missing.append(n_invalid)
+        if n:
+            mean = float(values.mean())
+            mins.append(float(values.min()))
+            maxs.append(float(values.max()))
+            means.append(mean)
+            m2s.append(float(np.square(values - mean).sum()))
+        else:
+            mins.append(None)
+            maxs.append(None)
+            means.append(0.0)
+            m2s.append(0.0)
+    return schemas.BandStats(1, tuple(counts), tuple(mins), tuple(maxs), tuple(means),
+                             tuple(m2s), tuple(missing))
+
+
+def _bands(array: np.ndarray) -> Iterator[np.ndarray]:
+    for b in range(array.shape[2]):
+        yield array[:, :, b]
+

@@ -1,0 +1,284 @@
+"""TIFF rasters: every band, every bit, read back exactly from the records."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tifffile
+from helpers import convert, read_records, write
+
+import schemas
+from beam_jobs import verify
+from imaging import ImageRejected, ImageValidator, RasterOptions, ValidationOptions
+
+_RNG = np.random.default_rng(16)
+
+
+def _tiff(array, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, array, **kwargs)
+    return buf.getvalue()
+
+
+def _u16(*shape):
+    return _RNG.integers(0, 65536, shape, dtype=np.uint16)
+
+
+def _dem():
+    return _RNG.uniform(-125, 295, (64, 64)).astype(np.float32)
+
+
+# name -> (array as stored (h, w, bands), tiff bytes, expected format)
+def _layouts():
+    rgbn = _u16(64, 64, 4)
+    s2 = _u16(64, 64, 13)
+    planar = _u16(3, 32, 48)
+    rgb16 = _u16(40, 30, 3)
+    dem = _dem()
+    i16 = _RNG.integers(-32768, 32768, (33, 17), dtype=np.int16)
+    tiled = _u16(100, 90, 5)
+    u32 = _RNG.integers(0, 2**32, (16, 16, 2), dtype=np.uint32)
+    i32 = _RNG.integers(-2**31, 2**31, (16, 16), dtype=np.int32)
+    f64 = _RNG.normal(size=(16, 16, 3))
+    return {
+        "rgbn_uint16": (rgbn, _tiff(rgbn, photometric="rgb", extrasamples=[0]), "png"),
+        "sentinel2_13_bands": (s2, _tiff(s2, photometric="minisblack", planarconfig="contig"),
+                               "raw-uint16"),
+        "planar_rgb_uint16": (planar.transpose(1, 2, 0),
+                              _tiff(planar, photometric="rgb", planarconfig="separate"), "png"),
+        "interleaved_rgb_uint16": (rgb16, _tiff(rgb16, photometric="rgb"), "png"),
+        "dem_float32": (dem[:, :, None], _tiff(dem), "raw-float32"),
+        "int16": (i16[:, :, None], _tiff(i16), "raw-int16"),
+        "tiled_5_bands": (tiled, _tiff(tiled, photometric="minisblack", planarconfig="contig",
+                                      tile=(32, 32)), "raw-uint16"),
+        "lzw": (s2, _tiff(s2, photometric="minisblack", planarconfig="contig", compression="lzw"),
+                "raw-uint16"),
+        "deflate": (dem[:, :, None], _tiff(dem, compression="zlib", predictor=True), "raw-float32"),
+        "zstd_planar": (tiled, _tiff(tiled.transpose(2, 0, 1), photometric="minisblack",
+                                     planarconfig="separate", compression="zstd"), "raw-uint16"),
+        "bigtiff": (s2, _tiff(s2, photometric="minisblack", planarconfig="contig", bigtiff=True),
+                    "raw-uint16"),
+        "uint32_2_bands": (u32, _tiff(u32, photometric="minisblack", planarconfig="contig"),
+                           "raw-uint32"),
+        "int32": (i32[:, :, None], _tiff(i32), "raw-int32"),
+        "float64_3_bands": (f64, _tiff(f64, photometric="minisblack", planarconfig="contig"),
+                            "raw-float64"),
+        "grey_uint16": (rgb16[:, :, :1], _tiff(rgb16[:, :, 0]), "png"),
+    }
+
+
+_LAYOUTS = _layouts()
+
+
+def _values(image) -> np.ndarray:
+    """The stored values of a ValidImage, as a reader gets them: raw bytes or TF's PNG decode."""
+    dtype = schemas.parse_raw_format(image.format)
+    if dtype is not None:
+        assert len(image.data) == image.height * image.width * image.channels * schemas.raw_itemsize(dtype)
+        return np.frombuffer(image.data, np.dtype(dtype).newbyteorder("<")).reshape(
+            image.height, image.width, image.channels)
+    sixteen = image.data[24] == 16
+    return tf.io.decode_png(image.data, dtype=tf.uint16 if sixteen else tf.uint8).numpy()
+
+
+@pytest.fixture(scope="module")
+def validator():
+    return ImageValidator()
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_every_layout_is_stored_without_changing_a_value(validator, layout):
+    expected, data, fmt = _LAYOUTS[layout]
+    [image] = validator.validate_all(data, f"{layout}.tif")
+    assert image.format == fmt
+    got = _values(image)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert image.band_stats.num_bands == expected.shape[2]
+    np.testing.assert_allclose(image.band_stats.mean, expected.reshape(-1, expected.shape[2]).mean(0))
+
+
+def test_validate_takes_a_raster_too(validator):
+    expected, data, _ = _LAYOUTS["dem_float32"]
+    image = validator.validate(data, "dem.tif")
+    np.testing.assert_array_equal(_values(image), expected)
+    assert image.actions == ("store_tiff_as_raw",)
+
+
+def test_an_8_bit_rgb_tiff_keeps_pillows_bytes_whichever_path_reads_it(validator):
+    rgb = _RNG.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    pillow = validator.validate_all(_tiff(rgb, photometric="rgb"), "a.tif")[0]
+    # zstd: Pillow cannot decode it, so tifffile reads it.
+    raster = validator.validate_all(_tiff(rgb, photometric="rgb", compression="zstd"), "b.tif")[0]
+    assert pillow.band_stats is None and raster.band_stats is not None
+    assert pillow.data == raster.data
+    np.testing.assert_array_equal(_values(raster), rgb)
+
+
+def test_every_page_with_pages_all_and_the_first_by_default():
+    stack = _u16(3, 16, 16)
+    data = _tiff(stack, photometric="minisblack")  # three pages
+    first = ImageValidator().validate_all(data, "z.tif")
+    assert len(first) == 1 and first[0].page is None
+    np.testing.assert_array_equal(_values(first[0])[:, :, 0], stack[0])
+    pages = ImageValidator(raster=RasterOptions(pages="all")).validate_all(data, "z.tif")
+    assert [p.page for p in pages] == [0, 1, 2]
+    for page, want in zip(pages, stack):
+        np.testing.assert_array_equal(_values(page)[:, :, 0], want)
+
+
+def test_bands_are_selected_in_order_and_the_change_listed():
+    s2, data, _ = _LAYOUTS["sentinel2_13_bands"]
+    [image] = ImageValidator(raster=RasterOptions(bands=(4, 3, 2, 8))).validate_all(data, "s2.tif")
+    np.testing.assert_array_equal(_values(image), s2[:, :, [3, 2, 1, 7]])
+    assert "select_bands" in image.actions and image.details["bands"] == [4, 3, 2, 8]
+    with pytest.raises(ImageRejected) as e:
+        ImageValidator(raster=RasterOptions(bands=(14,))).validate_all(data, "s2.tif")
+    assert e.value.reason == "missing_bands" and "13 bands" in e.value.message
+
+
+def test_scaling_to_uint8_is_opt_in_and_stated():
+    dem, data, _ = _LAYOUTS["dem_float32"]
+    options = RasterOptions(dtype="uint8", value_range=(-125.0, 295.0))
+    [image] = ImageValidator(raster=options).validate_all(data, "dem.tif")
+    want = np.clip(np.rint((dem.astype(np.float64) + 125) * (255 / 420)), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(_values(image), want)
+    assert "scale_to_uint8" in image.actions
+    assert image.details["scaling"]["from"] == [-125.0, 295.0]
+    with pytest.raises(ImageRejected, match="--raster_range"):
+        ImageValidator(raster=RasterOptions(dtype="uint8")).validate_all(data, "dem.tif")
+
+
+def test_nodata_is_recorded_counted_and_left_out_of_the_statistics(validator):
+    dem = _dem()
+    dem[:4] = -9999
+    dem[4, 0] = np.nan
+    data = _tiff(dem, extratags=[(42113, "s", 0, "-9999", True)])
+    [image] = validator.validate_all(data, "dem.tif")
+    assert image.details["nodata"] == -9999
+    valid = dem[4:].ravel()
+    valid = valid[~np.isnan(valid)]
+    stats = image.band_stats
+    assert stats.nodata == (4 * 64 + 1,) and stats.count == (valid.size,)
+    assert stats.min[0] == float(valid.min()) and stats.max[0] == float(valid.max())
+    np.testing.assert_allclose(stats.std[0], valid.astype(np.float64).std(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["truncated", "broken_zstd", "broken_zlib", "broken_lzw", "too_large", "complex", "uint64"])
+def test_bad_rasters_are_rejected_naming_what_was_found(case):
+    s2 = _u16(64, 64, 13)
+    max_pixels = ValidationOptions().max_pixels
+    if case == "truncated":
+        data, reason = _tiff(s2, photometric="minisblack", planarconfig="contig")[:30_000], "corrupt"
+    elif case.startswith("broken_"):
+        data = bytearray(_tiff(s2, photometric="minisblack", planarconfig="contig",
+                               compression=case.removeprefix("broken_"), rowsperstrip=16))
+        start = tifffile.TiffFile(io.BytesIO(bytes(data))).pages.first.dataoffsets[1]
+        data[start:start + 8] = b"\xff" * 8  # the second strip's stream header
+        data, reason = bytes(data), "corrupt"
+    elif case == "too_large":
+        # 64 * 64 * 13 = 53,248 samples: above 50,000 though 64 * 64 pixels are not.
+        data, reason, max_pixels = _tiff(s2, photometric="minisblack", planarconfig="contig"), "too_large", 50_000
+    elif case == "complex":
+        data, reason = _tiff(np.zeros((8, 8), np.complex64)), "unsupported_dtype"
+    else:
+        data, reason = _tiff(np.zeros((8, 8), np.uint64)), "unsupported_dtype"
+    with pytest.raises(ImageRejected) as e:
+        ImageValidator(max_pixels=max_pixels).validate_all(data, "bad.tif")
+    assert e.value.reason == reason, e.value.message
+    assert reason in schemas.REJECT_REASONS
+    if case == "too_large":
+        assert "13 bands" in e.value.message and "53,248" in e.value.message
+    if case in ("complex", "uint64"):
+        assert ("complex64" if case == "complex" else "uint64") in e.value.message
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    (dict(pages="every"), "--raster_pages"), (dict(bands=(0, 1)), "--raster_bands"),
+    (dict(dtype="int8"), "--raster_dtype"), (dict(dtype="uint8", value_range=(5, 1)), "--raster_range"),
+    (dict(value_range=(0, 1)), "--raster_dtype"),
+])
+def test_options_name_the_flag(kwargs, flag):
+    with pytest.raises(ValueError, match=flag):
+        RasterOptions(**kwargs)
+
+
+def test_band_stats_merge_like_one_pass():
+    a, b = _u16(8, 8, 2), _u16(5, 8, 2)
+    from imaging.raster import band_stats
+    merged = band_stats(a, None).merge(band_stats(b, None))
+    both = np.concatenate([a.reshape(-1, 2), b.reshape(-1, 2)]).astype(np.float64)
+    np.testing.assert_allclose(merged.mean, both.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(merged.std, both.std(0), rtol=1e-12)
+    assert merged.records == 2 and merged.count == (both.shape[0],) * 2
+    assert schemas.BandStats.from_json(json.loads(json.dumps(merged.to_json()))) == merged
+
+
+def test_conversion_round_trip_through_the_beam_runner(tmp_path):
+    root, out = tmp_path / "in", tmp_path / "out"
+    arrays = {}
+    for i in range(4):
+        for cls in ("forest", "water"):
+            s2 = _u16(64, 64, 13)
+            arrays[f"{cls}/{i}.tif"] = s2
+            write(root / cls / f"{i}.tif", _tiff(s2, photometric="minisblack", planarconfig="contig",
+                                                 compression="zstd" if i % 2 else None))
+    manifest = convert(root, out, "--num_shards", "2", "--min_shards", "1")
+    records = read_records(out)
+    assert len(records) == 8
+    for rec in records:
+        name = rec[schemas.FILENAME.key].decode()
+        assert rec[schemas.FORMAT.key] == b"raw-uint16"
+        shape = (rec[schemas.HEIGHT.key], rec[schemas.WIDTH.key], rec[schemas.CHANNELS.key])
+        got = np.frombuffer(rec[schemas.IMAGE.key], "<u2").reshape(shape)
+        np.testing.assert_array_equal(got, arrays[name])
+    split = manifest.split("train")
+    stats = split.band_stats
+    every = np.stack(list(arrays.values())).reshape(-1, 13).astype(np.float64)
+    np.testing.assert_allclose(stats.mean, every.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(stats.std, every.std(0), rtol=1e-12)
+    assert stats.min == tuple(every.min(0)) and stats.max == tuple(every.max(0))
+    stored = json.loads((out / schemas.MANIFEST_FILENAME).read_text())["splits"]["train"]["band_stats"]
+    assert set(stored) == {"records", "count", "min", "max", "mean", "std", "nodata_count"}
+    normalized = [json.loads(line) for line in (out / schemas.NORMALIZED_FILENAME).read_text().splitlines()]
+    assert {tuple(n["actions"]) for n in normalized} == {("store_tiff_as_raw",)}
+    assert manifest.normalized == {"store_tiff_as_raw": 8}
+    report = verify.run(["--dataset_dir", str(out)])
+    assert report["ok"], report
+
+
+def test_pages_all_records_are_named_by_page_and_verify(tmp_path):
+    root, out = tmp_path / "in", tmp_path / "out"
+    stack = _RNG.normal(size=(3, 8, 8)).astype(np.float32)
+    write(root / "a" / "stack.tif", _tiff(stack, photometric="minisblack"))
+    manifest = convert(root, out, "--raster_pages", "all", "--num_shards", "1")
+    records = sorted(read_records(out), key=lambda r: r[schemas.FILENAME.key])
+    assert [r[schemas.FILENAME.key] for r in records] == [b"a/stack.tif#page=0", b"a/stack.tif#page=1",
+                                                         b"a/stack.tif#page=2"]
+    for rec, want in zip(records, stack):
+        np.testing.assert_array_equal(np.frombuffer(rec[schemas.IMAGE.key], "<f4").reshape(8, 8), want)
+    assert manifest.options["raster"]["pages"] == "all"
+    assert verify.run(["--dataset_dir", str(out)])["ok"]
+
+
+def test_max_side_caps_rasters_too_keeping_dtype_and_bands():
+    from imaging import ResizeOptions
+
+    s2 = _u16(80, 40, 13)
+    contig = dict(photometric="minisblack", planarconfig="contig")
+    [image] = ImageValidator(resize=ResizeOptions(max_side=20)).validate_all(_tiff(s2, **contig), "s2.tif")
+    stored = _values(image)
+    assert stored.shape == (20, 10, 13) and stored.dtype == np.uint16
+    assert image.format == schemas.raw_format("uint16")
+    assert image.actions[-1] == "resize_max_side"
+    assert image.details["original"] == [80, 40] and image.details["stored"] == [20, 10]
+    # A band's mean survives an antialiased downscale (no aliasing, no band mix-up).
+    np.testing.assert_allclose(stored.mean(axis=(0, 1)), s2.mean(axis=(0, 1)), rtol=0.05)
+    small = _u16(16, 8, 13)
+    [kept] = ImageValidator(resize=ResizeOptions(max_side=20)).validate_all(_tiff(small, **contig), "s.tif")
+    np.testing.assert_array_equal(_values(kept), small)
+    assert "resize_max_side" not in kept.actions

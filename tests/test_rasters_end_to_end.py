@@ -1,0 +1,104 @@
+"""Rasters from files on disk through the Beam converter to the reader: every band, every bit."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import tifffile
+from helpers import convert, write
+
+import readers
+import schemas
+
+_RNG = np.random.default_rng(1616)
+_CONTIG = dict(photometric="minisblack", planarconfig="contig")
+
+
+def _tiff(array, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, array, **kwargs)
+    return buf.getvalue()
+
+
+# One dataset per dtype and band count: {name: (array as read, tifffile keyword arguments)}.
+_CASES = {
+    "uint16_13_bands": (_RNG.integers(0, 65536, (24, 20, 13), dtype=np.uint16), _CONTIG),
+    "uint16_4_bands": (_RNG.integers(0, 65536, (16, 18, 4), dtype=np.uint16), _CONTIG),
+    "int16_1_band": (_RNG.integers(-32768, 32768, (20, 12, 1), dtype=np.int16), {}),
+    "float32_dem": (_RNG.uniform(-125, 295, (18, 22, 1)).astype(np.float32), {}),
+    "float64_3_bands": (_RNG.normal(size=(10, 14, 3)), _CONTIG),
+    "uint32_2_bands": (_RNG.integers(0, 2**32, (12, 12, 2), dtype=np.uint32), _CONTIG),
+    "int32_1_band": (_RNG.integers(-2**31, 2**31, (9, 11, 1), dtype=np.int32), {}),
+}
+
+
+def _as_stored(manifest, files) -> dict:
+    """The reader's color_mode and dtype that give each image as stored."""
+    formats = {f for f, _ in manifest.splits["train"].images.formats}
+    if any(schemas.parse_raw_format(f) for f in formats):
+        return dict(color_mode=None, dtype=None)  # Every band at its dtype.
+    # 8/16-bit with 1, 3 or 4 bands is stored as PNG, whose channels and depth the manifest does
+    # not record yet, so `None` cannot say them: the caller names them.
+    array, _ = next(iter(files.values()))
+    assert formats == {"png"} and array.dtype == np.uint16 and array.shape[2] in (1, 3, 4)
+    return dict(color_mode={1: "grayscale", 3: "rgb", 4: "rgba"}[array.shape[2]], dtype="uint16")
+
+
+@pytest.fixture(scope="module", params=sorted(_CASES))
+def converted(request, tmp_path_factory):
+    name = request.param
+    base, kwargs = _CASES[name]
+    tmp = tmp_path_factory.mktemp(name)
+    files = {}
+    for c, cls in enumerate(("forest", "water")):
+        for i in range(3):
+            array = (base + (c * 3 + i)).astype(base.dtype)  # distinct per file
+            rel = f"{cls}/patch_{i}.tif"
+            data = array[:, :, 0] if array.shape[2] == 1 else array
+            write(tmp / "images" / rel, _tiff(data, **kwargs))
+            files[rel] = (array, c)
+    manifest = convert(tmp / "images", tmp / "out", "--min_shards", "2")
+    return name, files, tmp / "out", manifest
+
+
+def test_every_value_band_and_dtype_comes_back_exactly(converted):
+    name, files, out, manifest = converted
+    ds = readers.image_dataset_from_tfrecords(
+        str(out), "train", batch_size=None, image_size=None, shuffle=False,
+        extra_features=(schemas.FILENAME.key,), **_as_stored(manifest, files))
+    seen = {}
+    for image, label, extras in ds:
+        seen[extras[schemas.FILENAME.key].numpy().decode()] = (image.numpy(), int(label))
+    assert sorted(seen) == sorted(files), name
+    for rel, (array, label) in files.items():
+        got, got_label = seen[rel]
+        assert got.dtype == array.dtype and got.shape == array.shape, rel
+        np.testing.assert_array_equal(got, array, err_msg=rel)
+        assert got_label == label
+
+
+def test_band_statistics_match_numpy_and_normalise_the_batches(converted):
+    name, files, out, manifest = converted
+    arrays = np.stack([a for a, _ in files.values()]).astype(np.float64)
+    stats = manifest.splits["train"].band_stats
+    assert stats is not None and stats.num_bands == arrays.shape[-1]
+    np.testing.assert_allclose(stats.mean, arrays.mean(axis=(0, 1, 2)), rtol=1e-9)
+    np.testing.assert_allclose(stats.std, arrays.std(axis=(0, 1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(stats.min, arrays.min(axis=(0, 1, 2)))
+    np.testing.assert_allclose(stats.max, arrays.max(axis=(0, 1, 2)))
+    h, w = arrays.shape[1:3]
+    if _as_stored(manifest, files)["dtype"] is not None:  # PNG-stored: photo scale, refused.
+        with pytest.raises(ValueError, match="normalize='dataset' applies the band statistics"):
+            readers.image_dataset_from_tfrecords(str(out), "train", batch_size=3, image_size=(h, w),
+                                                 normalize="dataset", color_mode="rgba")
+        return
+    ds = readers.image_dataset_from_tfrecords(
+        str(out), "train", batch_size=3, image_size=(h, w), normalize="dataset", shuffle=False,
+        **{**_as_stored(manifest, files), "dtype": "float32"})
+    got = np.concatenate([b.numpy() for b, _ in ds])
+    assert got.shape == arrays.shape
+    # Every band now has the split's mean 0 and std 1 (float32 arithmetic).
+    np.testing.assert_allclose(got.mean(axis=(0, 1, 2)), 0, atol=1e-3)
+    np.testing.assert_allclose(got.std(axis=(0, 1, 2)), 1, rtol=1e-3)
