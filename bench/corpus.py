@@ -15,7 +15,7 @@ Kinds:
 - ``photos``: an ImageNet-like benchmark corpus: ``count`` images in 10 class
   folders, about 500x375 pixels, JPEG quality 90 of 100-150 KB, 10% PNG.
 - ``small``: ``count`` 64x64 JPEG images in 10 class folders (reader benchmarks).
-- ``tiny``: ``count`` 32x32 JPEG crops of about 1.5 KB in 10 class folders,
+- ``tiny``: ``count`` 32x32 JPEG crops of about 1.4 KB in 10 class folders,
   the size of CIFAR-, MNIST-, patch- and thumbnail-sized datasets
   (`bench.small`, conversion of many small images).
 
@@ -303,15 +303,15 @@ def _small_file(seed: int, index: int) -> tuple[str, bytes]:
 
 
 def _tiny_file(seed: int, index: int) -> tuple[str, bytes]:
-    """Relative path and bytes of image `index` of a 'tiny' corpus (32x32, ~1.5 KB)."""
+    """Relative path and bytes of image `index` of a 'tiny' corpus (32x32, ~1.4 KB)."""
     rng = _rng(seed, "tiny", index)
     classes = tuple(_PHOTO_CLASSES)
     cls = _class_of(index, classes)
     arr = _draw_photo(
-        rng, seed, _PHOTO_CLASSES[cls], (32, 32), texture=(0.0, 0.0), grain=(2.0, 6.0),
+        rng, seed, _PHOTO_CLASSES[cls], (32, 32), texture=(0.0, 0.0), grain=(4.0, 9.0),
         jitter=0.05,
     )
-    return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=90)
+    return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=95)
 
 
 _FILE_MAKERS = {"photos": _photo_file, "small": _small_file, "tiny": _tiny_file}
@@ -387,7 +387,7 @@ def make_small(root: str, count: int = 20000, seed: int = 0, workers: int | None
 
 
 def make_tiny(root: str, count: int = 100000, seed: int = 0, workers: int | None = None) -> list[str]:
-    """Writes `count` 32x32 JPEG crops (~1.5 KB) in 10 class folders into `root`.
+    """Writes `count` 32x32 JPEG crops (~1.4 KB) in 10 class folders into `root`.
 
     Args:
       root: An existing, empty folder.
