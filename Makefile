@@ -58,6 +58,7 @@ verify: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.convert
+	$(PY) -m bench.small
 	$(PY) -m bench.read
 	$(PY) -m bench.scale
 	$(PY) -m bench.photos_large

@@ -38,8 +38,11 @@ def write_shard_plans(files, output_dir: str) -> list[str]:
     (Dataflow refuses requests over 10 MB, about a million files inline).
     """
     by_shard = collections.defaultdict(list)
+    # Fields are plain values: a shallow tuple is `dataclasses.astuple`'s
+    # result without its deep copies (~0.1 ms per file, on the driver).
+    names = [field.name for field in dataclasses.fields(_plan.PlannedFile)]
     for f in files:
-        by_shard[(f.split, f.shard, f.num_shards)].append(dataclasses.astuple(f))
+        by_shard[(f.split, f.shard, f.num_shards)].append(tuple(getattr(f, n) for n in names))
     folder = FileSystems.join(output_dir, TMP_DIRNAME, PLANS_DIRNAME)
     paths = []
     for (split, shard, count), rows in sorted(by_shard.items()):

@@ -35,6 +35,11 @@ _NAMESPACE = "shardsmith"
 # that do it (see `read_ahead`).
 _READ_AHEAD = 8
 _POOL_THREADS = min(4, os.cpu_count() or 1)
+# Files validated together (`ImageValidator.validate_many`): at most this many,
+# and of at most this many planned bytes, so that the groups read ahead hold
+# a bounded amount of memory whatever the image sizes.
+_GROUP_FILES = 64
+_GROUP_BYTES = 8 << 20
 # Inside the temporary folder: one receipt per finished shard, for --resume.
 RECEIPTS_DIRNAME = "done"
 
@@ -58,6 +63,19 @@ def read_ahead(fn, items, *, threads: int, depth: int = _READ_AHEAD):
             for nxt in itertools.islice(items, 1):
                 pending.append((nxt, pool.submit(fn, nxt)))
             yield item, outcome
+
+
+def _groups(files):
+    """`files` in order, in lists of at most _GROUP_FILES files and _GROUP_BYTES planned bytes."""
+    group, size = [], 0
+    for f in files:
+        if group and (len(group) == _GROUP_FILES or size + f.size > _GROUP_BYTES):
+            yield group
+            group, size = [], 0
+        group.append(f)
+        size += f.size
+    if group:
+        yield group
 
 
 def validation_fingerprint(validation: ValidationOptions) -> str:
@@ -195,7 +213,7 @@ class WriteShardFn(beam.DoFn):
         shard = _Shard(self._num_classes)
         try:
             threads = self._writing.worker_threads or _POOL_THREADS
-            for f, outcome in read_ahead(self._validate, files, threads=threads):
+            for f, outcome in self._validated(files, threads):
                 if isinstance(outcome, Reject):
                     shard.rejects.append(outcome)
                     continue
@@ -249,15 +267,31 @@ class WriteShardFn(beam.DoFn):
             shard.band_stats = merged
         self._written.inc()
 
-    def _validate(self, f):
-        """Reads and validates one file: its images, or its Reject."""
-        if f.duplicate_of is not None:
-            return Reject(f.rel_path, "duplicate",
-                          "same content as " + _listing.display_path(f.duplicate_of))
-        try:
-            return self._validator.validate_all(self._read(f), f.rel_path)
-        except ImageRejected as e:
-            return Reject(f.rel_path, e.reason, e.message)
+    def _validated(self, files, threads: int):
+        """Yields (file, its images or its Reject) in order; groups of files validated ahead."""
+        groups = read_ahead(self._validate_group, _groups(files), threads=threads, depth=threads)
+        for group, outcomes in groups:
+            yield from zip(group, outcomes)
+
+    def _validate_group(self, group):
+        """Reads and validates a group of files: for each, its images or its Reject."""
+        outcomes: list = [None] * len(group)
+        read = []  # (position in the group, bytes)
+        for k, f in enumerate(group):
+            if f.duplicate_of is not None:
+                outcomes[k] = Reject(f.rel_path, "duplicate",
+                                     "same content as " + _listing.display_path(f.duplicate_of))
+                continue
+            try:
+                read.append((k, self._read(f)))
+            except ImageRejected as e:
+                outcomes[k] = Reject(f.rel_path, e.reason, e.message)
+        results = self._validator.validate_many([(data, group[k].rel_path) for k, data in read])
+        for (k, _), result in zip(read, results):
+            if isinstance(result, ImageRejected):
+                result = Reject(group[k].rel_path, result.reason, result.message)
+            outcomes[k] = result
+        return outcomes
 
     def _fingerprint(self, files) -> str:
         """What the shard's bytes depend on: its planned files and the validation options.

@@ -15,6 +15,9 @@ Kinds:
 - ``photos``: an ImageNet-like benchmark corpus: ``count`` images in 10 class
   folders, about 500x375 pixels, JPEG quality 90 of 100-150 KB, 10% PNG.
 - ``small``: ``count`` 64x64 JPEG images in 10 class folders (reader benchmarks).
+- ``tiny``: ``count`` 32x32 JPEG crops of about 1.4 KB in 10 class folders,
+  the size of CIFAR-, MNIST-, patch- and thumbnail-sized datasets
+  (`bench.small`, conversion of many small images).
 
 The output is a pure function of (kind, count, seed): image ``i`` is drawn from
 its own random generator seeded with ``(seed, kind, i)``, so the result does not
@@ -31,6 +34,7 @@ Usage:
   python -m bench.corpus demo build/demo/images
   python -m bench.corpus photos build/bench/photos --count 2000 --seed 0
   python -m bench.corpus small build/bench/small --count 20000
+  python -m bench.corpus tiny build/bench/tiny --count 100000
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ __all__ = [
     "make_demo",
     "make_photos",
     "make_small",
+    "make_tiny",
     "describe",
     "main",
 ]
@@ -69,9 +74,9 @@ _LOG = logging.getLogger("shardsmith.bench.corpus")
 # made by an older version are regenerated instead of reused.
 GENERATOR_VERSION = 1
 
-KINDS = ("demo", "photos", "small")
-DEFAULT_COUNTS = {"demo": None, "photos": 2000, "small": 20000}
-_KIND_IDS = {"demo": 1, "photos": 2, "small": 3}
+KINDS = ("demo", "photos", "small", "tiny")
+DEFAULT_COUNTS = {"demo": None, "photos": 2000, "small": 20000, "tiny": 100000}
+_KIND_IDS = {"demo": 1, "photos": 2, "small": 3, "tiny": 4}
 
 # Class name -> names of the bundled scikit-image photographs it is cropped
 # from. 'motorcycle_left' and 'motorcycle_right' are the two views of
@@ -101,7 +106,7 @@ class CorpusInfo:
     """What `generate` made or found.
 
     Attributes:
-      kind: 'demo', 'photos' or 'small'.
+      kind: 'demo', 'photos', 'small' or 'tiny'.
       root: Absolute path of the corpus folder.
       count: Requested image count (None for 'demo').
       seed: Seed of the corpus.
@@ -297,7 +302,19 @@ def _small_file(seed: int, index: int) -> tuple[str, bytes]:
     return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=90)
 
 
-_FILE_MAKERS = {"photos": _photo_file, "small": _small_file}
+def _tiny_file(seed: int, index: int) -> tuple[str, bytes]:
+    """Relative path and bytes of image `index` of a 'tiny' corpus (32x32, ~1.4 KB)."""
+    rng = _rng(seed, "tiny", index)
+    classes = tuple(_PHOTO_CLASSES)
+    cls = _class_of(index, classes)
+    arr = _draw_photo(
+        rng, seed, _PHOTO_CLASSES[cls], (32, 32), texture=(0.0, 0.0), grain=(4.0, 9.0),
+        jitter=0.05,
+    )
+    return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=95)
+
+
+_FILE_MAKERS = {"photos": _photo_file, "small": _small_file, "tiny": _tiny_file}
 
 
 def _write(root: str, rel_path: str, data: bytes) -> tuple[str, int]:
@@ -367,6 +384,21 @@ def make_small(root: str, count: int = 20000, seed: int = 0, workers: int | None
       Relative paths of the files written, sorted.
     """
     return _make_many("small", root, count, seed, workers)
+
+
+def make_tiny(root: str, count: int = 100000, seed: int = 0, workers: int | None = None) -> list[str]:
+    """Writes `count` 32x32 JPEG crops (~1.4 KB) in 10 class folders into `root`.
+
+    Args:
+      root: An existing, empty folder.
+      count: Number of images.
+      seed: Seed of the corpus.
+      workers: Processes to use (default: one per core).
+
+    Returns:
+      Relative paths of the files written, sorted.
+    """
+    return _make_many("tiny", root, count, seed, workers)
 
 
 # ---------------------------------------------------------------------------
@@ -525,13 +557,13 @@ def generate(kind: str, root: str, *, count: int | None = None, seed: int = 0,
     into place when complete, so an interrupted run leaves no partial corpus.
 
     Args:
-      kind: 'demo', 'photos' or 'small'.
+      kind: 'demo', 'photos', 'small' or 'tiny'.
       root: Folder to create.
-      count: Number of images ('photos' and 'small'; default per kind).
+      count: Number of images ('photos', 'small' and 'tiny'; default per kind).
       seed: Seed of the corpus.
       overwrite: Regenerate `root` even when it holds this very corpus, and
         replace it even when this module did not make it or it was changed.
-      workers: Processes for 'photos' and 'small' (default: one per core).
+      workers: Processes for 'photos', 'small' and 'tiny' (default: one per core).
 
     Returns:
       A `CorpusInfo`.
@@ -648,9 +680,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.corpus",
         description="Generate an image folder from scikit-image's bundled photographs.",
     )
-    parser.add_argument("kind", choices=KINDS, help="demo, photos or small")
+    parser.add_argument("kind", choices=KINDS, help="demo, photos, small or tiny")
     parser.add_argument("out", help="Folder to create (class folders go inside).")
-    parser.add_argument("--count", type=int, help="Number of images (photos: 2000, small: 20000).")
+    parser.add_argument("--count", type=int, help="Number of images (photos: 2000, small: 20000, tiny: 100000).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the corpus (default 0).")
     parser.add_argument("--workers", type=int, help="Processes to use (default: one per core).")
     parser.add_argument("--overwrite", action="store_true",

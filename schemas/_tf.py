@@ -23,11 +23,13 @@ from typing import NamedTuple
 
 from compat import UntestedVersion, tf_internals
 
-__all__ = ["full", "image_ops", "example_pb2", "api_loaded"]
+__all__ = ["full", "image_ops", "jpeg_batch_decoder", "example_pb2", "api_loaded"]
 
 _LOG = logging.getLogger("shardsmith")
 _LOCK = threading.RLock()
 _LOADED: dict[str, object] = {}  # 'image_ops', 'example_pb2': loaded once per process.
+# (size, ratio) -> batch decoder, or None where the internals are not usable.
+_BATCH_DECODERS: dict[tuple[int, int], Callable | None] = {}
 # setup.py leaves the TensorFlow build to the user (CPU-only or GPU).
 _NO_TENSORFLOW = (
     "shardsmith needs TensorFlow, and leaves the build to you: "
@@ -114,6 +116,29 @@ def _with_tensor_input(op, constant, string):
         return op(constant(contents, dtype=string), **attrs)
 
     return run
+
+
+def jpeg_batch_decoder(size: int, ratio: int) -> Callable | None:
+    """A function decoding `size` JPEGs at 1/`ratio` scale in one TensorFlow run, or None.
+
+    The same DecodeJpeg op as `image_ops().decode_jpeg`, `size` of them in one
+    graph run on TensorFlow's threads (see `compat.tf_internals`); built once
+    per (size, ratio) and process. None when those internals are not usable:
+    callers then decode one image at a time with `image_ops()`.
+
+    The function takes a list of `size` bytes and returns the decoded shapes,
+    an int array (size, 3); it raises `image_ops().OpError` if any image fails.
+    """
+    key = (size, ratio)
+    with _LOCK:
+        if key not in _BATCH_DECODERS:
+            image_ops()  # The fallback decision is made once, there.
+            try:
+                _BATCH_DECODERS[key] = tf_internals.jpeg_batch_decoder(size, ratio)
+            except (ImportError, AttributeError, UntestedVersion) as e:
+                _LOG.info("Decoding JPEGs one at a time (%s: %s)", type(e).__name__, e)
+                _BATCH_DECODERS[key] = None
+        return _BATCH_DECODERS[key]
 
 
 def example_pb2() -> types.ModuleType:

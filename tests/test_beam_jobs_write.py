@@ -14,7 +14,8 @@ from beam_jobs import _write
 from beam_jobs._options import WritingOptions
 from beam_jobs import convert as convert_module
 
-# Enough files per shard (> the 8 read ahead) for the pool to finish out of order.
+# Enough files per shard (> the 8 read ahead) for the pool to finish out of order;
+# groups of 4 files (validated together) so that each shard has several groups.
 _ARGS = ("--split", "train=0.7,validation=0.3", "--num_shards", "2", "--seed", "3",
          "--max_reject_fraction", "0.5")
 
@@ -40,16 +41,19 @@ def default_output(images, tmp_path_factory):
     return _files(out)
 
 
+# The default output is written with groups of 64 files: groups of 4 give
+# the same bytes.
 @pytest.mark.parametrize("threads", [1, 3])
 def test_output_is_byte_identical_to_the_default(images, default_output, tmp_path, monkeypatch, threads):
     names = set()
-    validate = _write.WriteShardFn._validate
+    validate = _write.WriteShardFn._validate_group
 
-    def recording_validate(self, f):
+    def recording_validate(self, group):
         names.add(threading.current_thread().name)
-        return validate(self, f)
+        return validate(self, group)
 
-    monkeypatch.setattr(_write.WriteShardFn, "_validate", recording_validate)
+    monkeypatch.setattr(_write.WriteShardFn, "_validate_group", recording_validate)
+    monkeypatch.setattr(_write, "_GROUP_FILES", 4)
     out = tmp_path / "out"
     manifest = convert(images, out, *_ARGS, "--worker_threads", threads)
 

@@ -1,0 +1,225 @@
+"""Conversion of many small images, and the validation ceiling on photos.
+
+Scenario 1, many small images: ``count`` (default 100,000) real-photo crops of
+32x32 px as JPEG (`bench.corpus tiny`: ~1.5 KB, 10 class folders), each
+converter a whole process, one after the other:
+
+- shardsmith's default command (`python -m beam_jobs.convert`), which decodes
+  every image with TensorFlow's decoder (JPEGs at 1/8 scale);
+- (b) the hand-written 2-process validating converter, a full Pillow decode
+  of every image (`bench._baselines multiprocess`);
+- (c) the tutorial loop, no validation (`bench._baselines naive`).
+
+It prints images/s, CPU seconds and peak tree memory of each, the ratios to
+(b), and shardsmith's peak memory at ``count`` against ``count / 10`` images.
+
+Scenario 2, photos (`bench.corpus photos`, 2,000 by default): shardsmith and
+(b), the ratio to (b), and shardsmith's steady rate, the marginal rate between
+a run on a quarter of the photos and one on all of them (start-up cancels
+out), against the validation ceiling: TensorFlow's decode at the same scale
+(1/8 for JPEG, PNG in full) over the same bytes held in memory, on every core
+(a tf.data map over in-memory bytes; best of 3 passes).
+
+Targets: small images >= 1.2x (b), whole process; photos >= 1.2x (b); photo
+steady state >= 0.8x the ceiling; peak memory at ``count`` <= 1.1x at
+``count / 10``. Shared cores make figures noisy: compare contenders of the
+same run, CPU seconds move less than wall time.
+
+Usage:
+
+  python -m bench.small [--count 100000] [--photos 2000] [--repeat 1] [--skip-photos]
+  python -m bench.small ceiling --input_dir DIR   # the ceiling alone, one JSON line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench import corpus
+from bench.convert import CONTENDERS, Measurement, _best, _run_one
+
+__all__ = ["run", "ceiling", "main"]
+
+_LOG = logging.getLogger("shardsmith.bench.small")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MIB = 1 << 20
+_BY_NAME = {c.name: c for c in CONTENDERS}
+_LABELS = {"shardsmith": "shardsmith (default command)",
+           "multiprocess": "(b) 2-process converter, Pillow decode",
+           "naive": "(c) tutorial loop, no validation"}
+_TARGET_VS_B = 1.2
+_TARGET_MEMORY = 1.1
+_TARGET_CEILING = 0.8
+
+
+def ceiling(input_dir: str, passes: int = 3) -> dict:
+    """TensorFlow's decode of every image of `input_dir`, held in memory, on every core.
+
+    JPEGs at 1/8 scale (shardsmith's default validation), PNGs in full.
+
+    Returns:
+      {"images": n, "images_per_s": best of `passes`}.
+    """
+    import tensorflow as tf
+
+    from bench._baselines import list_class_files
+
+    _, files = list_class_files(input_dir)
+    datas = []
+    for _, _, path in files:
+        with open(path, "rb") as f:
+            datas.append(f.read())
+    is_jpeg = [d[:3] == b"\xff\xd8\xff" for d in datas]
+
+    def decode(data, jpeg):
+        return tf.cond(jpeg, lambda: tf.shape(tf.io.decode_jpeg(data, ratio=8)),
+                       lambda: tf.shape(tf.io.decode_png(data)))
+
+    ds = (tf.data.Dataset.from_tensor_slices((datas, is_jpeg))
+          .map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+          .batch(256))
+    best = 0.0
+    for _ in range(passes):
+        start = time.perf_counter()
+        n = sum(int(b.shape[0]) for b in ds)
+        best = max(best, n / (time.perf_counter() - start))
+    return {"images": len(datas), "images_per_s": best}
+
+
+def _ceiling_subprocess(input_dir: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.small", "ceiling", "--input_dir", input_dir],
+                         capture_output=True, text=True, check=True, cwd=_REPO).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _rounds(names, root, count, work, repeat, tag) -> dict[str, Measurement]:
+    runs: dict[str, list[Measurement]] = {n: [] for n in names}
+    for r in range(repeat):
+        for n in names:
+            runs[n].append(_run_one(_BY_NAME[n], root, count, work, f"{tag}-{r}", False))
+    return {n: _best(ms) for n, ms in runs.items()}
+
+
+def _row(name: str, m: Measurement, ref: Measurement | None) -> str:
+    ratio = f"{m.images_per_s / ref.images_per_s:>6.2f}x" if ref else f"{'-':>7}"
+    bad = "" if m.returncode == 0 and m.records == m.images else f"  (exit {m.returncode}, {m.records} records)"
+    return (f"{_LABELS[name]:<40} {m.images_per_s:>9.0f} {m.wall_s:>7.1f} {m.cpu_s:>6.1f} "
+            f"{m.cpu_s / m.images * 1e3:>9.3f} {m.peak_rss / _MIB:>9.0f} {ratio}{bad}")
+
+
+def _table(results: dict[str, Measurement]) -> list[str]:
+    head = (f"{'converter':<40} {'images/s':>9} {'wall s':>7} {'CPU s':>6} {'CPU ms/img':>9} "
+            f"{'peak MiB':>9} {'vs (b)':>7}")
+    ref = results.get("multiprocess")
+    return [head, "-" * len(head)] + [_row(n, m, ref) for n, m in results.items()]
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int = 1,
+        skip_photos: bool = False, work: str | None = None, corpus_dir: str | None = None) -> dict:
+    """Runs both scenarios and prints their tables; returns the figures."""
+    bench_root = os.path.join(_REPO, "build", "bench")
+    corpus_dir = corpus_dir or os.path.join(bench_root, "corpora")
+    own_work = work is None
+    if own_work:
+        os.makedirs(bench_root, exist_ok=True)
+        work = tempfile.mkdtemp(prefix="small-", dir=bench_root)
+    summary: dict = {"count": count, "cpu_count": os.cpu_count()}
+    lines: list[str] = []
+    failed = False
+    try:
+        tenth = max(1, count // 10)
+        tiny = corpus.generate("tiny", os.path.join(corpus_dir, f"tiny-{count}-seed{seed}"),
+                               count=count, seed=seed)
+        tiny_tenth = corpus.generate("tiny", os.path.join(corpus_dir, f"tiny-{tenth}-seed{seed}"),
+                                     count=tenth, seed=seed)
+        stats = corpus.describe(tiny.root)
+        _LOG.info("Small images: %s", corpus.format_stats(stats))
+        small = _rounds(("shardsmith", "multiprocess", "naive"), tiny.root, count, work, repeat, "tiny")
+        memory = _rounds(("shardsmith",), tiny_tenth.root, tenth, work, repeat, "tiny-tenth")["shardsmith"]
+        failed = any(m.returncode != 0 for m in [*small.values(), memory])
+        vs_b = small["shardsmith"].images_per_s / small["multiprocess"].images_per_s
+        mem_ratio = small["shardsmith"].peak_rss / memory.peak_rss
+        lines += [f"Converting {count:,} small images ({corpus.format_stats(stats)}), whole processes, "
+                  f"best of {repeat}, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}):",
+                  *_table(small),
+                  f"Target small images vs (b): {vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(vs_b >= _TARGET_VS_B)})",
+                  f"Peak memory of shardsmith: {tenth:,} images {memory.peak_rss / _MIB:.0f} MiB, "
+                  f"{count:,} images {small['shardsmith'].peak_rss / _MIB:.0f} MiB: {mem_ratio:.2f}x "
+                  f"(<= {_TARGET_MEMORY}x: {_verdict(mem_ratio <= _TARGET_MEMORY)})"]
+        summary.update(small={n: m.__dict__ for n, m in small.items()}, small_vs_b=vs_b,
+                       memory_tenth=memory.__dict__, memory_ratio=mem_ratio)
+        if not skip_photos:
+            quarter = max(1, photos // 4)
+            main_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{photos}-seed{seed}"),
+                                     count=photos, seed=seed)
+            quarter_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{quarter}-seed{seed}"),
+                                        count=quarter, seed=seed)
+            full = _rounds(("shardsmith", "multiprocess"), main_c.root, photos, work, repeat, "photos")
+            part = _rounds(("shardsmith",), quarter_c.root, quarter, work, repeat, "photos-q")["shardsmith"]
+            failed = failed or any(m.returncode != 0 for m in [*full.values(), part])
+            ceil = _ceiling_subprocess(main_c.root)
+            steady = (photos - quarter) / max(1e-9, full["shardsmith"].wall_s - part.wall_s)
+            p_vs_b = full["shardsmith"].images_per_s / full["multiprocess"].images_per_s
+            vs_ceiling = steady / ceil["images_per_s"]
+            lines += ["", f"Converting {photos:,} photos:", *_table(full),
+                      f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(p_vs_b >= _TARGET_VS_B)})",
+                      f"Steady state of shardsmith ({quarter:,} -> {photos:,} photos): {steady:.0f} images/s; "
+                      f"validation ceiling (TF decode in memory, every core): {ceil['images_per_s']:.0f} "
+                      f"images/s: {vs_ceiling:.2f}x (>= {_TARGET_CEILING}x: "
+                      f"{_verdict(vs_ceiling >= _TARGET_CEILING)})"]
+            summary.update(photos={n: m.__dict__ for n, m in full.items()}, photos_vs_b=p_vs_b,
+                           steady_images_per_s=steady, ceiling=ceil, steady_vs_ceiling=vs_ceiling)
+    finally:
+        if own_work and not failed:
+            shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        _LOG.error("A converter failed: its log is kept in %s", os.path.join(work, "logs"))
+    print()
+    print("\n".join(lines))
+    summary["failed"] = failed
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ceiling"]:
+        parser = argparse.ArgumentParser(prog="python -m bench.small ceiling")
+        parser.add_argument("--input_dir", required=True)
+        args = parser.parse_args(argv[1:])
+        print(json.dumps(ceiling(args.input_dir)))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.small", description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=100_000, help="Small images (default 100000).")
+    parser.add_argument("--photos", type=int, default=2000, help="Photos (default 2000).")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1, help="Rounds; best wall time is kept.")
+    parser.add_argument("--skip-photos", action="store_true", help="Only the small-image scenario.")
+    parser.add_argument("--work", help="Folder for outputs and logs (default: temporary, removed).")
+    parser.add_argument("--corpus_dir", help="Folder of generated corpora (default build/bench/corpora).")
+    parser.add_argument("--json", help="Write the figures to this file.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.count < 10 or args.photos < 4 or args.repeat < 1:
+        parser.error("--count must be at least 10, --photos at least 4 and --repeat at least 1")
+    summary = run(count=args.count, photos=args.photos, seed=args.seed, repeat=args.repeat,
+                  skip_photos=args.skip_photos, work=args.work, corpus_dir=args.corpus_dir)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, sort_keys=True, default=str)
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
