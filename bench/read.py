@@ -41,12 +41,20 @@ Scenarios:
 - small, warm: the same in steady state on a warm page cache; and, for
   reference, at 64x64 output ('small @64x64'), where the resize to 224x224
   is gone.
+- photos, b64: the default options (`shuffle=True`, stretch resize), batch
+  64, steady images/s and TTFB, at least 5 rounds: the "kickstart" case of a
+  trainer that must show its first loss soon (issue 15);
+- phone, 1st b.: the first batch of 64 from `bench.corpus phone` (4032x3024
+  JPEGs, `--phone-count`, default 120), default options, warm page cache:
+  TTFB only (images/s over that first batch), at least 5 rounds.
 
 Targets (2-core machine): photos eval, shardsmith >= 0.95x the hand-tuned
 pipeline and >= 0.9x the decode ceiling in images/s, TTFB <= 1.5x the
 hand-tuned pipeline's; photos train, shardsmith >= 1.5x keras followed by the
 same random crop; small (cold), shardsmith >= 3x keras; photos train,
-shuffle='global' >= 0.9x shardsmith's default (shards) shuffle.
+shuffle='global' >= 0.9x shardsmith's default (shards) shuffle; photos b64,
+TTFB <= 1.2x the hand-tuned pipeline's and <= 1.5x idfd's, images/s >= 1.0x
+both; phone, TTFB <= 1.2x hand-tuned and <= 1.5x idfd.
 
 Every contender runs in its own process, one after another; each is run
 `--repeat` times (default 3, rounds interleaved), and its best images/s and

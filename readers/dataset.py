@@ -10,7 +10,9 @@ The options come in three frozen, self-validating groups (`readers.options`: `Re
      by record at the offsets of its index file (`record_index.read_records_at`,
      so a damaged record can be skipped alone; `TFRecordDataset`s for
      datasets whose manifest lists no index files) -> record shuffle buffer
-     (bounded, holds encoded records only).
+     (bounded, holds encoded records only). A shuffled pass starts with the
+     first records of every shard, shuffled among themselves, so that its
+     first batch does not wait for the buffer to fill (`_ramped_epoch`).
      Or (`_global_records`, `shuffle="global"`): a true permutation of every
      record of the split per epoch, read record by record at the offsets of
      the converter's index files (`readers.global_shuffle`); the read can
