@@ -348,12 +348,7 @@ def _shards_records(
             records = records.cache("" if reading.cache is True else os.fspath(reading.cache))
         return records
 
-    records = epoch(interleaved())
     buffer = _shuffle_buffer(shuffling, num_records, num_bytes) if shuffle else 0
-    if shuffle:
-        records = records.shuffle(
-            buffer, seed=_derive_seed(seed, 1, pipeline_id), reshuffle_each_iteration=True
-        )
     head = _ramp_head(buffer, len(paths), reading.batch_size)
     ramped = None
     if head and not (record_sharding or indexed or reading.cache):
@@ -361,14 +356,22 @@ def _shards_records(
             interleaved, head, buffer, num_shards=len(paths), seed=seed,
             pipeline_id=pipeline_id, num_records=num_records,
         )
-    if reading.repeat:
-        # Each repetition re-runs the file and record shuffles: every epoch
-        # holds every record exactly once, in a new order.
-        records = records.repeat()
-    if ramped is not None:
-        # The first epoch of each iteration only: later epochs of a repeated
-        # read are shuffled exactly as before.
-        records = ramped.concatenate(records) if reading.repeat else ramped
+    if ramped is not None and not reading.repeat:
+        records = ramped
+    else:
+        records = epoch(interleaved())
+        if shuffle:
+            records = records.shuffle(
+                buffer, seed=_derive_seed(seed, 1, pipeline_id), reshuffle_each_iteration=True
+            )
+        if reading.repeat:
+            # Each repetition re-runs the file and record shuffles: every epoch
+            # holds every record exactly once, in a new order.
+            records = records.repeat()
+        if ramped is not None:
+            # The first epoch of each iteration only: later epochs of a
+            # repeated read are shuffled exactly as before.
+            records = ramped.concatenate(records)
     if standard:
         # One seed per record, drawn in record order.
         seeds = tf.data.Dataset.random(
