@@ -13,7 +13,7 @@ OUTPUT ?=
 ARGS ?=
 DEMO_DIR := build/demo
 
-.PHONY: help venv demo test convert verify bench clean
+.PHONY: help venv demo test convert verify bench bench-gpu clean
 
 help:
 	@echo "make demo      set up .venv, build a sample photo folder, convert it, print the summary"
@@ -21,6 +21,7 @@ help:
 	@echo "make convert INPUT=DIR OUTPUT=DIR [ARGS='--split train=0.8,validation=0.2']"
 	@echo "make verify OUTPUT=DIR   re-read and check every record of a dataset"
 	@echo "make bench     run the benchmarks in bench/"
+	@echo "make bench-gpu train a small model on every visible GPU (or the CPU), both readers"
 	@echo "make cluster-up / cluster-down   a local Dask cluster (DASK_WORKERS=2)"
 	@echo "make convert-dataflow PROJECT=... BUCKET=... INPUT=gs://... OUTPUT=gs://..."
 
@@ -62,6 +63,10 @@ bench: $(STAMP)
 	$(PY) -m bench.read
 	$(PY) -m bench.scale
 	$(PY) -m bench.photos_large
+
+# Also for GPU machines: `make venv EXTRAS=gpu,test,bench` first (README, Performance).
+bench-gpu: $(STAMP)
+	$(PY) -m bench.gpu $(ARGS)
 
 clean:
 	rm -rf build .pytest_cache

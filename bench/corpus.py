@@ -18,6 +18,9 @@ Kinds:
 - ``tiny``: ``count`` 32x32 JPEG crops of about 1.4 KB in 10 class folders,
   the size of CIFAR-, MNIST-, patch- and thumbnail-sized datasets
   (`bench.small`, conversion of many small images).
+- ``phone``: ``count`` phone-camera-sized JPEGs of 4032x3024 (a quarter
+  portrait, 3024x4032) in 10 class folders, 2-4 MB each: the photographs
+  upscaled, sharpened and given sensor grain (reader first-batch benchmarks).
 
 The output is a pure function of (kind, count, seed): image ``i`` is drawn from
 its own random generator seeded with ``(seed, kind, i)``, so the result does not
@@ -35,6 +38,7 @@ Usage:
   python -m bench.corpus photos build/bench/photos --count 2000 --seed 0
   python -m bench.corpus small build/bench/small --count 20000
   python -m bench.corpus tiny build/bench/tiny --count 100000
+  python -m bench.corpus phone build/bench/phone --count 120
 """
 
 from __future__ import annotations
@@ -74,9 +78,10 @@ _LOG = logging.getLogger("shardsmith.bench.corpus")
 # made by an older version are regenerated instead of reused.
 GENERATOR_VERSION = 1
 
-KINDS = ("demo", "photos", "small", "tiny")
-DEFAULT_COUNTS = {"demo": None, "photos": 2000, "small": 20000, "tiny": 100000}
-_KIND_IDS = {"demo": 1, "photos": 2, "small": 3, "tiny": 4}
+KINDS = ("demo", "photos", "small", "tiny", "phone")
+DEFAULT_COUNTS = {"demo": None, "photos": 2000, "small": 20000, "tiny": 100000, "phone": 120}
+_KIND_IDS = {"demo": 1, "photos": 2, "small": 3, "tiny": 4, "phone": 5}
+_PHONE_SIZE = (4032, 3024)  # A 12-megapixel phone camera's 4:3 frame.
 
 # Class name -> names of the bundled scikit-image photographs it is cropped
 # from. 'motorcycle_left' and 'motorcycle_right' are the two views of
@@ -106,7 +111,7 @@ class CorpusInfo:
     """What `generate` made or found.
 
     Attributes:
-      kind: 'demo', 'photos', 'small' or 'tiny'.
+      kind: 'demo', 'photos', 'small', 'tiny' or 'phone'.
       root: Absolute path of the corpus folder.
       count: Requested image count (None for 'demo').
       seed: Seed of the corpus.
@@ -314,7 +319,34 @@ def _tiny_file(seed: int, index: int) -> tuple[str, bytes]:
     return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=95)
 
 
-_FILE_MAKERS = {"photos": _photo_file, "small": _small_file, "tiny": _tiny_file}
+def _phone_file(seed: int, index: int) -> tuple[str, bytes]:
+    """Relative path and bytes of image `index` of a 'phone' corpus.
+
+    The bundled photographs are at most ~1 megapixel, so a crop is upscaled
+    to 12 megapixels; sharpening and per-pixel grain (the noise bank tiled
+    with a random offset) then give it a camera file's detail and size.
+    """
+    rng = _rng(seed, "phone", index)
+    classes = tuple(_PHOTO_CLASSES)
+    cls = _class_of(index, classes)
+    sources = _PHOTO_CLASSES[cls]
+    w, h = _PHONE_SIZE if rng.random() >= 0.25 else _PHONE_SIZE[::-1]
+    im = _random_crop(rng, _source(sources[int(rng.integers(len(sources)))]), (w, h),
+                      min_area=0.5)
+    im = im.filter(ImageFilter.UnsharpMask(radius=2.0, percent=int(rng.uniform(80, 160)),
+                                           threshold=1))
+    a = np.asarray(im, dtype=np.int16)
+    noise = _noise_bank(seed)
+    dy, dx = (int(v) for v in rng.integers(0, _BANK_SIZE, size=2))
+    reps = (-(-(h + dy) // _BANK_SIZE), -(-(w + dx) // _BANK_SIZE), 1)
+    grain = np.tile(noise, reps)[dy:dy + h, dx:dx + w] * np.float32(rng.uniform(4.0, 8.0))
+    a = np.clip(a + grain.astype(np.int16), 0, 255).astype(np.uint8)
+    return (f"{cls}/{cls}_{index:06d}.jpg",
+            _encode(a, "JPEG", quality=92, subsampling=2))
+
+
+_FILE_MAKERS = {"photos": _photo_file, "small": _small_file, "tiny": _tiny_file,
+                "phone": _phone_file}
 
 
 def _write(root: str, rel_path: str, data: bytes) -> tuple[str, int]:
@@ -342,7 +374,7 @@ def _make_many(kind: str, root: str, count: int, seed: int, workers: int | None)
     _texture_bank()
     _noise_bank(seed)
     workers = workers or os.cpu_count() or 1
-    chunk = 100 if kind == "photos" else 1000
+    chunk = {"photos": 100, "phone": 4}.get(kind, 1000)
     bounds = [(s, min(s + chunk, count)) for s in range(0, count, chunk)]
     written: list[tuple[str, int]] = []
     if workers == 1 or len(bounds) <= 1:
@@ -557,13 +589,13 @@ def generate(kind: str, root: str, *, count: int | None = None, seed: int = 0,
     into place when complete, so an interrupted run leaves no partial corpus.
 
     Args:
-      kind: 'demo', 'photos', 'small' or 'tiny'.
+      kind: 'demo', 'photos', 'small', 'tiny' or 'phone'.
       root: Folder to create.
-      count: Number of images ('photos', 'small' and 'tiny'; default per kind).
+      count: Number of images (all but 'demo'; default per kind).
       seed: Seed of the corpus.
       overwrite: Regenerate `root` even when it holds this very corpus, and
         replace it even when this module did not make it or it was changed.
-      workers: Processes for 'photos', 'small' and 'tiny' (default: one per core).
+      workers: Processes for all but 'demo' (default: one per core).
 
     Returns:
       A `CorpusInfo`.
@@ -680,9 +712,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.corpus",
         description="Generate an image folder from scikit-image's bundled photographs.",
     )
-    parser.add_argument("kind", choices=KINDS, help="demo, photos, small or tiny")
+    parser.add_argument("kind", choices=KINDS, help="demo, photos, small, tiny or phone")
     parser.add_argument("out", help="Folder to create (class folders go inside).")
-    parser.add_argument("--count", type=int, help="Number of images (photos: 2000, small: 20000, tiny: 100000).")
+    parser.add_argument("--count", type=int,
+                        help="Number of images (photos: 2000, small: 20000, tiny: 100000, phone: 120).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the corpus (default 0).")
     parser.add_argument("--workers", type=int, help="Processes to use (default: one per core).")
     parser.add_argument("--overwrite", action="store_true",

@@ -41,12 +41,20 @@ Scenarios:
 - small, warm: the same in steady state on a warm page cache; and, for
   reference, at 64x64 output ('small @64x64'), where the resize to 224x224
   is gone.
+- photos, b64: the default options (`shuffle=True`, stretch resize), batch
+  64, steady images/s and TTFB, at least 5 rounds: the "kickstart" case of a
+  trainer that must show its first loss soon (issue 15);
+- phone, 1st b.: the first batch of 64 from `bench.corpus phone` (4032x3024
+  JPEGs, `--phone-count`, default 120), default options, warm page cache:
+  TTFB only (images/s over that first batch), at least 5 rounds.
 
 Targets (2-core machine): photos eval, shardsmith >= 0.95x the hand-tuned
 pipeline and >= 0.9x the decode ceiling in images/s, TTFB <= 1.5x the
 hand-tuned pipeline's; photos train, shardsmith >= 1.5x keras followed by the
 same random crop; small (cold), shardsmith >= 3x keras; photos train,
-shuffle='global' >= 0.9x shardsmith's default (shards) shuffle.
+shuffle='global' >= 0.9x shardsmith's default (shards) shuffle; photos b64,
+TTFB <= 1.2x the hand-tuned pipeline's and <= 1.5x idfd's, images/s >= 1.0x
+both; phone, TTFB <= 1.2x hand-tuned and <= 1.5x idfd.
 
 Every contender runs in its own process, one after another; each is run
 `--repeat` times (default 3, rounds interleaved), and its best images/s and
@@ -75,7 +83,7 @@ into `WORK/read/`; both are reused by later runs with the same count and seed.
 Usage:
 
   python -m bench.read [--count 2000] [--small-count 20000] [--seed 0]
-      [--work build/bench] [--skip-small] [--repeat 3] [--warmup 16] [--only NAMES]
+      [--work build/bench] [--skip-small] [--phone-count 120] [--skip-phone] [--repeat 3] [--warmup 16] [--only NAMES]
       [--json FILE]
 """
 
@@ -121,6 +129,10 @@ class Contender:
       cold: Measure the first epoch after the corpus's files (images and
         shards) are dropped from the page cache, instead of the steady state.
       env: Extra environment variables of its process.
+      batch_size: Images per batch.
+      first_batch_only: Time the first batch alone (TTFB, warm page cache):
+        for corpora too large to reach a steady state quickly.
+      rounds: Runs at least this many rounds of it, whatever `--repeat`.
     """
 
     name: str
@@ -131,6 +143,9 @@ class Contender:
     image_size: int = 224
     cold: bool = False
     env: tuple[tuple[str, str], ...] = ()
+    batch_size: int = 32
+    first_batch_only: bool = False
+    rounds: int = 0
 
 
 # The host-memory pool that `readers.use_pooled_host_memory()` turns on (readers/_allocator.py).
@@ -174,6 +189,22 @@ CONTENDERS = (
     Contender("small64-keras", "small", "keras", "stretch", "image_dataset_from_directory", 64),
     Contender("small64-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)", 64,
               env=_POOL),
+    # The "kickstart" case (issue 15): the default options (shuffle=True,
+    # stretch resize), batch 64; a trainer that shows its first loss soon
+    # waits for the first batch more than for the steady rate.
+    Contender("kick-shardsmith", "photos", "shardsmith", "stretch", "shardsmith, defaults",
+              batch_size=64, rounds=5),
+    Contender("kick-hand", "photos", "hand", "stretch", "hand-tuned TFRecord", batch_size=64,
+              rounds=5),
+    Contender("kick-keras", "photos", "keras", "stretch", "image_dataset_from_directory",
+              batch_size=64, rounds=5),
+    # The same first batch from 12-megapixel phone photos (4032x3024).
+    Contender("phone-shardsmith", "phone", "shardsmith", "stretch", "shardsmith, defaults",
+              batch_size=64, first_batch_only=True, rounds=5),
+    Contender("phone-hand", "phone", "hand", "stretch", "hand-tuned TFRecord", batch_size=64,
+              first_batch_only=True, rounds=5),
+    Contender("phone-keras", "phone", "keras", "stretch", "image_dataset_from_directory",
+              batch_size=64, first_batch_only=True, rounds=5),
 )
 
 _SCENARIOS = (
@@ -182,6 +213,8 @@ _SCENARIOS = (
     ("small, cold", "smallcold-"),
     ("small, warm", "small-"),
     ("small @64x64", "small64-"),
+    ("photos, b64", "kick-"),
+    ("phone, 1st b.", "phone-"),
 )
 
 
@@ -209,6 +242,17 @@ TARGETS = (
            "smallcold-keras", 3.0),
     Target("photos train: global shuffle vs shards", "images_per_s", "train-global",
            "train-shardsmith", 0.9),
+    Target("photos b64: TTFB vs hand-tuned", "ttfb_s", "kick-shardsmith", "kick-hand", 1.2,
+           at_most=True),
+    Target("photos b64: TTFB vs idfd", "ttfb_s", "kick-shardsmith", "kick-keras", 1.5,
+           at_most=True),
+    Target("photos b64: images/s vs hand-tuned", "images_per_s", "kick-shardsmith", "kick-hand",
+           1.0),
+    Target("photos b64: images/s vs idfd", "images_per_s", "kick-shardsmith", "kick-keras", 1.0),
+    Target("phone: TTFB vs hand-tuned", "ttfb_s", "phone-shardsmith", "phone-hand", 1.2,
+           at_most=True),
+    Target("phone: TTFB vs idfd", "ttfb_s", "phone-shardsmith", "phone-keras", 1.5,
+           at_most=True),
 )
 
 # Printed with the targets, without a bound: the same comparisons with the
@@ -309,21 +353,23 @@ def _drop_page_cache(*folders: str) -> int:
 
 
 def run_contender(c: Contender, raw: str, tfrecords: str, *, warmup: int, batches: int,
-                  log_path: str, batch_size: int = 32, min_seconds: float = 0.0,
+                  log_path: str, min_seconds: float = 0.0,
                   epoch_images: int = 0) -> dict | None:
     """Runs one contender in a fresh process; its result dict, or None on failure.
 
     A cold contender first drops `raw` and `tfrecords` from the page cache,
     then times its first `epoch_images` images from the dataset's
-    construction on.
+    construction on; a `first_batch_only` one times its first batch.
     """
     argv = [sys.executable, "-m", "bench._read_baselines", c.pipeline, c.preset,
             "--tfrecords", tfrecords, "--raw", raw, "--warmup", str(warmup),
-            "--batches", str(batches), "--batch_size", str(batch_size),
+            "--batches", str(batches), "--batch_size", str(c.batch_size),
             "--image_size", str(c.image_size), "--min_seconds", str(min_seconds)]
     if c.cold:
         argv += ["--first_images", str(epoch_images)]
         _drop_page_cache(raw, tfrecords)
+    elif c.first_batch_only:
+        argv += ["--first_images", str(c.batch_size)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     env.update(c.env)
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=_REPO, env=env,
@@ -380,17 +426,20 @@ def _table(results: dict) -> str:
 
 def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str = "build/bench",
         skip_small: bool = False, repeat: int = 3, warmup: int = 16, min_seconds: float = 5.0,
-        names: tuple[str, ...] | None = None) -> dict:
+        names: tuple[str, ...] | None = None, phone_count: int = 120,
+        skip_phone: bool = False) -> dict:
     """Runs the benchmark, prints its table and returns the results."""
     import psutil
 
     work = os.path.abspath(work)
     contenders = [c for c in CONTENDERS
-                  if (names is None or c.name in names) and not (skip_small and c.corpus == "small")]
+                  if (names is None or c.name in names)
+                  and not (skip_small and c.corpus == "small")
+                  and not (skip_phone and c.corpus == "phone")]
     if not hasattr(os, "posix_fadvise"):
         _LOG.warning("No posix_fadvise on this system: the cold-cache contenders are skipped.")
         contenders = [c for c in contenders if not c.cold]
-    counts = {"photos": count, "small": small_count}
+    counts = {"photos": count, "small": small_count, "phone": phone_count}
     data = {}
     for kind in sorted({c.corpus for c in contenders}):
         data[kind] = prepare(kind, counts[kind], seed, work)
@@ -403,9 +452,12 @@ def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str
     os.makedirs(logs, exist_ok=True)
     load_before = psutil.getloadavg()[0]
     runs: dict[str, list[dict]] = {c.name: [] for c in contenders}
-    for r in range(repeat):
-        _LOG.info("Round %d of %d:", r + 1, repeat)
+    rounds = max([repeat] + [c.rounds for c in contenders])
+    for r in range(rounds):
+        _LOG.info("Round %d of %d:", r + 1, rounds)
         for c in contenders:
+            if r >= max(repeat, c.rounds):
+                continue
             raw, tfrecords = data[c.corpus]
             result = run_contender(c, raw, tfrecords, warmup=warmup, batches=batches[c.corpus],
                                    log_path=os.path.join(logs, f"{c.name}-{r}.log"),
@@ -418,18 +470,22 @@ def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str
     results = {name: (_best(rs) if rs else None) for name, rs in runs.items()}
 
     print()
-    print(f"Reading at 224x224, batch 32: photos {count:,} images, small {small_count:,}"
-          f"{' (skipped)' if skip_small else ''}, seed {seed}. Steady state: {warmup} warm-up "
+    print(f"Reading at 224x224, batch 32 (b64: 64): photos {count:,} images, small "
+          f"{small_count:,}{' (skipped)' if skip_small else ''}, phone {phone_count:,}"
+          f"{' (skipped)' if skip_phone else ''}, seed {seed}. Steady state: {warmup} warm-up "
           f"batches, then at least {' and '.join(f'{v} ({k})' for k, v in batches.items())} timed "
           f"batches and {min_seconds:g} s.")
-    print(f"Best images/s and best TTFB of {repeat} run(s) of each contender, one process at a "
+    print(f"Best images/s and best TTFB of {repeat} run(s) of each contender (b64 and phone: "
+          f"{max(repeat, 5)}), one process at a "
           f"time; {os.cpu_count()} cores, load average {load_before:.1f} before, "
           f"{load_after:.1f} after (shared cores: figures are noisy).")
     print(_table(results))
     print("* photos eval: image_dataset_from_directory decodes and stretches the whole image "
           "(no crop): for reference. 'small, cold': the first epoch (TTFB included) after every "
           "image and shard was dropped from the page cache. 'small, warm' and 'small @64x64' "
-          "(output at the images' own size): steady state, for reference.")
+          "(output at the images' own size): steady state, for reference. 'photos, b64': the default "
+          "options (shuffled), batch 64; 'phone, 1st b.': the first batch of 64 of 12-megapixel "
+          "photos (images/s over that batch).")
     verdicts = []
     for t in TARGETS:
         ratio = _ratio(results, t)
@@ -449,7 +505,8 @@ def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str
         ratio = _ratio(results, t)
         if ratio is not None:
             print(f"  {t.label:<45} {ratio:5.2f}x (for reference)")
-    return {"count": count, "small_count": small_count, "seed": seed, "repeat": repeat,
+    return {"count": count, "small_count": small_count, "phone_count": phone_count,
+            "seed": seed, "repeat": repeat,
             "warmup": warmup, "batches": batches, "cpu_count": os.cpu_count(),
             "load_average": [load_before, load_after], "results": results, "targets": verdicts}
 
@@ -467,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=os.path.join(_REPO, "build", "bench"),
                         help="Folder of corpora, conversions and logs (default build/bench).")
     parser.add_argument("--skip-small", action="store_true", help="Skip the small-image scenario.")
+    parser.add_argument("--phone-count", type=int, default=120,
+                        help="4032x3024 phone photos (default 120).")
+    parser.add_argument("--skip-phone", action="store_true", help="Skip the phone-photo scenario.")
     parser.add_argument("--repeat", type=int, default=3,
                         help="Runs of each contender; the best is kept (default 3).")
     parser.add_argument("--warmup", type=int, default=16,
@@ -478,12 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="Also write the results to this file.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.count < 1 or args.small_count < 1 or args.repeat < 1 or args.warmup < 0:
-        parser.error("--count, --small-count and --repeat must be positive, --warmup >= 0")
+    if (args.count < 1 or args.small_count < 1 or args.phone_count < 1 or args.repeat < 1
+            or args.warmup < 0):
+        parser.error("--count, --small-count, --phone-count and --repeat must be positive, "
+                     "--warmup >= 0")
     names = parse_only(parser, args.only, CONTENDERS)
     summary = run(count=args.count, small_count=args.small_count, seed=args.seed, work=args.work,
                   skip_small=args.skip_small, repeat=args.repeat, warmup=args.warmup,
-                  min_seconds=args.min_seconds, names=names)
+                  min_seconds=args.min_seconds, names=names, phone_count=args.phone_count,
+                  skip_phone=args.skip_phone)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, sort_keys=True)

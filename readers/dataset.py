@@ -10,7 +10,9 @@ The options come in three frozen, self-validating groups (`readers.options`: `Re
      by record at the offsets of its index file (`record_index.read_records_at`,
      so a damaged record can be skipped alone; `TFRecordDataset`s for
      datasets whose manifest lists no index files) -> record shuffle buffer
-     (bounded, holds encoded records only).
+     (bounded, holds encoded records only). A shuffled pass starts with the
+     first records of every shard, shuffled among themselves, so that its
+     first batch does not wait for the buffer to fill (`_ramped_epoch`).
      Or (`_global_records`, `shuffle="global"`): a true permutation of every
      record of the split per epoch, read record by record at the offsets of
      the converter's index files (`readers.global_shuffle`); the read can
@@ -79,6 +81,10 @@ _MAX_CYCLE_LENGTH = 16
 _DEFAULT_SHUFFLE_RECORDS = 1024
 # ... and at most about this many bytes of encoded records.
 _SHUFFLE_RAM_BUDGET = 256 * 1024 * 1024
+# The first records of a pass (at least this many, and two batches) come from
+# the heads of the shards, fully shuffled among themselves, so that the first
+# batch does not wait for the record shuffle buffer to fill (`_ramped_epoch`).
+_RAMP_RECORDS = 128
 _SEED_MODULUS = 2**31 - 1
 
 # The reader's own map functions are plain TensorFlow ops (their Python `if`s
@@ -109,6 +115,57 @@ def _shuffle_buffer(shuffling: ShuffleOptions, num_records: int, num_bytes: int)
     mean_bytes = max(1, num_bytes // max(1, num_records))
     by_ram = max(1, _SHUFFLE_RAM_BUDGET // mean_bytes)
     return max(1, min(num_records, _DEFAULT_SHUFFLE_RECORDS, by_ram))
+
+
+def _ramp_head(buffer: int, num_shards: int, batch_size: int | None) -> int:
+    """Records taken from the head of each shard to start a pass; 0 for none.
+
+    Worth it only when the heads hold fewer records than the shuffle buffer.
+    """
+    wanted = max(_RAMP_RECORDS, 2 * (batch_size or 1))
+    head = -(-wanted // max(1, num_shards))
+    return head if head * num_shards < buffer else 0
+
+
+def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed: int | None,
+                  pipeline_id: int, num_records: int) -> tf.data.Dataset:
+    """One epoch whose first batch need not wait for the record shuffle buffer.
+
+    tf.data's `shuffle` fills its whole buffer (up to 1024 records, some
+    150 MB of photos) before its first element. The epoch is instead the
+    first `head` records of every shard (their interleave, shuffled in a
+    buffer that holds them all: a uniform permutation of them), then the
+    rest of every shard through the usual buffer of `buffer` records,
+    which fills while the first batches are decoded.
+
+    Why the mix stays as good: the converter writes each shard's records in
+    a seeded hash order (independent of class and file name), so a shard's
+    head is a random sample of the split, as any other stretch of it is. The
+    usual pipeline draws its first outputs from the first `buffer` records of
+    the interleave, which are shard heads too; here the first
+    `head x shards` records (two batches or `_RAMP_RECORDS`, about a tenth
+    of a full buffer) come from a narrower head. Every record still comes
+    exactly once per epoch; the file order is reshuffled per epoch as
+    before, and with a seed the order is the same on every run.
+
+    Args:
+      interleaved: `fn(per_shard) -> records`, the interleave of the (shuffled)
+        shard files, each read by `per_shard(file)`.
+      head: Records of each shard in the first part.
+      buffer: The shuffle buffer of the rest.
+      num_shards: Shard files of this pipeline.
+      seed: The reader's seed, or None.
+      pipeline_id: This input pipeline (for its own seeds).
+      num_records: Records of this pipeline per epoch.
+    """
+    read = tf.data.TFRecordDataset
+    heads = interleaved(_no_autograph(lambda f: read(f).take(head)))
+    rest = interleaved(_no_autograph(lambda f: read(f).skip(head)))
+    heads = heads.shuffle(head * num_shards, seed=_derive_seed(seed, 5, pipeline_id),
+                          reshuffle_each_iteration=True)
+    rest = rest.shuffle(buffer, seed=_derive_seed(seed, 6, pipeline_id),
+                        reshuffle_each_iteration=True)
+    return heads.concatenate(rest).apply(tf.data.experimental.assert_cardinality(num_records))
 
 
 def _placeholder_record(schema, raster: stored.RasterPlan | None = None) -> bytes:
@@ -274,34 +331,54 @@ def _shards_records(
     # order, which a per-process random file order would break.
     if shuffle and len(paths) > 1 and not (record_sharding and seed is None):
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    records = files.interleave(
-        read_shard,
-        cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
-        block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True if record_sharding else None,
-    )
-    if record_sharding:
-        records = records.shard(num_pipelines, pipeline_id)
-    if indexed:
-        # After the sharding: a damaged record is reported by its pipeline only.
-        records = global_shuffle.check_damaged(
-            records, split_files.schema, split_files.split, reading.max_bad_records
+    def interleaved(per_shard=read_shard):
+        records = files.interleave(
+            per_shard,
+            cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True if record_sharding else None,
         )
-    # Fails the iteration if the files hold other counts than the manifest.
-    records = records.apply(tf.data.experimental.assert_cardinality(num_records))
-    if reading.cache:
-        records = records.cache("" if reading.cache is True else os.fspath(reading.cache))
-    if shuffle:
-        records = records.shuffle(
-            _shuffle_buffer(shuffling, num_records, num_bytes),
-            seed=_derive_seed(seed, 1, pipeline_id),
-            reshuffle_each_iteration=True,
+        if record_sharding:
+            records = records.shard(num_pipelines, pipeline_id)
+        if indexed:
+            # After the sharding: a damaged record is reported by its pipeline only.
+            records = global_shuffle.check_damaged(
+                records, split_files.schema, split_files.split, reading.max_bad_records
+            )
+        return records
+
+    def epoch(records):
+        # Fails the iteration if the files hold other counts than the manifest.
+        records = records.apply(tf.data.experimental.assert_cardinality(num_records))
+        if reading.cache:
+            records = records.cache("" if reading.cache is True else os.fspath(reading.cache))
+        return records
+
+    buffer = _shuffle_buffer(shuffling, num_records, num_bytes) if shuffle else 0
+    head = _ramp_head(buffer, len(paths), reading.batch_size)
+    ramped = None
+    if head and not (record_sharding or indexed or reading.cache):
+        ramped = _ramped_epoch(
+            interleaved, head, buffer, num_shards=len(paths), seed=seed,
+            pipeline_id=pipeline_id, num_records=num_records,
         )
-    if reading.repeat:
-        # Each repetition re-runs the file and record shuffles: every epoch
-        # holds every record exactly once, in a new order.
-        records = records.repeat()
+    if ramped is not None and not reading.repeat:
+        records = ramped
+    else:
+        records = epoch(interleaved())
+        if shuffle:
+            records = records.shuffle(
+                buffer, seed=_derive_seed(seed, 1, pipeline_id), reshuffle_each_iteration=True
+            )
+        if reading.repeat:
+            # Each repetition re-runs the file and record shuffles: every epoch
+            # holds every record exactly once, in a new order.
+            records = records.repeat()
+        if ramped is not None:
+            # The first epoch of each iteration only: later epochs of a
+            # repeated read are shuffled exactly as before.
+            records = ramped.concatenate(records)
     if standard:
         # One seed per record, drawn in record order.
         seeds = tf.data.Dataset.random(
