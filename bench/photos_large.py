@@ -1,9 +1,8 @@
 """Camera-sized photos: storing them at the size training reads them (--max_side).
 
-Photos are made from scikit-image's bundled photographs, upscaled to 4032x3024
-(a 12 Mpx phone camera), sharpened, with fine texture and sensor-like grain,
-JPEG quality 92 at 4:4:4: 3-4 MB each, as phone photos are. The folder is
-cached (build/bench/photos_large, a stamp file says what it holds).
+Photos are `bench.corpus`'s 'phone' kind: scikit-image's bundled photographs
+upscaled to 4032x3024 (a 12 Mpx phone camera), sharpened, with sensor-like
+grain, 2.5-3.5 MB each, as phone photos are; the folder is cached.
 
 Then, in one run:
 
@@ -29,8 +28,7 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-from PIL import Image, ImageFilter
+from PIL import Image
 
 from bench import corpus
 
@@ -38,62 +36,18 @@ __all__ = ["make_large_photos", "convert_pillow", "run", "main"]
 
 _LOG = logging.getLogger("shardsmith.bench.photos_large")
 _SIZE = (4032, 3024)
-_VERSION = 1
 _MAX_SIDE = 512
 _TARGET_READ = 10.0
 _TARGET_CONVERT = 1.2
 
 
-def _large_photo(seed: int, index: int) -> tuple[str, bytes]:
-    rng = np.random.default_rng([seed, 0x4032, index])
-    classes = tuple(corpus._PHOTO_CLASSES)
-    cls = classes[index % len(classes)]
-    names = corpus._PHOTO_CLASSES[cls]
-    src = corpus._source(names[int(rng.integers(len(names)))])
-    w, h = _SIZE if rng.random() >= 0.25 else _SIZE[::-1]  # A quarter in portrait.
-    im = corpus._random_crop(rng, src, (w, h), min_area=0.5)
-    im = im.filter(ImageFilter.UnsharpMask(radius=2.0, percent=int(rng.uniform(80, 150)), threshold=1))
-    a = np.asarray(im, dtype=np.float32)
-    # Fine texture and grain from the 1024x1024 banks, tiled with a random offset.
-    reps = (-(-h // 1024) + 1, -(-w // 1024) + 1)
-    tex = np.tile(corpus._texture_bank()[int(rng.integers(2))], reps)
-    y, x = rng.integers(0, 1024, size=2)
-    a += np.float32(rng.uniform(3, 7)) * tex[y:y + h, x:x + w, None]
-    noise = np.tile(corpus._noise_bank(seed), reps + (1,))
-    y, x = rng.integers(0, 1024, size=2)
-    a += np.float32(rng.uniform(5, 9)) * noise[y:y + h, x:x + w]
-    arr = np.clip(a, 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "JPEG", quality=92, subsampling=0)
-    return f"{cls}/{cls}_{index:05d}.jpg", buf.getvalue()
-
-
-def _write_photo(task) -> int:
-    root, seed, index = task
-    rel, data = _large_photo(seed, index)
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
-    os.replace(path + ".tmp", path)
-    return len(data)
-
-
 def make_large_photos(root: str, count: int, seed: int = 0) -> int:
-    """Makes (or reuses) `count` camera-sized photos in `root`; returns their total bytes."""
-    stamp = os.path.join(os.path.dirname(os.path.abspath(root)), f".{os.path.basename(root)}.json")
-    want = {"version": _VERSION, "count": count, "seed": seed}
-    if os.path.exists(stamp):
-        with open(stamp) as f:
-            have = json.load(f)
-        if {k: have.get(k) for k in want} == want:
-            return have["num_bytes"]
-    os.makedirs(root, exist_ok=True)
-    with multiprocessing.Pool(min(2, os.cpu_count() or 1)) as pool:
-        sizes = pool.map(_write_photo, [(root, seed, i) for i in range(count)], chunksize=1)
-    with open(stamp, "w") as f:
-        json.dump({**want, "num_bytes": sum(sizes)}, f)
-    return sum(sizes)
+    """Makes (or reuses) `count` camera-sized photos in `root`; returns their total bytes.
+
+    The 'phone' kind of `bench.corpus` (4032x3024, 2.5-3.5 MB, as phone cameras
+    write them), also used by `bench.read`'s first-batch scenario.
+    """
+    return corpus.generate("phone", root, count=count, seed=seed).num_bytes
 
 
 # ---------------------------------------------------------------------------
