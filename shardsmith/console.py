@@ -56,6 +56,9 @@ _NOISE = re.compile(
     rb"|Inconsistent progression sequence for component|Unsupported marker type 0x"
     rb"|Application transferred too (?:many|few) scanlines|Warning: unknown JFIF revision number"
     rb"|Warning: thumbnail image size does not match data length|Unknown Adobe color transform code"
+    # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,
+    # which shardsmith then validates one by one and reports itself).
+    rb"|\s*\[\[\{\{node [^}]*\}\}\]\]"
     # Continuation lines of TensorFlow's CPU-feature notice.
     rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler"
     rb")"

@@ -70,6 +70,10 @@ def test_convert_is_quiet_and_verbose_shows_the_lines(noisy_folder, tmp_path):
     assert _NOISE.search(quiet.stderr) is None, quiet.stderr
     assert "Converted 9 images" in quiet.stderr and "rejected 1 (corrupt 1)" in quiet.stderr
     assert "apitools" not in quiet.stderr
+    # Nothing but shardsmith's own lines: the plan, one per shard, the summary.
+    strangers = [line for line in quiet.stderr.splitlines()
+                 if line.strip() and not line.startswith(("Found ", "Wrote ", "Converted "))]
+    assert strangers == [], quiet.stderr
 
 
 def test_the_environment_variable_asks_for_the_lines_too(noisy_folder, tmp_path):
