@@ -295,28 +295,27 @@ def _photo_file(seed: int, index: int) -> tuple[str, bytes]:
     return f"{stem}.jpg", _encode(arr, "JPEG", quality=90, subsampling=0)
 
 
-def _small_file(seed: int, index: int) -> tuple[str, bytes]:
-    """Relative path and bytes of image `index` of a 'small' corpus."""
-    rng = _rng(seed, "small", index)
+def _patch_file(kind: str, seed: int, index: int, size: int, grain: tuple[float, float],
+                quality: int) -> tuple[str, bytes]:
+    """Relative path and bytes of image `index` of a corpus of small square JPEG patches."""
+    rng = _rng(seed, kind, index)
     classes = tuple(_PHOTO_CLASSES)
     cls = _class_of(index, classes)
     arr = _draw_photo(
-        rng, seed, _PHOTO_CLASSES[cls], (64, 64), texture=(0.0, 0.0), grain=(0.0, 4.0),
+        rng, seed, _PHOTO_CLASSES[cls], (size, size), texture=(0.0, 0.0), grain=grain,
         jitter=0.05,
     )
-    return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=90)
+    return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=quality)
+
+
+def _small_file(seed: int, index: int) -> tuple[str, bytes]:
+    """Relative path and bytes of image `index` of a 'small' corpus (64x64)."""
+    return _patch_file("small", seed, index, 64, grain=(0.0, 4.0), quality=90)
 
 
 def _tiny_file(seed: int, index: int) -> tuple[str, bytes]:
     """Relative path and bytes of image `index` of a 'tiny' corpus (32x32, ~1.4 KB)."""
-    rng = _rng(seed, "tiny", index)
-    classes = tuple(_PHOTO_CLASSES)
-    cls = _class_of(index, classes)
-    arr = _draw_photo(
-        rng, seed, _PHOTO_CLASSES[cls], (32, 32), texture=(0.0, 0.0), grain=(4.0, 9.0),
-        jitter=0.05,
-    )
-    return f"{cls}/{cls}_{index:06d}.jpg", _encode(arr, "JPEG", quality=95)
+    return _patch_file("tiny", seed, index, 32, grain=(4.0, 9.0), quality=95)
 
 
 def _phone_file(seed: int, index: int) -> tuple[str, bytes]:
