@@ -67,7 +67,6 @@ __all__ = [
     "make_demo",
     "make_photos",
     "make_small",
-    "make_tiny",
     "describe",
     "main",
 ]
@@ -415,21 +414,6 @@ def make_small(root: str, count: int = 20000, seed: int = 0, workers: int | None
       Relative paths of the files written, sorted.
     """
     return _make_many("small", root, count, seed, workers)
-
-
-def make_tiny(root: str, count: int = 100000, seed: int = 0, workers: int | None = None) -> list[str]:
-    """Writes `count` 32x32 JPEG crops (~1.4 KB) in 10 class folders into `root`.
-
-    Args:
-      root: An existing, empty folder.
-      count: Number of images.
-      seed: Seed of the corpus.
-      workers: Processes to use (default: one per core).
-
-    Returns:
-      Relative paths of the files written, sorted.
-    """
-    return _make_many("tiny", root, count, seed, workers)
 
 
 # ---------------------------------------------------------------------------
