@@ -37,9 +37,12 @@ _READ_AHEAD = 8
 _POOL_THREADS = min(4, os.cpu_count() or 1)
 # Files validated together (`ImageValidator.validate_many`): at most this many,
 # and of at most this many planned bytes, so that the groups read ahead hold
-# a bounded amount of memory whatever the image sizes.
+# a bounded amount of memory whatever the image sizes. 1 MiB keeps 64 small
+# images (~1-3 KB) in one batch; with 8 MiB, 2,000 ~125 KB photos converted
+# at 684-708 MiB peak instead of 569-576 (_READ_AHEAD groups in flight per
+# shard writer), at the same speed.
 _GROUP_FILES = 64
-_GROUP_BYTES = 8 << 20
+_GROUP_BYTES = 1 << 20
 # Inside the temporary folder: one receipt per finished shard, for --resume.
 RECEIPTS_DIRNAME = "done"
 

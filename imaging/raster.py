@@ -180,6 +180,8 @@ def pillow_owns(data: bytes, options: RasterOptions) -> bool:
             fmt = _sample_format(page)
     except (tifffile.TiffFileError, *_HEADER_ERRORS):
         return True
+    if isinstance(bits, tuple):  # Samples of different sizes (5-6-5, or a damaged header).
+        bits = max(bits, default=0)
     if bits > 8 or fmt != "UINT" or photometric not in _PILLOW_PHOTOMETRIC:
         return False
     if compression not in _PILLOW_COMPRESSION:
@@ -236,13 +238,28 @@ def _is_reduced(page) -> bool:
 def _shape(page, name: str) -> tuple[int, int, int]:
     if getattr(page, "imagedepth", 1) > 1:
         raise ImageRejected("unsupported_dtype", f"{name} is a volume TIFF (ImageDepth {page.imagedepth})")
-    return int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
+    return (_one_value(page.imagelength, "ImageLength", name),
+            _one_value(page.imagewidth, "ImageWidth", name),
+            _one_value(page.samplesperpixel, "SamplesPerPixel", name))
+
+
+def _one_value(value, tag: str, name: str) -> int:
+    """A header field that must be one number; a damaged header can give several (tifffile: a tuple)."""
+    if isinstance(value, tuple):
+        raise ImageRejected("corrupt", f"{name}: its header gives {tag} as {value}, not one number")
+    return int(value)
 
 
 def _source_dtype(page, name: str) -> np.dtype:
     dtype = page.dtype
-    if dtype is None and not 0 < int(page.bitspersample) <= 128:
-        raise ImageRejected("corrupt", f"{name}: its header says {page.bitspersample} bits per sample")
+    bits = page.bitspersample
+    if dtype is None and isinstance(bits, tuple):
+        raise ImageRejected(
+            "unsupported_dtype",
+            f"{name} has samples of different sizes ({', '.join(map(str, bits))} bits), "
+            "which no raw record holds")
+    if dtype is None and not 0 < int(bits) <= 128:
+        raise ImageRejected("corrupt", f"{name}: its header says {bits} bits per sample")
     if dtype is None:
         raise ImageRejected(
             "unsupported_dtype",
