@@ -212,7 +212,7 @@ def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster
         except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
             raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
         keep = pages if options.pages == "all" else pages[:1]
-        shapes = [_shape(p, name) for p in keep]
+        shapes = [_from_header(name, _shape, p, name) for p in keep]
         total = sum(h * w * b for h, w, b in shapes)
         if total > options.max_pixels:
             h, w, b = shapes[0]
@@ -229,6 +229,15 @@ def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster
             page_index = index if options.pages == "all" and len(keep) > 1 else None
             out.append(_finish(array, page_index, nodata, options, name))
         return out
+
+
+def _from_header(name: str, fn, *args):
+    """`fn(*args)`, which reads header fields: tifffile gives a damaged field as whatever its
+    bytes say (a tuple, a string, 0), so the errors of using it mean a damaged header."""
+    try:
+        return fn(*args)
+    except _HEADER_ERRORS as e:
+        raise ImageRejected("corrupt", f"{name}: damaged header ({type(e).__name__}: {e})") from e
 
 
 def _is_reduced(page) -> bool:
@@ -295,14 +304,15 @@ def _read_page(page, data: bytes, name: str) -> np.ndarray:
     """The page's samples as (height, width, bands), every byte of it read and checked."""
     import tifffile
 
-    dtype = _source_dtype(page, name)
-    _check_segments(page, len(data), dtype, name)
+    dtype = _from_header(name, _source_dtype, page, name)
+    _from_header(name, _check_segments, page, len(data), dtype, name)
     try:
         # One thread: the writer already validates several files at once.
         array = page.asarray(maxworkers=1)
     except tifffile.TiffFileError as e:
         raise ImageRejected("corrupt", f"{name}: {e}") from e
-    except (ValueError, RuntimeError, OSError, EOFError, struct.error, IndexError, TypeError) as e:
+    except (ValueError, RuntimeError, OSError, EOFError, struct.error, IndexError, TypeError,
+            ZeroDivisionError) as e:  # ZeroDivisionError: a damaged RowsPerStrip of 0.
         message = str(e)
         if "imagecodecs" in message or "requires" in message.lower():
             raise ImageRejected("unsupported_codec", f"{name}: {message}") from e
@@ -329,10 +339,12 @@ def _check_segments(page, file_size: int, dtype: np.dtype, name: str) -> None:
     offsets, counts = page.dataoffsets, page.databytecounts
     if not offsets or len(offsets) != len(counts):
         raise ImageRejected("corrupt", f"{name}: no strip or tile offsets")
-    uncompressed = int(page.compression) == 1
+    if not all(isinstance(v, int) for v in (*offsets, *counts)):
+        raise ImageRejected("corrupt", f"{name}: its strip or tile offsets are not numbers")
+    uncompressed = _one_value(page.compression, "Compression", name) == 1
     if uncompressed:
         # What one strip or tile must hold; the last strip may be shorter.
-        h, w, b = int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
+        h, w, b = _shape(page, name)
         total = h * w * b * dtype.itemsize
     else:
         total = 0
