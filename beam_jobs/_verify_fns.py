@@ -9,21 +9,33 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+import numpy as np
+
 import schemas
 from imaging import ResizeOptions
+from imaging import raster as _raster
 from schemas import _tf
 from schemas.tfrecord import RecordError, format_index, iter_records
 from beam_jobs._files import read_bytes, write_atomically
 
-__all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn"]
+__all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn", "raster_records"]
 
 _NAMESPACE = "shardsmith"
+# How far a recomputed band mean or m2 may be from the manifest's, relative to
+# the scale of the values (max |min|, |max| of the band; squared times the
+# sample count for m2). Both sides are float64 sums of the same stored
+# values; only numpy's summation order may differ (pairwise blocks, SIMD
+# width of the build), which moves a sum of n terms by at most ~n * 2**-53
+# of that scale: 1e-9 covers a billion samples per shard, and a changed
+# sample moves the mean of a 64x64 band by ~2e-4 of the scale.
+BAND_STATS_RTOL = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +59,17 @@ class VerifyShardFn(beam.DoFn):
       num_classes: Number of classes.
       resize: The manifest's `options.resize` (--max_side/--min_side), whose
         sizes every stored image must obey; None when the dataset has none.
+      rasters: Record filename to nodata value (or None) of each raster
+        record, whose values the band statistics cover (`raster_records`);
+        None when they cannot be known (no normalized.jsonl).
     """
 
     CONTENT = "content"
 
-    def __init__(self, dataset_dir: str, features, num_classes: int, resize: dict | None = None):
+    def __init__(self, dataset_dir: str, features, num_classes: int, resize: dict | None = None,
+                 rasters: dict[str, float | None] | None = None):
         self._dir = dataset_dir
+        self._rasters = rasters
         # Plain JSON in, validated here: a malformed manifest fails before any worker starts.
         self._resize = ResizeOptions.from_json(resize) if resize else None
         self._features = dict(features)
@@ -71,7 +88,8 @@ class VerifyShardFn(beam.DoFn):
         split, shard = element
         problems = []
         counts = [0] * self._num_classes
-        stored = []  # (format, height, width) of each good record
+        stored = []  # (format, height, width, channels, sample dtype) of each good record
+        bands = _BandCheck(shard, self._rasters)
         path = FileSystems.join(self._dir, shard.file)
         sha = hashlib.sha256()
         size = 0
@@ -84,12 +102,13 @@ class VerifyShardFn(beam.DoFn):
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
                     offsets.append((offset, length))
-                    problem, label, digest, name, image = self._check_record(data)
+                    problem, label, digest, name, image, pixels = self._check_record(data)
                     if problem:
                         problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
                         continue
                     counts[label] += 1
                     stored.append(image)
+                    bands.add(name, pixels)
                     self._records.inc()
                     yield beam.pvalue.TaggedOutput(self.CONTENT, (digest, (split, name)))
             except RecordError as e:
@@ -105,54 +124,73 @@ class VerifyShardFn(beam.DoFn):
         if tuple(counts) != tuple(shard.class_counts):
             problems.append(f"{shard.file}: class counts {counts}, the manifest says {list(shard.class_counts)}")
         stats = schemas.ImageStats.of(stored)
+        if stats is not None and shard.images is not None and shard.images.layouts is None:
+            stats = dataclasses.replace(stats, layouts=None)  # Not recorded by an older version.
         if shard.images is not None and not problems and stats != shard.images:
             # Readers specialise on these (e.g. JPEGs of one size): they must be true.
             problems.append(f"{shard.file}: images {stats and stats.to_json()}, the manifest "
                             f"says {shard.images.to_json()}")
+        if not problems:
+            problems.extend(bands.problems())
         problems.extend(self._check_index(shard, offsets))
         yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems))
 
     def _check_record(self, data: bytes):
-        """Returns (problem or None, label, content digest, filename, (format, height, width))."""
+        """Returns (problem or None, label, content digest, filename, image, pixels).
+
+        `image` is (format, height, width, channels, sample dtype); `pixels`
+        the decoded values of a raster record (see `_BandCheck`), else None.
+        """
         try:
             values = self._schema.decode(data)
         except ValueError as e:
-            return f"does not parse: {e}", None, None, None, None
+            return _failed(f"does not parse: {e}")
         name = values[schemas.FILENAME.key].decode("utf-8", "backslashreplace")
         label = values[schemas.LABEL.key]
         if not 0 <= label < self._num_classes:
-            return f"{name}: label {label} is outside [0, {self._num_classes})", None, None, name, None
+            return _failed(f"{name}: label {label} is outside [0, {self._num_classes})", name)
         image = values[schemas.IMAGE.key]
         stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
+        fmt = values[schemas.FORMAT.key].decode("ascii", "replace")
         try:
-            raw = schemas.parse_raw_format(values[schemas.FORMAT.key])
+            raw = schemas.parse_raw_format(fmt)
+            dtype = schemas.sample_dtype(fmt, image)
         except ValueError as e:
-            return f"{name}: {e}", None, None, name, None
+            return _failed(f"{name}: {e}", name)
+        wanted = self._rasters is not None and name in self._rasters
+        pixels = None
         try:
             if raw is None:
-                shape = self._tf.io.decode_image(image, expand_animations=False).shape
+                decoded = self._tf.io.decode_image(image, expand_animations=False,
+                                                   dtype=getattr(self._tf, dtype))
+                shape = decoded.shape
+                pixels = decoded.numpy() if wanted else None
             else:
-                shape = self._raw_shape(image, raw, stored)
+                shape, pixels = self._raw_pixels(image, raw, stored)
         except self._tf.errors.OpError as e:
-            return (f"{name}: image does not decode ({e.message.split('}}')[-1].strip()})", None,
-                    None, name, None)
+            return _failed(f"{name}: image does not decode ({e.message.split('}}')[-1].strip()})", name)
         if tuple(shape) != stored:
-            return f"{name}: decodes to {tuple(shape)}, the record says {stored}", None, None, name, None
+            return _failed(f"{name}: decodes to {tuple(shape)}, the record says {stored}", name)
         if self._resize is not None and not self._resize.allows(stored[0], stored[1]):
-            return (f"{name}: stored at {stored[0]}x{stored[1]}, larger than the manifest's "
-                    f"resize {self._resize.to_json()} allows"), None, None, name, None
-        fmt = values[schemas.FORMAT.key].decode("ascii", "replace")
-        return None, label, hashlib.sha256(image).hexdigest(), name, (fmt, stored[0], stored[1])
+            return _failed(f"{name}: stored at {stored[0]}x{stored[1]}, larger than the manifest's "
+                          f"resize {self._resize.to_json()} allows", name)
+        return (None, label, hashlib.sha256(image).hexdigest(), name,
+                (fmt, stored[0], stored[1], stored[2], dtype), pixels if wanted else None)
 
-    def _raw_shape(self, image: bytes, dtype: str, stored):
-        """The shape a raw record decodes to: its bytes as `dtype`, reshaped as the record says."""
+    def _raw_pixels(self, image: bytes, dtype: str, stored):
+        """(shape, values) of a raw record: its bytes as `dtype`, reshaped as the record says."""
         tf = self._tf
-        values = tf.io.decode_raw(image, getattr(tf, dtype), little_endian=True)
+        # DecodeRaw has no uint32 (as in readers.decode): the same bytes as int32, reinterpreted.
+        as_read = tf.int32 if dtype == "uint32" else getattr(tf, dtype)
+        values = tf.io.decode_raw(image, as_read, little_endian=True)
+        if dtype == "uint32":
+            values = tf.bitcast(values, tf.uint32)
         h, w, c = stored
         if int(values.shape[0]) != h * w * c:
             # Not reshapeable: report the sample count the bytes hold.
-            return (int(values.shape[0]),)
-        return tuple(tf.reshape(values, (h, w, c)).shape)
+            return (int(values.shape[0]),), None
+        pixels = tf.reshape(values, (h, w, c))
+        return tuple(pixels.shape), pixels.numpy()
 
     def _check_index(self, shard, offsets):
         if not shard.index_file:
@@ -166,6 +204,75 @@ class VerifyShardFn(beam.DoFn):
         if data != format_index(offsets):
             return [f"{shard.index_file}: offsets do not match the shard's records"]
         return []
+
+
+def _failed(problem: str, name: str | None = None):
+    """What `_check_record` returns for a record with a problem."""
+    return problem, None, None, name, None, None
+
+
+def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
+    """Record filename to nodata value (None: none) of every raster record in normalized.jsonl.
+
+    Raster records are those read by imaging/raster.py, whose details name
+    their source dtype and bands; the converter's band statistics cover
+    exactly these, with samples equal to the nodata value left out.
+    """
+    rasters = {}
+    for line in normalized_jsonl.splitlines():
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        details = entry.get("details") or {}
+        if "source_bands" in details:
+            nodata = details.get("nodata")
+            rasters[entry["path"]] = None if nodata is None else float(nodata)
+    return rasters
+
+
+class _BandCheck:
+    """The band statistics of a shard's raster records, recomputed and compared with the manifest's."""
+
+    def __init__(self, shard, rasters: dict[str, float | None] | None):
+        self._shard = shard
+        self._rasters = rasters
+        self._stats = None
+        self._mixed = False
+
+    def add(self, name: str, pixels) -> None:
+        if pixels is None or self._mixed:
+            return
+        one = _raster.band_stats(np.asarray(pixels), self._rasters[name])
+        merged = one if self._stats is None else self._stats.merge(one)
+        self._mixed = merged is None
+        self._stats = merged
+
+    def problems(self) -> list[str]:
+        """Problem lines, naming the shard and the band (1-based, as GDAL numbers them)."""
+        want, file = self._shard.band_stats, self._shard.file
+        if want is None:
+            return []  # None recorded (photos, mixed band counts, or an older version).
+        if self._rasters is None:
+            return [f"{file}: band statistics cannot be checked: {schemas.NORMALIZED_FILENAME}, "
+                    "which names the raster records, is missing"]
+        got = None if self._mixed else self._stats
+        if got is None or got.records != want.records or got.num_bands != want.num_bands:
+            what = "none" if got is None else f"{got.records} records of {got.num_bands} bands"
+            return [f"{file}: band statistics of {what}, the manifest says {want.records} records "
+                    f"of {want.num_bands} bands"]
+        out = []
+        for b in range(want.num_bands):
+            scale = max(abs(v) for v in (got.min[b], got.max[b], 0.0) if v is not None)
+            for field in ("count", "nodata", "min", "max", "mean", "m2"):
+                g, w = getattr(got, field)[b], getattr(want, field)[b]
+                if field in ("mean", "m2"):
+                    tol = BAND_STATS_RTOL * (scale if field == "mean" else scale * scale * max(got.count[b], 1))
+                    same = math.isclose(g, w, rel_tol=BAND_STATS_RTOL, abs_tol=tol)
+                else:
+                    same = g == w
+                if not same:
+                    out.append(f"{file}: band {b + 1} {field} {g!r}, the manifest says {w!r}")
+        return out
 
 
 class _HashingReader:

@@ -99,7 +99,8 @@ class _Shard:
     def __init__(self, num_classes: int):
         self.index_entries: list[tuple[int, int]] = []  # (offset, framed length) of each record
         self.class_counts = [0] * num_classes
-        self.stored: list[tuple[str, int, int]] = []  # (format, height, width) of each record
+        # (format, height, width, channels, sample dtype) of each record, for schemas.ImageStats.
+        self.stored: list[tuple[str, int, int, int, str]] = []
         self.rejects: list[Reject] = []
         self.normalized: list[tuple] = []
         self.num_sources = 0
@@ -263,7 +264,8 @@ class WriteShardFn(beam.DoFn):
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
         shard.class_counts[f.label] += 1
-        shard.stored.append((image.format, image.height, image.width))
+        shard.stored.append((image.format, image.height, image.width, image.channels,
+                             schemas.sample_dtype(image.format, image.data)))
         if image.band_stats is not None and not shard.mixed_bands:
             merged = image.band_stats if shard.band_stats is None else shard.band_stats.merge(image.band_stats)
             shard.mixed_bands = merged is None

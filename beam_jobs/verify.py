@@ -81,12 +81,13 @@ class VerifyDataset(beam.PTransform):
     def expand(self, pbegin):
         m = self._manifest
         shards = [(split, shard) for split, info in m.splits.items() for shard in info.shards]
+        rasters = self._raster_records(shards)
         checked = (
             pbegin
             | "Shards" >> beam.Create(shards)  # (split, ShardInfo)
             | "VerifyShards" >> beam.ParDo(
                 _verify_fns.VerifyShardFn(self._dir, m.features, len(m.class_names),
-                                          resize=m.options.get("resize"))
+                                          resize=m.options.get("resize"), rasters=rasters)
             ).with_outputs(_verify_fns.VerifyShardFn.CONTENT, main="checks")
         )
         duplicates = (
@@ -103,6 +104,19 @@ class VerifyDataset(beam.PTransform):
                 duplicates=beam.pvalue.AsList(duplicates),
             )
         )
+
+    def _raster_records(self, shards) -> dict[str, float | None] | None:
+        """The raster records the band statistics cover, from normalized.jsonl; None if it is missing.
+
+        Read only for a dataset with band statistics: other datasets have no
+        raster records to find.
+        """
+        if not any(shard.band_stats is not None for _, shard in shards):
+            return {}
+        path = FileSystems.join(self._dir, schemas.NORMALIZED_FILENAME)
+        if not FileSystems.exists(path):
+            return None
+        return _verify_fns.raster_records(read_bytes(path).decode("utf-8"))
 
 
 def _load_manifest(dataset_dir: str) -> tuple[schemas.Manifest, str]:

@@ -713,6 +713,9 @@ def build_dataset(
         index file is missing or does not match the manifest.
     """
     config.check_schema(split_files)
+    stored_options = stored.photo_options(split_files, config.image)
+    if stored_options:  # color_mode/dtype None: what the split's photos store.
+        config = config.replace(**stored_options)
     if config.image.normalize == NORMALIZE_DATASET:
         config = config.replace(normalize=stored.resolve_normalize(split_files, config.image))
     records, num_records, bytes_per_record = _records(

@@ -6,7 +6,11 @@ split holds: 'jpeg' and 'png' (photos, decoded by `readers.decode` to the
 `readers.decode.decode_raw`). `plan` resolves the reader's image options
 against them once, before the pipeline is built:
 
-- A split of photos only is read as it always was (`plan` returns None).
+- A split of photos only is read as it always was (`plan` returns None);
+  `color_mode=None` and `dtype=None` mean its stored channels and sample
+  dtype, as the manifest records them (`schemas.ImageStats.layouts`, e.g.
+  16-bit RGB PNGs read as uint16 (h, w, 3)), resolved by `photo_options`
+  and refused where the split holds several or the manifest does not say.
 - A split of rasters yields every band (`color_mode=None`) in the stored
   dtype (`dtype=None`), values exactly as stored; with `image_size`, a float
   `dtype` and `augment`, through the usual crop, flip and resize (done after
@@ -40,6 +44,7 @@ __all__ = [
     "dataset_band_stats",
     "split_band_stats",
     "stored_formats",
+    "photo_options",
     "plan",
 ]
 
@@ -198,6 +203,70 @@ def _formats_text(photos: Sequence[str], raws: Sequence[str]) -> str:
     return ", ".join([*photos, *(raw_format(d) for d in raws)])
 
 
+# The color mode that keeps a stored channel count (2, grey and alpha, has none).
+_COLOR_MODE_BY_CHANNELS = {c: mode for mode, c in decode.CHANNELS_BY_COLOR_MODE.items()}
+
+
+def _unknown_layout(name: str, value, where: str, photos: Sequence[str], raws: Sequence[str]):
+    allowed = (tuple(decode.CHANNELS_BY_COLOR_MODE) if name == "color_mode"
+               else preprocess.OUTPUT_DTYPES)
+    return ValueError(
+        f"`{name}=None` keeps what the images store; {where} holds "
+        f"{_formats_text(photos, raws) or 'jpeg/png'} images, whose channels and depth the "
+        f"manifest does not record (converted by an older shardsmith): pass one of {allowed}. "
+        f"Received: {name}={value!r}"
+    )
+
+
+def _layouts_text(layouts) -> str:
+    return ", ".join(f"{n} {fmt} of {c} channel{'s' * (c != 1)} {dtype}"
+                     for fmt, c, dtype, n in layouts)
+
+
+def photo_options(split_files, image) -> dict[str, str]:
+    """The stored `color_mode` and `dtype` of a split of photos, for those given as None.
+
+    Returns:
+      The options to replace (none for a split holding rasters, which `plan`
+      resolves, or when neither is None).
+
+    Raises:
+      ValueError: If the manifest does not record what the images store, or
+        they have several channel counts or sample dtypes; the message says
+        what the split holds and which `color_mode`/`dtype` to pass.
+    """
+    photos, raws = stored_formats(split_files.images)
+    if raws or (image.color_mode is not None and image.dtype is not None):
+        return {}
+    where = f"split {split_files.split!r} of {split_files.data_dir!r}"
+    layouts = split_files.images.layouts if split_files.images is not None else None
+    changes = {}
+    if image.color_mode is None:
+        if layouts is None:
+            raise _unknown_layout("color_mode", None, where, photos, raws)
+        channels = sorted({c for _, c, _, _ in layouts})
+        if len(channels) != 1 or channels[0] not in _COLOR_MODE_BY_CHANNELS:
+            raise ValueError(
+                f"`color_mode=None` keeps the stored channels, but {where} holds "
+                f"{_layouts_text(layouts)}: no one color mode keeps them. Pass "
+                f"color_mode= one of {tuple(decode.CHANNELS_BY_COLOR_MODE)} to decode every "
+                "image to that many channels. Received: color_mode=None"
+            )
+        changes["color_mode"] = _COLOR_MODE_BY_CHANNELS[channels[0]]
+    if image.dtype is None:
+        if layouts is None:
+            raise _unknown_layout("dtype", None, where, photos, raws)
+        dtypes = sorted({d for _, _, d, _ in layouts})
+        if len(dtypes) != 1:
+            raise ValueError(
+                f"`dtype=None` keeps the stored dtype, but {where} holds {_layouts_text(layouts)}: "
+                "no one dtype keeps them. Pass dtype='uint16' (8-bit images come out multiplied "
+                f"by 257) or one of {preprocess.OUTPUT_DTYPES}. Received: dtype=None"
+            )
+        changes["dtype"] = dtypes[0]
+    return changes
+
+
 def plan(split_files, image) -> RasterPlan | None:
     """Resolves the image options (`readers.options.ImageOptions`) against a split.
 
@@ -211,17 +280,10 @@ def plan(split_files, image) -> RasterPlan | None:
     photos, raws = stored_formats(split_files.images)
     where = f"split {split_files.split!r} of {split_files.data_dir!r}"
     if not raws:
-        for name, value, allowed in (
-            ("color_mode", image.color_mode, tuple(decode.CHANNELS_BY_COLOR_MODE)),
-            ("dtype", image.dtype, preprocess.OUTPUT_DTYPES),
-        ):
+        # `photo_options` has resolved None where the manifest says what is stored.
+        for name, value in (("color_mode", image.color_mode), ("dtype", image.dtype)):
             if value is None:
-                raise ValueError(
-                    f"`{name}=None` keeps what raw-stored rasters store; {where} holds "
-                    f"{_formats_text(photos, raws) or 'jpeg/png'} images, whose channels and "
-                    f"depth the manifest does not record: pass one of {allowed}. "
-                    f"Received: {name}=None"
-                )
+                raise _unknown_layout(name, value, where, photos, raws)
         return None
     held = _formats_text(photos, raws)
     if photos and (image.color_mode is None or image.dtype is None):

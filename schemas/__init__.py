@@ -24,6 +24,7 @@ from schemas.features import (
     parse_raw_format,
     raw_format,
     raw_itemsize,
+    sample_dtype,
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
@@ -47,7 +48,7 @@ __all__ = [
     "__version__",
     "SCHEMA_VERSION", "FeatureSpec", "ImageRecord", "ImageExampleSchema", "IMAGE_SCHEMA",
     "dicom_tag_key", "RAW_FORMAT_PREFIX", "RAW_DTYPES", "raw_format", "parse_raw_format",
-    "raw_itemsize", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
+    "raw_itemsize", "sample_dtype", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "BandStats", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",

@@ -461,6 +461,31 @@ def raw_itemsize(dtype: str) -> int:
     return _RAW_ITEMSIZE[dtype]
 
 
+# Byte 24 of a PNG file: the bit depth in its IHDR chunk, which the PNG
+# specification puts first, right after the 8-byte signature.
+_PNG_BIT_DEPTH_BYTE = 24
+
+
+def sample_dtype(fmt: str, encoded: bytes) -> str:
+    """The dtype an image's samples decode to at full depth: 'uint8', 'uint16' or a raw dtype.
+
+    JPEG is 8-bit; PNG is 16-bit when its IHDR says so and 8-bit otherwise
+    (TF decodes 1-, 2- and 4-bit PNGs to uint8); a raw record is its dtype.
+
+    Raises:
+      ValueError: For a format the schema does not know.
+    """
+    raw = parse_raw_format(fmt)
+    if raw is not None:
+        return raw
+    if fmt == "jpeg":
+        return "uint8"
+    if fmt == "png":
+        deep = len(encoded) > _PNG_BIT_DEPTH_BYTE and encoded[_PNG_BIT_DEPTH_BYTE] == 16
+        return "uint16" if deep else "uint8"
+    raise ValueError(f"Unknown image format {fmt!r}; records hold 'jpeg', 'png' or raw images.")
+
+
 def dicom_tag_key(keyword: str) -> str:
     """The key of the extra string feature holding DICOM tag `keyword` (--dicom_tags)."""
     return f"dicom_{keyword}"

@@ -113,43 +113,67 @@ class ManifestError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ImageStats:
-    """What the stored images of a shard or split are: formats and sizes.
+    """What the stored images of a shard or split are: formats, sizes, channels and dtypes.
 
     A reader uses it to specialise its pipeline (a split of JPEGs that all
-    have one size needs no per-batch checks); `verify` checks it against the
-    records.
+    have one size needs no per-batch checks) and to read images as stored
+    (`color_mode=None`, `dtype=None`: the channels and sample dtype recorded
+    here); `verify` checks it against the records.
 
     Attributes:
       formats: (format, records) pairs, sorted by format ('jpeg', 'png').
       min_size: (smallest height, smallest width).
       max_size: (largest height, largest width).
+      layouts: (format, channels, sample dtype, records) of the images,
+        sorted, e.g. ('png', 3, 'uint16', 12): the dtype is that of the
+        samples at full depth (`schemas.sample_dtype`). None when unknown (a
+        manifest of a version that did not record them).
     """
 
     formats: tuple[tuple[str, int], ...]
     min_size: tuple[int, int]
     max_size: tuple[int, int]
+    layouts: tuple[tuple[str, int, str, int], ...] | None = None
 
     @classmethod
-    def of(cls, images: Sequence[tuple[str, int, int]]) -> ImageStats | None:
-        """The stats of (format, height, width) triples; None if there are none."""
+    def of(cls, images: Sequence[tuple]) -> ImageStats | None:
+        """The stats of images; None if there are none.
+
+        Args:
+          images: (format, height, width, channels, sample dtype) of each
+            image; (format, height, width) leaves `layouts` unknown.
+        """
         if not images:
             return None
         formats: dict[str, int] = {}
-        for fmt, _, _ in images:
-            formats[fmt] = formats.get(fmt, 0) + 1
-        heights = [h for _, h, _ in images]
-        widths = [w for _, _, w in images]
+        layouts: dict[tuple[str, int, str], int] | None = {}
+        for image in images:
+            formats[image[0]] = formats.get(image[0], 0) + 1
+            if len(image) == 5 and layouts is not None:
+                key = (image[0], int(image[3]), str(image[4]))
+                layouts[key] = layouts.get(key, 0) + 1
+            else:
+                layouts = None
+        heights = [image[1] for image in images]
+        widths = [image[2] for image in images]
         return cls(tuple(sorted(formats.items())), (min(heights), min(widths)),
-                   (max(heights), max(widths)))
+                   (max(heights), max(widths)), _sorted_layouts(layouts))
 
     def merge(self, other: ImageStats) -> ImageStats:
         formats = dict(self.formats)
         for fmt, n in other.formats:
             formats[fmt] = formats.get(fmt, 0) + n
+        layouts = None
+        if self.layouts is not None and other.layouts is not None:
+            # Unknown for either part is unknown for the whole.
+            layouts = {}
+            for fmt, channels, dtype, n in self.layouts + other.layouts:
+                layouts[(fmt, channels, dtype)] = layouts.get((fmt, channels, dtype), 0) + n
         return ImageStats(
             tuple(sorted(formats.items())),
             (min(self.min_size[0], other.min_size[0]), min(self.min_size[1], other.min_size[1])),
             (max(self.max_size[0], other.max_size[0]), max(self.max_size[1], other.max_size[1])),
+            _sorted_layouts(layouts),
         )
 
     @property
@@ -158,18 +182,35 @@ class ImageStats:
         return self.min_size if self.min_size == self.max_size else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"formats": dict(self.formats), "min_size": list(self.min_size),
-                "max_size": list(self.max_size)}
+        d = {"formats": dict(self.formats), "min_size": list(self.min_size),
+             "max_size": list(self.max_size)}
+        if self.layouts is not None:
+            # 'format:channels:dtype' keys: one short line each in the indented manifest.
+            d["layouts"] = {f"{fmt}:{channels}:{dtype}": n for fmt, channels, dtype, n in self.layouts}
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ImageStats | None:
         if d is None:
             return None
+        layouts = None
+        if d.get("layouts") is not None:
+            layouts = {}
+            for key, n in d["layouts"].items():
+                fmt, channels, dtype = str(key).split(":")
+                layouts[(fmt, int(channels), dtype)] = int(n)
         return cls(
             tuple(sorted((str(k), int(v)) for k, v in d["formats"].items())),
             (int(d["min_size"][0]), int(d["min_size"][1])),
             (int(d["max_size"][0]), int(d["max_size"][1])),
+            _sorted_layouts(layouts),
         )
+
+
+def _sorted_layouts(layouts: Mapping[tuple[str, int, str], int] | None):
+    if layouts is None:
+        return None
+    return tuple((fmt, channels, dtype, n) for (fmt, channels, dtype), n in sorted(layouts.items()))
 
 
 @dataclasses.dataclass(frozen=True)

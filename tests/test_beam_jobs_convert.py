@@ -84,8 +84,12 @@ def test_manifest_counts_match_shards(converted):
             assert shard.num_bytes == (out / shard.file).stat().st_size
             counts = [sum(r[schemas.LABEL.key] == i for r in in_shard) for i in range(3)]
             assert list(shard.class_counts) == counts
-            # What readers specialise on: the formats and sizes of its records.
-            stored = [(r[schemas.FORMAT.key].decode(), r[schemas.HEIGHT.key], r[schemas.WIDTH.key])
+            # What readers specialise on: the formats, sizes, channels and dtypes of its records
+            # (the dtype from the bytes: 16 in a PNG's IHDR bit depth is uint16).
+            stored = [(r[schemas.FORMAT.key].decode(), r[schemas.HEIGHT.key], r[schemas.WIDTH.key],
+                       r[schemas.CHANNELS.key],
+                       "uint16" if r[schemas.FORMAT.key] == b"png" and r[schemas.IMAGE.key][24] == 16
+                       else "uint8")
                       for r in in_shard]
             assert shard.images == schemas.ImageStats.of(stored)
             assert shard.images is None or sum(n for _, n in shard.images.formats) == len(in_shard)

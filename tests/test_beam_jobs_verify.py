@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import shutil
 
+import numpy as np
 import pytest
+import tifffile
 from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
@@ -94,3 +97,56 @@ def test_false_image_stats_are_found(dataset):
     problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
     assert [p for p in problems if p.startswith(f"{shard.file}: images ")] == [
         f"{shard.file}: images {shard.images.to_json()}, the manifest says {false.to_json()}"]
+
+
+@pytest.fixture
+def raster_dataset(tmp_path):
+    rng = np.random.default_rng(16)
+    for c, cls in enumerate(("forest", "water")):
+        for i in range(3):
+            buf = io.BytesIO()
+            # 5 bands of uint16 (stored raw), with a nodata value that some samples hold.
+            array = rng.integers(0, 65536, (12, 10, 5), dtype=np.uint16)
+            array[0, : 1 + c + i] = 7
+            tifffile.imwrite(buf, array, photometric="minisblack", planarconfig="contig",
+                             extratags=[(42113, "s", 0, "7", True)])
+            write(tmp_path / "images" / cls / f"patch_{i}.tif", buf.getvalue())
+    out = tmp_path / "out"
+    manifest = convert(tmp_path / "images", out, "--min_shards", "2")
+    return out, manifest
+
+
+def test_band_statistics_are_recomputed_and_a_tampered_band_is_named(raster_dataset):
+    out, manifest = raster_dataset
+    shard = manifest.splits["train"].shards[0]
+    stats = shard.band_stats
+    assert stats is not None and stats.num_bands == 5 and sum(stats.nodata) > 0
+    assert verify.main([str(out)]) == 0  # Untampered: clean.
+    mean = list(stats.mean)
+    mean[0] *= 1 + 1e-12  # Within the float tolerance: summation order only.
+    mean[2] += 0.5
+    maxs = list(stats.max)
+    maxs[1] += 1
+    nodata = list(stats.nodata)
+    nodata[3] += 1
+    false = dataclasses.replace(stats, mean=tuple(mean), max=tuple(maxs), nodata=tuple(nodata))
+    tampered = dataclasses.replace(shard, band_stats=false)
+    train = dataclasses.replace(manifest.splits["train"],
+                                shards=(tampered, *manifest.splits["train"].shards[1:]))
+    changed = dataclasses.replace(manifest, splits={**manifest.splits, "train": train})
+    (out / schemas.MANIFEST_FILENAME).write_text(changed.to_json())
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert problems == [
+        f"{shard.file}: band 2 max {stats.max[1]!r}, the manifest says {maxs[1]!r}",
+        f"{shard.file}: band 3 mean {stats.mean[2]!r}, the manifest says {mean[2]!r}",
+        f"{shard.file}: band 4 nodata {stats.nodata[3]!r}, the manifest says {nodata[3]!r}",
+    ]
+    # Without normalized.jsonl, which names the raster records, they cannot be checked: said so.
+    (out / schemas.MANIFEST_FILENAME).write_text(manifest.to_json())
+    (out / schemas.NORMALIZED_FILENAME).unlink()
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert problems == [f"{s.file}: band statistics cannot be checked: {schemas.NORMALIZED_FILENAME}, "
+                        "which names the raster records, is missing"
+                        for s in manifest.splits["train"].shards if s.band_stats is not None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from helpers import convert, write
 
 import readers
 import schemas
+from beam_jobs import verify
 
 _RNG = np.random.default_rng(1616)
 _CONTIG = dict(photometric="minisblack", planarconfig="contig")
@@ -26,6 +28,8 @@ def _tiff(array, **kwargs) -> bytes:
 _CASES = {
     "uint16_13_bands": (_RNG.integers(0, 65536, (24, 20, 13), dtype=np.uint16), _CONTIG),
     "uint16_4_bands": (_RNG.integers(0, 65536, (16, 18, 4), dtype=np.uint16), _CONTIG),
+    "uint16_rgb": (_RNG.integers(0, 65536, (14, 10, 3), dtype=np.uint16),
+                   dict(photometric="rgb", planarconfig="contig")),
     "int16_1_band": (_RNG.integers(-32768, 32768, (20, 12, 1), dtype=np.int16), {}),
     "float32_dem": (_RNG.uniform(-125, 295, (18, 22, 1)).astype(np.float32), {}),
     "float64_3_bands": (_RNG.normal(size=(10, 14, 3)), _CONTIG),
@@ -34,16 +38,9 @@ _CASES = {
 }
 
 
-def _as_stored(manifest, files) -> dict:
-    """The reader's color_mode and dtype that give each image as stored."""
-    formats = {f for f, _ in manifest.splits["train"].images.formats}
-    if any(schemas.parse_raw_format(f) for f in formats):
-        return dict(color_mode=None, dtype=None)  # Every band at its dtype.
-    # 8/16-bit with 1, 3 or 4 bands is stored as PNG, whose channels and depth the manifest does
-    # not record yet, so `None` cannot say them: the caller names them.
-    array, _ = next(iter(files.values()))
-    assert formats == {"png"} and array.dtype == np.uint16 and array.shape[2] in (1, 3, 4)
-    return dict(color_mode={1: "grayscale", 3: "rgb", 4: "rgba"}[array.shape[2]], dtype="uint16")
+def _png_stored(manifest) -> bool:
+    """8/16-bit with 1, 3 or 4 bands is stored as PNG, anything else raw."""
+    return {f for f, _ in manifest.splits["train"].images.formats} == {"png"}
 
 
 @pytest.fixture(scope="module", params=sorted(_CASES))
@@ -67,7 +64,7 @@ def test_every_value_band_and_dtype_comes_back_exactly(converted):
     name, files, out, manifest = converted
     ds = readers.image_dataset_from_tfrecords(
         str(out), "train", batch_size=None, image_size=None, shuffle=False,
-        extra_features=(schemas.FILENAME.key,), **_as_stored(manifest, files))
+        extra_features=(schemas.FILENAME.key,), color_mode=None, dtype=None)
     seen = {}
     for image, label, extras in ds:
         seen[extras[schemas.FILENAME.key].numpy().decode()] = (image.numpy(), int(label))
@@ -89,16 +86,30 @@ def test_band_statistics_match_numpy_and_normalise_the_batches(converted):
     np.testing.assert_allclose(stats.min, arrays.min(axis=(0, 1, 2)))
     np.testing.assert_allclose(stats.max, arrays.max(axis=(0, 1, 2)))
     h, w = arrays.shape[1:3]
-    if _as_stored(manifest, files)["dtype"] is not None:  # PNG-stored: photo scale, refused.
+    if _png_stored(manifest):  # PNG-stored: photo scale, refused.
         with pytest.raises(ValueError, match="normalize='dataset' applies the band statistics"):
             readers.image_dataset_from_tfrecords(str(out), "train", batch_size=3, image_size=(h, w),
                                                  normalize="dataset", color_mode="rgba")
         return
     ds = readers.image_dataset_from_tfrecords(
         str(out), "train", batch_size=3, image_size=(h, w), normalize="dataset", shuffle=False,
-        **{**_as_stored(manifest, files), "dtype": "float32"})
+        color_mode=None, dtype="float32")
     got = np.concatenate([b.numpy() for b, _ in ds])
     assert got.shape == arrays.shape
     # Every band now has the split's mean 0 and std 1 (float32 arithmetic).
     np.testing.assert_allclose(got.mean(axis=(0, 1, 2)), 0, atol=1e-3)
     np.testing.assert_allclose(got.std(axis=(0, 1, 2)), 1, rtol=1e-3)
+
+
+def test_stored_channels_and_dtypes_are_recorded_and_verify_checks_them(converted):
+    name, files, out, manifest = converted
+    array, _ = next(iter(files.values()))
+    fmt = "png" if _png_stored(manifest) else schemas.raw_format(array.dtype)
+    # What `color_mode=None, dtype=None` read by: one layout for every record of the split.
+    assert manifest.splits["train"].images.layouts == (
+        (fmt, array.shape[2], array.dtype.name, len(files)),), name
+    # verify recomputes the image stats (layouts included) and the band statistics from the
+    # decoded records: an untouched dataset is clean.
+    assert verify.main([str(out)]) == 0
+    report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
+    assert report["ok"] and report["problems"] == [] and report["records"] == len(files)

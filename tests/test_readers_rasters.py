@@ -7,10 +7,14 @@ The datasets are written record by record with the schema's encoder
 from __future__ import annotations
 
 import dataclasses
+import io
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import tifffile
+from helpers import convert, encode, pixels, write
 
 import readers
 import schemas
@@ -147,9 +151,10 @@ def test_rasters_of_several_dtypes_need_a_dtype(tmp_path):
     assert sorted(float(x.numpy().min()) for x in ds)[0] == -32768.0
 
 
-def test_photo_splits_refuse_as_stored_options(tmp_path):
+def test_photo_splits_of_older_manifests_refuse_as_stored_options(tmp_path):
+    # Written without layouts (`ImageStats.of` of (format, height, width)), as older converters did.
     write_raster_dataset(tmp_path / "ds", [], photos=[np.zeros((4, 4, 3), np.uint8)] * 2)
-    with pytest.raises(ValueError, match=r"`dtype=None` keeps what raw-stored rasters store.*"
+    with pytest.raises(ValueError, match=r"`dtype=None` keeps what the images store.*"
                                          r"holds png images"):
         readers.image_dataset_from_tfrecords(tmp_path / "ds", "train", dtype=None)
     with pytest.raises(ValueError, match=r"`color_mode=None`"):
@@ -265,3 +270,74 @@ def test_inspect_of_photos_unchanged(tmp_path):
     text = inspection.format_inspection(str(tmp_path / "ds"),
                                         inspection.inspect_dataset(str(tmp_path / "ds")))
     assert "stored as" not in text
+
+
+def _convert_pngs(tmp_path, arrays):
+    root = tmp_path / "images"
+    for i, array in enumerate(arrays):
+        write(root / "a" / f"img_{i}.png", encode(array, "PNG"))
+    return convert(root, tmp_path / "out")
+
+
+def test_photo_splits_read_as_stored_from_the_recorded_layouts(tmp_path):
+    rgb16 = [_RNG.integers(0, 65536, (6 + i, 5, 3), dtype=np.uint16) for i in range(3)]
+    root = tmp_path / "images"
+    for i, array in enumerate(rgb16):
+        buf = io.BytesIO()
+        tifffile.imwrite(buf, array, photometric="rgb")  # Stored as 16-bit RGB PNG.
+        write(root / "a" / f"img_{i}.tif", buf.getvalue())
+    manifest = convert(root, tmp_path / "out")
+    assert manifest.splits["train"].images.layouts == (("png", 3, "uint16", 3),)
+    ds = readers.image_dataset_from_tfrecords(
+        tmp_path / "out", "train", batch_size=None, image_size=None, color_mode=None, dtype=None,
+        shuffle=False, label_mode=None, extra_features=(FILENAME.key,))
+    got = {extras[FILENAME.key].numpy().decode(): image for image, extras in ds}
+    for i, array in enumerate(rgb16):
+        image = got[f"a/img_{i}.tif"]
+        assert image.dtype == tf.uint16 and image.shape == array.shape
+        np.testing.assert_array_equal(image.numpy(), array)
+
+
+def test_photo_splits_of_several_channels_or_dtypes_are_refused_saying_what_to_pass(tmp_path):
+    grey8 = _RNG.integers(0, 256, (5, 4), dtype=np.uint8)
+    rgb8 = _RNG.integers(0, 256, (5, 4, 3), dtype=np.uint8)
+    grey16 = _RNG.integers(0, 65536, (5, 4), dtype=np.uint16)
+    _convert_pngs(tmp_path, [grey8, rgb8, grey16])
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=re.escape(
+            "`color_mode=None` keeps the stored channels, but split 'train' of "
+            f"{str(out)!r} holds 1 png of 1 channel uint16, 1 png of 1 channel uint8, "
+            "1 png of 3 channels uint8: no one color mode keeps them. Pass color_mode= one of "
+            "('grayscale', 'rgb', 'rgba') to decode every image to that many channels. "
+            "Received: color_mode=None")):
+        readers.image_dataset_from_tfrecords(out, "train", color_mode=None)
+    with pytest.raises(ValueError, match=r"`dtype=None` keeps the stored dtype, .* no one dtype "
+                                         r"keeps them\. Pass dtype='uint16' .*Received: dtype=None"):
+        readers.image_dataset_from_tfrecords(out, "train", color_mode="grayscale", dtype=None)
+    # What the message says to pass works: every image at 16 bits, 8-bit ones times 257.
+    ds = readers.image_dataset_from_tfrecords(
+        out, "train", batch_size=None, image_size=None, color_mode="grayscale", dtype="uint16",
+        shuffle=False, label_mode=None, extra_features=(FILENAME.key,))
+    got = {extras[FILENAME.key].numpy().decode(): image.numpy() for image, extras in ds}
+    np.testing.assert_array_equal(got["a/img_0.png"][:, :, 0], grey8.astype(np.uint16) * 257)
+    np.testing.assert_array_equal(got["a/img_2.png"][:, :, 0], grey16)
+
+
+def test_jpeg_splits_keep_their_defaults_and_read_as_stored_as_uint8(tmp_path):
+    root = tmp_path / "images"
+    photos = [encode(pixels(i, size=(20 + i, 16)), "JPEG") for i in range(3)]
+    for i, data in enumerate(photos):
+        write(root / "a" / f"p_{i}.jpg", data)
+    manifest = convert(root, tmp_path / "out")
+    assert manifest.splits["train"].images.layouts == (("jpeg", 3, "uint8", 3),)
+    # The defaults are unchanged: rgb, float32, 224x224.
+    images, _ = next(iter(readers.image_dataset_from_tfrecords(tmp_path / "out", "train")))
+    assert images.dtype == tf.float32 and images.shape == (3, 224, 224, 3)
+    ds = readers.image_dataset_from_tfrecords(
+        tmp_path / "out", "train", batch_size=None, image_size=None, color_mode=None, dtype=None,
+        shuffle=False, label_mode=None, extra_features=(FILENAME.key,))
+    got = {extras[FILENAME.key].numpy().decode(): image for image, extras in ds}
+    for i, data in enumerate(photos):
+        image = got[f"a/p_{i}.jpg"]
+        assert image.dtype == tf.uint8
+        np.testing.assert_array_equal(image.numpy(), tf.io.decode_jpeg(data).numpy())

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 import schemas
 from schemas import IMAGE_SCHEMA, ImageExampleSchema, ImageRecord
@@ -249,3 +252,46 @@ def test_shard_filename():
     assert schemas.shard_filename("validation", 3, 16) == "validation-00003-of-00016.tfrecord"
     with pytest.raises(ValueError):
         schemas.shard_filename("train", 16, 16)
+
+
+def test_image_stats_layouts_merge_round_trip_and_older_manifests_read_as_unknown():
+    a = schemas.ImageStats.of([("png", 8, 8, 3, "uint16"), ("jpeg", 8, 8, 3, "uint8"),
+                               ("png", 8, 8, 3, "uint16")])
+    b = schemas.ImageStats.of([("png", 4, 4, 1, "uint8"), ("raw-float32", 4, 4, 13, "float32")])
+    assert a.layouts == (("jpeg", 3, "uint8", 1), ("png", 3, "uint16", 2))
+    merged = a.merge(b)
+    assert merged.layouts == (("jpeg", 3, "uint8", 1), ("png", 1, "uint8", 1), ("png", 3, "uint16", 2),
+                              ("raw-float32", 13, "float32", 1))
+    assert merged.to_json()["layouts"] == {"jpeg:3:uint8": 1, "png:1:uint8": 1, "png:3:uint16": 2,
+                                           "raw-float32:13:float32": 1}
+    assert schemas.ImageStats.from_json(merged.to_json()) == merged
+    # Older manifests: no 'layouts' key reads as unknown, and writes back without one.
+    older = {k: v for k, v in a.to_json().items() if k != "layouts"}
+    unknown = schemas.ImageStats.from_json(older)
+    assert unknown.layouts is None and unknown.to_json() == older
+    # Unknown for one shard is unknown for the split; (format, h, w) alone leaves it unknown.
+    assert unknown.merge(b).layouts is None and b.merge(unknown).layouts is None
+    assert schemas.ImageStats.of([("png", 4, 4)]).layouts is None
+    shards = tuple(schemas.ShardInfo(schemas.shard_filename("train", i, 2), 2, 10, "ab", (2,),
+                                     images=stats) for i, stats in enumerate([a, b]))
+    manifest = _manifest(class_names=("a",), splits={"train": schemas.SplitInfo("train", shards)})
+    again = schemas.Manifest.from_json(manifest.to_json())
+    assert again.split("train").images.layouts == merged.layouts
+    assert again.to_json() == manifest.to_json()
+    damaged = manifest.to_json().replace('"png:3:uint16"', '"png-3-uint16"')
+    with pytest.raises(schemas.ManifestError, match="incomplete or damaged"):
+        schemas.Manifest.from_json(damaged)
+
+
+def test_sample_dtype_reads_the_png_bit_depth():
+    def png(array):
+        buf = io.BytesIO()
+        Image.fromarray(array).save(buf, "PNG")
+        return buf.getvalue()
+
+    assert schemas.sample_dtype("png", png(np.zeros((3, 3), np.uint16))) == "uint16"
+    assert schemas.sample_dtype("png", png(np.zeros((3, 3, 3), np.uint8))) == "uint8"
+    assert schemas.sample_dtype("jpeg", b"\xff\xd8") == "uint8"
+    assert schemas.sample_dtype("raw-int16", b"") == "int16"
+    with pytest.raises(ValueError, match="Unknown image format 'gif'"):
+        schemas.sample_dtype("gif", b"GIF89a")
