@@ -37,6 +37,8 @@ class ShardResult:
     images: dict | None = None
     # schemas.BandStats.to_json() of its raster records (None: none).
     band_stats: dict | None = None
+    # With --raster_georef, its records with a known EPSG code or geotransform (else None).
+    georeferenced: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,7 +106,7 @@ class FinalizeFn(beam.DoFn):
                 schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts,
                                   s.index_file, s.index_sha256,
                                   schemas.ImageStats.from_json(s.images),
-                                  schemas.BandStats.from_json(s.band_stats))
+                                  schemas.BandStats.from_json(s.band_stats), s.georeferenced)
                 for s in mine
             ))
         return splits

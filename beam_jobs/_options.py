@@ -201,6 +201,11 @@ class ConvertOptions(PipelineOptions):
             help="LOW,HIGH mapped onto 0..max of --raster_dtype (needed for float rasters).",
         )
         parser.add_argument(
+            "--raster_georef", action="store_true",
+            help="Store each record's GeoTIFF EPSG code and geotransform (GDAL order, float64) "
+            "as features epsg and geotransform; 0 and NaNs where unknown (non-GeoTIFFs).",
+        )
+        parser.add_argument(
             "--dedup", action="store_true",
             help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
         )
@@ -361,6 +366,7 @@ class ConversionConfig:
                 bands=RasterOptions.parse_bands(o.raster_bands) if o.raster_bands else None,
                 dtype=o.raster_dtype,
                 value_range=RasterOptions.parse_range(o.raster_range) if o.raster_range else None,
+                georef=o.raster_georef,
             ),  # Held to --max_pixels too.
         )
         return cls(

@@ -27,7 +27,7 @@ from beam_jobs._files import TMP_DIRNAME, AtomicWriter, read_bytes, write_atomic
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from schemas.tfrecord import format_index, frame_record
 
-__all__ = ["WriteShardFn", "RECEIPTS_DIRNAME"]
+__all__ = ["WriteShardFn", "RECEIPTS_DIRNAME", "record_schema"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _NAMESPACE = "shardsmith"
@@ -81,6 +81,21 @@ def _groups(files):
         yield group
 
 
+def record_schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
+    """The schema of every record a conversion with these options writes."""
+    return schemas.ImageExampleSchema(
+        extra_string_features=tuple(schemas.dicom_tag_key(t) for t in validation.dicom.tags),
+        georef=validation.raster.georef,
+    )
+
+
+def _georef_values(georef) -> dict:
+    """The georef features of a record: unknown where the image has none (`imaging.georef.Georef`)."""
+    if georef is None:
+        return schemas.georef_values()
+    return schemas.georef_values(georef.epsg, georef.geotransform)
+
+
 def validation_fingerprint(validation: ValidationOptions) -> str:
     """The text of the options a shard's bytes depend on (kept as receipts of older runs wrote it)."""
     args = dict(max_pixels=validation.max_pixels, background=validation.background,
@@ -106,6 +121,7 @@ class _Shard:
         self.num_sources = 0
         self.band_stats = None  # schemas.BandStats of its raster records, merged as written
         self.mixed_bands = False
+        self.georeferenced = 0  # Records with a known EPSG code or geotransform
 
 
 class _Receipts:
@@ -185,9 +201,7 @@ class WriteShardFn(beam.DoFn):
 
     def setup(self):
         self._validator = ImageValidator(self._validation)
-        self._schema = schemas.ImageExampleSchema(
-            extra_string_features=tuple(schemas.dicom_tag_key(t) for t in self._tags)
-        )
+        self._schema = record_schema(self._validation)
         self._receipts = _Receipts(self._output_dir)
 
     def process(self, element):
@@ -239,6 +253,7 @@ class WriteShardFn(beam.DoFn):
             writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if shard.band_stats is None or shard.mixed_bands else shard.band_stats.to_json(),
+            georeferenced=shard.georeferenced if self._schema.georef else None,
         )
         return result, shard.rejects, shard.normalized
 
@@ -258,7 +273,7 @@ class WriteShardFn(beam.DoFn):
             height=image.height,
             width=image.width,
             channels=image.channels,
-            extra={schemas.dicom_tag_key(t): image.tags.get(t, "") for t in self._tags},
+            extra=self._extra(image),
         ))
         framed = frame_record(record)
         shard.index_entries.append((writer.num_bytes, len(framed)))
@@ -266,11 +281,20 @@ class WriteShardFn(beam.DoFn):
         shard.class_counts[f.label] += 1
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
+        if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
+            shard.georeferenced += 1
         if image.band_stats is not None and not shard.mixed_bands:
             merged = image.band_stats if shard.band_stats is None else shard.band_stats.merge(image.band_stats)
             shard.mixed_bands = merged is None
             shard.band_stats = merged
         self._written.inc()
+
+    def _extra(self, image) -> dict:
+        """The record's optional features: the DICOM tags asked for, its georeferencing."""
+        extra = {schemas.dicom_tag_key(t): image.tags.get(t, "") for t in self._tags}
+        if self._schema.georef:
+            extra.update(_georef_values(image.georef))
+        return extra
 
     def _validated(self, files, threads: int):
         """Yields (file, its images or its Reject) in order; groups of files validated ahead."""

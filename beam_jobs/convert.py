@@ -32,14 +32,13 @@ import sys
 import apache_beam as beam
 from apache_beam.options.pipeline_options import WorkerOptions
 
-import schemas
 from beam_jobs import _args, _elements, _plan, _runner
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions
 from beam_jobs._output import prepare_output, summarize
 from beam_jobs._planning import build_plan, group_section
 from beam_jobs._shards import ImagesToTFRecords, write_shard_plans
-from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
+from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn, record_schema
 from shardsmith import console
 from shardsmith.progress import ProgressBar
 
@@ -100,9 +99,7 @@ class ConvertImages(beam.PTransform):
                     num_found=plan.num_found,
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
-                    features=schemas.ImageExampleSchema(extra_string_features=tuple(
-                        schemas.dicom_tag_key(t) for t in config.validation.dicom.tags
-                    )).to_json(),
+                    features=record_schema(config.validation).to_json(),
                     extra=group_section(plan, config),
                 ),
                 shards=beam.pvalue.AsList(written.shards),

@@ -59,6 +59,9 @@ class RasterOptions:
         (a float source then needs it).
       max_pixels: Set by `ValidationOptions` to --max_pixels: height * width
         * bands * pages kept above it is rejected before decoding.
+      georef: Store each record's GeoTIFF georeferencing, EPSG code and
+        geotransform (`imaging.georef`), as features (--raster_georef). It
+        reads tags only: which TIFFs Pillow keeps reading is unchanged.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -69,8 +72,11 @@ class RasterOptions:
     dtype: str | None = None
     value_range: tuple[float, float] | None = None
     max_pixels: int = 178_956_970
+    georef: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.georef, bool):
+            raise ValueError(f"--raster_georef is a switch (True or False). Received: {self.georef!r}")
         if self.pages not in _PAGES:
             raise ValueError(f"--raster_pages must be one of {', '.join(_PAGES)}. Received: {self.pages!r}")
         if self.bands is not None:
@@ -120,9 +126,17 @@ class RasterOptions:
         """Whether every option but max_pixels is its default (the output then matches older runs)."""
         return dataclasses.replace(self, max_pixels=RasterOptions.max_pixels) == RasterOptions()
 
+    @property
+    def reads_pixels_as_default(self) -> bool:
+        """Whether every option that changes how pixels are read is its default (`georef` reads tags)."""
+        return dataclasses.replace(self, georef=False).is_default
+
     def to_json(self) -> dict[str, Any]:
-        return {"pages": self.pages, "bands": list(self.bands) if self.bands else None,
-                "dtype": self.dtype, "range": list(self.value_range) if self.value_range else None}
+        d = {"pages": self.pages, "bands": list(self.bands) if self.bands else None,
+             "dtype": self.dtype, "range": list(self.value_range) if self.value_range else None}
+        if self.georef:  # Only then: manifests of runs without it keep their bytes.
+            d["georef"] = True
+        return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +179,7 @@ def pillow_owns(data: bytes, options: RasterOptions) -> bool:
     Pillow decodes, when no raster option asks for more; also when tifffile
     cannot read the header (Pillow then says what is wrong, as it did).
     """
-    if not options.is_default:
+    if not options.reads_pixels_as_default:
         return False
     import tifffile
 

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from imaging import dicom as _dicom
+from imaging import georef as _georef
 from imaging import raster as _raster
 from imaging import resize as _resize
 from imaging.errors import ImageRejected
@@ -72,6 +73,9 @@ class ValidImage:
         (the record's filename says which page); otherwise None.
       band_stats: Per-band `schemas.BandStats` of a raster read by
         imaging/raster.py, for the manifest; None for other images.
+      georef: With --raster_georef, the `imaging.georef.Georef` of a TIFF's
+        page for the pixels as stored (resizing scales its pixel size); None
+        when not asked for or not a TIFF (stored as "unknown").
     """
 
     data: bytes
@@ -86,6 +90,7 @@ class ValidImage:
     details: Mapping[str, Any] | None = None
     page: int | None = None
     band_stats: schemas.BandStats | None = None
+    georef: _georef.Georef | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,8 +186,39 @@ class ImageValidator:
         if data and (sniff_format(data[:132]) == "dicom" or _dicom.is_dicom(data[:1024])):
             return [self._fit(frame, name) for frame in self._dicom_frames(data, name)]
         if data and sniff_format(data[:132]) == "tiff" and not _raster.pillow_owns(data, self._raster):
-            return self._rasters(data, name)
-        return [self.validate(data, name)]
+            return self._with_georef(self._rasters(data, name), data, name)
+        return self._with_georef([self.validate(data, name)], data, name)
+
+    def _with_georef(self, images: list[ValidImage], data: bytes, name: str) -> list[ValidImage]:
+        """TIFF images with their page's georeferencing (--raster_georef), true for the stored pixels.
+
+        A resize scales the pixel size (listed: 'scale_geotransform', with the
+        file's own geotransform in the details). Pixels turned by EXIF
+        orientation no longer match the file's grid: their georeferencing is
+        dropped, and listed ('drop_georef'), rather than stored wrong.
+        """
+        if not self._raster.georef or sniff_format(data[:132]) != "tiff":
+            return images
+        pages = _georef.read_georef(data, name)
+        out = []
+        for image in images:
+            page = image.page or 0
+            georef = pages[page] if page < len(pages) else None
+            if georef is None:
+                out.append(image)
+                continue
+            actions, details = image.actions, dict(image.details or {})
+            if "exif_transpose" in actions and georef.geotransform is not None:
+                georef = dataclasses.replace(georef, geotransform=None)
+                actions += ("drop_georef",)
+                details["georef_dropped"] = "exif_transpose turned the pixels off the file's grid"
+            stored = georef.for_size(image.height, image.width)
+            if stored.geotransform != georef.geotransform:
+                actions += ("scale_geotransform",)
+                details["source_geotransform"] = list(georef.geotransform)
+            out.append(dataclasses.replace(image, georef=stored, actions=actions,
+                                           details=details or image.details))
+        return out
 
     def _rasters(self, data: bytes, name: str) -> list[ValidImage]:
         """A TIFF read by imaging/raster.py: every band and bit, PNG or raw (see there)."""

@@ -181,7 +181,7 @@ def _placeholder_record(schema, raster: stored.RasterPlan | None = None) -> byte
     return schema.encode(
         ImageRecord(
             image=image, label=0, filename="", format=fmt, height=1, width=1,
-            channels=channels, extra={spec.key: "" for spec in schema.extra},
+            channels=channels, extra={spec.key: spec.empty_value for spec in schema.extra},
         )
     )
 

@@ -109,12 +109,15 @@ def parse_examples(
 
     Returns:
       A dict from feature key to a tensor of the same shape as `serialized`:
-      tf.string for 'bytes' features, tf.int64 for 'int64' features.
+      tf.string for 'bytes' features, tf.int64 for 'int64' features; 'float64'
+      features (the georeferencing) add a last axis of their length.
 
     Raises:
       ValueError: If a key is not part of the schema.
     """
-    return tf.io.parse_example(serialized, schema.parse_spec(keys))
+    parsed = tf.io.parse_example(serialized, schema.parse_spec(keys))
+    specs = {spec.key: spec for spec in schema.features}
+    return {k: specs[k].finish_parsed(v) for k, v in parsed.items()}
 
 
 def _finish(image: tf.Tensor, channels: int, dtype: tf.dtypes.DType) -> tf.Tensor:
@@ -320,7 +323,9 @@ def decode_example(
         - `FORMAT.key`: string [], the stored format, jpeg or png.
         - `HEIGHT.key`, `WIDTH.key`, `CHANNELS.key`: int64 [], the stored
           image's size and channel count (before any channel conversion).
-        - extra features of the schema (e.g. DICOM tags): string [].
+        - extra features of the schema (e.g. DICOM tags): string [];
+          `EPSG.key` int64 [] and `GEOTRANSFORM.key` float64 [6] with
+          --raster_georef.
 
     Raises:
       ValueError: If a key is not part of the schema, or `channels`/`dtype`

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,6 +37,11 @@ __all__ = [
     "CHANNELS",
     "IMAGE_SCHEMA",
     "dicom_tag_key",
+    "EPSG",
+    "GEOTRANSFORM",
+    "GEOREF_FEATURES",
+    "UNKNOWN_EPSG",
+    "georef_values",
     "RAW_FORMAT_PREFIX",
     "RAW_DTYPES",
     "raw_format",
@@ -90,6 +97,45 @@ def _int64_list(key: str, value: Any) -> tuple[bytes, bytes]:
     return _field_header(1, len(packed)) + packed, b""
 
 
+def _float64_bytes(key: str, value: Any, length: int) -> bytes:
+    """`length` floats as little-endian IEEE 754 float64 bytes."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"Feature {key!r} takes {length} floats. Received: {type(value).__name__}")
+    if len(value) != length:
+        raise ValueError(f"Feature {key!r} takes {length} floats. Received: {len(value)}")
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        raise TypeError(f"Feature {key!r} takes {length} floats. Received: {list(value)!r}")
+    return struct.pack(f"<{length}d", *value)
+
+
+def _float64_list(key: str, value: Any, length: int) -> tuple[bytes, bytes]:
+    """BytesList{value: [<length> little-endian float64]} as (header, payload).
+
+    Why bytes and not FloatList: `tf.train.Example`'s only float type is
+    FloatList, which holds float32 (24-bit mantissa). A geotransform's
+    origin in metres (UTM eastings ~500000.123, northings ~5000000.5) does
+    not survive float32 (500000.123 -> 500000.125), and a value changed
+    without saying so is what this schema never does. So float64 features
+    are one bytes value of their doubles, read back with
+    `tf.io.decode_raw(value, tf.float64)` (`FeatureSpec.finish_parsed`).
+    """
+    return _bytes_list(key, _float64_bytes(key, value, length))
+
+
+def _float64_parsed(parsed, length: int):
+    """A parsed float64 feature (bytes, any batch shape S) as float64 of shape S + [length]."""
+    tf = _tf.full()
+    values = tf.io.decode_raw(parsed, tf.float64, little_endian=True)
+    # Checked and static: a record of another length fails here, not later.
+    return tf.ensure_shape(values, parsed.shape.concatenate([length]))
+
+
+def _float64_decoded(key: str, raw: bytes, length: int) -> tuple[float, ...]:
+    if len(raw) != 8 * length:
+        raise ValueError(f"feature {key!r} holds {len(raw)} bytes, not {length} float64")
+    return struct.unpack(f"<{length}d", raw)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Dtype:
     """Everything that depends on a schema dtype: writing, parsing and reading back.
@@ -98,19 +144,32 @@ class _Dtype:
       tf_name: The TensorFlow dtype it is parsed as (`tf.io.FixedLenFeature`).
       kind: The `tf.train.Feature` oneof field that holds it (`decode`).
       field: That field's number (`encode`).
-      wire_list: (key, value) -> the list message as (header, payload).
+      wire_list: (key, value, length) -> the list message as (header, payload).
+      empty: length -> a value that any record may hold (placeholders).
+      finish: (parsed tensor, length) -> the tensor the reader yields.
+      decoded: (key, the one stored value, length) -> its Python value.
+      out_name: The TensorFlow dtype the reader yields.
+      sized: Whether the feature has a fixed `length` of values.
     """
 
     tf_name: str
     kind: str
     field: int
-    wire_list: Callable[[str, Any], tuple[bytes, bytes]]
+    wire_list: Callable[[str, Any, int | None], tuple[bytes, bytes]]
+    empty: Callable[[int | None], Any]
+    finish: Callable[[Any, int | None], Any] = lambda parsed, length: parsed
+    decoded: Callable[[str, Any, int | None], Any] = lambda key, value, length: value
+    out_name: str | None = None
+    sized: bool = False
 
 
 # Schema dtype -> how it is written and read. A new dtype is one entry here.
 _DTYPES = {
-    "bytes": _Dtype("string", "bytes_list", 1, _bytes_list),
-    "int64": _Dtype("int64", "int64_list", 3, _int64_list),
+    "bytes": _Dtype("string", "bytes_list", 1, lambda k, v, n: _bytes_list(k, v), lambda n: b""),
+    "int64": _Dtype("int64", "int64_list", 3, lambda k, v, n: _int64_list(k, v), lambda n: 0),
+    # A fixed number of float64 values in one bytes value (see `_float64_list`).
+    "float64": _Dtype("string", "bytes_list", 1, _float64_list, lambda n: (math.nan,) * n,
+                      _float64_parsed, _float64_decoded, out_name="float64", sized=True),
 }
 
 
@@ -120,19 +179,32 @@ class FeatureSpec:
 
     Attributes:
       key: The key in `tf.train.Example.features`.
-      dtype: 'bytes' or 'int64'; parsed as tf.string or tf.int64.
+      dtype: 'bytes', 'int64' or 'float64'; read as tf.string, tf.int64 or
+        tf.float64 (float64: `length` values in one little-endian bytes
+        value, see `_float64_list`).
       description: What the value means, stored in the manifest for humans.
+      length: For 'float64', the number of values (the reader yields shape
+        [length]); None for the scalar dtypes.
     """
 
     key: str
     dtype: str
     description: str
+    length: int | None = None
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:
             raise ValueError(
                 f"`dtype` of feature {self.key!r} must be one of {tuple(_DTYPES)}. "
                 f"Received: dtype={self.dtype!r}"
+            )
+        sized = _DTYPES[self.dtype].sized
+        if sized != (isinstance(self.length, int) and not isinstance(self.length, bool)
+                     and self.length >= 1):
+            raise ValueError(
+                f"`length` of feature {self.key!r} must be "
+                f"{'a count of values >= 1' if sized else 'None'} for dtype {self.dtype!r}. "
+                f"Received: length={self.length!r}"
             )
 
     def encode(self, value: Any) -> bytes:
@@ -146,7 +218,7 @@ class FeatureSpec:
         Args:
           value: bytes or str for 'bytes' features (str is encoded with the
             file system encoding, so undecodable file names survive), int for
-            'int64' features.
+            'int64' features, a sequence of `length` floats for 'float64'.
 
         Returns:
           The serialized feature message.
@@ -165,20 +237,35 @@ class FeatureSpec:
         single time whatever the nesting of the messages around them.
         """
         dtype = _DTYPES[self.dtype]
-        header, payload = dtype.wire_list(self.key, value)
+        header, payload = dtype.wire_list(self.key, value, self.length)
         return _field_header(dtype.field, len(header) + len(payload)) + header, payload
 
     def parse_spec(self):
-        """The parse spec of this feature for `tf.io.parse_example`."""
+        """The parse spec of this feature for `tf.io.parse_example` (see `finish_parsed`)."""
         tf = _tf.full()
-        return tf.io.FixedLenFeature([], self.tf_dtype)
+        return tf.io.FixedLenFeature([], getattr(tf, _DTYPES[self.dtype].tf_name))
+
+    def finish_parsed(self, parsed):
+        """The parsed tensor (shape S) as the reader yields it: float64 S + [length] for
+        'float64' features, the tensor itself for the others."""
+        return _DTYPES[self.dtype].finish(parsed, self.length)
+
+    @property
+    def empty_value(self) -> Any:
+        """A value of this feature's dtype (b'', 0, NaNs), for placeholder records."""
+        return _DTYPES[self.dtype].empty(self.length)
 
     @property
     def tf_dtype(self):
-        return getattr(_tf.full(), _DTYPES[self.dtype].tf_name)
+        """The dtype of the tensor the reader yields."""
+        dtype = _DTYPES[self.dtype]
+        return getattr(_tf.full(), dtype.out_name or dtype.tf_name)
 
-    def to_json(self) -> dict[str, str]:
-        return {"dtype": self.dtype, "description": self.description}
+    def to_json(self) -> dict[str, Any]:
+        d = {"dtype": self.dtype, "description": self.description}
+        if self.length is not None:  # Only then: older manifests keep their bytes.
+            d["length"] = self.length
+        return d
 
 
 IMAGE = FeatureSpec(
@@ -192,6 +279,39 @@ FORMAT = FeatureSpec("format", "bytes", "Format of the stored image bytes: 'jpeg
 HEIGHT = FeatureSpec("height", "int64", "Image height in pixels, as decoded.")
 WIDTH = FeatureSpec("width", "int64", "Image width in pixels, as decoded.")
 CHANNELS = FeatureSpec("channels", "int64", "Channels of the decoded image (1, 3 or 4).")
+
+# GeoTIFF georeferencing (--raster_georef): optional, every record of such a
+# dataset carries both. "Unknown" is explicit, never a guess: EPSG 0 (no EPSG
+# code is 0) and a geotransform of six NaNs (no real one has a NaN) for
+# records without georeferencing: non-TIFF images, TIFFs without the tags,
+# or a CRS the file defines itself (user-defined, GeoKey value 32767) rather
+# than by EPSG code (its geotransform is still kept).
+UNKNOWN_EPSG = 0
+EPSG = FeatureSpec(
+    "epsg", "int64",
+    "EPSG code of the coordinate reference system (ProjectedCSTypeGeoKey, else "
+    "GeographicTypeGeoKey); 0 when unknown.",
+)
+GEOTRANSFORM = FeatureSpec(
+    "geotransform", "float64",
+    "GDAL geotransform (x0, dx, rx, y0, ry, dy) of the stored pixels, float64 "
+    "(X = x0 + col*dx + row*rx, Y = y0 + col*ry + row*dy, at the top-left pixel "
+    "corner); six NaNs when unknown.",
+    length=6,
+)
+GEOREF_FEATURES = (EPSG, GEOTRANSFORM)
+
+
+def georef_values(epsg: int = UNKNOWN_EPSG, geotransform=None) -> dict[str, Any]:
+    """The georef features of one record, keyed by feature key (`ImageRecord.extra`).
+
+    Args:
+      epsg: The EPSG code, or UNKNOWN_EPSG.
+      geotransform: The six GDAL-order floats, or None when unknown.
+    """
+    if geotransform is None:
+        geotransform = GEOTRANSFORM.empty_value
+    return {EPSG.key: epsg, GEOTRANSFORM.key: tuple(geotransform)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,9 +328,9 @@ class ImageRecord:
     height: int
     width: int
     channels: int
-    # Optional string features (for instance chosen DICOM tags), keyed by
-    # feature key; the schema must declare each of them.
-    extra: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Optional features (chosen DICOM tags as strings, georeferencing from
+    # `georef_values`), keyed by feature key; the schema must declare each.
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class ImageExampleSchema:
@@ -219,23 +339,25 @@ class ImageExampleSchema:
     Args:
       extra_string_features: Keys of optional string features (e.g. DICOM tags
         the user asked for) that every record of the dataset carries.
+      georef: Whether every record carries GEOREF_FEATURES (--raster_georef).
     """
 
     _CORE = (IMAGE, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, CHANNELS)
 
-    def __init__(self, extra_string_features: tuple[str, ...] = ()):
-        core_keys = {spec.key for spec in self._CORE}
-        clashes = sorted(set(extra_string_features) & core_keys)
+    def __init__(self, extra_string_features: tuple[str, ...] = (), georef: bool = False):
+        reserved = {spec.key for spec in self._CORE + GEOREF_FEATURES}
+        clashes = sorted(set(extra_string_features) & reserved)
         if clashes:
             raise ValueError(
-                f"Extra features may not reuse the core keys {sorted(core_keys)}. "
+                f"Extra features may not reuse the core keys or georef keys {sorted(reserved)}. "
                 f"Received: {clashes}"
             )
+        self.georef = bool(georef)
         self.extra = tuple(
             FeatureSpec(key, "bytes", "Extra string feature.")
             # Sorted, so the schema rebuilt from a manifest equals the original.
             for key in sorted(extra_string_features)
-        )
+        ) + (GEOREF_FEATURES if self.georef else ())
         self.features: tuple[FeatureSpec, ...] = self._CORE + self.extra
         # Encoding order (see `encode`), each spec with its map entry's key
         # field (field 1: the key), which is the same in every record.
@@ -319,7 +441,8 @@ class ImageExampleSchema:
         """Parses serialized Example bytes in Python (no graph), checking the schema.
 
         The Python twin of `parse_spec`, for tools that look at single records
-        (verify, inspect). Bytes features come back as bytes, int64 as int.
+        (verify, inspect). Bytes features come back as bytes, int64 as int,
+        float64 as a tuple of `length` floats.
 
         Raises:
           ValueError: Naming the feature that is missing, of another dtype, or
@@ -342,7 +465,7 @@ class ImageExampleSchema:
             values = getattr(feature, kind).value
             if len(values) != 1:
                 raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
-            out[spec.key] = values[0]
+            out[spec.key] = _DTYPES[spec.dtype].decoded(spec.key, values[0], spec.length)
         return out
 
     @classmethod
@@ -359,8 +482,17 @@ class ImageExampleSchema:
                     f"feature {key!r} is stored as {got.get('dtype')!r}, "
                     f"this reader expects {want['dtype']!r}"
                 )
-        extra = tuple(sorted(k for k in features if k not in core))
-        return cls(extra_string_features=extra)
+        georef = {spec.key: spec.to_json() for spec in GEOREF_FEATURES}
+        present = [k for k in georef if k in features]
+        if present and len(present) != len(georef):
+            raise ValueError(f"the stored schema has {present} of the georef features {list(georef)}")
+        for key in present:
+            got = {k: v for k, v in dict(features[key]).items() if k != "description"}
+            want = {k: v for k, v in georef[key].items() if k != "description"}
+            if got != want:
+                raise ValueError(f"feature {key!r} is stored as {got}, this reader expects {want}")
+        extra = tuple(sorted(k for k in features if k not in core and k not in georef))
+        return cls(extra_string_features=extra, georef=bool(present))
 
 
 IMAGE_SCHEMA = ImageExampleSchema()

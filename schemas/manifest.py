@@ -314,6 +314,9 @@ class ShardInfo:
     # Per-band statistics of its raster records (absent: none, or an older
     # version; only written when present, so other datasets keep their bytes).
     band_stats: BandStats | None = None
+    # With --raster_georef: its records whose EPSG code or geotransform is
+    # known (the others hold the unknown values); None (absent) without it.
+    georeferenced: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -322,6 +325,8 @@ class ShardInfo:
         d.pop("band_stats")
         if self.band_stats is not None:
             d["band_stats"] = self.band_stats.to_json()
+        if d.pop("georeferenced") is not None:
+            d["georeferenced"] = self.georeferenced
         return d
 
     @classmethod
@@ -336,6 +341,7 @@ class ShardInfo:
             index_sha256=d.get("index_sha256"),
             images=ImageStats.from_json(d.get("images")),
             band_stats=BandStats.from_json(d.get("band_stats")),
+            georeferenced=d.get("georeferenced"),
         )
 
 
@@ -397,7 +403,16 @@ class SplitInfo:
         stats = self.band_stats
         if stats is not None:
             d["band_stats"] = stats.summary_json()
+        georeferenced = self.georeferenced
+        if georeferenced is not None:
+            d["georeferenced"] = georeferenced
         return d
+
+    @property
+    def georeferenced(self) -> int | None:
+        """Records carrying known georeferencing (--raster_georef); None: the split has no georef features."""
+        counts = [s.georeferenced for s in self.shards if s.georeferenced is not None]
+        return sum(counts) if counts else None
 
 
 @dataclasses.dataclass(frozen=True)

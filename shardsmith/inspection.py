@@ -105,6 +105,16 @@ def _stored_images(m: schemas.Manifest) -> list[str]:
     return _table(rows) + [""]
 
 
+def _georef_lines(m: schemas.Manifest) -> list[str]:
+    """With --raster_georef: the georef features, and each split's records with known values."""
+    counts = {name: info.georeferenced for name, info in m.splits.items()}
+    if all(c is None for c in counts.values()):
+        return []
+    keys = ", ".join(spec.key for spec in schemas.GEOREF_FEATURES)
+    per = ", ".join(f"{name} {c or 0:,} of {m.splits[name].num_records:,}" for name, c in counts.items())
+    return [f"georeferenced ({keys}; EPSG {schemas.UNKNOWN_EPSG} and NaNs where unknown): {per}", ""]
+
+
 def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
     """The facts as a few aligned tables."""
     m: schemas.Manifest = facts["manifest"]
@@ -122,6 +132,7 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
                      f"{min(sizes):,}/{max(sizes):,}"])
     lines += _table(rows) + [""]
     lines += _stored_images(m)
+    lines += _georef_lines(m)
     splits = list(m.splits)
     rows = [["class", *splits, "total"]]
     for i, name in enumerate(m.class_names[:max_classes]):

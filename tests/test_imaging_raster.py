@@ -282,3 +282,104 @@ def test_max_side_caps_rasters_too_keeping_dtype_and_bands():
     [kept] = ImageValidator(resize=ResizeOptions(max_side=20)).validate_all(_tiff(small, **contig), "s.tif")
     np.testing.assert_array_equal(_values(kept), small)
     assert "resize_max_side" not in kept.actions
+
+
+# --- Georeferencing (--raster_georef) ------------------------------------------------------------
+
+_CONTIG = dict(photometric="minisblack", planarconfig="contig")
+_UTM_ORIGIN = (500000.123, 5000000.5)
+
+
+def _geokeys(*entries):
+    """A GeoKeyDirectoryTag: version 1.1.0, then (key, location 0, count 1, value) per entry."""
+    values = [1, 1, 0, len(entries)]
+    for key, value in entries:
+        values += [key, 0, 1, value]
+    return (34735, "H", len(values), values, True)
+
+
+def _geotiff(array, *, epsg=32633, raster_type=1, transform=None, scale=(10.0, 10.0),
+             tiepoint=(0.0, 0.0, 0.0, *_UTM_ORIGIN, 0.0), key=3072, **kwargs) -> bytes:
+    """A GeoTIFF written by tifffile, with its GeoTIFF tags as `extratags`."""
+    tags = [_geokeys((1024, 1), (1025, raster_type), (key, epsg))]
+    if transform is not None:
+        tags.append((34264, "d", 16, transform, True))
+    else:
+        tags += [(33550, "d", 3, (*scale, 0.0), True), (33922, "d", len(tiepoint), tiepoint, True)]
+    return _tiff(array, extratags=tags, **kwargs)
+
+
+def test_georef_is_read_from_pixel_scale_and_tiepoint_exactly():
+    from imaging.georef import read_georef
+
+    [g] = read_georef(_geotiff(_u16(6, 8, 4), **_CONTIG), "a.tif")
+    assert g.epsg == 32633 and (g.height, g.width) == (6, 8)
+    assert g.geotransform == (500000.123, 10.0, 0.0, 5000000.5, 0.0, -10.0)
+    # A tiepoint at pixel (2, 3): the origin moves back to the corner of pixel (0, 0).
+    [g] = read_georef(_geotiff(_u16(6, 8), tiepoint=(2.0, 3.0, 0.0, 100.0, 200.0, 0.0),
+                               scale=(0.5, 0.25), key=2048, epsg=4326), "b.tif")
+    assert g.epsg == 4326 and g.geotransform == (99.0, 0.5, 0.0, 200.75, 0.0, -0.25)
+
+
+def test_georef_from_model_transformation_and_pixel_is_point_as_gdal_reports_them():
+    from imaging.georef import read_georef
+
+    matrix = (2.0, 0.5, 0.0, 1000.0, 0.25, -3.0, 0.0, 2000.0, 0, 0, 0, 0, 0, 0, 0, 1.0)
+    [g] = read_georef(_geotiff(_u16(4, 4), transform=matrix), "t.tif")
+    assert g.geotransform == (1000.0, 2.0, 0.5, 2000.0, 0.25, -3.0)
+    # PixelIsPoint: the tiepoint is a pixel's centre, GDAL's origin its corner (half a pixel off).
+    [g] = read_georef(_geotiff(_u16(4, 4), raster_type=2, tiepoint=(0, 0, 0, 100.0, 200.0, 0)), "p.tif")
+    assert g.geotransform == (95.0, 10.0, 0.0, 205.0, 0.0, -10.0)
+
+
+def test_no_or_user_defined_georef_is_unknown_not_rejected():
+    from imaging.georef import read_georef
+
+    [plain] = read_georef(_tiff(_u16(4, 4)), "plain.tif")
+    assert plain.epsg == 0 and plain.geotransform is None
+    [user] = read_georef(_geotiff(_u16(4, 4), epsg=32767), "user.tif")
+    assert user.epsg == 0 and user.geotransform is not None
+    gcps = (0, 0, 0, 1.0, 2.0, 0, 3, 3, 0, 4.0, 5.0, 0)
+    [ground] = read_georef(_geotiff(_u16(4, 4), tiepoint=gcps), "gcp.tif")
+    assert ground.geotransform is None and ground.epsg == 32633
+    bad = _tiff(_u16(4, 4), extratags=[(34735, "H", 4, [1, 1, 0, 5], True)])
+    with pytest.raises(ImageRejected, match="GeoKeyDirectoryTag") as e:
+        read_georef(bad, "bad.tif")
+    assert e.value.reason == "corrupt"
+
+
+def test_validator_attaches_georef_only_when_asked_and_keeps_the_stored_bytes():
+    on = ImageValidator(raster=RasterOptions(georef=True))
+    for array, kwargs in ((_u16(6, 8, 13), _CONTIG), (_RNG.integers(0, 256, (6, 8, 3), np.uint8), {})):
+        data = _geotiff(array, **kwargs)
+        [plain] = ImageValidator().validate_all(data, "g.tif")
+        [geo] = on.validate_all(data, "g.tif")
+        assert plain.georef is None
+        assert geo.georef.epsg == 32633 and geo.georef.geotransform[0] == _UTM_ORIGIN[0]
+        # The flag reads tags only: the same bytes, format and actions (Pillow keeps its 8-bit TIFFs).
+        assert (geo.data, geo.format, geo.actions) == (plain.data, plain.format, plain.actions)
+    png = ImageValidator(raster=RasterOptions(georef=True)).validate_all(
+        _tiff(_u16(4, 4)), "plain.tif")[0]
+    assert png.georef.epsg == 0 and png.georef.geotransform is None
+
+
+def test_a_resize_scales_the_pixel_size_and_lists_it():
+    from imaging import ResizeOptions
+
+    data = _geotiff(_u16(80, 40, 5), **_CONTIG)
+    [image] = ImageValidator(raster=RasterOptions(georef=True),
+                             resize=ResizeOptions(max_side=20)).validate_all(data, "big.tif")
+    assert (image.height, image.width) == (20, 10)
+    assert image.georef.geotransform == (500000.123, 40.0, 0.0, 5000000.5, 0.0, -40.0)
+    assert "scale_geotransform" in image.actions
+    assert image.details["source_geotransform"] == [500000.123, 10.0, 0.0, 5000000.5, 0.0, -10.0]
+
+
+def test_every_page_gets_its_own_georef():
+    buf = io.BytesIO()
+    with tifffile.TiffWriter(buf) as w:
+        for x0 in (100.0, 900.0):
+            w.write(_u16(4, 4, 5), extratags=[_geokeys((3072, 32633)), (33550, "d", 3, (1.0, 1.0, 0.0), True),
+                                              (33922, "d", 6, (0, 0, 0, x0, 50.0, 0), True)], **_CONTIG)
+    images = ImageValidator(raster=RasterOptions(georef=True, pages="all")).validate_all(buf.getvalue(), "p.tif")
+    assert [i.georef.geotransform[0] for i in images] == [100.0, 900.0]

@@ -113,3 +113,62 @@ def test_stored_channels_and_dtypes_are_recorded_and_verify_checks_them(converte
     assert verify.main([str(out)]) == 0
     report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
     assert report["ok"] and report["problems"] == [] and report["records"] == len(files)
+
+
+def _geotiff(array, epsg, x0, y0, dx) -> bytes:
+    keys = [1, 1, 0, 2, 1024, 0, 1, 1, 3072, 0, 1, epsg]
+    return _tiff(array, extratags=[
+        (34735, "H", len(keys), keys, True), (33550, "d", 3, (dx, dx, 0.0), True),
+        (33922, "d", 6, (0.0, 0.0, 0.0, x0, y0, 0.0), True)], **_CONTIG)
+
+
+def test_raster_georef_comes_back_exactly_through_beam_and_the_reader(tmp_path):
+    import math
+
+    from helpers import read_records
+    from shardsmith import inspection
+
+    want = {}  # rel path -> (epsg, geotransform or None)
+    for i, (epsg, x0) in enumerate(((32633, 500000.123), (32631, 712345.987654321), (4326, 12.3456789))):
+        rel = f"forest/geo_{i}.tif"
+        dx = 10.0 if epsg != 4326 else 8.983152841195214e-05
+        write(tmp_path / "images" / rel, _geotiff(_RNG.integers(0, 65536, (8, 6, 13), dtype=np.uint16),
+                                                  epsg, x0, 5000000.5 + i, dx))
+        want[rel] = (epsg, (x0, dx, 0.0, 5000000.5 + i, 0.0, -dx))
+    write(tmp_path / "images" / "water/plain.tif", _tiff(_RNG.integers(0, 65536, (8, 6, 13), dtype=np.uint16),
+                                                        **_CONTIG))
+    want["water/plain.tif"] = (0, None)
+    out = tmp_path / "out"
+    manifest = convert(tmp_path / "images", out, "--raster_georef")
+    ds = readers.image_dataset_from_tfrecords(
+        str(out), "train", batch_size=None, image_size=None, shuffle=False, color_mode=None, dtype=None,
+        extra_features=(schemas.FILENAME.key, schemas.EPSG.key, schemas.GEOTRANSFORM.key))
+    seen = {}
+    for _, _, extras in ds:
+        gt = extras[schemas.GEOTRANSFORM.key]
+        assert gt.dtype.name == "float64" and gt.shape == (6,)
+        assert extras[schemas.EPSG.key].dtype.name == "int64"
+        seen[extras[schemas.FILENAME.key].numpy().decode()] = (int(extras[schemas.EPSG.key]),
+                                                               tuple(gt.numpy().tolist()))
+    assert sorted(seen) == sorted(want)
+    for rel, (epsg, geotransform) in want.items():
+        got_epsg, got_gt = seen[rel]
+        assert got_epsg == epsg, rel
+        if geotransform is None:
+            assert all(math.isnan(v) for v in got_gt), rel
+        else:
+            assert got_gt == geotransform, rel  # Exact: float64 all the way.
+    assert manifest.splits["train"].georeferenced == 3
+    assert schemas.ImageExampleSchema.from_json(manifest.features).georef
+    assert manifest.options["raster"]["georef"] is True
+    text = inspection.format_inspection(str(out), inspection.inspect_dataset(str(out)))
+    assert "georeferenced (epsg, geotransform" in text and "train 3 of 4" in text
+
+    # Without the flag: the same images, no georef features, nothing in the manifest about it.
+    plain = convert(tmp_path / "images", tmp_path / "plain")
+    assert not schemas.ImageExampleSchema.from_json(plain.features).georef
+    assert plain.splits["train"].georeferenced is None and "raster" not in plain.options
+    assert "georeferenced" not in (tmp_path / "plain" / schemas.MANIFEST_FILENAME).read_text()
+    with_flag = {r[schemas.FILENAME.key]: r[schemas.IMAGE.key] for r in read_records(out)}
+    without = {r[schemas.FILENAME.key]: r[schemas.IMAGE.key] for r in read_records(tmp_path / "plain")}
+    assert with_flag == without

@@ -295,3 +295,77 @@ def test_sample_dtype_reads_the_png_bit_depth():
     assert schemas.sample_dtype("raw-int16", b"") == "int16"
     with pytest.raises(ValueError, match="Unknown image format 'gif'"):
         schemas.sample_dtype("gif", b"GIF89a")
+
+
+# --- Georeferencing (--raster_georef): a float64 feature and an int64 EPSG code ---------------
+
+_UTM = (500000.123, 10.0, 0.0, 5000000.5, 0.0, -10.0)
+
+
+def test_float64_feature_is_a_bytes_list_of_little_endian_doubles_as_protobuf_writes_it():
+    import struct
+
+    got = schemas.GEOTRANSFORM.encode(_UTM)
+    want = tf.train.Feature(bytes_list=tf.train.BytesList(value=[struct.pack("<6d", *_UTM)]))
+    assert got == want.SerializeToString()
+    # Why not FloatList: float32 changes the value a UTM origin needs.
+    assert float(tf.constant(_UTM[0], tf.float32).numpy()) != _UTM[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(epsg=_INT64, geotransform=st.lists(st.floats(allow_nan=False), min_size=6, max_size=6))
+def test_a_georeferenced_record_equals_protobufs_bytes_and_parses_back_exactly(epsg, geotransform):
+    import struct
+
+    schema = ImageExampleSchema(extra_string_features=("dicom_Modality",), georef=True)
+    record = _record(extra={"dicom_Modality": "CT", **schemas.georef_values(epsg, geotransform)})
+    serialized = schema.encode(record)
+    # The reference: the plain record by protobuf, plus the two features as protobuf builds them.
+    proto = tf.train.Example.FromString(_tf_example(
+        ImageExampleSchema(extra_string_features=("dicom_Modality",)),
+        dataclasses.replace(record, extra={"dicom_Modality": "CT"})))
+    proto.features.feature[schemas.EPSG.key].int64_list.value.append(epsg)
+    proto.features.feature[schemas.GEOTRANSFORM.key].bytes_list.value.append(
+        struct.pack("<6d", *geotransform))
+    assert serialized == proto.SerializeToString(deterministic=True)
+    decoded = schema.decode(serialized)
+    assert decoded[schemas.EPSG.key] == epsg and decoded[schemas.GEOTRANSFORM.key] == tuple(geotransform)
+    parsed = tf.io.parse_example([serialized] * 2, schema.parse_spec())
+    gt = schemas.GEOTRANSFORM.finish_parsed(parsed[schemas.GEOTRANSFORM.key])
+    assert gt.dtype == tf.float64 and gt.shape == (2, 6)
+    assert [tuple(row) for row in gt.numpy().tolist()] == [tuple(geotransform)] * 2
+
+
+def test_georef_schema_round_trips_through_the_manifest_json_and_checks_dtypes():
+    schema = ImageExampleSchema(extra_string_features=("dicom_Modality",), georef=True)
+    stored = json.loads(json.dumps(schema.to_json()))
+    assert stored[schemas.GEOTRANSFORM.key]["length"] == 6
+    assert stored[schemas.EPSG.key]["dtype"] == "int64"
+    rebuilt = ImageExampleSchema.from_json(stored)
+    assert rebuilt == schema and rebuilt.georef
+    assert not ImageExampleSchema.from_json(IMAGE_SCHEMA.to_json()).georef
+    # Older manifests (no length key anywhere) keep their exact JSON.
+    assert all("length" not in f for f in IMAGE_SCHEMA.to_json().values())
+    wrong = dict(stored, **{schemas.GEOTRANSFORM.key: {"dtype": "float64", "length": 3}})
+    with pytest.raises(ValueError, match="geotransform"):
+        ImageExampleSchema.from_json(wrong)
+    half = {k: v for k, v in stored.items() if k != schemas.EPSG.key}
+    with pytest.raises(ValueError, match="georef features"):
+        ImageExampleSchema.from_json(half)
+
+
+def test_unknown_georef_is_epsg_0_and_nans_and_float64_values_are_checked():
+    import math
+
+    unknown = schemas.georef_values()
+    assert unknown[schemas.EPSG.key] == schemas.UNKNOWN_EPSG == 0
+    assert len(unknown[schemas.GEOTRANSFORM.key]) == 6
+    assert all(math.isnan(v) for v in unknown[schemas.GEOTRANSFORM.key])
+    with pytest.raises(ValueError, match="takes 6 floats"):
+        schemas.GEOTRANSFORM.encode((1.0, 2.0))
+    with pytest.raises(TypeError, match="takes 6 floats"):
+        schemas.GEOTRANSFORM.encode("abcdef")
+    with pytest.raises(ValueError, match="`length`"):
+        schemas.FeatureSpec("x", "float64", "no length")
+    with pytest.raises(ValueError, match="`length`"):
+        schemas.FeatureSpec("x", "int64", "a length", length=2)
