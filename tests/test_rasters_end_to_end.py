@@ -161,6 +161,8 @@ def test_raster_georef_comes_back_exactly_through_beam_and_the_reader(tmp_path):
     assert manifest.splits["train"].georeferenced == 3
     assert schemas.ImageExampleSchema.from_json(manifest.features).georef
     assert manifest.options["raster"]["georef"] is True
+    # verify reads the georef features with the rest and finds the dataset sound.
+    assert verify.main([str(out)]) == 0
     text = inspection.format_inspection(str(out), inspection.inspect_dataset(str(out)))
     assert "georeferenced (epsg, geotransform" in text and "train 3 of 4" in text
 
