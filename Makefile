@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) -m bench.read
 	$(PY) -m bench.scale
 	$(PY) -m bench.photos_large
+	$(PY) -m bench.rasters
 
 # Also for GPU machines: `make venv EXTRAS=gpu,test,bench` first (README, Performance).
 bench-gpu: $(STAMP)

@@ -21,6 +21,11 @@ Kinds:
 - ``phone``: ``count`` phone-camera-sized JPEGs of 4032x3024 (a quarter
   portrait, 3024x4032) in 10 class folders, 2-4 MB each: the photographs
   upscaled, sharpened and given sensor grain (reader first-batch benchmarks).
+- ``rasters``: ``count`` EuroSAT-sized multispectral patches: 64x64 TIFFs of
+  13 uint16 bands (Sentinel-2's), uncompressed, pixel-interleaved, written
+  with tifffile, in 10 class folders, 104 KB each (`bench.rasters`). The
+  bands are mixes of a photo crop's colours with their own gain, offset and
+  noise, in reflectance-like values up to about 10,000.
 
 The output is a pure function of (kind, count, seed): image ``i`` is drawn from
 its own random generator seeded with ``(seed, kind, i)``, so the result does not
@@ -39,6 +44,7 @@ Usage:
   python -m bench.corpus small build/bench/small --count 20000
   python -m bench.corpus tiny build/bench/tiny --count 100000
   python -m bench.corpus phone build/bench/phone --count 120
+  python -m bench.corpus rasters build/bench/rasters --count 20000
 """
 
 from __future__ import annotations
@@ -77,9 +83,12 @@ _LOG = logging.getLogger("shardsmith.bench.corpus")
 # made by an older version are regenerated instead of reused.
 GENERATOR_VERSION = 1
 
-KINDS = ("demo", "photos", "small", "tiny", "phone")
-DEFAULT_COUNTS = {"demo": None, "photos": 2000, "small": 20000, "tiny": 100000, "phone": 120}
-_KIND_IDS = {"demo": 1, "photos": 2, "small": 3, "tiny": 4, "phone": 5}
+KINDS = ("demo", "photos", "small", "tiny", "phone", "rasters")
+DEFAULT_COUNTS = {"demo": None, "photos": 2000, "small": 20000, "tiny": 100000, "phone": 120,
+                  "rasters": 20000}
+_KIND_IDS = {"demo": 1, "photos": 2, "small": 3, "tiny": 4, "phone": 5, "rasters": 6}
+_RASTER_BANDS = 13  # Sentinel-2's bands, as EuroSAT stores them.
+_RASTER_SIDE = 64
 _PHONE_SIZE = (4032, 3024)  # A 12-megapixel phone camera's 4:3 frame.
 
 # Class name -> names of the bundled scikit-image photographs it is cropped
@@ -110,7 +119,7 @@ class CorpusInfo:
     """What `generate` made or found.
 
     Attributes:
-      kind: 'demo', 'photos', 'small', 'tiny' or 'phone'.
+      kind: 'demo', 'photos', 'small', 'tiny', 'phone' or 'rasters'.
       root: Absolute path of the corpus folder.
       count: Requested image count (None for 'demo').
       seed: Seed of the corpus.
@@ -343,8 +352,34 @@ def _phone_file(seed: int, index: int) -> tuple[str, bytes]:
             _encode(a, "JPEG", quality=92, subsampling=2))
 
 
+def _raster_file(seed: int, index: int) -> tuple[str, bytes]:
+    """Relative path and bytes of patch `index` of a 'rasters' corpus (13-band uint16 TIFF).
+
+    Each band is a random mix of a photo crop's three colours, with its own
+    gain, offset and noise, so bands are correlated as spectral bands are and
+    the values span a reflectance-like range (0 to about 10,000).
+    """
+    import tifffile
+
+    rng = _rng(seed, "rasters", index)
+    classes = tuple(_PHOTO_CLASSES)
+    cls = _class_of(index, classes)
+    side = _RASTER_SIDE
+    rgb = _draw_photo(rng, seed, _PHOTO_CLASSES[cls], (side, side), texture=(0.0, 0.0),
+                      grain=(0.0, 4.0), jitter=0.05).astype(np.float32)
+    mix = rng.dirichlet(np.ones(3), size=_RASTER_BANDS).astype(np.float32)  # (bands, 3)
+    gain = rng.uniform(12.0, 36.0, _RASTER_BANDS).astype(np.float32)
+    offset = rng.uniform(200.0, 1500.0, _RASTER_BANDS).astype(np.float32)
+    bands = rgb @ mix.T * gain + offset
+    bands += rng.standard_normal(bands.shape, dtype=np.float32) * 20.0
+    array = np.clip(np.rint(bands), 0, 65535).astype(np.uint16)
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, array, photometric="minisblack", planarconfig="contig")
+    return f"{cls}/{cls}_{index:06d}.tif", buf.getvalue()
+
+
 _FILE_MAKERS = {"photos": _photo_file, "small": _small_file, "tiny": _tiny_file,
-                "phone": _phone_file}
+                "phone": _phone_file, "rasters": _raster_file}
 
 
 def _write(root: str, rel_path: str, data: bytes) -> tuple[str, int]:
@@ -572,7 +607,7 @@ def generate(kind: str, root: str, *, count: int | None = None, seed: int = 0,
     into place when complete, so an interrupted run leaves no partial corpus.
 
     Args:
-      kind: 'demo', 'photos', 'small', 'tiny' or 'phone'.
+      kind: 'demo', 'photos', 'small', 'tiny', 'phone' or 'rasters'.
       root: Folder to create.
       count: Number of images (all but 'demo'; default per kind).
       seed: Seed of the corpus.
@@ -641,6 +676,16 @@ def generate(kind: str, root: str, *, count: int | None = None, seed: int = 0,
     return CorpusInfo(kind, root, count, seed, tuple(files), sum(files.values()), False)
 
 
+def _tiff_header(path: str) -> tuple[str, int, int]:
+    """('tiff-<bands>x<dtype>', width, height) of a TIFF's first page."""
+    import tifffile
+
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages.first
+        return (f"tiff-{page.samplesperpixel}x{np.dtype(page.dtype).name}", page.imagewidth,
+                page.imagelength)
+
+
 def describe(root: str) -> dict:
     """Statistics of an image folder, reading only image headers.
 
@@ -654,11 +699,16 @@ def describe(root: str) -> dict:
     listing = _listing(root)
     by_format: dict[str, list[tuple[int, int, int]]] = {}
     for rel, size in listing.items():
-        try:
-            with Image.open(os.path.join(root, rel)) as im:
-                fmt, (w, h) = (im.format or "other").lower(), im.size
-        except Exception:  # Not an image (the demo's specials): counted apart.
-            fmt, w, h = "not_an_image", 0, 0
+        path = os.path.join(root, rel)
+        if rel.endswith((".tif", ".tiff")):
+            # tifffile: Pillow opens no multispectral or 16-bit multi-band TIFF.
+            fmt, w, h = _tiff_header(path)
+        else:
+            try:
+                with Image.open(path) as im:
+                    fmt, (w, h) = (im.format or "other").lower(), im.size
+            except Exception:  # Not an image (the demo's specials): counted apart.
+                fmt, w, h = "not_an_image", 0, 0
         by_format.setdefault(fmt, []).append((size, w, h))
     stats = {
         "files": len(listing),
@@ -695,10 +745,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.corpus",
         description="Generate an image folder from scikit-image's bundled photographs.",
     )
-    parser.add_argument("kind", choices=KINDS, help="demo, photos, small, tiny or phone")
+    parser.add_argument("kind", choices=KINDS, help="demo, photos, small, tiny, phone or rasters")
     parser.add_argument("out", help="Folder to create (class folders go inside).")
     parser.add_argument("--count", type=int,
-                        help="Number of images (photos: 2000, small: 20000, tiny: 100000, phone: 120).")
+                        help="Number of images (photos: 2000, small: 20000, tiny: 100000, phone: 120, "
+                        "rasters: 20000).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the corpus (default 0).")
     parser.add_argument("--workers", type=int, help="Processes to use (default: one per core).")
     parser.add_argument("--overwrite", action="store_true",

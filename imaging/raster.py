@@ -470,6 +470,9 @@ def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
 
     Samples equal to `nodata`, and NaN, are counted as nodata and left out.
     """
+    fast = _band_stats_all_valid(array, nodata)
+    if fast is not None:
+        return fast
     counts, mins, maxs, means, m2s, missing = [], [], [], [], [], []
     for band in _bands(array):
         values = band.astype(np.float64, copy=False).ravel()
@@ -495,6 +498,33 @@ def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
             m2s.append(0.0)
     return schemas.BandStats(1, tuple(counts), tuple(mins), tuple(maxs), tuple(means),
                              tuple(m2s), tuple(missing))
+
+
+def _band_stats_all_valid(array: np.ndarray, nodata: float | None) -> schemas.BandStats | None:
+    """`band_stats` of an array with no nodata or NaN sample, every band at once; else None.
+
+    The same numbers, bit for bit, as the per-band loop: each band is one
+    contiguous float64 row, reduced along it (numpy sums a contiguous row
+    pairwise, as it sums the band alone).
+    """
+    h, w, bands = array.shape
+    n = h * w
+    if n == 0:
+        return None
+    rows = np.ascontiguousarray(np.moveaxis(array, 2, 0).reshape(bands, n), dtype=np.float64)
+    if array.dtype.kind == "f" and np.isnan(rows).any():
+        return None
+    if nodata is not None and not math.isnan(nodata) and (rows == nodata).any():
+        return None
+    means = rows.mean(axis=1)
+    # In place: arrays this size are fresh pages (mmap), each costly to fault in.
+    minima, maxima = rows.min(axis=1), rows.max(axis=1)
+    np.subtract(rows, means[:, None], out=rows)
+    m2s = np.square(rows, out=rows).sum(axis=1)
+    return schemas.BandStats(1, (n,) * bands, tuple(float(v) for v in minima),
+                             tuple(float(v) for v in maxima),
+                             tuple(float(v) for v in means), tuple(float(v) for v in m2s),
+                             (0,) * bands)
 
 
 def _bands(array: np.ndarray) -> Iterator[np.ndarray]:

@@ -567,6 +567,25 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     return ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def _rasters_by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Batches records of rasters of one shape (`RasterPlan.one_shape`), then
+    parses, decodes (one `decode_raw` for the batch), resizes and finishes each
+    batch in one function call: the same tensors as the per-image stages."""
+    config, masked, raster = stages.config, stages.masked, stages.raster
+    keys = [k for k in stages.keys if k not in stages.shape_keys]
+
+    @_no_autograph
+    def load_batch(serialized):
+        if masked:
+            serialized = tf.boolean_mask(serialized, tf.strings.length(serialized) > 0)
+        features = decode.parse_examples(serialized, keys, stages.schema)
+        features[IMAGE.key] = raster.decode_batch(features[IMAGE.key], config.image)
+        return stages.finish(features)
+
+    ds = records.batch(stages.batch_size, drop_remainder=config.reading.drop_remainder)
+    return ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 # In the per-image stages, elements are: features, then the seed with standard
 # augmentation, then the keep flag when masked.
 
@@ -633,6 +652,7 @@ def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
 
 
 _BY_BATCH = (_by_batch,)
+_RASTERS_BY_BATCH = (_rasters_by_batch,)
 _PER_IMAGE = (_parse, _decode_and_preprocess, _user_augment, _batch_and_finish)
 
 
@@ -725,9 +745,15 @@ def build_dataset(
         records = _drop_skipped(records)
     stages = _Stages.of(split_files, config, batch_size)
     ds = records
-    # Rasters decode per image (`readers.stored`).
-    by_batch = stages.raster is None and _decodes_by_batch(config, batch_size, bytes_per_record)
-    for stage in (_BY_BATCH if by_batch else _PER_IMAGE):
+    if stages.raster is not None:
+        # Rasters of one shape decode a batch per op; others per image (`readers.stored`).
+        by_batch = (batch_size is not None and not callable(config.image.augment)
+                    and stages.raster.decodes_by_batch(config.image))
+        pipeline = _RASTERS_BY_BATCH if by_batch else _PER_IMAGE
+    else:
+        by_batch = _decodes_by_batch(config, batch_size, bytes_per_record)
+        pipeline = _BY_BATCH if by_batch else _PER_IMAGE
+    for stage in pipeline:
         ds = stage(ds, stages)
     return _finish_dataset(
         ds, split_files, config,

@@ -33,6 +33,7 @@ __all__ = [
     "image_shape",
     "decode_example",
     "decode_raw",
+    "decode_raw_batch",
 ]
 
 # Keras's `color_mode` names and the channels they decode to.
@@ -71,6 +72,32 @@ def decode_raw(encoded, height, width, channels, dtype: str) -> tf.Tensor:
         flat = tf.bitcast(flat, tf.uint32)
     shape = tf.cast(tf.stack([height, width, channels]), tf.int32)
     return tf.reshape(flat, shape)
+
+
+def decode_raw_batch(encoded, shape: tuple[int, int, int], dtype: str) -> tf.Tensor:
+    """Decodes a batch of raw-stored images that all have one shape, in one op.
+
+    Args:
+      encoded: A [N] string tensor, each the bytes of one stored array
+        (little-endian, C order), all of `shape` and `dtype`.
+      shape: Their (height, width, channels).
+      dtype: The stored dtype, one of `schemas.features.RAW_DTYPES`.
+
+    Returns:
+      A `dtype` tensor [N, *shape]; the same values `decode_raw` gives each.
+
+    Raises:
+      ValueError: If `dtype` is not a raw dtype.
+      InvalidArgumentError: At run time, if a record holds another number of bytes.
+    """
+    if dtype not in RAW_DTYPES:
+        raise ValueError(f"`dtype` must be one of {RAW_DTYPES}. Received: dtype={dtype!r}")
+    as_read = tf.int32 if dtype == "uint32" else tf.as_dtype(dtype)
+    # DecodeRaw of a batch needs strings of one length: [N, h * w * c].
+    flat = tf.io.decode_raw(encoded, as_read, little_endian=True)
+    if dtype == "uint32":
+        flat = tf.bitcast(flat, tf.uint32)
+    return tf.reshape(flat, [-1, *shape])
 
 
 def _check_channels(channels) -> int:

@@ -137,6 +137,9 @@ class RasterPlan:
       output_dtype: The dtype of the output images.
       as_stored: Decoded images keep their stored dtype until the end (one
         raw dtype, no resize, no photos); else they are float32 in between.
+      one_shape: (height, width, bands) of every raster of a split of one raw
+        dtype, one size and one band count (the manifest's image and band
+        stats); None otherwise. Batches of such a split decode in one op.
     """
 
     raw_dtypes: tuple[str, ...]
@@ -144,6 +147,46 @@ class RasterPlan:
     bands: int
     output_dtype: str
     as_stored: bool
+    one_shape: tuple[int, int, int] | None = None
+
+    def decodes_by_batch(self, image) -> bool:
+        """Whether a batch of this split decodes in one op (`decode_batch`) with these options.
+
+        For a split whose rasters share one shape and dtype, read without
+        standard augmentation (a random window per image) or padding.
+        """
+        return (self.one_shape is not None and not image.standard_augment
+                and image.resize in ("stretch", "crop"))
+
+    def decode_batch(self, encoded: tf.Tensor, image) -> tf.Tensor:
+        """`decode` of a batch of records at once; the same values, in one decode and resize.
+
+        Args:
+          encoded: [N] image bytes of rasters of `one_shape` (see `decodes_by_batch`).
+          image: The `ImageOptions`.
+        """
+        stored = self.raw_dtypes[0]
+        pixels = decode.decode_raw_batch(encoded, self.one_shape, stored)
+        if image.image_size is None:
+            return pixels if self.as_stored else tf.cast(pixels, tf.float32)
+        height, width, _ = self.one_shape
+        if self._resize_is_identity(image):
+            # Integers only: a resize to the same size weighs each pixel 1 and its
+            # neighbours exactly 0, which a NaN or inf neighbour would not keep.
+            if (stored in _EXACT_IN_FLOAT32 and self.output_dtype == stored
+                    and image.scale is None and image.normalize is None):
+                # The float32 round trip (cast, round, saturate_cast back) changes nothing.
+                return pixels
+            return tf.cast(pixels, tf.float32)
+        # What `preprocess.fit_image` does per image, for a batch of one size:
+        # every image has the same window.
+        pixels = tf.cast(pixels, tf.float32)
+        if image.resize == "crop":
+            window = preprocess.center_crop_window(height, width, image.image_size,
+                                                   image.crop_fraction)
+            pixels = tf.slice(pixels, tf.concat([[0], window[:2], [0]], 0),
+                              tf.concat([[-1], window[2:], [-1]], 0))
+        return tf.image.resize(pixels, image.image_size, method=image.interpolation)
 
     def decode(self, features: Mapping[str, tf.Tensor], image, seed=None) -> tf.Tensor:
         """Decodes and preprocesses one record's image (`image`: the `ImageOptions`)."""
@@ -180,6 +223,22 @@ class RasterPlan:
         if not branches:
             return default()
         return tf.case(branches, default=default, exclusive=True)
+
+
+    def _resize_is_identity(self, image) -> bool:
+        """Whether `fit_image` gives integer rasters of `one_shape` back unchanged (as float32)."""
+        height, width, _ = self.one_shape
+        stored = tf.as_dtype(self.raw_dtypes[0])
+        return (tuple(image.image_size) == (height, width) and stored.is_integer
+                and image.interpolation in _IDENTITY_INTERPOLATIONS
+                and (image.resize == "stretch"
+                     or image.resize == "crop" and image.crop_fraction == 1.0))
+
+
+# Resize methods that, at the image's own size, sample each pixel exactly.
+_IDENTITY_INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area")
+# Raw dtypes whose every value a float32 holds exactly.
+_EXACT_IN_FLOAT32 = ("uint8", "uint16", "int16")
 
 
 def _count_bands(split_files, band_stats: BandStats | None) -> int:
@@ -319,6 +378,11 @@ def plan(split_files, image) -> RasterPlan | None:
                 f"`{name}` must have 1 or {bands} values (the bands of {where}). "
                 f"Received: {name}={value!r}"
             )
+    one_size = split_files.images.one_size
+    # One shape only where the manifest says so: one size and one dtype (image
+    # stats), and one band count (band stats are recorded only then).
+    one_shape = ((*one_size, bands) if one_size is not None and len(raws) == 1 and not photos
+                 and split_files.band_stats.get(split_files.split) is not None else None)
     return RasterPlan(
         raw_dtypes=raws,
         photos=bool(photos),
@@ -326,6 +390,7 @@ def plan(split_files, image) -> RasterPlan | None:
         output_dtype=output,
         as_stored=(len(raws) == 1 and not photos and image.image_size is None
                    and output == raws[0]),
+        one_shape=one_shape,
     )
 
 

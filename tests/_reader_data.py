@@ -228,12 +228,15 @@ def write_raster_dataset(
     split: str = "train",
     num_shards: int = 2,
     class_names: Sequence[str] = ("forest", "water"),
+    band_stats: bool = False,
 ) -> tuple[RasterItem, ...]:
     """Writes a dataset of raw-stored arrays (and PNG `photos`), as the converter stores them.
 
     Raw records follow the record contract: the array's bytes little-endian,
     C order, shape (height, width, bands), format 'raw-<dtype>'. Record i has
-    label i % len(class_names) and lands in shard i % num_shards.
+    label i % len(class_names) and lands in shard i % num_shards. With
+    `band_stats`, each shard records the per-band statistics of its rasters
+    (`imaging.raster.band_stats`, merged), as the converter does.
     """
     from schemas.features import raw_format
 
@@ -268,10 +271,17 @@ def write_raster_dataset(
         counts = [0] * len(class_names)
         for _, label, _ in records:
             counts[label] += 1
+        stats = None
+        if band_stats:
+            from imaging.raster import band_stats as array_band_stats
+
+            for item in items[index::num_shards]:
+                one = array_band_stats(item.pixels, None)
+                stats = one if stats is None else stats.merge(one)
         shards.append(ShardInfo(
             file=name, num_records=len(records), num_bytes=len(data),
             sha256=hashlib.sha256(data).hexdigest(), class_counts=tuple(counts),
-            images=ImageStats.of([r[2] for r in records]),
+            images=ImageStats.of([r[2] for r in records]), band_stats=stats,
         ))
     splits = {split: SplitInfo(name=split, shards=tuple(shards))}
     total = len(items)

@@ -13,6 +13,7 @@ from helpers import convert, read_records, write
 
 import schemas
 from beam_jobs import verify
+from imaging import raster
 from imaging import ImageRejected, ImageValidator, RasterOptions, ValidationOptions
 
 _RNG = np.random.default_rng(16)
@@ -383,3 +384,23 @@ def test_every_page_gets_its_own_georef():
                                               (33922, "d", 6, (0, 0, 0, x0, 50.0, 0), True)], **_CONTIG)
     images = ImageValidator(raster=RasterOptions(georef=True, pages="all")).validate_all(buf.getvalue(), "p.tif")
     assert [i.georef.geotransform[0] for i in images] == [100.0, 900.0]
+
+
+def test_band_stats_of_all_bands_at_once_match_the_per_band_sums():
+    """The all-bands path (no nodata) gives the per-band loop's numbers, bit for bit."""
+    rng = np.random.default_rng(7)
+    for dtype, shape in (("uint16", (64, 64, 13)), ("int16", (5, 9, 1)), ("float32", (7, 3, 4)),
+                         ("float64", (33, 17, 2)), ("uint32", (4, 4, 13))):
+        if np.dtype(dtype).kind == "f":
+            a = (rng.standard_normal(shape) * 1e5).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            a = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        stats = raster.band_stats(a, None)
+        for b in range(shape[2]):
+            values = a[:, :, b].astype(np.float64).ravel()
+            mean = float(values.mean())
+            assert stats.count[b] == values.size and stats.nodata[b] == 0
+            assert (stats.min[b], stats.max[b]) == (float(values.min()), float(values.max()))
+            assert stats.mean[b] == mean, (dtype, b)
+            assert stats.m2[b] == float(np.square(values - mean).sum()), (dtype, b)

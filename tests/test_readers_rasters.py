@@ -341,3 +341,86 @@ def test_jpeg_splits_keep_their_defaults_and_read_as_stored_as_uint8(tmp_path):
         image = got[f"a/p_{i}.jpg"]
         assert image.dtype == tf.uint8
         np.testing.assert_array_equal(image.numpy(), tf.io.decode_jpeg(data).numpy())
+
+
+# --- Rasters of one shape: a batch decodes in one op (`RasterPlan.decode_batch`) ---------
+
+
+def _one_shape_arrays(dtype, bands, n=11, size=(6, 5)):
+    return _arrays(dtype, bands, n=n, sizes=(size,))
+
+
+def _by_name(data_dir, **options):
+    """{filename: image} over every batch, and the batch sizes in order."""
+    ds = readers.image_dataset_from_tfrecords(
+        data_dir, "train", batch_size=4, color_mode=None, shuffle=False,
+        extra_features=(FILENAME.key,), **options)
+    images, sizes = {}, []
+    for batch, _, extras in ds:
+        sizes.append(int(batch.shape[0]))
+        for name, image in zip(extras[FILENAME.key].numpy(), batch.numpy()):
+            images[name.decode()] = image
+    return images, sizes
+
+
+def _plan(data_dir, **options):
+    config = ReaderConfig(batch_size=4, color_mode=None, shuffle=False, **options)
+    return stored.plan(load_split(data_dir, "train"), config.image)
+
+
+@pytest.mark.parametrize("dtype,bands", [
+    ("uint16", 13), ("uint16", 1), ("int16", 13), ("float32", 1), ("uint32", 13), ("uint8", 1),
+])
+@pytest.mark.parametrize("options", [
+    dict(image_size=(6, 5), dtype=None),
+    dict(image_size=(6, 5), dtype="float32"),
+    dict(image_size=(4, 7), dtype="float32", interpolation="bicubic"),
+    dict(image_size=(3, 3), dtype=None, resize="crop", crop_fraction=0.8),
+    dict(image_size=(6, 5), dtype="float32", scale=0.5),
+], ids=["stored-size", "float32", "resized", "crop", "scaled"])
+def test_one_shape_batches_equal_the_per_image_path(tmp_path, dtype, bands, options):
+    arrays = _one_shape_arrays(dtype, bands)
+    if dtype == "uint32" and options["dtype"] is None:
+        options = dict(options, dtype="float32")  # uint32 is no reader output dtype.
+    batched, general = tmp_path / "batched", tmp_path / "general"
+    write_raster_dataset(batched, arrays, band_stats=True)
+    write_raster_dataset(general, arrays)  # No band stats: one band count unknown.
+    assert _plan(batched, **options).one_shape == (6, 5, bands)
+    assert _plan(batched, **options).decodes_by_batch(ReaderConfig(
+        batch_size=4, color_mode=None, **options).image)
+    assert _plan(general, **options).one_shape is None
+    got, sizes = _by_name(batched, **options)
+    want, want_sizes = _by_name(general, **options)
+    # One partial batch (without a seed, batches may come in any order).
+    assert sorted(sizes) == sorted(want_sizes) == [3, 4, 4]
+    assert sorted(got) == sorted(want) and len(got) == len(arrays)
+    for name, image in want.items():
+        assert got[name].dtype == image.dtype
+        np.testing.assert_array_equal(got[name], image, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype,bands", [("uint16", 13), ("int16", 1), ("float32", 13),
+                                         ("uint32", 1)])
+def test_one_shape_batches_at_the_stored_size_are_the_stored_values(tmp_path, dtype, bands):
+    arrays = _one_shape_arrays(dtype, bands, n=7)
+    items = write_raster_dataset(tmp_path / "ds", arrays, band_stats=True)
+    got, sizes = _by_name(tmp_path / "ds", image_size=(6, 5), dtype="float32")
+    assert sorted(sizes) == [3, 4]
+    for item in items:
+        np.testing.assert_array_equal(got[item.filename], item.pixels.astype(np.float32))
+    if dtype in ("uint16", "int16"):
+        stored_dtype, _ = _by_name(tmp_path / "ds", image_size=(6, 5), dtype=None)
+        for item in items:
+            assert stored_dtype[item.filename].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(stored_dtype[item.filename], item.pixels)
+
+
+def test_standard_augment_and_mixed_sizes_keep_the_per_image_path(tmp_path):
+    write_raster_dataset(tmp_path / "one", _one_shape_arrays("uint16", 3), band_stats=True)
+    write_raster_dataset(tmp_path / "mixed", _arrays("uint16", 3), band_stats=True)
+    augmented = dict(image_size=(4, 4), dtype="float32", augment="standard", seed=1)
+    assert not _plan(tmp_path / "one", **augmented).decodes_by_batch(
+        ReaderConfig(batch_size=4, color_mode=None, **augmented).image)
+    assert _plan(tmp_path / "mixed", image_size=(4, 4), dtype="float32").one_shape is None
+    images, sizes = _by_name(tmp_path / "one", **augmented)
+    assert sorted(sizes) == [3, 4, 4] and all(i.shape == (4, 4, 3) for i in images.values())

@@ -1,0 +1,39 @@
+"""`python -m bench.rasters` end to end on a tiny corpus: both tables, sane figures."""
+
+import json
+import os
+import subprocess
+import sys
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_rasters_small_count(tmp_path):
+    out = tmp_path / "rasters.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.rasters", "--count", "20", "--repeat", "1",
+         "--work", str(tmp_path / "work"), "--corpus_dir", str(tmp_path / "corpora"),
+         "--json", str(out)],
+        capture_output=True, text=True, cwd=_REPO, env=env, stdin=subprocess.DEVNULL,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(out.read_text())
+    assert summary["count"] == 20 and "tiff-13xuint16 20" in summary["corpus"]
+    for name in ("shardsmith", "baseline"):
+        m = summary["convert"][name]
+        assert m["returncode"] == 0 and m["records"] == 20, name
+        assert m["wall_s"] > 0 and m["cpu_s"] > 0, name
+    ratio = summary["convert"]["baseline"]["wall_s"] / summary["convert"]["shardsmith"]["wall_s"]
+    assert abs(summary["convert_ratio"] - ratio) < 1e-9
+    assert set(summary["read"]) == {"shardsmith-uint16", "hand-uint16", "shardsmith-float32",
+                                    "hand-float32"}
+    for name, m in summary["read"].items():
+        assert m["images_per_s"] > 0 and m["cpu_ms_per_image"] > 0, name
+        assert m["images"] >= 20, name  # At least one epoch in the window.
+    assert "Target conversion vs (b):" in proc.stdout
+    assert proc.stdout.count("Target reading,") == 2
+    # The corpus is a real 13-band uint16 TIFF that shardsmith stored raw.
+    manifest = json.loads((tmp_path / "work" / "out" / "shardsmith" / "manifest.json").read_text())
+    assert "raw-uint16" in json.dumps(manifest)
