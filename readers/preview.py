@@ -266,9 +266,9 @@ def _through_reader(
         batch_size=None,
         image_size=(image_size, image_size),
         shuffle=False,
-        # Rasters: every band, as float32, for the band mapping and stretch.
+        # Rasters: every band, every bit, for the band mapping and stretch.
         color_mode=None if rasters else "rgb",
-        dtype="float32" if rasters else "uint8",
+        dtype=_raster_dtype(split_files) if rasters else "uint8",
         resize=resize,
         extra_features=(FILENAME.key,),
         deterministic=True,
@@ -294,12 +294,28 @@ def _through_reader(
 
 
 def _is_raster_split(split_files: SplitFiles) -> bool:
-    """Whether the split holds rasters only (mixed splits show as photos: rgb)."""
+    """Whether the split holds rasters only (mixed splits show as photos: rgb).
+
+    Rasters of 1, 3 or 4 bands of 8 or 16 bits are stored as PNG; the band
+    statistics the manifest records for every record of the split say they
+    are rasters all the same (a 16-bit band of 0-10000 would show black).
+    """
     photos, raws = stored.stored_formats(split_files.images)
-    return bool(raws) and not photos
+    if raws:
+        return not photos
+    return split_files.band_stats.get(split_files.split) is not None
+
+
+def _raster_dtype(split_files: SplitFiles) -> str:
+    """float32 for raw-stored rasters; uint16 (every bit of a 16-bit PNG) for PNG-stored ones."""
+    _, raws = stored.stored_formats(split_files.images)
+    return "float32" if raws else "uint16"
 
 
 def _raster_bands(split_files: SplitFiles) -> int:
+    stats = split_files.band_stats.get(split_files.split)
+    if stats is not None:
+        return stats.bands
     return stored.plan(split_files, ReaderConfig(
         batch_size=None, image_size=None, color_mode=None, dtype="float32").image).bands
 
@@ -443,7 +459,8 @@ def _build_sheet(
     label_width = min(
         max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
     )
-    raster_lines = _raster_caption(image_size, resize, seed, bands, rgb_bands) if rasters else ()
+    raster_lines = (_raster_caption(image_size, resize, seed, bands, rgb_bands, _raster_dtype(split_files))
+                    if rasters else ())
     layout = _Layout(
         tile=image_size,
         columns=per_class,
@@ -519,7 +536,7 @@ def _build_sheet(
                   tuple(header))
 
 
-def _raster_caption(image_size, resize, seed, bands, rgb_bands) -> tuple[str, str]:
+def _raster_caption(image_size, resize, seed, bands, rgb_bands, dtype) -> tuple[str, str]:
     """The sheet's two lines saying how rasters are shown."""
     shown = ("band {} as grey".format(*rgb_bands) if len(rgb_bands) == 1
              else "bands {},{},{} as R,G,B".format(*rgb_bands))
@@ -527,7 +544,7 @@ def _raster_caption(image_size, resize, seed, bands, rgb_bands) -> tuple[str, st
     return (
         f"{bands}-band rasters: {shown} (--rgb_bands), each stretched to its "
         f"{low:g}-{high:g} % percentiles per image.",
-        f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='float32'; "
+        f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='{dtype}'; "
         f"seed {seed}.",
     )
 

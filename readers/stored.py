@@ -61,7 +61,9 @@ class BandStats:
     """Per-band statistics of one split, as the converter recorded them.
 
     Attributes:
-      mean, std: One value per band, band order as stored.
+      mean, std: One value per band, band order as stored; None for a band
+        with no valid sample (nodata everywhere), refused only where
+        `normalize='dataset'` would divide by it (`dataset_band_stats`).
     """
 
     mean: tuple[float, ...]
@@ -78,20 +80,12 @@ def split_band_stats(manifest: Manifest, split: str) -> BandStats | None:
     The one place the reader takes them from: `SplitInfo.band_stats`, merged
     exactly from the shards' statistics the converter accumulated while it
     wrote them (None unless every record of the split is a raster with the
-    same number of bands).
-
-    Raises:
-      ManifestError: If a band has no valid sample (nodata everywhere), so no std.
+    same number of bands). Every split's are loaded with the split read, so a
+    band without a valid sample is no error here: only normalising with it is.
     """
     stats = manifest.split(split).band_stats
     if stats is None:
         return None
-    if any(std is None for std in stats.std):
-        empty = [b + 1 for b, std in enumerate(stats.std) if std is None]
-        raise ManifestError(
-            f"split {split!r} has no valid sample in band(s) {empty} (all nodata), so no "
-            "statistics to normalise with: pass normalize=(mean, std)."
-        )
     return BandStats(mean=tuple(stats.mean), std=tuple(stats.std))
 
 
@@ -99,7 +93,8 @@ def dataset_band_stats(band_stats: Mapping[str, BandStats], data_dir: str) -> Ba
     """The statistics `normalize='dataset'` uses: those of the train split.
 
     Raises:
-      ManifestError: If the manifest records none for the train split.
+      ManifestError: If the manifest records none for the train split, or a
+        band of it has no valid sample (nodata everywhere), so no std.
     """
     stats = band_stats.get(STATS_SPLIT)
     if stats is None:
@@ -108,6 +103,13 @@ def dataset_band_stats(band_stats: Mapping[str, BandStats], data_dir: str) -> Ba
             f"which the manifest of {data_dir!r} does not record (converted by a shardsmith "
             f"that did not compute them, or without a {STATS_SPLIT!r} split): convert the "
             "images again, or pass normalize=(mean, std). Received: normalize='dataset'"
+        )
+    if any(std is None for std in stats.std):
+        empty = [b + 1 for b, std in enumerate(stats.std) if std is None]
+        raise ManifestError(
+            f"split {STATS_SPLIT!r} of {data_dir!r} has no valid sample in band(s) {empty} "
+            "(all nodata), so no statistics to normalise with: pass normalize=(mean, std). "
+            "Received: normalize='dataset'"
         )
     return stats
 

@@ -174,3 +174,50 @@ def test_raster_georef_comes_back_exactly_through_beam_and_the_reader(tmp_path):
     with_flag = {r[schemas.FILENAME.key]: r[schemas.IMAGE.key] for r in read_records(out)}
     without = {r[schemas.FILENAME.key]: r[schemas.IMAGE.key] for r in read_records(tmp_path / "plain")}
     assert with_flag == without
+
+
+def test_a_band_of_nodata_everywhere_is_read_and_refused_only_for_normalize_dataset(tmp_path):
+    # A band masked out everywhere (NaN: clouds, a failed detector) has no mean or std: only
+    # normalising with it can fail; the split is read like any other.
+    arrays = {}
+    for i, cls in enumerate(("forest", "water")):
+        array = _RNG.normal(size=(6, 5, 5)).astype(np.float32)
+        array[..., 4] = np.nan
+        write(tmp_path / "images" / f"{cls}/masked.tif", _tiff(array, **_CONTIG))
+        arrays[f"{cls}/masked.tif"] = array
+    manifest = convert(tmp_path / "images", tmp_path / "out")
+    assert manifest.splits["train"].band_stats.std[4] is None
+    ds = readers.image_dataset_from_tfrecords(
+        str(tmp_path / "out"), "train", batch_size=None, image_size=None, shuffle=False,
+        extra_features=(schemas.FILENAME.key,), color_mode=None, dtype=None)
+    seen = {extras[schemas.FILENAME.key].numpy().decode(): image.numpy() for image, _, extras in ds}
+    assert sorted(seen) == sorted(arrays)
+    for rel, array in arrays.items():
+        np.testing.assert_array_equal(seen[rel], array)  # NaNs equal NaNs here.
+    with pytest.raises(schemas.ManifestError, match=r"no valid sample in band\(s\) \[5\].*normalize=\(mean, std\)"):
+        readers.image_dataset_from_tfrecords(
+            str(tmp_path / "out"), "train", batch_size=None, image_size=None, color_mode=None,
+            dtype="float32", normalize="dataset")
+
+
+def test_preview_shows_png_stored_rasters_through_the_band_mapping(tmp_path):
+    from readers import preview
+
+    # 3 bands of 16 bits (e.g. --raster_bands 4,3,2 of Sentinel-2, reflectance 0-10000) are
+    # stored as PNG; at 8 bits they would show black, and --rgb_bands must apply to them too.
+    arrays = {}
+    for cls in ("forest", "water"):
+        array = _RNG.integers(0, 10000, (16, 16, 3), dtype=np.uint16)
+        write(tmp_path / "images" / f"{cls}/rgb.tif", _tiff(array, **_CONTIG))
+        arrays[f"{cls}/rgb.tif"] = array
+    manifest = convert(tmp_path / "images", tmp_path / "out")
+    assert _png_stored(manifest)
+    sheet = preview._build_sheet(tmp_path / "out", "train", per_class=1, image_size=16, seed=0,
+                                 max_classes=2, max_records=10, resize="stretch", rgb_bands="3,2,1")
+    assert "3-band rasters: bands 3,2,1 as R,G,B (--rgb_bands)" in sheet.header[1]
+    assert "dtype='uint16'" in sheet.header[2]
+    for row, (_, names) in enumerate(sheet.rows):
+        x, y = sheet.layout.tile_origin(row, 0)
+        tile = np.asarray(sheet.image)[y:y + 16, x:x + 16]
+        want = preview._stretch_to_rgb(arrays[names[0]].astype(np.float32), (3, 2, 1))
+        np.testing.assert_array_equal(tile, want)
