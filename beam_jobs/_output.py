@@ -88,7 +88,11 @@ def summarize(output_dir: str) -> str:
     c = manifest.counts
     shards = sum(len(s.shards) for s in manifest.splits.values())
     per_split = " / ".join(f"{n} {s.num_records:,}" for n, s in manifest.splits.items())
-    text = f"Converted {c['written']:,} images into {shards} shards ({per_split})"
+    records = sum(s.num_records for s in manifest.splits.values())
+    # A multi-frame DICOM or multi-page raster gives one record per frame/page:
+    # then files and records differ, and the line says both.
+    made = "" if records == c["written"] else f" as {records:,} records"
+    text = f"Converted {c['written']:,} images{made} into {shards} shards ({per_split})"
     for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
         detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
         text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")
