@@ -4,20 +4,20 @@ for the record shuffle buffer (`readers.dataset._ramped_epoch`)."""
 import pytest
 
 from readers import image_dataset_from_tfrecords
-from readers.dataset import _RAMP_RECORDS, _ramp_head
+from readers.dataset import _RAMP_PARSE_AHEAD, _RAMP_RECORDS, _ramp_head
 from schemas import FILENAME
 
 from tests import _reader_data as rd
 
 NAMES = (FILENAME.key,)
 _SHARDS = 4
-_RECORDS = 200  # A default buffer of 200 records, more than the 128 of the heads.
-_HEAD = -(-_RAMP_RECORDS // _SHARDS)
+_RECORDS = 400  # A default buffer of 400 records, more than the 256 of the heads.
+_HEAD = -(-(_RAMP_RECORDS + _RAMP_PARSE_AHEAD) // _SHARDS)
 
 
 @pytest.fixture(scope="module")
 def larger(tmp_path_factory):
-    """200 tiny records over 4 shards: record i is number i // 4 of shard i % 4."""
+    """400 tiny records over 4 shards: record i is number i // 4 of shard i % 4."""
     return rd.write_dataset(
         tmp_path_factory.mktemp("larger"), splits={"train": _RECORDS}, num_shards=_SHARDS,
         sizes=((6, 5),), kinds=("rgb_jpeg", "rgb_png"),
@@ -40,10 +40,12 @@ def _heads(written):
 
 
 def test_ramp_head_sizes():
-    assert _ramp_head(1024, 8, 64) == 16          # 128 records from 8 shards
-    assert _ramp_head(1024, 8, 256) == 64         # two batches of 256
-    assert _ramp_head(1024, 3, None) == 43        # rounded up
-    assert _ramp_head(128, 8, 32) == 0            # heads would fill the buffer anyway
+    # 128 records (or two batches), and the parse stage's read-ahead of two
+    # parse batches: the first batch is decoded before the rest's buffer fills.
+    assert _ramp_head(1024, 8, 64) == 32          # 128 + 128 records from 8 shards
+    assert _ramp_head(2048, 8, 256) == 80         # two batches of 256, + 128
+    assert _ramp_head(1024, 3, None) == 86        # rounded up
+    assert _ramp_head(256, 8, 32) == 0            # heads would fill the buffer anyway
     assert _ramp_head(0, 8, 32) == 0              # not shuffled
 
 
