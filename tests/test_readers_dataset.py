@@ -432,7 +432,7 @@ def test_deterministic_defaults_follow_the_seed():
         ({"batch_size": 2.0}, ValueError, r"Received: batch_size=2.0"),
         ({"image_size": 224}, ValueError, r"`image_size` must be a tuple of two positive integers.*Received: image_size=224"),
         ({"image_size": (0, 3)}, ValueError, r"Received: image_size=\(0, 3\)"),
-        ({"image_size": None}, ValueError, r"needs `batch_size=None`.*batch_size=32"),
+        ({"image_size": None}, ValueError, r"holds images of several sizes.*pass image_size=.*batch_size=32"),
         ({"color_mode": "bgr"}, ValueError, r"`color_mode` must be one of \('grayscale', 'rgb', 'rgba'\) or None \(every band, as stored\). Received: color_mode='bgr'"),
         ({"shuffle": "yes"}, TypeError, r"`shuffle` must be one of \(True, False, 'shards', 'global'\). Received: shuffle='yes'"),
         ({"seed": "1"}, TypeError, r"`seed` must be an integer or None. Received: seed='1'"),
