@@ -19,7 +19,7 @@ Reading, warm page cache, steady state (a timed window of at least one epoch
 after a warm-up), each contender in its own process, best of ``--repeat``:
 
 - shardsmith: `readers.image_dataset_from_tfrecords(dir, "train",
-  batch_size=64, image_size=(64, 64), color_mode=None, dtype=...)` with `dtype`
+  batch_size=64, image_size=None, color_mode=None, dtype=...)` with `dtype`
   None (the stored uint16) and 'float32' (what a model takes), shuffled (its
   default), `repeat=True`;
 - hand-written tf.data over the same shards: the shard files shuffled, an
@@ -129,10 +129,9 @@ def hand_reader(data_dir: str, dtype: str = ""):
 def _shardsmith_reader(data_dir: str, dtype: str = ""):
     import readers
 
-    # image_size: the stored size (nothing is resized); the reader refuses
-    # image_size=None with batching, which it allows only where sizes may differ.
+    # image_size=None: batches at the stored size (the split has one), nothing resized.
     return readers.image_dataset_from_tfrecords(
-        data_dir, _SPLIT, batch_size=_BATCH, image_size=_SHAPE[:2], color_mode=None,
+        data_dir, _SPLIT, batch_size=_BATCH, image_size=None, color_mode=None,
         dtype=dtype or None, repeat=True)
 
 

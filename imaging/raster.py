@@ -15,6 +15,7 @@ No value changes unless asked (`RasterOptions.dtype`). Framework-free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import math
 import struct
@@ -27,8 +28,8 @@ import numpy as np
 import schemas
 from imaging.errors import ImageRejected
 
-__all__ = ["RasterOptions", "Raster", "decode_raster", "pillow_owns", "png_bytes", "raw_bytes",
-           "band_stats", "is_png_storable"]
+__all__ = ["RasterOptions", "Raster", "decode_raster", "pillow_owns", "read_tiff", "png_bytes",
+           "raw_bytes", "band_stats", "is_png_storable"]
 
 _PAGES = ("first", "all")
 # Opt-in conversions (--raster_dtype): the target types, each a linear scaling.
@@ -126,9 +127,12 @@ class RasterOptions:
         """Whether every option but max_pixels is its default (the output then matches older runs)."""
         return dataclasses.replace(self, max_pixels=RasterOptions.max_pixels) == RasterOptions()
 
-    @property
+    @functools.cached_property
     def reads_pixels_as_default(self) -> bool:
-        """Whether every option that changes how pixels are read is its default (`georef` reads tags)."""
+        """Whether every option that changes how pixels are read is its default (`georef` reads tags).
+
+        Asked once per TIFF: computed once (the options are frozen).
+        """
         return dataclasses.replace(self, georef=False).is_default
 
     def to_json(self) -> dict[str, Any]:
@@ -178,20 +182,78 @@ def pillow_owns(data: bytes, options: RasterOptions) -> bool:
     or 4 when the fourth is alpha or the image is CMYK, compressed in a way
     Pillow decodes, when no raster option asks for more; also when tifffile
     cannot read the header (Pillow then says what is wrong, as it did).
+    `read_tiff` answers this and decodes with one parse of the file.
     """
     if not options.reads_pixels_as_default:
         return False
+    tif = _open(data)
+    if tif is None:
+        return True
+    with tif:
+        return _pillow_owns_file(tif)
+
+
+def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster]:
+    """Decodes a TIFF file's kept pages.
+
+    Raises:
+      ImageRejected: 'corrupt' for damaged headers, truncated or undecodable
+        data; 'unsupported_dtype' for sample types raw records cannot hold
+        (complex, 64-bit integers, ...); 'too_large' above max_pixels;
+        'unsupported_codec' for a compression with no decoder installed.
+    """
+    tif = _open_or_reject(data, name)
+    with tif:
+        return _decode_pages(tif, data, name, options)
+
+
+def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | None:
+    """`decode_raster`, or None where `pillow_owns` the file: the header parsed once for both.
+
+    Raises:
+      ImageRejected: As `decode_raster`, for a file Pillow does not own.
+    """
+    default = options.reads_pixels_as_default
+    tif = _open(data) if default else _open_or_reject(data, name)
+    if tif is None:
+        return None  # An unreadable header: Pillow says what is wrong with it.
+    with tif:
+        if default and _pillow_owns_file(tif):
+            return None
+        return _decode_pages(tif, data, name, options)
+
+
+def _open(data: bytes):
+    """The `tifffile.TiffFile` of `data`, or None when tifffile cannot read its header."""
+    import tifffile  # Heavy-ish; only files that are TIFFs need it.
+
+    try:
+        return tifffile.TiffFile(io.BytesIO(data))
+    except (tifffile.TiffFileError, *_HEADER_ERRORS):
+        return None
+
+
+def _open_or_reject(data: bytes, name: str):
     import tifffile
 
     try:
-        with tifffile.TiffFile(io.BytesIO(data)) as tif:
-            page = tif.pages.first
-            bits = page.bitspersample
-            samples = page.samplesperpixel
-            photometric = _enum_name(page.photometric)
-            compression = _enum_name(page.compression)
-            extra = tuple(int(e) for e in page.extrasamples)
-            fmt = _sample_format(page)
+        return tifffile.TiffFile(io.BytesIO(data))
+    except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+        raise ImageRejected("corrupt", f"{name} looks like TIFF but its header is damaged ({e})") from e
+
+
+def _pillow_owns_file(tif) -> bool:
+    """`pillow_owns` of an opened file (raster options at their defaults)."""
+    import tifffile
+
+    try:
+        page = tif.pages.first
+        bits = page.bitspersample
+        samples = page.samplesperpixel
+        photometric = _enum_name(page.photometric)
+        compression = _enum_name(page.compression)
+        extra = tuple(int(e) for e in page.extrasamples)
+        fmt = _sample_format(page)
     except (tifffile.TiffFileError, *_HEADER_ERRORS):
         return True
     if isinstance(bits, tuple):  # Samples of different sizes (5-6-5, or a damaged header).
@@ -205,44 +267,32 @@ def pillow_owns(data: bytes, options: RasterOptions) -> bool:
     return samples == 4 and (photometric == "SEPARATED" and not extra or extra == _ALPHA[1:] or extra == _ALPHA[:1])
 
 
-def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster]:
-    """Decodes a TIFF file's kept pages.
-
-    Raises:
-      ImageRejected: 'corrupt' for damaged headers, truncated or undecodable
-        data; 'unsupported_dtype' for sample types raw records cannot hold
-        (complex, 64-bit integers, ...); 'too_large' above max_pixels;
-        'unsupported_codec' for a compression with no decoder installed.
-    """
-    import tifffile  # Heavy-ish; only files that are TIFFs need it.
+def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[Raster]:
+    """The kept pages of an opened TIFF (`decode_raster`)."""
+    import tifffile
 
     try:
-        tif = tifffile.TiffFile(io.BytesIO(data))
+        pages = [p for p in tif.pages if not _is_reduced(p)] or [tif.pages.first]
     except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
-        raise ImageRejected("corrupt", f"{name} looks like TIFF but its header is damaged ({e})") from e
-    with tif:
-        try:
-            pages = [p for p in tif.pages if not _is_reduced(p)] or [tif.pages.first]
-        except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
-            raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
-        keep = pages if options.pages == "all" else pages[:1]
-        shapes = [_from_header(name, _shape, p, name) for p in keep]
-        total = sum(h * w * b for h, w, b in shapes)
-        if total > options.max_pixels:
-            h, w, b = shapes[0]
-            raise ImageRejected(
-                "too_large",
-                f"{name} is {w}x{h} with {b} band{'s' * (b != 1)}"
-                f"{f' on {len(keep)} pages' if len(keep) > 1 else ''} = {total:,} samples, more than "
-                f"--max_pixels={options.max_pixels:,}",
-            )
-        nodata = _nodata(keep[0])
-        out = []
-        for index, page in enumerate(keep):
-            array = _read_page(page, data, name)
-            page_index = index if options.pages == "all" and len(keep) > 1 else None
-            out.append(_finish(array, page_index, nodata, options, name))
-        return out
+        raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
+    keep = pages if options.pages == "all" else pages[:1]
+    shapes = [_from_header(name, _shape, p, name) for p in keep]
+    total = sum(h * w * b for h, w, b in shapes)
+    if total > options.max_pixels:
+        h, w, b = shapes[0]
+        raise ImageRejected(
+            "too_large",
+            f"{name} is {w}x{h} with {b} band{'s' * (b != 1)}"
+            f"{f' on {len(keep)} pages' if len(keep) > 1 else ''} = {total:,} samples, more than "
+            f"--max_pixels={options.max_pixels:,}",
+        )
+    nodata = _nodata(keep[0])
+    out = []
+    for index, page in enumerate(keep):
+        array = _read_page(page, data, name)
+        page_index = index if options.pages == "all" and len(keep) > 1 else None
+        out.append(_finish(array, page_index, nodata, options, name))
+    return out
 
 
 def _from_header(name: str, fn, *args):

@@ -183,10 +183,17 @@ class ImageValidator:
         Raises:
           ImageRejected: With the reason the file cannot be stored.
         """
-        if data and (sniff_format(data[:132]) == "dicom" or _dicom.is_dicom(data[:1024])):
+        fmt = sniff_format(data[:132]) if data else None
+        if data and (fmt == "dicom" or _dicom.is_dicom(data[:1024])):
             return [self._fit(frame, name) for frame in self._dicom_frames(data, name)]
-        if data and sniff_format(data[:132]) == "tiff" and not _raster.pillow_owns(data, self._raster):
-            return self._with_georef(self._rasters(data, name), data, name)
+        if fmt == "tiff":
+            # One parse of the header says who reads it, and decodes a raster.
+            rasters = _raster.read_tiff(data, name, self._raster)
+            if rasters is not None:
+                return self._with_georef(self._rasters(rasters, name), data, name)
+            # What `validate` does for a TIFF (no JPEG resize path), less asking again.
+            return self._with_georef([self._fit(self._validate(data, name, pillow_tiff=True), name)],
+                                     data, name)
         return self._with_georef([self.validate(data, name)], data, name)
 
     def _with_georef(self, images: list[ValidImage], data: bytes, name: str) -> list[ValidImage]:
@@ -220,36 +227,35 @@ class ImageValidator:
                                            details=details or image.details))
         return out
 
-    def _rasters(self, data: bytes, name: str) -> list[ValidImage]:
-        """A TIFF read by imaging/raster.py: every band and bit, PNG or raw (see there)."""
+    def _rasters(self, rasters: list[_raster.Raster], name: str) -> list[ValidImage]:
+        """A TIFF's pages read by imaging/raster.py: every band and bit, PNG or raw (see there)."""
         out = []
-        for r in _raster.decode_raster(data, name, self._raster):
-            array, actions, details = r.array, r.actions, r.details
+        for r in rasters:
+            array, actions = r.array, r.actions
             if self._resize.active and not self._resize.allows(*array.shape[:2]):
                 # The one size cap for every kind of input (--max_side/--min_side).
                 original = array.shape[:2]
                 array = _resize.resize_array(array, self._resize)
                 actions = actions + (self._resize.action,)
-                details = {**(details or {}), "original": list(original), "stored": list(array.shape[:2])}
-            r = dataclasses.replace(r, array=array, actions=actions, details=details)
-            h, w, c = r.array.shape
-            if _raster.is_png_storable(r.array):
-                if r.array.dtype == np.uint8:
+                details = {**(r.details or {}), "original": list(original), "stored": list(array.shape[:2])}
+                r = dataclasses.replace(r, array=array, actions=actions, details=details)
+            h, w, c = array.shape
+            stats = _raster.band_stats(array, r.nodata)
+            if _raster.is_png_storable(array):
+                if array.dtype == np.uint8:
                     # Pillow's encoder, as for the 8-bit TIFFs Pillow reads.
-                    png = _encode(Image.fromarray(r.array[:, :, 0] if c == 1 else r.array), "png")
+                    png = _encode(Image.fromarray(array[:, :, 0] if c == 1 else array), "png")
                 else:
-                    png = _raster.png_bytes(r.array)
+                    png = _raster.png_bytes(array)
                 try:
-                    image = self._checked(png, "tiff", ("reencode_tiff_to_png",) + r.actions, name)
+                    image = self._checked(png, "tiff", ("reencode_tiff_to_png",) + actions, name)
                 except self._ops.OpError as e:
                     raise ImageRejected("corrupt", f"{name}: {_tf_message(e)}") from e
+                out.append(dataclasses.replace(image, page=r.page, details=r.details, band_stats=stats))
             else:
-                image = ValidImage(_raster.raw_bytes(r.array), schemas.raw_format(r.array.dtype),
-                                   h, w, c, "tiff", ("store_tiff_as_raw",) + r.actions)
-            out.append(dataclasses.replace(
-                image, page=r.page, details=r.details,
-                band_stats=_raster.band_stats(r.array, r.nodata),
-            ))
+                out.append(ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c,
+                                      "tiff", ("store_tiff_as_raw",) + actions, page=r.page,
+                                      details=r.details, band_stats=stats))
         return out
 
     def validate_many(self, items: Sequence[tuple[bytes, str]]) -> list[list[ValidImage] | ImageRejected]:
@@ -358,7 +364,8 @@ class ImageValidator:
                 return self._resized_jpeg(data, header, name)
         return self._fit(self._validate(data, name), name)
 
-    def _validate(self, data: bytes, name: str) -> ValidImage:
+    def _validate(self, data: bytes, name: str, pillow_tiff: bool = False) -> ValidImage:
+        """`validate` less the resize of JPEGs; `pillow_tiff`: `read_tiff` left this TIFF to Pillow."""
         if not data:
             raise ImageRejected("empty_file", f"{name} has zero bytes")
         fmt = sniff_format(data[:132])
@@ -371,8 +378,9 @@ class ImageValidator:
             header = jpeg_header(data)
             if header is not None and header.orientation not in range(2, 9):
                 return self._plain_jpeg(data, header, name)
-        if fmt == "tiff" and not _raster.pillow_owns(data, self._raster):
-            images = self._rasters(data, name)
+        rasters = _raster.read_tiff(data, name, self._raster) if fmt == "tiff" and not pillow_tiff else None
+        if rasters is not None:
+            images = self._rasters(rasters, name)
             if len(images) != 1:
                 raise ValueError(f"{name} has {len(images)} pages: use validate_all")
             return images[0]

@@ -419,6 +419,9 @@ class _Stages:
       raster: How a split holding raw-stored rasters is decoded
         (`readers.stored.plan`); None for photos only.
       shape_keys: Features parsed only to decode rasters, dropped after.
+      stored_size: The one (height, width) of every image, batched at the
+        stored size (image_size=None, checked by `ReaderConfig.check_schema`);
+        else None.
     """
 
     config: ReaderConfig
@@ -430,6 +433,7 @@ class _Stages:
     jpegs_of_size: tuple[int, int] | None
     raster: stored.RasterPlan | None = None
     shape_keys: tuple[str, ...] = ()
+    stored_size: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
@@ -450,6 +454,8 @@ class _Stages:
                            else None),
             raster=raster,
             shape_keys=shape_keys,
+            stored_size=(stats.one_size if batch_size is not None and config.image.image_size is None
+                         else None),
         )
 
     @property
@@ -465,11 +471,15 @@ class _Stages:
         """Decodes and preprocesses the image of one parsed record's features."""
         features = dict(features)
         if self.raster is None:
-            features[IMAGE.key] = self.load_image(features[IMAGE.key], example_seed)
-            return features
-        features[IMAGE.key] = self.raster.decode(features, self.config.image, example_seed)
-        for k in self.shape_keys:
-            del features[k]
+            image = self.load_image(features[IMAGE.key], example_seed)
+        else:
+            image = self.raster.decode(features, self.config.image, example_seed)
+            for k in self.shape_keys:
+                del features[k]
+        if self.stored_size is not None:
+            # The batches' static shape: every image has this size (the manifest).
+            image = tf.ensure_shape(image, [*self.stored_size, self.channels])
+        features[IMAGE.key] = image
         return features
 
     def load_image(self, encoded, example_seed=None):
@@ -521,6 +531,8 @@ def _decodes_by_batch(config: ReaderConfig, batch_size: int | None,
     """
     return (
         batch_size is not None
+        # Batches at the stored size (image_size=None, one size): per image, no resize.
+        and config.image.image_size is not None
         and not callable(config.image.augment)
         and bytes_per_record <= _BATCHED_DECODE_MAX_RECORD_BYTES
     )

@@ -72,7 +72,9 @@ class ImageOptions:
 
     Attributes:
       image_size: (height, width) of the output images. None keeps the stored
-        sizes (only with `batch_size=None`, as sizes differ). Keras's
+        sizes, nothing resized: with a `batch_size`, only for a split whose
+        manifest says every image has one size (checked when the dataset is
+        read, `ReaderConfig.check_schema`), else `batch_size=None`. Keras's
         `image_dataset_from_directory` defaults to (256, 256); the default
         here is (224, 224), the input size of the ImageNet models in
         `keras.applications` (ResNet, EfficientNetB0, MobileNet, ...) and of
@@ -515,12 +517,6 @@ class ReaderConfig:
         self._check_across_groups()
 
     def _check_across_groups(self) -> None:
-        if self.image.image_size is None and self.reading.batch_size is not None:
-            raise ValueError(
-                "`image_size=None` keeps the stored image sizes, which differ, so "
-                "it needs `batch_size=None`. Received: "
-                f"image_size=None, batch_size={self.reading.batch_size!r}"
-            )
         if self.shuffling.mode == "global" and self.reading.cache is not False:
             raise ValueError(
                 "`cache` does not apply to shuffle='global', which reads every "
@@ -557,5 +553,33 @@ class ReaderConfig:
         return self.shuffling.is_deterministic
 
     def check_schema(self, split_files: SplitFiles) -> None:
-        """Checks the options that depend on the dataset, see `ReadOptions`."""
+        """Checks the options that depend on the dataset, see `ReadOptions`.
+
+        Also: `image_size=None` with batching keeps the stored size, so it
+        needs a split whose manifest says every image has one size.
+
+        Raises:
+          ValueError: As `ReadOptions.check_schema`; or for `image_size=None`
+            and a `batch_size` on a split of several sizes or of unknown
+            sizes, naming the sizes found.
+        """
         self.reading.check_schema(split_files)
+        if self.image.image_size is None and self.reading.batch_size is not None:
+            _check_one_size(split_files, self.reading.batch_size)
+
+
+def _check_one_size(split_files: SplitFiles, batch_size: int) -> None:
+    """Batches at the stored size need one stored size (the manifest's image stats)."""
+    stats = split_files.images
+    if stats is not None and stats.one_size is not None:
+        return
+    if stats is None:
+        found = "sizes its manifest does not record (an older converter)"
+    else:
+        (h0, w0), (h1, w1) = stats.min_size, stats.max_size
+        found = f"images of several sizes, from {h0}x{w0} to {h1}x{w1} (height x width)"
+    raise ValueError(
+        f"`image_size=None` batches images at their stored size, but split {split_files.split!r} "
+        f"of {split_files.data_dir!r} holds {found}: pass image_size=(height, width), or "
+        f"batch_size=None. Received: image_size=None, batch_size={batch_size!r}"
+    )

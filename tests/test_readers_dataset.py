@@ -85,6 +85,38 @@ def test_batches_of_one_size_of_jpegs_equal_image_by_image(tmp_path, image_stats
     assert sorted(seen) == sorted(by_name)
 
 
+def test_one_size_jpegs_batched_at_the_stored_size_equal_decode_jpeg(tmp_path):
+    # image_size=None with batches: nothing resized, the decoded pixels as floats.
+    written = rd.write_dataset(tmp_path, splits={"train": 7}, sizes=((10, 13),),
+                               kinds=("rgb_jpeg",), num_shards=2)
+    ds = image_dataset_from_tfrecords(written.data_dir, image_size=None, batch_size=3,
+                                      extra_features=NAMES, shuffle=False)
+    assert ds.element_spec[0].shape.as_list() == [None, 10, 13, 3]
+    by_name = written.by_filename()
+    seen = []
+    for images, _, extras in ds:
+        assert images.dtype == tf.float32
+        for image, name in zip(images.numpy(), _names(extras)):
+            expected = tf.io.decode_jpeg(by_name[name].data, channels=3).numpy()
+            np.testing.assert_array_equal(image, expected.astype(np.float32))
+            seen.append(name)
+    assert sorted(seen) == sorted(by_name)
+
+
+def test_batches_at_the_stored_size_refused_for_several_sizes(mixed, tmp_path):
+    with pytest.raises(ValueError, match=(
+            r"`image_size=None` batches images at their stored size, but split 'train' of .* "
+            r"holds images of several sizes, from 9x10 to 16x16 \(height x width\): pass "
+            r"image_size=\(height, width\), or batch_size=None. "
+            r"Received: image_size=None, batch_size=4")):
+        image_dataset_from_tfrecords(mixed.data_dir, image_size=None, batch_size=4)
+    unknown = rd.write_dataset(tmp_path, splits={"train": 3}, sizes=((10, 13),),
+                               kinds=("rgb_jpeg",), image_stats=False)
+    with pytest.raises(ValueError, match=r"holds sizes its manifest does not record .*"
+                                         r"pass image_size=\(height, width\)"):
+        image_dataset_from_tfrecords(unknown.data_dir, image_size=None, batch_size=4)
+
+
 def test_unbatched_original_sizes_equal_the_source(mixed):
     ds = image_dataset_from_tfrecords(
         mixed.data_dir, batch_size=None, image_size=None, dtype="uint8", extra_features=NAMES
@@ -400,7 +432,7 @@ def test_deterministic_defaults_follow_the_seed():
         ({"batch_size": 2.0}, ValueError, r"Received: batch_size=2.0"),
         ({"image_size": 224}, ValueError, r"`image_size` must be a tuple of two positive integers.*Received: image_size=224"),
         ({"image_size": (0, 3)}, ValueError, r"Received: image_size=\(0, 3\)"),
-        ({"image_size": None}, ValueError, r"needs `batch_size=None`.*batch_size=32"),
+        ({"image_size": None}, ValueError, r"holds images of several sizes.*pass image_size=.*batch_size=32"),
         ({"color_mode": "bgr"}, ValueError, r"`color_mode` must be one of \('grayscale', 'rgb', 'rgba'\) or None \(every band, as stored\). Received: color_mode='bgr'"),
         ({"shuffle": "yes"}, TypeError, r"`shuffle` must be one of \(True, False, 'shards', 'global'\). Received: shuffle='yes'"),
         ({"seed": "1"}, TypeError, r"`seed` must be an integer or None. Received: seed='1'"),
@@ -484,8 +516,8 @@ def test_each_group_validates_itself(group, kwargs, error, match):
 
 
 def test_checks_across_groups_name_both_options():
-    with pytest.raises(ValueError, match=r"needs `batch_size=None`. Received: image_size=None, batch_size=4"):
-        ReaderConfig(image_size=None, batch_size=4)
+    # Batching at the stored size depends on the split: checked when it is read (below).
+    assert ReaderConfig(image_size=None, batch_size=4).image_size is None
     with pytest.raises(ValueError, match=r"`cache` does not apply to shuffle='global'.*Received: cache=True"):
         ReaderConfig(shuffle="global", cache=True)
 

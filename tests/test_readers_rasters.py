@@ -68,6 +68,35 @@ def test_values_exactly_as_stored(tmp_path, dtype, bands):
         assert image.numpy().tobytes() == item.pixels.tobytes()
 
 
+@pytest.mark.parametrize("band_stats", [True, False])  # One decode per batch, or per image.
+@pytest.mark.parametrize("dtype,bands", [("uint16", 13), ("float32", 2)])
+def test_one_size_split_batched_at_the_stored_size_is_exact(tmp_path, dtype, bands, band_stats):
+    items = write_raster_dataset(tmp_path / "ds", _arrays(dtype, bands, n=7, sizes=((6, 5),)),
+                                 band_stats=band_stats)
+    ds = readers.image_dataset_from_tfrecords(
+        tmp_path / "ds", "train", batch_size=3, image_size=None, color_mode=None, dtype=None,
+        shuffle=False, extra_features=(FILENAME.key,))
+    assert ds.element_spec[0].shape.as_list() == [None, 6, 5, bands]
+    by_name = {i.filename: i for i in items}
+    seen = []
+    for images, labels, extras in ds:
+        assert images.dtype.name == dtype
+        for image, label, name in zip(images.numpy(), labels.numpy(), extras[FILENAME.key].numpy()):
+            item = by_name[name.decode()]
+            # Byte for byte: -0.0, extremes and every band.
+            assert image.tobytes() == item.pixels.tobytes() and label == item.label
+            seen.append(item.filename)
+    assert sorted(seen) == sorted(by_name)
+
+
+def test_split_of_several_sizes_batched_at_the_stored_size_is_refused(tmp_path):
+    write_raster_dataset(tmp_path / "ds", _arrays("uint16", 4), band_stats=True)
+    with pytest.raises(ValueError, match=r"split 'train' of .* holds images of several sizes, "
+                                         r"from 5x6 to 8x9 \(height x width\): pass image_size="):
+        readers.image_dataset_from_tfrecords(
+            tmp_path / "ds", "train", batch_size=3, image_size=None, color_mode=None, dtype=None)
+
+
 def test_float32_negatives_cast_to_float32_output(tmp_path):
     arrays = _arrays("float32", 1)
     write_raster_dataset(tmp_path / "ds", arrays)
