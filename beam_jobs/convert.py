@@ -26,6 +26,7 @@ of the dataset.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
@@ -139,6 +140,10 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         progress.start()
     pipeline = beam.Pipeline(runner=runner, options=options)
     plan_paths = write_shard_plans(plan.files, config.output_dir)
+    # The shard writers read their files from the plan files: the driver need
+    # not hold one object per image while the pipeline runs (~0.7 KB each,
+    # 70 MiB of peak memory at 100,000 images).
+    plan = dataclasses.replace(plan, files=())
     _ = pipeline | "ConvertImages" >> ConvertImages(plan, config, plan_paths)
     try:
         result = pipeline.run()

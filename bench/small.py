@@ -15,10 +15,12 @@ It prints images/s, CPU seconds and peak tree memory of each, the ratios to
 
 Scenario 2, photos (`bench.corpus photos`, 2,000 by default): shardsmith and
 (b), the ratio to (b), and shardsmith's steady rate, the marginal rate between
-a run on a quarter of the photos and one on all of them (start-up cancels
-out), against the validation ceiling: TensorFlow's decode at the same scale
-(1/8 for JPEG, PNG in full) over the same bytes held in memory, on every core
-(a tf.data map over in-memory bytes; best of 3 passes).
+its fastest run on a quarter of the photos and its fastest on all of them
+(start-up cancels out), against the validation ceiling: TensorFlow's decode at
+the same scale (1/8 for JPEG, PNG in full) over the same bytes held in memory,
+on every core (a tf.data map over in-memory bytes; its fastest pass). Both are
+measured in the same interleaved rounds (``--steady-rounds``, default 3), one
+right after the other, with CPU per image beside the rates.
 
 Targets: small images >= 1.2x (b), whole process; photos >= 1.2x (b); photo
 steady state >= 0.8x the ceiling; peak memory at ``count`` <= 1.1x at
@@ -27,7 +29,8 @@ same run, CPU seconds move less than wall time.
 
 Usage:
 
-  python -m bench.small [--count 100000] [--photos 2000] [--repeat 1] [--skip-photos]
+  python -m bench.small [--count 100000] [--photos 2000] [--repeat 1] [--steady-rounds 3]
+                        [--skip-photos]
   python -m bench.small ceiling --input_dir DIR   # the ceiling alone, one JSON line
 """
 
@@ -66,7 +69,8 @@ def ceiling(input_dir: str, passes: int = 3) -> dict:
     JPEGs at 1/8 scale (shardsmith's default validation), PNGs in full.
 
     Returns:
-      {"images": n, "images_per_s": best of `passes`}.
+      {"images": n, "images_per_s": best of `passes`, "cpu_ms_per_image": the
+      least CPU (every thread of the process) per image of a pass}.
     """
     import tensorflow as tf
 
@@ -86,12 +90,13 @@ def ceiling(input_dir: str, passes: int = 3) -> dict:
     ds = (tf.data.Dataset.from_tensor_slices((datas, is_jpeg))
           .map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
           .batch(256))
-    best = 0.0
+    best, best_cpu = 0.0, float("inf")
     for _ in range(passes):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         n = sum(int(b.shape[0]) for b in ds)
         best = max(best, n / (time.perf_counter() - start))
-    return {"images": len(datas), "images_per_s": best}
+        best_cpu = min(best_cpu, (time.process_time() - cpu) / n * 1e3)
+    return {"images": len(datas), "images_per_s": best, "cpu_ms_per_image": best_cpu}
 
 
 def _ceiling_subprocess(input_dir: str) -> dict:
@@ -126,8 +131,69 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
+    """Scenario 2: shardsmith and (b) on photos, and shardsmith's steady state against the ceiling.
+
+    The steady state and the ceiling are measured in the same rounds, one
+    right after the other (the order turned round every other round, so a
+    load that rises or falls during the run weighs on both alike): each round
+    runs the ceiling, shardsmith on a quarter of the photos and on all of
+    them, and (b) in the first `repeat` rounds. Each quantity is the best of
+    its rounds: the steady rate from the fastest run on all photos and the
+    fastest on a quarter (start-up cancels out), the ceiling from its fastest
+    round. CPU per image (every thread) is printed beside them: it moves
+    little with other load on the cores, wall time does.
+    """
+    quarter = max(1, photos // 4)
+    main_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{photos}-seed{seed}"),
+                             count=photos, seed=seed)
+    quarter_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{quarter}-seed{seed}"),
+                                count=quarter, seed=seed)
+    runs: dict[str, list[Measurement]] = {"shardsmith": [], "multiprocess": [], "quarter": []}
+    ceilings: list[dict] = []
+    for r in range(max(repeat, steady_rounds)):
+        steps = [("ceiling", None), ("quarter", quarter_c), ("shardsmith", main_c)]
+        if r < repeat:
+            steps.append(("multiprocess", main_c))
+        for step, c in (steps if r % 2 == 0 else steps[::-1]):
+            if step == "ceiling":
+                ceilings.append(_ceiling_subprocess(main_c.root))
+                _LOG.info("  validation ceiling                  %6.0f images/s %6.3f CPU ms/img",
+                          ceilings[-1]["images_per_s"], ceilings[-1]["cpu_ms_per_image"])
+                continue
+            name = "shardsmith" if step == "quarter" else step
+            count = quarter if step == "quarter" else photos
+            runs[step].append(_run_one(_BY_NAME[name], c.root, count, work, f"photos-{step}-{r}", False))
+    full = {n: _best(runs[n]) for n in ("shardsmith", "multiprocess")}
+    part = _best(runs["quarter"])
+    failed = any(m.returncode != 0 for ms in runs.values() for m in ms)
+    steady = (photos - quarter) / max(1e-9, full["shardsmith"].wall_s - part.wall_s)
+    steady_cpu_ms = (full["shardsmith"].cpu_s - part.cpu_s) / (photos - quarter) * 1e3
+    ceil = {"images": ceilings[0]["images"],
+            "images_per_s": max(c["images_per_s"] for c in ceilings),
+            "cpu_ms_per_image": min(c["cpu_ms_per_image"] for c in ceilings)}
+    p_vs_b = full["shardsmith"].images_per_s / full["multiprocess"].images_per_s
+    vs_ceiling = steady / ceil["images_per_s"]
+    rounds = len(ceilings)
+    lines = ["", f"Converting {photos:,} photos ({rounds} rounds, (b) in {repeat}; load average "
+                 f"{os.getloadavg()[0]:.1f}):", *_table(full),
+             f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(p_vs_b >= _TARGET_VS_B)})",
+             f"Steady state of shardsmith ({quarter:,} -> {photos:,} photos, best of {rounds}): "
+             f"{steady:.0f} images/s, {steady_cpu_ms:.2f} CPU ms/img; validation ceiling (TF decode "
+             f"of the same bytes in memory, same scale, every core, best of {rounds}): "
+             f"{ceil['images_per_s']:.0f} images/s, {ceil['cpu_ms_per_image']:.2f} CPU ms/img",
+             f"Target steady state vs ceiling: {vs_ceiling:.2f}x (>= {_TARGET_CEILING}x: "
+             f"{_verdict(vs_ceiling >= _TARGET_CEILING)}); CPU per image, ceiling / shardsmith: "
+             f"{ceil['cpu_ms_per_image'] / max(1e-9, steady_cpu_ms):.2f}x"]
+    return {"photos": {n: m.__dict__ for n, m in full.items()}, "photos_vs_b": p_vs_b,
+            "steady_images_per_s": steady, "steady_cpu_ms_per_image": steady_cpu_ms,
+            "ceiling": ceil, "ceilings": ceilings, "steady_vs_ceiling": vs_ceiling,
+            "failed": failed, "lines": lines}
+
+
 def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int = 1,
-        skip_photos: bool = False, work: str | None = None, corpus_dir: str | None = None) -> dict:
+        steady_rounds: int = 3, skip_photos: bool = False, work: str | None = None,
+        corpus_dir: str | None = None) -> dict:
     """Runs both scenarios and prints their tables; returns the figures."""
     bench_root = os.path.join(_REPO, "build", "bench")
     corpus_dir = corpus_dir or os.path.join(bench_root, "corpora")
@@ -161,26 +227,10 @@ def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int 
         summary.update(small={n: m.__dict__ for n, m in small.items()}, small_vs_b=vs_b,
                        memory_tenth=memory.__dict__, memory_ratio=mem_ratio)
         if not skip_photos:
-            quarter = max(1, photos // 4)
-            main_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{photos}-seed{seed}"),
-                                     count=photos, seed=seed)
-            quarter_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{quarter}-seed{seed}"),
-                                        count=quarter, seed=seed)
-            full = _rounds(("shardsmith", "multiprocess"), main_c.root, photos, work, repeat, "photos")
-            part = _rounds(("shardsmith",), quarter_c.root, quarter, work, repeat, "photos-q")["shardsmith"]
-            failed = failed or any(m.returncode != 0 for m in [*full.values(), part])
-            ceil = _ceiling_subprocess(main_c.root)
-            steady = (photos - quarter) / max(1e-9, full["shardsmith"].wall_s - part.wall_s)
-            p_vs_b = full["shardsmith"].images_per_s / full["multiprocess"].images_per_s
-            vs_ceiling = steady / ceil["images_per_s"]
-            lines += ["", f"Converting {photos:,} photos:", *_table(full),
-                      f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(p_vs_b >= _TARGET_VS_B)})",
-                      f"Steady state of shardsmith ({quarter:,} -> {photos:,} photos): {steady:.0f} images/s; "
-                      f"validation ceiling (TF decode in memory, every core): {ceil['images_per_s']:.0f} "
-                      f"images/s: {vs_ceiling:.2f}x (>= {_TARGET_CEILING}x: "
-                      f"{_verdict(vs_ceiling >= _TARGET_CEILING)})"]
-            summary.update(photos={n: m.__dict__ for n, m in full.items()}, photos_vs_b=p_vs_b,
-                           steady_images_per_s=steady, ceiling=ceil, steady_vs_ceiling=vs_ceiling)
+            photo = _photos(photos, seed, corpus_dir, work, repeat, steady_rounds)
+            failed = failed or photo.pop("failed")
+            lines += photo.pop("lines")
+            summary.update(photo)
     finally:
         if own_work and not failed:
             shutil.rmtree(work, ignore_errors=True)
@@ -205,15 +255,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--photos", type=int, default=2000, help="Photos (default 2000).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="Rounds; best wall time is kept.")
+    parser.add_argument("--steady-rounds", type=int, default=3,
+                        help="Rounds of the photo steady state and its ceiling (default 3).")
     parser.add_argument("--skip-photos", action="store_true", help="Only the small-image scenario.")
     parser.add_argument("--work", help="Folder for outputs and logs (default: temporary, removed).")
     parser.add_argument("--corpus_dir", help="Folder of generated corpora (default build/bench/corpora).")
     parser.add_argument("--json", help="Write the figures to this file.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.count < 10 or args.photos < 4 or args.repeat < 1:
-        parser.error("--count must be at least 10, --photos at least 4 and --repeat at least 1")
+    if args.count < 10 or args.photos < 4 or args.repeat < 1 or args.steady_rounds < 1:
+        parser.error("--count must be at least 10, --photos at least 4, --repeat and "
+                     "--steady-rounds at least 1")
     summary = run(count=args.count, photos=args.photos, seed=args.seed, repeat=args.repeat,
+                  steady_rounds=args.steady_rounds,
                   skip_photos=args.skip_photos, work=args.work, corpus_dir=args.corpus_dir)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -80,18 +80,18 @@ def jpeg_header(data: bytes) -> JpegHeader | None:
             break
         if marker in (0x01, 0xD8, 0xD9) or 0xD0 <= marker <= 0xD7:
             return None
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
-        segment = data[pos + 4:pos + 2 + length]
+        length = data[pos + 2] << 8 | data[pos + 3]
         if length < 2 or pos + 2 + length > end:
             return None
+        # Only the segments read below are copied out (tables are skipped).
         if marker in _JPEG_SOF:
-            if sof is not None or len(segment) < 6:
+            if sof is not None or length < 8:
                 return None
-            sof = segment
-        elif marker == 0xE1 and segment.startswith(b"Exif\0\0") and not exif_seen:
+            sof = data[pos + 4:pos + 2 + length]
+        elif marker == 0xE1 and data.startswith(b"Exif\0\0", pos + 4, pos + 2 + length) and not exif_seen:
             # Pillow reads the first Exif segment only.
             exif_seen = True
-            orientation = _exif_orientation(segment[6:])
+            orientation = _exif_orientation(data[pos + 10:pos + 2 + length])
             if orientation is False:
                 return None
         pos += 2 + length

@@ -58,12 +58,18 @@ _UINT64_MASK = (1 << 64) - 1
 
 # Varints of 0..127: one byte each, the common case (tags, short lengths).
 _ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+# Encoded map entries of int and str values kept per feature of a schema (see
+# `ImageExampleSchema.encode`), at most this many.
+_CACHED_ENTRIES = 1024
+_CACHED_TYPES = (int, str)
 
 
 def _varint(value: int) -> bytes:
     """Protocol buffer base-128 varint of a non-negative int."""
     if value < 0x80:
         return _ONE_BYTE[value]
+    if value < 0x4000:  # Two bytes: lengths of small images and of their records.
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -366,6 +372,22 @@ class ImageExampleSchema:
             for spec, key in sorted(((spec, spec.key.encode()) for spec in self.features),
                                     key=lambda pair: pair[1])
         )
+        # What `encode` needs of each feature, looked up once here rather than
+        # per record: (spec, is core, map entry's key field, its dtype's
+        # wire_list, the Feature tag of that dtype's list, kept entries).
+        core = set(self._CORE)
+        self._encoders = tuple(
+            (spec, spec in core, key_field, _DTYPES[spec.dtype].wire_list,
+             _ONE_BYTE[_DTYPES[spec.dtype].field << 3 | 2], {})
+            for spec, key_field in self._encoding_order
+        )
+
+    def __reduce__(self):
+        # Rebuilt from its arguments when pickled (Beam ships schemas to its
+        # workers): the encoders table holds plain functions and per-process
+        # caches of encoded entries, which are neither picklable nor worth sending.
+        strings = tuple(spec.key for spec in self.extra if spec not in GEOREF_FEATURES)
+        return type(self), (strings, self.georef)
 
     def __eq__(self, other):
         return isinstance(other, ImageExampleSchema) and self.features == other.features
@@ -383,14 +405,12 @@ class ImageExampleSchema:
           ValueError: If the record misses an extra feature the schema declares,
             naming the feature.
         """
-        # ImageRecord has one field per core feature, named by its key.
-        values = {spec.key: getattr(record, spec.key) for spec in self._CORE}
+        extra = record.extra
         for spec in self.extra:
-            if spec.key not in record.extra:
+            if spec.key not in extra:
                 raise ValueError(
                     f"Record {record.filename!r} has no value for feature {spec.key!r}."
                 )
-            values[spec.key] = record.extra[spec.key]
         parts = []
         size = 0
         # Map entries sorted by key bytes, so the same input gives the same
@@ -404,20 +424,38 @@ class ImageExampleSchema:
         # (protocolbuffers/protobuf#26621); each would change shard bytes.
         # Measured (bench/encode.py): 18 vs 11 us per 5 KB record, 22 vs 27
         # us at 150 KB, against milliseconds to validate the image.
-        for spec, key_field in self._encoding_order:
+        for spec, is_core, key_field, wire_list, list_tag, entries in self._encoders:
+            # ImageRecord has one field per core feature, named by its key.
+            value = getattr(record, spec.key) if is_core else extra[spec.key]
+            # Labels, sizes, channels and formats take few values: the whole
+            # map entry of an int or a str is kept (exactly: True == 1 must
+            # still be refused, and equal values of these types encode alike).
+            cacheable = type(value) in _CACHED_TYPES
+            if cacheable:
+                entry = entries.get(value)
+                if entry is not None:
+                    parts.append(entry)
+                    size += len(entry)
+                    continue
             try:
-                header, payload = spec._wire_parts(values[spec.key])
+                header, payload = wire_list(spec.key, value, spec.length)
             except (TypeError, ValueError) as e:
                 raise type(e)(f"Record {record.filename!r}: {e}") from e
-            # Features.feature is map<string, Feature> (field 1): each entry a
-            # message of key (field 1) and value (field 2).
+            # The Feature message: its list (field `list_tag`), then the
+            # Features.feature map entry (field 1): key (field 1), value
+            # (field 2), each a length-delimited field.
+            list_size = len(header) + len(payload)
+            header = list_tag + _varint(list_size) + header
             value_size = len(header) + len(payload)
-            entry = key_field + _field_header(2, value_size)
-            entry_head = _field_header(1, len(entry) + value_size) + entry
-            parts += (entry_head, header, payload)
-            size += len(entry_head) + value_size
+            entry = key_field + b"\x12" + _varint(value_size)
+            head = b"\n" + _varint(len(entry) + value_size) + entry + header
+            if cacheable and len(entries) < _CACHED_ENTRIES:
+                entries[value] = head + payload
+            parts += (head, payload)
+            size += len(head) + len(payload)
         # Example.features (field 1).
-        return b"".join([_field_header(1, size)] + parts)
+        parts.insert(0, _field_header(1, size))
+        return b"".join(parts)
 
     def parse_spec(self, keys=None) -> dict:
         """The `tf.io.parse_example` spec for `keys` (default: every feature).

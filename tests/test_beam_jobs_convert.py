@@ -291,6 +291,14 @@ def test_dofns_and_specs_pickle():
     for obj in (fn, schemas.IMAGE_SCHEMA, schemas.IMAGE):
         assert pickler.loads(pickler.dumps(obj)) is not None
         pickle.loads(pickle.dumps(obj))
+    # A schema with every kind of feature comes back equal and encodes alike.
+    schema = schemas.ImageExampleSchema(extra_string_features=("dicom_Modality",), georef=True)
+    record = schemas.ImageRecord(image=b"x", label=1, filename="a.tif", format="png", height=2,
+                                 width=3, channels=1, extra={"dicom_Modality": "CT",
+                                 **schemas.georef_values(32633, (1.0, 2.0, 0.0, 3.0, 0.0, -2.0))})
+    before = schema.encode(record)  # Fills the schema's caches of encoded entries.
+    for restored in (pickle.loads(pickle.dumps(schema)), pickler.loads(pickler.dumps(schema))):
+        assert restored == schema and restored.georef and restored.encode(record) == before
     fn.setup()  # Heavy objects are built in setup(), after unpickling.
     restored = pickler.loads(pickler.dumps(write_fn()))
     assert restored._validator is None

@@ -85,6 +85,23 @@ def test_encoding_equals_tensorflows_own_serialization(image, label, filename, f
         assert ours == _tf_example(schema, record)
 
 
+def test_one_schema_encodes_repeated_values_as_tensorflow_does():
+    # A schema keeps the encoded entries of the int and str values it has
+    # seen (labels, sizes, formats repeat in every dataset): records that
+    # reuse them, and more distinct values than it keeps, encode exactly as
+    # tf.train.Example does; an equal value of another type is still refused.
+    schema = ImageExampleSchema(extra_string_features=("dicom_Modality",))
+    for i in range(2500):
+        record = _record(image=bytes([i % 251]) * (i % 300), label=i % 7, filename=f"c/{i % 40}.jpg",
+                         format=("jpeg", "png", "")[i % 3], height=i, width=(1 << 40) + i % 5,
+                         channels=-(i % 3), extra={"dicom_Modality": ("CT", "MR")[i % 2]})
+        assert schema.encode(record) == _tf_example(schema, record), i
+    with pytest.raises(TypeError, match="'label' takes an int"):
+        schema.encode(_record(label=True, extra={"dicom_Modality": "CT"}))
+    with pytest.raises(TypeError, match="'format' takes bytes or str"):
+        schema.encode(_record(format=1, extra={"dicom_Modality": "CT"}))
+
+
 def test_keys_that_prefix_others_stay_in_byte_order():
     # Real --dicom_tags such as Manufacturer,ManufacturerModelName: entries in
     # plain byte order of their keys (shorter first), whatever protobuf's
