@@ -419,6 +419,9 @@ class _Stages:
       raster: How a split holding raw-stored rasters is decoded
         (`readers.stored.plan`); None for photos only.
       shape_keys: Features parsed only to decode rasters, dropped after.
+      depth: The depth PNG and JPEG images decode at: the stored one for a
+        split of PNG-stored rasters (their values kept), else the photo
+        pipeline's (`ImageOptions.depth`).
     """
 
     config: ReaderConfig
@@ -430,6 +433,7 @@ class _Stages:
     jpegs_of_size: tuple[int, int] | None
     raster: stored.RasterPlan | None = None
     shape_keys: tuple[str, ...] = ()
+    depth: tf.DType = tf.uint8
 
     @classmethod
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
@@ -450,6 +454,7 @@ class _Stages:
                            else None),
             raster=raster,
             shape_keys=shape_keys,
+            depth=stored.png_raster_depth(split_files) or config.image.depth,
         )
 
     @property
@@ -482,7 +487,7 @@ class _Stages:
             crop_fraction=image.crop_fraction,
             interpolation=image.interpolation,
             channels=image.channels,
-            depth=image.depth,
+            depth=self.depth,
             augment=self.standard,
             seed=example_seed,
         )
@@ -564,7 +569,7 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
                 features[IMAGE.key], heights, widths,
                 image_size=image.image_size, resize=image.resize,
                 crop_fraction=image.crop_fraction, interpolation=image.interpolation,
-                channels=image.channels, depth=image.depth, batch_size=stages.batch_size,
+                channels=image.channels, depth=stages.depth, batch_size=stages.batch_size,
                 jpegs_of_size=stages.jpegs_of_size,
             )
         return stages.finish(features)
