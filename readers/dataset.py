@@ -454,7 +454,7 @@ class _Stages:
                            else None),
             raster=raster,
             shape_keys=shape_keys,
-            depth=stored.png_raster_depth(split_files) or config.image.depth,
+            depth=stored.png_raster_depth(split_files, config.image) or config.image.depth,
         )
 
     @property

@@ -349,31 +349,40 @@ def is_raster_split(split_files) -> bool:
     return split_files.band_stats.get(split_files.split) is not None
 
 
-def png_raster_depth(split_files) -> tf.DType | None:
+def png_raster_depth(split_files, image) -> tf.DType | None:
     """The depth a split of PNG-stored rasters decodes at; None for any other split.
 
     Such rasters keep their values, as raw-stored ones do: a 16-bit band
     decodes at 16 bits (5237 stays 5237.0 in float32, not 20.0 as a 16-bit
     photo at the photo pipeline's 8 bits), whatever the output `dtype`.
-    Photo splits keep the photo pipeline's depth (`ImageOptions.depth`).
+    Photo splits keep the photo pipeline's depth (`ImageOptions.depth`), and
+    so do 8- and 16-bit rasters in one split read with dtype='uint16' (the
+    8-bit ones multiplied by 257, as for photos).
+
+    Args:
+      split_files: The split.
+      image: The `ImageOptions`.
 
     Raises:
-      ValueError: If the split holds 8- and 16-bit rasters: one decoding
-        depth would scale the 8-bit ones by 257.
+      ValueError: If the split holds 8- and 16-bit rasters and `dtype` is not
+        'uint16': one decoding depth would change the values of some.
     """
     photos, raws = stored_formats(split_files.images)
     layouts = split_files.images.layouts if split_files.images is not None else None
     if raws or not photos or layouts is None or not is_raster_split(split_files):
         return None
     dtypes = sorted({d for _, _, d, _ in layouts})
-    if len(dtypes) != 1:
-        raise ValueError(
-            f"split {split_files.split!r} of {split_files.data_dir!r} holds PNG-stored rasters "
-            f"of several depths ({_layouts_text(layouts)}): one decoding depth would change "
-            "the values of some; convert them with --raster_dtype, or read each depth from "
-            "its own split."
-        )
-    return tf.as_dtype(dtypes[0])
+    if len(dtypes) == 1:
+        return tf.as_dtype(dtypes[0])
+    if image.dtype == "uint16":
+        return None
+    raise ValueError(
+        f"split {split_files.split!r} of {split_files.data_dir!r} holds PNG-stored rasters "
+        f"of several depths ({_layouts_text(layouts)}): one decoding depth would change the "
+        "values of some. Read it with dtype='uint16' (8-bit ones multiplied by 257), or "
+        "convert with --raster_dtype. Received: "
+        f"dtype={image.dtype!r}"
+    )
 
 
 def plan(split_files, image) -> RasterPlan | None:
