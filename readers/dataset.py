@@ -422,6 +422,9 @@ class _Stages:
       stored_size: The one (height, width) of every image, batched at the
         stored size (image_size=None, checked by `ReaderConfig.check_schema`);
         else None.
+      depth: The depth PNG and JPEG images decode at: the stored one for a
+        split of PNG-stored rasters (their values kept), else the photo
+        pipeline's (`ImageOptions.depth`).
     """
 
     config: ReaderConfig
@@ -434,6 +437,7 @@ class _Stages:
     raster: stored.RasterPlan | None = None
     shape_keys: tuple[str, ...] = ()
     stored_size: tuple[int, int] | None = None
+    depth: tf.DType = tf.uint8
 
     @classmethod
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
@@ -456,6 +460,7 @@ class _Stages:
             shape_keys=shape_keys,
             stored_size=(stats.one_size if batch_size is not None and config.image.image_size is None
                          else None),
+            depth=stored.png_raster_depth(split_files, config.image) or config.image.depth,
         )
 
     @property
@@ -492,7 +497,7 @@ class _Stages:
             crop_fraction=image.crop_fraction,
             interpolation=image.interpolation,
             channels=image.channels,
-            depth=image.depth,
+            depth=self.depth,
             augment=self.standard,
             seed=example_seed,
         )
@@ -576,7 +581,7 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
                 features[IMAGE.key], heights, widths,
                 image_size=image.image_size, resize=image.resize,
                 crop_fraction=image.crop_fraction, interpolation=image.interpolation,
-                channels=image.channels, depth=image.depth, batch_size=stages.batch_size,
+                channels=image.channels, depth=stages.depth, batch_size=stages.batch_size,
                 jpegs_of_size=stages.jpegs_of_size,
             )
         return stages.finish(features)

@@ -92,7 +92,12 @@ class ImageOptions:
         0-255 unless scaled), 'uint8', or 'uint16' (decodes 16-bit PNGs at
         full depth; 8-bit sources are multiplied by 257); or None: the stored
         dtype, for splits of raw-stored rasters of one dtype (values exactly
-        as stored unless resized).
+        as stored unless resized). Rasters keep their values in any dtype
+        (cast, rounded and saturated for integers): raw-stored ones, and a
+        split of rasters only that is stored as PNG (8/16 bits, 1, 3 or 4
+        bands), which decodes at its stored depth (a 16-bit band of 5237 is
+        5237.0 in float32, not 20.0), see `readers.stored`. Photo splits,
+        16-bit PNG photos included, keep the 0-255 scale above.
       scale: Optional multiplier applied per batch, e.g. 1/255 (float dtypes).
       normalize: Optional (mean, std), each a float or per-channel sequence,
         applied after `scale` as (x - mean) / std (float dtypes); or

@@ -294,16 +294,9 @@ def _through_reader(
 
 
 def _is_raster_split(split_files: SplitFiles) -> bool:
-    """Whether the split holds rasters only (mixed splits show as photos: rgb).
-
-    Rasters of 1, 3 or 4 bands of 8 or 16 bits are stored as PNG; the band
-    statistics the manifest records for every record of the split say they
-    are rasters all the same (a 16-bit band of 0-10000 would show black).
-    """
-    photos, raws = stored.stored_formats(split_files.images)
-    if raws:
-        return not photos
-    return split_files.band_stats.get(split_files.split) is not None
+    """Whether the split holds rasters only (mixed splits show as photos: rgb);
+    PNG-stored ones too (a 16-bit band of 0-10000 would show black)."""
+    return stored.is_raster_split(split_files)
 
 
 def _raster_dtype(split_files: SplitFiles) -> str:

@@ -20,8 +20,14 @@ against them once, before the pipeline is built:
   the rasters' band count); otherwise they are refused here, naming what the
   split holds and what to pass.
 
-`normalize='dataset'` takes the per-band mean and std the converter recorded
-for the train split (`dataset_band_stats`): statistics of the data being
+- A split of rasters only that is stored as PNG (1, 3 or 4 bands of 8 or 16
+  bits; the manifest records band statistics for a split only when every
+  record is a raster) is read by the photo pipeline, but at the stored depth
+  (`png_raster_depth`): its values are kept, as raw-stored ones are, where a
+  photo split's come out in 0-255.
+
+`normalize='dataset'` (splits of rasters only, however stored) takes the
+per-band mean and std the converter recorded for the train split (`dataset_band_stats`): statistics of the data being
 evaluated would leak into training otherwise.
 """
 
@@ -45,7 +51,9 @@ __all__ = [
     "split_band_stats",
     "stored_formats",
     "photo_options",
+    "is_raster_split",
     "plan",
+    "png_raster_depth",
 ]
 
 logger = logging.getLogger(__name__)
@@ -328,6 +336,55 @@ def photo_options(split_files, image) -> dict[str, str]:
     return changes
 
 
+def is_raster_split(split_files) -> bool:
+    """Whether every record of the split is a raster (raw- or PNG-stored).
+
+    Rasters of 1, 3 or 4 bands of 8 or 16 bits are stored as PNG, like
+    photos; the manifest records band statistics for a split only when every
+    record of it is a raster, which says they are rasters all the same.
+    """
+    photos, raws = stored_formats(split_files.images)
+    if raws:
+        return not photos
+    return split_files.band_stats.get(split_files.split) is not None
+
+
+def png_raster_depth(split_files, image) -> tf.DType | None:
+    """The depth a split of PNG-stored rasters decodes at; None for any other split.
+
+    Such rasters keep their values, as raw-stored ones do: a 16-bit band
+    decodes at 16 bits (5237 stays 5237.0 in float32, not 20.0 as a 16-bit
+    photo at the photo pipeline's 8 bits), whatever the output `dtype`.
+    Photo splits keep the photo pipeline's depth (`ImageOptions.depth`), and
+    so do 8- and 16-bit rasters in one split read with dtype='uint16' (the
+    8-bit ones multiplied by 257, as for photos).
+
+    Args:
+      split_files: The split.
+      image: The `ImageOptions`.
+
+    Raises:
+      ValueError: If the split holds 8- and 16-bit rasters and `dtype` is not
+        'uint16': one decoding depth would change the values of some.
+    """
+    photos, raws = stored_formats(split_files.images)
+    layouts = split_files.images.layouts if split_files.images is not None else None
+    if raws or not photos or layouts is None or not is_raster_split(split_files):
+        return None
+    dtypes = sorted({d for _, _, d, _ in layouts})
+    if len(dtypes) == 1:
+        return tf.as_dtype(dtypes[0])
+    if image.dtype == "uint16":
+        return None
+    raise ValueError(
+        f"split {split_files.split!r} of {split_files.data_dir!r} holds PNG-stored rasters "
+        f"of several depths ({_layouts_text(layouts)}): one decoding depth would change the "
+        "values of some. Read it with dtype='uint16' (8-bit ones multiplied by 257), or "
+        "convert with --raster_dtype. Received: "
+        f"dtype={image.dtype!r}"
+    )
+
+
 def plan(split_files, image) -> RasterPlan | None:
     """Resolves the image options (`readers.options.ImageOptions`) against a split.
 
@@ -400,14 +457,14 @@ def resolve_normalize(split_files, image):
     """`normalize` with 'dataset' replaced by the train split's (mean, std)."""
     if image.normalize != "dataset":
         return image.normalize
-    photos, _ = stored_formats(split_files.images)
-    if photos:
-        # The statistics are of the values in the files; PNG/JPEG images come out of the
-        # photo pipeline in its own scale (0-255 floats), where they would not apply.
+    if not is_raster_split(split_files):
+        # The statistics are of raster values; photos come out of the photo pipeline in
+        # its own scale (0-255 floats), where they would not apply.
+        photos, raws = stored_formats(split_files.images)
         raise ValueError(
-            f"normalize='dataset' applies the band statistics of raw-stored rasters; split "
-            f"{split_files.split!r} holds {', '.join(photos)} images (8/16-bit with 1, 3 or 4 "
-            "bands are stored so): pass normalize=(mean, std) in the output's scale. "
+            f"normalize='dataset' applies the band statistics of rasters; split "
+            f"{split_files.split!r} holds {_formats_text(photos, raws)} images that are not "
+            "all rasters: pass normalize=(mean, std) in the output's scale. "
             "Received: normalize='dataset'"
         )
     stats = dataset_band_stats(split_files.band_stats, split_files.data_dir)

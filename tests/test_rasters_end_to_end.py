@@ -86,11 +86,8 @@ def test_band_statistics_match_numpy_and_normalise_the_batches(converted):
     np.testing.assert_allclose(stats.min, arrays.min(axis=(0, 1, 2)))
     np.testing.assert_allclose(stats.max, arrays.max(axis=(0, 1, 2)))
     h, w = arrays.shape[1:3]
-    if _png_stored(manifest):  # PNG-stored: photo scale, refused.
-        with pytest.raises(ValueError, match="normalize='dataset' applies the band statistics"):
-            readers.image_dataset_from_tfrecords(str(out), "train", batch_size=3, image_size=(h, w),
-                                                 normalize="dataset", color_mode="rgba")
-        return
+    # PNG-stored rasters too: they decode at their stored depth, values kept, so the
+    # statistics of the stored values apply to them as to raw-stored ones.
     ds = readers.image_dataset_from_tfrecords(
         str(out), "train", batch_size=3, image_size=(h, w), normalize="dataset", shuffle=False,
         color_mode=None, dtype="float32")
@@ -99,6 +96,30 @@ def test_band_statistics_match_numpy_and_normalise_the_batches(converted):
     # Every band now has the split's mean 0 and std 1 (float32 arithmetic).
     np.testing.assert_allclose(got.mean(axis=(0, 1, 2)), 0, atol=1e-3)
     np.testing.assert_allclose(got.std(axis=(0, 1, 2)), 1, rtol=1e-3)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_float32_gives_the_stored_values_of_png_and_raw_rasters_alike(converted, batch_size):
+    name, files, out, manifest = converted
+    array, _ = next(iter(files.values()))
+    h, w = array.shape[:2]
+    ds = readers.image_dataset_from_tfrecords(
+        str(out), "train", batch_size=batch_size, image_size=None if batch_size is None else (h, w),
+        shuffle=False, color_mode=None, dtype="float32", extra_features=(schemas.FILENAME.key,))
+    if batch_size is None:
+        ds = ds.batch(len(files))
+    seen = {}
+    for images, _, extras in ds:
+        for image, rel in zip(images.numpy(), extras[schemas.FILENAME.key].numpy()):
+            seen[rel.decode()] = image
+    assert sorted(seen) == sorted(files), name
+    for rel, (expected, _) in files.items():
+        # A 16-bit PNG band of 5237 is 5237.0, not the photo pipeline's 8-bit 20.0 (wider
+        # dtypes: rounded to float32 as numpy rounds them).
+        assert seen[rel].dtype == np.float32
+        np.testing.assert_array_equal(seen[rel], expected.astype(np.float32), err_msg=rel)
+    if _png_stored(manifest):
+        assert max(float(a.max()) for a, _ in files.values()) > 255  # 16-bit values, kept
 
 
 def test_stored_channels_and_dtypes_are_recorded_and_verify_checks_them(converted):
@@ -221,3 +242,53 @@ def test_preview_shows_png_stored_rasters_through_the_band_mapping(tmp_path):
         tile = np.asarray(sheet.image)[y:y + 16, x:x + 16]
         want = preview._stretch_to_rgb(arrays[names[0]].astype(np.float32), (3, 2, 1))
         np.testing.assert_array_equal(tile, want)
+
+
+def test_a_split_of_16_bit_photo_pngs_keeps_the_photo_scale(tmp_path):
+    import tensorflow as tf
+
+    photos = {}
+    for c, cls in enumerate(("cats", "dogs")):
+        for i in range(2):
+            array = _RNG.integers(256, 65536, (10, 12, 3), dtype=np.uint16)
+            data = tf.io.encode_png(array).numpy()
+            write(tmp_path / "images" / cls / f"p{i}.png", data)
+            photos[f"{cls}/p{i}.png"] = (array, data)
+    manifest = convert(tmp_path / "images", tmp_path / "out")
+    assert manifest.splits["train"].band_stats is None  # photos, not rasters
+    out = str(tmp_path / "out")
+
+    def read(**kwargs):
+        ds = readers.image_dataset_from_tfrecords(
+            out, "train", batch_size=None, image_size=None, shuffle=False,
+            extra_features=(schemas.FILENAME.key,), color_mode="rgb", **kwargs)
+        return {e[schemas.FILENAME.key].numpy().decode(): image.numpy() for image, _, e in ds}
+
+    as_float, as_uint16 = read(dtype="float32"), read(dtype="uint16")
+    assert sorted(as_float) == sorted(photos)
+    for rel, (array, data) in photos.items():
+        # The documented Keras-like scale: the 8-bit decode, 0-255, as floats.
+        np.testing.assert_array_equal(
+            as_float[rel], tf.io.decode_png(data, dtype=tf.uint8).numpy().astype(np.float32))
+        assert as_float[rel].max() <= 255
+        np.testing.assert_array_equal(as_uint16[rel], array)
+    with pytest.raises(ValueError, match="normalize='dataset' applies the band statistics"):
+        read(dtype="float32", normalize="dataset")
+
+
+def test_png_stored_rasters_of_8_and_16_bits_in_one_split_need_uint16(tmp_path):
+    for cls, dtype in (("forest", np.uint8), ("water", np.uint16)):
+        for i in range(2):
+            array = _RNG.integers(0, np.iinfo(dtype).max, (8, 6, 4), dtype=dtype)
+            write(tmp_path / "images" / cls / f"p{i}.tif", _tiff(array, **_CONTIG))
+    manifest = convert(tmp_path / "images", tmp_path / "out")
+    assert manifest.splits["train"].band_stats is not None and _png_stored(manifest)
+    # One decoding depth would multiply the 8-bit values by 257 (or cut the 16-bit ones).
+    out = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"several depths \(.*uint8.*Received: dtype='float32'"):
+        readers.image_dataset_from_tfrecords(out, "train", batch_size=None, image_size=None,
+                                             color_mode="rgba", dtype="float32")
+    # dtype='uint16' reads them as 16-bit photos are read (what `shardsmith preview` does).
+    ds = readers.image_dataset_from_tfrecords(out, "train", batch_size=None, image_size=None,
+                                              color_mode="rgba", dtype="uint16")
+    assert sorted(int(label) for _, label in ds) == [0, 0, 1, 1]
