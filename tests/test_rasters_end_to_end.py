@@ -98,13 +98,14 @@ def test_band_statistics_match_numpy_and_normalise_the_batches(converted):
     np.testing.assert_allclose(got.std(axis=(0, 1, 2)), 1, rtol=1e-3)
 
 
-@pytest.mark.parametrize("batch_size", [None, 4])
-def test_float32_gives_the_stored_values_of_png_and_raw_rasters_alike(converted, batch_size):
+@pytest.mark.parametrize("batch_size, size", [(None, None), (4, "stored"), (4, None)])
+def test_float32_gives_the_stored_values_of_png_and_raw_rasters_alike(converted, batch_size, size):
     name, files, out, manifest = converted
     array, _ = next(iter(files.values()))
     h, w = array.shape[:2]
+    # Batched either at image_size=(h, w) or at image_size=None (one-size split: the stored size).
     ds = readers.image_dataset_from_tfrecords(
-        str(out), "train", batch_size=batch_size, image_size=None if batch_size is None else (h, w),
+        str(out), "train", batch_size=batch_size, image_size=(h, w) if size == "stored" else None,
         shuffle=False, color_mode=None, dtype="float32", extra_features=(schemas.FILENAME.key,))
     if batch_size is None:
         ds = ds.batch(len(files))
