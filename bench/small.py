@@ -30,7 +30,8 @@ same run, CPU seconds move less than wall time.
 Usage:
 
   python -m bench.small [--count 100000] [--photos 2000] [--repeat 1] [--steady-rounds 3]
-                        [--skip-photos]
+                        [--skip-photos | --only steady]
+  python -m bench.small --only steady   # the photo steady state and its ceiling alone
   python -m bench.small ceiling --input_dir DIR   # the ceiling alone, one JSON line
 """
 
@@ -131,7 +132,7 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
+def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=True) -> dict:
     """Scenario 2: shardsmith and (b) on photos, and shardsmith's steady state against the ceiling.
 
     The steady state and the ceiling are measured in the same rounds, one
@@ -142,7 +143,8 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
     its rounds: the steady rate from the fastest run on all photos and the
     fastest on a quarter (start-up cancels out), the ceiling from its fastest
     round. CPU per image (every thread) is printed beside them: it moves
-    little with other load on the cores, wall time does.
+    little with other load on the cores, wall time does. Without `with_b`
+    (``--only steady``), (b) is not run and not compared.
     """
     quarter = max(1, photos // 4)
     main_c = corpus.generate("photos", os.path.join(corpus_dir, f"photos-{photos}-seed{seed}"),
@@ -153,7 +155,7 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
     ceilings: list[dict] = []
     for r in range(max(repeat, steady_rounds)):
         steps = [("ceiling", None), ("quarter", quarter_c), ("shardsmith", main_c)]
-        if r < repeat:
+        if with_b and r < repeat:
             steps.append(("multiprocess", main_c))
         for step, c in (steps if r % 2 == 0 else steps[::-1]):
             if step == "ceiling":
@@ -164,7 +166,7 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
             name = "shardsmith" if step == "quarter" else step
             count = quarter if step == "quarter" else photos
             runs[step].append(_run_one(_BY_NAME[name], c.root, count, work, f"photos-{step}-{r}", False))
-    full = {n: _best(runs[n]) for n in ("shardsmith", "multiprocess")}
+    full = {n: _best(runs[n]) for n in ("shardsmith", "multiprocess") if runs[n]}
     part = _best(runs["quarter"])
     failed = any(m.returncode != 0 for ms in runs.values() for m in ms)
     steady = (photos - quarter) / max(1e-9, full["shardsmith"].wall_s - part.wall_s)
@@ -172,19 +174,21 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
     ceil = {"images": ceilings[0]["images"],
             "images_per_s": max(c["images_per_s"] for c in ceilings),
             "cpu_ms_per_image": min(c["cpu_ms_per_image"] for c in ceilings)}
-    p_vs_b = full["shardsmith"].images_per_s / full["multiprocess"].images_per_s
+    p_vs_b = full["shardsmith"].images_per_s / full["multiprocess"].images_per_s if with_b else None
     vs_ceiling = steady / ceil["images_per_s"]
     rounds = len(ceilings)
-    lines = ["", f"Converting {photos:,} photos ({rounds} rounds, (b) in {repeat}; load average "
-                 f"{os.getloadavg()[0]:.1f}):", *_table(full),
-             f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(p_vs_b >= _TARGET_VS_B)})",
-             f"Steady state of shardsmith ({quarter:,} -> {photos:,} photos, best of {rounds}): "
-             f"{steady:.0f} images/s, {steady_cpu_ms:.2f} CPU ms/img; validation ceiling (TF decode "
-             f"of the same bytes in memory, same scale, every core, best of {rounds}): "
-             f"{ceil['images_per_s']:.0f} images/s, {ceil['cpu_ms_per_image']:.2f} CPU ms/img",
-             f"Target steady state vs ceiling: {vs_ceiling:.2f}x (>= {_TARGET_CEILING}x: "
-             f"{_verdict(vs_ceiling >= _TARGET_CEILING)}); CPU per image, ceiling / shardsmith: "
-             f"{ceil['cpu_ms_per_image'] / max(1e-9, steady_cpu_ms):.2f}x"]
+    lines = ["", f"Converting {photos:,} photos ({rounds} rounds, (b) in {repeat if with_b else 0}; "
+                 f"load average {os.getloadavg()[0]:.1f}):", *_table(full)]
+    if with_b:
+        lines.append(f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_VS_B}x: "
+                     f"{_verdict(p_vs_b >= _TARGET_VS_B)})")
+    lines += [f"Steady state of shardsmith ({quarter:,} -> {photos:,} photos, best of {rounds}): "
+              f"{steady:.0f} images/s, {steady_cpu_ms:.2f} CPU ms/img; validation ceiling (TF decode "
+              f"of the same bytes in memory, same scale, every core, best of {rounds}): "
+              f"{ceil['images_per_s']:.0f} images/s, {ceil['cpu_ms_per_image']:.2f} CPU ms/img",
+              f"Target steady state vs ceiling: {vs_ceiling:.2f}x (>= {_TARGET_CEILING}x: "
+              f"{_verdict(vs_ceiling >= _TARGET_CEILING)}); CPU per image, ceiling / shardsmith: "
+              f"{ceil['cpu_ms_per_image'] / max(1e-9, steady_cpu_ms):.2f}x"]
     return {"photos": {n: m.__dict__ for n, m in full.items()}, "photos_vs_b": p_vs_b,
             "steady_images_per_s": steady, "steady_cpu_ms_per_image": steady_cpu_ms,
             "ceiling": ceil, "ceilings": ceilings, "steady_vs_ceiling": vs_ceiling,
@@ -193,8 +197,12 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds) -> dict:
 
 def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int = 1,
         steady_rounds: int = 3, skip_photos: bool = False, work: str | None = None,
-        corpus_dir: str | None = None) -> dict:
-    """Runs both scenarios and prints their tables; returns the figures."""
+        corpus_dir: str | None = None, only_steady: bool = False) -> dict:
+    """Runs both scenarios and prints their tables; returns the figures.
+
+    `only_steady`: only shardsmith's photo steady state and its ceiling (no
+    small images, no (b)).
+    """
     bench_root = os.path.join(_REPO, "build", "bench")
     corpus_dir = corpus_dir or os.path.join(bench_root, "corpora")
     own_work = work is None
@@ -205,32 +213,38 @@ def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int 
     lines: list[str] = []
     failed = False
     try:
-        tenth = max(1, count // 10)
-        tiny = corpus.generate("tiny", os.path.join(corpus_dir, f"tiny-{count}-seed{seed}"),
-                               count=count, seed=seed)
-        tiny_tenth = corpus.generate("tiny", os.path.join(corpus_dir, f"tiny-{tenth}-seed{seed}"),
-                                     count=tenth, seed=seed)
-        stats = corpus.describe(tiny.root)
-        _LOG.info("Small images: %s", corpus.format_stats(stats))
-        small = _rounds(("shardsmith", "multiprocess", "naive"), tiny.root, count, work, repeat, "tiny")
-        memory = _rounds(("shardsmith",), tiny_tenth.root, tenth, work, repeat, "tiny-tenth")["shardsmith"]
-        failed = any(m.returncode != 0 for m in [*small.values(), memory])
-        vs_b = small["shardsmith"].images_per_s / small["multiprocess"].images_per_s
-        mem_ratio = small["shardsmith"].peak_rss / memory.peak_rss
-        lines += [f"Converting {count:,} small images ({corpus.format_stats(stats)}), whole processes, "
-                  f"best of {repeat}, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}):",
-                  *_table(small),
-                  f"Target small images vs (b): {vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(vs_b >= _TARGET_VS_B)})",
-                  f"Peak memory of shardsmith: {tenth:,} images {memory.peak_rss / _MIB:.0f} MiB, "
-                  f"{count:,} images {small['shardsmith'].peak_rss / _MIB:.0f} MiB: {mem_ratio:.2f}x "
-                  f"(<= {_TARGET_MEMORY}x: {_verdict(mem_ratio <= _TARGET_MEMORY)})"]
-        summary.update(small={n: m.__dict__ for n, m in small.items()}, small_vs_b=vs_b,
-                       memory_tenth=memory.__dict__, memory_ratio=mem_ratio)
-        if not skip_photos:
-            photo = _photos(photos, seed, corpus_dir, work, repeat, steady_rounds)
-            failed = failed or photo.pop("failed")
+        if only_steady:
+            photo = _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=False)
+            failed = photo.pop("failed")
             lines += photo.pop("lines")
             summary.update(photo)
+        else:
+            tenth = max(1, count // 10)
+            tiny = corpus.generate("tiny", os.path.join(corpus_dir, f"tiny-{count}-seed{seed}"),
+                                   count=count, seed=seed)
+            tiny_tenth = corpus.generate("tiny", os.path.join(corpus_dir, f"tiny-{tenth}-seed{seed}"),
+                                         count=tenth, seed=seed)
+            stats = corpus.describe(tiny.root)
+            _LOG.info("Small images: %s", corpus.format_stats(stats))
+            small = _rounds(("shardsmith", "multiprocess", "naive"), tiny.root, count, work, repeat, "tiny")
+            memory = _rounds(("shardsmith",), tiny_tenth.root, tenth, work, repeat, "tiny-tenth")["shardsmith"]
+            failed = any(m.returncode != 0 for m in [*small.values(), memory])
+            vs_b = small["shardsmith"].images_per_s / small["multiprocess"].images_per_s
+            mem_ratio = small["shardsmith"].peak_rss / memory.peak_rss
+            lines += [f"Converting {count:,} small images ({corpus.format_stats(stats)}), whole processes, "
+                      f"best of {repeat}, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}):",
+                      *_table(small),
+                      f"Target small images vs (b): {vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(vs_b >= _TARGET_VS_B)})",
+                      f"Peak memory of shardsmith: {tenth:,} images {memory.peak_rss / _MIB:.0f} MiB, "
+                      f"{count:,} images {small['shardsmith'].peak_rss / _MIB:.0f} MiB: {mem_ratio:.2f}x "
+                      f"(<= {_TARGET_MEMORY}x: {_verdict(mem_ratio <= _TARGET_MEMORY)})"]
+            summary.update(small={n: m.__dict__ for n, m in small.items()}, small_vs_b=vs_b,
+                           memory_tenth=memory.__dict__, memory_ratio=mem_ratio)
+            if not skip_photos:
+                photo = _photos(photos, seed, corpus_dir, work, repeat, steady_rounds)
+                failed = failed or photo.pop("failed")
+                lines += photo.pop("lines")
+                summary.update(photo)
     finally:
         if own_work and not failed:
             shutil.rmtree(work, ignore_errors=True)
@@ -258,17 +272,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-rounds", type=int, default=3,
                         help="Rounds of the photo steady state and its ceiling (default 3).")
     parser.add_argument("--skip-photos", action="store_true", help="Only the small-image scenario.")
+    parser.add_argument("--only", choices=("steady",),
+                        help="steady: only the photo steady state and its ceiling (no small images, no (b)).")
     parser.add_argument("--work", help="Folder for outputs and logs (default: temporary, removed).")
     parser.add_argument("--corpus_dir", help="Folder of generated corpora (default build/bench/corpora).")
     parser.add_argument("--json", help="Write the figures to this file.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.only and args.skip_photos:
+        parser.error("--only steady runs photos only: it cannot be used with --skip-photos")
     if args.count < 10 or args.photos < 4 or args.repeat < 1 or args.steady_rounds < 1:
         parser.error("--count must be at least 10, --photos at least 4, --repeat and "
                      "--steady-rounds at least 1")
     summary = run(count=args.count, photos=args.photos, seed=args.seed, repeat=args.repeat,
                   steady_rounds=args.steady_rounds,
-                  skip_photos=args.skip_photos, work=args.work, corpus_dir=args.corpus_dir)
+                  skip_photos=args.skip_photos, work=args.work, corpus_dir=args.corpus_dir,
+                  only_steady=args.only == "steady")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, sort_keys=True, default=str)
