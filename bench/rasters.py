@@ -139,13 +139,14 @@ def _shardsmith_reader(data_dir: str, dtype: str = ""):
         dtype=dtype or None, repeat=True)
 
 
-def read_one(pipeline: str, data_dir: str, dtype: str, *, records: int, warmup: int = 16) -> dict:
-    """Times one reader in this process: steady images/s over at least one epoch."""
+def read_one(pipeline: str, data_dir: str, dtype: str, *, records: int, warmup: int = 16,
+             seconds: float = 3.0) -> dict:
+    """Times one reader in this process: steady images/s over at least one epoch and `seconds`."""
     from bench._read_baselines import measure
 
     build = {"shardsmith": _shardsmith_reader, "hand": hand_reader}[pipeline]
     batches = max(64, -(-records // _BATCH))
-    return measure(lambda: build(data_dir, dtype), warmup=warmup, batches=batches, min_seconds=3.0)
+    return measure(lambda: build(data_dir, dtype), warmup=warmup, batches=batches, min_seconds=seconds)
 
 
 def compare_in_process(data_dir: str, dtype: str = "", *, rounds: int = 8,
@@ -185,9 +186,9 @@ def compare_in_process(data_dir: str, dtype: str = "", *, rounds: int = 8,
                 cpu_ratio=best["hand"]["cpu_ms_per_image"] / best["shardsmith"]["cpu_ms_per_image"])
 
 
-def _read_subprocess(reader: Reader, data_dir: str, records: int) -> dict:
+def _read_subprocess(reader: Reader, data_dir: str, records: int, seconds: float) -> dict:
     argv = [sys.executable, "-m", "bench.rasters", "read", reader.pipeline, "--data_dir", data_dir,
-            "--records", str(records)]
+            "--records", str(records), "--seconds", str(seconds)]
     if reader.dtype:
         argv += ["--dtype", reader.dtype]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -239,7 +240,7 @@ def _best_read(runs: list[dict]) -> dict:
 
 
 def run(*, count: int = 20_000, seed: int = 0, repeat: int = 3, work: str | None = None,
-        corpus_dir: str | None = None) -> dict:
+        corpus_dir: str | None = None, read_seconds: float = 3.0) -> dict:
     """Runs conversion and reading, prints both tables; returns the figures."""
     bench_root = os.path.join(_REPO, "build", "bench")
     corpus_dir = corpus_dir or os.path.join(bench_root, "corpora")
@@ -267,7 +268,7 @@ def run(*, count: int = 20_000, seed: int = 0, repeat: int = 3, work: str | None
         reads: dict[str, list[dict]] = {r.name: [] for r in READERS}
         for _ in range(repeat):
             for reader in READERS:
-                m = _read_subprocess(reader, data_dir, count)
+                m = _read_subprocess(reader, data_dir, count, read_seconds)
                 _LOG.info("  %-34s %8.0f images/s %7.3f CPU ms/image", reader.label,
                           m["images_per_s"], m["cpu_ms_per_image"])
                 reads[reader.name].append(m)
@@ -324,10 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--data_dir", required=True)
         parser.add_argument("--dtype", default="", choices=("", "float32"))
         parser.add_argument("--records", type=int, required=True, help="Records of the split.")
+        parser.add_argument("--seconds", type=float, default=3.0, help="Shortest timed window.")
         args = parser.parse_args(argv[1:])
         import tensorflow  # noqa: F401  (imported before the clock starts)
 
-        result = read_one(args.pipeline, args.data_dir, args.dtype, records=args.records)
+        result = read_one(args.pipeline, args.data_dir, args.dtype, records=args.records,
+                          seconds=args.seconds)
         print(_RESULT + json.dumps(result), flush=True)
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.rasters",
@@ -338,13 +341,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="Folder for outputs and logs (default: temporary, removed).")
     parser.add_argument("--corpus_dir", help="Folder of generated corpora (default build/bench/corpora).")
     parser.add_argument("--json", help="Write the figures to this file.")
+    parser.add_argument("--read_seconds", type=float, default=3.0,
+                        help="Shortest timed window of each reader (default 3; the test runs less).")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.count < 10 or args.repeat < 1:
         parser.error("--count must be at least 10 and --repeat at least 1")
     try:
         summary = run(count=args.count, seed=args.seed, repeat=args.repeat, work=args.work,
-                      corpus_dir=args.corpus_dir)
+                      corpus_dir=args.corpus_dir, read_seconds=args.read_seconds)
     except RuntimeError as e:
         _LOG.error("bench.rasters: %s", e)
         return 1

@@ -14,7 +14,7 @@ def test_bench_rasters_small_count(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "bench.rasters", "--count", "20", "--repeat", "1",
          "--work", str(tmp_path / "work"), "--corpus_dir", str(tmp_path / "corpora"),
-         "--json", str(out)],
+         "--json", str(out), "--read_seconds", "0.3"],
         capture_output=True, text=True, cwd=_REPO, env=env, stdin=subprocess.DEVNULL,
         timeout=900,
     )
