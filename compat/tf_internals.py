@@ -39,12 +39,14 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib.util
 import sys
 import threading
 import types
+import weakref
 
 from compat._versions import check_version, installed_version
 
@@ -199,6 +201,30 @@ def index_shuffle_seed_pad() -> int:
     return 498247692
 
 
+# Sessions of the batch decoders, closed at exit (see `_close_at_exit`).
+_SESSIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_at_exit(sess) -> None:
+    """Closes `sess` when the interpreter exits, before its modules are torn down.
+
+    A runtime callable (`_make_callable_from_options`) releases itself in its
+    `__del__`, which at interpreter teardown runs after TensorFlow's C
+    bindings are gone and prints "Exception ignored ... TF_SessionReleaseCallable"
+    on stderr; on a closed session it does nothing. Registered at the first
+    decoder built, not on import.
+    """
+    atexit.unregister(_close_sessions)  # Registered once, however many decoders.
+    atexit.register(_close_sessions)
+    _SESSIONS.add(sess)
+
+
+def _close_sessions() -> None:
+    for sess in list(_SESSIONS):
+        sess.close()
+    _SESSIONS.clear()
+
+
 def jpeg_batch_decoder(size: int, ratio: int):
     """A function decoding `size` JPEGs in one graph run, API not loaded.
 
@@ -237,8 +263,10 @@ def jpeg_batch_decoder(size: int, ratio: int):
         # `Session.run` on every call (fetch and feed handlers rebuilt),
         # measured ~230 us more CPU per call under the GIL, as much as
         # decoding a photo's JPEG at 1/8 scale.
-        run = session.Session(graph=graph)._make_callable_from_options(
+        sess = session.Session(graph=graph)
+        run = sess._make_callable_from_options(
             config_pb2.CallableOptions(feed=[contents.name], fetch=[shapes.name]))
+        _close_at_exit(sess)
 
     def decode(datas):
         return run(datas)[0]

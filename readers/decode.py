@@ -63,13 +63,7 @@ def decode_raw(encoded, height, width, channels, dtype: str) -> tf.Tensor:
       ValueError: If `dtype` is not a raw dtype.
       InvalidArgumentError: At run time, if the bytes do not hold that shape.
     """
-    if dtype not in RAW_DTYPES:
-        raise ValueError(f"`dtype` must be one of {RAW_DTYPES}. Received: dtype={dtype!r}")
-    # DecodeRaw has no uint32: the same bytes as int32, reinterpreted.
-    as_read = tf.int32 if dtype == "uint32" else tf.as_dtype(dtype)
-    flat = tf.io.decode_raw(encoded, as_read, little_endian=True)
-    if dtype == "uint32":
-        flat = tf.bitcast(flat, tf.uint32)
+    flat = _decode_raw_flat(encoded, dtype)
     shape = tf.cast(tf.stack([height, width, channels]), tf.int32)
     return tf.reshape(flat, shape)
 
@@ -90,14 +84,18 @@ def decode_raw_batch(encoded, shape: tuple[int, int, int], dtype: str) -> tf.Ten
       ValueError: If `dtype` is not a raw dtype.
       InvalidArgumentError: At run time, if a record holds another number of bytes.
     """
+    # DecodeRaw of a batch needs strings of one length: [N, h * w * c].
+    return tf.reshape(_decode_raw_flat(encoded, dtype), [-1, *shape])
+
+
+def _decode_raw_flat(encoded, dtype: str) -> tf.Tensor:
+    """The samples of raw-stored bytes (one string: [n]; a batch of one length: [N, n])."""
     if dtype not in RAW_DTYPES:
         raise ValueError(f"`dtype` must be one of {RAW_DTYPES}. Received: dtype={dtype!r}")
+    # DecodeRaw has no uint32: the same bytes as int32, reinterpreted.
     as_read = tf.int32 if dtype == "uint32" else tf.as_dtype(dtype)
-    # DecodeRaw of a batch needs strings of one length: [N, h * w * c].
     flat = tf.io.decode_raw(encoded, as_read, little_endian=True)
-    if dtype == "uint32":
-        flat = tf.bitcast(flat, tf.uint32)
-    return tf.reshape(flat, [-1, *shape])
+    return tf.bitcast(flat, tf.uint32) if dtype == "uint32" else flat
 
 
 def _check_channels(channels) -> int:

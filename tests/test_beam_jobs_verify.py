@@ -83,16 +83,20 @@ def test_a_tampered_index_file_is_found(dataset):
     assert f"{shard.index_file}: sha256 differs from the manifest" in problems
 
 
+def _write_with_first_train_shard(out, manifest, shard):
+    """Rewrites the manifest with `shard` in place of the train split's first one."""
+    train = dataclasses.replace(manifest.splits["train"],
+                                shards=(shard, *manifest.splits["train"].shards[1:]))
+    changed = dataclasses.replace(manifest, splits={**manifest.splits, "train": train})
+    (out / schemas.MANIFEST_FILENAME).write_text(changed.to_json())
+
+
 def test_false_image_stats_are_found(dataset):
     # Readers specialise on the manifest's formats and sizes: verify checks them.
     out, manifest = dataset
     shard = manifest.splits["train"].shards[0]
     false = dataclasses.replace(shard.images, formats=(("png", shard.num_records),))
-    tampered = dataclasses.replace(shard, images=false)
-    train = dataclasses.replace(manifest.splits["train"],
-                                shards=(tampered, *manifest.splits["train"].shards[1:]))
-    changed = dataclasses.replace(manifest, splits={**manifest.splits, "train": train})
-    (out / schemas.MANIFEST_FILENAME).write_text(changed.to_json())
+    _write_with_first_train_shard(out, manifest, dataclasses.replace(shard, images=false))
     assert verify.main([str(out)]) == 1
     problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
     assert [p for p in problems if p.startswith(f"{shard.file}: images ")] == [
@@ -130,11 +134,7 @@ def test_band_statistics_are_recomputed_and_a_tampered_band_is_named(raster_data
     nodata = list(stats.nodata)
     nodata[3] += 1
     false = dataclasses.replace(stats, mean=tuple(mean), max=tuple(maxs), nodata=tuple(nodata))
-    tampered = dataclasses.replace(shard, band_stats=false)
-    train = dataclasses.replace(manifest.splits["train"],
-                                shards=(tampered, *manifest.splits["train"].shards[1:]))
-    changed = dataclasses.replace(manifest, splits={**manifest.splits, "train": train})
-    (out / schemas.MANIFEST_FILENAME).write_text(changed.to_json())
+    _write_with_first_train_shard(out, manifest, dataclasses.replace(shard, band_stats=false))
     assert verify.main([str(out)]) == 1
     problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
     assert problems == [
