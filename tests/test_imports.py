@@ -8,6 +8,7 @@ import effects (Beam's root handler, TensorFlow's choice of allocator on this
 CPU) are in both and cancel out.
 """
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -56,14 +57,26 @@ print(json.dumps({
 '''
 
 
-@functools.lru_cache(maxsize=None)
-def _state(module: str | None) -> dict:
+def _report(module: str | None) -> dict:
     # The same environment for every interpreter (pytest names the running test in it).
     env = {k: v for k, v in os.environ.items()
            if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
     args = [sys.executable, "-c", _REPORT] + ([module] if module else [])
     proc = subprocess.run(args, capture_output=True, text=True, cwd=_REPO, env=env, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@functools.lru_cache(maxsize=None)
+def _states() -> dict:
+    # Every interpreter of this file at once, a few at a time: each imports
+    # TensorFlow (seconds), and each is its own fresh process anyway.
+    wanted = (None, "tensorflow", *_MODULES)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        return dict(zip(wanted, pool.map(_report, wanted)))
+
+
+def _state(module: str | None) -> dict:
+    return _states()[module]
 
 
 def test_the_control_reports_a_state():
