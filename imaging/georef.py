@@ -66,7 +66,7 @@ class Georef:
 def read_georef(data: bytes, name: str) -> list[Georef]:
     """The georeferencing of each full-resolution page of a TIFF, in file order.
 
-    Reduced-resolution pages (overviews) are left out, as `decode_raster`
+    Reduced-resolution pages (overviews) are left out, as `read_tiff`
     leaves them out; so the list lines up with its pages.
 
     Raises:

@@ -28,7 +28,7 @@ import numpy as np
 import schemas
 from imaging.errors import ImageRejected
 
-__all__ = ["RasterOptions", "Raster", "decode_raster", "pillow_owns", "read_tiff", "png_bytes",
+__all__ = ["RasterOptions", "Raster", "read_tiff", "png_bytes",
            "raw_bytes", "band_stats", "is_png_storable"]
 
 _PAGES = ("first", "all")
@@ -175,43 +175,20 @@ _ALPHA = (1, 2)  # ExtraSamples: associated or unassociated alpha
 _HEADER_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, EOFError)
 
 
-def pillow_owns(data: bytes, options: RasterOptions) -> bool:
-    """Whether a TIFF stays on Pillow's path (an 8-bit photo-like image, as before rasters).
-
-    True for unsigned images of at most 8 bits per sample with 1 or 3 bands,
-    or 4 when the fourth is alpha or the image is CMYK, compressed in a way
-    Pillow decodes, when no raster option asks for more; also when tifffile
-    cannot read the header (Pillow then says what is wrong, as it did).
-    `read_tiff` answers this and decodes with one parse of the file.
-    """
-    if not options.reads_pixels_as_default:
-        return False
-    tif = _open(data)
-    if tif is None:
-        return True
-    with tif:
-        return _pillow_owns_file(tif)
-
-
-def decode_raster(data: bytes, name: str, options: RasterOptions) -> list[Raster]:
-    """Decodes a TIFF file's kept pages.
-
-    Raises:
-      ImageRejected: 'corrupt' for damaged headers, truncated or undecodable
-        data; 'unsupported_dtype' for sample types raw records cannot hold
-        (complex, 64-bit integers, ...); 'too_large' above max_pixels;
-        'unsupported_codec' for a compression with no decoder installed.
-    """
-    tif = _open_or_reject(data, name)
-    with tif:
-        return _decode_pages(tif, data, name, options)
-
-
 def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | None:
-    """`decode_raster`, or None where `pillow_owns` the file: the header parsed once for both.
+    """A TIFF file's kept pages, or None where it stays on Pillow's path; one header parse.
+
+    Pillow keeps (None) unsigned images of at most 8 bits per sample with 1 or
+    3 bands, or 4 when the fourth is alpha or the image is CMYK, compressed in
+    a way Pillow decodes, when no raster option asks for more; also files
+    whose header tifffile cannot read (Pillow then says what is wrong, as it did).
 
     Raises:
-      ImageRejected: As `decode_raster`, for a file Pillow does not own.
+      ImageRejected: For a file Pillow does not own: 'corrupt' for damaged
+        headers, truncated or undecodable data; 'unsupported_dtype' for sample
+        types raw records cannot hold (complex, 64-bit integers, ...);
+        'too_large' above max_pixels; 'unsupported_codec' for a compression
+        with no decoder installed.
     """
     default = options.reads_pixels_as_default
     tif = _open(data) if default else _open_or_reject(data, name)
@@ -243,7 +220,7 @@ def _open_or_reject(data: bytes, name: str):
 
 
 def _pillow_owns_file(tif) -> bool:
-    """`pillow_owns` of an opened file (raster options at their defaults)."""
+    """Whether an opened TIFF stays on Pillow's path (raster options at their defaults)."""
     import tifffile
 
     try:
@@ -268,7 +245,7 @@ def _pillow_owns_file(tif) -> bool:
 
 
 def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[Raster]:
-    """The kept pages of an opened TIFF (`decode_raster`)."""
+    """The kept pages of an opened TIFF (`read_tiff`)."""
     import tifffile
 
     try:

@@ -43,9 +43,10 @@ def _arrays(dtype, bands, n=5, sizes=((8, 6), (5, 9), (7, 7))):
     return out
 
 
-def _as_stored(data_dir):
+def _as_stored(data_dir, color_mode=None, dtype=None):
+    """Every (image, label) of the train split, unbatched at its stored size, by file name."""
     ds = readers.image_dataset_from_tfrecords(
-        data_dir, "train", batch_size=None, image_size=None, color_mode=None, dtype=None,
+        data_dir, "train", batch_size=None, image_size=None, color_mode=color_mode, dtype=dtype,
         shuffle=False, extra_features=(FILENAME.key,))
     return {extras[FILENAME.key].numpy().decode(): (image, int(label))
             for image, label, extras in ds}
@@ -317,10 +318,7 @@ def test_photo_splits_read_as_stored_from_the_recorded_layouts(tmp_path):
         write(root / "a" / f"img_{i}.tif", buf.getvalue())
     manifest = convert(root, tmp_path / "out")
     assert manifest.splits["train"].images.layouts == (("png", 3, "uint16", 3),)
-    ds = readers.image_dataset_from_tfrecords(
-        tmp_path / "out", "train", batch_size=None, image_size=None, color_mode=None, dtype=None,
-        shuffle=False, label_mode=None, extra_features=(FILENAME.key,))
-    got = {extras[FILENAME.key].numpy().decode(): image for image, extras in ds}
+    got = {name: image for name, (image, _) in _as_stored(tmp_path / "out").items()}
     for i, array in enumerate(rgb16):
         image = got[f"a/img_{i}.tif"]
         assert image.dtype == tf.uint16 and image.shape == array.shape
@@ -344,10 +342,8 @@ def test_photo_splits_of_several_channels_or_dtypes_are_refused_saying_what_to_p
                                          r"keeps them\. Pass dtype='uint16' .*Received: dtype=None"):
         readers.image_dataset_from_tfrecords(out, "train", color_mode="grayscale", dtype=None)
     # What the message says to pass works: every image at 16 bits, 8-bit ones times 257.
-    ds = readers.image_dataset_from_tfrecords(
-        out, "train", batch_size=None, image_size=None, color_mode="grayscale", dtype="uint16",
-        shuffle=False, label_mode=None, extra_features=(FILENAME.key,))
-    got = {extras[FILENAME.key].numpy().decode(): image.numpy() for image, extras in ds}
+    got = {name: image for name, (image, _) in
+           _as_stored(out, color_mode="grayscale", dtype="uint16").items()}
     np.testing.assert_array_equal(got["a/img_0.png"][:, :, 0], grey8.astype(np.uint16) * 257)
     np.testing.assert_array_equal(got["a/img_2.png"][:, :, 0], grey16)
 
@@ -362,10 +358,7 @@ def test_jpeg_splits_keep_their_defaults_and_read_as_stored_as_uint8(tmp_path):
     # The defaults are unchanged: rgb, float32, 224x224.
     images, _ = next(iter(readers.image_dataset_from_tfrecords(tmp_path / "out", "train")))
     assert images.dtype == tf.float32 and images.shape == (3, 224, 224, 3)
-    ds = readers.image_dataset_from_tfrecords(
-        tmp_path / "out", "train", batch_size=None, image_size=None, color_mode=None, dtype=None,
-        shuffle=False, label_mode=None, extra_features=(FILENAME.key,))
-    got = {extras[FILENAME.key].numpy().decode(): image for image, extras in ds}
+    got = {name: image for name, (image, _) in _as_stored(tmp_path / "out").items()}
     for i, data in enumerate(photos):
         image = got[f"a/p_{i}.jpg"]
         assert image.dtype == tf.uint8
