@@ -317,7 +317,8 @@ def _source_dtype(page, name: str) -> np.dtype:
             f"{_sample_format(page)}, which no raw record holds",
         )
     dtype = np.dtype(dtype)
-    name_ = _WIDEN.get(dtype.name, dtype.name)
+    name_ = _dtype_name(dtype)
+    name_ = _WIDEN.get(name_, name_)
     if dtype.kind == "b" or (name_ not in schemas.RAW_DTYPES):
         raise ImageRejected(
             "unsupported_dtype",
@@ -325,6 +326,12 @@ def _source_dtype(page, name: str) -> np.dtype:
             f"{_sample_format(page)}); stored types are {', '.join(schemas.RAW_DTYPES)}",
         )
     return dtype
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    """`dtype.name`, remembered: numpy computes it in Python (~10 us), and each raster asks several times."""
+    return dtype.name
 
 
 def _enum_name(value) -> str:
@@ -369,7 +376,7 @@ def _read_page(page, data: bytes, name: str) -> np.ndarray:
     array = np.transpose(array, order)
     if array.ndim == 2:
         array = array[:, :, np.newaxis]
-    widened = _WIDEN.get(array.dtype.name)
+    widened = _WIDEN.get(_dtype_name(array.dtype))
     if widened:
         array = array.astype(widened)
     return array
@@ -412,7 +419,7 @@ def _nodata(page) -> float | None:
 
 def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
     actions: list[str] = []
-    details: dict[str, Any] = {"source_dtype": array.dtype.name, "source_bands": int(array.shape[2])}
+    details: dict[str, Any] = {"source_dtype": _dtype_name(array.dtype), "source_bands": int(array.shape[2])}
     if options.bands is not None:
         bands = array.shape[2]
         missing = [b for b in options.bands if b > bands]
@@ -463,7 +470,7 @@ def _json_number(value: float):
 
 def is_png_storable(array: np.ndarray) -> bool:
     """Whether the contract stores this array as PNG: uint8/uint16 with 1, 3 or 4 bands."""
-    return array.dtype.name in ("uint8", "uint16") and array.shape[2] in _PNG_BANDS
+    return _dtype_name(array.dtype) in ("uint8", "uint16") and array.shape[2] in _PNG_BANDS
 
 
 def png_bytes(array: np.ndarray) -> bytes:
@@ -496,7 +503,14 @@ def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
     """Per band: valid samples, min, max, mean, sum of squared deviations, nodata count.
 
     Samples equal to `nodata`, and NaN, are counted as nodata and left out.
+    Integer samples with no nodata among them: from exact integer sums, each
+    statistic the correctly rounded float of its exact value
+    (`_band_stats_exact`); otherwise float64 sums.
     """
+    if array.dtype.kind in "ui":
+        exact = _band_stats_exact(array, nodata)
+        if exact is not None:
+            return exact
     fast = _band_stats_all_valid(array, nodata)
     if fast is not None:
         return fast
@@ -525,6 +539,78 @@ def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
             m2s.append(0.0)
     return schemas.BandStats(1, tuple(counts), tuple(mins), tuple(maxs), tuple(means),
                              tuple(m2s), tuple(missing))
+
+
+# Integer sums are exact in float64 below _FLOAT64_EXACT, and in int64 below
+# _INT64_EXACT (the bounds `_exact_sums` checks).
+_FLOAT64_EXACT = 1 << 53
+_INT64_EXACT = 1 << 63
+
+
+def _band_stats_exact(array: np.ndarray, nodata: float | None) -> schemas.BandStats | None:
+    """`band_stats` of integer samples, none of them nodata, from exact sums; else None.
+
+    Per band, the sum S and the sum of squares Q of its n samples, exactly
+    (`_exact_sums`); then in Python integers mean = S / n and m2 =
+    (n Q - S^2) / n, each one division, so each is the correctly rounded
+    float of its exact value (Python's int / int rounds correctly). min and
+    max are the samples' own. None when some sample is nodata, or when the
+    sums could overflow int64 (32-bit samples of large magnitude): the
+    float64 path then answers.
+    """
+    h, w, bands = array.shape
+    n = h * w
+    if n == 0:
+        return None
+    # Reduced over rows, then over columns: each reduction runs along a long
+    # contiguous axis (h * w rows of `bands` samples would cost one short
+    # inner loop per pixel).
+    rows = array.reshape(h, w * bands)
+    minima = _per_band(np.minimum, rows, w, bands).tolist()
+    maxima = _per_band(np.maximum, rows, w, bands).tolist()
+    low, high = min(minima), max(maxima)
+    if (nodata is not None and not math.isnan(nodata) and low <= nodata <= high
+            and bool((rows == nodata).any())):
+        return None
+    sums = _exact_sums(array.reshape(n, bands), max(-low, high))
+    if sums is None:
+        return None
+    means, m2s = [], []
+    for s, q in zip(*sums):
+        means.append(s / n)
+        m2s.append((n * q - s * s) / n)
+    return schemas.BandStats(1, (n,) * bands, tuple(float(v) for v in minima),
+                             tuple(float(v) for v in maxima), tuple(means), tuple(m2s),
+                             (0,) * bands)
+
+
+def _per_band(ufunc, rows: np.ndarray, width: int, bands: int) -> np.ndarray:
+    """`ufunc` reduced over every pixel of (height, width * bands) rows: one value per band."""
+    return ufunc.reduce(ufunc.reduce(rows, axis=0).reshape(width, bands), axis=0)
+
+
+def _exact_sums(pixels: np.ndarray, largest: int) -> tuple[list[int], list[int]] | None:
+    """Per band (column) of (n, bands) integers of magnitude <= `largest`: their sum and sum of squares.
+
+    Exact, as Python ints; None when n * largest^2 reaches 2^63. Below 2^53
+    every partial sum is an integer that float64 holds exactly, whatever the
+    order or fusing of the additions, so one float64 matrix-vector product
+    (BLAS) sums them; else int64 sums, exact below 2^63.
+    """
+    n = pixels.shape[0]
+    bound = n * largest * largest
+    if bound >= _INT64_EXACT:
+        return None
+    if bound < _FLOAT64_EXACT:
+        values = pixels.astype(np.float64)
+        ones = np.ones(n)
+        sums = ones @ values
+        squares = ones @ np.multiply(values, values, out=values)
+    else:
+        values = pixels.astype(np.int64)
+        sums = np.add.reduce(values, axis=0)
+        squares = np.add.reduce(np.multiply(values, values, out=values), axis=0)
+    return [int(v) for v in sums.tolist()], [int(v) for v in squares.tolist()]
 
 
 def _band_stats_all_valid(array: np.ndarray, nodata: float | None) -> schemas.BandStats | None:

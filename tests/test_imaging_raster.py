@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -387,15 +388,13 @@ def test_every_page_gets_its_own_georef():
 
 
 def test_band_stats_of_all_bands_at_once_match_the_per_band_sums():
-    """The all-bands path (no nodata) gives the per-band loop's numbers, bit for bit."""
+    """The all-bands float path (no nodata) gives the per-band loop's numbers, bit for bit."""
     rng = np.random.default_rng(7)
-    for dtype, shape in (("uint16", (64, 64, 13)), ("int16", (5, 9, 1)), ("float32", (7, 3, 4)),
-                         ("float64", (33, 17, 2)), ("uint32", (4, 4, 13))):
+    for dtype, shape in (("float32", (7, 3, 4)), ("float64", (33, 17, 2)), ("uint32", (4, 4, 13))):
         if np.dtype(dtype).kind == "f":
             a = (rng.standard_normal(shape) * 1e5).astype(dtype)
-        else:
-            info = np.iinfo(dtype)
-            a = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        else:  # Near 2^32: beyond the exact integer sums, so the float path answers.
+            a = rng.integers(2**32 - 1000, 2**32 - 1, shape, dtype=dtype, endpoint=True)
         stats = raster.band_stats(a, None)
         for b in range(shape[2]):
             values = a[:, :, b].astype(np.float64).ravel()
@@ -404,3 +403,68 @@ def test_band_stats_of_all_bands_at_once_match_the_per_band_sums():
             assert (stats.min[b], stats.max[b]) == (float(values.min()), float(values.max()))
             assert stats.mean[b] == mean, (dtype, b)
             assert stats.m2[b] == float(np.square(values - mean).sum()), (dtype, b)
+
+
+def _exact_band_stats(a: np.ndarray, nodata=None):
+    """Per band (count, min, max, mean, m2, nodata count) of integer samples, in Python integers:
+    mean and m2 the correctly rounded floats of the exact fractions."""
+    out = []
+    for b in range(a.shape[2]):
+        values = [int(v) for v in a[:, :, b].ravel().tolist()]
+        valid = [v for v in values if nodata is None or v != nodata]
+        n = len(valid)
+        s, q = sum(valid), sum(v * v for v in valid)
+        out.append((n, float(min(valid)), float(max(valid)), float(Fraction(s, n)),
+                    float(Fraction(n * q - s * s, n)), len(values) - n))
+    return out
+
+
+def _generated_integer_arrays():
+    """(label, array) of integer samples, the edge cases of `band_stats`'s exact sums."""
+    rng = np.random.default_rng(11)
+    yield "all equal", np.full((9, 7, 3), 1234, np.uint16)
+    yield "all 65535", np.full((64, 64, 13), 65535, np.uint16)
+    yield "zeros", np.zeros((3, 5, 2), np.uint16)
+    yield "one pixel", np.array([[[7, 65535]]], np.uint16)
+    for i in range(40):
+        h, w = int(rng.integers(1, 80)), int(rng.integers(1, 80))
+        bands = (1, 2, 3, 4, 13)[i % 5]
+        dtype = ("uint8", "uint16", "int16", "int32", "uint32")[i // 8 % 5]
+        info = np.iinfo(dtype)
+        low, high = (info.min, info.max) if i % 2 else (max(info.min, -3000), min(info.max, 3000))
+        yield f"{dtype} {h}x{w}x{bands}", rng.integers(low, high, (h, w, bands), dtype=dtype, endpoint=True)
+    yield "int16 negatives", rng.integers(-32768, -1, (50, 40, 4), dtype=np.int16, endpoint=True)
+    yield "uint16 full range, 1 band", rng.integers(0, 65535, (64, 64, 1), dtype=np.uint16, endpoint=True)
+    # n * max^2 above 2^53 (int64 sums), below and above 2^63 (the float path).
+    yield "uint16 above 2^53", rng.integers(60000, 65535, (1500, 1500, 1), dtype=np.uint16, endpoint=True)
+    yield "uint32 ~2^24", rng.integers(0, 2**24, (64, 64, 3), dtype=np.uint32, endpoint=True)
+    yield "int32 ~-2^24", rng.integers(-2**24, 0, (64, 64, 2), dtype=np.int32, endpoint=True)
+
+
+def test_band_stats_of_integers_are_the_exact_values_correctly_rounded():
+    """Integer samples: every statistic is the float nearest its exact value (Python integers, Fraction)."""
+    checked = 0
+    for label, a in _generated_integer_arrays():
+        h, w, bands = a.shape
+        largest = int(np.abs(a.astype(np.int64)).max())
+        if h * w * largest * largest >= 2**63:
+            continue  # Beyond exact int64 sums: the float path (the test above).
+        stats = raster.band_stats(a, None)
+        got = list(zip(stats.count, stats.min, stats.max, stats.mean, stats.m2, stats.nodata))
+        assert got == _exact_band_stats(a), label
+        checked += 1
+    assert checked >= 40
+
+
+def test_band_stats_of_integers_with_nodata():
+    """A nodata value among integer samples is left out, as NaN and nodata always were; absent, it changes nothing."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(1, 1000, (20, 30, 4), dtype=np.uint16)
+    a[3, 4, :] = 0
+    a[:, :, 2] = 0  # A band of nodata only.
+    stats = raster.band_stats(a, 0.0)
+    want = raster.band_stats(a.astype(np.float32), 0.0)  # The float path: NaN and nodata handling.
+    assert stats == want
+    assert stats.nodata[2] == 600 and stats.min[2] is None and stats.count[0] == 599
+    assert raster.band_stats(a + 1, 0.0) == raster.band_stats(a + 1, None)
+    assert raster.band_stats(a + 1, 0.0).mean == tuple(v[3] for v in _exact_band_stats(a + 1))
