@@ -1,7 +1,8 @@
 """What travels between the conversion's steps: shard results and rejects.
 
 Plain frozen values in an importable module (not the script run as __main__),
-so every runner can pickle them to its workers.
+so every runner can pickle them to its workers. Beam-free: the shard
+writers' worker processes (`_processes`) build them without importing Beam.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import dataclasses
 import json
 
 import schemas
-from beam_jobs import _listing
 
 __all__ = ["ConversionError", "ShardResult", "Reject", "problem_to_reject"]
 
@@ -52,6 +52,8 @@ class Reject:
         return "skipped" if self.reason in schemas.SKIP_REASONS else "rejected"
 
     def to_json(self) -> str:
+        from beam_jobs import _listing  # Imports Beam: only where rejects are written.
+
         return json.dumps(
             {
                 "path": _listing.display_path(self.rel_path),
@@ -64,5 +66,6 @@ class Reject:
         )
 
 
-def problem_to_reject(p: _listing.Problem) -> Reject:
+def problem_to_reject(p) -> Reject:
+    """The Reject of a `_listing.Problem`."""
     return Reject(p.rel_path, p.reason, p.message)

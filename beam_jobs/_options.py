@@ -69,8 +69,14 @@ class WritingOptions:
       dedup: Keep one copy of identical files, the smallest path (--dedup).
       resume: Keep the shards an interrupted run finished (--resume).
       worker_threads: Threads of each shard writer that read and validate
-        files ahead (--worker_threads); None: min(4, cores of the worker).
-        Speed only: the output bytes do not depend on it.
+        files ahead (--worker_threads); None: min(4, cores of the worker) in
+        the runner's threads, none in a worker process (which has no other
+        Python thread to share the GIL with). Speed only: the output bytes
+        do not depend on it.
+      worker_processes: Processes that write shards, one shard at a time
+        each (--worker_processes); 0 writes them in the runner's own
+        threads; None lets the conversion choose (`convert.run`: every core
+        on the local runner for a large enough folder). Speed only.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -79,10 +85,18 @@ class WritingOptions:
     dedup: bool = False
     resume: bool = False
     worker_threads: int | None = None
+    worker_processes: int | None = None
 
     def __post_init__(self):
         if self.worker_threads is not None and self.worker_threads < 1:
             raise ValueError(f"--worker_threads must be at least 1. Received: {self.worker_threads}")
+        if self.worker_processes is not None and (
+                isinstance(self.worker_processes, bool) or not isinstance(self.worker_processes, int)
+                or self.worker_processes < 0):
+            raise ValueError(
+                "--worker_processes must be 0 (the runner's own threads) or more processes. "
+                f"Received: {self.worker_processes!r}"
+            )
 
 
 _VALIDATION = ValidationOptions()
@@ -220,7 +234,14 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--worker_threads", type=int, default=None,
             help="Threads of each shard writer that read and validate images ahead "
-            "(default: min(4, cores of the worker)). Speed only: the output is the same.",
+            "(default: min(4, cores of the worker) in the runner's threads, none in a worker "
+            "process). Speed only: the output is the same.",
+        )
+        parser.add_argument(
+            "--worker_processes", type=int, default=None,
+            help="Processes that write shards, one at a time each; 0 writes them in the runner's "
+            "own threads (default: one per core on the local runner for a folder of 1,000 files "
+            "or more, else 0). Speed only: the output is the same.",
         )
 
 
@@ -338,7 +359,8 @@ class ConversionConfig:
         sharding = ShardingOptions(
             num_shards=o.num_shards, target_shard_mb=o.target_shard_mb, min_shards=o.min_shards,
         )
-        writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads)
+        writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads,
+                                 worker_processes=o.worker_processes)
         resize = ResizeOptions(
             max_side=o.max_side, min_side=o.min_side,
             jpeg_quality=_RESIZE.jpeg_quality if o.jpeg_quality is None else o.jpeg_quality,

@@ -17,7 +17,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineS
 
 from compat import beam_internals
 
-__all__ = ["make_runner", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
+__all__ = ["make_runner", "in_process_threads", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
 
 _BUNDLES_PER_THREAD = 4
 _DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
@@ -66,6 +66,21 @@ def make_runner(options: PipelineOptions):
             ) from e
         return DaskClusterRunner()
     return None
+
+
+def in_process_threads(options: PipelineOptions) -> int:
+    """Threads that run the pipeline's DoFns in this very process (after `make_runner`); 0 if none.
+
+    Beam's local runner runs them in this process's threads in its
+    'multi_threading' and 'in_memory' (one thread) modes; in
+    'multi_processing' and on every other runner they run elsewhere.
+    """
+    if options.view_as(StandardOptions).runner not in (None, "DirectRunner", "direct"):
+        return 0
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode == "multi_threading":
+        return max(1, direct.direct_num_workers or 1)
+    return 1 if direct.direct_running_mode == "in_memory" else 0
 
 
 class ConsoleOptions(PipelineOptions):

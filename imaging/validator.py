@@ -14,6 +14,7 @@ how a person sees the file, is normalised and the action recorded:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import struct
 import warnings
@@ -167,15 +168,23 @@ class ImageValidator:
             options = ValidationOptions(**overrides)
         elif overrides:
             options = dataclasses.replace(options, **overrides)
-        # Heavy: loaded where a worker builds the validator, and only the
-        # decode ops (see schemas/_tf.py), not TensorFlow's whole Python API.
-        self._ops = _tf.image_ops()
         self._max_pixels = options.max_pixels
         self._background = options.background
         self._jpeg_ratio = 1 if options.full_decode else 8
         self._dicom = options.dicom
         self._resize = options.resize
         self._raster = options.raster
+
+    @functools.cached_property
+    def _ops(self):
+        # Heavy (~2 s of CPU, ~300 MB): only the decode ops (see
+        # schemas/_tf.py), not TensorFlow's whole Python API, and only once a
+        # file needs them: rasters stored raw never do.
+        return _tf.image_ops()
+
+    def load_decoders(self) -> None:
+        """Loads TensorFlow's decode ops now rather than at the first file that needs them."""
+        self._ops  # noqa: B018 (the property loads them)
 
     def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file may give several images.

@@ -1,4 +1,4 @@
-"""--worker_threads: the shard writer's read-ahead pool changes speed, never the output."""
+"""--worker_threads and --worker_processes: how shards are written changes speed, never the output."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions
-from beam_jobs import _write
+from beam_jobs import _shard_writer, _write
 from beam_jobs._options import WritingOptions
 from beam_jobs import convert as convert_module
 
@@ -46,16 +46,17 @@ def default_output(images, tmp_path_factory):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_output_is_byte_identical_to_the_default(images, default_output, tmp_path, monkeypatch, threads):
     names = set()
-    validate = _write.WriteShardFn._validate_group
+    validate = _shard_writer._Writer._validate_group
 
     def recording_validate(self, group):
         names.add(threading.current_thread().name)
         return validate(self, group)
 
-    monkeypatch.setattr(_write.WriteShardFn, "_validate_group", recording_validate)
-    monkeypatch.setattr(_write, "_GROUP_FILES", 4)
+    monkeypatch.setattr(_shard_writer._Writer, "_validate_group", recording_validate)
+    monkeypatch.setattr(_shard_writer, "_GROUP_FILES", 4)
     out = tmp_path / "out"
-    manifest = convert(images, out, *_ARGS, "--worker_threads", threads)
+    # In the runner's threads (as by default for so few files): the patches apply there.
+    manifest = convert(images, out, *_ARGS, "--worker_threads", threads, "--worker_processes", 0)
 
     assert manifest.counts["rejected"] == 1 and manifest.normalized == {"flatten_alpha": 1}
     assert sum(len(s.shards) for s in manifest.splits.values()) == 4

@@ -180,6 +180,19 @@ def test_every_output_byte_is_as_recorded(measured, golden, run):
     assert not changed, f"output bytes changed in {run}: {changed}"
 
 
+def test_worker_processes_write_the_recorded_bytes(tmp_path, golden):
+    # The same conversion with its shards written by 2 worker processes
+    # (the default for large folders) instead of the runner's threads.
+    root = tmp_path / "images"
+    build_corpus(root)
+    name, flags = RUNS[1]
+    out = tmp_path / "out"
+    convert(root, out, *flags, "--worker_processes", "2")
+    got, want = _output_hashes(out), golden["outputs"][name]
+    assert sorted(got) == sorted(want)
+    assert sorted(n for n in want if got[n] != want[n]) == []
+
+
 if __name__ == "__main__":
     import tempfile
 

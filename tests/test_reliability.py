@@ -14,7 +14,7 @@ from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions
-from beam_jobs import _plan, _write, verify
+from beam_jobs import _plan, _shard_writer, _write, verify
 from beam_jobs._files import TMP_DIRNAME
 from schemas.tfrecord import iter_records
 
@@ -130,7 +130,7 @@ def test_overwrite_after_a_kill_completes_and_verifies(interrupted, tmp_path):
     assert len(list(out.glob("*.tfrecord"))) == 6 and not (out / TMP_DIRNAME).exists()
 
 
-def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_path):
+def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_path, monkeypatch):
     root = tmp_path / "images"
     make_class_tree(root, per_class=4)
     files = [_plan.PlannedFile("train", 0, i, rel, str(root / rel), 1, 0, 1)
@@ -151,10 +151,12 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
         pass
 
     attempt = fn()
-    real_read = attempt._read
-    attempt._read = lambda f: real_read(f) if f.rel_path != files[3].rel_path else (_ for _ in ()).throw(Boom())
+    real_read = _shard_writer._read
+    monkeypatch.setattr(_shard_writer, "_read", lambda f: real_read(f) if f.rel_path != files[3].rel_path
+                        else (_ for _ in ()).throw(Boom()))
     with pytest.raises(Boom):
         attempt._write("train", 0, "train-00000-of-00001.tfrecord", files)
+    monkeypatch.undo()
     # The failed attempt left nothing under the final name ...
     assert not (out / "train-00000-of-00001.tfrecord").exists()
     assert not list((out / TMP_DIRNAME).glob("train-00000-of-00001.tfrecord.*"))

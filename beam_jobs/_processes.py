@@ -1,0 +1,282 @@
+"""Worker processes that write shards, so that a conversion's Python work uses every core.
+
+On the local runner the shard writers are threads of one process: what they
+do in Python (tifffile's header parsing, band statistics, encoding and
+framing records) runs under one GIL, about one core whatever the machine,
+and the threads handing the GIL to each other cost system time on top
+(20,000 13-band rasters: 37 CPU s over 33 s of wall time on 2 cores). Here
+each shard is written by one of N processes, one thread each.
+
+The processes are plain `python -c` children fed pickled calls over two
+pipes, not a `multiprocessing` pool: its spawned children re-import the
+parent's `__main__` (`python -m beam_jobs.convert` would import Beam in each,
+~1.3 s of CPU and ~80 MB), and forking a process that has loaded TensorFlow
+or gRPC threads is unsafe. A child imports only what its calls need: for
+local files, neither Beam nor TensorFlow's Python API.
+
+    pool = acquire(2, warm=(prepare, (options,)))
+    try:
+        outcome = pool.call(write_shard, job)
+    finally:
+        release(pool)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+import traceback
+
+__all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "main"]
+
+# Seconds a closing child may take to finish and exit before it is killed.
+_EXIT_WAIT = 10
+_BOOTSTRAP = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from beam_jobs._processes import main; main(int(sys.argv[2]), int(sys.argv[3]))"
+)
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended while running a call (killed, out of memory, a crash in C code)."""
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an error raised in a worker process, shown as the error's cause."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+class _Worker:
+    """One child process and its two pipes; used by one thread at a time."""
+
+    def __init__(self):
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, close_fds=True,
+            )
+        except BaseException:
+            for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+                os.close(fd)
+            raise
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._to = os.fdopen(to_child_w, "wb")
+        self._from = os.fdopen(from_child_r, "rb")
+        self._unanswered = 0  # Calls sent whose answers are not read yet (`send`).
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def send(self, fn, args) -> None:
+        """Sends a call without waiting for its answer (read by the next `call`)."""
+        try:
+            pickle.dump((fn, args), self._to, protocol=pickle.HIGHEST_PROTOCOL)
+            self._to.flush()
+        except BrokenPipeError:
+            raise self._died(fn) from None
+        self._unanswered += 1
+
+    def call(self, fn, args):
+        """Runs `fn(*args)` in the child: (True, value), or (False, (error, traceback text)).
+
+        Raises:
+          WorkerDied: If the child ends before answering.
+        """
+        self.send(fn, args)
+        answers = []  # Earlier calls' (a warm-up's), then this one's: all read, in order.
+        while self._unanswered:
+            try:
+                answers.append(pickle.load(self._from))
+            except (EOFError, pickle.UnpicklingError, OSError):
+                raise self._died(fn) from None
+            self._unanswered -= 1
+        # A warm-up's error first: it is why this call failed too.
+        return next((a for a in answers if not a[0]), answers[-1])
+
+    def _died(self, fn) -> WorkerDied:
+        code = self._proc.wait()
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        name = getattr(fn, "__qualname__", repr(fn))
+        return WorkerDied(
+            f"A shardsmith worker process (pid {self._proc.pid}) {how} while running {name}"
+            " (out of memory, or a crash in a decoder). Run again with --worker_processes 0 to"
+            " convert in the runner's own threads."
+        )
+
+    def close(self, kill: bool = False) -> None:
+        """Asks the child to exit (end of input), waits a while, then kills it; or kills it now."""
+        for f in (self._to, self._from):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if kill:
+            self._proc.kill()
+        try:
+            self._proc.wait(_EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class WorkerProcesses:
+    """N child processes that run picklable calls, each one call at a time.
+
+    Args:
+      processes: How many.
+      warm: Optional (fn, args) sent to every child at once, without
+        waiting (e.g. loading decoders while the driver still plans);
+        its result is ignored, its error raised by the child's first call.
+
+    Raises:
+      OSError: If a child cannot be started.
+    """
+
+    def __init__(self, processes: int, warm=None):
+        if processes < 1:
+            raise ValueError(f"`processes` must be at least 1. Received: {processes}")
+        self.processes = processes
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._warm = warm
+        try:
+            for _ in range(processes):
+                self._idle.put(self._start())
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> _Worker:
+        worker = _Worker()
+        if self._warm is not None:
+            worker.send(*self._warm)
+        with self._lock:
+            self._workers.append(worker)
+        return worker
+
+    def call(self, fn, *args):
+        """Runs `fn(*args)` in an idle child (waiting for one); returns its value or raises its error.
+
+        Raises:
+          WorkerDied: If the child ends during the call; a fresh child takes its place.
+        """
+        if self._closed:
+            raise RuntimeError("The worker processes are closed.")
+        worker = self._idle.get()
+        try:
+            ok, value = worker.call(fn, args)
+        except WorkerDied:
+            with self._lock:
+                self._workers.remove(worker)
+            worker.close()
+            if not self._closed:
+                self._idle.put(self._start())  # A fresh child for the next call.
+            raise
+        except BaseException:
+            # Interrupted while a child works: its answer would go to the
+            # next caller. The run is being stopped: every child is.
+            self.close(kill=True)
+            raise
+        self._idle.put(worker)
+        if not ok:
+            error, text = value
+            raise error from _RemoteTraceback(text)
+        return value
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, kill: bool = False) -> None:
+        """Ends every child: after its current call, or at once with `kill`."""
+        self._closed = True
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.close(kill=kill)
+
+
+# One set of worker processes per process and size, shared by the conversion's
+# driver (which starts them early) and its shard writers (DoFns, which may be
+# set up on several threads); closed when the last user releases it.
+_SHARED: dict[int, list] = {}  # processes -> [WorkerProcesses, users]
+_SHARED_LOCK = threading.Lock()
+
+
+def acquire(processes: int, warm=None) -> WorkerProcesses:
+    """The process's shared `WorkerProcesses` of this size, started if there is none."""
+    with _SHARED_LOCK:
+        entry = _SHARED.get(processes)
+        if entry is None or entry[0].closed:
+            if not _SHARED:
+                atexit.register(_close_all)
+            entry = _SHARED[processes] = [WorkerProcesses(processes, warm), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release(pool: WorkerProcesses) -> None:
+    """Gives back a pool of `acquire`; the last user closes it."""
+    with _SHARED_LOCK:
+        entry = _SHARED.get(pool.processes)
+        if entry is None or entry[0] is not pool:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _SHARED[pool.processes]
+    pool.close()
+
+
+def _close_all() -> None:
+    with _SHARED_LOCK:
+        pools = [entry[0] for entry in _SHARED.values()]
+        _SHARED.clear()
+    for pool in pools:
+        pool.close()
+
+
+def main(fd_in: int, fd_out: int) -> None:
+    """A child's loop: read a call, run it, write (True, value) or (False, (error, traceback))."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: the driver stops the children
+    # by closing their input, so that an interrupted shard is not half-reported.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    calls = os.fdopen(fd_in, "rb")
+    answers = os.fdopen(fd_out, "wb")
+    while True:
+        try:
+            fn, args = pickle.load(calls)
+        except EOFError:
+            return
+        try:
+            answer = (True, fn(*args))
+        except Exception as e:  # Every error goes back to the caller, which raises it.
+            answer = (False, (e, f"In worker process {os.getpid()}:\n{traceback.format_exc()}"))
+        try:
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # An error (or value) that does not pickle: its text does.
+            data = pickle.dumps((False, (RuntimeError(f"{type(e).__name__}: {e}"), traceback.format_exc())))
+        answers.write(data)
+        answers.flush()

@@ -1,0 +1,320 @@
+"""Writing one shard's file: read, validate, encode, frame and index its images.
+
+Beam-free, so that a shard is written the same way in the runner's thread
+(`_write.WriteShardFn`) and in a worker process (`_processes`) that never
+imports Beam for local files. `write_shard` takes a `ShardJob` of plain,
+picklable values and returns the `ShardOutcome`; only `_files` reaches
+Beam, and only for a URL.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import itertools
+import os
+import types
+from typing import NamedTuple
+
+import schemas
+from beam_jobs._elements import Reject, ShardResult
+from beam_jobs._files import AtomicWriter, read_bytes
+from imaging import ImageRejected, ImageValidator, ValidationOptions
+from schemas.tfrecord import format_index, frame_record
+
+__all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "record_schema", "read_ahead",
+           "default_threads"]
+
+# Files of a shard read and validated ahead of the writer, per thread (see `read_ahead`).
+_READ_AHEAD = 8
+# Files validated together (`ImageValidator.validate_many`): at most this many,
+# and of at most this many planned bytes, so that the groups read ahead hold
+# a bounded amount of memory whatever the image sizes. 1 MiB keeps 64 small
+# images (~1-3 KB) in one batch; with 8 MiB, 2,000 ~125 KB photos converted
+# at 684-708 MiB peak instead of 569-576 (_READ_AHEAD groups in flight per
+# shard writer), at the same speed.
+_GROUP_FILES = 64
+_GROUP_BYTES = 1 << 20
+# The extra features of a record when no DICOM tags are asked for (never changed).
+_NO_EXTRA = types.MappingProxyType({})
+
+
+class ShardFile(NamedTuple):
+    """One planned file of a shard, as the writer needs it.
+
+    Attributes:
+      rel_path: Its path under the input folder (the record's filename).
+      path: Where to read it.
+      size: Its planned size in bytes (groups files for validation).
+      label: Its class index.
+      duplicate: With --dedup, the message of its 'duplicate' reject (it
+        is then not read); None otherwise.
+    """
+
+    rel_path: str
+    path: str
+    size: int
+    label: int
+    duplicate: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """Everything one shard's writer needs: plain values, pickled to a worker process.
+
+    Attributes:
+      output_dir: Folder of the shards.
+      split, index, num_shards: Which shard.
+      name: Its file name (`schemas.shard_filename`).
+      files: Its `ShardFile`s, in record order.
+      num_classes: For the per-shard class counts.
+      validation: The `imaging.ValidationOptions` of every file.
+      threads: Threads that read and validate groups of files ahead of the
+        writer; 0 reads and validates in the writer's own thread (a worker
+        process, where no other Python thread competes for the GIL).
+    """
+
+    output_dir: str
+    split: str
+    index: int
+    num_shards: int
+    name: str
+    files: tuple[ShardFile, ...]
+    num_classes: int
+    validation: ValidationOptions
+    threads: int
+
+
+class ShardOutcome(NamedTuple):
+    """What writing a shard gives: its result, its rejects, its normalisations."""
+
+    result: ShardResult
+    rejects: list[Reject]
+    # (record filename, source format, actions, details or None) of each record not stored as read.
+    normalized: list[tuple]
+
+
+def record_schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
+    """The schema of every record a conversion with these options writes."""
+    return schemas.ImageExampleSchema(
+        extra_string_features=tuple(schemas.dicom_tag_key(t) for t in validation.dicom.tags),
+        georef=validation.raster.georef,
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _validator(validation: ValidationOptions) -> ImageValidator:
+    # One per options and process: a worker process writes many shards.
+    return ImageValidator(validation)
+
+
+@functools.lru_cache(maxsize=4)
+def _schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
+    return record_schema(validation)
+
+
+def read_ahead(fn, items, *, threads: int, depth: int = _READ_AHEAD):
+    """Yields (item, fn(item)) in order, computing up to `depth` items ahead on `threads`.
+
+    Reads wait on storage (tens of milliseconds per object on cloud storage)
+    and decoders release the GIL, so a small pool keeps every core and the
+    network busy within one shard. At most `depth` results are in memory at
+    once; the output order, and so the shard's bytes, do not depend on the pool.
+    With 0 threads, each item is computed when it is asked for.
+    """
+    if threads == 0:
+        for item in items:
+            yield item, fn(item)
+        return
+    pending = collections.deque()
+    items = iter(items)
+    with concurrent.futures.ThreadPoolExecutor(threads, "shardsmith-read") as pool:
+        for item in itertools.islice(items, depth):
+            pending.append((item, pool.submit(fn, item)))
+        while pending:
+            item, future = pending.popleft()
+            outcome = future.result()
+            for nxt in itertools.islice(items, 1):
+                pending.append((nxt, pool.submit(fn, nxt)))
+            yield item, outcome
+
+
+def _groups(files):
+    """`files` in order, in lists of at most _GROUP_FILES files and _GROUP_BYTES planned bytes."""
+    group, size = [], 0
+    for f in files:
+        if group and (len(group) == _GROUP_FILES or size + f.size > _GROUP_BYTES):
+            yield group
+            group, size = [], 0
+        group.append(f)
+        size += f.size
+    if group:
+        yield group
+
+
+def _georef_values(georef) -> dict:
+    """The georef features of a record: unknown where the image has none (`imaging.georef.Georef`)."""
+    if georef is None:
+        return schemas.georef_values()
+    return schemas.georef_values(georef.epsg, georef.geotransform)
+
+
+class _Shard:
+    """What one shard collects while its records are written."""
+
+    def __init__(self, num_classes: int):
+        self.index_entries: list[tuple[int, int]] = []  # (offset, framed length) of each record
+        self.class_counts = [0] * num_classes
+        # (format, height, width, channels, sample dtype) of each record, for schemas.ImageStats.
+        self.stored: list[tuple[str, int, int, int, str]] = []
+        self.rejects: list[Reject] = []
+        self.normalized: list[tuple] = []
+        self.num_sources = 0
+        self.band_stats = None  # schemas.BandStats of its raster records, merged as written
+        self.mixed_bands = False
+        self.georeferenced = 0  # Records with a known EPSG code or geotransform
+
+
+def write_shard(job: ShardJob) -> ShardOutcome:
+    """Writes the shard's file and its index atomically; returns what the manifest needs of it.
+
+    Every file ends up as records or as a Reject with its reason. Errors
+    other than a file's own (the output not writable, ...) are raised, and
+    nothing is left under the shard's final name.
+    """
+    return _Writer(job).write()
+
+
+class _Writer:
+    """One shard being written (`write_shard`)."""
+
+    def __init__(self, job: ShardJob):
+        self._job = job
+        self._validator = _validator(job.validation)
+        self._schema = _schema(job.validation)
+        self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
+
+    def write(self) -> ShardOutcome:
+        job = self._job
+        writer = AtomicWriter(job.output_dir, job.name)
+        shard = _Shard(job.num_classes)
+        try:
+            for f, outcome in self._validated(job.files, job.threads):
+                if isinstance(outcome, Reject):
+                    shard.rejects.append(outcome)
+                    continue
+                shard.num_sources += 1
+                for image in outcome:
+                    self._write_record(writer, shard, f, image)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+        index_name = schemas.index_filename(job.name)
+        index_writer = AtomicWriter(job.output_dir, index_name)
+        index_writer.write(format_index(shard.index_entries))
+        index_writer.commit()
+        stats = schemas.ImageStats.of(shard.stored)
+        result = ShardResult(
+            job.split, job.index, job.num_shards, job.name, sum(shard.class_counts), writer.num_bytes,
+            writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
+            shard.num_sources, images=stats.to_json() if stats else None,
+            band_stats=None if shard.band_stats is None or shard.mixed_bands else shard.band_stats.to_json(),
+            georeferenced=shard.georeferenced if self._schema.georef else None,
+        )
+        return ShardOutcome(result, shard.rejects, shard.normalized)
+
+    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image) -> None:
+        """Encodes, frames and writes one image; notes it in the shard's index and counts."""
+        # One record per kept frame: its filename says which.
+        filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
+        if image.page is not None:
+            filename += f"#page={image.page}"
+        if image.actions:
+            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
+        record = self._schema.encode(schemas.ImageRecord(
+            image=image.data,
+            label=f.label,
+            filename=filename,
+            format=image.format,
+            height=image.height,
+            width=image.width,
+            channels=image.channels,
+            extra=self._extra(image),
+        ))
+        framed = frame_record(record)
+        shard.index_entries.append((writer.num_bytes, len(framed)))
+        writer.write(framed)
+        shard.class_counts[f.label] += 1
+        shard.stored.append((image.format, image.height, image.width, image.channels,
+                             schemas.sample_dtype(image.format, image.data)))
+        if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
+            shard.georeferenced += 1
+        if image.band_stats is not None and not shard.mixed_bands:
+            merged = image.band_stats if shard.band_stats is None else shard.band_stats.merge(image.band_stats)
+            shard.mixed_bands = merged is None
+            shard.band_stats = merged
+
+    def _extra(self, image) -> dict:
+        """The record's optional features: the DICOM tags asked for, its georeferencing."""
+        if not self._tag_keys and not self._schema.georef:
+            return _NO_EXTRA  # The common case: no dict per record.
+        extra = {key: image.tags.get(t, "") for t, key in self._tag_keys}
+        if self._schema.georef:
+            extra.update(_georef_values(image.georef))
+        return extra
+
+    def _validated(self, files, threads: int):
+        """Yields (file, its images or its Reject) in order; groups of files validated ahead."""
+        groups = read_ahead(self._validate_group, _groups(files), threads=threads, depth=threads)
+        for group, outcomes in groups:
+            yield from zip(group, outcomes)
+
+    def _validate_group(self, group: list[ShardFile]):
+        """Reads and validates a group of files: for each, its images or its Reject."""
+        outcomes: list = [None] * len(group)
+        read = []  # (position in the group, bytes)
+        for k, f in enumerate(group):
+            if f.duplicate is not None:
+                outcomes[k] = Reject(f.rel_path, "duplicate", f.duplicate)
+                continue
+            try:
+                read.append((k, _read(f)))
+            except ImageRejected as e:
+                outcomes[k] = Reject(f.rel_path, e.reason, e.message)
+        results = self._validator.validate_many([(data, group[k].rel_path) for k, data in read])
+        for (k, _), result in zip(read, results):
+            if isinstance(result, ImageRejected):
+                result = Reject(group[k].rel_path, result.reason, result.message)
+            outcomes[k] = result
+        return outcomes
+
+
+def _read(f: ShardFile) -> bytes:
+    try:
+        return read_bytes(f.path)
+    except OSError as e:
+        # Beam wraps I/O errors of URLs (permissions, vanished objects) in OSErrors too.
+        raise ImageRejected("unreadable", f"{f.rel_path}: {e}") from e
+
+
+def warm_up(validation: ValidationOptions, decoders: bool = True) -> None:
+    """Builds this process's validator for `validation` ahead of its first shard.
+
+    Args:
+      validation: The conversion's options.
+      decoders: Load TensorFlow's decode ops too (~2 s of CPU): a worker
+        process then does it while the driver still plans. Rasters stored
+        raw never need them.
+    """
+    validator = _validator(validation)
+    _schema(validation)
+    if decoders:
+        validator.load_decoders()
+
+
+def default_threads() -> int:
+    """Read-ahead threads of a shard writer in the runner's thread: min(4, cores)."""
+    return min(4, os.cpu_count() or 1)

@@ -1,0 +1,249 @@
+"""Worker processes (beam_jobs/_processes.py) and conversions that write their shards in them."""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import pickle
+import signal
+
+import numpy as np
+import pytest
+import tifffile
+from helpers import convert, encode, make_class_tree, make_dicom, pixels, write
+
+import schemas
+from beam_jobs import _plan, _processes, _shard_writer
+from beam_jobs import convert as convert_module
+from beam_jobs._options import ConversionConfig, ConvertOptions
+from beam_jobs._shards import load_shard_plan
+from beam_jobs._write import _shard_file
+from imaging import ValidationOptions
+
+# What a child has imported, asked in the child (eval is pickled by reference).
+_HEAVY_MODULES = ("sorted({m.split('.')[0] for m in __import__('sys').modules} "
+                  "& {'apache_beam', 'tensorflow', 'grpc'})")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    workers = _processes.WorkerProcesses(2)
+    yield workers
+    workers.close()
+
+
+def test_calls_run_in_other_processes_and_return_their_values(pool):
+    pids = {pool.call(os.getpid) for _ in range(6)}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert pool.call(divmod, 17, 5) == (3, 2)
+
+
+def test_a_remote_error_is_raised_as_itself_with_the_remote_traceback(pool):
+    with pytest.raises(ZeroDivisionError) as info:
+        pool.call(divmod, 1, 0)
+    remote = str(info.value.__cause__)
+    assert remote.startswith("In worker process ") and "ZeroDivisionError" in remote
+    assert pool.call(divmod, 9, 2) == (4, 1)  # The child answered: still in use.
+
+
+def test_an_error_that_does_not_pickle_comes_back_as_its_text(pool):
+    # A lambda in the child's answer cannot be pickled back.
+    with pytest.raises(RuntimeError, match="PicklingError|pickle"):
+        pool.call(eval, "lambda: 0")
+
+
+def test_a_child_that_dies_is_named_and_replaced():
+    workers = _processes.WorkerProcesses(1)
+    try:
+        pid = workers.call(os.getpid)
+        with pytest.raises(_processes.WorkerDied, match=rf"pid {pid}\) exited with status 3 while running _exit"):
+            workers.call(os._exit, 3)
+        fresh = workers.call(os.getpid)
+        assert fresh != pid
+        with pytest.raises(_processes.WorkerDied, match=rf"pid {fresh}\) was killed by signal 9"):
+            workers.call(os.kill, fresh, signal.SIGKILL)
+        assert workers.call(divmod, 7, 7) == (1, 0)  # A fresh child took its place.
+    finally:
+        workers.close()
+
+
+def test_a_warm_up_error_is_raised_by_the_first_call_only():
+    workers = _processes.WorkerProcesses(1, warm=(divmod, (1, 0)))
+    try:
+        with pytest.raises(ZeroDivisionError):
+            workers.call(divmod, 4, 2)
+        assert workers.call(divmod, 4, 2) == (2, 0)
+    finally:
+        workers.close()
+
+
+def test_closing_ends_every_child():
+    workers = _processes.WorkerProcesses(2)
+    procs = [w._proc for w in workers._workers]
+    workers.close()
+    assert all(p.poll() is not None for p in procs)
+    with pytest.raises(RuntimeError, match="closed"):
+        workers.call(os.getpid)
+
+
+def test_the_shared_pool_is_closed_by_its_last_user():
+    first = _processes.acquire(1)
+    second = _processes.acquire(1)
+    assert first is second
+    _processes.release(first)
+    assert not first.closed and first.call(divmod, 5, 5) == (1, 0)
+    _processes.release(second)
+    assert first.closed and 1 not in _processes._SHARED
+    third = _processes.acquire(1)
+    try:
+        assert third is not first
+    finally:
+        _processes.release(third)
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5])
+def test_the_writing_options_refuse_a_bad_count(value):
+    from beam_jobs._options import WritingOptions
+
+    with pytest.raises(ValueError, match=rf"--worker_processes must be 0 .*Received: {value!r}"):
+        WritingOptions(worker_processes=value)
+
+
+def test_a_bad_count_is_one_clear_sentence(tmp_path, capsys):
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a",), per_class=1)
+    code = convert_module.main(["--input_dir", str(root), "--output_dir", str(tmp_path / "o"),
+                                "--worker_processes", "-2"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "shardsmith convert: error: --worker_processes must be 0 (the runner's own threads) or more "
+        "processes. Received: -2")
+    assert not (tmp_path / "o").exists()
+
+
+def _plan_of(n_files: int, shards: int) -> _plan.Plan:
+    files = tuple(_plan.PlannedFile("train", i % shards, i, f"a/{i}.jpg", f"/x/a/{i}.jpg", 1, 0, shards)
+                  for i in range(n_files))
+    return _plan.Plan(files=files, class_names=("a",), shard_counts={"train": shards}, problems=(),
+                      num_found=n_files, split_source="hash")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the default needs 2 or more cores; checked below")
+def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local_runner():
+    # Stated fact this test depends on: this machine has several cores.
+    cores = os.cpu_count()
+    local = ConvertOptions([])
+    from beam_jobs import _runner
+
+    _runner.make_runner(local)
+    big = convert_module._PROCESSES_MIN_FILES
+    assert convert_module._worker_processes(None, _plan_of(big, 16), local) == min(cores, 16)
+    assert convert_module._worker_processes(None, _plan_of(big, 1), local) == 0
+    assert convert_module._worker_processes(None, _plan_of(big - 1, 16), local) == 0
+    # Elsewhere the DoFns already run in processes of their own.
+    for argv in (["--direct_running_mode", "multi_processing"], ["--runner", "DataflowRunner"]):
+        assert convert_module._worker_processes(None, _plan_of(big, 16), ConvertOptions(argv)) == 0
+    # What is asked for is what runs.
+    assert convert_module._worker_processes(0, _plan_of(big, 16), local) == 0
+    assert convert_module._worker_processes(3, _plan_of(10, 1), ConvertOptions(["--runner", "DataflowRunner"])) == 3
+
+
+def test_the_single_core_default_is_threads(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    local = ConvertOptions([])
+    assert convert_module._worker_processes(None, _plan_of(5000, 16), local) == 0
+
+
+def _tiff(array, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, array, **kwargs)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """Photos, a reject, a normalised PNG, DICOM and multi-band rasters in three classes."""
+    root = tmp_path_factory.mktemp("processes") / "images"
+    make_class_tree(root, per_class=10)
+    write(root / "cat" / "truncated.jpg", encode(pixels(1), "JPEG")[:200])
+    write(root / "fish" / "alpha.png", encode(pixels(2, mode="RGBA"), "PNG"))
+    ramp = (np.arange(12 * 10).reshape(12, 10) * 7 - 300).astype(np.int16)
+    write(root / "dog" / "ct.dcm", make_dicom(ramp, Modality="CT", WindowCenter=40, WindowWidth=400))
+    rng = np.random.default_rng(5)
+    for i in range(4):
+        write(root / "fish" / f"s2_{i}.tif", _tiff(rng.integers(0, 10000, (16, 16, 13), dtype=np.uint16),
+                                                   planarconfig="contig"))
+        write(root / "dog" / f"dem_{i}.tif", _tiff(rng.normal(100, 50, (8, 8)).astype(np.float32)))
+    return root
+
+
+def _files(folder: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_worker_processes_write_the_bytes_of_the_runners_threads(mixed, tmp_path):
+    flags = ("--split", "train=0.7,validation=0.3", "--num_shards", "3", "--seed", "4",
+             "--max_reject_fraction", "0.5")
+    threads = convert(mixed, tmp_path / "threads", *flags, "--worker_processes", 0)
+    processes = convert(mixed, tmp_path / "processes", *flags, "--worker_processes", 2)
+    assert processes.counts == threads.counts and processes.counts["rejected"] == 1
+    assert processes.normalized == threads.normalized and "store_tiff_as_raw" in processes.normalized
+    mine, theirs = _files(tmp_path / "processes"), _files(tmp_path / "threads")
+    assert sorted(mine) == sorted(theirs)
+    assert [name for name in mine if mine[name] != theirs[name]] == []
+
+
+def test_a_child_writes_local_rasters_without_beam_or_tensorflow(mixed, tmp_path):
+    out = tmp_path / "out"
+    options = ConvertOptions(["--input_dir", str(mixed), "--output_dir", str(out), "--num_shards", "1"])
+    plan = convert_module.build_plan(ConversionConfig.from_options(options))
+    rasters = [f for f in plan.files if f.rel_path.endswith(".tif")]
+    job = _shard_writer.ShardJob(str(out), "train", 0, 1, "train-00000-of-00001.tfrecord",
+                                 tuple(_shard_file(f) for f in rasters), len(plan.class_names),
+                                 ValidationOptions(), threads=0)
+    workers = _processes.WorkerProcesses(1, warm=(_shard_writer.warm_up, (ValidationOptions(), False)))
+    try:
+        outcome = workers.call(_shard_writer.write_shard, job)
+        heavy = workers.call(eval, _HEAVY_MODULES)
+    finally:
+        workers.close()
+    assert outcome.result.num_records == len(rasters) == 8 and not outcome.rejects
+    assert heavy == []
+    # The records are the in-thread writer's, byte for byte.
+    in_thread = tmp_path / "in_thread"
+    again = _shard_writer.write_shard(pickle.loads(pickle.dumps(
+        _shard_writer.ShardJob(str(in_thread), *[getattr(job, f) for f in
+                               ("split", "index", "num_shards", "name", "files", "num_classes",
+                                "validation")], threads=2))))
+    assert again.result.sha256 == outcome.result.sha256
+    assert (in_thread / job.name).read_bytes() == (out / job.name).read_bytes()
+    assert list(schemas.tfrecord.iter_records(io.BytesIO((out / job.name).read_bytes())))
+
+
+def test_a_shard_whose_worker_dies_fails_with_a_sentence_naming_it(tmp_path):
+    from beam_jobs._options import WritingOptions
+    from beam_jobs._write import WriteShardFn
+
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a",), per_class=3)
+    files = [_plan.PlannedFile("train", 0, i, rel, str(root / rel), 1, 0, 1)
+             for i, rel in enumerate(sorted(p.relative_to(root).as_posix() for p in root.rglob("*.*")))]
+    fn = WriteShardFn(output_dir=str(tmp_path / "out"), num_classes=1, total_shards=1,
+                      validation=ValidationOptions(), writing=WritingOptions(worker_processes=1))
+    fn.setup()
+    try:
+        pid = fn._pool.call(os.getpid)
+        os.kill(pid, signal.SIGKILL)  # As the kernel's OOM killer would.
+        with pytest.raises(_processes.WorkerDied) as info:
+            list(fn.process((("train", 0), files)))
+        message = convert_module._conversion_error_message(RuntimeError(f"wrapped\n{type(info.value).__name__}: {info.value}"))
+        assert message == str(info.value)
+        assert f"(pid {pid}) was killed by signal 9" in message
+        assert "Shard: train-00000-of-00001.tfrecord (3 files)" in message
+        assert "--worker_processes 0" in message
+        # The next shard gets a fresh child.
+        assert [type(x).__name__ for x in fn.process((("train", 0), files))][-1] == "ShardResult"
+    finally:
+        fn.teardown()
+    assert fn._pool is None
