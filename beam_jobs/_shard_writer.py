@@ -172,8 +172,7 @@ class _Shard:
         self.rejects: list[Reject] = []
         self.normalized: list[tuple] = []
         self.num_sources = 0
-        self.band_stats = None  # schemas.BandStats of its raster records, merged as written
-        self.mixed_bands = False
+        self.band_stats = schemas.BandStatsAccumulator()  # Of its raster records
         self.georeferenced = 0  # Records with a known EPSG code or geotransform
 
 
@@ -217,11 +216,12 @@ class _Writer:
         index_writer.write(format_index(shard.index_entries))
         index_writer.commit()
         stats = schemas.ImageStats.of(shard.stored)
+        band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
             job.split, job.index, job.num_shards, job.name, sum(shard.class_counts), writer.num_bytes,
             writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
-            band_stats=None if shard.band_stats is None or shard.mixed_bands else shard.band_stats.to_json(),
+            band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
@@ -252,10 +252,8 @@ class _Writer:
                              schemas.sample_dtype(image.format, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
             shard.georeferenced += 1
-        if image.band_stats is not None and not shard.mixed_bands:
-            merged = image.band_stats if shard.band_stats is None else shard.band_stats.merge(image.band_stats)
-            shard.mixed_bands = merged is None
-            shard.band_stats = merged
+        if image.band_stats is not None:
+            shard.band_stats.add(image.band_stats)
 
     def _extra(self, image) -> dict:
         """The record's optional features: the DICOM tags asked for, its georeferencing."""

@@ -236,16 +236,12 @@ class _BandCheck:
     def __init__(self, shard, rasters: dict[str, float | None] | None):
         self._shard = shard
         self._rasters = rasters
-        self._stats = None
-        self._mixed = False
+        self._stats = schemas.BandStatsAccumulator()  # As the writer combines them.
 
     def add(self, name: str, pixels) -> None:
-        if pixels is None or self._mixed:
+        if pixels is None:
             return
-        one = _raster.band_stats(np.asarray(pixels), self._rasters[name])
-        merged = one if self._stats is None else self._stats.merge(one)
-        self._mixed = merged is None
-        self._stats = merged
+        self._stats.add(_raster.band_stats(np.asarray(pixels), self._rasters[name]))
 
     def problems(self) -> list[str]:
         """Problem lines, naming the shard and the band (1-based, as GDAL numbers them)."""
@@ -255,7 +251,7 @@ class _BandCheck:
         if self._rasters is None:
             return [f"{file}: band statistics cannot be checked: {schemas.NORMALIZED_FILENAME}, "
                     "which names the raster records, is missing"]
-        got = None if self._mixed else self._stats
+        got = self._stats.result()
         if got is None or got.records != want.records or got.num_bands != want.num_bands:
             what = "none" if got is None else f"{got.records} records of {got.num_bands} bands"
             return [f"{file}: band statistics of {what}, the manifest says {want.records} records "

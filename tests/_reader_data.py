@@ -236,7 +236,7 @@ def write_raster_dataset(
     C order, shape (height, width, bands), format 'raw-<dtype>'. Record i has
     label i % len(class_names) and lands in shard i % num_shards. With
     `band_stats`, each shard records the per-band statistics of its rasters
-    (`imaging.raster.band_stats`, merged), as the converter does.
+    (`imaging.raster.band_stats`, combined), as the converter does.
     """
     from schemas.features import raw_format
 
@@ -274,10 +274,12 @@ def write_raster_dataset(
         stats = None
         if band_stats:
             from imaging.raster import band_stats as array_band_stats
+            from schemas import BandStatsAccumulator
 
+            accumulator = BandStatsAccumulator()
             for item in items[index::num_shards]:
-                one = array_band_stats(item.pixels, None)
-                stats = one if stats is None else stats.merge(one)
+                accumulator.add(array_band_stats(item.pixels, None))
+            stats = accumulator.result()
         shards.append(ShardInfo(
             file=name, num_records=len(records), num_bytes=len(data),
             sha256=hashlib.sha256(data).hexdigest(), class_counts=tuple(counts),

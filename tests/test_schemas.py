@@ -386,3 +386,83 @@ def test_unknown_georef_is_epsg_0_and_nans_and_float64_values_are_checked():
         schemas.FeatureSpec("x", "float64", "no length")
     with pytest.raises(ValueError, match="`length`"):
         schemas.FeatureSpec("x", "int64", "a length", length=2)
+
+
+def _random_band_stats(rng, bands, n_parts):
+    """Per-part BandStats of random integer samples, and every sample of each band."""
+    from fractions import Fraction
+
+    parts, samples = [], [[] for _ in range(bands)]
+    for _ in range(n_parts):
+        n = int(rng.integers(1, 40))
+        values = rng.integers(-500, 60000, (n, bands))
+        counts, mins, maxs, means, m2s = [], [], [], [], []
+        for b in range(bands):
+            column = [int(v) for v in values[:, b]]
+            samples[b] += column
+            mean = Fraction(sum(column), n)
+            counts.append(n)
+            mins.append(float(min(column)))
+            maxs.append(float(max(column)))
+            means.append(float(mean))
+            m2s.append(float(sum((v - mean) ** 2 for v in column)))
+        parts.append(schemas.BandStats(1, tuple(counts), tuple(mins), tuple(maxs), tuple(means),
+                                       tuple(m2s), (0,) * bands))
+    return parts, samples
+
+
+def test_band_stats_combine_agrees_with_merging_one_by_one_and_with_exact_values():
+    from fractions import Fraction
+
+    rng = np.random.default_rng(11)
+    for bands, n_parts in ((1, 2), (3, 17), (13, 200)):
+        parts, samples = _random_band_stats(rng, bands, n_parts)
+        combined = schemas.BandStats.combine(parts)
+        merged = parts[0]
+        for p in parts[1:]:
+            merged = merged.merge(p)
+        assert combined.records == merged.records == n_parts
+        assert combined.count == merged.count and combined.min == merged.min and combined.max == merged.max
+        for b, values in enumerate(samples):
+            exact_mean = Fraction(sum(values), len(values))
+            exact_m2 = sum((v - exact_mean) ** 2 for v in values)
+            assert combined.mean[b] == pytest.approx(float(exact_mean), rel=1e-13, abs=1e-9)
+            assert combined.m2[b] == pytest.approx(float(exact_m2), rel=1e-12)
+            assert merged.m2[b] == pytest.approx(combined.m2[b], rel=1e-11)
+
+
+def test_band_stats_combine_edge_cases():
+    one = schemas.BandStats(1, (4, 0), (1.0, None), (5.0, None), (2.0, 0.0), (3.0, 0.0), (0, 9))
+    two = schemas.BandStats(2, (2, 0), (0.0, None), (9.0, None), (4.0, 0.0), (1.0, 0.0), (1, 3))
+    both = schemas.BandStats.combine([one, two])
+    assert both == one.merge(two)  # Small integers: every sum exact either way.
+    assert both.min == (0.0, None) and both.nodata == (1, 12) and both.records == 3
+    assert schemas.BandStats.combine([one]) is one
+    three_bands = schemas.BandStats(1, (1,) * 3, (0.0,) * 3, (0.0,) * 3, (0.0,) * 3, (0.0,) * 3, (0,) * 3)
+    assert schemas.BandStats.combine([one, three_bands]) is None
+    with pytest.raises(ValueError, match="at least one"):
+        schemas.BandStats.combine([])
+
+
+def test_band_stats_accumulator_is_bounded_and_deterministic(monkeypatch):
+    rng = np.random.default_rng(3)
+    parts, _ = _random_band_stats(rng, 2, 50)
+    monkeypatch.setattr(schemas.BandStatsAccumulator, "_CHUNK", 7)
+
+    def accumulate(items):
+        acc = schemas.BandStatsAccumulator()
+        for p in items:
+            acc.add(p)
+            assert len(acc._parts) <= 8
+        return acc.result()
+
+    folded = accumulate(parts)
+    assert folded == accumulate(parts)  # Same parts, same order: same numbers.
+    whole = schemas.BandStats.combine(parts)
+    assert folded.count == whole.count and folded.records == 50
+    np.testing.assert_allclose(folded.m2, whole.m2, rtol=1e-13)
+    assert schemas.BandStatsAccumulator().result() is None
+    mixed = schemas.BandStatsAccumulator()
+    mixed.add(parts[0])
+    mixed.add(schemas.BandStats(1, (1,), (0.0,), (0.0,), (0.0,), (0.0,), (0,)))
+    assert mixed.result() is None
