@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 import schemas
+from imaging import _tiff_strips
 from imaging.errors import ImageRejected
 
 __all__ = ["RasterOptions", "Raster", "read_tiff", "png_bytes",
@@ -190,6 +191,15 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
         'too_large' above max_pixels; 'unsupported_codec' for a compression
         with no decoder installed.
     """
+    plain = _tiff_strips.read_plain(data, options.max_pixels)
+    if plain is not None:
+        # The plainest multi-band files, without tifffile's per-tag cost
+        # (imaging/_tiff_strips.py says which, and why).
+        array, nodata = plain
+        widened = _WIDEN.get(_dtype_name(array.dtype))
+        if widened:
+            array = array.astype(widened)
+        return [_finish(array, None, nodata, options, name)]
     default = options.reads_pixels_as_default
     tif = _open(data) if default else _open_or_reject(data, name)
     if tif is None:
