@@ -16,16 +16,26 @@ import schemas
 from beam_jobs import verify
 
 
-@pytest.fixture
-def dataset(tmp_path):
-    root = tmp_path / "images"
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(folder, manifest) of the dataset the tests tamper with, converted once for the module."""
+    root = tmp_path_factory.mktemp("verify") / "images"
     make_class_tree(root, per_class=4)
     # The same picture under two names: the hash split may put them apart.
     same = encode(pixels(99), "JPEG")
     for i in range(6):
         write(root / "cat" / f"copy_{i}.jpg", same)
+    out = root.parent / "out"
+    manifest = convert(root, out, "--split", "train=0.5,test=0.5", "--min_shards", "2")
+    return out, manifest
+
+
+@pytest.fixture
+def dataset(converted, tmp_path):
+    """(folder, manifest): this test's own copy of the converted dataset, to tamper with."""
+    source, manifest = converted
     out = tmp_path / "out"
-    manifest = convert(out.parent / "images", out, "--split", "train=0.5,test=0.5", "--min_shards", "2")
+    shutil.copytree(source, out)
     return out, manifest
 
 

@@ -5,6 +5,7 @@ filters it while an entry point runs. The tests run the real commands in new
 processes, with `--verbose` as the control that shows the lines do occur.
 """
 
+import concurrent.futures
 import io
 import os
 import pathlib
@@ -60,12 +61,41 @@ def _convert(folder, out, *extra, verbose_env=False):
                 verbose_env=verbose_env)
 
 
-def test_convert_is_quiet_and_verbose_shows_the_lines(noisy_folder, tmp_path):
-    loud = _convert(noisy_folder, tmp_path / "loud", "--verbose")
+@pytest.fixture(scope="module")
+def runs(noisy_folder, tmp_path_factory):
+    """(`run`, folder): `run(name)` is the CompletedProcess of one command of this file.
+
+    The commands start together, a few at a time: each is a new process that
+    imports TensorFlow (seconds). 'verify' reads the dataset of 'quiet' (the
+    default convert) once it is written, and 'preview' reads it after 'verify'.
+    """
+    out = tmp_path_factory.mktemp("runs")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        futures = {
+            "loud": pool.submit(_convert, noisy_folder, out / "loud", "--verbose"),
+            "quiet": pool.submit(_convert, noisy_folder, out / "quiet"),
+            "env": pool.submit(_convert, noisy_folder, out / "env", verbose_env=True),
+        }
+
+        def after(name, *args):
+            # `name` was submitted before, so it is running or done: waiting cannot deadlock.
+            futures[name].result()
+            return _run(*args)
+
+        futures["verify"] = pool.submit(after, "quiet", "-m", "shardsmith", "verify",
+                                        str(out / "quiet"))
+        futures["preview"] = pool.submit(after, "verify", "-m", "shardsmith", "preview",
+                                         str(out / "quiet"), "--output", str(out / "p.png"))
+        yield (lambda name: futures[name].result()), out
+
+
+def test_convert_is_quiet_and_verbose_shows_the_lines(runs):
+    run, _ = runs
+    loud = run("loud")
     assert loud.returncode == 0, loud.stderr
     # The fact the test relies on: this TensorFlow and libjpeg do print them.
     assert _NOISE.search(loud.stderr), loud.stderr
-    quiet = _convert(noisy_folder, tmp_path / "quiet")
+    quiet = run("quiet")
     assert quiet.returncode == 0, quiet.stderr
     assert _NOISE.search(quiet.stderr) is None, quiet.stderr
     assert "Converted 9 images" in quiet.stderr and "rejected 1 (corrupt 1)" in quiet.stderr
@@ -76,21 +106,21 @@ def test_convert_is_quiet_and_verbose_shows_the_lines(noisy_folder, tmp_path):
     assert strangers == [], quiet.stderr
 
 
-def test_the_environment_variable_asks_for_the_lines_too(noisy_folder, tmp_path):
-    loud = _convert(noisy_folder, tmp_path / "out", verbose_env=True)
+def test_the_environment_variable_asks_for_the_lines_too(runs):
+    loud = runs[0]("env")
     assert loud.returncode == 0 and _NOISE.search(loud.stderr), loud.stderr
 
 
-def test_verify_puts_the_verdict_on_stdout_and_preview_is_quiet(noisy_folder, tmp_path):
-    out = tmp_path / "ds"
-    assert _convert(noisy_folder, out).returncode == 0
-    verified = _run("-m", "shardsmith", "verify", str(out))
+def test_verify_puts_the_verdict_on_stdout_and_preview_is_quiet(runs):
+    run, out = runs
+    assert run("quiet").returncode == 0
+    verified = run("verify")
     assert verified.returncode == 0, verified.stderr
     assert verified.stdout.startswith("OK: 9 records")
     assert _NOISE.search(verified.stderr) is None, verified.stderr
-    preview = _run("-m", "shardsmith", "preview", str(out), "--output", str(tmp_path / "p.png"))
+    preview = run("preview")
     assert preview.returncode == 0, preview.stderr
-    assert preview.stdout.split() == [str(tmp_path / "p.png"), str(tmp_path / "p_counts.png")]
+    assert preview.stdout.split() == [str(out / "p.png"), str(out / "p_counts.png")]
     assert _NOISE.search(preview.stderr) is None, preview.stderr
 
 

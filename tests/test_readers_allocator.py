@@ -7,7 +7,7 @@ off. The tests do not assume either: they measure TensorFlow's own choice in
 a control interpreter in the same run and compare with it.
 """
 
-import functools
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -43,40 +43,69 @@ def _fresh_python(code: str, **env: str) -> tuple[list[str], str]:
     return proc.stdout.split("\n"), proc.stderr
 
 
-@functools.lru_cache(maxsize=None)
-def _tensorflows_own_choice(**env: str) -> str:
+# Every fresh interpreter of this file: (code, allocator variables). Each test
+# reads its own; the controls are TensorFlow alone, without and with the
+# user's setting.
+_CALL = "import readers\nprint(readers.use_pooled_host_memory())\n" + _WHICH
+_INTERPRETERS = {
+    "control": (_WHICH, {}),
+    "control-bfc-false": (_WHICH, {_allocator.USE_BFC: "false"}),
+    "the-call": ("import readers\nreaders.use_pooled_host_memory()\n" + _WHICH, {}),
+    "import": ("import readers\n" + _WHICH, {}),
+    "users-setting": (_CALL, {_allocator.USE_BFC: "false"}),
+    "too-late": ("import logging\n"
+                 "logging.basicConfig(level=logging.INFO)\n"
+                 "import tensorflow as tf\n"
+                 "tf.ones([2]).numpy()\n" + _CALL, {}),
+    "started": ("from readers import _allocator\n"
+                "print(_allocator._tensorflow_started())\n"
+                "import tensorflow as tf\n"
+                "tf.zeros([1]).numpy()\n"
+                "print(_allocator._tensorflow_started())\n", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    """`fresh(name)`: (stdout lines, stderr) of that interpreter of `_INTERPRETERS`.
+
+    All of them start at once, a few at a time: each imports TensorFlow
+    (seconds), and each is its own new process anyway. A failed one fails
+    only the tests that read it.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        futures = {name: pool.submit(_fresh_python, code, **env)
+                   for name, (code, env) in _INTERPRETERS.items()}
+        yield lambda name: futures[name].result()
+
+
+def _tensorflows_own_choice(fresh, name: str = "control") -> str:
     """The control: 'pool' or 'malloc', as TensorFlow alone picks on this machine and build."""
-    lines, _ = _fresh_python(_WHICH, **env)
-    assert lines[0] in ("pool", "malloc") and lines[1] == env.get(_allocator.USE_BFC, "None")
+    lines, _ = fresh(name)
+    assert lines[0] in ("pool", "malloc")
+    assert lines[1] == _INTERPRETERS[name][1].get(_allocator.USE_BFC, "None")
     return lines[0]
 
 
-def test_the_call_gives_tensorflow_the_pool():
-    lines, _ = _fresh_python("import readers\nreaders.use_pooled_host_memory()\n" + _WHICH)
+def test_the_call_gives_tensorflow_the_pool(fresh):
+    lines, _ = fresh("the-call")
     # 'pool' whatever TensorFlow's own choice; the variable says it came from the call.
     assert lines[:2] == ["pool", "true"]
 
 
-def test_importing_readers_changes_no_allocator():
-    lines, _ = _fresh_python("import readers\n" + _WHICH)
-    assert lines[:2] == [_tensorflows_own_choice(), "None"]
+def test_importing_readers_changes_no_allocator(fresh):
+    lines, _ = fresh("import")
+    assert lines[:2] == [_tensorflows_own_choice(fresh), "None"]
 
 
-def test_the_users_setting_stands():
-    code = "import readers\nprint(readers.use_pooled_host_memory())\n" + _WHICH
-    lines, _ = _fresh_python(code, TF_CPU_ALLOCATOR_USE_BFC="false")
-    assert lines[:3] == ["False", _tensorflows_own_choice(TF_CPU_ALLOCATOR_USE_BFC="false"), "false"]
+def test_the_users_setting_stands(fresh):
+    lines, _ = fresh("users-setting")
+    assert lines[:3] == ["False", _tensorflows_own_choice(fresh, "control-bfc-false"), "false"]
 
 
-def test_too_late_is_left_alone_and_said():
-    code = ("import logging\n"
-            "logging.basicConfig(level=logging.INFO)\n"
-            "import tensorflow as tf\n"
-            "tf.ones([2]).numpy()\n"
-            "import readers\n"
-            "print(readers.use_pooled_host_memory())\n" + _WHICH)
-    lines, stderr = _fresh_python(code)
-    assert lines[:3] == ["False", _tensorflows_own_choice(), "None"]
+def test_too_late_is_left_alone_and_said(fresh):
+    lines, stderr = fresh("too-late")
+    assert lines[:3] == ["False", _tensorflows_own_choice(fresh), "None"]
     assert "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts" in stderr
 
 
@@ -104,12 +133,6 @@ def test_a_users_ceiling_stands(monkeypatch):
     assert os.environ[_allocator.MEM_LIMIT_MB] == "1024"
 
 
-def test_started_tensorflow_is_seen():
-    lines, _ = _fresh_python(
-        "from readers import _allocator\n"
-        "print(_allocator._tensorflow_started())\n"
-        "import tensorflow as tf\n"
-        "tf.zeros([1]).numpy()\n"
-        "print(_allocator._tensorflow_started())\n"
-    )
+def test_started_tensorflow_is_seen(fresh):
+    lines, _ = fresh("started")
     assert lines[:2] == ["False", "True"]
