@@ -298,15 +298,20 @@ def _read(f: ShardFile) -> bytes:
         raise ImageRejected("unreadable", f"{f.rel_path}: {e}") from e
 
 
-def warm_up(validation: ValidationOptions, decoders: bool = True) -> None:
-    """Builds this process's validator for `validation` ahead of its first shard.
+def warm_up(validation: ValidationOptions, decoders: bool = True, decoder_threads: int = 0) -> None:
+    """Prepares a worker process for shards of `validation`, ahead of its first one.
 
     Args:
       validation: The conversion's options.
       decoders: Load TensorFlow's decode ops too (~2 s of CPU): a worker
         process then does it while the driver still plans. Rasters stored
         raw never need them.
+      decoder_threads: Threads of each batch of JPEG decodes (0: one per
+        core); a worker among one per core takes 1.
     """
+    from schemas import _tf
+
+    _tf.set_batch_decoder_threads(decoder_threads)
     validator = _validator(validation)
     _schema(validation)
     if decoders:

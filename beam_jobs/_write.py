@@ -130,7 +130,8 @@ class WriteShardFn(beam.DoFn):
         processes = self._writing.worker_processes
         if processes:
             # Shared with the driver, which started them early (`convert.run`).
-            self._pool = _processes.acquire(processes, warm=(warm_up, (self._validation,)))
+            threads = max(1, (os.cpu_count() or 1) // processes)  # TensorFlow's, per process
+            self._pool = _processes.acquire(processes, warm=(warm_up, (self._validation, True, threads)))
 
     def teardown(self):
         if self._pool is not None:

@@ -148,7 +148,9 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         # Started now, so that they load their decoders while the pipeline is
         # built; the shard writers share them (`WriteShardFn.setup`).
         decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in plan.files)
-        pool = _processes.acquire(processes, warm=(warm_up, (config.validation, decoders)))
+        # TensorFlow's threads split between the processes, not one pool per core in each.
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        pool = _processes.acquire(processes, warm=(warm_up, (config.validation, decoders, threads)))
     progress = None
     try:
         if runner is not None and wait and ProgressBar.wanted():

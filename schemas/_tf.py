@@ -23,13 +23,16 @@ from typing import NamedTuple
 
 from compat import UntestedVersion, tf_internals
 
-__all__ = ["full", "image_ops", "jpeg_batch_decoder", "example_pb2", "api_loaded"]
+__all__ = ["full", "image_ops", "jpeg_batch_decoder", "set_batch_decoder_threads", "example_pb2",
+           "api_loaded"]
 
 _LOG = logging.getLogger("shardsmith")
 _LOCK = threading.RLock()
 _LOADED: dict[str, object] = {}  # 'image_ops', 'example_pb2': loaded once per process.
 # (size, ratio) -> batch decoder, or None where the internals are not usable.
-_BATCH_DECODERS: dict[tuple[int, int], Callable | None] = {}
+_BATCH_DECODERS: dict[tuple[int, int, int], Callable | None] = {}
+# Threads of each batch decoder's runs; 0: TensorFlow's default (every core).
+_BATCH_THREADS = [0]
 # setup.py leaves the TensorFlow build to the user (CPU-only or GPU).
 _NO_TENSORFLOW = (
     "shardsmith needs TensorFlow, and leaves the build to you: "
@@ -118,6 +121,19 @@ def _with_tensor_input(op, constant, string):
     return run
 
 
+def set_batch_decoder_threads(threads: int) -> None:
+    """Threads that decoders made from now on decode a batch with (0: every core, the default).
+
+    A converter's worker process, one of one per core, sets 1: with
+    TensorFlow's default each would run a pool per core, and their spinning
+    threads would compete for the same cores.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"`threads` must be 0 (every core) or more. Received: {threads!r}")
+    with _LOCK:
+        _BATCH_THREADS[0] = threads
+
+
 def jpeg_batch_decoder(size: int, ratio: int) -> Callable | None:
     """A function decoding `size` JPEGs at 1/`ratio` scale in one TensorFlow run, or None.
 
@@ -129,12 +145,12 @@ def jpeg_batch_decoder(size: int, ratio: int) -> Callable | None:
     The function takes a list of `size` bytes and returns the decoded shapes,
     an int array (size, 3); it raises `image_ops().OpError` if any image fails.
     """
-    key = (size, ratio)
     with _LOCK:
+        key = (size, ratio, _BATCH_THREADS[0])
         if key not in _BATCH_DECODERS:
             image_ops()  # The fallback decision is made once, there.
             try:
-                _BATCH_DECODERS[key] = tf_internals.jpeg_batch_decoder(size, ratio)
+                _BATCH_DECODERS[key] = tf_internals.jpeg_batch_decoder(size, ratio, key[2])
             except (ImportError, AttributeError, UntestedVersion) as e:
                 _LOG.info("Decoding JPEGs one at a time (%s: %s)", type(e).__name__, e)
                 _BATCH_DECODERS[key] = None

@@ -466,3 +466,12 @@ def test_band_stats_accumulator_is_bounded_and_deterministic(monkeypatch):
     mixed.add(parts[0])
     mixed.add(schemas.BandStats(1, (1,), (0.0,), (0.0,), (0.0,), (0.0,), (0,)))
     assert mixed.result() is None
+
+
+@pytest.mark.parametrize("threads", [-1, True, 1.0])
+def test_batch_decoder_threads_refuse_a_bad_count(threads):
+    from schemas import _tf
+
+    with pytest.raises(ValueError, match=rf"`threads` must be 0 \(every core\) or more. Received: {threads!r}"):
+        _tf.set_batch_decoder_threads(threads)
+    assert _tf._BATCH_THREADS == [0]
