@@ -58,6 +58,12 @@ def paused_gc():
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            # What survived is the plan, kept for the whole run: moved to the
+            # oldest generation (freeze, unfreeze) so that the next young
+            # collections do not walk it all again (~0.2 s at 100k files).
+            gc.freeze()
+            gc.unfreeze()
         gc.enable()
 
 
