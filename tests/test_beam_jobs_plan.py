@@ -257,3 +257,15 @@ def test_planning_pauses_the_garbage_collector_and_restores_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_of_two_ways_into_one_folder_the_first_in_name_order_is_listed(tmp_path):
+    root = tmp_path / "in"
+    for name in ("b.jpg", "a.jpg"):
+        write(root / "zeta" / name, b"x")
+    write(root / "cat" / "c.jpg", b"x")
+    os.symlink(root / "zeta", root / "alpha")  # A link that sorts before its target.
+    os.symlink(root / "cat", root / "zeta" / "to_cat")
+    files, problems = list_input(str(root))
+    assert [f.rel_path for f in files] == ["alpha/a.jpg", "alpha/b.jpg", "alpha/to_cat/c.jpg"]
+    assert [(p.rel_path, p.reason) for p in problems] == [("cat", "symlink_loop"), ("zeta", "symlink_loop")]
