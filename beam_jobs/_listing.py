@@ -97,7 +97,11 @@ def _walk_local(root: str):
 
     def walk(folder: str, rel: str):
         with os.scandir(folder) as it:
-            entries = sorted(it, key=lambda e: os.fsencode(e.name))
+            entries = list(it)
+        # Files and problems in any order (both are sorted at the end); only
+        # folders are walked in name order, as which of two links to one
+        # folder is listed (and which is a cycle) depends on that order.
+        folders = []
         for entry in entries:
             rel_path = f"{rel}{entry.name}"
             if is_hidden(entry.name):
@@ -117,21 +121,23 @@ def _walk_local(root: str):
                     problems.append(Problem(rel_path, "unreadable", f"cannot stat: {e.strerror}"))
                 continue
             if stat.S_ISDIR(st.st_mode):
-                real = os.path.realpath(entry.path)
-                if real in visited:
-                    problems.append(Problem(
-                        rel_path, "symlink_loop", "link to a folder already listed (a cycle)"
-                    ))
-                    continue
-                visited.add(real)
-                try:
-                    walk(entry.path, rel_path + "/")
-                except PermissionError as e:
-                    problems.append(Problem(rel_path, "unreadable", f"cannot list: {e.strerror}"))
+                folders.append((os.fsencode(entry.name), rel_path, entry))
             elif stat.S_ISREG(st.st_mode):
                 files.append(InputFile(rel_path, entry.path, st.st_size))
             else:
                 problems.append(Problem(rel_path, "unreadable", "not a regular file"))
+        for _, rel_path, entry in sorted(folders, key=lambda folder: folder[0]):
+            real = os.path.realpath(entry.path)
+            if real in visited:
+                problems.append(Problem(
+                    rel_path, "symlink_loop", "link to a folder already listed (a cycle)"
+                ))
+                continue
+            visited.add(real)
+            try:
+                walk(entry.path, rel_path + "/")
+            except PermissionError as e:
+                problems.append(Problem(rel_path, "unreadable", f"cannot list: {e.strerror}"))
 
     walk(root, "")
     return files, problems

@@ -8,6 +8,8 @@ it: the input listing, the labels CSV, and each file's group value for
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import gc
 import logging
 import re
 
@@ -19,7 +21,7 @@ from beam_jobs._options import ConversionConfig
 from beam_jobs._files import read_bytes
 from imaging import dicom as _dicom
 
-__all__ = ["build_plan", "group_section"]
+__all__ = ["build_plan", "group_section", "paused_gc"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # DICOM headers are read from this many first bytes of each file (the whole
@@ -36,6 +38,36 @@ def build_plan(config: ConversionConfig) -> _plan.Plan:
       FileNotFoundError: For an empty --input_dir or a missing --labels_csv.
       ValueError: When no file has a label.
     """
+    with paused_gc():
+        return _build_plan(config)
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """Pauses Python's cyclic garbage collector for the block, then restores it.
+
+    Planning allocates a few objects per file and keeps them all (no cycles):
+    the collector's passes, triggered by the allocation count, would walk them
+    and every object of the process and free nothing, ~30% of planning 100k
+    files. Reference counting frees as always.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        if not gc.get_freeze_count():
+            # What survived is the plan, kept for the whole run: moved to the
+            # oldest generation (freeze, unfreeze) so that the next young
+            # collections do not walk it all again (~0.2 s at 100k files).
+            gc.freeze()
+            gc.unfreeze()
+        gc.enable()
+
+
+def _build_plan(config: ConversionConfig) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
