@@ -31,15 +31,21 @@ _HEAD_BYTES = 65536
 _HEADER_THREADS = 8
 
 
-def build_plan(config: ConversionConfig) -> _plan.Plan:
+def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
+
+    Args:
+      config: The conversion's options.
+      on_listed: Called with the listed files (`_listing.InputFile`s) as
+        soon as they are known, before the planning proper (the driver
+        starts its worker processes there).
 
     Raises:
       FileNotFoundError: For an empty --input_dir or a missing --labels_csv.
       ValueError: When no file has a label.
     """
     with paused_gc():
-        return _build_plan(config)
+        return _build_plan(config, on_listed)
 
 
 @contextlib.contextmanager
@@ -67,10 +73,12 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config: ConversionConfig) -> _plan.Plan:
+def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
+    if on_listed is not None:
+        on_listed(files)
     labels_csv = None
     if config.labels_csv:
         if not FileSystems.exists(config.labels_csv):

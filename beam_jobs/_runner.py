@@ -17,7 +17,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineS
 
 from compat import beam_internals
 
-__all__ = ["make_runner", "in_process_threads", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
+__all__ = ["make_runner", "in_process_threads", "run_in_one_thread", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
 
 _BUNDLES_PER_THREAD = 4
 _DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
@@ -66,6 +66,21 @@ def make_runner(options: PipelineOptions):
             ) from e
         return DaskClusterRunner()
     return None
+
+
+def run_in_one_thread(options: PipelineOptions) -> None:
+    """Has Beam's local runner run the pipeline in one thread, unless its mode was asked for.
+
+    For a pipeline whose heavy step hands its work to worker processes (the
+    shard writer keeps every one busy from one bundle): the runner's
+    multi-threaded mode would only add its gRPC threads' polling.
+    """
+    given = options.get_all_options(drop_default=True)
+    if "direct_running_mode" in given or "direct_num_workers" in given:
+        return
+    direct = options.view_as(DirectOptions)
+    direct.direct_running_mode = "in_memory"
+    direct.direct_num_workers = 1
 
 
 def in_process_threads(options: PipelineOptions) -> int:

@@ -8,6 +8,8 @@ or in the runner's own thread; either way the same bytes.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -17,6 +19,7 @@ import os
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 import schemas
 from beam_jobs import _listing, _processes
@@ -132,11 +135,18 @@ class WriteShardFn(beam.DoFn):
             # Shared with the driver, which started them early (`convert.run`).
             threads = max(1, (os.cpu_count() or 1) // processes)  # TensorFlow's, per process
             self._pool = _processes.acquire(processes, warm=(warm_up, (self._validation, True, threads)))
+            # One thread per worker process waits on it: the shards of a
+            # bundle are written at once, whatever the runner's threads.
+            self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
 
     def teardown(self):
         if self._pool is not None:
+            self._waiting.shutdown(cancel_futures=True)
             _processes.release(self._pool)
             self._pool = None
+
+    def start_bundle(self):
+        self._in_flight = collections.deque()  # Futures of shards written in worker processes
 
     def process(self, element):
         (split, index), files = element
@@ -147,17 +157,44 @@ class WriteShardFn(beam.DoFn):
         if outcome is not None:
             self._resumed.inc()
             _LOG.info("Kept %s from the interrupted run (--resume)", name)
+            yield from self._outputs(outcome, written=False)
+        elif self._pool is None:
+            yield from self._outputs(self._write_and_save(split, index, name, files, fingerprint))
         else:
-            outcome = self._write(split, index, name, files)
-            self._receipts.save(name, fingerprint, outcome)
-            self._log_written(name, outcome)
+            self._in_flight.append(self._waiting.submit(self._write_and_save, split, index, name,
+                                                        files, fingerprint))
+            # What finished meanwhile goes on now (any element's outputs are
+            # this window's: the global one).
+            while self._in_flight and self._in_flight[0].done():
+                yield from self._outputs(self._in_flight.popleft().result())
+
+    def finish_bundle(self):
+        while self._in_flight:
+            for output in self._outputs(self._in_flight.popleft().result()):
+                if isinstance(output, beam.pvalue.TaggedOutput):
+                    yield beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+                else:
+                    yield GlobalWindows.windowed_value(output)
+
+    def _outputs(self, outcome: ShardOutcome, written: bool = True):
+        """The shard's rejects and normalisations (tagged), then its result; counted."""
         result, rejects, normalized = outcome
+        if written:
+            # Once per shard: a counter call per record costs more than framing it.
+            self._written.inc(result.num_records)
+            self._shards.inc()
         for reject in rejects:
             Metrics.counter(_NAMESPACE, f"rejected_{reject.reason}").inc()
             yield beam.pvalue.TaggedOutput(self.REJECTED, reject)
         for item in normalized:
             yield beam.pvalue.TaggedOutput(self.NORMALIZED, item)
         yield result
+
+    def _write_and_save(self, split, index, name, files, fingerprint) -> ShardOutcome:
+        outcome = self._write(split, index, name, files)
+        self._receipts.save(name, fingerprint, outcome)
+        self._log_written(name, outcome)
+        return outcome
 
     def _write(self, split, index, name, files) -> ShardOutcome:
         """Writes the shard and its index (in a worker process, if there are some)."""
@@ -176,9 +213,6 @@ class WriteShardFn(beam.DoFn):
                 outcome = self._pool.call(write_shard, job)
             except _processes.WorkerDied as e:
                 raise _processes.WorkerDied(f"{e} Shard: {name} ({len(files)} files).") from None
-        # Counted once per shard: a counter call per record costs more than framing it.
-        self._written.inc(outcome.result.num_records)
-        self._shards.inc()
         return outcome
 
     def _fingerprint(self, files) -> str:

@@ -138,21 +138,21 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
     options = _args.pipeline_options(argv, ConvertOptions)
     config = ConversionConfig.from_options(options)
-    plan = build_plan(config)
-    prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
     runner = _runner.make_runner(options)
-    processes = _worker_processes(config.writing.worker_processes, plan, options)
-    config = dataclasses.replace(config, writing=dataclasses.replace(config.writing, worker_processes=processes))
-    pool = None
-    if processes and wait:
-        # Started now, so that they load their decoders while the pipeline is
-        # built; the shard writers share them (`WriteShardFn.setup`).
-        decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in plan.files)
-        # TensorFlow's threads split between the processes, not one pool per core in each.
-        threads = max(1, (os.cpu_count() or 1) // processes)
-        pool = _processes.acquire(processes, warm=(warm_up, (config.validation, decoders, threads)))
+    workers = _Workers(config, options, start=wait)
     progress = None
     try:
+        # The worker processes start once the files are listed: they load
+        # their decoders while the driver plans and builds the pipeline.
+        plan = build_plan(config, on_listed=workers.start_for)
+        prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
+        processes = workers.settle(plan)
+        if processes and not config.writing.dedup:
+            # The shard writer keeps every worker busy from one thread; with
+            # --dedup, hashing every file needs the runner's threads.
+            _runner.run_in_one_thread(options)
+        config = dataclasses.replace(
+            config, writing=dataclasses.replace(config.writing, worker_processes=processes))
         if runner is not None and wait and ProgressBar.wanted():
             # The bar replaces the per-shard lines on a terminal.
             options.view_as(WorkerOptions).sdk_harness_log_level_overrides = {"shardsmith": "WARNING"}
@@ -170,8 +170,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         if wait:
             result.wait_until_finish()
     finally:
-        if pool is not None:
-            _processes.release(pool)
+        workers.release()  # The shard writers, done, have released them too.
         if progress is not None:
             progress.stop()
             _LOG.setLevel(logging.NOTSET)
@@ -180,24 +179,71 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     return result
 
 
-def _worker_processes(asked: int | None, plan: _plan.Plan, options) -> int:
+def _worker_processes(asked: int | None, files: int, shards: int | None, options) -> int:
     """How many worker processes write the shards: `asked`, or what suits the runner and input.
 
     By default: one per core where the runner runs its DoFns in this
     process's threads (Beam's local runner) on a machine of several cores,
-    for `_PROCESSES_MIN_FILES` files or more and at least two shards;
-    otherwise none (the runner's threads write them: Dataflow and Beam's
-    'multi_processing' mode already give each core a process).
+    for `_PROCESSES_MIN_FILES` files or more and at least two shards (None:
+    not planned yet); otherwise none (the runner's threads write them:
+    Dataflow and Beam's 'multi_processing' mode already give each core a
+    process).
     """
     if asked is not None:
         return asked
     cores = os.cpu_count() or 1
-    shards = sum(plan.shard_counts.values())
-    if _runner.in_process_threads(options) < 2 or cores < 2 or shards < 2:
+    if _runner.in_process_threads(options) < 2 or cores < 2 or files < _PROCESSES_MIN_FILES:
         return 0
-    if len(plan.files) < _PROCESSES_MIN_FILES:
-        return 0
-    return min(cores, shards)
+    if shards is None:
+        return cores
+    return min(cores, shards) if shards >= 2 else 0
+
+
+class _Workers:
+    """The driver's hold on the shard writers' worker processes, from the listing to the end.
+
+    Args:
+      config: The conversion's options.
+      options: Its pipeline options (after `_runner.make_runner`).
+      start: Start processes at all in the driver (not when it does not
+        wait for the pipeline: the shard writers then start their own).
+    """
+
+    def __init__(self, config: ConversionConfig, options, start: bool):
+        self._config = config
+        self._options = options
+        self._start = start
+        self._pool = None
+        self._decoders = True
+
+    def start_for(self, files) -> None:
+        """Starts as many processes as the listed `files` call for (the shards are not known yet)."""
+        # Rasters stored raw need no TensorFlow decoders: not loaded for a folder of TIFFs only.
+        self._decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
+        self._acquire(_worker_processes(self._config.writing.worker_processes, len(files), None,
+                                        self._options))
+
+    def settle(self, plan: _plan.Plan) -> int:
+        """The processes the planned shards call for (fewer shards than cores: fewer processes)."""
+        processes = _worker_processes(self._config.writing.worker_processes, len(plan.files),
+                                      sum(plan.shard_counts.values()), self._options)
+        if self._pool is None or self._pool.processes != processes:
+            self.release()
+            self._acquire(processes)
+        return processes
+
+    def _acquire(self, processes: int) -> None:
+        if not processes or not self._start:
+            return
+        # TensorFlow's threads split between the processes, not a pool per core in each.
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        self._pool = _processes.acquire(
+            processes, warm=(warm_up, (self._config.validation, self._decoders, threads)))
+
+    def release(self) -> None:
+        if self._pool is not None:
+            _processes.release(self._pool)
+            self._pool = None
 
 
 def help_text() -> str:

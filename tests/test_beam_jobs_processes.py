@@ -122,13 +122,6 @@ def test_a_bad_count_is_one_clear_sentence(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def _plan_of(n_files: int, shards: int) -> _plan.Plan:
-    files = tuple(_plan.PlannedFile("train", i % shards, i, f"a/{i}.jpg", f"/x/a/{i}.jpg", 1, 0, shards)
-                  for i in range(n_files))
-    return _plan.Plan(files=files, class_names=("a",), shard_counts={"train": shards}, problems=(),
-                      num_found=n_files, split_source="hash")
-
-
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the default needs 2 or more cores; checked below")
 def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local_runner():
     # Stated fact this test depends on: this machine has several cores.
@@ -138,21 +131,56 @@ def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local
 
     _runner.make_runner(local)
     big = convert_module._PROCESSES_MIN_FILES
-    assert convert_module._worker_processes(None, _plan_of(big, 16), local) == min(cores, 16)
-    assert convert_module._worker_processes(None, _plan_of(big, 1), local) == 0
-    assert convert_module._worker_processes(None, _plan_of(big - 1, 16), local) == 0
+    decide = convert_module._worker_processes
+    assert decide(None, big, 16, local) == min(cores, 16)
+    assert decide(None, big, None, local) == cores  # Listed, not planned yet.
+    assert decide(None, big, 1, local) == 0
+    assert decide(None, big - 1, 16, local) == 0
     # Elsewhere the DoFns already run in processes of their own.
     for argv in (["--direct_running_mode", "multi_processing"], ["--runner", "DataflowRunner"]):
-        assert convert_module._worker_processes(None, _plan_of(big, 16), ConvertOptions(argv)) == 0
+        assert decide(None, big, 16, ConvertOptions(argv)) == 0
     # What is asked for is what runs.
-    assert convert_module._worker_processes(0, _plan_of(big, 16), local) == 0
-    assert convert_module._worker_processes(3, _plan_of(10, 1), ConvertOptions(["--runner", "DataflowRunner"])) == 3
+    assert decide(0, big, 16, local) == 0
+    assert decide(3, 10, 1, ConvertOptions(["--runner", "DataflowRunner"])) == 3
+
+
+def _plan_of(n_files: int, shards: int) -> _plan.Plan:
+    files = tuple(_plan.PlannedFile("train", i % shards, i, f"a/{i}.jpg", f"/x/a/{i}.jpg", 1, 0, shards)
+                  for i in range(n_files))
+    return _plan.Plan(files=files, class_names=("a",), shard_counts={"train": shards}, problems=(),
+                      num_found=n_files, split_source="hash")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the default needs 2 or more cores")
+def test_the_driver_starts_workers_at_the_listing_and_keeps_them_only_for_enough_shards():
+    from beam_jobs import _runner
+
+    options = ConvertOptions([])
+    _runner.make_runner(options)
+    config = ConversionConfig(input_dir="in", output_dir="out")
+    big = convert_module._PROCESSES_MIN_FILES
+    listed = [_plan.PlannedFile("train", 0, i, f"a/{i}.tif", "", 1, 0, 1) for i in range(big)]
+    workers = convert_module._Workers(config, options, start=True)
+    try:
+        workers.start_for(listed)
+        early = workers._pool
+        assert early is not None and early.processes == os.cpu_count() and not workers._decoders
+        assert workers.settle(_plan_of(big, 16)) == min(os.cpu_count(), 16)
+        if os.cpu_count() <= 16:
+            assert workers._pool is early  # Kept: as many as the shards call for.
+        assert workers.settle(_plan_of(big, 1)) == 0 and workers._pool is None and early.closed
+    finally:
+        workers.release()
+    # A driver that does not wait starts none (the shard writers start their own).
+    idle = convert_module._Workers(config, options, start=False)
+    idle.start_for(listed)
+    assert idle._pool is None and idle.settle(_plan_of(big, 16)) == min(os.cpu_count(), 16)
 
 
 def test_the_single_core_default_is_threads(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     local = ConvertOptions([])
-    assert convert_module._worker_processes(None, _plan_of(5000, 16), local) == 0
+    assert convert_module._worker_processes(None, 5000, 16, local) == 0
 
 
 def _tiff(array, **kwargs) -> bytes:
@@ -235,15 +263,19 @@ def test_a_shard_whose_worker_dies_fails_with_a_sentence_naming_it(tmp_path):
     try:
         pid = fn._pool.call(os.getpid)
         os.kill(pid, signal.SIGKILL)  # As the kernel's OOM killer would.
+        fn.start_bundle()
         with pytest.raises(_processes.WorkerDied) as info:
             list(fn.process((("train", 0), files)))
+            list(fn.finish_bundle())
         message = convert_module._conversion_error_message(RuntimeError(f"wrapped\n{type(info.value).__name__}: {info.value}"))
         assert message == str(info.value)
         assert f"(pid {pid}) was killed by signal 9" in message
         assert "Shard: train-00000-of-00001.tfrecord (3 files)" in message
         assert "--worker_processes 0" in message
         # The next shard gets a fresh child.
-        assert [type(x).__name__ for x in fn.process((("train", 0), files))][-1] == "ShardResult"
+        fn.start_bundle()
+        outputs = [*fn.process((("train", 0), files)), *fn.finish_bundle()]
+        assert type(outputs[-1].value).__name__ == "ShardResult"
     finally:
         fn.teardown()
     assert fn._pool is None
