@@ -101,7 +101,7 @@ CONTENDERS = (
     Contender("multiprocess", "(b) Pool(cpu_count), Pillow decode",
               ("-m", "bench._baselines", "multiprocess", "--input_dir", "{input}",
                "--output_dir", "{output}")),
-    _shardsmith(_HEADLINE, "shardsmith (default: threads, every core)", None, None),
+    _shardsmith(_HEADLINE, "shardsmith (default command)", None, None),
     _shardsmith("shardsmith-mp2", "shardsmith multi_processing x2", "multi_processing", 2),
     _shardsmith("shardsmith-mt2", "shardsmith multi_threading x2", "multi_threading", 2),
     _shardsmith("shardsmith-mem1", "shardsmith in_memory x1", "in_memory", 1),

@@ -131,17 +131,29 @@ def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local
 
     _runner.make_runner(local)
     big = convert_module._PROCESSES_MIN_FILES
+    small = convert_module._SMALL_FILE_BYTES - 1
     decide = convert_module._worker_processes
-    assert decide(None, big, 16, local) == min(cores, 16)
-    assert decide(None, big, None, local) == cores  # Listed, not planned yet.
-    assert decide(None, big, 1, local) == 0
-    assert decide(None, big - 1, 16, local) == 0
+
+    def listed(n, size=small, name="a/{}.jpg"):
+        return [_plan.PlannedFile("train", 0, i, name.format(i), "", size, 0, 1) for i in range(n)]
+
+    assert decide(None, listed(big), 16, local) == min(cores, 16)
+    assert decide(None, listed(big), None, local) == cores  # Listed, not planned yet.
+    assert decide(None, listed(big), 1, local) == 0
+    assert decide(None, listed(big - 1), 16, local) == 0
+    # Photos: their decodes release the GIL, threads use every core already ...
+    assert decide(None, listed(big, size=small + 1), 16, local) == 0
+    # ... unlike rasters and DICOM files of any size.
+    for name in ("a/{}.tif", "a/{}.TIFF", "a/{}.dcm"):
+        assert decide(None, listed(big, size=10**6, name=name), 16, local) == min(cores, 16)
+    half = listed(big // 2, size=10**6) + listed(big - big // 2)
+    assert decide(None, half, 16, local) == min(cores, 16)
     # Elsewhere the DoFns already run in processes of their own.
     for argv in (["--direct_running_mode", "multi_processing"], ["--runner", "DataflowRunner"]):
-        assert decide(None, big, 16, ConvertOptions(argv)) == 0
+        assert decide(None, listed(big), 16, ConvertOptions(argv)) == 0
     # What is asked for is what runs.
-    assert decide(0, big, 16, local) == 0
-    assert decide(3, 10, 1, ConvertOptions(["--runner", "DataflowRunner"])) == 3
+    assert decide(0, listed(big), 16, local) == 0
+    assert decide(3, listed(10, size=10**6), 1, ConvertOptions(["--runner", "DataflowRunner"])) == 3
 
 
 def _plan_of(n_files: int, shards: int) -> _plan.Plan:
@@ -180,7 +192,8 @@ def test_the_driver_starts_workers_at_the_listing_and_keeps_them_only_for_enough
 def test_the_single_core_default_is_threads(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     local = ConvertOptions([])
-    assert convert_module._worker_processes(None, 5000, 16, local) == 0
+    files = [_plan.PlannedFile("train", 0, i, f"a/{i}.tif", "", 1, 0, 1) for i in range(5000)]
+    assert convert_module._worker_processes(None, files, 16, local) == 0
 
 
 def _tiff(array, **kwargs) -> bytes:
