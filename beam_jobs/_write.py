@@ -161,6 +161,10 @@ class WriteShardFn(beam.DoFn):
         elif self._pool is None:
             yield from self._outputs(self._write_and_save(split, index, name, files, fingerprint))
         else:
+            # At most one shard per process in flight: each holds its files'
+            # list (memory stays bounded whatever the number of shards).
+            while len(self._in_flight) >= self._pool.processes:
+                yield from self._outputs(self._in_flight.popleft().result())
             self._in_flight.append(self._waiting.submit(self._write_and_save, split, index, name,
                                                         files, fingerprint))
             # What finished meanwhile goes on now (any element's outputs are
