@@ -34,7 +34,7 @@ import sys
 import threading
 import traceback
 
-__all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "main"]
+__all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main"]
 
 # Seconds a closing child may take to finish and exit before it is killed.
 _EXIT_WAIT = 10
@@ -89,7 +89,7 @@ class _Worker:
         try:
             pickle.dump((fn, args), self._to, protocol=pickle.HIGHEST_PROTOCOL)
             self._to.flush()
-        except BrokenPipeError:
+        except (BrokenPipeError, ValueError):  # ValueError: closed by `close`.
             raise self._died(fn) from None
         self._unanswered += 1
 
@@ -106,6 +106,10 @@ class _Worker:
                 answers.append(pickle.load(self._from))
             except (EOFError, pickle.UnpicklingError, OSError):
                 raise self._died(fn) from None
+            except ValueError:
+                if not self._from.closed:
+                    raise  # An answer's own error, not the pipe's.
+                raise self._died(fn) from None  # Closed under this read (`close(kill=True)`).
             self._unanswered -= 1
         # A warm-up's error first: it is why this call failed too.
         return next((a for a in answers if not a[0]), answers[-1])
@@ -122,13 +126,15 @@ class _Worker:
 
     def close(self, kill: bool = False) -> None:
         """Asks the child to exit (end of input), waits a while, then kills it; or kills it now."""
+        if kill:
+            # First: a thread reading its answer holds the pipe's lock until
+            # the child's end closes.
+            self._proc.kill()
         for f in (self._to, self._from):
             try:
                 f.close()
             except OSError:
                 pass
-        if kill:
-            self._proc.kill()
         try:
             self._proc.wait(_EXIT_WAIT)
         except subprocess.TimeoutExpired:
@@ -186,7 +192,8 @@ class WorkerProcesses:
             ok, value = worker.call(fn, args)
         except WorkerDied:
             with self._lock:
-                self._workers.remove(worker)
+                if worker in self._workers:  # Not when the pool was closed under it (`abort`).
+                    self._workers.remove(worker)
             worker.close()
             if not self._closed:
                 self._idle.put(self._start())  # A fresh child for the next call.
@@ -245,6 +252,18 @@ def release(pool: WorkerProcesses) -> None:
             return
         del _SHARED[pool.processes]
     pool.close()
+
+
+def abort(pool: WorkerProcesses) -> None:
+    """Kills a pool of `acquire` now, whoever else uses it: its run failed or was interrupted.
+
+    Its children ignore Ctrl-C and would finish their shards first.
+    """
+    with _SHARED_LOCK:
+        entry = _SHARED.get(pool.processes)
+        if entry is not None and entry[0] is pool:
+            del _SHARED[pool.processes]
+    pool.close(kill=True)
 
 
 def _close_all() -> None:

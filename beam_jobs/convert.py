@@ -177,6 +177,9 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         result = pipeline.run()
         if wait:
             result.wait_until_finish()
+    except BaseException:
+        workers.abort()  # Ctrl-C or a failed shard: no child finishes its shard first.
+        raise
     finally:
         workers.release()  # The shard writers, done, have released them too.
         if progress is not None:
@@ -266,6 +269,11 @@ class _Workers:
     def release(self) -> None:
         if self._pool is not None:
             _processes.release(self._pool)
+            self._pool = None
+
+    def abort(self) -> None:
+        if self._pool is not None:
+            _processes.abort(self._pool)
             self._pool = None
 
 

@@ -102,6 +102,32 @@ def test_the_shared_pool_is_closed_by_its_last_user():
         _processes.release(third)
 
 
+def test_an_aborted_pool_is_killed_at_once_even_mid_call():
+    import threading
+    import time
+
+    pool = _processes.acquire(1)
+    procs = [w._proc for w in pool._workers]
+    outcome = []
+
+    def sleep_in_child():
+        try:
+            pool.call(time.sleep, 60)
+        except BaseException as e:
+            outcome.append(e)
+
+    busy = threading.Thread(target=sleep_in_child)
+    busy.start()
+    while not pool._idle.empty():  # The call has taken the child.
+        time.sleep(0.01)
+    start = time.monotonic()
+    _processes.abort(pool)
+    busy.join()
+    assert time.monotonic() - start < 5 and all(p.poll() is not None for p in procs)
+    assert [type(e) for e in outcome] == [_processes.WorkerDied]
+    assert pool.closed and 1 not in _processes._SHARED
+
+
 @pytest.mark.parametrize("value", [-1, True, 1.5])
 def test_the_writing_options_refuse_a_bad_count(value):
     from beam_jobs._options import WritingOptions
