@@ -17,7 +17,6 @@ import schemas
 from beam_jobs import _plan, _processes, _shard_writer
 from beam_jobs import convert as convert_module
 from beam_jobs._options import ConversionConfig, ConvertOptions
-from beam_jobs._shards import load_shard_plan
 from beam_jobs._write import _shard_file
 from imaging import ValidationOptions
 
