@@ -24,7 +24,8 @@ from beam_jobs._files import AtomicWriter, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from schemas.tfrecord import format_index, frame_record
 
-__all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "record_schema", "read_ahead",
+__all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "warm_call", "record_schema",
+           "read_ahead",
            "default_threads"]
 
 # Files of a shard read and validated ahead of the writer, per thread (see `read_ahead`).
@@ -316,6 +317,15 @@ def warm_up(validation: ValidationOptions, decoders: bool = True, decoder_thread
     _schema(validation)
     if decoders:
         validator.load_decoders()
+
+
+def warm_call(validation: ValidationOptions, processes: int, decoders: bool = True) -> tuple:
+    """The warm-up (fn, args) of `processes` worker processes on this machine (`warm_up`).
+
+    TensorFlow's decoding threads are split between the processes, not a
+    pool per core in each.
+    """
+    return warm_up, (validation, decoders, max(1, (os.cpu_count() or 1) // processes))
 
 
 def default_threads() -> int:

@@ -27,7 +27,7 @@ from beam_jobs._elements import Reject, ShardResult
 from beam_jobs._options import WritingOptions
 from beam_jobs._files import TMP_DIRNAME, read_bytes, write_atomically
 from beam_jobs._shard_writer import (
-    ShardFile, ShardJob, ShardOutcome, default_threads, record_schema, warm_up, write_shard,
+    ShardFile, ShardJob, ShardOutcome, default_threads, record_schema, warm_call, write_shard,
 )
 from imaging import ValidationOptions
 
@@ -133,8 +133,7 @@ class WriteShardFn(beam.DoFn):
         processes = self._writing.worker_processes
         if processes:
             # Shared with the driver, which started them early (`convert.run`).
-            threads = max(1, (os.cpu_count() or 1) // processes)  # TensorFlow's, per process
-            self._pool = _processes.acquire(processes, warm=(warm_up, (self._validation, True, threads)))
+            self._pool = _processes.acquire(processes, warm=warm_call(self._validation, processes))
             # One thread per worker process waits on it: the shards of a
             # bundle are written at once, whatever the runner's threads.
             self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")

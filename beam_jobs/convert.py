@@ -42,7 +42,7 @@ from beam_jobs._options import ConversionConfig, ConvertOptions
 from beam_jobs._output import prepare_output, summarize
 from beam_jobs._planning import build_plan, group_section
 from beam_jobs._shards import ImagesToTFRecords, write_shard_plans
-from beam_jobs._shard_writer import warm_up
+from beam_jobs._shard_writer import warm_call
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn, record_schema
 from shardsmith import console
 from shardsmith.progress import ProgressBar
@@ -261,10 +261,8 @@ class _Workers:
     def _acquire(self, processes: int) -> None:
         if not processes or not self._start:
             return
-        # TensorFlow's threads split between the processes, not a pool per core in each.
-        threads = max(1, (os.cpu_count() or 1) // processes)
         self._pool = _processes.acquire(
-            processes, warm=(warm_up, (self._config.validation, self._decoders, threads)))
+            processes, warm=warm_call(self._config.validation, processes, self._decoders))
 
     def release(self) -> None:
         if self._pool is not None:
