@@ -80,10 +80,6 @@ class _Worker:
         self._from = os.fdopen(from_child_r, "rb")
         self._unanswered = 0  # Calls sent whose answers are not read yet (`send`).
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
     def send(self, fn, args) -> None:
         """Sends a call without waiting for its answer (read by the next `call`)."""
         try:

@@ -25,7 +25,6 @@ from imaging import ImageRejected, ImageValidator, ValidationOptions
 from schemas.tfrecord import format_index, frame_record
 
 __all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "warm_call", "record_schema",
-           "read_ahead",
            "default_threads"]
 
 # Files of a shard read and validated ahead of the writer, per thread (see `read_ahead`).
