@@ -77,6 +77,9 @@ class WritingOptions:
         each (--worker_processes); 0 writes them in the runner's own
         threads; None lets the conversion choose (`convert.run`: every core
         on the local runner for a large enough folder). Speed only.
+      file_timeout: Seconds one file may take to read and validate before
+        its process is stopped and the file rejected as 'timeout'
+        (--file_timeout).
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -86,8 +89,12 @@ class WritingOptions:
     resume: bool = False
     worker_threads: int | None = None
     worker_processes: int | None = None
+    file_timeout: float = 600.0
 
     def __post_init__(self):
+        if isinstance(self.file_timeout, bool) or not isinstance(self.file_timeout, (int, float)) \
+                or not self.file_timeout > 0:
+            raise ValueError(f"--file_timeout must be a number of seconds above 0. Received: {self.file_timeout!r}")
         if self.worker_threads is not None and self.worker_threads < 1:
             raise ValueError(f"--worker_threads must be at least 1. Received: {self.worker_threads}")
         if self.worker_processes is not None and (
@@ -104,6 +111,7 @@ _DICOM = DicomOptions()
 _RASTER = RasterOptions()
 _SHARDING = ShardingOptions()
 _RESIZE = ResizeOptions()
+_WRITING = WritingOptions()
 
 
 class ConvertOptions(PipelineOptions):
@@ -243,6 +251,11 @@ class ConvertOptions(PipelineOptions):
             "own threads (default: one per core on the local runner for a folder of 1,000 files "
             "or more, else 0). Speed only: the output is the same.",
         )
+        parser.add_argument(
+            "--file_timeout", type=float, default=_WRITING.file_timeout,
+            help="Seconds one file may take to read and validate; a file that takes longer is "
+            f"rejected as 'timeout' and the rest converted (default: {_WRITING.file_timeout:g}).",
+        )
 
 
 def parse_split(text: str) -> dict[str, float]:
@@ -360,7 +373,7 @@ class ConversionConfig:
             num_shards=o.num_shards, target_shard_mb=o.target_shard_mb, min_shards=o.min_shards,
         )
         writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads,
-                                 worker_processes=o.worker_processes)
+                                 worker_processes=o.worker_processes, file_timeout=o.file_timeout)
         resize = ResizeOptions(
             max_side=o.max_side, min_side=o.min_side,
             jpeg_quality=_RESIZE.jpeg_quality if o.jpeg_quality is None else o.jpeg_quality,

@@ -12,7 +12,7 @@ from schemas.tfds_metadata import TFDS_FILENAMES
 from beam_jobs import _listing
 from beam_jobs._files import TMP_DIRNAME, read_bytes
 
-__all__ = ["prepare_output", "delete_if_exists", "remove_dataset_files", "summarize"]
+__all__ = ["prepare_output", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
@@ -81,10 +81,15 @@ def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
     return removed
 
 
+def read_manifest(output_dir: str) -> schemas.Manifest:
+    """The manifest of a finished dataset."""
+    path = FileSystems.join(output_dir, schemas.MANIFEST_FILENAME)
+    return schemas.Manifest.from_json(read_bytes(path).decode(), path)
+
+
 def summarize(output_dir: str) -> str:
     """One paragraph about a finished dataset, from its manifest."""
-    path = FileSystems.join(output_dir, schemas.MANIFEST_FILENAME)
-    manifest = schemas.Manifest.from_json(read_bytes(path).decode(), path)
+    manifest = read_manifest(output_dir)
     c = manifest.counts
     shards = sum(len(s.shards) for s in manifest.splits.values())
     per_split = " / ".join(f"{n} {s.num_records:,}" for n, s in manifest.splits.items())

@@ -16,7 +16,7 @@ import re
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs import _listing, _plan
+from beam_jobs import _guard, _listing, _plan
 from beam_jobs._options import ConversionConfig
 from beam_jobs._files import read_bytes
 from imaging import dicom as _dicom
@@ -85,7 +85,14 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
             raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
         text = read_bytes(config.labels_csv).decode("utf-8-sig")
         labels_csv = _plan.read_labels_csv(text, config.labels_csv)
-    groups = group_keys(files, config.group_by) if config.group_by else None
+    groups = None
+    if config.group_by:
+        failed = _quarantined(config) if config.writing.resume else {}
+        groups = group_keys([f for f in files if f.rel_path not in failed], config.group_by, failed)
+        if failed:
+            # Files whose header crashed a process (an earlier run's) or raised: rejected here.
+            files = [f for f in files if f.rel_path not in failed]
+            problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     sharding = config.sharding
     plan = _plan.make_plan(
         files, problems,
@@ -121,17 +128,44 @@ def group_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
     }}
 
 
-def group_keys(files, group_by: str) -> dict[str, str]:
-    """Relative path to group value, for the files that have one."""
+def group_keys(files, group_by: str, failed: dict | None = None) -> dict[str, str]:
+    """Relative path to group value, for the files that have one.
+
+    Args:
+      files: The listed files.
+      group_by: --group_by.
+      failed: Where a file whose header reading raised an unexpected error
+        goes (rel_path -> (reason, message)); it is then not planned.
+    """
     kind, _, value = group_by.partition(":")
     if kind == "regex":
         return _regex_keys(files, re.compile(value))
+
+    def key(f):
+        # Noted in the journal: a header that crashes the driver is known to the command above it.
+        with _guard.working_on([(f.rel_path, f.path)]):
+            try:
+                return f.rel_path, _dicom_key(f, value)
+            except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                if failed is None:
+                    raise
+                _LOG.debug("Unexpected error reading the header of %s", f.rel_path, exc_info=e)
+                failed[f.rel_path] = (_guard.INTERNAL_ERROR, _guard.internal_error_message(f.rel_path, e))
+                return f.rel_path, None
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
-        found = dict(pool.map(lambda f: (f.rel_path, _dicom_key(f, value)), files))
+        found = dict(pool.map(key, files))
     keyed = {path: key for path, key in found.items() if key}
     _LOG.info("Read %s from %s of %s files (--group_by %s)", value, f"{len(keyed):,}",
               f"{len(files):,}", group_by)
     return keyed
+
+
+def _quarantined(config: ConversionConfig) -> dict:
+    """The files an interrupted run found to crash or hang a process (`_guard.Quarantine`)."""
+    from beam_jobs._write import quarantine_path  # Beam's DoFn module: only for --resume.
+
+    return _guard.Quarantine(quarantine_path(config.output_dir)).load()
 
 
 def _regex_keys(files, pattern: re.Pattern) -> dict[str, str]:

@@ -29,10 +29,13 @@ import logging
 import os
 import pickle
 import queue
+import shutil
 import subprocess
 import sys
 import threading
 import traceback
+
+from beam_jobs import _guard
 
 __all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main"]
 
@@ -45,7 +48,20 @@ _BOOTSTRAP = (
 
 
 class WorkerDied(RuntimeError):
-    """A worker process ended while running a call (killed, out of memory, a crash in C code)."""
+    """A worker process ended while running a call (killed, out of memory, a crash in C code).
+
+    Attributes:
+      pid: The process's id (its journal's name, `_guard`).
+      returncode: Its return code: negative for the signal that ended it.
+    """
+
+    def __init__(self, message: str, pid: int = 0, returncode: int = 0):
+        super().__init__(message)
+        self.pid = pid
+        self.returncode = returncode
+
+    def __reduce__(self):
+        return type(self), (str(self), self.pid, self.returncode)
 
 
 class _RemoteTraceback(Exception):
@@ -62,13 +78,13 @@ class _RemoteTraceback(Exception):
 class _Worker:
     """One child process and its two pipes; used by one thread at a time."""
 
-    def __init__(self):
+    def __init__(self, env=None):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(to_child_r), str(from_child_w)],
-                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, close_fds=True,
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, close_fds=True, env=env,
             )
         except BaseException:
             for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
@@ -117,7 +133,7 @@ class _Worker:
         return WorkerDied(
             f"A shardsmith worker process (pid {self._proc.pid}) {how} while running {name}"
             " (out of memory, or a crash in a decoder). Run again with --worker_processes 0 to"
-            " convert in the runner's own threads."
+            " convert in the runner's own threads.", self._proc.pid, code,
         )
 
     def close(self, kill: bool = False) -> None:
@@ -151,7 +167,7 @@ class WorkerProcesses:
       OSError: If a child cannot be started.
     """
 
-    def __init__(self, processes: int, warm=None):
+    def __init__(self, processes: int, warm=None, file_timeout: float | None = None):
         if processes < 1:
             raise ValueError(f"`processes` must be at least 1. Received: {processes}")
         self.processes = processes
@@ -160,6 +176,17 @@ class WorkerProcesses:
         self._lock = threading.Lock()
         self._closed = False
         self._warm = warm
+        # Where the children note the files they work on (`_guard.Journal`):
+        # the conversion's folder when a supervising command made one, else the pool's own.
+        self.journal_folder = os.environ.get(_guard.JOURNAL_ENV)
+        self._own_folder = self.journal_folder is None
+        if self._own_folder:
+            self.journal_folder = _guard.new_journal_folder()
+        self._env = {**os.environ, _guard.JOURNAL_ENV: self.journal_folder}
+        # Stops a child stuck on one file (the driver itself is spared: no one above it carries on).
+        self._watchdog = None
+        if file_timeout:
+            self._watchdog = _guard.Watchdog(self.journal_folder, file_timeout, spare=(os.getpid(),)).start()
         try:
             for _ in range(processes):
                 self._idle.put(self._start())
@@ -168,7 +195,7 @@ class WorkerProcesses:
             raise
 
     def _start(self) -> _Worker:
-        worker = _Worker()
+        worker = _Worker(self._env)
         if self._warm is not None:
             worker.send(*self._warm)
         with self._lock:
@@ -214,8 +241,13 @@ class WorkerProcesses:
         self._closed = True
         with self._lock:
             workers, self._workers = self._workers, []
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.stop()
         for worker in workers:
             worker.close(kill=kill)
+        if self._own_folder:
+            shutil.rmtree(self.journal_folder, ignore_errors=True)
 
 
 # One set of worker processes per process and size, shared by the conversion's
@@ -225,14 +257,14 @@ _SHARED: dict[int, list] = {}  # processes -> [WorkerProcesses, users]
 _SHARED_LOCK = threading.Lock()
 
 
-def acquire(processes: int, warm=None) -> WorkerProcesses:
+def acquire(processes: int, warm=None, file_timeout: float | None = None) -> WorkerProcesses:
     """The process's shared `WorkerProcesses` of this size, started if there is none."""
     with _SHARED_LOCK:
         entry = _SHARED.get(processes)
         if entry is None or entry[0].closed:
             if not _SHARED:
                 atexit.register(_close_all)
-            entry = _SHARED[processes] = [WorkerProcesses(processes, warm), 0]
+            entry = _SHARED[processes] = [WorkerProcesses(processes, warm, file_timeout), 0]
         entry[1] += 1
         return entry[0]
 

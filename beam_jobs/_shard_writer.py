@@ -14,11 +14,13 @@ import concurrent.futures
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import types
 from typing import NamedTuple
 
 import schemas
+from beam_jobs import _guard
 from beam_jobs._elements import Reject, ShardResult
 from beam_jobs._files import AtomicWriter, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
@@ -37,6 +39,8 @@ _READ_AHEAD = 8
 # shard writer), at the same speed.
 _GROUP_FILES = 64
 _GROUP_BYTES = 1 << 20
+_GROUP_NAME_BYTES = 8 * 1024
+_LOG = logging.getLogger("shardsmith.convert")
 # The extra features of a record when no DICOM tags are asked for (never changed).
 _NO_EXTRA = types.MappingProxyType({})
 
@@ -85,6 +89,9 @@ class ShardJob:
     num_classes: int
     validation: ValidationOptions
     threads: int
+    # (rel_path, reason, message) of its files that crashed or hung a process
+    # before (`_guard.Quarantine`): rejected without being read.
+    quarantined: tuple[tuple[str, str, str], ...] = ()
 
 
 class ShardOutcome(NamedTuple):
@@ -142,14 +149,21 @@ def read_ahead(fn, items, *, threads: int, depth: int = _READ_AHEAD):
 
 
 def _groups(files):
-    """`files` in order, in lists of at most _GROUP_FILES files and _GROUP_BYTES planned bytes."""
-    group, size = [], 0
+    """`files` in order, in lists of at most _GROUP_FILES files and _GROUP_BYTES planned bytes.
+
+    And of at most _GROUP_NAME_BYTES of paths: a group's names fit in one
+    slot of the process's journal (`_guard`).
+    """
+    group, size, names = [], 0, 0
     for f in files:
-        if group and (len(group) == _GROUP_FILES or size + f.size > _GROUP_BYTES):
+        name = len(f.rel_path) + len(f.path)
+        if group and (len(group) == _GROUP_FILES or size + f.size > _GROUP_BYTES
+                      or names + name > _GROUP_NAME_BYTES):
             yield group
-            group, size = [], 0
+            group, size, names = [], 0, 0
         group.append(f)
         size += f.size
+        names += name
     if group:
         yield group
 
@@ -194,6 +208,7 @@ class _Writer:
         self._validator = _validator(job.validation)
         self._schema = _schema(job.validation)
         self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
+        self._quarantined = {path: (reason, message) for path, reason, message in job.quarantined}
 
     def write(self) -> ShardOutcome:
         job = self._job
@@ -201,12 +216,17 @@ class _Writer:
         shard = _Shard(job.num_classes)
         try:
             for f, outcome in self._validated(job.files, job.threads):
+                if not isinstance(outcome, Reject):
+                    try:
+                        records = [(image, *self._encode(f, image)) for image in outcome]
+                    except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                        outcome = _internal_error(f, e)
                 if isinstance(outcome, Reject):
                     shard.rejects.append(outcome)
                     continue
                 shard.num_sources += 1
-                for image in outcome:
-                    self._write_record(writer, shard, f, image)
+                for image, filename, framed in records:
+                    self._write_record(writer, shard, f, image, filename, framed)
         except BaseException:
             writer.abort()
             raise
@@ -226,14 +246,12 @@ class _Writer:
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
-    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image) -> None:
-        """Encodes, frames and writes one image; notes it in the shard's index and counts."""
+    def _encode(self, f: ShardFile, image) -> tuple[str, bytes]:
+        """The record's filename and its framed bytes (every record of a file is encoded before any is written)."""
         # One record per kept frame: its filename says which.
         filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
         if image.page is not None:
             filename += f"#page={image.page}"
-        if image.actions:
-            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
         record = self._schema.encode(schemas.ImageRecord(
             image=image.data,
             label=f.label,
@@ -244,7 +262,13 @@ class _Writer:
             channels=image.channels,
             extra=self._extra(image),
         ))
-        framed = frame_record(record)
+        return filename, frame_record(record)
+
+    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str,
+                      framed: bytes) -> None:
+        """Writes one framed record; notes it in the shard's index, counts and normalisations."""
+        if image.actions:
+            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
         shard.class_counts[f.label] += 1
@@ -271,23 +295,59 @@ class _Writer:
             yield from zip(group, outcomes)
 
     def _validate_group(self, group: list[ShardFile]):
-        """Reads and validates a group of files: for each, its images or its Reject."""
+        """Reads and validates a group of files: for each, its images or its Reject.
+
+        The files are noted in this process's journal meanwhile (`_guard`):
+        if a decoder kills the process, whoever started it knows which files
+        were in work.
+        """
         outcomes: list = [None] * len(group)
-        read = []  # (position in the group, bytes)
+        todo = []
         for k, f in enumerate(group):
             if f.duplicate is not None:
                 outcomes[k] = Reject(f.rel_path, "duplicate", f.duplicate)
-                continue
+            elif f.rel_path in self._quarantined:
+                outcomes[k] = Reject(f.rel_path, *self._quarantined[f.rel_path])
+            else:
+                todo.append(k)
+        if not todo:
+            return outcomes
+        with _guard.working_on((group[k].rel_path, group[k].path) for k in todo):
+            read = []  # (position in the group, bytes)
+            for k in todo:
+                try:
+                    read.append((k, _read(group[k])))
+                except ImageRejected as e:
+                    outcomes[k] = Reject(group[k].rel_path, e.reason, e.message)
+                except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                    outcomes[k] = _internal_error(group[k], e)
+            items = [(data, group[k].rel_path) for k, data in read]
             try:
-                read.append((k, _read(f)))
-            except ImageRejected as e:
-                outcomes[k] = Reject(f.rel_path, e.reason, e.message)
-        results = self._validator.validate_many([(data, group[k].rel_path) for k, data in read])
+                results = self._validator.validate_many(items)
+            except Exception:  # noqa: BLE001 - which file, and why: one at a time below
+                results = [self._validate_one(data, name) for data, name in items]
         for (k, _), result in zip(read, results):
             if isinstance(result, ImageRejected):
                 result = Reject(group[k].rel_path, result.reason, result.message)
+            elif isinstance(result, Exception):
+                result = _internal_error(group[k], result)
             outcomes[k] = result
         return outcomes
+
+    def _validate_one(self, data: bytes, name: str):
+        """A file's images, its ImageRejected, or the unexpected error it raised (returned)."""
+        try:
+            return self._validator.validate_all(data, name)
+        except ImageRejected as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - returned, and rejected as internal_error
+            return e
+
+
+def _internal_error(f: ShardFile, error: Exception) -> Reject:
+    """The Reject of a file on which shardsmith or a library failed unexpectedly; logged with its traceback."""
+    _LOG.debug("Unexpected error on %s", f.rel_path, exc_info=error)
+    return Reject(f.rel_path, _guard.INTERNAL_ERROR, _guard.internal_error_message(f.rel_path, error))
 
 
 def _read(f: ShardFile) -> bytes:

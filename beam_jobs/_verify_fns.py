@@ -23,9 +23,14 @@ from imaging import ResizeOptions
 from imaging import raster as _raster
 from schemas import _tf
 from schemas.tfrecord import RecordError, format_index, iter_records
+from beam_jobs import _guard
 from beam_jobs._files import read_bytes, write_atomically
 
-__all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn", "raster_records"]
+__all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn", "raster_records", "CHECK_FAILED"]
+
+# How a record whose check raised an unexpected error is reported: the record
+# is not known to be bad, and the other records are still verified.
+CHECK_FAILED = f"the check itself failed ({_guard.INTERNAL_ERROR})"
 
 _NAMESPACE = "shardsmith"
 # How far a recomputed band mean or m2 may be from the manifest's, relative to
@@ -102,7 +107,7 @@ class VerifyShardFn(beam.DoFn):
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
                     offsets.append((offset, length))
-                    problem, label, digest, name, image, pixels = self._check_record(data)
+                    problem, label, digest, name, image, pixels = self._check_record_guarded(data)
                     if problem:
                         problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
                         continue
@@ -134,6 +139,13 @@ class VerifyShardFn(beam.DoFn):
             problems.extend(bands.problems())
         problems.extend(self._check_index(shard, offsets))
         yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems))
+
+    def _check_record_guarded(self, data: bytes):
+        """`_check_record`; an unexpected error checking one record is that record's problem alone."""
+        try:
+            return self._check_record(data)
+        except Exception as e:  # noqa: BLE001 - reported; the other records are still verified
+            return _failed(f"{CHECK_FAILED}: {_guard.internal_error_message('check', e)}")
 
     def _check_record(self, data: bytes):
         """Returns (problem or None, label, content digest, filename, image, pixels).

@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 import schemas
-from beam_jobs import _listing, _processes
+from beam_jobs import _guard, _listing, _processes
 from beam_jobs._elements import Reject, ShardResult
 from beam_jobs._options import WritingOptions
 from beam_jobs._files import TMP_DIRNAME, read_bytes, write_atomically
@@ -31,12 +31,21 @@ from beam_jobs._shard_writer import (
 )
 from imaging import ValidationOptions
 
-__all__ = ["WriteShardFn", "RECEIPTS_DIRNAME", "record_schema"]
+__all__ = ["WriteShardFn", "RECEIPTS_DIRNAME", "record_schema", "quarantine_path"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _NAMESPACE = "shardsmith"
 # Inside the temporary folder: one receipt per finished shard, for --resume.
 RECEIPTS_DIRNAME = "done"
+# Inside the temporary folder: the files that crashed or hung a process (`_guard.Quarantine`).
+_QUARANTINE_FILENAME = "quarantine.jsonl"
+# A shard whose worker processes die this often is given up (each death blames a file or retries once).
+_MAX_CRASHES_PER_SHARD = 50
+
+
+def quarantine_path(output_dir: str) -> str:
+    """Where a conversion into `output_dir` keeps the files that crashed or hung a process."""
+    return FileSystems.join(output_dir, TMP_DIRNAME, _QUARANTINE_FILENAME)
 
 
 def validation_fingerprint(validation: ValidationOptions) -> str:
@@ -130,10 +139,15 @@ class WriteShardFn(beam.DoFn):
 
     def setup(self):
         self._receipts = _Receipts(self._output_dir)
+        # Files that crashed or hung a process in this run or an earlier one (--resume).
+        self._quarantine = _guard.Quarantine(quarantine_path(self._output_dir))
+        self._quarantined = self._quarantine.load()
+        self._crashes_seen = {}
         processes = self._writing.worker_processes
         if processes:
             # Shared with the driver, which started them early (`convert.run`).
-            self._pool = _processes.acquire(processes, warm=warm_call(self._validation, processes))
+            self._pool = _processes.acquire(processes, warm=warm_call(self._validation, processes),
+                                            file_timeout=self._writing.file_timeout)
             # One thread per worker process waits on it: the shards of a
             # bundle are written at once, whatever the runner's threads.
             self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
@@ -200,7 +214,12 @@ class WriteShardFn(beam.DoFn):
         return outcome
 
     def _write(self, split, index, name, files) -> ShardOutcome:
-        """Writes the shard and its index (in a worker process, if there are some)."""
+        """Writes the shard and its index (in a worker process, if there are some).
+
+        A worker process that dies on a file (a crash, --file_timeout) costs
+        that file only: it is found from the process's journal, quarantined,
+        and the shard is written again without it (`_guard.crash_culprits`).
+        """
         job = ShardJob(
             output_dir=self._output_dir, split=split, index=index, num_shards=files[0].num_shards,
             name=name, files=tuple(_shard_file(f) for f in files), num_classes=self._num_classes,
@@ -208,15 +227,33 @@ class WriteShardFn(beam.DoFn):
             # A worker process has no other thread to hand the GIL to: it
             # reads and validates in its own, unless told otherwise.
             threads=self._writing.worker_threads or (0 if self._pool else default_threads()),
+            quarantined=self._quarantined_of(files),
         )
         if self._pool is None:
-            outcome = write_shard(job)
-        else:
+            return write_shard(job)
+        for _ in range(_MAX_CRASHES_PER_SHARD):
             try:
-                outcome = self._pool.call(write_shard, job)
+                return self._pool.call(write_shard, job)
             except _processes.WorkerDied as e:
-                raise _processes.WorkerDied(f"{e} Shard: {name} ({len(files)} files).") from None
-        return outcome
+                found = _guard.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
+                                              self._validation, self._writing.file_timeout,
+                                              self._crashes_seen)
+                if found is None:  # Not while working on a file: not a file's doing.
+                    raise _processes.WorkerDied(f"{e} Shard: {name} ({len(files)} files).", e.pid,
+                                                e.returncode) from None
+                for path, (reason, message) in sorted(found.items()):
+                    _LOG.warning("Rejected %s (%s): %s", path, reason, message)
+                if found:
+                    self._quarantined = self._quarantine.add(found)
+                job = dataclasses.replace(job, quarantined=self._quarantined_of(files))
+        raise _processes.WorkerDied(f"Shard {name}: its worker processes died {_MAX_CRASHES_PER_SHARD} times.")
+
+    def _quarantined_of(self, files) -> tuple:
+        """(rel_path, reason, message) of the shard's quarantined files."""
+        q = self._quarantined
+        if not q:
+            return ()
+        return tuple((f.rel_path, *q[f.rel_path]) for f in files if f.rel_path in q)
 
     def _fingerprint(self, files) -> str:
         """What the shard's bytes depend on: its planned files and the validation options.

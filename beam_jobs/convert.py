@@ -36,18 +36,19 @@ import sys
 import apache_beam as beam
 from apache_beam.options.pipeline_options import WorkerOptions
 
-from beam_jobs import _args, _elements, _plan, _processes, _runner
+from beam_jobs import _args, _elements, _guard, _plan, _processes, _runner
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions
-from beam_jobs._output import prepare_output, summarize
+from beam_jobs._output import prepare_output, read_manifest, summarize
 from beam_jobs._planning import build_plan, group_section
 from beam_jobs._shards import ImagesToTFRecords, write_shard_plans
 from beam_jobs._shard_writer import warm_call
-from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn, record_schema
+from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn, quarantine_path, record_schema
 from shardsmith import console
 from shardsmith.progress import ProgressBar
 
-__all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main", "summarize", "help_text"]
+__all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main", "summarize", "help_text",
+           "EXIT_FILES_FAILED"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Worker processes by default only from this many files: each costs ~0.6 s of
@@ -262,7 +263,8 @@ class _Workers:
         if not processes or not self._start:
             return
         self._pool = _processes.acquire(
-            processes, warm=warm_call(self._config.validation, processes, self._decoders))
+            processes, warm=warm_call(self._config.validation, processes, self._decoders),
+            file_timeout=self._config.writing.file_timeout)
 
     def release(self) -> None:
         if self._pool is not None:
@@ -285,8 +287,20 @@ def help_text() -> str:
     return _args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments)
 
 
+# The exit status of a conversion that finished, and wrote its manifest, but on some of whose
+# files shardsmith or a decoder failed (internal_error, decoder_crashed, timeout).
+EXIT_FILES_FAILED = 3
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs `run` and turns user errors into one sentence (exit status 2)."""
+    """Entry point: runs the conversion; returns its exit status.
+
+    0: converted (rejects, if any, are the files' own faults); 1: failed (no
+    usable dataset: too many rejects, a failure not tied to one file); 2: a
+    usage error (one sentence); 3 (`EXIT_FILES_FAILED`): converted, but
+    shardsmith or a decoder failed on some files, which are listed in
+    rejects.jsonl (`internal_error`, `decoder_crashed`, `timeout`).
+    """
     argv = sys.argv[1:] if argv is None else argv
     with console.entry_point(argv):  # Logging, and quiet C++ libraries.
         return _main(argv)
@@ -296,6 +310,24 @@ def _main(argv: list[str]) -> int:
     if _args.print_help_if_asked(argv, help_text):
         return 0
     _runner.configure_logging()
+    try:
+        options = _args.pipeline_options(argv, ConvertOptions)
+        config = ConversionConfig.from_options(options)
+    except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
+        print(f"shardsmith convert: error: {e}", file=sys.stderr)
+        return 2
+    # On the local runner the driver validates files in its threads, and on
+    # any runner it reads DICOM headers while planning: a decoder that crashes
+    # or hangs there must not end the job. This process forks before any work
+    # and carries on without such a file (`_guard.supervise`).
+    return _guard.supervise(
+        _attempt, argv, quarantine=_guard.Quarantine(quarantine_path(config.output_dir)),
+        validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
+    )
+
+
+def _attempt(argv: list[str]) -> int:
+    """One run of the conversion in this process; its exit status (0, 1, 2, or 3: see `main`)."""
     try:
         run(argv)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
@@ -307,7 +339,18 @@ def _main(argv: list[str]) -> int:
             raise
         print(f"shardsmith convert: error: {message}", file=sys.stderr)
         return 1
+    options = _args.pipeline_options(argv, ConvertOptions)
+    sentence = _guard.failure_sentence(read_manifest(ConversionConfig.from_options(options).output_dir).rejects)
+    if sentence:
+        print(f"shardsmith convert: {sentence}", file=sys.stderr)
+        return EXIT_FILES_FAILED
     return 0
+
+
+def _resume_argv(argv: list[str]) -> list[str]:
+    """The arguments of the run that goes on after a crash: --resume instead of --overwrite."""
+    out = [a for a in argv if a != "--overwrite"]
+    return out if "--resume" in out else [*out, "--resume"]
 
 
 def _conversion_error_message(e: BaseException) -> str | None:

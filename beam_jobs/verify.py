@@ -26,9 +26,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import schemas
 from beam_jobs import _args, _runner, _verify_fns
 from beam_jobs._files import read_bytes
+from beam_jobs._verify_fns import CHECK_FAILED
 from shardsmith import console
 
-__all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text"]
+__all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
 
 _LOG = logging.getLogger("shardsmith.verify")
 
@@ -191,8 +192,16 @@ def help_text() -> str:
                            _EXAMPLE, add_arguments)
 
 
+# Verified, except records whose check raised an unexpected error (as convert's exit status 3).
+EXIT_CHECKS_FAILED = 3
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use."""
+    """Entry point: 0 when the dataset matches its manifest, 1 when not, 2 on bad use.
+
+    3 (`EXIT_CHECKS_FAILED`) when the only problems are records whose check
+    hit an unexpected error (listed in the report; the rest were verified).
+    """
     argv = sys.argv[1:] if argv is None else argv
     with console.entry_point(argv):  # Logging, and quiet C++ libraries.
         return _main(argv)
@@ -209,6 +218,12 @@ def _main(argv: list[str]) -> int:
         return 2
     print(describe(report))  # The verdict is the result: stdout.
     fail_dups = PipelineOptions(argv).view_as(VerifyOptions).fail_on_duplicates
+    failed_checks = sum(CHECK_FAILED in p for p in report["problems"])
+    if failed_checks and failed_checks == len(report["problems"]):
+        # Only checks that crashed: nothing is known to be wrong with the data.
+        print(f"shardsmith verify: the check of {failed_checks:,} record{'s' if failed_checks > 1 else ''} "
+              "hit an error in shardsmith or a decoder; please report it.", file=sys.stderr)
+        return EXIT_CHECKS_FAILED
     if not report["ok"] or (fail_dups and report["duplicates"]["across_splits"]):
         return 1
     return 0

@@ -76,6 +76,10 @@ REJECT_REASONS = {
     "duplicate": "Same content as another input that was kept.",
     "unsupported_dtype": "The image's sample type (complex, bit depth, ...) cannot be stored.",
     "missing_bands": "The image has fewer bands than --raster_bands asks for.",
+    # shardsmith or a decoder failed on the file; every other file was converted (exit status 3).
+    "internal_error": "shardsmith or a library raised an unexpected error on this file (please report it).",
+    "decoder_crashed": "The process decoding this file died (a crash in C code, or out of memory).",
+    "timeout": "Decoding this file did not finish within --file_timeout seconds.",
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
 SKIP_REASONS = {

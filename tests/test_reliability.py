@@ -151,9 +151,18 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
         pass
 
     attempt = fn()
-    real_read = _shard_writer._read
-    monkeypatch.setattr(_shard_writer, "_read", lambda f: real_read(f) if f.rel_path != files[3].rel_path
-                        else (_ for _ in ()).throw(Boom()))
+    # Not a file's fault (that file alone would be rejected): the output
+    # fails under the writer, at its fourth record.
+    real_write = _shard_writer.AtomicWriter.write
+    calls = []
+
+    def write(self, data):
+        calls.append(len(data))
+        if len(calls) == 4:
+            raise Boom()
+        return real_write(self, data)
+
+    monkeypatch.setattr(_shard_writer.AtomicWriter, "write", write)
     with pytest.raises(Boom):
         attempt._write("train", 0, "train-00000-of-00001.tfrecord", files)
     monkeypatch.undo()

@@ -1,0 +1,621 @@
+"""No single input file can stop a conversion: what each process is working on, and who failed.
+
+Three ways one file can end a job, and what becomes of each here:
+
+- **An error nobody expected** (a bug of shardsmith's or of a library's, on
+  one file): the shard writer catches it around that file alone, and the file
+  is rejected as `internal_error`, with the exception's type, message and
+  innermost frame (`internal_error`).
+- **A decoder that kills its process** (a segfault or abort in C code, the
+  kernel's OOM killer): nothing in that process survives, so what it was
+  working on must be known from outside. Each process notes the files it is
+  validating in a small memory-mapped `Journal` (one file per process in a
+  shared folder; a slot per busy thread). Whoever started the process reads
+  the dead one's busy slots: the driver for its worker processes (`_processes`),
+  the command's `supervise` for the driver itself. A slot that held several
+  files (a batch of JPEGs decoded together) is narrowed down by `probe`,
+  which validates each file alone in a fresh process: only the file that
+  crashes again is the culprit (`decoder_crashed`); the others are converted.
+- **A decoder that never returns** (`--file_timeout`): a `Watchdog` thread
+  outside the stuck process reads the journals, marks the overdue slot
+  `timeout` and kills the process, which then ends like a crash.
+
+Culprits are kept in the output's temporary folder (`Quarantine`), so the run
+that goes on (the worker's shard written again, the driver's run resumed with
+`--resume`, or a user's `--resume` later) rejects them without reading them.
+
+Beam-free: worker processes import it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import mmap
+import os
+import signal
+import struct
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+
+__all__ = [
+    "INTERNAL_ERROR", "DECODER_CRASHED", "TIMEOUT", "FAILURE_REASONS", "JOURNAL_ENV",
+    "internal_error_message", "Journal", "journal", "Suspect", "busy_slots", "Watchdog",
+    "Quarantine", "probe", "crash_culprits", "failure_sentence", "signal_name", "supervise",
+]
+
+_LOG = logging.getLogger("shardsmith.convert")
+
+INTERNAL_ERROR = "internal_error"
+DECODER_CRASHED = "decoder_crashed"
+TIMEOUT = "timeout"
+# The reject reasons that mean "shardsmith or a decoder failed on this file", not "the file is bad".
+FAILURE_REASONS = (INTERNAL_ERROR, DECODER_CRASHED, TIMEOUT)
+
+# The folder of the journals of one conversion's processes; set by `supervise`
+# (or by the driver for its worker processes) in the environment of the
+# processes it starts, never on import.
+JOURNAL_ENV = "SHARDSMITH_JOURNAL_DIR"
+
+# A journal holds _SLOTS slots of _SLOT_BYTES each; a sparse file: only the
+# pages of slots in use take memory or disk.
+_SLOTS = 128
+_SLOT_BYTES = 64 * 1024
+# state, number of names, length of the names' bytes, start time (time.time()).
+_HEADER = struct.Struct("<IIId")
+_FREE, _BUSY, _TIMED_OUT = 0, 1, 2
+_NAMES_BYTES = _SLOT_BYTES - _HEADER.size
+_SEP = b"\0"
+
+
+def internal_error_message(rel_path: str, error: BaseException) -> str:
+    """The reject message of an unexpected error: its type, message and innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = ""
+    if frames:
+        frame = frames[-1]
+        # The package and file, not the machine's site-packages path.
+        short = "/".join(frame.filename.replace(os.sep, "/").split("/")[-2:])
+        where = f" (in {frame.name}, {short}:{frame.lineno})"
+    text = str(error).strip() or "no message"
+    return f"{rel_path}: {type(error).__name__}: {text}{where}"
+
+
+def signal_name(code: int) -> str:
+    """'SIGSEGV' for a process's return code -11; 'exit status N' for N >= 0."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Suspect:
+    """A file that a process was working on: its relative path and where to read it."""
+
+    rel_path: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """A busy slot of a journal, as read from outside its process."""
+
+    pid: int
+    index: int
+    suspects: tuple[Suspect, ...]
+    started: float
+    timed_out: bool
+
+
+class Journal:
+    """The files a process's threads are working on, in a memory-mapped file others can read.
+
+    Writing a slot is a few memory writes (no system call), so it costs
+    nothing next to a decode; the mapping is shared with the file, so what was
+    written survives the process's death.
+
+    Args:
+      folder: The journals' folder; this process's journal is `folder/<pid>`.
+    """
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, str(os.getpid()))
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, _SLOTS * _SLOT_BYTES)
+            self._map = mmap.mmap(fd, _SLOTS * _SLOT_BYTES)
+        finally:
+            os.close(fd)
+        self._lock = threading.Lock()
+        self._free = list(range(_SLOTS - 1, -1, -1))
+
+    @contextlib.contextmanager
+    def working_on(self, files: Iterable[tuple[str, str]]):
+        """Notes (rel_path, path) of each file in a slot while the block runs.
+
+        Files whose names do not fit in a slot are noted as far as they fit
+        (a group of files is bounded well below that: `_shard_writer`).
+        With every slot taken, nothing is noted.
+        """
+        with self._lock:
+            index = self._free.pop() if self._free else None
+        if index is None:
+            yield
+            return
+        names, count = _encode_names(files)
+        base = index * _SLOT_BYTES
+        m = self._map
+        m[base + _HEADER.size:base + _HEADER.size + len(names)] = names
+        m[base:base + _HEADER.size] = _HEADER.pack(_BUSY, count, len(names), time.time())
+        try:
+            yield
+        finally:
+            m[base:base + 4] = b"\0\0\0\0"  # _FREE
+            with self._lock:
+                self._free.append(index)
+
+
+def _encode_names(files: Iterable[tuple[str, str]]) -> tuple[bytes, int]:
+    parts, size, count = [], 0, 0
+    for rel_path, path in files:
+        entry = os.fsencode(rel_path) + _SEP + os.fsencode(path) + _SEP
+        if size + len(entry) > _NAMES_BYTES:
+            break
+        parts.append(entry)
+        size += len(entry)
+        count += 1
+    return b"".join(parts), count
+
+
+_JOURNAL: Journal | None = None
+_JOURNAL_LOCK = threading.Lock()
+
+
+def journal() -> Journal | None:
+    """This process's journal, in the folder named by `JOURNAL_ENV`; None when none is kept.
+
+    Opened on first use (a worker process writes its own file), never on import.
+    """
+    global _JOURNAL
+    folder = os.environ.get(JOURNAL_ENV)
+    if not folder:
+        return None
+    j = _JOURNAL
+    if j is not None and j.path == os.path.join(folder, str(os.getpid())):
+        return j
+    with _JOURNAL_LOCK:
+        if _JOURNAL is None or _JOURNAL.path != os.path.join(folder, str(os.getpid())):
+            try:
+                _JOURNAL = Journal(folder)
+            except OSError as e:  # The folder went away: convert on, unguarded.
+                _LOG.debug("No journal in %s: %s", folder, e)
+                return None
+        return _JOURNAL
+
+
+def working_on(files: Iterable[tuple[str, str]]):
+    """`Journal.working_on` of this process's journal, or a no-op without one."""
+    j = journal()
+    return j.working_on(files) if j is not None else contextlib.nullcontext()
+
+
+def busy_slots(folder: str, pids: Iterable[int] | None = None) -> list[_Slot]:
+    """The busy slots of the journals in `folder` (of `pids` only, if given), oldest first."""
+    wanted = None if pids is None else {int(p) for p in pids}
+    slots = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit() or (wanted is not None and int(name) not in wanted):
+            continue
+        try:
+            # Mapped, not read: only the slots' headers are looked at (the
+            # watchdog does this every second), and a free slot is a hole.
+            with open(os.path.join(folder, name), "rb") as f:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # Gone, or empty (being created).
+            continue
+        with data:
+            for index in range(len(data) // _SLOT_BYTES):
+                base = index * _SLOT_BYTES
+                state, count, length, started = _HEADER.unpack_from(data, base)
+                if state == _FREE:
+                    continue
+                raw = data[base + _HEADER.size:base + _HEADER.size + length].split(_SEP)
+                suspects = tuple(Suspect(os.fsdecode(raw[2 * i]), os.fsdecode(raw[2 * i + 1]))
+                                 for i in range(min(count, len(raw) // 2)))
+                slots.append(_Slot(int(name), index, suspects, started, state == _TIMED_OUT))
+    slots.sort(key=lambda s: s.started)
+    return slots
+
+
+def forget(folder: str, pid: int) -> None:
+    """Removes a dead process's journal (its slots were read)."""
+    with contextlib.suppress(OSError):
+        os.remove(os.path.join(folder, str(pid)))
+
+
+def _mark_timed_out(folder: str, slot: _Slot) -> bool:
+    """Marks a busy slot as timed out (if it still holds the same work); True if it did."""
+    try:
+        fd = os.open(os.path.join(folder, str(slot.pid)), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        base = slot.index * _SLOT_BYTES
+        header = os.pread(fd, _HEADER.size, base)
+        state, count, length, started = _HEADER.unpack(header)
+        if state != _BUSY or started != slot.started:
+            return False  # Finished meanwhile.
+        os.pwrite(fd, _HEADER.pack(_TIMED_OUT, count, length, started), base)
+        return True
+    finally:
+        os.close(fd)
+
+
+class Watchdog:
+    """A thread that kills a process whose slot stays busy longer than `timeout` seconds.
+
+    It marks the slot `timeout` first, so whoever handles the death knows
+    the culprit without trying it again. It watches from outside the stuck
+    process (a decoder may hold the GIL while it loops).
+
+    Args:
+      folder: The journals' folder.
+      timeout: --file_timeout, in seconds.
+      spare: Pids never to kill (e.g. the watching process itself, which
+        has no one above it to carry on).
+    """
+
+    def __init__(self, folder: str, timeout: float, spare: Sequence[int] = ()):
+        self._folder = folder
+        self._timeout = timeout
+        self._spare = set(spare)
+        self._stop = threading.Event()
+        self._warned: set[tuple[int, int, float]] = set()
+        self._thread = threading.Thread(target=self._loop, name="shardsmith-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        period = min(1.0, max(0.05, self._timeout / 10))
+        while not self._stop.wait(period):
+            self.check()
+
+    def check(self) -> None:
+        """Kills the processes with an overdue slot (one pass)."""
+        now = time.time()
+        for slot in busy_slots(self._folder):
+            if slot.timed_out or now - slot.started <= self._timeout:
+                continue
+            if slot.pid in self._spare:
+                key = (slot.pid, slot.index, slot.started)
+                if key not in self._warned:
+                    self._warned.add(key)
+                    _LOG.warning("%s has been in work for more than --file_timeout=%gs; without a "
+                                 "supervising process (the shardsmith command) it cannot be stopped",
+                                 ", ".join(s.rel_path for s in slot.suspects), self._timeout)
+                continue
+            if _mark_timed_out(self._folder, slot):
+                _LOG.warning("Stopping process %d: %s took longer than --file_timeout=%gs", slot.pid,
+                             ", ".join(s.rel_path for s in slot.suspects[:3]), self._timeout)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signal.SIGKILL)
+
+
+class Quarantine:
+    """Files that crashed or hung a process, kept in the output's temporary folder.
+
+    One JSON line per file: {"path", "reason", "message"}. Read by the shard
+    writers, which reject these files without reading them.
+
+    Args:
+      path: The file (`<output>/_shardsmith_tmp/quarantine.jsonl`).
+    """
+
+    def __init__(self, path: str):
+        self._path = path
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[str, tuple[str, str]]:
+        """rel_path -> (reason, message) of every quarantined file; empty without a file."""
+        from beam_jobs._files import read_bytes
+
+        try:
+            text = read_bytes(self._path).decode("utf-8", "surrogateescape")
+        except (OSError, FileNotFoundError):
+            return {}
+        entries = {}
+        for line in text.splitlines():
+            if line.strip():
+                item = json.loads(line)
+                entries[item["path"]] = (item["reason"], item["message"])
+        return entries
+
+    def add(self, found: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+        """Adds entries (atomically, keeping the earlier ones); returns them all."""
+        from beam_jobs._files import write_atomically
+
+        with self._lock:
+            entries = {**self.load(), **found}
+            text = "".join(
+                json.dumps({"path": p, "reason": r, "message": m}, sort_keys=True, ensure_ascii=True) + "\n"
+                for p, (r, m) in sorted(entries.items())
+            )
+            folder, name = os.path.split(self._path)
+            write_atomically(folder, name, text.encode("utf-8", "surrogateescape"))
+            return entries
+
+
+def _probe_one(path: str, rel_path: str, validation) -> None:
+    """Validates one file as a shard writer would (run in a fresh worker process)."""
+    from beam_jobs._files import read_bytes
+    from imaging import ImageRejected, ImageValidator
+
+    try:
+        ImageValidator(validation).validate_all(read_bytes(path), rel_path)
+    except (ImageRejected, OSError):
+        pass  # An ordinary reject: the shard writer says it again.
+
+
+def _warm_up(validation) -> tuple:
+    from beam_jobs._shard_writer import warm_up
+
+    return warm_up, validation
+
+
+def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, tuple[str, str]]:
+    """Validates each suspect alone in a fresh process: rel_path -> (reason, message) of those that fail.
+
+    A file whose process dies is `decoder_crashed`; one that does not finish
+    within `timeout` seconds, `timeout`. An exception is no culprit here: the
+    shard writer turns it into `internal_error` itself.
+    """
+    from beam_jobs import _processes
+
+    found = {}
+    pool = None
+    waiter = concurrent.futures.ThreadPoolExecutor(1, "shardsmith-probe")
+    try:
+        for s in suspects:
+            if pool is None:
+                pool = _processes.WorkerProcesses(1)
+                # Started and given its decoders untimed: only the file's own work is held to `timeout`.
+                pool.call(*_warm_up(validation))
+            call = waiter.submit(pool.call, _probe_one, s.path, s.rel_path, validation)
+            try:
+                call.result(timeout)
+            except concurrent.futures.TimeoutError:
+                pool.close(kill=True)
+                pool = None
+                found[s.rel_path] = (TIMEOUT, f"{s.rel_path}: not finished after --file_timeout={timeout:g}s "
+                                     "(tried again alone)")
+                with contextlib.suppress(Exception):
+                    call.result()
+            except _processes.WorkerDied as e:
+                pool.close(kill=True)
+                pool = None
+                found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended "
+                                     f"({signal_name(e.returncode)}); again when tried alone")
+            except Exception as e:  # noqa: BLE001 - reported by the shard writer, not a crash
+                _LOG.debug("Probing %s raised %r", s.rel_path, e)
+    finally:
+        if pool is not None:
+            pool.close(kill=True)
+        waiter.shutdown(wait=True)
+    return found
+
+
+def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: float,
+                   seen: dict) -> dict[str, tuple[str, str]] | None:
+    """The files to blame for the death of process `pid`, read from its journal.
+
+    A slot the watchdog marked blames its file as `timeout` (several files:
+    each is tried alone, `probe`). A crash with one file in work blames it;
+    with several, each is tried alone, and only those that crash again are
+    blamed. Files that do not crash alone are given one more try together (the
+    crash may have been the machine's, e.g. memory); a second crash with the
+    same files in work blames them all.
+
+    Args:
+      folder: The journals' folder.
+      pid: The dead process.
+      returncode: Its return code (negative: the signal).
+      validation: The conversion's `imaging.ValidationOptions`, for `probe`.
+      timeout: --file_timeout.
+      seen: State the caller keeps across crashes (the file sets given another try).
+
+    Returns:
+      rel_path -> (reason, message) of the files to reject; empty to try
+      again as it was; None when the process was working on no file (the
+      death is not a file's doing).
+    """
+    slots = busy_slots(folder, [pid])
+    forget(folder, pid)
+    if not slots:
+        return None
+    how = signal_name(returncode)
+    found: dict[str, tuple[str, str]] = {}
+    crashed: list[Suspect] = []
+    for slot in slots:
+        if not slot.timed_out:
+            crashed.extend(slot.suspects)
+        elif len(slot.suspects) == 1:
+            s = slot.suspects[0]
+            found[s.rel_path] = (TIMEOUT, f"{s.rel_path}: not finished after --file_timeout={timeout:g}s")
+        else:
+            # Which file of a batch hung: each is tried alone, with the same limit.
+            found.update(probe(slot.suspects, validation, timeout))
+    if len(crashed) == 1:
+        s = crashed[0]
+        found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended ({how})")
+    elif crashed:
+        alone = probe(crashed, validation, timeout)
+        found.update(alone)
+        key = frozenset(s.rel_path for s in crashed)
+        if not alone and key in seen:
+            for s in crashed:
+                found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended "
+                                     f"({how}) twice, with {len(crashed) - 1} other files in work; "
+                                     "alone it did not")
+        seen[key] = True
+    return found
+
+
+# Deaths of the driver after which `supervise` gives up (each blames a file, or retries once).
+_MAX_RESTARTS = 50
+# Signals a person or a service manager sends to stop a run: never a file's doing.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, timeout: float,
+              resume_argv) -> int:
+    """Runs `attempt(argv)` in a child process; carries on without the file that killed it.
+
+    The command's process forks before any work (no thread of TensorFlow or
+    gRPC has started yet; the child does everything) and waits. If the child
+    dies on a file (a crash in a decoder, the OOM killer, or the watchdog
+    stopping a file past `timeout`), the files it was working on are read
+    from its journal and blamed (`crash_culprits`), quarantined in the
+    output, and the run goes on in a new child with `resume_argv(argv)`
+    (--resume: the finished shards are kept).
+
+    Args:
+      attempt: Runs the command in-process; returns its exit status.
+      argv: The command's arguments.
+      quarantine: Where the blamed files are kept for the next attempt.
+      validation: The `imaging.ValidationOptions`, to try suspects alone.
+      timeout: --file_timeout.
+      resume_argv: The arguments of the attempt after a crash.
+
+    Returns:
+      The exit status of the last attempt (128 + N when it was ended by signal N
+      and not by a file).
+    """
+    if not _fork_is_safe():
+        return attempt(argv)
+    folder = new_journal_folder()
+    previous = os.environ.get(JOURNAL_ENV)
+    os.environ[JOURNAL_ENV] = folder
+    watchdog = Watchdog(folder, timeout).start()
+    seen: dict = {}
+    try:
+        for _ in range(_MAX_RESTARTS):
+            pid, code = _run_child(attempt, argv)
+            if code >= 0 or -code in _STOP_SIGNALS:
+                return code if code >= 0 else 128 - code
+            found = crash_culprits(folder, pid, code, validation, timeout, seen)
+            if found is None:
+                _LOG.error("The conversion's process ended (%s) while working on no file.", signal_name(code))
+                return 128 - code
+            for path, (reason, message) in sorted(found.items()):
+                _LOG.warning("Rejected %s (%s): %s", path, reason, message)
+            if found:
+                quarantine.add(found)
+            if found:
+                _LOG.warning("Going on without %s (the finished shards are kept).",
+                             "that file" if len(found) == 1 else f"those {len(found)} files")
+            else:
+                _LOG.warning("No file crashes alone: trying once more as it was.")
+            argv = resume_argv(argv)
+        _LOG.error("The conversion's process died %d times; giving up.", _MAX_RESTARTS)
+        return 1
+    finally:
+        watchdog.stop()
+        if previous is None:
+            os.environ.pop(JOURNAL_ENV, None)
+        else:
+            os.environ[JOURNAL_ENV] = previous
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fork_is_safe() -> bool:
+    """Whether this process can fork a child that does the work (the command, at its start).
+
+    Not once TensorFlow is loaded (its thread pools would be missing in the
+    child, their locks possibly held), nor beside other threads than
+    shardsmith's own (the console's stderr filter, which holds no lock the
+    child needs): `convert.main` called inside a program that has done other
+    work then runs in that program's process, unsupervised.
+    """
+    import sys
+
+    if not hasattr(os, "fork") or "tensorflow" in sys.modules:
+        return False
+    return all(t is threading.main_thread() or t.name.startswith("shardsmith-")
+               for t in threading.enumerate())
+
+
+def _run_child(attempt, argv) -> tuple[int, int]:
+    """Forks; the child runs `attempt(argv)` and exits with its status. Returns (its pid, its return code)."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # The child: everything happens here.
+        code = 1
+        try:
+            code = attempt(argv)
+        except KeyboardInterrupt:
+            code = 128 + signal.SIGINT
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:  # noqa: BLE001 - printed as Python would, then the status
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    # Ctrl-C reaches the child through the terminal's process group; a
+    # SIGTERM sent to this process is passed on to it.
+    handlers = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))}
+    try:
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return pid, os.waitstatus_to_exitcode(status)
+
+
+def new_journal_folder() -> str:
+    """A fresh private folder for the journals of one conversion."""
+    return tempfile.mkdtemp(prefix="shardsmith-journal-")
+
+
+def failure_sentence(counts: Mapping[str, int]) -> str | None:
+    """One sentence naming the files shardsmith or a decoder failed on; None without any."""
+    n = sum(counts.get(r, 0) for r in FAILURE_REASONS)
+    if not n:
+        return None
+    detail = ", ".join(f"{r} {counts[r]:,}" for r in FAILURE_REASONS if counts.get(r))
+    files = "1 file" if n == 1 else f"{n:,} files"
+    return (f"{files} hit an error in shardsmith or a decoder ({detail}): see rejects.jsonl, "
+            "and please report them.")

@@ -1,0 +1,246 @@
+"""No single file stops a conversion: unexpected errors, crashing and hanging decoders.
+
+The faulty decoder is a real Pillow plugin for a made-up format, registered in every process of
+the conversion (the command, its forked child, its worker processes) by a `sitecustomize` module
+on PYTHONPATH, as a third-party plugin would be: it raises, segfaults or loops forever depending
+on the file's bytes. Everything else is the real command on Beam's local runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import schemas
+from beam_jobs import _guard
+from imaging import ValidationOptions
+from helpers import make_class_tree, read_records
+
+_PLUGIN = textwrap.dedent('''
+    """A Pillow plugin whose decoder raises, crashes or hangs (shardsmith's tests)."""
+    import ctypes
+    import time
+
+    from PIL import Image, ImageFile
+
+
+    class _Faulty(ImageFile.ImageFile):
+        format = "FAULTY"
+        format_description = "made-up format of shardsmith's tests"
+
+        def _open(self):
+            kind = self.fp.read(12)[6:].rstrip(b" ")
+            if kind == b"RAISE":
+                raise RuntimeError("the plugin's own bug")
+            if kind == b"SEGV":
+                ctypes.string_at(0)  # Reads address 0: SIGSEGV.
+            if kind == b"HANG":
+                while True:
+                    time.sleep(0.5)
+            raise SyntaxError("not a faulty file")
+
+
+    Image.register_open(_Faulty.format, _Faulty, lambda prefix: prefix[:6] == b"FAULTY")
+''')
+_FAULTS = {"RAISE": _guard.INTERNAL_ERROR, "SEGV": _guard.DECODER_CRASHED, "HANG": _guard.TIMEOUT}
+_TIMEOUT = 4
+
+
+def _faulty_env(tmp_path: pathlib.Path) -> dict:
+    plugin = tmp_path / "plugin"
+    plugin.mkdir(exist_ok=True)
+    (plugin / "sitecustomize.py").write_text(_PLUGIN)
+    path = os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def _add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:
+    """One file per fault in `root/folder`; returns {relative path: expected reason}."""
+    expected = {}
+    for kind, reason in _FAULTS.items():
+        rel = f"{folder}/faulty_{kind.lower()}.png"
+        (root / rel).write_bytes(b"FAULTY" + kind.ljust(6).encode())
+        expected[rel] = reason
+    return expected
+
+
+def _no_core_dumps():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _run(args, env, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=600, preexec_fn=_no_core_dumps)
+
+
+def _check_converted(out: pathlib.Path, images: dict, faulty: dict, result) -> None:
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "3 files hit an error in shardsmith or a decoder" in result.stderr
+    rejects = {r["path"]: r for r in map(json.loads, (out / schemas.REJECTS_FILENAME).read_text().splitlines())}
+    assert {p: r["reason"] for p, r in rejects.items()} == faulty
+    assert "RuntimeError: the plugin's own bug (in _open" in rejects[next(p for p in faulty if "raise" in p)]["message"]
+    assert "SIGSEGV" in rejects[next(p for p in faulty if "segv" in p)]["message"]
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    assert manifest.counts["written"] == len(images)
+    assert manifest.counts["found"] == len(images) + len(faulty)
+    assert manifest.rejects == {reason: 1 for reason in faulty.values()}
+    # Every other file was converted, and reads back by name.
+    assert sorted(r["filename"].decode() for r in read_records(out)) == sorted(images)
+
+
+def test_a_photo_folder_converts_past_a_file_that_raises_one_that_crashes_and_one_that_hangs(tmp_path):
+    """The runner's threads in the command's own process: its supervisor carries on without them."""
+    root = tmp_path / "images"
+    images = make_class_tree(root, per_class=8)
+    faulty = _add_faulty_files(root, "dog")
+    env = _faulty_env(tmp_path)
+    out = tmp_path / "out"
+    result = _run(["-m", "shardsmith", "convert", "--input_dir", str(root), "--output_dir", str(out),
+                   "--file_timeout", str(_TIMEOUT), "--max_reject_fraction", "0.5"], env, tmp_path)
+    _check_converted(out, images, faulty, result)
+    assert "--worker_processes" not in result.stderr
+    verified = _run(["-m", "shardsmith", "verify", str(out)], env, tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_small_jpegs_in_worker_processes_convert_past_the_same_three_files(tmp_path):
+    """1,000 small JPEGs: worker processes by default; a child's death costs its culprit only."""
+    root = tmp_path / "images"
+    images = make_class_tree(root, classes=("a", "b"), per_class=500)
+    faulty = _add_faulty_files(root, "b")
+    env = _faulty_env(tmp_path)
+    out = tmp_path / "out"
+    result = _run(["-m", "beam_jobs.convert", "--input_dir", str(root), "--output_dir", str(out),
+                   "--file_timeout", str(_TIMEOUT)], env, tmp_path)
+    _check_converted(out, images, faulty, result)
+    # The crash and the hang were in worker processes (the driver never restarted).
+    assert result.stderr.count("Found 1,003 files") == 1, result.stderr[-3000:]
+    verified = _run(["-m", "beam_jobs.verify", str(out)], env, tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+_HOLDER = textwrap.dedent('''
+    import sys, time
+    from beam_jobs import _guard
+    journal = _guard.Journal(sys.argv[1])
+    with journal.working_on([("done/first.jpg", "/in/done/first.jpg")]):
+        pass
+    with journal.working_on([("a/x.jpg", "/in/a/x.jpg"), ("b/\\u00e9t\\u00e9.png", "/in/b/\\u00e9t\\u00e9.png")]):
+        print("ready", flush=True)
+        time.sleep(600)
+''')
+
+
+def _holding_process(folder: pathlib.Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp_path):
+    proc = _holding_process(tmp_path)
+    try:
+        proc.kill()
+        assert proc.wait() == -signal.SIGKILL
+        slots = _guard.busy_slots(str(tmp_path), [proc.pid])
+        assert [s.suspects for s in slots] == [(
+            _guard.Suspect("a/x.jpg", "/in/a/x.jpg"), _guard.Suspect("b/\u00e9t\u00e9.png", "/in/b/\u00e9t\u00e9.png"),
+        )]
+        assert not slots[0].timed_out
+        assert _guard.busy_slots(str(tmp_path), [proc.pid + 1]) == []
+    finally:
+        proc.kill()
+
+
+def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
+    proc = _holding_process(tmp_path)
+    try:
+        watchdog = _guard.Watchdog(str(tmp_path), 0.3)
+        watchdog.check()
+        assert proc.poll() is None  # Not overdue yet.
+        time.sleep(0.5)
+        watchdog.check()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        found = _guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 0.3, {})
+    finally:
+        proc.kill()
+    # Two files in the slot: each is tried alone (here: neither exists, so neither hangs).
+    assert found == {}
+    assert not (tmp_path / str(proc.pid)).exists()  # Forgotten once read.
+
+
+def test_a_process_that_died_working_on_no_file_blames_none(tmp_path):
+    assert _guard.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
+
+
+def test_an_internal_error_message_names_the_type_the_message_and_the_innermost_frame():
+    def inner():
+        raise ValueError("output array is read-only")
+
+    try:
+        inner()
+    except ValueError as e:
+        message = _guard.internal_error_message("dem/a.tif", e)
+    assert message.startswith("dem/a.tif: ValueError: output array is read-only (in inner, ")
+    assert "test_beam_jobs_guard.py:" in message
+
+
+def test_the_quarantine_keeps_what_it_had(tmp_path):
+    q = _guard.Quarantine(str(tmp_path / "tmp" / "quarantine.jsonl"))
+    assert q.load() == {}
+    q.add({"b.png": (_guard.TIMEOUT, "b: slow")})
+    assert q.add({"a.png": (_guard.DECODER_CRASHED, "a: SIGSEGV")}) == {
+        "a.png": (_guard.DECODER_CRASHED, "a: SIGSEGV"), "b.png": (_guard.TIMEOUT, "b: slow")}
+    assert _guard.Quarantine(str(tmp_path / "tmp" / "quarantine.jsonl")).load() == q.load()
+
+
+def test_the_failure_sentence_counts_only_failures():
+    assert _guard.failure_sentence({"corrupt": 4}) is None
+    assert _guard.failure_sentence({"corrupt": 4, "timeout": 1}) == (
+        "1 file hit an error in shardsmith or a decoder (timeout 1): see rejects.jsonl, and please report them.")
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", True])
+def test_a_bad_file_timeout_is_one_sentence(tmp_path, value):
+    from beam_jobs._options import WritingOptions
+
+    with pytest.raises(ValueError, match="--file_timeout must be a number of seconds above 0"):
+        WritingOptions(file_timeout=value)
+
+
+def test_a_dicom_header_that_raises_while_planning_rejects_that_file_only(tmp_path, monkeypatch):
+    import numpy as np
+
+    from helpers import convert, make_dicom
+    from imaging import dicom
+
+    root = tmp_path / "images"
+    (root / "ct").mkdir(parents=True)
+    for i in range(6):
+        stored = np.arange(64, dtype=np.int16).reshape(8, 8) * (i + 1)
+        (root / "ct" / f"{i}.dcm").write_bytes(make_dicom(stored, PatientID=f"P{i % 3}"))
+    real = dicom.read_group_value
+
+    def read_group_value(head, keyword):
+        if b"P1" in head:
+            raise KeyError("an unexpected pydicom error")
+        return real(head, keyword)
+
+    monkeypatch.setattr(dicom, "read_group_value", read_group_value)
+    manifest = convert(root, tmp_path / "out", "--group_by", "dicom:PatientID", "--split", "train=0.5,validation=0.5",
+                       "--max_reject_fraction", "0.5")
+    rejects = [json.loads(line) for line in (tmp_path / "out" / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    assert sorted(r["path"] for r in rejects) == ["ct/1.dcm", "ct/4.dcm"]
+    assert {r["reason"] for r in rejects} == {_guard.INTERNAL_ERROR}
+    assert "KeyError" in rejects[0]["message"]
+    assert manifest.counts["written"] == 4
