@@ -635,6 +635,11 @@ def _band_stats_all_valid(array: np.ndarray, nodata: float | None) -> schemas.Ba
     if n == 0:
         return None
     rows = np.ascontiguousarray(np.moveaxis(array, 2, 0).reshape(bands, n), dtype=np.float64)
+    if np.may_share_memory(rows, array):
+        # One float64 band is already such a row: `rows` is then the caller's
+        # array itself (tifffile's may be a read-only view of the file's bytes,
+        # and is what gets stored), which the in-place steps below must not touch.
+        rows = rows.copy()
     if array.dtype.kind == "f" and np.isnan(rows).any():
         return None
     if nodata is not None and not math.isnan(nodata) and (rows == nodata).any():
