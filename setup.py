@@ -85,6 +85,9 @@ setuptools.setup(
             # Reads our index files in a test (without TensorFlow in the process:
             # its bundled example.proto clashes with TensorFlow's). No torch needed.
             "tfrecord>=1.14.6",
+            # The independent reader of tests/test_imaging_raster_gdal.py: GDAL (its
+            # wheel ships it) writes GeoTIFFs in its drivers' layouts and reads them back.
+            "rasterio>=1.4",
         ],
         "bench": ["psutil", "scikit-image>=0.22"],
     },

@@ -170,7 +170,10 @@ class Raster:
 _PILLOW_PHOTOMETRIC = {"MINISWHITE", "MINISBLACK", "RGB", "PALETTE", "YCBCR", "SEPARATED"}
 _PILLOW_COMPRESSION = {"NONE", "LZW", "ADOBE_DEFLATE", "DEFLATE", "PACKBITS", "JPEG",
                        "CCITTRLE", "CCITT_T4", "CCITT_T6"}
-_ALPHA = (1, 2)  # ExtraSamples: associated or unassociated alpha
+# Tags only georeferenced or GDAL-written files carry: ModelPixelScale,
+# ModelTiepoint, ModelTransformation, GeoKeyDirectory, GDAL_METADATA, GDAL_NODATA.
+_GEO_TAGS = (33550, 33922, 34264, 34735, 42112, 42113)
+_OJPEG = 6  # Old-style JPEG: TIFF 6.0's first, underspecified, JPEG scheme.
 # What tifffile raises on damaged headers, beside its TiffFileError: its
 # parsers fail on wrongly typed tag values (tuples for ints, missing tags).
 _HEADER_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, EOFError)
@@ -180,16 +183,21 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
     """A TIFF file's kept pages, or None where it stays on Pillow's path; one header parse.
 
     Pillow keeps (None) unsigned images of at most 8 bits per sample with 1 or
-    3 bands, or 4 when the fourth is alpha or the image is CMYK, compressed in
-    a way Pillow decodes, when no raster option asks for more; also files
-    whose header tifffile cannot read (Pillow then says what is wrong, as it did).
+    3 bands, or 4 when the image is CMYK, compressed in a way Pillow decodes,
+    when no raster option asks for more; also files whose header tifffile
+    cannot read (Pillow then says what is wrong, as it did). A fourth band
+    that is alpha or near-infrared is a band of a raster, kept (Pillow would
+    flatten or drop it); so are the samples of sub-byte GeoTIFFs (class codes,
+    masks: Pillow would stretch them to 0-255), and files with mask pages
+    (GDAL's internal masks, which Pillow cannot open).
 
     Raises:
       ImageRejected: For a file Pillow does not own: 'corrupt' for damaged
         headers, truncated or undecodable data; 'unsupported_dtype' for sample
         types raw records cannot hold (complex, 64-bit integers, ...);
         'too_large' above max_pixels; 'unsupported_codec' for a compression
-        with no decoder installed.
+        with no decoder installed (LogLuv, ...) or old-style JPEG that does
+        not decode.
     """
     plain = _tiff_strips.read_plain(data, options.max_pixels)
     if plain is not None:
@@ -241,6 +249,7 @@ def _pillow_owns_file(tif) -> bool:
         compression = _enum_name(page.compression)
         extra = tuple(int(e) for e in page.extrasamples)
         fmt = _sample_format(page)
+        georeferenced = any(tag in page.tags for tag in _GEO_TAGS)
     except (tifffile.TiffFileError, *_HEADER_ERRORS):
         return True
     if isinstance(bits, tuple):  # Samples of different sizes (5-6-5, or a damaged header).
@@ -249,9 +258,21 @@ def _pillow_owns_file(tif) -> bool:
         return False
     if compression not in _PILLOW_COMPRESSION:
         return False
-    if samples in (1, 3) and not extra:
-        return True
-    return samples == 4 and (photometric == "SEPARATED" and not extra or extra == _ALPHA[1:] or extra == _ALPHA[:1])
+    if bits < 8 and georeferenced:
+        return False  # A GeoTIFF's 1/2/4-bit samples are values (GDAL's NBITS), not grey levels.
+    if extra or not (samples in (1, 3) or samples == 4 and photometric == "SEPARATED"):
+        return False
+    return not _has_mask_pages(tif)
+
+
+def _has_mask_pages(tif) -> bool:
+    """Whether a page after the first is a transparency mask (NewSubfileType bit 4, GDAL's internal mask)."""
+    import tifffile
+
+    try:
+        return any(_is_mask(p) for p in tif.pages[1:])
+    except (tifffile.TiffFileError, *_HEADER_ERRORS):
+        return False  # Pillow reads the first page and says what is wrong with the rest, as it did.
 
 
 def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[Raster]:
@@ -259,7 +280,8 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[R
     import tifffile
 
     try:
-        pages = [p for p in tif.pages if not _is_reduced(p)] or [tif.pages.first]
+        # Overviews and masks are views of another page's pixels: neither records nor bands.
+        pages = [p for p in tif.pages if not _is_reduced(p) and not _is_mask(p)] or [tif.pages.first]
     except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
         raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
     keep = pages if options.pages == "all" else pages[:1]
@@ -295,6 +317,10 @@ def _is_reduced(page) -> bool:
     return bool(getattr(page, "is_reduced", False))
 
 
+def _is_mask(page) -> bool:
+    return bool(getattr(page, "is_mask", False))
+
+
 def _shape(page, name: str) -> tuple[int, int, int]:
     if getattr(page, "imagedepth", 1) > 1:
         raise ImageRejected("unsupported_dtype", f"{name} is a volume TIFF (ImageDepth {page.imagedepth})")
@@ -327,9 +353,11 @@ def _source_dtype(page, name: str) -> np.dtype:
             f"{_sample_format(page)}, which no raw record holds",
         )
     dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return np.dtype(np.uint8)  # 1-bit samples: tifffile's bool, stored as their values 0 and 1.
     name_ = _dtype_name(dtype)
     name_ = _WIDEN.get(name_, name_)
-    if dtype.kind == "b" or (name_ not in schemas.RAW_DTYPES):
+    if name_ not in schemas.RAW_DTYPES:
         raise ImageRejected(
             "unsupported_dtype",
             f"{name} has {dtype.name} samples ({page.bitspersample} bits, sample format "
@@ -362,20 +390,37 @@ def _read_page(page, data: bytes, name: str) -> np.ndarray:
     """The page's samples as (height, width, bands), every byte of it read and checked."""
     import tifffile
 
+    _from_header(name, _check_decoder, page, name)
     dtype = _from_header(name, _source_dtype, page, name)
-    _from_header(name, _check_segments, page, len(data), dtype, name)
+    _from_header(name, _check_segments, page, len(data), name)
+    compression = int(page.compression)
     try:
-        # One thread: the writer already validates several files at once.
-        array = page.asarray(maxworkers=1)
+        if compression == 7 and page.planarconfig == 2:
+            array = _planar_jpeg(page, data)
+        else:
+            # One thread: the writer already validates several files at once.
+            array = page.asarray(maxworkers=1)
     except tifffile.TiffFileError as e:
         raise ImageRejected("corrupt", f"{name}: {e}") from e
     except (ValueError, RuntimeError, OSError, EOFError, struct.error, IndexError, TypeError,
-            ZeroDivisionError) as e:  # ZeroDivisionError: a damaged RowsPerStrip of 0.
+            KeyError, ZeroDivisionError) as e:  # ZeroDivisionError: a damaged RowsPerStrip of 0.
         message = str(e)
         if "imagecodecs" in message or "requires" in message.lower():
             raise ImageRejected("unsupported_codec", f"{name}: {message}") from e
+        if compression == _OJPEG:
+            # libtiff reads old-style JPEG by rebuilding JPEG streams from
+            # scattered tags; tifffile only where each strip is already one
+            # whole stream. A file GDAL may read is not called corrupt for that.
+            raise ImageRejected(
+                "unsupported_codec",
+                f"{name} is compressed with old-style JPEG (compression 6), which tifffile "
+                f"decodes only where each strip is a complete JPEG stream ({type(e).__name__}: {e}); "
+                "re-save it with new-style JPEG (compression 7) or a lossless compression",
+            ) from e
         # imagecodecs' errors subclass RuntimeError (LZW, deflate, zstd, ...).
         raise ImageRejected("corrupt", f"{name}: compressed data does not decode ({type(e).__name__}: {e})") from e
+    if array.dtype.kind == "b":
+        array = array.view(np.uint8)  # 1-bit samples (`_source_dtype`): 0 and 1.
     if _enum_name(page.photometric) == "PALETTE" and page.colormap is not None:
         # The pixels are indices: what the file shows is the colour map's entries.
         array = np.moveaxis(page.colormap, 0, -1)[array]
@@ -392,7 +437,56 @@ def _read_page(page, data: bytes, name: str) -> np.ndarray:
     return array
 
 
-def _check_segments(page, file_size: int, dtype: np.dtype, name: str) -> None:
+def _check_decoder(page, name: str) -> None:
+    """Rejects, before reading any pixel, a compression no installed decoder reads (LogLuv, ...)."""
+    import tifffile
+
+    compression = page.compression
+    try:
+        tifffile.TIFF.DECOMPRESSORS[compression]
+    except KeyError as e:  # tifffile's way of saying it has no decoder (or needs imagecodecs).
+        raise ImageRejected(
+            "unsupported_codec",
+            f"{name} is compressed with {_enum_name(compression)} ({int(compression)}), which no "
+            f"installed decoder reads (tifffile with imagecodecs: {e.args[0] if e.args else e})",
+        ) from e
+
+
+def _planar_jpeg(page, data: bytes) -> np.ndarray:
+    """A band-interleaved (PlanarConfiguration 2) JPEG page, (bands, height, width), as libtiff reads it.
+
+    tifffile (2026.3.3) asks libjpeg for an RGB stream when the photometric
+    is RGB, but each segment of such a page is a one-component (grey) JPEG,
+    which libjpeg then refuses ("Bogus JPEG colorspace"); GDAL writes these
+    (COMPRESS=JPEG INTERLEAVE=BAND). Each segment is decoded here as grey
+    by imagecodecs, the decoder tifffile itself would use.
+    """
+    import imagecodecs
+
+    h, w, bands = int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
+    if page.is_tiled:
+        seg_h, seg_w = int(page.tilelength), int(page.tilewidth)
+    else:
+        seg_h, seg_w = min(int(page.rowsperstrip), h), w
+    across, down = -(-w // seg_w), -(-h // seg_h)
+    offsets, counts = page.dataoffsets, page.databytecounts
+    if len(offsets) != bands * across * down:
+        raise ValueError(f"{len(offsets)} segments for {bands} planes of {down}x{across}")
+    out = np.empty((bands, h, w), np.uint8)
+    view = memoryview(data)
+    for i, (offset, count) in enumerate(zip(offsets, counts)):
+        plane, k = divmod(i, across * down)
+        y, x = divmod(k, across)
+        y, x = y * seg_h, x * seg_w
+        piece = imagecodecs.jpeg_decode(view[offset:offset + count], tables=page.jpegtables)
+        rows, cols = min(seg_h, h - y), min(seg_w, w - x)
+        if piece.ndim != 2 or piece.shape[0] < rows or piece.shape[1] < cols:
+            raise ValueError(f"a segment decodes to {piece.shape}, not one {rows}x{cols} band")
+        out[plane, y:y + rows, x:x + cols] = piece[:rows, :cols]
+    return out
+
+
+def _check_segments(page, file_size: int, name: str) -> None:
     """Rejects strips or tiles past the end of the file (tifffile would fill them with zeros)."""
     offsets, counts = page.dataoffsets, page.databytecounts
     if not offsets or len(offsets) != len(counts):
@@ -401,9 +495,16 @@ def _check_segments(page, file_size: int, dtype: np.dtype, name: str) -> None:
         raise ImageRejected("corrupt", f"{name}: its strip or tile offsets are not numbers")
     uncompressed = _one_value(page.compression, "Compression", name) == 1
     if uncompressed:
-        # What one strip or tile must hold; the last strip may be shorter.
+        # What the strips must hold together (the last strip may be shorter):
+        # rows of packed samples, each row starting on a byte, as TIFF packs
+        # 1/2/4/12/24-bit samples (GDAL's NBITS); planes row by row when
+        # band-interleaved.
         h, w, b = _shape(page, name)
-        total = h * w * b * dtype.itemsize
+        bits = page.bitspersample
+        if isinstance(bits, tuple):
+            bits = sum(bits) // len(bits)  # Different sizes: `_source_dtype` rejected them already.
+        planes = b if page.planarconfig == 2 else 1
+        total = planes * h * -(-(w * (b // planes) * int(bits)) // 8)
     else:
         total = 0
     for offset, count in zip(offsets, counts):
@@ -635,6 +736,11 @@ def _band_stats_all_valid(array: np.ndarray, nodata: float | None) -> schemas.Ba
     if n == 0:
         return None
     rows = np.ascontiguousarray(np.moveaxis(array, 2, 0).reshape(bands, n), dtype=np.float64)
+    if np.may_share_memory(rows, array):
+        # One float64 band is already such a row: `rows` is then the caller's
+        # array itself (tifffile's may be a read-only view of the file's bytes,
+        # and is what gets stored), which the in-place steps below must not touch.
+        rows = rows.copy()
     if array.dtype.kind == "f" and np.isnan(rows).any():
         return None
     if nodata is not None and not math.isnan(nodata) and (rows == nodata).any():

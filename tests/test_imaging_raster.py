@@ -405,6 +405,17 @@ def test_band_stats_of_all_bands_at_once_match_the_per_band_sums():
             assert stats.m2[b] == float(np.square(values - mean).sum()), (dtype, b)
 
 
+def test_band_stats_never_write_into_the_array_they_are_given():
+    """One float64 band is already a contiguous float64 row: the statistics must work on a copy."""
+    dem = np.random.default_rng(8).uniform(-125, 2950, (37, 53, 1))
+    kept = dem.copy()
+    stats = raster.band_stats(dem, None)
+    np.testing.assert_array_equal(dem, kept)
+    assert stats.mean[0] == float(kept.mean())
+    dem.flags.writeable = False  # As tifffile hands back a view of the file's bytes.
+    assert raster.band_stats(dem, None) == stats
+
+
 def _exact_band_stats(a: np.ndarray, nodata=None):
     """Per band (count, min, max, mean, m2, nodata count) of integer samples, in Python integers:
     mean and m2 the correctly rounded floats of the exact fractions."""
