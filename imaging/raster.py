@@ -195,7 +195,7 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
       ImageRejected: For a file Pillow does not own: 'corrupt' for damaged
         headers, truncated or undecodable data; 'unsupported_dtype' for sample
         types raw records cannot hold (complex, 64-bit integers, ...);
-        'too_large' above max_pixels; 'unsupported_codec' for a compression
+        'too_large' above max_pixels; 'unsupported_compression' for a compression
         with no decoder installed (LogLuv, ...) or old-style JPEG that does
         not decode.
     """
@@ -406,13 +406,13 @@ def _read_page(page, data: bytes, name: str) -> np.ndarray:
             KeyError, ZeroDivisionError) as e:  # ZeroDivisionError: a damaged RowsPerStrip of 0.
         message = str(e)
         if "imagecodecs" in message or "requires" in message.lower():
-            raise ImageRejected("unsupported_codec", f"{name}: {message}") from e
+            raise ImageRejected("unsupported_compression", f"{name}: {message}") from e
         if compression == _OJPEG:
             # libtiff reads old-style JPEG by rebuilding JPEG streams from
             # scattered tags; tifffile only where each strip is already one
             # whole stream. A file GDAL may read is not called corrupt for that.
             raise ImageRejected(
-                "unsupported_codec",
+                "unsupported_compression",
                 f"{name} is compressed with old-style JPEG (compression 6), which tifffile "
                 f"decodes only where each strip is a complete JPEG stream ({type(e).__name__}: {e}); "
                 "re-save it with new-style JPEG (compression 7) or a lossless compression",
@@ -446,7 +446,7 @@ def _check_decoder(page, name: str) -> None:
         tifffile.TIFF.DECOMPRESSORS[compression]
     except KeyError as e:  # tifffile's way of saying it has no decoder (or needs imagecodecs).
         raise ImageRejected(
-            "unsupported_codec",
+            "unsupported_compression",
             f"{name} is compressed with {_enum_name(compression)} ({int(compression)}), which no "
             f"installed decoder reads (tifffile with imagecodecs: {e.args[0] if e.args else e})",
         ) from e

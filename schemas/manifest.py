@@ -72,6 +72,7 @@ REJECT_REASONS = {
     "missing_file": "A path named in the labels CSV does not exist.",
     "unknown_class": "The file's class is not among --class_names.",
     "unsupported_codec": "The image uses a compression whose decoder is not installed.",
+    "unsupported_compression": "The TIFF uses a compression no installed decoder reads (LogLuv, old-style JPEG).",
     "no_pixel_data": "A DICOM file without an image (e.g. a report or a plan).",
     "duplicate": "Same content as another input that was kept.",
     "unsupported_dtype": "The image's sample type (complex, bit depth, ...) cannot be stored.",
