@@ -160,3 +160,25 @@ def test_band_statistics_are_recomputed_and_a_tampered_band_is_named(raster_data
     assert problems == [f"{s.file}: band statistics cannot be checked: {schemas.NORMALIZED_FILENAME}, "
                         "which names the raster records, is missing"
                         for s in manifest.splits["train"].shards if s.band_stats is not None]
+
+
+def test_a_record_whose_check_raises_is_reported_and_the_rest_verified(dataset, monkeypatch, capsys):
+    """An unexpected error checking one record (shardsmith's or a library's): exit status 3, not a crash."""
+    out, manifest = dataset
+    real = schemas.ImageExampleSchema.decode
+
+    def decode(self, data):
+        if b"dog/img_01.jpg" in data:
+            raise RuntimeError("a bug in a check")
+        return real(self, data)
+
+    monkeypatch.setattr(schemas.ImageExampleSchema, "decode", decode)
+    assert verify.main([str(out)]) == verify.EXIT_CHECKS_FAILED
+    report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
+    failed = [p for p in report["problems"] if "RuntimeError: a bug in a check" in p]
+    assert len(failed) == 1 and "internal_error" in failed[0]
+    # That is the only problem: every record was read, the others parsed, decoded and counted
+    # (the class counts agree with that one of unknown class).
+    assert report["problems"] == failed
+    assert report["records"] == manifest.counts["written"]
+    assert "hit an error in shardsmith or a decoder" in capsys.readouterr().err
