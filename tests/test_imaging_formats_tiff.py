@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
+import logging
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tifffile
+from helpers import tiff_with_bad_tag
 
 import schemas
 from imaging import ImageRejected, RasterOptions, ResizeOptions, ValidationOptions, formats
@@ -77,3 +80,42 @@ def test_a_damaged_header_is_corrupt():
     with pytest.raises(ImageRejected) as e:
         tiff.images(data[:8] + b"\xff" * 16, "bad.tif", "tiff", _context())
     assert e.value.reason == "corrupt" and "bad.tif" in e.value.message
+
+
+def test_what_tifffile_logs_about_a_file_it_reads_goes_into_its_details(caplog):
+    bands = _RNG.integers(0, 65536, (8, 6, 3), dtype=np.uint16)
+    data = tiff_with_bad_tag(bands)
+    with caplog.at_level(logging.WARNING, logger="tifffile"):
+        [image] = tiff.images(data, "tagged.tif", "tiff", _context())
+    # The fact relied on: tifffile reads the pixels and complains on its logger.
+    assert any("invalid value offset" in r.getMessage() for r in caplog.records if r.name == "tifffile")
+    np.testing.assert_array_equal(_values(image), bands)
+    [note] = image.details["warnings"]
+    assert note.startswith("tifffile: ") and "invalid value offset" in note
+    assert image.details["source_bands"] == 3  # raster.py's details are kept.
+    [clean] = tiff.images(_tiff(bands, photometric="minisblack"), "clean.tif", "tiff", _context())
+    assert "warnings" not in (clean.details or {})
+
+
+def test_a_rejected_file_says_what_tifffile_logged():
+    data = tiff_with_bad_tag(_RNG.integers(0, 65536, (64, 64, 3), dtype=np.uint16))
+    with pytest.raises(ImageRejected) as e:
+        tiff.images(data[:-4000], "cut.tif", "tiff", _context())
+    assert e.value.reason == "corrupt" and "invalid value offset" in e.value.message
+
+
+def test_notes_stay_with_their_file_across_threads():
+    # Files are validated on several threads: each file's notes are its own.
+    bands = _RNG.integers(0, 65536, (8, 6, 3), dtype=np.uint16)
+    files = [(tiff_with_bad_tag(bands), True), (_tiff(bands, photometric="minisblack"), False)] * 40
+    context = _context()
+
+    def read(item):
+        data, tagged = item
+        [image] = tiff.images(data, "x.tif", "tiff", context)
+        return tagged, "warnings" in (image.details or {})
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(read, files))
+    assert all(tagged == noted for tagged, noted in results)
+    assert logging.getLogger("tifffile").filters == []  # Nothing left behind.

@@ -17,7 +17,8 @@ from PIL import Image
 from imaging import georef as _georef
 from imaging import raster as _raster
 from imaging import resize as _resize
-from imaging.formats import _pil, pillow
+from imaging.errors import ImageRejected
+from imaging.formats import _notes, _pil, pillow
 from imaging.formats._shared import Context, ValidImage
 import schemas
 
@@ -27,9 +28,27 @@ __all__ = ["images"]
 def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
     """A TIFF's kept pages (one image each), with their georeferencing when asked for.
 
+    What tifffile logs about the file while it is read (a tag it cannot read,
+    ...) is listed in each image's details under 'warnings', or added to the
+    message it is rejected with.
+
     Raises:
       ImageRejected: With the reason the file cannot be stored.
     """
+    with _notes.library_notes("tifffile") as notes:
+        try:
+            found = _read(data, name, context)
+        except ImageRejected as e:
+            if not notes:
+                raise
+            raise ImageRejected(e.reason, f"{e.message} ({'; '.join(notes)})") from e
+    if not notes:
+        return found
+    return [dataclasses.replace(image, details={**(image.details or {}), "warnings": list(notes)})
+            for image in found]
+
+
+def _read(data: bytes, name: str, context: Context) -> list[ValidImage]:
     rasters = _raster.read_tiff(data, name, context.raster)
     if rasters is None:
         found = pillow.images(data, name, "tiff", context)
