@@ -36,6 +36,7 @@ import threading
 import traceback
 
 from beam_jobs import _guard
+from shardsmith import console
 
 __all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main"]
 
@@ -43,7 +44,7 @@ __all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main
 _EXIT_WAIT = 10
 _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from beam_jobs._processes import main; main(int(sys.argv[2]), int(sys.argv[3]))"
+    "from beam_jobs._processes import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == '1')"
 )
 
 
@@ -83,7 +84,8 @@ class _Worker:
         from_child_r, from_child_w = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(to_child_r), str(from_child_w)],
+                [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(to_child_r), str(from_child_w),
+                 "1" if console.is_quiet() else "0"],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, close_fds=True, env=env,
             )
         except BaseException:
@@ -302,14 +304,23 @@ def _close_all() -> None:
         pool.close()
 
 
-def main(fd_in: int, fd_out: int) -> None:
-    """A child's loop: read a call, run it, write (True, value) or (False, (error, traceback))."""
+def main(fd_in: int, fd_out: int, quiet: bool = False) -> None:
+    """A child's loop: read a call, run it, write (True, value) or (False, (error, traceback)).
+
+    Args:
+      fd_in, fd_out: The pipes of calls and answers.
+      quiet: Hide image libraries' lines and Python's warnings, as the
+        driver's entry point does without --verbose (`shardsmith.console`).
+    """
     import signal
 
     # Ctrl-C reaches the whole process group: the driver stops the children
     # by closing their input, so that an interrupted shard is not half-reported.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if quiet:
+        console.configure_logging(verbose=False, level=logging.WARNING)
+    else:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
     calls = os.fdopen(fd_in, "rb")
     answers = os.fdopen(fd_out, "wb")
     while True:

@@ -33,7 +33,16 @@ import logging
 import os
 import sys
 
-import apache_beam as beam
+if __name__ == "__main__":
+    # Run as a program (`python -m beam_jobs.convert`): Beam logs a notice about
+    # BigQuery clients on the root logger as it is imported, below, before
+    # `main` runs; the console's logging must be in place first. Imported as
+    # a module (`shardsmith convert`, tests), this does nothing.
+    from shardsmith import console as _console
+
+    _console.configure_logging(_console.is_verbose(sys.argv[1:]))
+
+import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
 from beam_jobs import _args, _elements, _guard, _plan, _processes, _runner

@@ -6,6 +6,12 @@ entry point (`shardsmith ...`, `python -m beam_jobs.convert`, ...) runs:
 - shardsmith's log lines at INFO on stderr, Beam's and TensorFlow's Python
   loggers at WARNING, without Beam's import-time notice about BigQuery
   clients we never use ("apitools not found ...").
+- Libraries' warnings about the files they read kept off the console: the
+  loggers of tifffile, imagecodecs, pydicom and Pillow, and Python's
+  warnings (numpy's RuntimeWarnings on NaN statistics, Pillow's on odd
+  files), routed to the "py.warnings" logger. What tifffile says about a
+  file while the validator reads it goes into that file's normalized.jsonl
+  details or its reject message instead (imaging/formats).
 - TensorFlow's and libjpeg's C++ lines hidden: TensorFlow 2.21 logs through
   absl straight to file descriptor 2 ("WARNING: All log messages before
   absl::InitializeLog() ...", "I0000 ... oneDNN custom operations are on",
@@ -19,6 +25,9 @@ entry point (`shardsmith ...`, `python -m beam_jobs.convert`, ...) runs:
   passes through, in order.
 
 `--verbose`, or SHARDSMITH_VERBOSE=1 in the environment, shows all of it.
+
+`python -m beam_jobs.convert` imports Beam before its `main` runs: those
+modules call `configure_logging` first when run as programs.
 """
 
 from __future__ import annotations
@@ -33,14 +42,19 @@ import threading
 from collections.abc import Iterator, Sequence
 
 __all__ = ["VERBOSE_ENV", "VERBOSE_FLAG", "VERBOSE_HELP", "entry_point", "configure_logging",
-           "is_verbose", "is_native_noise"]
+           "is_verbose", "is_native_noise", "is_quiet"]
 
 VERBOSE_ENV = "SHARDSMITH_VERBOSE"
 VERBOSE_FLAG = "--verbose"
 VERBOSE_HELP = (
-    "Also show TensorFlow's and libjpeg's C++ log lines, hidden by default (or set "
-    f"{VERBOSE_ENV}=1)."
+    "Also show TensorFlow's and libjpeg's C++ log lines and image libraries' warnings, hidden "
+    f"by default (or set {VERBOSE_ENV}=1)."
 )
+
+# Loggers of the libraries that read input files, and the one Python's
+# warnings are routed to: what they say concerns one file, which shardsmith
+# reports itself (rejects.jsonl, normalized.jsonl).
+_LIBRARY_LOGGERS = ("tifffile", "imagecodecs", "pydicom", "PIL", "py.warnings")
 
 # Lines written by TensorFlow (absl, and the older tsl format) and libjpeg
 # that describe conditions shardsmith reports itself, or nothing at all.
@@ -69,11 +83,20 @@ _PARTIAL_WAIT_S = 0.05
 _JOIN_TIMEOUT_S = 5.0
 
 
-class _BigQueryNotice(logging.Filter):
-    """Drops Beam's notice, logged on the root logger when it is imported, about BigQuery."""
+class _QuietLibraries(logging.Filter):
+    """On the console's handler: drops image libraries' lines and Beam's BigQuery notice.
+
+    On the handler, not on loggers: a logger's filter sees only what is
+    logged on it, not what its children propagate, and the libraries' own
+    loggers stay as they are (the validator reads tifffile's, per file).
+    """
 
     def filter(self, record):
-        return not str(record.msg).startswith("apitools not found")
+        if record.name == "root":
+            # Logged on the root logger by Beam as it is imported.
+            return not str(record.msg).startswith("apitools not found")
+        return not any(record.name == name or record.name.startswith(name + ".")
+                       for name in _LIBRARY_LOGGERS)
 
 
 def is_native_noise(line: bytes) -> bool:
@@ -89,6 +112,13 @@ def is_verbose(argv: Sequence[str] = ()) -> bool:
 
 _DEPTH_LOCK = threading.Lock()
 _depth = 0
+# The running entry point's --verbose; None when none runs.
+_verbose: bool | None = None
+
+
+def is_quiet() -> bool:
+    """Whether an entry point runs without --verbose (its worker processes hide the same lines)."""
+    return _verbose is False
 
 
 @contextlib.contextmanager
@@ -102,7 +132,7 @@ def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
       argv: The entry point's arguments; `--verbose` among them shows the
         C++ lines.
     """
-    global _depth
+    global _depth, _verbose
     with _DEPTH_LOCK:
         outer = _depth > 0
         _depth += 1
@@ -110,7 +140,7 @@ def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
         if outer:
             yield
             return
-        verbose = is_verbose(argv)
+        verbose = _verbose = is_verbose(argv)
         configure_logging(verbose)
         if verbose or os.name != "posix":
             yield
@@ -120,20 +150,33 @@ def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
     finally:
         with _DEPTH_LOCK:
             _depth -= 1
+            if _depth == 0:
+                _verbose = None
 
 
-def configure_logging(verbose: bool = False) -> None:
+def configure_logging(verbose: bool | None = None, level: int = logging.INFO) -> None:
     """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's Python loggers.
 
+    Python's warnings go to the "py.warnings" logger. Called again (by an
+    entry point's pipeline, by a worker process) it sets the same again.
+
     Args:
-      verbose: Keep Beam's import-time BigQuery notice.
+      verbose: Show image libraries' lines, Python's warnings and Beam's
+        import-time BigQuery notice; None: as the running entry point says
+        (quiet outside any).
+      level: The root logger's level (worker processes: WARNING).
     """
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    if verbose is None:
+        verbose = bool(_verbose)
+    logging.basicConfig(level=level, format="%(message)s", force=True)
     for noisy in ("apache_beam", "absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    root = logging.getLogger()
-    if not verbose and not any(isinstance(f, _BigQueryNotice) for f in root.filters):
-        root.addFilter(_BigQueryNotice())
+    # A warning shown is a record of "py.warnings": the handler's filter
+    # decides, and --verbose shows it with its file and line.
+    logging.captureWarnings(True)
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_QuietLibraries())
 
 
 @contextlib.contextmanager

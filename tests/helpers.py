@@ -16,7 +16,8 @@ import pathlib
 import numpy as np
 from PIL import Image
 
-__all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom"]
+__all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom",
+           "tiff_with_bad_tag"]
 
 
 def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
@@ -137,3 +138,26 @@ def make_dicom(
         # A bare dataset, as old archives write: no preamble, no File Meta.
         ds.save_as(buf, implicit_vr=True, little_endian=True)
     return buf.getvalue()
+
+
+def tiff_with_bad_tag(arr: np.ndarray, tag: int = 270) -> bytes:
+    """A little-endian TIFF of `arr` whose `tag` (ImageDescription) points past the file's end.
+
+    tifffile still reads the pixels, and logs on its logger that the tag's
+    value offset is invalid.
+    """
+    import struct
+
+    import tifffile
+
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, arr, photometric="minisblack", planarconfig="contig",
+                     description="a description longer than four bytes")
+    data = bytearray(buf.getvalue())
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    for i in range(struct.unpack_from("<H", data, ifd)[0]):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack_from("<H", data, entry)[0] == tag:
+            struct.pack_into("<I", data, entry + 8, len(data) + 1000)
+            return bytes(data)
+    raise ValueError(f"tifffile wrote no tag {tag}")

@@ -29,7 +29,7 @@ _MODULES = (
 # uses, then reports the state; TensorFlow runs an op last, so its allocator
 # is chosen after the import.
 _REPORT = r'''
-import importlib, json, logging, os, sys
+import importlib, json, logging, os, sys, warnings
 before = dict(os.environ)
 import PIL.Image, apache_beam  # noqa: E401  (their own import effects: in the control too)
 if len(sys.argv) > 1:
@@ -52,6 +52,14 @@ print(json.dumps({
                        h.level, [type(f).__name__ for f in h.filters]) for h in root.handlers],
     "root_filters": [type(f).__name__ for f in root.filters],
     "max_image_pixels": PIL.Image.MAX_IMAGE_PIXELS,
+    # Python's warnings still shown by the warnings module (not routed to logging),
+    # its filters as they were, and no library logger filtered (pydicom configures
+    # its own logger as it is imported, so it is not compared).
+    "showwarning": warnings.showwarning.__module__,
+    "warning_filters": len(warnings.filters),
+    "library_loggers": {name: (logging.getLogger(name).level, len(logging.getLogger(name).filters),
+                               len(logging.getLogger(name).handlers))
+                        for name in ("tifffile", "PIL", "py.warnings")},
     "allocator": allocator,
 }))
 '''

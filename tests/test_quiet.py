@@ -86,6 +86,9 @@ def runs(noisy_folder, tmp_path_factory):
                                         str(out / "quiet"))
         futures["preview"] = pool.submit(after, "verify", "-m", "shardsmith", "preview",
                                          str(out / "quiet"), "--output", str(out / "p.png"))
+        # Run as a program, Beam is imported before `main`: its notice must not show either.
+        futures["verify_program"] = pool.submit(after, "quiet", "-m", "beam_jobs.verify",
+                                                str(out / "quiet"))
         yield (lambda name: futures[name].result()), out
 
 
@@ -181,3 +184,81 @@ def test_on_a_terminal_the_progress_bar_still_draws():
         os.close(child_side)
         os.close(terminal)
     assert proc.stdout == "True True TextIOWrapper\n"
+
+
+# What the libraries that read rasters say about them: tifffile's logger, numpy's
+# RuntimeWarnings (an infinite band's statistics), Beam's import-time notice.
+_LIBRARY_NOISE = re.compile(r"TiffTag|invalid value offset|RuntimeWarning|apitools not found")
+
+
+@pytest.fixture(scope="module")
+def raster_runs(tmp_path_factory):
+    """(`run`, out): the commands of a folder of TIFFs that tifffile and numpy complain about."""
+    import numpy as np
+    from helpers import tiff_with_bad_tag
+
+    root = tmp_path_factory.mktemp("rasters")
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / label).mkdir()
+        for i in range(3):
+            bands = rng.integers(0, 65535, (16, 16, 4), dtype=np.uint16)
+            (root / label / f"{i}.tif").write_bytes(tiff_with_bad_tag(bands))
+    infinite = np.full((8, 8, 2), np.nan, np.float32)
+    infinite[..., 1] = np.inf
+    import tifffile
+
+    tifffile.imwrite(root / "b" / "infinite.tif", infinite, photometric="minisblack",
+                     planarconfig="contig")
+    out = tmp_path_factory.mktemp("raster_runs")
+
+    def beam(name, *extra):
+        return _run("-m", "beam_jobs.convert", "--input_dir", str(root), "--output_dir",
+                    str(out / name), "--overwrite", *extra)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        futures = {
+            "beam": pool.submit(beam, "beam"),
+            "beam_loud": pool.submit(beam, "beam_loud", "--verbose"),
+            "shardsmith": pool.submit(_convert, root, out / "shardsmith"),
+        }
+        yield (lambda name: futures[name].result()), out
+
+
+def test_library_warnings_stay_off_the_console_of_both_commands(raster_runs):
+    run, _ = raster_runs
+    loud = run("beam_loud")
+    assert loud.returncode == 0, loud.stderr
+    # The facts relied on: these files make tifffile, numpy and Beam say so.
+    for text in ("invalid value offset", "RuntimeWarning", "apitools not found"):
+        assert text in loud.stderr, loud.stderr
+    for name in ("beam", "shardsmith"):
+        quiet = run(name)
+        assert quiet.returncode == 0, quiet.stderr
+        assert "Converted 7 images" in quiet.stderr
+        assert _LIBRARY_NOISE.search(quiet.stderr) is None, quiet.stderr
+        assert _NOISE.search(quiet.stderr) is None, quiet.stderr
+
+
+def test_verify_run_as_a_program_is_quiet_too(runs):
+    run, _ = runs
+    verified = run("verify_program")
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.startswith("OK: 9 records")
+    assert _LIBRARY_NOISE.search(verified.stderr) is None, verified.stderr
+    assert _NOISE.search(verified.stderr) is None, verified.stderr
+
+
+def test_what_tifffile_said_is_in_the_files_details(raster_runs):
+    import json
+
+    run, out = raster_runs
+    assert run("beam").returncode == 0
+    lines = [json.loads(line) for line in (out / "beam" / "normalized.jsonl").read_text().splitlines()]
+    noted = {line["path"]: line["details"].get("warnings") for line in lines}
+    assert len(noted) == 7
+    for path, notes in noted.items():
+        if path.endswith("infinite.tif"):
+            assert notes is None  # tifffile had nothing to say about it.
+        else:
+            assert notes and "invalid value offset" in notes[0], (path, notes)

@@ -1,0 +1,156 @@
+"""What every format handler shares: `ValidImage`, and a `Context` of options and decode ops."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from imaging import georef as _georef
+from imaging import resize as _resize
+from imaging.errors import ImageRejected
+import schemas
+from schemas import _tf
+
+__all__ = ["Context", "ValidImage", "tf_message"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidImage:
+    """An image ready to be stored.
+
+    Attributes:
+      data: Encoded bytes to store (the original bytes unless normalised).
+      format: 'jpeg' or 'png'.
+      height, width, channels: Shape of the decoded image.
+      source_format: What the input was ('jpeg', 'png', 'gif', 'tiff', ...).
+      actions: Normalisations applied, e.g. ('exif_transpose',); empty when the
+        original bytes are stored.
+      frame: For one frame of a multi-frame file kept with every frame, its
+        index (the record's filename says which frame); otherwise None.
+      tags: Requested DICOM tags as strings (keyword to value).
+      details: What a conversion applied, JSON-safe (DICOM provenance).
+      page: For one page of a multi-page TIFF kept with every page, its index
+        (the record's filename says which page); otherwise None.
+      band_stats: Per-band `schemas.BandStats` of a raster read by
+        imaging/raster.py, for the manifest; None for other images.
+      georef: With --raster_georef, the `imaging.georef.Georef` of a TIFF's
+        page for the pixels as stored (resizing scales its pixel size); None
+        when not asked for or not a TIFF (stored as "unknown").
+    """
+
+    data: bytes
+    format: str
+    height: int
+    width: int
+    channels: int
+    source_format: str
+    actions: tuple[str, ...] = ()
+    frame: int | None = None
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    details: Mapping[str, Any] | None = None
+    page: int | None = None
+    band_stats: schemas.BandStats | None = None
+    georef: _georef.Georef | None = None
+
+
+class Context:
+    """The options of one validator, and TensorFlow's decode ops once a file needs them.
+
+    Built once per `ImageValidator` and handed to every format handler; it
+    holds no per-file state, so handlers on several threads share it.
+
+    Args:
+      options: An `imaging.ValidationOptions`.
+
+    Attributes:
+      max_pixels, background, dicom, resize, raster: Those of the options.
+      jpeg_ratio: The scale JPEGs are checked at: 1 with --full_decode, else 8.
+    """
+
+    def __init__(self, options):
+        self.max_pixels = options.max_pixels
+        self.background = options.background
+        self.jpeg_ratio = 1 if options.full_decode else 8
+        self.dicom = options.dicom
+        self.resize = options.resize
+        self.raster = options.raster
+
+    @functools.cached_property
+    def ops(self):
+        """TensorFlow's decode ops (`schemas._tf.image_ops`).
+
+        Heavy (~2 s of CPU, ~300 MB): only the decode ops, not TensorFlow's
+        whole Python API, and only once a file needs them: rasters stored raw
+        never do.
+        """
+        return _tf.image_ops()
+
+    def corrupt(self, error, name: str) -> ImageRejected:
+        """The rejection of a file whose bytes TensorFlow's decoder refused (`ops.OpError`)."""
+        return ImageRejected("corrupt", f"{name}: {tf_message(error)}")
+
+    def check_pixels(self, width: int, height: int, name: str) -> None:
+        """Rejects decompression bombs from the header's size, before any decoding."""
+        if width * height > self.max_pixels:
+            raise ImageRejected(
+                "too_large",
+                f"{name} is {width}x{height} = {width * height:,} pixels, more than "
+                f"--max_pixels={self.max_pixels:,}",
+            )
+
+    def png_dtype(self, data: bytes):
+        """The dtype to decode a PNG at: its own bit depth, as a reader asking for it would."""
+        # Byte 24 is the IHDR bit depth.
+        return self.ops.uint16 if data[24] == 16 else self.ops.uint8
+
+    def checked(self, out: bytes, source_format: str, actions, name: str) -> ValidImage:
+        """Decodes normalised bytes with TF, so what is stored is what TF reads.
+
+        Raises:
+          ops.OpError: Where TF cannot decode `out` (callers say how to report it).
+        """
+        fmt = "jpeg" if out.startswith(b"\xff\xd8") else "png"
+        if fmt == "jpeg":
+            decoded = self.ops.decode_jpeg(out)
+        else:
+            decoded = self.ops.decode_png(out, dtype=self.png_dtype(out))
+        h, w, c = decoded.shape
+        return ValidImage(out, fmt, int(h), int(w), int(c), source_format, tuple(actions))
+
+    def stored(self, out: bytes, source_format: str, actions, name: str) -> ValidImage:
+        """`checked`, with TF's refusal rejected as 'corrupt'."""
+        try:
+            return self.checked(out, source_format, actions, name)
+        except self.ops.OpError as e:
+            raise self.corrupt(e, name) from e
+
+    def fit(self, image: ValidImage, name: str) -> ValidImage:
+        """`image` scaled down to --max_side/--min_side when larger; itself otherwise."""
+        if not self.resize.active or self.resize.allows(image.height, image.width):
+            return image
+        if image.format == "jpeg":
+            pixels = self.ops.decode_jpeg(image.data)
+        else:
+            pixels = self.ops.decode_png(image.data, dtype=self.png_dtype(image.data))
+        return self.store_resized(np.asarray(pixels), (image.height, image.width), image.format,
+                                  image.source_format, image.actions, image.details, name,
+                                  frame=image.frame, tags=image.tags)
+
+    def store_resized(self, pixels, original, fmt, source_format, actions, details, name,
+                      **fields) -> ValidImage:
+        """`pixels` resized to --max_side/--min_side, encoded as `fmt`, checked; sizes in the details."""
+        small = _resize.resize_array(pixels, self.resize)
+        out = _resize.encode(small, fmt, self.resize.jpeg_quality)
+        image = self.stored(out, source_format, (*actions, self.resize.action), name)
+        sizes = {"original": list(original), "stored": [image.height, image.width]}
+        return dataclasses.replace(image, details={**(details or {}), **sizes}, **fields)
+
+
+def tf_message(e) -> str:
+    """The text of a TensorFlow op error, without its long '{{function_node ...}}' prefix."""
+    text = getattr(e, "message", str(e))
+    return text.split("}}")[-1].strip() or text

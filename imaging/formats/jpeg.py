@@ -1,0 +1,123 @@
+"""JPEG: kept byte for byte once TensorFlow decodes it; turned upright or resized when asked.
+
+Ordinary upright JPEGs, read from their markers (`imaging.sniff.jpeg_header`),
+are decoded once by TensorFlow at libjpeg's 1/8 scale (every entropy-coded
+byte is still read) and stored unchanged; many of them can be decoded in one
+TensorFlow run (`batchable`, `decode_together`). The rest (EXIF-rotated
+photos, 12-bit or CMYK files, odd headers) go through Pillow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from imaging import resize as _resize
+from imaging.formats import _pil
+from imaging.formats._shared import Context, ValidImage
+from imaging.sniff import JpegHeader, jpeg_header
+from schemas import _tf
+
+__all__ = ["batchable", "decode_together", "images"]
+
+
+def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
+    """The one image a JPEG file gives.
+
+    Raises:
+      ImageRejected: With the reason the file cannot be stored.
+    """
+    header = jpeg_header(data)
+    if header is not None:
+        if context.resize.active and not context.resize.allows(header.height, header.width):
+            return [_resized(data, header, name, context)]
+        if header.orientation not in range(2, 9):
+            return [context.fit(_plain(data, header, name, context), name)]
+    return [context.fit(_pil.read(data, name, "jpeg", context, _from_pillow), name)]
+
+
+def batchable(data: bytes, context: Context) -> ValidImage | None:
+    """What `images` gives for `data` if it is an ordinary upright JPEG that TF decodes, else None.
+
+    The conditions of `images`'s plain path, for a file sniffed as JPEG. None
+    also for a header over --max_pixels or one to be resized: `images` says
+    or does so.
+    """
+    header = jpeg_header(data)
+    if header is None or header.orientation in range(2, 9):
+        return None
+    if header.width * header.height > context.max_pixels:
+        return None
+    if context.resize.active and not context.resize.allows(header.height, header.width):
+        return None  # Resized by `images` (--max_side/--min_side).
+    return ValidImage(data, "jpeg", header.height, header.width, header.components, "jpeg")
+
+
+def decode_together(batch: Sequence[ValidImage], context: Context) -> bool:
+    """Decodes the `batchable` images of `batch` in one TensorFlow run.
+
+    One op call per image costs more CPU than decoding a small JPEG at 1/8
+    scale; the run decodes them on TensorFlow's threads, without the GIL.
+
+    Returns:
+      True when every image decoded. False when one failed, or where no
+      batch decoder is available: `images` then says, one file at a time,
+      which failed and why.
+    """
+    decode = _tf.jpeg_batch_decoder(len(batch), context.jpeg_ratio)
+    if decode is None:
+        return False
+    try:
+        decode([image.data for image in batch])
+    except context.ops.OpError:
+        return False
+    return True
+
+
+def _plain(data: bytes, header: JpegHeader, name: str, context: Context) -> ValidImage:
+    """An upright 8-bit JPEG whose markers were read by `jpeg_header`: TF decodes it."""
+    context.check_pixels(header.width, header.height, name)
+    try:
+        # Kept byte for byte; the decode only proves TF can read every byte.
+        context.ops.decode_jpeg(data, ratio=context.jpeg_ratio)
+    except context.ops.OpError as e:
+        raise context.corrupt(e, name) from e
+    return ValidImage(data, "jpeg", header.height, header.width, header.components, "jpeg")
+
+
+def _resized(data: bytes, header: JpegHeader, name: str, context: Context) -> ValidImage:
+    """A JPEG larger than --max_side/--min_side: decoded once, at libjpeg's reduced scale.
+
+    That decode is the validation too (TF's op reads every entropy-coded
+    byte at any scale); what is stored is checked by `Context.stored`.
+    """
+    context.check_pixels(header.width, header.height, name)
+    ratio = _resize.jpeg_scale(header.height, header.width, context.resize)
+    try:
+        pixels = np.asarray(context.ops.decode_jpeg(data, ratio=ratio))
+    except context.ops.OpError as e:
+        raise context.corrupt(e, name) from e
+    actions = ("exif_transpose",) if header.orientation in range(2, 9) else ()
+    upright = _resize.orient_array(pixels, header.orientation)
+    # The upright size at full scale: what a viewer shows, what the cap applies to.
+    full = (header.height, header.width) if upright.shape[:2] == pixels.shape[:2] \
+        else (header.width, header.height)
+    return context.store_resized(upright, full, "jpeg", "jpeg", actions, None, name)
+
+
+def _from_pillow(data: bytes, im: Image.Image, fmt: str, name: str, context: Context) -> ValidImage:
+    """A JPEG `jpeg_header` left to Pillow: turned upright by its EXIF orientation, or kept."""
+    orientation = im.getexif().get(_pil.EXIF_ORIENTATION, 1)
+    if orientation not in (1, None) and 2 <= int(orientation) <= 8:
+        # TF ignores EXIF: without this the model would see the photo on
+        # its side while every image viewer shows it upright.
+        upright = ImageOps.exif_transpose(im)
+        upright = _pil.to_storable_mode(upright, context.background)
+        out = _pil.encode(upright, "jpeg" if upright.mode in ("L", "RGB") else "png")
+        return context.checked(out, "jpeg", ("exif_transpose",), name)
+    # Kept byte for byte; the decode only proves TF can read every byte.
+    context.ops.decode_jpeg(data, ratio=context.jpeg_ratio)
+    channels = 1 if im.mode == "L" else 3
+    return ValidImage(data, "jpeg", im.height, im.width, channels, "jpeg")

@@ -1,0 +1,114 @@
+"""TIFF: rasters read by imaging/raster.py (every band and bit), the rest by Pillow.
+
+`raster.read_tiff` parses the header once and either decodes the pages it
+keeps or declines the file (None): Pillow's ordinary TIFFs (8-bit grey, RGB,
+...), which keep Pillow's bytes, and headers tifffile cannot read, of which
+Pillow then says what is wrong. Which files `read_tiff` declines is its
+decision alone: this module stores what it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from PIL import Image
+
+from imaging import georef as _georef
+from imaging import raster as _raster
+from imaging import resize as _resize
+from imaging.errors import ImageRejected
+from imaging.formats import _notes, _pil, pillow
+from imaging.formats._shared import Context, ValidImage
+import schemas
+
+__all__ = ["images"]
+
+
+def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
+    """A TIFF's kept pages (one image each), with their georeferencing when asked for.
+
+    What tifffile logs about the file while it is read (a tag it cannot read,
+    ...) is listed in each image's details under 'warnings', or added to the
+    message it is rejected with.
+
+    Raises:
+      ImageRejected: With the reason the file cannot be stored.
+    """
+    with _notes.library_notes("tifffile") as notes:
+        try:
+            found = _read(data, name, context)
+        except ImageRejected as e:
+            if not notes:
+                raise
+            raise ImageRejected(e.reason, f"{e.message} ({'; '.join(notes)})") from e
+    if not notes:
+        return found
+    return [dataclasses.replace(image, details={**(image.details or {}), "warnings": list(notes)})
+            for image in found]
+
+
+def _read(data: bytes, name: str, context: Context) -> list[ValidImage]:
+    rasters = _raster.read_tiff(data, name, context.raster)
+    if rasters is None:
+        found = pillow.images(data, name, "tiff", context)
+    else:
+        found = [_stored(r, name, context) for r in rasters]
+    return _with_georef(found, data, name, context)
+
+
+def _stored(r: _raster.Raster, name: str, context: Context) -> ValidImage:
+    """One page read by imaging/raster.py: every band and bit, PNG or raw (see there)."""
+    array, actions = r.array, r.actions
+    if context.resize.active and not context.resize.allows(*array.shape[:2]):
+        # The one size cap for every kind of input (--max_side/--min_side).
+        original = array.shape[:2]
+        array = _resize.resize_array(array, context.resize)
+        actions = actions + (context.resize.action,)
+        details = {**(r.details or {}), "original": list(original), "stored": list(array.shape[:2])}
+        r = dataclasses.replace(r, array=array, actions=actions, details=details)
+    h, w, c = array.shape
+    stats = _raster.band_stats(array, r.nodata)
+    if not _raster.is_png_storable(array):
+        return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c,
+                          "tiff", ("store_tiff_as_raw",) + actions, page=r.page,
+                          details=r.details, band_stats=stats)
+    if array.dtype == np.uint8:
+        # Pillow's encoder, as for the 8-bit TIFFs Pillow reads.
+        png = _pil.encode(Image.fromarray(array[:, :, 0] if c == 1 else array), "png")
+    else:
+        png = _raster.png_bytes(array)
+    image = context.stored(png, "tiff", ("reencode_tiff_to_png",) + actions, name)
+    return dataclasses.replace(image, page=r.page, details=r.details, band_stats=stats)
+
+
+def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Context) -> list[ValidImage]:
+    """The images with their page's georeferencing (--raster_georef), true for the stored pixels.
+
+    A resize scales the pixel size (listed: 'scale_geotransform', with the
+    file's own geotransform in the details). Pixels turned by EXIF
+    orientation no longer match the file's grid: their georeferencing is
+    dropped, and listed ('drop_georef'), rather than stored wrong.
+    """
+    if not context.raster.georef:
+        return found
+    pages = _georef.read_georef(data, name)
+    out = []
+    for image in found:
+        page = image.page or 0
+        georef = pages[page] if page < len(pages) else None
+        if georef is None:
+            out.append(image)
+            continue
+        actions, details = image.actions, dict(image.details or {})
+        if "exif_transpose" in actions and georef.geotransform is not None:
+            georef = dataclasses.replace(georef, geotransform=None)
+            actions += ("drop_georef",)
+            details["georef_dropped"] = "exif_transpose turned the pixels off the file's grid"
+        stored = georef.for_size(image.height, image.width)
+        if stored.geotransform != georef.geotransform:
+            actions += ("scale_geotransform",)
+            details["source_geotransform"] = list(georef.geotransform)
+        out.append(dataclasses.replace(image, georef=stored, actions=actions,
+                                       details=details or image.details))
+    return out

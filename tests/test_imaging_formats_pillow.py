@@ -1,0 +1,48 @@
+"""Pillow's handler (imaging/formats/pillow.py): GIF, BMP, WebP and unsniffed formats as PNG."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import encode, pixels
+from PIL import Image
+
+from imaging import ImageRejected, ValidationOptions, formats
+from imaging.formats import pillow
+
+
+@pytest.fixture(scope="module")
+def context():
+    return formats.Context(ValidationOptions())
+
+
+@pytest.mark.parametrize("fmt, kwargs", [("BMP", {}), ("WEBP", {"lossless": True}), ("PPM", {})])
+def test_lossless_formats_become_png_with_the_same_pixels(context, fmt, kwargs):
+    arr = pixels(1, size=(12, 17))
+    data = encode(arr, fmt, **kwargs)
+    sniffed = formats.format_of(data)
+    [image] = pillow.images(data, "x", sniffed, context)
+    assert image.format == "png" and image.source_format == fmt.lower()
+    assert image.actions == (f"reencode_{fmt.lower()}_to_png",)
+    np.testing.assert_array_equal(tf.io.decode_png(image.data).numpy(), arr)
+
+
+def test_an_animation_keeps_its_first_frame(context):
+    frames = [Image.fromarray(np.full((8, 9, 3), v, np.uint8)) for v in (40, 200)]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    [image] = pillow.images(buf.getvalue(), "a.gif", "gif", context)
+    assert image.actions == ("reencode_gif_to_png", "first_frame")
+    assert (tf.io.decode_png(image.data).numpy() == 40).all()
+
+
+def test_unknown_bytes_are_not_an_image_and_a_damaged_header_is_corrupt(context):
+    with pytest.raises(ImageRejected) as e:
+        pillow.images(b"plain text, not a picture", "notes.jpg", None, context)
+    assert e.value.reason == "not_an_image"
+    with pytest.raises(ImageRejected) as e:
+        pillow.images(b"GIF89a" + b"\xff" * 4, "bad.gif", "gif", context)
+    assert e.value.reason == "corrupt" and "GIF" in e.value.message

@@ -1,0 +1,57 @@
+"""The PNG handler (imaging/formats/png.py): kept bytes, 16 bits, flattened transparency."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import encode, pixels
+
+from imaging import ImageRejected, ValidationOptions, formats
+from imaging.formats import png
+
+
+@pytest.fixture(scope="module")
+def context():
+    return formats.Context(ValidationOptions(max_pixels=100_000, background=(10, 200, 30)))
+
+
+def test_an_opaque_png_is_kept_byte_for_byte(context):
+    for arr in (pixels(1), pixels(2, mode="L"), pixels(3, mode="RGBA") | np.uint8(255)):
+        data = encode(arr, "PNG")
+        [image] = png.images(data, "a.png", "png", context)
+        assert image.data == data and image.format == "png" and image.actions == ()
+        channels = 1 if arr.ndim == 2 else arr.shape[2]
+        assert (image.height, image.width, image.channels) == (*arr.shape[:2], channels)
+
+
+def test_a_16_bit_png_keeps_its_16_bits(context):
+    arr = (np.arange(20 * 30, dtype=np.uint16).reshape(20, 30) * 97)
+    data = encode(arr, "PNG")
+    [image] = png.images(data, "deep.png", "png", context)
+    assert image.data == data
+    np.testing.assert_array_equal(tf.io.decode_png(image.data, dtype=tf.uint16).numpy()[..., 0], arr)
+
+
+def test_transparency_is_flattened_onto_the_background(context):
+    arr = pixels(4, mode="RGBA")
+    arr[..., 3] = 255
+    arr[0, 0, 3] = 0
+    [image] = png.images(encode(arr, "PNG"), "t.png", "png", context)
+    assert image.actions == ("flatten_alpha",) and image.channels == 3
+    decoded = tf.io.decode_png(image.data).numpy()
+    assert tuple(decoded[0, 0]) == (10, 200, 30)
+    np.testing.assert_array_equal(decoded[1:, 1:], arr[1:, 1:, :3])
+
+
+def test_a_damaged_header_is_corrupt_and_says_png(context):
+    data = encode(pixels(5), "PNG")
+    with pytest.raises(ImageRejected) as e:
+        png.images(data[:8] + b"\0" * 40, "d.png", "png", context)
+    assert e.value.reason == "corrupt" and "PNG" in e.value.message
+
+
+def test_a_header_over_max_pixels_is_too_large(context):
+    with pytest.raises(ImageRejected) as e:
+        png.images(encode(pixels(6, size=(400, 300)), "PNG"), "big.png", "png", context)
+    assert e.value.reason == "too_large"
