@@ -80,6 +80,10 @@ class WritingOptions:
       file_timeout: Seconds one file may take to read and validate before
         its process is stopped and the file rejected as 'timeout'
         (--file_timeout).
+      isolated: With no `worker_processes`, each of the runner's workers
+        still writes its shards in child processes of its own, one per
+        thread, so that a decoder that crashes or hangs costs its file and
+        not the worker (the conversion sets it on a Dask cluster).
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -90,6 +94,7 @@ class WritingOptions:
     worker_threads: int | None = None
     worker_processes: int | None = None
     file_timeout: float = 600.0
+    isolated: bool = False
 
     def __post_init__(self):
         if isinstance(self.file_timeout, bool) or not isinstance(self.file_timeout, (int, float)) \

@@ -17,7 +17,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineS
 
 from compat import beam_internals
 
-__all__ = ["make_runner", "in_process_threads", "run_in_one_thread", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
+__all__ = ["make_runner", "is_dask", "in_process_threads", "run_in_one_thread", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
 
 _BUNDLES_PER_THREAD = 4
 _DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
@@ -66,6 +66,11 @@ def make_runner(options: PipelineOptions):
             ) from e
         return DaskClusterRunner()
     return None
+
+
+def is_dask(options: PipelineOptions) -> bool:
+    """Whether the pipeline runs on a Dask cluster (`--runner DaskRunner`)."""
+    return options.view_as(StandardOptions).runner in _DASK_RUNNER_NAMES
 
 
 def run_in_one_thread(options: PipelineOptions) -> None:

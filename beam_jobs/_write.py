@@ -144,6 +144,8 @@ class WriteShardFn(beam.DoFn):
         self._quarantined = self._quarantine.load()
         self._crashes_seen = {}
         processes = self._writing.worker_processes
+        if not processes and self._writing.isolated:
+            processes = _threads_of_this_worker()
         if processes:
             # Shared with the driver, which started them early (`convert.run`).
             self._pool = _processes.acquire(processes, warm=warm_call(self._validation, processes),
@@ -278,6 +280,18 @@ class WriteShardFn(beam.DoFn):
         # Workers share no memory; the finished shards on disk are the progress.
         pattern = FileSystems.join(self._output_dir, "*.tfrecord")
         return len(FileSystems.match([pattern])[0].metadata_list)
+
+
+def _threads_of_this_worker() -> int:
+    """The threads of the Dask worker running this DoFn (each may write a shard at once); else 1."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):  # Not on a Dask worker.
+        return 1
+    state = getattr(worker, "state", worker)
+    return max(1, int(getattr(state, "nthreads", 1) or 1))
 
 
 def _shard_file(f) -> ShardFile:

@@ -170,7 +170,11 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
             # --dedup, hashing every file needs the runner's threads.
             _runner.run_in_one_thread(options)
         config = dataclasses.replace(
-            config, writing=dataclasses.replace(config.writing, worker_processes=processes))
+            config, writing=dataclasses.replace(
+                config.writing, worker_processes=processes,
+                # On a Dask cluster each worker writes its shards in child processes of its own,
+                # so that a decoder's crash costs its file, not the worker (`WritingOptions.isolated`).
+                isolated=not processes and config.writing.worker_processes is None and _runner.is_dask(options)))
         if runner is not None and wait and ProgressBar.wanted():
             # The bar replaces the per-shard lines on a terminal.
             options.view_as(WorkerOptions).sdk_harness_log_level_overrides = {"shardsmith": "WARNING"}

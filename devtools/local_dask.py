@@ -92,7 +92,8 @@ class LocalDaskCluster:
         workers' local directories go; created if missing.
       threads: Threads of each worker.
       cpu: If set, the workers (not the scheduler) may run on this core only.
-      env: Extra environment variables of every process, e.g. Dask's
+      env: Extra environment variables of every process (a PYTHONPATH goes before
+        shardsmith's root), e.g. Dask's
         `DASK_LOGGING__...` settings.
       name_prefix: Workers are named `<name_prefix>-<i>`.
       start_timeout: Seconds for the scheduler to come up and the workers to
@@ -115,7 +116,10 @@ class LocalDaskCluster:
         self.name_prefix = name_prefix
         self.start_timeout = start_timeout
         # TensorFlow's C++ start-up chatter would bury the workers' own lines.
-        self._env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=_CODE_ROOT, **(env or {}))
+        extra = dict(env or {})
+        # A PYTHONPATH given goes before shardsmith's own root (a plugin, in the tests).
+        path = os.pathsep.join(filter(None, [extra.pop("PYTHONPATH", ""), _CODE_ROOT]))
+        self._env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra, "PYTHONPATH": path}
         self.address: str | None = None
         self.scheduler_file = self.folder / "scheduler.json"
         self.worker_logs = [self.folder / f"worker{i}.log" for i in range(workers)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import pathlib
+import textwrap
 
 import numpy as np
 from PIL import Image
@@ -161,3 +162,54 @@ def tiff_with_bad_tag(arr: np.ndarray, tag: int = 270) -> bytes:
             struct.pack_into("<I", data, entry + 8, len(data) + 1000)
             return bytes(data)
     raise ValueError(f"tifffile wrote no tag {tag}")
+
+
+# A real Pillow plugin for a made-up format whose decoder raises, crashes (SIGSEGV) or loops
+# forever, by the file's bytes: loaded in every process of a conversion (the command, its
+# forked child, worker processes, Dask workers) by a `sitecustomize` module on PYTHONPATH, as a
+# third-party plugin would be.
+_FAULTY_PLUGIN = textwrap.dedent('''
+    """A Pillow plugin whose decoder raises, crashes or hangs (shardsmith's tests)."""
+    import ctypes
+    import time
+
+    from PIL import Image, ImageFile
+
+
+    class _Faulty(ImageFile.ImageFile):
+        format = "FAULTY"
+        format_description = "made-up format of shardsmith's tests"
+
+        def _open(self):
+            kind = self.fp.read(12)[6:].rstrip(b" ")
+            if kind == b"RAISE":
+                raise RuntimeError("the plugin's own bug")
+            if kind == b"SEGV":
+                ctypes.string_at(0)  # Reads address 0: SIGSEGV.
+            if kind == b"HANG":
+                while True:
+                    time.sleep(0.5)
+            raise SyntaxError("not a faulty file")
+
+
+    Image.register_open(_Faulty.format, _Faulty, lambda prefix: prefix[:6] == b"FAULTY")
+''')
+FAULT_KINDS = ("RAISE", "SEGV", "HANG")
+
+
+def faulty_plugin(folder: pathlib.Path) -> pathlib.Path:
+    """A folder holding the faulty plugin's `sitecustomize.py`, to put on PYTHONPATH."""
+    plugin = pathlib.Path(folder) / "faulty_plugin"
+    plugin.mkdir(parents=True, exist_ok=True)
+    (plugin / "sitecustomize.py").write_text(_FAULTY_PLUGIN)
+    return plugin
+
+
+def add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:
+    """One file per fault kind in `root/folder`; returns {relative path: 'RAISE'|'SEGV'|'HANG'}."""
+    written = {}
+    for kind in FAULT_KINDS:
+        rel = f"{folder}/faulty_{kind.lower()}.png"
+        write(pathlib.Path(root) / rel, b"FAULTY" + kind.ljust(6).encode())
+        written[rel] = kind
+    return written

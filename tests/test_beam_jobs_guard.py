@@ -22,54 +22,20 @@ import pytest
 import schemas
 from beam_jobs import _guard
 from imaging import ValidationOptions
-from helpers import make_class_tree, read_records
+from helpers import add_faulty_files, faulty_plugin, make_class_tree, read_records
 
-_PLUGIN = textwrap.dedent('''
-    """A Pillow plugin whose decoder raises, crashes or hangs (shardsmith's tests)."""
-    import ctypes
-    import time
-
-    from PIL import Image, ImageFile
-
-
-    class _Faulty(ImageFile.ImageFile):
-        format = "FAULTY"
-        format_description = "made-up format of shardsmith's tests"
-
-        def _open(self):
-            kind = self.fp.read(12)[6:].rstrip(b" ")
-            if kind == b"RAISE":
-                raise RuntimeError("the plugin's own bug")
-            if kind == b"SEGV":
-                ctypes.string_at(0)  # Reads address 0: SIGSEGV.
-            if kind == b"HANG":
-                while True:
-                    time.sleep(0.5)
-            raise SyntaxError("not a faulty file")
-
-
-    Image.register_open(_Faulty.format, _Faulty, lambda prefix: prefix[:6] == b"FAULTY")
-''')
 _FAULTS = {"RAISE": _guard.INTERNAL_ERROR, "SEGV": _guard.DECODER_CRASHED, "HANG": _guard.TIMEOUT}
 _TIMEOUT = 4
 
 
 def _faulty_env(tmp_path: pathlib.Path) -> dict:
-    plugin = tmp_path / "plugin"
-    plugin.mkdir(exist_ok=True)
-    (plugin / "sitecustomize.py").write_text(_PLUGIN)
-    path = os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])
+    path = os.pathsep.join([str(faulty_plugin(tmp_path)), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {**os.environ, "PYTHONPATH": path}
 
 
 def _add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:
-    """One file per fault in `root/folder`; returns {relative path: expected reason}."""
-    expected = {}
-    for kind, reason in _FAULTS.items():
-        rel = f"{folder}/faulty_{kind.lower()}.png"
-        (root / rel).write_bytes(b"FAULTY" + kind.ljust(6).encode())
-        expected[rel] = reason
-    return expected
+    """{relative path: expected reason} of one faulty file per fault in `root/folder`."""
+    return {rel: _FAULTS[kind] for rel, kind in add_faulty_files(root, folder).items()}
 
 
 def _no_core_dumps():

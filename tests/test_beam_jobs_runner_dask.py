@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import os
 import pathlib
 import re
+import shutil
 
 import distributed  # shardsmith[dask]; the test extra has it.
 import pytest
 
-from helpers import encode, make_class_tree, pixels, write
+from helpers import add_faulty_files, encode, faulty_plugin, make_class_tree, pixels, write
 
 import schemas
 from beam_jobs import convert as convert_module
@@ -68,7 +70,9 @@ def dask_cluster(tmp_path_factory):
         start_timeout=_START_TIMEOUT_S,
         # Workers print shardsmith's lines ("Wrote <shard>: ..."), each with its pid.
         env={"DASK_LOGGING__SHARDSMITH": "info",
-             "DASK_DISTRIBUTED__ADMIN__LOG_FORMAT": "%(process)d %(name)s %(levelname)s %(message)s"},
+             "DASK_DISTRIBUTED__ADMIN__LOG_FORMAT": "%(process)d %(name)s %(levelname)s %(message)s",
+             # A Pillow plugin that fails on made-up files only (`test_a_file_that_crashes...`).
+             "PYTHONPATH": str(faulty_plugin(tmp_path_factory.mktemp("plugin")))},
     )
     try:
         local.start()
@@ -147,3 +151,23 @@ def test_worker_error_reaches_the_caller(dask_cluster, dataset_input, tmp_path):
             "--dask_partition_size", "5",
         ])
     assert not (out / schemas.MANIFEST_FILENAME).exists()
+
+
+def test_a_file_that_raises_crashes_or_hangs_a_worker_costs_that_file_only(dask_cluster, dataset_input, tmp_path):
+    """Each Dask worker writes its shards in child processes of its own: its decoder's crash is theirs."""
+    root = tmp_path / "images"
+    shutil.copytree(dataset_input, root)
+    faulty = add_faulty_files(root, "dog")
+    out = tmp_path / "out"
+    workers = set(dask_cluster.client.run(os.getpid).values())
+    convert_module.run([
+        "--input_dir", str(root), "--output_dir", str(out), *_ARGS, "--file_timeout", "4",
+        "--runner", "DaskRunner", "--dask_client_address", dask_cluster.address,
+    ])
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    rejects = {r["path"]: r["reason"] for r in map(json.loads, (out / schemas.REJECTS_FILENAME).read_text().splitlines())}
+    expected = {"RAISE": "internal_error", "SEGV": "decoder_crashed", "HANG": "timeout"}
+    assert {p: r for p, r in rejects.items() if p in faulty} == {p: expected[k] for p, k in faulty.items()}
+    assert manifest.counts["written"] == len(list(dataset_input.rglob("*.*"))) - 2  # truncated.jpg, .DS_Store
+    # The same two workers still serve: none died with its file.
+    assert set(dask_cluster.client.run(os.getpid).values()) == workers
