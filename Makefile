@@ -44,8 +44,12 @@ demo: $(STAMP)
 	$(PY) -m shardsmith inspect $(DEMO_DIR)/dataset
 	$(PY) -m shardsmith preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
 
+# On pytest-xdist workers, one per core (at most 4, none on one core: tests/conftest.py), each
+# test module on one worker so that its module-scoped fixtures run once. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= auto
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 convert: $(STAMP)
 	@test -n "$(INPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }

@@ -78,6 +78,8 @@ setuptools.setup(
         "demo": ["scikit-image>=0.22"],
         "test": [
             "pytest>=8", "psutil", "scikit-image>=0.22", "hypothesis", "tensorflow-datasets>=4.9",
+            # `make test` runs the suite on a worker per core (`-n auto --dist loadfile`).
+            "pytest-xdist>=3.5",
             "dask[distributed]>=2024.4.2",
             # A GCS emulator on loopback, and the light client Beam's GCS I/O needs.
             "gcp-storage-emulator", "google-cloud-storage>=2.18.2,<4",

@@ -30,6 +30,29 @@ def pytest_configure(config):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# `make test` runs `pytest -n auto --dist loadfile`: each test module on one pytest-xdist worker,
+# so its module-scoped fixtures (most convert a dataset) run once. Many tests start interpreters
+# that import TensorFlow, and conversions start worker processes per core, so a worker per core
+# beyond a few adds memory more than speed: at most _MAX_XDIST_WORKERS, and none (a plain run
+# in this process) on one core.
+_MAX_XDIST_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a run without xdist never calls it.
+def pytest_xdist_auto_num_workers(config):
+    """The workers of `-n auto`: the usable cores, at most _MAX_XDIST_WORKERS; 0 on one core.
+
+    `PYTEST_XDIST_AUTO_NUM_WORKERS` (xdist's own setting) still wins.
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's implementation reads it.
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # Not on Linux.
+        cores = os.cpu_count() or 1
+    return min(cores, _MAX_XDIST_WORKERS) if cores > 1 else 0
+
+
 @pytest.fixture
 def class_tree(tmp_path):
     """(root, {relative path: class name}) of a small ROOT/<class>/... tree of JPEG and PNG files."""

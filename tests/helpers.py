@@ -11,6 +11,7 @@ in `conftest.py`.
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 import textwrap
 
@@ -18,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom",
-           "tiff_with_bad_tag"]
+           "tiff_with_bad_tag", "interpreters_at_once", "faulty_plugin", "add_faulty_files"]
 
 
 def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
@@ -69,6 +70,18 @@ def make_class_tree(root: pathlib.Path, classes=("cat", "dog", "fish"), per_clas
             write(root / rel, data)
             written[rel] = name
     return written
+
+
+def interpreters_at_once() -> int:
+    """How many fresh interpreters a test module starts at a time (each imports TensorFlow).
+
+    The machine's cores (at least 2), shared among the pytest-xdist workers of the run: each
+    worker runs its own modules at the same time as the others', so on 2 cores a serial run
+    starts 2 at a time and each of 2 workers 1, the machine's total unchanged. xdist sets
+    `PYTEST_XDIST_WORKER_COUNT` in each worker; a run without it counts as one worker.
+    """
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    return max(1, max(2, os.cpu_count() or 1) // workers)
 
 
 def read_records(out_dir) -> list[dict]:

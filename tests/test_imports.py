@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from helpers import interpreters_at_once
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The packages setup.py installs, then the modules the commands start from.
@@ -79,7 +81,7 @@ def _states() -> dict:
     # Every interpreter of this file at once, a few at a time: each imports
     # TensorFlow (seconds), and each is its own fresh process anyway.
     wanted = (None, "tensorflow", *_MODULES)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=interpreters_at_once()) as pool:
         return dict(zip(wanted, pool.map(_report, wanted)))
 
 

@@ -44,8 +44,12 @@ _USER_CODE_TRANSFORMS = {
 def sdist(tmp_path_factory) -> tarfile.TarFile:
     """The tarball Beam stages as workflow.tar.gz for `--setup_file setup.py`."""
     copy = tmp_path_factory.mktemp("checkout") / "shardsmith"
+    # Without what the tests themselves write into the checkout while they run (`.hypothesis`:
+    # Hypothesis's database, written by other test modules, possibly at the same time under
+    # pytest-xdist; a file renamed away mid-copy would fail the copy).
     shutil.copytree(_REPO, copy, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+        ".hypothesis",
     ))
     out = tmp_path_factory.mktemp("staged")
     # Beam's stager runs `python -m build --sdist --no-isolation` when the

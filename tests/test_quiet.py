@@ -16,6 +16,8 @@ import sys
 import pytest
 from PIL import Image
 
+from helpers import interpreters_at_once
+
 from shardsmith import console
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -70,7 +72,7 @@ def runs(noisy_folder, tmp_path_factory):
     default convert) once it is written, and 'preview' reads it after 'verify'.
     """
     out = tmp_path_factory.mktemp("runs")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=interpreters_at_once()) as pool:
         futures = {
             "loud": pool.submit(_convert, noisy_folder, out / "loud", "--verbose"),
             "quiet": pool.submit(_convert, noisy_folder, out / "quiet"),

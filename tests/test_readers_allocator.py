@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from helpers import interpreters_at_once
+
 from readers import _allocator
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +75,7 @@ def fresh():
     (seconds), and each is its own new process anyway. A failed one fails
     only the tests that read it.
     """
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=interpreters_at_once()) as pool:
         futures = {name: pool.submit(_fresh_python, code, **env)
                    for name, (code, env) in _INTERPRETERS.items()}
         yield lambda name: futures[name].result()
