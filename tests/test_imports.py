@@ -31,12 +31,15 @@ _MODULES = (
 # uses, then reports the state; TensorFlow runs an op last, so its allocator
 # is chosen after the import.
 _REPORT = r'''
-import importlib, json, logging, os, sys, warnings
+import gc, importlib, json, logging, os, sys, warnings
 before = dict(os.environ)
 import PIL.Image, apache_beam  # noqa: E401  (their own import effects: in the control too)
 if len(sys.argv) > 1:
     importlib.import_module(sys.argv[1])
 after_import = dict(os.environ)
+# The collector as the import left it: a gc.freeze() would keep the caller's
+# objects (and their cycles) out of every collection from then on.
+frozen_by_import = gc.get_freeze_count()
 import tensorflow as tf
 tf.zeros([64, 64]).numpy()
 try:
@@ -63,6 +66,9 @@ print(json.dumps({
                                len(logging.getLogger(name).handlers))
                         for name in ("tifffile", "PIL", "py.warnings")},
     "allocator": allocator,
+    "frozen_by_import": frozen_by_import,
+    "frozen_at_end": gc.get_freeze_count(),
+    "gc_enabled": gc.isenabled(),
 }))
 '''
 
@@ -94,6 +100,7 @@ def test_the_control_reports_a_state():
     assert control["allocator"] in ("pool", "malloc")  # TensorFlow's own choice here.
     assert "TF_CPU_ALLOCATOR_USE_BFC" not in control["env"]
     assert control["max_image_pixels"] == 89_478_485  # Pillow's default (1 GiB / 4 / 3).
+    assert control["frozen_by_import"] == control["frozen_at_end"] == 0 and control["gc_enabled"]
 
 
 @pytest.mark.parametrize("module", _MODULES)
