@@ -336,11 +336,17 @@ class Quarantine:
 
     def load(self) -> dict[str, tuple[str, str]]:
         """rel_path -> (reason, message) of every quarantined file; empty without a file."""
-        from beam_jobs._files import read_bytes
+        from beam_jobs._files import is_local, read_bytes
 
+        if not is_local(self._path):
+            from apache_beam.io.filesystems import FileSystems
+
+            # Object stores answer a missing object with their own errors (google.api_core's NotFound).
+            if not FileSystems.exists(self._path):
+                return {}
         try:
             text = read_bytes(self._path).decode("utf-8", "surrogateescape")
-        except (OSError, FileNotFoundError):
+        except FileNotFoundError:
             return {}
         entries = {}
         for line in text.splitlines():

@@ -285,7 +285,7 @@ class WriteShardFn(beam.DoFn):
 def _threads_of_this_worker() -> int:
     """The threads of the Dask worker running this DoFn (each may write a shard at once); else 1."""
     try:
-        from distributed import get_worker
+        from dask.distributed import get_worker
 
         worker = get_worker()
     except (ImportError, ValueError):  # Not on a Dask worker.

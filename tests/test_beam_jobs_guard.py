@@ -210,3 +210,51 @@ def test_a_dicom_header_that_raises_while_planning_rejects_that_file_only(tmp_pa
     assert {r["reason"] for r in rejects} == {_guard.INTERNAL_ERROR}
     assert "KeyError" in rejects[0]["message"]
     assert manifest.counts["written"] == 4
+
+
+_CRASHING_PYDICOM = textwrap.dedent('''
+    """pydicom as if its parser segfaulted on one file's header (shardsmith's tests)."""
+    import ctypes
+
+    import pydicom
+
+    _read = pydicom.dcmread
+
+
+    def dcmread(fp, *args, **kwargs):
+        data = fp.getvalue() if hasattr(fp, "getvalue") else b""
+        if b"CRASH-ME" in data:
+            ctypes.string_at(0)
+        return _read(fp, *args, **kwargs)
+
+
+    pydicom.dcmread = dcmread
+''')
+
+
+def test_a_dicom_header_that_crashes_the_driver_while_planning_costs_that_file_only(tmp_path):
+    """--group_by reads headers on the driver: the command's supervisor resumes without the culprit."""
+    import numpy as np
+
+    from helpers import make_dicom
+
+    root = tmp_path / "images"
+    (root / "ct").mkdir(parents=True)
+    for i in range(6):
+        stored = np.arange(64, dtype=np.int16).reshape(8, 8) * (i + 1)
+        patient = "CRASH-ME" if i == 4 else f"P{i % 3}"
+        (root / "ct" / f"{i}.dcm").write_bytes(make_dicom(stored, PatientID=patient))
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "sitecustomize.py").write_text(_CRASHING_PYDICOM)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = tmp_path / "out"
+    result = _run(["-m", "beam_jobs.convert", "--input_dir", str(root), "--output_dir", str(out),
+                   "--group_by", "dicom:PatientID", "--split", "train=0.5,validation=0.5",
+                   "--max_reject_fraction", "0.5"], env, tmp_path)
+    assert result.returncode == 3, result.stderr[-3000:]
+    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    assert [(r["path"], r["reason"]) for r in rejects] == [("ct/4.dcm", _guard.DECODER_CRASHED)]
+    assert "SIGSEGV" in rejects[0]["message"]
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    assert manifest.counts["written"] == 5 and manifest.counts["found"] == 6
