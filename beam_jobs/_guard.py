@@ -466,22 +466,27 @@ def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: 
         elif len(slot.suspects) == 1:
             s = slot.suspects[0]
             found[s.rel_path] = (TIMEOUT, f"{s.rel_path}: not finished after --file_timeout={timeout:g}s")
-        else:
-            # Which file of a batch hung: each is tried alone, with the same limit.
-            found.update(probe(slot.suspects, validation, timeout))
+        else:  # Which file of a batch hung: each is tried alone, with the same limit.
+            found.update(_blame(slot.suspects, TIMEOUT, f"not finished after --file_timeout={timeout:g}s",
+                                validation, timeout, seen))
     if len(crashed) == 1:
         s = crashed[0]
         found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended ({how})")
     elif crashed:
-        alone = probe(crashed, validation, timeout)
-        found.update(alone)
-        key = frozenset(s.rel_path for s in crashed)
-        if not alone and key in seen:
-            for s in crashed:
-                found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended "
-                                     f"({how}) twice, with {len(crashed) - 1} other files in work; "
-                                     "alone it did not")
-        seen[key] = True
+        found.update(_blame(crashed, DECODER_CRASHED, f"the process validating it ended ({how})",
+                            validation, timeout, seen))
+    return found
+
+
+def _blame(suspects: Sequence[Suspect], reason: str, what: str, validation, timeout: float,
+           seen: dict) -> dict[str, tuple[str, str]]:
+    """Those of several files in work that fail alone (`probe`); all of them if none does, the second time."""
+    found = probe(suspects, validation, timeout)
+    key = frozenset(s.rel_path for s in suspects)
+    if not found and key in seen:
+        found = {s.rel_path: (reason, f"{s.rel_path}: {what} twice, with {len(suspects) - 1} other files "
+                              "in work; alone it did not") for s in suspects}
+    seen[key] = True
     return found
 
 

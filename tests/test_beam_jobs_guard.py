@@ -258,3 +258,18 @@ def test_a_dicom_header_that_crashes_the_driver_while_planning_costs_that_file_o
     assert "SIGSEGV" in rejects[0]["message"]
     manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
     assert manifest.counts["written"] == 5 and manifest.counts["found"] == 6
+
+
+def test_files_that_do_not_crash_alone_get_one_more_try_then_are_blamed_together(tmp_path):
+    """A crash no suspect repeats alone (the machine's memory, say): retried once, then all blamed."""
+    seen: dict = {}
+    answers = []
+    for _ in range(2):
+        proc = _holding_process(tmp_path)
+        proc.kill()
+        proc.wait()
+        answers.append(_guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 5, seen))
+    assert answers[0] == {}  # Neither crashes alone (neither exists): tried again as it was.
+    assert sorted(answers[1]) == ["a/x.jpg", "b/\u00e9t\u00e9.png"]
+    assert {reason for reason, _ in answers[1].values()} == {_guard.DECODER_CRASHED}
+    assert "twice, with 1 other files in work" in answers[1]["a/x.jpg"][1]
