@@ -36,7 +36,7 @@ import threading
 import traceback
 
 from beam_jobs import _guard
-from shardsmith import console
+from conversion import console
 
 __all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main"]
 
@@ -310,7 +310,7 @@ def main(fd_in: int, fd_out: int, quiet: bool = False) -> None:
     Args:
       fd_in, fd_out: The pipes of calls and answers.
       quiet: Hide image libraries' lines and Python's warnings, as the
-        driver's entry point does without --verbose (`shardsmith.console`).
+        driver's entry point does without --verbose (`conversion.console`).
     """
     import signal
 

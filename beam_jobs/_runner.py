@@ -16,8 +16,9 @@ from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
 from compat import beam_internals
+from conversion import console
 
-__all__ = ["make_runner", "is_dask", "in_process_threads", "run_in_one_thread", "configure_logging", "ConsoleOptions", "DaskClusterRunner"]
+__all__ = ["make_runner", "is_dask", "in_process_threads", "run_in_one_thread", "ConsoleOptions", "DaskClusterRunner"]
 
 _BUNDLES_PER_THREAD = 4
 _DASK_RUNNER_NAMES = ("DaskRunner", "dask", "apache_beam.runners.dask.dask_runner.DaskRunner")
@@ -110,16 +111,7 @@ class ConsoleOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        from shardsmith import console
-
         parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
-
-
-def configure_logging() -> None:
-    """INFO for shardsmith's lines, WARNING for Beam's and TensorFlow's (shardsmith.console)."""
-    from shardsmith.console import configure_logging
-
-    configure_logging()
 
 
 # --- Dask ------------------------------------------------------------------

@@ -38,7 +38,7 @@ if __name__ == "__main__":
     # BigQuery clients on the root logger as it is imported, below, before
     # `main` runs; the console's logging must be in place first. Imported as
     # a module (`shardsmith convert`, tests), this does nothing.
-    from shardsmith import console as _console
+    from conversion import console as _console
 
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
 
@@ -46,6 +46,7 @@ import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
 from beam_jobs import _args, _elements, _guard, _plan, _processes, _runner
+from beam_jobs._progress import ProgressBar
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions
 from beam_jobs._output import prepare_output, read_manifest, summarize
@@ -53,8 +54,7 @@ from beam_jobs._planning import build_plan, group_section
 from beam_jobs._shards import ImagesToTFRecords, write_shard_plans
 from beam_jobs._shard_writer import warm_call
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn, quarantine_path, record_schema
-from shardsmith import console
-from shardsmith.progress import ProgressBar
+from conversion import console
 
 __all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
@@ -322,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     if _args.print_help_if_asked(argv, help_text):
         return 0
-    _runner.configure_logging()
     try:
         options = _args.pipeline_options(argv, ConvertOptions)
         config = ConversionConfig.from_options(options)

@@ -24,7 +24,7 @@ if __name__ == "__main__":
     # BigQuery clients on the root logger as it is imported, below, before
     # `main` runs; the console's logging must be in place first. Imported as
     # a module (`shardsmith verify`, tests), this does nothing.
-    from shardsmith import console as _console
+    from conversion import console as _console
 
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
 
@@ -36,7 +36,7 @@ import schemas
 from beam_jobs import _args, _runner, _verify_fns
 from beam_jobs._files import read_bytes
 from beam_jobs._verify_fns import CHECK_FAILED
-from shardsmith import console
+from conversion import console
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
 
@@ -219,7 +219,6 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     if _args.print_help_if_asked(argv, help_text):
         return 0
-    _runner.configure_logging()
     try:
         report = run(argv)
     except (ValueError, FileNotFoundError) as e:  # ManifestError is a ValueError.

@@ -15,7 +15,7 @@ from helpers import convert, encode, make_class_tree, pixels, write
 import schemas
 from beam_jobs import _runner
 from shardsmith import cli, inspection as inspect_dataset
-from shardsmith.progress import ProgressBar
+from beam_jobs._progress import ProgressBar
 from beam_jobs._write import RECEIPTS_DIRNAME
 from beam_jobs._files import TMP_DIRNAME
 
