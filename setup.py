@@ -28,7 +28,7 @@ setuptools.setup(
     # code (compat/) uses private internals of Beam and TensorFlow and checks
     # their versions again when it runs.
     install_requires=[
-        # The Dask runner (beam_jobs/_runner.py, compat/beam_internals.py) was
+        # The Dask runner (beam_jobs/_dask.py, compat/beam_internals.py) was
         # written against Beam 2.77.
         "apache-beam>=2.60,<2.78",
         # TensorFlow is required but not installed from here: its CPU-only

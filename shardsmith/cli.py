@@ -58,10 +58,10 @@ def command_help(command: str) -> str:
     elif command == "verify":
         from beam_jobs.verify import help_text
     else:
-        from beam_jobs import _args
+        from beam_jobs import args
 
         def help_text():
-            return _args.help_text(f"shardsmith {command}", _SUMMARIES[command], _EXAMPLES[command],
+            return args.help_text(f"shardsmith {command}", _SUMMARIES[command], _EXAMPLES[command],
                                    _ADD_ARGUMENTS[command])
     return help_text()
 
@@ -79,13 +79,13 @@ def _check_options(command: str, argv: list[str]) -> str | None:
 
     convert and verify check their own arguments (Beam's options included).
     """
-    from beam_jobs import _args
+    from beam_jobs import args
 
     parser = argparse.ArgumentParser(add_help=False)
     _ADD_ARGUMENTS[command](parser)
     try:
-        _args.check_arguments(parser, argv)
-    except _args.UsageError as e:
+        args.check_arguments(parser, argv)
+    except args.UsageError as e:
         return f"shardsmith {command}: error: {e}"
     return None
 

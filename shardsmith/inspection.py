@@ -12,7 +12,7 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 import schemas
-from beam_jobs._files import read_bytes
+from conversion.files import read_bytes
 
 __all__ = ["inspect_dataset", "format_inspection", "main"]
 

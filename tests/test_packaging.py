@@ -26,7 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 # The packages setup.py installs, which the pipelines' workers import.
-_PACKAGES = ("schemas", "imaging", "beam_jobs", "readers", "shardsmith", "compat")
+_PACKAGES = ("schemas", "imaging", "conversion", "beam_jobs", "readers", "shardsmith", "compat")
 # Distributions that install the `tensorflow` package: one TensorFlow build each.
 _TF_FLAVOURS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
                 "tf-nightly", "tf-nightly-cpu"}
