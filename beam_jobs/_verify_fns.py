@@ -21,7 +21,7 @@ import numpy as np
 import schemas
 from imaging import ResizeOptions
 from imaging import raster as _raster
-from schemas import _tf
+from schemas import tf_runtime
 from schemas.tfrecord import RecordError, format_index, iter_records
 from conversion import guard
 from conversion.files import read_bytes, write_atomically
@@ -96,8 +96,8 @@ class VerifyShardFn(beam.DoFn):
 
     def setup(self):
         # The whole library (decode_image is not a plain op), imported the
-        # cheap way (schemas/_tf.py).
-        self._tf = _tf.full()
+        # cheap way (schemas/tf_runtime.py).
+        self._tf = tf_runtime.full()
         self._schema = schemas.ImageExampleSchema.from_json(self._features)
 
     def process(self, element):

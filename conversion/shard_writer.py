@@ -369,9 +369,9 @@ def warm_up(validation: ValidationOptions, decoders: bool = True, decoder_thread
       decoder_threads: Threads of each batch of JPEG decodes (0: one per
         core); a worker among one per core takes 1.
     """
-    from schemas import _tf
+    from schemas import tf_runtime
 
-    _tf.set_batch_decoder_threads(decoder_threads)
+    tf_runtime.set_batch_decoder_threads(decoder_threads)
     validator = _validator(validation)
     _schema(validation)
     if decoders:
