@@ -565,7 +565,7 @@ def _fork_is_safe() -> bool:
     Not once TensorFlow is loaded (its thread pools would be missing in the
     child, their locks possibly held), nor beside other threads than
     shardsmith's own (the console's stderr filter, which holds no lock the
-    child needs): `convert.main` called inside a program that has done other
+    child needs): `beam_jobs.convert.main` called inside a program that has done other
     work then runs in that program's process, unsupervised.
     """
     import sys

@@ -66,7 +66,7 @@ class WritingOptions:
         do not depend on it.
       worker_processes: Processes that write shards, one shard at a time
         each (--worker_processes); 0 writes them in the runner's own
-        threads; None lets the conversion choose (`convert.run`: every core
+        threads; None lets the conversion choose (`beam_jobs.convert.run`: every core
         on the local runner for a large enough folder). Speed only.
       file_timeout: Seconds one file may take to read and validate before
         its process is stopped and the file rejected as 'timeout'

@@ -1,7 +1,7 @@
 """Writing one shard's file: read, validate, encode, frame and index its images.
 
 Beam-free, so that a shard is written the same way in the runner's thread
-(`_write.WriteShardFn`) and in a worker process (`processes`) that never
+(`beam_jobs._write.WriteShardFn`) and in a worker process (`processes`) that never
 imports Beam for local files. `write_shard` takes a `ShardJob` of plain,
 picklable values and returns the `ShardOutcome`; only `files` reaches
 Beam, and only for a URL.
