@@ -23,12 +23,12 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["schemas", "imaging", "imaging.formats", "beam_jobs", "readers", "shardsmith", "compat"],
+    packages=["schemas", "imaging", "imaging.formats", "conversion", "beam_jobs", "readers", "shardsmith", "compat"],
     # Upper bounds: the releases shardsmith was tested with. Its compatibility
     # code (compat/) uses private internals of Beam and TensorFlow and checks
     # their versions again when it runs.
     install_requires=[
-        # The Dask runner (beam_jobs/_runner.py, compat/beam_internals.py) was
+        # The Dask runner (beam_jobs/_dask.py, compat/beam_internals.py) was
         # written against Beam 2.77.
         "apache-beam>=2.60,<2.78",
         # TensorFlow is required but not installed from here: its CPU-only

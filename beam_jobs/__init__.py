@@ -2,7 +2,7 @@
 
 Importing the package changes nothing in the process: the entry points
 (`main` of `beam_jobs.convert` and `beam_jobs.verify`) configure logging and
-quiet TensorFlow's C++ lines (shardsmith/console.py).
+quiet TensorFlow's C++ lines (conversion/console.py).
 """
 
 __all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "run"]

@@ -11,10 +11,10 @@ from apache_beam.io.filesystems import FileSystems
 
 import schemas
 from schemas.tfds_metadata import tfds_files
-from beam_jobs import _listing
-from beam_jobs._elements import ConversionError
 from beam_jobs._output import delete_if_exists, remove_dataset_files
-from beam_jobs._files import TMP_DIRNAME, write_atomically
+from conversion import listing
+from conversion.elements import ConversionError
+from conversion.files import TMP_DIRNAME, write_atomically
 
 __all__ = ["FinalizeFn"]
 
@@ -134,7 +134,7 @@ class FinalizeFn(beam.DoFn):
 
 
 def _normalized_entry(path, source_format, actions, details) -> dict:
-    entry = {"path": _listing.display_path(path), "source_format": source_format,
+    entry = {"path": listing.display_path(path), "source_format": source_format,
              "actions": list(actions)}
     if details:
         entry["details"] = details

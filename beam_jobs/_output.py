@@ -9,8 +9,8 @@ from apache_beam.io.filesystems import FileSystems
 
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
-from beam_jobs import _listing
-from beam_jobs._files import TMP_DIRNAME, read_bytes
+from conversion import listing
+from conversion.files import TMP_DIRNAME, read_bytes
 
 __all__ = ["prepare_output", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
 
@@ -27,7 +27,7 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
       NotADirectoryError, PermissionError, FileExistsError: Naming the flag.
     """
     out = output_dir
-    if _listing.is_local(out):
+    if listing.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
             raise NotADirectoryError(f"--output_dir {out!r} exists and is not a folder.")
         try:
@@ -62,7 +62,7 @@ def delete_if_exists(path: str) -> None:
     """
     if FileSystems.exists(path):
         FileSystems.delete([path])
-    elif not _listing.is_local(path):
+    elif not listing.is_local(path):
         inside = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
         if inside:
             FileSystems.delete([meta.path for meta in inside])

@@ -21,16 +21,16 @@ import numpy as np
 import schemas
 from imaging import ResizeOptions
 from imaging import raster as _raster
-from schemas import _tf
+from schemas import tf_runtime
 from schemas.tfrecord import RecordError, format_index, iter_records
-from beam_jobs import _guard
-from beam_jobs._files import read_bytes, write_atomically
+from conversion import guard
+from conversion.files import read_bytes, write_atomically
 
 __all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn", "raster_records", "CHECK_FAILED"]
 
 # How a record whose check raised an unexpected error is reported: the record
 # is not known to be bad, and the other records are still verified.
-CHECK_FAILED = f"the check itself failed ({_guard.INTERNAL_ERROR})"
+CHECK_FAILED = f"the check itself failed ({guard.INTERNAL_ERROR})"
 
 _NAMESPACE = "shardsmith"
 # How far a recomputed band mean or m2 may be from the manifest's, relative to
@@ -96,8 +96,8 @@ class VerifyShardFn(beam.DoFn):
 
     def setup(self):
         # The whole library (decode_image is not a plain op), imported the
-        # cheap way (schemas/_tf.py).
-        self._tf = _tf.full()
+        # cheap way (schemas/tf_runtime.py).
+        self._tf = tf_runtime.full()
         self._schema = schemas.ImageExampleSchema.from_json(self._features)
 
     def process(self, element):
@@ -159,7 +159,7 @@ class VerifyShardFn(beam.DoFn):
         try:
             return self._check_record(data)
         except Exception as e:  # noqa: BLE001 - reported; the other records are still verified
-            return _failed(f"{CHECK_FAILED}: {_guard.internal_error_message('check', e)}")
+            return _failed(f"{CHECK_FAILED}: {guard.internal_error_message('check', e)}")
 
     def _check_record(self, data: bytes):
         """Returns (problem or None, label, content digest, filename, image, pixels).

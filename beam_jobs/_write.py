@@ -1,8 +1,8 @@
 """The shard-writing step: resume receipts, a worker process or this thread, and counters.
 
 `WriteShardFn` is built from plain option groups (it is pickled to every
-worker). What a shard's file holds is written by `_shard_writer.write_shard`,
-in one of the worker processes of `_processes` (`WritingOptions.worker_processes`)
+worker). What a shard's file holds is written by `shard_writer.write_shard`,
+in one of the worker processes of `processes` (`WritingOptions.worker_processes`)
 or in the runner's own thread; either way the same bytes.
 """
 
@@ -22,30 +22,23 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 import schemas
-from beam_jobs import _guard, _listing, _processes
-from beam_jobs._elements import Reject, ShardResult
-from beam_jobs._options import WritingOptions
-from beam_jobs._files import TMP_DIRNAME, read_bytes, write_atomically
-from beam_jobs._shard_writer import (
+from conversion import guard, listing, processes as _processes
+from conversion.elements import Reject, ShardResult
+from conversion.files import TMP_DIRNAME, read_bytes, write_atomically
+from conversion.options import WritingOptions
+from conversion.shard_writer import (
     ShardFile, ShardJob, ShardOutcome, default_threads, record_schema, warm_call, write_shard,
 )
 from imaging import ValidationOptions
 
-__all__ = ["WriteShardFn", "RECEIPTS_DIRNAME", "record_schema", "quarantine_path"]
+__all__ = ["WriteShardFn", "RECEIPTS_DIRNAME"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _NAMESPACE = "shardsmith"
 # Inside the temporary folder: one receipt per finished shard, for --resume.
 RECEIPTS_DIRNAME = "done"
-# Inside the temporary folder: the files that crashed or hung a process (`_guard.Quarantine`).
-_QUARANTINE_FILENAME = "quarantine.jsonl"
 # A shard whose worker processes die this often is given up (each death blames a file or retries once).
 _MAX_CRASHES_PER_SHARD = 50
-
-
-def quarantine_path(output_dir: str) -> str:
-    """Where a conversion into `output_dir` keeps the files that crashed or hung a process."""
-    return FileSystems.join(output_dir, TMP_DIRNAME, _QUARANTINE_FILENAME)
 
 
 def validation_fingerprint(validation: ValidationOptions) -> str:
@@ -140,7 +133,7 @@ class WriteShardFn(beam.DoFn):
     def setup(self):
         self._receipts = _Receipts(self._output_dir)
         # Files that crashed or hung a process in this run or an earlier one (--resume).
-        self._quarantine = _guard.Quarantine(quarantine_path(self._output_dir))
+        self._quarantine = guard.Quarantine(guard.quarantine_path(self._output_dir))
         self._quarantined = self._quarantine.load()
         self._crashes_seen = {}
         processes = self._writing.worker_processes
@@ -220,7 +213,7 @@ class WriteShardFn(beam.DoFn):
 
         A worker process that dies on a file (a crash, --file_timeout) costs
         that file only: it is found from the process's journal, quarantined,
-        and the shard is written again without it (`_guard.crash_culprits`).
+        and the shard is written again without it (`guard.crash_culprits`).
         """
         job = ShardJob(
             output_dir=self._output_dir, split=split, index=index, num_shards=files[0].num_shards,
@@ -237,7 +230,7 @@ class WriteShardFn(beam.DoFn):
             try:
                 return self._pool.call(write_shard, job)
             except _processes.WorkerDied as e:
-                found = _guard.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
+                found = guard.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
                                               self._validation, self._writing.file_timeout,
                                               self._crashes_seen)
                 if found is None:  # Not while working on a file: not a file's doing.
@@ -298,5 +291,5 @@ def _shard_file(f) -> ShardFile:
     """The `ShardFile` of a PlannedFile; a copy (--dedup) carries its reject message."""
     duplicate = None
     if f.duplicate_of is not None:
-        duplicate = "same content as " + _listing.display_path(f.duplicate_of)
+        duplicate = "same content as " + listing.display_path(f.duplicate_of)
     return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate)

@@ -38,23 +38,24 @@ if __name__ == "__main__":
     # BigQuery clients on the root logger as it is imported, below, before
     # `main` runs; the console's logging must be in place first. Imported as
     # a module (`shardsmith convert`, tests), this does nothing.
-    from shardsmith import console as _console
+    from conversion import console as _console
 
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
 
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
-from beam_jobs import _args, _elements, _guard, _plan, _processes, _runner
+from beam_jobs import _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions
 from beam_jobs._output import prepare_output, read_manifest, summarize
-from beam_jobs._planning import build_plan, group_section
-from beam_jobs._shards import ImagesToTFRecords, write_shard_plans
-from beam_jobs._shard_writer import warm_call
-from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn, quarantine_path, record_schema
-from shardsmith import console
-from shardsmith.progress import ProgressBar
+from beam_jobs._progress import ProgressBar
+from beam_jobs._shards import ImagesToTFRecords
+from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
+from conversion import console, elements, guard, plan as _plan, processes as _processes
+from conversion.planning import build_plan, group_section
+from conversion.shard_plans import write_shard_plans
+from conversion.shard_writer import record_schema, warm_call
 
 __all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
@@ -89,7 +90,7 @@ class ConvertImages(beam.PTransform):
     Args:
       plan: The `Plan` of the conversion (labels, splits, shards of each file).
       config: The `ConversionConfig`.
-      plan_paths: The shard plan files of `plan` (`_shards.write_shard_plans`).
+      plan_paths: The shard plan files of `plan` (`conversion.shard_plans.write_shard_plans`).
     """
 
     def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str]):
@@ -114,7 +115,7 @@ class ConvertImages(beam.PTransform):
         listing_rejects = (
             pbegin
             | "ListingProblems" >> beam.Create(plan.problems, reshuffle=False)
-            | "AsRejects" >> beam.Map(_elements.problem_to_reject)  # Reject
+            | "AsRejects" >> beam.Map(elements.problem_to_reject)  # Reject
         )
         rejects = (listing_rejects, written[WriteShardFn.REJECTED]) | "AllRejects" >> beam.Flatten()
         return (
@@ -150,11 +151,11 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
 
     Raises:
       ValueError, FileNotFoundError, FileExistsError, PermissionError: For bad
-        arguments (an unknown one too: `_args.UsageError`), input or output,
+        arguments (an unknown one too: `args.UsageError`), input or output,
         before any work starts.
     """
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
-    options = _args.pipeline_options(argv, ConvertOptions)
+    options = args.pipeline_options(argv, ConvertOptions)
     config = ConversionConfig.from_options(options)
     runner = _runner.make_runner(options)
     workers = _Workers(config, options, start=wait)
@@ -297,7 +298,7 @@ def help_text() -> str:
         ConvertOptions._add_argparse_args(parser)
         _runner.ConsoleOptions._add_argparse_args(parser)
 
-    return _args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments)
+    return args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments)
 
 
 # The exit status of a conversion that finished, and wrote its manifest, but on some of whose
@@ -320,11 +321,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if _args.print_help_if_asked(argv, help_text):
+    if args.print_help_if_asked(argv, help_text):
         return 0
-    _runner.configure_logging()
     try:
-        options = _args.pipeline_options(argv, ConvertOptions)
+        options = args.pipeline_options(argv, ConvertOptions)
         config = ConversionConfig.from_options(options)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
@@ -332,9 +332,9 @@ def _main(argv: list[str]) -> int:
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
-    # and carries on without such a file (`_guard.supervise`).
-    return _guard.supervise(
-        _attempt, argv, quarantine=_guard.Quarantine(quarantine_path(config.output_dir)),
+    # and carries on without such a file (`guard.supervise`).
+    return guard.supervise(
+        _attempt, argv, quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
     )
 
@@ -352,8 +352,8 @@ def _attempt(argv: list[str]) -> int:
             raise
         print(f"shardsmith convert: error: {message}", file=sys.stderr)
         return 1
-    options = _args.pipeline_options(argv, ConvertOptions)
-    sentence = _guard.failure_sentence(read_manifest(ConversionConfig.from_options(options).output_dir).rejects)
+    options = args.pipeline_options(argv, ConvertOptions)
+    sentence = guard.failure_sentence(read_manifest(ConversionConfig.from_options(options).output_dir).rejects)
     if sentence:
         print(f"shardsmith convert: {sentence}", file=sys.stderr)
         return EXIT_FILES_FAILED
@@ -372,7 +372,7 @@ def _conversion_error_message(e: BaseException) -> str | None:
         for kind in ("ConversionError:", "WorkerDied:"):
             if kind in line:
                 return line.split(kind, 1)[1].strip()
-    if isinstance(e, (_elements.ConversionError, _processes.WorkerDied)):
+    if isinstance(e, (elements.ConversionError, _processes.WorkerDied)):
         return str(e)
     return None
 

@@ -24,7 +24,7 @@ if __name__ == "__main__":
     # BigQuery clients on the root logger as it is imported, below, before
     # `main` runs; the console's logging must be in place first. Imported as
     # a module (`shardsmith verify`, tests), this does nothing.
-    from shardsmith import console as _console
+    from conversion import console as _console
 
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
 
@@ -33,10 +33,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
-from beam_jobs import _args, _runner, _verify_fns
-from beam_jobs._files import read_bytes
+from beam_jobs import _runner, _verify_fns, args
 from beam_jobs._verify_fns import CHECK_FAILED
-from shardsmith import console
+from conversion import console
+from conversion.files import read_bytes
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
 
@@ -147,12 +147,12 @@ def run(argv: list[str] | None = None) -> dict:
     Raises:
       ManifestError: If the folder has no readable manifest.
       ValueError: If --dataset_dir is missing, or an argument is unknown
-        (`_args.UsageError`).
+        (`args.UsageError`).
     """
     argv = list(argv or [])
     if argv and not argv[0].startswith("-"):
         argv = ["--dataset_dir", argv[0], *argv[1:]]
-    options = _args.pipeline_options(argv, VerifyOptions)
+    options = args.pipeline_options(argv, VerifyOptions)
     opts = options.view_as(VerifyOptions)
     if not opts.dataset_dir:
         raise ValueError("Give the dataset folder: python -m beam_jobs.verify DATASET_DIR")
@@ -197,7 +197,7 @@ def help_text() -> str:
         _add_flags(parser)
         _runner.ConsoleOptions._add_argparse_args(parser)
 
-    return _args.help_text("shardsmith verify", "Re-read every shard, record and image against the manifest.",
+    return args.help_text("shardsmith verify", "Re-read every shard, record and image against the manifest.",
                            _EXAMPLE, add_arguments)
 
 
@@ -217,9 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if _args.print_help_if_asked(argv, help_text):
+    if args.print_help_if_asked(argv, help_text):
         return 0
-    _runner.configure_logging()
     try:
         report = run(argv)
     except (ValueError, FileNotFoundError) as e:  # ManifestError is a ValueError.

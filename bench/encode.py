@@ -59,10 +59,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from schemas import _tf
+    from schemas import tf_runtime
 
     encoders = {"hand": None, "protobuf (own descriptor)": features._example_class(),
-                "protobuf (tf example_pb2)": _tf.example_pb2().Example}
+                "protobuf (tf example_pb2)": tf_runtime.example_pb2().Example}
     results = {}
     for tags in ((), _TAGS):
         schema = schemas.ImageExampleSchema(tuple(schemas.dicom_tag_key(t) for t in tags))

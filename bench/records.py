@@ -78,7 +78,7 @@ def _one_pass(validator, schema, files, batched: bool) -> dict[str, float]:
 
 
 def _measure(label: str, files, batched: bool, repeats: int) -> dict[str, float]:
-    from beam_jobs._write import record_schema
+    from conversion.shard_writer import record_schema
     from imaging import ImageValidator, ValidationOptions
 
     options = ValidationOptions()

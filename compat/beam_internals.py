@@ -1,6 +1,6 @@
 """Private Apache Beam internals shardsmith's Dask runner relies on, and nothing else.
 
-`beam_jobs._runner.DaskClusterRunner` translates a pipeline to Dask bags
+`beam_jobs._dask.DaskClusterRunner` translates a pipeline to Dask bags
 itself (Beam's own Dask runner mixes up the outputs of multi-output ParDos).
 It needs what Beam keeps private: the Dask overrides' primitive transforms,
 how `DaskOptions` picks the bag arguments, a side input's view options, and

@@ -2,7 +2,7 @@
 
 Framework-free: nothing here imports Beam or tf.data, so every step is tested
 on its own. TensorFlow's decode ops validate images (the ops the reader runs),
-loaded without TensorFlow's Python API (`schemas._tf`).
+loaded without TensorFlow's Python API (`schemas.tf_runtime`).
 
     validator = imaging.ImageValidator(imaging.ValidationOptions(max_pixels=50_000_000))
     for image in validator.validate_all(data, "cats/001.jpg"):  # raises ImageRejected

@@ -18,11 +18,11 @@ script before TensorFlow runs its first op, gives TensorFlow's host memory a
 pool: see `readers._allocator` for when that helps.
 """
 
-# TensorFlow, imported once, the cheap way (schemas/_tf.py), before the
+# TensorFlow, imported once, the cheap way (schemas/tf_runtime.py), before the
 # modules below import it.
-from schemas import _tf  # isort: skip
+from schemas import tf_runtime as _tf_runtime  # isort: skip
 
-_tf.full()
+_tf_runtime.full()
 from readers._allocator import use_pooled_host_memory
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords, without_extras
 from readers.distributed import distributed_dataset, make_dataset_fn

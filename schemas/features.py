@@ -21,7 +21,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
-from schemas import _tf
+from schemas import tf_runtime
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -130,7 +130,7 @@ def _float64_list(key: str, value: Any, length: int) -> tuple[bytes, bytes]:
 
 def _float64_parsed(parsed, length: int):
     """A parsed float64 feature (bytes, any batch shape S) as float64 of shape S + [length]."""
-    tf = _tf.full()
+    tf = tf_runtime.full()
     values = tf.io.decode_raw(parsed, tf.float64, little_endian=True)
     # Checked and static: a record of another length fails here, not later.
     return tf.ensure_shape(values, parsed.shape.concatenate([length]))
@@ -248,7 +248,7 @@ class FeatureSpec:
 
     def parse_spec(self):
         """The parse spec of this feature for `tf.io.parse_example` (see `finish_parsed`)."""
-        tf = _tf.full()
+        tf = tf_runtime.full()
         return tf.io.FixedLenFeature([], getattr(tf, _DTYPES[self.dtype].tf_name))
 
     def finish_parsed(self, parsed):
@@ -265,7 +265,7 @@ class FeatureSpec:
     def tf_dtype(self):
         """The dtype of the tensor the reader yields."""
         dtype = _DTYPES[self.dtype]
-        return getattr(_tf.full(), dtype.out_name or dtype.tf_name)
+        return getattr(tf_runtime.full(), dtype.out_name or dtype.tf_name)
 
     def to_json(self) -> dict[str, Any]:
         d = {"dtype": self.dtype, "description": self.description}

@@ -36,14 +36,14 @@ _SUMMARIES = {
 
 
 def _add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    from shardsmith import console
+    from conversion import console
 
     parser.add_argument("dataset_dir", help="Folder written by the converter.")
     parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
 
 
 def _add_preview_arguments(parser: argparse.ArgumentParser) -> None:
-    from readers.preview import add_arguments
+    from shardsmith.preview import add_arguments
 
     add_arguments(parser)
 
@@ -58,10 +58,10 @@ def command_help(command: str) -> str:
     elif command == "verify":
         from beam_jobs.verify import help_text
     else:
-        from beam_jobs import _args
+        from beam_jobs import args
 
         def help_text():
-            return _args.help_text(f"shardsmith {command}", _SUMMARIES[command], _EXAMPLES[command],
+            return args.help_text(f"shardsmith {command}", _SUMMARIES[command], _EXAMPLES[command],
                                    _ADD_ARGUMENTS[command])
     return help_text()
 
@@ -79,13 +79,13 @@ def _check_options(command: str, argv: list[str]) -> str | None:
 
     convert and verify check their own arguments (Beam's options included).
     """
-    from beam_jobs import _args
+    from beam_jobs import args
 
     parser = argparse.ArgumentParser(add_help=False)
     _ADD_ARGUMENTS[command](parser)
     try:
-        _args.check_arguments(parser, argv)
-    except _args.UsageError as e:
+        args.check_arguments(parser, argv)
+    except args.UsageError as e:
         return f"shardsmith {command}: error: {e}"
     return None
 
@@ -99,7 +99,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     """`shardsmith COMMAND ...`: runs the command, returns its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    from shardsmith import console
+    from conversion import console
 
     # Before the commands' modules import Beam and TensorFlow, which log as they load.
     with console.entry_point(argv):
@@ -135,7 +135,7 @@ def _main(argv: list[str]) -> int:
     elif command == "inspect":
         from shardsmith.inspection import main as run
     else:
-        from readers.preview import main as run
+        from shardsmith.preview import main as run
     return run(rest)
 
 

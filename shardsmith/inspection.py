@@ -12,7 +12,7 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 import schemas
-from beam_jobs._files import read_bytes
+from conversion.files import read_bytes
 
 __all__ = ["inspect_dataset", "format_inspection", "main"]
 
@@ -165,7 +165,7 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`shardsmith inspect OUT`: prints the tables; 2 if OUT is not a dataset."""
-    from shardsmith import console
+    from conversion import console
 
     argv = sys.argv[1:] if argv is None else argv
     argv = [a for a in argv if a != console.VERBOSE_FLAG]  # Read by the CLI's entry point.

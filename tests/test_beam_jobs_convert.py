@@ -328,7 +328,8 @@ def test_the_job_graph_does_not_grow_with_the_number_of_images(tmp_path):
     """Only one plan path per shard travels in the graph (Dataflow caps requests at 10 MB)."""
     import apache_beam as beam
 
-    from beam_jobs import _plan, _shards
+    from conversion import shard_plans
+    from conversion import plan as _plan
 
     def graph_bytes(n_files):
         out = tmp_path / f"out{n_files}"
@@ -338,8 +339,8 @@ def test_the_job_graph_does_not_grow_with_the_number_of_images(tmp_path):
         plan = _plan.Plan(files=tuple(files), problems=(), class_names=("c",),
                           shard_counts={"train": 4}, num_found=n_files, split_source="hash")
         config = convert_module.ConversionConfig(input_dir="/data/in", output_dir=str(out))
-        paths = _shards.write_shard_plans(plan.files, str(out))
-        assert [_shards.load_shard_plan(p)[1] for p in paths] == [
+        paths = shard_plans.write_shard_plans(plan.files, str(out))
+        assert [shard_plans.load_shard_plan(p)[1] for p in paths] == [
             [f for f in files if f.shard == i] for i in range(4)]
         pipeline = beam.Pipeline()
         _ = pipeline | convert_module.ConvertImages(plan, config, paths)
@@ -350,7 +351,7 @@ def test_the_job_graph_does_not_grow_with_the_number_of_images(tmp_path):
 
 
 def test_options_are_built_once_into_groups_handed_down_whole():
-    from beam_jobs._options import ShardingOptions, WritingOptions
+    from conversion.options import ShardingOptions, WritingOptions
     from imaging import DicomOptions
 
     config = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions([

@@ -72,8 +72,7 @@ def test_sixteen_bit_and_all_frames(tmp_path):
     assert ramp.dtype == np.uint16 and ramp.max() > 255 and (np.diff(ramp.ravel()) >= 0).all()
     assert by_name["colour/two.dcm#frame=0"][schemas.CHANNELS.key] == 3
     # Two files gave three records: the summary says both, not "2 images ... (train 3)".
-    from beam_jobs import _output
-    assert _output.summarize(str(out)).startswith("Converted 2 images as 3 records into ")
+    assert convert_module.summarize(str(out)).startswith("Converted 2 images as 3 records into ")
 
 
 def test_patients_are_kept_in_one_split(tmp_path):

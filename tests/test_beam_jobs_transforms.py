@@ -23,6 +23,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 import schemas
 from beam_jobs import _runner, _shards, _verify_fns, verify
 from beam_jobs.convert import ConversionConfig, ConvertImages, build_plan
+from conversion import shard_plans
 from helpers import convert, encode, make_class_tree, pixels, read_records, write
 
 # --- The one place that builds transforms whose constructors may change ------------------------
@@ -42,7 +43,7 @@ def _config(input_dir, output_dir, *flags) -> ConversionConfig:
 
 def _shard_plans(plan, config) -> list[str]:
     """The shard plan files `convert.run` writes before its pipeline starts."""
-    return _shards.write_shard_plans(plan.files, config.output_dir)
+    return shard_plans.write_shard_plans(plan.files, config.output_dir)
 
 
 def _images_to_tfrecords(plan, config) -> beam.PTransform:

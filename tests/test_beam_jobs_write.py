@@ -10,8 +10,9 @@ from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions
-from beam_jobs import _shard_writer, _write
-from beam_jobs._options import WritingOptions
+from beam_jobs import _write
+from conversion import shard_writer
+from conversion.options import WritingOptions
 from beam_jobs import convert as convert_module
 
 # Enough files per shard (> the 8 read ahead) for the pool to finish out of order;
@@ -46,14 +47,14 @@ def default_output(images, tmp_path_factory):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_output_is_byte_identical_to_the_default(images, default_output, tmp_path, monkeypatch, threads):
     names = set()
-    validate = _shard_writer._Writer._validate_group
+    validate = shard_writer._Writer._validate_group
 
     def recording_validate(self, group):
         names.add(threading.current_thread().name)
         return validate(self, group)
 
-    monkeypatch.setattr(_shard_writer._Writer, "_validate_group", recording_validate)
-    monkeypatch.setattr(_shard_writer, "_GROUP_FILES", 4)
+    monkeypatch.setattr(shard_writer._Writer, "_validate_group", recording_validate)
+    monkeypatch.setattr(shard_writer, "_GROUP_FILES", 4)
     out = tmp_path / "out"
     # In the runner's threads (as by default for so few files): the patches apply there.
     manifest = convert(images, out, *_ARGS, "--worker_threads", threads, "--worker_processes", 0)

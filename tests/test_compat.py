@@ -56,12 +56,12 @@ def test_an_untested_tensorflow_takes_the_public_way():
         "from PIL import Image\n"
         "from compat import tf_internals\n"
         "tf_internals.TESTED = ('1.0', '1.1')\n"
-        "from schemas import _tf\n"
-        "ops = _tf.image_ops()\n"
+        "from schemas import tf_runtime\n"
+        "ops = tf_runtime.image_ops()\n"
         "buf = io.BytesIO()\n"
         "Image.new('RGB', (3, 2)).save(buf, 'JPEG')\n"
-        "print(tuple(ops.decode_jpeg(buf.getvalue()).shape), _tf.api_loaded())\n"
-        "print(_tf.example_pb2().Example.__name__)\n"
+        "print(tuple(ops.decode_jpeg(buf.getvalue()).shape), tf_runtime.api_loaded())\n"
+        "print(tf_runtime.example_pb2().Example.__name__)\n"
     )
     assert lines[:2] == ["(2, 3, 3) True", "Example"]
 
@@ -73,22 +73,22 @@ def test_decoding_freezes_nothing_and_leaks_nothing():
     lines = _fresh_python(
         "import gc, io\n"
         "from PIL import Image\n"
-        "from schemas import IMAGE_SCHEMA, ImageRecord, _tf\n"
+        "from schemas import IMAGE_SCHEMA, ImageRecord, tf_runtime\n"
         "buf = io.BytesIO()\n"
         "Image.new('RGB', (8, 8)).save(buf, 'JPEG')\n"
         "jpeg = buf.getvalue()\n"
         "record = IMAGE_SCHEMA.encode(ImageRecord(image=jpeg, label=1, filename='a.jpg',"
         " format='jpeg', height=8, width=8, channels=3))\n"
-        "ops = _tf.image_ops()\n"
+        "ops = tf_runtime.image_ops()\n"
         "for _ in range(10):\n"  # Warm-up: every lazy import done (the whole API too).
-        "    IMAGE_SCHEMA.decode(record); _tf.image_ops().decode_jpeg(jpeg); _tf.full()\n"
+        "    IMAGE_SCHEMA.decode(record); tf_runtime.image_ops().decode_jpeg(jpeg); tf_runtime.full()\n"
         "gc.collect()\n"
         "frozen, objects = gc.get_freeze_count(), len(gc.get_objects())\n"
         "for _ in range(1000):\n"
         # A caller's object in a reference cycle, alive during the decode and
         # garbage after: frozen meanwhile, the collector would never free it.
         "    cycle = [record]; cycle.append(cycle)\n"
-        "    IMAGE_SCHEMA.decode(record); _tf.image_ops().decode_jpeg(jpeg); _tf.full()\n"
+        "    IMAGE_SCHEMA.decode(record); tf_runtime.image_ops().decode_jpeg(jpeg); tf_runtime.full()\n"
         "    del cycle\n"
         "gc.collect()\n"
         "print(frozen, gc.get_freeze_count(), len(gc.get_objects()) - objects < 200, gc.isenabled())\n"

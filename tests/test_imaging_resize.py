@@ -193,7 +193,7 @@ def test_a_25_megapixel_jpeg_is_never_decoded_in_full(tmp_path):
         import io, sys
         from PIL import Image
         import imaging
-        from schemas import _tf
+        from schemas import tf_runtime
         data = open(sys.argv[1], "rb").read()
         v = imaging.ImageValidator(resize=imaging.ResizeOptions(max_side=512))
         warm = io.BytesIO(); Image.new("RGB", (64, 64)).save(warm, "JPEG"); v.validate(warm.getvalue(), "w.jpg")
@@ -209,7 +209,7 @@ def test_a_25_megapixel_jpeg_is_never_decoded_in_full(tmp_path):
         resized = peak() - before
         assert (out.height, out.width) == (512, 512), (out.height, out.width)
         before = reset()
-        full = _tf.image_ops().decode_jpeg(data)
+        full = tf_runtime.image_ops().decode_jpeg(data)
         assert tuple(full.shape) == (5000, 5000, 3)
         control = peak() - before
         print(resized, control)

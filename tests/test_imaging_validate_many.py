@@ -12,7 +12,7 @@ from PIL import Image
 
 from compat import tf_internals
 from imaging import ImageRejected, ImageValidator
-from schemas import _tf
+from schemas import tf_runtime
 
 
 def _exif_jpeg(arr, orientation):
@@ -76,7 +76,7 @@ def test_the_batch_decoder_is_used_on_the_tested_tensorflow():
     # The fact the other tests rely on: on the installed TensorFlow (within
     # compat.tf_internals.TESTED) batches do run in one graph.
     tf_internals.check("test")
-    assert _tf.jpeg_batch_decoder(4, 8) is not None
+    assert tf_runtime.jpeg_batch_decoder(4, 8) is not None
 
 
 @pytest.mark.parametrize("full_decode", [False, True])
@@ -111,10 +111,10 @@ def test_a_bad_image_in_a_full_batch_rejects_it_alone(position):
 def test_batch_decoder_decodes_like_the_eager_op():
     datas = [encode(pixels(i, size=(40 + i, 33)), "JPEG") for i in range(3)]
     for ratio in (1, 8):
-        shapes = _tf.jpeg_batch_decoder(3, ratio)(datas)
+        shapes = tf_runtime.jpeg_batch_decoder(3, ratio)(datas)
         assert [tuple(s) for s in shapes] == [tuple(tf.io.decode_jpeg(d, ratio=ratio).shape) for d in datas]
-    with pytest.raises(_tf.image_ops().OpError):
-        _tf.jpeg_batch_decoder(3, 8)([datas[0], datas[1][:100], datas[2]])
+    with pytest.raises(tf_runtime.image_ops().OpError):
+        tf_runtime.jpeg_batch_decoder(3, 8)([datas[0], datas[1][:100], datas[2]])
 
 
 def test_empty_input():

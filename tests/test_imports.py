@@ -23,8 +23,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The packages setup.py installs, then the modules the commands start from.
 _MODULES = (
-    "schemas", "imaging", "beam_jobs", "readers", "shardsmith", "compat",
-    "beam_jobs.convert", "beam_jobs.verify", "readers.preview", "shardsmith.cli",
+    "schemas", "imaging", "conversion", "beam_jobs", "readers", "shardsmith", "compat",
+    "beam_jobs.convert", "beam_jobs.verify", "shardsmith.preview", "shardsmith.cli",
 )
 
 # Imports `argv[1]` (if given) after the third-party libraries shardsmith

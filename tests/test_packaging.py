@@ -26,7 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 # The packages setup.py installs, which the pipelines' workers import.
-_PACKAGES = ("schemas", "imaging", "beam_jobs", "readers", "shardsmith", "compat")
+_PACKAGES = ("schemas", "imaging", "conversion", "beam_jobs", "readers", "shardsmith", "compat")
 # Distributions that install the `tensorflow` package: one TensorFlow build each.
 _TF_FLAVOURS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
                 "tf-nightly", "tf-nightly-cpu"}
@@ -397,3 +397,29 @@ def test_without_tensorflow_the_first_use_says_what_to_install():
                          cwd=_REPO, check=True).stdout
     assert "shardsmith needs TensorFlow" in out and "tensorflow-cpu" in out
     assert "tensorflow[and-cuda]" in out
+
+
+def test_imports_go_down_the_layers():
+    """The command sits on top: no library package imports `shardsmith`; `conversion` imports no Beam
+    at its top level and nothing of `beam_jobs`; every module of `beam_jobs` uses Beam."""
+    below_the_command = ("schemas", "imaging", "conversion", "beam_jobs", "readers", "compat")
+    upward, beam_in_conversion, beam_free = [], [], []
+    for module, path in _modules().items():
+        package = module.split(".")[0]
+        everywhere = list(_imports(_tree(path), module, top_level_only=False))
+        for name, line in everywhere:
+            top = name.split(".")[0]
+            if package in below_the_command and top == "shardsmith":
+                upward.append(f"{module}:{line} imports {name}")
+            if package == "conversion" and top == "beam_jobs":
+                upward.append(f"{module}:{line} imports {name}")
+        if package == "conversion":
+            beam_in_conversion += [f"{module}:{line} imports {name}"
+                                   for name, line in _imports(_tree(path), module, top_level_only=True)
+                                   if name.split(".")[0] == "apache_beam"]
+        if package == "beam_jobs" and module != "beam_jobs" and not any(
+                name.split(".")[0] == "apache_beam" for name, _ in everywhere):
+            beam_free.append(module)
+    assert upward == [], upward
+    assert beam_in_conversion == [], beam_in_conversion
+    assert beam_free == [], f"Beam-free modules belong in conversion/: {beam_free}"

@@ -1,6 +1,6 @@
 """The commands print shardsmith's lines, not TensorFlow's or libjpeg's C++ chatter.
 
-The C++ lines are written straight to file descriptor 2; shardsmith.console
+The C++ lines are written straight to file descriptor 2; conversion.console
 filters it while an entry point runs. The tests run the real commands in new
 processes, with `--verbose` as the control that shows the lines do occur.
 """
@@ -18,7 +18,7 @@ from PIL import Image
 
 from helpers import interpreters_at_once
 
-from shardsmith import console
+from conversion import console
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 _NOISE = re.compile(
@@ -134,7 +134,7 @@ def test_the_filter_drops_only_the_chatter():
     # progress-style partial line pass, in order, before the entry point returns.
     code = (
         "import os, sys\n"
-        "from shardsmith import console\n"
+        "from conversion import console\n"
         "with console.entry_point([]):\n"
         "    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are"
         " written to STDERR\\n')\n"
@@ -171,8 +171,8 @@ def test_on_a_terminal_the_progress_bar_still_draws():
     import pty
 
     code = ("import os, sys\n"
-            "from shardsmith import console\n"
-            "from shardsmith.progress import ProgressBar\n"
+            "from conversion import console\n"
+            "from beam_jobs._progress import ProgressBar\n"
             "print(ProgressBar.wanted(), end=' ')\n"  # The control: a terminal, before.
             "with console.entry_point([]):\n"
             "    print(ProgressBar.wanted(), end=' ')\n"

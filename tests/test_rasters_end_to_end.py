@@ -223,7 +223,7 @@ def test_a_band_of_nodata_everywhere_is_read_and_refused_only_for_normalize_data
 
 
 def test_preview_shows_png_stored_rasters_through_the_band_mapping(tmp_path):
-    from readers import preview
+    from shardsmith import preview
 
     # 3 bands of 16 bits (e.g. --raster_bands 4,3,2 of Sentinel-2, reflectance 0-10000) are
     # stored as PNG; at 8 bits they would show black, and --rgb_bands must apply to them too.

@@ -136,10 +136,10 @@ def test_an_alias_of_a_missing_split_is_refused_by_the_name_given(written):
 
 
 def test_the_reader_and_the_converter_share_one_alias_table():
-    from beam_jobs import _plan
+    from conversion import plan
     from schemas import manifest
 
-    assert _plan.SPLIT_ALIASES is manifest.SPLIT_ALIASES
+    assert plan.SPLIT_ALIASES is manifest.SPLIT_ALIASES
     assert set(manifest.SPLIT_ALIASES.values()) == set(manifest.SPLITS)
 
 

@@ -237,7 +237,7 @@ def test_split_band_stats_reads_the_split_field(tmp_path):
 
 
 def test_preview_of_a_13_band_dataset(tmp_path):
-    from readers import preview
+    from shardsmith import preview
 
     arrays = _arrays("uint16", 13, n=8, sizes=((16, 16),))
     items = write_raster_dataset(tmp_path / "ds", arrays)
@@ -269,7 +269,7 @@ def test_preview_of_a_13_band_dataset(tmp_path):
 
 
 def test_stretch_maps_the_2_and_98_percentiles():
-    from readers import preview
+    from shardsmith import preview
 
     band = np.arange(100, dtype=np.float32).reshape(10, 10, 1)
     rgb = preview._stretch_to_rgb(band, (1,))

@@ -14,8 +14,9 @@ from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions
-from beam_jobs import _plan, _shard_writer, _write, verify
-from beam_jobs._files import TMP_DIRNAME
+from beam_jobs import _write, verify
+from conversion import plan, shard_writer
+from conversion.files import TMP_DIRNAME
 from schemas.tfrecord import iter_records
 
 
@@ -133,7 +134,7 @@ def test_overwrite_after_a_kill_completes_and_verifies(interrupted, tmp_path):
 def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_path, monkeypatch):
     root = tmp_path / "images"
     make_class_tree(root, per_class=4)
-    files = [_plan.PlannedFile("train", 0, i, rel, str(root / rel), 1, 0, 1)
+    files = [plan.PlannedFile("train", 0, i, rel, str(root / rel), 1, 0, 1)
              for i, rel in enumerate(sorted(p.relative_to(root).as_posix() for p in root.rglob("*.*")))]
     out = tmp_path / "out"
 
@@ -153,7 +154,7 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
     attempt = fn()
     # Not a file's fault (that file alone would be rejected): the output
     # fails under the writer, at its fourth record.
-    real_write = _shard_writer.AtomicWriter.write
+    real_write = shard_writer.AtomicWriter.write
     calls = []
 
     def write(self, data):
@@ -162,7 +163,7 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
             raise Boom()
         return real_write(self, data)
 
-    monkeypatch.setattr(_shard_writer.AtomicWriter, "write", write)
+    monkeypatch.setattr(shard_writer.AtomicWriter, "write", write)
     with pytest.raises(Boom):
         attempt._write("train", 0, "train-00000-of-00001.tfrecord", files)
     monkeypatch.undo()

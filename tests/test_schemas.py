@@ -142,8 +142,8 @@ def test_writing_records_does_not_load_tensorflows_python_api():
     # afterwards in the same process still gets all of it.
     code = (
         "import sys\n"
-        "from schemas import IMAGE_SCHEMA, ImageRecord, _tf\n"
-        "ops = _tf.image_ops()\n"
+        "from schemas import IMAGE_SCHEMA, ImageRecord, tf_runtime\n"
+        "ops = tf_runtime.image_ops()\n"
         "record = IMAGE_SCHEMA.encode(ImageRecord(image=b'x', label=1, filename='a', format='png',"
         " height=1, width=1, channels=1))\n"
         "import io\n"
@@ -152,10 +152,10 @@ def test_writing_records_does_not_load_tensorflows_python_api():
         "Image.new('L', (1, 1)).save(buf, 'PNG')\n"
         "png = buf.getvalue()\n"
         "assert ops.decode_png(png).shape == (1, 1, 1)\n"
-        "print('before', _tf.api_loaded())\n"
+        "print('before', tf_runtime.api_loaded())\n"
         "import tensorflow as tf\n"
         "parsed = tf.io.parse_single_example(record, IMAGE_SCHEMA.parse_spec())\n"
-        "print('after', _tf.api_loaded(), int(parsed['label']), tf.data.Dataset.__name__)\n"
+        "print('after', tf_runtime.api_loaded(), int(parsed['label']), tf.data.Dataset.__name__)\n"
     )
     assert _fresh_python(code)[:2] == ["before False", "after True 1 DatasetV2"]
 
@@ -166,14 +166,14 @@ def test_decode_ops_fall_back_to_the_whole_library():
     code = (
         "import io\n"
         "from PIL import Image\n"
-        "from schemas import _tf\n"
+        "from schemas import tf_runtime\n"
         "def moved():\n"
         "    raise ImportError('cannot import name gen_image_ops')\n"
-        "_tf._ops_without_api = moved\n"
-        "ops = _tf.image_ops()\n"
+        "tf_runtime._ops_without_api = moved\n"
+        "ops = tf_runtime.image_ops()\n"
         "buf = io.BytesIO()\n"
         "Image.new('RGB', (3, 2)).save(buf, 'JPEG')\n"
-        "print(tuple(ops.decode_jpeg(buf.getvalue()).shape), _tf.api_loaded())\n"
+        "print(tuple(ops.decode_jpeg(buf.getvalue()).shape), tf_runtime.api_loaded())\n"
         "try:\n"
         "    ops.decode_jpeg(buf.getvalue()[:20])\n"
         "except ops.OpError:\n"
@@ -470,8 +470,8 @@ def test_band_stats_accumulator_is_bounded_and_deterministic(monkeypatch):
 
 @pytest.mark.parametrize("threads", [-1, True, 1.0])
 def test_batch_decoder_threads_refuse_a_bad_count(threads):
-    from schemas import _tf
+    from schemas import tf_runtime
 
     with pytest.raises(ValueError, match=rf"`threads` must be 0 \(every core\) or more. Received: {threads!r}"):
-        _tf.set_batch_decoder_threads(threads)
-    assert _tf._BATCH_THREADS == [0]
+        tf_runtime.set_batch_decoder_threads(threads)
+    assert tf_runtime._BATCH_THREADS == [0]

@@ -15,9 +15,9 @@ from helpers import convert, encode, make_class_tree, pixels, write
 import schemas
 from beam_jobs import _runner
 from shardsmith import cli, inspection as inspect_dataset
-from shardsmith.progress import ProgressBar
+from beam_jobs._progress import ProgressBar
 from beam_jobs._write import RECEIPTS_DIRNAME
-from beam_jobs._files import TMP_DIRNAME
+from conversion.files import TMP_DIRNAME
 
 
 def test_console_script_is_installed_and_lists_commands():
@@ -209,9 +209,9 @@ def test_runner_options_registered_on_import_are_known(tmp_path):
     """Dask's options exist once its runner module is imported: the check imports it."""
     code = (
         "import sys\n"
-        "from beam_jobs import _args, convert\n"
+        "from beam_jobs import args, convert\n"
         "assert 'apache_beam.runners.dask.dask_runner' not in sys.modules\n"
-        "o = _args.pipeline_options(['--input_dir', 'a', '--dask_client_address', 'tcp://h:1',"
+        "o = args.pipeline_options(['--input_dir', 'a', '--dask_client_address', 'tcp://h:1',"
         " '--runner', 'DaskRunner'], convert.ConvertOptions)\n"
         "print(o.get_all_options()['address'])\n"
     )
@@ -222,15 +222,15 @@ def test_runner_options_registered_on_import_are_known(tmp_path):
 
 
 def test_one_pipelines_options_are_not_anothers(capsys):
-    from beam_jobs import _args, convert as convert_module, verify as verify_module
+    from beam_jobs import args, convert as convert_module, verify as verify_module
 
     # Both option classes are registered with Beam in this process.
-    with pytest.raises(_args.UsageError, match="unknown option --input_dir"):
-        _args.pipeline_options(["--dataset_dir", "d", "--input_dir", "x"], verify_module.VerifyOptions)
-    with pytest.raises(_args.UsageError, match="unknown option --report"):
-        _args.pipeline_options(["--input_dir", "x", "--report", "r"], convert_module.ConvertOptions)
-    with pytest.raises(_args.UsageError, match="unexpected argument 'stray'"):
-        _args.pipeline_options(["--input_dir", "x", "stray"], convert_module.ConvertOptions)
+    with pytest.raises(args.UsageError, match="unknown option --input_dir"):
+        args.pipeline_options(["--dataset_dir", "d", "--input_dir", "x"], verify_module.VerifyOptions)
+    with pytest.raises(args.UsageError, match="unknown option --report"):
+        args.pipeline_options(["--input_dir", "x", "--report", "r"], convert_module.ConvertOptions)
+    with pytest.raises(args.UsageError, match="unexpected argument 'stray'"):
+        args.pipeline_options(["--input_dir", "x", "stray"], convert_module.ConvertOptions)
 
 
 def test_version(capsys):

@@ -5,7 +5,7 @@ tifffile logs what it finds wrong with a file it still reads ("<tifffile.TiffTag
 which file it meant once several are read on several threads. `library_notes`
 collects, for the time one file is read, the records its logger gets from the
 reading thread; they still go on to the logger's handlers as before (the
-entry points decide what the console shows: `shardsmith.console`).
+entry points decide what the console shows: `conversion.console`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from imaging import georef as _georef
 from imaging import resize as _resize
 from imaging.errors import ImageRejected
 import schemas
-from schemas import _tf
+from schemas import tf_runtime
 
 __all__ = ["Context", "ValidImage", "tf_message"]
 
@@ -81,13 +81,13 @@ class Context:
 
     @functools.cached_property
     def ops(self):
-        """TensorFlow's decode ops (`schemas._tf.image_ops`).
+        """TensorFlow's decode ops (`schemas.tf_runtime.image_ops`).
 
         Heavy (~2 s of CPU, ~300 MB): only the decode ops, not TensorFlow's
         whole Python API, and only once a file needs them: rasters stored raw
         never do.
         """
-        return _tf.image_ops()
+        return tf_runtime.image_ops()
 
     def corrupt(self, error, name: str) -> ImageRejected:
         """The rejection of a file whose bytes TensorFlow's decoder refused (`ops.OpError`)."""

@@ -18,7 +18,7 @@ from imaging import resize as _resize
 from imaging.formats import _pil
 from imaging.formats._shared import Context, ValidImage
 from imaging.sniff import JpegHeader, jpeg_header
-from schemas import _tf
+from schemas import tf_runtime
 
 __all__ = ["batchable", "decode_together", "images"]
 
@@ -66,7 +66,7 @@ def decode_together(batch: Sequence[ValidImage], context: Context) -> bool:
       batch decoder is available: `images` then says, one file at a time,
       which failed and why.
     """
-    decode = _tf.jpeg_batch_decoder(len(batch), context.jpeg_ratio)
+    decode = tf_runtime.jpeg_batch_decoder(len(batch), context.jpeg_ratio)
     if decode is None:
         return False
     try:

@@ -1,9 +1,9 @@
 """Writing one shard's file: read, validate, encode, frame and index its images.
 
 Beam-free, so that a shard is written the same way in the runner's thread
-(`_write.WriteShardFn`) and in a worker process (`_processes`) that never
+(`beam_jobs._write.WriteShardFn`) and in a worker process (`processes`) that never
 imports Beam for local files. `write_shard` takes a `ShardJob` of plain,
-picklable values and returns the `ShardOutcome`; only `_files` reaches
+picklable values and returns the `ShardOutcome`; only `files` reaches
 Beam, and only for a URL.
 """
 
@@ -20,9 +20,9 @@ import types
 from typing import NamedTuple
 
 import schemas
-from beam_jobs import _guard
-from beam_jobs._elements import Reject, ShardResult
-from beam_jobs._files import AtomicWriter, read_bytes
+from conversion import guard
+from conversion.elements import Reject, ShardResult
+from conversion.files import AtomicWriter, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from schemas.tfrecord import format_index, frame_record
 
@@ -90,7 +90,7 @@ class ShardJob:
     validation: ValidationOptions
     threads: int
     # (rel_path, reason, message) of its files that crashed or hung a process
-    # before (`_guard.Quarantine`): rejected without being read.
+    # before (`guard.Quarantine`): rejected without being read.
     quarantined: tuple[tuple[str, str, str], ...] = ()
 
 
@@ -152,7 +152,7 @@ def _groups(files):
     """`files` in order, in lists of at most _GROUP_FILES files and _GROUP_BYTES planned bytes.
 
     And of at most _GROUP_NAME_BYTES of paths: a group's names fit in one
-    slot of the process's journal (`_guard`).
+    slot of the process's journal (`guard`).
     """
     group, size, names = [], 0, 0
     for f in files:
@@ -297,7 +297,7 @@ class _Writer:
     def _validate_group(self, group: list[ShardFile]):
         """Reads and validates a group of files: for each, its images or its Reject.
 
-        The files are noted in this process's journal meanwhile (`_guard`):
+        The files are noted in this process's journal meanwhile (`guard`):
         if a decoder kills the process, whoever started it knows which files
         were in work.
         """
@@ -312,7 +312,7 @@ class _Writer:
                 todo.append(k)
         if not todo:
             return outcomes
-        with _guard.working_on((group[k].rel_path, group[k].path) for k in todo):
+        with guard.working_on((group[k].rel_path, group[k].path) for k in todo):
             read = []  # (position in the group, bytes)
             for k in todo:
                 try:
@@ -347,7 +347,7 @@ class _Writer:
 def _internal_error(f: ShardFile, error: Exception) -> Reject:
     """The Reject of a file on which shardsmith or a library failed unexpectedly; logged with its traceback."""
     _LOG.debug("Unexpected error on %s", f.rel_path, exc_info=error)
-    return Reject(f.rel_path, _guard.INTERNAL_ERROR, _guard.internal_error_message(f.rel_path, error))
+    return Reject(f.rel_path, guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, error))
 
 
 def _read(f: ShardFile) -> bytes:
@@ -369,9 +369,9 @@ def warm_up(validation: ValidationOptions, decoders: bool = True, decoder_thread
       decoder_threads: Threads of each batch of JPEG decodes (0: one per
         core); a worker among one per core takes 1.
     """
-    from schemas import _tf
+    from schemas import tf_runtime
 
-    _tf.set_batch_decoder_threads(decoder_threads)
+    tf_runtime.set_batch_decoder_threads(decoder_threads)
     validator = _validator(validation)
     _schema(validation)
     if decoders:

@@ -35,8 +35,7 @@ import sys
 import threading
 import traceback
 
-from beam_jobs import _guard
-from shardsmith import console
+from conversion import console, guard
 
 __all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main"]
 
@@ -44,7 +43,7 @@ __all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main
 _EXIT_WAIT = 10
 _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from beam_jobs._processes import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == '1')"
+    "from conversion.processes import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == '1')"
 )
 
 
@@ -52,7 +51,7 @@ class WorkerDied(RuntimeError):
     """A worker process ended while running a call (killed, out of memory, a crash in C code).
 
     Attributes:
-      pid: The process's id (its journal's name, `_guard`).
+      pid: The process's id (its journal's name, `guard`).
       returncode: Its return code: negative for the signal that ended it.
     """
 
@@ -178,17 +177,17 @@ class WorkerProcesses:
         self._lock = threading.Lock()
         self._closed = False
         self._warm = warm
-        # Where the children note the files they work on (`_guard.Journal`):
+        # Where the children note the files they work on (`guard.Journal`):
         # the conversion's folder when a supervising command made one, else the pool's own.
-        self.journal_folder = os.environ.get(_guard.JOURNAL_ENV)
+        self.journal_folder = os.environ.get(guard.JOURNAL_ENV)
         self._own_folder = self.journal_folder is None
         if self._own_folder:
-            self.journal_folder = _guard.new_journal_folder()
-        self._env = {**os.environ, _guard.JOURNAL_ENV: self.journal_folder}
+            self.journal_folder = guard.new_journal_folder()
+        self._env = {**os.environ, guard.JOURNAL_ENV: self.journal_folder}
         # Stops a child stuck on one file (the driver itself is spared: no one above it carries on).
         self._watchdog = None
         if file_timeout:
-            self._watchdog = _guard.Watchdog(self.journal_folder, file_timeout, spare=(os.getpid(),)).start()
+            self._watchdog = guard.Watchdog(self.journal_folder, file_timeout, spare=(os.getpid(),)).start()
         try:
             for _ in range(processes):
                 self._idle.put(self._start())
@@ -310,7 +309,7 @@ def main(fd_in: int, fd_out: int, quiet: bool = False) -> None:
     Args:
       fd_in, fd_out: The pipes of calls and answers.
       quiet: Hide image libraries' lines and Python's warnings, as the
-        driver's entry point does without --verbose (`shardsmith.console`).
+        driver's entry point does without --verbose (`conversion.console`).
     """
     import signal
 

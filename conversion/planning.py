@@ -1,8 +1,9 @@
 """The driver's side of planning: reads the listing, labels CSV and group keys, then plans.
 
-`_plan` decides from what it is given (pure functions); this module fetches
-it: the input listing, the labels CSV, and each file's group value for
---group_by (DICOM headers, read on a few threads). No image is decoded.
+`conversion.plan` decides from what it is given (pure functions); this module
+fetches it: the input listing, the labels CSV, and each file's group value for
+--group_by (DICOM headers, read on a few threads). No image is decoded, and
+Beam is imported only for an input or labels CSV at a URL (`conversion.files`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,8 @@ import gc
 import logging
 import re
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
-from beam_jobs import _guard, _listing, _plan
-from beam_jobs._options import ConversionConfig
-from beam_jobs._files import read_bytes
+from conversion import guard, listing as _listing, plan as _plan
+from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
 __all__ = ["build_plan", "group_section", "paused_gc"]
@@ -31,12 +28,13 @@ _HEAD_BYTES = 65536
 _HEADER_THREADS = 8
 
 
-def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
+def build_plan(config, on_listed=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
 
     Args:
-      config: The conversion's options.
-      on_listed: Called with the listed files (`_listing.InputFile`s) as
+      config: The conversion's options (`beam_jobs.convert.ConversionConfig`,
+        which this package does not import: it is built from Beam's flags).
+      on_listed: Called with the listed files (`listing.InputFile`s) as
         soon as they are known, before the planning proper (the driver
         starts its worker processes there).
 
@@ -73,7 +71,7 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
+def _build_plan(config, on_listed) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
@@ -81,7 +79,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         on_listed(files)
     labels_csv = None
     if config.labels_csv:
-        if not FileSystems.exists(config.labels_csv):
+        if not exists(config.labels_csv):
             raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
         text = read_bytes(config.labels_csv).decode("utf-8-sig")
         labels_csv = _plan.read_labels_csv(text, config.labels_csv)
@@ -118,7 +116,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
     return plan
 
 
-def group_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
+def group_section(plan: _plan.Plan, config) -> dict:
     """The manifest's `groups` section (hashed group ids per split), if --group_by."""
     if plan.groups is None:
         return {}
@@ -143,14 +141,14 @@ def group_keys(files, group_by: str, failed: dict | None = None) -> dict[str, st
 
     def key(f):
         # Noted in the journal: a header that crashes the driver is known to the command above it.
-        with _guard.working_on([(f.rel_path, f.path)]):
+        with guard.working_on([(f.rel_path, f.path)]):
             try:
                 return f.rel_path, _dicom_key(f, value)
             except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                 if failed is None:
                     raise
                 _LOG.debug("Unexpected error reading the header of %s", f.rel_path, exc_info=e)
-                failed[f.rel_path] = (_guard.INTERNAL_ERROR, _guard.internal_error_message(f.rel_path, e))
+                failed[f.rel_path] = (guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e))
                 return f.rel_path, None
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
@@ -161,11 +159,9 @@ def group_keys(files, group_by: str, failed: dict | None = None) -> dict[str, st
     return keyed
 
 
-def _quarantined(config: ConversionConfig) -> dict:
-    """The files an interrupted run found to crash or hang a process (`_guard.Quarantine`)."""
-    from beam_jobs._write import quarantine_path  # Beam's DoFn module: only for --resume.
-
-    return _guard.Quarantine(quarantine_path(config.output_dir)).load()
+def _quarantined(config) -> dict:
+    """The files an interrupted run found to crash or hang a process (`guard.Quarantine`)."""
+    return guard.Quarantine(guard.quarantine_path(config.output_dir)).load()
 
 
 def _regex_keys(files, pattern: re.Pattern) -> dict[str, str]:
@@ -180,7 +176,7 @@ def _regex_keys(files, pattern: re.Pattern) -> dict[str, str]:
 def _dicom_key(f, keyword: str) -> str | None:
     """The file's DICOM `keyword` value; None when it is no DICOM file or lacks it."""
     try:
-        with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        with open_to_read(f.path) as fh:
             head = fh.read(_HEAD_BYTES)
             if not _dicom.is_dicom(head[:1024]):
                 return None

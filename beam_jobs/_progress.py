@@ -16,7 +16,7 @@ import time
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs._files import TMP_DIRNAME, read_bytes
+from conversion.files import TMP_DIRNAME, read_bytes
 
 __all__ = ["ProgressBar"]
 

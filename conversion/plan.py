@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from beam_jobs._listing import InputFile, Problem
+from conversion.listing import InputFile, Problem
 from schemas.manifest import SPLIT_ALIASES
 
 __all__ = ["PlannedFile", "Plan", "make_plan", "stable_hash", "SPLIT_ALIASES", "read_labels_csv"]

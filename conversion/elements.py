@@ -2,7 +2,7 @@
 
 Plain frozen values in an importable module (not the script run as __main__),
 so every runner can pickle them to its workers. Beam-free: the shard
-writers' worker processes (`_processes`) build them without importing Beam.
+writers' worker processes (`processes`) build them without importing Beam.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 import schemas
+from conversion import listing
 
 __all__ = ["ConversionError", "ShardResult", "Reject", "problem_to_reject"]
 
@@ -52,11 +53,9 @@ class Reject:
         return "skipped" if self.reason in schemas.SKIP_REASONS else "rejected"
 
     def to_json(self) -> str:
-        from beam_jobs import _listing  # Imports Beam: only where rejects are written.
-
         return json.dumps(
             {
-                "path": _listing.display_path(self.rel_path),
+                "path": listing.display_path(self.rel_path),
                 "kind": self.kind,
                 "reason": self.reason,
                 "message": self.message,
@@ -67,5 +66,5 @@ class Reject:
 
 
 def problem_to_reject(p) -> Reject:
-    """The Reject of a `_listing.Problem`."""
+    """The Reject of a `listing.Problem`."""
     return Reject(p.rel_path, p.reason, p.message)

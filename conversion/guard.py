@@ -11,7 +11,7 @@ Three ways one file can end a job, and what becomes of each here:
   working on must be known from outside. Each process notes the files it is
   validating in a small memory-mapped `Journal` (one file per process in a
   shared folder; a slot per busy thread). Whoever started the process reads
-  the dead one's busy slots: the driver for its worker processes (`_processes`),
+  the dead one's busy slots: the driver for its worker processes (`processes`),
   the command's `supervise` for the driver itself. A slot that held several
   files (a batch of JPEGs decoded together) is narrowed down by `probe`,
   which validates each file alone in a fresh process: only the file that
@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 __all__ = [
     "INTERNAL_ERROR", "DECODER_CRASHED", "TIMEOUT", "FAILURE_REASONS", "JOURNAL_ENV",
     "internal_error_message", "Journal", "journal", "Suspect", "busy_slots", "Watchdog",
-    "Quarantine", "probe", "crash_culprits", "failure_sentence", "signal_name", "supervise",
+    "Quarantine", "quarantine_path", "probe", "crash_culprits", "failure_sentence", "signal_name", "supervise",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -143,7 +143,7 @@ class Journal:
         """Notes (rel_path, path) of each file in a slot while the block runs.
 
         Files whose names do not fit in a slot are noted as far as they fit
-        (a group of files is bounded well below that: `_shard_writer`).
+        (a group of files is bounded well below that: `shard_writer`).
         With every slot taken, nothing is noted.
         """
         with self._lock:
@@ -320,6 +320,17 @@ class Watchdog:
                     os.kill(slot.pid, signal.SIGKILL)
 
 
+# Inside the output's temporary folder: the files that crashed or hung a process (`Quarantine`).
+_QUARANTINE_FILENAME = "quarantine.jsonl"
+
+
+def quarantine_path(output_dir: str) -> str:
+    """Where a conversion into `output_dir` keeps the files that crashed or hung a process."""
+    from conversion.files import TMP_DIRNAME, join
+
+    return join(output_dir, TMP_DIRNAME, _QUARANTINE_FILENAME)
+
+
 class Quarantine:
     """Files that crashed or hung a process, kept in the output's temporary folder.
 
@@ -336,18 +347,12 @@ class Quarantine:
 
     def load(self) -> dict[str, tuple[str, str]]:
         """rel_path -> (reason, message) of every quarantined file; empty without a file."""
-        from beam_jobs._files import is_local, read_bytes
+        from conversion.files import exists, read_bytes
 
-        if not is_local(self._path):
-            from apache_beam.io.filesystems import FileSystems
-
-            # Object stores answer a missing object with their own errors (google.api_core's NotFound).
-            if not FileSystems.exists(self._path):
-                return {}
-        try:
-            text = read_bytes(self._path).decode("utf-8", "surrogateescape")
-        except FileNotFoundError:
+        # Object stores answer a read of a missing object with their own errors (google.api_core's NotFound).
+        if not exists(self._path):
             return {}
+        text = read_bytes(self._path).decode("utf-8", "surrogateescape")
         entries = {}
         for line in text.splitlines():
             if line.strip():
@@ -357,7 +362,7 @@ class Quarantine:
 
     def add(self, found: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
         """Adds entries (atomically, keeping the earlier ones); returns them all."""
-        from beam_jobs._files import write_atomically
+        from conversion.files import write_atomically
 
         with self._lock:
             entries = {**self.load(), **found}
@@ -372,7 +377,7 @@ class Quarantine:
 
 def _probe_one(path: str, rel_path: str, validation) -> None:
     """Validates one file as a shard writer would (run in a fresh worker process)."""
-    from beam_jobs._files import read_bytes
+    from conversion.files import read_bytes
     from imaging import ImageRejected, ImageValidator
 
     try:
@@ -382,7 +387,7 @@ def _probe_one(path: str, rel_path: str, validation) -> None:
 
 
 def _warm_up(validation) -> tuple:
-    from beam_jobs._shard_writer import warm_up
+    from conversion.shard_writer import warm_up
 
     return warm_up, validation
 
@@ -394,7 +399,7 @@ def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, 
     within `timeout` seconds, `timeout`. An exception is no culprit here: the
     shard writer turns it into `internal_error` itself.
     """
-    from beam_jobs import _processes
+    from conversion import processes as _processes
 
     found = {}
     pool = None
@@ -565,7 +570,7 @@ def _fork_is_safe() -> bool:
     Not once TensorFlow is loaded (its thread pools would be missing in the
     child, their locks possibly held), nor beside other threads than
     shardsmith's own (the console's stderr filter, which holds no lock the
-    child needs): `convert.main` called inside a program that has done other
+    child needs): `beam_jobs.convert.main` called inside a program that has done other
     work then runs in that program's process, unsupervised.
     """
     import sys

@@ -20,11 +20,11 @@ import time
 import pytest
 
 import schemas
-from beam_jobs import _guard
+from conversion import guard
 from imaging import ValidationOptions
 from helpers import add_faulty_files, faulty_plugin, make_class_tree, read_records
 
-_FAULTS = {"RAISE": _guard.INTERNAL_ERROR, "SEGV": _guard.DECODER_CRASHED, "HANG": _guard.TIMEOUT}
+_FAULTS = {"RAISE": guard.INTERNAL_ERROR, "SEGV": guard.DECODER_CRASHED, "HANG": guard.TIMEOUT}
 _TIMEOUT = 4
 
 
@@ -97,8 +97,8 @@ def test_small_jpegs_in_worker_processes_convert_past_the_same_three_files(tmp_p
 
 _HOLDER = textwrap.dedent('''
     import sys, time
-    from beam_jobs import _guard
-    journal = _guard.Journal(sys.argv[1])
+    from conversion import guard
+    journal = guard.Journal(sys.argv[1])
     with journal.working_on([("done/first.jpg", "/in/done/first.jpg")]):
         pass
     with journal.working_on([("a/x.jpg", "/in/a/x.jpg"), ("b/\\u00e9t\\u00e9.png", "/in/b/\\u00e9t\\u00e9.png")]):
@@ -118,12 +118,12 @@ def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp
     try:
         proc.kill()
         assert proc.wait() == -signal.SIGKILL
-        slots = _guard.busy_slots(str(tmp_path), [proc.pid])
+        slots = guard.busy_slots(str(tmp_path), [proc.pid])
         assert [s.suspects for s in slots] == [(
-            _guard.Suspect("a/x.jpg", "/in/a/x.jpg"), _guard.Suspect("b/\u00e9t\u00e9.png", "/in/b/\u00e9t\u00e9.png"),
+            guard.Suspect("a/x.jpg", "/in/a/x.jpg"), guard.Suspect("b/\u00e9t\u00e9.png", "/in/b/\u00e9t\u00e9.png"),
         )]
         assert not slots[0].timed_out
-        assert _guard.busy_slots(str(tmp_path), [proc.pid + 1]) == []
+        assert guard.busy_slots(str(tmp_path), [proc.pid + 1]) == []
     finally:
         proc.kill()
 
@@ -131,13 +131,13 @@ def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp
 def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
     proc = _holding_process(tmp_path)
     try:
-        watchdog = _guard.Watchdog(str(tmp_path), 0.3)
+        watchdog = guard.Watchdog(str(tmp_path), 0.3)
         watchdog.check()
         assert proc.poll() is None  # Not overdue yet.
         time.sleep(0.5)
         watchdog.check()
         assert proc.wait(timeout=30) == -signal.SIGKILL
-        found = _guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 0.3, {})
+        found = guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 0.3, {})
     finally:
         proc.kill()
     # Two files in the slot: each is tried alone (here: neither exists, so neither hangs).
@@ -146,7 +146,7 @@ def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
 
 
 def test_a_process_that_died_working_on_no_file_blames_none(tmp_path):
-    assert _guard.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
+    assert guard.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
 
 
 def test_an_internal_error_message_names_the_type_the_message_and_the_innermost_frame():
@@ -156,29 +156,29 @@ def test_an_internal_error_message_names_the_type_the_message_and_the_innermost_
     try:
         inner()
     except ValueError as e:
-        message = _guard.internal_error_message("dem/a.tif", e)
+        message = guard.internal_error_message("dem/a.tif", e)
     assert message.startswith("dem/a.tif: ValueError: output array is read-only (in inner, ")
-    assert "test_beam_jobs_guard.py:" in message
+    assert "test_conversion_guard.py:" in message
 
 
 def test_the_quarantine_keeps_what_it_had(tmp_path):
-    q = _guard.Quarantine(str(tmp_path / "tmp" / "quarantine.jsonl"))
+    q = guard.Quarantine(str(tmp_path / "tmp" / "quarantine.jsonl"))
     assert q.load() == {}
-    q.add({"b.png": (_guard.TIMEOUT, "b: slow")})
-    assert q.add({"a.png": (_guard.DECODER_CRASHED, "a: SIGSEGV")}) == {
-        "a.png": (_guard.DECODER_CRASHED, "a: SIGSEGV"), "b.png": (_guard.TIMEOUT, "b: slow")}
-    assert _guard.Quarantine(str(tmp_path / "tmp" / "quarantine.jsonl")).load() == q.load()
+    q.add({"b.png": (guard.TIMEOUT, "b: slow")})
+    assert q.add({"a.png": (guard.DECODER_CRASHED, "a: SIGSEGV")}) == {
+        "a.png": (guard.DECODER_CRASHED, "a: SIGSEGV"), "b.png": (guard.TIMEOUT, "b: slow")}
+    assert guard.Quarantine(str(tmp_path / "tmp" / "quarantine.jsonl")).load() == q.load()
 
 
 def test_the_failure_sentence_counts_only_failures():
-    assert _guard.failure_sentence({"corrupt": 4}) is None
-    assert _guard.failure_sentence({"corrupt": 4, "timeout": 1}) == (
+    assert guard.failure_sentence({"corrupt": 4}) is None
+    assert guard.failure_sentence({"corrupt": 4, "timeout": 1}) == (
         "1 file hit an error in shardsmith or a decoder (timeout 1): see rejects.jsonl, and please report them.")
 
 
 @pytest.mark.parametrize("value", [0, -1, "soon", True])
 def test_a_bad_file_timeout_is_one_sentence(tmp_path, value):
-    from beam_jobs._options import WritingOptions
+    from conversion.options import WritingOptions
 
     with pytest.raises(ValueError, match="--file_timeout must be a number of seconds above 0"):
         WritingOptions(file_timeout=value)
@@ -207,7 +207,7 @@ def test_a_dicom_header_that_raises_while_planning_rejects_that_file_only(tmp_pa
                        "--max_reject_fraction", "0.5")
     rejects = [json.loads(line) for line in (tmp_path / "out" / schemas.REJECTS_FILENAME).read_text().splitlines()]
     assert sorted(r["path"] for r in rejects) == ["ct/1.dcm", "ct/4.dcm"]
-    assert {r["reason"] for r in rejects} == {_guard.INTERNAL_ERROR}
+    assert {r["reason"] for r in rejects} == {guard.INTERNAL_ERROR}
     assert "KeyError" in rejects[0]["message"]
     assert manifest.counts["written"] == 4
 

@@ -8,7 +8,7 @@ those internals are not usable. `full()` imports the whole library with the
 collector paused. Both are loaded once per process: later calls return what
 was loaded and change nothing.
 
-`tf` (`from schemas._tf import tf`) is the whole library, imported the cheap
+`tf` (`from schemas.tf_runtime import tf`) is the whole library, imported the cheap
 way on first use.
 """
 
@@ -176,7 +176,7 @@ def example_pb2() -> types.ModuleType:
 
 
 def __getattr__(name):
-    # `from schemas._tf import tf`: the whole library, on first use only.
+    # `from schemas.tf_runtime import tf`: the whole library, on first use only.
     if name == "tf":
         return full()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

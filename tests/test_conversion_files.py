@@ -1,4 +1,4 @@
-"""Atomic writes and whole-file reads (beam_jobs/_files.py)."""
+"""Atomic writes and whole-file reads (beam_jobs/files.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from beam_jobs import _files
-from beam_jobs._files import TMP_DIRNAME, AtomicWriter, read_bytes
+from conversion import files
+from conversion.files import TMP_DIRNAME, AtomicWriter, read_bytes
 
 
 def test_writes_in_chunks_give_the_same_file_size_and_checksum(tmp_path):
@@ -16,7 +16,7 @@ def test_writes_in_chunks_give_the_same_file_size_and_checksum(tmp_path):
     # checksum are those of every write in order, across chunk boundaries
     # (a record larger than a chunk too), and nothing shows before commit.
     parts = [bytes([i % 256]) * (i * 37 % 5000) for i in range(1200)]
-    parts.insert(600, os.urandom(3 * _files._WRITE_CHUNK // 2))
+    parts.insert(600, os.urandom(3 * files._WRITE_CHUNK // 2))
     writer = AtomicWriter(str(tmp_path), "shard.tfrecord")
     offsets = []
     for part in parts:
@@ -33,7 +33,7 @@ def test_writes_in_chunks_give_the_same_file_size_and_checksum(tmp_path):
 
 def test_abort_leaves_no_file(tmp_path):
     writer = AtomicWriter(str(tmp_path), "shard.tfrecord")
-    writer.write(b"x" * (_files._WRITE_CHUNK + 1))
+    writer.write(b"x" * (files._WRITE_CHUNK + 1))
     writer.write(b"pending")
     writer.abort()
     assert not (tmp_path / "shard.tfrecord").exists()

@@ -10,7 +10,7 @@ import readers
 import schemas
 from shardsmith import cli
 from helpers import convert, make_class_tree
-from readers import preview
+from shardsmith import preview
 
 _CLASSES = ("cat", "dog", "fish", "owl")
 _SIZE = 32

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
+from conversion import console
 from readers import preprocess, stored
 from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_manifest, load_split
@@ -730,8 +731,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max_records", type=int, default=5000,
         help="Scan at most this many records to find images of every class (default: 5000).",
     )
-    from shardsmith import console  # The command line's own module: loaded when used.
-
     parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
 
 
@@ -747,8 +746,6 @@ def main(argv: list[str] | None = None) -> int:
       0 on success; 2 with a one-line error on stderr if the folder is not a
       dataset, the split does not exist, or an option is invalid.
     """
-    from shardsmith import console  # The command line's own module: loaded when used.
-
     argv = sys.argv[1:] if argv is None else argv
     with console.entry_point(argv):  # Logging, and quiet C++ libraries.
         return _main(argv)

@@ -1,4 +1,4 @@
-"""Labels, splits and shards of every file (beam_jobs/_plan.py) and the listing."""
+"""Labels, splits and shards of every file (conversion/plan.py) and the listing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import pytest
 from helpers import write
 
-from beam_jobs._listing import InputFile, list_input
-from beam_jobs._plan import make_plan, read_labels_csv
+from conversion.listing import InputFile, list_input
+from conversion.plan import make_plan, read_labels_csv
 
 
 def _files(paths, size=1000):
@@ -126,7 +126,7 @@ def test_pre_seeded_hashes_equal_a_fresh_blake2b_of_the_documented_input():
     import hashlib
     import random
 
-    from beam_jobs._plan import _fs_bytes, _hasher, stable_hash
+    from conversion.plan import _fs_bytes, _hasher, stable_hash
 
     rng = random.Random(7)
     for path in _random_rel_paths(rng, 300) + ["", "x"]:
@@ -142,7 +142,7 @@ def test_pre_seeded_hashes_equal_a_fresh_blake2b_of_the_documented_input():
 
 def _straightforward_plan(files, seed, ratios, groups, num_shards, class_names):
     """make_plan's files computed the plain way: a hash per decision, one sort of PlannedFiles."""
-    from beam_jobs._plan import PlannedFile, _shard_count, stable_hash
+    from conversion.plan import PlannedFile, _shard_count, stable_hash
 
     assigned = []
     for f in files:
@@ -189,7 +189,7 @@ def test_plan_equals_the_straightforward_computation(ratios):
 
 
 def test_a_single_split_with_a_share_is_what_the_hash_gives_every_file():
-    from beam_jobs._plan import _hash_split, _split_by_hash
+    from conversion.plan import _hash_split, _split_by_hash
 
     for ratios in ({"train": 1.0}, {"a": 0.0, "train": 1.0, "b": 0.0}, {"train": 0.9999995}, {"a": 0.0}):
         split_of = _split_by_hash(0, ratios)
@@ -200,7 +200,7 @@ def test_a_single_split_with_a_share_is_what_the_hash_gives_every_file():
 def test_sorting_by_the_hash_alone_sorts_as_the_tuples_do_even_when_hashes_are_equal():
     import random
 
-    from beam_jobs._plan import _sorted_by_order
+    from conversion.plan import _sorted_by_order
 
     rng = random.Random(3)
     paths = _random_rel_paths(rng, 200)
@@ -214,8 +214,8 @@ def test_shard_plan_files_are_json_dumps_of_each_shards_rows(tmp_path):
     import json
     import random
 
-    from beam_jobs import _shards
-    from beam_jobs._plan import PlannedFile
+    from conversion import shard_plans
+    from conversion.plan import PlannedFile
 
     rng = random.Random(5)
     paths = _random_rel_paths(rng, 300) + ['q"uote/\\back\u2028\x00\x7f.jpg']
@@ -234,16 +234,16 @@ def test_shard_plan_files_are_json_dumps_of_each_shards_rows(tmp_path):
 
     for case, fs in (("plain", files), ("odd", files + odd)):
         out = tmp_path / case
-        written = _shards.write_shard_plans(fs, str(out))
+        written = shard_plans.write_shard_plans(fs, str(out))
         assert [open(p, "rb").read() for p in written] == expected(fs)
-        loaded = [f for p in written for f in _shards.load_shard_plan(p)[1]]
+        loaded = [f for p in written for f in shard_plans.load_shard_plan(p)[1]]
         assert sorted(map(repr, loaded)) == sorted(map(repr, fs))
 
 
 def test_planning_pauses_the_garbage_collector_and_restores_it():
     import gc
 
-    from beam_jobs._planning import paused_gc
+    from conversion.planning import paused_gc
 
     assert gc.isenabled()
     with pytest.raises(KeyError), paused_gc():

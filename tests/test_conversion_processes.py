@@ -1,4 +1,4 @@
-"""Worker processes (beam_jobs/_processes.py) and conversions that write their shards in them."""
+"""Worker processes (conversion/processes.py) and conversions that write their shards in them."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import tifffile
 from helpers import convert, encode, make_class_tree, make_dicom, pixels, write
 
 import schemas
-from beam_jobs import _plan, _processes, _shard_writer
+from conversion import plan as _plan, processes as _processes, shard_writer
 from beam_jobs import convert as convert_module
-from beam_jobs._options import ConversionConfig, ConvertOptions
+from beam_jobs.convert import ConversionConfig, ConvertOptions
 from beam_jobs._write import _shard_file
 from imaging import ValidationOptions
 
@@ -129,7 +129,7 @@ def test_an_aborted_pool_is_killed_at_once_even_mid_call():
 
 @pytest.mark.parametrize("value", [-1, True, 1.5])
 def test_the_writing_options_refuse_a_bad_count(value):
-    from beam_jobs._options import WritingOptions
+    from conversion.options import WritingOptions
 
     with pytest.raises(ValueError, match=rf"--worker_processes must be 0 .*Received: {value!r}"):
         WritingOptions(worker_processes=value)
@@ -265,12 +265,12 @@ def test_a_child_writes_local_rasters_without_beam_or_tensorflow(mixed, tmp_path
     options = ConvertOptions(["--input_dir", str(mixed), "--output_dir", str(out), "--num_shards", "1"])
     plan = convert_module.build_plan(ConversionConfig.from_options(options))
     rasters = [f for f in plan.files if f.rel_path.endswith(".tif")]
-    job = _shard_writer.ShardJob(str(out), "train", 0, 1, "train-00000-of-00001.tfrecord",
+    job = shard_writer.ShardJob(str(out), "train", 0, 1, "train-00000-of-00001.tfrecord",
                                  tuple(_shard_file(f) for f in rasters), len(plan.class_names),
                                  ValidationOptions(), threads=0)
-    workers = _processes.WorkerProcesses(1, warm=(_shard_writer.warm_up, (ValidationOptions(), False)))
+    workers = _processes.WorkerProcesses(1, warm=(shard_writer.warm_up, (ValidationOptions(), False)))
     try:
-        outcome = workers.call(_shard_writer.write_shard, job)
+        outcome = workers.call(shard_writer.write_shard, job)
         heavy = workers.call(eval, _HEAVY_MODULES)
     finally:
         workers.close()
@@ -278,8 +278,8 @@ def test_a_child_writes_local_rasters_without_beam_or_tensorflow(mixed, tmp_path
     assert heavy == []
     # The records are the in-thread writer's, byte for byte.
     in_thread = tmp_path / "in_thread"
-    again = _shard_writer.write_shard(pickle.loads(pickle.dumps(
-        _shard_writer.ShardJob(str(in_thread), *[getattr(job, f) for f in
+    again = shard_writer.write_shard(pickle.loads(pickle.dumps(
+        shard_writer.ShardJob(str(in_thread), *[getattr(job, f) for f in
                                ("split", "index", "num_shards", "name", "files", "num_classes",
                                 "validation")], threads=2))))
     assert again.result.sha256 == outcome.result.sha256
@@ -288,7 +288,7 @@ def test_a_child_writes_local_rasters_without_beam_or_tensorflow(mixed, tmp_path
 
 
 def test_a_shard_whose_worker_dies_fails_with_a_sentence_naming_it(tmp_path):
-    from beam_jobs._options import WritingOptions
+    from conversion.options import WritingOptions
     from beam_jobs._write import WriteShardFn
 
     root = tmp_path / "images"

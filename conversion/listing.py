@@ -2,7 +2,7 @@
 
 Local folders are walked with `os.scandir` so that symbolic links, loops and
 hidden files are seen and reported; other file systems (gs://, ...) are listed
-through Beam's FileSystems. Either way the result is sorted, so the same folder
+through Beam's FileSystems (imported only then). Either way the result is sorted, so the same folder
 always gives the same listing.
 """
 
@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 
-from apache_beam.io.filesystems import FileSystems
+from conversion.files import scheme
 
 __all__ = ["InputFile", "Problem", "list_input", "is_local", "display_path"]
 
@@ -52,7 +52,7 @@ class Problem:
 
 
 def is_local(path: str) -> bool:
-    return FileSystems.get_scheme(path) in (None, "file")
+    return scheme(path) in (None, "file")
 
 
 def display_path(rel_path: str) -> str:
@@ -147,6 +147,8 @@ def _list_remote(root: str):
     root = root.rstrip("/")
     # Object stores (gs://, s3://) have no folders: the root is a prefix of
     # object names, and a class tree has no object directly under it.
+    from apache_beam.io.filesystems import FileSystems
+
     found = FileSystems.match([root + "/**"])[0].metadata_list
     if not found:
         raise FileNotFoundError(f"--input_dir {root!r} does not exist or is empty.")
