@@ -254,7 +254,7 @@ def test_a_dicom_header_that_crashes_the_driver_while_planning_costs_that_file_o
                    "--max_reject_fraction", "0.5"], env, tmp_path)
     assert result.returncode == 3, result.stderr[-3000:]
     rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()]
-    assert [(r["path"], r["reason"]) for r in rejects] == [("ct/4.dcm", _guard.DECODER_CRASHED)]
+    assert [(r["path"], r["reason"]) for r in rejects] == [("ct/4.dcm", guard.DECODER_CRASHED)]
     assert "SIGSEGV" in rejects[0]["message"]
     manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
     assert manifest.counts["written"] == 5 and manifest.counts["found"] == 6
@@ -268,8 +268,8 @@ def test_files_that_do_not_crash_alone_get_one_more_try_then_are_blamed_together
         proc = _holding_process(tmp_path)
         proc.kill()
         proc.wait()
-        answers.append(_guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 5, seen))
+        answers.append(guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 5, seen))
     assert answers[0] == {}  # Neither crashes alone (neither exists): tried again as it was.
     assert sorted(answers[1]) == ["a/x.jpg", "b/\u00e9t\u00e9.png"]
-    assert {reason for reason, _ in answers[1].values()} == {_guard.DECODER_CRASHED}
+    assert {reason for reason, _ in answers[1].values()} == {guard.DECODER_CRASHED}
     assert "twice, with 1 other files in work" in answers[1]["a/x.jpg"][1]
