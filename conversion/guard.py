@@ -577,8 +577,37 @@ def _fork_is_safe() -> bool:
 
     if not hasattr(os, "fork") or "tensorflow" in sys.modules:
         return False
-    return all(t is threading.main_thread() or t.name.startswith("shardsmith-")
-               for t in threading.enumerate())
+    if not all(t is threading.main_thread() or t.name.startswith("shardsmith-")
+               for t in threading.enumerate()):
+        return False
+    return _native_threads_are_fork_safe()
+
+
+# Native threads a fresh command process has that survive a fork: Python's
+# own and OpenBLAS's (named as the process, which they inherit) and
+# jemalloc's background thread (both libraries re-create their threads in a
+# child). Any other, e.g. gRPC's pollers and timers, means a library is
+# running that a fork could leave broken in either process.
+_FORK_SAFE_THREAD_NAMES = ("jemalloc_bg_thd",)
+
+
+def _native_threads_are_fork_safe() -> bool:
+    try:
+        tasks = os.listdir("/proc/self/task")
+        with open("/proc/self/comm") as f:
+            process = f.read().strip()  # "python", "shardsmith", ...
+    except OSError:
+        return True  # No /proc (macOS): Python's own threads were checked.
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # Ended meanwhile.
+        if name != process and name not in _FORK_SAFE_THREAD_NAMES:
+            _LOG.debug("Not forking a supervising process: native thread %r is running", name)
+            return False
+    return True
 
 
 def _run_child(attempt, argv) -> tuple[int, int]:
