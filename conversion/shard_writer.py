@@ -312,7 +312,7 @@ class _Writer:
                 todo.append(k)
         if not todo:
             return outcomes
-        with guard.working_on((group[k].rel_path, group[k].path) for k in todo):
+        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]):
             read = []  # (position in the group, bytes)
             for k in todo:
                 try:
