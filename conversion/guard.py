@@ -633,11 +633,15 @@ def _run_child(attempt, argv) -> tuple[int, int]:
     pid = os.fork()
     if pid == 0:  # The child: everything happens here.
         # This process is shardsmith's own, and what it has imported (Beam,
-        # gRPC, ~300,000 objects) lives as long as it: frozen, no collection
-        # walks it again (20,000 small JPEGs: ~5% less time).
+        # gRPC, ~300,000 objects), or imports later (TensorFlow's decode
+        # ops), lives as long as it: frozen, no collection walks it again
+        # (20,000 small JPEGs: ~5% less time).
         import gc
 
+        from compat import tf_internals
+
         gc.freeze()
+        tf_internals.freeze_imports()
         code = 1
         try:
             code = attempt(argv)
