@@ -29,6 +29,7 @@ the Python work of validation and encoding is not held to one core by the GIL.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -334,13 +335,17 @@ def _main(argv: list[str]) -> int:
     # or hangs there must not end the job. This process forks before any work
     # and carries on without such a file (`guard.supervise`).
     return guard.supervise(
-        _attempt, argv, quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
+        functools.partial(_attempt, output_dir=config.output_dir), argv,
+        quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
     )
 
 
-def _attempt(argv: list[str]) -> int:
-    """One run of the conversion in this process; its exit status (0, 1, 2, or 3: see `main`)."""
+def _attempt(argv: list[str], output_dir: str) -> int:
+    """One run of the conversion in this process; its exit status (0, 1, 2, or 3: see `main`).
+
+    `output_dir` is `argv`'s, already parsed (a resumed run's arguments differ only in --resume).
+    """
     try:
         run(argv)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
@@ -352,8 +357,7 @@ def _attempt(argv: list[str]) -> int:
             raise
         print(f"shardsmith convert: error: {message}", file=sys.stderr)
         return 1
-    options = args.pipeline_options(argv, ConvertOptions)
-    sentence = guard.failure_sentence(read_manifest(ConversionConfig.from_options(options).output_dir).rejects)
+    sentence = guard.failure_sentence(read_manifest(output_dir).rejects)
     if sentence:
         print(f"shardsmith convert: {sentence}", file=sys.stderr)
         return EXIT_FILES_FAILED
