@@ -47,6 +47,18 @@ __all__ = [
     "raw_format",
     "parse_raw_format",
     "raw_itemsize",
+    "MASK",
+    "BBOX_XMIN",
+    "BBOX_YMIN",
+    "BBOX_XMAX",
+    "BBOX_YMAX",
+    "BBOX_LABEL",
+    "BBOX_IS_CROWD",
+    "BOX_FEATURES",
+    "LABELS",
+    "TARGET",
+    "TARGET_KINDS",
+    "target_features",
 ]
 
 # Bump when a key, a dtype or an encoding changes; readers refuse versions they
@@ -103,6 +115,52 @@ def _int64_list(key: str, value: Any) -> tuple[bytes, bytes]:
     return _field_header(1, len(packed)) + packed, b""
 
 
+def _int64_values(key: str, value: Any) -> tuple[bytes, bytes]:
+    """Int64List{value (field 1, packed): values} as (header, payload); any count, 0 too."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"Feature {key!r} takes a list of ints. Received: {type(value).__name__}")
+    packed = bytearray()
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int):
+            # numpy integers are ints to the user: accepted, as exact Python ints.
+            if not hasattr(v, "__index__") or isinstance(v, bool):
+                raise TypeError(f"Feature {key!r} takes a list of ints. Received: {v!r}")
+            v = int(v)
+        if not -(1 << 63) <= v < (1 << 63):
+            raise ValueError(f"Feature {key!r} takes 64-bit ints. Received: {v}")
+        packed += _varint(v & _UINT64_MASK)
+    if not packed:
+        return b"", b""  # Int64List{}: an empty message.
+    return _field_header(1, len(packed)), bytes(packed)
+
+
+def _float32_values(key: str, value: Any) -> tuple[bytes, bytes]:
+    """FloatList{value (field 1, packed): values} as (header, payload); any count, 0 too.
+
+    float32, as `tf.train.FloatList` holds: box corners normalised to [0, 1]
+    and regression targets need no more (a value is rounded to the nearest
+    float32, which is what the reader yields).
+    """
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"Feature {key!r} takes a list of floats. Received: {type(value).__name__}")
+    value = list(value)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__")
+           for v in value):
+        raise TypeError(f"Feature {key!r} takes a list of floats. Received: {value!r}")
+    if not value:
+        return b"", b""
+    try:
+        payload = struct.pack(f"<{len(value)}f", *map(float, value))
+    except OverflowError as e:
+        raise ValueError(f"Feature {key!r}: a value does not fit in float32. Received: {value!r}") from e
+    return _field_header(1, len(payload)), payload
+
+
+def _list_parse_spec(tf, tf_name: str):
+    """Variable-length lists: ragged across a batch, a 1-D tensor for one record."""
+    return tf.io.RaggedFeature(getattr(tf, tf_name), row_splits_dtype=tf.int64)
+
+
 def _float64_bytes(key: str, value: Any, length: int) -> bytes:
     """`length` floats as little-endian IEEE 754 float64 bytes."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
@@ -156,6 +214,8 @@ class _Dtype:
       decoded: (key, the one stored value, length) -> its Python value.
       out_name: The TensorFlow dtype the reader yields.
       sized: Whether the feature has a fixed `length` of values.
+      listed: Whether a record holds any number of values (0 too): parsed
+        as `tf.io.RaggedFeature`, read back in Python as a tuple.
     """
 
     tf_name: str
@@ -167,6 +227,7 @@ class _Dtype:
     decoded: Callable[[str, Any, int | None], Any] = lambda key, value, length: value
     out_name: str | None = None
     sized: bool = False
+    listed: bool = False
 
 
 # Schema dtype -> how it is written and read. A new dtype is one entry here.
@@ -176,6 +237,11 @@ _DTYPES = {
     # A fixed number of float64 values in one bytes value (see `_float64_list`).
     "float64": _Dtype("string", "bytes_list", 1, _float64_list, lambda n: (math.nan,) * n,
                       _float64_parsed, _float64_decoded, out_name="float64", sized=True),
+    # Any number of values per record (targets: boxes, several labels, numbers).
+    "int64_list": _Dtype("int64", "int64_list", 3, lambda k, v, n: _int64_values(k, v), lambda n: (),
+                         decoded=lambda key, values, length: tuple(int(v) for v in values), listed=True),
+    "float32_list": _Dtype("float32", "float_list", 2, lambda k, v, n: _float32_values(k, v),
+                           lambda n: (), decoded=lambda key, values, length: tuple(values), listed=True),
 }
 
 
@@ -185,9 +251,12 @@ class FeatureSpec:
 
     Attributes:
       key: The key in `tf.train.Example.features`.
-      dtype: 'bytes', 'int64' or 'float64'; read as tf.string, tf.int64 or
-        tf.float64 (float64: `length` values in one little-endian bytes
-        value, see `_float64_list`).
+      dtype: 'bytes', 'int64' or 'float64' (one value each), or
+        'int64_list' or 'float32_list' (any number of values, 0 too); read
+        as tf.string, tf.int64, tf.float64 (float64: `length` values in one
+        little-endian bytes value, see `_float64_list`), or ragged tf.int64
+        and tf.float32 lists (`tf.io.RaggedFeature`: a 1-D tensor for one
+        record, a RaggedTensor for a batch).
       description: What the value means, stored in the manifest for humans.
       length: For 'float64', the number of values (the reader yields shape
         [length]); None for the scalar dtypes.
@@ -249,7 +318,15 @@ class FeatureSpec:
     def parse_spec(self):
         """The parse spec of this feature for `tf.io.parse_example` (see `finish_parsed`)."""
         tf = tf_runtime.full()
-        return tf.io.FixedLenFeature([], getattr(tf, _DTYPES[self.dtype].tf_name))
+        dtype = _DTYPES[self.dtype]
+        if dtype.listed:
+            return _list_parse_spec(tf, dtype.tf_name)
+        return tf.io.FixedLenFeature([], getattr(tf, dtype.tf_name))
+
+    @property
+    def listed(self) -> bool:
+        """Whether a record holds any number of values of this feature (ragged when batched)."""
+        return _DTYPES[self.dtype].listed
 
     def finish_parsed(self, parsed):
         """The parsed tensor (shape S) as the reader yields it: float64 S + [length] for
@@ -258,7 +335,7 @@ class FeatureSpec:
 
     @property
     def empty_value(self) -> Any:
-        """A value of this feature's dtype (b'', 0, NaNs), for placeholder records."""
+        """A value of this feature's dtype (b'', 0, NaNs, no values), for placeholder records."""
         return _DTYPES[self.dtype].empty(self.length)
 
     @property
@@ -320,6 +397,57 @@ def georef_values(epsg: int = UNKNOWN_EPSG, geotransform=None) -> dict[str, Any]
     return {EPSG.key: epsg, GEOTRANSFORM.key: tuple(geotransform)}
 
 
+# Targets beyond one class (--masks_dir, --annotations, a labels CSV with
+# several labels or numbers): optional groups of features, each carried by
+# every record of a dataset that has that kind of target. Values go in
+# `ImageRecord.extra` under these keys; the manifest's `targets` section
+# says what the values mean (mask dtype, box class names, ...).
+MASK = FeatureSpec(
+    "mask", "bytes",
+    "Single-channel PNG of the class id of each pixel, the image's height and width; 8-bit, "
+    "or 16-bit for every mask of the dataset when the manifest's targets.mask.dtype is uint16.",
+)
+BBOX_XMIN = FeatureSpec("bbox/xmin", "float32_list",
+                        "Left edge of each box, as a fraction of the stored image's width.")
+BBOX_YMIN = FeatureSpec("bbox/ymin", "float32_list",
+                        "Top edge of each box, as a fraction of the stored image's height.")
+BBOX_XMAX = FeatureSpec("bbox/xmax", "float32_list",
+                        "Right edge of each box, as a fraction of the stored image's width.")
+BBOX_YMAX = FeatureSpec("bbox/ymax", "float32_list",
+                        "Bottom edge of each box, as a fraction of the stored image's height.")
+BBOX_LABEL = FeatureSpec("bbox/label", "int64_list",
+                         "Class of each box: index into the manifest's targets.boxes.class_names.")
+BBOX_IS_CROWD = FeatureSpec("bbox/is_crowd", "int64_list",
+                            "1 where a box covers a crowd (COCO iscrowd) or is marked difficult "
+                            "(VOC), else 0; one per box.")
+BOX_FEATURES = (BBOX_XMIN, BBOX_YMIN, BBOX_XMAX, BBOX_YMAX, BBOX_LABEL, BBOX_IS_CROWD)
+LABELS = FeatureSpec("labels", "int64_list",
+                     "Every class of the image (multi-label): indices into class_names, sorted, "
+                     "each once.")
+TARGET = FeatureSpec("target", "float32_list",
+                     "Numeric targets of the image (regression), as many as the manifest's "
+                     "targets.target.length.")
+# Kind of target -> its features, in the order `ImageExampleSchema` lists them.
+TARGET_KINDS: Mapping[str, tuple[FeatureSpec, ...]] = {
+    "mask": (MASK,),
+    "boxes": BOX_FEATURES,
+    "labels": (LABELS,),
+    "target": (TARGET,),
+}
+
+
+def target_features(kinds) -> tuple[FeatureSpec, ...]:
+    """The features of the target `kinds` (keys of TARGET_KINDS), in schema order.
+
+    Raises:
+      ValueError: Naming a kind that is not one of TARGET_KINDS.
+    """
+    unknown = sorted(set(kinds) - set(TARGET_KINDS))
+    if unknown:
+        raise ValueError(f"Targets are among {sorted(TARGET_KINDS)}. Received: {unknown}")
+    return tuple(spec for kind in TARGET_KINDS if kind in kinds for spec in TARGET_KINDS[kind])
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
     """The Python-side values of one record, before encoding.
@@ -335,7 +463,8 @@ class ImageRecord:
     width: int
     channels: int
     # Optional features (chosen DICOM tags as strings, georeferencing from
-    # `georef_values`), keyed by feature key; the schema must declare each.
+    # `georef_values`, targets: TARGET_KINDS), keyed by feature key; the
+    # schema must declare each.
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -346,12 +475,19 @@ class ImageExampleSchema:
       extra_string_features: Keys of optional string features (e.g. DICOM tags
         the user asked for) that every record of the dataset carries.
       georef: Whether every record carries GEOREF_FEATURES (--raster_georef).
+      targets: The kinds of target (keys of TARGET_KINDS: 'mask', 'boxes',
+        'labels', 'target') whose features every record carries.
+
+    Attributes:
+      targets: The kinds of target, sorted.
     """
 
     _CORE = (IMAGE, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, CHANNELS)
+    _TARGETS = tuple(spec for specs in TARGET_KINDS.values() for spec in specs)
 
-    def __init__(self, extra_string_features: tuple[str, ...] = (), georef: bool = False):
-        reserved = {spec.key for spec in self._CORE + GEOREF_FEATURES}
+    def __init__(self, extra_string_features: tuple[str, ...] = (), georef: bool = False,
+                 targets: tuple[str, ...] = ()):
+        reserved = {spec.key for spec in self._CORE + GEOREF_FEATURES + self._TARGETS}
         clashes = sorted(set(extra_string_features) & reserved)
         if clashes:
             raise ValueError(
@@ -359,11 +495,13 @@ class ImageExampleSchema:
                 f"Received: {clashes}"
             )
         self.georef = bool(georef)
+        target_specs = target_features(targets)
+        self.targets = tuple(sorted(set(targets)))
         self.extra = tuple(
             FeatureSpec(key, "bytes", "Extra string feature.")
             # Sorted, so the schema rebuilt from a manifest equals the original.
             for key in sorted(extra_string_features)
-        ) + (GEOREF_FEATURES if self.georef else ())
+        ) + (GEOREF_FEATURES if self.georef else ()) + target_specs
         self.features: tuple[FeatureSpec, ...] = self._CORE + self.extra
         # Encoding order (see `encode`), each spec with its map entry's key
         # field (field 1: the key), which is the same in every record.
@@ -386,8 +524,13 @@ class ImageExampleSchema:
         # Rebuilt from its arguments when pickled (Beam ships schemas to its
         # workers): the encoders table holds plain functions and per-process
         # caches of encoded entries, which are neither picklable nor worth sending.
-        strings = tuple(spec.key for spec in self.extra if spec not in GEOREF_FEATURES)
-        return type(self), (strings, self.georef)
+        return type(self), (self.string_features, self.georef, self.targets)
+
+    @property
+    def string_features(self) -> tuple[str, ...]:
+        """Keys of the extra string features (DICOM tags), sorted."""
+        return tuple(spec.key for spec in self.extra
+                     if spec not in GEOREF_FEATURES and spec not in self._TARGETS)
 
     def __eq__(self, other):
         return isinstance(other, ImageExampleSchema) and self.features == other.features
@@ -498,9 +641,16 @@ class ImageExampleSchema:
             feature = features[spec.key]
             kind = feature.WhichOneof("kind")
             want = _DTYPES[spec.dtype].kind
+            if kind is None and _DTYPES[spec.dtype].listed:
+                # A Feature with no list set: what some writers give an empty list.
+                out[spec.key] = ()
+                continue
             if kind != want:
                 raise ValueError(f"feature {spec.key!r} is {kind}, the schema says {want}")
             values = getattr(feature, kind).value
+            if _DTYPES[spec.dtype].listed:
+                out[spec.key] = _DTYPES[spec.dtype].decoded(spec.key, values, spec.length)
+                continue
             if len(values) != 1:
                 raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
             out[spec.key] = _DTYPES[spec.dtype].decoded(spec.key, values[0], spec.length)
@@ -529,8 +679,23 @@ class ImageExampleSchema:
             want = {k: v for k, v in georef[key].items() if k != "description"}
             if got != want:
                 raise ValueError(f"feature {key!r} is stored as {got}, this reader expects {want}")
-        extra = tuple(sorted(k for k in features if k not in core and k not in georef))
-        return cls(extra_string_features=extra, georef=bool(present))
+        kinds = []
+        for kind, specs in TARGET_KINDS.items():
+            found = [spec.key for spec in specs if spec.key in features]
+            if found and len(found) != len(specs):
+                raise ValueError(f"the stored schema has {found} of the {kind!r} target features "
+                                 f"{[spec.key for spec in specs]}")
+            for spec in specs if found else ():
+                got = dict(features[spec.key]).get("dtype")
+                if got != spec.dtype:
+                    raise ValueError(f"feature {spec.key!r} is stored as {got!r}, "
+                                     f"this reader expects {spec.dtype!r}")
+            if found:
+                kinds.append(kind)
+        targets = {spec.key for spec in cls._TARGETS}
+        extra = tuple(sorted(k for k in features if k not in core and k not in georef
+                             and k not in targets))
+        return cls(extra_string_features=extra, georef=bool(present), targets=tuple(kinds))
 
 
 IMAGE_SCHEMA = ImageExampleSchema()

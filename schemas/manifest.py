@@ -28,6 +28,7 @@ __all__ = [
     "SPLIT_ALIASES",
     "REJECT_REASONS",
     "SKIP_REASONS",
+    "TARGETS_SECTION",
     "ManifestError",
     "ImageStats",
     "BandStats",
@@ -69,7 +70,7 @@ REJECT_REASONS = {
     "unreadable": "The file could not be read (permissions, I/O error).",
     "broken_symlink": "A symbolic link whose target does not exist.",
     "symlink_loop": "A symbolic link that points back at itself.",
-    "missing_file": "A path named in the labels CSV does not exist.",
+    "missing_file": "A path named in the labels CSV or the annotations does not exist.",
     "unknown_class": "The file's class is not among --class_names.",
     "unsupported_codec": "The image uses a compression whose decoder is not installed.",
     "unsupported_compression": "The TIFF uses a compression no installed decoder reads (LogLuv, old-style JPEG).",
@@ -81,8 +82,24 @@ REJECT_REASONS = {
     "internal_error": "shardsmith or a library raised an unexpected error on this file (please report it).",
     "decoder_crashed": "The process decoding this file died (a crash in C code, or out of memory).",
     "timeout": "Decoding this file did not finish within --file_timeout seconds.",
+    # Targets (--masks_dir, --annotations): the pair is rejected, never stored half.
+    "missing_mask": "The image has no mask under --masks_dir.",
+    "mask_unreadable": "The mask could not be read or decoded.",
+    "mask_lossy": "The mask is stored in a lossy format (JPEG): its class ids are not exact.",
+    "mask_not_class_ids": "The mask holds no class ids: colours (RGB with unequal channels), "
+                          "floats, negative values or ids above 65535.",
+    "mask_size_mismatch": "The mask's size is neither the image's upright size nor its raw frame's.",
+    "bad_target": "The image's target (labels, numbers, boxes) cannot be stored as given.",
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
+# The manifest's section describing targets beyond one class (`Manifest.targets`):
+# {"mask": {"dtype": "uint8"|"uint16", "pixel_counts": {split: {"<id>": pixels}}, ...},
+#  "boxes": {"format": "coco"|"voc", "class_names": [...], "category_ids": [...] (COCO),
+#            "counts": {split: [boxes per class]}, "issues": {...}},
+#  "labels": {"counts": {split: [images per class]}},  (multi-label; names: class_names)
+#  "target": {"length": k}}
+TARGETS_SECTION = "targets"
+
 SKIP_REASONS = {
     "hidden_file": "Hidden or system file (.DS_Store, ._*, Thumbs.db, ...).",
     "no_label": "The file has no label: outside any class folder, or not in the CSV.",
@@ -594,6 +611,11 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{source} is incomplete or damaged ({e!r}).") from e
+
+    @property
+    def targets(self) -> Mapping[str, Any]:
+        """The `targets` section (see TARGETS_SECTION): {} for a dataset of one label per image."""
+        return self.extra.get(TARGETS_SECTION, {})
 
     def split(self, name: str) -> SplitInfo:
         """The named split; raises ManifestError listing the splits there are."""

@@ -475,3 +475,72 @@ def test_batch_decoder_threads_refuse_a_bad_count(threads):
     with pytest.raises(ValueError, match=rf"`threads` must be 0 \(every core\) or more. Received: {threads!r}"):
         tf_runtime.set_batch_decoder_threads(threads)
     assert tf_runtime._BATCH_THREADS == [0]
+
+
+_TARGETS = ("boxes", "labels", "mask", "target")
+
+
+def _target_record(n: int) -> ImageRecord:
+    rng = np.random.default_rng(n)
+    corners = rng.random((4, n)).astype(np.float32)
+    extra = {
+        schemas.MASK.key: b"\x89PNG mask",
+        **{spec.key: list(map(float, corners[i])) for i, spec in enumerate(schemas.BOX_FEATURES[:4])},
+        schemas.BBOX_LABEL.key: [int(v) for v in rng.integers(0, 80, n)],
+        schemas.BBOX_IS_CROWD.key: [int(v) for v in rng.integers(0, 2, n)],
+        schemas.LABELS.key: sorted({int(v) for v in rng.integers(0, 14, n)}),
+        schemas.TARGET.key: [float(v) for v in rng.normal(size=n).astype(np.float32)],
+    }
+    return ImageRecord(b"img", -1, f"r{n}.jpg", "jpeg", 4, 5, 3, extra)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_target_lists_encode_as_protobuf_writes_them_and_parse_back_ragged(n):
+    schema = ImageExampleSchema(targets=_TARGETS)
+    record = _target_record(n)
+    encoded = schema.encode(record)
+    features = {}
+    for spec in schema.features:
+        value = getattr(record, spec.key) if spec in schema._CORE else record.extra[spec.key]
+        if spec.dtype == "bytes":
+            value = value.encode() if isinstance(value, str) else value
+            features[spec.key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        elif spec.dtype == "int64":
+            features[spec.key] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        elif spec.dtype == "int64_list":
+            features[spec.key] = tf.train.Feature(int64_list=tf.train.Int64List(value=value))
+        else:
+            features[spec.key] = tf.train.Feature(float_list=tf.train.FloatList(value=value))
+    expected = tf.train.Example(features=tf.train.Features(feature=features))
+    # Message equality, and each feature's bytes as protobuf writes them (the
+    # map's order is the schema's own: see `ImageExampleSchema.encode`).
+    parsed = tf.train.Example.FromString(encoded)
+    assert parsed == expected
+    for key, feature in features.items():
+        assert parsed.features.feature[key].SerializeToString() == feature.SerializeToString()
+    decoded = schema.decode(encoded)
+    assert decoded[schemas.BBOX_LABEL.key] == tuple(record.extra[schemas.BBOX_LABEL.key])
+    assert decoded[schemas.TARGET.key] == tuple(np.float32(record.extra[schemas.TARGET.key]).tolist())
+    batch = tf.io.parse_example([encoded, schema.encode(_target_record(2))], schema.parse_spec())
+    assert isinstance(batch[schemas.BBOX_XMIN.key], tf.RaggedTensor)
+    assert batch[schemas.BBOX_XMIN.key].row_lengths().numpy().tolist() == [n, 2]
+    np.testing.assert_array_equal(batch[schemas.LABELS.key][0].numpy(), record.extra[schemas.LABELS.key])
+
+
+def test_target_schema_round_trips_and_checks_whole_groups():
+    schema = ImageExampleSchema(extra_string_features=("dicom_Modality",), georef=True, targets=("mask", "boxes"))
+    stored = json.loads(json.dumps(schema.to_json()))
+    again = ImageExampleSchema.from_json(stored)
+    assert again == schema and again.targets == ("boxes", "mask")
+    assert again.string_features == ("dicom_Modality",)
+    partial = {k: v for k, v in stored.items() if k != schemas.BBOX_YMAX.key}
+    with pytest.raises(ValueError, match="'boxes' target features"):
+        ImageExampleSchema.from_json(partial)
+    with pytest.raises(ValueError, match="Targets are among"):
+        ImageExampleSchema(targets=("keypoints",))
+    with pytest.raises(ValueError, match="may not reuse"):
+        ImageExampleSchema(extra_string_features=(schemas.MASK.key,))
+    with pytest.raises(TypeError, match="bbox/label"):
+        schema.encode(dataclasses.replace(_target_record(1), extra={
+            **_target_record(1).extra, schemas.BBOX_LABEL.key: [1.5],
+            schemas.GEOTRANSFORM.key: (0.0,) * 6, schemas.EPSG.key: 0, "dicom_Modality": "CT"}))
