@@ -94,6 +94,6 @@ setuptools.setup(
         "bench": ["psutil", "scikit-image>=0.22"],
     },
     entry_points={
-        "console_scripts": ["shardsmith=shardsmith.cli:main"],
+        "console_scripts": ["shardsmith=shardsmith.cli:run"],
     },
 )

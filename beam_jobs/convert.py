@@ -382,4 +382,4 @@ def _conversion_error_message(e: BaseException) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console.exit_program(main())

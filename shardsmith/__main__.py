@@ -1,7 +1,5 @@
 """`python -m shardsmith ...`, the same as the `shardsmith` command."""
 
-import sys
+from shardsmith.cli import run
 
-from shardsmith.cli import main
-
-sys.exit(main())
+run()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["main", "command_help", "print_help_if_asked"]
+__all__ = ["main", "run", "command_help", "print_help_if_asked"]
 
 # The examples of convert and verify live with their pipelines, which print
 # the same help for `python -m beam_jobs.convert|verify --help`.
@@ -139,5 +139,16 @@ def _main(argv: list[str]) -> int:
     return run(rest)
 
 
+def run() -> None:
+    """The `shardsmith` program: `main` on the command line's arguments, then the exit.
+
+    The installed command's entry point; the process ends without the
+    interpreter's teardown (`conversion.console.exit_program`).
+    """
+    from conversion import console
+
+    console.exit_program(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
