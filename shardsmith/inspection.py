@@ -48,17 +48,22 @@ def inspect_dataset(data_dir: str) -> dict:
     report_path = FileSystems.join(data_dir, schemas.VERIFY_REPORT_FILENAME)
     report = json.loads(read_bytes(report_path).decode()) if FileSystems.exists(report_path) else None
     warnings = []
+    # Several labels per image: the images having each class count, not the image-level labels
+    # (-1 in such records, so their class counts are all 0).
+    multi = (manifest.targets.get("labels") or {}).get("counts")
     for split, info in manifest.splits.items():
         if split == "train":
             continue
-        missing = [c for c, n in zip(manifest.class_names, info.class_counts) if n == 0]
+        counts = multi.get(split, ()) if multi is not None else info.class_counts
+        missing = [c for c, n in zip(manifest.class_names, counts) if n == 0]
         if missing:
             warnings.append(f"{len(missing)} class(es) have no {split} images: {', '.join(missing[:10])}")
     for split, info in manifest.splits.items():
-        counts = [n for n in info.class_counts if n > 0]
+        per_class = tuple(multi.get(split, ())) if multi is not None else info.class_counts
+        counts = [n for n in per_class if n > 0]
         if len(counts) > 1 and max(counts) / min(counts) >= _IMBALANCE_WARNING:
-            big = manifest.class_names[info.class_counts.index(max(counts))]
-            small = manifest.class_names[info.class_counts.index(min(counts))]
+            big = manifest.class_names[per_class.index(max(counts))]
+            small = manifest.class_names[per_class.index(min(counts))]
             warnings.append(
                 f"heavy imbalance in {split}: {big!r} has {max(counts) / min(counts):.0f}x the images "
                 f"of {small!r}"
@@ -217,11 +222,13 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
     lines += _georef_lines(m)
     lines += _target_lines(m, max_classes)
     splits = list(m.splits)
-    if m.class_names:
+    # Several labels per image and no image-level label: the multi-label table above says it all.
+    multi_only = "labels" in m.targets and not any(sum(i.class_counts) for i in m.splits.values())
+    if m.class_names and not multi_only:
         rows = _per_split_rows("class", m.class_names[:max_classes], splits,
                                lambda s, i: m.splits[s].class_counts[i] if m.splits[s].class_counts else 0)
         lines += _table(rows)
-    else:
+    elif not m.class_names:
         lines.append("no image-level classes (label -1 in every record)")
     if len(m.class_names) > max_classes:
         lines.append(f"... and {len(m.class_names) - max_classes} more classes")

@@ -84,7 +84,18 @@ def test_multi_labels_and_regression_targets(tmp_path, capsys):
     assert "multi-label: images having each class" in text
     for c, name in enumerate(_CLASS_NAMES):
         per = [sum(1 for item in items if item.split == split and c in item.labels) for split in ("test", "train")]
-        rows = [line.split() for line in text.splitlines() if line.split()[:1] == [name]]
-        # The multi-label table (first), then the image-level class table (no image-level labels: zeros).
-        assert rows[0] == [name, *(f"{n:,}" for n in per), f"{sum(per):,}"]
+        # The multi-label table alone: the records have no image-level label.
+        assert _row(text, name) == [name, *(f"{n:,}" for n in per), f"{sum(per):,}"]
     assert "regression targets: 3 values per image" in text
+    # Classes are missing from a split by the images having them, not by the image-level labels
+    # (-1 here): both classes are in the test split.
+    assert "have no test images" not in text
+    rainy_only = [TargetItem("only.png", photo(9, _SIZE), split="validation", labels=(1,), target=(0.0,) * 3)]
+    section = targets_section(items + rainy_only, ("labels", "target"), class_names=_CLASS_NAMES,
+                              target_length=3)
+    out = tmp_path / "missing"
+    write_target_dataset(out, items + rainy_only, ("labels", "target"), class_names=_CLASS_NAMES,
+                         section=section)
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "1 class(es) have no validation images: sunny" in text and "have no test images" not in text
