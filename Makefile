@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(PY) -m bench.scale
 	$(PY) -m bench.photos_large
 	$(PY) -m bench.rasters
+	$(PY) -m bench.targets_convert
 
 # Also for GPU machines: `make venv EXTRAS=gpu,test,bench` first (README, Performance).
 bench-gpu: $(STAMP)

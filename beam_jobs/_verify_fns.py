@@ -26,7 +26,8 @@ from schemas.tfrecord import RecordError, format_index, iter_records
 from conversion import guard
 from conversion.files import read_bytes, write_atomically
 
-__all__ = ["ShardCheck", "VerifyShardFn", "duplicate_group", "ReportFn", "raster_records", "CHECK_FAILED"]
+__all__ = ["ShardCheck", "VerifyShardFn", "TargetCheck", "duplicate_group", "ReportFn", "raster_records",
+           "CHECK_FAILED"]
 
 # How a record whose check raised an unexpected error is reported: the record
 # is not known to be bad, and the other records are still verified.
@@ -78,14 +79,18 @@ class VerifyShardFn(beam.DoFn):
       rasters: Record filename to nodata value (or None) of each raster
         record, whose values the band statistics cover (`raster_records`);
         None when they cannot be known (no normalized.jsonl).
+      targets: The manifest's `targets` section (`Manifest.targets`): what
+        the target features of the records must hold (`TargetCheck`).
     """
 
     CONTENT = "content"
 
     def __init__(self, dataset_dir: str, features, num_classes: int, resize: dict | None = None,
-                 rasters: dict[str, float | None] | None = None):
+                 rasters: dict[str, float | None] | None = None, targets: dict | None = None):
         self._dir = dataset_dir
         self._rasters = rasters
+        self._targets = dict(targets or {})
+        self._target_check = None
         # Plain JSON in, validated here: a malformed manifest fails before any worker starts.
         self._resize = ResizeOptions.from_json(resize) if resize else None
         self._features = dict(features)
@@ -99,6 +104,7 @@ class VerifyShardFn(beam.DoFn):
         # cheap way (schemas/tf_runtime.py).
         self._tf = tf_runtime.full()
         self._schema = schemas.ImageExampleSchema.from_json(self._features)
+        self._target_check = TargetCheck(self._schema.targets, self._targets, self._num_classes)
 
     def process(self, element):
         split, shard = element
@@ -114,6 +120,8 @@ class VerifyShardFn(beam.DoFn):
         if not FileSystems.exists(path):
             yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
             return
+        # A targets section that cannot say what the records must hold: once per shard, not per record.
+        problems.extend(f"{shard.file}: {p}" for p in self._target_check.section_problems)
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             reader = _HashingReader(f, sha)
             try:
@@ -125,7 +133,8 @@ class VerifyShardFn(beam.DoFn):
                     if problem:
                         problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
                         continue
-                    counts[label] += 1
+                    if label >= 0:  # -1: no image-level class (a dataset of targets).
+                        counts[label] += 1
                     stored.append(image)
                     bands.add(name, pixels)
                     self._records.inc()
@@ -173,7 +182,12 @@ class VerifyShardFn(beam.DoFn):
             return _failed(f"does not parse: {e}")
         name = values[schemas.FILENAME.key].decode("utf-8", "backslashreplace")
         label = values[schemas.LABEL.key]
-        if not 0 <= label < self._num_classes:
+        if label == -1 and self._target_check.allows_no_label:
+            pass  # No image-level class: masks, boxes, numbers or several labels instead.
+        elif label == -1:
+            return _failed(f"{name}: label -1 (no class), but the manifest has "
+                           f"{self._num_classes} class_names", name)
+        elif not 0 <= label < self._num_classes:
             return _failed(f"{name}: label {label} is outside [0, {self._num_classes})", name)
         image = values[schemas.IMAGE.key]
         stored = (values[schemas.HEIGHT.key], values[schemas.WIDTH.key], values[schemas.CHANNELS.key])
@@ -200,6 +214,9 @@ class VerifyShardFn(beam.DoFn):
         if self._resize is not None and not self._resize.allows(stored[0], stored[1]):
             return _failed(f"{name}: stored at {stored[0]}x{stored[1]}, larger than the manifest's "
                           f"resize {self._resize.to_json()} allows", name)
+        problem = self._target_check.check(values, stored[0], stored[1], self._tf)
+        if problem:
+            return _failed(f"{name}: {problem}", name)
         return (None, label, hashlib.sha256(image).hexdigest(), name,
                 (fmt, stored[0], stored[1], stored[2], dtype), pixels if wanted else None)
 
@@ -230,6 +247,135 @@ class VerifyShardFn(beam.DoFn):
         if data != format_index(offsets):
             return [f"{shard.index_file}: offsets do not match the shard's records"]
         return []
+
+
+# The mask id that means "ignore this pixel" at each mask dtype: allowed above num_classes.
+_IGNORE_ID = {"uint8": 255, "uint16": 65535}
+_MASK_DTYPES = tuple(_IGNORE_ID)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class TargetCheck:
+    """Checks the target features of one record (issue 24's contract) against the manifest.
+
+    - mask: a PNG that decodes (`tf.io.decode_png` at targets.mask.dtype, at
+      that bit depth) to exactly the image's height x width x 1, with class
+      ids below targets.mask.num_classes (or the ignore id, 255 / 65535);
+    - boxes: the six lists equally long, corners in [0, 1] with xmin <= xmax
+      and ymin <= ymax, labels indexing targets.boxes.class_names, is_crowd
+      0 or 1;
+    - labels: indices into class_names, sorted and each once;
+    - target: as many values as targets.target.length.
+
+    The per-class pixel counts of the manifest are not recomputed: they are
+    per split, and verify has no deeper mode to spend that on.
+
+    Args:
+      kinds: The target kinds of the schema (`ImageExampleSchema.targets`).
+      targets: The manifest's `targets` section.
+      num_classes: len(class_names).
+
+    Attributes:
+      section_problems: What the section lacks for the schema's kinds (then
+        those kinds are not checked record by record).
+      allows_no_label: Whether the image-level label may be -1: the dataset
+        has no class names, or its class names are those of several labels
+        per image.
+    """
+
+    def __init__(self, kinds, targets: dict, num_classes: int):
+        self._num_classes = num_classes
+        problems = []
+        self._mask = self._boxes = self._length = None
+        self._labels = "labels" in kinds
+        if "mask" in kinds:
+            mask = targets.get("mask") or {}
+            dtype, top = mask.get("dtype"), mask.get("num_classes")
+            if dtype not in _MASK_DTYPES or not isinstance(top, int) or isinstance(top, bool):
+                problems.append(f"the manifest's targets.mask must give dtype (one of {_MASK_DTYPES}) "
+                                f"and num_classes (an int); it says {mask!r}")
+            else:
+                self._mask = (dtype, top)
+        if "boxes" in kinds:
+            names = (targets.get("boxes") or {}).get("class_names")
+            if not isinstance(names, list):
+                problems.append("the manifest's targets.boxes has no class_names list")
+            else:
+                self._boxes = len(names)
+        if "target" in kinds:
+            length = (targets.get("target") or {}).get("length")
+            if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+                problems.append(f"the manifest's targets.target.length is {length!r}, not a count")
+            else:
+                self._length = length
+        self.section_problems = tuple(problems)
+        self.allows_no_label = num_classes == 0 or self._labels
+
+    def check(self, values: dict, height: int, width: int, tf) -> str | None:
+        """The first problem of one decoded record's targets (`values`: `schema.decode`), or None."""
+        if self._mask is not None:
+            problem = self._check_mask(values[schemas.MASK.key], height, width, tf)
+            if problem:
+                return problem
+        if self._boxes is not None:
+            problem = self._check_boxes(values)
+            if problem:
+                return problem
+        if self._labels:
+            labels = values[schemas.LABELS.key]
+            outside = [v for v in labels if not 0 <= v < self._num_classes]
+            if outside:
+                return f"{schemas.LABELS.key} {list(labels)} has {outside} outside [0, {self._num_classes})"
+            if any(a >= b for a, b in zip(labels, labels[1:])):
+                return f"{schemas.LABELS.key} {list(labels)} is not sorted with each class once"
+        if self._length is not None:
+            target = values[schemas.TARGET.key]
+            if len(target) != self._length:
+                return (f"{schemas.TARGET.key} has {len(target)} values, the manifest's "
+                        f"targets.target.length is {self._length}")
+            if not all(math.isfinite(v) for v in target):
+                return f"{schemas.TARGET.key} {list(target)} holds a value that is not finite"
+        return None
+
+    def _check_mask(self, mask: bytes, height: int, width: int, tf) -> str | None:
+        dtype, num_classes = self._mask
+        key = schemas.MASK.key
+        if not mask.startswith(_PNG_SIGNATURE):
+            return f"{key} is not a PNG"
+        depth = schemas.sample_dtype("png", mask)
+        if depth != dtype:
+            # decode_png would convert silently: the ids of a 16-bit mask read as 8-bit are not ids.
+            return f"{key} is a {depth} PNG, the manifest's targets.mask.dtype is {dtype}"
+        try:
+            decoded = tf.io.decode_png(mask, channels=0, dtype=getattr(tf, dtype))
+        except tf.errors.OpError as e:
+            return f"{key} does not decode ({e.message.split('}}')[-1].strip()})"
+        if tuple(decoded.shape) != (height, width, 1):
+            return f"{key} decodes to {tuple(decoded.shape)}, the image is {(height, width, 1)}"
+        ids = np.unique(decoded.numpy())
+        bad = [int(i) for i in ids if i >= num_classes and i != _IGNORE_ID[dtype]]
+        if bad:
+            return (f"{key} holds class ids {bad[:5]}, the manifest's targets.mask.num_classes is "
+                    f"{num_classes} ({_IGNORE_ID[dtype]}: ignore)")
+        return None
+
+    def _check_boxes(self, values: dict) -> str | None:
+        columns = [values[spec.key] for spec in schemas.BOX_FEATURES]
+        lengths = {spec.key: len(c) for spec, c in zip(schemas.BOX_FEATURES, columns)}
+        if len(set(lengths.values())) > 1:
+            return f"box lists of different lengths {lengths}"
+        xmin, ymin, xmax, ymax, labels, crowd = columns
+        for i, corners in enumerate(zip(xmin, ymin, xmax, ymax)):
+            if not all(0.0 <= v <= 1.0 for v in corners):  # NaN fails too.
+                return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) is outside [0, 1]"
+            if corners[0] > corners[2] or corners[1] > corners[3]:
+                return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) has a min above its max"
+            if not 0 <= labels[i] < self._boxes:
+                return (f"box {i} has {schemas.BBOX_LABEL.key} {labels[i]}, outside [0, {self._boxes}) "
+                        "of the manifest's targets.boxes.class_names")
+            if crowd[i] not in (0, 1):
+                return f"box {i} has {schemas.BBOX_IS_CROWD.key} {crowd[i]}, not 0 or 1"
+        return None
 
 
 def _failed(problem: str, name: str | None = None):
@@ -347,6 +493,7 @@ class ReportFn(beam.DoFn):
             "problems": problems,
             "splits": splits,
             "records": sum(s["records"] for s in splits.values()),
+            "targets": list(schemas.ImageExampleSchema.from_json(manifest.features).targets),
             "duplicates": {
                 "groups": len(duplicates),
                 "across_splits": sum(1 for d in duplicates if len(d["splits"]) > 1),

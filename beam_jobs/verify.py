@@ -5,7 +5,11 @@
 
 Every shard is read in full: its size and sha256, the CRC of every record, the
 parse of every record against the schema, and a decode of every image with the
-reader's TensorFlow op. Counts per split, shard and class are compared with
+reader's TensorFlow op. Targets are checked against the record contract and
+the manifest's `targets` section: masks decode to the image's size at the
+stated depth, boxes lie in [0, 1] with labels in range, multi-labels are
+sorted and in range, regression targets have their length (per-class pixel
+counts are not recomputed). Counts per split, shard and class are compared with
 `manifest.json`, index files are checked, and images with the same content are
 reported, within a split and across splits (a duplicate across train and test
 inflates every metric). The findings go to `verify_report.json` in the dataset
@@ -97,7 +101,8 @@ class VerifyDataset(beam.PTransform):
             | "Shards" >> beam.Create(shards)  # (split, ShardInfo)
             | "VerifyShards" >> beam.ParDo(
                 _verify_fns.VerifyShardFn(self._dir, m.features, len(m.class_names),
-                                          resize=m.options.get("resize"), rasters=rasters)
+                                          resize=m.options.get("resize"), rasters=rasters,
+                                          targets=dict(m.targets))
             ).with_outputs(_verify_fns.VerifyShardFn.CONTENT, main="checks")
         )
         duplicates = (
@@ -173,7 +178,8 @@ def describe(report: dict) -> str:
     lines = [
         ("OK" if report["ok"] else "MISMATCH") + f": {report['records']:,} records in "
         + ", ".join(f"{s} ({v['shards']} shards, {v['records']:,} records)" for s, v in report["splits"].items())
-        + " read, CRC-checked, parsed and decoded."
+        + " read, CRC-checked, parsed and decoded"
+        + (f"; targets checked: {', '.join(report['targets'])}." if report.get("targets") else ".")
     ]
     lines += [f"  - {p}" for p in report["problems"][:50]]
     if len(report["problems"]) > 50:

@@ -48,17 +48,22 @@ def inspect_dataset(data_dir: str) -> dict:
     report_path = FileSystems.join(data_dir, schemas.VERIFY_REPORT_FILENAME)
     report = json.loads(read_bytes(report_path).decode()) if FileSystems.exists(report_path) else None
     warnings = []
+    # Several labels per image: the images having each class count, not the image-level labels
+    # (-1 in such records, so their class counts are all 0).
+    multi = (manifest.targets.get("labels") or {}).get("counts")
     for split, info in manifest.splits.items():
         if split == "train":
             continue
-        missing = [c for c, n in zip(manifest.class_names, info.class_counts) if n == 0]
+        counts = multi.get(split, ()) if multi is not None else info.class_counts
+        missing = [c for c, n in zip(manifest.class_names, counts) if n == 0]
         if missing:
             warnings.append(f"{len(missing)} class(es) have no {split} images: {', '.join(missing[:10])}")
     for split, info in manifest.splits.items():
-        counts = [n for n in info.class_counts if n > 0]
+        per_class = tuple(multi.get(split, ())) if multi is not None else info.class_counts
+        counts = [n for n in per_class if n > 0]
         if len(counts) > 1 and max(counts) / min(counts) >= _IMBALANCE_WARNING:
-            big = manifest.class_names[info.class_counts.index(max(counts))]
-            small = manifest.class_names[info.class_counts.index(min(counts))]
+            big = manifest.class_names[per_class.index(max(counts))]
+            small = manifest.class_names[per_class.index(min(counts))]
             warnings.append(
                 f"heavy imbalance in {split}: {big!r} has {max(counts) / min(counts):.0f}x the images "
                 f"of {small!r}"
@@ -115,6 +120,88 @@ def _georef_lines(m: schemas.Manifest) -> list[str]:
     return [f"georeferenced ({keys}; EPSG {schemas.UNKNOWN_EPSG} and NaNs where unknown): {per}", ""]
 
 
+# The mask id that means "ignore this pixel" at each mask dtype (shown as such, not as a class).
+_IGNORE_ID = {"uint8": 255, "uint16": 65535}
+
+
+def _per_split_rows(head: str, names, splits, count) -> list[list[str]]:
+    """A table of `count(split, i)` for each name, one column per split and a total."""
+    rows = [[head, *splits, "total"]]
+    for i, name in enumerate(names):
+        per = [count(s, i) for s in splits]
+        rows.append([name, *(f"{n:,}" for n in per), f"{sum(per):,}"])
+    return rows
+
+
+def _mask_lines(mask: dict, splits: list[str], max_classes: int) -> list[str]:
+    """Mask dtype, classes, and each id's share of the pixels of every split."""
+    dtype = mask.get("dtype", "?")
+    ignore = _IGNORE_ID.get(dtype)
+    suffix = mask.get("mask_suffix")
+    lines = [f"masks: {dtype}, {mask.get('num_classes', '?')} classes, from {mask.get('masks_dir')}"
+             + (f" (suffix {suffix})" if suffix else "")]
+    pixel_counts = {s: {int(k): int(v) for k, v in (mask.get("pixel_counts") or {}).get(s, {}).items()}
+                    for s in splits}
+    ids = sorted({i for counts in pixel_counts.values() for i in counts})
+    totals = {s: sum(counts.values()) for s, counts in pixel_counts.items()}
+    rows = [["mask id", *(f"{s} pixels" for s in splits)]]
+    for i in ids[:max_classes]:
+        name = f"{i} (ignore)" if i == ignore else str(i)
+        rows.append([name, *(f"{pixel_counts[s].get(i, 0) / totals[s]:.1%}" if totals[s] else "-"
+                             for s in splits)])
+    lines += _table(rows)
+    if len(ids) > max_classes:
+        lines.append(f"... and {len(ids) - max_classes} more mask ids")
+    return lines + [""]
+
+
+def _box_lines(boxes: dict, splits: list[str], max_classes: int) -> list[str]:
+    """Boxes per class per split, images without boxes, and the annotations' issues."""
+    names = list(boxes.get("class_names") or [])
+    counts = boxes.get("counts") or {}
+    lines = [f"boxes: {boxes.get('format', '?')} annotations from {boxes.get('source')}, "
+             f"{len(names)} classes"]
+    lines += _table(_per_split_rows(
+        "box class", names[:max_classes], splits,
+        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0))
+    if len(names) > max_classes:
+        lines.append(f"... and {len(names) - max_classes} more box classes")
+    without = boxes.get("images_without_boxes") or {}
+    lines.append("images without boxes: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
+    issues = boxes.get("issues") or {}
+    if issues:
+        lines.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
+    return lines + [""]
+
+
+def _labels_lines(labels: dict, class_names, splits: list[str], max_classes: int) -> list[str]:
+    """Images having each class, per split (several labels per image)."""
+    counts = labels.get("counts") or {}
+    lines = ["multi-label: images having each class"]
+    lines += _table(_per_split_rows(
+        "class", class_names[:max_classes], splits,
+        lambda s, i: (counts.get(s) or [])[i] if i < len(counts.get(s) or ()) else 0))
+    if len(class_names) > max_classes:
+        lines.append(f"... and {len(class_names) - max_classes} more classes")
+    return lines + [""]
+
+
+def _target_lines(m: schemas.Manifest, max_classes: int) -> list[str]:
+    """The `targets` section of the manifest (issue 24), in the style of the class counts."""
+    targets = m.targets
+    splits = list(m.splits)
+    lines = []
+    if "mask" in targets:
+        lines += _mask_lines(targets["mask"], splits, max_classes)
+    if "boxes" in targets:
+        lines += _box_lines(targets["boxes"], splits, max_classes)
+    if "labels" in targets:
+        lines += _labels_lines(targets["labels"], m.class_names, splits, max_classes)
+    if "target" in targets:
+        lines += [f"regression targets: {targets['target'].get('length')} values per image", ""]
+    return lines
+
+
 def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
     """The facts as a few aligned tables."""
     m: schemas.Manifest = facts["manifest"]
@@ -133,12 +220,16 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
     lines += _table(rows) + [""]
     lines += _stored_images(m)
     lines += _georef_lines(m)
+    lines += _target_lines(m, max_classes)
     splits = list(m.splits)
-    rows = [["class", *splits, "total"]]
-    for i, name in enumerate(m.class_names[:max_classes]):
-        per = [m.splits[s].class_counts[i] if m.splits[s].class_counts else 0 for s in splits]
-        rows.append([name, *(f"{n:,}" for n in per), f"{sum(per):,}"])
-    lines += _table(rows)
+    # Several labels per image and no image-level label: the multi-label table above says it all.
+    multi_only = "labels" in m.targets and not any(sum(i.class_counts) for i in m.splits.values())
+    if m.class_names and not multi_only:
+        rows = _per_split_rows("class", m.class_names[:max_classes], splits,
+                               lambda s, i: m.splits[s].class_counts[i] if m.splits[s].class_counts else 0)
+        lines += _table(rows)
+    elif not m.class_names:
+        lines.append("no image-level classes (label -1 in every record)")
     if len(m.class_names) > max_classes:
         lines.append(f"... and {len(m.class_names) - max_classes} more classes")
     c = m.counts

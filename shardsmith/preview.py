@@ -20,6 +20,13 @@ manifest has every shard's class counts). From each class's pool the seed picks
 `--per_class` records; only those are decoded and resized. The same dataset,
 options and seed give the same PNG bytes.
 
+Datasets with targets (issue 24) show them on the tiles: each mask class id
+as a semi-transparent colour over the image (the ignore id, 255 or 65535,
+left uncoloured), each box as a rectangle with its class name; a legend of the
+colours is written under the sheet. Masks and boxes go through the same
+resize as the image (`--resize`). A dataset without image-level classes
+(masks, boxes or numbers only) shows one row of all its images.
+
 Rasters (raw-stored, any band count) are read with every band as float32
 and shown through a band-to-RGB mapping, `--rgb_bands 4,3,2` (1-based, as
 GDAL numbers bands; default the first three, one band as grey), each shown
@@ -46,7 +53,7 @@ from conversion import console
 from readers import preprocess, stored
 from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_manifest, load_split
-from schemas.features import FILENAME, LABEL
+from schemas.features import BOX_FEATURES, FILENAME, HEIGHT, LABEL, MASK, WIDTH
 from schemas.manifest import Manifest, ManifestError
 
 __all__ = ["add_arguments", "main", "contact_sheet", "count_chart"]
@@ -72,6 +79,26 @@ _BAR = (72, 112, 170)
 _STRIPE = (246, 246, 246)
 # Percentiles each shown band of a raster is stretched between.
 _STRETCH = (2.0, 98.0)
+# Target overlays: one colour per mask class id or box class (cycled), 20 distinct colours
+# (Sasha Trubetskoy's list); a mask colour covers this fraction of the pixel.
+PALETTE = (
+    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48),
+    (145, 30, 180), (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212),
+    (0, 128, 128), (220, 190, 255), (170, 110, 40), (255, 250, 200), (128, 0, 0),
+    (170, 255, 195), (128, 128, 0), (255, 215, 180), (0, 0, 128), (128, 128, 128),
+)
+MASK_ALPHA = 0.45
+# The mask id that means "ignore this pixel" at each mask dtype: not coloured.
+_IGNORE_ID = {"uint8": 255, "uint16": 65535}
+# The row of a split without image-level classes (label -1): all its images.
+_ALL_IMAGES = "all images"
+_MAX_LEGEND = 40
+_MIN_SHEET_WIDTH = 560
+
+
+def colour_of(index: int) -> tuple[int, int, int]:
+    """The overlay colour of mask class id or box class `index`."""
+    return PALETTE[index % len(PALETTE)]
 
 
 # --- Text ---------------------------------------------------------------------
@@ -156,15 +183,19 @@ def _sample(
     per_class: int,
     seed: int,
     max_records: int,
+    unlabelled: bool = False,
 ) -> _Sample:
     """Scans shard files in order until every shown class has a pool; picks from it.
 
     Each class's pick is a seeded reservoir sample of `per_class` records from
     the first `per_class * _POOL_FACTOR` records of the class the scan meets,
-    so only the picked records are held in memory.
+    so only the picked records are held in memory. `unlabelled`: the split
+    has no image-level classes (label -1); every record is of row 0.
     """
     shards = [s for s in manifest.split(split_files.split).shards if s.num_records > 0]
     counts = manifest.split(split_files.split).class_counts
+    if unlabelled:
+        counts = (manifest.split(split_files.split).num_records,)
     pool = per_class * _POOL_FACTOR
     wanted = [min(pool, counts[c]) for c in range(num_shown)]
     seen = [0] * num_shown
@@ -177,7 +208,8 @@ def _sample(
     for i in order:
         if not remaining or scanned >= max_records:
             break
-        if not any(shards[i].class_counts[c] for c in range(num_shown) if seen[c] < wanted[c]):
+        if not unlabelled and not any(shards[i].class_counts[c] for c in range(num_shown)
+                                      if seen[c] < wanted[c]):
             continue
         shards_read += 1
         path = split_files.paths[i]
@@ -188,9 +220,11 @@ def _sample(
                 label = int(split_files.schema.decode(serialized)[LABEL.key])
             except ValueError as e:
                 raise ValueError(f"record {scanned - start_count} of {path} is damaged: {e}") from e
+            if unlabelled:
+                label = 0
             position = scanned
             scanned += 1
-            if label < num_shown and seen[label] < wanted[label]:
+            if 0 <= label < num_shown and seen[label] < wanted[label]:
                 n = seen[label]
                 seen[label] += 1
                 remaining -= 1
@@ -414,16 +448,23 @@ def _build_sheet(
     manifest = load_manifest(data_dir)
     names = manifest.class_names
     counts = manifest.split(split).class_counts
+    info = manifest.split(split)
+    # No image-level classes (a dataset of masks, boxes or numbers, or several labels per
+    # image): one row of all the split's images.
+    unlabelled = not names or (info.num_records > 0 and not any(counts))
+    if unlabelled:
+        names, counts = (_ALL_IMAGES,), (info.num_records,)
     num_shown = min(len(names), max_classes)
     sample = _sample(
         split_files, manifest, num_shown=num_shown, per_class=per_class, seed=seed,
-        max_records=max_records,
+        max_records=max_records, unlabelled=unlabelled,
     )
-    decoded = iter(_through_reader(
-        [r for rows in sample.records for r in rows], split_files, image_size, resize,
-        rgb_bands,
-    ))
+    picked = [r for rows in sample.records for r in rows]
+    decoded = iter(_through_reader(picked, split_files, image_size, resize, rgb_bands))
     tiles = [[next(decoded) for _ in rows] for rows in sample.records]
+    overlay = _Overlay(manifest, split_files, image_size, resize)
+    targets = iter([overlay.targets_of(r) for r in picked])
+    tile_targets = [[next(targets) for _ in rows] for rows in sample.records]
 
     not_found = [
         c for c in range(num_shown) if len(tiles[c]) < min(per_class, counts[c])
@@ -447,9 +488,13 @@ def _build_sheet(
         f"{sample.shards_read} of {len(split_files.paths)} shard files.",
         _MUTED,
     ))
+    notes += overlay.notes()
 
     title_font, name_font, small_font = _font(16), _font(14), _font(12)
     caption_height = _line_height(small_font)
+    # Wrapped to the narrowest sheet (`min_width` below), so it fits whatever the grid.
+    legend = _legend_rows(overlay.legend([t for row in tile_targets for t in row]), small_font,
+                          _MIN_SHEET_WIDTH - 2 * _MARGIN)
     label_width = min(
         max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
     )
@@ -462,9 +507,9 @@ def _build_sheet(
         label_width=label_width,
         caption_height=caption_height,
         header_height=_line_height(title_font) + (2 + rasters) * _line_height(small_font) + _GAP,
-        footer_height=_GAP + len(notes) * _line_height(small_font),
+        footer_height=_GAP + (len(notes) + len(legend)) * _line_height(small_font),
         # Wide enough to say in full how rasters are shown.
-        min_width=max([560] + [int(small_font.getlength(line)) + 2 * _MARGIN + 1
+        min_width=max([_MIN_SHEET_WIDTH] + [int(small_font.getlength(line)) + 2 * _MARGIN + 1
                                for line in raster_lines]),
     )
     sheet = Image.new("RGB", layout.size, _WHITE)
@@ -478,8 +523,10 @@ def _build_sheet(
     draw.text((_MARGIN, y), title, font=title_font, fill=_INK)
     y += _line_height(title_font)
     header = (
-        f"{split_files.total_records:,} images in {len(names)} classes. Up to {per_class} "
-        f"per class, as the reader returns them:",
+        (f"{split_files.total_records:,} images in {len(names)} classes. Up to {per_class} "
+         f"per class, as the reader returns them:") if not unlabelled else
+        (f"{split_files.total_records:,} images without image-level classes. Up to {per_class}, "
+         f"as the reader returns them:"),
         f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='uint8'; seed {seed}.",
     )
     if rasters:
@@ -493,7 +540,8 @@ def _build_sheet(
         x0, y0 = layout.tile_origin(c, 0)
         name_width = label_width - _GAP
         draw.text((_MARGIN, y0), _fit(name_font, names[c], name_width), font=name_font, fill=_INK)
-        info = f"label {c} · {counts[c]:,} image" + ("" if counts[c] == 1 else "s")
+        info = (f"label {c} · " if not unlabelled else "") + f"{counts[c]:,} image" + (
+            "" if counts[c] == 1 else "s")
         draw.text(
             (_MARGIN, y0 + _line_height(name_font)), _fit(small_font, info, name_width),
             font=small_font, fill=_MUTED,
@@ -502,7 +550,7 @@ def _build_sheet(
             x, y = layout.tile_origin(c, k)
             if k < len(tiles[c]):
                 filename, pixels = tiles[c][k]
-                sheet.paste(Image.fromarray(pixels), (x, y))
+                sheet.paste(overlay.draw(pixels, tile_targets[c][k], small_font), (x, y))
                 caption = _fit(small_font, filename, image_size, path=True)
                 draw.text((x, y + image_size + 1), caption, font=small_font, fill=_INK)
             else:
@@ -522,12 +570,193 @@ def _build_sheet(
             )
         rows.append((c, tuple(f for f, _ in tiles[c])))
 
-    y = height - _MARGIN - len(notes) * _line_height(small_font)
+    y = height - _MARGIN - (len(notes) + len(legend)) * _line_height(small_font)
     for note, color in notes:
         draw.text((_MARGIN, y), _fit(small_font, note, text_width), font=small_font, fill=color)
         y += _line_height(small_font)
+    for row in legend:
+        _draw_legend_row(draw, row, (_MARGIN, y), small_font)
+        y += _line_height(small_font)
     return _Sheet(sheet, layout, tuple(rows), tuple(n for n, _ in notes), sample.scanned,
                   tuple(header))
+
+
+# --- Targets on the tiles -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Targets:
+    """The targets of one picked record, in its stored image's frame.
+
+    Attributes:
+      height, width: The stored image's size.
+      mask: Class ids [h, w] (the mask's own size), or None.
+      boxes: (xmin, ymin, xmax, ymax, label, is_crowd) per box, normalised corners.
+    """
+
+    height: int
+    width: int
+    mask: np.ndarray | None = None
+    boxes: tuple[tuple[float, float, float, float, int, int], ...] = ()
+
+
+def _window(height: int, width: int, size: int, resize: str) -> tuple[float, float, float, float]:
+    """(top, left, height, width), in stored pixels, of what the reader fits to a `size` square.
+
+    As `readers.preprocess` does it: 'stretch' takes the whole image, 'crop'
+    its centred square (`center_crop_window`), 'pad' a centred square around
+    it (`pad_to_aspect_ratio`: offsets truncated, as there).
+    """
+    if resize == "crop":
+        side_h, side_w = min(height, width), min(width, height)
+        return (height - side_h) // 2, (width - side_w) // 2, side_h, side_w
+    if resize == "pad":
+        side = max(height, width)
+        return -((side - height) // 2), -((side - width) // 2), side, side
+    return 0, 0, height, width
+
+
+class _Overlay:
+    """Draws a dataset's masks and boxes over the tiles of the reader's images.
+
+    Args:
+      manifest: The dataset's manifest (its `targets` section).
+      split_files: The split (its schema says which targets the records hold).
+      size: The tile side.
+      resize: The reader's resize policy the tiles went through.
+    """
+
+    def __init__(self, manifest: Manifest, split_files: SplitFiles, size: int, resize: str):
+        kinds = split_files.schema.targets
+        self._schema = split_files.schema
+        self._size = size
+        self._resize = resize
+        mask = manifest.targets.get("mask") or {}
+        self._mask_dtype = mask.get("dtype", "uint8") if "mask" in kinds else None
+        self._boxes = "boxes" in kinds
+        self._box_names = tuple((manifest.targets.get("boxes") or {}).get("class_names") or ())
+        self._undecodable: list[str] = []
+
+    @property
+    def active(self) -> bool:
+        return self._mask_dtype is not None or self._boxes
+
+    def targets_of(self, serialized: bytes) -> _Targets | None:
+        """The targets of one record; None for a dataset without masks or boxes."""
+        if not self.active:
+            return None
+        values = self._schema.decode(serialized)
+        mask = None
+        if self._mask_dtype is not None:
+            try:
+                mask = tf.io.decode_png(values[MASK.key], channels=1,
+                                        dtype=getattr(tf, self._mask_dtype)).numpy()[..., 0]
+            except tf.errors.OpError:
+                # verify names such a record; the sheet shows the image without its mask.
+                self._undecodable.append(values[FILENAME.key].decode("utf-8", "replace"))
+        boxes = ()
+        if self._boxes:
+            boxes = tuple(zip(*(values[spec.key] for spec in BOX_FEATURES)))
+        return _Targets(int(values[HEIGHT.key]), int(values[WIDTH.key]), mask, boxes)
+
+    def draw(self, pixels: np.ndarray, targets: _Targets | None, font) -> Image.Image:
+        """The tile of `pixels` with `targets` drawn over it."""
+        if targets is None:
+            return Image.fromarray(pixels)
+        top, left, win_h, win_w = _window(targets.height, targets.width, self._size, self._resize)
+        size = self._size
+        if targets.mask is not None:
+            pixels = self._blend_mask(pixels, targets, (top, left, win_h, win_w))
+        tile = Image.fromarray(pixels)
+        draw = ImageDraw.Draw(tile)
+        line = max(1, size // 64)
+        for xmin, ymin, xmax, ymax, label, crowd in targets.boxes:
+            x0 = (xmin * targets.width - left) * size / win_w
+            x1 = (xmax * targets.width - left) * size / win_w
+            y0 = (ymin * targets.height - top) * size / win_h
+            y1 = (ymax * targets.height - top) * size / win_h
+            box = (round(x0), round(y0), max(round(x0), round(x1) - 1), max(round(y0), round(y1) - 1))
+            colour = colour_of(label)
+            draw.rectangle(box, outline=colour, width=line)
+            name = self._box_names[label] if 0 <= label < len(self._box_names) else f"? {label}"
+            name += " (crowd)" if crowd else ""
+            text = _fit(font, name, max(size - box[0] - 2, 8))
+            tx, ty = box[0] + line, box[1] + line
+            right = min(size - 1, tx + int(font.getlength(text)) + 1)
+            draw.rectangle((tx, ty, right, ty + _line_height(font) - 2), fill=colour)
+            draw.text((tx + 1, ty), text, font=font, fill=_INK)
+        return tile
+
+    def _blend_mask(self, pixels: np.ndarray, targets: _Targets, window) -> np.ndarray:
+        """Each tile pixel's mask id (nearest, through the reader's resize) coloured over it."""
+        top, left, win_h, win_w = window
+        mask = targets.mask
+        size = self._size
+        centres = (np.arange(size) + 0.5) / size
+        # Tile pixel centre -> stored image position -> mask pixel (the mask's own size).
+        ys = (top + centres * win_h) / targets.height
+        xs = (left + centres * win_w) / targets.width
+        inside_y, inside_x = (ys >= 0) & (ys < 1), (xs >= 0) & (xs < 1)
+        rows = np.clip((ys * mask.shape[0]).astype(np.int64), 0, mask.shape[0] - 1)
+        cols = np.clip((xs * mask.shape[1]).astype(np.int64), 0, mask.shape[1] - 1)
+        ids = mask[rows[:, None], cols[None, :]].astype(np.int64)
+        shown = inside_y[:, None] & inside_x[None, :] & (ids != _IGNORE_ID[self._mask_dtype])
+        colours = np.asarray(PALETTE, np.float64)[ids % len(PALETTE)]
+        blended = pixels.astype(np.float64) * (1 - MASK_ALPHA) + colours * MASK_ALPHA
+        out = np.where(shown[..., None], np.round(blended), pixels)
+        return out.astype(np.uint8)
+
+    def legend(self, shown: list[_Targets | None]) -> list[tuple[tuple[int, int, int] | None, str]]:
+        """(colour or None, text) entries: the mask ids and box classes on the tiles."""
+        entries: list[tuple[tuple[int, int, int] | None, str]] = []
+        if self._mask_dtype is not None:
+            ids = sorted({int(i) for t in shown if t is not None and t.mask is not None
+                          for i in np.unique(t.mask)})
+            ignore = _IGNORE_ID[self._mask_dtype]
+            entries.append((None, "mask ids:"))
+            entries += [(colour_of(i), str(i)) for i in ids if i != ignore][:_MAX_LEGEND]
+            entries.append((None, f"({ignore}: ignore, not coloured)"))
+        if self._boxes:
+            labels = sorted({int(b[4]) for t in shown if t is not None for b in t.boxes})
+            entries.append((None, "boxes:"))
+            entries += [(colour_of(i), self._box_names[i] if 0 <= i < len(self._box_names) else f"? {i}")
+                        for i in labels][:_MAX_LEGEND]
+        return entries
+
+    def notes(self) -> list[tuple[str, tuple[int, int, int]]]:
+        if not self._undecodable:
+            return []
+        return [(f"{len(self._undecodable)} masks do not decode (shown without): "
+                 f"{', '.join(sorted(self._undecodable)[:3])}; run shardsmith verify.", _WARN)]
+
+
+_SWATCH = 10
+
+
+def _legend_rows(entries, font, width: int) -> list[list[tuple]]:
+    """The legend's entries wrapped into rows that fit `width` pixels: (colour, text, width) each."""
+    rows, row, used = [], [], 0
+    for colour, text in entries:
+        w = int(font.getlength(text)) + (_SWATCH + 3 if colour else 0) + 2 * _GAP
+        if row and used + w > width:
+            rows.append(row)
+            row, used = [], 0
+        row.append((colour, text, w))
+        used += w
+    if row:
+        rows.append(row)
+    return rows
+
+
+def _draw_legend_row(draw, row, origin, font) -> None:
+    x, y = origin
+    for colour, text, w in row:
+        tx = x
+        if colour:
+            draw.rectangle((x, y + 2, x + _SWATCH - 1, y + 1 + _SWATCH), fill=colour, outline=_INK)
+            tx = x + _SWATCH + 3
+        draw.text((tx, y), text, font=font, fill=_INK if colour else _MUTED)
+        x += w
 
 
 def _raster_caption(image_size, resize, seed, bands, rgb_bands, dtype) -> tuple[str, str]:
