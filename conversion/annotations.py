@@ -384,6 +384,8 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
     parsed: dict[str, dict] = {}  # rel_path -> {"size", "objects": [(ref, name, box or None, difficult)]}
     missing: dict[str, str] = {}
     invalid: dict[str, str] = {}
+    # Of every readable XML file, its image found or not: the classes do not depend on the images.
+    names: set[str] = set()
     for name, data in documents:
         stem = posixpath.splitext(posixpath.basename(name))[0]
         try:
@@ -391,6 +393,8 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
         except ElementTree.ParseError as e:
             root, error = None, f"annotation {name} in --annotations {source} is not valid XML ({e})"
         tag_name = (root.findtext("filename") or "").strip() if root is not None else ""
+        objects = [] if root is None else _voc_objects(root)
+        names.update(label for _, label, corners, _ in objects if label and corners is not None)
         rel = _voc_image(index, stem, tag_name, name, source, issues)
         if rel is None:
             if not index.by_stem.get(stem):
@@ -405,20 +409,9 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
             invalid[rel] = error
             continue
         size = root.find("size")
-        objects = []
-        for k, obj in enumerate(root.findall("object"), start=1):
-            label = (obj.findtext("name") or "").strip()
-            box = obj.find("bndbox")
-            corners = None if box is None else _finite(box.findtext(t) for t in ("xmin", "ymin", "xmax", "ymax"))
-            try:
-                difficult = 1 if float(obj.findtext("difficult") or 0) else 0
-            except ValueError:
-                difficult = 0
-            objects.append((k, label, corners, difficult))
         parsed[rel] = {"size": None if size is None else _size(size.findtext("width"), size.findtext("height")),
                        "objects": objects}
-    class_names = tuple(sorted({label for entry in parsed.values() for _, label, corners, _ in entry["objects"]
-                                if label and corners is not None}))
+    class_names = tuple(sorted(names))
     label_of = {name: i for i, name in enumerate(class_names)}
     files = {}
     for rel, entry in parsed.items():
@@ -436,6 +429,25 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
         files[rel] = {"size": entry["size"], "ref": "object", "boxes": boxes, "dropped": dropped}
     return BoxAnnotations("voc", class_names, None, files, tuple(sorted(missing.items())), invalid,
                           dict(issues))
+
+
+def _voc_objects(root) -> list[tuple]:
+    """(position from 1, name, [xmin, ymin, xmax, ymax] or None, difficult) of each <object>, in order.
+
+    Only the annotation's own <object> elements: a <part> inside one (VOC's
+    person layout) is not a box of the image.
+    """
+    objects = []
+    for k, obj in enumerate(root.findall("object"), start=1):
+        label = (obj.findtext("name") or "").strip()
+        box = obj.find("bndbox")
+        corners = None if box is None else _finite(box.findtext(t) for t in ("xmin", "ymin", "xmax", "ymax"))
+        try:
+            difficult = 1 if float(obj.findtext("difficult") or 0) else 0
+        except ValueError:
+            difficult = 0
+        objects.append((k, label, corners, difficult))
+    return objects
 
 
 def _voc_image(index: _Index, stem: str, tag_name: str, name: str, source: str, issues) -> str | None:
