@@ -46,6 +46,12 @@ __all__ = ["TargetsCsv", "read_targets_csv", "read_coco", "read_voc", "BoxAnnota
 _LOG = logging.getLogger("shardsmith.convert")
 # Per-record actions on boxes, listed in normalized.jsonl.
 BOX_ACTIONS = ("boxes_clipped", "boxes_dropped", "boxes_exif_transpose")
+# The kinds of target (keys of schemas.TARGET_KINDS, and of the manifest's targets section)
+# this module plans: the per-file targets are keyed by them too.
+_KIND_OF = {specs: kind for kind, specs in schemas.TARGET_KINDS.items()}
+_BOXES = _KIND_OF[schemas.BOX_FEATURES]
+_LABELS = _KIND_OF[(schemas.LABELS,)]
+_TARGET = _KIND_OF[(schemas.TARGET,)]
 # Unknown image ids (and like lists) named in a log line at most.
 _LOG_AT_MOST = 10
 # Suffixes never taken for the image a VOC XML file's stem names.
@@ -522,16 +528,16 @@ def plan_targets(config, files, problems, csv_text: str | None):
     members = None
     if annotations:
         boxes = _read_annotations(annotations, listed)
-        kinds.append("boxes")
+        kinds.append(_BOXES)
         for rel, entry in boxes.files.items():
-            values[rel]["boxes"] = entry
+            values[rel][_BOXES] = entry
         for rel, message in boxes.invalid.items():
             rejects[rel] = ("bad_target", message)
         missing = [_listing.Problem(rel, "missing_file", message) for rel, message in boxes.missing]
         issues = dict(boxes.issues)
         if missing:
             issues["missing_file"] = len(missing)
-        section["boxes"] = {
+        section[_BOXES] = {
             "format": boxes.format, "source": annotations, "class_names": list(boxes.class_names),
             "category_ids": None if boxes.category_ids is None else list(boxes.category_ids),
             "issues": dict(sorted(issues.items())),
@@ -542,7 +548,7 @@ def plan_targets(config, files, problems, csv_text: str | None):
                   f"{len(boxes.files):,}", annotations, boxes.format)
     if table is not None:
         if table.multi_label:
-            kinds.append("labels")
+            kinds.append(_LABELS)
             found = {n for names, _, _ in table.rows.values() for n in names}
             class_names = tuple(config.class_names) if config.class_names else _plan.sorted_class_names(found)
             index = {name: i for i, name in enumerate(class_names)}
@@ -551,17 +557,17 @@ def plan_targets(config, files, problems, csv_text: str | None):
                 if unknown:
                     rejects[rel] = ("unknown_class", f"classes {unknown} are not in --class_names")
                 else:
-                    values[rel]["labels"] = sorted(index[n] for n in names)
-            section["labels"] = {}
+                    values[rel][_LABELS] = sorted(index[n] for n in names)
+            section[_LABELS] = {}
         if table.target_length is not None:
-            kinds.append("target")
+            kinds.append(_TARGET)
             for rel, (_, _, numbers) in table.rows.items():
                 why = _bad_numbers(numbers)
                 if why is not None:
                     rejects.setdefault(rel, ("bad_target", f"--labels_csv {config.labels_csv}: {why}"))
                 else:
-                    values[rel]["target"] = list(numbers)
-            section["target"] = {"length": table.target_length}
+                    values[rel][_TARGET] = list(numbers)
+            section[_TARGET] = {"length": table.target_length}
     kinds = tuple(sorted(kinds))
     # Files without a value of every kind (not in the CSV, say) stay out of `values`: the plan skips them.
     encoded = {rel: _dumps(v) for rel, v in values.items() if rel not in rejects and len(v) == len(kinds)}
@@ -609,13 +615,13 @@ def record_targets(targets: str, image, raw_frame: tuple[int, int, int] | None, 
     values = json.loads(targets)
     extra = {}
     actions, details, issues = (), None, ()
-    if "boxes" in values:
-        box_extra, actions, details, issues = _record_boxes(values["boxes"], image, raw_frame, name)
+    if _BOXES in values:
+        box_extra, actions, details, issues = _record_boxes(values[_BOXES], image, raw_frame, name)
         extra.update(box_extra)
-    if "labels" in values:
-        extra[schemas.LABELS.key] = tuple(values["labels"])
-    if "target" in values:
-        extra[schemas.TARGET.key] = tuple(values["target"])
+    if _LABELS in values:
+        extra[schemas.LABELS.key] = tuple(values[_LABELS])
+    if _TARGET in values:
+        extra[schemas.TARGET.key] = tuple(values[_TARGET])
     return RecordTargets(extra, actions, details, issues)
 
 
@@ -712,10 +718,10 @@ class TargetCounts:
         """The shard's counts (`ShardResult.targets`); None when it holds no boxes or labels."""
         out = {}
         if self._has_boxes:
-            out["boxes"] = {"counts": _as_list(self._boxes), "images_without_boxes": self._without_boxes,
+            out[_BOXES] = {"counts": _as_list(self._boxes), "images_without_boxes": self._without_boxes,
                             "issues": dict(sorted(self._issues.items()))}
         if self._has_labels:
-            out["labels"] = {"counts": _as_list(self._labels)}
+            out[_LABELS] = {"counts": _as_list(self._labels)}
         return out or None
 
 
@@ -735,21 +741,21 @@ def targets_section(base: Mapping[str, Any], shards, splits: Sequence[str], num_
     """
     section = json.loads(json.dumps(base))  # A deep copy of plain values.
     per_split = {split: [s.targets for s in shards if s.split == split and s.targets] for split in splits}
-    if "boxes" in section:
-        boxes = section["boxes"]
+    if _BOXES in section:
+        boxes = section[_BOXES]
         width = len(boxes["class_names"])
         issues = collections.Counter(boxes.get("issues", {}))
         boxes["counts"], boxes["images_without_boxes"] = {}, {}
         for split in sorted(splits):
-            parts = [t["boxes"] for t in per_split[split] if "boxes" in t]
+            parts = [t[_BOXES] for t in per_split[split] if _BOXES in t]
             boxes["counts"][split] = _summed([p["counts"] for p in parts], width)
             boxes["images_without_boxes"][split] = sum(p["images_without_boxes"] for p in parts)
             for p in parts:
                 issues.update(p["issues"])
         boxes["issues"] = dict(sorted(issues.items()))
-    if "labels" in section:
-        section["labels"]["counts"] = {
-            split: _summed([t["labels"]["counts"] for t in per_split[split] if "labels" in t], num_classes)
+    if _LABELS in section:
+        section[_LABELS]["counts"] = {
+            split: _summed([t[_LABELS]["counts"] for t in per_split[split] if _LABELS in t], num_classes)
             for split in sorted(splits)
         }
     return section

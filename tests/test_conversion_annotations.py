@@ -234,6 +234,22 @@ def test_coco_counts_in_the_manifest(coco):
     assert set(schemas.ImageExampleSchema.from_json(manifest.features).targets) == {"boxes"}
 
 
+def test_coco_resume_keeps_shards_and_their_box_counts(coco, tmp_path):
+    _, ann, out, _ = coco
+    root = out.parent / "images"
+    resumed = tmp_path / "resumed"
+    # 2 of 10 rejected is over the default 0.1: every shard and receipt is written, no manifest.
+    with pytest.raises(Exception, match="max_reject_fraction"):
+        convert(root, resumed, "--annotations", ann)
+    assert not (resumed / schemas.MANIFEST_FILENAME).exists()
+    shards = {p.name: p.stat().st_mtime_ns for p in resumed.glob("*.tfrecord")}
+    assert shards
+    convert(root, resumed, "--annotations", ann, "--max_reject_fraction", "0.5", "--resume")
+    assert {p.name: p.stat().st_mtime_ns for p in resumed.glob("*.tfrecord")} == shards  # Kept, not rewritten.
+    for path in sorted(out.iterdir()):
+        assert (resumed / path.name).read_bytes() == path.read_bytes(), path.name
+
+
 # --------------------------------------------------------------------------
 # VOC
 
