@@ -118,10 +118,14 @@ def read_targets_csv(text: str, source: str) -> TargetsCsv | None:
     reader.fieldnames = columns
     has_label, has_target = "label" in columns, "target" in columns
     if "path" not in columns or not (has_label or has_target):
+        if not has_target:
+            return None  # `plan.read_labels_csv` says what a labels CSV needs.
         raise ValueError(
             f"--labels_csv {source} must have a header with columns path,label[,split] or "
             f"path,target[,split] (or both label and target). Received columns: {columns}"
         )
+    if not has_target and "|" not in text:
+        return None  # One label per row: read by `plan.read_labels_csv`, without parsing it twice.
     rows = list(enumerate(reader, start=2))
     multi = has_label and any("|" in (row["label"] or "") for _, row in rows)
     if not multi and not has_target:
