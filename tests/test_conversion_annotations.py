@@ -397,3 +397,29 @@ def test_bad_targets_csv_is_a_usage_error(tmp_path, capsys):
                                   "--labels_csv", str(csv_path)])
     assert status == 2
     assert "row 2" in capsys.readouterr().err
+
+
+def test_voc_unreadable_xml_and_ambiguous_stems():
+    listed = ["JPEGImages/a.jpg", "JPEGImages/b.jpg", "SegmentationClass/b.png", "c/x.jpg", "d/x.jpg"]
+    documents = [
+        ("a.xml", b"<annotation><object><name>dog"),  # cut short
+        ("b.xml", _voc_xml("b.jpg", (4, 4), [("dog", (1, 1, 2, 2), 0)]).encode()),  # the tag breaks the tie
+        ("x.xml", _voc_xml("elsewhere.jpg", (4, 4), [("cat", (1, 1, 2, 2), 0)]).encode()),
+    ]
+    found = annotations.read_voc(documents, "ann", listed)
+    assert found.invalid.keys() == {"JPEGImages/a.jpg"}
+    assert "not valid XML" in found.invalid["JPEGImages/a.jpg"]
+    assert found.files.keys() == {"JPEGImages/b.jpg"}
+    assert found.files["JPEGImages/b.jpg"]["boxes"] == [[1, 0.0, 0.0, 2.0, 2.0, 1, 0]]
+    assert found.issues == {"ambiguous_image": 1}
+    assert found.class_names == ("cat", "dog")
+
+
+def test_coco_bare_names_must_be_unique():
+    doc = {"images": [{"id": 1, "file_name": "x.jpg"}, {"id": 2, "file_name": "a/y.jpg"}],
+           "categories": [], "annotations": []}
+    found = annotations.read_coco(json.dumps(doc).encode(), "ann.json", ["c/x.jpg", "d/x.jpg", "b/y.jpg"])
+    assert found.files.keys() == {"b/y.jpg"}
+    assert [path for path, _ in found.missing] == ["x.jpg"]
+    with pytest.raises(ValueError, match="not a JSON file"):
+        annotations.read_coco(b"{", "ann.json", [])
