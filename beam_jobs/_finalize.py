@@ -12,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 import schemas
 from schemas.tfds_metadata import tfds_files
 from beam_jobs._output import delete_if_exists, remove_dataset_files
-from conversion import listing
+from conversion import annotations as _annotations, listing
 from conversion.elements import ConversionError
 from conversion.files import TMP_DIRNAME, write_atomically
 
@@ -32,10 +32,14 @@ class FinalizeFn(beam.DoFn):
         `ConversionError` and write no manifest.
       features: The schema's JSON (default: the plain image schema).
       extra: Further manifest sections known before the run (e.g. split groups).
+      targets: The planned, dataset-level part of the manifest's targets
+        section (`conversion.plan.Plan.targets_section`); the shards' counts
+        are added to it. None: no targets beyond one class.
     """
 
     def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
-                 max_reject_fraction, features=None, extra=None):
+                 max_reject_fraction, features=None, extra=None, targets=None):
+        self._targets = None if targets is None else dict(targets)
         self._output_dir = output_dir
         self._features = dict(features or schemas.IMAGE_SCHEMA.to_json())
         self._extra = dict(extra or {})
@@ -51,7 +55,7 @@ class FinalizeFn(beam.DoFn):
         self._write_lists(rejects, normalized)
         counts = self._counts(shards, rejects)
         splits = self._splits(shards)
-        manifest = self._manifest(splits, counts, rejects, normalized)
+        manifest = self._manifest(splits, counts, rejects, normalized, shards)
         keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
         # TFDS's metadata too, so `tfds.builder_from_directory` reads the folder as is.
@@ -113,9 +117,12 @@ class FinalizeFn(beam.DoFn):
             ))
         return splits
 
-    def _manifest(self, splits, counts, rejects, normalized) -> schemas.Manifest:
+    def _manifest(self, splits, counts, rejects, normalized, shards=()) -> schemas.Manifest:
         actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
         extra = dict(self._extra)
+        if self._targets is not None:
+            extra[schemas.TARGETS_SECTION] = _annotations.targets_section(
+                self._targets, shards, sorted(self._shard_counts), len(self._class_names))
         dicom = _dicom_summary(normalized)
         if dicom:
             extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}

@@ -42,7 +42,15 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument("--output_dir", help="Folder to write the dataset into.")
         parser.add_argument(
             "--labels_csv",
-            help="CSV with columns path,label[,split]; paths relative to --input_dir.",
+            help="CSV with columns path,label[,split]; paths relative to --input_dir. Several "
+            "labels per image as cat|dog; numeric targets in a target column (0.5|1.25, path,target "
+            "needs no label).",
+        )
+        parser.add_argument(
+            "--annotations",
+            help="Boxes: a COCO instances JSON file (images by file_name under --input_dir) or a "
+            "folder of Pascal VOC XML files (each matched to the image of its own stem). Images "
+            "then need no class folders.",
         )
         parser.add_argument(
             "--class_names",
@@ -190,6 +198,8 @@ class ConversionConfig:
     input_dir: str
     output_dir: str
     labels_csv: str | None = None
+    # --annotations: COCO instances JSON or a folder of VOC XML files (boxes).
+    annotations: str | None = None
     class_names: tuple[str, ...] | None = None
     split_ratios: dict[str, float] | None = None
     seed: int = 0
@@ -301,6 +311,7 @@ class ConversionConfig:
             input_dir=o.input_dir,
             output_dir=o.output_dir,
             labels_csv=o.labels_csv,
+            annotations=o.annotations,
             class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
             split_ratios=parse_split(o.split) if o.split else None,
             seed=o.seed,

@@ -112,14 +112,17 @@ class WriteShardFn(beam.DoFn):
       total_shards: Shards of all splits together (for progress lines).
       validation: The `imaging.ValidationOptions` of every file.
       writing: The `WritingOptions` (resume, worker processes and threads).
+      targets: The kinds of target every record carries (`schemas.TARGET_KINDS`).
     """
 
     REJECTED = "rejected"
     NORMALIZED = "normalized"
 
     def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
-                 validation: ValidationOptions, writing: WritingOptions | None = None):
+                 validation: ValidationOptions, writing: WritingOptions | None = None,
+                 targets: tuple[str, ...] = ()):
         # Plain values only: the DoFn is pickled to every worker.
+        self._targets = tuple(targets)
         self._output_dir = output_dir
         self._num_classes = num_classes
         self._total_shards = total_shards
@@ -223,6 +226,7 @@ class WriteShardFn(beam.DoFn):
             # reads and validates in its own, unless told otherwise.
             threads=self._writing.worker_threads or (0 if self._pool else default_threads()),
             quarantined=self._quarantined_of(files),
+            targets=self._targets,
         )
         if self._pool is None:
             return write_shard(job)
@@ -258,6 +262,8 @@ class WriteShardFn(beam.DoFn):
         h = hashlib.sha256(validation_fingerprint(self._validation).encode())
         for f in files:
             h.update(repr((os.fsencode(f.rel_path), f.size, f.label, f.order, f.duplicate_of)).encode())
+            if f.targets is not None:  # Only then: shards without targets keep their receipts' fingerprints.
+                h.update(f.targets.encode())
         return h.hexdigest()
 
     def _log_written(self, name, outcome) -> None:
@@ -292,4 +298,4 @@ def _shard_file(f) -> ShardFile:
     duplicate = None
     if f.duplicate_of is not None:
         duplicate = "same content as " + listing.display_path(f.duplicate_of)
-    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate)
+    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets)

@@ -111,6 +111,7 @@ class ConvertImages(beam.PTransform):
                 total_shards=sum(plan.shard_counts.values()),
                 validation=config.validation,
                 writing=config.writing,
+                targets=plan.target_kinds,
             )
         )
         listing_rejects = (
@@ -130,8 +131,9 @@ class ConvertImages(beam.PTransform):
                     num_found=plan.num_found,
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
-                    features=record_schema(config.validation).to_json(),
+                    features=record_schema(config.validation, plan.target_kinds).to_json(),
                     extra=group_section(plan, config),
+                    targets=plan.targets_section,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
                 rejects=beam.pvalue.AsList(rejects),

@@ -40,6 +40,9 @@ class ShardResult:
     band_stats: dict | None = None
     # With --raster_georef, its records with a known EPSG code or geotransform (else None).
     georeferenced: int | None = None
+    # Counts of its records' targets (`annotations.TargetCounts.to_json`): boxes per class,
+    # images without boxes, images per class of several labels; None when none.
+    targets: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import hashlib
 import io
+import logging
 import math
 import operator
 import os
@@ -25,7 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from conversion.listing import InputFile, Problem
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["PlannedFile", "Plan", "make_plan", "stable_hash", "SPLIT_ALIASES", "read_labels_csv"]
+__all__ = ["PlannedFile", "Plan", "PlanTargets", "make_plan", "stable_hash", "SPLIT_ALIASES", "read_labels_csv",
+           "image_labels_optional", "sorted_class_names"]
+
+_LOG = logging.getLogger("shardsmith.convert")
 
 
 def stable_hash(seed: int, purpose: str, *parts: str) -> int:
@@ -94,6 +98,9 @@ class PlannedFile:
     num_shards: int
     # With --dedup: the kept file with the same content, when this one is a copy.
     duplicate_of: str | None = None
+    # Its targets beyond one class (boxes, several labels, numbers) as compact
+    # JSON (`PlanTargets.values`); None when the dataset has none.
+    targets: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +117,10 @@ class Plan:
       split_source: 'folders', 'csv' or 'hash'.
       groups: With --group_by: per split, the sorted hashes of its groups
         (values are hashed so that no patient identifier is stored).
+      target_kinds: The kinds of target every record carries
+        (`schemas.TARGET_KINDS`), sorted; () for one label per image.
+      targets_section: The dataset-level part of the manifest's targets
+        section (`PlanTargets.section`).
     """
 
     files: tuple[PlannedFile, ...]
@@ -119,6 +130,38 @@ class Plan:
     num_found: int
     split_source: str
     groups: Mapping[str, tuple[str, ...]] | None = None
+    target_kinds: tuple[str, ...] = ()
+    targets_section: Mapping | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanTargets:
+    """Targets beyond one class, planned per file before `make_plan` (`conversion.annotations`).
+
+    Attributes:
+      kinds: Kinds of target (`schemas.TARGET_KINDS` keys), sorted.
+      values: Relative path to the file's targets (compact JSON text), for
+        every file that has all of them.
+      source: What names the dataset's files (e.g. 'the annotations'):
+        listed files it does not name are skipped as `no_label` ("not in
+        the annotations"), and no class folders are needed; None when the
+        labels CSV names them.
+      missing: Entries that name files which do not exist: rejected as
+        `missing_file`, counted as found inputs (like CSV rows).
+      rejects: Relative path to (reason, message) of files whose targets
+        cannot be stored: rejected without being read.
+      class_names: The image-level class names when the targets decide them
+        (several labels per image: their sorted union); None otherwise.
+      section: The dataset-level part of the manifest's targets section.
+    """
+
+    kinds: tuple[str, ...]
+    values: Mapping[str, str]
+    source: str | None = None
+    missing: tuple[Problem, ...] = ()
+    rejects: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    class_names: tuple[str, ...] | None = None
+    section: Mapping = dataclasses.field(default_factory=dict)
 
 
 def read_labels_csv(text: str, source: str) -> dict[str, tuple[str, str | None]]:
@@ -171,8 +214,8 @@ def _normalise_rel(path: str) -> str:
     return path.lstrip("/")
 
 
-def _sorted_class_names(names) -> tuple[str, ...]:
-    # Integer-like labels ('2', '10') sort as numbers, so label 10 comes after 2.
+def sorted_class_names(names) -> tuple[str, ...]:
+    """Names in label order: integer-like labels ('2', '10') sort as numbers, so label 10 comes after 2."""
     names = set(names)
     if names and all(n.lstrip("-").isdigit() for n in names):
         return tuple(sorted(names, key=int))
@@ -212,6 +255,60 @@ def _labels_from_folders(files: Sequence[InputFile], split_ratios):
     return labels, unlabeled, ("folders" if split_dirs else "hash")
 
 
+def image_labels_optional(files: Sequence[InputFile], split_ratios):
+    """Image-level classes and splits of files whose targets need no class (boxes, masks).
+
+    Top-level split folders (`SPLIT_ALIASES`) give splits. Classes come from
+    folders only when the layout is exactly ROOT/<class>/<file> (or
+    ROOT/<split>/<class>/<file>) with at least 2 class folders; otherwise
+    no file has a class (label -1, and the manifest's class_names is []):
+    flat folders (VOC's JPEGImages/) and any nesting are accepted.
+
+    Args:
+      files: The files that have targets.
+      split_ratios: --split, or None.
+
+    Returns:
+      ({rel_path: (class or None, split or None)}, split_source).
+
+    Raises:
+      ValueError: For split folders mixed with other files or folders at
+        the top, or split folders together with --split.
+    """
+    top = {f.rel_path.partition("/")[0] for f in files if "/" in f.rel_path}
+    split_dirs = {d for d in top if d.lower() in SPLIT_ALIASES}
+    at_root = any("/" not in f.rel_path for f in files)
+    if split_dirs and (split_dirs != top or at_root):
+        raise ValueError(
+            f"--input_dir mixes split folders {sorted(split_dirs)} with other files or folders "
+            f"{sorted(top - split_dirs)} at the top level. Put every image under a split folder, "
+            "or none."
+        )
+    if split_dirs and split_ratios is not None:
+        raise ValueError(
+            f"--split assigns splits by hash, but --input_dir already has split folders "
+            f"{sorted(split_dirs)}. Drop --split, or move the files out of the split folders."
+        )
+    placed = {}
+    for f in files:
+        if split_dirs:
+            first, _, rest = f.rel_path.partition("/")
+            placed[f.rel_path] = (rest, SPLIT_ALIASES[first.lower()])
+        else:
+            placed[f.rel_path] = (f.rel_path, None)
+    classes = {rest.partition("/")[0] for rest, _ in placed.values()}
+    by_class = all(rest.count("/") == 1 for rest, _ in placed.values()) and len(classes) >= 2
+    if by_class:
+        _LOG.info("Image-level labels from the %d class folders (ROOT/%s<class>/<file>)", len(classes),
+                  "<split>/" if split_dirs else "")
+    else:
+        _LOG.info("No image-level labels (label -1): the images are not in ROOT/%s<class>/<file> with "
+                  "2 class folders or more", "<split>/" if split_dirs else "")
+    labels = {path: (rest.partition("/")[0] if by_class else None, split)
+              for path, (rest, split) in placed.items()}
+    return labels, ("folders" if split_dirs else "hash")
+
+
 def make_plan(
     files: Sequence[InputFile],
     problems: Sequence[Problem],
@@ -224,6 +321,7 @@ def make_plan(
     target_shard_bytes: int,
     min_shards: int,
     groups: Mapping[str, str] | None = None,
+    targets: PlanTargets | None = None,
 ) -> Plan:
     """Assigns every listed file a label, a split and a shard.
 
@@ -243,6 +341,9 @@ def make_plan(
       groups: Relative path to group (e.g. a PatientID), for hash splitting:
         every file of a group lands in the same split. Files without a group
         are their own group.
+      targets: Per-file targets beyond one class (`PlanTargets`), or None.
+        Labels of None (the labels CSV's, or `image_labels_optional`'s)
+        become label -1.
 
     Returns:
       The plan.
@@ -254,6 +355,9 @@ def make_plan(
     # Inputs are what the listing found plus CSV rows that point nowhere, so
     # that inputs == written + rejected + skipped holds exactly.
     num_found = len(files) + len(problems)
+    if targets is not None:
+        problems.extend(targets.missing)
+        num_found += len(targets.missing)
     if labels_csv is not None:
         has_csv_split = any(split for _, split in labels_csv.values())
         if has_csv_split and split_ratios is not None:
@@ -273,15 +377,29 @@ def make_plan(
             problems.append(Problem(path, "missing_file", "listed in --labels_csv but not found"))
             num_found += 1
         split_source = "csv" if has_csv_split else "hash"
+    elif targets is not None and targets.source is not None:
+        named = [f for f in files if f.rel_path in targets.values or f.rel_path in targets.rejects]
+        labels, split_source = image_labels_optional(named, split_ratios)
+        unlabeled = [f for f in files if f.rel_path not in labels]
     else:
         labels, unlabeled, split_source = _labels_from_folders(files, split_ratios)
     for f in unlabeled:
-        why = "not in --labels_csv" if labels_csv is not None else "not inside a class folder"
+        if targets is not None and targets.source is not None and labels_csv is None:
+            why = f"not in {targets.source}"
+        else:
+            why = "not in --labels_csv" if labels_csv is not None else "not inside a class folder"
         problems.append(Problem(f.rel_path, "no_label", why))
+    if targets is not None:
+        # Labelled by the CSV but without targets: not in the annotations.
+        for path in [p for p in labels if p not in targets.values and p not in targets.rejects]:
+            problems.append(Problem(path, "no_label", f"not in {targets.source or '--labels_csv'}"))
+            del labels[path]
 
-    found_classes = {label for label, _ in labels.values()}
-    if class_names is None:
-        class_names = _sorted_class_names(found_classes)
+    found_classes = {label for label, _ in labels.values() if label is not None}
+    if targets is not None and targets.class_names is not None:
+        class_names = targets.class_names
+    elif class_names is None:
+        class_names = sorted_class_names(found_classes)
     class_names = tuple(class_names)
     index = {name: i for i, name in enumerate(class_names)}
     if split_source == "hash":
@@ -296,7 +414,10 @@ def make_plan(
         if f.rel_path not in labels:
             continue
         label, split = labels[f.rel_path]
-        if label not in index:
+        if targets is not None and f.rel_path in targets.rejects:
+            problems.append(Problem(f.rel_path, *targets.rejects[f.rel_path]))
+            continue
+        if label is not None and label not in index:
             problems.append(Problem(
                 f.rel_path, "unknown_class", f"class {label!r} is not in --class_names"
             ))
@@ -311,7 +432,7 @@ def make_plan(
             if split is None:
                 problems.append(Problem(f.rel_path, "not_in_split", "hashed into no split"))
                 continue
-        by_split[split].append((f, encoded, index[label]))
+        by_split[split].append((f, encoded, -1 if label is None else index[label]))
 
     split_names = list(ratios) if ratios is not None else sorted(by_split)
     shard_counts = {}
@@ -341,6 +462,7 @@ def make_plan(
                 size=f.size,
                 label=label,
                 num_shards=n,
+                targets=None if targets is None else targets.values[f.rel_path],
             ))
     problems.sort(key=lambda p: os.fsencode(p.rel_path))
     group_ids = None
@@ -366,6 +488,8 @@ def make_plan(
         num_found=num_found,
         split_source=split_source,
         groups=group_ids,
+        target_kinds=() if targets is None else tuple(targets.kinds),
+        targets_section=None if targets is None else targets.section,
     )
 
 

@@ -14,7 +14,7 @@ import gc
 import logging
 import re
 
-from conversion import guard, listing as _listing, plan as _plan
+from conversion import annotations as _annotations, guard, listing as _listing, plan as _plan
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
@@ -77,12 +77,13 @@ def _build_plan(config, on_listed) -> _plan.Plan:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
     if on_listed is not None:
         on_listed(files)
-    labels_csv = None
+    text = None
     if config.labels_csv:
         if not exists(config.labels_csv):
             raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
         text = read_bytes(config.labels_csv).decode("utf-8-sig")
-        labels_csv = _plan.read_labels_csv(text, config.labels_csv)
+    # The CSV's labels, and targets beyond one class (--annotations, several labels, numbers).
+    labels_csv, targets = _annotations.plan_targets(config, files, problems, text)
     groups = None
     if config.group_by:
         failed = _quarantined(config) if config.writing.resume else {}
@@ -102,6 +103,7 @@ def _build_plan(config, on_listed) -> _plan.Plan:
         num_shards=sharding.num_shards,
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,
+        targets=targets,
     )
     if not plan.files:
         raise ValueError(

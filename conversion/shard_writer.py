@@ -20,10 +20,11 @@ import types
 from typing import NamedTuple
 
 import schemas
-from conversion import guard
+from conversion import annotations as _annotations, guard
 from conversion.elements import Reject, ShardResult
 from conversion.files import AtomicWriter, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
+from imaging import boxes as _boxes
 from schemas.tfrecord import format_index, frame_record
 
 __all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "warm_call", "record_schema",
@@ -55,6 +56,8 @@ class ShardFile(NamedTuple):
       label: Its class index.
       duplicate: With --dedup, the message of its 'duplicate' reject (it
         is then not read); None otherwise.
+      targets: Its targets beyond one class, as compact JSON
+        (`conversion.annotations`); None when the dataset has none.
     """
 
     rel_path: str
@@ -62,6 +65,7 @@ class ShardFile(NamedTuple):
     size: int
     label: int
     duplicate: str | None = None
+    targets: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +96,8 @@ class ShardJob:
     # (rel_path, reason, message) of its files that crashed or hung a process
     # before (`guard.Quarantine`): rejected without being read.
     quarantined: tuple[tuple[str, str, str], ...] = ()
+    # The kinds of target every record carries (`schemas.TARGET_KINDS`), sorted.
+    targets: tuple[str, ...] = ()
 
 
 class ShardOutcome(NamedTuple):
@@ -103,11 +109,12 @@ class ShardOutcome(NamedTuple):
     normalized: list[tuple]
 
 
-def record_schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
-    """The schema of every record a conversion with these options writes."""
+def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()) -> schemas.ImageExampleSchema:
+    """The schema of every record a conversion with these options (and kinds of target) writes."""
     return schemas.ImageExampleSchema(
         extra_string_features=tuple(schemas.dicom_tag_key(t) for t in validation.dicom.tags),
         georef=validation.raster.georef,
+        targets=tuple(targets),
     )
 
 
@@ -118,8 +125,8 @@ def _validator(validation: ValidationOptions) -> ImageValidator:
 
 
 @functools.lru_cache(maxsize=4)
-def _schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
-    return record_schema(validation)
+def _schema(validation: ValidationOptions, targets: tuple[str, ...] = ()) -> schemas.ImageExampleSchema:
+    return record_schema(validation, targets)
 
 
 def read_ahead(fn, items, *, threads: int, depth: int = _READ_AHEAD):
@@ -188,6 +195,7 @@ class _Shard:
         self.num_sources = 0
         self.band_stats = schemas.BandStatsAccumulator()  # Of its raster records
         self.georeferenced = 0  # Records with a known EPSG code or geotransform
+        self.targets = _annotations.TargetCounts()  # Boxes and labels of its records
 
 
 def write_shard(job: ShardJob) -> ShardOutcome:
@@ -206,9 +214,12 @@ class _Writer:
     def __init__(self, job: ShardJob):
         self._job = job
         self._validator = _validator(job.validation)
-        self._schema = _schema(job.validation)
+        self._schema = _schema(job.validation, job.targets)
         self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
         self._quarantined = {path: (reason, message) for path, reason, message in job.quarantined}
+        # rel_path -> (EXIF orientation, raw width, raw height) of targeted files turned upright
+        # (`_validate_group`, on the read-ahead threads; read after their results).
+        self._raw_frames: dict[str, tuple[int, int, int]] = {}
 
     def write(self) -> ShardOutcome:
         job = self._job
@@ -218,15 +229,18 @@ class _Writer:
             for f, outcome in self._validated(job.files, job.threads):
                 if not isinstance(outcome, Reject):
                     try:
-                        records = [(image, *self._encode(f, image)) for image in outcome]
+                        targets = [self._targets(f, image) for image in outcome]
+                        records = [(image, *self._encode(f, image, t), t) for image, t in zip(outcome, targets)]
+                    except ImageRejected as e:  # Its targets cannot be stored (bad_target)
+                        outcome = Reject(f.rel_path, e.reason, e.message)
                     except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                         outcome = _internal_error(f, e)
                 if isinstance(outcome, Reject):
                     shard.rejects.append(outcome)
                     continue
                 shard.num_sources += 1
-                for image, filename, framed in records:
-                    self._write_record(writer, shard, f, image, filename, framed)
+                for image, filename, framed, t in records:
+                    self._write_record(writer, shard, f, image, filename, framed, t)
         except BaseException:
             writer.abort()
             raise
@@ -238,15 +252,22 @@ class _Writer:
         stats = schemas.ImageStats.of(shard.stored)
         band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
-            job.split, job.index, job.num_shards, job.name, sum(shard.class_counts), writer.num_bytes,
+            job.split, job.index, job.num_shards, job.name, len(shard.index_entries), writer.num_bytes,
             writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
+            targets=shard.targets.to_json(),
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
-    def _encode(self, f: ShardFile, image) -> tuple[str, bytes]:
+    def _targets(self, f: ShardFile, image):
+        """The record's `annotations.RecordTargets`, or None when the dataset has no targets."""
+        if f.targets is None:
+            return None
+        return _annotations.record_targets(f.targets, image, self._raw_frames.get(f.rel_path), f.rel_path)
+
+    def _encode(self, f: ShardFile, image, targets=None) -> tuple[str, bytes]:
         """The record's filename and its framed bytes (every record of a file is encoded before any is written)."""
         # One record per kept frame: its filename says which.
         filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
@@ -260,18 +281,26 @@ class _Writer:
             height=image.height,
             width=image.width,
             channels=image.channels,
-            extra=self._extra(image),
+            extra=self._extra(image) if targets is None else {**self._extra(image), **targets.extra},
         ))
         return filename, frame_record(record)
 
     def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str,
-                      framed: bytes) -> None:
+                      framed: bytes, targets=None) -> None:
         """Writes one framed record; notes it in the shard's index, counts and normalisations."""
-        if image.actions:
-            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
+        actions, details = image.actions, image.details
+        if targets is not None:
+            shard.targets.add(targets)
+            if targets.details:
+                # What was done to its boxes, next to what was done to its pixels.
+                actions = (*actions, *targets.actions)
+                details = {**(details or {}), "boxes": targets.details}
+        if actions:
+            shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        shard.class_counts[f.label] += 1
+        if f.label >= 0:  # -1: no image-level class (boxes, several labels, numbers)
+            shard.class_counts[f.label] += 1
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
@@ -326,6 +355,8 @@ class _Writer:
                 results = self._validator.validate_many(items)
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
                 results = [self._validate_one(data, name) for data, name in items]
+            for (k, data), result in zip(read, results):
+                self._note_raw_frame(group[k], data, result)
         for (k, _), result in zip(read, results):
             if isinstance(result, ImageRejected):
                 result = Reject(group[k].rel_path, result.reason, result.message)
@@ -333,6 +364,17 @@ class _Writer:
                 result = _internal_error(group[k], result)
             outcomes[k] = result
         return outcomes
+
+    def _note_raw_frame(self, f: ShardFile, data: bytes, result) -> None:
+        """Notes the raw frame of a file with targets that was turned upright (its boxes may need it)."""
+        if f.targets is None or not isinstance(result, list):
+            return
+        if any("exif_transpose" in image.actions for image in result):
+            try:
+                self._raw_frames[f.rel_path] = _boxes.raw_frame(data)
+            except (OSError, ValueError) as e:
+                # Rejected as bad_target by `annotations.record_targets`, which needs it.
+                _LOG.debug("No raw frame of %s", f.rel_path, exc_info=e)
 
     def _validate_one(self, data: bytes, name: str):
         """A file's images, its ImageRejected, or the unexpected error it raised (returned)."""

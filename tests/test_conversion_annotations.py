@@ -1,0 +1,425 @@
+"""End to end: COCO and VOC boxes, several labels and numbers, from files on disk to records read back.
+
+Images are written by Pillow, annotations as COCO's and VOC's tools write them (JSON and XML
+written here); records are read back with the schema (`schema.decode`), images with Pillow, and
+every expected box is computed here from the annotation itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from helpers import convert, encode, pixels, write
+from PIL import Image, ImageOps
+
+import schemas
+from beam_jobs import convert as convert_module
+from conversion import annotations
+from schemas.tfrecord import iter_records
+
+_ORIENTATION = 0x0112
+# float32, as the records store them.
+_TOL = 1e-6
+
+
+def _records(out: pathlib.Path) -> dict[str, dict]:
+    """Filename -> decoded record (with its split), every shard of the manifest."""
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    schema = schemas.ImageExampleSchema.from_json(manifest.features)
+    found = {}
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            with open(out / shard.file, "rb") as f:
+                for _, _, data in iter_records(f):
+                    rec = schema.decode(data)
+                    rec["split"] = split
+                    found[rec[schemas.FILENAME.key].decode()] = rec
+    return found
+
+
+def _jsonl(path: pathlib.Path) -> dict[str, dict]:
+    return {d["path"]: d for d in map(json.loads, path.read_text().splitlines())}
+
+
+def _boxes_of(rec) -> list[tuple]:
+    keys = [spec.key for spec in schemas.BOX_FEATURES]
+    return list(zip(*(rec[k] for k in keys)))
+
+
+def _assert_boxes(rec, expected):
+    """The record's boxes equal `expected` [(xmin, ymin, xmax, ymax, label, is_crowd)], in order."""
+    got = _boxes_of(rec)
+    assert len(got) == len(expected), (got, expected)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g[:4], e[:4], atol=_TOL)
+        assert tuple(g[4:]) == tuple(e[4:])
+
+
+def _rotated_jpeg(raw: np.ndarray, orientation: int) -> bytes:
+    """A JPEG of the raw frame `raw`, with an EXIF orientation (as a phone writes it)."""
+    exif = Image.Exif()
+    exif[_ORIENTATION] = orientation
+    buf = io.BytesIO()
+    Image.fromarray(raw).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def _marker_box(image_bytes: bytes) -> tuple[int, int, int, int]:
+    """(xmin, ymin, xmax, ymax) of the bright marker of a decoded image, pixel edges included."""
+    arr = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("L"))
+    ys, xs = np.nonzero(arr > 127)
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def _coco_expected(doc, image_id, size):
+    """The stored boxes of a COCO image, from its annotations: declared categories, clipped, non-empty."""
+    label_of = {c["id"]: i for i, c in enumerate(sorted(doc["categories"], key=lambda c: c["id"]))}
+    w, h = size
+    out = []
+    for ann in sorted(doc["annotations"], key=lambda a: a["id"]):
+        if ann["image_id"] != image_id or ann["category_id"] not in label_of:
+            continue
+        x, y, bw, bh = ann["bbox"]
+        x0, y0, x1, y1 = max(x, 0), max(y, 0), min(x + bw, w), min(y + bh, h)
+        if x1 > x0 and y1 > y0:
+            out.append((x0 / w, y0 / h, x1 / w, y1 / h, label_of[ann["category_id"]], ann.get("iscrowd", 0)))
+    return out
+
+
+# --------------------------------------------------------------------------
+# COCO
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+    base = tmp_path_factory.mktemp("coco")
+    root = base / "images"
+    sizes = {}
+    for i in range(6):
+        write(root / "photos" / f"p{i}.png", encode(pixels(i, size=(24, 32)), "PNG"))
+        sizes[f"photos/p{i}.png"] = (32, 24)
+    write(root / "photos" / "extra.png", encode(pixels(9, size=(24, 32)), "PNG"))
+    write(root / "photos" / "mismatch.png", encode(pixels(10, size=(24, 32)), "PNG"))
+    # Phone photos stored on their side: raw frame 48 wide, 32 high, shown 32 wide, 48 high.
+    raw6 = np.zeros((32, 48, 3), np.uint8)
+    raw6[6:14, 4:16] = 255  # The marker, on the raw frame: x 4..16, y 6..14.
+    write(root / "photos" / "rot6.jpg", _rotated_jpeg(raw6, 6))
+    raw8 = np.zeros((32, 48, 3), np.uint8)
+    raw8[4:12, 30:44] = 255
+    rot8 = _rotated_jpeg(raw8, 8)
+    write(root / "photos" / "rot8.jpg", rot8)
+    # Drawn on the upright photo: where a viewer (Pillow) shows the marker.
+    upright8 = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(rot8))).convert("L"))
+    ys, xs = np.nonzero(upright8 > 127)
+    mx0, my0, mx1, my1 = int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+    doc = {
+        "info": {"description": "test"},
+        "images": [
+            {"id": 1, "file_name": "photos/p0.png", "width": 32, "height": 24},
+            {"id": 2, "file_name": "photos/p1.png", "width": 32, "height": 24},
+            {"id": 3, "file_name": "photos/p2.png", "width": 32, "height": 24},
+            {"id": 4, "file_name": "photos/p3.png", "width": 32, "height": 24},
+            {"id": 5, "file_name": "photos/p4.png", "width": 32, "height": 24},  # no annotations
+            {"id": 6, "file_name": "p5.png", "width": 32, "height": 24},  # a bare, unique name
+            {"id": 7, "file_name": "photos/nowhere.png", "width": 32, "height": 24},
+            {"id": 8, "file_name": "photos/rot6.jpg", "width": 48, "height": 32},  # the raw frame
+            {"id": 9, "file_name": "photos/rot8.jpg", "width": 32, "height": 48},  # upright
+            {"id": 10, "file_name": "photos/mismatch.png", "width": 100, "height": 90},
+        ],
+        # Non-contiguous ids, not in id order.
+        "categories": [{"id": 90, "name": "zebra", "supercategory": "animal"},
+                       {"id": 1, "name": "person", "supercategory": "person"},
+                       {"id": 3, "name": "car", "supercategory": "vehicle"}],
+        "annotations": [
+            {"id": 10, "image_id": 1, "category_id": 1, "bbox": [2, 3, 10, 8], "iscrowd": 0, "area": 80},
+            {"id": 4, "image_id": 1, "category_id": 90, "bbox": [0, 0, 32, 24], "iscrowd": 1, "area": 768},
+            {"id": 11, "image_id": 2, "category_id": 3, "bbox": [20, 10, 20, 20], "iscrowd": 0},  # outside
+            {"id": 12, "image_id": 2, "category_id": 1, "bbox": [5, 5, 0, 4], "iscrowd": 0},  # zero area
+            {"id": 13, "image_id": 3, "category_id": 2, "bbox": [1, 1, 4, 4], "iscrowd": 0},  # undeclared
+            {"id": 14, "image_id": 999, "category_id": 1, "bbox": [1, 1, 4, 4], "iscrowd": 0},  # no image
+            {"id": 15, "image_id": 3, "category_id": 3, "bbox": [1.5, 2.25, 4.0, 4.5], "iscrowd": 0},
+            {"id": 16, "image_id": 4, "category_id": 90, "bbox": [8, 4, 8, 8], "iscrowd": 0},
+            {"id": 17, "image_id": 6, "category_id": 90, "bbox": [0, 0, 8, 8], "iscrowd": 0},
+            {"id": 20, "image_id": 8, "category_id": 1, "bbox": [4, 6, 12, 8], "iscrowd": 0},
+            {"id": 21, "image_id": 9, "category_id": 3, "bbox": [mx0, my0, mx1 - mx0, my1 - my0], "iscrowd": 0},
+            {"id": 22, "image_id": 10, "category_id": 1, "bbox": [1, 1, 4, 4], "iscrowd": 0},
+        ],
+    }
+    ann = base / "instances.json"
+    ann.write_text(json.dumps(doc))
+    out = base / "out"
+    manifest = convert(root, out, "--annotations", ann, "--max_reject_fraction", "0.5")
+    return doc, ann, out, manifest
+
+
+def test_coco_boxes_are_the_annotations_normalised(coco):
+    doc, _, out, manifest = coco
+    records = _records(out)
+    names = {im["id"]: im["file_name"] for im in doc["images"]}
+    for image_id in (1, 2, 3, 4, 5):
+        rec = records[names[image_id]]
+        _assert_boxes(rec, _coco_expected(doc, image_id, (32, 24)))
+        assert rec[schemas.LABEL.key] == -1
+    _assert_boxes(records["photos/p5.png"], _coco_expected(doc, 6, (32, 24)))
+    assert _boxes_of(records["photos/p4.png"]) == []
+    # Annotation order (by id): the crowd box (id 4) before id 10.
+    assert records["photos/p0.png"][schemas.BBOX_IS_CROWD.key] == (1, 0)
+    assert manifest.class_names == ()
+    boxes = manifest.targets["boxes"]
+    assert boxes["class_names"] == ["person", "car", "zebra"]
+    assert boxes["category_ids"] == [1, 3, 90]
+    assert boxes["format"] == "coco"
+
+
+def test_coco_rotated_photos_boxes_land_on_the_marker(coco):
+    doc, _, out, _ = coco
+    records = _records(out)
+    for name in ("photos/rot6.jpg", "photos/rot8.jpg"):
+        rec = records[name]
+        w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
+        assert (w, h) == (32, 48)  # Stored upright.
+        (x0, y0, x1, y1, _, _), = _boxes_of(rec)
+        marker = _marker_box(rec[schemas.IMAGE.key])
+        np.testing.assert_allclose((x0 * w, y0 * h, x1 * w, y1 * h), marker, atol=1.01)
+    # Orientation 6 turns the raw (x, y) to (raw height - y, x): computed here from the annotation.
+    x, y, bw, bh = doc["annotations"][9]["bbox"]
+    _assert_boxes(records["photos/rot6.jpg"], [((32 - (y + bh)) / 32, x / 48, (32 - y) / 32, (x + bw) / 48, 0, 0)])
+    normalized = _jsonl(out / schemas.NORMALIZED_FILENAME)
+    assert normalized["photos/rot6.jpg"]["actions"] == ["exif_transpose", "boxes_exif_transpose"]
+    assert normalized["photos/rot6.jpg"]["details"]["boxes"]["frame"] == "raw"
+    assert normalized["photos/rot8.jpg"]["actions"] == ["exif_transpose"]
+    assert normalized["photos/rot8.jpg"]["details"]["boxes"]["frame"] == "upright"
+
+
+def test_coco_problems_are_listed(coco):
+    _, _, out, manifest = coco
+    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    assert rejects["photos/nowhere.png"]["reason"] == "missing_file"
+    assert rejects["photos/extra.png"]["reason"] == "no_label"
+    assert rejects["photos/extra.png"]["message"] == "not in the annotations"
+    bad = rejects["photos/mismatch.png"]
+    assert bad["reason"] == "bad_target" and "100x90" in bad["message"] and "32x24" in bad["message"]
+    assert manifest.counts == {"found": 11, "written": 8, "rejected": 2, "skipped": 1}
+    normalized = _jsonl(out / schemas.NORMALIZED_FILENAME)
+    p1 = normalized["photos/p1.png"]
+    assert p1["actions"] == ["boxes_clipped", "boxes_dropped"]
+    assert p1["details"]["boxes"]["clipped"] == [
+        {"annotation_id": 11, "from": [20.0, 10.0, 40.0, 30.0], "to": [20.0, 10.0, 32.0, 24.0]}]
+    assert [(d["annotation_id"], d["reason"]) for d in p1["details"]["boxes"]["dropped"]] == [(12, "zero_area")]
+    assert [(d["annotation_id"], d["reason"]) for d in normalized["photos/p2.png"]["details"]["boxes"]["dropped"]] \
+        == [(13, "unknown_category")]
+    boxes = manifest.targets["boxes"]
+    assert boxes["issues"] == {"clipped": 1, "missing_file": 1, "unknown_category": 1, "unknown_image": 1,
+                               "zero_area": 1}
+
+
+def test_coco_counts_in_the_manifest(coco):
+    doc, ann, out, manifest = coco
+    records = _records(out)
+    counts, without = {}, {}
+    for rec in records.values():
+        split = counts.setdefault(rec["split"], [0, 0, 0])
+        for label in rec[schemas.BBOX_LABEL.key]:
+            split[label] += 1
+        without[rec["split"]] = without.get(rec["split"], 0) + (not rec[schemas.BBOX_LABEL.key])
+    boxes = manifest.targets["boxes"]
+    assert boxes["counts"] == counts == {"train": [2, 3, 3]}
+    assert boxes["images_without_boxes"] == without == {"train": 1}
+    assert boxes["source"] == str(ann)
+    assert manifest.targets.keys() == {"boxes"}
+    assert set(schemas.ImageExampleSchema.from_json(manifest.features).targets) == {"boxes"}
+
+
+def test_coco_resume_keeps_shards_and_their_box_counts(coco, tmp_path):
+    _, ann, out, _ = coco
+    root = out.parent / "images"
+    resumed = tmp_path / "resumed"
+    # 2 of 10 rejected is over the default 0.1: every shard and receipt is written, no manifest.
+    with pytest.raises(Exception, match="max_reject_fraction"):
+        convert(root, resumed, "--annotations", ann)
+    assert not (resumed / schemas.MANIFEST_FILENAME).exists()
+    shards = {p.name: p.stat().st_mtime_ns for p in resumed.glob("*.tfrecord")}
+    assert shards
+    convert(root, resumed, "--annotations", ann, "--max_reject_fraction", "0.5", "--resume")
+    assert {p.name: p.stat().st_mtime_ns for p in resumed.glob("*.tfrecord")} == shards  # Kept, not rewritten.
+    for path in sorted(out.iterdir()):
+        assert (resumed / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+# --------------------------------------------------------------------------
+# VOC
+
+
+def _voc_xml(filename, size, objects) -> str:
+    """A Pascal VOC annotation as LabelImg writes it."""
+    parts = [f"<annotation><folder>VOC2012</folder><filename>{filename}</filename>"]
+    if size:
+        parts.append(f"<size><width>{size[0]}</width><height>{size[1]}</height><depth>3</depth></size>")
+    for name, (x0, y0, x1, y1), difficult in objects:
+        parts.append(
+            f"<object><name>{name}</name><pose>Unspecified</pose><truncated>0</truncated>"
+            f"<difficult>{difficult}</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
+            f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox>"
+            # A part inside an object (VOC's person layout) is not a box of the image.
+            + ("<part><name>head</name><bndbox><xmin>2</xmin><ymin>2</ymin><xmax>5</xmax>"
+               "<ymax>5</ymax></bndbox></part>" if name == "person" else "")
+            + "</object>")
+    parts.append("</annotation>")
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def voc(tmp_path_factory):
+    base = tmp_path_factory.mktemp("voc")
+    root = base / "images"
+    write(root / "train" / "JPEGImages" / "000001.png", encode(pixels(1, size=(30, 40)), "PNG"))
+    write(root / "val" / "JPEGImages" / "000002.png", encode(pixels(2, size=(30, 40)), "PNG"))
+    write(root / "train" / "JPEGImages" / "000003.png", encode(pixels(3, size=(30, 40)), "PNG"))
+    xml = base / "Annotations"
+    objects1 = [("dog", (5, 6, 20, 25), 1), ("person", (1, 1, 40, 30), 0)]
+    objects2 = [("bird", (10, 2, 45, 12), 0)]  # Past the right edge: clipped.
+    write(xml / "000001.xml", _voc_xml("2008_000001.jpg", (40, 30), objects1).encode())
+    write(xml / "000002.xml", _voc_xml("some_other_name.jpg", None, objects2).encode())
+    write(xml / "000009.xml", _voc_xml("000009.jpg", (40, 30), [("cat", (1, 1, 5, 5), 0)]).encode())
+    out = base / "out"
+    manifest = convert(root, out, "--annotations", xml, "--max_reject_fraction", "0.5")
+    return {"000001": objects1, "000002": objects2}, out, manifest
+
+
+def test_voc_boxes_by_the_xml_files_stem(voc):
+    objects, out, manifest = voc
+    records = _records(out)
+    names = ["bird", "cat", "dog", "person"]  # Sorted object names, of every XML file.
+    assert manifest.targets["boxes"]["class_names"] == names
+    assert manifest.targets["boxes"]["category_ids"] is None
+    assert manifest.targets["boxes"]["format"] == "voc"
+    for stem, path, split in (("000001", "train/JPEGImages/000001.png", "train"),
+                              ("000002", "val/JPEGImages/000002.png", "validation")):
+        expected = []
+        for name, (x0, y0, x1, y1), difficult in objects[stem]:
+            # 1-based corners: the min corner moves by one pixel, the max corner stays.
+            expected.append(((x0 - 1) / 40, (y0 - 1) / 30, min(x1, 40) / 40, min(y1, 30) / 30,
+                             names.index(name), difficult))
+        _assert_boxes(records[path], expected)
+        assert records[path]["split"] == split
+        assert records[path][schemas.LABEL.key] == -1
+    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    assert rejects["train/JPEGImages/000003.png"]["reason"] == "no_label"
+    assert rejects["000009"]["reason"] == "missing_file"
+    assert manifest.counts == {"found": 4, "written": 2, "rejected": 1, "skipped": 1}
+    assert manifest.targets["boxes"]["counts"] == {"train": [0, 0, 1, 1], "validation": [1, 0, 0, 0]}
+    assert manifest.targets["boxes"]["issues"] == {"clipped": 1, "missing_file": 1}
+
+
+def test_voc_is_deterministic(voc, tmp_path):
+    _, out, _ = voc
+    again = tmp_path / "again"
+    root = out.parent / "images"
+    convert(root, again, "--annotations", out.parent / "Annotations", "--max_reject_fraction", "0.5")
+    for path in sorted(out.iterdir()):
+        assert (again / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_annotations_with_class_folders_keep_image_labels(tmp_path):
+    root = tmp_path / "images"
+    doc = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "thing"}]}
+    for k, rel in enumerate(["cat/a.png", "cat/b.png", "dog/c.png"], start=1):
+        write(root / rel, encode(pixels(k), "PNG"))
+        doc["images"].append({"id": k, "file_name": rel, "width": 32, "height": 24})
+        doc["annotations"].append({"id": k, "image_id": k, "category_id": 1, "bbox": [1, 1, 5, 5]})
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    manifest = convert(root, tmp_path / "out", "--annotations", tmp_path / "ann.json")
+    assert manifest.class_names == ("cat", "dog")
+    records = _records(tmp_path / "out")
+    assert {name: rec[schemas.LABEL.key] for name, rec in records.items()} == {
+        "cat/a.png": 0, "cat/b.png": 0, "dog/c.png": 1}
+
+
+# --------------------------------------------------------------------------
+# Several labels, numbers
+
+
+def test_multi_label_csv(tmp_path):
+    root = tmp_path / "images"
+    rows = {"a.png": "cat|dog", "b.png": "cat|cat", "c.png": "dog", "d.png": "bird|cat"}
+    for k, name in enumerate(rows):
+        write(root / name, encode(pixels(k), "PNG"))
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("path,label\n" + "".join(f"{p},{label}\n" for p, label in rows.items()))
+    manifest = convert(root, tmp_path / "out", "--labels_csv", csv_path)
+    names = sorted({n for label in rows.values() for n in label.split("|")})
+    assert manifest.class_names == tuple(names)
+    records = _records(tmp_path / "out")
+    for path, label in rows.items():
+        assert records[path][schemas.LABELS.key] == tuple(sorted({names.index(n) for n in label.split("|")}))
+        assert records[path][schemas.LABEL.key] == -1
+    per_class = [sum(n in label.split("|") for label in rows.values()) for n in names]
+    assert manifest.targets == {"labels": {"counts": {"train": per_class}}}
+
+
+def test_regression_csv(tmp_path):
+    root = tmp_path / "images"
+    rows = {"a.png": "0.5|1.25", "b.png": "-3|2e3", "c.png": "nan|1"}
+    for k, name in enumerate(rows):
+        write(root / name, encode(pixels(k), "PNG"))
+    csv_path = tmp_path / "targets.csv"
+    csv_path.write_text("path,target\n" + "".join(f"{p},{t}\n" for p, t in rows.items()))
+    manifest = convert(root, tmp_path / "out", "--labels_csv", csv_path, "--max_reject_fraction", "0.5")
+    records = _records(tmp_path / "out")
+    for path in ("a.png", "b.png"):
+        want = np.array([float(v) for v in rows[path].split("|")], np.float32)
+        np.testing.assert_array_equal(np.array(records[path][schemas.TARGET.key], np.float32), want)
+        assert records[path][schemas.LABEL.key] == -1
+    assert manifest.targets == {"target": {"length": 2}}
+    assert manifest.class_names == ()
+    rejects = _jsonl(tmp_path / "out" / schemas.REJECTS_FILENAME)
+    assert rejects["c.png"]["reason"] == "bad_target"
+
+
+def test_targets_csv_errors_name_the_row():
+    with pytest.raises(ValueError, match=r"row 3: 1 targets, but the rows before have 2"):
+        annotations.read_targets_csv("path,target\na.png,1|2\nb.png,3\n", "t.csv")
+    with pytest.raises(ValueError, match=r"row 2: target must be numbers"):
+        annotations.read_targets_csv("path,target\na.png,big\n", "t.csv")
+    assert annotations.read_targets_csv("path,label\na.png,cat\n", "t.csv") is None
+
+
+def test_bad_targets_csv_is_a_usage_error(tmp_path, capsys):
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(0), "PNG"))
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("path,target\na.png,one\n")
+    status = convert_module.main(["--input_dir", str(root), "--output_dir", str(tmp_path / "out"),
+                                  "--labels_csv", str(csv_path)])
+    assert status == 2
+    assert "row 2" in capsys.readouterr().err
+
+
+def test_voc_unreadable_xml_and_ambiguous_stems():
+    listed = ["JPEGImages/a.jpg", "JPEGImages/b.jpg", "SegmentationClass/b.png", "c/x.jpg", "d/x.jpg"]
+    documents = [
+        ("a.xml", b"<annotation><object><name>dog"),  # cut short
+        ("b.xml", _voc_xml("b.jpg", (4, 4), [("dog", (1, 1, 2, 2), 0)]).encode()),  # the tag breaks the tie
+        ("x.xml", _voc_xml("elsewhere.jpg", (4, 4), [("cat", (1, 1, 2, 2), 0)]).encode()),
+    ]
+    found = annotations.read_voc(documents, "ann", listed)
+    assert found.invalid.keys() == {"JPEGImages/a.jpg"}
+    assert "not valid XML" in found.invalid["JPEGImages/a.jpg"]
+    assert found.files.keys() == {"JPEGImages/b.jpg"}
+    assert found.files["JPEGImages/b.jpg"]["boxes"] == [[1, 0.0, 0.0, 2.0, 2.0, 1, 0]]
+    assert found.issues == {"ambiguous_image": 1}
+    assert found.class_names == ("cat", "dog")
+
+
+def test_coco_bare_names_must_be_unique():
+    doc = {"images": [{"id": 1, "file_name": "x.jpg"}, {"id": 2, "file_name": "a/y.jpg"}],
+           "categories": [], "annotations": []}
+    found = annotations.read_coco(json.dumps(doc).encode(), "ann.json", ["c/x.jpg", "d/x.jpg", "b/y.jpg"])
+    assert found.files.keys() == {"b/y.jpg"}
+    assert [path for path, _ in found.missing] == ["x.jpg"]
+    with pytest.raises(ValueError, match="not a JSON file"):
+        annotations.read_coco(b"{", "ann.json", [])
