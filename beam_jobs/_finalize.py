@@ -12,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 import schemas
 from schemas.tfds_metadata import tfds_files
 from beam_jobs._output import delete_if_exists, remove_dataset_files
-from conversion import listing
+from conversion import listing, masks
 from conversion.elements import ConversionError
 from conversion.files import TMP_DIRNAME, write_atomically
 
@@ -51,7 +51,7 @@ class FinalizeFn(beam.DoFn):
         self._write_lists(rejects, normalized)
         counts = self._counts(shards, rejects)
         splits = self._splits(shards)
-        manifest = self._manifest(splits, counts, rejects, normalized)
+        manifest = self._manifest(splits, counts, rejects, normalized, shards)
         keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
         # TFDS's metadata too, so `tfds.builder_from_directory` reads the folder as is.
@@ -113,9 +113,9 @@ class FinalizeFn(beam.DoFn):
             ))
         return splits
 
-    def _manifest(self, splits, counts, rejects, normalized) -> schemas.Manifest:
+    def _manifest(self, splits, counts, rejects, normalized, shards=()) -> schemas.Manifest:
         actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
-        extra = dict(self._extra)
+        extra = masks.with_pixel_counts(dict(self._extra), shards, self._shard_counts)
         dicom = _dicom_summary(normalized)
         if dicom:
             extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}

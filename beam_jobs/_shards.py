@@ -67,15 +67,18 @@ class ImagesToTFRecords(beam.PTransform):
         kept (the smallest path) and the copies are rejected as 'duplicate'
         (only hashes and paths are grouped); `resume` and `worker_threads`
         go to `WriteShardFn`.
+      mask_dtype: With --masks_dir, the dtype of every stored mask (`WriteShardFn`).
     """
 
     def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
-                 validation: ValidationOptions, writing: WritingOptions | None = None):
+                 validation: ValidationOptions, writing: WritingOptions | None = None,
+                 mask_dtype: str | None = None):
         super().__init__()
         writing = writing or WritingOptions()
         self._dedup = writing.dedup
         self._fn = WriteShardFn(output_dir=output_dir, num_classes=num_classes,
-                                total_shards=total_shards, validation=validation, writing=writing)
+                                total_shards=total_shards, validation=validation, writing=writing,
+                                mask_dtype=mask_dtype)
 
     def expand(self, plan_paths):
         shards = plan_paths | "LoadShardPlans" >> beam.Map(load_shard_plan)  # ((split, shard), [PlannedFile])

@@ -112,19 +112,23 @@ class WriteShardFn(beam.DoFn):
       total_shards: Shards of all splits together (for progress lines).
       validation: The `imaging.ValidationOptions` of every file.
       writing: The `WritingOptions` (resume, worker processes and threads).
+      mask_dtype: With --masks_dir, the dtype of every stored mask
+        ('uint8' or 'uint16', `conversion.masks`); None without masks.
     """
 
     REJECTED = "rejected"
     NORMALIZED = "normalized"
 
     def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
-                 validation: ValidationOptions, writing: WritingOptions | None = None):
+                 validation: ValidationOptions, writing: WritingOptions | None = None,
+                 mask_dtype: str | None = None):
         # Plain values only: the DoFn is pickled to every worker.
         self._output_dir = output_dir
         self._num_classes = num_classes
         self._total_shards = total_shards
         self._validation = validation
         self._writing = writing or WritingOptions()
+        self._mask_dtype = mask_dtype
         self._written = Metrics.counter(_NAMESPACE, "records_written")
         self._shards = Metrics.counter(_NAMESPACE, "shards_written")
         self._resumed = Metrics.counter(_NAMESPACE, "shards_resumed")
@@ -223,6 +227,7 @@ class WriteShardFn(beam.DoFn):
             # reads and validates in its own, unless told otherwise.
             threads=self._writing.worker_threads or (0 if self._pool else default_threads()),
             quarantined=self._quarantined_of(files),
+            mask_dtype=self._mask_dtype,
         )
         if self._pool is None:
             return write_shard(job)
@@ -256,8 +261,12 @@ class WriteShardFn(beam.DoFn):
         The worker threads change speed only, never the bytes: not part of it.
         """
         h = hashlib.sha256(validation_fingerprint(self._validation).encode())
+        if self._mask_dtype is not None:  # Only then: receipts of runs without masks stay valid.
+            h.update(f"masks:{self._mask_dtype}".encode())
         for f in files:
             h.update(repr((os.fsencode(f.rel_path), f.size, f.label, f.order, f.duplicate_of)).encode())
+            if f.mask is not None:
+                h.update(repr(os.fsencode(f.mask)).encode())
         return h.hexdigest()
 
     def _log_written(self, name, outcome) -> None:
@@ -292,4 +301,4 @@ def _shard_file(f) -> ShardFile:
     duplicate = None
     if f.duplicate_of is not None:
         duplicate = "same content as " + listing.display_path(f.duplicate_of)
-    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate)
+    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.mask)

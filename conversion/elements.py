@@ -40,6 +40,8 @@ class ShardResult:
     band_stats: dict | None = None
     # With --raster_georef, its records with a known EPSG code or geotransform (else None).
     georeferenced: int | None = None
+    # With --masks_dir, pixels per class id of its masks ({"<id>": pixels}; else None).
+    mask_pixels: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ import operator
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from conversion.listing import InputFile, Problem
 from schemas.manifest import SPLIT_ALIASES
@@ -94,6 +95,8 @@ class PlannedFile:
     num_shards: int
     # With --dedup: the kept file with the same content, when this one is a copy.
     duplicate_of: str | None = None
+    # With --masks_dir: where its mask is (`conversion.masks`).
+    mask: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Plan:
       split_source: 'folders', 'csv' or 'hash'.
       groups: With --group_by: per split, the sorted hashes of its groups
         (values are hashed so that no patient identifier is stored).
+      masks: With --masks_dir: the `conversion.masks.MaskPlan`.
     """
 
     files: tuple[PlannedFile, ...]
@@ -119,6 +123,7 @@ class Plan:
     num_found: int
     split_source: str
     groups: Mapping[str, tuple[str, ...]] | None = None
+    masks: Any = None
 
 
 def read_labels_csv(text: str, source: str) -> dict[str, tuple[str, str | None]]:
@@ -224,6 +229,7 @@ def make_plan(
     target_shard_bytes: int,
     min_shards: int,
     groups: Mapping[str, str] | None = None,
+    folder_labels: Callable | None = None,
 ) -> Plan:
     """Assigns every listed file a label, a split and a shard.
 
@@ -243,6 +249,10 @@ def make_plan(
       groups: Relative path to group (e.g. a PatientID), for hash splitting:
         every file of a group lands in the same split. Files without a group
         are their own group.
+      folder_labels: Without a labels CSV, what gives each file's (label,
+        split): `(files, split_ratios) -> (labels, unlabeled, split_source)`;
+        a label of None is stored as -1 (no image-level class). Default:
+        class folders (`ROOT/<class>/...`, `ROOT/<split>/<class>/...`).
 
     Returns:
       The plan.
@@ -274,12 +284,12 @@ def make_plan(
             num_found += 1
         split_source = "csv" if has_csv_split else "hash"
     else:
-        labels, unlabeled, split_source = _labels_from_folders(files, split_ratios)
+        labels, unlabeled, split_source = (folder_labels or _labels_from_folders)(files, split_ratios)
     for f in unlabeled:
         why = "not in --labels_csv" if labels_csv is not None else "not inside a class folder"
         problems.append(Problem(f.rel_path, "no_label", why))
 
-    found_classes = {label for label, _ in labels.values()}
+    found_classes = {label for label, _ in labels.values() if label is not None}
     if class_names is None:
         class_names = _sorted_class_names(found_classes)
     class_names = tuple(class_names)
@@ -296,7 +306,7 @@ def make_plan(
         if f.rel_path not in labels:
             continue
         label, split = labels[f.rel_path]
-        if label not in index:
+        if label is not None and label not in index:
             problems.append(Problem(
                 f.rel_path, "unknown_class", f"class {label!r} is not in --class_names"
             ))
@@ -311,7 +321,7 @@ def make_plan(
             if split is None:
                 problems.append(Problem(f.rel_path, "not_in_split", "hashed into no split"))
                 continue
-        by_split[split].append((f, encoded, index[label]))
+        by_split[split].append((f, encoded, -1 if label is None else index[label]))
 
     split_names = list(ratios) if ratios is not None else sorted(by_split)
     shard_counts = {}

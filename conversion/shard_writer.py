@@ -20,7 +20,7 @@ import types
 from typing import NamedTuple
 
 import schemas
-from conversion import guard
+from conversion import guard, masks as _masks
 from conversion.elements import Reject, ShardResult
 from conversion.files import AtomicWriter, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
@@ -55,6 +55,7 @@ class ShardFile(NamedTuple):
       label: Its class index.
       duplicate: With --dedup, the message of its 'duplicate' reject (it
         is then not read); None otherwise.
+      mask: With --masks_dir, where its mask is; None otherwise.
     """
 
     rel_path: str
@@ -62,6 +63,7 @@ class ShardFile(NamedTuple):
     size: int
     label: int
     duplicate: str | None = None
+    mask: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +94,8 @@ class ShardJob:
     # (rel_path, reason, message) of its files that crashed or hung a process
     # before (`guard.Quarantine`): rejected without being read.
     quarantined: tuple[tuple[str, str, str], ...] = ()
+    # With --masks_dir: 'uint8' or 'uint16', the dtype of every stored mask (`conversion.masks`).
+    mask_dtype: str | None = None
 
 
 class ShardOutcome(NamedTuple):
@@ -103,11 +107,12 @@ class ShardOutcome(NamedTuple):
     normalized: list[tuple]
 
 
-def record_schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
-    """The schema of every record a conversion with these options writes."""
+def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()) -> schemas.ImageExampleSchema:
+    """The schema of every record a conversion with these options (and target kinds) writes."""
     return schemas.ImageExampleSchema(
         extra_string_features=tuple(schemas.dicom_tag_key(t) for t in validation.dicom.tags),
         georef=validation.raster.georef,
+        targets=targets,
     )
 
 
@@ -118,8 +123,8 @@ def _validator(validation: ValidationOptions) -> ImageValidator:
 
 
 @functools.lru_cache(maxsize=4)
-def _schema(validation: ValidationOptions) -> schemas.ImageExampleSchema:
-    return record_schema(validation)
+def _schema(validation: ValidationOptions, targets: tuple[str, ...] = ()) -> schemas.ImageExampleSchema:
+    return record_schema(validation, targets)
 
 
 def read_ahead(fn, items, *, threads: int, depth: int = _READ_AHEAD):
@@ -188,6 +193,8 @@ class _Shard:
         self.num_sources = 0
         self.band_stats = schemas.BandStatsAccumulator()  # Of its raster records
         self.georeferenced = 0  # Records with a known EPSG code or geotransform
+        self.num_records = 0  # Records written (labels of -1 are in no class count)
+        self.mask_pixels = _masks.PixelCounter()  # Pixels per class id of its masks
 
 
 def write_shard(job: ShardJob) -> ShardOutcome:
@@ -206,7 +213,7 @@ class _Writer:
     def __init__(self, job: ShardJob):
         self._job = job
         self._validator = _validator(job.validation)
-        self._schema = _schema(job.validation)
+        self._schema = _schema(job.validation, ("mask",) if job.mask_dtype else ())
         self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
         self._quarantined = {path: (reason, message) for path, reason, message in job.quarantined}
 
@@ -218,15 +225,15 @@ class _Writer:
             for f, outcome in self._validated(job.files, job.threads):
                 if not isinstance(outcome, Reject):
                     try:
-                        records = [(image, *self._encode(f, image)) for image in outcome]
+                        records = [(item, *self._encode(f, item)) for item in outcome]
                     except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                         outcome = _internal_error(f, e)
                 if isinstance(outcome, Reject):
                     shard.rejects.append(outcome)
                     continue
                 shard.num_sources += 1
-                for image, filename, framed in records:
-                    self._write_record(writer, shard, f, image, filename, framed)
+                for item, filename, framed in records:
+                    self._write_record(writer, shard, f, item, filename, framed)
         except BaseException:
             writer.abort()
             raise
@@ -238,16 +245,18 @@ class _Writer:
         stats = schemas.ImageStats.of(shard.stored)
         band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
-            job.split, job.index, job.num_shards, job.name, sum(shard.class_counts), writer.num_bytes,
+            job.split, job.index, job.num_shards, job.name, shard.num_records, writer.num_bytes,
             writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
+            mask_pixels=shard.mask_pixels.to_json() if job.mask_dtype else None,
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
-    def _encode(self, f: ShardFile, image) -> tuple[str, bytes]:
+    def _encode(self, f: ShardFile, item) -> tuple[str, bytes]:
         """The record's filename and its framed bytes (every record of a file is encoded before any is written)."""
+        image, mask, _ = _masks.unpack(item)
         # One record per kept frame: its filename says which.
         filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
         if image.page is not None:
@@ -260,18 +269,23 @@ class _Writer:
             height=image.height,
             width=image.width,
             channels=image.channels,
-            extra=self._extra(image),
+            extra=self._extra(image, mask),
         ))
         return filename, frame_record(record)
 
-    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str,
+    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, item, filename: str,
                       framed: bytes) -> None:
         """Writes one framed record; notes it in the shard's index, counts and normalisations."""
+        image, _, mask_counts = _masks.unpack(item)
+        if mask_counts is not None:
+            shard.mask_pixels.add(mask_counts)
         if image.actions:
             shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        shard.class_counts[f.label] += 1
+        shard.num_records += 1
+        if f.label >= 0:  # -1: no image-level class (masks without class folders).
+            shard.class_counts[f.label] += 1
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
@@ -279,13 +293,15 @@ class _Writer:
         if image.band_stats is not None:
             shard.band_stats.add(image.band_stats)
 
-    def _extra(self, image) -> dict:
-        """The record's optional features: the DICOM tags asked for, its georeferencing."""
-        if not self._tag_keys and not self._schema.georef:
+    def _extra(self, image, mask: bytes | None = None) -> dict:
+        """The record's optional features: the DICOM tags asked for, its georeferencing, its mask."""
+        if not self._tag_keys and not self._schema.georef and mask is None:
             return _NO_EXTRA  # The common case: no dict per record.
         extra = {key: image.tags.get(t, "") for t, key in self._tag_keys}
         if self._schema.georef:
             extra.update(_georef_values(image.georef))
+        if mask is not None:
+            extra[schemas.MASK.key] = mask
         return extra
 
     def _validated(self, files, threads: int):
@@ -326,13 +342,25 @@ class _Writer:
                 results = self._validator.validate_many(items)
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
                 results = [self._validate_one(data, name) for data, name in items]
-        for (k, _), result in zip(read, results):
-            if isinstance(result, ImageRejected):
-                result = Reject(group[k].rel_path, result.reason, result.message)
-            elif isinstance(result, Exception):
-                result = _internal_error(group[k], result)
-            outcomes[k] = result
+            for (k, data), result in zip(read, results):
+                if isinstance(result, ImageRejected):
+                    result = Reject(group[k].rel_path, result.reason, result.message)
+                elif isinstance(result, Exception):
+                    result = _internal_error(group[k], result)
+                elif group[k].mask is not None:
+                    result = self._with_mask(group[k], result, data)
+                outcomes[k] = result
         return outcomes
+
+    def _with_mask(self, f: ShardFile, images, data: bytes):
+        """The file's images paired with its mask (`conversion.masks.pair`), or the pair's Reject."""
+        try:
+            return _masks.pair(f.rel_path, f.mask, images, data, self._job.mask_dtype or "uint8",
+                               self._job.validation.max_pixels)
+        except ImageRejected as e:
+            return Reject(f.rel_path, e.reason, e.message)
+        except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
+            return _internal_error(f, e)
 
     def _validate_one(self, data: bytes, name: str):
         """A file's images, its ImageRejected, or the unexpected error it raised (returned)."""
