@@ -35,13 +35,16 @@ from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
 __all__ = ["MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair", "unpack",
-           "manifest_section", "with_pixel_counts", "counts_json"]
+           "manifest_section", "with_pixel_counts", "PixelCounter"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # A mask's header (PNG IHDR, a TIFF's first IFD) lies within these first bytes.
 _HEAD_BYTES = 65536
 # Reading headers waits on storage, not the CPU.
 _HEADER_THREADS = 8
+# Masks looked for besides `imaging.masks.MASK_EXTENSIONS`, only to be rejected
+# as 'mask_lossy' (a JPEG's class ids are not exact) rather than 'missing_mask'.
+_LOSSY_EXTENSIONS = (".jpg", ".jpeg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +158,7 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
     files, problems = _drop_masks_dir(files, problems, input_dir, options.masks_dir)
     by_stem = collections.defaultdict(list)
     for m in mask_files:
-        if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS:
+        if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS + _LOSSY_EXTENSIONS:
             by_stem[_stem(m.rel_path)].append(m)
     kept, problems, mask_of, used = [], list(problems), {}, set()
     for f in files:
@@ -163,13 +166,15 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
         found = by_stem.get(stem, []) if stem is not None else []
         if stem is not None:
             used.add(stem)
-        if len(found) == 1:
+        lossless = [m for m in found if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS]
+        if len(lossless) == 1 or (found and not lossless):
+            # A JPEG mask alone is paired, then rejected 'mask_lossy' by the shard writer.
             kept.append(f)
-            mask_of[f.rel_path] = found[0]
+            mask_of[f.rel_path] = (lossless or found)[0]
         elif not found:
             problems.append(_listing.Problem(f.rel_path, "missing_mask", _missing_message(f, stem, options)))
         else:
-            names = " and ".join(_listing.display_path(m.rel_path) for m in found)
+            names = " and ".join(_listing.display_path(m.rel_path) for m in lossless)
             problems.append(_listing.Problem(
                 f.rel_path, "mask_unreadable",
                 f"several masks under --masks_dir {options.masks_dir!r} fit it: {names}; which one is "
@@ -397,10 +402,6 @@ def manifest_section(plan) -> dict:
     if mask_plan is None:
         return {}
     return {schemas.TARGETS_SECTION: {"mask": dict(mask_plan.section)}}
-
-
-def counts_json(per_split: Mapping[str, Mapping[str, int]]) -> dict:
-    return {split: dict(counts) for split, counts in sorted(per_split.items())}
 
 
 def with_pixel_counts(extra: dict, shards, splits) -> dict:

@@ -345,9 +345,9 @@ def encode_mask(ids: np.ndarray, dtype: str) -> bytes:
     if dtype == "uint8":
         if ids.dtype != np.uint8 and ids.size and int(ids.max()) > 255:
             raise ValueError(f"Mask ids up to {int(ids.max())} do not fit in uint8")
-        im = Image.fromarray(np.ascontiguousarray(ids, dtype=np.uint8), mode="L")
+        im = Image.fromarray(np.ascontiguousarray(ids, dtype=np.uint8))  # Mode "L"
     else:
-        im = Image.fromarray(np.ascontiguousarray(ids, dtype=np.uint16), mode="I;16")
+        im = Image.fromarray(np.ascontiguousarray(ids, dtype=np.uint16))  # Mode "I;16"
     buf = io.BytesIO()
     im.save(buf, "PNG", compress_level=_PNG_LEVEL)
     return buf.getvalue()
