@@ -143,7 +143,7 @@ class ConvertImages(beam.PTransform):
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
     """The target kinds of the plan's records (`schemas.TARGET_KINDS`)."""
-    return ("mask",) if plan.masks is not None else ()
+    return (masks.TARGET_KIND,) if plan.masks is not None else ()
 
 
 def run(argv: list[str] | None = None, *, wait: bool = True):

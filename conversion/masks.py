@@ -34,7 +34,7 @@ from imaging import masks as _masks
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair", "unpack",
+__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair", "unpack",
            "manifest_section", "with_pixel_counts", "PixelCounter"]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -42,6 +42,9 @@ _LOG = logging.getLogger("shardsmith.convert")
 _HEAD_BYTES = 65536
 # Reading headers waits on storage, not the CPU.
 _HEADER_THREADS = 8
+# The target kind of masks: the key of `schemas.TARGET_KINDS` (and of the
+# manifest's targets section) whose feature is `schemas.MASK`.
+TARGET_KIND = next(kind for kind, specs in schemas.TARGET_KINDS.items() if specs == (schemas.MASK,))
 # Masks looked for besides `imaging.masks.MASK_EXTENSIONS`, only to be rejected
 # as 'mask_lossy' (a JPEG's class ids are not exact) rather than 'missing_mask'.
 _LOSSY_EXTENSIONS = (".jpg", ".jpeg")
@@ -401,23 +404,23 @@ def manifest_section(plan) -> dict:
     mask_plan = getattr(plan, "masks", None)
     if mask_plan is None:
         return {}
-    return {schemas.TARGETS_SECTION: {"mask": dict(mask_plan.section)}}
+    return {schemas.TARGETS_SECTION: {TARGET_KIND: dict(mask_plan.section)}}
 
 
 def with_pixel_counts(extra: dict, shards, splits) -> dict:
     """`extra` with targets.mask's pixel_counts per split and num_classes, from the shard results."""
     targets = extra.get(schemas.TARGETS_SECTION)
-    if not targets or "mask" not in targets:
+    if not targets or TARGET_KIND not in targets:
         return extra
     per_split = {split: collections.Counter() for split in splits}
     for s in shards:
         for class_id, pixels in (s.mask_pixels or {}).items():
             per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
     ids = [int(i) for counts in per_split.values() for i in counts]
-    mask = dict(targets["mask"])
+    mask = dict(targets[TARGET_KIND])
     mask["num_classes"] = max(ids) + 1 if ids else 0
     mask["pixel_counts"] = {
         split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
         for split, counts in sorted(per_split.items())
     }
-    return {**extra, schemas.TARGETS_SECTION: {**targets, "mask": mask}}
+    return {**extra, schemas.TARGETS_SECTION: {**targets, TARGET_KIND: mask}}

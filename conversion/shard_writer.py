@@ -213,7 +213,7 @@ class _Writer:
     def __init__(self, job: ShardJob):
         self._job = job
         self._validator = _validator(job.validation)
-        self._schema = _schema(job.validation, ("mask",) if job.mask_dtype else ())
+        self._schema = _schema(job.validation, (_masks.TARGET_KIND,) if job.mask_dtype else ())
         self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
         self._quarantined = {path: (reason, message) for path, reason, message in job.quarantined}
 

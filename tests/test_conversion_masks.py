@@ -22,7 +22,7 @@ from PIL import Image, ImageOps
 import schemas
 from beam_jobs import convert as convert_module
 from beam_jobs._options import ConversionConfig
-from conversion.masks import MaskOptions
+from conversion.masks import TARGET_KIND, MaskOptions
 from conversion.planning import build_plan
 
 _PALETTE = [c for i in range(256) for c in ((i * 37) % 256, (i * 91) % 256, (i * 53) % 256)]
@@ -137,7 +137,7 @@ def test_pairs_are_stored_with_exact_ids(voc):
         assert mask.shape == (rec[schemas.HEIGHT.key], rec[schemas.WIDTH.key])
         assert rec[schemas.LABEL.key] == -1
     assert manifest.class_names == ()
-    assert schemas.ImageExampleSchema.from_json(manifest.features).targets == ("mask",)
+    assert schemas.ImageExampleSchema.from_json(manifest.features).targets == (TARGET_KIND,)
 
 
 def test_mask_drawn_on_the_raw_frame_lands_on_the_upright_marker(voc):
@@ -178,7 +178,7 @@ def test_rejects_and_normalized_actions(voc):
 def test_manifest_targets_mask_section(voc):
     root, expected, manifest, _ = voc
     records = read_records(root / "out")
-    section = manifest.targets["mask"]
+    section = manifest.targets[TARGET_KIND]
     assert section["dtype"] == "uint8"
     assert section["masks_dir"] == str(root / "SegmentationClass")
     assert section["mask_suffix"] is None
@@ -254,7 +254,7 @@ def test_cityscapes_suffix_splits_and_16_bit_ids(cityscapes):
     assert sorted(manifest.splits) == ["train", "validation"]
     # ROOT/<split>/<city>/<file>: the city folders are the class folders.
     assert manifest.class_names == ("aachen", "bonn")
-    section = manifest.targets["mask"]
+    section = manifest.targets[TARGET_KIND]
     assert section["dtype"] == "uint16"
     assert section["mask_suffix"] == "_leftImg8bit:_gtFine_labelIds"
     assert section["unmatched_masks"] == len(sources)  # The _gtFine_color.png files.
@@ -348,3 +348,19 @@ def test_mask_suffix_alone_is_a_usage_error(tmp_path, capsys):
                                   "--mask_suffix", "_a:_b"])
     assert status == 2
     assert "--masks_dir" in capsys.readouterr().err
+
+
+def test_resume_keeps_finished_shards_and_their_pixel_counts(voc, tmp_path):
+    root, _, _, args = voc
+    out = tmp_path / "resumed"
+    strict = [a for a in args if a not in ("--max_reject_fraction", "0.5")]
+    # Too many rejects for the default fraction: every shard is written, then no manifest.
+    with pytest.raises(Exception, match="max_reject_fraction"):
+        convert(root / "JPEGImages", out, *strict)
+    assert not (out / schemas.MANIFEST_FILENAME).exists()
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("*.tfrecord")}
+    assert kept
+    convert(root / "JPEGImages", out, *args, "--resume")
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.tfrecord")} == kept
+    for name in [*kept, schemas.MANIFEST_FILENAME, schemas.NORMALIZED_FILENAME, schemas.REJECTS_FILENAME]:
+        assert (out / name).read_bytes() == (root / "out" / name).read_bytes(), name
