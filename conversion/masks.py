@@ -315,9 +315,12 @@ def _dataset_dtype(paths: Sequence) -> str:
 
 
 def attach_masks(plan, mask_plan: MaskPlan):
-    """The plan with each planned file's mask path (`PlannedFile.mask`) and the mask plan."""
+    """The plan with each planned file's mask path (`PlannedFile.mask`) and the mask plan's summary."""
     files = tuple(dataclasses.replace(f, mask=mask_plan.mask_of[f.rel_path]) for f in plan.files)
-    return dataclasses.replace(plan, files=files, masks=mask_plan)
+    # Only what the rest of the run needs (dtype, section): the driver holds no
+    # second object per image while the pipeline runs.
+    slim = dataclasses.replace(mask_plan, files=(), problems=(), mask_of={}, labels_from=None)
+    return dataclasses.replace(plan, files=files, masks=slim)
 
 
 class MaskedImage(NamedTuple):
