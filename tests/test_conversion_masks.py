@@ -364,3 +364,24 @@ def test_resume_keeps_finished_shards_and_their_pixel_counts(voc, tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.tfrecord")} == kept
     for name in [*kept, schemas.MANIFEST_FILENAME, schemas.NORMALIZED_FILENAME, schemas.REJECTS_FILENAME]:
         assert (out / name).read_bytes() == (root / "out" / name).read_bytes(), name
+
+
+def test_every_page_of_a_multi_page_tiff_gets_the_mask(tmp_path):
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    pages = np.stack([pixels(i, size=(24, 32), mode="L") for i in range(2)])
+    tifffile.imwrite(write(images / "stack.tif", b""), pages)
+    assert len(tifffile.TiffFile(images / "stack.tif").pages) == 2
+    write(images / "single.png", encode(pixels(5), "PNG"))
+    for i, name in enumerate(("stack.png", "single.png")):
+        write(masks / name, _palette_png(_voc_ids(20 + i)))
+    manifest = convert(images, tmp_path / "out", "--masks_dir", masks, "--raster_pages", "all")
+    records = _by_name(read_records(tmp_path / "out"))
+    assert sorted(records) == ["single.png", "stack.tif#page=0", "stack.tif#page=1"]
+    for name, rec in records.items():
+        source = masks / ("single.png" if name == "single.png" else "stack.png")
+        np.testing.assert_array_equal(_decoded_mask(rec, tf.uint8), np.asarray(Image.open(source)))
+    counts = collections.Counter()
+    for rec in records.values():
+        values, n = np.unique(_decoded_mask(rec, tf.uint8), return_counts=True)
+        counts.update({str(v): int(c) for v, c in zip(values, n)})
+    assert manifest.targets[TARGET_KIND]["pixel_counts"] == {"train": dict(counts)}
