@@ -158,7 +158,9 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
         split folders, or --class_names without class folders.
     """
     mask_files = _list_masks(options.masks_dir)
-    files, problems = _drop_masks_dir(files, problems, input_dir, options.masks_dir)
+    files, problems, is_mask = _drop_masks_dir(files, problems, input_dir, options)
+    if is_mask is not None:  # Masks beside their images: only the masks are looked up.
+        mask_files = [m for m in mask_files if is_mask(m.rel_path)]
     by_stem = collections.defaultdict(list)
     for m in mask_files:
         if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS + _LOSSY_EXTENSIONS:
@@ -218,26 +220,64 @@ def _list_masks(masks_dir: str):
     return found
 
 
-def _drop_masks_dir(files, problems, input_dir: str, masks_dir: str):
-    """The listing without what lies inside --masks_dir (masks are not inputs)."""
+def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions):
+    """(files, problems, is_mask): the listing without the mask files (masks are not inputs).
+
+    `is_mask` tells masks from images by name where both share one folder
+    (else None).
+
+    Masks in a folder inside --input_dir are left out whole; masks in
+    --input_dir itself (beside their images) are told from the images by
+    --mask_suffix, which is then needed.
+
+    Raises:
+      ValueError: For --masks_dir equal to --input_dir without a --mask_suffix
+        that tells masks from images.
+    """
+    prefix = _inner_prefix(input_dir, options.masks_dir)
+    if prefix is None:
+        return files, problems, None
+    if prefix:
+        def is_mask(rel: str) -> bool:
+            return rel.startswith(prefix)
+    else:
+        suffixes = options.suffixes
+        if suffixes is None:
+            raise ValueError(
+                f"--masks_dir {options.masks_dir!r} is --input_dir itself: give --mask_suffix "
+                "IMAGE_SUFFIX:MASK_SUFFIX (e.g. :_mask for a.jpg beside a_mask.png) to tell masks "
+                "from images.")
+        image_suffix, mask_suffix = suffixes
+
+        def is_mask(rel: str) -> bool:
+            if os.path.splitext(rel)[1].lower() not in _masks.MASK_EXTENSIONS:
+                return False
+            stem = _stem(rel)
+            return stem.endswith(mask_suffix) if mask_suffix else not stem.endswith(image_suffix)
+
+    kept = [f for f in files if not is_mask(f.rel_path)]
+    if len(kept) != len(files):
+        _LOG.info("Left out %s mask files under --input_dir from the inputs", f"{len(files) - len(kept):,}")
+    return kept, [p for p in problems if not is_mask(p.rel_path)], (None if prefix else is_mask)
+
+
+def _inner_prefix(input_dir: str, masks_dir: str) -> str | None:
+    """'<folder>/' of --masks_dir inside --input_dir, '' for the same folder, None when outside."""
     if is_local(input_dir) != is_local(masks_dir):
-        return files, problems
+        return None
     if is_local(input_dir):
         root = os.path.realpath(input_dir.removeprefix("file://"))
         inner = os.path.realpath(masks_dir.removeprefix("file://"))
         prefix = os.path.relpath(inner, root).replace(os.sep, "/")
-        if prefix == "." or prefix.startswith(".."):
-            return files, problems
-    else:
-        root, inner = input_dir.rstrip("/") + "/", masks_dir.rstrip("/") + "/"
-        if not inner.startswith(root):
-            return files, problems
-        prefix = inner[len(root):].rstrip("/")
-    prefix += "/"
-    kept = [f for f in files if not f.rel_path.startswith(prefix)]
-    if len(kept) != len(files):
-        _LOG.info("Left out %s files inside --masks_dir from the inputs", f"{len(files) - len(kept):,}")
-    return kept, [p for p in problems if not p.rel_path.startswith(prefix)]
+        if prefix == ".":
+            return ""
+        if prefix == ".." or prefix.startswith("../"):
+            return None
+        return prefix + "/"
+    root, inner = input_dir.rstrip("/") + "/", masks_dir.rstrip("/") + "/"
+    if not inner.startswith(root):
+        return None
+    return inner[len(root):]
 
 
 def _labels(files, split_ratios, class_names):

@@ -385,3 +385,24 @@ def test_every_page_of_a_multi_page_tiff_gets_the_mask(tmp_path):
         values, n = np.unique(_decoded_mask(rec, tf.uint8), return_counts=True)
         counts.update({str(v): int(c) for v, c in zip(values, n)})
     assert manifest.targets[TARGET_KIND]["pixel_counts"] == {"train": dict(counts)}
+
+
+def test_masks_beside_their_images(tmp_path):
+    root = tmp_path / "photos"
+    for name in ("a", "b"):
+        write(root / f"{name}.jpg", encode(pixels(1, size=(4, 4)), "JPEG"))
+        write(root / f"{name}_mask.png", _palette_png(np.zeros((4, 4), np.uint8)))
+    write(root / "c.jpg", encode(pixels(3, size=(4, 4)), "JPEG"))
+    plan = _plan(root, root, mask_suffix=":_mask")
+    assert {f.rel_path: f.mask for f in plan.files} == {
+        "a.jpg": str(root / "a_mask.png"), "b.jpg": str(root / "b_mask.png")}
+    assert [(p.rel_path, p.reason) for p in plan.problems] == [("c.jpg", "missing_mask")]
+    assert plan.num_found == 3 and plan.masks.unmatched == 0
+    with pytest.raises(ValueError, match="--mask_suffix"):
+        _plan(root, root)
+
+
+def test_a_missing_masks_dir_is_named(tmp_path):
+    write(tmp_path / "in" / "a.png", encode(pixels(1), "PNG"))
+    with pytest.raises(FileNotFoundError, match="--masks_dir"):
+        _plan(tmp_path / "in", tmp_path / "nowhere")
