@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
 from conversion import listing
+from conversion.masks import MaskOptions
 from conversion.options import ShardingOptions, WritingOptions, parse_split
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
@@ -106,6 +107,17 @@ class ConvertOptions(PipelineOptions):
             "--max_side or --min_side.",
         )
         parser.add_argument(
+            "--masks_dir",
+            help="Folder of segmentation masks mirroring --input_dir: the mask of INPUT/a/b.jpg is "
+            "MASKS/a/b.png (or .tif, .tiff, .bmp, .gif), one class id per pixel, stored with each "
+            "image as a PNG. Images need no class folders then.",
+        )
+        parser.add_argument(
+            "--mask_suffix",
+            help="IMAGE_SUFFIX:MASK_SUFFIX for masks named differently from their images, e.g. "
+            "_leftImg8bit:_gtFine_labelIds (Cityscapes); needs --masks_dir.",
+        )
+        parser.add_argument(
             "--group_by",
             help="Keep groups in one split: dicom:PatientID, dicom:StudyInstanceUID (any DICOM "
             "keyword), or regex:PATTERN over the relative path (its first group, else the match).",
@@ -192,7 +204,8 @@ class ConversionConfig:
     Attributes mirror the command-line flags of `ConvertOptions`; see there.
     The options of one part of the pipeline come as one group: `validation`
     (`imaging.ValidationOptions`, DICOM rendering included), `sharding`
-    (`ShardingOptions`) and `writing` (`WritingOptions`).
+    (`ShardingOptions`), `writing` (`WritingOptions`) and `masks`
+    (`conversion.masks.MaskOptions`).
     """
 
     input_dir: str
@@ -209,6 +222,7 @@ class ConversionConfig:
     validation: ValidationOptions = dataclasses.field(default_factory=ValidationOptions)
     sharding: ShardingOptions = dataclasses.field(default_factory=ShardingOptions)
     writing: WritingOptions = dataclasses.field(default_factory=WritingOptions)
+    masks: MaskOptions = dataclasses.field(default_factory=MaskOptions)
 
     def __post_init__(self):
         for name in ("input_dir", "output_dir"):
@@ -321,6 +335,7 @@ class ConversionConfig:
             validation=validation,
             sharding=sharding,
             writing=writing,
+            masks=MaskOptions(masks_dir=o.masks_dir, mask_suffix=o.mask_suffix),
         )
 
     def manifest_options(self, split_source: str) -> dict:

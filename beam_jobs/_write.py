@@ -113,6 +113,8 @@ class WriteShardFn(beam.DoFn):
       validation: The `imaging.ValidationOptions` of every file.
       writing: The `WritingOptions` (resume, worker processes and threads).
       targets: The kinds of target every record carries (`schemas.TARGET_KINDS`).
+      mask_dtype: With --masks_dir, the dtype of every stored mask
+        ('uint8' or 'uint16', `conversion.masks`); None without masks.
     """
 
     REJECTED = "rejected"
@@ -120,7 +122,7 @@ class WriteShardFn(beam.DoFn):
 
     def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
                  validation: ValidationOptions, writing: WritingOptions | None = None,
-                 targets: tuple[str, ...] = ()):
+                 targets: tuple[str, ...] = (), mask_dtype: str | None = None):
         # Plain values only: the DoFn is pickled to every worker.
         self._targets = tuple(targets)
         self._output_dir = output_dir
@@ -128,6 +130,7 @@ class WriteShardFn(beam.DoFn):
         self._total_shards = total_shards
         self._validation = validation
         self._writing = writing or WritingOptions()
+        self._mask_dtype = mask_dtype
         self._written = Metrics.counter(_NAMESPACE, "records_written")
         self._shards = Metrics.counter(_NAMESPACE, "shards_written")
         self._resumed = Metrics.counter(_NAMESPACE, "shards_resumed")
@@ -227,6 +230,7 @@ class WriteShardFn(beam.DoFn):
             threads=self._writing.worker_threads or (0 if self._pool else default_threads()),
             quarantined=self._quarantined_of(files),
             targets=self._targets,
+            mask_dtype=self._mask_dtype,
         )
         if self._pool is None:
             return write_shard(job)
@@ -260,10 +264,14 @@ class WriteShardFn(beam.DoFn):
         The worker threads change speed only, never the bytes: not part of it.
         """
         h = hashlib.sha256(validation_fingerprint(self._validation).encode())
+        if self._mask_dtype is not None:  # Only then: receipts of runs without masks stay valid.
+            h.update(f"masks:{self._mask_dtype}".encode())
         for f in files:
             h.update(repr((os.fsencode(f.rel_path), f.size, f.label, f.order, f.duplicate_of)).encode())
             if f.targets is not None:  # Only then: shards without targets keep their receipts' fingerprints.
                 h.update(f.targets.encode())
+            if f.mask is not None:
+                h.update(repr(os.fsencode(f.mask)).encode())
         return h.hexdigest()
 
     def _log_written(self, name, outcome) -> None:
@@ -298,4 +306,4 @@ def _shard_file(f) -> ShardFile:
     duplicate = None
     if f.duplicate_of is not None:
         duplicate = "same content as " + listing.display_path(f.duplicate_of)
-    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets)
+    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.mask)

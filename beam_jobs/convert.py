@@ -53,7 +53,7 @@ from beam_jobs._output import prepare_output, read_manifest, summarize
 from beam_jobs._progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import console, elements, guard, plan as _plan, processes as _processes
+from conversion import console, elements, guard, masks, plan as _plan, processes as _processes
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
 from conversion.shard_writer import record_schema, warm_call
@@ -111,7 +111,8 @@ class ConvertImages(beam.PTransform):
                 total_shards=sum(plan.shard_counts.values()),
                 validation=config.validation,
                 writing=config.writing,
-                targets=plan.target_kinds,
+                targets=_targets(plan),
+                mask_dtype=None if plan.masks is None else plan.masks.dtype,
             )
         )
         listing_rejects = (
@@ -131,8 +132,8 @@ class ConvertImages(beam.PTransform):
                     num_found=plan.num_found,
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
-                    features=record_schema(config.validation, plan.target_kinds).to_json(),
-                    extra=group_section(plan, config),
+                    features=record_schema(config.validation, _targets(plan)).to_json(),
+                    extra={**group_section(plan, config), **masks.manifest_section(plan)},
                     targets=plan.targets_section,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
@@ -140,6 +141,11 @@ class ConvertImages(beam.PTransform):
                 normalized=beam.pvalue.AsList(written[WriteShardFn.NORMALIZED]),
             )
         )
+
+
+def _targets(plan: _plan.Plan) -> tuple[str, ...]:
+    """The target kinds of the plan's records (`schemas.TARGET_KINDS`): its annotations' and CSV's, and masks."""
+    return tuple(sorted({*plan.target_kinds, *((masks.TARGET_KIND,) if plan.masks is not None else ())}))
 
 
 def run(argv: list[str] | None = None, *, wait: bool = True):

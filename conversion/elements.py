@@ -43,6 +43,8 @@ class ShardResult:
     # Counts of its records' targets (`annotations.TargetCounts.to_json`): boxes per class,
     # images without boxes, images per class of several labels; None when none.
     targets: dict | None = None
+    # With --masks_dir, pixels per class id of its masks ({"<id>": pixels}; else None).
+    mask_pixels: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ import operator
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from conversion.listing import InputFile, Problem
 from schemas.manifest import SPLIT_ALIASES
@@ -101,6 +102,8 @@ class PlannedFile:
     # Its targets beyond one class (boxes, several labels, numbers) as compact
     # JSON (`PlanTargets.values`); None when the dataset has none.
     targets: str | None = None
+    # With --masks_dir: where its mask is (`conversion.masks`).
+    mask: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +124,7 @@ class Plan:
         (`schemas.TARGET_KINDS`), sorted; () for one label per image.
       targets_section: The dataset-level part of the manifest's targets
         section (`PlanTargets.section`).
+      masks: With --masks_dir: the `conversion.masks.MaskPlan`.
     """
 
     files: tuple[PlannedFile, ...]
@@ -132,6 +136,7 @@ class Plan:
     groups: Mapping[str, tuple[str, ...]] | None = None
     target_kinds: tuple[str, ...] = ()
     targets_section: Mapping | None = None
+    masks: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,6 +327,7 @@ def make_plan(
     min_shards: int,
     groups: Mapping[str, str] | None = None,
     targets: PlanTargets | None = None,
+    folder_labels: Callable | None = None,
 ) -> Plan:
     """Assigns every listed file a label, a split and a shard.
 
@@ -344,6 +350,10 @@ def make_plan(
       targets: Per-file targets beyond one class (`PlanTargets`), or None.
         Labels of None (the labels CSV's, or `image_labels_optional`'s)
         become label -1.
+      folder_labels: Without a labels CSV, what gives each file's (label,
+        split): `(files, split_ratios) -> (labels, unlabeled, split_source)`;
+        a label of None is stored as -1 (no image-level class). Default:
+        class folders (`ROOT/<class>/...`, `ROOT/<split>/<class>/...`).
 
     Returns:
       The plan.
@@ -382,7 +392,7 @@ def make_plan(
         labels, split_source = image_labels_optional(named, split_ratios)
         unlabeled = [f for f in files if f.rel_path not in labels]
     else:
-        labels, unlabeled, split_source = _labels_from_folders(files, split_ratios)
+        labels, unlabeled, split_source = (folder_labels or _labels_from_folders)(files, split_ratios)
     for f in unlabeled:
         if targets is not None and targets.source is not None and labels_csv is None:
             why = f"not in {targets.source}"

@@ -14,7 +14,7 @@ import gc
 import logging
 import re
 
-from conversion import annotations as _annotations, guard, listing as _listing, plan as _plan
+from conversion import annotations as _annotations, guard, listing as _listing, masks as _masks, plan as _plan
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
@@ -92,6 +92,13 @@ def _build_plan(config, on_listed) -> _plan.Plan:
             # Files whose header crashed a process (an earlier run's) or raised: rejected here.
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
+    mask_plan = None
+    masks = getattr(config, "masks", None)
+    if masks is not None and masks.active:
+        mask_plan = _masks.plan_masks(
+            files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
+            labels_csv=labels_csv is not None, class_names=config.class_names)
+        files, problems = mask_plan.files, mask_plan.problems
     sharding = config.sharding
     plan = _plan.make_plan(
         files, problems,
@@ -104,7 +111,16 @@ def _build_plan(config, on_listed) -> _plan.Plan:
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,
         targets=targets,
+        folder_labels=None if mask_plan is None else mask_plan.labels_from,
     )
+    if mask_plan is not None:
+        plan = _masks.attach_masks(plan, mask_plan)
+    if not plan.files and mask_plan is not None:
+        raise ValueError(
+            f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "
+            f"{masks.masks_dir!r}: {len(plan.problems)} files found, none paired (see the file names "
+            "and --mask_suffix)."
+        )
     if not plan.files:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no labelled images: {len(plan.problems)} "

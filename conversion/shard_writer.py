@@ -20,7 +20,7 @@ import types
 from typing import NamedTuple
 
 import schemas
-from conversion import annotations as _annotations, guard
+from conversion import annotations as _annotations, guard, masks as _masks
 from conversion.elements import Reject, ShardResult
 from conversion.files import AtomicWriter, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
@@ -58,6 +58,7 @@ class ShardFile(NamedTuple):
         is then not read); None otherwise.
       targets: Its targets beyond one class, as compact JSON
         (`conversion.annotations`); None when the dataset has none.
+      mask: With --masks_dir, where its mask is; None otherwise.
     """
 
     rel_path: str
@@ -66,6 +67,7 @@ class ShardFile(NamedTuple):
     label: int
     duplicate: str | None = None
     targets: str | None = None
+    mask: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +100,8 @@ class ShardJob:
     quarantined: tuple[tuple[str, str, str], ...] = ()
     # The kinds of target every record carries (`schemas.TARGET_KINDS`), sorted.
     targets: tuple[str, ...] = ()
+    # With --masks_dir: 'uint8' or 'uint16', the dtype of every stored mask (`conversion.masks`).
+    mask_dtype: str | None = None
 
 
 class ShardOutcome(NamedTuple):
@@ -196,6 +200,7 @@ class _Shard:
         self.band_stats = schemas.BandStatsAccumulator()  # Of its raster records
         self.georeferenced = 0  # Records with a known EPSG code or geotransform
         self.targets = _annotations.TargetCounts()  # Boxes and labels of its records
+        self.mask_pixels = _masks.PixelCounter()  # Pixels per class id of its masks
 
 
 def write_shard(job: ShardJob) -> ShardOutcome:
@@ -229,8 +234,9 @@ class _Writer:
             for f, outcome in self._validated(job.files, job.threads):
                 if not isinstance(outcome, Reject):
                     try:
-                        targets = [self._targets(f, image) for image in outcome]
-                        records = [(image, *self._encode(f, image, t), t) for image, t in zip(outcome, targets)]
+                        # One record per kept image (frame, page), with its mask and targets.
+                        targets = [self._targets(f, _masks.unpack(item)[0]) for item in outcome]
+                        records = [(item, *self._encode(f, item, t), t) for item, t in zip(outcome, targets)]
                     except ImageRejected as e:  # Its targets cannot be stored (bad_target)
                         outcome = Reject(f.rel_path, e.reason, e.message)
                     except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
@@ -239,8 +245,8 @@ class _Writer:
                     shard.rejects.append(outcome)
                     continue
                 shard.num_sources += 1
-                for image, filename, framed, t in records:
-                    self._write_record(writer, shard, f, image, filename, framed, t)
+                for item, filename, framed, t in records:
+                    self._write_record(writer, shard, f, item, filename, framed, t)
         except BaseException:
             writer.abort()
             raise
@@ -258,6 +264,7 @@ class _Writer:
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
             targets=shard.targets.to_json(),
+            mask_pixels=shard.mask_pixels.to_json() if job.mask_dtype else None,
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
@@ -267,8 +274,9 @@ class _Writer:
             return None
         return _annotations.record_targets(f.targets, image, self._raw_frames.get(f.rel_path), f.rel_path)
 
-    def _encode(self, f: ShardFile, image, targets=None) -> tuple[str, bytes]:
+    def _encode(self, f: ShardFile, item, targets=None) -> tuple[str, bytes]:
         """The record's filename and its framed bytes (every record of a file is encoded before any is written)."""
+        image, mask, _ = _masks.unpack(item)
         # One record per kept frame: its filename says which.
         filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
         if image.page is not None:
@@ -281,13 +289,16 @@ class _Writer:
             height=image.height,
             width=image.width,
             channels=image.channels,
-            extra=self._extra(image) if targets is None else {**self._extra(image), **targets.extra},
+            extra=self._extra(image, mask) if targets is None else {**self._extra(image, mask), **targets.extra},
         ))
         return filename, frame_record(record)
 
-    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str,
+    def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, item, filename: str,
                       framed: bytes, targets=None) -> None:
         """Writes one framed record; notes it in the shard's index, counts and normalisations."""
+        image, _, mask_counts = _masks.unpack(item)
+        if mask_counts is not None:
+            shard.mask_pixels.add(mask_counts)
         actions, details = image.actions, image.details
         if targets is not None:
             shard.targets.add(targets)
@@ -299,7 +310,7 @@ class _Writer:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        if f.label >= 0:  # -1: no image-level class (boxes, several labels, numbers)
+        if f.label >= 0:  # -1: no image-level class (masks, boxes, several labels, numbers)
             shard.class_counts[f.label] += 1
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
@@ -308,13 +319,15 @@ class _Writer:
         if image.band_stats is not None:
             shard.band_stats.add(image.band_stats)
 
-    def _extra(self, image) -> dict:
-        """The record's optional features: the DICOM tags asked for, its georeferencing."""
-        if not self._tag_keys and not self._schema.georef:
+    def _extra(self, image, mask: bytes | None = None) -> dict:
+        """The record's optional features: the DICOM tags asked for, its georeferencing, its mask."""
+        if not self._tag_keys and not self._schema.georef and mask is None:
             return _NO_EXTRA  # The common case: no dict per record.
         extra = {key: image.tags.get(t, "") for t, key in self._tag_keys}
         if self._schema.georef:
             extra.update(_georef_values(image.georef))
+        if mask is not None:
+            extra[schemas.MASK.key] = mask
         return extra
 
     def _validated(self, files, threads: int):
@@ -356,14 +369,30 @@ class _Writer:
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
                 results = [self._validate_one(data, name) for data, name in items]
             for (k, data), result in zip(read, results):
-                self._note_raw_frame(group[k], data, result)
-        for (k, _), result in zip(read, results):
-            if isinstance(result, ImageRejected):
-                result = Reject(group[k].rel_path, result.reason, result.message)
-            elif isinstance(result, Exception):
-                result = _internal_error(group[k], result)
-            outcomes[k] = result
+                if isinstance(result, ImageRejected):
+                    result = Reject(group[k].rel_path, result.reason, result.message)
+                elif isinstance(result, Exception):
+                    result = _internal_error(group[k], result)
+                else:
+                    result = self._with_targets(group[k], result, data)
+                outcomes[k] = result
         return outcomes
+
+    def _with_targets(self, f: ShardFile, images, data: bytes):
+        """The file's images, paired with its mask (`conversion.masks.pair`), its raw frame noted
+        for its boxes (`_note_raw_frame`); or the pair's Reject."""
+        if f.mask is None and f.targets is None:
+            return images
+        try:
+            self._note_raw_frame(f, data, images)
+            if f.mask is None:
+                return images
+            return _masks.pair(f.rel_path, f.mask, images, data, self._job.mask_dtype or "uint8",
+                               self._job.validation.max_pixels)
+        except ImageRejected as e:
+            return Reject(f.rel_path, e.reason, e.message)
+        except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
+            return _internal_error(f, e)
 
     def _note_raw_frame(self, f: ShardFile, data: bytes, result) -> None:
         """Notes the raw frame of a file with targets that was turned upright (its boxes may need it)."""

@@ -1,0 +1,469 @@
+"""Segmentation masks in a conversion (--masks_dir, --mask_suffix): pairing, planning, storing.
+
+The mask of `INPUT/a/b.jpg` is `MASKS/a/b.<png|tif|tiff|bmp|gif>`; with
+`--mask_suffix _leftImg8bit:_gtFine_labelIds` the image's stem loses its
+suffix and the mask's gains its own (Cityscapes). Beam-free, in three parts:
+
+- planning (the driver, `plan_masks`): lists --masks_dir, pairs each image
+  with its mask (an image without one is rejected `missing_mask`; a stem
+  with masks of several extensions `mask_unreadable`), decides the image
+  labels (class folders only where the layout is exactly class folders;
+  -1 otherwise) and the one mask dtype of the dataset from the masks'
+  headers, before any shard is written;
+- writing (a shard writer, `pair`): reads a file's mask, aligns it with each
+  of the file's stored images (`imaging.masks`), encodes it as a PNG;
+- the manifest (`pixel_counts_section`): pixels per class id and split.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import schemas
+from conversion import listing as _listing
+from conversion.files import is_local, open_to_read, read_bytes
+from imaging import masks as _masks
+from imaging.errors import ImageRejected
+from schemas.manifest import SPLIT_ALIASES
+
+__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair", "unpack",
+           "manifest_section", "with_pixel_counts", "PixelCounter"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+# A mask's header (PNG IHDR, a TIFF's first IFD) lies within these first bytes.
+_HEAD_BYTES = 65536
+# Reading headers waits on storage, not the CPU.
+_HEADER_THREADS = 8
+# The target kind of masks: the key of `schemas.TARGET_KINDS` (and of the
+# manifest's targets section) whose feature is `schemas.MASK`.
+TARGET_KIND = next(kind for kind, specs in schemas.TARGET_KINDS.items() if specs == (schemas.MASK,))
+# Masks looked for besides `imaging.masks.MASK_EXTENSIONS`, only to be rejected
+# as 'mask_lossy' (a JPEG's class ids are not exact) rather than 'missing_mask'.
+_LOSSY_EXTENSIONS = (".jpg", ".jpeg")
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskOptions:
+    """Where the images' segmentation masks are.
+
+    Attributes:
+      masks_dir: Folder of masks, mirroring the input folder (--masks_dir);
+        None: no masks.
+      mask_suffix: 'IMAGE_SUFFIX:MASK_SUFFIX' (--mask_suffix): the image's
+        stem ends with IMAGE_SUFFIX, replaced by MASK_SUFFIX for its mask
+        (either may be empty, not both); None: the same stem.
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    masks_dir: str | None = None
+    mask_suffix: str | None = None
+
+    def __post_init__(self):
+        if self.masks_dir is not None and not str(self.masks_dir).strip():
+            raise ValueError(f"--masks_dir must be a folder of masks. Received: {self.masks_dir!r}")
+        if self.mask_suffix is None:
+            return
+        if self.masks_dir is None:
+            raise ValueError(
+                "--mask_suffix maps image names to mask names under --masks_dir: give --masks_dir "
+                f"with it. Received: --mask_suffix {self.mask_suffix!r} alone")
+        parts = self.mask_suffix.split(":")
+        if len(parts) != 2 or parts == ["", ""] or any("/" in p or "\\" in p for p in parts):
+            raise ValueError(
+                "--mask_suffix must be IMAGE_SUFFIX:MASK_SUFFIX (one colon, no slashes, not both "
+                "empty), e.g. _leftImg8bit:_gtFine_labelIds. "
+                f"Received: {self.mask_suffix!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.masks_dir is not None
+
+    @property
+    def suffixes(self) -> tuple[str, str] | None:
+        """(image suffix, mask suffix), or None."""
+        if self.mask_suffix is None:
+            return None
+        image, mask = self.mask_suffix.split(":")
+        return image, mask
+
+    def mask_stem(self, rel_path: str) -> str | None:
+        """The mask's path without extension for an image's relative path; None if its name does not fit."""
+        stem = _stem(rel_path)
+        suffixes = self.suffixes
+        if suffixes is None:
+            return stem
+        image, mask = suffixes
+        if image and not stem.endswith(image):
+            return None
+        return stem[:len(stem) - len(image)] + mask
+
+
+def _stem(rel_path: str) -> str:
+    """The path without its extension ('a/b.c.png' -> 'a/b.c')."""
+    folder, _, name = rel_path.rpartition("/")
+    base, dot, _ = name.rpartition(".")
+    name = base if dot and base else name
+    return f"{folder}/{name}" if folder else name
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskPlan:
+    """What planning decided about masks.
+
+    Attributes:
+      files: The input files that have exactly one mask (to be planned).
+      problems: The listing's problems plus the images without a usable mask.
+      mask_of: Relative path of each image in `files` to its mask's path.
+      dtype: 'uint8' or 'uint16': the dtype of every stored mask.
+      unmatched: Mask files no image pairs with.
+      labels_from: For `conversion.plan.make_plan` (`folder_labels`): the
+        labels and splits of the files, or None (a labels CSV gives them).
+      section: The manifest's targets.mask section known before the run.
+    """
+
+    files: tuple
+    problems: tuple
+    mask_of: Mapping[str, str]
+    dtype: str
+    unmatched: int
+    labels_from: Any
+    section: Mapping[str, Any]
+
+
+def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, input_dir: str,
+               split_ratios, labels_csv: bool, class_names) -> MaskPlan:
+    """Pairs the listed images with their masks; decides labels and the mask dtype.
+
+    Args:
+      files, problems: The input listing (`conversion.listing.list_input`).
+      options: The `MaskOptions` (active).
+      input_dir: --input_dir (mask files inside it are not inputs).
+      split_ratios: --split, or None.
+      labels_csv: Whether a --labels_csv gives the labels.
+      class_names: --class_names, or None.
+
+    Raises:
+      FileNotFoundError: For a --masks_dir that does not exist.
+      ValueError: For split folders mixed with other folders, --split with
+        split folders, or --class_names without class folders.
+    """
+    mask_files = _list_masks(options.masks_dir)
+    files, problems, is_mask = _drop_masks_dir(files, problems, input_dir, options)
+    if is_mask is not None:  # Masks beside their images: only the masks are looked up.
+        mask_files = [m for m in mask_files if is_mask(m.rel_path)]
+    by_stem = collections.defaultdict(list)
+    for m in mask_files:
+        if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS + _LOSSY_EXTENSIONS:
+            by_stem[_stem(m.rel_path)].append(m)
+    kept, problems, mask_of, used = [], list(problems), {}, set()
+    for f in files:
+        stem = options.mask_stem(f.rel_path)
+        found = by_stem.get(stem, []) if stem is not None else []
+        if stem is not None:
+            used.add(stem)
+        lossless = [m for m in found if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS]
+        if len(lossless) == 1 or (found and not lossless):
+            # A JPEG mask alone is paired, then rejected 'mask_lossy' by the shard writer.
+            kept.append(f)
+            mask_of[f.rel_path] = (lossless or found)[0]
+        elif not found:
+            problems.append(_listing.Problem(f.rel_path, "missing_mask", _missing_message(f, stem, options)))
+        else:
+            names = " and ".join(_listing.display_path(m.rel_path) for m in lossless)
+            problems.append(_listing.Problem(
+                f.rel_path, "mask_unreadable",
+                f"several masks under --masks_dir {options.masks_dir!r} fit it: {names}; which one is "
+                "meant is ambiguous (keep one)"))
+    unmatched = sum(len(ms) for stem, ms in by_stem.items() if stem not in used)
+    if unmatched:
+        _LOG.info("%s mask files under --masks_dir %s have no image (not inputs)", f"{unmatched:,}",
+                  options.masks_dir)
+    labels_from = None
+    if not labels_csv:
+        kept, outside, labels_from = _labels(kept, split_ratios, class_names)
+        problems += outside
+    dtype = _dataset_dtype([mask_of[f.rel_path] for f in kept])
+    section = {
+        "dtype": dtype,
+        "masks_dir": options.masks_dir,
+        "mask_suffix": options.mask_suffix,
+        "unmatched_masks": unmatched,
+    }
+    return MaskPlan(tuple(kept), tuple(problems), {p: m.path for p, m in mask_of.items()}, dtype,
+                    unmatched, labels_from, section)
+
+
+def _missing_message(f, stem: str | None, options: MaskOptions) -> str:
+    if stem is None:
+        image_suffix = options.suffixes[0]
+        return (f"its name does not end with {image_suffix!r} (--mask_suffix {options.mask_suffix}), "
+                "so it has no mask name")
+    where = "/".join(p for p in (options.masks_dir.rstrip("/"), stem) if p)
+    return f"no mask at {where}{{{','.join(_masks.MASK_EXTENSIONS)}}}"
+
+
+def _list_masks(masks_dir: str):
+    try:
+        found, _ = _listing.list_input(masks_dir)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--masks_dir {masks_dir!r} does not exist or is not a folder.") from None
+    return found
+
+
+def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions):
+    """(files, problems, is_mask): the listing without the mask files (masks are not inputs).
+
+    `is_mask` tells masks from images by name where both share one folder
+    (else None).
+
+    Masks in a folder inside --input_dir are left out whole; masks in
+    --input_dir itself (beside their images) are told from the images by
+    --mask_suffix, which is then needed.
+
+    Raises:
+      ValueError: For --masks_dir equal to --input_dir without a --mask_suffix
+        that tells masks from images.
+    """
+    prefix = _inner_prefix(input_dir, options.masks_dir)
+    if prefix is None:
+        return files, problems, None
+    if prefix:
+        def is_mask(rel: str) -> bool:
+            return rel.startswith(prefix)
+    else:
+        suffixes = options.suffixes
+        if suffixes is None:
+            raise ValueError(
+                f"--masks_dir {options.masks_dir!r} is --input_dir itself: give --mask_suffix "
+                "IMAGE_SUFFIX:MASK_SUFFIX (e.g. :_mask for a.jpg beside a_mask.png) to tell masks "
+                "from images.")
+        image_suffix, mask_suffix = suffixes
+
+        def is_mask(rel: str) -> bool:
+            if os.path.splitext(rel)[1].lower() not in _masks.MASK_EXTENSIONS:
+                return False
+            stem = _stem(rel)
+            return stem.endswith(mask_suffix) if mask_suffix else not stem.endswith(image_suffix)
+
+    kept = [f for f in files if not is_mask(f.rel_path)]
+    if len(kept) != len(files):
+        _LOG.info("Left out %s mask files under --input_dir from the inputs", f"{len(files) - len(kept):,}")
+    return kept, [p for p in problems if not is_mask(p.rel_path)], (None if prefix else is_mask)
+
+
+def _inner_prefix(input_dir: str, masks_dir: str) -> str | None:
+    """'<folder>/' of --masks_dir inside --input_dir, '' for the same folder, None when outside."""
+    if is_local(input_dir) != is_local(masks_dir):
+        return None
+    if is_local(input_dir):
+        root = os.path.realpath(input_dir.removeprefix("file://"))
+        inner = os.path.realpath(masks_dir.removeprefix("file://"))
+        prefix = os.path.relpath(inner, root).replace(os.sep, "/")
+        if prefix == ".":
+            return ""
+        if prefix == ".." or prefix.startswith("../"):
+            return None
+        return prefix + "/"
+    root, inner = input_dir.rstrip("/") + "/", masks_dir.rstrip("/") + "/"
+    if not inner.startswith(root):
+        return None
+    return inner[len(root):]
+
+
+def _labels(files, split_ratios, class_names):
+    """(files, problems, labels_from): splits from top-level split folders, labels from class folders.
+
+    Class folders give labels only where the layout is exactly
+    ROOT/<class>/<file> (or ROOT/<split>/<class>/<file>) with at least two
+    of them; otherwise every record's label is -1. Files outside the split
+    folders, where there are some, belong to no split.
+    """
+    top = {f.rel_path.partition("/")[0] for f in files if "/" in f.rel_path}
+    split_dirs = {d for d in top if d.lower() in SPLIT_ALIASES}
+    if split_dirs and split_dirs != top:
+        raise ValueError(
+            f"--input_dir mixes split folders {sorted(split_dirs)} with other folders "
+            f"{sorted(top - split_dirs)} at the top level; with --masks_dir, put everything in the "
+            "split folders or none.")
+    if split_dirs and split_ratios is not None:
+        raise ValueError(
+            f"--split assigns splits by hash, but --input_dir already has split folders "
+            f"{sorted(split_dirs)}. Drop --split.")
+    outside = []
+    placed = {}  # rel_path -> (path below the split folder, split or None)
+    for f in files:
+        first, has_folder, rest = f.rel_path.partition("/")
+        if split_dirs:
+            if has_folder:
+                placed[f.rel_path] = (rest, SPLIT_ALIASES[first.lower()])
+            else:
+                outside.append(_listing.Problem(f.rel_path, "not_in_split", "outside the split folders"))
+        else:
+            placed[f.rel_path] = (f.rel_path, None)
+    classes = {below.partition("/")[0] for below, _ in placed.values()}
+    by_folders = bool(placed) and len(classes) >= 2 and all(below.count("/") == 1 for below, _ in placed.values())
+    if by_folders:
+        labels = {rel: (below.partition("/")[0], split) for rel, (below, split) in placed.items()}
+        _LOG.info("Image labels from %d class folders (%s/<class>/<file>)", len(classes),
+                  "<split>" if split_dirs else "ROOT")
+    else:
+        if class_names is not None:
+            raise ValueError(
+                "--class_names names class folders, but with --masks_dir the input is not laid out "
+                "as ROOT/<class>/<file> or ROOT/<split>/<class>/<file> with two classes or more. "
+                "Drop --class_names (every label is then -1) or give a --labels_csv.")
+        labels = {rel: (None, split) for rel, (_, split) in placed.items()}
+        _LOG.info("Image labels: none (-1 for every record): the input is not laid out as class "
+                  "folders; the masks are the targets")
+    source = "folders" if split_dirs else "hash"
+    kept = [f for f in files if f.rel_path in placed]
+
+    def labels_from(planned_files, unused_ratios):
+        return {f.rel_path: labels[f.rel_path] for f in planned_files}, [], source
+
+    return kept, outside, labels_from
+
+
+def _dataset_dtype(paths: Sequence) -> str:
+    """'uint16' when any mask file is 16-bit or deeper, from its header; else 'uint8'."""
+    def depth(m):
+        try:
+            with open_to_read(m.path) as fh:
+                head = fh.read(_HEAD_BYTES)
+                bits = _masks.mask_bit_depth(head)
+                if bits is None and m.size > len(head):
+                    bits = _masks.mask_bit_depth(head + fh.read())
+        except OSError:
+            return 8  # The shard writer reads it again and says why.
+        return bits or 8
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
+        deepest = max(pool.map(depth, paths), default=8)
+    dtype = "uint16" if deepest > 8 else "uint8"
+    _LOG.info("Masks: %s files paired, stored as %s PNGs", f"{len(paths):,}", dtype)
+    return dtype
+
+
+def attach_masks(plan, mask_plan: MaskPlan):
+    """The plan with each planned file's mask path (`PlannedFile.mask`) and the mask plan's summary."""
+    files = tuple(dataclasses.replace(f, mask=mask_plan.mask_of[f.rel_path]) for f in plan.files)
+    # Only what the rest of the run needs (dtype, section): the driver holds no
+    # second object per image while the pipeline runs.
+    slim = dataclasses.replace(mask_plan, files=(), problems=(), mask_of={}, labels_from=None)
+    return dataclasses.replace(plan, files=files, masks=slim)
+
+
+class MaskedImage(NamedTuple):
+    """A validated image and its mask as stored (a shard writer's outcome for a file with a mask).
+
+    Attributes:
+      image: The `imaging.ValidImage`, its actions and details extended
+        with what was done to the mask.
+      mask: The mask's PNG bytes.
+      counts: Pixels per class id (`np.bincount`).
+    """
+
+    image: Any
+    mask: bytes
+    counts: np.ndarray
+
+
+def unpack(item) -> tuple[Any, bytes | None, np.ndarray | None]:
+    """(image, mask PNG or None, pixel counts or None) of a shard writer's outcome item."""
+    if isinstance(item, MaskedImage):
+        return item.image, item.mask, item.counts
+    return item, None, None
+
+
+def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
+         max_pixels: int | None = None) -> list[MaskedImage]:
+    """A file's validated images, each with its mask aligned and encoded.
+
+    Args:
+      rel_path: The image's relative path (messages).
+      mask_path: Where its mask is.
+      images: Its `ValidImage`s (several for multi-frame or multi-page files:
+        the same mask goes with each).
+      data: The image file's bytes (its EXIF orientation, when it was turned).
+      dtype: The dataset's mask dtype.
+      max_pixels: --max_pixels.
+
+    Raises:
+      ImageRejected: With a mask reason: the pair is rejected.
+    """
+    try:
+        mask_data = read_bytes(mask_path)
+    except OSError as e:
+        raise ImageRejected("mask_unreadable", f"mask of {rel_path}: {e}") from e
+    ids = _masks.read_mask(mask_data, mask_path, max_pixels)
+    if dtype == "uint8" and ids.dtype != np.uint8 and ids.size and int(ids.max()) > 255:
+        raise ImageRejected(
+            "mask_not_class_ids",
+            f"mask {mask_path} holds ids up to {int(ids.max())}, but its header said 8-bit")
+    out = []
+    encoded = {}  # Frames of one file share a size: the mask is aligned and encoded once.
+    for image in images:
+        frame = _masks.image_frame(data, image.actions, image.height, image.width, image.details)
+        if frame not in encoded:
+            aligned = _masks.align_mask(ids, frame, rel_path)
+            encoded[frame] = (aligned, _masks.encode_mask(aligned.ids, dtype), _masks.pixel_counts(aligned.ids))
+        aligned, png, counts = encoded[frame]
+        if aligned.actions:
+            details = dict(image.details or {})
+            details["mask"] = aligned.details
+            image = dataclasses.replace(image, actions=(*image.actions, *aligned.actions), details=details)
+        out.append(MaskedImage(image, png, counts))
+    return out
+
+
+class PixelCounter:
+    """Pixels per class id of a shard's masks."""
+
+    def __init__(self):
+        self._counts = np.zeros(0, np.int64)
+
+    def add(self, counts: np.ndarray) -> None:
+        if len(counts) > len(self._counts):
+            self._counts = np.pad(self._counts, (0, len(counts) - len(self._counts)))
+        self._counts[:len(counts)] += counts
+
+    def to_json(self) -> dict[str, int]:
+        """{"<id>": pixels} of the ids present, in id order."""
+        return {str(i): int(n) for i, n in enumerate(self._counts) if n}
+
+
+def manifest_section(plan) -> dict:
+    """The manifest's targets section as known before the run: {} without masks."""
+    mask_plan = getattr(plan, "masks", None)
+    if mask_plan is None:
+        return {}
+    return {schemas.TARGETS_SECTION: {TARGET_KIND: dict(mask_plan.section)}}
+
+
+def with_pixel_counts(extra: dict, shards, splits) -> dict:
+    """`extra` with targets.mask's pixel_counts per split and num_classes, from the shard results."""
+    targets = extra.get(schemas.TARGETS_SECTION)
+    if not targets or TARGET_KIND not in targets:
+        return extra
+    per_split = {split: collections.Counter() for split in splits}
+    for s in shards:
+        for class_id, pixels in (s.mask_pixels or {}).items():
+            per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
+    ids = [int(i) for counts in per_split.values() for i in counts]
+    mask = dict(targets[TARGET_KIND])
+    mask["num_classes"] = max(ids) + 1 if ids else 0
+    mask["pixel_counts"] = {
+        split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
+        for split, counts in sorted(per_split.items())
+    }
+    return {**extra, schemas.TARGETS_SECTION: {**targets, TARGET_KIND: mask}}
