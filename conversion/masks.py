@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import schemas
-from conversion import listing as _listing
+from conversion import listing as _listing, plan as _plan
 from conversion.files import is_local, open_to_read, read_bytes
 from imaging import masks as _masks
 from imaging.errors import ImageRejected
@@ -283,50 +283,21 @@ def _inner_prefix(input_dir: str, masks_dir: str) -> str | None:
 def _labels(files, split_ratios, class_names):
     """(files, problems, labels_from): splits from top-level split folders, labels from class folders.
 
-    Class folders give labels only where the layout is exactly
-    ROOT/<class>/<file> (or ROOT/<split>/<class>/<file>) with at least two
-    of them; otherwise every record's label is -1. Files outside the split
+    The rule of every dataset whose targets need no class
+    (`conversion.plan.image_labels_optional`); files beside the split
     folders, where there are some, belong to no split.
     """
     top = {f.rel_path.partition("/")[0] for f in files if "/" in f.rel_path}
-    split_dirs = {d for d in top if d.lower() in SPLIT_ALIASES}
-    if split_dirs and split_dirs != top:
+    has_splits = any(d.lower() in SPLIT_ALIASES for d in top)
+    outside = [_listing.Problem(f.rel_path, "not_in_split", "outside the split folders")
+               for f in files if has_splits and "/" not in f.rel_path]
+    kept = [f for f in files if not (has_splits and "/" not in f.rel_path)]
+    labels, source = _plan.image_labels_optional(kept, split_ratios)
+    if class_names is not None and all(label is None for label, _ in labels.values()):
         raise ValueError(
-            f"--input_dir mixes split folders {sorted(split_dirs)} with other folders "
-            f"{sorted(top - split_dirs)} at the top level; with --masks_dir, put everything in the "
-            "split folders or none.")
-    if split_dirs and split_ratios is not None:
-        raise ValueError(
-            f"--split assigns splits by hash, but --input_dir already has split folders "
-            f"{sorted(split_dirs)}. Drop --split.")
-    outside = []
-    placed = {}  # rel_path -> (path below the split folder, split or None)
-    for f in files:
-        first, has_folder, rest = f.rel_path.partition("/")
-        if split_dirs:
-            if has_folder:
-                placed[f.rel_path] = (rest, SPLIT_ALIASES[first.lower()])
-            else:
-                outside.append(_listing.Problem(f.rel_path, "not_in_split", "outside the split folders"))
-        else:
-            placed[f.rel_path] = (f.rel_path, None)
-    classes = {below.partition("/")[0] for below, _ in placed.values()}
-    by_folders = bool(placed) and len(classes) >= 2 and all(below.count("/") == 1 for below, _ in placed.values())
-    if by_folders:
-        labels = {rel: (below.partition("/")[0], split) for rel, (below, split) in placed.items()}
-        _LOG.info("Image labels from %d class folders (%s/<class>/<file>)", len(classes),
-                  "<split>" if split_dirs else "ROOT")
-    else:
-        if class_names is not None:
-            raise ValueError(
-                "--class_names names class folders, but with --masks_dir the input is not laid out "
-                "as ROOT/<class>/<file> or ROOT/<split>/<class>/<file> with two classes or more. "
-                "Drop --class_names (every label is then -1) or give a --labels_csv.")
-        labels = {rel: (None, split) for rel, (_, split) in placed.items()}
-        _LOG.info("Image labels: none (-1 for every record): the input is not laid out as class "
-                  "folders; the masks are the targets")
-    source = "folders" if split_dirs else "hash"
-    kept = [f for f in files if f.rel_path in placed]
+            "--class_names names class folders, but with --masks_dir the input is not laid out "
+            "as ROOT/<class>/<file> or ROOT/<split>/<class>/<file> with two classes or more. "
+            "Drop --class_names (every label is then -1) or give a --labels_csv.")
 
     def labels_from(planned_files, unused_ratios):
         return {f.rel_path: labels[f.rel_path] for f in planned_files}, [], source
