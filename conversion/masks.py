@@ -387,7 +387,11 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
         frame = _masks.image_frame(data, image.actions, image.height, image.width, image.details)
         if frame not in encoded:
             aligned = _masks.align_mask(ids, frame, rel_path)
-            encoded[frame] = (aligned, _masks.encode_mask(aligned.ids, dtype), _masks.pixel_counts(aligned.ids))
+            if not aligned.actions and _masks.storable_as_is(mask_data, dtype):
+                png = mask_data  # Its ids exactly as TensorFlow decodes them: kept byte for byte.
+            else:
+                png = _masks.encode_mask(aligned.ids, dtype)
+            encoded[frame] = (aligned, png, _masks.pixel_counts(aligned.ids))
         aligned, png, counts = encoded[frame]
         if aligned.actions:
             details = dict(image.details or {})

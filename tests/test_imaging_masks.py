@@ -198,3 +198,26 @@ def test_pixel_counts_are_bincounts():
     counts = masks.pixel_counts(ids)
     values, n = np.unique(ids, return_counts=True)
     assert {int(v): int(c) for v, c in zip(values, n)} == {i: int(c) for i, c in enumerate(counts) if c}
+
+
+def test_grey_pngs_of_the_datasets_depth_are_stored_as_they_are_and_decode_exactly():
+    import tensorflow as tf
+
+    ids = np.random.default_rng(3).integers(0, 21, (30, 40)).astype(np.uint8)
+    grey = io.BytesIO()
+    Image.fromarray(ids).save(grey, "PNG")  # Mode "L": greyscale, 8-bit
+    grey = grey.getvalue()
+    assert masks.storable_as_is(grey, "uint8")
+    np.testing.assert_array_equal(tf.io.decode_png(grey, channels=1, dtype=tf.uint8).numpy()[..., 0], ids)
+    # In a dataset of 16-bit masks it is encoded again, at 16 bits with the same ids.
+    assert not masks.storable_as_is(grey, "uint16")
+    palette = Image.fromarray(ids, "P")
+    palette.putpalette([v for i in range(256) for v in (i * 7 % 256, i * 13 % 256, i * 29 % 256)])
+    buf = io.BytesIO()
+    palette.save(buf, "PNG")
+    # A palette PNG decodes to colours in TensorFlow: never stored as it is.
+    assert not masks.storable_as_is(buf.getvalue(), "uint8")
+    deep = io.BytesIO()
+    Image.fromarray(ids.astype(np.uint16) * 300).save(deep, "PNG")
+    assert masks.storable_as_is(deep.getvalue(), "uint16") and not masks.storable_as_is(deep.getvalue(), "uint8")
+    assert not masks.storable_as_is(b"not a png at all, just bytes", "uint8")
