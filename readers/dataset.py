@@ -731,11 +731,18 @@ def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     @_no_autograph
     def finish(features, *keep):
         if keep:
-            # Nested too: the boxes dict of label_mode='boxes'.
-            features = tf.nest.map_structure(lambda v: tf.boolean_mask(v, keep[0]), features)
+            # Nested too (the boxes dict of label_mode='boxes'), and ragged.
+            features = tf.nest.map_structure(lambda v: _drop_rows(v, keep[0]), features)
         return stages.finish(features)
 
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _drop_rows(values, keep):
+    """The rows of a batch where `keep` is true (dense or ragged values)."""
+    if isinstance(values, tf.RaggedTensor):
+        return tf.ragged.boolean_mask(values, keep)
+    return tf.boolean_mask(values, keep)
 
 
 _BY_BATCH = (_by_batch,)
