@@ -239,9 +239,11 @@ class TargetPlan:
             message="A record's mask is not the size of its image (height, width)",
         )
         with tf.control_dependencies([check]):
-            mask = tf.cast(mask, tf.int32)
+            mask = tf.identity(mask)
         if not geometry.resized:
-            return mask
+            return tf.cast(mask, tf.int32)
+        # At the stored depth until the end: the ignore id fits it, and a crop
+        # and resize of uint8 moves a quarter of the bytes of int32.
         if geometry.window is not None:
             window = geometry.window
             mask = tf.slice(mask, tf.concat([window[:2], [0]], 0),
@@ -259,7 +261,7 @@ class TargetPlan:
         mask = tf.image.resize(mask, image_size, method="nearest")
         if geometry.flip is not None:
             mask = _flip_if(geometry.flip, mask)
-        return tf.ensure_shape(mask, [*image_size, 1])
+        return tf.ensure_shape(tf.cast(mask, tf.int32), [*image_size, 1])
 
     def _boxes(self, features, geometry: _Geometry) -> dict[str, tf.Tensor]:
         """The boxes under the image's geometry, see the module docstring."""
