@@ -39,6 +39,7 @@ __all__ = [
     "parse_examples",
     "decode_image",
     "decode_cropped_image",
+    "decode_cropped_jpeg",
     "decode_image_batch",
     "image_shape",
     "decode_example",
@@ -317,6 +318,33 @@ def decode_cropped_image(
         lambda: _decode_jpeg(encoded, channels, dtype, crop_window),
         other,
     )
+    return tf.ensure_shape(image, [None, None, channels])
+
+
+def decode_cropped_jpeg(
+    encoded: tf.Tensor,
+    crop_window: tf.Tensor,
+    *,
+    channels: int = 3,
+    dtype: tf.dtypes.DType = tf.uint8,
+) -> tf.Tensor:
+    """`decode_cropped_image` of an image known to be a JPEG: no format check.
+
+    For callers that have already branched on `tf.io.is_jpeg` (each check is
+    a conditional in the graph, run per image).
+
+    Args:
+      encoded: A scalar string tensor, JPEG bytes.
+      crop_window: An int32 tensor [offset_y, offset_x, height, width].
+      channels: As `decode_image`.
+      dtype: As `decode_image`.
+
+    Returns:
+      A `dtype` tensor of shape [crop height, crop width, channels].
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    image = _decode_jpeg(encoded, channels, dtype, tf.cast(crop_window, tf.int32))
     return tf.ensure_shape(image, [None, None, channels])
 
 

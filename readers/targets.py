@@ -186,13 +186,24 @@ class TargetPlan:
             if self.target_length is not None:
                 target = tf.ensure_shape(target, [self.target_length])
             return self._load_image(features, image, channels, depth, seed)[0], target
-        pixels, geometry = self._load_image(features, image, channels, depth, seed)
         if self.label_mode == "mask":
-            return pixels, self._mask(features[MASK.key], geometry, image.image_size)
+            pixels, geometry = self._load_image(features, image, channels, depth, seed,
+                                                flip_later=True)
+            mask = self._mask(features[MASK.key], geometry, image.image_size)
+            if geometry.flip is not None:
+                pixels, mask = tf.cond(
+                    geometry.flip,
+                    lambda: (tf.reverse(pixels, [1]), tf.reverse(mask, [1])),
+                    lambda: (pixels, mask),
+                )
+            return pixels, mask
+        pixels, geometry = self._load_image(features, image, channels, depth, seed)
         return pixels, self._boxes(features, geometry)
 
-    def _load_image(self, features, image, channels, depth, seed):
-        """The output image and its `_Geometry` (None for image_size=None: as stored)."""
+    def _load_image(self, features, image, channels, depth, seed, flip_later=False):
+        """The output image and its `_Geometry` (not `resized` for image_size=None: as
+        stored); with `flip_later`, the image is not flipped yet (the caller flips it
+        with its mask, in one conditional)."""
         encoded = features[IMAGE.key]
         if image.image_size is None:
             pixels = decode.decode_image(encoded, channels=channels, dtype=depth)
@@ -225,21 +236,18 @@ class TargetPlan:
         pixels = tf.cast(tf.image.resize(pixels, image.image_size, method=image.interpolation),
                          tf.float32)
         if flip_seed is not None:
-            flip = preprocess.flips_left_right(flip_seed)
-            geometry = dataclasses.replace(geometry, flip=flip)
-            pixels = _flip_if(flip, pixels)
+            geometry = dataclasses.replace(geometry, flip=preprocess.flips_left_right(flip_seed))
+            if not flip_later:
+                pixels = _flip_if(geometry.flip, pixels)
         return tf.ensure_shape(pixels, [*image.image_size, channels]), geometry
 
     def _mask(self, encoded, geometry: _Geometry, image_size) -> tf.Tensor:
         """The mask under the image's geometry: int32 [height, width, 1]."""
         mask = decode.decode_mask(encoded, tf.as_dtype(self.mask_dtype))
-        shape = tf.shape(mask)
-        check = tf.debugging.assert_equal(
-            tf.stack([shape[0], shape[1]]), tf.stack([geometry.height, geometry.width]),
-            message="A record's mask is not the size of its image (height, width)",
-        )
-        with tf.control_dependencies([check]):
-            mask = tf.identity(mask)
+        # The converter stores masks of their image's size (else it rejects the
+        # pair: mask_size_mismatch); a mask of another pixel count fails here.
+        # (A reshape, not an assertion: that is a conditional per image.)
+        mask = tf.reshape(mask, tf.stack([geometry.height, geometry.width, 1]))
         if not geometry.resized:
             return tf.cast(mask, tf.int32)
         # At the stored depth until the end: the ignore id fits it, and a crop
@@ -259,8 +267,6 @@ class TargetPlan:
         # Nearest neighbour: every output id is one of the stored ids (or the
         # ignore id), with the same half-pixel centres as the image's resize.
         mask = tf.image.resize(mask, image_size, method="nearest")
-        if geometry.flip is not None:
-            mask = _flip_if(geometry.flip, mask)
         return tf.ensure_shape(tf.cast(mask, tf.int32), [*image_size, 1])
 
     def _boxes(self, features, geometry: _Geometry) -> dict[str, tf.Tensor]:
@@ -347,7 +353,7 @@ def _decode_window(encoded, window_fn, channels, depth):
     def jpeg():
         shape = tf.io.extract_jpeg_shape(encoded)
         window = window_fn(shape[0], shape[1])
-        pixels = decode.decode_cropped_image(encoded, window, channels=channels, dtype=depth)
+        pixels = decode.decode_cropped_jpeg(encoded, window, channels=channels, dtype=depth)
         return pixels, shape[0], shape[1], window
 
     def other():
