@@ -6,6 +6,7 @@ regions, so that after any geometric step the test can tell, from the output ima
 where the mask ids and the boxes must be.
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -206,6 +207,16 @@ def test_jpeg_windows_decode_fused_and_stay_aligned(seg):
                 jpegs += 1
                 _assert_aligned(image, mask, rd.REGION_IDS_8, 255, exact=False, min_share=0.97)
     assert jpegs == 16
+
+
+def test_a_mask_of_another_size_than_its_image_fails_the_read(tmp_path):
+    item = rd.region_item(0, 48, 64)
+    narrow = dataclasses.replace(item, mask=item.mask[:, :60])
+    data_dir = tmp_path / "dataset"
+    rd.write_target_dataset(data_dir, [narrow], targets=("mask",), num_shards=1)
+    for options in ({}, {"image_size": None, "batch_size": None}):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            list(_read(data_dir, label_mode="mask", **options))
 
 
 # --- Boxes -----------------------------------------------------------------------------------
