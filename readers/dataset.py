@@ -510,6 +510,9 @@ class _Stages:
             for k in self.target.keys:
                 if k not in self.config.reading.extra_features:
                     del features[k]
+            if self.stored_size is not None and self.target.label_mode == "mask":
+                features[_TARGET_LABEL] = tf.ensure_shape(
+                    features[_TARGET_LABEL], [*self.stored_size, 1])
         elif self.raster is None:
             image = self.load_image(features[IMAGE.key], example_seed)
         else:

@@ -51,10 +51,11 @@ def seg(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def seg16(tmp_path_factory):
-    """16-bit masks (ids above 255)."""
+    """16-bit masks (ids above 255), PNG images of one size (portrait)."""
     data_dir = tmp_path_factory.mktemp("seg16") / "dataset"
     items = rd.write_target_dataset(
-        data_dir, _items(4, kinds=("rgb_png",), mask_ids=rd.REGION_IDS_16), targets=("mask",))
+        data_dir, _items(4, kinds=("rgb_png",), sizes=((64, 40),), mask_ids=rd.REGION_IDS_16),
+        targets=("mask",))
     return data_dir, {item.filename: item for item in items}
 
 
@@ -139,6 +140,13 @@ def test_mask_and_image_come_back_exactly_as_stored(seg, seg16):
                 assert np.abs(image.numpy().astype(int) - _pillow(encoded).astype(int)).max() <= 3
             seen.append(item.filename)
         assert sorted(seen) == sorted(items)
+    # Batched at the stored size (one size in the split): static shapes, the ids as stored.
+    data_dir, items = seg16
+    ds = _read(data_dir, label_mode="mask", image_size=None, batch_size=3)
+    assert ds.element_spec[1].shape.as_list() == [None, 64, 40, 1]
+    for _, masks, extras in ds:
+        for mask, name in zip(masks.numpy(), extras[FILENAME.key].numpy()):
+            np.testing.assert_array_equal(mask[..., 0], items[name.decode()].mask)
 
 
 @pytest.mark.parametrize("options", [
