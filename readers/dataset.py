@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from readers import decode, global_shuffle, preprocess, record_index, stored
+from readers import decode, global_shuffle, preprocess, record_index, stored, targets
 from readers.metadata import SplitFiles, load_split
 from readers.options import (
     AUGMENTATIONS,
@@ -174,10 +174,12 @@ def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed:
     return heads.concatenate(rest).apply(tf.data.experimental.assert_cardinality(num_records))
 
 
-def _placeholder_record(schema, raster: stored.RasterPlan | None = None) -> bytes:
+def _placeholder_record(schema, raster: stored.RasterPlan | None = None,
+                        target: targets.TargetPlan | None = None) -> bytes:
     """A valid record of `schema` with a 1x1 image: stands in for a skipped
     damaged record until its batch drops it (keeps per-example stages simple).
-    For a split of rasters, a raw one of the split's bands."""
+    For a split of rasters, a raw one of the split's bands; with a target
+    mode, a target that decodes (a 1x1 mask, `target_length` numbers)."""
     if raster is None:
         image, fmt, channels = tf.io.encode_png(tf.zeros([1, 1, 1], tf.uint8)).numpy(), "png", 1
     else:
@@ -187,7 +189,9 @@ def _placeholder_record(schema, raster: stored.RasterPlan | None = None) -> byte
     return schema.encode(
         ImageRecord(
             image=image, label=0, filename="", format=fmt, height=1, width=1,
-            channels=channels, extra={spec.key: spec.empty_value for spec in schema.extra},
+            channels=channels,
+            extra={spec.key: spec.empty_value for spec in schema.extra}
+            | (target.placeholder_values() if target else {}),
         )
     )
 
@@ -425,6 +429,11 @@ class _Stages:
       depth: The depth PNG and JPEG images decode at: the stored one for a
         split of PNG-stored rasters (their values kept), else the photo
         pipeline's (`ImageOptions.depth`).
+      target: How the label of a target mode ('mask', 'boxes', 'multi_hot',
+        'target') is read, decoded per image with the image; None for the
+        image-level modes.
+      ragged: Per-example features of varying shape (boxes without
+        `pad_boxes`, list features among the extras): batched as RaggedTensors.
     """
 
     config: ReaderConfig
@@ -438,13 +447,27 @@ class _Stages:
     shape_keys: tuple[str, ...] = ()
     stored_size: tuple[int, int] | None = None
     depth: tf.DType = tf.uint8
+    target: targets.TargetPlan | None = None
+    ragged: bool = False
 
     @classmethod
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
-        keys = (IMAGE.key,) + ((LABEL.key,) if config.reading.label_mode else ())
-        keys += config.reading.extra_features
+        reading = config.reading
+        target = targets.TargetPlan.of(split_files, reading.label_mode, reading.pad_boxes)
+        if target is not None:
+            keys = (IMAGE.key,) + target.keys
+        else:
+            keys = (IMAGE.key,) + ((LABEL.key,) if reading.label_mode else ())
+        keys += tuple(k for k in reading.extra_features if k not in keys)
         stats = split_files.images
         raster = stored.plan(split_files, config.image)
+        if raster is not None and target is not None:
+            raise ValueError(
+                f"label_mode={reading.label_mode!r} reads photo splits (JPEG/PNG); split "
+                f"{split_files.split!r} of {split_files.data_dir!r} holds raw-stored rasters. "
+                f"Received: label_mode={reading.label_mode!r}"
+            )
+        listed = {spec.key for spec in split_files.schema.features if spec.listed}
         shape_keys = tuple(k for k in stored.SHAPE_KEYS if k not in keys) if raster else ()
         return cls(
             config=config,
@@ -461,6 +484,9 @@ class _Stages:
             stored_size=(stats.one_size if batch_size is not None and config.image.image_size is None
                          else None),
             depth=stored.png_raster_depth(split_files, config.image) or config.image.depth,
+            target=target,
+            ragged=bool((target is not None and target.ragged)
+                        or listed.intersection(reading.extra_features)),
         )
 
     @property
@@ -473,9 +499,21 @@ class _Stages:
         return self.raster.bands if self.raster else self.config.image.channels
 
     def decode(self, features, example_seed=None):
-        """Decodes and preprocesses the image of one parsed record's features."""
+        """Decodes and preprocesses the image of one parsed record's features
+        (and its target, with the same geometry, in a target mode)."""
         features = dict(features)
-        if self.raster is None:
+        if self.target is not None:
+            image, features[_TARGET_LABEL] = self.target.load(
+                features, self.config.image, channels=self.channels, depth=self.depth,
+                seed=example_seed,
+            )
+            for k in self.target.keys:
+                if k not in self.config.reading.extra_features:
+                    del features[k]
+            if self.stored_size is not None and self.target.label_mode == "mask":
+                features[_TARGET_LABEL] = tf.ensure_shape(
+                    features[_TARGET_LABEL], [*self.stored_size, 1])
+        elif self.raster is None:
             image = self.load_image(features[IMAGE.key], example_seed)
         else:
             image = self.raster.decode(features, self.config.image, example_seed)
@@ -510,7 +548,10 @@ class _Stages:
             scale=image.scale, normalize=image.normalize,
         )
         out = [images]
-        if reading.label_mode is not None:
+        if self.target is not None:
+            # Already per example, with the image's geometry (`decode`).
+            out.append(features[_TARGET_LABEL])
+        elif reading.label_mode is not None:
             labels = features[LABEL.key]
             if reading.label_mode == "int":
                 labels = tf.cast(labels, tf.int32)
@@ -524,6 +565,14 @@ class _Stages:
         return out[0] if len(out) == 1 else tuple(out)
 
 
+def label_names(split_files: SplitFiles, label_mode: str | None) -> list[str]:
+    """The class names the labels of `label_mode` index, in label order: the
+    manifest's targets.boxes.class_names for 'boxes', else its class_names."""
+    if label_mode == "boxes":
+        return list(split_files.targets.get("boxes", {}).get("class_names", []))
+    return list(split_files.class_names)
+
+
 def _decodes_by_batch(config: ReaderConfig, batch_size: int | None,
                       bytes_per_record: float) -> bool:
     """Whether a batch is decoded in one function call: for small images.
@@ -532,10 +581,13 @@ def _decodes_by_batch(config: ReaderConfig, batch_size: int | None,
     some 40 us of CPU per image, a third of the work for 64x64 JPEGs; for
     larger images that is noise, and decoding them one per call spreads a
     batch over the cores (first batch sooner, more parallelism on many
-    cores). A callable `augment` runs per example, so needs that path.
+    cores). A callable `augment` runs per example, so needs that path, as
+    do the target label modes (`readers.targets`: image and target are
+    decoded together, per example).
     """
     return (
         batch_size is not None
+        and config.reading.label_mode not in targets.TARGET_LABEL_MODES
         # Batches at the stored size (image_size=None, one size): per image, no resize.
         and config.image.image_size is not None
         and not callable(config.image.augment)
@@ -609,6 +661,11 @@ def _rasters_by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Data
     return ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+# The features entry holding the label of a target mode between `decode` and
+# `finish` (no record feature has this key: theirs are `schemas` names).
+_TARGET_LABEL = "__target_label__"
+
+
 # In the per-image stages, elements are: features, then the seed with standard
 # augmentation, then the keep flag when masked.
 
@@ -616,7 +673,8 @@ def _rasters_by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Data
 def _parse(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     """Parses records `_PARSE_BATCH` at a time (vectorised), then unbatches."""
     masked, keys = stages.masked, list(stages.keys)
-    placeholder = _placeholder_record(stages.schema, stages.raster) if masked else None
+    placeholder = (_placeholder_record(stages.schema, stages.raster, stages.target)
+                   if masked else None)
 
     @_no_autograph
     def parse(serialized, *rest):
@@ -661,7 +719,12 @@ def _user_augment(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
 
 def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     """Batches (unless unbatched), drops skipped records, finishes each batch."""
-    if stages.batch_size is not None:
+    if stages.batch_size is not None and stages.ragged:
+        # Boxes (or list extras) of varying length: RaggedTensors [batch, None, ...],
+        # the fixed-shape parts dense as with `batch`.
+        ds = ds.ragged_batch(stages.batch_size,
+                             drop_remainder=stages.config.reading.drop_remainder)
+    elif stages.batch_size is not None:
         # A plain batch right after the per-image map: tf.data fuses the two
         # (map_and_batch_fusion), so each image is written into its batch
         # directly; a parallel batch keeps every image as its own tensor and
@@ -671,10 +734,18 @@ def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     @_no_autograph
     def finish(features, *keep):
         if keep:
-            features = {k: tf.boolean_mask(v, keep[0]) for k, v in features.items()}
+            # Nested too (the boxes dict of label_mode='boxes'), and ragged.
+            features = tf.nest.map_structure(lambda v: _drop_rows(v, keep[0]), features)
         return stages.finish(features)
 
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _drop_rows(values, keep):
+    """The rows of a batch where `keep` is true (dense or ragged values)."""
+    if isinstance(values, tf.RaggedTensor):
+        return tf.ragged.boolean_mask(values, keep)
+    return tf.boolean_mask(values, keep)
 
 
 _BY_BATCH = (_by_batch,)
@@ -710,7 +781,7 @@ def _finish_dataset(
             tf.data.experimental.AutoShardPolicy.OFF
         )
     ds = ds.with_options(options)
-    ds.class_names = list(split_files.class_names)
+    ds.class_names = label_names(split_files, config.reading.label_mode)
     ds.records_per_epoch = split_files.total_records
     ds.seed = config.shuffling.seed
     return ds
@@ -818,6 +889,7 @@ def image_dataset_from_tfrecords(
     shuffle: bool | str = True,
     seed: int | None = None,
     label_mode: str | None = "int",
+    pad_boxes: int | None = None,
     resize: str = "stretch",
     crop_fraction: float = 1.0,
     interpolation: str = "bilinear",
@@ -848,12 +920,12 @@ def image_dataset_from_tfrecords(
       split: The split to read, e.g. 'train' or 'validation'; the
         converter's folder names 'val', 'valid', 'training', 'testing' are
         accepted for the split they mean.
-      batch_size, image_size, color_mode, shuffle, seed, label_mode, resize,
-      crop_fraction, interpolation, dtype, scale, normalize, augment, repeat,
-      drop_remainder, extra_features, deterministic, cache, shuffle_buffer,
-      start, max_bad_records:
-        See `ReadOptions` (batch_size, label_mode, repeat, drop_remainder,
-        extra_features, cache, max_bad_records), `ImageOptions` (image_size,
+      batch_size, image_size, color_mode, shuffle, seed, label_mode, pad_boxes,
+      resize, crop_fraction, interpolation, dtype, scale, normalize, augment,
+      repeat, drop_remainder, extra_features, deterministic, cache,
+      shuffle_buffer, start, max_bad_records:
+        See `ReadOptions` (batch_size, label_mode, pad_boxes, repeat,
+        drop_remainder, extra_features, cache, max_bad_records), `ImageOptions` (image_size,
         color_mode, resize, crop_fraction, interpolation, dtype, scale,
         normalize, augment) and `ShuffleOptions` (shuffle, seed,
         deterministic, shuffle_buffer, start).
@@ -873,10 +945,34 @@ def image_dataset_from_tfrecords(
       raw-stored rasters, `color_mode=None` gives every band and
       `dtype=None` the stored dtype (see `readers.stored`); `labels` as
       described under `ReadOptions.label_mode`. Without batching the batch
-      dimension is absent. Without `repeat`, the cardinality is known (from
+      dimension is absent.
+
+      Target modes (datasets converted with masks, boxes, several labels or
+      numbers; `readers.targets`): label_mode='mask' gives `(images, masks)`,
+      masks int32 [batch, height, width, 1] of class ids, cropped, padded,
+      resized (nearest neighbour) and flipped with the images, with the
+      same random crop and flip under augment='standard'; pixels that
+      resize='pad' adds get the ignore id, 255 for 8-bit masks and 65535
+      for 16-bit ones (the manifest's targets.mask.dtype): tell the loss,
+      e.g. `keras.losses.SparseCategoricalCrossentropy(ignore_class=255)`.
+      With `image_size=None` (and `batch_size=None` or one stored size)
+      image and mask come back exactly as stored. label_mode='boxes' gives
+      `(images, {"boxes": boxes, "classes": classes})`: boxes float32
+      (ymin, xmin, ymax, xmax) as fractions of the output image, shifted,
+      scaled and clipped by crops and padding (boxes left without area are
+      dropped) and mirrored by flips; classes int32 indices into
+      `ds.class_names` (the manifest's targets.boxes.class_names).
+      Batched, both are RaggedTensors ([batch, None, 4] and [batch, None]);
+      with `pad_boxes=N` dense [batch, N, 4] and [batch, N], padded with
+      boxes -1 and class -1, only the first N boxes of an image kept.
+      label_mode='multi_hot' gives float32 [batch, num_classes] (1 for each
+      class of the `labels` feature), label_mode='target' float32
+      [batch, k] (the `target` feature). A dataset whose records have no
+      image-level class (class_names [], label -1) refuses 'int',
+      'categorical' and 'binary', naming the modes it supports. Without `repeat`, the cardinality is known (from
       the manifest's counts), so `model.fit` shows progress. The dataset has
-      a `class_names` attribute, the class names in label order,
-      `records_per_epoch` (records of the split, for `readers.ReadPosition`
+      a `class_names` attribute, the class names in label order (for
+      label_mode='boxes', those of the boxes), `records_per_epoch` (records of the split, for `readers.ReadPosition`
       and `readers.PositionTracker`) and `seed` (the seed in use: with
       shuffle='global' and no `seed`, the one drawn).
 
@@ -896,6 +992,7 @@ def image_dataset_from_tfrecords(
         shuffle=shuffle,
         seed=seed,
         label_mode=label_mode,
+        pad_boxes=pad_boxes,
         resize=resize,
         crop_fraction=crop_fraction,
         interpolation=interpolation,

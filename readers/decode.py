@@ -22,18 +22,31 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from schemas.features import IMAGE, IMAGE_SCHEMA, RAW_DTYPES, ImageExampleSchema
+from schemas.features import (
+    BBOX_LABEL,
+    BBOX_XMAX,
+    BBOX_XMIN,
+    BBOX_YMAX,
+    BBOX_YMIN,
+    IMAGE,
+    IMAGE_SCHEMA,
+    RAW_DTYPES,
+    ImageExampleSchema,
+)
 
 __all__ = [
     "CHANNELS_BY_COLOR_MODE",
     "parse_examples",
     "decode_image",
     "decode_cropped_image",
+    "decode_cropped_jpeg",
     "decode_image_batch",
     "image_shape",
     "decode_example",
     "decode_raw",
     "decode_raw_batch",
+    "decode_mask",
+    "stack_boxes",
 ]
 
 # Keras's `color_mode` names and the channels they decode to.
@@ -308,6 +321,33 @@ def decode_cropped_image(
     return tf.ensure_shape(image, [None, None, channels])
 
 
+def decode_cropped_jpeg(
+    encoded: tf.Tensor,
+    crop_window: tf.Tensor,
+    *,
+    channels: int = 3,
+    dtype: tf.dtypes.DType = tf.uint8,
+) -> tf.Tensor:
+    """`decode_cropped_image` of an image known to be a JPEG: no format check.
+
+    For callers that have already branched on `tf.io.is_jpeg` (each check is
+    a conditional in the graph, run per image).
+
+    Args:
+      encoded: A scalar string tensor, JPEG bytes.
+      crop_window: An int32 tensor [offset_y, offset_x, height, width].
+      channels: As `decode_image`.
+      dtype: As `decode_image`.
+
+    Returns:
+      A `dtype` tensor of shape [crop height, crop width, channels].
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    image = _decode_jpeg(encoded, channels, dtype, tf.cast(crop_window, tf.int32))
+    return tf.ensure_shape(image, [None, None, channels])
+
+
 def image_shape(encoded: tf.Tensor) -> tf.Tensor:
     """[height, width] (int32) of a stored image, reading only JPEG headers.
 
@@ -360,3 +400,37 @@ def decode_example(
     if IMAGE.key in features:
         features[IMAGE.key] = decode_image(features[IMAGE.key], channels=channels, dtype=dtype)
     return features
+
+
+def decode_mask(encoded: tf.Tensor, dtype: tf.dtypes.DType = tf.uint8) -> tf.Tensor:
+    """Decodes one stored mask (`schemas.MASK`): the class id of every pixel.
+
+    Args:
+      encoded: A scalar string tensor, the single-channel PNG of the record.
+      dtype: tf.uint8, or tf.uint16 for a dataset whose manifest says
+        targets.mask.dtype is 'uint16' (its masks are 16-bit PNGs).
+
+    Returns:
+      A `dtype` tensor [height, width, 1], the ids exactly as stored.
+
+    Raises:
+      ValueError: If `dtype` is not supported.
+    """
+    dtype = _check_decode_dtype(dtype)
+    return tf.ensure_shape(tf.io.decode_png(encoded, channels=1, dtype=dtype), [None, None, 1])
+
+
+def stack_boxes(features) -> tuple[tf.Tensor, tf.Tensor]:
+    """The boxes of one parsed record, as stored.
+
+    Args:
+      features: The parsed features of one record (`parse_examples` of a
+        scalar), holding the `schemas.BOX_FEATURES` corners and labels.
+
+    Returns:
+      (boxes, labels): float32 [n, 4] rows (ymin, xmin, ymax, xmax), each a
+      fraction of the stored image's height or width, and int64 [n], each
+      an index into the manifest's targets.boxes.class_names.
+    """
+    corners = [features[spec.key] for spec in (BBOX_YMIN, BBOX_XMIN, BBOX_YMAX, BBOX_XMAX)]
+    return tf.stack(corners, axis=-1), features[BBOX_LABEL.key]

@@ -44,7 +44,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers.dataset import OPTION_NAMES, ReaderConfig, build_dataset
+from readers.dataset import OPTION_NAMES, ReaderConfig, build_dataset, label_names
 from readers.metadata import SplitFiles, load_split
 
 __all__ = ["make_dataset_fn", "distributed_dataset"]
@@ -191,7 +191,7 @@ def distributed_dataset(
         lambda context: _pipeline_dataset(split_files, config, context)
     )
     try:
-        dataset.class_names = list(split_files.class_names)
+        dataset.class_names = label_names(split_files, config.label_mode)
     except AttributeError:  # Some DistributedDataset types refuse attributes.
         logger.debug("Could not attach class_names to %r.", dataset)
     return dataset

@@ -54,6 +54,9 @@ class SplitFiles:
         has them.
       band_stats: Per-band statistics the manifest records, by split name
         (`readers.stored.split_band_stats`), for `normalize='dataset'`.
+      targets: The manifest's `targets` section (`schemas.Manifest.targets`):
+        what the target features mean (mask dtype, box class names, target
+        length); {} for a dataset of one label per image.
     """
 
     data_dir: str
@@ -67,6 +70,7 @@ class SplitFiles:
     index_sha256: tuple[str | None, ...] = ()
     images: ImageStats | None = None
     band_stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    targets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def total_records(self) -> int:
@@ -227,6 +231,7 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
         index_sha256=tuple(s.index_sha256 for s in shards),
         images=manifest.split(split).images,
         band_stats=_band_stats(manifest),
+        targets=dict(manifest.targets),
     )
 
 

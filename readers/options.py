@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers import decode, preprocess
+from readers import decode, preprocess, targets
 from readers.metadata import SplitFiles
 from readers.positions import ReadPosition
 from schemas.features import IMAGE, LABEL
@@ -27,7 +27,7 @@ __all__ = [
     "ShuffleOptions", "ReadOptions", "ReaderConfig",
 ]
 
-LABEL_MODES = ("int", "categorical", "binary", None)
+LABEL_MODES = ("int", "categorical", "binary", *targets.TARGET_LABEL_MODES, None)
 # normalize= value: the train split's per-band statistics from the manifest.
 NORMALIZE_DATASET = "dataset"
 AUGMENTATIONS = (None, "standard")
@@ -321,7 +321,20 @@ class ReadOptions:
         `distributed_dataset` it is the global batch size.
       label_mode: 'int' (int32 labels [batch]), 'categorical' (float32 one-hot
         [batch, num_classes]), 'binary' (float32 [batch, 1], two classes only)
-        or None (no labels), as in Keras.
+        or None (no labels), as in Keras. For datasets converted with
+        targets (see `readers.targets`): 'mask' (int32 class ids [batch,
+        height, width, 1]; pixels added by resize='pad' get the ignore id,
+        255 for 8-bit masks and 65535 for 16-bit ones), 'boxes' (a dict:
+        'boxes' float32 [batch, None, 4] (ymin, xmin, ymax, xmax) fractions
+        of the output image and 'classes' int32 [batch, None], RaggedTensors
+        across a batch, dense with `pad_boxes`), 'multi_hot' (float32
+        [batch, num_classes]) or 'target' (float32 [batch, k]). Every
+        geometric step (crop, pad, resize, flip, augment='standard') moves
+        the mask and the boxes with the image.
+      pad_boxes: label_mode='boxes' only: give every image exactly this many
+        rows, padded with class -1 and box (-1, -1, -1, -1); an image with
+        more boxes keeps its first `pad_boxes` (in stored order). None:
+        ragged, every box.
       repeat: Repeat forever (pass `steps_per_epoch` to `fit`). Every
         epoch of records (batches may straddle two epochs) holds every record
         exactly once, in a new order; when not deterministic, a few records
@@ -349,6 +362,7 @@ class ReadOptions:
 
     batch_size: int | None = 32
     label_mode: str | None = "int"
+    pad_boxes: int | None = None
     repeat: bool = False
     drop_remainder: bool = False
     extra_features: tuple[str, ...] = ()
@@ -368,6 +382,17 @@ class ReadOptions:
                 f"`label_mode` must be one of {LABEL_MODES}. "
                 f"Received: label_mode={self.label_mode!r}"
             )
+        if self.pad_boxes is not None:
+            if not _is_int(self.pad_boxes) or self.pad_boxes < 1:
+                raise ValueError(
+                    "`pad_boxes` must be a positive integer or None. "
+                    f"Received: pad_boxes={self.pad_boxes!r}"
+                )
+            if self.label_mode != "boxes":
+                raise ValueError(
+                    "`pad_boxes` applies to label_mode='boxes' only. Received: "
+                    f"pad_boxes={self.pad_boxes!r}, label_mode={self.label_mode!r}"
+                )
         object.__setattr__(self, "extra_features", _check_extra_features(self.extra_features))
         if not (
             isinstance(self.cache, bool)
@@ -387,8 +412,11 @@ class ReadOptions:
         """Checks the options that depend on the dataset itself.
 
         Raises:
-          ValueError: If an extra feature is not in the dataset's schema, or
-            label_mode='binary' is asked of a dataset without two classes.
+          ValueError: If an extra feature is not in the dataset's schema,
+            label_mode='binary' is asked of a dataset without two classes, an
+            image-level mode of a dataset without classes (class_names []),
+            or a target mode of a dataset without that kind of target; the
+            message names the modes the dataset supports.
         """
         keys = [spec.key for spec in split_files.schema.features]
         allowed = [k for k in keys if k not in (IMAGE.key, LABEL.key)]
@@ -398,11 +426,23 @@ class ReadOptions:
                 f"`extra_features` must be a subset of this dataset's features {allowed}. "
                 f"Received: extra_features={self.extra_features!r}"
             )
-        if self.label_mode == "binary" and len(split_files.class_names) != 2:
+        schema_targets = split_files.schema.targets
+        supported = targets.supported_label_modes(split_files.class_names, schema_targets)
+        if self.label_mode == "binary" and split_files.class_names and len(
+                split_files.class_names) != 2:
             raise ValueError(
                 "label_mode='binary' needs exactly 2 classes; this dataset has "
                 f"{len(split_files.class_names)}: {list(split_files.class_names)}. Use "
                 "label_mode='int' or 'categorical'. Received: label_mode='binary'"
+            )
+        if self.label_mode not in supported:
+            kind = targets.KIND_OF_MODE.get(self.label_mode)
+            has = (f"no image-level classes (class_names is [], every label -1)"
+                   if kind is None else f"no {kind!r} target")
+            raise ValueError(
+                f"label_mode={self.label_mode!r} does not apply to this dataset: it has {has}, "
+                f"and its targets are {list(schema_targets)}; it can be read with label_mode "
+                f"in {supported}. Received: label_mode={self.label_mode!r}"
             )
 
 
@@ -522,6 +562,13 @@ class ReaderConfig:
         self._check_across_groups()
 
     def _check_across_groups(self) -> None:
+        if callable(self.image.augment) and self.reading.label_mode in ("mask", "boxes"):
+            raise ValueError(
+                "A callable `augment` sees the image alone, so it cannot move the mask or "
+                f"boxes of label_mode={self.reading.label_mode!r} with it: use "
+                "augment='standard' or None. Received: "
+                f"augment={self.image.augment!r}, label_mode={self.reading.label_mode!r}"
+            )
         if self.shuffling.mode == "global" and self.reading.cache is not False:
             raise ValueError(
                 "`cache` does not apply to shuffle='global', which reads every "

@@ -36,7 +36,9 @@ __all__ = [
     "INTERPOLATIONS",
     "OUTPUT_DTYPES",
     "center_crop_window",
+    "pad_window",
     "pad_to_aspect_ratio",
+    "flips_left_right",
     "random_crop_window",
     "load_image",
     "convert_images",
@@ -91,14 +93,20 @@ def center_crop_window(height, width, target_size, crop_fraction=1.0) -> tf.Tens
     return tf.stack([offset_y, offset_x, crop_height, crop_width])
 
 
-def pad_to_aspect_ratio(image: tf.Tensor, target_size) -> tf.Tensor:
-    """Pads `image` with zeros, centred, to `target_size`'s aspect ratio.
+def pad_window(height, width, target_size) -> tf.Tensor:
+    """Where `pad_to_aspect_ratio` puts an image of `height` x `width`.
 
-    Mirrors Keras's `pad_to_aspect_ratio`. `image` is [H, W, C] or a batch
-    [N, H, W, C] of one size.
+    Args:
+      height: Image height (int or scalar int tensor).
+      width: Image width.
+      target_size: (target_height, target_width) whose aspect ratio to take.
+
+    Returns:
+      An int32 tensor [offset_y, offset_x, padded_height, padded_width]: the
+      image's top-left corner in the padded image, and the padded size.
     """
-    shape = tf.shape(image)
-    height, width = shape[-3], shape[-2]
+    height = tf.cast(height, tf.int32)
+    width = tf.cast(width, tf.int32)
     target_height, target_width = target_size
     pad_height = tf.maximum(
         height, _trunc(tf.cast(width * target_height, tf.float32) / target_width)
@@ -108,7 +116,34 @@ def pad_to_aspect_ratio(image: tf.Tensor, target_size) -> tf.Tensor:
     )
     offset_y = _trunc(tf.cast(pad_height - height, tf.float32) / 2)
     offset_x = _trunc(tf.cast(pad_width - width, tf.float32) / 2)
+    return tf.stack([offset_y, offset_x, pad_height, pad_width])
+
+
+def pad_to_aspect_ratio(image: tf.Tensor, target_size) -> tf.Tensor:
+    """Pads `image` with zeros, centred, to `target_size`'s aspect ratio.
+
+    Mirrors Keras's `pad_to_aspect_ratio`. `image` is [H, W, C] or a batch
+    [N, H, W, C] of one size. The placement is `pad_window`'s.
+    """
+    shape = tf.shape(image)
+    offset_y, offset_x, pad_height, pad_width = tf.unstack(
+        pad_window(shape[-3], shape[-2], target_size))
     return tf.image.pad_to_bounding_box(image, offset_y, offset_x, pad_height, pad_width)
+
+
+def flips_left_right(seed: tf.Tensor) -> tf.Tensor:
+    """Whether `tf.image.stateless_random_flip_left_right(image, seed)` flips one image.
+
+    The same draw as TensorFlow's (a uniform float32 in [0, 1) below 0.5), so
+    that a mask or boxes can be flipped together with the image.
+
+    Args:
+      seed: Shape [2] int tensor, the stateless seed of the flip.
+
+    Returns:
+      A scalar bool tensor.
+    """
+    return tf.random.stateless_uniform([], seed=seed, minval=0, maxval=1.0) < 0.5
 
 
 def random_crop_window(height, width, seed: tf.Tensor) -> tf.Tensor:

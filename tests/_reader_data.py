@@ -296,3 +296,194 @@ def write_raster_dataset(
     (data_dir / MANIFEST_FILENAME).write_text(manifest.to_json())
     (data_dir / REJECTS_FILENAME).write_text("")
     return tuple(items)
+
+
+# --- Datasets with targets (masks, boxes, several labels, numbers; issue 24) ------------------
+
+# The four regions of a target test image, each with its colour and mask id: top-left,
+# top-right, bottom-left, bottom-right of an off-centre split (so that a flip or a
+# centred crop is visible).
+REGION_COLOURS = ((255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255))
+REGION_IDS_8 = (1, 2, 3, 4)
+REGION_IDS_16 = (300, 1000, 20000, 60000)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetItem:
+    """One record of a target test dataset, as written.
+
+    Attributes:
+      filename: The record's file name.
+      pixels: uint8 [height, width, 3], the image Pillow encoded.
+      kind: 'rgb_jpeg' or 'rgb_png'.
+      mask: The mask's ids [height, width] (uint8 or uint16), as Pillow wrote them.
+      split: (row, column) where the regions meet.
+      boxes: (xmin, ymin, xmax, ymax) fractions of the image, one per box.
+      box_labels: The class of each box.
+      is_crowd: 0/1 per box.
+      labels: Sorted class indices (multi-label).
+      target: Regression values.
+    """
+
+    filename: str
+    pixels: np.ndarray
+    kind: str
+    mask: np.ndarray
+    split: tuple[int, int]
+    boxes: tuple[tuple[float, float, float, float], ...]
+    box_labels: tuple[int, ...]
+    is_crowd: tuple[int, ...]
+    labels: tuple[int, ...]
+    target: tuple[float, ...]
+
+
+def region_item(index: int, height: int, width: int, *, kind: str = "rgb_png",
+                mask_ids=REGION_IDS_8, num_labels: int = 3, extra_box: bool = True) -> TargetItem:
+    """An image of four coloured regions, its mask (one id per region) and boxes.
+
+    The regions meet at row 3/8 and column 5/8 of the image. The boxes are
+    the top-left region (class 0) and the bottom-right one (class 1), plus,
+    with `extra_box`, a thin one along the left edge (class 2: a centred crop
+    of a landscape image cuts it away).
+    """
+    sy, sx = (3 * height) // 8, (5 * width) // 8
+    region = np.zeros((height, width), np.int64)
+    region[:sy, sx:] = 1
+    region[sy:, :sx] = 2
+    region[sy:, sx:] = 3
+    pixels = np.asarray(REGION_COLOURS, np.uint8)[region]
+    mask = np.asarray(mask_ids)[region].astype(np.uint16 if max(mask_ids) > 255 else np.uint8)
+    boxes = [(0.0, 0.0, sx / width, sy / height), (sx / width, sy / height, 1.0, 1.0)]
+    labels = [0, 1]
+    if extra_box:
+        boxes.append((0.0, 0.25, 2 / width, 0.75))
+        labels.append(2)
+    return TargetItem(
+        filename=f"img_{index:03d}.{KINDS[kind][2]}", pixels=pixels, kind=kind, mask=mask,
+        split=(sy, sx), boxes=tuple(boxes), box_labels=tuple(labels),
+        is_crowd=tuple(i % 2 for i in range(len(labels))),
+        labels=tuple(sorted({index % num_labels, (index * 2 + 1) % num_labels})),
+        target=(float(index), index / 4 - 1.5),
+    )
+
+
+def _mask_png(mask: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    image = Image.fromarray(mask)  # uint8 -> mode L, uint16 -> mode I;16
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_target_dataset(
+    data_dir: Path,
+    items: Sequence[TargetItem],
+    *,
+    targets: Sequence[str] = ("mask", "boxes"),
+    class_names: Sequence[str] = (),
+    box_class_names: Sequence[str] = ("roof", "lawn", "edge"),
+    split: str = "train",
+    num_shards: int = 2,
+    index_files: bool = True,
+) -> tuple[TargetItem, ...]:
+    """Writes a dataset whose records carry targets, as the converter stores them.
+
+    Record i holds items[i] and lands in shard i % num_shards. Its label is
+    -1 when `class_names` is empty (no image-level class), else its first
+    multi-label class. The manifest's `targets` section describes the
+    kinds written (mask dtype from the masks' depth, box class names,
+    per-split counts, target length); with `index_files`, each shard has
+    its index file.
+    """
+    from schemas import (
+        BBOX_IS_CROWD, BBOX_LABEL, BBOX_XMAX, BBOX_XMIN, BBOX_YMAX, BBOX_YMIN, LABELS, MASK,
+        TARGET, TARGETS_SECTION, ImageExampleSchema, index_filename,
+    )
+    from schemas.tfrecord import format_index, frame_record
+
+    schema = ImageExampleSchema(targets=tuple(targets))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    per_shard: list[list[tuple[bytes, int, tuple]]] = [[] for _ in range(num_shards)]
+    for i, item in enumerate(items):
+        height, width = item.pixels.shape[:2]
+        extra = {}
+        if "mask" in targets:
+            extra[MASK.key] = _mask_png(item.mask)
+        if "boxes" in targets:
+            for spec, column in zip((BBOX_XMIN, BBOX_YMIN, BBOX_XMAX, BBOX_YMAX), range(4)):
+                extra[spec.key] = [box[column] for box in item.boxes]
+            extra[BBOX_LABEL.key] = list(item.box_labels)
+            extra[BBOX_IS_CROWD.key] = list(item.is_crowd)
+        if "labels" in targets:
+            extra[LABELS.key] = list(item.labels)
+        if "target" in targets:
+            extra[TARGET.key] = list(item.target)
+        label = item.labels[0] if class_names else -1
+        fmt = "jpeg" if KINDS[item.kind][1] == "JPEG" else "png"
+        record = ImageRecord(
+            image=encode_image(item.pixels, item.kind), label=label, filename=item.filename,
+            format=fmt, height=height, width=width, channels=3, extra=extra,
+        )
+        per_shard[i % num_shards].append((schema.encode(record), label, (fmt, height, width)))
+    shards = []
+    for index, records in enumerate(per_shard):
+        name = shard_filename(split, index, num_shards)
+        frames = [frame_record(serialized) for serialized, _, _ in records]
+        data = b"".join(frames)
+        (data_dir / name).write_bytes(data)
+        index_name = index_sha = None
+        if index_files:
+            offsets = np.concatenate([[0], np.cumsum([len(f) for f in frames])])[:-1]
+            index_data = format_index((int(o), len(f)) for o, f in zip(offsets, frames))
+            index_name = index_filename(name)
+            (data_dir / index_name).write_bytes(index_data)
+            index_sha = hashlib.sha256(index_data).hexdigest()
+        counts = [0] * len(class_names)
+        for _, label, _ in records:
+            if label >= 0:
+                counts[label] += 1
+        shards.append(ShardInfo(
+            file=name, num_records=len(records), num_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(), class_counts=tuple(counts),
+            index_file=index_name, index_sha256=index_sha,
+            images=ImageStats.of([r[2] for r in records]),
+        ))
+    section = {}
+    if "mask" in targets:
+        depth = "uint16" if any(item.mask.dtype == np.uint16 for item in items) else "uint8"
+        ids, pixel_counts = np.unique(np.concatenate([item.mask.ravel() for item in items]),
+                                      return_counts=True)
+        section["mask"] = {
+            "dtype": depth, "num_classes": int(ids.max()) + 1,
+            "pixel_counts": {split: {str(int(i)): int(n) for i, n in zip(ids, pixel_counts)}},
+            "masks_dir": "masks", "mask_suffix": None,
+        }
+    if "boxes" in targets:
+        box_counts = [0] * len(box_class_names)
+        for item in items:
+            for label in item.box_labels:
+                box_counts[label] += 1
+        section["boxes"] = {
+            "format": "coco", "source": "annotations.json", "class_names": list(box_class_names),
+            "category_ids": list(range(1, len(box_class_names) + 1)),
+            "counts": {split: box_counts},
+            "images_without_boxes": {split: sum(1 for item in items if not item.boxes)},
+            "issues": {},
+        }
+    if "labels" in targets:
+        label_counts = [0] * len(class_names)
+        for item in items:
+            for label in item.labels:
+                label_counts[label] += 1
+        section["labels"] = {"counts": {split: label_counts}}
+    if "target" in targets:
+        section["target"] = {"length": len(items[0].target)}
+    total = len(items)
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION, tool_version="0.1.0", features=schema.to_json(),
+        class_names=tuple(class_names), splits={split: SplitInfo(name=split, shards=tuple(shards))},
+        counts={"found": total, "written": total, "rejected": 0, "skipped": 0},
+        rejects={}, normalized={}, options={"seed": 0}, extra={TARGETS_SECTION: section},
+    )
+    (data_dir / MANIFEST_FILENAME).write_text(manifest.to_json())
+    (data_dir / REJECTS_FILENAME).write_text("")
+    return tuple(items)
