@@ -305,6 +305,9 @@ def _through_reader(
         color_mode=None if rasters else "rgb",
         dtype=_raster_dtype(split_files) if rasters else "uint8",
         resize=resize,
+        # The images alone: labels and targets are drawn from the records themselves, and a
+        # dataset without image-level classes (masks, boxes) has no labels to read.
+        label_mode=None,
         extra_features=(FILENAME.key,),
         deterministic=True,
     )
@@ -324,7 +327,7 @@ def _through_reader(
         return [
             (extras[FILENAME.key].numpy().decode("utf-8", "replace"),
              _stretch_to_rgb(image.numpy(), rgb_bands) if rasters else image.numpy())
-            for image, _, extras in ds
+            for image, extras in ds
         ]
 
 

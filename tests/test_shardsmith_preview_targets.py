@@ -26,9 +26,9 @@ def _halves_mask(size) -> np.ndarray:
 def _reader_images(out, size, resize):
     ds = readers.image_dataset_from_tfrecords(
         out, "train", batch_size=None, image_size=(size, size), shuffle=False, dtype="uint8",
-        resize=resize, extra_features=(schemas.FILENAME.key,),
+        resize=resize, label_mode=None, extra_features=(schemas.FILENAME.key,),
     )
-    return {extras[schemas.FILENAME.key].numpy().decode(): image.numpy() for image, _, extras in ds}
+    return {extras[schemas.FILENAME.key].numpy().decode(): image.numpy() for image, extras in ds}
 
 
 def _sheet(out, size, resize="stretch", per_class=3):
