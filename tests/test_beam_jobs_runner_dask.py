@@ -17,9 +17,10 @@ import re
 import shutil
 
 import distributed  # shardsmith[dask]; the test extra has it.
+import numpy as np
 import pytest
 
-from helpers import add_faulty_files, encode, faulty_plugin, make_class_tree, pixels, write
+from helpers import add_faulty_files, encode, faulty_plugin, make_class_tree, pixels, read_records, write
 
 import schemas
 from beam_jobs import convert as convert_module
@@ -171,3 +172,43 @@ def test_a_file_that_raises_crashes_or_hangs_a_worker_costs_that_file_only(dask_
     assert manifest.counts["written"] == len(list(dataset_input.rglob("*.*"))) - 2  # truncated.jpg, .DS_Store
     # The same two workers still serve: none died with its file.
     assert set(dask_cluster.client.run(os.getpid).values()) == workers
+
+
+def test_masks_and_boxes_together_on_dask_match_the_local_runner(dask_cluster, tmp_path):
+    """Targets of two kinds in one dataset (a mask and COCO boxes per image), written by the
+    cluster's workers: the same bytes as the local runner's, verified on the cluster."""
+    from PIL import Image
+
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    entries, annotations = [], []
+    for k in range(12):
+        h, w = 24 + k, 32
+        write(images / f"img{k:02d}.png", encode(pixels(k, size=(h, w)), "PNG"))
+        ids = np.zeros((h, w), np.uint8)
+        ids[h // 2:, :] = 1 + k % 3
+        masks.mkdir(exist_ok=True)
+        Image.fromarray(ids).save(masks / f"img{k:02d}.png")
+        entries.append({"id": k, "file_name": f"img{k:02d}.png", "width": w, "height": h})
+        annotations.append({"id": 100 + k, "image_id": k, "category_id": 5 + k % 2,
+                            "bbox": [2, 3, 10, 8 + k % 4], "iscrowd": 0, "area": 80})
+    coco = tmp_path / "instances.json"
+    coco.write_text(json.dumps({"images": entries, "annotations": annotations,
+                                "categories": [{"id": 5, "name": "crack"}, {"id": 6, "name": "dent"}]}))
+    args = ["--input_dir", str(images), "--masks_dir", str(masks), "--annotations", str(coco),
+            "--split", "train=0.5,validation=0.5", "--min_shards", "3", "--seed", "1"]
+    local_out, dask_out = tmp_path / "local", tmp_path / "dask"
+    convert_module.run([*args, "--output_dir", str(local_out)])
+    convert_module.run([*args, "--output_dir", str(dask_out), "--runner", "DaskRunner",
+                        "--dask_client_address", dask_cluster.address])
+    local, on_dask = _files(local_out), _files(dask_out)
+    assert sorted(on_dask) == sorted(local)
+    assert [name for name in local if on_dask[name] != local[name]] == []
+    manifest = schemas.Manifest.from_json((dask_out / schemas.MANIFEST_FILENAME).read_text())
+    assert manifest.counts["written"] == 12
+    assert sorted(manifest.targets) == ["boxes", "mask"]
+    assert sum(sum(c) for c in manifest.targets["boxes"]["counts"].values()) == 12
+    records = read_records(dask_out)
+    assert all(schemas.MASK.key in r and len(r[schemas.BBOX_LABEL.key]) == 1 for r in records)
+    report = verify_module.run([str(dask_out), "--runner", "DaskRunner", "--dask_client_address",
+                                dask_cluster.address])
+    assert report["ok"], report["problems"]
