@@ -153,6 +153,23 @@ class TargetPlan:
         """Whether labels differ in shape between examples (boxes without `pad_boxes`)."""
         return self.label_mode == "boxes" and self.pad_boxes is None
 
+    def label_spec(self, image_size) -> Any:
+        """The `tf.TypeSpec` structure of one example's label at `image_size`, or
+        None when its shape is not known in advance (ragged boxes, a target
+        length the manifest does not give)."""
+        if self.label_mode == "mask":
+            return tf.TensorSpec([*image_size, 1], tf.int32)
+        if self.label_mode == "boxes":
+            if self.pad_boxes is None:
+                return None
+            return {BOXES: tf.TensorSpec([self.pad_boxes, 4], tf.float32),
+                    CLASSES: tf.TensorSpec([self.pad_boxes], tf.int32)}
+        if self.label_mode == "multi_hot":
+            return tf.TensorSpec([self.num_classes], tf.float32)
+        if self.target_length is None:
+            return None
+        return tf.TensorSpec([self.target_length], tf.float32)
+
     def placeholder_values(self) -> dict[str, Any]:
         """Feature values of a stand-in record for a skipped damaged one (1x1 image)
         that decode and transform like any other."""

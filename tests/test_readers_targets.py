@@ -436,6 +436,28 @@ def test_target_modes_read_damaged_shards_and_global_shuffle(seg, tmp_path):
         assert all(name in items for *_, name in examples)
 
 
+@pytest.mark.parametrize("options", [{"augment": "standard", "seed": 4},
+                                     {"resize": "pad", "deterministic": True}])
+def test_small_records_decoded_a_batch_per_call_match_the_per_image_stages(seg, multi, options,
+                                                                          monkeypatch):
+    """Records of small images are decoded a batch per function call: the same elements."""
+    from readers import dataset as dataset_module
+
+    def elements(data_dir, **more):
+        ds = _read(data_dir, batch_size=3, **options, **more)
+        return [tf.nest.map_structure(lambda t: t.numpy(), e) for e in ds]
+
+    reads = [(seg[0], {"label_mode": "mask"}), (seg[0], {"label_mode": "boxes", "pad_boxes": 2}),
+             (multi[0], {"label_mode": "multi_hot"}), (multi[0], {"label_mode": "target"})]
+    batched = [elements(data_dir, **more) for data_dir, more in reads]
+    monkeypatch.setattr(dataset_module, "_BATCHED_DECODE_MAX_RECORD_BYTES", 0)
+    for (data_dir, more), expected in zip(reads, batched):
+        got = elements(data_dir, **more)
+        assert len(got) == len(expected) > 0
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
+            np.testing.assert_array_equal(a, b)
+
+
 # --- Training: one Keras step per mode, and under MirroredStrategy ---------------------------
 
 
