@@ -227,6 +227,24 @@ def test_a_mask_of_another_size_than_its_image_fails_the_read(tmp_path):
             list(_read(data_dir, label_mode="mask", **options))
 
 
+def test_a_split_of_jpegs_only_reads_alike(tmp_path):
+    """A split whose manifest lists JPEGs only decodes them without a format check."""
+    data_dir = tmp_path / "dataset"
+    items = {item.filename: item for item in rd.write_target_dataset(
+        data_dir, _items(4, kinds=("rgb_jpeg",)), targets=("mask",))}
+    for options in ({"augment": "standard", "seed": 2}, {"resize": "pad"}, {}):
+        examples = _examples(_read(data_dir, label_mode="mask", **options))
+        assert sorted(name for *_, name in examples) == sorted(items)
+        for image, mask, _ in examples:
+            _assert_aligned(image, mask, rd.REGION_IDS_8, 255, exact=False, min_share=0.97)
+    ds = _read(data_dir, label_mode="mask", image_size=None, batch_size=None)
+    for image, mask, extras in ds:
+        item = items[extras[FILENAME.key].numpy().decode()]
+        np.testing.assert_array_equal(mask.numpy()[..., 0], item.mask)
+        reference = _pillow(rd.encode_image(item.pixels, item.kind)).astype(int)
+        assert np.abs(image.numpy().astype(int) - reference).max() <= 3
+
+
 # --- Boxes -----------------------------------------------------------------------------------
 
 
