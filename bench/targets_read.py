@@ -18,6 +18,11 @@ contender runs in its own process (`--child`), rounds interleaved, best images/s
 `--repeat` rounds kept; images/s of both and their ratio (target: shardsmith >= 0.9x the
 hand-written pipeline) are printed, with the CPU time per image (steadier on shared cores).
 
+Measured on the 2-core machine on 2026-12-02 (shared, load average 1.5-3.3; best of 3):
+small 5882 vs 6073 images/s (0.97x; CPU 0.28 vs 0.30 ms per image), large 786 vs 798 (0.98x;
+2.20 vs 2.35 ms). Under heavier load single runs swing from 0.73x to 1.40x: see
+`bench/RESULTS.md`.
+
 Usage:
 
   python -m bench.targets_read [--small-count 3000] [--large-count 400] [--repeat 3]

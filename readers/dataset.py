@@ -27,7 +27,10 @@ For small images (mean record size up to 32 KiB) with batching and without a
 callable `augment`, parse, decode, preprocess and finish run as one function
 per output batch instead (`_BY_BATCH`; same results, same order), which
 saves the per-element overhead that dominates when decoding is cheap; a split
-of JPEGs of one size (the manifest's image stats) traces that path alone.
+of JPEGs of one size (the manifest's image stats) traces that path alone. The
+target label modes (`readers.targets`) do the same with labels of one shape
+(`_TARGETS_BY_BATCH`: every image and its target in a loop in that call);
+ragged boxes go per image.
 
 Nothing is cached unless `cache` is set. Without `seed`, the pipeline runs
 non-deterministically (faster: workers need not wait for each other); with a
@@ -581,13 +584,10 @@ def _decodes_by_batch(config: ReaderConfig, batch_size: int | None,
     some 40 us of CPU per image, a third of the work for 64x64 JPEGs; for
     larger images that is noise, and decoding them one per call spreads a
     batch over the cores (first batch sooner, more parallelism on many
-    cores). A callable `augment` runs per example, so needs that path, as
-    do the target label modes (`readers.targets`: image and target are
-    decoded together, per example).
+    cores). A callable `augment` runs per example, so needs that path.
     """
     return (
         batch_size is not None
-        and config.reading.label_mode not in targets.TARGET_LABEL_MODES
         # Batches at the stored size (image_size=None, one size): per image, no resize.
         and config.image.image_size is not None
         and not callable(config.image.augment)
@@ -636,6 +636,43 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
                 channels=image.channels, depth=stages.depth, batch_size=stages.batch_size,
                 jpegs_of_size=stages.jpegs_of_size,
             )
+        return stages.finish(features)
+
+    ds = records.batch(stages.batch_size, drop_remainder=config.reading.drop_remainder)
+    return ds.map(load_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _targets_by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """`_by_batch` for the target modes whose labels have one shape (`TargetPlan.label_spec`):
+    each batch parsed at once, then every image decoded and transformed with its target
+    in a loop (`TargetPlan.load`, as the per-image stages), in one function call."""
+    config, standard, masked, target = stages.config, stages.standard, stages.masked, stages.target
+    specs = (tf.TensorSpec([*config.image.image_size, stages.channels], tf.float32),
+             target.label_spec(config.image.image_size))
+    keys, per_example = list(stages.keys), (IMAGE.key, *target.keys)
+    extras = config.reading.extra_features
+
+    def load(features, seed=None):
+        return target.load(features, config.image, channels=stages.channels, depth=stages.depth,
+                           seed=seed)
+
+    @_no_autograph
+    def load_batch(serialized, batch_seeds=None):
+        if masked:
+            keep = tf.strings.length(serialized) > 0
+            serialized = tf.boolean_mask(serialized, keep)
+            if standard:
+                batch_seeds = tf.boolean_mask(batch_seeds, keep)
+        features = decode.parse_examples(serialized, keys, stages.schema)
+        elems = {k: features[k] for k in per_example}
+        if standard:
+            loaded = tf.map_fn(lambda e: load(*e), (elems, batch_seeds), fn_output_signature=specs)
+        else:
+            loaded = tf.map_fn(load, elems, fn_output_signature=specs)
+        features[IMAGE.key], features[_TARGET_LABEL] = loaded
+        for k in target.keys:
+            if k not in extras:
+                del features[k]
         return stages.finish(features)
 
     ds = records.batch(stages.batch_size, drop_remainder=config.reading.drop_remainder)
@@ -749,6 +786,7 @@ def _drop_rows(values, keep):
 
 
 _BY_BATCH = (_by_batch,)
+_TARGETS_BY_BATCH = (_targets_by_batch,)
 _RASTERS_BY_BATCH = (_rasters_by_batch,)
 _PER_IMAGE = (_parse, _decode_and_preprocess, _user_augment, _batch_and_finish)
 
@@ -849,7 +887,12 @@ def build_dataset(
         pipeline = _RASTERS_BY_BATCH if by_batch else _PER_IMAGE
     else:
         by_batch = _decodes_by_batch(config, batch_size, bytes_per_record)
-        pipeline = _BY_BATCH if by_batch else _PER_IMAGE
+        if stages.target is not None:
+            # Labels of one shape only: ragged boxes are batched by tf.data.
+            by_batch = by_batch and stages.target.label_spec(config.image.image_size) is not None
+            pipeline = _TARGETS_BY_BATCH if by_batch else _PER_IMAGE
+        else:
+            pipeline = _BY_BATCH if by_batch else _PER_IMAGE
     for stage in pipeline:
         ds = stage(ds, stages)
     return _finish_dataset(

@@ -40,6 +40,7 @@ __all__ = [
     "decode_image",
     "decode_cropped_image",
     "decode_cropped_jpeg",
+    "decode_jpeg",
     "decode_image_batch",
     "image_shape",
     "decode_example",
@@ -319,6 +320,26 @@ def decode_cropped_image(
         other,
     )
     return tf.ensure_shape(image, [None, None, channels])
+
+
+def decode_jpeg(
+    encoded: tf.Tensor, *, channels: int = 3, dtype: tf.dtypes.DType = tf.uint8
+) -> tf.Tensor:
+    """`decode_image` of an image known to be a JPEG: no format check.
+
+    For a split whose manifest says every image is a JPEG (each check is a
+    conditional in the graph, run per image).
+
+    Args:
+      encoded: A scalar string tensor, JPEG bytes.
+      channels, dtype: As `decode_image`.
+
+    Returns:
+      A `dtype` tensor of shape [height, width, channels].
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    return tf.ensure_shape(_decode_jpeg(encoded, channels, dtype), [None, None, channels])
 
 
 def decode_cropped_jpeg(

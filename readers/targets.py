@@ -110,6 +110,8 @@ class TargetPlan:
       target_length: Values of label_mode='target' (targets.target.length),
         None when the manifest does not say.
       pad_boxes: Rows of label_mode='boxes' per image, or None (ragged).
+      all_jpeg: Every image of the split is a JPEG (the manifest's image
+        stats): decoded without a format check (a conditional per image).
     """
 
     label_mode: str
@@ -117,6 +119,7 @@ class TargetPlan:
     num_classes: int = 0
     target_length: int | None = None
     pad_boxes: int | None = None
+    all_jpeg: bool = False
 
     @classmethod
     def of(cls, split_files, label_mode, pad_boxes=None) -> TargetPlan | None:
@@ -126,12 +129,14 @@ class TargetPlan:
             return None
         targets = split_files.targets
         length = targets.get("target", {}).get("length")
+        stats = split_files.images
         return cls(
             label_mode=label_mode,
             mask_dtype=_mask_dtype(targets) if label_mode == "mask" else "uint8",
             num_classes=len(split_files.class_names),
             target_length=int(length) if length is not None else None,
             pad_boxes=pad_boxes,
+            all_jpeg=bool(stats) and [f for f, _ in stats.formats] == ["jpeg"],
         )
 
     @property
@@ -152,6 +157,23 @@ class TargetPlan:
     def ragged(self) -> bool:
         """Whether labels differ in shape between examples (boxes without `pad_boxes`)."""
         return self.label_mode == "boxes" and self.pad_boxes is None
+
+    def label_spec(self, image_size) -> Any:
+        """The `tf.TypeSpec` structure of one example's label at `image_size`, or
+        None when its shape is not known in advance (ragged boxes, a target
+        length the manifest does not give)."""
+        if self.label_mode == "mask":
+            return tf.TensorSpec([*image_size, 1], tf.int32)
+        if self.label_mode == "boxes":
+            if self.pad_boxes is None:
+                return None
+            return {BOXES: tf.TensorSpec([self.pad_boxes, 4], tf.float32),
+                    CLASSES: tf.TensorSpec([self.pad_boxes], tf.int32)}
+        if self.label_mode == "multi_hot":
+            return tf.TensorSpec([self.num_classes], tf.float32)
+        if self.target_length is None:
+            return None
+        return tf.TensorSpec([self.target_length], tf.float32)
 
     def placeholder_values(self) -> dict[str, Any]:
         """Feature values of a stand-in record for a skipped damaged one (1x1 image)
@@ -206,7 +228,7 @@ class TargetPlan:
         with its mask, in one conditional)."""
         encoded = features[IMAGE.key]
         if image.image_size is None:
-            pixels = decode.decode_image(encoded, channels=channels, dtype=depth)
+            pixels = self._decode(encoded, channels, depth)
             shape = tf.shape(pixels)
             geometry = _Geometry(shape[0], shape[1])
             return tf.cast(pixels, tf.float32), geometry
@@ -223,7 +245,7 @@ class TargetPlan:
         else:
             window_fn = None
         if window_fn is None:
-            pixels = decode.decode_image(encoded, channels=channels, dtype=depth)
+            pixels = self._decode(encoded, channels, depth)
             shape = tf.shape(pixels)
             geometry = _Geometry(shape[0], shape[1], resized=True)
             if image.resize == "pad":
@@ -231,7 +253,8 @@ class TargetPlan:
                     geometry, pad=preprocess.pad_window(shape[0], shape[1], image.image_size))
                 pixels = preprocess.pad_to_aspect_ratio(pixels, image.image_size)
         else:
-            pixels, height, width, window = _decode_window(encoded, window_fn, channels, depth)
+            pixels, height, width, window = _decode_window(encoded, window_fn, channels, depth,
+                                                           self.all_jpeg)
             geometry = _Geometry(height, width, window=window, resized=True)
         pixels = tf.cast(tf.image.resize(pixels, image.image_size, method=image.interpolation),
                          tf.float32)
@@ -240,6 +263,12 @@ class TargetPlan:
             if not flip_later:
                 pixels = _flip_if(geometry.flip, pixels)
         return tf.ensure_shape(pixels, [*image.image_size, channels]), geometry
+
+    def _decode(self, encoded, channels, depth):
+        """The whole image, without a format check when every image is a JPEG."""
+        if self.all_jpeg:
+            return decode.decode_jpeg(encoded, channels=channels, dtype=depth)
+        return decode.decode_image(encoded, channels=channels, dtype=depth)
 
     def _mask(self, encoded, geometry: _Geometry, image_size) -> tf.Tensor:
         """The mask under the image's geometry: int32 [height, width, 1]."""
@@ -340,11 +369,11 @@ def _flip_if(flip, image):
     return tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
 
 
-def _decode_window(encoded, window_fn, channels, depth):
+def _decode_window(encoded, window_fn, channels, depth, all_jpeg=False):
     """Decodes the window `window_fn(height, width)` of an image (fused for JPEG).
 
     As `preprocess`'s own window decoding, also returning the stored size and
-    the window.
+    the window; with `all_jpeg`, the JPEG branch alone.
 
     Returns:
       (pixels, height, width, window).
@@ -364,4 +393,4 @@ def _decode_window(encoded, window_fn, channels, depth):
                           tf.concat([window[2:], [channels]], 0))
         return pixels, shape[0], shape[1], window
 
-    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+    return jpeg() if all_jpeg else tf.cond(tf.io.is_jpeg(encoded), jpeg, other)

@@ -227,6 +227,24 @@ def test_a_mask_of_another_size_than_its_image_fails_the_read(tmp_path):
             list(_read(data_dir, label_mode="mask", **options))
 
 
+def test_a_split_of_jpegs_only_reads_alike(tmp_path):
+    """A split whose manifest lists JPEGs only decodes them without a format check."""
+    data_dir = tmp_path / "dataset"
+    items = {item.filename: item for item in rd.write_target_dataset(
+        data_dir, _items(4, kinds=("rgb_jpeg",)), targets=("mask",))}
+    for options in ({"augment": "standard", "seed": 2}, {"resize": "pad"}, {}):
+        examples = _examples(_read(data_dir, label_mode="mask", **options))
+        assert sorted(name for *_, name in examples) == sorted(items)
+        for image, mask, _ in examples:
+            _assert_aligned(image, mask, rd.REGION_IDS_8, 255, exact=False, min_share=0.97)
+    ds = _read(data_dir, label_mode="mask", image_size=None, batch_size=None)
+    for image, mask, extras in ds:
+        item = items[extras[FILENAME.key].numpy().decode()]
+        np.testing.assert_array_equal(mask.numpy()[..., 0], item.mask)
+        reference = _pillow(rd.encode_image(item.pixels, item.kind)).astype(int)
+        assert np.abs(image.numpy().astype(int) - reference).max() <= 3
+
+
 # --- Boxes -----------------------------------------------------------------------------------
 
 
@@ -434,6 +452,28 @@ def test_target_modes_read_damaged_shards_and_global_shuffle(seg, tmp_path):
         examples = _examples(ds)
         assert len(examples) == len(items) - 1
         assert all(name in items for *_, name in examples)
+
+
+@pytest.mark.parametrize("options", [{"augment": "standard", "seed": 4},
+                                     {"resize": "pad", "deterministic": True}])
+def test_small_records_decoded_a_batch_per_call_match_the_per_image_stages(seg, multi, options,
+                                                                          monkeypatch):
+    """Records of small images are decoded a batch per function call: the same elements."""
+    from readers import dataset as dataset_module
+
+    def elements(data_dir, **more):
+        ds = _read(data_dir, batch_size=3, **options, **more)
+        return [tf.nest.map_structure(lambda t: t.numpy(), e) for e in ds]
+
+    reads = [(seg[0], {"label_mode": "mask"}), (seg[0], {"label_mode": "boxes", "pad_boxes": 2}),
+             (multi[0], {"label_mode": "multi_hot"}), (multi[0], {"label_mode": "target"})]
+    batched = [elements(data_dir, **more) for data_dir, more in reads]
+    monkeypatch.setattr(dataset_module, "_BATCHED_DECODE_MAX_RECORD_BYTES", 0)
+    for (data_dir, more), expected in zip(reads, batched):
+        got = elements(data_dir, **more)
+        assert len(got) == len(expected) > 0
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
+            np.testing.assert_array_equal(a, b)
 
 
 # --- Training: one Keras step per mode, and under MirroredStrategy ---------------------------
