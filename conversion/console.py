@@ -96,8 +96,30 @@ class _QuietLibraries(logging.Filter):
         if record.name == "root":
             # Logged on the root logger by Beam as it is imported.
             return not str(record.msg).startswith("apitools not found")
+        if record.name.startswith("apache_beam.") and record.levelno >= logging.ERROR:
+            return not _is_own_failure(record)
         return not any(record.name == name or record.name.startswith(name + ".")
                        for name in _LIBRARY_LOGGERS)
+
+
+# The errors a conversion or verification reports itself, in one sentence at its end
+# (`conversion.elements.ConversionError`, a worker process's death).
+_OWN_FAILURES = ("ConversionError", "WorkerDied")
+
+
+def _is_own_failure(record: logging.LogRecord) -> bool:
+    """Whether Beam's runner logs, with its tracebacks, an error the command then reports itself.
+
+    The runner logs a DoFn's exception twice (the DoFn's traceback, then the
+    bundle's, ~100 lines) before the pipeline raises it; the entry point
+    prints the error's one sentence ("1 of 6 images were rejected, more than
+    --max_reject_fraction=0.1; ..."). Other errors keep their tracebacks.
+    """
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None and type(exc).__name__ in _OWN_FAILURES:
+        return True
+    text = record.getMessage()
+    return any(f"{name}: " in text for name in _OWN_FAILURES)
 
 
 def is_native_noise(line: bytes) -> bool:
@@ -143,16 +165,60 @@ def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
             return
         verbose = _verbose = is_verbose(argv)
         configure_logging(verbose)
-        if verbose or os.name != "posix":
+        if verbose:
             yield
+        elif os.name != "posix":
+            with _own_failures_unprinted():
+                yield
         else:
-            with _native_stderr_filtered():
+            with _native_stderr_filtered(), _own_failures_unprinted():
                 yield
     finally:
         with _DEPTH_LOCK:
             _depth -= 1
             if _depth == 0:
                 _verbose = None
+
+
+class _WithoutOwnFailures:
+    """sys.stderr, less the tracebacks Beam's runner prints of errors the command reports itself.
+
+    Beam's SDK worker `print`s the traceback of a failed bundle to
+    sys.stderr (sdk_worker.py, `_execute`), ~60 lines, besides logging it:
+    for a `ConversionError` (the reject budget exceeded, ...) the command's
+    own one-line error follows. Only a write that is one whole traceback
+    ending in such an error is dropped; everything else passes unchanged.
+    """
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._dropped = False
+
+    def write(self, text):
+        if (isinstance(text, str) and text.startswith("Traceback (most recent call last):")
+                and any(f"{name}: " in text for name in _OWN_FAILURES)):
+            self._dropped = True  # `print` writes its line end next: dropped too.
+            return len(text)
+        if self._dropped and text == "\n":
+            self._dropped = False
+            return 1
+        self._dropped = False
+        return self._inner.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def _own_failures_unprinted() -> Iterator[None]:
+    """sys.stderr is `_WithoutOwnFailures` for the block (then what it was)."""
+    previous = sys.stderr
+    sys.stderr = _WithoutOwnFailures(previous)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stderr, _WithoutOwnFailures):
+            sys.stderr = previous
 
 
 def exit_program(code: int | None) -> None:

@@ -16,7 +16,7 @@ import sys
 import pytest
 from PIL import Image
 
-from helpers import interpreters_at_once
+from helpers import interpreters_at_once, make_class_tree, write
 
 from conversion import console
 
@@ -264,3 +264,17 @@ def test_what_tifffile_said_is_in_the_files_details(raster_runs):
             assert notes is None  # tifffile had nothing to say about it.
         else:
             assert notes and "invalid value offset" in notes[0], (path, notes)
+
+
+@pytest.mark.parametrize("command", [["-m", "beam_jobs.convert"], ["-m", "shardsmith", "convert"]])
+def test_a_failed_reject_budget_is_one_sentence_not_beams_tracebacks(tmp_path, command):
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a", "b"), per_class=3)
+    write(root / "b" / "broken.jpg", b"\xff\xd8\xff not a jpeg")
+    proc = _run(*command, "--input_dir", str(root), "--output_dir", str(tmp_path / "out"))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "error: 1 of 7 images were rejected, more than --max_reject_fraction=0.1" in proc.stderr
+    # --verbose shows what Beam printed.
+    verbose = _run(*command, "--input_dir", str(root), "--output_dir", str(tmp_path / "out2"), "--verbose")
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr
