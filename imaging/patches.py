@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from imaging.errors import ImageRejected
-from imaging.georef import Georef
+from imaging.georef import Georef, page_georef
 
 __all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets",
            "patch_georef", "patch_geotransform"]
@@ -383,6 +383,11 @@ class SceneReader:
             if isinstance(e, ValueError) and str(e).startswith("SceneReader:"):
                 raise
             raise ImageRejected("corrupt", f"{self.name}: damaged header ({type(e).__name__}: {e})") from e
+
+    @property
+    def georef(self) -> Georef:
+        """The page's EPSG code and geotransform (`imaging.georef`), from its tags."""
+        return page_georef(self._page, self.name)
 
     def close(self) -> None:
         """Closes the file and drops the cached segments."""
