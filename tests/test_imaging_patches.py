@@ -595,3 +595,20 @@ def test_bad_windows_are_refused(tmp_path):
             reader.read(0.5, 0, 4, 4)
     with pytest.raises(ValueError, match="page"):
         SceneReader(path, page=1)
+
+
+def test_sparse_tiles_read_as_nodata_like_gdal(tmp_path, decoded):
+    """Tiles GDAL never wrote (SPARSE_OK: offset and byte count 0) hold the nodata value, undecoded."""
+    path = tmp_path / "sparse.tif"
+    profile = dict(driver="GTiff", width=600, height=300, count=2, dtype="int16", crs=_CRS,
+                   transform=_TRANSFORM, tiled=True, blockxsize=256, blockysize=256,
+                   compress="deflate", nodata=-9999, sparse_ok=True)
+    written = np.arange(2 * 256 * 256, dtype=np.int16).reshape(2, 256, 256)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(written, window=Window(256, 0, 256, 256))  # One tile of six.
+    with tifffile.TiffFile(path) as tif:
+        assert sorted(tif.pages.first.databytecounts).count(0) == 5
+    with SceneReader(path) as reader:
+        ours = reader.read(100, 200, 200, 400)
+    _same_bits(ours, _gdal_window(path, 100, 200, 200, 400))
+    assert len(decoded) == 1
