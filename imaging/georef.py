@@ -18,7 +18,7 @@ import math
 
 from imaging.errors import ImageRejected
 
-__all__ = ["Georef", "read_georef"]
+__all__ = ["Georef", "page_georef", "read_georef"]
 
 _GEOKEY_DIRECTORY = 34735
 _MODEL_PIXEL_SCALE = 33550
@@ -80,6 +80,23 @@ def read_georef(data: bytes, name: str) -> list[Georef]:
         with tifffile.TiffFile(io.BytesIO(data)) as tif:
             pages = [p for p in tif.pages if not getattr(p, "is_reduced", False)] or [tif.pages.first]
             return [_page_georef(p, name) for p in pages]
+    except (tifffile.TiffFileError, ValueError, TypeError, KeyError, IndexError) as e:
+        raise ImageRejected("corrupt", f"{name}: unreadable GeoTIFF tags ({type(e).__name__}: {e})") from e
+
+
+def page_georef(page, name: str) -> Georef:
+    """The georeferencing of one page of an opened `tifffile.TiffFile`.
+
+    For readers that hold the file open already (`imaging.patches.SceneReader`
+    reads scenes too large to pass around as bytes).
+
+    Raises:
+      ImageRejected: 'corrupt' when a georeferencing tag is there but malformed.
+    """
+    import tifffile
+
+    try:
+        return _page_georef(page, name)
     except (tifffile.TiffFileError, ValueError, TypeError, KeyError, IndexError) as e:
         raise ImageRejected("corrupt", f"{name}: unreadable GeoTIFF tags ({type(e).__name__}: {e})") from e
 
