@@ -600,6 +600,13 @@ def _drop_skipped(records: tf.data.Dataset) -> tf.data.Dataset:
     return records.filter(_no_autograph(lambda s, *_: tf.strings.length(s) > 0))
 
 
+def _without_skipped(serialized, batch_seeds=None):
+    """A batch of records less its skipped damaged ones (b""), and their seeds if any."""
+    keep = tf.strings.length(serialized) > 0
+    serialized = tf.boolean_mask(serialized, keep)
+    return serialized, None if batch_seeds is None else tf.boolean_mask(batch_seeds, keep)
+
+
 def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     """Batches records, then parses, decodes, preprocesses and finishes each
     batch in one function call (its images decoded in a loop)."""
@@ -612,10 +619,7 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
     @_no_autograph
     def load_batch(serialized, batch_seeds=None):
         if masked:
-            keep = tf.strings.length(serialized) > 0
-            serialized = tf.boolean_mask(serialized, keep)
-            if standard:
-                batch_seeds = tf.boolean_mask(batch_seeds, keep)
+            serialized, batch_seeds = _without_skipped(serialized, batch_seeds if standard else None)
         if standard:
             features = decode.parse_examples(serialized, keys, stages.schema)
             features[IMAGE.key] = tf.map_fn(
@@ -659,10 +663,7 @@ def _targets_by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Data
     @_no_autograph
     def load_batch(serialized, batch_seeds=None):
         if masked:
-            keep = tf.strings.length(serialized) > 0
-            serialized = tf.boolean_mask(serialized, keep)
-            if standard:
-                batch_seeds = tf.boolean_mask(batch_seeds, keep)
+            serialized, batch_seeds = _without_skipped(serialized, batch_seeds if standard else None)
         features = decode.parse_examples(serialized, keys, stages.schema)
         elems = {k: features[k] for k in per_example}
         if standard:
