@@ -127,6 +127,9 @@ class FinalizeFn(beam.DoFn):
                                                len(self._class_names)),
             }
         extra = masks.with_pixel_counts(extra, shards, self._shard_counts)
+        patches = _patch_summary(normalized)
+        if patches:
+            extra["patches"] = patches
         dicom = _dicom_summary(normalized)
         if dicom:
             extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}
@@ -150,6 +153,26 @@ def _normalized_entry(path, source_format, actions, details) -> dict:
     if details:
         entry["details"] = details
     return entry
+
+
+def _patch_summary(normalized) -> dict:
+    """With --raster_patch: scenes cut, patches written and skipped (nodata), work items that failed.
+
+    From the normalized.jsonl entries of the scenes' work items
+    (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1.
+    """
+    scenes, written, skipped, failed = set(), 0, 0, 0
+    for path, source_format, actions, details in normalized:
+        if "cut_into_patches" in actions:
+            scenes.add(path.rpartition("#patch_rows=")[0])
+            written += details["written"]
+            skipped += len(details["skipped"])
+        elif "patch_rows_failed" in actions:
+            scenes.add(path.rpartition("#patch_rows=")[0])
+            failed += 1
+    if not scenes:
+        return {}
+    return {"scenes": len(scenes), "written": written, "skipped_nodata": skipped, "failed_items": failed}
 
 
 def _dicom_summary(normalized) -> dict:

@@ -22,8 +22,36 @@ from conversion.masks import MaskOptions
 from conversion.options import ShardingOptions, WritingOptions, parse_split
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
+from imaging.patches import PatchOptions
 
 __all__ = ["ConvertOptions", "ConversionConfig"]
+
+
+def _patch_options(o) -> PatchOptions | None:
+    """--raster_patch and its companions as `PatchOptions`; None without --raster_patch.
+
+    Raises:
+      ValueError: For a companion flag without --raster_patch, or a bad value.
+    """
+    if o.raster_patch is None:
+        given = [flag for flag, value in (("--raster_stride", o.raster_stride), ("--raster_edge", o.raster_edge),
+                                          ("--raster_max_nodata", o.raster_max_nodata)) if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} shapes the patches of --raster_patch: give --raster_patch N "
+                             f"with it. Received: {given[0]} without --raster_patch")
+        return None
+    return PatchOptions.parse(o.raster_patch, stride=o.raster_stride, edge=o.raster_edge or "shift",
+                              max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
+
+
+def _check_patch_combinations(o, resize: ResizeOptions) -> None:
+    """Refuses the options that --raster_patch does not combine with yet (one sentence each)."""
+    refused = [("--max_side/--min_side", resize.active), ("--masks_dir", bool(o.masks_dir)),
+               ("--annotations", bool(o.annotations)), ("--dedup", o.dedup)]
+    for flag, given in refused:
+        if given:
+            raise ValueError(f"--raster_patch does not combine with {flag} yet: cut the scenes into "
+                             f"patches without it. Received: --raster_patch {o.raster_patch} with {flag}")
 
 
 _VALIDATION = ValidationOptions()
@@ -165,6 +193,26 @@ class ConvertOptions(PipelineOptions):
             "--raster_georef", action="store_true",
             help="Store each record's GeoTIFF EPSG code and geotransform (GDAL order, float64) "
             "as features epsg and geotransform; 0 and NaNs where unknown (non-GeoTIFFs).",
+        )
+        parser.add_argument(
+            "--raster_patch",
+            help="Cut every TIFF into patches of N or H,W pixels, one record each, named "
+            "PATH#patch=Y,X (the offset of its top-left corner); read window by window.",
+        )
+        parser.add_argument(
+            "--raster_stride",
+            help="Pixels between neighbouring patches, S or H,W (default: the patch size, no "
+            "overlap; smaller overlaps); needs --raster_patch.",
+        )
+        parser.add_argument(
+            "--raster_edge", default=None,
+            help="The last patch of a row or column: shift (default: moved inward to end at the "
+            "edge), pad (past the edge, filled with nodata or 0) or drop (left out).",
+        )
+        parser.add_argument(
+            "--raster_max_nodata", default=None,
+            help="Skip patches whose share of nodata pixels (padding included) exceeds this, 0 to 1 "
+            "(default 1: keep every patch); skipped patches are listed in normalized.jsonl.",
         )
         parser.add_argument(
             "--dedup", action="store_true",
@@ -319,8 +367,11 @@ class ConversionConfig:
                 dtype=o.raster_dtype,
                 value_range=RasterOptions.parse_range(o.raster_range) if o.raster_range else None,
                 georef=o.raster_georef,
+                patch=_patch_options(o),
             ),  # Held to --max_pixels too.
         )
+        if validation.raster.patch is not None:
+            _check_patch_combinations(o, resize)
         return cls(
             input_dir=o.input_dir,
             output_dir=o.output_dir,

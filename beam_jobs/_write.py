@@ -272,6 +272,8 @@ class WriteShardFn(beam.DoFn):
                 h.update(f.targets.encode())
             if f.mask is not None:
                 h.update(repr(os.fsencode(f.mask)).encode())
+            if f.patch_rows is not None:  # Only then, likewise.
+                h.update(f"patch_rows:{f.patch_rows}".encode())
         return h.hexdigest()
 
     def _log_written(self, name, outcome) -> None:
@@ -306,4 +308,4 @@ def _shard_file(f) -> ShardFile:
     duplicate = None
     if f.duplicate_of is not None:
         duplicate = "same content as " + listing.display_path(f.duplicate_of)
-    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.mask)
+    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.mask, f.patch_rows)

@@ -104,6 +104,9 @@ class PlannedFile:
     targets: str | None = None
     # With --masks_dir: where its mask is (`conversion.masks`).
     mask: str | None = None
+    # With --raster_patch, for a scene's work item: "y0,y1", its patches are those whose
+    # top row y is in [y0, y1) (`imaging.scenes.row_bands`); None: the whole file.
+    patch_rows: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,6 +331,7 @@ def make_plan(
     groups: Mapping[str, str] | None = None,
     targets: PlanTargets | None = None,
     folder_labels: Callable | None = None,
+    windows: Mapping[str, Sequence[tuple[str, int]]] | None = None,
 ) -> Plan:
     """Assigns every listed file a label, a split and a shard.
 
@@ -354,6 +358,10 @@ def make_plan(
         split): `(files, split_ratios) -> (labels, unlabeled, split_source)`;
         a label of None is stored as -1 (no image-level class). Default:
         class folders (`ROOT/<class>/...`, `ROOT/<split>/<class>/...`).
+      windows: With --raster_patch: relative path of a scene to its work
+        items, (patch_rows "y0,y1", planned bytes) each. The scene's split is
+        its path's; each item is placed in a shard by the hash of its path
+        and rows, as files are, so one scene spreads over the split's shards.
 
     Returns:
       The plan.
@@ -419,7 +427,7 @@ def make_plan(
 
     # Each path is encoded once, for its split hash and its order hash.
     split_of = _split_by_hash(seed, ratios) if ratios is not None else None
-    by_split: dict[str, list[tuple[InputFile, bytes, int]]] = collections.defaultdict(list)
+    by_split: dict[str, list[tuple[InputFile, bytes, int, str | None, int]]] = collections.defaultdict(list)
     for f in files:
         if f.rel_path not in labels:
             continue
@@ -442,14 +450,19 @@ def make_plan(
             if split is None:
                 problems.append(Problem(f.rel_path, "not_in_split", "hashed into no split"))
                 continue
-        by_split[split].append((f, encoded, -1 if label is None else index[label]))
+        label_index = -1 if label is None else index[label]
+        if windows is not None and f.rel_path in windows:
+            for rows, size in windows[f.rel_path]:
+                by_split[split].append((f, _fs_bytes(f"{f.rel_path}#patch_rows={rows}"), label_index, rows, size))
+        else:
+            by_split[split].append((f, encoded, label_index, None, f.size))
 
     split_names = list(ratios) if ratios is not None else sorted(by_split)
     shard_counts = {}
     for split in split_names:
         members = by_split.get(split, ())
         shard_counts[split] = _shard_count(
-            len(members), sum(f.size for f, _, _ in members), num_shards, target_shard_bytes, min_shards
+            len(members), sum(size for *_, size in members), num_shards, target_shard_bytes, min_shards
         )
     planned = []
     # Splits in name order, each in (shard, order) order: the plan's sort
@@ -458,21 +471,23 @@ def make_plan(
         n = shard_counts[split]
         order_hash = _hasher(seed, "order", split)
         members = _sorted_by_order(
-            [(order_hash(encoded), f.rel_path, f, label) for f, encoded, label in by_split.get(split, ())]
+            [(order_hash(encoded), f.rel_path, rows or "", f, label, size)
+             for f, encoded, label, rows, size in by_split.get(split, ())]
         )
         # Range partition of the hash order: shards differ by at most one
         # record, and each is a uniform random sample of the split.
-        for rank, (order, _, f, label) in enumerate(members):
+        for rank, (order, _, rows, f, label, size) in enumerate(members):
             planned.append(PlannedFile(
                 split=split,
                 shard=rank * n // len(members),
                 order=order,
                 rel_path=f.rel_path,
                 path=f.path,
-                size=f.size,
+                size=size,
                 label=label,
                 num_shards=n,
                 targets=None if targets is None else targets.values[f.rel_path],
+                patch_rows=rows or None,
             ))
     problems.sort(key=lambda p: os.fsencode(p.rel_path))
     group_ids = None

@@ -14,11 +14,16 @@ import gc
 import logging
 import re
 
+import numpy as np
+
 from conversion import annotations as _annotations, guard, listing as _listing, masks as _masks, plan as _plan
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
-__all__ = ["build_plan", "group_section", "paused_gc"]
+__all__ = ["build_plan", "group_section", "paused_gc", "scene_windows", "SCENE_SUFFIXES"]
+
+# With --raster_patch, the inputs cut into patches (any other is converted as without it).
+SCENE_SUFFIXES = (".tif", ".tiff")
 
 _LOG = logging.getLogger("shardsmith.convert")
 # DICOM headers are read from this many first bytes of each file (the whole
@@ -92,6 +97,16 @@ def _build_plan(config, on_listed) -> _plan.Plan:
             # Files whose header crashed a process (an earlier run's) or raised: rejected here.
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
+    windows = None
+    patch = config.validation.raster.patch
+    if patch is not None:
+        if targets is not None:
+            raise ValueError("--raster_patch does not combine with targets beyond one class (several "
+                             "labels or numbers in --labels_csv) yet: give one label per scene.")
+        windows, failed = scene_windows(files, config.validation.raster)
+        if failed:
+            files = [f for f in files if f.rel_path not in failed]
+            problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     mask_plan = None
     masks = getattr(config, "masks", None)
     if masks is not None and masks.active:
@@ -112,6 +127,7 @@ def _build_plan(config, on_listed) -> _plan.Plan:
         min_shards=sharding.min_shards,
         targets=targets,
         folder_labels=None if mask_plan is None else mask_plan.labels_from,
+        windows=windows,
     )
     if mask_plan is not None:
         plan = _masks.attach_masks(plan, mask_plan)
@@ -175,6 +191,56 @@ def group_keys(files, group_by: str, failed: dict | None = None) -> dict[str, st
     _LOG.info("Read %s from %s of %s files (--group_by %s)", value, f"{len(keyed):,}",
               f"{len(files):,}", group_by)
     return keyed
+
+
+def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]], dict[str, tuple[str, str]]]:
+    """The work items of every TIFF scene (--raster_patch), from their headers read on threads.
+
+    Args:
+      files: The listed files; those named .tif/.tiff are scenes.
+      raster: The `imaging.RasterOptions`, `patch` set.
+
+    Returns:
+      (relative path to its items, ("y0,y1", planned bytes) each, in row
+      order; relative path to (reason, message) of the scenes rejected from
+      their header: unreadable, too large a patch, missing bands, ...). A
+      scene without a patch (smaller than one, under 'drop') is rejected
+      as 'smaller_than_patch'.
+    """
+    from imaging import ImageRejected
+    from imaging import scenes as _scenes
+
+    scenes = [f for f in files if f.rel_path.lower().endswith(SCENE_SUFFIXES)]
+
+    def items(f):
+        with guard.working_on([(f.rel_path, f.path)]):
+            try:
+                with open_to_read(f.path) as fh:
+                    header = _scenes.scene_header(fh, f.rel_path, raster)
+            except ImageRejected as e:
+                return f.rel_path, None, (e.reason, e.message)
+            except OSError as e:
+                return f.rel_path, None, ("unreadable", f"{f.rel_path}: {e}")
+            except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                _LOG.debug("Unexpected error reading the header of %s", f.rel_path, exc_info=e)
+                return f.rel_path, None, (guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e))
+        bands = _scenes.row_bands(header, raster.patch)
+        if not bands:
+            return f.rel_path, None, ("smaller_than_patch", f"{f.rel_path} is {header.width}x{header.height}, smaller "
+                                                   f"than one patch: --raster_edge drop leaves no patch")
+        scale = header.bands * np.dtype(header.dtype).itemsize * raster.patch.size[0] * raster.patch.size[1]
+        return f.rel_path, tuple((f"{y0},{y1}", n * scale) for y0, y1, n in bands), None
+
+    windows, failed = {}, {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
+        for path, planned, problem in pool.map(items, scenes):
+            if problem is None:
+                windows[path] = planned
+            else:
+                failed[path] = problem
+    _LOG.info("Read the headers of %s scenes: %s work items of patches (--raster_patch)",
+              f"{len(scenes):,}", f"{sum(map(len, windows.values())):,}")
+    return windows, failed
 
 
 def _quarantined(config) -> dict:

@@ -22,9 +22,10 @@ from typing import NamedTuple
 import schemas
 from conversion import annotations as _annotations, guard, masks as _masks
 from conversion.elements import Reject, ShardResult
-from conversion.files import AtomicWriter, read_bytes
+from conversion.files import AtomicWriter, open_to_read, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from imaging import boxes as _boxes
+from imaging import scenes as _scenes
 from schemas.tfrecord import format_index, frame_record
 
 __all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "warm_call", "record_schema",
@@ -44,6 +45,10 @@ _GROUP_NAME_BYTES = 8 * 1024
 _LOG = logging.getLogger("shardsmith.convert")
 # The extra features of a record when no DICOM tags are asked for (never changed).
 _NO_EXTRA = types.MappingProxyType({})
+# normalized.jsonl actions of a scene's work item (--raster_patch): cut, with the
+# offsets of the patches skipped for nodata; or failed (its patches missing).
+_CUT_ACTION = "cut_into_patches"
+_FAILED_ACTION = "patch_rows_failed"
 
 
 class ShardFile(NamedTuple):
@@ -59,6 +64,9 @@ class ShardFile(NamedTuple):
       targets: Its targets beyond one class, as compact JSON
         (`conversion.annotations`); None when the dataset has none.
       mask: With --masks_dir, where its mask is; None otherwise.
+      patch_rows: With --raster_patch, for a work item of a scene: "y0,y1",
+        its patches are those whose top row is in [y0, y1)
+        (`imaging.scenes.cut_rows`); None: the whole file.
     """
 
     rel_path: str
@@ -68,6 +76,7 @@ class ShardFile(NamedTuple):
     duplicate: str | None = None
     targets: str | None = None
     mask: str | None = None
+    patch_rows: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +241,12 @@ class _Writer:
         shard = _Shard(job.num_classes)
         try:
             for f, outcome in self._validated(job.files, job.threads):
+                if isinstance(outcome, _scenes.Cut):
+                    outcome = self._cut_outcome(shard, f, outcome)
+                elif isinstance(outcome, Reject) and f.patch_rows is not None:
+                    outcome = self._failed_rows(shard, f, outcome)
+                    if outcome is None:
+                        continue
                 if not isinstance(outcome, Reject):
                     try:
                         # One record per kept image (frame, page), with its mask and targets.
@@ -244,7 +259,9 @@ class _Writer:
                 if isinstance(outcome, Reject):
                     shard.rejects.append(outcome)
                     continue
-                shard.num_sources += 1
+                if f.patch_rows is None or _first_rows(f):
+                    # A scene is counted once, by its first item, wherever its other items are.
+                    shard.num_sources += 1
                 for item, filename, framed, t in records:
                     self._write_record(writer, shard, f, item, filename, framed, t)
         except BaseException:
@@ -268,6 +285,27 @@ class _Writer:
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
+    def _cut_outcome(self, shard: _Shard, f: ShardFile, cut) -> list:
+        """The patches of a scene's item, its rows listed in normalized.jsonl with what was skipped."""
+        details = {"patch_rows": _rows(f), "written": len(cut.images),
+                   "skipped": [[y, x] for y, x in cut.skipped],
+                   "skipped_nodata_share": [round(v, 6) for v in cut.shares]}
+        shard.normalized.append((_rows_name(f), "tiff", (_CUT_ACTION,), details))
+        return cut.images
+
+    def _failed_rows(self, shard: _Shard, f: ShardFile, reject: Reject) -> Reject | None:
+        """The Reject of a scene's first item stays the scene's; a later item's failure is listed.
+
+        A scene is one input: rejected by its first item (whose shard counts
+        it), while the failure of a later item, whose patches are then
+        missing, is listed in normalized.jsonl with its reason.
+        """
+        if _first_rows(f):
+            return reject
+        shard.normalized.append((_rows_name(f), "tiff", (_FAILED_ACTION,),
+                                 {"patch_rows": _rows(f), "reason": reject.reason, "message": reject.message}))
+        return None
+
     def _targets(self, f: ShardFile, image):
         """The record's `annotations.RecordTargets`, or None when the dataset has no targets."""
         if f.targets is None:
@@ -281,6 +319,8 @@ class _Writer:
         filename = f.rel_path if image.frame is None else f"{f.rel_path}#frame={image.frame}"
         if image.page is not None:
             filename += f"#page={image.page}"
+        if image.patch is not None:
+            filename += f"#patch={image.patch[0]},{image.patch[1]}"
         record = self._schema.encode(schemas.ImageRecord(
             image=image.data,
             label=f.label,
@@ -350,6 +390,8 @@ class _Writer:
                 outcomes[k] = Reject(f.rel_path, "duplicate", f.duplicate)
             elif f.rel_path in self._quarantined:
                 outcomes[k] = Reject(f.rel_path, *self._quarantined[f.rel_path])
+            elif f.patch_rows is not None:
+                outcomes[k] = self._cut(f)
             else:
                 todo.append(k)
         if not todo:
@@ -377,6 +419,20 @@ class _Writer:
                     result = self._with_targets(group[k], result, data)
                 outcomes[k] = result
         return outcomes
+
+    def _cut(self, f: ShardFile):
+        """The `imaging.scenes.Cut` of a scene's work item, or its Reject; read window by window."""
+        y0, y1 = _rows(f)
+        with guard.working_on([(f.rel_path, f.path)]):
+            try:
+                with open_to_read(f.path) as fh:
+                    return _scenes.cut_rows(fh, f.rel_path, y0, y1, self._job.validation.raster)
+            except ImageRejected as e:
+                return Reject(f.rel_path, e.reason, e.message)
+            except OSError as e:
+                return Reject(f.rel_path, "unreadable", f"{f.rel_path}: {e}")
+            except Exception as e:  # noqa: BLE001 - this scene's item alone: rejected, reported
+                return _internal_error(f, e)
 
     def _with_targets(self, f: ShardFile, images, data: bytes):
         """The file's images, paired with its mask (`conversion.masks.pair`), its raw frame noted
@@ -419,6 +475,22 @@ def _internal_error(f: ShardFile, error: Exception) -> Reject:
     """The Reject of a file on which shardsmith or a library failed unexpectedly; logged with its traceback."""
     _LOG.debug("Unexpected error on %s", f.rel_path, exc_info=error)
     return Reject(f.rel_path, guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, error))
+
+
+def _rows(f: ShardFile) -> list[int]:
+    """[y0, y1] of a scene's work item."""
+    y0, y1 = f.patch_rows.split(",")
+    return [int(y0), int(y1)]
+
+
+def _first_rows(f: ShardFile) -> bool:
+    """Whether a scene's work item is its first (the one that counts the scene as an input)."""
+    return _rows(f)[0] == 0
+
+
+def _rows_name(f: ShardFile) -> str:
+    """How normalized.jsonl names a scene's work item: PATH#patch_rows=Y0,Y1."""
+    return f"{f.rel_path}#patch_rows={f.patch_rows}"
 
 
 def _read(f: ShardFile) -> bytes:

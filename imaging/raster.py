@@ -28,9 +28,10 @@ import numpy as np
 import schemas
 from imaging import _tiff_strips
 from imaging.errors import ImageRejected
+from imaging.patches import PatchOptions
 
 __all__ = ["RasterOptions", "Raster", "read_tiff", "png_bytes",
-           "raw_bytes", "band_stats", "is_png_storable"]
+           "raw_bytes", "band_stats", "is_png_storable", "apply_options"]
 
 _PAGES = ("first", "all")
 # Opt-in conversions (--raster_dtype): the target types, each a linear scaling.
@@ -64,6 +65,8 @@ class RasterOptions:
       georef: Store each record's GeoTIFF georeferencing, EPSG code and
         geotransform (`imaging.georef`), as features (--raster_georef). It
         reads tags only: which TIFFs Pillow keeps reading is unchanged.
+      patch: Cut every TIFF into patches (`imaging.patches.PatchOptions`,
+        --raster_patch and its companions); None stores each page whole.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -75,8 +78,14 @@ class RasterOptions:
     value_range: tuple[float, float] | None = None
     max_pixels: int = 178_956_970
     georef: bool = False
+    patch: PatchOptions | None = None
 
     def __post_init__(self):
+        if self.patch is not None and not isinstance(self.patch, PatchOptions):
+            raise ValueError(f"patch must be an imaging.patches.PatchOptions or None. Received: {self.patch!r}")
+        if self.patch is not None and self.pages != "first":
+            raise ValueError("--raster_patch cuts the first page of each TIFF: --raster_pages all cannot "
+                             "go with it (give one of them).")
         if not isinstance(self.georef, bool):
             raise ValueError(f"--raster_georef is a switch (True or False). Received: {self.georef!r}")
         if self.pages not in _PAGES:
@@ -141,6 +150,8 @@ class RasterOptions:
              "dtype": self.dtype, "range": list(self.value_range) if self.value_range else None}
         if self.georef:  # Only then: manifests of runs without it keep their bytes.
             d["georef"] = True
+        if self.patch is not None:  # Likewise.
+            d["patch"] = self.patch.to_json()
         return d
 
 
@@ -526,6 +537,23 @@ def _nodata(page) -> float | None:
     if 42113 not in page.tags:
         return None
     return float(value)
+
+
+def apply_options(array: np.ndarray, nodata: float | None, options: RasterOptions, name: str) -> Raster:
+    """An array read from a TIFF (a whole page or a window of one) as `read_tiff` keeps it.
+
+    Sample types raw records do not hold are widened losslessly (int8,
+    float16), then `--raster_bands` and `--raster_dtype` apply: both act on
+    each pixel alone, so a window's result is the window of the page's.
+
+    Raises:
+      ImageRejected: 'missing_bands' for bands the array lacks;
+        'unsupported_dtype' for a float array to scale without a range.
+    """
+    widened = _WIDEN.get(_dtype_name(array.dtype))
+    if widened:
+        array = array.astype(widened)
+    return _finish(array, None, nodata, options, name)
 
 
 def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:

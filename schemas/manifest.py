@@ -78,6 +78,7 @@ REJECT_REASONS = {
     "duplicate": "Same content as another input that was kept.",
     "unsupported_dtype": "The image's sample type (complex, bit depth, ...) cannot be stored.",
     "missing_bands": "The image has fewer bands than --raster_bands asks for.",
+    "smaller_than_patch": "The scene is smaller than one patch, and --raster_edge drop leaves no patch of it.",
     # shardsmith or a decoder failed on the file; every other file was converted (exit status 3).
     "internal_error": "shardsmith or a library raised an unexpected error on this file (please report it).",
     "decoder_crashed": "The process decoding this file died (a crash in C code, or out of memory).",

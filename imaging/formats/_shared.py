@@ -40,6 +40,9 @@ class ValidImage:
       georef: With --raster_georef, the `imaging.georef.Georef` of a TIFF's
         page for the pixels as stored (resizing scales its pixel size); None
         when not asked for or not a TIFF (stored as "unknown").
+      patch: For a patch cut from a scene (--raster_patch), the (y, x) pixel
+        offset of its top-left corner (the record's filename says which);
+        otherwise None.
     """
 
     data: bytes
@@ -55,6 +58,7 @@ class ValidImage:
     page: int | None = None
     band_stats: schemas.BandStats | None = None
     georef: _georef.Georef | None = None
+    patch: tuple[int, int] | None = None
 
 
 class Context:
