@@ -34,7 +34,7 @@ __all__ = ["SceneHeader", "Cut", "scene_header", "row_bands", "cut_rows"]
 # Decoded bytes of the patches one work item holds at most (at least one patch row):
 # a large scene spreads over workers and shards, and a shard writer holds
 # about one item's records at a time per read-ahead thread.
-_ITEM_BYTES = 32 << 20
+_ITEM_BYTES = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
