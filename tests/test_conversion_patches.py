@@ -213,3 +213,31 @@ def test_memory_does_not_grow_with_the_scene(tmp_path):
     assert (peak - control) / 1024 < decoded_mib / 2, (peak, control)
     manifest = json.loads((tmp_path / "out_large" / schemas.MANIFEST_FILENAME).read_text())
     assert manifest["patches"]["written"] == 16 * 16
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--raster_stride", "32"], "--raster_stride shapes the patches of --raster_patch"),
+    (["--raster_patch", "64", "--raster_stride", "80"], "--raster_stride must be at most"),
+    (["--raster_patch", "64", "--raster_edge", "wrap"], "--raster_edge must be one of"),
+    (["--raster_patch", "64", "--raster_max_nodata", "1.5"], "--raster_max_nodata must be a share"),
+    (["--raster_patch", "64", "--max_side", "32"], "does not combine with --max_side/--min_side"),
+    (["--raster_patch", "64", "--raster_pages", "all"], "--raster_pages all cannot go with it"),
+])
+def test_bad_or_unsupported_patch_flags_are_refused_naming_the_flag(tmp_path, args, words):
+    _u8_13_striped(tmp_path / "in" / "s" / "scene.tif")
+    with pytest.raises(ValueError, match=words.replace("/", ".").replace("+", ".")):
+        convert(tmp_path / "in", tmp_path / "out", *args)
+    assert not (tmp_path / "out" / schemas.MANIFEST_FILENAME).exists()
+
+
+def test_non_tiff_inputs_are_converted_whole_beside_scenes(tmp_path):
+    from PIL import Image
+
+    _u16_4_tiled(tmp_path / "in" / "s" / "scene.tif")
+    photo = _RNG.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(photo).save(tmp_path / "in" / "s" / "photo.png")
+    manifest = convert(tmp_path / "in", tmp_path / "out", "--raster_patch", 64)
+    records = _records(tmp_path / "out")
+    np.testing.assert_array_equal(records["s/photo.png"]["pixels"], photo)
+    assert sum(name.startswith("s/scene.tif#patch=") for name in records) == len(records) - 1 > 0
+    assert manifest.counts["written"] == 2
