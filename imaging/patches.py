@@ -18,9 +18,9 @@ decoded) is cut into patches of `PatchOptions.size`, their top-left corners
 - `patch_geotransform` and `patch_georef` move a scene's GDAL geotransform
   to a patch's corner.
 
-Not wired into the converter yet: the flags are parsed here
-(`PatchOptions.parse`) for the commands to come. Framework-free (numpy,
-tifffile, imagecodecs).
+The converter's flags are parsed here (`PatchOptions.parse`, held by
+`imaging.RasterOptions.patch`); `imaging.scenes` plans and stores the
+patches. Framework-free (numpy, tifffile, imagecodecs).
 
     options = PatchOptions.parse("256", stride="128", edge="shift")
     with SceneReader("scene.tif") as scene:
