@@ -11,6 +11,7 @@ normalised to [0, 1] of the stored (upright) image.
 from __future__ import annotations
 
 import io
+import warnings
 
 from PIL import Image
 
@@ -117,19 +118,24 @@ def raw_frame(data: bytes) -> tuple[int, int, int]:
     """(EXIF orientation, width, height) of an image file's raw frame, from its bytes.
 
     The JPEG markers when they say it (`imaging.sniff.jpeg_header`), else
-    Pillow's header and EXIF (no pixel is decoded). An orientation outside
-    1-8, or none, is 1.
+    Pillow's header and EXIF (no pixel is decoded; Pillow's warnings about
+    odd EXIF are the validator's to report). An orientation outside 1-8, or
+    none, is 1. Boxes and masks (`imaging.masks.image_frame`) both turn by it.
 
     Raises:
       OSError, ValueError: When Pillow cannot read the file's header.
     """
     header = jpeg_header(data) if data[:2] == b"\xff\xd8" else None
-    if header is not None:
-        orientation, width, height = header.orientation, header.width, header.height
-    else:
-        with Image.open(io.BytesIO(data)) as im:
+    orientation = None if header is None else header.orientation
+    if orientation not in range(2, 9):
+        # No turn in the markers read: Pillow's EXIF reader, which looks further.
+        with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as im:
+            warnings.simplefilter("ignore")
             orientation = im.getexif().get(_ORIENTATION_TAG)
-            width, height = im.size
+            size = im.size
+        width, height = (header.width, header.height) if header is not None else size
+    else:
+        width, height = header.width, header.height
     try:
         orientation = int(orientation) if orientation is not None else 1
     except (TypeError, ValueError):

@@ -29,10 +29,10 @@ import warnings
 import numpy as np
 from PIL import Image
 
-from imaging import resize as _resize
+from imaging import boxes as _boxes, resize as _resize
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
-from imaging.sniff import jpeg_header, sniff_format
+from imaging.sniff import sniff_format
 
 __all__ = [
     "MASK_EXTENSIONS", "MASK_DTYPES", "MaskFrame", "AlignedMask", "mask_bit_depth", "read_mask",
@@ -397,14 +397,9 @@ def image_frame(data: bytes, actions, height: int, width: int, details) -> MaskF
 
 
 def _orientation(data: bytes) -> int | None:
-    """The EXIF orientation (2-8) of an image file, or None."""
-    header = jpeg_header(data) if data[:3] == b"\xff\xd8\xff" else None
-    value = header.orientation if header is not None else None
-    if value is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                value = Image.open(io.BytesIO(data)).getexif().get(_pil.EXIF_ORIENTATION)
-            except _pil.PIL_ERRORS:
-                return None
-    return int(value) if value in range(2, 9) else None
+    """The EXIF orientation (2-8) of an image file, or None (`imaging.boxes.raw_frame`)."""
+    try:
+        orientation = _boxes.raw_frame(data)[0]
+    except _pil.PIL_ERRORS:  # OSError and ValueError among them
+        return None
+    return orientation if orientation in range(2, 9) else None
