@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -421,18 +422,39 @@ class _Writer:
         return outcomes
 
     def _cut(self, f: ShardFile):
-        """The `imaging.scenes.Cut` of a scene's work item, or its Reject; read window by window."""
+        """The `imaging.scenes.Cut` of a scene's work item, or its Reject; read window by window.
+
+        With a mask (--masks_dir), its label raster is cut at the same
+        offsets, and each patch paired with its mask (`conversion.masks.MaskedImage`).
+        """
         y0, y1 = _rows(f)
+        validation = self._job.validation
         with guard.working_on([(f.rel_path, f.path)]):
             try:
-                with open_to_read(f.path) as fh:
-                    return _scenes.cut_rows(fh, f.rel_path, y0, y1, self._job.validation.raster)
+                with contextlib.ExitStack() as stack:
+                    labels = None if f.mask is None else stack.enter_context(self._labels(f))
+                    fh = stack.enter_context(open_to_read(f.path))
+                    cut = _scenes.cut_rows(fh, f.rel_path, y0, y1, validation.raster, validation.resize, labels)
+                if cut.masks is None:
+                    return cut
+                return dataclasses.replace(cut, images=_masks.pair_patches(cut.images, cut.masks, labels.dtype.name),
+                                           masks=None)
             except ImageRejected as e:
                 return Reject(f.rel_path, e.reason, e.message)
             except OSError as e:
                 return Reject(f.rel_path, "unreadable", f"{f.rel_path}: {e}")
             except Exception as e:  # noqa: BLE001 - this scene's item alone: rejected, reported
                 return _internal_error(f, e)
+
+    @contextlib.contextmanager
+    def _labels(self, f: ShardFile):
+        """The scene's label raster (`imaging.scenes.LabelRaster`), open for the item."""
+        try:
+            fh = open_to_read(f.mask)
+        except OSError as e:
+            raise ImageRejected("mask_unreadable", f"mask of {f.rel_path}: {e}") from e
+        with fh, _scenes.LabelRaster(fh, f.mask, self._job.mask_dtype or "uint8") as labels:
+            yield labels
 
     def _with_targets(self, f: ShardFile, images, data: bytes):
         """The file's images, paired with its mask (`conversion.masks.pair`), its raw frame noted
