@@ -437,8 +437,9 @@ class _Writer:
                     cut = _scenes.cut_rows(fh, f.rel_path, y0, y1, validation.raster, validation.resize, labels)
                 if cut.masks is None:
                     return cut
-                return dataclasses.replace(cut, images=_masks.pair_patches(cut.images, cut.masks, labels.dtype.name),
-                                           masks=None)
+                # Encoded here, on the read-ahead threads, as photos' masks are.
+                images = _masks.pair_patches(cut.images, cut.masks, self._job.mask_dtype or "uint8")
+                return dataclasses.replace(cut, images=images, masks=None)
             except ImageRejected as e:
                 return Reject(f.rel_path, e.reason, e.message)
             except OSError as e:

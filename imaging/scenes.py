@@ -359,7 +359,13 @@ class LabelRaster:
                                                    f"{self._ids.shape[0]}, its header says "
                                                    f"{self.width}x{self.height}")
 
+    @property
+    def decoded_segments(self) -> int | None:
+        """Strips or tiles of a TIFF label raster decoded so far (`SceneReader`); None for one decoded whole."""
+        return None if self._scene is None else self._scene.decoded_segments
+
     def close(self) -> None:
+        """Closes the TIFF (not a file the caller gave) and drops what was decoded."""
         if self._scene is not None:
             self._scene.close()
         self._ids = None

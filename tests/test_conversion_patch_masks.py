@@ -319,6 +319,22 @@ def test_label_rasters_that_cannot_be_cut_are_rejected_with_their_reason(tmp_pat
             np.testing.assert_array_equal(got, ids, err_msg=f"{name} {y},{x}")
 
 
+def test_a_tiff_label_raster_is_read_window_by_window(tmp_path):
+    from imaging.scenes import LabelRaster
+
+    labels = _RNG.integers(0, 40, (1, 1000, 1000), dtype=np.uint8)
+    path = _tif(tmp_path / "labels.tif", labels, tiled=True, blockxsize=64, blockysize=64, compress="deflate")
+    with LabelRaster(str(path), "labels.tif", "uint8") as raster:
+        window = raster.read(100, 200, 64, 64)  # Rows 100-163, columns 200-263: 2 x 2 tiles of 16 x 16.
+        np.testing.assert_array_equal(window, labels[0, 100:164, 200:264])
+        assert raster.decoded_segments == 4
+        edge = raster.read(980, 960, 64, 64)  # Past the corner: the ignore id.
+        expected = np.full((64, 64), 255, np.uint8)
+        expected[:20, :40] = labels[0, 980:, 960:]
+        np.testing.assert_array_equal(edge, expected)
+        assert raster.decoded_segments == 5
+
+
 def test_patch_flags_still_refused_name_why(tmp_path):
     _tif(tmp_path / "in" / "scene.tif", _colour(_labels(_HEIGHT, _WIDTH, (0, 1))), **_TILES)
     for args, words in ((["--dedup"], "--dedup"), (["--annotations", str(tmp_path / "a.json")], "--annotations")):
