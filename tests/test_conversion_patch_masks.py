@@ -319,6 +319,29 @@ def test_label_rasters_that_cannot_be_cut_are_rejected_with_their_reason(tmp_pat
             np.testing.assert_array_equal(got, ids, err_msg=f"{name} {y},{x}")
 
 
+def test_patches_with_masks_and_resizing_are_the_same_bytes_in_worker_processes(tmp_path):
+    import hashlib
+
+    labels = _labels(300, 260, (0, 1, 2, 3)).astype(np.uint8)
+    _tif(tmp_path / "in" / "s" / "scene.tif", _colour(labels), **_TILES)
+    _tif(tmp_path / "masks" / "s" / "scene.tif", labels[np.newaxis], **_TILES)
+    hashes = {}
+    for processes in (0, 2):
+        out = tmp_path / f"out{processes}"
+        convert(tmp_path / "in", out, "--masks_dir", tmp_path / "masks", "--raster_patch", _PATCH,
+                "--raster_edge", "pad", "--max_side", 40, "--num_shards", 2, "--worker_processes", processes)
+        hashes[processes] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
+                             if p.suffix in (".tfrecord", ".idx", ".json", ".jsonl")}
+    assert hashes[0] == hashes[2]
+    assert any(name.endswith(".tfrecord") for name in hashes[0])
+    records = _records(tmp_path / "out2")
+    assert len(records) == 5 * 5
+    record = records["s/scene.tif#patch=256,256"]  # The last patch, mostly padding.
+    expected = np.full((_PATCH, _PATCH), 255, np.uint8)
+    expected[:44, :4] = labels[256:, 256:]
+    np.testing.assert_array_equal(_png(record[schemas.MASK.key]), _nearest(expected, (40, 40)))
+
+
 def test_a_tiff_label_raster_is_read_window_by_window(tmp_path):
     from imaging.scenes import LabelRaster
 
