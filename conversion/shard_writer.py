@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import schemas
 from conversion import annotations as _annotations, guard, masks as _masks
+from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
@@ -48,8 +49,8 @@ _LOG = logging.getLogger("shardsmith.convert")
 _NO_EXTRA = types.MappingProxyType({})
 # normalized.jsonl actions of a scene's work item (--raster_patch): cut, with the
 # offsets of the patches skipped for nodata; or failed (its patches missing).
-_CUT_ACTION = "cut_into_patches"
-_FAILED_ACTION = "patch_rows_failed"
+_CUT_ACTION = _scene_log.CUT_ACTION
+_FAILED_ACTION = _scene_log.FAILED_ACTION
 
 
 class ShardFile(NamedTuple):
@@ -291,6 +292,9 @@ class _Writer:
         details = {"patch_rows": _rows(f), "written": len(cut.images),
                    "skipped": [[y, x] for y, x in cut.skipped],
                    "skipped_nodata_share": [round(v, 6) for v in cut.shares]}
+        if cut.scene_size is not None:
+            # The scene's size fixes its patch grid: what verify checks the offsets against.
+            details["scene_size"] = list(cut.scene_size)
         shard.normalized.append((_rows_name(f), "tiff", (_CUT_ACTION,), details))
         return cut.images
 
@@ -321,7 +325,7 @@ class _Writer:
         if image.page is not None:
             filename += f"#page={image.page}"
         if image.patch is not None:
-            filename += f"#patch={image.patch[0]},{image.patch[1]}"
+            filename += f"{_scene_log.PATCH_MARK}{image.patch[0]},{image.patch[1]}"
         record = self._schema.encode(schemas.ImageRecord(
             image=image.data,
             label=f.label,
@@ -513,7 +517,7 @@ def _first_rows(f: ShardFile) -> bool:
 
 def _rows_name(f: ShardFile) -> str:
     """How normalized.jsonl names a scene's work item: PATH#patch_rows=Y0,Y1."""
-    return f"{f.rel_path}#patch_rows={f.patch_rows}"
+    return f"{f.rel_path}{_scene_log.ROWS_MARK}{f.patch_rows}"
 
 
 def _read(f: ShardFile) -> bytes:

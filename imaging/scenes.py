@@ -69,12 +69,16 @@ class Cut:
       masks: With a label raster, the class ids (height, width) of each
         stored patch at its stored size, in the order of `images`; None
         without one.
+      scene_size: (height, width) of the whole scene, which fixes its patch
+        grid (`imaging.patches.grid`): recorded for `verify` and `inspect`;
+        None when unknown.
     """
 
     images: list[ValidImage]
     skipped: list[tuple[int, int]]
     shares: list[float]
     masks: list[np.ndarray] | None = None
+    scene_size: tuple[int, int] | None = None
 
 
 def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _raster.RasterOptions) -> SceneHeader:
@@ -180,7 +184,8 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                     image, ids = _with_mask(image, labels.read(y, x, height, width))
                     masks.append(ids)
                 images.append(image)
-    return Cut(images, skipped, shares, masks)
+        size = (scene.height, scene.width)
+    return Cut(images, skipped, shares, masks, size)
 
 
 def _with_georef(image: ValidImage, georef) -> ValidImage:
