@@ -12,6 +12,7 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 import schemas
+from conversion import scene_log
 from conversion.files import read_bytes
 
 __all__ = ["inspect_dataset", "format_inspection", "main"]
@@ -81,7 +82,7 @@ def inspect_dataset(data_dir: str) -> dict:
     failed_items = int((manifest.extra.get("patches") or {}).get("failed_items", 0))
     if failed_items:
         warnings.append(f"{failed_items:,} work items of scenes failed, their patches missing: see the "
-                        f"patch_rows_failed entries of {schemas.NORMALIZED_FILENAME}")
+                        f"{scene_log.FAILED_ACTION} entries of {schemas.NORMALIZED_FILENAME}")
     rejected = manifest.counts["rejected"]
     considered = manifest.counts["written"] + rejected
     if considered and rejected / considered > 0.01:
