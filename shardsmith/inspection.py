@@ -81,7 +81,7 @@ def inspect_dataset(data_dir: str) -> dict:
             )
     failed_items = int((manifest.extra.get("patches") or {}).get("failed_items", 0))
     if failed_items:
-        warnings.append(f"{failed_items:,} work items of scenes failed, their patches missing: see the "
+        warnings.append(f"{_count(failed_items, 'work item')} of scenes failed, their patches missing: see the "
                         f"{scene_log.FAILED_ACTION} entries of {schemas.NORMALIZED_FILENAME}")
     rejected = manifest.counts["rejected"]
     considered = manifest.counts["written"] + rejected
@@ -125,6 +125,10 @@ def _georef_lines(m: schemas.Manifest) -> list[str]:
     return [f"georeferenced ({keys}; EPSG {schemas.UNKNOWN_EPSG} and NaNs where unknown): {per}", ""]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
 def _patch_lines(m: schemas.Manifest, max_scenes: int) -> list[str]:
     """With --raster_patch: the patch grid, the totals, and the first scenes with their counts."""
     section = m.extra.get("patches")
@@ -138,10 +142,10 @@ def _patch_lines(m: schemas.Manifest, max_scenes: int) -> list[str]:
 
     scenes = int(section.get("scenes", 0))
     lines = [f"patches: {pair('size')} px (height x width), stride {pair('stride')}, edge "
-             f"{grid.get('edge', '?')}, max nodata share {grid.get('max_nodata', '?')}; {scenes:,} "
-             f"scene{'s' * (scenes != 1)}: {int(section.get('written', 0)):,} patches written, "
+             f"{grid.get('edge', '?')}, max nodata share {grid.get('max_nodata', '?')}; "
+             f"{_count(scenes, 'scene')}: {int(section.get('written', 0)):,} patches written, "
              f"{int(section.get('skipped_nodata', 0)):,} skipped (nodata), "
-             f"{int(section.get('failed_items', 0)):,} work items failed"]
+             f"{_count(int(section.get('failed_items', 0)), 'work item')} failed"]
     listed = list((section.get("listed") or {}).items())[:max_scenes]
     if listed:
         rows = [["scene", "height x width", "written", "skipped", "failed items"]]
