@@ -9,7 +9,10 @@ reader's TensorFlow op. Targets are checked against the record contract and
 the manifest's `targets` section: masks decode to the image's size at the
 stated depth, boxes lie in [0, 1] with labels in range, multi-labels are
 sorted and in range, regression targets have their length (per-class pixel
-counts are not recomputed). Counts per split, shard and class are compared with
+counts are not recomputed). Patches of scenes (--raster_patch) have the
+manifest's patch size, offsets on their scene's grid (the size normalized.jsonl
+records, the stride and edge formula) and, per scene, written + skipped equal
+to the grid's count. Counts per split, shard and class are compared with
 `manifest.json`, index files are checked, and images with the same content are
 reported, within a split and across splits (a duplicate across train and test
 inflates every metric). The findings go to `verify_report.json` in the dataset

@@ -330,13 +330,15 @@ def _nodata_values(data_dir, names) -> dict[str, float | None]:
 
 def _through_reader(
     records: list[bytes], split_files: SplitFiles, image_size: int, resize: str,
-    rgb_bands=None,
+    rgb_bands=None, nodata_found: bool = True,
 ) -> list[tuple[str, np.ndarray]]:
     """Decodes and resizes records exactly as `image_dataset_from_tfrecords` does.
 
     The picked records are written to a temporary one-shard split that the
     reader's own pipeline (`readers.dataset.build_dataset`) then reads, without
-    shuffling, with uint8 output.
+    shuffling, with uint8 output. Rasters are then mapped to RGB
+    (`_stretch_to_rgb`), with the nodata value of each from normalized.jsonl
+    when `nodata_found` (the split's band statistics counted nodata samples).
 
     Returns:
       (file name, uint8 [image_size, image_size, 3] array) per record, in order.
@@ -375,7 +377,7 @@ def _through_reader(
                    for image, extras in ds]
     if not rasters:
         return decoded
-    nodata = _nodata_values(split_files.data_dir, [name for name, _ in decoded])
+    nodata = _nodata_values(split_files.data_dir, [name for name, _ in decoded]) if nodata_found else {}
     stretch = not _eight_bit(split_files)
     return [(name, _stretch_to_rgb(image, rgb_bands, nodata.get(name), stretch)) for name, image in decoded]
 
@@ -518,7 +520,10 @@ def _build_sheet(
         max_records=max_records, unlabelled=unlabelled,
     )
     picked = [r for rows in sample.records for r in rows]
-    decoded = iter(_through_reader(picked, split_files, image_size, resize, rgb_bands))
+    band_stats = info.band_stats
+    # No sample at a nodata value in the split (band statistics count them): normalized.jsonl unread.
+    nodata_found = band_stats is None or any(band_stats.nodata)
+    decoded = iter(_through_reader(picked, split_files, image_size, resize, rgb_bands, nodata_found))
     tiles = [[next(decoded) for _ in rows] for rows in sample.records]
     overlay = _Overlay(manifest, split_files, image_size, resize)
     targets = iter([overlay.targets_of(r) for r in picked])
