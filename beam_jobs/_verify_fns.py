@@ -20,6 +20,7 @@ import numpy as np
 
 import schemas
 from imaging import ResizeOptions
+from imaging.resize import target_size as _resize_target
 from imaging import raster as _raster
 from schemas import tf_runtime
 from schemas.tfrecord import RecordError, format_index, iter_records
@@ -182,7 +183,8 @@ class VerifyShardFn(beam.DoFn):
         """(problem or None, (scene, (y, x))) of a patch record; None for another record or dataset.
 
         The record's stored height and width must be the manifest's patch
-        size, whatever the edge policy (padding fills a patch, never shortens it).
+        size (resized by the manifest's --max_side/--min_side, if any),
+        whatever the edge policy (padding fills a patch, never shortens it).
         """
         if self._patch_size is None:
             return None
@@ -191,10 +193,14 @@ class VerifyShardFn(beam.DoFn):
             return None
         scene, y, x = parsed
         problem = None
-        if (image[1], image[2]) != self._patch_size:
-            h, w = self._patch_size
+        h, w = self._patch_size
+        # With --max_side/--min_side every patch is stored at the size the policy gives a patch.
+        stored = _resize_target(h, w, self._resize) if self._resize is not None else (h, w)
+        if (image[1], image[2]) != stored:
             problem = (f"{name}: a patch of {image[1]}x{image[2]} pixels, but the manifest's patch "
                        f"size (options.raster.patch.size, --raster_patch) is {h}x{w} (height x width)")
+            if stored != (h, w):
+                problem += f", stored at {stored[0]}x{stored[1]} under its resize {self._resize.to_json()}"
         return problem, (scene, (y, x))
 
     def _check_record_guarded(self, data: bytes):

@@ -235,6 +235,19 @@ def test_verify_passes_and_counts_every_scene(converted):
                                           "failed_items": 0}
 
 
+def test_resized_patches_batch_at_their_one_stored_size_and_verify(scenes, tmp_path):
+    root, _ = scenes
+    manifest = convert(root, tmp_path / "out", "--raster_patch", f"{_PATCH[0]},{_PATCH[1]}", "--max_side", 20)
+    stored = (16, 20)  # 32 x 40 with its longer side at 20.
+    for split, (bands, dtype) in _SPLITS.items():
+        assert manifest.splits[split].images.min_size == manifest.splits[split].images.max_size == stored
+        ds = readers.image_dataset_from_tfrecords(tmp_path / "out", split, image_size=None, batch_size=_BATCH,
+                                                  label_mode=None, color_mode=None, dtype=None, seed=0)
+        shapes = {tuple(images.shape[1:]) for images in ds}
+        assert shapes == {(*stored, bands)}, split
+    assert verify.main([str(tmp_path / "out")]) == 0
+
+
 # --- verify on tampered datasets --------------------------------------------------------------
 
 
