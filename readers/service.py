@@ -268,7 +268,7 @@ def _spawn_worker(dispatcher: str, port: int, options: ServiceOptions) -> subpro
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     args = [dispatcher, str(port), options.host, str(options.heartbeat_ms), str(os.getpid())]
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import readers.service as s; s._worker_main()", *args],
+        [sys.executable, "-c", _WORKER_PROGRAM, *args],
         env=env, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     logger.info("Worker %s:%d started (pid %d).", options.host, port, proc.pid)
@@ -360,28 +360,31 @@ def serve(options: ServiceOptions, announce: Callable[[str], None] = logger.info
     return 0
 
 
-def _die_with_parent(parent: int) -> None:
-    """Asks the kernel to SIGTERM this process when its parent dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # The parent died before the request.
-        sys.exit(0)
-
-
-def _worker_main() -> None:
-    """A local worker process of `start`: argv DISPATCHER PORT HOST HEARTBEAT_MS PARENT_PID."""
-    dispatcher, port, host, heartbeat_ms, parent = sys.argv[1:6]
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    _die_with_parent(int(parent))
-    worker = _worker_server(dispatcher, int(port), host, int(heartbeat_ms))
-    while not stop.wait(0.5):
-        pass
-    tf_internals.stop_data_service_server(worker)
+# A local worker process of `start`: argv DISPATCHER PORT HOST HEARTBEAT_MS PARENT_PID.
+# TensorFlow and `compat` only (not the `readers` package: a worker runs
+# graphs, no shardsmith Python), so it starts sooner. It asks the kernel for
+# SIGTERM when its parent dies (Linux), so that no worker outlives its parent.
+_WORKER_PROGRAM = """
+import os, signal, sys, threading
+dispatcher, port, host, heartbeat_ms, parent = sys.argv[1:6]
+stop = threading.Event()
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: stop.set())
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None).prctl(%d, signal.SIGTERM)
+if os.getppid() != int(parent):
+    sys.exit(0)
+import tensorflow as tf
+from compat import tf_internals
+service = tf.data.experimental.service
+worker = service.WorkerServer(service.WorkerConfig(
+    dispatcher_address=dispatcher.removeprefix("grpc://"), worker_address=host + ":%%port%%",
+    port=int(port), heartbeat_interval_ms=int(heartbeat_ms)))
+while not stop.wait(0.5):
+    pass
+tf_internals.stop_data_service_server(worker)
+""" % _PR_SET_PDEATHSIG
 
 
 def distribute(ds: tf.data.Dataset, service: str, sharding: str,

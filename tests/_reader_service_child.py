@@ -4,13 +4,16 @@ A child so that a read the service leaves waiting cannot hang the test
 process (the test kills it after its timeout), and for MirroredStrategy,
 whose logical devices must be set before TensorFlow starts.
 
-Usage: python _reader_service_child.py MODE DATA_DIR SERVICE
-  MODE 'static':  reads of one split in static mode (one JSON line).
-  MODE 'dynamic': one dynamic read, printing 'first batch' after its first
-                  batch (the test then kills a worker), then a JSON line.
-  MODE 'fit':     MirroredStrategy on 2 logical CPUs: a custom read of the
-                  distributed dataset, then `model.fit` from the service.
+Usage: python _reader_service_child.py DATA_DIR SERVICE
+
+In one process (TensorFlow starts once): reads of the split in static mode,
+then MirroredStrategy on 2 logical CPUs (a custom read of the distributed
+dataset, then `model.fit` from the service), then one dynamic read that
+prints 'first batch' after its first batch (the test then kills a worker).
 Prints one JSON line last with what it observed; the test asserts.
+
+Run with TF_ENABLE_ONEDNN_OPTS=0, as _reader_strategy_child.py (Keras's Dense
+and the empty per-replica batches of MirroredStrategy).
 """
 
 import json
@@ -18,10 +21,9 @@ import sys
 
 import tensorflow as tf
 
-MODE, DATA_DIR, SERVICE = sys.argv[1:4]
-if MODE == "fit":
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+DATA_DIR, SERVICE = sys.argv[1:3]
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import keras  # noqa: E402
 
@@ -125,4 +127,5 @@ def fit() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"static": static, "dynamic": dynamic, "fit": fit}[MODE]()), flush=True)
+    # Dynamic last: the worker it loses is back only some seconds later.
+    print(json.dumps({"static": static(), "fit": fit(), "dynamic": dynamic()}), flush=True)

@@ -118,9 +118,27 @@ def server(tmp_path_factory):
         server.log.close()
 
 
-def _child(mode, written, server, on_line=None, env=None):
+@pytest.fixture(scope="module")
+def reads(written, server):
+    """The child's reads: static, fit under MirroredStrategy, then dynamic with a
+    worker killed after the first batch. Returns (result, the workers' pids
+    before, the killed pid)."""
+    workers = _children(server.proc.pid)
+    killed = []
+
+    def kill_a_worker(line):
+        if line == "first batch" and not killed:
+            os.kill(workers[1], signal.SIGKILL)
+            killed.append(workers[1])
+
+    # oneDNN off as in test_readers_distributed: Keras's Dense and empty per-replica batches.
+    result = _child(written, server, on_line=kill_a_worker, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    return result, workers, killed
+
+
+def _child(written, server, on_line=None, env=None):
     proc = subprocess.Popen(
-        [sys.executable, str(CHILD), mode, str(written.data_dir), server.address],
+        [sys.executable, str(CHILD), str(written.data_dir), server.address],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**_env(), **(env or {})}, cwd=REPO, start_new_session=True,
     )
@@ -140,7 +158,7 @@ def _child(mode, written, server, on_line=None, env=None):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            pytest.fail(f"The {mode} read did not end in {READ_TIMEOUT} s; server log: "
+            pytest.fail(f"The reads did not end in {READ_TIMEOUT} s; server log: "
                         f"{server.tail()}")
     assert proc.returncode == 0, proc.stderr.read()[-3000:]
     return json.loads(lines[-1])
@@ -155,8 +173,8 @@ def test_serve_data_prints_the_address_and_the_worker_list(server):
     assert len(_children(server.proc.pid)) == 2  # two worker processes
 
 
-def test_static_sharding_reads_every_record_exactly_once(written, server):
-    result = _child("static", written, server)
+def test_static_sharding_reads_every_record_exactly_once(written, reads):
+    result = reads[0]["static"]
     expected = collections.Counter(list(written.by_filename()))
     names = [n for batch in result["batches"] for n in batch]
     assert collections.Counter(names) == expected
@@ -178,16 +196,8 @@ def test_static_sharding_reads_every_record_exactly_once(written, server):
     assert one["pixels"] == two["pixels"]
 
 
-def test_dynamic_sharding_survives_a_worker_killed_mid_epoch(written, server):
-    workers = _children(server.proc.pid)
-    killed = []
-
-    def kill_a_worker(line):
-        if line == "first batch" and not killed:
-            os.kill(workers[1], signal.SIGKILL)
-            killed.append(workers[1])
-
-    result = _child("dynamic", written, server, on_line=kill_a_worker)
+def test_dynamic_sharding_survives_a_worker_killed_mid_epoch(written, server, reads):
+    result, workers, killed = reads[0]["dynamic"], reads[1], reads[2]
     assert killed
     names = result["names"]
     counts = collections.Counter(names)
@@ -203,9 +213,8 @@ def test_dynamic_sharding_survives_a_worker_killed_mid_epoch(written, server):
     assert len(now) == 2 and workers[1] not in now and workers[0] in now
 
 
-def test_model_fit_under_mirrored_strategy_trains_from_the_service(written, server):
-    # oneDNN off as in test_readers_distributed: Keras's Dense and empty per-replica batches.
-    result = _child("fit", written, server, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+def test_model_fit_under_mirrored_strategy_trains_from_the_service(written, reads):
+    result = reads[0]["fit"]
     assert result["replicas"] == 2
     assert collections.Counter(result["names"]) == collections.Counter(list(written.by_filename()))
     assert result["fit_steps"] == 6  # 24 records, per-replica batches of 2 from each worker
