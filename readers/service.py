@@ -266,6 +266,8 @@ def _spawn_worker(dispatcher: str, port: int, options: ServiceOptions) -> subpro
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    # TensorFlow's C++ INFO lines (the worker's whole config) off, unless asked for.
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     args = [dispatcher, str(port), options.host, str(options.heartbeat_ms), str(os.getpid())]
     proc = subprocess.Popen(
         [sys.executable, "-c", _WORKER_PROGRAM, *args],
