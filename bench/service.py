@@ -53,30 +53,30 @@ def _rate(ds, seconds: float) -> dict:
             "trainer_cpu_s": time.process_time() - cpu0}
 
 
-def _read_here(data_dir: str, seconds: float, **options) -> dict:
+def _read_here(data_dir: str, seconds: float, dtype: str, **options) -> dict:
     import readers
 
     ds = readers.image_dataset_from_tfrecords(data_dir, batch_size=_BATCH, image_size=_SIZE,
-                                              repeat=True, **options)
+                                              repeat=True, dtype=dtype, **options)
     return _rate(ds, seconds)
 
 
-def _reader_in_process(data_dir: str, cores: list[int], seconds: float) -> dict:
+def _reader_in_process(data_dir: str, cores: list[int], seconds: float, dtype: str) -> dict:
     """The in-process reader in a fresh process pinned to `cores`."""
     code = (
         "import json, os, sys; os.sched_setaffinity(0, {%s}); "
         "from bench.service import _read_here; "
-        "print(json.dumps(_read_here(sys.argv[1], float(sys.argv[2]))))"
+        "print(json.dumps(_read_here(sys.argv[1], float(sys.argv[2]), sys.argv[3])))"
         % ",".join(map(str, cores))
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_REPO, os.environ.get("PYTHONPATH")])),
                TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", code, data_dir, str(seconds)], env=env,
+    out = subprocess.run([sys.executable, "-c", code, data_dir, str(seconds), dtype], env=env,
                          capture_output=True, text=True, timeout=600, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _served(data_dir: str, workers: int, seconds: float) -> dict:
+def _served(data_dir: str, workers: int, seconds: float, dtype: str) -> dict:
     """Images/s read through `workers` local workers, worker i pinned to core i."""
     from readers import service
 
@@ -84,12 +84,13 @@ def _served(data_dir: str, workers: int, seconds: float) -> dict:
     try:
         for core, pid in enumerate(running.worker_pids):
             os.sched_setaffinity(pid, {core})
-        return _read_here(data_dir, seconds, service=running.address)
+        return _read_here(data_dir, seconds, dtype, service=running.address)
     finally:
         running.stop()
 
 
-def run(*, count: int = 400, seconds: float = 8.0, work: str | None = None) -> dict:
+def run(*, count: int = 400, seconds: float = 8.0, work: str | None = None,
+        dtype: str = "float32") -> dict:
     from bench import read
 
     work = work or os.path.join(_REPO, "build", "bench")
@@ -97,13 +98,13 @@ def run(*, count: int = 400, seconds: float = 8.0, work: str | None = None) -> d
     read._warm_page_cache(data_dir)
     cores = sorted(os.sched_getaffinity(0))
     result = {"cores": len(cores), "load_before": os.getloadavg()[0], "count": count,
-              "batch": _BATCH, "image_size": list(_SIZE)}
+              "batch": _BATCH, "image_size": list(_SIZE), "dtype": dtype}
     if len(cores) < 2:
         raise SystemExit("bench.service needs at least 2 cores.")
-    result["reader_x1"] = _reader_in_process(data_dir, cores[:1], seconds)
-    result["reader_x2"] = _reader_in_process(data_dir, cores[:2], seconds)
-    result["service_x1"] = _served(data_dir, 1, seconds)
-    result["service_x2"] = _served(data_dir, 2, seconds)
+    result["reader_x1"] = _reader_in_process(data_dir, cores[:1], seconds, dtype)
+    result["reader_x2"] = _reader_in_process(data_dir, cores[:2], seconds, dtype)
+    result["service_x1"] = _served(data_dir, 1, seconds, dtype)
+    result["service_x2"] = _served(data_dir, 2, seconds, dtype)
     result["load_after"] = os.getloadavg()[0]
     rate = {k: result[k]["images_per_s"] for k in ("reader_x1", "reader_x2", "service_x1",
                                                     "service_x2")}
@@ -116,7 +117,7 @@ def run(*, count: int = 400, seconds: float = 8.0, work: str | None = None) -> d
 def _report(r: dict) -> str:
     lines = [
         f"tf.data service, {r['count']} photos at {r['image_size'][0]}x{r['image_size'][1]}, "
-        f"batch {r['batch']}; this machine has {r['cores']} cores",
+        f"batch {r['batch']}, {r['dtype']}; this machine has {r['cores']} cores",
     ]
     if r["cores"] <= 2:
         lines.append(
@@ -140,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0,
                         help="Timed window per contender (default 8).")
     parser.add_argument("--work", default=None, help="Folder of corpora (default build/bench).")
+    parser.add_argument("--dtype", default="float32",
+                        help="Output dtype of every contender (default float32, the reader's).")
     parser.add_argument("--json", default=None, help="Also write the figures here.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    result = run(count=args.count, seconds=args.seconds, work=args.work)
+    result = run(count=args.count, seconds=args.seconds, work=args.work, dtype=args.dtype)
     print(_report(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
