@@ -11,6 +11,7 @@ fixed worker list, for static sharding), then serves until Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 __all__ = ["add_arguments", "main"]
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         options = ServiceOptions(**{name: getattr(args, name) for name in _FLAGS})
     except ValueError as e:
         message = str(e)
-        for name in _FLAGS:  # Name the flags, not the fields.
-            message = message.replace(f"`{name}`", f"--{name}").replace(f"{name}=", f"--{name}=")
+        for name in _FLAGS:  # Name the flags, not the fields ('port' not inside 'worker_port').
+            message = re.sub(rf"`{name}`|(?<![\w`-]){name}(?==)", f"--{name}", message)
         print(f"shardsmith serve-data: error: {message}", file=sys.stderr)
         return 2
     return serve(options, announce=lambda line: print(line, flush=True))

@@ -259,6 +259,9 @@ def test_serve_data_options_name_the_flag(capsys):
     assert "--workers must be an integer in 0-256. Received: --workers=-1" in err
     assert cli.main(["serve-data", "--dispatcher", "host:5050", "--workers", "2"]) == 2
     assert "--dispatcher='host:5050', --workers=2" in capsys.readouterr().err
+    assert cli.main(["serve-data", "--workers", "2", "--worker_port", "70000"]) == 2
+    assert ("--worker_port must be a port number in 0-65535 (0: a free one from the system). "
+            "Received: --worker_port=70000") in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"`dispatcher` must be an address HOST:PORT"):
         ServiceOptions(dispatcher="nohost")
     assert cli.main(["serve-data", "--help"]) == 0
