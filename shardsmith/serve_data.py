@@ -11,6 +11,7 @@ fixed worker list, for static sharding), then serves until Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -54,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed the usage error.
         return int(e.code or 0)
+    from conversion import console
+
+    if not console.is_verbose(argv) and "tensorflow" not in sys.modules:
+        # The servers log their whole config at INFO, on lines the console's filter cannot
+        # tell from output; --verbose shows them. (The command's own process only.)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from readers.service import ServiceOptions, serve
 
     try:
