@@ -35,6 +35,11 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
    run through `BaseSession._make_callable_from_options` (the runtime's own
    callable): the public `make_callable` with a feed costs ~330 us of CPU per
    run, ~95 us this way.
+6. The tf.data service's servers (`readers.service`): stopping one in the
+   process that started it (`_stop`: the public API has `join` only, which
+   waits forever) and the number of workers registered with a dispatcher
+   (`_num_workers`), which `shardsmith serve-data` waits for before printing
+   its address.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ __all__ = [
     "index_shuffle_seed_pad",
     "jpeg_batch_decoder",
     "freeze_imports",
+    "stop_data_service_server",
+    "data_service_worker_count",
 ]
 
 # The lowest TensorFlow release these internals were used with and the first
@@ -314,3 +321,23 @@ def jpeg_batch_decoder(size: int, ratio: int, threads: int = 0):
         return run(datas)[0]
 
     return decode
+
+
+def stop_data_service_server(server) -> None:
+    """Stops a tf.data service `DispatchServer` or `WorkerServer` of this process.
+
+    Raises:
+      compat.UntestedVersion: Outside `TESTED`.
+    """
+    check("Stopping a tf.data service server")
+    server._stop()
+
+
+def data_service_worker_count(dispatcher) -> int:
+    """Workers registered with a tf.data service `DispatchServer` of this process.
+
+    Raises:
+      compat.UntestedVersion: Outside `TESTED`.
+    """
+    check("Counting a tf.data service dispatcher's workers")
+    return int(dispatcher._num_workers())

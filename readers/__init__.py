@@ -12,7 +12,8 @@ with targets, each target moved with its image). `shuffle="global"` (a true
 per-epoch permutation read by offset, resumable exactly from a
 `ReadPosition`) lives in `readers.global_shuffle`, `readers.record_index`
 and `readers.positions`; `ResumeCallback` (which imports Keras) is loaded on
-first use.
+first use. `readers.service` runs the tf.data service (`shardsmith serve-data`)
+that the readers' `service=` option reads through.
 
 Importing `readers` changes nothing in the process (no environment variable,
 logger or allocator). `readers.use_pooled_host_memory()`, called by a training

@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from readers import decode, global_shuffle, preprocess, record_index, stored, targets
+from readers import service as _service
 from readers.metadata import SplitFiles, load_split
 from readers.options import (
     AUGMENTATIONS,
@@ -62,6 +63,7 @@ from readers.options import (
     ImageOptions,
     ReaderConfig,
     ReadOptions,
+    ServiceReadOptions,
     ShuffleOptions,
 )
 from readers.positions import ReadPosition
@@ -69,7 +71,8 @@ from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord, raw_forma
 
 __all__ = [
     "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
-    "ShuffleOptions", "ReadOptions", "ReaderConfig", "image_dataset_from_tfrecords",
+    "ShuffleOptions", "ReadOptions", "ServiceReadOptions", "ReaderConfig",
+    "image_dataset_from_tfrecords",
     "without_extras",
 ]
 
@@ -222,7 +225,7 @@ def _records(
     records, num_records, num_bytes = _shards_records(
         split_files, config.shuffling, config.reading,
         pipeline_id=pipeline_id, num_pipelines=num_pipelines,
-        standard=config.image.standard_augment,
+        standard=config.image.standard_augment, served=config.remote.service is not None,
     )
     return records, num_records, num_bytes / max(1, num_records)
 
@@ -294,8 +297,16 @@ def _shards_records(
     pipeline_id: int,
     num_pipelines: int,
     standard: bool,
+    served: bool = False,
 ) -> tuple[tf.data.Dataset, int, int]:
     """The record stream of the 'shards' and unshuffled modes.
+
+    `served`: run by tf.data service workers, whose sharding (TensorFlow's
+    auto-shard rewrite, 'static') or split provider ('dynamic') needs the
+    shard files as the source of the pipeline: no count asserted (a worker
+    reads its share), no second read of the files (`_ramped_epoch`), and
+    augmentation seeds drawn per file, beside it (`_seeded_files`), not by a
+    second source below the reads.
 
     Returns:
       (records, records of this pipeline per epoch, their bytes).
@@ -340,6 +351,8 @@ def _shards_records(
         # fails on a damaged record (DataLossError).
         files = tf.data.Dataset.from_tensor_slices(list(paths))
         read_shard = tf.data.TFRecordDataset
+    if standard and served:
+        files, read_shard = _seeded_files(files, read_shard, _derive_seed(seed, 2, pipeline_id))
     # Record-level sharding needs every pipeline to see the records in the same
     # order, which a per-process random file order would break.
     if shuffle and len(paths) > 1 and not (record_sharding and seed is None):
@@ -362,8 +375,9 @@ def _shards_records(
         return records
 
     def epoch(records):
-        # Fails the iteration if the files hold other counts than the manifest.
-        records = records.apply(tf.data.experimental.assert_cardinality(num_records))
+        if not served:
+            # Fails the iteration if the files hold other counts than the manifest.
+            records = records.apply(tf.data.experimental.assert_cardinality(num_records))
         if reading.cache:
             records = records.cache("" if reading.cache is True else os.fspath(reading.cache))
         return records
@@ -371,7 +385,7 @@ def _shards_records(
     buffer = _shuffle_buffer(shuffling, num_records, num_bytes) if shuffle else 0
     head = _ramp_head(buffer, len(paths), reading.batch_size)
     ramped = None
-    if head and not (record_sharding or indexed or reading.cache):
+    if head and not (record_sharding or indexed or reading.cache or served):
         ramped = _ramped_epoch(
             interleaved, head, buffer, num_shards=len(paths), seed=seed,
             pipeline_id=pipeline_id, num_records=num_records,
@@ -392,13 +406,34 @@ def _shards_records(
             # The first epoch of each iteration only: later epochs of a
             # repeated read are shuffled exactly as before.
             records = ramped.concatenate(records)
-    if standard:
+    if standard and not served:
         # One seed per record, drawn in record order.
         seeds = tf.data.Dataset.random(
             seed=_derive_seed(seed, 2, pipeline_id), rerandomize_each_iteration=True
         ).batch(2)
         records = tf.data.Dataset.zip(records, seeds)
     return records, num_records, num_bytes
+
+
+def _seeded_files(files: tf.data.Dataset, read_shard, seed: int | None):
+    """Files with a random seed each, and a reader giving (record, [2] seed) per record.
+
+    For the tf.data service: its sharding takes whatever feeds the reading
+    interleave (shard files and their seeds together), where a second random
+    source zipped to the records would stop its rewrite. A record's seed is
+    (its file's seed, its place in the file); the file seeds are drawn anew
+    every epoch, the same on every run with a `seed`.
+    """
+    file_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+    files = tf.data.Dataset.zip(files, file_seeds)
+
+    @_no_autograph
+    def read(path, file_seed):
+        places = tf.data.Dataset.range(np.iinfo(np.int64).max)
+        seeds = places.map(lambda i: tf.stack([file_seed, i]))
+        return tf.data.Dataset.zip(read_shard(path), seeds)
+
+    return files, read
 
 
 # --- Stages 2-5: parse, decode, preprocess, batch and finish ---------------------
@@ -803,7 +838,10 @@ def _finish_dataset(
 ) -> tf.data.Dataset:
     """Known cardinality, prefetch, tf.data options and the dataset's attributes."""
     reading = config.reading
-    if not reading.repeat and not (batch_size is None and reading.max_bad_records):
+    served = config.remote.service is not None
+    # Served, each worker reads its share: the count is that of the trainer's
+    # whole read, which the service does not know.
+    if not served and not reading.repeat and not (batch_size is None and reading.max_bad_records):
         if batch_size is None:
             num_elements = num_records
         elif reading.drop_remainder:
@@ -820,6 +858,10 @@ def _finish_dataset(
             tf.data.experimental.AutoShardPolicy.OFF
         )
     ds = ds.with_options(options)
+    if served:
+        remote = config.remote
+        ds = _service.distribute(ds, remote.service, remote.service_sharding,
+                                remote.service_job_name)
     ds.class_names = label_names(split_files, config.reading.label_mode)
     ds.records_per_epoch = split_files.total_records
     ds.seed = config.shuffling.seed
@@ -949,6 +991,9 @@ def image_dataset_from_tfrecords(
     shuffle_buffer: int | None = None,
     start: ReadPosition | None = None,
     max_bad_records: int = 0,
+    service: str | None = None,
+    service_sharding: str = "static",
+    service_job_name: str | None = None,
 ) -> tf.data.Dataset:
     """Reads one split of a shardsmith dataset as a batched `tf.data.Dataset`.
 
@@ -967,12 +1012,17 @@ def image_dataset_from_tfrecords(
       batch_size, image_size, color_mode, shuffle, seed, label_mode, pad_boxes,
       resize, crop_fraction, interpolation, dtype, scale, normalize, augment,
       repeat, drop_remainder, extra_features, deterministic, cache,
-      shuffle_buffer, start, max_bad_records:
+      shuffle_buffer, start, max_bad_records, service, service_sharding,
+      service_job_name:
         See `ReadOptions` (batch_size, label_mode, pad_boxes, repeat,
         drop_remainder, extra_features, cache, max_bad_records), `ImageOptions` (image_size,
         color_mode, resize, crop_fraction, interpolation, dtype, scale,
-        normalize, augment) and `ShuffleOptions` (shuffle, seed,
-        deterministic, shuffle_buffer, start).
+        normalize, augment), `ShuffleOptions` (shuffle, seed,
+        deterministic, shuffle_buffer, start) and `ServiceReadOptions`
+        (service, service_sharding, service_job_name: the pipeline run by
+        tf.data service workers, see `readers.service`; then the dataset's
+        cardinality is unknown, and `seed` makes each worker's stream
+        reproducible but not the order its batches arrive in).
 
     Returns:
       A `tf.data.Dataset` whose elements are
@@ -1052,6 +1102,9 @@ def image_dataset_from_tfrecords(
         shuffle_buffer=shuffle_buffer,
         start=start,
         max_bad_records=max_bad_records,
+        service=service,
+        service_sharding=service_sharding,
+        service_job_name=service_job_name,
     )
     if config.shuffle_mode == "global" and config.seed is None:
         config = config.replace(seed=_random_seed())

@@ -12,6 +12,11 @@ leave pipelines without data: then every pipeline reads all files in the same
 fixed order and keeps every n-th record (a warning says so; convert with more
 shards to avoid the wasted reading).
 
+With `service="grpc://HOST:PORT"` the tf.data service's workers run the
+pipeline (`readers.service`): each input pipeline reads per-replica batches
+from them, several input pipelines (workers of a multi-worker strategy) one
+job by `service_job_name`, which they then must pass.
+
 With several workers, pipelines may get different numbers of records; for
 multi-worker training pass `repeat=True` and run a fixed number of steps so
 all workers run the same number. (Keras 3's `model.fit` itself fails under
@@ -84,6 +89,17 @@ def _pipeline_dataset(
     per_replica = context.get_per_replica_batch_size(config.batch_size)
     num_pipelines = context.num_input_pipelines
     pipeline_id = context.input_pipeline_id
+    if config.remote.service is not None:
+        if num_pipelines > 1 and config.remote.service_job_name is None:
+            raise ValueError(
+                f"`service` with {num_pipelines} input pipelines needs a `service_job_name`: "
+                "without one each pipeline reads a job of its own, so every worker host "
+                f"would get the whole split. Received: service={config.remote.service!r}, "
+                "service_job_name=None"
+            )
+        # The service's workers shard (or hand out) the files: every pipeline
+        # builds the whole split's pipeline and reads its share of one job.
+        pipeline_id, num_pipelines = 0, 1
     if config.shuffle_mode != "global" and len(split_files.paths) < num_pipelines:
         logger.warning(
             "Split %r of %s has %d shard file(s) for %d input pipelines: every "
@@ -105,7 +121,8 @@ def _pipeline_dataset(
         batch_size=per_replica,
         pipeline_id=pipeline_id,
         num_pipelines=num_pipelines,
-        sharded_here=True,
+        # Served, the service shards; tf.data's own auto-sharding stays as it is.
+        sharded_here=config.remote.service is None,
     )
 
 

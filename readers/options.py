@@ -24,13 +24,15 @@ from schemas.features import IMAGE, LABEL
 
 __all__ = [
     "LABEL_MODES", "NORMALIZE_DATASET", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
-    "ShuffleOptions", "ReadOptions", "ReaderConfig",
+    "ShuffleOptions", "ReadOptions", "ServiceReadOptions", "SERVICE_SHARDING", "ReaderConfig",
 ]
 
 LABEL_MODES = ("int", "categorical", "binary", *targets.TARGET_LABEL_MODES, None)
 # normalize= value: the train split's per-band statistics from the manifest.
 NORMALIZE_DATASET = "dataset"
 AUGMENTATIONS = (None, "standard")
+# service_sharding= values (`readers.service`).
+SERVICE_SHARDING = ("static", "dynamic")
 # True is 'shards'; False reads in manifest order.
 SHUFFLE_MODES = (True, False, "shards", "global")
 
@@ -446,6 +448,63 @@ class ReadOptions:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class ServiceReadOptions:
+    """Where the input pipeline runs: here, or on tf.data service workers; validated.
+
+    Attributes:
+      service: None (this process), or the dispatcher's address
+        grpc://HOST:PORT (`shardsmith serve-data` prints it): the workers run
+        the whole pipeline (read, parse, decode, augment, batch) and this
+        process reads their batches. The shard files must be readable at the
+        same path by every worker (a shared folder, gs://...).
+      service_sharding: 'static': worker i of the dispatcher's fixed worker
+        list reads shard files i, i+N, ...: every record exactly once per
+        epoch (without `drop_remainder`: each worker batches its own records,
+        so an epoch may end with one partial batch per worker); needs the
+        worker list (`serve-data --workers N`) and every worker alive to the
+        end. 'dynamic': the dispatcher hands out shard files to whichever
+        worker asks; workers may join at any time; a record at most once: a
+        worker lost mid-epoch loses the files it held, never duplicates.
+      service_job_name: Trainers (or the input pipelines of
+        `distributed_dataset` on several hosts) that read one job by name
+        share its batches, each batch going to one of them. None: a job of
+        this dataset alone.
+    """
+
+    service: str | None = None
+    service_sharding: str = "static"
+    service_job_name: str | None = None
+
+    def __post_init__(self):
+        if self.service is not None:
+            text = self.service if isinstance(self.service, str) else ""
+            host, _, port = text.removeprefix("grpc://").rpartition(":")
+            if not (host and port.isdigit() and "://" not in text.removeprefix("grpc://")):
+                raise ValueError(
+                    "`service` must be the dispatcher's address grpc://HOST:PORT (as "
+                    f"`shardsmith serve-data` prints it) or None. Received: service={self.service!r}"
+                )
+        if self.service_sharding not in SERVICE_SHARDING:
+            raise ValueError(
+                f"`service_sharding` must be one of {SERVICE_SHARDING}. "
+                f"Received: service_sharding={self.service_sharding!r}"
+            )
+        if self.service_job_name is not None and not (
+                isinstance(self.service_job_name, str) and self.service_job_name):
+            raise ValueError(
+                "`service_job_name` must be a non-empty string or None. "
+                f"Received: service_job_name={self.service_job_name!r}"
+            )
+        if self.service is None and (self.service_sharding != "static"
+                                     or self.service_job_name is not None):
+            raise ValueError(
+                "`service_sharding` and `service_job_name` apply with a `service` only. "
+                f"Received: service=None, service_sharding={self.service_sharding!r}, "
+                f"service_job_name={self.service_job_name!r}"
+            )
+
+
 def _check_image_size(size) -> tuple[int, int]:
     if (
         not isinstance(size, Sequence)
@@ -492,7 +551,8 @@ def _check_extra_features(keys) -> tuple[str, ...]:
 
 
 # The option groups of a `ReaderConfig`, by attribute, and the group of each option.
-_GROUPS = (("reading", ReadOptions), ("image", ImageOptions), ("shuffling", ShuffleOptions))
+_GROUPS = (("reading", ReadOptions), ("image", ImageOptions), ("shuffling", ShuffleOptions),
+           ("remote", ServiceReadOptions))
 _GROUP_OF = {f.name: attr for attr, cls in _GROUPS for f in dataclasses.fields(cls)}
 # Every keyword option of `ReaderConfig` (and of `image_dataset_from_tfrecords`).
 OPTION_NAMES = tuple(_GROUP_OF)
@@ -523,11 +583,13 @@ class ReaderConfig:
       reading: The `ReadOptions`.
       image: The `ImageOptions`.
       shuffling: The `ShuffleOptions`.
+      remote: The `ServiceReadOptions` (the tf.data service).
     """
 
     reading: ReadOptions
     image: ImageOptions
     shuffling: ShuffleOptions
+    remote: ServiceReadOptions
 
     def __init__(
         self,
@@ -535,6 +597,7 @@ class ReaderConfig:
         reading: ReadOptions | None = None,
         image: ImageOptions | None = None,
         shuffling: ShuffleOptions | None = None,
+        remote: ServiceReadOptions | None = None,
         **options,
     ):
         unknown = sorted(set(options) - set(OPTION_NAMES))
@@ -543,7 +606,7 @@ class ReaderConfig:
                 f"ReaderConfig got unknown options {unknown}; the options are "
                 f"{list(OPTION_NAMES)}."
             )
-        given = {"reading": reading, "image": image, "shuffling": shuffling}
+        given = {"reading": reading, "image": image, "shuffling": shuffling, "remote": remote}
         for attr, cls in _GROUPS:
             flat = {k: v for k, v in options.items() if _GROUP_OF[k] == attr}
             group = given[attr]
@@ -569,10 +632,46 @@ class ReaderConfig:
                 "augment='standard' or None. Received: "
                 f"augment={self.image.augment!r}, label_mode={self.reading.label_mode!r}"
             )
+        self._check_service()
         if self.shuffling.mode == "global" and self.reading.cache is not False:
             raise ValueError(
                 "`cache` does not apply to shuffle='global', which reads every "
                 f"record by offset. Received: cache={self.reading.cache!r}, shuffle='global'"
+            )
+
+    def _check_service(self) -> None:
+        """The options that cannot hold when tf.data service workers run the pipeline."""
+        service = self.remote.service
+        if service is None:
+            return
+        if self.shuffling.mode == "global":
+            raise ValueError(
+                "shuffle='global' cannot hold with `service`: it reads records by offset with "
+                "Python code of this process, which the workers cannot run, and the service "
+                "hands over the workers' batches as they come, so neither the global order nor "
+                "an exact resume (`start`) would hold; read with shuffle=True. Received: "
+                f"shuffle='global', service={service!r}"
+            )
+        if self.reading.max_bad_records:
+            raise ValueError(
+                "`max_bad_records` cannot hold with `service`: skipping a damaged record reads "
+                "by offset with Python code of this process, which the workers cannot run; "
+                "read with max_bad_records=0. Received: "
+                f"max_bad_records={self.reading.max_bad_records!r}, service={service!r}"
+            )
+        if self.reading.cache is not False:
+            raise ValueError(
+                "`cache` cannot hold with `service`: each worker would cache its own share of "
+                "one job only (and a dynamic job's later epochs would replay files other "
+                "workers were given); read without cache. Received: "
+                f"cache={self.reading.cache!r}, service={service!r}"
+            )
+        if self.shuffling.deterministic is True:
+            raise ValueError(
+                "deterministic=True cannot hold with `service`: the trainer gets the workers' "
+                "batches in the order they arrive (with a `seed`, each worker's own stream is "
+                "still reproducible). Received: deterministic=True, "
+                f"service={service!r}"
             )
 
     def __getattr__(self, name: str):

@@ -1,9 +1,10 @@
-"""The `shardsmith` command: convert, verify, inspect, preview.
+"""The `shardsmith` command: convert, verify, inspect, preview, serve-data.
 
   shardsmith convert --input_dir ./photos --output_dir ./dataset --split train=0.8,validation=0.2
   shardsmith verify ./dataset
   shardsmith inspect ./dataset
   shardsmith preview ./dataset --split train --output preview.png
+  shardsmith serve-data --port 5050 --workers 2
 
 `python -m beam_jobs.convert` and `python -m beam_jobs.verify` keep working for
 Beam users; this command adds nothing but one entry point and help texts.
@@ -25,6 +26,10 @@ _EXAMPLES = {
     "preview": """\
         example:
           shardsmith preview ./dataset --split train --output train_preview.png""",
+    "serve-data": """\
+        examples:
+          shardsmith serve-data --port 5050 --workers 2     # dispatcher + 2 local workers
+          shardsmith serve-data --dispatcher host1:5050     # a worker joining it""",
 }
 
 _SUMMARIES = {
@@ -32,6 +37,7 @@ _SUMMARIES = {
     "verify": "Re-read every shard, record and image against the manifest.",
     "inspect": "Print splits, shards, classes, rejects and warnings of a dataset.",
     "preview": "Write a contact sheet and class-count charts of a dataset as PNG.",
+    "serve-data": "Run the tf.data service (dispatcher, workers) that readers can read through.",
 }
 
 
@@ -48,7 +54,14 @@ def _add_preview_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
-_ADD_ARGUMENTS = {"inspect": _add_inspect_arguments, "preview": _add_preview_arguments}
+def _add_serve_data_arguments(parser: argparse.ArgumentParser) -> None:
+    from shardsmith.serve_data import add_arguments
+
+    add_arguments(parser)
+
+
+_ADD_ARGUMENTS = {"inspect": _add_inspect_arguments, "preview": _add_preview_arguments,
+                  "serve-data": _add_serve_data_arguments}
 
 
 def command_help(command: str) -> str:
@@ -111,8 +124,8 @@ def _main(argv: list[str]) -> int:
         print(_version())
         return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _SUMMARIES:
-        lines = ["usage: shardsmith [--version] {convert,verify,inspect,preview} ...", ""]
-        lines += [f"  {name:<8} {text}" for name, text in _SUMMARIES.items()]
+        lines = ["usage: shardsmith [--version] {" + ",".join(_SUMMARIES) + "} ...", ""]
+        lines += [f"  {name:<10} {text}" for name, text in _SUMMARIES.items()]
         lines += ["", "`shardsmith COMMAND --help` shows the options and an example."]
         if argv and argv[0] not in ("-h", "--help"):
             print(f"shardsmith: unknown command {argv[0]!r}\n", file=sys.stderr)
@@ -134,6 +147,8 @@ def _main(argv: list[str]) -> int:
         from beam_jobs.verify import main as run
     elif command == "inspect":
         from shardsmith.inspection import main as run
+    elif command == "serve-data":
+        from shardsmith.serve_data import main as run
     else:
         from shardsmith.preview import main as run
     return run(rest)

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from readers import ReaderConfig, image_dataset_from_tfrecords, preprocess
-from readers.dataset import OPTION_NAMES, ImageOptions, ReadOptions, ShuffleOptions, without_extras
+from readers.dataset import (OPTION_NAMES, ImageOptions, ReadOptions, ServiceReadOptions,
+                             ShuffleOptions, without_extras)
 from schemas import CHANNELS, FILENAME, HEIGHT, IMAGE, LABEL, shard_filename
 
 try:
@@ -409,7 +410,7 @@ def test_repeat_and_cache(mixed):
 
 def test_signature_defaults_are_the_config_defaults():
     params = inspect.signature(image_dataset_from_tfrecords).parameters
-    groups = (ImageOptions, ShuffleOptions, ReadOptions)
+    groups = (ImageOptions, ShuffleOptions, ReadOptions, ServiceReadOptions)
     fields = {f.name: f.default for g in groups for f in dataclasses.fields(g)}
     assert set(fields) == set(OPTION_NAMES)
     keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}

@@ -1,0 +1,142 @@
+"""Child process of test_readers_service: reads through a tf.data service.
+
+A child so that a read the service leaves waiting cannot hang the test
+process (the test kills it after its timeout), and for MirroredStrategy,
+whose logical devices must be set before TensorFlow starts.
+
+Usage: python _reader_service_child.py DATA_DIR SERVICE
+
+In one process (TensorFlow starts once): reads of the split in static mode,
+then MirroredStrategy on 2 logical CPUs (a custom read of the distributed
+dataset, then `model.fit` from the service), then one dynamic read that
+prints 'first batch' after its first batch (the test then kills a worker).
+Prints one JSON line last with what it observed; the test asserts.
+
+Run with TF_ENABLE_ONEDNN_OPTS=0, as _reader_strategy_child.py (Keras's Dense
+and the empty per-replica batches of MirroredStrategy).
+"""
+
+import json
+import sys
+import time
+
+import tensorflow as tf
+
+DATA_DIR, SERVICE = sys.argv[1:3]
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+
+from readers import distributed_dataset, image_dataset_from_tfrecords  # noqa: E402
+from schemas import FILENAME  # noqa: E402
+
+SMALL = dict(image_size=(8, 8), extra_features=(FILENAME.key,))
+
+
+def _batches(ds):
+    """[(filenames...), ...] and {filename: label} of a (images, labels, extras) dataset."""
+    batches, labels, pixels = [], {}, {}
+    for images, batch_labels, extras in ds:
+        names = [n.decode() for n in extras[FILENAME.key].numpy()]
+        batches.append(names)
+        for name, label, image in zip(names, batch_labels.numpy(), images.numpy()):
+            labels[name] = int(label)
+            pixels[name] = float(image.sum())
+    return batches, labels, pixels
+
+
+def static() -> dict:
+    result = {}
+    ds = image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=4, **SMALL)
+    result["cardinality"] = int(ds.cardinality())
+    result["class_names"] = ds.class_names
+    result["batches"], result["labels"], _ = _batches(ds)
+    # Two trainers reading one job by name share it.
+    shared = [
+        iter(image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=2,
+                                          service_job_name="sweep", **SMALL))
+        for _ in range(2)
+    ]
+    per_trainer, live = [[], []], [True, True]
+    while any(live):
+        for i, it in enumerate(shared):
+            if live[i]:
+                try:
+                    _, _, extras = next(it)
+                except StopIteration:
+                    live[i] = False
+                    continue
+                per_trainer[i] += [n.decode() for n in extras[FILENAME.key].numpy()]
+    result["shared"] = per_trainer
+    # Seeded, with augmentation on the workers: the same batches (in any order).
+    seeded = []
+    for _ in range(2):
+        ds = image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=3, seed=7,
+                                          augment="standard", **SMALL)
+        batches, _, pixels = _batches(ds)
+        seeded.append({"batches": sorted(batches), "pixels": pixels})
+    result["seeded"] = seeded
+    return result
+
+
+def dynamic() -> dict:
+    def slow(image):
+        # Some work per image (TensorFlow ops only: the workers run it), so that
+        # the epoch lasts long enough to lose a worker in the middle of it.
+        x = tf.ones([160, 160]) / 160.0
+        for _ in range(12):
+            x = tf.matmul(x, x)
+        return image + 0.0 * tf.reduce_sum(x)
+
+    # With every worker alive, a dynamic epoch is every record once (seeds per file:
+    # the split provider takes them with the files).
+    ds = image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, service_sharding="dynamic",
+                                      batch_size=3, augment="standard", seed=5, **SMALL)
+    whole = [n for batch in _batches(ds)[0] for n in batch]
+    ds = image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, service_sharding="dynamic",
+                                      batch_size=2, augment=slow, **SMALL)
+    names = []
+    for _, _, extras in ds:
+        names += [n.decode() for n in extras[FILENAME.key].numpy()]
+        if len(names) == 2:
+            print("first batch", flush=True)
+    return {"whole": whole, "names": names}
+
+
+def fit() -> dict:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    result = {"replicas": strategy.num_replicas_in_sync}
+    dist = distributed_dataset(strategy, DATA_DIR, global_batch_size=4, service=SERVICE, **SMALL)
+    names = []
+    for _, _, extras in dist:
+        for local in strategy.experimental_local_results(extras[FILENAME.key]):
+            names += [n.decode() for n in local.numpy()]
+    result["names"] = names
+    train = distributed_dataset(strategy, DATA_DIR, global_batch_size=4, service=SERVICE,
+                                image_size=(8, 8), scale=1 / 255, label_mode="categorical",
+                                augment="standard")
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(2, 3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(len(dist.class_names), activation="softmax"),
+        ])
+        model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    steps = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
+    history = model.fit(train, epochs=1, verbose=0, callbacks=[counter])
+    result["fit_loss"] = history.history["loss"]
+    result["fit_steps"] = len(steps)
+    return result
+
+
+if __name__ == "__main__":
+    # Dynamic last: the worker it loses is back only some seconds later.
+    result, seconds = {}, {}
+    for name, part in (("static", static), ("fit", fit), ("dynamic", dynamic)):
+        start = time.perf_counter()
+        result[name] = part()
+        seconds[name] = round(time.perf_counter() - start, 1)
+    print(json.dumps({**result, "seconds": seconds}), flush=True)
