@@ -159,7 +159,8 @@ def _patch_summary(normalized) -> dict:
     """With --raster_patch: scenes cut, patches written and skipped (nodata), work items that failed.
 
     From the normalized.jsonl entries of the scenes' work items
-    (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1.
+    (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1 (then
+    #patch_columns=X0,X1 for a column range of a wide row).
     """
     scenes, written, skipped, failed = set(), 0, 0, 0
     for path, source_format, actions, details in normalized:

@@ -4,8 +4,9 @@
 turns a scene into what the converter plans and stores (issue 25):
 
 - `scene_header` reads a TIFF's header only (a few KB), for the driver to
-  plan the scene's work items (`row_bands`);
-- `cut_rows` reads the patches of one band of patch rows window by window
+  plan the scene's work items (`work_items`: bands of patch rows, a row
+  wider than the budget split into column ranges);
+- `cut_rows` reads the patches of one work item window by window
   (`SceneReader`: never the whole scene), skips those with too much nodata,
   applies `--raster_bands`/`--raster_dtype` as `imaging.raster` does, and
   stores each as a raw or PNG record like a whole raster.
@@ -29,11 +30,13 @@ from imaging.formats import _pil
 from imaging.formats._shared import ValidImage
 from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_georef
 
-__all__ = ["SceneHeader", "Cut", "scene_header", "row_bands", "cut_rows"]
+__all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows"]
 
-# Decoded bytes of the patches one work item holds at most (at least one patch row):
+# Decoded bytes of the patches one work item holds at most (at least one patch):
 # a large scene spreads over workers and shards, and a shard writer holds
-# about one item's records at a time per read-ahead thread.
+# about one item's records at a time per read-ahead thread. A patch row wider
+# than this (a Sentinel-2 row of 512-px patches in 13 float32 bands is ~300 MB)
+# is split into column ranges.
 _ITEM_BYTES = 8 << 20
 
 
@@ -91,36 +94,117 @@ def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _rast
     return header
 
 
-def row_bands(header: SceneHeader, options: PatchOptions) -> list[tuple[int, int, int]]:
-    """The scene's work items: (y0, y1, patches) for bands of whole patch rows.
+@dataclasses.dataclass(frozen=True)
+class WorkItem:
+    """One work item of a scene: the patches whose top row y is in [y0, y1), left column x in [x0, x1).
 
-    An item holds the patches whose top row y is in [y0, y1): as many patch
-    rows as fit `_ITEM_BYTES` of decoded patches, at least one. A scene
+    Attributes:
+      y0, y1: The rows of the patches' top-left corners, half-open.
+      x0, x1: Their columns, half-open; None: every column (the item is a
+        band of whole patch rows, the common case).
+      patches: How many patches it holds (kept or skipped).
+    """
+
+    y0: int
+    y1: int
+    x0: int | None = None
+    x1: int | None = None
+    patches: int = 0
+
+    @property
+    def key(self) -> str:
+        """How the plan carries it: 'y0,y1', or 'y0,y1,x0,x1' for a column range (`parse`)."""
+        if self.x0 is None:
+            return f"{self.y0},{self.y1}"
+        return f"{self.y0},{self.y1},{self.x0},{self.x1}"
+
+    @property
+    def first(self) -> bool:
+        """Whether it is the scene's first item (the one that counts the scene as an input)."""
+        return self.y0 == 0 and not self.x0
+
+    def name(self, rel_path: str) -> str:
+        """How normalized.jsonl names it: PATH#patch_rows=Y0,Y1[#patch_columns=X0,X1].
+
+        Also what places it in a shard (`conversion.plan`): a band of whole
+        rows keeps the name, and so the shard, it had before rows were split.
+        """
+        name = f"{rel_path}#patch_rows={self.y0},{self.y1}"
+        if self.x0 is not None:
+            name += f"#patch_columns={self.x0},{self.x1}"
+        return name
+
+    @classmethod
+    def parse(cls, key: str) -> WorkItem:
+        """The item of a `key` ('y0,y1' or 'y0,y1,x0,x1'); `patches` is not carried (0).
+
+        Raises:
+          ValueError: For any other text, naming what was received.
+        """
+        try:
+            numbers = [int(v) for v in key.split(",")]
+        except (AttributeError, ValueError):
+            numbers = []
+        if len(numbers) not in (2, 4) or numbers[0] >= numbers[1] or (
+                len(numbers) == 4 and numbers[2] >= numbers[3]):
+            raise ValueError(f"A scene's work item must be 'y0,y1' or 'y0,y1,x0,x1' with y0 < y1 and "
+                             f"x0 < x1. Received: {key!r}")
+        return cls(*numbers)
+
+
+def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
+    """The scene's work items, in row order then column order, covering each patch once.
+
+    An item holds as many whole patch rows as fit `_ITEM_BYTES` of decoded
+    patches (the scene's bands and sample type). A single patch row larger
+    than that is split into column ranges of about equal numbers of patches,
+    each within `_ITEM_BYTES`, of one patch at least: every item stays near
+    the budget in both directions, whatever the scene's width. A scene
     without patches (smaller than one, under 'drop') has none.
     """
     rows = offsets(header.height, options.size[0], options.stride[0], options.edge)
-    columns = len(offsets(header.width, options.size[1], options.stride[1], options.edge))
+    columns = offsets(header.width, options.size[1], options.stride[1], options.edge)
     if not rows or not columns:
         return []
-    patch_bytes = options.size[0] * options.size[1] * header.bands * np.dtype(header.dtype).itemsize
-    per_item = max(1, _ITEM_BYTES // max(1, patch_bytes * columns))
+    patch_bytes = max(1, options.size[0] * options.size[1] * header.bands * np.dtype(header.dtype).itemsize)
+    per_item = _ITEM_BYTES // patch_bytes  # Patches an item holds within the budget.
     out = []
-    for k in range(0, len(rows), per_item):
-        chunk = rows[k:k + per_item]
-        end = rows[k + per_item] if k + per_item < len(rows) else chunk[-1] + 1
-        out.append((chunk[0], end, len(chunk) * columns))
+    if per_item >= len(columns):
+        step = per_item // len(columns)
+        for k in range(0, len(rows), step):
+            chunk = rows[k:k + step]
+            end = rows[k + step] if k + step < len(rows) else chunk[-1] + 1
+            out.append(WorkItem(chunk[0], end, patches=len(chunk) * len(columns)))
+        return out
+    # Rows wider than the budget: ranges of columns, split as evenly as the count allows.
+    ranges = -(-len(columns) // max(1, per_item))
+    cuts = [len(columns) * k // ranges for k in range(ranges + 1)]
+    for k, y in enumerate(rows):
+        end = rows[k + 1] if k + 1 < len(rows) else y + 1
+        for a, b in zip(cuts, cuts[1:]):
+            x1 = columns[b] if b < len(columns) else columns[-1] + 1
+            out.append(WorkItem(y, end, columns[a], x1, b - a))
     return out
 
 
 def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
-             options: _raster.RasterOptions) -> Cut:
-    """The stored patches of the scene whose top row lies in [y0, y1) (`row_bands`).
+             options: _raster.RasterOptions, columns: tuple[int, int] | None = None) -> Cut:
+    """The stored patches of the scene whose top row lies in [y0, y1) (a `WorkItem`).
 
     A patch whose nodata share (`nodata_share`: padding counts) exceeds
     --raster_max_nodata is skipped. The others are stored as whole rasters
     are (`imaging.formats.tiff`): uint8/uint16 of 1, 3 or 4 bands as PNG,
     the rest raw; band statistics of each; with --raster_georef the scene's
     georeferencing moved to the patch's corner.
+
+    Args:
+      source, name: The scene, and how errors name it.
+      y0, y1: The item's rows of patch corners, half-open.
+      options: The raster options, `patch` set.
+      columns: (x0, x1): only the patches whose left column is in [x0, x1)
+        (an item of a row split into column ranges); None: every column.
+        The reader then keeps only those columns of what it decodes (strips
+        span the scene's width).
 
     Raises:
       ImageRejected: As `SceneReader.read` and `imaging.raster.apply_options` do.
@@ -130,10 +214,14 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
     images, skipped, shares = [], [], []
     with SceneReader(source, name) as scene:
         rows = [y for y in offsets(scene.height, height, patch.stride[0], patch.edge) if y0 <= y < y1]
-        columns = offsets(scene.width, width, patch.stride[1], patch.edge)
+        xs = offsets(scene.width, width, patch.stride[1], patch.edge)
+        if columns is not None:
+            xs = tuple(x for x in xs if columns[0] <= x < columns[1])
+            if xs:
+                scene.keep_columns(xs[0], xs[-1] + width)
         georef = scene.georef if options.georef else None
         for y in rows:
-            for x in columns:
+            for x in xs:
                 window = scene.read(y, x, height, width)
                 padded = scene.padded(y, x, height, width)
                 share = nodata_share(window, padded if padded.any() else None, scene.nodata)
