@@ -42,12 +42,18 @@ _ITEM_BYTES = 8 << 20
 
 @dataclasses.dataclass(frozen=True)
 class SceneHeader:
-    """What planning needs of a scene: its size, bands and sample type."""
+    """What planning needs of a scene: its size, bands and sample type, and how it is stored.
+
+    Attributes:
+      segment_shape: (rows, columns) of one tile or strip; None: unknown
+        (work items then ignore how the scene is stored).
+    """
 
     height: int
     width: int
     bands: int
     dtype: str
+    segment_shape: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +80,7 @@ def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _rast
         --max_pixels; 'unsupported_dtype' for samples raw records cannot hold.
     """
     with SceneReader(source, name) as scene:
-        header = SceneHeader(scene.height, scene.width, scene.bands, scene.dtype.name)
+        header = SceneHeader(scene.height, scene.width, scene.bands, scene.dtype.name, scene.segment_shape)
     dtype = {"int8": "int16", "float16": "float32"}.get(header.dtype, header.dtype)
     if dtype not in schemas.RAW_DTYPES:
         raise ImageRejected("unsupported_dtype", f"{name} has {header.dtype} samples; stored types are "
@@ -156,11 +162,14 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
     """The scene's work items, in row order then column order, covering each patch once.
 
     An item holds as many whole patch rows as fit `_ITEM_BYTES` of decoded
-    patches (the scene's bands and sample type). A single patch row larger
-    than that is split into column ranges of about equal numbers of patches,
-    each within `_ITEM_BYTES`, of one patch at least: every item stays near
-    the budget in both directions, whatever the scene's width. A scene
-    without patches (smaller than one, under 'drop') has none.
+    patches (the scene's bands and sample type). Rows wider than that are
+    split into column ranges of about equal numbers of patches, each item
+    within `_ITEM_BYTES` and of one patch at least: every item stays near
+    the budget in both directions, whatever the scene's width. Those items
+    hold the patch rows that start within one tile's height together (as
+    the budget allows), so that a tile taller than a patch is decoded once,
+    not once per patch row. A scene without patches (smaller than one,
+    under 'drop') has none.
     """
     rows = offsets(header.height, options.size[0], options.stride[0], options.edge)
     columns = offsets(header.width, options.size[1], options.stride[1], options.edge)
@@ -176,14 +185,19 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
             end = rows[k + step] if k + step < len(rows) else chunk[-1] + 1
             out.append(WorkItem(chunk[0], end, patches=len(chunk) * len(columns)))
         return out
-    # Rows wider than the budget: ranges of columns, split as evenly as the count allows.
-    ranges = -(-len(columns) // max(1, per_item))
+    # Rows wider than the budget: ranges of columns, split as evenly as the count allows,
+    # of `together` patch rows (those a tile row holds, within the budget).
+    segment_rows = header.segment_shape[0] if header.segment_shape else 1
+    together = max(1, min(per_item, -(-segment_rows // options.stride[0]), len(rows)))
+    per_range = max(1, per_item // together)
+    ranges = -(-len(columns) // per_range)
     cuts = [len(columns) * k // ranges for k in range(ranges + 1)]
-    for k, y in enumerate(rows):
-        end = rows[k + 1] if k + 1 < len(rows) else y + 1
+    for k in range(0, len(rows), together):
+        chunk = rows[k:k + together]
+        end = rows[k + together] if k + together < len(rows) else chunk[-1] + 1
         for a, b in zip(cuts, cuts[1:]):
             x1 = columns[b] if b < len(columns) else columns[-1] + 1
-            out.append(WorkItem(y, end, columns[a], x1, b - a))
+            out.append(WorkItem(chunk[0], end, columns[a], x1, len(chunk) * (b - a)))
     return out
 
 

@@ -50,16 +50,18 @@ def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pat
 # Planning
 
 
-@pytest.mark.parametrize("height, width, bands, dtype, patch, stride, edge", [
-    (10980, 10980, 13, "float32", 512, None, "shift"),  # Sentinel-2: one patch is over the budget
-    (10980, 10980, 13, "uint16", 256, 192, "pad"),     # 58 columns of 1.7 MB: ranges of 4
-    (7801, 7651, 11, "uint16", 128, None, "drop"),     # Landsat-like: 59 columns of 360 KB
-    (3000, 40000, 1, "uint8", 64, 32, "shift"),        # a long strip of a DEM, overlapping
-    (1000, 1000, 13, "uint16", 256, None, "shift"),    # narrow: bands of whole rows, as before
-    (300, 200, 4, "uint8", 512, None, "pad"),          # smaller than a patch: one padded patch
+@pytest.mark.parametrize("height, width, bands, dtype, segment, patch, stride, edge", [
+    (10980, 10980, 13, "float32", (1024, 1024), 512, None, "shift"),  # Sentinel-2: a patch is over the budget
+    (10980, 10980, 13, "uint16", (512, 512), 256, 192, "pad"),  # 58 columns of 1.7 MB, tiles of 3 patch rows
+    (10980, 10980, 13, "uint16", (1, 10980), 256, None, "shift"),  # the same, striped: one patch row each
+    (7801, 7651, 11, "uint16", (256, 256), 128, None, "drop"),  # Landsat-like: 59 columns of 360 KB
+    (3000, 40000, 1, "uint8", None, 64, 32, "shift"),  # a long strip of a DEM, overlapping
+    (1000, 1000, 13, "uint16", (256, 256), 256, None, "shift"),  # narrow: bands of whole rows, as before
+    (300, 200, 4, "uint8", (16, 200), 512, None, "pad"),  # smaller than a patch: one padded patch
 ])
-def test_work_items_are_bounded_and_cover_every_patch_once(height, width, bands, dtype, patch, stride, edge):
-    header = scenes.SceneHeader(height, width, bands, dtype)
+def test_work_items_are_bounded_and_cover_every_patch_once(height, width, bands, dtype, segment, patch, stride,
+                                                           edge):
+    header = scenes.SceneHeader(height, width, bands, dtype, segment)
     options = PatchOptions(patch, stride, edge)
     items = scenes.work_items(header, options)
     patch_bytes = options.size[0] * options.size[1] * bands * np.dtype(dtype).itemsize
@@ -85,9 +87,12 @@ def test_work_items_are_bounded_and_cover_every_patch_once(height, width, bands,
         assert all(item.x0 is None for item in items)
         assert len(items) == -(-len(rows) // (per_item // len(columns)))
     else:
-        assert all(item.x0 is not None and item.y1 - item.y0 <= options.stride[0] or item.y0 == rows[-1]
+        # Patch rows that start within one tile's height go together, within the budget.
+        together = max(1, min(per_item, -(-(segment or (1,))[0] // options.stride[0])))
+        assert all(item.x0 is not None and len([y for y in rows if item.y0 <= y < item.y1]) <= together
                    for item in items)
-        assert min(item.patches for item in items) >= min(per_item, len(columns)) // 2
+        columns_each = [len([x for x in columns if item.x0 <= x < item.x1]) for item in items]
+        assert min(columns_each) >= max(1, per_item // together) // 2
     assert scenes.work_items(header, options) == items  # Deterministic
 
 
@@ -95,6 +100,14 @@ def test_a_sentinel_2_row_is_split_into_one_patch_items():
     items = scenes.work_items(scenes.SceneHeader(10980, 10980, 13, "float32"), PatchOptions(512))
     assert len(items) == 22 * 22 and {i.patches for i in items} == {1}
     assert items[1].key == "0,512,512,1024" and items[1].name("t.tif") == "t.tif#patch_rows=0,512#patch_columns=512,1024"
+
+
+def test_the_patch_rows_of_one_tile_row_go_together():
+    # 512-px tiles, 256-px patches of 13 uint16 bands (1.7 MB): 2 rows x 2 columns a tile, 6.8 MB.
+    items = scenes.work_items(scenes.SceneHeader(6144, 6144, 13, "uint16", (512, 512)), PatchOptions(256))
+    assert len(items) == 12 * 12 and {i.patches for i in items} == {4}
+    assert {i.y0 % 512 for i in items} == {i.x0 % 512 for i in items} == {0}
+    assert [i.key for i in items[:2]] == ["0,512,0,512", "0,512,512,1024"]
 
 
 @pytest.mark.parametrize("key", ["", "1", "0,5,3", "5,5", "0,5,7,7", "a,b", "0,5,1,2,3"])
