@@ -433,12 +433,20 @@ class SceneReader:
         inside_columns = (columns >= 0) & (columns < self.width)
         return ~(inside_rows[:, np.newaxis] & inside_columns[np.newaxis, :])
 
-    def read(self, y: int, x: int, height: int, width: int) -> np.ndarray:
+    def read(self, y: int, x: int, height: int, width: int, *, copy: bool = True) -> np.ndarray:
         """The window of `height` x `width` pixels at row y, column x: (height, width, bands).
 
         The window may reach past the scene on any side: those pixels hold
         `fill` (`padded` says which). Only the segments it overlaps are
         decoded, those of the current row band once.
+
+        Args:
+          y, x, height, width: The window, in pixels.
+          copy: False: a window that lies inside one decoded segment (a
+            patch inside a tile) is a read-only view of the decoded segment
+            (which it keeps alive); no pixel is copied (what a shard writer
+            that encodes the patch at once wants). True: always an array of
+            its own.
 
         Raises:
           ValueError: For a window of no pixels, non-integer coordinates, or
@@ -449,14 +457,22 @@ class SceneReader:
         """
         _check_window(y, x, height, width)
         y, x, height, width = int(y), int(x), int(height), int(width)
-        out = np.full((height, width, self.bands), self.fill, self.dtype)
         top, bottom = max(y, 0), min(y + height, self.height)
         left, right = max(x, 0), min(x + width, self.width)
         if top >= bottom or left >= right:
-            return out  # Wholly outside the scene.
+            return np.full((height, width, self.bands), self.fill, self.dtype)  # Wholly outside the scene.
         if self._columns is not None and not self._columns[0] <= left < right <= self._columns[1]:
             raise ValueError(f"SceneReader: the window's scene columns {left}-{right} lie outside the "
                              f"columns kept, {self._columns[0]}-{self._columns[1]} (keep_columns)")
+        inside = (top, bottom, left, right) == (y, y + height, x, x + width)
+        if not copy and inside and not self.planar:
+            view = self._view(y, x, height, width)
+            if view is not None:
+                return view
+        if inside:
+            out = np.empty((height, width, self.bands), self.dtype)  # Every pixel is written below.
+        else:
+            out = np.full((height, width, self.bands), self.fill, self.dtype)
         seg_h, seg_w = self.segment_shape
         first_row, last_row = top // seg_h, (bottom - 1) // seg_h
         first_col, last_col = left // seg_w, (right - 1) // seg_w
@@ -468,20 +484,43 @@ class SceneReader:
             for row in range(first_row, last_row + 1):
                 for col in range(first_col, last_col + 1):
                     segment, sx = self._segment(0 if plane is None else plane, row, col)
-                    if segment is None:
-                        continue  # An empty (sparse) segment: GDAL reads it as nodata, the fill.
                     sy = row * seg_h
-                    y0, y1 = max(top, sy), min(bottom, sy + segment.shape[0])
-                    x0, x1 = max(left, sx), min(right, sx + segment.shape[1])
+                    rows, cols = (seg_h, seg_w) if segment is None else segment.shape[:2]
+                    y0, y1 = max(top, sy), min(bottom, sy + rows)
+                    x0, x1 = max(left, sx), min(right, sx + cols)
                     if y0 >= y1 or x0 >= x1:
                         continue
-                    piece = segment[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
                     target = out[y0 - y:y1 - y, x0 - x:x1 - x]
+                    if segment is None:
+                        # An empty (sparse) segment: GDAL reads it as nodata, the fill.
+                        if inside:  # Else `out` holds the fill already.
+                            if plane is None:
+                                target[...] = self.fill
+                            else:
+                                target[:, :, plane] = self.fill
+                        continue
+                    piece = segment[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
                     if plane is None:
                         target[...] = piece
                     else:
                         target[:, :, plane] = piece[:, :, 0]
         return out
+
+    def _view(self, y: int, x: int, height: int, width: int) -> np.ndarray | None:
+        """The window as a read-only view of the one decoded segment it lies in; None when it spans several."""
+        seg_h, seg_w = self.segment_shape
+        row, col = y // seg_h, x // seg_w
+        if (y + height - 1) // seg_h != row or (x + width - 1) // seg_w != col:
+            return None
+        for key in [k for k in self._cache if k[1] != row]:
+            del self._cache[key]  # One row band at most, as `read` keeps.
+        segment, sx = self._segment(0, row, col)
+        if segment is None or not sx <= x or x + width > sx + segment.shape[1]:
+            return None  # Sparse (the fill), or cut by keep_columns: the copying path says what holds.
+        sy = row * seg_h
+        view = segment[y - sy:y - sy + height, x - sx:x - sx + width]
+        view.flags.writeable = False
+        return view
 
     def _segment(self, plane: int, row: int, col: int) -> tuple[np.ndarray | None, int]:
         """(the decoded segment (rows, columns, samples) clipped to the page and to the columns kept,

@@ -236,7 +236,7 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
         georef = scene.georef if options.georef else None
         for y in rows:
             for x in xs:
-                window = scene.read(y, x, height, width)
+                window = scene.read(y, x, height, width, copy=False)  # Encoded at once
                 padded = scene.padded(y, x, height, width)
                 share = nodata_share(window, padded if padded.any() else None, scene.nodata)
                 if share > patch.max_nodata:

@@ -280,3 +280,38 @@ def test_resume_of_a_patch_conversion_rewrites_only_missing_shards_to_the_same_b
         assert (out / p.name).read_bytes() == p.read_bytes(), p.name
     rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()]
     assert [(r["path"], r["reason"]) for r in rejects] == [("scenes/broken.tif", "corrupt")]
+
+
+# --------------------------------------------------------------------------
+# The reader's windows without copies
+
+
+def test_windows_read_without_copying_equal_copied_windows_and_are_read_only(tmp_path):
+    from imaging.patches import SceneReader
+
+    array = _RNG.integers(0, 65536, (3, 300, 260), dtype=np.uint16)
+    path = _scene(tmp_path / "t.tif", array, tiled=True, blockxsize=128, blockysize=128, compress="deflate")
+    with rasterio.open(path) as src:
+        expected = {w: np.moveaxis(src.read(window=Window(w[1], w[0], w[2], w[3]), boundless=True,
+                                            fill_value=0), 0, -1)
+                    for w in [(0, 0, 64, 64), (130, 140, 100, 100), (100, 100, 64, 64), (256, 0, 64, 64),
+                              (280, 250, 40, 40)]}  # Inside a tile, across tiles, past the edges
+    with SceneReader(path) as scene:
+        for (y, x, h, w), want in expected.items():
+            view = scene.read(y, x, h, w, copy=False)
+            own = scene.read(y, x, h, w)
+            np.testing.assert_array_equal(view, want)
+            np.testing.assert_array_equal(own, want)
+            assert own.flags.writeable and own.flags.owndata
+        view = scene.read(0, 0, 64, 64, copy=False)
+        assert not view.flags.writeable and not view.flags.owndata  # A view of the decoded tile
+        with pytest.raises(ValueError):
+            view[0, 0, 0] = 1
+        scene.keep_columns(128, 256)
+        np.testing.assert_array_equal(scene.read(0, 130, 64, 64, copy=False), _window(array, 0, 130, 64))
+        with pytest.raises(ValueError, match="outside the columns kept, 128-256"):
+            scene.read(0, 100, 64, 64)
+
+
+def _window(array: np.ndarray, y: int, x: int, size: int) -> np.ndarray:
+    return np.moveaxis(array[:, y:y + size, x:x + size], 0, -1)
