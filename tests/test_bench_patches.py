@@ -19,9 +19,10 @@ def test_bench_patches_small_scene(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     speed = json.loads(out.read_text())["speed"]
     assert speed["side"] == 512 and speed["patches"] == 4
-    for name in ("shardsmith", "baseline"):
+    for name in ("shardsmith", "baseline", "baseline_band"):
         assert speed[name]["returncode"] == 0 and speed[name]["wall_s"] > 0 and speed[name]["cpu_s"] > 0, name
     assert speed["ratio"] == speed["baseline"]["wall_s"] / speed["shardsmith"]["wall_s"]
+    assert speed["band_ratio"] == speed["baseline_band"]["wall_s"] / speed["shardsmith"]["wall_s"]
     # The bench compared both outputs itself (it fails when they differ): 4 patches, byte for byte.
     assert "the same 4 patches, byte for byte" in proc.stdout and "Target speed vs (b):" in proc.stdout
     manifest = json.loads((tmp_path / "work" / "out" / "shardsmith" / "manifest.json").read_text())
