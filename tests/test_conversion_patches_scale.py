@@ -315,3 +315,30 @@ def test_windows_read_without_copying_equal_copied_windows_and_are_read_only(tmp
 
 def _window(array: np.ndarray, y: int, x: int, size: int) -> np.ndarray:
     return np.moveaxis(array[:, y:y + size, x:x + size], 0, -1)
+
+
+# --------------------------------------------------------------------------
+# Worker processes by default for large scenes
+
+
+@pytest.mark.skipif((__import__("os").cpu_count() or 1) < 2, reason="the default needs 2 or more cores")
+def test_large_scenes_are_cut_in_one_process_per_core_by_default():
+    import os
+
+    from beam_jobs import _runner, convert as convert_module
+    from conversion import plan as _plan
+
+    local = convert_module.ConvertOptions([])
+    _runner.make_runner(local)
+    decide = convert_module._worker_processes
+
+    def items(n, size):  # A scene's work items as planned: size = decoded bytes of its patches
+        return [_plan.PlannedFile("train", 0, i, "s/scene.tif", "", size, 0, 8, patch_rows=f"{i},{i + 1}")
+                for i in range(n)]
+
+    assert decide(None, items(144, 6 << 20), 8, local) == min(os.cpu_count(), 8)  # 864 MiB of patches
+    assert decide(None, items(4, 1 << 20), 8, local) == 0  # 4 MiB: not worth a process's start
+    assert decide(None, items(144, 6 << 20), 1, local) == 0  # One shard: one writer
+    assert decide(0, items(144, 6 << 20), 8, local) == 0  # What is asked for is what runs
+    listed = [_plan.PlannedFile("train", 0, 0, "s/scene.tif", "", 3 << 30, 0, 1)]
+    assert decide(None, listed, None, local) == 0  # Listed, not planned: a file, whatever its size
