@@ -12,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 import schemas
 from schemas.tfds_metadata import tfds_files
 from beam_jobs._output import delete_if_exists, remove_dataset_files
-from conversion import annotations as _annotations, listing, masks
+from conversion import annotations as _annotations, listing, masks, scene_log
 from conversion.elements import ConversionError
 from conversion.files import TMP_DIRNAME, write_atomically
 
@@ -160,20 +160,11 @@ def _patch_summary(normalized) -> dict:
 
     From the normalized.jsonl entries of the scenes' work items
     (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1 (then
-    #patch_columns=X0,X1 for a column range of a wide row).
+    #patch_columns=X0,X1 for a column range of a wide row); the first scenes by
+    path are listed with their own counts (`conversion.scene_log`).
     """
-    scenes, written, skipped, failed = set(), 0, 0, 0
-    for path, source_format, actions, details in normalized:
-        if "cut_into_patches" in actions:
-            scenes.add(path.rpartition("#patch_rows=")[0])
-            written += details["written"]
-            skipped += len(details["skipped"])
-        elif "patch_rows_failed" in actions:
-            scenes.add(path.rpartition("#patch_rows=")[0])
-            failed += 1
-    if not scenes:
-        return {}
-    return {"scenes": len(scenes), "written": written, "skipped_nodata": skipped, "failed_items": failed}
+    return scene_log.patches_section(scene_log.scene_logs(
+        (path, actions, details) for path, _, actions, details in normalized))
 
 
 def _dicom_summary(normalized) -> dict:

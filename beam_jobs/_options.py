@@ -44,10 +44,13 @@ def _patch_options(o) -> PatchOptions | None:
                               max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
 
 
-def _check_patch_combinations(o, resize: ResizeOptions) -> None:
-    """Refuses the options that --raster_patch does not combine with yet (one sentence each)."""
-    refused = [("--max_side/--min_side", resize.active), ("--masks_dir", bool(o.masks_dir)),
-               ("--annotations", bool(o.annotations)), ("--dedup", o.dedup)]
+def _check_patch_combinations(o) -> None:
+    """Refuses the options that --raster_patch does not combine with yet (one sentence each).
+
+    --max_side/--min_side (each patch resized) and --masks_dir (label rasters
+    cut into the same patches) combine with it.
+    """
+    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup)]
     for flag, given in refused:
         if given:
             raise ValueError(f"--raster_patch does not combine with {flag} yet: cut the scenes into "
@@ -371,7 +374,7 @@ class ConversionConfig:
             ),  # Held to --max_pixels too.
         )
         if validation.raster.patch is not None:
-            _check_patch_combinations(o, resize)
+            _check_patch_combinations(o)
         return cls(
             input_dir=o.input_dir,
             output_dir=o.output_dir,

@@ -20,14 +20,16 @@ import numpy as np
 
 import schemas
 from imaging import ResizeOptions
+from imaging.resize import target_size as _resize_target
 from imaging import raster as _raster
 from schemas import tf_runtime
 from schemas.tfrecord import RecordError, format_index, iter_records
-from conversion import guard
+from conversion import guard, scene_log
 from conversion.files import read_bytes, write_atomically
+from imaging import patches as _patches
 
 __all__ = ["ShardCheck", "VerifyShardFn", "TargetCheck", "duplicate_group", "ReportFn", "raster_records",
-           "CHECK_FAILED"]
+           "check_scene", "CHECK_FAILED"]
 
 # How a record whose check raised an unexpected error is reported: the record
 # is not known to be bad, and the other records are still verified.
@@ -81,13 +83,21 @@ class VerifyShardFn(beam.DoFn):
         None when they cannot be known (no normalized.jsonl).
       targets: The manifest's `targets` section (`Manifest.targets`): what
         the target features of the records must hold (`TargetCheck`).
+      patch_size: With --raster_patch, (height, width) of a patch (the
+        manifest's options.raster.patch.size): every patch record
+        (PATH#patch=Y,X) must have it, and its (scene, (y, x)) goes to the
+        tagged output PATCHES (`check_scene` checks each scene's offsets).
+        None: not a dataset of patches.
     """
 
     CONTENT = "content"
+    PATCHES = "patches"
 
     def __init__(self, dataset_dir: str, features, num_classes: int, resize: dict | None = None,
-                 rasters: dict[str, float | None] | None = None, targets: dict | None = None):
+                 rasters: dict[str, float | None] | None = None, targets: dict | None = None,
+                 patch_size: tuple[int, int] | None = None):
         self._dir = dataset_dir
+        self._patch_size = None if patch_size is None else (int(patch_size[0]), int(patch_size[1]))
         self._rasters = rasters
         self._targets = dict(targets or {})
         self._target_check = None
@@ -139,6 +149,12 @@ class VerifyShardFn(beam.DoFn):
                     bands.add(name, pixels)
                     self._records.inc()
                     yield beam.pvalue.TaggedOutput(self.CONTENT, (digest, (split, name)))
+                    patch = self._patch(name, image)
+                    if patch is not None:
+                        patch_problem, scene_offset = patch
+                        if patch_problem:
+                            problems.append(f"{shard.file}: record {number} (byte {offset}): {patch_problem}")
+                        yield beam.pvalue.TaggedOutput(self.PATCHES, scene_offset)
             except RecordError as e:
                 # The error names the shard file and the record's offset.
                 problems.append(f"{e}; the rest of the shard is unreadable")
@@ -162,6 +178,30 @@ class VerifyShardFn(beam.DoFn):
             problems.extend(bands.problems())
         problems.extend(self._check_index(shard, offsets))
         yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems), unchecked)
+
+    def _patch(self, name: str, image):
+        """(problem or None, (scene, (y, x))) of a patch record; None for another record or dataset.
+
+        The record's stored height and width must be the manifest's patch
+        size (resized by the manifest's --max_side/--min_side, if any),
+        whatever the edge policy (padding fills a patch, never shortens it).
+        """
+        if self._patch_size is None:
+            return None
+        parsed = scene_log.split_patch_name(name)
+        if parsed is None:
+            return None
+        scene, y, x = parsed
+        problem = None
+        h, w = self._patch_size
+        # With --max_side/--min_side every patch is stored at the size the policy gives a patch.
+        stored = _resize_target(h, w, self._resize) if self._resize is not None else (h, w)
+        if (image[1], image[2]) != stored:
+            problem = (f"{name}: a patch of {image[1]}x{image[2]} pixels, but the manifest's patch "
+                       f"size (options.raster.patch.size, --raster_patch) is {h}x{w} (height x width)")
+            if stored != (h, w):
+                problem += f", stored at {stored[0]}x{stored[1]} under its resize {self._resize.to_json()}"
+        return problem, (scene, (y, x))
 
     def _check_record_guarded(self, data: bytes):
         """`_check_record`; an unexpected error checking one record is that record's problem alone."""
@@ -402,6 +442,92 @@ def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
     return rasters
 
 
+# Offsets named per scene at most: a scene whose grid is wholly off says so in a few lines.
+_MAX_NAMED = 5
+
+
+def _listed(offsets, limit: int = _MAX_NAMED) -> str:
+    """Some (y, x) offsets as 'Y,X; Y,X and K more'."""
+    offsets = list(offsets)
+    text = "; ".join(f"{y},{x}" for y, x in offsets[:limit])
+    return text + (f" and {len(offsets) - limit} more" if len(offsets) > limit else "")
+
+
+def check_scene(element, options: _patches.PatchOptions) -> list[str]:
+    """The problems of one scene's patch records against its grid and its normalized.jsonl entries.
+
+    Args:
+      element: (scene path, {"log": [its `scene_log.SceneLog`] or [],
+        "patches": [(y, x) of each patch record found]}), as CoGroupByKey
+        gives it.
+      options: The manifest's patch options (size, stride, edge).
+
+    Checked: every record's offset lies on the scene's grid (`imaging.patches.offsets`
+    of its recorded size under the stride and edge policy) in the rows of a work item
+    that was cut; no offset is stored twice or is both stored and skipped; the
+    records are as many as the entries say were written; written + skipped
+    equals the grid's patches in the cut rows; every row of the grid is in a work item.
+    """
+    scene, groups = element
+    logs, found = list(groups["log"]), sorted(groups["patches"])
+    if not logs:
+        return [f"{scene}: {len(found)} patch records, but {schemas.NORMALIZED_FILENAME} lists no "
+                f"{scene_log.CUT_ACTION} entry of this scene (its grid is unknown)"]
+    log = logs[0]
+    if log.size is None:
+        return [f"{scene}: {schemas.NORMALIZED_FILENAME} does not record the scene's size "
+                f"(scene_size of its {scene_log.CUT_ACTION} entries): its patch offsets cannot be checked"]
+    height, width = log.size
+    (ph, pw), (sh, sw), edge = options.size, options.stride, options.edge
+    rows = _patches.offsets(height, ph, sh, edge)
+    columns = _patches.offsets(width, pw, sw, edge)
+    grid = (f"the grid of its {height}x{width} scene (--raster_patch {ph},{pw} --raster_stride {sh},{sw} "
+            f"--raster_edge {edge}: rows {_preview(rows)}, columns {_preview(columns)})")
+    problems = []
+    # The grid's patches of the work items cut, and of every work item (cut or failed): an
+    # item is a band of patch rows, or a range of columns of them (`scene_log.covered`).
+    cut_set = scene_log.covered(log.rows, rows, columns)
+    in_items = cut_set | scene_log.covered(log.failed, rows, columns)
+    row_set, column_set = set(rows), set(columns)
+    off_grid = [(y, x) for y, x in found if y not in row_set or x not in column_set]
+    if off_grid:
+        problems.append(f"{scene}: patch offsets {_listed(off_grid)} are not on {grid}")
+    outside = [(y, x) for y, x in found if y in row_set and x in column_set and (y, x) not in cut_set]
+    if outside:
+        problems.append(f"{scene}: patches {_listed(outside)} lie in rows of no work item that was cut "
+                        f"({scene_log.CUT_ACTION} entries of {schemas.NORMALIZED_FILENAME})")
+    counts: dict = {}
+    for offset in found:
+        counts[offset] = counts.get(offset, 0) + 1
+    twice = [o for o, n in counts.items() if n > 1]
+    if twice:
+        problems.append(f"{scene}: patches {_listed(twice)} are stored more than once")
+    both = sorted(set(counts) & set(log.skipped))
+    if both:
+        problems.append(f"{scene}: patches {_listed(both)} are stored, and listed as skipped for nodata")
+    if len(found) != log.written:
+        problems.append(f"{scene}: {len(found)} patch records, {schemas.NORMALIZED_FILENAME} says "
+                        f"{log.written} were written")
+    expected = len(cut_set)
+    good = len({o for o in counts if o in cut_set})
+    if good + len(log.skipped) != expected:
+        problems.append(f"{scene}: {good} patches written + {len(log.skipped)} skipped for nodata, "
+                        f"but {grid} has {expected} in the rows of its work items")
+    missing = [y for y in rows if any((y, x) not in in_items for x in columns)]
+    if missing:
+        problems.append(f"{scene}: patch rows {_preview(missing)} are in no work item of "
+                        f"{schemas.NORMALIZED_FILENAME} (neither cut nor failed)")
+    return problems
+
+
+def _preview(values, limit: int = 6) -> str:
+    """Some integers of a list: '0, 48, 96, ..., 960 (21)'."""
+    values = list(values)
+    if len(values) <= limit:
+        return ", ".join(map(str, values)) or "none"
+    return ", ".join(map(str, values[:limit - 1])) + f", ..., {values[-1]} ({len(values)})"
+
+
 class _BandCheck:
     """The band statistics of a shard's raster records, recomputed and compared with the manifest's."""
 
@@ -473,9 +599,10 @@ class ReportFn(beam.DoFn):
         self._manifest_json = manifest_json
         self._report_path = report_path
 
-    def process(self, unused, checks, duplicates):
+    def process(self, unused, checks, duplicates, scene_problems=()):
         manifest = schemas.Manifest.from_json(self._manifest_json)
         problems = [p for c in sorted(checks, key=lambda c: c.file) for p in c.problems]
+        problems += sorted(scene_problems)  # With --raster_patch (`check_scene`).
         splits = {}
         for name, info in manifest.splits.items():
             mine = [c for c in checks if c.split == name]

@@ -9,7 +9,10 @@ reader's TensorFlow op. Targets are checked against the record contract and
 the manifest's `targets` section: masks decode to the image's size at the
 stated depth, boxes lie in [0, 1] with labels in range, multi-labels are
 sorted and in range, regression targets have their length (per-class pixel
-counts are not recomputed). Counts per split, shard and class are compared with
+counts are not recomputed). Patches of scenes (--raster_patch) have the
+manifest's patch size, offsets on their scene's grid (the size normalized.jsonl
+records, the stride and edge formula) and, per scene, written + skipped equal
+to the grid's count. Counts per split, shard and class are compared with
 `manifest.json`, index files are checked, and images with the same content are
 reported, within a split and across splits (a duplicate across train and test
 inflates every metric). The findings go to `verify_report.json` in the dataset
@@ -39,8 +42,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import schemas
 from beam_jobs import _runner, _verify_fns, args
 from beam_jobs._verify_fns import CHECK_FAILED
-from conversion import console
+from conversion import console, scene_log
 from conversion.files import read_bytes
+from imaging.patches import PatchOptions
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
 
@@ -95,21 +99,30 @@ class VerifyDataset(beam.PTransform):
     def expand(self, pbegin):
         m = self._manifest
         shards = [(split, shard) for split, info in m.splits.items() for shard in info.shards]
-        rasters = self._raster_records(shards)
+        patches = _patch_options(m)
+        rasters_needed = any(shard.band_stats is not None for _, shard in shards)
+        normalized = self._normalized() if rasters_needed or patches is not None else None
+        # The raster records the band statistics cover; None when normalized.jsonl is missing.
+        rasters = {} if not rasters_needed else (
+            None if normalized is None else _verify_fns.raster_records(normalized))
+        fn = _verify_fns.VerifyShardFn
         checked = (
             pbegin
             | "Shards" >> beam.Create(shards)  # (split, ShardInfo)
             | "VerifyShards" >> beam.ParDo(
-                _verify_fns.VerifyShardFn(self._dir, m.features, len(m.class_names),
-                                          resize=m.options.get("resize"), rasters=rasters,
-                                          targets=dict(m.targets))
-            ).with_outputs(_verify_fns.VerifyShardFn.CONTENT, main="checks")
+                fn(self._dir, m.features, len(m.class_names), resize=m.options.get("resize"), rasters=rasters,
+                   targets=dict(m.targets), patch_size=None if patches is None else patches.size)
+            ).with_outputs(fn.CONTENT, fn.PATCHES, main="checks")
         )
         duplicates = (
-            checked[_verify_fns.VerifyShardFn.CONTENT]  # (sha256, (split, filename))
+            checked[fn.CONTENT]  # (sha256, (split, filename))
             | "GroupByContent" >> beam.GroupByKey()
             | "DuplicateGroups" >> beam.FlatMap(_verify_fns.duplicate_group)
         )
+        side = {}
+        if patches is not None:
+            side["scene_problems"] = beam.pvalue.AsList(
+                self._scene_problems(pbegin, checked[fn.PATCHES], normalized, patches))
         return (
             pbegin
             | "Once" >> beam.Create([None])
@@ -117,21 +130,46 @@ class VerifyDataset(beam.PTransform):
                 _verify_fns.ReportFn(self._manifest_json, self._report_path),
                 checks=beam.pvalue.AsList(checked.checks),
                 duplicates=beam.pvalue.AsList(duplicates),
+                **side,
             )
         )
 
-    def _raster_records(self, shards) -> dict[str, float | None] | None:
-        """The raster records the band statistics cover, from normalized.jsonl; None if it is missing.
-
-        Read only for a dataset with band statistics: other datasets have no
-        raster records to find.
-        """
-        if not any(shard.band_stats is not None for _, shard in shards):
-            return {}
+    def _normalized(self) -> str | None:
+        """normalized.jsonl's text; None if it is missing."""
         path = FileSystems.join(self._dir, schemas.NORMALIZED_FILENAME)
         if not FileSystems.exists(path):
             return None
-        return _verify_fns.raster_records(read_bytes(path).decode("utf-8"))
+        return read_bytes(path).decode("utf-8")
+
+    @staticmethod
+    def _scene_problems(pbegin, found, normalized: str | None, options):
+        """Each scene's records (`found`: (scene, (y, x))) against its grid and normalized.jsonl entries."""
+        if normalized is None:
+            return pbegin | "NoSceneLog" >> beam.Create(
+                [f"patch offsets cannot be checked: {schemas.NORMALIZED_FILENAME}, which records each "
+                 "scene's size and work items, is missing"])
+        logs = scene_log.scene_logs_from_jsonl(normalized)
+        return (
+            {"log": pbegin | "SceneLogs" >> beam.Create(sorted(logs.items())), "patches": found}
+            | "GroupByScene" >> beam.CoGroupByKey()
+            | "CheckScenes" >> beam.FlatMap(_verify_fns.check_scene, options)
+        )
+
+
+def _patch_options(manifest: schemas.Manifest) -> PatchOptions | None:
+    """The manifest's --raster_patch options (options.raster.patch); None for a dataset not cut into patches.
+
+    Raises:
+      ManifestError: For a patch section that does not give a valid size, stride and edge.
+    """
+    patch = (manifest.options.get("raster") or {}).get("patch")
+    if patch is None:
+        return None
+    try:
+        return PatchOptions(tuple(patch["size"]), tuple(patch["stride"]), patch["edge"],
+                            patch.get("max_nodata", 1.0))
+    except (KeyError, TypeError, ValueError) as e:
+        raise schemas.ManifestError(f"the manifest's options.raster.patch is not valid ({e}): {patch!r}") from e
 
 
 def _load_manifest(dataset_dir: str) -> tuple[schemas.Manifest, str]:

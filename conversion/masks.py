@@ -34,7 +34,8 @@ from imaging import masks as _masks
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair", "unpack",
+__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair",
+           "pair_patches", "unpack",
            "manifest_section", "with_pixel_counts", "PixelCounter"]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -399,6 +400,19 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
             image = dataclasses.replace(image, actions=(*image.actions, *aligned.actions), details=details)
         out.append(MaskedImage(image, png, counts))
     return out
+
+
+def pair_patches(images, ids: Sequence[np.ndarray], dtype: str) -> list[MaskedImage]:
+    """Patches of a scene (--raster_patch), each with its window of the label raster encoded.
+
+    Args:
+      images: The stored patches (`imaging.scenes.Cut.images`).
+      ids: Their class ids at their stored size (`imaging.scenes.Cut.masks`),
+        already cut, padded and resized with them (`imaging.scenes.LabelRaster`).
+      dtype: The dataset's mask dtype.
+    """
+    return [MaskedImage(image, _masks.encode_mask(window, dtype), _masks.pixel_counts(window))
+            for image, window in zip(images, ids, strict=True)]
 
 
 class PixelCounter:

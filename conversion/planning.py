@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import logging
 import re
@@ -20,7 +21,7 @@ from conversion import annotations as _annotations, guard, listing as _listing, 
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
-__all__ = ["build_plan", "group_section", "paused_gc", "scene_windows", "SCENE_SUFFIXES"]
+__all__ = ["build_plan", "group_section", "paused_gc", "scene_masks", "scene_windows", "SCENE_SUFFIXES"]
 
 # With --raster_patch, the inputs cut into patches (any other is converted as without it).
 SCENE_SUFFIXES = (".tif", ".tiff")
@@ -113,6 +114,8 @@ def _build_plan(config, on_listed) -> _plan.Plan:
         mask_plan = _masks.plan_masks(
             files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
             labels_csv=labels_csv is not None, class_names=config.class_names)
+        if windows is not None:
+            mask_plan = scene_masks(mask_plan, windows, config.validation.raster)
         files, problems = mask_plan.files, mask_plan.problems
     sharding = config.sharding
     plan = _plan.make_plan(
@@ -243,6 +246,57 @@ def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]]
     _LOG.info("Read the headers of %s scenes: %s work items of patches (--raster_patch)",
               f"{len(scenes):,}", f"{sum(map(len, windows.values())):,}")
     return windows, failed
+
+
+def scene_masks(mask_plan, windows, raster):
+    """The mask plan without the scenes whose label raster cannot be cut with them (--raster_patch).
+
+    Each scene's mask header is read (no pixel decoded) beside the scene's:
+    a mask of another size is rejected 'mask_size_mismatch', one whose
+    header does not read 'mask_unreadable', a TIFF of several bands or with
+    a nodata value that is no class id of the dataset's masks
+    'mask_not_class_ids' (`imaging.scenes.label_header`, `label_padding`).
+    Other inputs keep their masks as without --raster_patch.
+
+    Args:
+      mask_plan: The `conversion.masks.MaskPlan`.
+      windows: `scene_windows`'s work items of the scenes.
+      raster: The `imaging.RasterOptions`, `patch` set.
+    """
+    from imaging import ImageRejected
+    from imaging import scenes as _scenes
+
+    scenes = [f for f in mask_plan.files if f.rel_path in windows]
+
+    def problem(f):
+        mask = mask_plan.mask_of[f.rel_path]
+        with guard.working_on([(f.rel_path, f.path)]):
+            try:
+                with open_to_read(mask) as fh:
+                    labels = _scenes.label_header(fh, mask)
+                _scenes.label_padding(labels.nodata, mask_plan.dtype, mask)
+                with open_to_read(f.path) as fh:
+                    scene = _scenes.scene_header(fh, f.rel_path, raster)
+            except ImageRejected as e:
+                return e.reason, e.message
+            except OSError as e:
+                return "mask_unreadable", f"mask of {f.rel_path}: {e}"
+            except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
+                _LOG.debug("Unexpected error reading the mask header of %s", f.rel_path, exc_info=e)
+                return guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e)
+        if (labels.height, labels.width) != (scene.height, scene.width):
+            return "mask_size_mismatch", (f"mask of {f.rel_path} is {labels.width}x{labels.height}, the "
+                                          f"scene {scene.width}x{scene.height}: a label raster is cut into "
+                                          "the scene's patches, pixel for pixel")
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
+        failed = {f.rel_path: p for f, p in zip(scenes, pool.map(problem, scenes)) if p is not None}
+    if not failed:
+        return mask_plan
+    return dataclasses.replace(
+        mask_plan, files=tuple(f for f in mask_plan.files if f.rel_path not in failed),
+        problems=(*mask_plan.problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))))
 
 
 def _quarantined(config) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -21,6 +22,7 @@ from typing import NamedTuple
 
 import schemas
 from conversion import annotations as _annotations, guard, masks as _masks
+from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
@@ -47,8 +49,8 @@ _LOG = logging.getLogger("shardsmith.convert")
 _NO_EXTRA = types.MappingProxyType({})
 # normalized.jsonl actions of a scene's work item (--raster_patch): cut, with the
 # offsets of the patches skipped for nodata; or failed (its patches missing).
-_CUT_ACTION = "cut_into_patches"
-_FAILED_ACTION = "patch_rows_failed"
+_CUT_ACTION = _scene_log.CUT_ACTION
+_FAILED_ACTION = _scene_log.FAILED_ACTION
 
 
 class ShardFile(NamedTuple):
@@ -291,6 +293,9 @@ class _Writer:
         details = {**_item_details(f), "written": len(cut.images),
                    "skipped": [[y, x] for y, x in cut.skipped],
                    "skipped_nodata_share": [round(v, 6) for v in cut.shares]}
+        if cut.scene_size is not None:
+            # The scene's size fixes its patch grid: what verify checks the offsets against.
+            details["scene_size"] = list(cut.scene_size)
         shard.normalized.append((_item(f).name(f.rel_path), "tiff", (_CUT_ACTION,), details))
         return cut.images
 
@@ -321,7 +326,7 @@ class _Writer:
         if image.page is not None:
             filename += f"#page={image.page}"
         if image.patch is not None:
-            filename += f"#patch={image.patch[0]},{image.patch[1]}"
+            filename += f"{_scene_log.PATCH_MARK}{image.patch[0]},{image.patch[1]}"
         record = self._schema.encode(schemas.ImageRecord(
             image=image.data,
             label=f.label,
@@ -422,20 +427,42 @@ class _Writer:
         return outcomes
 
     def _cut(self, f: ShardFile):
-        """The `imaging.scenes.Cut` of a scene's work item, or its Reject; read window by window."""
+        """The `imaging.scenes.Cut` of a scene's work item, or its Reject; read window by window.
+
+        With a mask (--masks_dir), its label raster is cut at the same
+        offsets, and each patch paired with its mask (`conversion.masks.MaskedImage`).
+        """
         item = _item(f)
         columns = None if item.x0 is None else (item.x0, item.x1)
+        validation = self._job.validation
         with guard.working_on([(f.rel_path, f.path)]):
             try:
-                with open_to_read(f.path) as fh:
-                    return _scenes.cut_rows(fh, f.rel_path, item.y0, item.y1, self._job.validation.raster,
-                                            columns)
+                with contextlib.ExitStack() as stack:
+                    labels = None if f.mask is None else stack.enter_context(self._labels(f))
+                    fh = stack.enter_context(open_to_read(f.path))
+                    cut = _scenes.cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster, validation.resize,
+                                           labels, columns)
+                if cut.masks is None:
+                    return cut
+                # Encoded here, on the read-ahead threads, as photos' masks are.
+                images = _masks.pair_patches(cut.images, cut.masks, self._job.mask_dtype or "uint8")
+                return dataclasses.replace(cut, images=images, masks=None)
             except ImageRejected as e:
                 return Reject(f.rel_path, e.reason, e.message)
             except OSError as e:
                 return Reject(f.rel_path, "unreadable", f"{f.rel_path}: {e}")
             except Exception as e:  # noqa: BLE001 - this scene's item alone: rejected, reported
                 return _internal_error(f, e)
+
+    @contextlib.contextmanager
+    def _labels(self, f: ShardFile):
+        """The scene's label raster (`imaging.scenes.LabelRaster`), open for the item."""
+        try:
+            fh = open_to_read(f.mask)
+        except OSError as e:
+            raise ImageRejected("mask_unreadable", f"mask of {f.rel_path}: {e}") from e
+        with fh, _scenes.LabelRaster(fh, f.mask, self._job.mask_dtype or "uint8") as labels:
+            yield labels
 
     def _with_targets(self, f: ShardFile, images, data: bytes):
         """The file's images, paired with its mask (`conversion.masks.pair`), its raw frame noted

@@ -36,7 +36,7 @@ from imaging.sniff import sniff_format
 
 __all__ = [
     "MASK_EXTENSIONS", "MASK_DTYPES", "MaskFrame", "AlignedMask", "mask_bit_depth", "read_mask",
-    "align_mask", "encode_mask", "storable_as_is", "pixel_counts", "image_frame",
+    "align_mask", "encode_mask", "storable_as_is", "pixel_counts", "image_frame", "class_ids",
 ]
 
 # Extensions a mask file may have, in the order they are looked for.
@@ -220,6 +220,20 @@ def _check_pixels(width: int, height: int, name: str, max_pixels: int | None) ->
     if max_pixels is not None and width * height > max_pixels:
         raise ImageRejected(
             "mask_unreadable", f"mask {name} is {width}x{height}, more than --max_pixels={max_pixels:,}")
+
+
+def class_ids(arr: np.ndarray, name: str) -> np.ndarray:
+    """The class ids of decoded mask pixels (a whole mask or a window of one), as `read_mask` keeps them.
+
+    uint8 for 8-bit and narrower samples, uint16 otherwise; floats must be
+    whole numbers; ids from 0 to 65535.
+
+    Raises:
+      ImageRejected: 'mask_not_class_ids' (fractions, negative ids, ids
+        above 65535, samples that are no numbers); 'mask_unreadable' for no
+        pixels.
+    """
+    return _as_ids(np.asarray(arr), name)
 
 
 def _as_ids(arr: np.ndarray, name: str) -> np.ndarray:

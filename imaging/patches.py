@@ -332,7 +332,7 @@ class SceneReader:
             pages = [p for p in self._tif.pages
                      if not getattr(p, "is_reduced", False) and not getattr(p, "is_mask", False)]
             if not pages:
-                raise ImageRejected("corrupt", f"{self.name}: no image in the TIFF (no readable page)")
+                raise ImageRejected("corrupt", f"{self.name}: a TIFF header without an image page")
             if not 0 <= page_index < len(pages):
                 raise ValueError(f"SceneReader: page must be from 0 to {len(pages) - 1}. "
                                  f"Received: {page_index!r}")

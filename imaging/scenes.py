@@ -8,8 +8,14 @@ turns a scene into what the converter plans and stores (issue 25):
   wider than the budget split into column ranges);
 - `cut_rows` reads the patches of one work item window by window
   (`SceneReader`: never the whole scene), skips those with too much nodata,
-  applies `--raster_bands`/`--raster_dtype` as `imaging.raster` does, and
-  stores each as a raw or PNG record like a whole raster.
+  applies `--raster_bands`/`--raster_dtype` as `imaging.raster` does, then
+  `--max_side`/`--min_side` as `imaging.formats.tiff` resizes a whole raster
+  (its georeferencing scaled with it), and stores each as a raw or PNG
+  record like a whole raster;
+- `label_header` and `LabelRaster` read a scene's label raster (its mask,
+  --masks_dir): the same windows as class ids, padded with its nodata value
+  or the ignore id (255, 65535 for 16-bit masks), cut at the same offsets
+  as the scene and resized with the nearest neighbour.
 
 Framework-free (numpy, tifffile, Pillow).
 """
@@ -17,20 +23,25 @@ Framework-free (numpy, tifffile, Pillow).
 from __future__ import annotations
 
 import dataclasses
+import io
+import math
 import os
+import warnings
 from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image
 
 import schemas
-from imaging import raster as _raster
+from imaging import masks as _masks, raster as _raster, resize as _resize
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
 from imaging.formats._shared import ValidImage
 from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_georef
+from imaging.sniff import sniff_format
 
-__all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows"]
+__all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows", "LabelHeader",
+           "label_header", "label_padding", "LabelRaster"]
 
 # Decoded bytes of the patches one work item holds at most (at least one patch):
 # a large scene spreads over workers and shards, and a shard writer holds
@@ -64,11 +75,19 @@ class Cut:
       images: The stored patches (`ValidImage`, `patch` set), row by row.
       skipped: (y, x) of the patches left out for their nodata share.
       shares: The nodata share of each skipped patch, in the same order.
+      masks: With a label raster, the class ids (height, width) of each
+        stored patch at its stored size, in the order of `images`; None
+        without one.
+      scene_size: (height, width) of the whole scene, which fixes its patch
+        grid (`imaging.patches.grid`): recorded for `verify` and `inspect`;
+        None when unknown.
     """
 
     images: list[ValidImage]
     skipped: list[tuple[int, int]]
     shares: list[float]
+    masks: list[np.ndarray] | None = None
+    scene_size: tuple[int, int] | None = None
 
 
 def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _raster.RasterOptions) -> SceneHeader:
@@ -202,30 +221,42 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
 
 
 def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
-             options: _raster.RasterOptions, columns: tuple[int, int] | None = None) -> Cut:
+             options: _raster.RasterOptions, resize: _resize.ResizeOptions | None = None,
+             labels: LabelRaster | None = None, columns: tuple[int, int] | None = None) -> Cut:
     """The stored patches of the scene whose top row lies in [y0, y1) (a `WorkItem`).
 
     A patch whose nodata share (`nodata_share`: padding counts) exceeds
-    --raster_max_nodata is skipped. The others are stored as whole rasters
-    are (`imaging.formats.tiff`): uint8/uint16 of 1, 3 or 4 bands as PNG,
-    the rest raw; band statistics of each; with --raster_georef the scene's
-    georeferencing moved to the patch's corner.
+    --raster_max_nodata is skipped (its mask too). The others are stored as
+    whole rasters are (`imaging.formats.tiff`): resized by `resize` (each
+    patch cut at full resolution, then scaled as a whole raster of its size
+    would be: Lanczos, `imaging.resize.resize_array`), uint8/uint16 of 1, 3
+    or 4 bands as PNG, the rest raw; band statistics of each; with
+    --raster_georef the scene's georeferencing moved to the patch's corner,
+    and scaled with a resize (`imaging.georef.Georef.for_size`).
 
     Args:
-      source, name: The scene, and how errors name it.
-      y0, y1: The item's rows of patch corners, half-open.
+      source: The scene (a path or a seekable binary file).
+      name: Its relative path, for messages.
+      y0, y1: The work item's rows of patch corners, half-open.
       options: The raster options, `patch` set.
+      resize: --max_side/--min_side; None or inactive: stored at full size.
+      labels: The scene's label raster (`LabelRaster`, of the scene's size):
+        the same window of each kept patch, resized with the nearest
+        neighbour, goes to `Cut.masks`; None: no masks.
       columns: (x0, x1): only the patches whose left column is in [x0, x1)
         (an item of a row split into column ranges); None: every column.
         The reader then keeps only those columns of what it decodes (strips
         span the scene's width).
 
     Raises:
-      ImageRejected: As `SceneReader.read` and `imaging.raster.apply_options` do.
+      ImageRejected: As `SceneReader.read`, `imaging.raster.apply_options`
+        and `LabelRaster.read` do.
     """
     patch = options.patch
     height, width = patch.size
+    resize = resize if resize is not None and resize.active else None
     images, skipped, shares = [], [], []
+    masks: list[np.ndarray] | None = None if labels is None else []
     with SceneReader(source, name) as scene:
         rows = [y for y in offsets(scene.height, height, patch.stride[0], patch.edge) if y0 <= y < y1]
         xs = offsets(scene.width, width, patch.stride[1], patch.edge)
@@ -243,27 +274,259 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                     skipped.append((y, x))
                     shares.append(share)
                     continue
-                image = _stored(_raster.apply_options(window, scene.nodata, options, name), y, x)
+                image = _stored(_raster.apply_options(window, scene.nodata, options, name), y, x, resize)
                 if georef is not None:
-                    image = dataclasses.replace(image, georef=patch_georef(georef, y, x, height, width))
+                    image = _with_georef(image, patch_georef(georef, y, x, height, width))
+                if labels is not None:
+                    image, ids = _with_mask(image, labels.read(y, x, height, width))
+                    masks.append(ids)
                 images.append(image)
-    return Cut(images, skipped, shares)
+        size = (scene.height, scene.width)
+    return Cut(images, skipped, shares, masks, size)
 
 
-def _stored(r: _raster.Raster, y: int, x: int) -> ValidImage:
-    """One patch as a record's image: PNG or raw, as `imaging.formats.tiff` stores a page."""
+def _with_georef(image: ValidImage, georef) -> ValidImage:
+    """The patch with its georeferencing, scaled to its stored size as `imaging.formats.tiff` scales a page's."""
+    stored = georef.for_size(image.height, image.width)
+    if stored.geotransform == georef.geotransform:
+        return dataclasses.replace(image, georef=stored)
+    details = {**(image.details or {}), "source_geotransform": list(georef.geotransform)}
+    return dataclasses.replace(image, georef=stored, actions=(*image.actions, "scale_geotransform"),
+                               details=details)
+
+
+def _with_mask(image: ValidImage, ids: np.ndarray) -> tuple[ValidImage, np.ndarray]:
+    """The patch and its mask at the patch's stored size (nearest neighbour, as `imaging.masks.align_mask`)."""
+    stored = (image.height, image.width)
+    if tuple(ids.shape) == stored:
+        return image, ids
+    original = list(ids.shape)
+    ids = np.ascontiguousarray(_masks.nearest(ids, stored))
+    details = {**(image.details or {}), "mask": {"original": original, "stored": list(stored)}}
+    return dataclasses.replace(image, actions=(*image.actions, "mask_resized"), details=details), ids
+
+
+def _stored(r: _raster.Raster, y: int, x: int, resize: _resize.ResizeOptions | None = None) -> ValidImage:
+    """One patch as a record's image: resized, then PNG or raw, as `imaging.formats.tiff` stores a page."""
     array = r.array
+    details: dict[str, Any] = r.details
+    actions = r.actions
+    if resize is not None and not resize.allows(*array.shape[:2]):
+        original = array.shape[:2]
+        array = _resize.resize_array(array, resize)
+        actions = actions + (resize.action,)
+        details = {**(details or {}), "original": list(original), "stored": list(array.shape[:2])}
     h, w, c = array.shape
     stats = _raster.band_stats(array, r.nodata)
-    details: dict[str, Any] = r.details
     if not _raster.is_png_storable(array):
         return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c, "tiff",
-                          ("store_tiff_as_raw",) + r.actions, details=details, band_stats=stats,
+                          ("store_tiff_as_raw",) + actions, details=details, band_stats=stats,
                           patch=(y, x))
     if array.dtype == np.uint8:
         # Pillow's encoder, as for whole 8-bit rasters.
         png = _pil.encode(Image.fromarray(array[:, :, 0] if c == 1 else array), "png")
     else:
         png = _raster.png_bytes(array)
-    return ValidImage(png, "png", h, w, c, "tiff", ("reencode_tiff_to_png",) + r.actions, details=details,
+    return ValidImage(png, "png", h, w, c, "tiff", ("reencode_tiff_to_png",) + actions, details=details,
                       band_stats=stats, patch=(y, x))
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelHeader:
+    """What planning needs of a scene's label raster (its mask), from its header.
+
+    Attributes:
+      height, width: Its size in pixels.
+      bands: Its bands (a label raster read window by window has one).
+      dtype: Its sample type, as numpy names it.
+      nodata: Its GDAL_NODATA value, or None (always None for PNG and other
+        non-TIFF masks).
+      windowed: True for a TIFF, read window by window (`SceneReader`);
+        False for a PNG, BMP or GIF, decoded whole (they have no windows).
+    """
+
+    height: int
+    width: int
+    bands: int
+    dtype: str
+    nodata: float | None
+    windowed: bool
+
+
+def label_header(source: str | os.PathLike | BinaryIO, name: str) -> LabelHeader:
+    """A label raster's size, bands, sample type and nodata; no pixel is decoded.
+
+    Raises:
+      ImageRejected: 'mask_unreadable' for a header that does not read;
+        'mask_lossy' for a JPEG; 'mask_not_class_ids' for a TIFF of several
+        bands (a label raster is one band of class ids).
+    """
+    handle, close = _open(source)
+    try:
+        fmt = _sniff(handle)
+        if fmt == "tiff":
+            try:
+                with SceneReader(handle, name) as scene:
+                    header = LabelHeader(scene.height, scene.width, scene.bands, scene.dtype.name,
+                                         scene.nodata, True)
+            except ImageRejected as e:
+                raise ImageRejected("mask_unreadable", f"mask {e.message}") from e
+            if header.bands != 1:
+                raise ImageRejected(
+                    "mask_not_class_ids", f"mask {name} is a TIFF of {header.bands} bands; a label raster "
+                                          "cut into patches is one band of class ids")
+            return header
+        if fmt == "jpeg":
+            raise ImageRejected("mask_lossy", f"mask {name} is a JPEG: lossy compression changes class "
+                                              "ids; store masks as PNG or TIFF")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                with Image.open(handle) as im:  # Reads the header only.
+                    return LabelHeader(im.height, im.width, len(im.getbands()), im.mode, None, False)
+            except _pil.PIL_ERRORS as e:
+                raise ImageRejected("mask_unreadable", f"mask {name}: {type(e).__name__}: {e}") from None
+    finally:
+        if close:
+            handle.close()
+
+
+def label_padding(nodata: float | None, dtype: str, name: str) -> int:
+    """What a label raster's patches hold past the scene's edge: its nodata value, or the ignore id.
+
+    The ignore id is the largest id of the stored masks' depth (255 for
+    'uint8', 65535 for 'uint16'), the one the reader pads masks with and
+    losses are told to ignore.
+
+    Raises:
+      ImageRejected: 'mask_not_class_ids' for a nodata value that is no
+        class id of `dtype` (negative, fractional, NaN, too large).
+    """
+    largest = int(np.iinfo(np.dtype(dtype)).max)
+    if nodata is None:
+        return largest
+    if math.isnan(nodata) or nodata != math.floor(nodata) or not 0 <= nodata <= largest:
+        raise ImageRejected(
+            "mask_not_class_ids", f"mask {name} has nodata {nodata:g}, which is no class id of its "
+                                  f"{dtype} masks (0 to {largest}); it would pad its patches")
+    return int(nodata)
+
+
+class LabelRaster:
+    """Windows of a scene's label raster as class ids, padded past its edge (`label_padding`).
+
+    A TIFF is read window by window (`SceneReader`: only the tiles or strips
+    a window overlaps); a PNG, BMP or GIF, which has no windows, is decoded
+    whole once (`imaging.masks.read_mask`: palette indices, grey RGB as one
+    channel). Ids are checked window by window (`imaging.masks.class_ids`):
+    a float raster with fractions is rejected when a window holds one.
+
+    Args:
+      source: The label raster (a path or a seekable binary file; the caller
+        closes a file it gave).
+      name: Its path, for messages.
+      dtype: The dataset's mask dtype, 'uint8' or 'uint16': the ids' type.
+
+    Raises:
+      ImageRejected: As `label_header` and `label_padding` do.
+    """
+
+    def __init__(self, source: str | os.PathLike | BinaryIO, name: str, dtype: str):
+        if dtype not in _masks.MASK_DTYPES:
+            raise ValueError(f"LabelRaster: dtype must be one of {_masks.MASK_DTYPES}. Received: {dtype!r}")
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        header = label_header(source, name)
+        self.height, self.width = header.height, header.width
+        self.pad = label_padding(header.nodata, dtype, name)
+        self._scene: SceneReader | None = None
+        self._ids: np.ndarray | None = None
+        if header.windowed:
+            if hasattr(source, "seek"):
+                source.seek(0)
+            try:
+                self._scene = SceneReader(source, name)
+            except ImageRejected as e:
+                raise ImageRejected("mask_unreadable", f"mask {e.message}") from e
+            return
+        handle, close = _open(source)
+        try:
+            handle.seek(0)
+            self._ids = self._fit(_masks.read_mask(handle.read(), name))
+        finally:
+            if close:
+                handle.close()
+        if self._ids.shape != (self.height, self.width):
+            raise ImageRejected("mask_unreadable", f"mask {name} decodes to {self._ids.shape[1]}x"
+                                                   f"{self._ids.shape[0]}, its header says "
+                                                   f"{self.width}x{self.height}")
+
+    @property
+    def decoded_segments(self) -> int | None:
+        """Strips or tiles of a TIFF label raster decoded so far (`SceneReader`); None for one decoded whole."""
+        return None if self._scene is None else self._scene.decoded_segments
+
+    def close(self) -> None:
+        """Closes the TIFF (not a file the caller gave) and drops what was decoded."""
+        if self._scene is not None:
+            self._scene.close()
+        self._ids = None
+
+    def __enter__(self) -> LabelRaster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def read(self, y: int, x: int, height: int, width: int) -> np.ndarray:
+        """The (height, width) class ids of the window at (y, x), `pad` outside the raster.
+
+        Raises:
+          ImageRejected: 'mask_not_class_ids' for a window that holds no
+            class ids; 'mask_unreadable' for a strip or tile that does not
+            decode.
+        """
+        if self._scene is not None:
+            try:
+                window = self._scene.read(y, x, height, width)[:, :, 0]
+            except ImageRejected as e:
+                raise ImageRejected("mask_unreadable", f"mask {e.message}") from e
+            ids = self._fit(_masks.class_ids(window, self.name))
+            padded = self._scene.padded(y, x, height, width)
+        else:
+            ids = np.full((height, width), self.pad, self.dtype)
+            top, bottom = max(y, 0), min(y + height, self.height)
+            left, right = max(x, 0), min(x + width, self.width)
+            if top < bottom and left < right:
+                ids[top - y:bottom - y, left - x:right - x] = self._ids[top:bottom, left:right]
+            return ids
+        ids = np.array(ids, order="C")  # Owned: the reader's window buffer is not kept.
+        ids[padded] = self.pad
+        return ids
+
+    def _fit(self, ids: np.ndarray) -> np.ndarray:
+        """Ids in the dataset's dtype; those a uint8 dataset cannot hold rejected."""
+        if ids.dtype == self.dtype:
+            return ids
+        if self.dtype == np.uint8 and ids.size and int(ids.max()) > 255:
+            raise ImageRejected(
+                "mask_not_class_ids", f"mask {self.name} holds ids up to {int(ids.max())}, but its "
+                                      "header said 8-bit")
+        return ids.astype(self.dtype)
+
+
+def _open(source) -> tuple[BinaryIO, bool]:
+    """(a binary file, whether to close it) of a path, bytes or an open file."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return io.BytesIO(source), True
+    if isinstance(source, (str, os.PathLike)):
+        return open(source, "rb"), True
+    return source, False
+
+
+def _sniff(handle: BinaryIO) -> str | None:
+    """The format of a file from its first bytes; the file is left at its start."""
+    handle.seek(0)
+    head = handle.read(132)
+    handle.seek(0)
+    return sniff_format(head)

@@ -12,6 +12,7 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 import schemas
+from conversion import scene_log
 from conversion.files import read_bytes
 
 __all__ = ["inspect_dataset", "format_inspection", "main"]
@@ -78,6 +79,10 @@ def inspect_dataset(data_dir: str) -> dict:
                 f"{report['duplicates']['across_splits']} images appear in more than one split "
                 "(evaluation leaks into training): convert with --dedup"
             )
+    failed_items = int((manifest.extra.get("patches") or {}).get("failed_items", 0))
+    if failed_items:
+        warnings.append(f"{_count(failed_items, 'work item')} of scenes failed, their patches missing: see the "
+                        f"{scene_log.FAILED_ACTION} entries of {schemas.NORMALIZED_FILENAME}")
     rejected = manifest.counts["rejected"]
     considered = manifest.counts["written"] + rejected
     if considered and rejected / considered > 0.01:
@@ -118,6 +123,41 @@ def _georef_lines(m: schemas.Manifest) -> list[str]:
     keys = ", ".join(spec.key for spec in schemas.GEOREF_FEATURES)
     per = ", ".join(f"{name} {c or 0:,} of {m.splits[name].num_records:,}" for name, c in counts.items())
     return [f"georeferenced ({keys}; EPSG {schemas.UNKNOWN_EPSG} and NaNs where unknown): {per}", ""]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+def _patch_lines(m: schemas.Manifest, max_scenes: int) -> list[str]:
+    """With --raster_patch: the patch grid, the totals, and the first scenes with their counts."""
+    section = m.extra.get("patches")
+    if not section:
+        return []
+    grid = (m.options.get("raster") or {}).get("patch") or {}
+
+    def pair(key):
+        value = grid.get(key)
+        return "x".join(str(v) for v in value) if value else "?"
+
+    scenes = int(section.get("scenes", 0))
+    lines = [f"patches: {pair('size')} px (height x width), stride {pair('stride')}, edge "
+             f"{grid.get('edge', '?')}, max nodata share {grid.get('max_nodata', '?')}; "
+             f"{_count(scenes, 'scene')}: {int(section.get('written', 0)):,} patches written, "
+             f"{int(section.get('skipped_nodata', 0)):,} skipped (nodata), "
+             f"{_count(int(section.get('failed_items', 0)), 'work item')} failed"]
+    listed = list((section.get("listed") or {}).items())[:max_scenes]
+    if listed:
+        rows = [["scene", "height x width", "written", "skipped", "failed items"]]
+        for path, info in listed:
+            size = info.get("size")
+            rows.append([path, "x".join(map(str, size)) if size else "?", f"{int(info.get('written', 0)):,}",
+                         f"{int(info.get('skipped_nodata', 0)):,}", f"{int(info.get('failed_items', 0)):,}"])
+        lines += _table(rows)
+    if scenes > len(listed):
+        lines.append(f"... and {scenes - len(listed):,} more scenes (each work item is in "
+                     f"{schemas.NORMALIZED_FILENAME})")
+    return lines + [""]
 
 
 # The mask id that means "ignore this pixel" at each mask dtype (shown as such, not as a class).
@@ -202,8 +242,8 @@ def _target_lines(m: schemas.Manifest, max_classes: int) -> list[str]:
     return lines
 
 
-def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
-    """The facts as a few aligned tables."""
+def format_inspection(data_dir: str, facts: dict, max_classes: int = 30, max_scenes: int = 20) -> str:
+    """The facts as a few aligned tables; the first `max_scenes` scenes of a dataset of patches."""
     m: schemas.Manifest = facts["manifest"]
     total_records = sum(s.num_records for s in m.splits.values())
     total_bytes = sum(s.num_bytes for s in m.splits.values())
@@ -220,6 +260,7 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30) -> str:
     lines += _table(rows) + [""]
     lines += _stored_images(m)
     lines += _georef_lines(m)
+    lines += _patch_lines(m, max_scenes)
     lines += _target_lines(m, max_classes)
     splits = list(m.splits)
     # Several labels per image and no image-level label: the multi-label table above says it all.

@@ -27,11 +27,13 @@ colours is written under the sheet. Masks and boxes go through the same
 resize as the image (`--resize`). A dataset without image-level classes
 (masks, boxes or numbers only) shows one row of all its images.
 
-Rasters (raw-stored, any band count) are read with every band as float32
-and shown through a band-to-RGB mapping, `--rgb_bands 4,3,2` (1-based, as
-GDAL numbers bands; default the first three, one band as grey), each shown
-band stretched from its 2nd to its 98th percentile in each image; the sheet
-says so.
+Rasters (raw-stored, any band count, and patches of scenes) are read with
+every band and shown through a band-to-RGB mapping, `--rgb_bands 4,3,2`
+(1-based, as GDAL numbers bands; default the first three, one band as grey),
+each shown band of 16-bit or float data stretched from its 2nd to its 98th
+percentile in each image (8-bit data as stored); pixels whose every band
+holds the file's nodata value (normalized.jsonl names it) or NaN are left
+out of the percentiles and shown black; the sheet says so.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import json
 import logging
 import os
 import sys
@@ -54,7 +57,7 @@ from readers import preprocess, stored
 from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_manifest, load_split
 from schemas.features import BOX_FEATURES, FILENAME, HEIGHT, LABEL, MASK, WIDTH
-from schemas.manifest import Manifest, ManifestError
+from schemas.manifest import NORMALIZED_FILENAME, Manifest, ManifestError
 
 __all__ = ["add_arguments", "main", "contact_sheet", "count_chart"]
 
@@ -251,45 +254,91 @@ def _default_rgb_bands(bands: int) -> tuple[int, ...]:
 def _check_rgb_bands(rgb_bands, bands: int) -> tuple[int, ...]:
     if rgb_bands is None:
         return _default_rgb_bands(bands)
+    received = rgb_bands
     if isinstance(rgb_bands, str):
         try:
             rgb_bands = tuple(int(b) for b in rgb_bands.split(","))
         except ValueError:
             rgb_bands = None
     if (not isinstance(rgb_bands, (tuple, list)) or len(rgb_bands) not in (1, 3)
-            or not all(isinstance(b, int) and 1 <= b <= bands for b in rgb_bands)):
+            or not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= bands
+                       for b in rgb_bands)):
         raise ValueError(
-            f"`rgb_bands` must be 1 or 3 band numbers in 1..{bands} (1-based), e.g. '4,3,2'. "
-            f"Received: rgb_bands={rgb_bands!r}"
+            f"`rgb_bands` must be 1 or 3 band numbers in 1..{bands} (1-based, as GDAL numbers bands; "
+            f"--rgb_bands R,G,B or --rgb_bands B on the command line), e.g. '4,3,2'. "
+            f"Received: rgb_bands={received!r}"
         )
     return tuple(rgb_bands)
 
 
-def _stretch_to_rgb(image: np.ndarray, rgb_bands: tuple[int, ...]) -> np.ndarray:
-    """uint8 RGB of bands `rgb_bands` (1-based), each stretched between its
-    `_STRETCH` percentiles (NaN and infinities ignored, shown as 0)."""
+def _stretch_to_rgb(image: np.ndarray, rgb_bands: tuple[int, ...], nodata: float | None = None,
+                    stretch: bool = True) -> np.ndarray:
+    """uint8 RGB of bands `rgb_bands` (1-based) of an (height, width, bands) image.
+
+    Each band is stretched between its `_STRETCH` percentiles of the pixels
+    that hold data (`stretch`), or shown as stored (8-bit data: `stretch`
+    False). A pixel whose every band holds `nodata` or NaN (as the converter
+    counts nodata) is left out of the percentiles and shown black; so is a
+    NaN or infinite sample.
+    """
+    image = np.asarray(image)
+    values_all = image.astype(np.float64)
+    empty = np.isnan(values_all)
+    if nodata is not None and not np.isnan(nodata):
+        empty |= values_all == nodata
+    missing = empty.all(axis=-1)
     channels = []
     for band in rgb_bands:
-        values = image[..., band - 1].astype(np.float64)
-        finite = values[np.isfinite(values)]
-        low, high = np.percentile(finite, _STRETCH) if finite.size else (0.0, 0.0)
-        scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
-        scaled = np.where(np.isfinite(scaled), scaled, 0.0)
-        channels.append(np.round(np.clip(scaled, 0.0, 1.0) * 255).astype(np.uint8))
+        values = values_all[..., band - 1]
+        shown = np.isfinite(values) & ~missing
+        if stretch:
+            valid = values[shown]
+            low, high = np.percentile(valid, _STRETCH) if valid.size else (0.0, 0.0)
+            scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
+            scaled = np.round(np.clip(np.where(shown, scaled, 0.0), 0.0, 1.0) * 255)
+        else:
+            scaled = np.round(np.clip(np.where(shown, values, 0.0), 0.0, 255.0))
+        channels.append(scaled.astype(np.uint8))
     if len(channels) == 1:
         channels *= 3
     return np.stack(channels, axis=-1)
 
 
+def _nodata_values(data_dir, names) -> dict[str, float | None]:
+    """The nodata value (GDAL_NODATA) of each raster record named, from normalized.jsonl.
+
+    The file has a line per raster record (its details name the nodata value
+    when the file has one); read line by line, up to the last record named.
+    A dataset without the file, or a record without a line, has none.
+    """
+    wanted = set(names)
+    found: dict[str, float | None] = {}
+    path = os.path.join(os.fspath(data_dir), NORMALIZED_FILENAME)
+    if not wanted or not tf.io.gfile.exists(path):
+        return found
+    with tf.io.gfile.GFile(path, "r") as f:
+        for line in f:
+            if len(found) == len(wanted):
+                break
+            entry = json.loads(line) if line.strip() else {}
+            name = entry.get("path")
+            if name in wanted:
+                nodata = (entry.get("details") or {}).get("nodata")
+                found[name] = None if nodata is None else float(nodata)
+    return found
+
+
 def _through_reader(
     records: list[bytes], split_files: SplitFiles, image_size: int, resize: str,
-    rgb_bands=None,
+    rgb_bands=None, nodata_found: bool = True,
 ) -> list[tuple[str, np.ndarray]]:
     """Decodes and resizes records exactly as `image_dataset_from_tfrecords` does.
 
     The picked records are written to a temporary one-shard split that the
     reader's own pipeline (`readers.dataset.build_dataset`) then reads, without
-    shuffling, with uint8 output.
+    shuffling, with uint8 output. Rasters are then mapped to RGB
+    (`_stretch_to_rgb`), with the nodata value of each from normalized.jsonl
+    when `nodata_found` (the split's band statistics counted nodata samples).
 
     Returns:
       (file name, uint8 [image_size, image_size, 3] array) per record, in order.
@@ -324,11 +373,19 @@ def _through_reader(
             num_bytes=(os.path.getsize(path),),
         )
         ds = build_dataset(picked, config, batch_size=None)
-        return [
-            (extras[FILENAME.key].numpy().decode("utf-8", "replace"),
-             _stretch_to_rgb(image.numpy(), rgb_bands) if rasters else image.numpy())
-            for image, extras in ds
-        ]
+        decoded = [(extras[FILENAME.key].numpy().decode("utf-8", "replace"), image.numpy())
+                   for image, extras in ds]
+    if not rasters:
+        return decoded
+    nodata = _nodata_values(split_files.data_dir, [name for name, _ in decoded]) if nodata_found else {}
+    stretch = not _eight_bit(split_files)
+    return [(name, _stretch_to_rgb(image, rgb_bands, nodata.get(name), stretch)) for name, image in decoded]
+
+
+def _eight_bit(split_files: SplitFiles) -> bool:
+    """Whether every image of the split has 8-bit samples (shown as stored, not stretched)."""
+    layouts = split_files.images.layouts if split_files.images is not None else None
+    return bool(layouts) and all(dtype == "uint8" for _, _, dtype, _ in layouts)
 
 
 def _is_raster_split(split_files: SplitFiles) -> bool:
@@ -463,7 +520,10 @@ def _build_sheet(
         max_records=max_records, unlabelled=unlabelled,
     )
     picked = [r for rows in sample.records for r in rows]
-    decoded = iter(_through_reader(picked, split_files, image_size, resize, rgb_bands))
+    band_stats = info.band_stats
+    # No sample at a nodata value in the split (band statistics count them): normalized.jsonl unread.
+    nodata_found = band_stats is None or any(band_stats.nodata)
+    decoded = iter(_through_reader(picked, split_files, image_size, resize, rgb_bands, nodata_found))
     tiles = [[next(decoded) for _ in rows] for rows in sample.records]
     overlay = _Overlay(manifest, split_files, image_size, resize)
     targets = iter([overlay.targets_of(r) for r in picked])
@@ -501,7 +561,8 @@ def _build_sheet(
     label_width = min(
         max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
     )
-    raster_lines = (_raster_caption(image_size, resize, seed, bands, rgb_bands, _raster_dtype(split_files))
+    raster_lines = (_raster_caption(image_size, resize, seed, bands, rgb_bands, _raster_dtype(split_files),
+                                    not _eight_bit(split_files))
                     if rasters else ())
     layout = _Layout(
         tile=image_size,
@@ -762,16 +823,17 @@ def _draw_legend_row(draw, row, origin, font) -> None:
         x += w
 
 
-def _raster_caption(image_size, resize, seed, bands, rgb_bands, dtype) -> tuple[str, str]:
+def _raster_caption(image_size, resize, seed, bands, rgb_bands, dtype, stretch=True) -> tuple[str, str]:
     """The sheet's two lines saying how rasters are shown."""
     shown = ("band {} as grey".format(*rgb_bands) if len(rgb_bands) == 1
              else "bands {},{},{} as R,G,B".format(*rgb_bands))
     low, high = _STRETCH
+    how = (f"each stretched to its {low:g}-{high:g} % percentiles per image" if stretch
+           else "8-bit values as stored")
     return (
-        f"{bands}-band rasters: {shown} (--rgb_bands), each stretched to its "
-        f"{low:g}-{high:g} % percentiles per image.",
+        f"{bands}-band rasters: {shown} (--rgb_bands), {how}.",
         f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='{dtype}'; "
-        f"seed {seed}.",
+        f"nodata and NaN black; seed {seed}.",
     )
 
 
@@ -809,7 +871,9 @@ def contact_sheet(
       rgb_bands: For a split of rasters, the 1-based bands shown as red,
         green and blue (or one band as grey), e.g. (4, 3, 2) or '4,3,2';
         default the first three (the first alone for fewer than three).
-        Each is stretched to its 2-98 % percentiles per image.
+        16-bit and float bands are each stretched to their 2-98 %
+        percentiles per image, 8-bit ones shown as stored; nodata and NaN
+        pixels are black.
 
     Returns:
       The RGB sheet as a PIL image.
@@ -951,8 +1015,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rgb_bands", default=None,
-        help="Rasters: the 1-based bands shown as red, green, blue, e.g. 4,3,2, or one band "
-        "as grey (default: the first three), each stretched to its 2-98 %% percentiles.",
+        help="Rasters and patches of multi-band scenes: the bands shown as red, green, blue, "
+        "numbered from 1 as GDAL numbers them, e.g. 4,3,2, or one band as grey (default: the "
+        "first three, or the single band as grey); 16-bit and float bands are each stretched to "
+        "their 2-98 %% percentiles per image, 8-bit ones shown as stored; nodata and NaN black.",
     )
     parser.add_argument("--seed", type=int, default=0, help="Picks the images (default: 0).")
     parser.add_argument(

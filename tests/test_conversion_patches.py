@@ -223,7 +223,7 @@ def test_memory_does_not_grow_with_the_scene(tmp_path):
     (["--raster_patch", "64", "--raster_stride", "80"], "--raster_stride must be at most"),
     (["--raster_patch", "64", "--raster_edge", "wrap"], "--raster_edge must be one of"),
     (["--raster_patch", "64", "--raster_max_nodata", "1.5"], "--raster_max_nodata must be a share"),
-    (["--raster_patch", "64", "--max_side", "32"], "does not combine with --max_side/--min_side"),
+    (["--raster_patch", "64", "--dedup"], "does not combine with --dedup"),
     (["--raster_patch", "64", "--raster_pages", "all"], "--raster_pages all cannot go with it"),
 ])
 def test_bad_or_unsupported_patch_flags_are_refused_naming_the_flag(tmp_path, args, words):

@@ -242,7 +242,10 @@ def test_skipped_patches_and_the_summary_are_the_same_split_or_not(wide):
         if window.mean() > _MAX_NODATA:
             expected.append(("scenes/tiled.tif", y, x))
     assert skipped == sorted(expected) and expected
+    listed = patches.pop("listed")
     assert patches == {"scenes": 2, "written": written, "skipped_nodata": len(expected), "failed_items": 0}
+    assert listed["scenes/tiled.tif"] == {"size": [420, 1400], "written": 14 - len(expected),
+                                          "skipped_nodata": len(expected), "failed_items": 0}
     assert counts == {"found": 2, "written": 2, "rejected": 0, "skipped": 0}
     assert verify.main([str(tmp / "split")]) == 0
 
