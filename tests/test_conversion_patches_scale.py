@@ -345,3 +345,28 @@ def test_large_scenes_are_cut_in_one_process_per_core_by_default():
     assert decide(0, items(144, 6 << 20), 8, local) == 0  # What is asked for is what runs
     listed = [_plan.PlannedFile("train", 0, 0, "s/scene.tif", "", 3 << 30, 0, 1)]
     assert decide(None, listed, None, local) == 0  # Listed, not planned: a file, whatever its size
+
+
+def test_verify_checks_patches_against_the_columns_of_the_items_cut(wide, tmp_path):
+    import shutil
+
+    _, tmp = wide
+    out = tmp_path / "tampered"
+    shutil.copytree(tmp / "split", out)
+    lines = (out / schemas.NORMALIZED_FILENAME).read_text().splitlines()
+    # One column range of the tiled scene's first rows listed as failed, its patches still stored.
+    k = next(i for i, line in enumerate(lines) if "scenes/tiled.tif#patch_rows=0," in line
+             and "#patch_columns=" in line and "cut_into_patches" in line and '"written": 0' not in line)
+    entry = json.loads(lines[k])
+    entry["actions"] = ["patch_rows_failed"]
+    entry["details"] = {"patch_rows": entry["details"]["patch_rows"],
+                        "patch_columns": entry["details"]["patch_columns"], "reason": "corrupt", "message": "x"}
+    lines[k] = json.dumps(entry)
+    (out / schemas.NORMALIZED_FILENAME).write_text("\n".join(lines) + "\n")
+    report = verify.run([str(out)])
+    assert not report["ok"]
+    x0, x1 = entry["details"]["patch_columns"]
+    problems = "\n".join(map(str, report["problems"]))
+    assert "scenes/tiled.tif: patches" in problems and "lie in rows of no work item that was cut" in problems
+    assert f"0,{x0}" in problems, problems
+    assert "scenes/striped.tif" not in problems
