@@ -159,8 +159,9 @@ def _patch_summary(normalized) -> dict:
     """With --raster_patch: scenes cut, patches written and skipped (nodata), work items that failed.
 
     From the normalized.jsonl entries of the scenes' work items
-    (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1; the first
-    scenes by path are listed with their own counts (`conversion.scene_log`).
+    (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1 (then
+    #patch_columns=X0,X1 for a column range of a wide row); the first scenes by
+    path are listed with their own counts (`conversion.scene_log`).
     """
     return scene_log.patches_section(scene_log.scene_logs(
         (path, actions, details) for path, _, actions, details in normalized))

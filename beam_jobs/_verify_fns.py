@@ -484,13 +484,15 @@ def check_scene(element, options: _patches.PatchOptions) -> list[str]:
     grid = (f"the grid of its {height}x{width} scene (--raster_patch {ph},{pw} --raster_stride {sh},{sw} "
             f"--raster_edge {edge}: rows {_preview(rows)}, columns {_preview(columns)})")
     problems = []
-    in_cut = [y for y in rows if any(y0 <= y < y1 for y0, y1 in log.rows)]
-    in_items = set(in_cut) | {y for y in rows if any(y0 <= y < y1 for y0, y1 in log.failed)}
-    row_set, column_set, cut_set = set(rows), set(columns), set(in_cut)
+    # The grid's patches of the work items cut, and of every work item (cut or failed): an
+    # item is a band of patch rows, or a range of columns of them (`scene_log.covered`).
+    cut_set = scene_log.covered(log.rows, rows, columns)
+    in_items = cut_set | scene_log.covered(log.failed, rows, columns)
+    row_set, column_set = set(rows), set(columns)
     off_grid = [(y, x) for y, x in found if y not in row_set or x not in column_set]
     if off_grid:
         problems.append(f"{scene}: patch offsets {_listed(off_grid)} are not on {grid}")
-    outside = [(y, x) for y, x in found if y in row_set and x in column_set and y not in cut_set]
+    outside = [(y, x) for y, x in found if y in row_set and x in column_set and (y, x) not in cut_set]
     if outside:
         problems.append(f"{scene}: patches {_listed(outside)} lie in rows of no work item that was cut "
                         f"({scene_log.CUT_ACTION} entries of {schemas.NORMALIZED_FILENAME})")
@@ -506,12 +508,12 @@ def check_scene(element, options: _patches.PatchOptions) -> list[str]:
     if len(found) != log.written:
         problems.append(f"{scene}: {len(found)} patch records, {schemas.NORMALIZED_FILENAME} says "
                         f"{log.written} were written")
-    expected = len(in_cut) * len(columns)
-    good = len({o for o in counts if o[0] in cut_set and o[1] in column_set})
+    expected = len(cut_set)
+    good = len({o for o in counts if o in cut_set})
     if good + len(log.skipped) != expected:
         problems.append(f"{scene}: {good} patches written + {len(log.skipped)} skipped for nodata, "
                         f"but {grid} has {expected} in the rows of its work items")
-    missing = [y for y in rows if y not in in_items]
+    missing = [y for y in rows if any((y, x) not in in_items for x in columns)]
     if missing:
         problems.append(f"{scene}: patch rows {_preview(missing)} are in no work item of "
                         f"{schemas.NORMALIZED_FILENAME} (neither cut nor failed)")

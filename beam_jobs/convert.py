@@ -72,6 +72,11 @@ _PROCESSES_MIN_FILES = 1000
 # on 2 cores: 6.8 s in threads, 7.8 s with 2 processes; 100,000 1.4 KB JPEGs:
 # 15.2 s and 13.4 s; 20,000 13-band rasters: 37.5 s and 13.1 s).
 _PYTHON_BOUND_SUFFIXES = (".tif", ".tiff", ".dcm", ".dicom")
+# ... or from this many planned bytes of scenes' patches (--raster_patch): one scene is
+# one file, but its work items are Python-bound (band statistics, nodata shares,
+# encoding) while their tiles decode (a 6144 x 6144 x 13 uint16 scene, 981 MB, on 2
+# cores: 22.5 s in threads, 13.8 s with 2 processes).
+_PROCESSES_MIN_SCENE_BYTES = 64 << 20
 _SMALL_FILE_BYTES = 32 * 1024
 # Files that a worker process reads without TensorFlow's decoders (rasters
 # stored raw); any other file has it load them while the driver plans.
@@ -220,7 +225,8 @@ def _worker_processes(asked: int | None, files, shards: int | None, options) -> 
     By default: one per core where the runner runs its DoFns in this
     process's threads (Beam's local runner) on a machine of several cores,
     for `_PROCESSES_MIN_FILES` files or more, most of them Python-bound
-    (`_python_bound`), and at least two shards (None: not planned yet);
+    (`_python_bound`), or scenes' work items of `_PROCESSES_MIN_SCENE_BYTES`
+    or more, and at least two shards (None: not planned yet);
     otherwise none (the runner's threads write them: Dataflow and Beam's
     'multi_processing' mode already give each core a process).
 
@@ -233,13 +239,20 @@ def _worker_processes(asked: int | None, files, shards: int | None, options) -> 
     if asked is not None:
         return asked
     cores = os.cpu_count() or 1
-    if _runner.in_process_threads(options) < 2 or cores < 2 or len(files) < _PROCESSES_MIN_FILES:
+    if _runner.in_process_threads(options) < 2 or cores < 2:
+        return 0
+    if len(files) < _PROCESSES_MIN_FILES and _scene_bytes(files) < _PROCESSES_MIN_SCENE_BYTES:
         return 0
     if not _python_bound(files):
         return 0
     if shards is None:
         return cores
     return min(cores, shards) if shards >= 2 else 0
+
+
+def _scene_bytes(files) -> int:
+    """Planned decoded bytes of the scenes' work items among planned `files` (0 for listed files)."""
+    return sum(f.size for f in files if getattr(f, "patch_rows", None) is not None)
 
 
 def _python_bound(files) -> bool:

@@ -105,7 +105,8 @@ class PlannedFile:
     # With --masks_dir: where its mask is (`conversion.masks`).
     mask: str | None = None
     # With --raster_patch, for a scene's work item: "y0,y1", its patches are those whose
-    # top row y is in [y0, y1) (`imaging.scenes.row_bands`); None: the whole file.
+    # top row y is in [y0, y1), or "y0,y1,x0,x1", those whose left column is also in
+    # [x0, x1) (`imaging.scenes.WorkItem.key`); None: the whole file.
     patch_rows: str | None = None
 
 
@@ -359,9 +360,10 @@ def make_plan(
         a label of None is stored as -1 (no image-level class). Default:
         class folders (`ROOT/<class>/...`, `ROOT/<split>/<class>/...`).
       windows: With --raster_patch: relative path of a scene to its work
-        items, (patch_rows "y0,y1", planned bytes) each. The scene's split is
-        its path's; each item is placed in a shard by the hash of its path
-        and rows, as files are, so one scene spreads over the split's shards.
+        items, (patch_rows "y0,y1" or "y0,y1,x0,x1", planned bytes) each. The
+        scene's split is its path's; each item is placed in a shard by the
+        hash of its name (`imaging.scenes.WorkItem.name`), as files are, so
+        one scene spreads over the split's shards.
 
     Returns:
       The plan.
@@ -452,8 +454,11 @@ def make_plan(
                 continue
         label_index = -1 if label is None else index[label]
         if windows is not None and f.rel_path in windows:
+            from imaging.scenes import WorkItem  # Only with --raster_patch: numpy, Pillow
+
             for rows, size in windows[f.rel_path]:
-                by_split[split].append((f, _fs_bytes(f"{f.rel_path}#patch_rows={rows}"), label_index, rows, size))
+                name = WorkItem.parse(rows).name(f.rel_path)
+                by_split[split].append((f, _fs_bytes(name), label_index, rows, size))
         else:
             by_split[split].append((f, encoded, label_index, None, f.size))
 

@@ -204,8 +204,10 @@ def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]]
       raster: The `imaging.RasterOptions`, `patch` set.
 
     Returns:
-      (relative path to its items, ("y0,y1", planned bytes) each, in row
-      order; relative path to (reason, message) of the scenes rejected from
+      (relative path to its items, (key, planned bytes) each, in row then
+      column order (`imaging.scenes.WorkItem.key`: "y0,y1" for a band of
+      whole patch rows, "y0,y1,x0,x1" for a column range of a row wider than
+      the budget); relative path to (reason, message) of the scenes rejected from
       their header: unreadable, too large a patch, missing bands, ...). A
       scene without a patch (smaller than one, under 'drop') is rejected
       as 'smaller_than_patch'.
@@ -227,12 +229,12 @@ def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]]
             except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                 _LOG.debug("Unexpected error reading the header of %s", f.rel_path, exc_info=e)
                 return f.rel_path, None, (guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e))
-        bands = _scenes.row_bands(header, raster.patch)
-        if not bands:
+        items = _scenes.work_items(header, raster.patch)
+        if not items:
             return f.rel_path, None, ("smaller_than_patch", f"{f.rel_path} is {header.width}x{header.height}, smaller "
                                                    f"than one patch: --raster_edge drop leaves no patch")
         scale = header.bands * np.dtype(header.dtype).itemsize * raster.patch.size[0] * raster.patch.size[1]
-        return f.rel_path, tuple((f"{y0},{y1}", n * scale) for y0, y1, n in bands), None
+        return f.rel_path, tuple((item.key, item.patches * scale) for item in items), None
 
     windows, failed = {}, {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:

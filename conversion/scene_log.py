@@ -1,7 +1,8 @@
 """What normalized.jsonl says of the scenes cut into patches (--raster_patch), scene by scene.
 
-The shard writer lists each work item of a scene (a band of patch rows) in
-normalized.jsonl as `PATH#patch_rows=Y0,Y1`: cut (`cut_into_patches`: the
+The shard writer lists each work item of a scene (a band of patch rows, or a
+range of columns of rows wider than an item holds) in normalized.jsonl as
+`PATH#patch_rows=Y0,Y1` (then `#patch_columns=X0,X1`): cut (`cut_into_patches`: the
 scene's size, the patches written, the offsets skipped for nodata) or failed
 (`patch_rows_failed`, its patches missing). This module gathers those entries
 per scene, for the manifest's `patches` section (`patches_section`), for
@@ -20,15 +21,17 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CUT_ACTION", "FAILED_ACTION", "ROWS_MARK", "PATCH_MARK", "LISTED_SCENES", "SceneLog",
+__all__ = ["CUT_ACTION", "FAILED_ACTION", "ROWS_MARK", "COLUMNS_MARK", "PATCH_MARK", "covered", "LISTED_SCENES", "SceneLog",
            "scene_logs", "scene_logs_from_jsonl", "patches_section", "split_patch_name"]
 
 # normalized.jsonl actions of a scene's work item: cut, with the offsets of the
 # patches skipped for nodata; or failed (its patches missing).
 CUT_ACTION = "cut_into_patches"
 FAILED_ACTION = "patch_rows_failed"
-# How a work item is named in normalized.jsonl (PATH#patch_rows=Y0,Y1), and a patch record (PATH#patch=Y,X).
+# How a work item is named in normalized.jsonl (PATH#patch_rows=Y0,Y1, then #patch_columns=X0,X1
+# for a range of columns), and a patch record (PATH#patch=Y,X).
 ROWS_MARK = "#patch_rows="
+COLUMNS_MARK = "#patch_columns="
 PATCH_MARK = "#patch="
 # The manifest lists this many scenes (the first by path) with their counts; the
 # totals cover every scene. Thousands of scenes would otherwise grow the manifest
@@ -44,16 +47,18 @@ class SceneLog:
       path: The scene's relative path.
       size: (height, width) of the scene; None when no entry recorded it
         (a dataset converted before it was recorded).
-      rows: [y0, y1) of each work item cut, sorted.
-      failed: [y0, y1) of each work item that failed (its patches missing), sorted.
+      rows: (y0, y1, x0, x1) of each work item cut, sorted: the patches whose
+        top row is in [y0, y1) and left column in [x0, x1); x1 None: every
+        column from x0 (a band of whole rows: x0 0).
+      failed: The same of each work item that failed (its patches missing), sorted.
       written: Patches the cut items say they wrote.
       skipped: (y, x) of the patches skipped for their nodata share, sorted.
     """
 
     path: str
     size: tuple[int, int] | None = None
-    rows: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    failed: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    rows: list[tuple[int, int, int, int | None]] = dataclasses.field(default_factory=list)
+    failed: list[tuple[int, int, int, int | None]] = dataclasses.field(default_factory=list)
     written: int = 0
     skipped: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
@@ -63,11 +68,15 @@ class SceneLog:
                 "skipped_nodata": len(self.skipped), "failed_items": len(self.failed)}
 
 
-def _rows(details: dict, path: str) -> tuple[int, int]:
+def _rows(details: dict, path: str) -> tuple[int, int, int, int | None]:
+    """(y0, y1, x0, x1) of a work item's entry; x1 None: every column."""
     rows = details.get("patch_rows")
     if rows is None:  # Older entries: the rows are in the name only.
-        rows = path.rpartition(ROWS_MARK)[2].split(",")
-    return int(rows[0]), int(rows[1])
+        rows = path.rpartition(ROWS_MARK)[2].partition(COLUMNS_MARK)[0].split(",")
+    columns = details.get("patch_columns")
+    if columns is None:
+        return int(rows[0]), int(rows[1]), 0, None
+    return int(rows[0]), int(rows[1]), int(columns[0]), int(columns[1])
 
 
 def scene_logs(entries: Iterable[tuple[str, Iterable[str], dict | None]]) -> dict[str, SceneLog]:
@@ -133,6 +142,23 @@ def patches_section(scenes: dict[str, SceneLog]) -> dict[str, Any]:
         "failed_items": sum(len(s.failed) for s in scenes.values()),
         "listed": {path: log.to_json() for path, log in listed.items()},
     }
+
+
+def covered(items, rows, columns) -> set[tuple[int, int]]:
+    """The (y, x) of a grid's patches that some of `items` holds (`SceneLog.rows` or `failed`).
+
+    Args:
+      items: (y0, y1, x0, x1) work items; x1 None: every column from x0.
+      rows, columns: The grid's offsets (`imaging.patches.offsets`), ascending.
+    """
+    import bisect
+
+    cells = set()
+    for y0, y1, x0, x1 in items:
+        ys = rows[bisect.bisect_left(rows, y0):bisect.bisect_left(rows, y1)]
+        xs = columns[bisect.bisect_left(columns, x0):None if x1 is None else bisect.bisect_left(columns, x1)]
+        cells.update((y, x) for y in ys for x in xs)
+    return cells
 
 
 def split_patch_name(filename: str) -> tuple[str, int, int] | None:

@@ -67,8 +67,9 @@ class ShardFile(NamedTuple):
         (`conversion.annotations`); None when the dataset has none.
       mask: With --masks_dir, where its mask is; None otherwise.
       patch_rows: With --raster_patch, for a work item of a scene: "y0,y1",
-        its patches are those whose top row is in [y0, y1)
-        (`imaging.scenes.cut_rows`); None: the whole file.
+        its patches are those whose top row is in [y0, y1); "y0,y1,x0,x1",
+        those whose left column is also in [x0, x1) (`imaging.scenes.WorkItem`,
+        `imaging.scenes.cut_rows`); None: the whole file.
     """
 
     rel_path: str
@@ -261,7 +262,7 @@ class _Writer:
                 if isinstance(outcome, Reject):
                     shard.rejects.append(outcome)
                     continue
-                if f.patch_rows is None or _first_rows(f):
+                if f.patch_rows is None or _item(f).first:
                     # A scene is counted once, by its first item, wherever its other items are.
                     shard.num_sources += 1
                 for item, filename, framed, t in records:
@@ -289,13 +290,13 @@ class _Writer:
 
     def _cut_outcome(self, shard: _Shard, f: ShardFile, cut) -> list:
         """The patches of a scene's item, its rows listed in normalized.jsonl with what was skipped."""
-        details = {"patch_rows": _rows(f), "written": len(cut.images),
+        details = {**_item_details(f), "written": len(cut.images),
                    "skipped": [[y, x] for y, x in cut.skipped],
                    "skipped_nodata_share": [round(v, 6) for v in cut.shares]}
         if cut.scene_size is not None:
             # The scene's size fixes its patch grid: what verify checks the offsets against.
             details["scene_size"] = list(cut.scene_size)
-        shard.normalized.append((_rows_name(f), "tiff", (_CUT_ACTION,), details))
+        shard.normalized.append((_item(f).name(f.rel_path), "tiff", (_CUT_ACTION,), details))
         return cut.images
 
     def _failed_rows(self, shard: _Shard, f: ShardFile, reject: Reject) -> Reject | None:
@@ -305,10 +306,10 @@ class _Writer:
         it), while the failure of a later item, whose patches are then
         missing, is listed in normalized.jsonl with its reason.
         """
-        if _first_rows(f):
+        if _item(f).first:
             return reject
-        shard.normalized.append((_rows_name(f), "tiff", (_FAILED_ACTION,),
-                                 {"patch_rows": _rows(f), "reason": reject.reason, "message": reject.message}))
+        shard.normalized.append((_item(f).name(f.rel_path), "tiff", (_FAILED_ACTION,),
+                                 {**_item_details(f), "reason": reject.reason, "message": reject.message}))
         return None
 
     def _targets(self, f: ShardFile, image):
@@ -431,14 +432,16 @@ class _Writer:
         With a mask (--masks_dir), its label raster is cut at the same
         offsets, and each patch paired with its mask (`conversion.masks.MaskedImage`).
         """
-        y0, y1 = _rows(f)
+        item = _item(f)
+        columns = None if item.x0 is None else (item.x0, item.x1)
         validation = self._job.validation
         with guard.working_on([(f.rel_path, f.path)]):
             try:
                 with contextlib.ExitStack() as stack:
                     labels = None if f.mask is None else stack.enter_context(self._labels(f))
                     fh = stack.enter_context(open_to_read(f.path))
-                    cut = _scenes.cut_rows(fh, f.rel_path, y0, y1, validation.raster, validation.resize, labels)
+                    cut = _scenes.cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster, validation.resize,
+                                           labels, columns)
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.
@@ -504,20 +507,17 @@ def _internal_error(f: ShardFile, error: Exception) -> Reject:
     return Reject(f.rel_path, guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, error))
 
 
-def _rows(f: ShardFile) -> list[int]:
-    """[y0, y1] of a scene's work item."""
-    y0, y1 = f.patch_rows.split(",")
-    return [int(y0), int(y1)]
+def _item(f: ShardFile) -> _scenes.WorkItem:
+    """The `imaging.scenes.WorkItem` of a scene's work item."""
+    return _scenes.WorkItem.parse(f.patch_rows)
 
 
-def _first_rows(f: ShardFile) -> bool:
-    """Whether a scene's work item is its first (the one that counts the scene as an input)."""
-    return _rows(f)[0] == 0
-
-
-def _rows_name(f: ShardFile) -> str:
-    """How normalized.jsonl names a scene's work item: PATH#patch_rows=Y0,Y1."""
-    return f"{f.rel_path}{_scene_log.ROWS_MARK}{f.patch_rows}"
+def _item_details(f: ShardFile) -> dict:
+    """normalized.jsonl's patch_rows [y0, y1] of a scene's work item, and patch_columns [x0, x1] of a range."""
+    item = _item(f)
+    if item.x0 is None:
+        return {"patch_rows": [item.y0, item.y1]}
+    return {"patch_rows": [item.y0, item.y1], "patch_columns": [item.x0, item.x1]}
 
 
 def _read(f: ShardFile) -> bytes:

@@ -11,8 +11,9 @@ decoded) is cut into patches of `PatchOptions.size`, their top-left corners
 - `SceneReader` reads one window of a TIFF, decoding only the strips or tiles
   it overlaps (tifffile's segment decoder, imagecodecs' codecs), and keeps the
   decoded segments of the current row band, so the windows of one row of
-  patches decode each segment once; pixels outside the scene hold the nodata
-  value (GDAL_NODATA), 0 without one;
+  patches decode each segment once (`keep_columns` bounds that band to the
+  columns a work item reads: strips span the scene's width); pixels outside
+  the scene hold the nodata value (GDAL_NODATA), 0 without one;
 - `nodata_share` is the share of a window's pixels that hold no data
   (`--raster_max_nodata` skips patches above it);
 - `patch_geotransform` and `patch_georef` move a scene's GDAL geotransform
@@ -318,7 +319,9 @@ class SceneReader:
         except BaseException:
             self._tif.close()
             raise
-        self._cache: dict[tuple[int, int, int], np.ndarray | None] = {}
+        # (plane, row, column) -> (decoded segment or None, its first column in the scene).
+        self._cache: dict[tuple[int, int, int], tuple[np.ndarray | None, int]] = {}
+        self._columns: tuple[int, int] | None = None  # `keep_columns`
         self.decoded_segments = 0
         self.decoded_bytes = 0
 
@@ -402,6 +405,25 @@ class SceneReader:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def keep_columns(self, left: int, right: int) -> None:
+        """From now on, reads only windows within scene columns [left, right), and keeps only those.
+
+        Decoded segments are cut to these columns before they are kept: a
+        work item of a few patches of a striped scene (each strip spans the
+        scene's width) then holds its own columns of the current row band,
+        not the band's whole width. Windows may still reach past the scene's
+        edges (padding).
+
+        Raises:
+          ValueError: For non-integer bounds or right <= left.
+        """
+        _check_window(0, left, 1, 1)
+        _check_window(0, right, 1, 1)
+        if right <= left:
+            raise ValueError(f"SceneReader.keep_columns: right must exceed left {left}. Received: {right!r}")
+        self._cache.clear()
+        self._columns = (max(int(left), 0), min(int(right), self.width))
+
     def padded(self, y: int, x: int, height: int, width: int) -> np.ndarray:
         """(height, width) booleans: True where the window at (y, x) lies outside the scene."""
         _check_window(y, x, height, width)
@@ -411,26 +433,46 @@ class SceneReader:
         inside_columns = (columns >= 0) & (columns < self.width)
         return ~(inside_rows[:, np.newaxis] & inside_columns[np.newaxis, :])
 
-    def read(self, y: int, x: int, height: int, width: int) -> np.ndarray:
+    def read(self, y: int, x: int, height: int, width: int, *, copy: bool = True) -> np.ndarray:
         """The window of `height` x `width` pixels at row y, column x: (height, width, bands).
 
         The window may reach past the scene on any side: those pixels hold
         `fill` (`padded` says which). Only the segments it overlaps are
         decoded, those of the current row band once.
 
+        Args:
+          y, x, height, width: The window, in pixels.
+          copy: False: a window that lies inside one decoded segment (a
+            patch inside a tile) is a read-only view of the decoded segment
+            (which it keeps alive); no pixel is copied (what a shard writer
+            that encodes the patch at once wants). True: always an array of
+            its own.
+
         Raises:
-          ValueError: For a window of no pixels, or non-integer coordinates.
+          ValueError: For a window of no pixels, non-integer coordinates, or
+            scene columns outside those of `keep_columns`.
           ImageRejected: 'corrupt' for a segment that does not decode or lies
             past the end of the file; 'unsupported_compression' for one no
             decoder reads.
         """
         _check_window(y, x, height, width)
         y, x, height, width = int(y), int(x), int(height), int(width)
-        out = np.full((height, width, self.bands), self.fill, self.dtype)
         top, bottom = max(y, 0), min(y + height, self.height)
         left, right = max(x, 0), min(x + width, self.width)
         if top >= bottom or left >= right:
-            return out  # Wholly outside the scene.
+            return np.full((height, width, self.bands), self.fill, self.dtype)  # Wholly outside the scene.
+        if self._columns is not None and not self._columns[0] <= left < right <= self._columns[1]:
+            raise ValueError(f"SceneReader: the window's scene columns {left}-{right} lie outside the "
+                             f"columns kept, {self._columns[0]}-{self._columns[1]} (keep_columns)")
+        inside = (top, bottom, left, right) == (y, y + height, x, x + width)
+        if not copy and inside and not self.planar:
+            view = self._view(y, x, height, width)
+            if view is not None:
+                return view
+        if inside:
+            out = np.empty((height, width, self.bands), self.dtype)  # Every pixel is written below.
+        else:
+            out = np.full((height, width, self.bands), self.fill, self.dtype)
         seg_h, seg_w = self.segment_shape
         first_row, last_row = top // seg_h, (bottom - 1) // seg_h
         first_col, last_col = left // seg_w, (right - 1) // seg_w
@@ -441,27 +483,52 @@ class SceneReader:
         for plane in planes:
             for row in range(first_row, last_row + 1):
                 for col in range(first_col, last_col + 1):
-                    segment = self._segment(0 if plane is None else plane, row, col)
-                    if segment is None:
-                        continue  # An empty (sparse) segment: GDAL reads it as nodata, the fill.
-                    sy, sx = row * seg_h, col * seg_w
-                    y0, y1 = max(top, sy), min(bottom, sy + segment.shape[0])
-                    x0, x1 = max(left, sx), min(right, sx + segment.shape[1])
+                    segment, sx = self._segment(0 if plane is None else plane, row, col)
+                    sy = row * seg_h
+                    rows, cols = (seg_h, seg_w) if segment is None else segment.shape[:2]
+                    y0, y1 = max(top, sy), min(bottom, sy + rows)
+                    x0, x1 = max(left, sx), min(right, sx + cols)
                     if y0 >= y1 or x0 >= x1:
                         continue
-                    piece = segment[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
                     target = out[y0 - y:y1 - y, x0 - x:x1 - x]
+                    if segment is None:
+                        # An empty (sparse) segment: GDAL reads it as nodata, the fill.
+                        if inside:  # Else `out` holds the fill already.
+                            if plane is None:
+                                target[...] = self.fill
+                            else:
+                                target[:, :, plane] = self.fill
+                        continue
+                    piece = segment[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
                     if plane is None:
                         target[...] = piece
                     else:
                         target[:, :, plane] = piece[:, :, 0]
         return out
 
-    def _segment(self, plane: int, row: int, col: int) -> np.ndarray | None:
-        """The decoded segment (rows, columns, samples), clipped to the page; None when empty."""
+    def _view(self, y: int, x: int, height: int, width: int) -> np.ndarray | None:
+        """The window as a read-only view of the one decoded segment it lies in; None when it spans several."""
+        seg_h, seg_w = self.segment_shape
+        row, col = y // seg_h, x // seg_w
+        if (y + height - 1) // seg_h != row or (x + width - 1) // seg_w != col:
+            return None
+        for key in [k for k in self._cache if k[1] != row]:
+            del self._cache[key]  # One row band at most, as `read` keeps.
+        segment, sx = self._segment(0, row, col)
+        if segment is None or not sx <= x or x + width > sx + segment.shape[1]:
+            return None  # Sparse (the fill), or cut by keep_columns: the copying path says what holds.
+        sy = row * seg_h
+        view = segment[y - sy:y - sy + height, x - sx:x - sx + width]
+        view.flags.writeable = False
+        return view
+
+    def _segment(self, plane: int, row: int, col: int) -> tuple[np.ndarray | None, int]:
+        """(the decoded segment (rows, columns, samples) clipped to the page and to the columns kept,
+        or None when empty; the scene column of its first)."""
         key = (plane, row, col)
         if key in self._cache:
             return self._cache[key]
+        sx = col * self.segment_shape[1]
         index = (plane * self._down + row) * self._across + col
         offset, count = int(self._offsets[index]), int(self._counts[index])
         segment = None
@@ -473,8 +540,14 @@ class SceneReader:
             segment = self._decode_segment(self._read_bytes(offset, count), index, row, col)
             self.decoded_segments += 1
             self.decoded_bytes += segment.nbytes
-        self._cache[key] = segment
-        return segment
+            if self._columns is not None:
+                a = min(max(self._columns[0] - sx, 0), segment.shape[1])
+                b = max(min(self._columns[1] - sx, segment.shape[1]), a)
+                if (a, b) != (0, segment.shape[1]):
+                    # A copy: a view would keep the whole decoded segment alive.
+                    segment, sx = segment[:, a:b].copy(), sx + a
+        self._cache[key] = (segment, sx)
+        return segment, sx
 
     def _read_bytes(self, offset: int, count: int) -> bytes:
         handle = self._tif.filehandle
