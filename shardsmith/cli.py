@@ -4,6 +4,7 @@
   shardsmith verify ./dataset
   shardsmith inspect ./dataset
   shardsmith preview ./dataset --split train --output preview.png
+  shardsmith doctor ./dataset --model model.keras --batch_size 64
 
 `python -m beam_jobs.convert` and `python -m beam_jobs.verify` keep working for
 Beam users; this command adds nothing but one entry point and help texts.
@@ -25,6 +26,10 @@ _EXAMPLES = {
     "preview": """\
         example:
           shardsmith preview ./dataset --split train --output train_preview.png""",
+    "doctor": """\
+        examples:
+          shardsmith doctor ./dataset --model model.keras --batch_size 64
+          shardsmith doctor ./dataset --model train:make_model --image_size 160""",
 }
 
 _SUMMARIES = {
@@ -32,6 +37,7 @@ _SUMMARIES = {
     "verify": "Re-read every shard, record and image against the manifest.",
     "inspect": "Print splits, shards, classes, rejects and warnings of a dataset.",
     "preview": "Write a contact sheet and class-count charts of a dataset as PNG.",
+    "doctor": "Measure whether a model's training steps wait for the reader, and why.",
 }
 
 
@@ -48,7 +54,14 @@ def _add_preview_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
-_ADD_ARGUMENTS = {"inspect": _add_inspect_arguments, "preview": _add_preview_arguments}
+def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    from shardsmith.doctor import add_arguments
+
+    add_arguments(parser)
+
+
+_ADD_ARGUMENTS = {"inspect": _add_inspect_arguments, "preview": _add_preview_arguments,
+                  "doctor": _add_doctor_arguments}
 
 
 def command_help(command: str) -> str:
@@ -111,7 +124,7 @@ def _main(argv: list[str]) -> int:
         print(_version())
         return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in _SUMMARIES:
-        lines = ["usage: shardsmith [--version] {convert,verify,inspect,preview} ...", ""]
+        lines = [f"usage: shardsmith [--version] {{{','.join(_SUMMARIES)}}} ...", ""]
         lines += [f"  {name:<8} {text}" for name, text in _SUMMARIES.items()]
         lines += ["", "`shardsmith COMMAND --help` shows the options and an example."]
         if argv and argv[0] not in ("-h", "--help"):
@@ -134,6 +147,8 @@ def _main(argv: list[str]) -> int:
         from beam_jobs.verify import main as run
     elif command == "inspect":
         from shardsmith.inspection import main as run
+    elif command == "doctor":
+        from shardsmith.doctor import main as run
     else:
         from shardsmith.preview import main as run
     return run(rest)
