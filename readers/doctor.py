@@ -18,7 +18,12 @@ ways, and the reader alone, stage by stage:
    time per image is the one that bounds the input.
 
 The share of each step spent waiting for input is 1 - rate / ceiling rate.
-A run is called input-bound when that share reaches `INPUT_BOUND_SHARE`.
+A run is called input-bound when that share reaches `INPUT_BOUND_SHARE` and
+its steps did wait for their batches: the time blocked in the reader's `next`,
+measured within the same run, is at least half of that. Without the second
+condition a reader that takes CPU cores from the model (no accelerator), or
+a load on a shared machine that changed between two runs, would read as a
+stall.
 
     report = readers.diagnose("dataset", "train", "model.keras",
                               readers.DoctorOptions(batch_size=64))
@@ -53,6 +58,8 @@ logger = logging.getLogger(__name__)
 # From this share of each step spent waiting for input on, a run is input-bound
 # (below it the difference is within what timing on shared cores can tell).
 INPUT_BOUND_SHARE = 0.1
+# ... and from this share of its time blocked waiting for the next batch on.
+_BLOCKED_SHARE = INPUT_BOUND_SHARE / 2
 # The reader's stages, in pipeline order, as the report names them.
 STAGES = ("read", "decode", "augment")
 # Decoded batches held in memory for the "cached" measurement.
@@ -140,7 +147,14 @@ class Diagnosis:
       wait_share: Share of each step spent waiting for input, warm:
         1 - warm / ceiling, in [0, 1].
       cold_wait_share: The same from a cold page cache, or None.
-      input_bound: `wait_share` (or `cold_wait_share`) reaches `INPUT_BOUND_SHARE`.
+      blocked_share: Share of the warm run's time spent blocked in the
+        reader's `next`, measured in that run itself (so steadier on a
+        shared machine than the ratio of two runs).
+      cold_blocked_share: The same from a cold page cache, or None.
+      input_bound: `wait_share` (or `cold_wait_share`) reaches
+        `INPUT_BOUND_SHARE` and the steps of that run did wait in `next`
+        (`blocked_share` at least half of that): a slowdown without waiting
+        is the reader taking cores from the model, not a stall.
       bound_stage: The stage adding the most time per image ('read',
         'decode' or 'augment'); 'read' also when only the cold cache makes
         the run input-bound.
@@ -158,6 +172,8 @@ class Diagnosis:
     stage_images_per_s: tuple[tuple[str, float], ...]
     wait_share: float
     cold_wait_share: float | None
+    blocked_share: float
+    cold_blocked_share: float | None
     input_bound: bool
     bound_stage: str
     text: str
@@ -251,14 +267,33 @@ def _check_input(model, options: DoctorOptions) -> None:
 # Timing.
 
 
-def _steps_per_s(batches: Iterator, step: Callable, *, warmup: int, steps: int) -> float:
-    """Steps/s of `step(batch)` over `steps` batches of `batches`, after `warmup`."""
+class _Timed:
+    """Steps/s of one run, and the share of its time spent blocked in `next`."""
+
+    def __init__(self, steps_per_s: float = 0.0, blocked: float = 1.0):
+        self.steps_per_s, self.blocked = steps_per_s, blocked
+
+    def best(self, other: _Timed) -> _Timed:
+        return other if other.steps_per_s > self.steps_per_s else self
+
+
+def _run(batches: Iterator, step: Callable, *, warmup: int, steps: int) -> _Timed:
+    """Times `step(batch)` over `steps` batches of `batches`, after `warmup`."""
     for _ in range(warmup):
         step(next(batches))
+    waited = 0.0
     start = time.perf_counter()
     for _ in range(steps):
-        step(next(batches))
-    return steps / (time.perf_counter() - start)
+        asked = time.perf_counter()
+        batch = next(batches)
+        waited += time.perf_counter() - asked
+        step(batch)
+    span = time.perf_counter() - start
+    return _Timed(steps / span, waited / span)
+
+
+def _steps_per_s(batches: Iterator, step: Callable, *, warmup: int, steps: int) -> float:
+    return _run(batches, step, warmup=warmup, steps=steps).steps_per_s
 
 
 def _train_step(model) -> Callable:
@@ -418,14 +453,16 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
     on_device = [_on_device(b, device) for b in batches]
     # The three model runs in rounds, each its best: a load that comes and
     # goes on shared cores then weighs on all three alike.
-    ceiling = cached = warm = 0.0
+    ceiling = cached = 0.0
+    warm = _Timed()
     for _ in range(_ROUNDS):
         ceiling = max(ceiling, _steps_per_s(_cycle(on_device), step, **timing))
         cached = max(cached, _steps_per_s(iter(_cached(batches)), step, **timing))
-        warm = max(warm, _steps_per_s(iter(_reader(split_files, options, options.augment)),
-                                      step, **timing))
-    logger.info("Steps/s: ceiling %.2f, cached batches %.2f, reader on a warm page cache %.2f",
-                ceiling, cached, warm)
+        warm = warm.best(_run(iter(_reader(split_files, options, options.augment)), step,
+                              **timing))
+    logger.info("Steps/s: ceiling %.2f, cached batches %.2f, reader on a warm page cache %.2f "
+                "(%.0f%% blocked in next)", ceiling, cached, warm.steps_per_s,
+                100 * warm.blocked)
 
     # The reader alone is cheap per batch: more batches, for steadier figures.
     alone = {"warmup": options.warmup, "steps": max(options.steps, _MIN_READER_BATCHES)}
@@ -446,9 +483,9 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
         cold_note = _why_no_cold(split_files)
         if cold_note is None:
             _drop_from_page_cache(split_files.paths)
-            cold = _steps_per_s(iter(_reader(split_files, options, options.augment)), step,
-                                **timing)
-            logger.info("Reader, cold page cache: %.2f steps/s", cold)
+            cold = _run(iter(_reader(split_files, options, options.augment)), step, **timing)
+            logger.info("Reader, cold page cache: %.2f steps/s (%.0f%% blocked in next)",
+                        cold.steps_per_s, 100 * cold.blocked)
     return _diagnosis(device=device, batch_size=n, ceiling=ceiling, cached=cached, warm=warm,
                       cold=cold, cold_note=cold_note, reader_rate=reader_rate,
                       stages=tuple(stages), augment=options.augment)
@@ -460,26 +497,38 @@ def _share(rate: float | None, ceiling: float) -> float | None:
     return min(1.0, max(0.0, 1.0 - rate / ceiling))
 
 
+def _is_bound(share: float | None, blocked: float | None) -> bool:
+    """Slower than the ceiling, and because the step waited for its batch: a
+    slowdown without waiting in `next` is the reader taking cores from the
+    model, or the machine's load changing between runs."""
+    return (share is not None and share >= INPUT_BOUND_SHARE
+            and blocked >= _BLOCKED_SHARE)
+
+
 def _diagnosis(*, device, batch_size, ceiling, cached, warm, cold, cold_note, reader_rate,
                stages, augment) -> Diagnosis:
     """The figures, the verdict and its paragraph."""
-    wait, cold_wait = _share(warm, ceiling), _share(cold, ceiling)
+    wait = _share(warm.steps_per_s, ceiling)
+    cold_wait = None if cold is None else _share(cold.steps_per_s, ceiling)
     partial = Diagnosis(
         device=device, batch_size=batch_size, ceiling_steps_per_s=ceiling,
-        cached_steps_per_s=cached, warm_steps_per_s=warm, cold_steps_per_s=cold,
+        cached_steps_per_s=cached, warm_steps_per_s=warm.steps_per_s,
+        cold_steps_per_s=None if cold is None else cold.steps_per_s,
         cold_note=cold_note, reader_images_per_s=reader_rate, stage_images_per_s=stages,
-        wait_share=wait, cold_wait_share=cold_wait, input_bound=False, bound_stage="",
-        text="",
+        wait_share=wait, cold_wait_share=cold_wait, blocked_share=warm.blocked,
+        cold_blocked_share=None if cold is None else cold.blocked,
+        input_bound=False, bound_stage="", text="",
     )
     costs = partial.stage_ms_per_image()
-    warm_bound = wait >= INPUT_BOUND_SHARE
-    cold_bound = cold_wait is not None and cold_wait >= INPUT_BOUND_SHARE
+    warm_bound = _is_bound(wait, warm.blocked)
+    cold_bound = _is_bound(cold_wait, partial.cold_blocked_share)
     bound_stage = max(costs, key=costs.get)
     if cold_bound and not warm_bound:
         bound_stage = "read"  # Storage: only the cold page cache stalls.
     result = dataclasses.replace(partial, input_bound=warm_bound or cold_bound,
                                  bound_stage=bound_stage)
-    return dataclasses.replace(result, text=_paragraph(result, costs, augment))
+    return dataclasses.replace(
+        result, text=_paragraph(result, costs, augment, warm_bound=warm_bound))
 
 
 _ADVICE = {
@@ -495,14 +544,14 @@ _ADVICE = {
 }
 
 
-def _paragraph(d: Diagnosis, costs: dict[str, float], augment) -> str:
+def _paragraph(d: Diagnosis, costs: dict[str, float], augment, *, warm_bound: bool) -> str:
     steps = (f"the model alone runs {d.ceiling_steps_per_s:.1f} steps/s of {d.batch_size} "
              f"on batches kept on the {d.device}, {d.cached_steps_per_s:.1f} on decoded "
              f"batches from memory and {d.warm_steps_per_s:.1f} with the reader on a warm "
-             "page cache")
+             f"page cache (blocked in next {100 * d.blocked_share:.0f}% of the time)")
     if d.cold_steps_per_s is not None:
-        steps += (f", {d.cold_steps_per_s:.1f} on a cold one "
-                  f"({100 * d.cold_wait_share:.0f}% waiting)")
+        steps += (f", {d.cold_steps_per_s:.1f} on a cold one ({100 * d.cold_wait_share:.0f}% "
+                  f"below the ceiling, blocked {100 * d.cold_blocked_share:.0f}%)")
     else:
         steps += f" (cold page cache not measured: {d.cold_note})"
     stage_text = "; ".join(
@@ -517,7 +566,7 @@ def _paragraph(d: Diagnosis, costs: dict[str, float], augment) -> str:
         verdict = (f"Input-bound: each step waits {100 * d.wait_share:.0f}% of its time for "
                    f"input on a warm page cache (1 - {d.warm_steps_per_s:.1f} / "
                    f"{d.ceiling_steps_per_s:.1f} steps/s): {steps}.")
-        if d.wait_share < INPUT_BOUND_SHARE:
+        if not warm_bound:
             verdict = (f"Input-bound from storage: on a warm page cache steps wait only "
                        f"{100 * d.wait_share:.0f}%, but {100 * d.cold_wait_share:.0f}% on a cold "
                        f"one: {steps}.")
@@ -527,9 +576,15 @@ def _paragraph(d: Diagnosis, costs: dict[str, float], augment) -> str:
                 and d.bound_stage != "read"):
             advice += (" From a cold page cache reading adds a fetch stall too: "
                        f"{_ADVICE['read'].split(': ', 1)[1]}.")
+    elif d.wait_share >= INPUT_BOUND_SHARE:
+        verdict = (f"Not input-bound: steps ran {100 * d.wait_share:.0f}% slower with the reader "
+                   f"than on the device's own batches, but waited for a batch only "
+                   f"{100 * d.blocked_share:.0f}% of the time: the reader takes cores from the "
+                   f"model (or the machine's load changed between the runs): {steps}.")
     else:
         verdict = (f"Not input-bound: steps wait {100 * d.wait_share:.0f}% of their time for "
                    f"input (below {100 * INPUT_BOUND_SHARE:.0f}%): {steps}.")
+    if not d.input_bound:
         advice = (f"The model is the limit; a faster reader would not speed training. Of the "
                   f"reader's stages, {d.bound_stage} costs the most.")
     if d.cached_steps_per_s < (1 - INPUT_BOUND_SHARE) * d.ceiling_steps_per_s:

@@ -92,9 +92,11 @@ def _figures(report) -> str:
         ("model alone, batches on the device", f"{report.ceiling_steps_per_s:.2f} steps/s"),
         ("decoded batches from memory", f"{report.cached_steps_per_s:.2f} steps/s"),
         ("reader, warm page cache",
-         f"{report.warm_steps_per_s:.2f} steps/s ({100 * report.wait_share:.0f}% waiting)"),
+         f"{report.warm_steps_per_s:.2f} steps/s ({100 * report.wait_share:.0f}% below the "
+         f"ceiling; blocked in next {100 * report.blocked_share:.0f}% of the time)"),
         ("reader, cold page cache",
-         f"{report.cold_steps_per_s:.2f} steps/s ({100 * report.cold_wait_share:.0f}% waiting)"
+         f"{report.cold_steps_per_s:.2f} steps/s ({100 * report.cold_wait_share:.0f}% below the "
+         f"ceiling; blocked in next {100 * report.cold_blocked_share:.0f}% of the time)"
          if report.cold_steps_per_s is not None else f"not measured: {report.cold_note}"),
         ("reader alone", f"{report.reader_images_per_s:,.0f} images/s"),
     ]
