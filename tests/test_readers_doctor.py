@@ -175,3 +175,16 @@ def test_command_refuses_naming_the_argument(models, tiny_jpegs, capsys):
     assert doctor.main([str(tiny_jpegs.data_dir), "--model", "doctor_models:tiny",
                         "--steps", "0"]) == 2
     assert "`steps` must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_command_help_and_a_misspelled_option(tiny_jpegs, capsys):
+    from shardsmith import cli
+
+    assert cli.main(["doctor", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: shardsmith doctor") and "shardsmith doctor ./dataset" in out
+    assert "MODULE:FUNCTION" in out
+    assert cli.main(["--help"]) == 0
+    assert "doctor" in capsys.readouterr().out
+    assert cli.main(["doctor", str(tiny_jpegs.data_dir), "--model", "m:f", "--step", "3"]) == 2
+    assert "(did you mean --steps?)" in capsys.readouterr().err
