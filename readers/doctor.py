@@ -409,8 +409,9 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
     Runs `model.train_on_batch` on its own input in turn (see the module's
     docstring): batches on the device (the ceiling), decoded batches in
     memory, the reader on a warm page cache (best of three rounds of the
-    three), then on a cold one; and the reader alone, cut after each stage. The model is trained for real during the
-    measurements (its weights change).
+    three), then on a cold one; and the reader alone, cut after each stage.
+    The model is trained for real during the measurements (its weights
+    change).
 
     Args:
       data_dir: The dataset folder (the converter's `--output_dir`).
@@ -570,7 +571,8 @@ def _paragraph(d: Diagnosis, costs: dict[str, float], augment, *, warm_bound: bo
             verdict = (f"Input-bound from storage: on a warm page cache steps wait only "
                        f"{100 * d.wait_share:.0f}%, but {100 * d.cold_wait_share:.0f}% on a cold "
                        f"one: {steps}.")
-        advice = f"{d.bound_stage.capitalize()} is the stage that bounds it: {_ADVICE[d.bound_stage]}."
+        advice = (f"{d.bound_stage.capitalize()} is the stage that bounds it: "
+                  f"{_ADVICE[d.bound_stage]}.")
         if (d.cold_wait_share is not None and d.cold_wait_share >= INPUT_BOUND_SHARE
                 and d.cold_wait_share - d.wait_share >= INPUT_BOUND_SHARE
                 and d.bound_stage != "read"):
