@@ -475,7 +475,8 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
     else:
         stages.append(("decode", decoded))
         stages.append(("augment", reader_rate))
-    logger.info("Stages: %s", stages)
+    logger.info("Reader cut after each stage: %s",
+                ", ".join(f"{name} {rate:.1f} images/s" for name, rate in stages))
 
     cold, cold_note = None, None
     if not options.cold:
