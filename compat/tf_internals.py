@@ -40,6 +40,12 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
    waits forever) and the number of workers registered with a dispatcher
    (`_num_workers`), which `shardsmith serve-data` waits for before printing
    its address.
+7. The dataset of one TFRecord file (`tfrecord_file_dataset`): the source op
+   that `tf.data.TFRecordDataset` wraps in a `flat_map` over a dataset of its
+   file names, a second function to trace inside every interleave function
+   that opens one shard. Without the wrapper, the same records in the same
+   order, one trace fewer per interleave (measured in a fresh process: 0.05
+   -> 0.02 CPU s per interleave built, part of the time to the first batch).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import threading
 import types
 import weakref
 
-from compat._versions import check_version, installed_version
+from compat._versions import UntestedVersion, check_version, installed_version
 
 __all__ = [
     "TESTED",
@@ -68,6 +74,7 @@ __all__ = [
     "freeze_imports",
     "stop_data_service_server",
     "data_service_worker_count",
+    "tfrecord_file_dataset",
 ]
 
 # The lowest TensorFlow release these internals were used with and the first
@@ -341,3 +348,24 @@ def data_service_worker_count(dispatcher) -> int:
     """
     check("Counting a tf.data service dispatcher's workers")
     return int(dispatcher._num_workers())
+
+
+def tfrecord_file_dataset(path):
+    """The records of one TFRecord file, as `tf.data.TFRecordDataset(path)` reads them.
+
+    Without its `flat_map` over a one-element dataset of file names (see the
+    module's docstring, 6); for use inside an interleave function. Where a
+    release has moved the class, or is outside `TESTED`, the public reader.
+
+    Args:
+      path: A scalar tf.string tensor, the file's path.
+    """
+    import tensorflow as tf
+
+    try:
+        check("reading one TFRecord file without its flat_map")
+        from tensorflow.python.data.ops import readers
+        source = readers._TFRecordDataset
+    except (ImportError, AttributeError, UntestedVersion):
+        return tf.data.TFRecordDataset(path)
+    return source(path)

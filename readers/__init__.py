@@ -11,9 +11,11 @@ label modes 'mask', 'boxes', 'multi_hot' and 'target' of datasets converted
 with targets, each target moved with its image). `shuffle="global"` (a true
 per-epoch permutation read by offset, resumable exactly from a
 `ReadPosition`) lives in `readers.global_shuffle`, `readers.record_index`
-and `readers.positions`; `ResumeCallback` (which imports Keras) is loaded on
-first use. `readers.service` runs the tf.data service (`shardsmith serve-data`)
-that the readers' `service=` option reads through.
+and `readers.positions`; `diagnose` (`readers.doctor`) says whether a model's
+training steps wait for their input, and which stage bounds it;
+`ResumeCallback` (which imports Keras) is loaded on first use.
+`readers.service` runs the tf.data service (`shardsmith serve-data`) that the
+readers' `service=` option reads through.
 
 Importing `readers` changes nothing in the process (no environment variable,
 logger or allocator). `readers.use_pooled_host_memory()`, called by a training
@@ -29,6 +31,7 @@ _tf_runtime.full()
 from readers._allocator import use_pooled_host_memory
 from readers.dataset import ReaderConfig, image_dataset_from_tfrecords, without_extras
 from readers.distributed import distributed_dataset, make_dataset_fn
+from readers.doctor import Diagnosis, DoctorOptions, diagnose
 from readers.metadata import load_manifest
 from readers.positions import PositionTracker, ReadPosition
 
@@ -43,6 +46,9 @@ __all__ = [
     "ResumeCallback",
     "use_pooled_host_memory",
     "without_extras",
+    "diagnose",
+    "DoctorOptions",
+    "Diagnosis",
 ]
 
 

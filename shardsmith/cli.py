@@ -1,10 +1,11 @@
-"""The `shardsmith` command: convert, verify, inspect, preview, serve-data.
+"""The `shardsmith` command: convert, verify, inspect, preview, serve-data, doctor.
 
   shardsmith convert --input_dir ./photos --output_dir ./dataset --split train=0.8,validation=0.2
   shardsmith verify ./dataset
   shardsmith inspect ./dataset
   shardsmith preview ./dataset --split train --output preview.png
   shardsmith serve-data --port 5050 --workers 2
+  shardsmith doctor ./dataset --model model.keras --batch_size 64
 
 `python -m beam_jobs.convert` and `python -m beam_jobs.verify` keep working for
 Beam users; this command adds nothing but one entry point and help texts.
@@ -30,6 +31,10 @@ _EXAMPLES = {
         examples:
           shardsmith serve-data --port 5050 --workers 2     # dispatcher + 2 local workers
           shardsmith serve-data --dispatcher host1:5050     # a worker joining it""",
+    "doctor": """\
+        examples:
+          shardsmith doctor ./dataset --model model.keras --batch_size 64
+          shardsmith doctor ./dataset --model train:make_model --image_size 160""",
 }
 
 _SUMMARIES = {
@@ -38,6 +43,7 @@ _SUMMARIES = {
     "inspect": "Print splits, shards, classes, rejects and warnings of a dataset.",
     "preview": "Write a contact sheet and class-count charts of a dataset as PNG.",
     "serve-data": "Run the tf.data service (dispatcher, workers) that readers can read through.",
+    "doctor": "Measure whether a model's training steps wait for the reader, and why.",
 }
 
 
@@ -60,8 +66,15 @@ def _add_serve_data_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    from shardsmith.doctor import add_arguments
+
+    add_arguments(parser)
+
+
 _ADD_ARGUMENTS = {"inspect": _add_inspect_arguments, "preview": _add_preview_arguments,
-                  "serve-data": _add_serve_data_arguments}
+                  "serve-data": _add_serve_data_arguments,
+                  "doctor": _add_doctor_arguments}
 
 
 def command_help(command: str) -> str:
@@ -149,6 +162,8 @@ def _main(argv: list[str]) -> int:
         from shardsmith.inspection import main as run
     elif command == "serve-data":
         from shardsmith.serve_data import main as run
+    elif command == "doctor":
+        from shardsmith.doctor import main as run
     else:
         from shardsmith.preview import main as run
     return run(rest)
