@@ -39,7 +39,12 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
    process that started it (`_stop`: the public API has `join` only, which
    waits forever) and the number of workers registered with a dispatcher
    (`_num_workers`), which `shardsmith serve-data` waits for before printing
-   its address.
+   its address; and a worker with a cross-trainer cache of a given size
+   (`data_service_worker`): the public `WorkerConfig` has no field for
+   `cross_trainer_cache_size_bytes`, which the worker's config proto has
+   (TensorFlow's own tests build the proto), so without it every worker may
+   hold TensorFlow's default of 10 GiB per job that trainers share with
+   trainer ids.
 7. The dataset of one TFRecord file (`tfrecord_file_dataset`): the source op
    that `tf.data.TFRecordDataset` wraps in a `flat_map` over a dataset of its
    file names, a second function to trace inside every interleave function
@@ -54,6 +59,7 @@ import atexit
 import contextlib
 import gc
 import importlib.util
+import logging
 import sys
 import threading
 import types
@@ -74,6 +80,7 @@ __all__ = [
     "freeze_imports",
     "stop_data_service_server",
     "data_service_worker_count",
+    "data_service_worker",
     "tfrecord_file_dataset",
 ]
 
@@ -348,6 +355,42 @@ def data_service_worker_count(dispatcher) -> int:
     """
     check("Counting a tf.data service dispatcher's workers")
     return int(dispatcher._num_workers())
+
+
+def data_service_worker(config, cross_trainer_cache_bytes: int):
+    """A started tf.data service `WorkerServer` of `config` whose cross-trainer cache
+    holds at most `cross_trainer_cache_bytes` per job.
+
+    Where a release has moved the proto, or is outside `TESTED`, the public
+    server of `config`: its cache then has TensorFlow's default size (10 GiB),
+    as a warning says.
+
+    Args:
+      config: A public `tf.data.experimental.service.WorkerConfig` (its
+        defaults filled in).
+      cross_trainer_cache_bytes: The size limit, > 0.
+    """
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    try:
+        check("sizing a tf.data service worker's cross-trainer cache")
+        from tensorflow.core.protobuf import service_config_pb2
+    except (ImportError, UntestedVersion) as e:
+        logging.getLogger(__name__).warning(
+            "The worker's cross-trainer cache keeps TensorFlow's default size (10 GiB): %s", e)
+        return service.WorkerServer(config)
+    proto = service_config_pb2.WorkerConfig(
+        dispatcher_address=config.dispatcher_address, worker_address=config.worker_address,
+        port=config.port, protocol=config.protocol,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        dispatcher_timeout_ms=config.dispatcher_timeout_ms,
+        data_transfer_protocol=config.data_transfer_protocol,
+        data_transfer_address=config.data_transfer_address,
+        cross_trainer_cache_size_bytes=int(cross_trainer_cache_bytes),
+    )
+    # `WorkerServer` takes the proto as it is (its own `isinstance` branch).
+    return service.WorkerServer(proto)
 
 
 def tfrecord_file_dataset(path):

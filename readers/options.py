@@ -470,11 +470,19 @@ class ServiceReadOptions:
         `distributed_dataset` on several hosts) that read one job by name
         share its batches, each batch going to one of them. None: a job of
         this dataset alone.
+      service_trainer_id: With `service_job_name` and `repeat=True`: this
+        trainer (a trial of a hyper-parameter sweep) gets every batch of the
+        job, each made once by the workers and kept in their cross-trainer
+        cache for the other trials (`readers.service`); readers with the same
+        id (the input pipelines of one trial) split its batches. A trial
+        further behind than the workers' cache skips ahead to the oldest batch
+        kept. None: no sharing of batches between trainers.
     """
 
     service: str | None = None
     service_sharding: str = "static"
     service_job_name: str | None = None
+    service_trainer_id: str | None = None
 
     def __post_init__(self):
         if self.service is not None:
@@ -496,12 +504,28 @@ class ServiceReadOptions:
                 "`service_job_name` must be a non-empty string or None. "
                 f"Received: service_job_name={self.service_job_name!r}"
             )
-        if self.service is None and (self.service_sharding != "static"
-                                     or self.service_job_name is not None):
+        if self.service_trainer_id is not None and not (
+                isinstance(self.service_trainer_id, str) and self.service_trainer_id):
             raise ValueError(
-                "`service_sharding` and `service_job_name` apply with a `service` only. "
-                f"Received: service=None, service_sharding={self.service_sharding!r}, "
-                f"service_job_name={self.service_job_name!r}"
+                "`service_trainer_id` must be a non-empty string or None. "
+                f"Received: service_trainer_id={self.service_trainer_id!r}"
+            )
+        if self.service is None and (self.service_sharding != "static"
+                                     or self.service_job_name is not None
+                                     or self.service_trainer_id is not None):
+            raise ValueError(
+                "`service_sharding`, `service_job_name` and `service_trainer_id` apply with a "
+                f"`service` only. Received: service=None, "
+                f"service_sharding={self.service_sharding!r}, "
+                f"service_job_name={self.service_job_name!r}, "
+                f"service_trainer_id={self.service_trainer_id!r}"
+            )
+        if self.service_trainer_id is not None and self.service_job_name is None:
+            raise ValueError(
+                "`service_trainer_id` shares the batches of a job between trainers, so it "
+                "needs the job's `service_job_name`, the same for every trainer of the sweep. "
+                f"Received: service_trainer_id={self.service_trainer_id!r}, "
+                "service_job_name=None"
             )
 
 
@@ -672,6 +696,15 @@ class ReaderConfig:
                 "batches in the order they arrive (with a `seed`, each worker's own stream is "
                 "still reproducible). Received: deterministic=True, "
                 f"service={service!r}"
+            )
+        trainer_id = self.remote.service_trainer_id
+        if trainer_id is not None and not self.reading.repeat:
+            raise ValueError(
+                "`service_trainer_id` needs repeat=True: the workers' cross-trainer cache "
+                "keeps a sliding window of one endless stream, so trainers that start, run "
+                "and fall behind at their own pace have no common end of an epoch "
+                "(TensorFlow refuses a finite dataset there); pass steps_per_epoch to `fit`. "
+                f"Received: service_trainer_id={trainer_id!r}, repeat=False"
             )
 
     def __getattr__(self, name: str):

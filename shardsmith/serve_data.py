@@ -38,12 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="The name other hosts reach this one by (default localhost).")
     parser.add_argument("--worker_timeout", type=float, default=20.0,
                         help="Seconds without a heartbeat before a worker is dropped (default 20).")
+    parser.add_argument("--cross_trainer_cache_mb", type=int, default=None, metavar="MB",
+                        help="Memory each worker started here may hold for every job that "
+                             "trainers share with trainer ids (a hyper-parameter sweep: "
+                             "service_trainer_id=): the batches a trial may lag behind the "
+                             "fastest one before it skips ahead. Costs up to MB of RAM per "
+                             "worker per such job, filled as the job runs; must hold one batch "
+                             "(default 1024; TensorFlow's own default is 10240).")
     parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
 
 
 # Flag of each `ServiceOptions` field, for its errors.
 _FLAGS = ("port", "dispatcher", "workers", "worker_port", "worker_addresses", "host",
-          "worker_timeout")
+          "worker_timeout", "cross_trainer_cache_mb")
 
 
 def main(argv: list[str] | None = None) -> int:

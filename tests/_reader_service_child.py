@@ -8,8 +8,9 @@ Usage: python _reader_service_child.py DATA_DIR SERVICE
 
 In one process (TensorFlow starts once): reads of the split in static mode,
 then MirroredStrategy on 2 logical CPUs (a custom read of the distributed
-dataset, then `model.fit` from the service), then one dynamic read that
-prints 'first batch' after its first batch (the test then kills a worker).
+dataset, then `model.fit` from the service), then two trials of a sweep (one
+job, a trainer id each), then one dynamic read that prints 'first batch'
+after its first batch (the test then kills a worker).
 Prints one JSON line last with what it observed; the test asserts.
 
 Run with TF_ENABLE_ONEDNN_OPTS=0, as _reader_strategy_child.py (Keras's Dense
@@ -80,6 +81,27 @@ def static() -> dict:
     return result
 
 
+def sweep() -> dict:
+    """Two trials of a hyper-parameter sweep on one job, a trainer id each, read
+    in turns until each has seen every record of the split (at most 300 batches)."""
+    trials = [
+        image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=2, repeat=True,
+                                     service_job_name="trials", service_trainer_id=trial,
+                                     **SMALL)
+        for trial in ("trial-a", "trial-b")
+    ]
+    records = trials[0].records_per_epoch
+    iterators = [iter(ds) for ds in trials]
+    batches, seen = [[], []], [set(), set()]
+    while min(len(s) for s in seen) < records and len(batches[0]) < 300:
+        for i, it in enumerate(iterators):
+            _, _, extras = next(it)
+            names = [n.decode() for n in extras[FILENAME.key].numpy()]
+            batches[i].append(names)
+            seen[i].update(names)
+    return {"batches": batches}
+
+
 def dynamic() -> dict:
     def slow(image):
         # Some work per image (TensorFlow ops only: the workers run it), so that
@@ -135,7 +157,7 @@ def fit() -> dict:
 if __name__ == "__main__":
     # Dynamic last: the worker it loses is back only some seconds later.
     result, seconds = {}, {}
-    for name, part in (("static", static), ("fit", fit), ("dynamic", dynamic)):
+    for name, part in (("static", static), ("fit", fit), ("sweep", sweep), ("dynamic", dynamic)):
         start = time.perf_counter()
         result[name] = part()
         seconds[name] = round(time.perf_counter() - start, 1)

@@ -69,7 +69,7 @@ class _Server:
         self.log = open(root / "serve-data.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardsmith", "serve-data", "--workers", "2",
-             "--worker_timeout", "2"],
+             "--worker_timeout", "2", "--cross_trainer_cache_mb", "16"],
             stdout=subprocess.PIPE, stderr=self.log, env=_env(), cwd=REPO,
             start_new_session=True,  # its own process group, killed as a whole if need be
         )
@@ -216,6 +216,30 @@ def test_dynamic_sharding_survives_a_worker_killed_mid_epoch(written, server, re
     assert len(now) == 2 and workers[1] not in now and workers[0] in now
 
 
+def test_trials_of_a_sweep_each_get_every_batch(written, reads):
+    # Two trainers, one job name, a trainer id each, read in turns. Each batch
+    # comes from one worker's stream (static: worker i reads shards i, i+2,
+    # i+4); the trainer interleaves the two workers' streams at its own pace,
+    # so per worker both trainers must have got the same batches, in the same
+    # order (from the workers' cross-trainer cache), and each every record.
+    by_name = written.by_filename()
+    streams = []
+    for batches in reads[0]["sweep"]["batches"]:
+        assert batches and all(len(b) == 2 for b in batches)
+        assert set(n for b in batches for n in b) == set(by_name)  # every record, each trial
+        per_worker = collections.defaultdict(list)
+        for batch in batches:
+            (worker,) = {by_name[n].shard % 2 for n in batch}  # one worker's batch
+            per_worker[worker].append(batch)
+        streams.append(per_worker)
+    first, second = streams
+    assert sorted(first) == sorted(second) == [0, 1]
+    for worker in (0, 1):
+        common = min(len(first[worker]), len(second[worker]))
+        assert common >= 6  # a whole pass over the worker's 12 records
+        assert first[worker][:common] == second[worker][:common]
+
+
 def test_model_fit_under_mirrored_strategy_trains_from_the_service(written, reads):
     result = reads[0]["fit"]
     assert result["replicas"] == 2
@@ -243,6 +267,20 @@ def test_refused_combinations_name_the_options(written):
         ReaderConfig(service_sharding="dynamic")
     with pytest.raises(ValueError, match=r"`service` must be the dispatcher's address"):
         ReaderConfig(service="localhost")
+    # The trials of a sweep: a job name and an endless read.
+    with pytest.raises(ValueError, match=r"`service_trainer_id` needs repeat=True") as e:
+        image_dataset_from_tfrecords(written.data_dir, service=service, service_job_name="sweep",
+                                     service_trainer_id="trial-1")
+    assert "Received: service_trainer_id='trial-1', repeat=False" in str(e.value)
+    with pytest.raises(ValueError, match=r"needs the job's `service_job_name`.*Received: "
+                                         r"service_trainer_id='trial-1', service_job_name=None"):
+        ReaderConfig(service=service, repeat=True, service_trainer_id="trial-1")
+    with pytest.raises(ValueError, match=r"`service_trainer_id` must be a non-empty string or "
+                                         r"None. Received: service_trainer_id=''"):
+        ReaderConfig(service=service, repeat=True, service_job_name="sweep", service_trainer_id="")
+    with pytest.raises(ValueError, match=r"apply with a `service` only.*"
+                                         r"service_trainer_id='trial-1'"):
+        ReaderConfig(repeat=True, service_job_name="sweep", service_trainer_id="trial-1")
     # Two input pipelines (a multi-worker strategy) without a job name would each read it all.
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
     fn = make_dataset_fn(written.data_dir, global_batch_size=4, service=service)
@@ -261,8 +299,16 @@ def test_serve_data_options_name_the_flag(capsys):
             "Received: --worker_port=70000") in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"`dispatcher` must be an address HOST:PORT"):
         ServiceOptions(dispatcher="nohost")
+    assert cli.main(["serve-data", "--workers", "2", "--cross_trainer_cache_mb", "0"]) == 2
+    assert ("--cross_trainer_cache_mb must be an integer in 1-1048576 (MiB per worker) or None. "
+            "Received: --cross_trainer_cache_mb=0") in capsys.readouterr().err
+    assert cli.main(["serve-data", "--cross_trainer_cache_mb", "64"]) == 2  # no worker to size
+    assert ("Received: --cross_trainer_cache_mb=64, --workers=0, --dispatcher=None"
+            in capsys.readouterr().err)
     assert cli.main(["serve-data", "--help"]) == 0
-    assert "shardsmith serve-data --port 5050 --workers 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "shardsmith serve-data --port 5050 --workers 2" in out
+    assert "RAM per worker per such job" in " ".join(out.split())
 
 
 def test_serve_data_stops_on_sigterm_with_its_workers(server):
