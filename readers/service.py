@@ -63,15 +63,17 @@ import tensorflow as tf
 
 from compat import tf_internals
 
-__all__ = ["SHARDING_MODES", "DEFAULT_CROSS_TRAINER_CACHE_MB", "ServiceOptions", "RunningService", "start", "serve", "distribute"]
+__all__ = ["SHARDING_MODES", "DEFAULT_CROSS_TRAINER_CACHE_MB", "ServiceOptions",
+           "RunningService", "start", "serve", "distribute"]
 
 logger = logging.getLogger(__name__)
 
 SHARDING_MODES = ("static", "dynamic")
 # A worker's cross-trainer cache per job, in MiB, when `cross_trainer_cache_mb`
-# is not given: room for ~100 batches of 64 uint8 photos at 224x224 (26 of
-# float32) of lag between the trials of a sweep, where TensorFlow's own
-# default (10 GiB) times the workers of one host would exhaust most hosts.
+# is not given: room for ~95 batches of 64 uint8 photos at 224x224 (24 of
+# float32; TensorFlow counts ~1.17x the pixel bytes, measured) of lag between
+# the trials of a sweep, where TensorFlow's own default (10 GiB) times the
+# workers of one host would exhaust most hosts.
 DEFAULT_CROSS_TRAINER_CACHE_MB = 1024
 # How long `start` waits for the local workers to register with the dispatcher.
 _WORKERS_UP_TIMEOUT_S = 120.0
