@@ -83,7 +83,12 @@ def static() -> dict:
 
 def sweep() -> dict:
     """Two trials of a hyper-parameter sweep on one job, a trainer id each, read
-    in turns until each has seen every record of the split (at most 300 batches)."""
+    in turns until each has seen every record of the split (at most 60 s).
+
+    A worker starts its part of a new job at its next heartbeat, and a reader
+    looks for new parts every second or so: until then both trials read the
+    other worker's stream alone, however many batches they take.
+    """
     trials = [
         image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=2, repeat=True,
                                      service_job_name="trials", service_trainer_id=trial,
@@ -93,12 +98,15 @@ def sweep() -> dict:
     records = trials[0].records_per_epoch
     iterators = [iter(ds) for ds in trials]
     batches, seen = [[], []], [set(), set()]
-    while min(len(s) for s in seen) < records and len(batches[0]) < 300:
+    deadline = time.monotonic() + 60
+    while min(len(s) for s in seen) < records and time.monotonic() < deadline:
         for i, it in enumerate(iterators):
             _, _, extras = next(it)
             names = [n.decode() for n in extras[FILENAME.key].numpy()]
             batches[i].append(names)
             seen[i].update(names)
+        if len(batches[0]) % 20 == 0:
+            time.sleep(0.1)  # wait for the other worker rather than spin through the first
     return {"batches": batches}
 
 
