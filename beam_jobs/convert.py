@@ -213,6 +213,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
             # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
             # then takes their outcomes. Not with --resume: its receipts decide what is written.
             convert.start_early(workers.pool, first)
+        del first  # Their planned files, as the plan's: not held while the pipeline runs.
         pipeline = beam.Pipeline(runner=runner, options=options)
         _ = pipeline | "ConvertImages" >> convert
         result = pipeline.run()
