@@ -81,6 +81,13 @@ class ImagesToTFRecords(beam.PTransform):
                                 total_shards=total_shards, validation=validation, writing=writing,
                                 targets=targets, mask_dtype=mask_dtype)
 
+    def start_early(self, pool, shards) -> None:
+        """Starts writing `shards` (lists of one shard's PlannedFiles) in the driver's worker
+        processes `pool` before the pipeline runs (`WriteShardFn.start_early`); not with --dedup,
+        whose shards' files are known only once the pipeline has compared them."""
+        if not self._dedup:
+            self._fn.start_early(pool, shards)
+
     def expand(self, plan_paths):
         shards = plan_paths | "LoadShardPlans" >> beam.Map(load_shard_plan)  # ((split, shard), [PlannedFile])
         if self._dedup:

@@ -221,17 +221,7 @@ class WriteShardFn(beam.DoFn):
         that file only: it is found from the process's journal, quarantined,
         and the shard is written again without it (`guard.crash_culprits`).
         """
-        job = ShardJob(
-            output_dir=self._output_dir, split=split, index=index, num_shards=files[0].num_shards,
-            name=name, files=tuple(_shard_file(f) for f in files), num_classes=self._num_classes,
-            validation=self._validation,
-            # A worker process has no other thread to hand the GIL to: it
-            # reads and validates in its own, unless told otherwise.
-            threads=self._writing.worker_threads or (0 if self._pool else default_threads()),
-            quarantined=self._quarantined_of(files),
-            targets=self._targets,
-            mask_dtype=self._mask_dtype,
-        )
+        job = self._job(split, index, name, files, pooled=self._pool is not None)
         if self._pool is None:
             return write_shard(job)
         for _ in range(_MAX_CRASHES_PER_SHARD):
@@ -250,6 +240,39 @@ class WriteShardFn(beam.DoFn):
                     self._quarantined = self._quarantine.add(found)
                 job = dataclasses.replace(job, quarantined=self._quarantined_of(files))
         raise _processes.WorkerDied(f"Shard {name}: its worker processes died {_MAX_CRASHES_PER_SHARD} times.")
+
+    def _job(self, split, index, name, files, pooled: bool) -> ShardJob:
+        """The `ShardJob` of a shard's sorted PlannedFiles (`_quarantined` loaded)."""
+        return ShardJob(
+            output_dir=self._output_dir, split=split, index=index, num_shards=files[0].num_shards,
+            name=name, files=tuple(_shard_file(f) for f in files), num_classes=self._num_classes,
+            validation=self._validation,
+            # A worker process has no other thread to hand the GIL to: it
+            # reads and validates in its own, unless told otherwise.
+            threads=self._writing.worker_threads or (0 if pooled else default_threads()),
+            quarantined=self._quarantined_of(files),
+            targets=self._targets,
+            mask_dtype=self._mask_dtype,
+        )
+
+    def start_early(self, pool: _processes.WorkerProcesses, shards) -> None:
+        """Starts writing `shards` in `pool` now, in the driver, before the pipeline runs.
+
+        The DoFn's own calls for these shards then get their outcomes
+        (`processes.WorkerProcesses.start_early`): the worker processes work
+        while Beam's runner starts. The jobs are those `process` makes of
+        the same planned files (and this run's quarantine); a shard whose
+        job differs by then is written again by `process`, the same bytes.
+
+        Args:
+          pool: The worker processes that `setup` will acquire (the driver's).
+          shards: Lists of the PlannedFiles of each shard to start, from the plan.
+        """
+        self._quarantined = guard.Quarantine(guard.quarantine_path(self._output_dir)).load()
+        for files in shards:
+            files = sorted(files)
+            name = schemas.shard_filename(files[0].split, files[0].shard, files[0].num_shards)
+            pool.start_early(write_shard, self._job(files[0].split, files[0].shard, name, files, pooled=True))
 
     def _quarantined_of(self, files) -> tuple:
         """(rel_path, reason, message) of the shard's quarantined files."""

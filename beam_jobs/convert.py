@@ -104,21 +104,26 @@ class ConvertImages(beam.PTransform):
         self._plan = plan
         self._config = config
         self._plan_paths = plan_paths
+        self._write = ImagesToTFRecords(
+            output_dir=config.output_dir,
+            num_classes=len(plan.class_names),
+            total_shards=sum(plan.shard_counts.values()),
+            validation=config.validation,
+            writing=config.writing,
+            targets=_targets(plan),
+            mask_dtype=None if plan.masks is None else plan.masks.dtype,
+        )
+
+    def start_early(self, pool, shards) -> None:
+        """Starts writing `shards` in the driver's worker processes now (`ImagesToTFRecords.start_early`)."""
+        self._write.start_early(pool, shards)
 
     def expand(self, pbegin):
         plan, config = self._plan, self._config
         written = (
             pbegin
             | "ShardPlans" >> beam.Create(self._plan_paths)  # path of a shard's plan
-            | "ImagesToTFRecords" >> ImagesToTFRecords(
-                output_dir=config.output_dir,
-                num_classes=len(plan.class_names),
-                total_shards=sum(plan.shard_counts.values()),
-                validation=config.validation,
-                writing=config.writing,
-                targets=_targets(plan),
-                mask_dtype=None if plan.masks is None else plan.masks.dtype,
-            )
+            | "ImagesToTFRecords" >> self._write
         )
         listing_rejects = (
             pbegin
@@ -196,13 +201,21 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
             _LOG.setLevel(logging.WARNING)
             progress = ProgressBar(config.output_dir, len(plan.files), RECEIPTS_DIRNAME)
             progress.start()
-        pipeline = beam.Pipeline(runner=runner, options=options)
         plan_paths = write_shard_plans(plan.files, config.output_dir)
+        first = _first_shards(plan.files, processes) if workers.pool is not None and not config.writing.resume else []
         # The shard writers read their files from the plan files: the driver need
         # not hold one object per image while the pipeline runs (~0.7 KB each,
         # 70 MiB of peak memory at 100,000 images).
         plan = dataclasses.replace(plan, files=())
-        _ = pipeline | "ConvertImages" >> ConvertImages(plan, config, plan_paths)
+        convert = ConvertImages(plan, config, plan_paths)
+        if first:
+            # One shard per worker process starts now: they write while Beam builds and starts
+            # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
+            # then takes their outcomes. Not with --resume: its receipts decide what is written.
+            convert.start_early(workers.pool, first)
+        del first  # Their planned files, as the plan's: not held while the pipeline runs.
+        pipeline = beam.Pipeline(runner=runner, options=options)
+        _ = pipeline | "ConvertImages" >> convert
         result = pipeline.run()
         if wait:
             result.wait_until_finish()
@@ -217,6 +230,20 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     if wait:
         _LOG.info("%s", summarize(config.output_dir))
     return result
+
+
+def _first_shards(files, count: int) -> list[list]:
+    """The PlannedFiles of the plan's first `count` shards (in (split, shard) order), a list each."""
+    shards: list[list] = []
+    key = None
+    for f in files:  # In (split, shard, order) order (`conversion.plan.make_plan`).
+        if (f.split, f.shard) != key:
+            if len(shards) == count:
+                break
+            key = (f.split, f.shard)
+            shards.append([])
+        shards[-1].append(f)
+    return shards
 
 
 def _worker_processes(asked: int | None, files, shards: int | None, options) -> int:
@@ -278,6 +305,11 @@ class _Workers:
         self._start = start
         self._pool = None
         self._decoders = True
+
+    @property
+    def pool(self):
+        """The worker processes the driver holds (`conversion.processes.WorkerProcesses`), or None."""
+        return self._pool
 
     def start_for(self, files) -> None:
         """Starts as many processes as the listed `files` call for (the shards are not known yet)."""

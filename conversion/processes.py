@@ -19,11 +19,17 @@ local files, neither Beam nor TensorFlow's Python API.
         outcome = pool.call(write_shard, job)
     finally:
         release(pool)
+
+A caller that knows its first calls before its callers make them (the driver
+knows the first shards before Beam's runner has started) starts them early
+(`WorkerProcesses.start_early`); the first `call` with equal arguments then
+gets that outcome instead of running again.
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import gc
 import json
 import logging
@@ -178,6 +184,9 @@ class WorkerProcesses:
         self._lock = threading.Lock()
         self._closed = False
         self._warm = warm
+        # (fn, args, future) of calls started early (`start_early`), not yet claimed by `call`.
+        self._early: list[tuple] = []
+        self._early_threads: concurrent.futures.ThreadPoolExecutor | None = None
         # Where the children note the files they work on (`guard.Journal`):
         # the conversion's folder when a supervising command made one, else the pool's own.
         self.journal_folder = os.environ.get(guard.JOURNAL_ENV)
@@ -204,12 +213,52 @@ class WorkerProcesses:
             self._workers.append(worker)
         return worker
 
+    def start_early(self, fn, *args) -> None:
+        """Starts `fn(*args)` now, in a child, for a `call` with equal arguments to come.
+
+        For the calls a caller knows before it can make them: the driver
+        starts the first shards while Beam's runner starts up (~1-2 s of
+        wall time on busy cores in which the children would wait). The
+        first `call(fn, *args)` with `fn` itself and equal `args` returns
+        that outcome (or raises its error) instead of running again; until
+        then it runs as any call, on a thread of the pool's own. Start at
+        most as many as the caller will claim: an unclaimed one is work done
+        for nothing.
+        """
+        if self._closed:
+            raise RuntimeError("The worker processes are closed.")
+        with self._lock:
+            if self._early_threads is None:
+                self._early_threads = concurrent.futures.ThreadPoolExecutor(self.processes, "shardsmith-early")
+            self._early.append((fn, args, self._early_threads.submit(self._call, fn, args)))
+
+    def _claim_early(self, fn, args):
+        """The future of a call started early with `fn` and equal `args`, taken off the list; or None."""
+        with self._lock:
+            for k, (early_fn, early_args, future) in enumerate(self._early):
+                if early_fn is fn and early_args == args:
+                    del self._early[k]
+                    return future
+        return None
+
     def call(self, fn, *args):
         """Runs `fn(*args)` in an idle child (waiting for one); returns its value or raises its error.
+
+        A call started early with equal arguments (`start_early`) is not run
+        again: its outcome is returned (or its error raised).
 
         Raises:
           WorkerDied: If the child ends during the call; a fresh child takes its place.
         """
+        if self._closed:
+            raise RuntimeError("The worker processes are closed.")
+        early = self._claim_early(fn, args) if self._early else None
+        if early is not None:
+            return early.result()
+        return self._call(fn, args)
+
+    def _call(self, fn, args):
+        """`call`, without looking for a call started early."""
         if self._closed:
             raise RuntimeError("The worker processes are closed.")
         worker = self._idle.get()
@@ -244,10 +293,16 @@ class WorkerProcesses:
         with self._lock:
             workers, self._workers = self._workers, []
             watchdog, self._watchdog = self._watchdog, None
+            early_threads, self._early_threads = self._early_threads, None
+            self._early = []
         if watchdog is not None:
             watchdog.stop()
         for worker in workers:
             worker.close(kill=kill)
+        if early_threads is not None:
+            # Not waited for: their calls are answered by now, or fail as their children close
+            # (and `close` may run on one of them, interrupted).
+            early_threads.shutdown(wait=False, cancel_futures=True)
         if self._own_folder:
             shutil.rmtree(self.journal_folder, ignore_errors=True)
 

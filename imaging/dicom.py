@@ -27,20 +27,19 @@ import io
 import logging
 import math
 import struct
+import threading
 import warnings
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
-import pydicom
-from pydicom import uid as dicom_uid
-from pydicom.datadict import dictionary_has_tag, dictionary_VR, tag_for_keyword
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.errors import BytesLengthException, InvalidDicomError
-from pydicom.multival import MultiValue
-from pydicom.pixels import apply_color_lut, apply_modality_lut, convert_color_space, get_decoder
 
 from imaging.errors import ImageRejected
+
+if TYPE_CHECKING:
+    from pydicom import uid as dicom_uid
+    from pydicom.dataset import Dataset
 
 __all__ = [
     "is_keyword",
@@ -111,28 +110,25 @@ _BIT_DEPTHS = (8, 16)
 # VRs that hold binary data or nested datasets: not meaningful as strings.
 _NON_STRING_VRS = frozenset({"SQ", "OB", "OD", "OF", "OL", "OV", "OW", "UN"})
 
+# The decoding plugin of pydicom that shardsmith[dicom] provides.
+_PREFERRED_PLUGIN = "pylibjpeg"
 # What shardsmith[dicom] installs to decode each family of compressed syntax;
 # named in unsupported_codec messages.
 _LIBJPEG = "pylibjpeg pylibjpeg-libjpeg"
 _OPENJPEG = "pylibjpeg pylibjpeg-openjpeg"
-_CODEC_PACKAGES = {
-    dicom_uid.JPEGBaseline8Bit: _LIBJPEG,
-    dicom_uid.JPEGExtended12Bit: _LIBJPEG,
-    dicom_uid.JPEGLossless: _LIBJPEG,
-    dicom_uid.JPEGLosslessSV1: _LIBJPEG,
-    dicom_uid.JPEGLSLossless: _LIBJPEG,
-    dicom_uid.JPEGLSNearLossless: _LIBJPEG,
-    dicom_uid.JPEG2000Lossless: _OPENJPEG,
-    dicom_uid.JPEG2000: _OPENJPEG,
-    dicom_uid.HTJ2KLossless: _OPENJPEG,
-    dicom_uid.HTJ2KLosslessRPCL: _OPENJPEG,
-    dicom_uid.HTJ2K: _OPENJPEG,
-    # pydicom decodes RLE itself; pylibjpeg-rle is only faster.
-    dicom_uid.RLELossless: "pylibjpeg pylibjpeg-rle",
-}
-# The decoding plugin of pydicom that shardsmith[dicom] provides.
-_PREFERRED_PLUGIN = "pylibjpeg"
 
+# pydicom is imported on first use (`_load_pydicom`), not with this module:
+# ~0.25 s of CPU (its pixel decoders, `requests` for its data manager) that
+# every conversion's driver and worker processes paid at start-up, DICOM
+# files or not (they import `imaging` for its options and validator). These
+# names are pydicom's, bound by `_load_pydicom`: every function that uses one
+# calls it first, or is only called from one that has.
+_LOADED = False
+_LOAD_LOCK = threading.Lock()
+# The transfer syntax UIDs of the codec packages (`_CODEC_PACKAGES`), of JPEG 2000
+# (`_J2K_SYNTAXES`), and the errors below (`_PYDICOM_ERRORS`, `_DECODER_ERRORS`).
+_CODEC_PACKAGES: dict = {}
+_J2K_SYNTAXES: frozenset = frozenset()
 # pydicom raises these for damaged files (found by truncating and corrupting
 # every bundled test file): InvalidDicomError for a bad header; OSError ("No
 # tag to read at file position", the data is in memory so it is never I/O)
@@ -142,11 +138,7 @@ _PREFERRED_PLUGIN = "pylibjpeg"
 # for layouts it does not handle; zlib.error for damaged deflated data.
 # Generic errors (AttributeError, TypeError, RuntimeError) are not among them:
 # raised by shardsmith's own code they are bugs, not damaged files.
-_PYDICOM_ERRORS = (
-    InvalidDicomError, BytesLengthException, OSError, struct.error, zlib.error, ValueError,
-    NotImplementedError,
-)
-
+_PYDICOM_ERRORS: tuple = ()
 # Around pydicom's pixel decoder call only, two generic errors are the
 # decoder's own: RuntimeError when every plugin failed ("Unable to decode as
 # exceptions were raised by all available plugins"; the Rust decoders' panic
@@ -154,17 +146,59 @@ _PYDICOM_ERRORS = (
 # missing image element ("Missing required element: (0028,0103) 'Pixel
 # Representation'", found by corrupting pydicom's bundled files). Anywhere
 # else they are a bug in shardsmith, and propagate.
-_DECODER_ERRORS = (*_PYDICOM_ERRORS, RuntimeError, AttributeError)
+_DECODER_ERRORS: tuple = ()
+
+
+def _load_pydicom() -> None:
+    """Imports pydicom and binds its names in this module, once (see `_LOADED`)."""
+    global _LOADED, pydicom, dicom_uid, dictionary_has_tag, dictionary_VR, tag_for_keyword, Dataset
+    global FileMetaDataset, MultiValue, apply_color_lut, apply_modality_lut, convert_color_space, get_decoder
+    global _CODEC_PACKAGES, _J2K_SYNTAXES, _PYDICOM_ERRORS, _DECODER_ERRORS
+    if _LOADED:
+        return
+    with _LOAD_LOCK:
+        if _LOADED:
+            return
+        import pydicom
+        from pydicom import uid as dicom_uid
+        from pydicom.datadict import dictionary_has_tag, dictionary_VR, tag_for_keyword
+        from pydicom.dataset import Dataset, FileMetaDataset
+        from pydicom.errors import BytesLengthException, InvalidDicomError
+        from pydicom.multival import MultiValue
+        from pydicom.pixels import apply_color_lut, apply_modality_lut, convert_color_space, get_decoder
+
+        _CODEC_PACKAGES = {
+            dicom_uid.JPEGBaseline8Bit: _LIBJPEG,
+            dicom_uid.JPEGExtended12Bit: _LIBJPEG,
+            dicom_uid.JPEGLossless: _LIBJPEG,
+            dicom_uid.JPEGLosslessSV1: _LIBJPEG,
+            dicom_uid.JPEGLSLossless: _LIBJPEG,
+            dicom_uid.JPEGLSNearLossless: _LIBJPEG,
+            dicom_uid.JPEG2000Lossless: _OPENJPEG,
+            dicom_uid.JPEG2000: _OPENJPEG,
+            dicom_uid.HTJ2KLossless: _OPENJPEG,
+            dicom_uid.HTJ2KLosslessRPCL: _OPENJPEG,
+            dicom_uid.HTJ2K: _OPENJPEG,
+            # pydicom decodes RLE itself; pylibjpeg-rle is only faster.
+            dicom_uid.RLELossless: "pylibjpeg pylibjpeg-rle",
+        }
+        _J2K_SYNTAXES = frozenset({
+            dicom_uid.JPEG2000Lossless, dicom_uid.JPEG2000, dicom_uid.HTJ2KLossless,
+            dicom_uid.HTJ2KLosslessRPCL, dicom_uid.HTJ2K,
+        })
+        _PYDICOM_ERRORS = (
+            InvalidDicomError, BytesLengthException, OSError, struct.error, zlib.error, ValueError,
+            NotImplementedError,
+        )
+        _DECODER_ERRORS = (*_PYDICOM_ERRORS, RuntimeError, AttributeError)
+        _LOADED = True
+
 
 # Photometric interpretations.
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
 _YBR_TO_CONVERT = ("YBR_FULL", "YBR_FULL_422")
 _PALETTE = "PALETTE COLOR"
 
-_J2K_SYNTAXES = frozenset({
-    dicom_uid.JPEG2000Lossless, dicom_uid.JPEG2000, dicom_uid.HTJ2KLossless,
-    dicom_uid.HTJ2KLosslessRPCL, dicom_uid.HTJ2K,
-})
 # A JP2 file's first box: length 12, type 'jP  ' (ISO/IEC 15444-1 I.5.1).
 _JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  "
 
@@ -328,6 +362,7 @@ def describe_available_codecs() -> dict[str, bool]:
       installed} for every compressed syntax pydicom knows; RLE is always
       True (pydicom decodes it itself).
     """
+    _load_pydicom()
     out = {}
     for ts in _CODEC_PACKAGES:
         try:
@@ -368,7 +403,10 @@ def _is_bare_dataset(head: bytes, endian: str) -> bool:
     if len(head) < 8:
         return False
     group, element = struct.unpack_from(endian + "HH", head, 0)
-    if group not in _BARE_FIRST_GROUPS or not dictionary_has_tag((group << 16) | element):
+    if group not in _BARE_FIRST_GROUPS:
+        return False  # Most files (JPEG, PNG, TIFF): told apart without pydicom.
+    _load_pydicom()
+    if not dictionary_has_tag((group << 16) | element):
         return False
     explicit = head[4:6] in _VRS
     previous = -1
@@ -423,6 +461,7 @@ def read_group_value(data: bytes, keyword: str) -> str | None:
     Raises:
       ValueError: When `keyword` is not a DICOM keyword.
     """
+    _load_pydicom()
     _check_keyword(keyword, "keyword")
     if not is_dicom(data[:1024]):
         return None
@@ -458,6 +497,7 @@ def decode_dicom(data: bytes, name: str, options: DicomOptions) -> list[DicomFra
         photometric interpretation is not supported), 'too_large', or
         'corrupt' (truncated, damaged or inconsistent).
     """
+    _load_pydicom()
     if not is_dicom(data[:1024]):
         raise ImageRejected("not_an_image", f"{name} is not a DICOM file")
     with warnings.catch_warnings(record=True) as caught:
@@ -867,6 +907,7 @@ def _encode_png(arr: np.ndarray) -> bytes:
 
 def _tag_string(ds: Dataset, keyword: str) -> str:
     """An element's value as a string; '' when absent or empty."""
+    _load_pydicom()
     value = ds.get(keyword)
     if value is None:
         return ""
@@ -878,6 +919,7 @@ def _tag_string(ds: Dataset, keyword: str) -> str:
 
 
 def _check_keyword(keyword, flag: str) -> None:
+    _load_pydicom()
     if not isinstance(keyword, str) or tag_for_keyword(keyword) is None:
         raise ValueError(
             f"{flag} must name DICOM keywords such as Modality or BodyPartExamined. "
@@ -891,6 +933,7 @@ def _check_keyword(keyword, flag: str) -> None:
 
 
 def _sop_class_name(ds: Dataset) -> str:
+    _load_pydicom()
     sop = ds.get("SOPClassUID") or getattr(getattr(ds, "file_meta", None), "MediaStorageSOPClassUID", None)
     if not sop:
         return ""
@@ -912,4 +955,5 @@ def _short(e: BaseException) -> str:
 
 def is_keyword(keyword: str) -> bool:
     """Whether `keyword` names a DICOM data element (e.g. 'PatientID')."""
+    _load_pydicom()
     return isinstance(keyword, str) and tag_for_keyword(keyword) is not None

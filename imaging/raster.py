@@ -635,7 +635,12 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
 
 def raw_bytes(array: np.ndarray) -> bytes:
     """The raw record payload: little-endian, C order, (height, width, bands)."""
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    little = array.dtype.newbyteorder("<")
+    if array.dtype == little:
+        # One copy: `tobytes` writes a view (a patch of a decoded tile) in C order itself;
+        # `ascontiguousarray` first would copy every sample twice.
+        return array.tobytes()
+    return np.ascontiguousarray(array, dtype=little).tobytes()
 
 
 def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:

@@ -77,6 +77,32 @@ def test_a_warm_up_error_is_raised_by_the_first_call_only():
         workers.close()
 
 
+def test_a_call_started_early_runs_once_for_the_call_with_equal_arguments(tmp_path):
+    runs = tmp_path / "runs"
+    append = f"open({str(runs)!r}, 'a').write('x')"  # Each run in the child appends one x.
+    workers = _processes.WorkerProcesses(1)
+    try:
+        workers.start_early(eval, append)
+        workers.start_early(divmod, 1, 0)
+        assert workers.call(divmod, 9, 2) == (4, 1)  # Other arguments: a call of its own.
+        assert workers.call(eval, append) == 1  # The early call's answer ...
+        assert runs.read_text() == "x"  # ... from its one run, not run again.
+        with pytest.raises(ZeroDivisionError):  # An early call's error goes to the call that claims it.
+            workers.call(divmod, 1, 0)
+        assert workers.call(eval, append) == 1 and runs.read_text() == "xx"  # Claimed once: this one runs.
+    finally:
+        workers.close()
+
+
+def test_the_driver_starts_the_plans_first_shards_whole():
+    files = _plan_of(12, 4).files
+    planned = sorted(files, key=lambda f: (f.split, f.shard, f.order))  # The plan's order.
+    first = convert_module._first_shards(planned, 2)
+    assert [[(f.shard, f.order) for f in shard] for shard in first] == [
+        [(0, 0), (0, 4), (0, 8)], [(1, 1), (1, 5), (1, 9)]]
+    assert len(convert_module._first_shards(planned, 9)) == 4
+
+
 def test_closing_ends_every_child():
     workers = _processes.WorkerProcesses(2)
     procs = [w._proc for w in workers._workers]
