@@ -226,3 +226,46 @@ def add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:
         write(pathlib.Path(root) / rel, b"FAULTY" + kind.ljust(6).encode())
         written[rel] = kind
     return written
+
+
+def write_geotiff(path: pathlib.Path, array: np.ndarray, nodata=None, *, crs: str = "EPSG:32633",
+                  transform=None, **profile) -> pathlib.Path:
+    """A GeoTIFF of `array` (bands, height, width) written by GDAL (rasterio), as real scenes are.
+
+    Args:
+      path: The file; its folder is created.
+      array: The samples, band first.
+      nodata: The nodata value GDAL records, or None.
+      crs: The coordinate reference system.
+      transform: A rasterio `Affine`; default 10 m pixels from (300000, 5000000).
+      **profile: GDAL creation options of rasterio's profile (tiled, blockxsize, compress, ...).
+    """
+    import rasterio
+    from rasterio.transform import from_origin
+
+    bands, height, width = array.shape
+    path.parent.mkdir(parents=True, exist_ok=True)
+    transform = from_origin(300000.0, 5000000.0, 10.0, 10.0) if transform is None else transform
+    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
+                       dtype=array.dtype.name, nodata=nodata, crs=crs, transform=transform,
+                       **profile) as dst:
+        dst.write(array)
+    return path
+
+
+def decoded_records(out_dir, split: str = "train"):
+    """(record, serialized bytes, shard file) of every record of `split`, in shard order.
+
+    Decoded by the schema's Python decoder (no TensorFlow), as the manifest's
+    features describe them.
+    """
+    import schemas
+    from schemas.tfrecord import iter_records
+
+    out_dir = pathlib.Path(out_dir)
+    manifest = schemas.Manifest.from_json((out_dir / schemas.MANIFEST_FILENAME).read_text())
+    schema = schemas.ImageExampleSchema.from_json(manifest.features)
+    for info in manifest.splits[split].shards:
+        with open(out_dir / info.file, "rb") as f:
+            for _, _, payload in iter_records(f):
+                yield schema.decode(payload), payload, info.file

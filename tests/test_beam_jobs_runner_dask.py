@@ -23,7 +23,8 @@ import rasterio
 from rasterio.transform import from_origin
 from rasterio.windows import Window
 
-from helpers import add_faulty_files, encode, faulty_plugin, make_class_tree, pixels, read_records, write
+from helpers import (add_faulty_files, encode, faulty_plugin, make_class_tree, pixels, read_records, write,
+                     write_geotiff)
 
 import schemas
 from beam_jobs import convert as convert_module
@@ -219,13 +220,8 @@ def test_masks_and_boxes_together_on_dask_match_the_local_runner(dask_cluster, t
 
 
 def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pathlib.Path:
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, nodata=nodata, crs="EPSG:32631",
-                       transform=from_origin(400000.0, 5000000.0, 10.0, 10.0), **profile) as dst:
-        dst.write(array)
-    return path
+    """A GeoTIFF of (bands, height, width) written by GDAL."""
+    return write_geotiff(path, array, nodata, crs="EPSG:32631", transform=from_origin(400000.0, 5000000.0, 10.0, 10.0), **profile)
 
 
 @pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")

@@ -25,9 +25,8 @@ from rasterio.windows import Window  # noqa: E402
 
 import schemas  # noqa: E402
 from beam_jobs import verify  # noqa: E402
-from helpers import convert  # noqa: E402
+from helpers import convert, decoded_records, write_geotiff  # noqa: E402
 from imaging.patches import PatchOptions, grid  # noqa: E402
-from schemas.tfrecord import iter_records  # noqa: E402
 
 # rasterio builds its transforms with `*` (affine 2.4 asks for `@`): its own warning, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
@@ -43,13 +42,7 @@ _TILES = {"tiled": True, "blockxsize": 32, "blockysize": 32, "compress": "deflat
 
 def _tif(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pathlib.Path:
     """A GeoTIFF of (bands, height, width) written by GDAL."""
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, nodata=nodata, crs="EPSG:32633", transform=_TRANSFORM,
-                       **profile) as dst:
-        dst.write(array)
-    return path
+    return write_geotiff(path, array, nodata, crs="EPSG:32633", transform=_TRANSFORM, **profile)
 
 
 def _labels(height: int, width: int, ids, block: int = 8) -> np.ndarray:
@@ -113,15 +106,7 @@ def _expected(scene, mask, options: PatchOptions, ignore: int):
 
 def _records(out) -> dict[str, dict]:
     """Filename to decoded record (schemas' Python decoder)."""
-    manifest = schemas.Manifest.from_json((pathlib.Path(out) / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
-    found = {}
-    for info in manifest.splits["train"].shards:
-        with open(pathlib.Path(out) / info.file, "rb") as f:
-            for _, _, payload in iter_records(f):
-                record = schema.decode(payload)
-                found[record[schemas.FILENAME.key].decode()] = record
-    return found
+    return {record[schemas.FILENAME.key].decode(): record for record, _, _ in decoded_records(out)}
 
 
 def _png(data: bytes) -> np.ndarray:

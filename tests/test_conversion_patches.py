@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 import pathlib
-import resource
 import subprocess
 import sys
 
@@ -24,9 +23,8 @@ from rasterio.windows import Window  # noqa: E402
 
 import schemas  # noqa: E402
 from beam_jobs import verify  # noqa: E402
-from helpers import convert  # noqa: E402
+from helpers import convert, decoded_records, write_geotiff  # noqa: E402
 from imaging.patches import PatchOptions, grid  # noqa: E402
-from schemas.tfrecord import iter_records  # noqa: E402
 
 # rasterio builds its transforms with `*` (affine 2.4 asks for `@`): its own warning, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
@@ -38,13 +36,7 @@ _REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pathlib.Path:
     """A GeoTIFF of (bands, height, width) written by GDAL."""
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, nodata=nodata, crs="EPSG:32633", transform=_TRANSFORM,
-                       **profile) as dst:
-        dst.write(array)
-    return path
+    return write_geotiff(path, array, nodata, crs="EPSG:32633", transform=_TRANSFORM, **profile)
 
 
 def _u16_4_tiled(path):
@@ -71,18 +63,13 @@ _PATCH, _STRIDE, _MAX_NODATA = 64, 48, 0.5
 
 def _records(out) -> dict[str, dict]:
     """Filename to decoded record (schemas' Python decoder) with its pixels and shard."""
-    manifest = schemas.Manifest.from_json((pathlib.Path(out) / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
     found = {}
-    for info in manifest.splits["train"].shards:
-        with open(pathlib.Path(out) / info.file, "rb") as f:
-            for _, _, payload in iter_records(f):
-                record = schema.decode(payload)
-                record["pixels"] = _pixels(record)
-                record["shard"] = info.file
-                name = record[schemas.FILENAME.key].decode()
-                assert name not in found, name
-                found[name] = record
+    for record, _, shard in decoded_records(out):
+        record["pixels"] = _pixels(record)
+        record["shard"] = shard
+        name = record[schemas.FILENAME.key].decode()
+        assert name not in found, name
+        found[name] = record
     return found
 
 

@@ -22,10 +22,9 @@ from rasterio.windows import Window  # noqa: E402
 import schemas  # noqa: E402
 from beam_jobs import verify  # noqa: E402
 from conversion.files import TMP_DIRNAME  # noqa: E402
-from helpers import convert  # noqa: E402
+from helpers import convert, decoded_records, write_geotiff  # noqa: E402
 from imaging import scenes  # noqa: E402
 from imaging.patches import PatchOptions, grid  # noqa: E402
-from schemas.tfrecord import iter_records  # noqa: E402
 
 # rasterio builds its transforms with `*` (affine 2.4 asks for `@`): its own warning, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
@@ -37,13 +36,7 @@ _BUDGET = 8 << 20  # imaging.scenes' budget of decoded patch bytes per work item
 
 def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pathlib.Path:
     """A GeoTIFF of (bands, height, width) written by GDAL."""
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, nodata=nodata, crs="EPSG:32632", transform=_TRANSFORM,
-                       **profile) as dst:
-        dst.write(array)
-    return path
+    return write_geotiff(path, array, nodata, crs="EPSG:32632", transform=_TRANSFORM, **profile)
 
 
 # --------------------------------------------------------------------------
@@ -138,15 +131,11 @@ def _inputs(root: pathlib.Path) -> dict[str, pathlib.Path]:
 
 def _records(out) -> dict[str, tuple[bytes, str]]:
     """Record filename to (its serialized tf.train.Example, its shard)."""
-    manifest = schemas.Manifest.from_json((pathlib.Path(out) / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
     found = {}
-    for info in manifest.splits["train"].shards:
-        with open(pathlib.Path(out) / info.file, "rb") as f:
-            for _, _, payload in iter_records(f):
-                name = schema.decode(payload)[schemas.FILENAME.key].decode()
-                assert name not in found, name
-                found[name] = (payload, info.file)
+    for record, payload, shard in decoded_records(out):
+        name = record[schemas.FILENAME.key].decode()
+        assert name not in found, name
+        found[name] = (payload, shard)
     return found
 
 

@@ -33,7 +33,7 @@ from rasterio.windows import Window  # noqa: E402
 import readers  # noqa: E402
 import schemas  # noqa: E402
 from beam_jobs import verify  # noqa: E402
-from helpers import convert  # noqa: E402
+from helpers import convert, write_geotiff  # noqa: E402
 from schemas.tfrecord import format_index, frame_record, iter_records  # noqa: E402
 
 # rasterio builds its transforms with `*` (affine 2.4 asks for `@`): its own warning, not ours.
@@ -47,13 +47,7 @@ _BATCH = 4
 
 def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pathlib.Path:
     """A GeoTIFF of (bands, height, width) written by GDAL."""
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, nodata=nodata, crs="EPSG:32633",
-                       transform=from_origin(500000.0, 4100000.0, 10.0, 10.0), **profile) as dst:
-        dst.write(array)
-    return path
+    return write_geotiff(path, array, nodata, crs="EPSG:32633", transform=from_origin(500000.0, 4100000.0, 10.0, 10.0), **profile)
 
 
 def _write_scenes(root: pathlib.Path) -> dict[str, pathlib.Path]:

@@ -18,7 +18,7 @@ rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import from_origin  # noqa: E402
 from rasterio.windows import Window  # noqa: E402
 
-from helpers import convert  # noqa: E402
+from helpers import convert, write_geotiff  # noqa: E402
 from shardsmith import preview  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
@@ -27,14 +27,9 @@ _RNG = np.random.default_rng(2527)
 _PATCH = 32
 
 
-def _scene(path, array, nodata=None, **profile):
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands, dtype=array.dtype.name,
-                       nodata=nodata, crs="EPSG:32633", transform=from_origin(300000.0, 5000000.0, 10.0, 10.0),
-                       **profile) as dst:
-        dst.write(array)
-    return path
+def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pathlib.Path:
+    """A GeoTIFF of (bands, height, width) written by GDAL."""
+    return write_geotiff(path, array, nodata, crs="EPSG:32633", transform=from_origin(300000.0, 5000000.0, 10.0, 10.0), **profile)
 
 
 @pytest.fixture(scope="module")
