@@ -210,6 +210,24 @@ def strategy_label_sum(strategy, dist) -> float:
     return float(sum(step(x, y) for x, y in dist))
 
 
+def fit_one_epoch(strategy, train, num_classes: int) -> dict:
+    """One epoch of a tiny 8x8x3 classifier fitted under `strategy`: {'fit_loss', 'fit_steps'}."""
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(2, 3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(num_classes, activation="softmax"),
+        ])
+        model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    steps = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
+    history = model.fit(train, epochs=1, verbose=0, callbacks=[counter])
+    return {"fit_loss": history.history["loss"], "fit_steps": len(steps)}
+
+
 @dataclasses.dataclass(frozen=True)
 class RasterItem:
     """One record of a raster test dataset: its stored array, label and name."""

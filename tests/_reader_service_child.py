@@ -27,10 +27,10 @@ DATA_DIR, SERVICE = sys.argv[1:3]
 cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import keras  # noqa: E402
 
 from readers import distributed_dataset, image_dataset_from_tfrecords  # noqa: E402
 from schemas import FILENAME  # noqa: E402
+from _reader_data import fit_one_epoch  # noqa: E402
 
 SMALL = dict(image_size=(8, 8), extra_features=(FILENAME.key,))
 
@@ -146,19 +146,7 @@ def fit() -> dict:
     train = distributed_dataset(strategy, DATA_DIR, global_batch_size=4, service=SERVICE,
                                 image_size=(8, 8), scale=1 / 255, label_mode="categorical",
                                 augment="standard")
-    with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((8, 8, 3)),
-            keras.layers.Conv2D(2, 3),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(len(dist.class_names), activation="softmax"),
-        ])
-        model.compile(optimizer="sgd", loss="categorical_crossentropy")
-    steps = []
-    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
-    history = model.fit(train, epochs=1, verbose=0, callbacks=[counter])
-    result["fit_loss"] = history.history["loss"]
-    result["fit_steps"] = len(steps)
+    result.update(fit_one_epoch(strategy, train, len(dist.class_names)))
     return result
 
 

@@ -21,11 +21,10 @@ tf.config.set_logical_device_configuration(
     cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
 )
 
-import keras  # noqa: E402
 
 from readers import distributed_dataset  # noqa: E402
 from schemas import FILENAME  # noqa: E402
-from _reader_data import strategy_label_sum  # noqa: E402
+from _reader_data import fit_one_epoch, strategy_label_sum  # noqa: E402
 
 
 def main(data_dir: str) -> dict:
@@ -63,19 +62,7 @@ def main(data_dir: str) -> dict:
         strategy, data_dir, "train", global_batch_size=4, image_size=(8, 8),
         augment="standard", scale=1 / 255, label_mode="categorical",
     )
-    with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((8, 8, 3)),
-            keras.layers.Conv2D(2, 3),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(len(dist.class_names), activation="softmax"),
-        ])
-        model.compile(optimizer="sgd", loss="categorical_crossentropy")
-    steps = []
-    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
-    history = model.fit(train, epochs=1, verbose=0, callbacks=[counter])
-    result["fit_loss"] = history.history["loss"]
-    result["fit_steps"] = len(steps)
+    result.update(fit_one_epoch(strategy, train, len(dist.class_names)))
     return result
 
 
