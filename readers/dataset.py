@@ -866,7 +866,8 @@ def _finish_dataset(
     if served:
         remote = config.remote
         ds = _service.distribute(ds, remote.service, remote.service_sharding,
-                                remote.service_job_name, remote.service_trainer_id)
+                                remote.service_job_name, remote.service_trainer_id,
+                                remote.service_compression)
     ds.class_names = label_names(split_files, config.reading.label_mode)
     ds.records_per_epoch = split_files.total_records
     ds.seed = config.shuffling.seed
@@ -1000,6 +1001,7 @@ def image_dataset_from_tfrecords(
     service_sharding: str = "static",
     service_job_name: str | None = None,
     service_trainer_id: str | None = None,
+    service_compression: str | None = None,
 ) -> tf.data.Dataset:
     """Reads one split of a shardsmith dataset as a batched `tf.data.Dataset`.
 
@@ -1019,13 +1021,14 @@ def image_dataset_from_tfrecords(
       resize, crop_fraction, interpolation, dtype, scale, normalize, augment,
       repeat, drop_remainder, extra_features, deterministic, cache,
       shuffle_buffer, start, max_bad_records, service, service_sharding,
-      service_job_name, service_trainer_id:
+      service_job_name, service_trainer_id, service_compression:
         See `ReadOptions` (batch_size, label_mode, pad_boxes, repeat,
         drop_remainder, extra_features, cache, max_bad_records), `ImageOptions` (image_size,
         color_mode, resize, crop_fraction, interpolation, dtype, scale,
         normalize, augment), `ShuffleOptions` (shuffle, seed,
         deterministic, shuffle_buffer, start) and `ServiceReadOptions`
-        (service, service_sharding, service_job_name, service_trainer_id: the
+        (service, service_sharding, service_job_name, service_trainer_id,
+        service_compression: the
         pipeline run by tf.data service workers, see `readers.service`; then the dataset's
         cardinality is unknown, and `seed` makes each worker's stream
         reproducible but not the order its batches arrive in).
@@ -1112,6 +1115,7 @@ def image_dataset_from_tfrecords(
         service_sharding=service_sharding,
         service_job_name=service_job_name,
         service_trainer_id=service_trainer_id,
+        service_compression=service_compression,
     )
     if config.shuffle_mode == "global" and config.seed is None:
         config = config.replace(seed=_random_seed())

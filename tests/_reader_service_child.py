@@ -52,7 +52,13 @@ def static() -> dict:
     ds = image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=4, **SMALL)
     result["cardinality"] = int(ds.cardinality())
     result["class_names"] = ds.class_names
-    result["batches"], result["labels"], _ = _batches(ds)
+    result["batches"], result["labels"], pixels = _batches(ds)
+    # Compressed by the workers (snappy), uncompressed here: the same records, the same pixels.
+    ds = image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=4,
+                                      service_compression="snappy", **SMALL)
+    snappy_batches, _, snappy_pixels = _batches(ds)
+    result["snappy"] = {"names": sorted(n for b in snappy_batches for n in b),
+                        "same_pixels": snappy_pixels == pixels}
     # Two trainers reading one job by name share it.
     shared = [
         iter(image_dataset_from_tfrecords(DATA_DIR, service=SERVICE, batch_size=2,

@@ -184,6 +184,10 @@ def test_static_sharding_reads_every_record_exactly_once(written, reads):
     assert result["labels"] == {n: by_name[n].label for n in names}
     assert result["class_names"] == list(written.class_names)
     assert result["cardinality"] == -2  # unknown: the service's
+    # service_compression='snappy' (TensorFlow's own default) reads the same as the default
+    # (uncompressed).
+    assert result["snappy"]["names"] == sorted(expected)
+    assert result["snappy"]["same_pixels"] is True
     # Each worker batches its own 12 records: 3 batches of 4 each.
     assert sorted(len(b) for b in result["batches"]) == [4] * 6
     # Two trainers of one job: each got part, together every record once.
@@ -265,6 +269,12 @@ def test_refused_combinations_name_the_options(written):
         ReaderConfig(service=service, service_sharding="files")
     with pytest.raises(ValueError, match="apply with a `service` only"):
         ReaderConfig(service_sharding="dynamic")
+    with pytest.raises(ValueError, match=r"apply with a `service` only.*"
+                                         r"service_compression='snappy'"):
+        ReaderConfig(service_compression="snappy")
+    with pytest.raises(ValueError, match=r"`service_compression` must be one of \(None, 'snappy'\)"
+                                         r". Received: service_compression='AUTO'"):
+        ReaderConfig(service=service, service_compression="AUTO")
     with pytest.raises(ValueError, match=r"`service` must be the dispatcher's address"):
         ReaderConfig(service="localhost")
     # The trials of a sweep: a job name and an endless read.
