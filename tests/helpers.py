@@ -19,7 +19,8 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom",
-           "tiff_with_bad_tag", "interpreters_at_once", "faulty_plugin", "add_faulty_files"]
+           "tiff_with_bad_tag", "interpreters_at_once", "forked_programs", "faulty_plugin",
+           "add_faulty_files"]
 
 
 def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
@@ -82,6 +83,85 @@ def interpreters_at_once() -> int:
     """
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
     return max(1, max(2, os.cpu_count() or 1) // workers)
+
+
+# The interpreter of `forked_programs`: argv[1] is a JSON file of {"prelude": code, "programs":
+# {name: {"code": code, "env": {name: value or None}}}, "out": folder}.
+_FORK_DRIVER = r'''
+import json, os, sys, traceback
+spec = json.load(open(sys.argv[1]))
+scope = {"__name__": "__main__"}
+exec(compile(spec["prelude"], "<prelude>", "exec"), scope)
+for name, program in spec["programs"].items():
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            for fd, ext in ((1, "out"), (2, "err")):
+                target = os.open(os.path.join(spec["out"], f"{name}.{ext}"),
+                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(target, fd)
+                os.close(target)
+            for key, value in program["env"].items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            exec(compile(program["code"], f"<{name}>", "exec"), scope)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    with open(os.path.join(spec["out"], f"{name}.status"), "w") as f:
+        f.write(str(os.waitstatus_to_exitcode(status)))
+'''
+
+
+def forked_programs(prelude: str, programs: dict[str, tuple[str, dict]], *, cwd, env: dict,
+                    timeout: float = 600) -> dict[str, tuple[int, str, str]]:
+    """Runs each program in a child forked from one interpreter that ran `prelude` first.
+
+    For tests of what a fresh process sees (imports, environment variables read at TensorFlow's
+    first op), at the cost of one import of the heavy libraries `prelude` imports, not one per
+    program: each child starts from the state `prelude` left (imports done, no op run) with its
+    own output. The children run one after the other.
+
+    Args:
+      prelude: Code run once, before any fork (e.g. `import tensorflow`, without running an op).
+      programs: {name: (code, environment changes)}: each child sets the changes (None deletes a
+        variable), then runs `code` in the prelude's globals (its names defined; the child's
+        own copy). Names must be usable as file names.
+      cwd, env: The interpreter's folder and environment.
+
+    Returns:
+      {name: (exit code, stdout, stderr)}; an exception in a program is exit code 1 with its
+      traceback on stderr.
+    """
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        spec = os.path.join(out, "spec.json")
+        with open(spec, "w", encoding="utf-8") as f:
+            json.dump({"prelude": prelude, "out": out,
+                       "programs": {n: {"code": c, "env": e} for n, (c, e) in programs.items()}}, f)
+        proc = subprocess.run([sys.executable, "-c", _FORK_DRIVER, spec], capture_output=True,
+                              text=True, cwd=cwd, env=env, timeout=timeout)
+        if proc.returncode:
+            raise RuntimeError(f"The prelude or the driver failed ({proc.returncode}): "
+                               f"{proc.stderr[-3000:]}")
+        found = {}
+        for name in programs:
+            def read(ext):
+                with open(os.path.join(out, f"{name}.{ext}"), encoding="utf-8") as f:
+                    return f.read()
+            found[name] = (int(read("status")), read("out"), read("err"))
+        return found
 
 
 def read_records(out_dir) -> list[dict]:

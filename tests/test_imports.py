@@ -1,23 +1,24 @@
 """Importing any shardsmith package (or command module) changes nothing in the process.
 
-Each import runs in a fresh interpreter, which then reports what a library
-could have changed: the environment, the root logger, Pillow's pixel limit
-and the allocator TensorFlow picks for host memory. A control interpreter
-does the same without the shardsmith import, so third-party libraries' own
-import effects (Beam's root handler, TensorFlow's choice of allocator on this
-CPU) are in both and cancel out.
+One interpreter imports the third-party libraries shardsmith uses (Pillow,
+Beam, TensorFlow, without running an op), then forks a child per module: the
+child imports it into a process that has nothing of shardsmith yet and
+reports what a library could have changed: the environment, the root logger,
+Pillow's pixel limit, the collector, and the allocator TensorFlow picks for
+host memory (chosen at the child's first op, after the import). A control
+child does the same without any import, so the libraries' own import effects
+(Beam's root handler, TensorFlow's environment variables and its choice of
+allocator on this CPU) are in both and cancel out. One TensorFlow and Beam
+import for all, not one per module (each costs seconds of CPU).
 """
 
-import concurrent.futures
 import functools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import interpreters_at_once
+from helpers import forked_programs
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,72 +28,68 @@ _MODULES = (
     "beam_jobs.convert", "beam_jobs.verify", "shardsmith.preview", "shardsmith.cli",
 )
 
-# Imports `argv[1]` (if given) after the third-party libraries shardsmith
-# uses, then reports the state; TensorFlow runs an op last, so its allocator
-# is chosen after the import.
-_REPORT = r'''
+# Run once before the forks: the libraries' imports (their effects in the control too), and
+# `report`, which each child calls after its import.
+_PRELUDE = r'''
 import gc, importlib, json, logging, os, sys, warnings
 before = dict(os.environ)
-import PIL.Image, apache_beam  # noqa: E401  (their own import effects: in the control too)
-if len(sys.argv) > 1:
-    importlib.import_module(sys.argv[1])
-after_import = dict(os.environ)
-# The collector as the import left it: a gc.freeze() would keep the caller's
-# objects (and their cycles) out of every collection from then on.
-frozen_by_import = gc.get_freeze_count()
+import PIL.Image, apache_beam  # noqa: E401
 import tensorflow as tf
-tf.zeros([64, 64]).numpy()
-try:
-    tf.config.experimental.get_memory_info("CPU:0")
-    allocator = "pool"
-except ValueError:
-    allocator = "malloc"
-root = logging.getLogger()
-print(json.dumps({
-    "env_changed_by_import": sorted(k for k in set(before) | set(after_import)
-                                    if before.get(k) != after_import.get(k)),
-    "env": dict(os.environ),
-    "root_level": root.level,
-    "root_handlers": [(type(h).__name__, getattr(getattr(h, "stream", None), "name", None),
-                       h.level, [type(f).__name__ for f in h.filters]) for h in root.handlers],
-    "root_filters": [type(f).__name__ for f in root.filters],
-    "max_image_pixels": PIL.Image.MAX_IMAGE_PIXELS,
-    # Python's warnings still shown by the warnings module (not routed to logging),
-    # its filters as they were, and no library logger filtered (pydicom configures
-    # its own logger as it is imported, so it is not compared).
-    "showwarning": warnings.showwarning.__module__,
-    "warning_filters": len(warnings.filters),
-    "library_loggers": {name: (logging.getLogger(name).level, len(logging.getLogger(name).filters),
-                               len(logging.getLogger(name).handlers))
-                        for name in ("tifffile", "PIL", "py.warnings")},
-    "allocator": allocator,
-    "frozen_by_import": frozen_by_import,
-    "frozen_at_end": gc.get_freeze_count(),
-    "gc_enabled": gc.isenabled(),
-}))
+
+
+def report(module):
+    if module:
+        importlib.import_module(module)
+    after_import = dict(os.environ)
+    # The collector as the import left it: a gc.freeze() would keep the caller's
+    # objects (and their cycles) out of every collection from then on.
+    frozen_by_import = gc.get_freeze_count()
+    tf.zeros([64, 64]).numpy()
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+        allocator = "pool"
+    except ValueError:
+        allocator = "malloc"
+    root = logging.getLogger()
+    print(json.dumps({
+        "env_changed_by_import": sorted(k for k in set(before) | set(after_import)
+                                        if before.get(k) != after_import.get(k)),
+        "env": dict(os.environ),
+        "root_level": root.level,
+        "root_handlers": [(type(h).__name__, getattr(getattr(h, "stream", None), "name", None),
+                           h.level, [type(f).__name__ for f in h.filters]) for h in root.handlers],
+        "root_filters": [type(f).__name__ for f in root.filters],
+        "max_image_pixels": PIL.Image.MAX_IMAGE_PIXELS,
+        # Python's warnings still shown by the warnings module (not routed to logging),
+        # its filters as they were, and no library logger filtered (pydicom configures
+        # its own logger as it is imported, so it is not compared).
+        "showwarning": warnings.showwarning.__module__,
+        "warning_filters": len(warnings.filters),
+        "library_loggers": {name: (logging.getLogger(name).level, len(logging.getLogger(name).filters),
+                                   len(logging.getLogger(name).handlers))
+                            for name in ("tifffile", "PIL", "py.warnings")},
+        "allocator": allocator,
+        "frozen_by_import": frozen_by_import,
+        "frozen_at_end": gc.get_freeze_count(),
+        "gc_enabled": gc.isenabled(),
+    }))
 '''
-
-
-def _report(module: str | None) -> dict:
-    # The same environment for every interpreter (pytest names the running test in it).
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
-    args = [sys.executable, "-c", _REPORT] + ([module] if module else [])
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=_REPO, env=env, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @functools.lru_cache(maxsize=None)
 def _states() -> dict:
-    # Every interpreter of this file at once, a few at a time: each imports
-    # TensorFlow (seconds), and each is its own fresh process anyway.
-    wanted = (None, "tensorflow", *_MODULES)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=interpreters_at_once()) as pool:
-        return dict(zip(wanted, pool.map(_report, wanted)))
+    # The same environment for every child (pytest names the running test in it).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
+    programs = {module or "control": (f"report({module!r})", {}) for module in (None, *_MODULES)}
+    return {None if name == "control" else name: child
+            for name, child in forked_programs(_PRELUDE, programs, cwd=_REPO, env=env).items()}
 
 
 def _state(module: str | None) -> dict:
-    return _states()[module]
+    status, out, err = _states()[module]
+    assert status == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_the_control_reports_a_state():
@@ -106,10 +103,9 @@ def test_the_control_reports_a_state():
 @pytest.mark.parametrize("module", _MODULES)
 def test_importing_changes_nothing(module):
     state, control = dict(_state(module)), dict(_state(None))
-    # TensorFlow's own import sets a few (TF2_BEHAVIOR, TPU_ML_PLATFORM, ...):
-    # a module that imports TensorFlow may change those, and nothing else.
-    tensorflows_own = set(_state("tensorflow")["env_changed_by_import"])
-    assert set(state["env_changed_by_import"]) <= tensorflows_own
+    # TensorFlow's own import sets a few (TF2_BEHAVIOR, TPU_ML_PLATFORM, ...), before
+    # the fork: the control's; a module's import changes nothing more.
+    assert state["env_changed_by_import"] == control["env_changed_by_import"]
     assert "TF_CPU_ALLOCATOR_USE_BFC" not in state["env"]
     assert "TF_CPP_MIN_LOG_LEVEL" not in state["env"]
     state.pop("env_changed_by_import"), control.pop("env_changed_by_import")

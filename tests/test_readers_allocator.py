@@ -4,17 +4,18 @@ Which allocator TensorFlow picks by itself depends on the CPU and the build:
 TF 2.21 pools host memory already where its oneDNN path is on (the default on
 CPUs with AVX-512, `TF_ENABLE_ONEDNN_OPTS=1`) and uses `malloc` where it is
 off. The tests do not assume either: they measure TensorFlow's own choice in
-a control interpreter in the same run and compare with it.
+a control process in the same run and compare with it. Each process is a
+child forked from one interpreter that has imported TensorFlow and run no op
+(`helpers.forked_programs`): TensorFlow picks its allocator at its first op,
+so each child chooses afresh, for one TensorFlow import instead of one per
+process.
 """
 
-import concurrent.futures
 import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import interpreters_at_once
+from helpers import forked_programs
 
 from readers import _allocator
 
@@ -35,19 +36,8 @@ _WHICH = (
 )
 
 
-def _fresh_python(code: str, **env: str) -> tuple[list[str], str]:
-    """(stdout lines, stderr) of `code` in a new interpreter, with only `env` of the allocator's."""
-    child_env = {k: v for k, v in os.environ.items()
-                 if k not in (_allocator.USE_BFC, _allocator.MEM_LIMIT_MB)}
-    child_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, cwd=_REPO, env=child_env)
-    return proc.stdout.split("\n"), proc.stderr
-
-
-# Every fresh interpreter of this file: (code, allocator variables). Each test
-# reads its own; the controls are TensorFlow alone, without and with the
-# user's setting.
+# Every process of this file: (code, allocator variables). Each test reads its
+# own; the controls are TensorFlow alone, without and with the user's setting.
 _CALL = "import readers\nprint(readers.use_pooled_host_memory())\n" + _WHICH
 _INTERPRETERS = {
     "control": (_WHICH, {}),
@@ -69,16 +59,21 @@ _INTERPRETERS = {
 
 @pytest.fixture(scope="module")
 def fresh():
-    """`fresh(name)`: (stdout lines, stderr) of that interpreter of `_INTERPRETERS`.
+    """`fresh(name)`: (stdout lines, stderr) of that process of `_INTERPRETERS`.
 
-    All of them start at once, a few at a time: each imports TensorFlow
-    (seconds), and each is its own new process anyway. A failed one fails
-    only the tests that read it.
+    All of them forked one after the other from one interpreter that imported TensorFlow;
+    a failed one fails only the tests that read it.
     """
-    with concurrent.futures.ThreadPoolExecutor(max_workers=interpreters_at_once()) as pool:
-        futures = {name: pool.submit(_fresh_python, code, **env)
-                   for name, (code, env) in _INTERPRETERS.items()}
-        yield lambda name: futures[name].result()
+    env = {k: v for k, v in os.environ.items()
+           if k not in (_allocator.USE_BFC, _allocator.MEM_LIMIT_MB)}
+    children = forked_programs("import tensorflow\n", _INTERPRETERS, cwd=_REPO, env=env)
+
+    def read(name):
+        status, out, err = children[name]
+        assert status == 0, err[-3000:]
+        return out.split("\n"), err
+
+    return read
 
 
 def _tensorflows_own_choice(fresh, name: str = "control") -> str:
