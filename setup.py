@@ -12,6 +12,14 @@ import setuptools
 with open("schemas/_version.py", encoding="utf-8") as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 
+# TensorFlow's own dtype package, for the TensorFlow the `cpu` and `gpu` extras pick (TensorFlow
+# 2.21 takes >=0.5.1,<1). ml_dtypes 0.7.0 registers its NumPy loops one by one against an
+# ever longer list (NumPy's PyUFunc_AddLoop compares with every loop already there, perf
+# record): its import costs 1.4-1.9 s of CPU where 0.6.0's costs 0.01 s, in every process that
+# imports TensorFlow (the trainer, each conversion worker process, each tf.data service worker):
+# `import tensorflow` 7.3 -> 5.8 s of CPU on the development machine.
+_ML_DTYPES = "ml_dtypes>=0.5.1,<0.7"
+
 setuptools.setup(
     name="shardsmith",
     version=VERSION,
@@ -62,9 +70,10 @@ setuptools.setup(
             "tensorflow-cpu>=2.16,<2.22; platform_machine=='x86_64' or platform_machine=='AMD64'",
             # Elsewhere (aarch64, macOS arm64) `tensorflow` is the CPU build.
             "tensorflow>=2.16,<2.22; platform_machine!='x86_64' and platform_machine!='AMD64'",
+            _ML_DTYPES,
         ],
         # TensorFlow with GPU support and its CUDA libraries (Linux).
-        "gpu": ["tensorflow[and-cuda]>=2.16,<2.22"],
+        "gpu": ["tensorflow[and-cuda]>=2.16,<2.22", _ML_DTYPES],
         "dicom": [
             "pylibjpeg>=2.0",
             "pylibjpeg-libjpeg>=2.1",

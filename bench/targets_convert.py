@@ -22,10 +22,6 @@ other, best wall time of ``--repeat``:
 On a small (``--small``, default 200) and the large corpus. Target: shardsmith
 >= 1.2x (b) on both (ratio = (b)'s wall time / shardsmith's).
 
-`--masks_dir` comes with issue 24's masks work: until `python -m
-beam_jobs.convert --help` lists it, the benchmark says so and exits 2;
-``--only baseline`` still times (b).
-
 Usage:
 
   python -m bench.targets_convert [--count 1000] [--small 200] [--seed 0] [--repeat 1]
@@ -40,7 +36,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -51,7 +46,7 @@ from bench import corpus
 from bench._cli import parse_only
 from bench.convert import Contender, Measurement, _best, _run_one
 
-__all__ = ["CONVERTERS", "MASK_FLAG", "has_masks_flag", "make_segmentation", "run", "main"]
+__all__ = ["CONVERTERS", "MASK_FLAG", "make_segmentation", "run", "main"]
 
 _LOG = logging.getLogger("shardsmith.bench.targets_convert")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,13 +67,6 @@ CONVERTERS = (
         "-m", "bench._mask_baselines", "--images_dir", "{input}/" + _IMAGES,
         "--masks_dir", "{input}/" + _MASKS, "--output_dir", "{output}")),
 )
-
-
-def has_masks_flag() -> bool:
-    """Whether `python -m beam_jobs.convert` takes --masks_dir (its --help lists it)."""
-    proc = subprocess.run([sys.executable, "-m", "beam_jobs.convert", "--help"], cwd=_REPO,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
-    return proc.returncode == 0 and MASK_FLAG in proc.stdout
 
 
 # ---------------------------------------------------------------------------
@@ -218,11 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--count, --small and --repeat must be at least 1. Received: --count {args.count}, "
                      f"--small {args.small}, --repeat {args.repeat}")
     names = parse_only(parser, args.only, CONVERTERS)
-    if (names is None or "shardsmith" in names) and not has_masks_flag():
-        print(f"python -m bench.targets_convert: `python -m beam_jobs.convert` has no {MASK_FLAG} yet "
-              "(issue 24's masks conversion); nothing to time. `--only baseline` times the "
-              "hand-written converter alone.", file=sys.stderr)
-        return 2
     summary = run(count=args.count, small=args.small, seed=args.seed, repeat=args.repeat,
                   work=args.work, corpus_dir=args.corpus_dir, names=names)
     if args.json:

@@ -1,4 +1,8 @@
-"""`python -m bench.targets_convert` on tiny corpora: the baseline's records, and shardsmith's half."""
+"""`python -m bench.targets_convert` on tiny corpora: the baseline's records, and shardsmith's half.
+
+One run of the whole benchmark for the module (each converter is a process that imports
+TensorFlow: seconds of CPU each); the tests read its summary and the baseline's records.
+"""
 
 import io
 import json
@@ -7,33 +11,35 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from PIL import Image
-
-from bench import targets_convert
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def _bench(tmp_path, *args):
-    return subprocess.run(
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """(the finished process, its summary, its folder) of one run on 3 and on 6 images."""
+    tmp_path = tmp_path_factory.mktemp("targets_convert")
+    proc = subprocess.run(
         [sys.executable, "-m", "bench.targets_convert", "--count", "6", "--small", "3",
          "--work", str(tmp_path / "work"), "--corpus_dir", str(tmp_path / "corpora"),
-         "--json", str(tmp_path / "out.json"), *args],
+         "--json", str(tmp_path / "out.json")],
         capture_output=True, text=True, cwd=_REPO, env=_ENV, stdin=subprocess.DEVNULL, timeout=900,
     )
-
-
-def test_the_baseline_writes_every_image_with_its_mask(tmp_path):
-    proc = _bench(tmp_path, "--only", "baseline")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((tmp_path / "out.json").read_text())
+    return proc, json.loads((tmp_path / "out.json").read_text()), tmp_path
+
+
+def test_the_baseline_writes_every_image_with_its_mask(bench_run):
+    _, summary, tmp_path = bench_run
     assert set(summary["sizes"]) == {"3", "6"}
     for images, entry in summary["sizes"].items():
         m = entry["results"]["baseline"]
         assert m["returncode"] == 0 and m["records"] == int(images) and m["wall_s"] > 0
-    # The records of the large corpus, read with TensorFlow's own parser; masks and sizes
+    # The records of the large corpus (the last one converted), read with TensorFlow's own parser; masks and sizes
     # compared with the corpus files read by Pillow.
     corpus = tmp_path / "corpora" / "segmentation-6-seed0"
     records = tf.data.TFRecordDataset(sorted(str(p) for p in (tmp_path / "work" / "out" / "baseline")
@@ -55,18 +61,10 @@ def test_the_baseline_writes_every_image_with_its_mask(tmp_path):
         assert set(np.unique(mask)) <= set(range(5)) | {255}
         seen.add(name)
     assert len(seen) == 6
-    assert "Target on" not in proc.stdout  # One converter: no ratio.
 
 
-def test_shardsmith_half_runs_once_convert_has_masks_dir(tmp_path):
-    proc = _bench(tmp_path)
-    if not targets_convert.has_masks_flag():
-        assert proc.returncode == 2
-        assert "has no --masks_dir yet" in proc.stderr and "--only baseline" in proc.stderr
-        assert not (tmp_path / "out.json").exists()
-        return  # Until the masks conversion lands: the clear message is the whole behaviour.
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((tmp_path / "out.json").read_text())
+def test_shardsmith_and_the_baseline_each_write_every_image(bench_run):
+    proc, summary, _ = bench_run
     for images, entry in summary["sizes"].items():
         for name in ("shardsmith", "baseline"):
             assert entry["results"][name]["records"] == int(images), (images, name)
