@@ -45,11 +45,12 @@ demo: $(STAMP)
 	$(PY) -m shardsmith preview $(DEMO_DIR)/dataset --split train --output $(DEMO_DIR)/preview.png
 
 # On pytest-xdist workers, one per core (at most 4, none on one core: tests/conftest.py), each
-# test module on one worker so that its module-scoped fixtures run once. TEST_WORKERS=0: one process.
+# test module on one worker so that its module-scoped fixtures run once, the longest modules
+# first (tests/conftest.py; xdist's own reordering, by test count, off). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= auto
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 convert: $(STAMP)
 	@test -n "$(INPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
