@@ -23,7 +23,7 @@ import keras  # noqa: E402
 
 from readers import distributed_dataset  # noqa: E402
 from schemas import FILENAME  # noqa: E402
-from _reader_data import strategy_label_sum  # noqa: E402
+from _reader_data import exit_child, strategy_label_sum  # noqa: E402
 
 GLOBAL_BATCH = 4
 TRAIN_STEPS = 4
@@ -125,3 +125,4 @@ if __name__ == "__main__":
     out = main(sys.argv[1])
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
+    exit_child()

@@ -53,3 +53,6 @@ def main(data_dir: str, prefix: str, position_json: str) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(main(*sys.argv[1:4])))
+    from _reader_data import exit_child
+
+    exit_child()

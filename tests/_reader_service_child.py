@@ -30,7 +30,7 @@ tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConf
 
 from readers import distributed_dataset, image_dataset_from_tfrecords  # noqa: E402
 from schemas import FILENAME  # noqa: E402
-from _reader_data import fit_one_epoch  # noqa: E402
+from _reader_data import exit_child, fit_one_epoch  # noqa: E402
 
 SMALL = dict(image_size=(8, 8), extra_features=(FILENAME.key,))
 
@@ -164,3 +164,4 @@ if __name__ == "__main__":
         result[name] = part()
         seconds[name] = round(time.perf_counter() - start, 1)
     print(json.dumps({**result, "seconds": seconds}), flush=True)
+    exit_child()

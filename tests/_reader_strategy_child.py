@@ -24,7 +24,7 @@ tf.config.set_logical_device_configuration(
 
 from readers import distributed_dataset  # noqa: E402
 from schemas import FILENAME  # noqa: E402
-from _reader_data import fit_one_epoch, strategy_label_sum  # noqa: E402
+from _reader_data import exit_child, fit_one_epoch, strategy_label_sum  # noqa: E402
 
 
 def main(data_dir: str) -> dict:
@@ -68,3 +68,4 @@ def main(data_dir: str) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(main(sys.argv[1])))
+    exit_child()

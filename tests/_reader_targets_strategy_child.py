@@ -95,3 +95,6 @@ def main(seg_dir: str, multi_dir: str) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    from _reader_data import exit_child
+
+    exit_child()
