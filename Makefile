@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(PY) -m bench.rasters
 	$(PY) -m bench.targets_convert
 	$(PY) -m bench.patches
+	$(PY) -m bench.service --dtype uint8
 	$(PY) -m bench.service
 
 # Also for GPU machines: `make venv EXTRAS=gpu,test,bench` first (README, Performance).
