@@ -20,13 +20,13 @@ ways, and the reader alone, stage by stage:
 The share of each step spent waiting for input is 1 - rate / ceiling rate.
 A run is called input-bound when that share reaches `INPUT_BOUND_SHARE` and
 its steps did wait for their batches: the time blocked in the reader's `next`,
-measured within the same run, is at least half of that. What `next` costs
-when a batch is already there (the iterator's own hand-off, measured on the
-cached batches, 1-2 ms per call on a CPU) is not waiting, and is taken off
-first: for a model of 25 steps/s it alone would read as 4% blocked. Without the second
+measured within the same run, is at least half of that. Without the second
 condition a reader that takes CPU cores from the model (no accelerator), or
 a load on a shared machine that changed between two runs, would read as a
-stall.
+stall. What `next` costs when a batch is already there (the iterator's own
+hand-off, measured on the cached batches, 1-2 ms per call on a CPU) is not
+waiting, and is taken off first: for a model of 25 steps/s it alone would
+read as 4% blocked.
 
     report = readers.diagnose("dataset", "train", "model.keras",
                               readers.DoctorOptions(batch_size=64))
