@@ -52,16 +52,24 @@ def pipeline_options(argv: list[str], own: type[PipelineOptions]) -> PipelineOpt
 
 
 def check_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """Checks argv against a plain argparse parser's options, with suggestions.
+    """Checks argv against a plain argparse parser's options, with suggestions, and its values.
 
     Raises:
-      UsageError: Naming each unknown option, with the nearest one.
+      UsageError: Naming each unknown option, with the nearest one; or a
+        value of the wrong type, or a missing argument.
     """
     known = sorted(s for action in parser._actions for s in action.option_strings)
     unknown = [a for a in argv if a.startswith("-") and not _is_number(a)
                and a.split("=", 1)[0] not in known]
     if unknown:
         raise UsageError(_describe(unknown, known, known))
+    # Values of the wrong type, missing arguments: one sentence, not argparse's usage and exit.
+    error = parser.error
+    parser.error = _raise_usage_error
+    try:
+        parser.parse_args(argv)
+    finally:
+        parser.error = error
 
 
 def _is_number(text: str) -> bool:
@@ -100,7 +108,10 @@ def _unknown(argv: list[str], own: type[PipelineOptions]) -> tuple[list[str], li
 
     def capture(parser):
         # Beam's parser, with the options of every registered PipelineOptions
-        # subclass: what Beam itself would parse.
+        # subclass: what Beam itself would parse. A value of the wrong type
+        # raises here, before Beam's own parse would print its whole usage
+        # (~150 lines of every runner's options) and exit.
+        parser.error = _raise_usage_error
         _, found["unknown"] = parser.parse_known_args(argv)
         found["known"] = {s for action in parser._actions for s in action.option_strings}
 
@@ -116,6 +127,18 @@ def _unknown(argv: list[str], own: type[PipelineOptions]) -> tuple[list[str], li
     unknown = list(found["unknown"])
     unknown += [a for a in argv if a.split("=", 1)[0] in foreign]
     return unknown, sorted(found["known"] - foreign)
+
+
+def _raise_usage_error(message: str):
+    """An argparse parser's `error`: a UsageError of one sentence instead of usage and exit.
+
+    argparse says "argument --seed/-s: invalid int value: 'x'"; the option's
+    first name is enough.
+    """
+    if message.startswith("argument "):
+        name, _, rest = message[len("argument "):].partition(": ")
+        message = f"{name.split('/')[0]}: {rest}"
+    raise UsageError(message)
 
 
 def _option_strings(cls: type[PipelineOptions]) -> set[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 if __name__ == "__main__":
@@ -172,7 +173,17 @@ def _patch_options(manifest: schemas.Manifest) -> PatchOptions | None:
         raise schemas.ManifestError(f"the manifest's options.raster.patch is not valid ({e}): {patch!r}") from e
 
 
+def _local_folder_problem(dataset_dir: str) -> str | None:
+    """`schemas.not_a_dataset_folder` of a path; whether it exists is told for local paths only."""
+    local = "://" not in dataset_dir
+    return schemas.not_a_dataset_folder(dataset_dir, exists=os.path.exists(dataset_dir) if local else None,
+                                        is_file=local and os.path.isfile(dataset_dir))
+
+
 def _load_manifest(dataset_dir: str) -> tuple[schemas.Manifest, str]:
+    problem = _local_folder_problem(dataset_dir)
+    if problem:
+        raise schemas.ManifestError(problem)
     path = FileSystems.join(dataset_dir, schemas.MANIFEST_FILENAME)
     if not FileSystems.exists(path):
         raise schemas.ManifestError(

@@ -97,7 +97,14 @@ class _QuietLibraries(logging.Filter):
             # Logged on the root logger by Beam as it is imported.
             return not str(record.msg).startswith("apitools not found")
         if record.name.startswith("apache_beam.") and record.levelno >= logging.ERROR:
-            return not _is_own_failure(record)
+            if _is_own_failure(record):
+                _own_failure_seen.set()
+                return False
+            # Once a bundle failed with an error the command reports itself, the
+            # runner tears its workers down while their other bundles still run:
+            # those then fail too (`KeyError: 'bundle_10'`, on a busy machine),
+            # consequences of the first failure, not news.
+            return not _own_failure_seen.is_set()
         return not any(record.name == name or record.name.startswith(name + ".")
                        for name in _LIBRARY_LOGGERS)
 
@@ -105,6 +112,9 @@ class _QuietLibraries(logging.Filter):
 # The errors a conversion or verification reports itself, in one sentence at its end
 # (`conversion.elements.ConversionError`, a worker process's death).
 _OWN_FAILURES = ("ConversionError", "WorkerDied")
+# Set when Beam's runner reported one of `_OWN_FAILURES` during the running entry point
+# (cleared when it ends): what Beam's workers print and log after it is dropped.
+_own_failure_seen = threading.Event()
 
 
 def _is_own_failure(record: logging.LogRecord) -> bool:
@@ -178,6 +188,7 @@ def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 _verbose = None
+                _own_failure_seen.clear()
 
 
 class _WithoutOwnFailures:
@@ -187,7 +198,9 @@ class _WithoutOwnFailures:
     sys.stderr (sdk_worker.py, `_execute`), ~60 lines, besides logging it:
     for a `ConversionError` (the reject budget exceeded, ...) the command's
     own one-line error follows. Only a write that is one whole traceback
-    ending in such an error is dropped; everything else passes unchanged.
+    ending in such an error is dropped, and after it the tracebacks of Beam's
+    other bundles, which fail as the runner stops; everything else passes
+    unchanged.
     """
 
     def __init__(self, inner):
@@ -195,8 +208,14 @@ class _WithoutOwnFailures:
         self._dropped = False
 
     def write(self, text):
-        if (isinstance(text, str) and text.startswith("Traceback (most recent call last):")
-                and any(f"{name}: " in text for name in _OWN_FAILURES)):
+        traceback = isinstance(text, str) and text.startswith("Traceback (most recent call last):")
+        if traceback and any(f"{name}: " in text for name in _OWN_FAILURES):
+            _own_failure_seen.set()
+            self._dropped = True  # `print` writes its line end next: dropped too.
+            return len(text)
+        if traceback and _own_failure_seen.is_set() and "apache_beam" in text:
+            # A bundle that failed because the runner stopped after the first
+            # failure (see `_QuietLibraries.filter`).
             self._dropped = True  # `print` writes its line end next: dropped too.
             return len(text)
         if self._dropped and text == "\n":

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from schemas.features import ImageExampleSchema
 from schemas.manifest import (
+    not_a_dataset_folder,
     MANIFEST_FILENAME,
     SHARD_FILENAME_RE,
     SPLIT_ALIASES,
@@ -92,6 +93,10 @@ def _check_data_dir(data_dir) -> str:
     if not path:
         raise ValueError("`data_dir` must not be empty. Received: data_dir=''")
     if not tf.io.gfile.isdir(path):
+        exists = tf.io.gfile.exists(path)
+        problem = not_a_dataset_folder(path, exists=None, is_file=exists)
+        if problem:  # A shard file or another file, where its folder belongs.
+            raise FileNotFoundError(f"`data_dir`: {problem}")
         raise FileNotFoundError(
             f"`data_dir` does not exist or is not a folder. Received: data_dir={path!r}"
         )

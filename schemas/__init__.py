@@ -45,6 +45,7 @@ from schemas.features import (
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
+    not_a_dataset_folder,
     NORMALIZED_FILENAME,
     REJECT_REASONS,
     REJECTS_FILENAME,
@@ -74,5 +75,5 @@ __all__ = [
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "TARGETS_SECTION", "Manifest", "ManifestError", "ImageStats", "BandStats",
     "BandStatsAccumulator", "ShardInfo",
-    "SplitInfo", "shard_filename", "index_filename",
+    "SplitInfo", "shard_filename", "index_filename", "not_a_dataset_folder",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 from schemas.features import SCHEMA_VERSION
 
 __all__ = [
+    "not_a_dataset_folder",
     "MANIFEST_FILENAME",
     "REJECTS_FILENAME",
     "NORMALIZED_FILENAME",
@@ -121,6 +122,30 @@ def shard_filename(split: str, index: int, count: int) -> str:
     if not 0 <= index < count:
         raise ValueError(f"shard index must be in [0, {count}). Received: {index}")
     return _SHARD_TEMPLATE.format(split=split, index=index, count=count)
+
+
+def not_a_dataset_folder(path: str, *, exists: bool | None, is_file: bool) -> str | None:
+    """Why `path`, given where a dataset's folder is expected, cannot be one; None if it may be.
+
+    Args:
+      path: What the user gave.
+      exists: Whether it exists; None where that cannot be told (an object
+        store's "folder" is only a prefix).
+      is_file: Whether it is a file.
+
+    Returns:
+      One sentence ("... is a shard file: give its dataset folder, ...", "...
+      does not exist."), or None.
+    """
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if SHARD_FILENAME_RE.match(name) or (is_file and name in (MANIFEST_FILENAME, VERIFY_REPORT_FILENAME)):
+        folder = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+        return f"{path} is a file of a dataset, not its folder: give the folder, {folder}"
+    if exists is False:
+        return f"{path} does not exist."
+    if is_file:
+        return f"{path} is a file, not a dataset folder."
+    return None
 
 
 def index_filename(shard_file: str) -> str:

@@ -14,6 +14,7 @@ Beam users; this command adds nothing but one entry point and help texts.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["main", "run", "command_help", "print_help_if_asked"]
@@ -177,7 +178,17 @@ def run() -> None:
     """
     from conversion import console
 
-    console.exit_program(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Whoever read stdout stopped (`shardsmith inspect DS | head`): nothing is left to
+        # say, and nothing more may be written there, not even at exit (Python's docs,
+        # "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 1
+    console.exit_program(code)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ one), so it is instant whatever the size of the dataset.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from apache_beam.io.filesystems import FileSystems
@@ -39,6 +40,11 @@ def inspect_dataset(data_dir: str) -> dict:
     Raises:
       ManifestError: If the folder is not a finished dataset.
     """
+    local = "://" not in data_dir
+    problem = schemas.not_a_dataset_folder(data_dir, exists=os.path.exists(data_dir) if local else None,
+                                           is_file=local and os.path.isfile(data_dir))
+    if problem:
+        raise schemas.ManifestError(problem)
     path = FileSystems.join(data_dir, schemas.MANIFEST_FILENAME)
     if not FileSystems.exists(path):
         raise schemas.ManifestError(
