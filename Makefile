@@ -13,17 +13,21 @@ OUTPUT ?=
 ARGS ?=
 DEMO_DIR := build/demo
 
-.PHONY: help venv demo test convert verify bench bench-gpu clean
+.PHONY: help venv demo test test-fast convert verify bench bench-gpu clean
 
 help:
 	@echo "make demo      set up .venv, build a sample photo folder, convert it, print the summary"
-	@echo "make test      set up .venv if needed and run the tests"
+	@echo "make test      set up .venv if needed and run the tests (the README's and CI's command)"
+	@echo "make test-fast the pure modules' unit tests and the cheapest end-to-end path (< 1 min)"
+	@echo "make venv      create .venv and install shardsmith with its extras (EXTRAS=...)"
 	@echo "make convert INPUT=DIR OUTPUT=DIR [ARGS='--split train=0.8,validation=0.2']"
 	@echo "make verify OUTPUT=DIR   re-read and check every record of a dataset"
 	@echo "make bench     run the benchmarks in bench/"
 	@echo "make bench-gpu train a small model on every visible GPU (or the CPU), both readers"
 	@echo "make cluster-up / cluster-down   a local Dask cluster (DASK_WORKERS=2)"
 	@echo "make convert-dataflow PROJECT=... BUCKET=... INPUT=gs://... OUTPUT=gs://..."
+	@echo "make clean     remove build/ (demo output, Dask logs) and pytest's cache"
+	@echo "make help      this list"
 
 venv: $(STAMP)
 
@@ -52,6 +56,17 @@ TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
+# The fast lane while editing: unit tests of the pure modules (planning, imaging, formats,
+# boxes, patches), the recorded output bytes and the cheapest end-to-end path (files to
+# batches). Under a minute on 2 cores; `make test` stays the full suite (README, CI).
+FAST_TESTS := tests/test_conversion_plan.py tests/test_imaging_patches.py \
+    tests/test_imaging_tiff_strips.py tests/test_imaging_formats.py tests/test_imaging_boxes.py \
+    tests/test_imaging_formats_jpeg.py tests/test_golden.py tests/test_end_to_end.py \
+    tests/test_makefile.py
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(FAST_TESTS)
+
 convert: $(STAMP)
 	@test -n "$(INPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
 	@test -n "$(OUTPUT)" || { echo "usage: make convert INPUT=DIR OUTPUT=DIR"; exit 2; }
@@ -75,14 +90,14 @@ bench: $(STAMP)
 	$(PY) -m bench.service --dtype uint8
 	$(PY) -m bench.service
 
-# Also for GPU machines: `make venv EXTRAS=gpu,test,bench` first (README, Performance).
+# Also for GPU machines: `make venv EXTRAS=gpu,test,bench` first (docs/performance.md).
 bench-gpu: $(STAMP)
 	$(PY) -m bench.gpu $(ARGS)
 
 clean:
 	rm -rf build .pytest_cache
 
-# A local Dask cluster for `--runner DaskRunner` (see README).
+# A local Dask cluster for `--runner DaskRunner` (docs/scaling-out.md).
 DASK_DIR := build/dask
 DASK_PORT ?= 8786
 DASK_WORKERS ?= 2
@@ -112,7 +127,7 @@ cluster-down:
 	-@for f in $(DASK_DIR)/*.pid; do test -f $$f && kill $$(cat $$f) 2>/dev/null; done; true
 	rm -rf $(DASK_DIR)
 
-# Conversion on Google Cloud Dataflow (see README).
+# Conversion on Google Cloud Dataflow (docs/scaling-out.md).
 PROJECT ?=
 REGION ?= us-central1
 BUCKET ?=

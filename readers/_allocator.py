@@ -13,7 +13,7 @@ at 224x224 that was a third of the reader's CPU time (0.50 -> 0.39 ms per
 64x64 image; photos 3.45 -> 3.33 ms), and peak memory fell too (675 -> 632
 MiB), because freed blocks are reused instead of returned. Where TensorFlow's
 oneDNN path is on (the default on CPUs with AVX-512), TensorFlow already pools
-host memory and the call changes little (see the README).
+host memory and the call changes little (docs/reading/reader.md, docs/performance.md).
 
 TensorFlow's pool for host memory is chosen by the environment variable
 `TF_CPU_ALLOCATOR_USE_BFC` when it creates its CPU device, i.e. at the first
