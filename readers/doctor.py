@@ -591,8 +591,7 @@ def _paragraph(d: Diagnosis, costs: dict[str, float], augment, *, warm_bound: bo
             verdict = (f"Input-bound from storage: on a warm page cache steps wait only "
                        f"{100 * d.wait_share:.0f}%, but {100 * d.cold_wait_share:.0f}% on a cold "
                        f"one: {steps}.")
-        advice = (f"{d.bound_stage.capitalize()} is the stage that bounds it: "
-                  f"{_ADVICE[d.bound_stage]}.")
+        advice = _ADVICE[d.bound_stage][0].upper() + _ADVICE[d.bound_stage][1:] + "."
         if (d.cold_wait_share is not None and d.cold_wait_share >= INPUT_BOUND_SHARE
                 and d.cold_wait_share - d.wait_share >= INPUT_BOUND_SHARE
                 and d.bound_stage != "read"):

@@ -358,7 +358,8 @@ LABEL = FeatureSpec("label", "int64", "Index into the manifest's class_names (0-
 FILENAME = FeatureSpec(
     "filename", "bytes", "Path relative to the input root, POSIX separators."
 )
-FORMAT = FeatureSpec("format", "bytes", "Format of the stored image bytes: 'jpeg' or 'png'.")
+FORMAT = FeatureSpec("format", "bytes", "Format of the stored image bytes: 'jpeg' or 'png' "
+                     "(encoded), or 'raw-<dtype>' (e.g. 'raw-uint16': raster samples stored raw).")
 HEIGHT = FeatureSpec("height", "int64", "Image height in pixels, as decoded.")
 WIDTH = FeatureSpec("width", "int64", "Image width in pixels, as decoded.")
 CHANNELS = FeatureSpec("channels", "int64", "Channels of the decoded image (1, 3 or 4).")
