@@ -81,16 +81,39 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def help_text(prog: str, description: str, epilog: str, add_arguments) -> str:
-    """The `--help` text of a command: its options (as `add_arguments` adds them) and an example."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The example kept as written, and each option's default shown (unless its help says it)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        # By identity: a default of 0 is shown, None and False (flags) are not.
+        shown = not (action.default is None or action.default is False
+                     or action.default in (argparse.SUPPRESS, ""))
+        if shown and action.option_strings and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+
+def help_text(prog: str, description: str, epilog: str, add_arguments, required=()) -> str:
+    """The `--help` text of a command: its options (as `add_arguments` adds them) and an example.
+
+    Args:
+      required: Options the command cannot run without (Beam's options are
+        all optional to its parser; the pipeline checks them): shown without
+        brackets in the usage line and marked "Required." in their help.
+    """
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
         epilog=textwrap.dedent(epilog),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
         add_help=False,
     )
     add_arguments(parser)
+    for action in parser._actions:
+        if any(name in required for name in action.option_strings):
+            action.required = True
+            action.help = f"Required. {action.help or ''}".strip()
     return parser.format_help()
 
 

@@ -352,7 +352,8 @@ def help_text() -> str:
         ConvertOptions._add_argparse_args(parser)
         _runner.ConsoleOptions._add_argparse_args(parser)
 
-    return args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments)
+    return args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments,
+                          required=("--input_dir", "--output_dir"))
 
 
 # The exit status of a conversion that finished, and wrote its manifest, but on some of whose

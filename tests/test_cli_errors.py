@@ -96,3 +96,16 @@ def test_a_closed_pipe_is_silent(dataset, argv):
         os.close(write_end)
     assert proc.stderr == "", proc.stderr
     assert proc.returncode == 1
+
+
+def test_convert_help_marks_the_required_options_and_shows_defaults():
+    proc = _shardsmith("convert", "--help")
+    assert proc.returncode == 0, proc.stderr
+    usage = proc.stdout.split("\n\n", 1)[0]
+    assert "shardsmith convert --input_dir INPUT_DIR --output_dir OUTPUT_DIR" in usage
+    assert "[--input_dir" not in usage and "[--output_dir" not in usage
+    flat = " ".join(proc.stdout.split())
+    assert "--input_dir INPUT_DIR Required." in flat
+    assert "rejected. (default: 0.1)" in flat
+    assert "for parallel reads. (default: 8)" in flat
+    assert "(default: 0)" in flat  # --seed: a default of 0 is shown too.
