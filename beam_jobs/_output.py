@@ -12,9 +12,37 @@ from schemas.tfds_metadata import TFDS_FILENAMES
 from conversion import listing
 from conversion.files import TMP_DIRNAME, read_bytes
 
-__all__ = ["prepare_output", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
+__all__ = ["check_output", "is_finished", "prepare_output", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
 
 _LOG = logging.getLogger("shardsmith.convert")
+
+
+def is_finished(output_dir: str) -> bool:
+    """Whether `output_dir` holds a finished dataset: its manifest, written last, is there."""
+    return FileSystems.exists(FileSystems.join(output_dir, schemas.MANIFEST_FILENAME))
+
+
+def check_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
+    """Refuses an output that is a file, or not empty without --overwrite or --resume; changes nothing.
+
+    Raises:
+      NotADirectoryError, FileExistsError: Naming the flag.
+    """
+    out = output_dir
+    if listing.is_local(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise NotADirectoryError(f"--output_dir {out!r} exists and is not a folder.")
+        if not os.path.exists(out):
+            return
+    if overwrite or resume:
+        return
+    existing = FileSystems.match([FileSystems.join(out, "*")])[0].metadata_list
+    if existing:
+        raise FileExistsError(
+            f"--output_dir {out!r} is not empty ({len(existing)} entries). Pass --overwrite to "
+            "replace the dataset in it, --resume to finish an interrupted conversion, or choose "
+            "an empty folder."
+        )
 
 
 def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
@@ -26,23 +54,15 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
     Raises:
       NotADirectoryError, PermissionError, FileExistsError: Naming the flag.
     """
+    check_output(output_dir, overwrite=overwrite, resume=resume)
     out = output_dir
     if listing.is_local(out):
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise NotADirectoryError(f"--output_dir {out!r} exists and is not a folder.")
         try:
             os.makedirs(out, exist_ok=True)
         except OSError as e:
             raise PermissionError(f"--output_dir {out!r} cannot be created: {e.strerror}.") from e
         if not os.access(out, os.W_OK | os.X_OK):
             raise PermissionError(f"--output_dir {out!r} is not writable.")
-    existing = FileSystems.match([FileSystems.join(out, "*")])[0].metadata_list
-    if existing and not (overwrite or resume):
-        raise FileExistsError(
-            f"--output_dir {out!r} is not empty ({len(existing)} entries). Pass --overwrite to "
-            "replace the dataset in it, --resume to finish an interrupted conversion, or choose "
-            "an empty folder."
-        )
     # The manifest goes first: if this run dies, the folder is plainly unfinished.
     names = [schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
              schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]

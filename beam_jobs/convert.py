@@ -49,7 +49,7 @@ from apache_beam.options.pipeline_options import WorkerOptions
 from beam_jobs import _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions
-from beam_jobs._output import prepare_output, read_manifest, summarize
+from beam_jobs._output import check_output, is_finished, prepare_output, read_manifest, summarize
 from beam_jobs._progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
@@ -182,6 +182,8 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     try:
         # The worker processes start once the files are listed: they load
         # their decoders while the driver plans and builds the pipeline.
+        # A full output folder is refused before the input is listed (minutes on a large one).
+        check_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
         plan = build_plan(config, on_listed=workers.start_for)
         prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
         processes = workers.settle(plan)
@@ -384,6 +386,11 @@ def _main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
+    if config.writing.resume and is_finished(config.output_dir):
+        print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
+              "manifest is written last); --overwrite converts it again.",
+              file=sys.stderr)
+        return 0
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work

@@ -167,7 +167,50 @@ def _main(argv: list[str]) -> int:
         from shardsmith.doctor import main as run
     else:
         from shardsmith.preview import main as run
-    return run(rest)
+    if command != "convert":
+        return run(rest)
+    try:
+        code = run(rest)
+    except KeyboardInterrupt:  # Where no supervising process took it (guard.supervise).
+        code = _INTERRUPTED
+    if code == _INTERRUPTED:
+        print(_interrupted_sentence(rest), file=sys.stderr)
+    return code
+
+
+# The exit status of a command ended by Ctrl-C (128 + SIGINT), as a shell reports it.
+_INTERRUPTED = 130
+
+
+def _interrupted_sentence(argv: list[str]) -> str:
+    """What an interrupted conversion kept, and the command that goes on from there.
+
+    The finished shards are the shard files in the output folder (each is
+    renamed there once written); the planned ones are the shard plans the
+    driver wrote into its temporary folder (none yet: interrupted while
+    listing or planning).
+    """
+    import shlex
+
+    from conversion.files import TMP_DIRNAME
+    from conversion.shard_plans import PLANS_DIRNAME
+    from schemas.manifest import SHARD_FILENAME_RE
+
+    out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output_dir"),
+               next((a.split("=", 1)[1] for a in argv if a.startswith("--output_dir=")), None))
+    again = ["shardsmith", "convert", *(a for a in argv if a != "--overwrite")]
+    if "--resume" not in again:
+        again.append("--resume")
+    if out is None or "://" in out or not os.path.isdir(out):
+        kept = "nothing was written"
+    else:
+        done = sum(1 for name in os.listdir(out)
+                   if (m := SHARD_FILENAME_RE.match(name)) and m["ext"] == "tfrecord")
+        plans = os.path.join(out, TMP_DIRNAME, PLANS_DIRNAME)
+        planned = len(os.listdir(plans)) if os.path.isdir(plans) else 0
+        kept = (f"{done:,} of {planned:,} shards finished, kept in {out}" if planned
+                else f"{done:,} shards finished, kept in {out}")
+    return f"shardsmith convert: interrupted: {kept}. To go on: {shlex.join(again)}"
 
 
 def run() -> None:

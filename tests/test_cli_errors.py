@@ -109,3 +109,59 @@ def test_convert_help_marks_the_required_options_and_shows_defaults():
     assert "rejected. (default: 0.1)" in flat
     assert "for parallel reads. (default: 8)" in flat
     assert "(default: 0)" in flat  # --seed: a default of 0 is shown too.
+
+
+def test_a_full_output_folder_is_refused_before_the_input_is_listed(dataset, tmp_path):
+    images = dataset.parent / "images"
+    proc = _shardsmith("convert", "--input_dir", str(images), "--output_dir", str(dataset))
+    assert proc.returncode == 2, proc.stderr
+    text = _one_sentence(proc, "convert")
+    assert "is not empty" in text and "--resume" in text
+    assert "Found" not in text  # The listing's line: it did not run.
+
+
+def test_resume_on_a_finished_dataset_has_nothing_to_do_and_writes_nothing(dataset):
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in dataset.iterdir() if p.is_file()}
+    proc = _shardsmith("convert", "--input_dir", str(dataset.parent / "images"),
+                       "--output_dir", str(dataset), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to do" in _one_sentence(proc, "convert")
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in dataset.iterdir() if p.is_file()}
+    assert after == before
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
+    import re
+    import shlex
+    import signal
+    import time
+
+    make_class_tree(tmp_path / "images", classes=("a", "b"), per_class=300)
+    out = tmp_path / "out"
+    argv = ["convert", "--input_dir", str(tmp_path / "images"), "--output_dir", str(out), "--num_shards", "24"]
+    # Its own session: Ctrl-C reaches a terminal's whole process group, as here.
+    proc = subprocess.Popen([sys.executable, "-m", "shardsmith", *argv], stderr=subprocess.PIPE,
+                            text=True, cwd=_REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("*.tfrecord")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, "the conversion ended before a shard could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        stderr = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    found = re.fullmatch(r"shardsmith convert: interrupted: (\d+) of 24 shards finished, kept in (.*)\. "
+                         r"To go on: (shardsmith convert .* --resume)", last)
+    assert found, stderr
+    kept = sorted(p.name for p in out.glob("*.tfrecord"))
+    assert int(found[1]) == len(kept) >= 1 and found[2] == str(out)
+    again = shlex.split(found[3])
+    assert again[:2] == ["shardsmith", "convert"] and again[2:-1] == argv[1:]
+    finished = _shardsmith(*again[1:])
+    assert finished.returncode == 0, finished.stderr
+    assert len(list(out.glob("*.tfrecord"))) == 24
