@@ -15,6 +15,8 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -126,6 +128,8 @@ class WriteShardFn(beam.DoFn):
         # Plain values only: the DoFn is pickled to every worker.
         self._targets = tuple(targets)
         self._output_dir = output_dir
+        # This run's progress counter, shared by the DoFn's copies in this process' threads.
+        self._run = uuid.uuid4().hex
         self._num_classes = num_classes
         self._total_shards = total_shards
         self._validation = validation
@@ -209,6 +213,7 @@ class WriteShardFn(beam.DoFn):
         yield result
 
     def _write_and_save(self, split, index, name, files, fingerprint) -> ShardOutcome:
+        _progress_of(self._run).started(name)
         outcome = self._write(split, index, name, files)
         self._receipts.save(name, fingerprint, outcome)
         self._log_written(name, outcome)
@@ -305,13 +310,47 @@ class WriteShardFn(beam.DoFn):
             "Wrote %s: %s image%s%s [%d of %d shards done]",
             name, f"{result.num_records:,}", "" if result.num_records == 1 else "s",
             f", {len(rejects)} rejected" if rejects else "",
-            self._count_done(), self._total_shards,
+            _progress_of(self._run).done(name, self._shards_on_disk), self._total_shards,
         )
 
-    def _count_done(self) -> int:
+    def _shards_on_disk(self) -> set[str]:
         # Workers share no memory; the finished shards on disk are the progress.
         pattern = FileSystems.join(self._output_dir, "*.tfrecord")
-        return len(FileSystems.match([pattern])[0].metadata_list)
+        return {m.path.rsplit("/", 1)[-1] for m in FileSystems.match([pattern])[0].metadata_list}
+
+
+class _Progress:
+    """The shards done so far for the progress lines of one run, in this process.
+
+    The shards on disk, less those this process is still to report: two
+    threads that finish together each see both shards on disk, and would
+    both say "[4 of 7 shards done]".
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._reported: set[str] = set()
+
+    def started(self, name: str) -> None:
+        with self._lock:
+            self._pending.add(name)
+
+    def done(self, name: str, on_disk) -> int:
+        """Shards done once `name` is, counted as each is reported; `on_disk()` lists the folder's."""
+        with self._lock:
+            self._pending.discard(name)
+            self._reported.add(name)
+            return len((on_disk() - self._pending) | self._reported)
+
+
+_PROGRESS: dict[str, _Progress] = {}
+_PROGRESS_LOCK = threading.Lock()
+
+
+def _progress_of(run: str) -> _Progress:
+    with _PROGRESS_LOCK:
+        return _PROGRESS.setdefault(run, _Progress())
 
 
 def _threads_of_this_worker() -> int:

@@ -136,9 +136,9 @@ def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
     import signal
     import time
 
-    make_class_tree(tmp_path / "images", classes=("a", "b"), per_class=300)
+    make_class_tree(tmp_path / "images", classes=("a", "b"), per_class=400)
     out = tmp_path / "out"
-    argv = ["convert", "--input_dir", str(tmp_path / "images"), "--output_dir", str(out), "--num_shards", "24"]
+    argv = ["convert", "--input_dir", str(tmp_path / "images"), "--output_dir", str(out), "--num_shards", "40"]
     # Its own session: Ctrl-C reaches a terminal's whole process group, as here.
     proc = subprocess.Popen([sys.executable, "-m", "shardsmith", *argv], stderr=subprocess.PIPE,
                             text=True, cwd=_REPO, start_new_session=True)
@@ -154,8 +154,10 @@ def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
+    before = [int(n) for n in re.findall(r"\[(\d+) of 40 shards done\]", stderr)]
+    assert before == sorted(set(before)), stderr
     last = stderr.strip().splitlines()[-1]
-    found = re.fullmatch(r"shardsmith convert: interrupted: (\d+) of 24 shards finished, kept in (.*)\. "
+    found = re.fullmatch(r"shardsmith convert: interrupted: (\d+) of 40 shards finished, kept in (.*)\. "
                          r"To go on: (shardsmith convert .* --resume)", last)
     assert found, stderr
     kept = sorted(p.name for p in out.glob("*.tfrecord"))
@@ -164,4 +166,9 @@ def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
     assert again[:2] == ["shardsmith", "convert"] and again[2:-1] == argv[1:]
     finished = _shardsmith(*again[1:])
     assert finished.returncode == 0, finished.stderr
-    assert len(list(out.glob("*.tfrecord"))) == 24
+    assert len(list(out.glob("*.tfrecord"))) == 40
+    # The progress counts never repeat: each shard written says one more.
+    counts = [int(n) for n in re.findall(r"\[(\d+) of 40 shards done\]", finished.stderr)]
+    # (A shard renamed into place just before its receipt was saved is written again.)
+    assert 40 - len(kept) <= len(counts) <= 40, finished.stderr
+    assert counts == sorted(set(counts)) and (not counts or counts[-1] == 40), counts
