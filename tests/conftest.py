@@ -64,6 +64,8 @@ _LONGEST_FIRST = (
     "test_readers_targets.py",  # 79
     "test_conversion_guard.py",  # 128
     "test_quiet.py",  # 89
+    "test_cli_errors.py",  # ~90 (2026-12-05: 86 s on 2 workers beside other work)
+    "test_docs.py",  # ~80 (2026-12-05: 79 s on 2 workers)
     "test_bench_targets_convert.py",  # 72 (before it ran the benchmark once)
     "test_readers_service.py",  # 60
     "test_bench_rasters.py",  # 57
