@@ -1,7 +1,7 @@
 """The shard-writing step: resume receipts, a worker process or this thread, and counters.
 
 `WriteShardFn` is built from plain option groups (it is pickled to every
-worker). What a shard's file holds is written by `shard_writer.write_shard`,
+worker). What a shard's file holds is written by its kind of example (`conversion.examples.write_shard`),
 in one of the worker processes of `processes` (`WritingOptions.worker_processes`)
 or in the runner's own thread; either way the same bytes.
 """
@@ -26,9 +26,8 @@ from conversion import guard, listing, processes as _processes
 from conversion.elements import Reject, ShardResult
 from conversion.files import TMP_DIRNAME, read_bytes, write_atomically
 from conversion.options import WritingOptions
-from conversion.shard_writer import (
-    ShardFile, ShardJob, ShardOutcome, default_threads, record_schema, warm_call, write_shard,
-)
+from conversion.examples import warm_call, write_shard
+from conversion.shard_writer import ShardFile, ShardJob, ShardOutcome, default_threads
 from imaging import ValidationOptions
 
 __all__ = ["WriteShardFn", "RECEIPTS_DIRNAME"]

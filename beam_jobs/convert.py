@@ -56,7 +56,7 @@ from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import console, elements, guard, masks, plan as _plan, processes as _processes
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
-from conversion.shard_writer import record_schema, warm_call
+from conversion.examples import record_schema, warm_call
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]

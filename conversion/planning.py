@@ -17,7 +17,8 @@ import re
 
 import numpy as np
 
-from conversion import annotations as _annotations, guard, listing as _listing, masks as _masks, plan as _plan
+from conversion import annotations as _annotations, examples as _examples, guard, listing as _listing
+from conversion import masks as _masks, plan as _plan
 from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
@@ -83,6 +84,8 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
     if on_listed is not None:
         on_listed(files)
+    # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images.
+    files, problems, _members = _examples.kind_for(config.validation).group(files, problems, config)
     text = None
     if config.labels_csv:
         if not exists(config.labels_csv):
