@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 import schemas
-from conversion import guard, listing, processes as _processes
+from conversion import guard, listing, processes as _processes, recovery
 from conversion.elements import Reject, ShardResult
 from conversion.files import TMP_DIRNAME, read_bytes, write_atomically
 from conversion.options import WritingOptions
@@ -218,7 +218,7 @@ class WriteShardFn(beam.DoFn):
 
         A worker process that dies on a file (a crash, --file_timeout) costs
         that file only: it is found from the process's journal, quarantined,
-        and the shard is written again without it (`guard.crash_culprits`).
+        and the shard is written again without it (`recovery.crash_culprits`).
         """
         job = self._job(split, index, name, files, pooled=self._pool is not None)
         if self._pool is None:
@@ -227,7 +227,7 @@ class WriteShardFn(beam.DoFn):
             try:
                 return self._pool.call(write_shard, job)
             except _processes.WorkerDied as e:
-                found = guard.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
+                found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
                                               self._validation, self._writing.file_timeout,
                                               self._crashes_seen)
                 if found is None:  # Not while working on a file: not a file's doing.

@@ -53,7 +53,7 @@ from beam_jobs._output import prepare_output, read_manifest, summarize
 from beam_jobs._progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import console, elements, guard, masks, plan as _plan, processes as _processes
+from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
 from conversion.examples import record_schema, warm_call
@@ -386,8 +386,8 @@ def _main(argv: list[str]) -> int:
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
-    # and carries on without such a file (`guard.supervise`).
-    return guard.supervise(
+    # and carries on without such a file (`recovery.supervise`).
+    return recovery.supervise(
         functools.partial(_attempt, output_dir=config.output_dir), argv,
         quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,

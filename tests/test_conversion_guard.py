@@ -20,7 +20,7 @@ import time
 import pytest
 
 import schemas
-from conversion import guard
+from conversion import guard, recovery
 from imaging import ValidationOptions
 from helpers import add_faulty_files, faulty_plugin, make_class_tree, read_records
 
@@ -139,7 +139,7 @@ def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
         time.sleep(0.5)
         watchdog.check()
         assert proc.wait(timeout=30) == -signal.SIGKILL
-        found = guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 0.3, {})
+        found = recovery.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 0.3, {})
     finally:
         proc.kill()
     # Two files in the slot: each is tried alone (here: neither exists, so neither hangs).
@@ -148,7 +148,7 @@ def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
 
 
 def test_a_process_that_died_working_on_no_file_blames_none(tmp_path):
-    assert guard.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
+    assert recovery.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
 
 
 def test_an_internal_error_message_names_the_type_the_message_and_the_innermost_frame():
@@ -270,7 +270,7 @@ def test_files_that_do_not_crash_alone_get_one_more_try_then_are_blamed_together
         proc = _holding_process(tmp_path)
         proc.kill()
         proc.wait()
-        answers.append(guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 5, seen))
+        answers.append(recovery.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 5, seen))
     assert answers[0] == {}  # Neither crashes alone (neither exists): tried again as it was.
     assert sorted(answers[1]) == ["a/x.jpg", "b/\u00e9t\u00e9.png"]
     assert {reason for reason, _ in answers[1].values()} == {guard.DECODER_CRASHED}
