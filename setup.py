@@ -31,7 +31,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["schemas", "imaging", "imaging.formats", "conversion", "beam_jobs", "readers", "shardsmith", "compat"],
+    packages=["schemas", "imaging", "imaging.formats", "conversion", "conversion.examples", "beam_jobs", "readers",
+              "shardsmith", "compat"],
     # Upper bounds: the releases shardsmith was tested with. Its compatibility
     # code (compat/) uses private internals of Beam and TensorFlow and checks
     # their versions again when it runs.

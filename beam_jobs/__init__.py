@@ -5,7 +5,7 @@ Importing the package changes nothing in the process: the entry points
 quiet TensorFlow's C++ lines (conversion/console.py).
 """
 
-__all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "run"]
+__all__ = ["ConversionConfig", "ConvertImages", "ConvertOptions", "config_from_options", "run"]
 
 
 def __getattr__(name):

@@ -1,7 +1,7 @@
 """The shard-writing step: resume receipts, a worker process or this thread, and counters.
 
 `WriteShardFn` is built from plain option groups (it is pickled to every
-worker). What a shard's file holds is written by `shard_writer.write_shard`,
+worker). What a shard's file holds is written by its kind of example (`conversion.examples.write_shard`),
 in one of the worker processes of `processes` (`WritingOptions.worker_processes`)
 or in the runner's own thread; either way the same bytes.
 """
@@ -11,10 +11,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import hashlib
-import json
 import logging
-import os
 import threading
 import uuid
 
@@ -24,73 +21,20 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 import schemas
-from conversion import guard, listing, processes as _processes
-from conversion.elements import Reject, ShardResult
-from conversion.files import TMP_DIRNAME, read_bytes, write_atomically
+from conversion import guard, listing, processes as _processes, recovery
+from conversion.elements import ShardResult
+from conversion.examples import warm_call, write_shard
 from conversion.options import WritingOptions
-from conversion.shard_writer import (
-    ShardFile, ShardJob, ShardOutcome, default_threads, record_schema, warm_call, write_shard,
-)
+from conversion.receipts import RECEIPTS_DIRNAME, Receipts, shard_fingerprint
+from conversion.shard_writer import ShardFile, ShardJob, ShardOutcome, default_threads
 from imaging import ValidationOptions
 
 __all__ = ["WriteShardFn", "RECEIPTS_DIRNAME"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _NAMESPACE = "shardsmith"
-# Inside the temporary folder: one receipt per finished shard, for --resume.
-RECEIPTS_DIRNAME = "done"
 # A shard whose worker processes die this often is given up (each death blames a file or retries once).
 _MAX_CRASHES_PER_SHARD = 50
-
-
-def validation_fingerprint(validation: ValidationOptions) -> str:
-    """The text of the options a shard's bytes depend on (kept as receipts of older runs wrote it)."""
-    args = dict(max_pixels=validation.max_pixels, background=validation.background,
-                full_decode=validation.full_decode, dicom=validation.dicom)
-    if validation.resize.active:  # Absent otherwise, as receipts of older runs have it.
-        args["resize"] = validation.resize
-    if not validation.raster.is_default:
-        # Only then: receipts of runs without raster options stay valid.
-        args["raster"] = validation.raster
-    return repr(sorted(args.items()))
-
-
-class _Receipts:
-    """One small JSON file per finished shard, in the temporary folder, for --resume."""
-
-    def __init__(self, output_dir: str):
-        self._output_dir = output_dir
-        self._folder = FileSystems.join(output_dir, TMP_DIRNAME, RECEIPTS_DIRNAME)
-
-    def save(self, name, fingerprint, outcome):
-        result, rejects, normalized = outcome
-        receipt = {
-            "fingerprint": fingerprint,
-            "result": dataclasses.asdict(result),
-            "rejects": [dataclasses.astuple(r) for r in rejects],
-            "normalized": [[p, src, list(actions), details] for p, src, actions, details in normalized],
-        }
-        text = json.dumps(receipt, sort_keys=True, ensure_ascii=True)
-        write_atomically(self._folder, name + ".json", text.encode("utf-8", "surrogateescape"))
-
-    def load(self, name, fingerprint):
-        """The saved outcome of a shard, if its files are still exactly as written."""
-        path = FileSystems.join(self._folder, name + ".json")
-        if not FileSystems.exists(path):
-            return None
-        receipt = json.loads(read_bytes(path).decode("utf-8", "surrogateescape"))
-        if receipt["fingerprint"] != fingerprint:
-            return None
-        fields = receipt["result"]
-        fields["class_counts"] = tuple(fields["class_counts"])
-        result = ShardResult(**fields)
-        for file_name, sha in ((result.file, result.sha256), (result.index_file, result.index_sha256)):
-            path = FileSystems.join(self._output_dir, file_name)
-            if not FileSystems.exists(path) or hashlib.sha256(read_bytes(path)).hexdigest() != sha:
-                return None
-        rejects = [Reject(*r) for r in receipt["rejects"]]
-        normalized = [(p, src, tuple(actions), details) for p, src, actions, details in receipt["normalized"]]
-        return ShardOutcome(result, rejects, normalized)
 
 
 # Declared (the main output's): Beam would otherwise infer it from the bytecode of
@@ -141,7 +85,7 @@ class WriteShardFn(beam.DoFn):
         self._pool = None
 
     def setup(self):
-        self._receipts = _Receipts(self._output_dir)
+        self._receipts = Receipts(self._output_dir)
         # Files that crashed or hung a process in this run or an earlier one (--resume).
         self._quarantine = guard.Quarantine(guard.quarantine_path(self._output_dir))
         self._quarantined = self._quarantine.load()
@@ -224,7 +168,7 @@ class WriteShardFn(beam.DoFn):
 
         A worker process that dies on a file (a crash, --file_timeout) costs
         that file only: it is found from the process's journal, quarantined,
-        and the shard is written again without it (`guard.crash_culprits`).
+        and the shard is written again without it (`recovery.crash_culprits`).
         """
         job = self._job(split, index, name, files, pooled=self._pool is not None)
         if self._pool is None:
@@ -233,7 +177,7 @@ class WriteShardFn(beam.DoFn):
             try:
                 return self._pool.call(write_shard, job)
             except _processes.WorkerDied as e:
-                found = guard.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
+                found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
                                               self._validation, self._writing.file_timeout,
                                               self._crashes_seen)
                 if found is None:  # Not while working on a file: not a file's doing.
@@ -287,22 +231,8 @@ class WriteShardFn(beam.DoFn):
         return tuple((f.rel_path, *q[f.rel_path]) for f in files if f.rel_path in q)
 
     def _fingerprint(self, files) -> str:
-        """What the shard's bytes depend on: its planned files and the validation options.
-
-        The worker threads change speed only, never the bytes: not part of it.
-        """
-        h = hashlib.sha256(validation_fingerprint(self._validation).encode())
-        if self._mask_dtype is not None:  # Only then: receipts of runs without masks stay valid.
-            h.update(f"masks:{self._mask_dtype}".encode())
-        for f in files:
-            h.update(repr((os.fsencode(f.rel_path), f.size, f.label, f.order, f.duplicate_of)).encode())
-            if f.targets is not None:  # Only then: shards without targets keep their receipts' fingerprints.
-                h.update(f.targets.encode())
-            if f.mask is not None:
-                h.update(repr(os.fsencode(f.mask)).encode())
-            if f.patch_rows is not None:  # Only then, likewise.
-                h.update(f"patch_rows:{f.patch_rows}".encode())
-        return h.hexdigest()
+        """What the shard's bytes depend on (`conversion.receipts.shard_fingerprint`)."""
+        return shard_fingerprint(self._validation, self._mask_dtype, files)
 
     def _log_written(self, name, outcome) -> None:
         result, rejects, _ = outcome

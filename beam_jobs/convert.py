@@ -48,17 +48,17 @@ from apache_beam.options.pipeline_options import WorkerOptions
 
 from beam_jobs import _runner, args
 from beam_jobs._finalize import FinalizeFn
-from beam_jobs._options import ConversionConfig, ConvertOptions
+from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
 from beam_jobs._output import check_output, is_finished, prepare_output, read_manifest, summarize
 from beam_jobs._progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import console, elements, guard, masks, plan as _plan, processes as _processes
+from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
-from conversion.shard_writer import record_schema, warm_call
+from conversion.examples import record_schema, warm_call
 
-__all__ = ["ConvertOptions", "ConversionConfig", "ConvertImages", "run", "main", "summarize", "help_text",
+__all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -175,7 +175,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     """
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
     options = args.pipeline_options(argv, ConvertOptions)
-    config = ConversionConfig.from_options(options)
+    config = config_from_options(options)
     runner = _runner.make_runner(options)
     workers = _Workers(config, options, start=wait)
     progress = None
@@ -382,7 +382,7 @@ def _main(argv: list[str]) -> int:
         return 0
     try:
         options = args.pipeline_options(argv, ConvertOptions)
-        config = ConversionConfig.from_options(options)
+        config = config_from_options(options)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
@@ -394,8 +394,8 @@ def _main(argv: list[str]) -> int:
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
-    # and carries on without such a file (`guard.supervise`).
-    return guard.supervise(
+    # and carries on without such a file (`recovery.supervise`).
+    return recovery.supervise(
         functools.partial(_attempt, output_dir=config.output_dir), argv,
         quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,

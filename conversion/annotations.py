@@ -35,11 +35,11 @@ from typing import Any, NamedTuple
 
 import schemas
 from conversion import listing as _listing, plan as _plan
+from conversion.config import ConversionConfig
 from conversion.files import exists, read_bytes
 from imaging import ImageRejected
 from imaging import boxes as _boxes
 from schemas.manifest import SPLIT_ALIASES
-
 __all__ = ["TargetsCsv", "read_targets_csv", "read_coco", "read_voc", "BoxAnnotations", "plan_targets",
            "RecordTargets", "record_targets", "TargetCounts", "targets_section", "BOX_ACTIONS"]
 
@@ -499,7 +499,7 @@ def _is_file(path: str) -> bool:
 # Planning.
 
 
-def plan_targets(config, files, problems, csv_text: str | None):
+def plan_targets(config: ConversionConfig, files, problems, csv_text: str | None):
     """The labels CSV's mapping and the per-file targets of a conversion.
 
     Args:
@@ -519,7 +519,7 @@ def plan_targets(config, files, problems, csv_text: str | None):
     if csv_text is not None:
         table = read_targets_csv(csv_text, config.labels_csv)
         labels_csv = _plan.read_labels_csv(csv_text, config.labels_csv) if table is None else table.labels_csv()
-    annotations = getattr(config, "annotations", None)
+    annotations = config.annotations
     if table is None and not annotations:
         return labels_csv, None
     listed = [f.rel_path for f in files] + [p.rel_path for p in problems]

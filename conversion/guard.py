@@ -12,8 +12,8 @@ Three ways one file can end a job, and what becomes of each here:
   validating in a small memory-mapped `Journal` (one file per process in a
   shared folder; a slot per busy thread). Whoever started the process reads
   the dead one's busy slots: the driver for its worker processes (`processes`),
-  the command's `supervise` for the driver itself. A slot that held several
-  files (a batch of JPEGs decoded together) is narrowed down by `probe`,
+  the command's `recovery.supervise` for the driver itself. A slot that held several
+  files (a batch of JPEGs decoded together) is narrowed down by `recovery.probe`,
   which validates each file alone in a fresh process: only the file that
   crashes again is the culprit (`decoder_crashed`); the others are converted.
 - **A decoder that never returns** (`--file_timeout`): a `Watchdog` thread
@@ -24,12 +24,13 @@ Culprits are kept in the output's temporary folder (`Quarantine`), so the run
 that goes on (the worker's shard written again, the driver's run resumed with
 `--resume`, or a user's `--resume` later) rejects them without reading them.
 
-Beam-free: worker processes import it.
+This module holds the primitives (journal, watchdog, quarantine);
+`conversion.recovery` the orchestration that uses them with the worker pool
+and the shard writer. Beam-free: worker processes import it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
@@ -48,7 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 __all__ = [
     "INTERNAL_ERROR", "DECODER_CRASHED", "TIMEOUT", "FAILURE_REASONS", "JOURNAL_ENV",
     "internal_error_message", "Journal", "journal", "Suspect", "busy_slots", "Watchdog",
-    "Quarantine", "quarantine_path", "probe", "crash_culprits", "failure_sentence", "signal_name", "supervise",
+    "Quarantine", "quarantine_path", "failure_sentence", "signal_name", "new_journal_folder", "forget",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -387,291 +388,6 @@ class Quarantine:
             folder, name = os.path.split(self._path)
             write_atomically(folder, name, text.encode("utf-8", "surrogateescape"))
             return entries
-
-
-def _probe_one(path: str, rel_path: str, validation) -> None:
-    """Validates one file as a shard writer would (run in a fresh worker process)."""
-    from conversion.files import read_bytes
-    from imaging import ImageRejected, ImageValidator
-
-    try:
-        ImageValidator(validation).validate_all(read_bytes(path), rel_path)
-    except (ImageRejected, OSError):
-        pass  # An ordinary reject: the shard writer says it again.
-
-
-def _warm_up(validation) -> tuple:
-    from conversion.shard_writer import warm_up
-
-    return warm_up, validation
-
-
-def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, tuple[str, str]]:
-    """Validates each suspect alone in a fresh process: rel_path -> (reason, message) of those that fail.
-
-    A file whose process dies is `decoder_crashed`; one that does not finish
-    within `timeout` seconds, `timeout`. An exception is no culprit here: the
-    shard writer turns it into `internal_error` itself.
-    """
-    from conversion import processes as _processes
-
-    found = {}
-    pool = None
-    waiter = concurrent.futures.ThreadPoolExecutor(1, "shardsmith-probe")
-    try:
-        for s in suspects:
-            if pool is None:
-                pool = _processes.WorkerProcesses(1)
-                # Started and given its decoders untimed: only the file's own work is held to `timeout`.
-                pool.call(*_warm_up(validation))
-            call = waiter.submit(pool.call, _probe_one, s.path, s.rel_path, validation)
-            try:
-                call.result(timeout)
-            except concurrent.futures.TimeoutError:
-                pool.close(kill=True)
-                pool = None
-                found[s.rel_path] = (TIMEOUT, f"{s.rel_path}: not finished after --file_timeout={timeout:g}s "
-                                     "(tried again alone)")
-                with contextlib.suppress(Exception):
-                    call.result()
-            except _processes.WorkerDied as e:
-                pool.close(kill=True)
-                pool = None
-                found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended "
-                                     f"({signal_name(e.returncode)}); again when tried alone")
-            except Exception as e:  # noqa: BLE001 - reported by the shard writer, not a crash
-                _LOG.debug("Probing %s raised %r", s.rel_path, e)
-    finally:
-        if pool is not None:
-            pool.close(kill=True)
-        waiter.shutdown(wait=True)
-    return found
-
-
-def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: float,
-                   seen: dict) -> dict[str, tuple[str, str]] | None:
-    """The files to blame for the death of process `pid`, read from its journal.
-
-    A slot the watchdog marked blames its file as `timeout` (several files:
-    each is tried alone, `probe`). A crash with one file in work blames it;
-    with several, each is tried alone, and only those that crash again are
-    blamed. Files that do not crash alone are given one more try together (the
-    crash may have been the machine's, e.g. memory); a second crash with the
-    same files in work blames them all.
-
-    Args:
-      folder: The journals' folder.
-      pid: The dead process.
-      returncode: Its return code (negative: the signal).
-      validation: The conversion's `imaging.ValidationOptions`, for `probe`.
-      timeout: --file_timeout.
-      seen: State the caller keeps across crashes (the file sets given another try).
-
-    Returns:
-      rel_path -> (reason, message) of the files to reject; empty to try
-      again as it was; None when the process was working on no file (the
-      death is not a file's doing).
-    """
-    slots = busy_slots(folder, [pid])
-    forget(folder, pid)
-    if not slots:
-        return None
-    how = signal_name(returncode)
-    found: dict[str, tuple[str, str]] = {}
-    crashed: list[Suspect] = []
-    for slot in slots:
-        if not slot.timed_out:
-            crashed.extend(slot.suspects)
-        elif len(slot.suspects) == 1:
-            s = slot.suspects[0]
-            found[s.rel_path] = (TIMEOUT, f"{s.rel_path}: not finished after --file_timeout={timeout:g}s")
-        else:  # Which file of a batch hung: each is tried alone, with the same limit.
-            found.update(_blame(slot.suspects, TIMEOUT, f"not finished after --file_timeout={timeout:g}s",
-                                validation, timeout, seen))
-    if len(crashed) == 1:
-        s = crashed[0]
-        found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended ({how})")
-    elif crashed:
-        found.update(_blame(crashed, DECODER_CRASHED, f"the process validating it ended ({how})",
-                            validation, timeout, seen))
-    return found
-
-
-def _blame(suspects: Sequence[Suspect], reason: str, what: str, validation, timeout: float,
-           seen: dict) -> dict[str, tuple[str, str]]:
-    """Those of several files in work that fail alone (`probe`); all of them if none does, the second time."""
-    found = probe(suspects, validation, timeout)
-    key = frozenset(s.rel_path for s in suspects)
-    if not found and key in seen:
-        found = {s.rel_path: (reason, f"{s.rel_path}: {what} twice, with {len(suspects) - 1} other files "
-                              "in work; alone it did not") for s in suspects}
-    seen[key] = True
-    return found
-
-
-# Deaths of the driver after which `supervise` gives up (each blames a file, or retries once).
-_MAX_RESTARTS = 50
-# Signals a person or a service manager sends to stop a run: never a file's doing.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, timeout: float,
-              resume_argv) -> int:
-    """Runs `attempt(argv)` in a child process; carries on without the file that killed it.
-
-    The command's process forks before any work (no thread of TensorFlow or
-    gRPC has started yet; the child does everything) and waits. If the child
-    dies on a file (a crash in a decoder, the OOM killer, or the watchdog
-    stopping a file past `timeout`), the files it was working on are read
-    from its journal and blamed (`crash_culprits`), quarantined in the
-    output, and the run goes on in a new child with `resume_argv(argv)`
-    (--resume: the finished shards are kept).
-
-    Args:
-      attempt: Runs the command in-process; returns its exit status.
-      argv: The command's arguments.
-      quarantine: Where the blamed files are kept for the next attempt.
-      validation: The `imaging.ValidationOptions`, to try suspects alone.
-      timeout: --file_timeout.
-      resume_argv: The arguments of the attempt after a crash.
-
-    Returns:
-      The exit status of the last attempt (128 + N when it was ended by signal N
-      and not by a file).
-    """
-    if not _fork_is_safe():
-        return attempt(argv)
-    folder = new_journal_folder()
-    previous = os.environ.get(JOURNAL_ENV)
-    os.environ[JOURNAL_ENV] = folder
-    watchdog = Watchdog(folder, timeout).start()
-    seen: dict = {}
-    try:
-        for _ in range(_MAX_RESTARTS):
-            pid, code = _run_child(attempt, argv)
-            if code >= 0 or -code in _STOP_SIGNALS:
-                return code if code >= 0 else 128 - code
-            found = crash_culprits(folder, pid, code, validation, timeout, seen)
-            if found is None:
-                _LOG.error("The conversion's process ended (%s) while working on no file.", signal_name(code))
-                return 128 - code
-            for path, (reason, message) in sorted(found.items()):
-                _LOG.warning("Rejected %s (%s): %s", path, reason, message)
-            if found:
-                quarantine.add(found)
-            if found:
-                _LOG.warning("Going on without %s (the finished shards are kept).",
-                             "that file" if len(found) == 1 else f"those {len(found)} files")
-            else:
-                _LOG.warning("No file crashes alone: trying once more as it was.")
-            argv = resume_argv(argv)
-        _LOG.error("The conversion's process died %d times; giving up.", _MAX_RESTARTS)
-        return 1
-    finally:
-        watchdog.stop()
-        if previous is None:
-            os.environ.pop(JOURNAL_ENV, None)
-        else:
-            os.environ[JOURNAL_ENV] = previous
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _fork_is_safe() -> bool:
-    """Whether this process can fork a child that does the work (the command, at its start).
-
-    Not once TensorFlow is loaded (its thread pools would be missing in the
-    child, their locks possibly held), nor beside other threads than
-    shardsmith's own (the console's stderr filter, which holds no lock the
-    child needs): `beam_jobs.convert.main` called inside a program that has done other
-    work then runs in that program's process, unsupervised.
-    """
-    import sys
-
-    if not hasattr(os, "fork") or "tensorflow" in sys.modules:
-        return False
-    if not all(t is threading.main_thread() or t.name.startswith("shardsmith-")
-               for t in threading.enumerate()):
-        return False
-    return _native_threads_are_fork_safe()
-
-
-# Native threads a fresh command process has that survive a fork: Python's
-# own and OpenBLAS's (named as the process, which they inherit) and
-# jemalloc's background thread (both libraries re-create their threads in a
-# child). Any other, e.g. gRPC's pollers and timers, means a library is
-# running that a fork could leave broken in either process.
-_FORK_SAFE_THREAD_NAMES = ("jemalloc_bg_thd",)
-
-
-def _native_threads_are_fork_safe() -> bool:
-    try:
-        tasks = os.listdir("/proc/self/task")
-        with open("/proc/self/comm") as f:
-            process = f.read().strip()  # "python", "shardsmith", ...
-    except OSError:
-        return True  # No /proc (macOS): Python's own threads were checked.
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue  # Ended meanwhile.
-        if name != process and name not in _FORK_SAFE_THREAD_NAMES:
-            _LOG.debug("Not forking a supervising process: native thread %r is running", name)
-            return False
-    return True
-
-
-def _run_child(attempt, argv) -> tuple[int, int]:
-    """Forks; the child runs `attempt(argv)` and exits with its status. Returns (its pid, its return code)."""
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # The child: everything happens here.
-        # This process is shardsmith's own, and what it has imported (Beam,
-        # gRPC, ~300,000 objects), or imports later (TensorFlow's decode
-        # ops), lives as long as it: frozen, no collection walks it again
-        # (20,000 small JPEGs: ~5% less time).
-        import gc
-
-        from compat import tf_internals
-
-        gc.freeze()
-        tf_internals.freeze_imports()
-        code = 1
-        try:
-            code = attempt(argv)
-        except KeyboardInterrupt:
-            code = 128 + signal.SIGINT
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        except BaseException:  # noqa: BLE001 - printed as Python would, then the status
-            traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                logging.shutdown()
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
-    # Ctrl-C reaches the child through the terminal's process group; a
-    # SIGTERM sent to this process is passed on to it.
-    handlers = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))}
-    try:
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except InterruptedError:
-                continue
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    return pid, os.waitstatus_to_exitcode(status)
 
 
 def new_journal_folder() -> str:

@@ -1,7 +1,7 @@
 """The option groups of the parts of a conversion that need no Beam: sharding, writing, --split.
 
 Frozen values that check themselves, naming the flag they come from;
-`beam_jobs.convert.ConversionConfig` builds them once from the command line.
+`conversion.config.ConversionConfig` holds them, built once from the command line.
 """
 
 from __future__ import annotations

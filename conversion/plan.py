@@ -22,7 +22,7 @@ import operator
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from conversion.listing import InputFile, Problem
 from schemas.manifest import SPLIT_ALIASES
@@ -334,7 +334,7 @@ def make_plan(
     folder_labels: Callable | None = None,
     windows: Mapping[str, Sequence[tuple[str, int]]] | None = None,
 ) -> Plan:
-    """Assigns every listed file a label, a split and a shard.
+    """Assigns every listed file a label, a split and a shard, in four steps: labels, splits, shards, groups.
 
     Args:
       files: The listing, sorted.
@@ -372,6 +372,47 @@ def make_plan(
       ValueError: On inconsistent labels or split options.
     """
     problems = list(problems)
+    labelled = _plan_labels(files, problems, split_ratios=split_ratios, labels_csv=labels_csv,
+                            class_names=class_names, targets=targets, folder_labels=folder_labels)
+    by_split = _plan_splits(files, problems, labelled, seed=seed, groups=groups, targets=targets, windows=windows)
+    shard_counts, planned = _plan_shards(by_split, labelled.ratios, seed=seed, num_shards=num_shards,
+                                         target_shard_bytes=target_shard_bytes, min_shards=min_shards,
+                                         targets=targets)
+    problems.sort(key=lambda p: os.fsencode(p.rel_path))
+    return Plan(
+        files=tuple(planned),
+        problems=tuple(problems),
+        class_names=labelled.class_names,
+        shard_counts=shard_counts,
+        num_found=labelled.num_found,
+        split_source=labelled.split_source,
+        groups=_plan_groups(planned, groups, labelled.ratios, shard_counts, seed),
+        target_kinds=() if targets is None else tuple(targets.kinds),
+        targets_section=None if targets is None else targets.section,
+    )
+
+
+class _Labelled(NamedTuple):
+    """What `make_plan`'s first step decides: each file's label, and how splits are chosen.
+
+    Attributes:
+      labels: Relative path -> (label or None, split or None) of every labelled file.
+      class_names: The dataset's classes, in index order.
+      split_source: "hash", "csv" or "folders" (the manifest's split source).
+      ratios: Split name -> fraction, for hash splits; None otherwise.
+      num_found: The inputs: the listing's plus the CSV's rows and targets that point nowhere.
+    """
+
+    labels: dict
+    class_names: tuple[str, ...]
+    split_source: str
+    ratios: dict[str, float] | None
+    num_found: int
+
+
+def _plan_labels(files, problems: list, *, split_ratios, labels_csv, class_names, targets,
+                 folder_labels) -> _Labelled:
+    """Step 1 of `make_plan`: each file's label (and split, when given), the classes; appends problems."""
     # Inputs are what the listing found plus CSV rows that point nowhere, so
     # that inputs == written + rejected + skipped holds exactly.
     num_found = len(files) + len(problems)
@@ -420,13 +461,18 @@ def make_plan(
         class_names = targets.class_names
     elif class_names is None:
         class_names = sorted_class_names(found_classes)
-    class_names = tuple(class_names)
-    index = {name: i for i, name in enumerate(class_names)}
-    if split_source == "hash":
-        ratios = dict(split_ratios or {"train": 1.0})
-    else:
-        ratios = None
+    ratios = dict(split_ratios or {"train": 1.0}) if split_source == "hash" else None
+    return _Labelled(labels, tuple(class_names), split_source, ratios, num_found)
 
+
+def _plan_splits(files, problems: list, labelled: _Labelled, *, seed, groups, targets, windows) -> dict:
+    """Step 2 of `make_plan`: each labelled file's split; appends the files refused on the way.
+
+    Returns:
+      Split -> its members, (file, encoded name, label index, patch rows or None, planned bytes) each.
+    """
+    index = {name: i for i, name in enumerate(labelled.class_names)}
+    labels, ratios = labelled.labels, labelled.ratios
     # Each path is encoded once, for its split hash and its order hash.
     split_of = _split_by_hash(seed, ratios) if ratios is not None else None
     by_split: dict[str, list[tuple[InputFile, bytes, int, str | None, int]]] = collections.defaultdict(list)
@@ -461,7 +507,12 @@ def make_plan(
                 by_split[split].append((f, _fs_bytes(name), label_index, rows, size))
         else:
             by_split[split].append((f, encoded, label_index, None, f.size))
+    return by_split
 
+
+def _plan_shards(by_split: Mapping, ratios, *, seed, num_shards, target_shard_bytes, min_shards,
+                 targets) -> tuple[dict[str, int], list[PlannedFile]]:
+    """Step 3 of `make_plan`: each split's shard count, and each member's shard and order in it."""
     split_names = list(ratios) if ratios is not None else sorted(by_split)
     shard_counts = {}
     for split in split_names:
@@ -494,33 +545,26 @@ def make_plan(
                 targets=None if targets is None else targets.values[f.rel_path],
                 patch_rows=rows or None,
             ))
-    problems.sort(key=lambda p: os.fsencode(p.rel_path))
-    group_ids = None
-    if groups is not None:
-        if ratios is None:
-            raise ValueError(
-                "--group_by decides splits by hashing each group, so it needs hash splits "
-                "(--split ...), not split folders or the CSV's split column."
-            )
-        per_split = collections.defaultdict(set)
-        for f in planned:
-            if f.rel_path in groups:
-                per_split[f.split].add(groups[f.rel_path])
-        group_ids = {
-            split: tuple(sorted({_group_id(seed, group) for group in per_split.get(split, ())}))
-            for split in shard_counts
-        }
-    return Plan(
-        files=tuple(planned),
-        problems=tuple(problems),
-        class_names=class_names,
-        shard_counts=shard_counts,
-        num_found=num_found,
-        split_source=split_source,
-        groups=group_ids,
-        target_kinds=() if targets is None else tuple(targets.kinds),
-        targets_section=None if targets is None else targets.section,
-    )
+    return shard_counts, planned
+
+
+def _plan_groups(planned: list[PlannedFile], groups, ratios, shard_counts, seed) -> dict | None:
+    """Step 4 of `make_plan`: with --group_by, each split's group ids (the manifest's)."""
+    if groups is None:
+        return None
+    if ratios is None:
+        raise ValueError(
+            "--group_by decides splits by hashing each group, so it needs hash splits "
+            "(--split ...), not split folders or the CSV's split column."
+        )
+    per_split = collections.defaultdict(set)
+    for f in planned:
+        if f.rel_path in groups:
+            per_split[f.split].add(groups[f.rel_path])
+    return {
+        split: tuple(sorted({_group_id(seed, group) for group in per_split.get(split, ())}))
+        for split in shard_counts
+    }
 
 
 def _sorted_by_order(members: list[tuple]) -> list[tuple]:

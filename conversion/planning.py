@@ -17,7 +17,9 @@ import re
 
 import numpy as np
 
-from conversion import annotations as _annotations, guard, listing as _listing, masks as _masks, plan as _plan
+from conversion import annotations as _annotations, examples as _examples, guard, listing as _listing
+from conversion import masks as _masks, plan as _plan
+from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
@@ -34,12 +36,11 @@ _HEAD_BYTES = 65536
 _HEADER_THREADS = 8
 
 
-def build_plan(config, on_listed=None) -> _plan.Plan:
+def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
 
     Args:
-      config: The conversion's options (`beam_jobs.convert.ConversionConfig`,
-        which this package does not import: it is built from Beam's flags).
+      config: The conversion's config (`conversion.config.ConversionConfig`).
       on_listed: Called with the listed files (`listing.InputFile`s) as
         soon as they are known, before the planning proper (the driver
         starts its worker processes there).
@@ -77,12 +78,14 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config, on_listed) -> _plan.Plan:
+def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
     if on_listed is not None:
         on_listed(files)
+    # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images.
+    files, problems, _members = _examples.kind_for(config.validation).group(files, problems, config)
     text = None
     if config.labels_csv:
         if not exists(config.labels_csv):
@@ -109,8 +112,8 @@ def _build_plan(config, on_listed) -> _plan.Plan:
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     mask_plan = None
-    masks = getattr(config, "masks", None)
-    if masks is not None and masks.active:
+    masks = config.masks
+    if masks.active:
         mask_plan = _masks.plan_masks(
             files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
             labels_csv=labels_csv is not None, class_names=config.class_names)

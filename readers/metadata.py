@@ -16,6 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from readers import examples as _examples
 from schemas.features import ImageExampleSchema
 from schemas.manifest import (
     not_a_dataset_folder,
@@ -198,11 +199,13 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
         )
     split = resolved
     try:
-        schema = ImageExampleSchema.from_json(manifest.features)
+        schema = _examples.IMAGE.schema_from_json(manifest.features)
     except ValueError as e:
+        kind = _examples.kind_of(manifest.features)
+        other = f" It holds {kind.name} examples: read it with readers.{kind.reader}." if kind else ""
         raise ManifestError(
             f"The record schema in {tf.io.gfile.join(path, MANIFEST_FILENAME)} does "
-            f"not match this reader: {e}."
+            f"not match this reader: {e}.{other}"
         ) from e
     shards = [s for s in manifest.split(split).shards if s.num_records > 0]
     if not shards:

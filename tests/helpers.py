@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 import os
 import pathlib
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -351,3 +353,22 @@ def decoded_records(out_dir, split: str = "train"):
         with open(out_dir / info.file, "rb") as f:
             for _, _, payload in iter_records(f):
                 yield schema.decode(payload), payload, info.file
+
+
+HOLDER = textwrap.dedent('''
+    import sys, time
+    from conversion import guard
+    journal = guard.Journal(sys.argv[1])
+    with journal.working_on([("done/first.jpg", "/in/done/first.jpg")]):
+        pass
+    with journal.working_on([("a/x.jpg", "/in/a/x.jpg"), ("b/\\u00e9t\\u00e9.png", "/in/b/\\u00e9t\\u00e9.png")]):
+        print("ready", flush=True)
+        time.sleep(600)
+''')
+
+
+def holding_process(folder: pathlib.Path) -> subprocess.Popen:
+    """A process busy on two files in a journal of `folder` (`conversion.guard.Journal`), once ready."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc

@@ -354,7 +354,7 @@ def test_options_are_built_once_into_groups_handed_down_whole():
     from conversion.options import ShardingOptions, WritingOptions
     from imaging import DicomOptions
 
-    config = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions([
+    config = convert_module.config_from_options(convert_module.ConvertOptions([
         "--input_dir", "in", "--output_dir", "out", "--max_pixels", "1000", "--full_decode",
         "--background", "1,2,3", "--dicom_frames", "all", "--num_shards", "3", "--dedup",
         "--worker_threads", "2",
@@ -366,6 +366,6 @@ def test_options_are_built_once_into_groups_handed_down_whole():
     assert config.sharding == ShardingOptions(num_shards=3)
     assert config.writing == WritingOptions(dedup=True, worker_threads=2)
     # The flags' defaults are the groups' defaults: one definition each.
-    default = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions(
+    default = convert_module.config_from_options(convert_module.ConvertOptions(
         ["--input_dir", "in", "--output_dir", "out"]))
     assert default == convert_module.ConversionConfig(input_dir="in", output_dir="out")

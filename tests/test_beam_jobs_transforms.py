@@ -22,7 +22,8 @@ from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
 import schemas
 from beam_jobs import _runner, _shards, _verify_fns, verify
-from beam_jobs.convert import ConversionConfig, ConvertImages, build_plan
+from beam_jobs.convert import ConvertImages, build_plan, config_from_options
+from conversion.config import ConversionConfig
 from conversion import shard_plans
 from helpers import convert, encode, make_class_tree, pixels, read_records, write
 
@@ -38,7 +39,7 @@ def _test_pipeline() -> test_pipeline.TestPipeline:
 def _config(input_dir, output_dir, *flags) -> ConversionConfig:
     """The conversion's options, from its command-line flags (as `convert.run` builds them)."""
     argv = ["--input_dir", str(input_dir), "--output_dir", str(output_dir), *map(str, flags)]
-    return ConversionConfig.from_options(PipelineOptions(argv))
+    return config_from_options(PipelineOptions(argv))
 
 
 def _shard_plans(plan, config) -> list[str]:

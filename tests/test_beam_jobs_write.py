@@ -79,7 +79,7 @@ def test_not_part_of_the_resume_fingerprint():
 
 
 def test_config_and_manifest_options():
-    config = convert_module.ConversionConfig.from_options(convert_module.ConvertOptions(
+    config = convert_module.config_from_options(convert_module.ConvertOptions(
         ["--input_dir", "in", "--output_dir", "out", "--worker_threads", "2"]))
     assert config.writing.worker_threads == 2
     default = convert_module.ConversionConfig(input_dir="in", output_dir="out")

@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 import schemas
 from conversion import guard
 from imaging import ValidationOptions
-from helpers import add_faulty_files, faulty_plugin, make_class_tree, read_records
+from helpers import add_faulty_files, faulty_plugin, holding_process, make_class_tree, read_records
 
 _FAULTS = {"RAISE": guard.INTERNAL_ERROR, "SEGV": guard.DECODER_CRASHED, "HANG": guard.TIMEOUT}
 # Far above a small file's validation even on a loaded machine (4 s gave good files false
@@ -97,26 +96,8 @@ def test_small_jpegs_in_worker_processes_convert_past_the_same_three_files(tmp_p
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-_HOLDER = textwrap.dedent('''
-    import sys, time
-    from conversion import guard
-    journal = guard.Journal(sys.argv[1])
-    with journal.working_on([("done/first.jpg", "/in/done/first.jpg")]):
-        pass
-    with journal.working_on([("a/x.jpg", "/in/a/x.jpg"), ("b/\\u00e9t\\u00e9.png", "/in/b/\\u00e9t\\u00e9.png")]):
-        print("ready", flush=True)
-        time.sleep(600)
-''')
-
-
-def _holding_process(folder: pathlib.Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
-
-
 def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp_path):
-    proc = _holding_process(tmp_path)
+    proc = holding_process(tmp_path)
     try:
         proc.kill()
         assert proc.wait() == -signal.SIGKILL
@@ -128,27 +109,6 @@ def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp
         assert guard.busy_slots(str(tmp_path), [proc.pid + 1]) == []
     finally:
         proc.kill()
-
-
-def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
-    proc = _holding_process(tmp_path)
-    try:
-        watchdog = guard.Watchdog(str(tmp_path), 0.3)
-        watchdog.check()
-        assert proc.poll() is None  # Not overdue yet.
-        time.sleep(0.5)
-        watchdog.check()
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-        found = guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 0.3, {})
-    finally:
-        proc.kill()
-    # Two files in the slot: each is tried alone (here: neither exists, so neither hangs).
-    assert found == {}
-    assert not (tmp_path / str(proc.pid)).exists()  # Forgotten once read.
-
-
-def test_a_process_that_died_working_on_no_file_blames_none(tmp_path):
-    assert guard.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
 
 
 def test_an_internal_error_message_names_the_type_the_message_and_the_innermost_frame():
@@ -260,18 +220,3 @@ def test_a_dicom_header_that_crashes_the_driver_while_planning_costs_that_file_o
     assert "SIGSEGV" in rejects[0]["message"]
     manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
     assert manifest.counts["written"] == 5 and manifest.counts["found"] == 6
-
-
-def test_files_that_do_not_crash_alone_get_one_more_try_then_are_blamed_together(tmp_path):
-    """A crash no suspect repeats alone (the machine's memory, say): retried once, then all blamed."""
-    seen: dict = {}
-    answers = []
-    for _ in range(2):
-        proc = _holding_process(tmp_path)
-        proc.kill()
-        proc.wait()
-        answers.append(guard.crash_culprits(str(tmp_path), proc.pid, -signal.SIGKILL, ValidationOptions(), 5, seen))
-    assert answers[0] == {}  # Neither crashes alone (neither exists): tried again as it was.
-    assert sorted(answers[1]) == ["a/x.jpg", "b/\u00e9t\u00e9.png"]
-    assert {reason for reason, _ in answers[1].values()} == {guard.DECODER_CRASHED}
-    assert "twice, with 1 other files in work" in answers[1]["a/x.jpg"][1]

@@ -21,7 +21,7 @@ from PIL import Image, ImageOps
 
 import schemas
 from beam_jobs import convert as convert_module
-from beam_jobs._options import ConversionConfig
+from conversion.config import ConversionConfig
 from conversion.masks import TARGET_KIND, MaskOptions
 from conversion.planning import build_plan
 

@@ -16,7 +16,8 @@ from helpers import convert, encode, make_class_tree, make_dicom, pixels, write
 import schemas
 from conversion import plan as _plan, processes as _processes, shard_writer
 from beam_jobs import convert as convert_module
-from beam_jobs.convert import ConversionConfig, ConvertOptions
+from beam_jobs.convert import ConvertOptions, config_from_options
+from conversion.config import ConversionConfig
 from beam_jobs._write import _shard_file
 from imaging import ValidationOptions
 
@@ -289,7 +290,7 @@ def test_worker_processes_write_the_bytes_of_the_runners_threads(mixed, tmp_path
 def test_a_child_writes_local_rasters_without_beam_or_tensorflow(mixed, tmp_path):
     out = tmp_path / "out"
     options = ConvertOptions(["--input_dir", str(mixed), "--output_dir", str(out), "--num_shards", "1"])
-    plan = convert_module.build_plan(ConversionConfig.from_options(options))
+    plan = convert_module.build_plan(config_from_options(options))
     rasters = [f for f in plan.files if f.rel_path.endswith(".tif")]
     job = shard_writer.ShardJob(str(out), "train", 0, 1, "train-00000-of-00001.tfrecord",
                                  tuple(_shard_file(f) for f in rasters), len(plan.class_names),

@@ -408,12 +408,12 @@ def _parse(command: str, argv: list[str]) -> None:
     from beam_jobs import args
 
     if command == "convert":
-        from beam_jobs.convert import ConversionConfig, ConvertOptions
+        from beam_jobs.convert import ConvertOptions, config_from_options
 
         try:
             with _argparse_errors():
                 options = args.pipeline_options(argv, ConvertOptions)
-                ConversionConfig.from_options(options)  # Every value checked; no file touched.
+                config_from_options(options)  # Every value checked; no file touched.
         except (ValueError, TypeError) as e:
             raise _Refused(str(e)) from None
     elif command == "verify":

@@ -1,0 +1,234 @@
+"""The conversion's config: the validated groups of options every part of it is handed.
+
+`ConversionConfig.from_flags` builds it, once, from the flags' values
+(`beam_jobs.config_from_options` passes Beam's parsed `ConvertOptions`), into
+frozen groups that check themselves (`imaging.ValidationOptions`,
+`conversion.options`' `ShardingOptions` and `WritingOptions`,
+`conversion.masks.MaskOptions`); each part of the pipeline is handed the
+group it uses, whole. Every default is defined once, in its group; the flags
+read it from there. Beam-free: `conversion.planning.build_plan` takes it typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import schemas
+from conversion import listing
+from conversion.masks import MaskOptions
+from conversion.options import ShardingOptions, WritingOptions, parse_split
+from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
+from imaging import dicom as _dicom
+from imaging.patches import PatchOptions
+
+__all__ = ["ConversionConfig"]
+
+_RESIZE = ResizeOptions()
+
+def _patch_options(o) -> PatchOptions | None:
+    """--raster_patch and its companions as `PatchOptions`; None without --raster_patch.
+
+    Raises:
+      ValueError: For a companion flag without --raster_patch, or a bad value.
+    """
+    if o.raster_patch is None:
+        given = [flag for flag, value in (("--raster_stride", o.raster_stride), ("--raster_edge", o.raster_edge),
+                                          ("--raster_max_nodata", o.raster_max_nodata)) if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} shapes the patches of --raster_patch: give --raster_patch N "
+                             f"with it. Received: {given[0]} without --raster_patch")
+        return None
+    return PatchOptions.parse(o.raster_patch, stride=o.raster_stride, edge=o.raster_edge or "shift",
+                              max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
+
+
+def _check_patch_combinations(o) -> None:
+    """Refuses the options that --raster_patch does not combine with yet (one sentence each).
+
+    --max_side/--min_side (each patch resized) and --masks_dir (label rasters
+    cut into the same patches) combine with it.
+    """
+    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup)]
+    for flag, given in refused:
+        if given:
+            raise ValueError(f"--raster_patch does not combine with {flag} yet: cut the scenes into "
+                             f"patches without it. Received: --raster_patch {o.raster_patch} with {flag}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionConfig:
+    """The validated conversion options.
+
+    Attributes mirror the command-line flags of `ConvertOptions`; see there.
+    The options of one part of the pipeline come as one group: `validation`
+    (`imaging.ValidationOptions`, DICOM rendering included), `sharding`
+    (`ShardingOptions`), `writing` (`WritingOptions`) and `masks`
+    (`conversion.masks.MaskOptions`).
+    """
+
+    input_dir: str
+    output_dir: str
+    labels_csv: str | None = None
+    # --annotations: COCO instances JSON or a folder of VOC XML files (boxes).
+    annotations: str | None = None
+    class_names: tuple[str, ...] | None = None
+    split_ratios: dict[str, float] | None = None
+    seed: int = 0
+    max_reject_fraction: float = 0.1
+    group_by: str | None = None
+    overwrite: bool = False
+    validation: ValidationOptions = dataclasses.field(default_factory=ValidationOptions)
+    sharding: ShardingOptions = dataclasses.field(default_factory=ShardingOptions)
+    writing: WritingOptions = dataclasses.field(default_factory=WritingOptions)
+    masks: MaskOptions = dataclasses.field(default_factory=MaskOptions)
+
+    def __post_init__(self):
+        for name in ("input_dir", "output_dir"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required.")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ValueError(
+                f"--max_reject_fraction must be in [0, 1]. Received: {self.max_reject_fraction}"
+            )
+        if self.group_by is not None:
+            self._check_group_by()
+        if self.overwrite and self.writing.resume:
+            raise ValueError(
+                "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
+                "wrote; give one of them."
+            )
+        if self.class_names is not None:
+            dupes = sorted({c for c in self.class_names if self.class_names.count(c) > 1})
+            if not self.class_names or dupes or "" in self.class_names:
+                raise ValueError(
+                    f"--class_names must be distinct, non-empty names. Received: {self.class_names}"
+                )
+        if listing.is_local(self.input_dir) and listing.is_local(self.output_dir):
+            src = os.path.realpath(self.input_dir)
+            dst = os.path.realpath(self.output_dir)
+            if dst == src or dst.startswith(src + os.sep):
+                raise ValueError(
+                    f"--output_dir {self.output_dir!r} is inside --input_dir {self.input_dir!r}; "
+                    "a later run would take the shards for input. Choose another folder."
+                )
+
+    def _check_group_by(self):
+        kind, _, value = self.group_by.partition(":")
+        if kind not in ("dicom", "regex") or not value:
+            raise ValueError(
+                "--group_by must be dicom:KEYWORD (e.g. dicom:PatientID) or regex:PATTERN. "
+                f"Received: {self.group_by!r}"
+            )
+        if kind == "regex":
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"--group_by regex {value!r} does not compile: {e}.") from None
+        elif not _dicom.is_keyword(value):
+            raise ValueError(f"--group_by names {value!r}, which is not a DICOM keyword.")
+        if self.split_ratios is None:
+            raise ValueError(
+                "--group_by keeps each group in one split chosen by hash, so it needs "
+                "--split (e.g. --split train=0.8,validation=0.2)."
+            )
+
+    @classmethod
+    def from_flags(cls, o) -> ConversionConfig:
+        """Builds the config, and each group of it, once from the flags' values.
+
+        Args:
+          o: The parsed flags, one attribute per flag of `beam_jobs.ConvertOptions`
+            (its `view_as(ConvertOptions)`; `beam_jobs.config_from_options` passes it).
+
+        Raises:
+          ValueError: For the first bad flag, naming it.
+        """
+        try:
+            background = tuple(int(c) for c in o.background.split(","))
+        except ValueError:
+            raise ValueError(f"--background must be R,G,B in 0-255. Received: {o.background!r}") from None
+        sharding = ShardingOptions(
+            num_shards=o.num_shards, target_shard_mb=o.target_shard_mb, min_shards=o.min_shards,
+        )
+        writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads,
+                                 worker_processes=o.worker_processes, file_timeout=o.file_timeout)
+        resize = ResizeOptions(
+            max_side=o.max_side, min_side=o.min_side,
+            jpeg_quality=_RESIZE.jpeg_quality if o.jpeg_quality is None else o.jpeg_quality,
+        )
+        if o.jpeg_quality is not None and not resize.active:
+            # Only resized images are re-encoded at it: alone it would change nothing.
+            raise ValueError(
+                "--jpeg_quality sets the quality of resized JPEGs: give --max_side or --min_side "
+                f"with it. Received: --jpeg_quality {o.jpeg_quality} alone"
+            )
+        validation = ValidationOptions(
+            max_pixels=o.max_pixels,
+            background=background,
+            full_decode=o.full_decode,
+            dicom=DicomOptions(
+                window=_dicom.parse_window(o.dicom_window) if o.dicom_window else None,
+                bit_depth=o.dicom_bit_depth,
+                frames=o.dicom_frames,
+                tags=tuple(t.strip() for t in o.dicom_tags.split(",")) if o.dicom_tags else (),
+                allow_identifying_tags=o.dicom_allow_identifying_tags,
+            ),  # Held to --max_pixels by ValidationOptions.
+            resize=resize,
+            raster=RasterOptions(
+                pages=o.raster_pages,
+                bands=RasterOptions.parse_bands(o.raster_bands) if o.raster_bands else None,
+                dtype=o.raster_dtype,
+                value_range=RasterOptions.parse_range(o.raster_range) if o.raster_range else None,
+                georef=o.raster_georef,
+                patch=_patch_options(o),
+            ),  # Held to --max_pixels too.
+        )
+        if validation.raster.patch is not None:
+            _check_patch_combinations(o)
+        return cls(
+            input_dir=o.input_dir,
+            output_dir=o.output_dir,
+            labels_csv=o.labels_csv,
+            annotations=o.annotations,
+            class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
+            split_ratios=parse_split(o.split) if o.split else None,
+            seed=o.seed,
+            max_reject_fraction=o.max_reject_fraction,
+            group_by=o.group_by,
+            overwrite=o.overwrite,
+            validation=validation,
+            sharding=sharding,
+            writing=writing,
+            masks=MaskOptions(masks_dir=o.masks_dir, mask_suffix=o.mask_suffix),
+        )
+
+    def manifest_options(self, split_source: str) -> dict:
+        """The options that shape the output; no paths, so runs compare equal."""
+        v = self.validation
+        options = {
+            "seed": self.seed,
+            "split": {"source": split_source, "ratios": self.split_ratios},
+            "shard_policy": self.sharding.to_json(),
+            "max_pixels": v.max_pixels,
+            "max_reject_fraction": self.max_reject_fraction,
+            "background": list(v.background),
+            "validation": "full" if v.full_decode else "jpeg_scaled_1_8",
+            "dedup": self.writing.dedup,
+            "group_by": self.group_by,
+            "dicom": {
+                "window": list(v.dicom.window) if v.dicom.window else None,
+                "bit_depth": v.dicom.bit_depth,
+                "frames": v.dicom.frames,
+                "tags": list(v.dicom.tags),
+            },
+            "labels": "csv" if self.labels_csv else "folders",
+            "tool_version": schemas.__version__,
+            # Only when asked for: datasets converted without it keep their exact manifest.
+            **({"resize": v.resize.to_json()} if v.resize.active else {}),
+        }
+        if not v.raster.is_default:
+            # Only then, so datasets converted without raster options keep their bytes.
+            options["raster"] = v.raster.to_json()
+        return options

@@ -1,0 +1,32 @@
+"""The image kind: one input file (a photo, a DICOM slice, a raster or a patch of it) per record.
+
+Its records are `schemas.ImageExampleSchema`'s; its shards are written by
+`conversion.shard_writer`. It is the table's last row: it applies to every
+conversion that no other kind claims.
+"""
+
+from __future__ import annotations
+
+from conversion import shard_writer as _shard_writer
+from conversion.examples.kind import ExampleKind, Grouped
+
+__all__ = ["KIND"]
+
+
+def _applies(validation) -> bool:
+    return True
+
+
+def _group(files: list, problems: list, config) -> Grouped:
+    # One file, one example (a scene's patches are planned later, from its windows).
+    return Grouped(files, problems, None)
+
+
+KIND = ExampleKind(
+    name="image",
+    applies=_applies,
+    group=_group,
+    record_schema=_shard_writer.record_schema,
+    write_shard=_shard_writer.write_shard,
+    warm_call=_shard_writer.warm_call,
+)

@@ -1,0 +1,72 @@
+"""The conversion's config (conversion/config.py): built from the flags' values, checked once, Beam-free."""
+
+import argparse
+import json
+
+import pytest
+
+from conversion.config import ConversionConfig
+from conversion.masks import MaskOptions
+from conversion.options import ShardingOptions
+
+# Every flag at its default, as Beam's parser gives them (beam_jobs.ConvertOptions).
+_FLAGS = dict(
+    input_dir="in", output_dir="out", labels_csv=None, annotations=None, class_names=None, split=None,
+    seed=0, max_reject_fraction=0.1, group_by=None, overwrite=False, background="255,255,255",
+    num_shards=None, target_shard_mb=128, min_shards=8, dedup=False, resume=False, worker_threads=None,
+    worker_processes=None, file_timeout=60.0, max_side=None, min_side=None, jpeg_quality=None,
+    max_pixels=ConversionConfig("a", "b").validation.max_pixels, full_decode=False, dicom_window=None,
+    dicom_bit_depth=8, dicom_frames="first", dicom_tags=None, dicom_allow_identifying_tags=False,
+    raster_pages="first", raster_bands=None, raster_dtype=None, raster_range=None, raster_georef=False,
+    raster_patch=None, raster_stride=None, raster_edge=None, raster_max_nodata=None, masks_dir=None,
+    mask_suffix=MaskOptions().mask_suffix,
+)
+
+
+def _flags(**given):
+    return argparse.Namespace(**{**_FLAGS, **given})
+
+
+def test_the_flags_become_the_groups():
+    config = ConversionConfig.from_flags(_flags(num_shards=3, class_names="b, a", split="train=0.5,test=0.5",
+                                                masks_dir="masks"))
+    assert config.sharding == ShardingOptions(num_shards=3)
+    assert config.class_names == ("b", "a")
+    assert config.split_ratios == {"train": 0.5, "test": 0.5}
+    assert config.masks.masks_dir == "masks" and config.masks.active
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(background="1,2"), None),
+    (dict(background="red"), "--background must be R,G,B in 0-255. Received: 'red'"),
+    (dict(jpeg_quality=80), "--jpeg_quality sets the quality of resized JPEGs"),
+    (dict(max_reject_fraction=2.0), "--max_reject_fraction must be in [0, 1]. Received: 2.0"),
+    (dict(group_by="dicom:PatientID"), "--group_by keeps each group in one split"),
+    (dict(group_by="dicom:NotAKeyword", split="train=1"), "not a DICOM keyword"),
+    (dict(group_by="regex:(", split="train=1"), "does not compile"),
+    (dict(overwrite=True, resume=True), "give one of them"),
+    (dict(class_names="a,a"), "--class_names must be distinct"),
+    (dict(raster_stride=4), "--raster_stride shapes the patches of --raster_patch"),
+])
+def test_a_bad_flag_is_named_with_what_was_received(given, message):
+    if message is None:  # Two channels pass the parse, and are refused by the validation group.
+        with pytest.raises(ValueError, match="background"):
+            ConversionConfig.from_flags(_flags(**given))
+        return
+    with pytest.raises(ValueError) as caught:
+        ConversionConfig.from_flags(_flags(**given))
+    assert message in str(caught.value)
+
+
+def test_the_output_may_not_lie_inside_the_input(tmp_path):
+    with pytest.raises(ValueError, match="is inside --input_dir"):
+        ConversionConfig(str(tmp_path), str(tmp_path / "out"))
+    assert ConversionConfig(str(tmp_path / "in"), str(tmp_path / "out")).output_dir == str(tmp_path / "out")
+
+
+def test_the_manifest_options_hold_no_paths_and_are_json():
+    a = ConversionConfig.from_flags(_flags(input_dir="/a", output_dir="/b", seed=7))
+    b = ConversionConfig.from_flags(_flags(input_dir="/c", output_dir="/d", seed=7))
+    assert a.manifest_options("hash") == b.manifest_options("hash")
+    options = json.loads(json.dumps(a.manifest_options("hash")))
+    assert options["seed"] == 7 and options["labels"] == "folders" and "raster" not in options
