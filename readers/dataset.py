@@ -889,6 +889,7 @@ def build_dataset(
     pipeline_id: int = 0,
     num_pipelines: int = 1,
     sharded_here: bool = False,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline of one input pipeline's share of a split.
 
@@ -913,6 +914,8 @@ def build_dataset(
       num_pipelines: Number of input pipelines.
       sharded_here: The caller shards the input (as `distributed_dataset`
         does): switch tf.data auto-sharding off.
+      skipped: Counts the damaged records skipped (`ds.corrupt_records`);
+        one shared by every pipeline of a distributed dataset. None: a new one.
 
     Returns:
       The dataset, see `image_dataset_from_tfrecords`.
@@ -929,7 +932,7 @@ def build_dataset(
         config = config.replace(**stored_options)
     if config.image.normalize == NORMALIZE_DATASET:
         config = config.replace(normalize=stored.resolve_normalize(split_files, config.image))
-    skipped = corrupt.CorruptRecords()
+    skipped = corrupt.CorruptRecords() if skipped is None else skipped
     records, num_records, bytes_per_record = _records(
         split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
         skipped=skipped,

@@ -108,3 +108,14 @@ def test_raise_is_the_default_and_names_the_shard_with_a_budget_of_0(three_damag
 def test_on_corrupt_is_validated():
     with pytest.raises(ValueError, match=r"`on_corrupt` must be one of \('raise', 'skip'\)\. Received: on_corrupt='ignore'"):
         ReadOptions(on_corrupt="ignore")
+
+
+def test_a_distributed_dataset_counts_what_its_replicas_skip(three_damaged):
+    copy, _, everyone, lost = three_damaged
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    ds = readers.distributed_dataset(strategy, copy, global_batch_size=16, on_corrupt="skip", **SMALL)
+    names = []
+    for *_, extras in ds:
+        names.extend(n.decode() for n in np.atleast_1d(extras[FILENAME.key].numpy()))
+    assert sorted(names) == sorted(n for n in everyone if n not in lost)
+    assert int(ds.corrupt_records) == len(lost)
