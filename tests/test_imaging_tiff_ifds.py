@@ -122,3 +122,15 @@ def test_a_header_claiming_60000_by_60000_is_refused_before_allocating():
     result = _outcome(data)
     assert result["rejected"].reason == "too_large"
     assert "60000x60000" in str(result["rejected"])
+
+
+def test_the_scene_reader_of_patches_rejects_a_loop_too(tmp_path):
+    from imaging.patches import SceneReader
+
+    data = _set_next_ifd(_pages(3), page=2, target=1)
+    path = tmp_path / "scene.tif"
+    path.write_bytes(data)
+    for source in (data, path):
+        with pytest.raises(ImageRejected) as e:
+            SceneReader(source, "scene.tif")
+        assert e.value.reason == "corrupt" and "loop" in str(e.value)
