@@ -134,3 +134,11 @@ def test_the_scene_reader_of_patches_rejects_a_loop_too(tmp_path):
         with pytest.raises(ImageRejected) as e:
             SceneReader(source, "scene.tif")
         assert e.value.reason == "corrupt" and "loop" in str(e.value)
+
+
+def test_reading_the_georeferencing_rejects_a_loop_too():
+    from imaging.georef import read_georef
+
+    with pytest.raises(ImageRejected) as e:
+        read_georef(_set_next_ifd(_pages(3), page=1, target=0), "g.tif")
+    assert e.value.reason == "corrupt" and "IFD 1" in str(e.value)
