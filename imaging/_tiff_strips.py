@@ -96,6 +96,8 @@ def _read(data: bytes, max_samples: int):
         raise _NotPlain
     dtype = np.dtype(order + code)
     rows = min(one(tags, _ROWS_PER_STRIP, 2**32 - 1), height)
+    if rows <= 0:
+        raise _NotPlain  # RowsPerStrip 0 (a damaged header): tifffile's path says what is wrong.
     offsets, counts = tags.get(_STRIP_OFFSETS), tags.get(_STRIP_BYTES)
     strips = -(-height // rows)
     if offsets is None or counts is None or len(offsets) != strips or len(counts) != strips:
@@ -111,7 +113,8 @@ def _read(data: bytes, max_samples: int):
                 raise _NotPlain
             pieces.append(memoryview(data)[offset:offset + count])
         else:
-            piece = zlib.decompress(memoryview(data)[offset:offset + count])
+            # At most one byte more than the strip needs: a deflate bomb stops there.
+            piece = zlib.decompressobj().decompress(memoryview(data)[offset:offset + count], need + 1)
             if len(piece) != need:
                 raise _NotPlain
             pieces.append(piece)

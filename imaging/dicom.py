@@ -532,6 +532,13 @@ def _decode(data: bytes, name: str, options: DicomOptions) -> list[DicomFrame]:
                 "no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
                 else f"{name} is a DICOM file without pixel data",
             )
+        pixel_bytes = ds[keyword].value
+        if not isinstance(pixel_bytes, (bytes, bytearray)) or not pixel_bytes:
+            # Length 0, or a VR changed to one pydicom reads as numbers (US):
+            # its decoder would fail on them with a TypeError (issue 39).
+            raise ImageRejected(
+                "corrupt", f"{name}: its {keyword} element (VR {ds[keyword].VR}) holds no pixel bytes"
+            )
         missing = [k for k in _IMAGE_PIXEL_ELEMENTS if ds.get(k) in (None, "")]
         if missing:
             raise ImageRejected(
@@ -682,6 +689,7 @@ def _render(arr, meta, ds, index, options, photometric, provenance, name):
     if photometric in _MONOCHROME and samples == 1:
         return _render_grey(arr, ds, index, options, photometric, provenance), 1
     if photometric == _PALETTE and samples == 1:
+        _check_palette(ds, name)
         rgb = apply_color_lut(arr, ds)[..., :3]
         bits = 16 if rgb.dtype.itemsize > 1 else 8
         provenance["color_conversion"] = "PALETTE COLOR->RGB"
@@ -716,6 +724,21 @@ def _render(arr, meta, ds, index, options, photometric, provenance, name):
     if options.bit_depth != 8:
         provenance["bit_depth_requested"] = options.bit_depth
     return np.clip(rgb, 0, 255).astype(np.uint8), 3
+
+
+def _check_palette(ds: Dataset, name: str) -> None:
+    """Rejects palette LUT descriptors whose entry size is not 8 or 16 bits (PS3.3 C.7.6.3.1.5).
+
+    pydicom builds a NumPy type from the size ("uint0" for 0 bits, a TypeError).
+    """
+    for colour in ("Red", "Green", "Blue"):
+        values = _as_list(ds.get(f"{colour}PaletteColorLookupTableDescriptor"))
+        if len(values) != 3 or not all(isinstance(v, int) for v in values):
+            raise ImageRejected("corrupt", f"{name}: its {colour} palette LUT descriptor is {values!r}, not 3 numbers")
+        if values[2] not in (8, 16):
+            raise ImageRejected(
+                "corrupt", f"{name}: its {colour} palette LUT descriptor gives {values[2]} bits per entry, not 8 or 16"
+            )
 
 
 def _render_grey(arr, ds, index, options, photometric, provenance):

@@ -76,6 +76,11 @@ def read_georef(data: bytes, name: str) -> list[Georef]:
     """
     import tifffile
 
+    from imaging import _tiff_ifds
+
+    loop = _tiff_ifds.ifd_loop(data)
+    if loop:  # The page walk below would follow it for ever.
+        raise ImageRejected("corrupt", f"{name}: {loop}")
     try:
         with tifffile.TiffFile(io.BytesIO(data)) as tif:
             pages = [p for p in tif.pages if not getattr(p, "is_reduced", False)] or [tif.pages.first]

@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from imaging import _tiff_ifds
 from imaging.errors import ImageRejected
 from imaging.georef import Georef, page_georef
 
@@ -261,6 +262,14 @@ def patch_georef(georef: Georef, y: int, x: int, height: int, width: int) -> Geo
     return Georef(georef.epsg, patch_geotransform(georef.geotransform, y, x), height, width)
 
 
+def _ifd_loop(handle) -> str | None:
+    """`_tiff_ifds.ifd_loop` of a path or an open binary file."""
+    if isinstance(handle, str):
+        with open(handle, "rb") as fh:
+            return _tiff_ifds.ifd_loop(fh)
+    return _tiff_ifds.ifd_loop(handle)
+
+
 class SceneReader:
     """Windows of one TIFF page, decoding only the strips or tiles each overlaps.
 
@@ -310,6 +319,10 @@ class SceneReader:
         else:
             handle = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source
             self.name = name or (handle if isinstance(handle, str) else repr(source))
+        loop = _ifd_loop(handle)
+        if loop:
+            # `_setup` walks every page: tifffile would follow the loop for ever.
+            raise ImageRejected("corrupt", f"{self.name}: {loop}")
         try:
             self._tif = tifffile.TiffFile(handle)
         except (tifffile.TiffFileError, *_DAMAGE) as e:

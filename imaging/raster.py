@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import schemas
-from imaging import _tiff_strips
+from imaging import _tiff_ifds, _tiff_strips
 from imaging.errors import ImageRejected
 from imaging.patches import PatchOptions
 
@@ -219,6 +219,10 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
         if widened:
             array = array.astype(widened)
         return [_finish(array, None, nodata, options, name)]
+    loop = _tiff_ifds.ifd_loop(data)
+    if loop:
+        # Before tifffile (and Pillow), which would read the same pages for ever.
+        raise ImageRejected("corrupt", f"{name}: {loop}")
     default = options.reads_pixels_as_default
     tif = _open(data) if default else _open_or_reject(data, name)
     if tif is None:
@@ -518,14 +522,20 @@ def _check_segments(page, file_size: int, name: str) -> None:
         total = planes * h * -(-(w * (b // planes) * int(bits)) // 8)
     else:
         total = 0
+    sparse = 0
     for offset, count in zip(offsets, counts):
+        if offset == 0 and count == 0:
+            # GDAL's sparse files (SPARSE_OK): a segment never written reads
+            # as nodata, or zeros, as tifffile fills it.
+            sparse += 1
+            continue
         if count == 0 or offset + count > file_size:
             raise ImageRejected(
                 "corrupt",
                 f"{name}: a strip or tile of {count} bytes at offset {offset} ends past the file's "
                 f"{file_size} bytes (truncated)",
             )
-    if uncompressed and not page.is_tiled and sum(counts) < total:
+    if uncompressed and not page.is_tiled and not sparse and sum(counts) < total:
         raise ImageRejected(
             "corrupt", f"{name}: its strips hold {sum(counts)} of the {total} bytes the image needs (truncated)"
         )

@@ -52,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from compat import tf_internals
-from readers import decode, global_shuffle, preprocess, record_index, stored, targets
+from readers import corrupt, decode, global_shuffle, preprocess, record_index, stored, targets
 from readers import service as _service
 from readers.metadata import SplitFiles, load_split
 from readers.options import (
@@ -217,22 +217,26 @@ def _has_index_files(split_files: SplitFiles) -> bool:
 
 
 def _records(
-    split_files: SplitFiles, config: ReaderConfig, *, pipeline_id: int, num_pipelines: int
+    split_files: SplitFiles, config: ReaderConfig, *, pipeline_id: int, num_pipelines: int,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tuple[tf.data.Dataset, int, float]:
     if config.shuffling.mode == "global":
         return _global_records(
-            split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines
+            split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
+            skipped=skipped,
         )
     records, num_records, num_bytes = _shards_records(
         split_files, config.shuffling, config.reading,
         pipeline_id=pipeline_id, num_pipelines=num_pipelines,
         standard=config.image.standard_augment, served=config.remote.service is not None,
+        skipped=skipped,
     )
     return records, num_records, num_bytes / max(1, num_records)
 
 
 def _global_records(
-    split_files: SplitFiles, config: ReaderConfig, *, pipeline_id: int, num_pipelines: int
+    split_files: SplitFiles, config: ReaderConfig, *, pipeline_id: int, num_pipelines: int,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tuple[tf.data.Dataset, int, float]:
     """shuffle='global': a permutation of every record per epoch, see `readers.global_shuffle`."""
     seed, reading = config.shuffling.seed, config.reading
@@ -251,7 +255,8 @@ def _global_records(
         num_pipelines=num_pipelines,
         repeat=reading.repeat,
         drop_remainder=reading.drop_remainder,
-        max_bad_records=reading.max_bad_records,
+        max_bad_records=reading.bad_record_budget,
+        skipped=skipped,
     )
     return records, num_records, split_files.total_bytes / split_files.total_records
 
@@ -299,6 +304,7 @@ def _shards_records(
     num_pipelines: int,
     standard: bool,
     served: bool = False,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tuple[tf.data.Dataset, int, int]:
     """The record stream of the 'shards' and unshuffled modes.
 
@@ -327,14 +333,14 @@ def _shards_records(
     shuffle = shuffling.mode == "shards"
 
     read_shard = None
-    if reading.max_bad_records and _has_index_files(split_files):
+    if reading.bad_record_budget and _has_index_files(split_files):
         # Only with a budget: reading by offset keeps throughput but doubles
         # the time to the first batch, and with no budget a damaged record
         # fails the read either way (TensorFlow's DataLossError).
         read_shard = _shard_reader(split_files)
-    elif reading.max_bad_records:
+    elif reading.bad_record_budget:
         raise ValueError(
-            f"`max_bad_records` needs the index files of the shards, which the manifest of "
+            f"`max_bad_records` needs the index files (as on_corrupt='skip' does) of the shards, which the manifest of "
             f"{split_files.data_dir!r} does not list (converted by an older shardsmith): "
             "convert the images again, or read with max_bad_records=0. Received: "
             f"max_bad_records={reading.max_bad_records}"
@@ -375,7 +381,8 @@ def _shards_records(
         if indexed:
             # After the sharding: a damaged record is reported by its pipeline only.
             records = global_shuffle.check_damaged(
-                records, split_files.schema, split_files.split, reading.max_bad_records
+                records, split_files.schema, split_files.split, reading.bad_record_budget,
+                skipped=skipped,
             )
         return records
 
@@ -519,7 +526,7 @@ class _Stages:
             num_classes=len(split_files.class_names),
             batch_size=batch_size,
             # Unbatched, a skipped record is filtered out before (`_drop_skipped`).
-            masked=config.reading.max_bad_records > 0 and batch_size is not None,
+            masked=config.reading.bad_record_budget > 0 and batch_size is not None,
             jpegs_of_size=(stats.one_size if stats and [f for f, _ in stats.formats] == ["jpeg"]
                            else None),
             raster=raster,
@@ -846,7 +853,7 @@ def _finish_dataset(
     served = config.remote.service is not None
     # Served, each worker reads its share: the count is that of the trainer's
     # whole read, which the service does not know.
-    if not served and not reading.repeat and not (batch_size is None and reading.max_bad_records):
+    if not served and not reading.repeat and not (batch_size is None and reading.bad_record_budget):
         if batch_size is None:
             num_elements = num_records
         elif reading.drop_remainder:
@@ -882,6 +889,7 @@ def build_dataset(
     pipeline_id: int = 0,
     num_pipelines: int = 1,
     sharded_here: bool = False,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline of one input pipeline's share of a split.
 
@@ -906,6 +914,8 @@ def build_dataset(
       num_pipelines: Number of input pipelines.
       sharded_here: The caller shards the input (as `distributed_dataset`
         does): switch tf.data auto-sharding off.
+      skipped: Counts the damaged records skipped (`ds.corrupt_records`);
+        one shared by every pipeline of a distributed dataset. None: a new one.
 
     Returns:
       The dataset, see `image_dataset_from_tfrecords`.
@@ -922,10 +932,12 @@ def build_dataset(
         config = config.replace(**stored_options)
     if config.image.normalize == NORMALIZE_DATASET:
         config = config.replace(normalize=stored.resolve_normalize(split_files, config.image))
+    skipped = corrupt.CorruptRecords() if skipped is None else skipped
     records, num_records, bytes_per_record = _records(
-        split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines
+        split_files, config, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
+        skipped=skipped,
     )
-    if config.reading.max_bad_records and batch_size is None:
+    if config.reading.bad_record_budget and batch_size is None:
         records = _drop_skipped(records)
     stages = _Stages.of(split_files, config, batch_size)
     ds = records
@@ -944,10 +956,13 @@ def build_dataset(
             pipeline = _BY_BATCH if by_batch else _PER_IMAGE
     for stage in pipeline:
         ds = stage(ds, stages)
-    return _finish_dataset(
+    ds = _finish_dataset(
         ds, split_files, config,
         batch_size=batch_size, num_records=num_records, sharded_here=sharded_here,
     )
+    # The damaged records skipped so far (on_corrupt='skip' or max_bad_records).
+    ds.corrupt_records = skipped
+    return ds
 
 
 def without_extras(*element):
@@ -997,6 +1012,7 @@ def image_dataset_from_tfrecords(
     shuffle_buffer: int | None = None,
     start: ReadPosition | None = None,
     max_bad_records: int = 0,
+    on_corrupt: str = "raise",
     service: str | None = None,
     service_sharding: str = "static",
     service_job_name: str | None = None,
@@ -1111,6 +1127,7 @@ def image_dataset_from_tfrecords(
         shuffle_buffer=shuffle_buffer,
         start=start,
         max_bad_records=max_bad_records,
+        on_corrupt=on_corrupt,
         service=service,
         service_sharding=service_sharding,
         service_job_name=service_job_name,

@@ -49,6 +49,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from readers import corrupt
 from readers.dataset import OPTION_NAMES, ReaderConfig, build_dataset, label_names
 from readers.metadata import SplitFiles, load_split
 
@@ -84,7 +85,8 @@ def _config(global_batch_size, options: dict[str, Any]) -> ReaderConfig:
 
 
 def _pipeline_dataset(
-    split_files: SplitFiles, config: ReaderConfig, context: tf.distribute.InputContext
+    split_files: SplitFiles, config: ReaderConfig, context: tf.distribute.InputContext,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tf.data.Dataset:
     per_replica = context.get_per_replica_batch_size(config.batch_size)
     num_pipelines = context.num_input_pipelines
@@ -123,6 +125,7 @@ def _pipeline_dataset(
         num_pipelines=num_pipelines,
         # Served, the service shards; tf.data's own auto-sharding stays as it is.
         sharded_here=config.remote.service is None,
+        skipped=skipped,
     )
 
 
@@ -187,7 +190,8 @@ def distributed_dataset(
     Returns:
       A `tf.distribute.DistributedDataset` whose per-replica elements are
       those of `image_dataset_from_tfrecords`. It has a `class_names`
-      attribute.
+      attribute, and `corrupt_records` (the damaged records this process's
+      pipelines skipped, `readers.corrupt.CorruptRecords`).
 
     Raises:
       ValueError: If `global_batch_size` does not divide by the number of
@@ -204,11 +208,13 @@ def distributed_dataset(
     config = _config(global_batch_size, options)
     split_files = load_split(data_dir, split)
     config.check_schema(split_files)
+    skipped = corrupt.CorruptRecords()  # Every input pipeline of this process counts here.
     dataset = strategy.distribute_datasets_from_function(
-        lambda context: _pipeline_dataset(split_files, config, context)
+        lambda context: _pipeline_dataset(split_files, config, context, skipped)
     )
     try:
         dataset.class_names = label_names(split_files, config.label_mode)
+        dataset.corrupt_records = skipped
     except AttributeError:  # Some DistributedDataset types refuse attributes.
         logger.debug("Could not attach class_names to %r.", dataset)
     return dataset

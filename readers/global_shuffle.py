@@ -28,7 +28,7 @@ import os
 import tensorflow as tf
 
 from compat import tf_internals
-from readers import record_index
+from readers import corrupt, record_index
 from readers.metadata import SplitFiles
 from readers.positions import ReadPosition
 
@@ -109,7 +109,7 @@ class GlobalOrder:
         return self.start + (k // g) * big_g + self.pipeline_id * g + k % g
 
 
-def _report(schema, split: str, budget: int):
+def _report(schema, split: str, budget: int, skipped: corrupt.CorruptRecords | None = None):
     """A py_function body that logs a damaged record; returns the message."""
 
     def report(path, offset, length, epoch, record, count):
@@ -123,7 +123,16 @@ def _report(schema, split: str, budget: int):
         if int(epoch.numpy()) >= 0:
             message += f", epoch {int(epoch.numpy())}"
         count = int(count.numpy())
-        if count <= budget:
+        first_of_shard = skipped.add(path) if skipped is not None and count <= budget else True
+        if corrupt.is_unlimited(budget):
+            # on_corrupt='skip': one warning per shard; every record is counted.
+            (logger.warning if first_of_shard else logger.debug)(
+                "%s. Skipped (on_corrupt='skip'; further damaged records of this shard are "
+                "counted in ds.corrupt_records without a warning): run `shardsmith verify %s` "
+                "for the whole list, and `shardsmith convert --resume` to mend it.",
+                message, os.path.dirname(path),
+            )
+        elif count <= budget:
             logger.warning(
                 "%s. Skipped (%d of max_bad_records=%d in this epoch).", message, count, budget
             )
@@ -141,7 +150,7 @@ def _report(schema, split: str, budget: int):
 
 
 def check_damaged(ds: tf.data.Dataset, schema, split: str, max_bad_records: int,
-                  output=None) -> tf.data.Dataset:
+                  output=None, skipped: corrupt.CorruptRecords | None = None) -> tf.data.Dataset:
     """Logs, counts and fails on the damaged records of a stream read by offset.
 
     Args:
@@ -164,7 +173,7 @@ def check_damaged(ds: tf.data.Dataset, schema, split: str, max_bad_records: int,
     """
     if output is None:
         output = lambda location, serialized: serialized  # noqa: E731
-    report = _report(schema, split, max_bad_records)
+    report = _report(schema, split, max_bad_records, skipped)
 
     def log_damaged(path, offset, length, epoch, record, count_in_epoch):
         return tf.py_function(
@@ -223,6 +232,7 @@ def global_records(
     repeat: bool,
     drop_remainder: bool,
     max_bad_records: int,
+    skipped: corrupt.CorruptRecords | None = None,
 ) -> tuple[tf.data.Dataset, int | None, int]:
     """The serialized records one pipeline reads in global-shuffle mode.
 
@@ -294,7 +304,7 @@ def global_records(
         seed = tf.random.experimental.stateless_fold_in(base, epoch)
         return serialized, tf.random.experimental.stateless_fold_in(seed, record)
 
-    ds = check_damaged(ds, split_files.schema, split_files.split, max_bad_records, output)
+    ds = check_damaged(ds, split_files.schema, split_files.split, max_bad_records, output, skipped)
     logger.info(
         "Global shuffle of %d records: pipeline %d of %d starts at epoch %d position %d; %s.",
         n, pipeline_id, num_pipelines, start.epoch, start.consumed,

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers import decode, preprocess, targets
+from readers import corrupt, decode, preprocess, targets
 from readers.metadata import SplitFiles
 from readers.positions import ReadPosition
 from schemas.features import IMAGE, LABEL
@@ -363,6 +363,11 @@ class ReadOptions:
         and unshuffled modes, which then read with TensorFlow's reader
         (quicker to the first batch), with its DataLossError. A budget needs
         the index files (every dataset the converter writes lists them).
+      on_corrupt: 'raise' (the default): a damaged record beyond
+        `max_bad_records` fails the read. 'skip': every damaged record (or
+        the rest of a shard cut short) is skipped, read by the offsets of the
+        index files; the dataset counts them (`ds.corrupt_records`) and logs
+        one warning per damaged shard (`readers.corrupt`).
     """
 
     batch_size: int | None = 32
@@ -373,8 +378,10 @@ class ReadOptions:
     extra_features: tuple[str, ...] = ()
     cache: bool | str = False
     max_bad_records: int = 0
+    on_corrupt: str = "raise"
 
     def __post_init__(self):
+        corrupt.check_on_corrupt(self.on_corrupt)
         if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
             raise ValueError(
                 "`batch_size` must be a positive integer or None. "
@@ -412,6 +419,11 @@ class ReadOptions:
                 "`max_bad_records` must be a non-negative integer. "
                 f"Received: max_bad_records={self.max_bad_records!r}"
             )
+
+    @property
+    def bad_record_budget(self) -> int:
+        """Damaged records skipped per epoch and pipeline before the read fails (`on_corrupt`)."""
+        return corrupt.budget(self.on_corrupt, self.max_bad_records)
 
     def check_schema(self, split_files: SplitFiles) -> None:
         """Checks the options that depend on the dataset itself.
@@ -694,9 +706,9 @@ class ReaderConfig:
                 "an exact resume (`start`) would hold; read with shuffle=True. Received: "
                 f"shuffle='global', service={service!r}"
             )
-        if self.reading.max_bad_records:
+        if self.reading.bad_record_budget:
             raise ValueError(
-                "`max_bad_records` cannot hold with `service`: skipping a damaged record reads "
+                "`max_bad_records` (or on_corrupt='skip') cannot hold with `service`: skipping a damaged record reads "
                 "by offset with Python code of this process, which the workers cannot run; "
                 "read with max_bad_records=0. Received: "
                 f"max_bad_records={self.reading.max_bad_records!r}, service={service!r}"

@@ -612,3 +612,64 @@ def test_a_bug_fails_loudly_naming_the_file_instead_of_rejecting_it(monkeypatch)
     with pytest.raises(AttributeError) as e:
         dicom.decode_dicom(data, "ct.dcm", options)
     assert "while decoding the DICOM file ct.dcm" in getattr(e.value, "__notes__", [])
+
+
+# Damaged files found by mutating pydicom's bundled files (issue 39): each was a
+# TypeError inside pydicom (an internal_error, a bug), now a 'corrupt' verdict.
+
+
+def _ct_small(change) -> bytes:
+    ds = pydicom.dcmread(TEST_FILES / "CT_small.dcm")
+    change(ds)
+    out = io.BytesIO()
+    ds.save_as(out)
+    return out.getvalue()
+
+
+def test_pixel_data_of_length_zero_is_corrupt():
+    def empty(ds):
+        ds.PixelData = b""
+
+    with pytest.raises(ImageRejected) as e:
+        decode_dicom(_ct_small(empty), "e.dcm", DicomOptions())
+    assert e.value.reason == "corrupt" and "PixelData" in str(e.value)
+
+
+def test_pixel_data_whose_vr_became_us_is_corrupt():
+    data = bytearray(_ct_small(lambda ds: None))
+    at = data.find(b"\xe0\x7f\x10\x00OW")  # (7FE0,0010) with its explicit VR.
+    assert at > 0
+    data[at + 4:at + 6] = b"US"
+    with pytest.raises(ImageRejected) as e:
+        decode_dicom(bytes(data), "us.dcm", DicomOptions())
+    assert e.value.reason == "corrupt" and "VR US" in str(e.value)
+
+
+def _palette(bits):
+    def change(ds):
+        ds.PhotometricInterpretation = "PALETTE COLOR"
+        ds.PixelRepresentation = 0
+        ds.BitsStored = ds.BitsAllocated = 16
+        ds.HighBit = 15
+        ds.PixelData = (np.asarray(ds.pixel_array).astype(np.uint16) % 256).astype("<u2").tobytes()
+        for colour in ("Red", "Green", "Blue"):
+            keyword = f"{colour}PaletteColorLookupTableDescriptor"
+            setattr(ds, keyword, [256, 0, bits])
+            ds[keyword].VR = "US"
+            setattr(ds, f"{colour}PaletteColorLookupTableData", (np.arange(256) * 257).astype("<u2").tobytes())
+    return change
+
+
+def test_a_palette_lut_descriptor_of_0_bits_is_corrupt():
+    with pytest.raises(ImageRejected) as e:
+        decode_dicom(_ct_small(_palette(0)), "p.dcm", DicomOptions())
+    assert e.value.reason == "corrupt" and "0 bits" in str(e.value)
+
+
+def test_a_palette_of_16_bits_still_renders_as_pydicom_maps_it():
+    data = _ct_small(_palette(16))
+    [frame] = decode_dicom(data, "p.dcm", DicomOptions())
+    ds = pydicom.dcmread(io.BytesIO(data))
+    expected = pydicom.pixels.apply_color_lut(ds.pixel_array, ds)  # Entry i is i * 257: 8 bits i.
+    got = np.asarray(Image.open(io.BytesIO(frame.png)))
+    np.testing.assert_array_equal(got, np.round(expected / 257.0).astype(np.uint8))

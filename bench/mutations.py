@@ -1,0 +1,155 @@
+"""Mutation run of every decoder path (issue 39): damaged files from real ones, through the validator.
+
+    .venv/bin/python -m bench.mutations --cases 2000 --seed 0
+
+Seed files are written by independent writers (Pillow: JPEG baseline and
+progressive, PNG 8/16-bit; tifffile: TIFF striped and tiled, uncompressed,
+deflate, LZW, multi-page; pydicom's bundled files in several transfer
+syntaxes), damaged by `bench.mutate`, and each run through
+`imaging.ImageValidator`, the converter's whole decoding of one file. Prints
+per format: cases, written, rejected per reason, crashes (an exception other
+than a rejection: a bug), hangs (past --case_timeout), and the peak memory of
+the process. Exits 1 on a crash or hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import io
+import logging
+import pathlib
+import resource
+import sys
+import threading
+import time
+
+import numpy as np
+
+from bench import mutate
+
+__all__ = ["seed_files", "run_cases", "Outcome"]
+
+# pydicom's bundled files, one per transfer syntax family the converter decodes.
+_DICOM_SEEDS = ("CT_small.dcm", "MR_small_RLE.dcm", "SC_rgb_jpeg_gdcm.dcm", "JPEG2000.dcm",
+                "MR_small_jpeg_ls_lossless.dcm", "SC_rgb_rle.dcm", "MR_small_bigendian.dcm")
+
+
+def seed_files() -> list[tuple[str, str, bytes]]:
+    """(name, format, bytes) of the real files the mutations start from."""
+    from PIL import Image
+    import tifffile
+
+    rng = np.random.default_rng(0)
+    photo = (rng.integers(0, 255, (48, 64, 3)) // 16 * 16).astype(np.uint8)
+    out = []
+
+    def pil(name, fmt, image, **kw):
+        buf = io.BytesIO()
+        image.save(buf, fmt, **kw)
+        out.append((name, fmt.lower(), buf.getvalue()))
+
+    pil("baseline.jpg", "JPEG", Image.fromarray(photo), quality=90)
+    pil("progressive.jpg", "JPEG", Image.fromarray(photo), quality=90, progressive=True)
+    pil("grey.jpg", "JPEG", Image.fromarray(photo[..., 0]))
+    pil("rgb.png", "PNG", Image.fromarray(photo))
+    pil("grey16.png", "PNG", Image.fromarray((photo[..., 0].astype(np.uint16) * 257)))
+    pil("palette.png", "PNG", Image.fromarray(photo).convert("P"))
+    out[-3:] = [(n, "png", d) for n, _, d in out[-3:]]
+    out[:3] = [(n, "jpeg", d) for n, _, d in out[:3]]
+    bands = rng.integers(0, 4000, (32, 40, 4)).astype(np.uint16)
+    for name, kw in [("striped.tif", dict(rowsperstrip=8)), ("tiled.tif", dict(tile=(16, 16))),
+                     ("deflate.tif", dict(compression="zlib", rowsperstrip=8)),
+                     ("lzw.tif", dict(compression="lzw", tile=(16, 16))),
+                     ("planar.tif", dict(planarconfig="separate", rowsperstrip=8))]:
+        buf = io.BytesIO()
+        tifffile.imwrite(buf, bands, photometric="minisblack", **kw)
+        out.append((name, "tiff", buf.getvalue()))
+    buf = io.BytesIO()
+    with tifffile.TiffWriter(buf) as writer:
+        for i in range(3):
+            writer.write(bands[..., i], photometric="minisblack")
+    out.append(("pages.tif", "tiff", buf.getvalue()))
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, photo, photometric="rgb", rowsperstrip=16)
+    out.append(("rgb.tif", "tiff", buf.getvalue()))
+    import pydicom
+
+    files = pathlib.Path(pydicom.__file__).parent / "data" / "test_files"
+    for name in _DICOM_SEEDS:
+        if (files / name).exists():
+            out.append((name, "dicom", (files / name).read_bytes()))
+    return out
+
+
+@dataclasses.dataclass
+class Outcome:
+    cases: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    written: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rejected: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    crashes: list = dataclasses.field(default_factory=list)
+    hangs: list = dataclasses.field(default_factory=list)
+    slowest: float = 0.0
+
+
+def run_cases(cases_per_file: int, seed: int, case_timeout: float = 30.0) -> Outcome:
+    """Mutates every seed file `cases_per_file` times and validates each damaged file."""
+    from imaging import ImageRejected, ImageValidator
+
+    validator = ImageValidator()
+    outcome = Outcome()
+    for name, fmt, data in seed_files():
+        for k, case in enumerate(mutate.mutations(data, fmt, count=cases_per_file, seed=seed)):
+            label = f"{name} #{k} ({case.how})"
+            result: dict = {}
+
+            def work(payload=case.data):
+                try:
+                    result["images"] = list(validator.validate_all(payload, name))
+                except ImageRejected as e:
+                    result["reason"] = e.reason
+                except Exception as e:  # noqa: BLE001 - what the run counts as a crash.
+                    result["crash"] = f"{type(e).__name__}: {e}"
+
+            start = time.perf_counter()
+            thread = threading.Thread(target=work, daemon=True)
+            thread.start()
+            thread.join(case_timeout)
+            outcome.slowest = max(outcome.slowest, time.perf_counter() - start)
+            outcome.cases[fmt] += 1
+            if thread.is_alive():
+                outcome.hangs.append(label)
+            elif "crash" in result:
+                outcome.crashes.append(f"{label}: {result['crash']}")
+            elif "reason" in result:
+                outcome.rejected[fmt][result["reason"]] += 1
+            else:
+                outcome.written[fmt] += 1
+    return outcome
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=2000, help="cases in all (spread over the seed files)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--case_timeout", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    per_file = max(1, args.cases // len(seed_files()))
+    start = time.perf_counter()
+    outcome = run_cases(per_file, args.seed, args.case_timeout)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"mutations: {sum(outcome.cases.values())} cases, seed {args.seed}, "
+          f"{time.perf_counter() - start:.0f} s, slowest case {outcome.slowest:.2f} s, peak RSS {peak:.0f} MiB")
+    for fmt in mutate.FORMATS:
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(outcome.rejected[fmt].items()))
+        print(f"  {fmt:6s} cases {outcome.cases[fmt]:5d}  written {outcome.written[fmt]:5d}  rejected: {reasons}")
+    print(f"  crashes {len(outcome.crashes)}, hangs {len(outcome.hangs)}")
+    for line in outcome.crashes + [f"HANG {h}" for h in outcome.hangs]:
+        print("   ", line[:300])
+    return 1 if outcome.crashes or outcome.hangs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""on_corrupt (issue 39): damaged shards at training time, read with on_corrupt='skip' or 'raise'.
+
+One dataset (160 small images in 16 shards) is converted by the real
+converter; copies are damaged the ways disks and copies damage files: a
+flipped byte in a record's data, a flipped byte in a length, a shard cut short.
+TensorFlow's own reader of the undamaged dataset gives the expected names.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import readers
+from readers.options import ReadOptions
+from schemas import FILENAME
+
+try:
+    from tests.helpers import convert, make_class_tree, read_records
+except ImportError:  # tests/ itself is on sys.path
+    from helpers import convert, make_class_tree, read_records
+
+SMALL = dict(image_size=(8, 8), extra_features=(FILENAME.key,))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corrupt")
+    make_class_tree(root / "images", classes=("cat", "dog"), per_class=80)
+    manifest = convert(root / "images", root / "dataset", "--num_shards", 16)
+    (split,) = manifest.splits.values()
+    assert len(split.shards) == 16
+    everyone = [r[FILENAME.key].decode() for r in read_records(root / "dataset")]
+    return root / "dataset", split, everyone
+
+
+def _index(data_dir, shard) -> list[tuple[int, int]]:
+    text = (Path(data_dir) / shard.index_file).read_text()
+    return [tuple(map(int, line.split())) for line in text.splitlines()]
+
+
+def _names_in(data_dir, shard, records) -> list[str]:
+    all_records = list(tf.data.TFRecordDataset(str(Path(data_dir) / shard.file)))
+    import schemas
+
+    return [schemas.IMAGE_SCHEMA.decode(all_records[i].numpy())[FILENAME.key].decode() for i in records]
+
+
+@pytest.fixture(scope="module")
+def three_damaged(converted, tmp_path_factory):
+    """3 of 16 shards damaged: a data byte (record 1), a length byte (record 3, the rest of
+    its shard unreadable by a sequential reader), and a shard cut inside record 5."""
+    data_dir, split, everyone = converted
+    copy = tmp_path_factory.mktemp("damaged") / "dataset"
+    shutil.copytree(data_dir, copy)
+    lost = []
+    for shard, record, how in ((split.shards[2], 1, "data"), (split.shards[7], 3, "length"),
+                               (split.shards[11], 5, "cut")):
+        offset, length = _index(copy, shard)[record]
+        path = copy / shard.file
+        data = bytearray(path.read_bytes())
+        if how == "data":
+            data[offset + length // 2] ^= 0xFF
+            lost += _names_in(data_dir, shard, [record])
+        elif how == "length":
+            data[offset + 1] ^= 0x01
+            lost += _names_in(data_dir, shard, [record])
+        else:
+            data = data[:offset + length // 2]
+            lost += _names_in(data_dir, shard, range(record, len(_index(copy, shard))))
+        path.write_bytes(bytes(data))
+    return copy, split, everyone, lost
+
+
+def _names(ds) -> list[str]:
+    return [n.decode() for *_, extras in ds for n in np.atleast_1d(extras[FILENAME.key].numpy())]
+
+
+@pytest.mark.parametrize("shuffle", [True, False, "global"])
+def test_skip_reads_every_undamaged_record_once_and_counts_the_rest(three_damaged, shuffle, caplog):
+    copy, _, everyone, lost = three_damaged
+    with caplog.at_level(logging.WARNING, logger="readers"):
+        ds = readers.image_dataset_from_tfrecords(
+            copy, batch_size=16, shuffle=shuffle, seed=3, on_corrupt="skip", **SMALL
+        )
+        names = _names(ds)
+    assert sorted(names) == sorted(n for n in everyone if n not in lost)
+    # The truncated shard's index lists its lost records: each read by offset is one damaged record.
+    assert int(ds.corrupt_records) == len(lost)
+    assert len(ds.corrupt_records.by_shard) == 3
+    warnings = [r.getMessage() for r in caplog.records if "Damaged record" in r.getMessage()]
+    assert len(warnings) == 3  # one per damaged shard
+    assert all("on_corrupt='skip'" in w and "shardsmith verify" in w for w in warnings)
+
+
+def test_raise_is_the_default_and_names_the_shard_with_a_budget_of_0(three_damaged):
+    copy, split, _, _ = three_damaged
+    ds = readers.image_dataset_from_tfrecords(copy, shuffle="global", seed=3, **SMALL)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Damaged record in shard .*shardsmith verify"):
+        _names(ds)
+
+
+def test_on_corrupt_is_validated():
+    with pytest.raises(ValueError, match=r"`on_corrupt` must be one of \('raise', 'skip'\)\. Received: on_corrupt='ignore'"):
+        ReadOptions(on_corrupt="ignore")
+
+
+def test_a_distributed_dataset_counts_what_its_replicas_skip(three_damaged):
+    copy, _, everyone, lost = three_damaged
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    ds = readers.distributed_dataset(strategy, copy, global_batch_size=16, on_corrupt="skip", **SMALL)
+    names = []
+    for *_, extras in ds:
+        names.extend(n.decode() for n in np.atleast_1d(extras[FILENAME.key].numpy()))
+    assert sorted(names) == sorted(n for n in everyone if n not in lost)
+    assert int(ds.corrupt_records) == len(lost)
