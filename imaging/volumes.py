@@ -425,7 +425,7 @@ def read_nifti(data: bytes, name: str) -> Volume:
     values = values.reshape(shape)
     if values.dtype == np.float16:
         values = values.astype(np.float32)
-    if values.dtype.name not in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64"):
+    if values.dtype.name not in ("uint8", "int8", "uint16", "int16", "int32", "float32", "float64"):
         raise ImageRejected("unsupported_dtype", f"{name} holds {values.dtype.name} voxels")
     # NIfTI's array is (i, j, k); a volume is stored (k, j, i), the same affine.
     voxels = np.ascontiguousarray(values.transpose(2, 1, 0))

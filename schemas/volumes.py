@@ -37,7 +37,8 @@ __all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_A
 # The `example_kind` of a manifest whose records are volumes.
 VOLUMES = "volumes"
 # The dtypes a volume is stored in.
-VOLUME_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
+# Those tf.io.decode_raw reads (no uint32).
+VOLUME_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "float32", "float64")
 
 VOLUME = FeatureSpec(
     "volume", "bytes",
