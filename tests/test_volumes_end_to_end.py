@@ -1,0 +1,66 @@
+"""DICOM series and NIfTI on disk -> `convert --volumes` on Beam's DirectRunner -> the volume reader,
+compared with SimpleITK (DICOM) and nibabel (NIfTI): voxels, affines and names."""
+
+import json
+
+import nibabel
+import numpy as np
+import pydicom
+import tensorflow as tf
+from pydicom.data import get_testdata_file
+
+import readers
+from beam_jobs import convert
+from test_imaging_volumes import read_sitk, write_series
+
+
+def test_direct_runner_end_to_end(tmp_path):
+    scans = tmp_path / "scans"
+    uid_a, _ = write_series(scans / "healthy" / "p1", count=5, orientation="oblique")
+    uid_b, _ = write_series(scans / "sick" / "p2" / "deep" / "er", count=4, orientation="sagittal",
+                            descending=True)
+    # A scout in p1 (rejected as too few), and a report without pixels.
+    write_series(scans / "healthy" / "p1" / "scout", count=1, orientation="coronal", series_uid=uid_a)
+    image = nibabel.Nifti1Image(np.arange(60, dtype=np.int16).reshape(3, 4, 5),
+                                np.diag([-2.0, 1.5, 3.0, 1.0]))
+    nibabel.save(image, scans / "sick" / "v.nii.gz")
+    out = tmp_path / "out"
+    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                            "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    assert manifest["class_names"] == ["healthy", "sick"]
+    assert manifest["splits"] == {"train": {"records": 3, "shards": 1}}
+    assert [r["reason"] for r in manifest["rejects"]] == ["too_few_slices"]
+    assert json.loads((out / "volumes.json").read_text()) == manifest
+
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None,
+                                                extra_features=("volume/affine", "filename"))
+    got = {e[2]["filename"].numpy().decode(): e for e in ds}
+    assert sorted(got) == ["healthy/p1", "sick/p2", "sick/v.nii.gz"]
+    for name, folder, uid, label in [("healthy/p1", scans / "healthy" / "p1", uid_a, 0),
+                                     ("sick/p2", scans / "sick" / "p2" / "deep" / "er", uid_b, 1)]:
+        volume, got_label, extras = got[name]
+        want, want_affine = read_sitk(folder, uid)
+        np.testing.assert_array_equal(volume.numpy()[..., 0], want)
+        np.testing.assert_allclose(extras["volume/affine"].numpy(), want_affine, atol=1e-4)
+        assert int(got_label) == label
+    volume, label, extras = got["sick/v.nii.gz"]
+    back = nibabel.load(scans / "sick" / "v.nii.gz")
+    np.testing.assert_array_equal(volume.numpy()[..., 0], np.asarray(back.dataobj).transpose(2, 1, 0))
+    np.testing.assert_allclose(extras["volume/affine"].numpy(), back.affine)
+
+
+def test_series_are_never_split_across_splits(tmp_path):
+    scans = tmp_path / "scans"
+    for i in range(8):
+        write_series(scans / "c" / f"p{i}", count=3)
+    out = tmp_path / "out"
+    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                            "--split", "train=0.5,validation=0.5", "--runner", "DirectRunner",
+                            "--direct_num_workers", "1"])
+    names = {}
+    for split in manifest["splits"]:
+        for e in readers.volume_dataset_from_tfrecords(out, split, dtype=None, extra_features=("filename",)):
+            assert e[0].shape[0] == 3  # every slice of a series together
+            names[e[2]["filename"].numpy().decode()] = split
+    assert sorted(names) == [f"c/p{i}" for i in range(8)]
+    assert set(names.values()) == {"train", "validation"}
