@@ -64,15 +64,28 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         raise ValueError(f"--input_dir {common.input_dir!r} holds no volume (rejects: {len(rejects)})")
     runner = _runner.make_runner(options)
     input_dir, output_dir, per_shard = common.input_dir, common.output_dir, _RECORDS_PER_SHARD
+    shards = _volumes.shard_of(jobs, _RECORDS_PER_SHARD)
     with beam.Pipeline(runner=runner, options=options) as pipeline:
         results = (pipeline
                    | "Planned volumes" >> beam.Create(jobs, reshuffle=False)
                    | "Reshuffle" >> beam.Reshuffle()
-                   | "Decode and encode" >> beam.ParDo(_ConvertVolume(input_dir))
-                   | "All" >> beam.combiners.ToList()
-                   | "Write shards, manifest last" >> beam.Map(
-                       lambda results: _volumes.write_volume_shards(
-                           results, output_dir, class_names, rejects, per_shard)))
+                   | "Decode and encode" >> beam.ParDo(_ConvertVolume(input_dir)))
+        written = (results
+                   | "Converted" >> beam.Filter(lambda r: r[0] == "ok")
+                   # Keyed by the shard planned for each name: a worker holds one shard's volumes.
+                   | "By shard" >> beam.Map(lambda r: (shards[r[2]], (r[2], r[3])))
+                   | "Group shards" >> beam.GroupByKey()
+                   | "Write shards" >> beam.Map(lambda kv: (*kv[0], _volumes.write_shard(
+                       *kv[0], kv[1], output_dir))))
+        rejected = (results
+                    | "Rejected" >> beam.Filter(lambda r: r[0] == "reject")
+                    | "As rejects" >> beam.Map(lambda r: tuple(r[1:])))
+        _ = (pipeline
+             | "Once" >> beam.Create([None])
+             | "Manifest last" >> beam.Map(
+                 lambda _, counts, late: _volumes.write_manifest(
+                     output_dir, class_names, counts, [*rejects, *late]),
+                 counts=beam.pvalue.AsList(written), late=beam.pvalue.AsList(rejected)))
     _LOG.info("volumes: %d planned, %d files rejected", len(jobs), len(rejects))
     return _volumes.read_manifest(common.output_dir)
 

@@ -1,8 +1,9 @@
 """The conversion of volumes (--volumes, issue 36) that needs no Beam: plan, convert, write.
 
     jobs, rejects, class_names = plan_volumes("scans", split_ratios={"train": 0.8, "validation": 0.2})
-    records = [convert_job(job, "scans") for job in jobs]      # (split, filename, bytes) or a reject
-    write_volume_shards(records, "out", class_names, rejects)   # shards, then volumes.json last
+    results = [convert_job(job, "scans") for job in jobs]  # ('ok', split, filename, bytes) or a reject
+    shards = shard_of(jobs)                                 # filename -> (split, index, count)
+    write_shard(...) per shard, then write_manifest(...) last
 
 Layout: `input_dir/<class>/<series folder>/...` (DICOM files at any depth below
 the series folder, any names) and `input_dir/<class>/<file>.nii[.gz]`. The
@@ -29,7 +30,8 @@ from imaging.errors import ImageRejected
 from schemas import tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
 
-__all__ = ["VolumeJob", "plan_volumes", "convert_job", "write_volume_shards", "read_manifest", "VOLUMES_MANIFEST"]
+__all__ = ["VolumeJob", "plan_volumes", "convert_job", "shard_of", "write_shard", "write_manifest", "read_manifest",
+           "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written last: the volume dataset's summary (class names, splits, rejects).
@@ -121,6 +123,48 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
     return jobs, sorted(set(rejects)), class_names
 
 
+def shard_of(jobs, records_per_shard: int = 8) -> dict[str, tuple[str, int, int]]:
+    """Each job's shard, decided at planning from the sorted names: filename -> (split, index, count).
+
+    So each shard is written by one worker holding only its own volumes.
+    """
+    by_split: dict[str, list[str]] = defaultdict(list)
+    for job in jobs:
+        by_split[job.split].append(job.filename)
+    out = {}
+    for split, names in by_split.items():
+        names.sort(key=os.fsencode)
+        count = -(-len(names) // records_per_shard)
+        for position, name in enumerate(names):
+            out[name] = (split, position // records_per_shard, count)
+    return out
+
+
+def write_shard(split: str, index: int, count: int, records, output_dir: str) -> int:
+    """Writes one shard of (filename, record bytes) pairs, sorted by filename; returns its records."""
+    records = sorted(records, key=lambda pair: os.fsencode(pair[0]))
+    data = b"".join(tfrecord.frame_record(r) for _, r in records)
+    _files.write_atomically(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord", data)
+    return len(records)
+
+
+def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:
+    """Writes VOLUMES_MANIFEST (last): shard_counts are (split, index, count, records) of each shard."""
+    splits: dict[str, dict] = {}
+    for split, _index, count, records in sorted(shard_counts):
+        entry = splits.setdefault(split, {"records": 0, "shards": count})
+        entry["records"] += records
+    manifest = {
+        "example_kind": VOLUME_SCHEMA.kind,
+        "features": VOLUME_SCHEMA.to_json(),
+        "class_names": list(class_names),
+        "splits": splits,
+        "rejects": [{"path": p, "reason": r, "message": m} for p, r, m in sorted(set(map(tuple, rejects)))],
+    }
+    _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
 def convert_job(job: VolumeJob, input_dir: str):
     """Reads and encodes one volume.
 
@@ -138,40 +182,6 @@ def convert_job(job: VolumeJob, input_dir: str):
     record = VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label, job.filename,
                           volume.modality)
     return ("ok", job.split, job.filename, VOLUME_SCHEMA.encode(record))
-
-
-def write_volume_shards(results, output_dir: str, class_names, rejects=(), records_per_shard: int = 8):
-    """Writes each split's records (sorted by filename) in shards, then VOLUMES_MANIFEST last.
-
-    Returns:
-      The manifest written, as a dict.
-    """
-    by_split: dict[str, list] = defaultdict(list)
-    rejects = list(rejects)
-    for result in results:
-        if result[0] == "ok":
-            by_split[result[1]].append((os.fsencode(result[2]), result[3]))
-        else:
-            rejects.append(tuple(result[1:]))
-    os.makedirs(output_dir, exist_ok=True)
-    splits = {}
-    for split, records in sorted(by_split.items()):
-        records.sort()
-        count = max(1, -(-len(records) // records_per_shard))
-        for index in range(count):
-            chunk = records[index * records_per_shard:(index + 1) * records_per_shard]
-            data = b"".join(tfrecord.frame_record(r) for _, r in chunk)
-            _files.write_atomically(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord", data)
-        splits[split] = {"records": len(records), "shards": count}
-    manifest = {
-        "example_kind": VOLUME_SCHEMA.kind,
-        "features": VOLUME_SCHEMA.to_json(),
-        "class_names": list(class_names),
-        "splits": splits,
-        "rejects": [{"path": p, "reason": r, "message": m} for p, r, m in sorted(set(rejects))],
-    }
-    _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return manifest
 
 
 def read_manifest(output_dir: str) -> dict:

@@ -64,3 +64,19 @@ def test_series_are_never_split_across_splits(tmp_path):
             names[e[2]["filename"].numpy().decode()] = split
     assert sorted(names) == [f"c/p{i}" for i in range(8)]
     assert set(names.values()) == {"train", "validation"}
+
+
+def test_one_series_under_two_classes_is_mixed_labels(tmp_path):
+    from pydicom.uid import generate_uid
+
+    scans = tmp_path / "scans"
+    uid = generate_uid()
+    write_series(scans / "a" / "p", count=3, series_uid=uid)
+    write_series(scans / "b" / "p", count=3, series_uid=uid)
+    write_series(scans / "b" / "q", count=3)
+    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(tmp_path / "out"),
+                            "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    assert manifest["splits"]["train"]["records"] == 1
+    reasons = [r["reason"] for r in manifest["rejects"]]
+    assert reasons == ["mixed_labels"] * 6
+    assert "'a', 'b'" in manifest["rejects"][0]["message"]
