@@ -189,7 +189,9 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
             volume = tf.ensure_shape(volume, [None, None, None])
         else:
             volume = _decode(parsed, tf.float32)
-        return volume, parsed
+        # Only what later steps use travels on: not the encoded voxels.
+        wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
+        return volume, {k: v for k, v in parsed.items() if k in wanted}
 
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -236,8 +238,7 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
             draws = tf.random.stateless_uniform([count, 3], seed=tf.stack([tf.cast(base_seed, tf.int64), index]),
                                                 minval=0, maxval=2**31 - 1, dtype=tf.int64)
             offsets = tf.cast(draws % tf.cast(room, tf.int64), tf.int32)
-            patches = tf.map_fn(lambda o: tf.slice(volume, o, patch), offsets,
-                                fn_output_signature=tf.TensorSpec([None, None, None], volume.dtype))
+            patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
             patches = tf.ensure_shape(patches, [count, *options.patch_size])
             # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
             start = tf.cast(offsets - pad // 2, tf.float64)  # (k, j, i)
