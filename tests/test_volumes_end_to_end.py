@@ -80,3 +80,34 @@ def test_one_series_under_two_classes_is_mixed_labels(tmp_path):
     reasons = [r["reason"] for r in manifest["rejects"]]
     assert reasons == ["mixed_labels"] * 6
     assert "'a', 'b'" in manifest["rejects"][0]["message"]
+
+
+def test_inspect_verify_preview(tmp_path, capsys):
+    from PIL import Image
+
+    from shardsmith import cli
+
+    scans = tmp_path / "scans"
+    uid, _ = write_series(scans / "c" / "p", count=5, orientation="sagittal")
+    out = tmp_path / "out"
+    convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                 "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    capsys.readouterr()
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    # SimpleITK's orientation of the same stack, in RAS codes as nibabel names them.
+    want, want_affine = read_sitk(scans / "c" / "p", uid)
+    codes = "".join(nibabel.aff2axcodes(want_affine))
+    assert f"c/p: int16 {want.shape}" in text and codes in text and "rejected files: 0" in text
+    assert cli.main(["verify", "--output_dir", str(out)]) == 0
+    assert cli.main(["preview", str(out)]) == 0
+    sheet = np.asarray(Image.open(out / "preview.png"))
+    middle = want[want.shape[0] // 2].astype(np.float64)
+    scaled = np.round((middle - middle.min()) / (middle.max() - middle.min()) * 255)
+    np.testing.assert_array_equal(sheet[:want.shape[1], :want.shape[2]], scaled)
+    # A damaged shard fails verify.
+    shard = next(out.glob("train-*.tfrecord"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert cli.main(["verify", "--output_dir", str(out)]) == 1
