@@ -80,6 +80,8 @@ setuptools.setup(
             "pylibjpeg-libjpeg>=2.1",
             "pylibjpeg-openjpeg>=2.3",
             "pylibjpeg-rle>=2.0",
+            # NIfTI volumes (--volumes): .nii and .nii.gz, their sform/qform and scaling.
+            "nibabel>=5.0",
         ],
         # Beam's Dask runner bound; `--runner DaskRunner` on a dask.distributed cluster.
         "dask": ["dask[distributed]>=2024.4.2"],
@@ -100,6 +102,9 @@ setuptools.setup(
             # The independent reader of tests/test_imaging_raster_gdal.py: GDAL (its
             # wheel ships it) writes GeoTIFFs in its drivers' layouts and reads them back.
             "rasterio>=1.4",
+            # The independent readers of DICOM series (tests/test_imaging_volumes.py):
+            # ITK's ImageSeriesReader and dcm2niix (its wheel ships the binary).
+            "SimpleITK>=2.3", "dcm2niix",
         ],
         "bench": ["psutil", "scikit-image>=0.22"],
     },

@@ -177,6 +177,15 @@ class ConvertOptions(PipelineOptions):
             "(default 1: keep every patch); skipped patches are listed in normalized.jsonl.",
         )
         parser.add_argument(
+            "--volumes", action="store_true",
+            help="DICOM series and NIfTI files as 3-D volume records: input_dir/<class>/<series "
+            "folder>/... or input_dir/<class>/<file>.nii[.gz] (docs/preparing/volumes.md).",
+        )
+        parser.add_argument(
+            "--min_slices", type=int, default=2,
+            help="With --volumes: a stack needs at least this many slices (default 2).",
+        )
+        parser.add_argument(
             "--dedup", action="store_true",
             help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
         )

@@ -174,6 +174,10 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         before any work starts.
     """
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
+    if "--volumes" in argv:
+        from beam_jobs import convert_volumes
+
+        return convert_volumes.run(argv, wait=wait)
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
     runner = _runner.make_runner(options)
@@ -378,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if "--volumes" in argv:
+        # DICOM series and NIfTI files as volumes: their own pipeline (issue 36).
+        from beam_jobs import convert_volumes
+
+        return convert_volumes.main(argv)
     if args.print_help_if_asked(argv, help_text):
         return 0
     try:

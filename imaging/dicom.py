@@ -51,6 +51,10 @@ __all__ = [
     "read_group_value",
     "parse_window",
     "describe_available_codecs",
+    "read_dataset",
+    "frame_value",
+    "num_frames",
+    "decode_stored_frame",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -980,3 +984,69 @@ def is_keyword(keyword: str) -> bool:
     """Whether `keyword` names a DICOM data element (e.g. 'PatientID')."""
     _load_pydicom()
     return isinstance(keyword, str) and tag_for_keyword(keyword) is not None
+
+
+def read_dataset(data: bytes, name: str) -> Dataset:
+    """Parses a DICOM file for the volume path (`imaging/volumes.py`), pixels undecoded.
+
+    Raises:
+      ImageRejected: 'not_an_image' (not DICOM), 'corrupt' (unreadable
+        header), 'no_pixel_data' (reports, plans, structure sets).
+    """
+    _load_pydicom()
+    if not is_dicom(data[:1024]):
+        raise ImageRejected("not_an_image", f"{name} is not a DICOM file")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ds = pydicom.dcmread(io.BytesIO(data), force=True)
+            keyword = next((k for k in _PIXEL_KEYWORDS if k in ds), None)
+        except _PYDICOM_ERRORS as e:
+            raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({_short(e)})") from e
+    if keyword is None:
+        sop = _sop_class_name(ds)
+        raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
+                            else f"{name} is a DICOM file without pixel data")
+    return ds
+
+
+def frame_value(ds: Dataset, index: int, sequence: str, keyword: str, multi: bool = False):
+    """A frame's value: per-frame functional group, else shared, else top level (PS3.3 C.7.6.16)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _frame_value(ds, index, sequence, keyword, multi)
+
+
+def num_frames(ds: Dataset, name: str) -> int:
+    """The frames of a dataset (1 without NumberOfFrames). Raises ImageRejected('corrupt')."""
+    return _num_frames(ds, name)
+
+
+def decode_stored_frame(ds: Dataset, index: int, name: str) -> np.ndarray:
+    """One frame's stored values (before any rescale), single-channel, as the 2-D path decodes them.
+
+    The same transfer-syntax checks and decoders as `decode_dicom` (compressed
+    syntaxes, JP2 box walk, decoder panics).
+
+    Raises:
+      ImageRejected: 'unsupported_codec', 'unsupported_dtype' (colour), 'corrupt'.
+    """
+    _load_pydicom()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            missing = [k for k in _IMAGE_PIXEL_ELEMENTS if ds.get(k) in (None, "")]
+            if missing:
+                raise ImageRejected("corrupt", f"{name} has pixel data but lacks {', '.join(missing)}")
+            if int(ds.get("SamplesPerPixel", 1) or 1) != 1:
+                raise ImageRejected("unsupported_dtype", f"{name} has colour pixels; a volume is single-channel")
+            ts, _ = _transfer_syntax(ds, name)
+            decoder = _decoder_for(ts, name)
+            if ts in _J2K_SYNTAXES and index == 0:
+                _check_jp2_boxes(ds.PixelData, name)
+            arr, _meta = _decode_frame(decoder, ds, index, name)
+        except _PYDICOM_ERRORS as e:
+            raise ImageRejected("corrupt", f"{name}: {_short(e)}") from e
+    if arr.ndim != 2:
+        raise ImageRejected("unsupported_dtype", f"{name}: frame of shape {arr.shape} is not one grey plane")
+    return arr

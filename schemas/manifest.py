@@ -92,6 +92,14 @@ REJECT_REASONS = {
                           "floats, negative values or ids above 65535.",
     "mask_size_mismatch": "The mask's size is neither the image's upright size nor its raw frame's.",
     "bad_target": "The image's target (labels, numbers, boxes) cannot be stored as given.",
+    # Volumes (--volumes): a DICOM series stack or a NIfTI file that cannot be one volume.
+    "missing_slice": "A gap between a stack's slices of more than 1.5 times its usual spacing.",
+    "conflicting_slices": "Two slices of a stack at the same position with different pixels.",
+    "repeated_positions": "Every position of a stack holds several slices (time points, echoes).",
+    "mosaic": "A Siemens mosaic: the slices of a volume packed in one image.",
+    "too_few_slices": "A stack with fewer slices than --min_slices (a scout or localizer).",
+    "mixed_labels": "The files of one series lie under different class folders.",
+    "not_a_volume": "A NIfTI file that is not 3-D (a 4-D time series, a 2-D image).",
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
 # The manifest's section describing targets beyond one class (`Manifest.targets`):

@@ -150,6 +150,12 @@ def _main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if print_help_if_asked(command, rest):
         return 0
+    volume_folder = _volume_dataset(command, rest)
+    if volume_folder is not None:
+        # A `convert --volumes` dataset (volumes.json): its own inspect, verify and preview.
+        from shardsmith import volumes as _volumes
+
+        return _volumes.main(command, volume_folder)
     if command in _ADD_ARGUMENTS:
         error = _check_options(command, rest)
         if error is not None:
@@ -211,6 +217,23 @@ def _interrupted_sentence(argv: list[str]) -> str:
         kept = (f"{done:,} of {planned:,} shards finished, kept in {out}" if planned
                 else f"{done:,} shards finished, kept in {out}")
     return f"shardsmith convert: interrupted: {kept}. To go on: {shlex.join(again)}"
+
+
+def _volume_dataset(command: str, rest: list[str]) -> str | None:
+    """The folder of `inspect`, `preview` or `verify` when it holds a volume dataset, else None."""
+    from shardsmith.volumes import is_volume_dataset
+
+    folder = None
+    if command in ("inspect", "preview"):
+        positional = [a for a in rest if not a.startswith("-")]
+        folder = positional[0] if positional else None
+    elif command == "verify":
+        for i, a in enumerate(rest):
+            if a == "--output_dir" and i + 1 < len(rest):
+                folder = rest[i + 1]
+            elif a.startswith("--output_dir="):
+                folder = a.split("=", 1)[1]
+    return folder if folder is not None and is_volume_dataset(folder) else None
 
 
 def run() -> None:

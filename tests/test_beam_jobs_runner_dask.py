@@ -269,3 +269,21 @@ def test_a_patch_conversion_on_dask_gives_the_local_runners_bytes(dask_cluster, 
                 window = src.read(window=Window(x, y, 256, 256))
                 got = np.frombuffer(record[schemas.IMAGE.key], "<u2").reshape(256, 256, 13)
                 np.testing.assert_array_equal(got, np.moveaxis(window, 0, -1), err_msg=name)
+
+
+def test_volumes_on_dask_give_the_local_runners_bytes(dask_cluster, tmp_path):
+    """`convert --volumes` (issue 36) on the cluster's workers: the DirectRunner's shards, byte for byte."""
+    from test_imaging_volumes import write_series
+
+    for i, orientation in enumerate(["axial", "oblique", "sagittal"]):
+        write_series(tmp_path / "in" / ("a" if i < 2 else "b") / f"p{i}", count=3 + i, orientation=orientation)
+    args = ["--volumes", "--input_dir", str(tmp_path / "in"), "--split", "train=0.5,validation=0.5"]
+    local_out, dask_out = tmp_path / "local", tmp_path / "dask"
+    convert_module.run([*args, "--output_dir", str(local_out)])
+    convert_module.run([*args, "--output_dir", str(dask_out), "--runner", "DaskRunner",
+                        "--dask_client_address", dask_cluster.address])
+    local, on_dask = _files(local_out), _files(dask_out)
+    assert sorted(on_dask) == sorted(local) and "volumes.json" in local
+    assert [name for name in local if on_dask[name] != local[name]] == []
+    manifest = json.loads(local["volumes.json"])
+    assert sum(s["records"] for s in manifest["splits"].values()) == 3

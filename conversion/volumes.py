@@ -1,0 +1,189 @@
+"""The conversion of volumes (--volumes, issue 36) that needs no Beam: plan, convert, write.
+
+    jobs, rejects, class_names = plan_volumes("scans", split_ratios={"train": 0.8, "validation": 0.2})
+    results = [convert_job(job, "scans") for job in jobs]  # ('ok', split, filename, bytes) or a reject
+    shards = shard_of(jobs)                                 # filename -> (split, index, count)
+    write_shard(...) per shard, then write_manifest(...) last
+
+Layout: `input_dir/<class>/<series folder>/...` (DICOM files at any depth below
+the series folder, any names) and `input_dir/<class>/<file>.nii[.gz]`. The
+class is the first folder; a series is planned as a whole (its headers are
+read here, its pixels by `convert_job`), and its split comes from the hash
+of its name, never of a slice's, so no series is split across train and
+validation. A series whose SeriesInstanceUID also appears under another class
+is rejected as `mixed_labels`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections import defaultdict
+
+from conversion import files as _files
+from conversion.listing import list_input
+from conversion.plan import _hash_split, stable_hash
+from imaging import volumes
+from imaging.errors import ImageRejected
+from schemas import tfrecord
+from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
+
+__all__ = ["VolumeJob", "plan_volumes", "convert_job", "shard_of", "write_shard", "write_manifest", "read_manifest",
+           "VOLUMES_MANIFEST"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+# Written last: the volume dataset's summary (class names, splits, rejects).
+VOLUMES_MANIFEST = "volumes.json"
+_NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeJob:
+    """One volume to convert: a DICOM stack or a NIfTI file.
+
+    Attributes:
+      filename: The record's `filename` (series folder, `#series=N` when it holds several).
+      split: Its split.
+      label: Its class index.
+      stack: The planned DICOM stack, or None for NIfTI.
+      nifti: The NIfTI file's relative path, or None.
+    """
+
+    filename: str
+    split: str
+    label: int
+    stack: volumes.Stack | None = None
+    nifti: str | None = None
+
+
+def _unit_of(rel_path: str) -> tuple[str, str] | None:
+    """(class, series unit) of a file: input/<class>/<series>/...; None outside any class folder."""
+    parts = rel_path.split("/")
+    if len(parts) < 2:
+        return None
+    if rel_path.lower().endswith(_NIFTI_SUFFIXES):
+        return parts[0], rel_path  # A NIfTI file is its own unit.
+    if len(parts) == 2:
+        return parts[0], parts[0]  # Slices directly in the class folder: one series folder.
+    return parts[0], "/".join(parts[:2])
+
+
+def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices: int = 2):
+    """Plans every volume under `input_dir`.
+
+    Returns:
+      (jobs sorted by filename, rejects as (path, reason, message), class names).
+    """
+    split_ratios = dict(split_ratios or {"train": 1.0})
+    listed, problems = list_input(input_dir)
+    rejects = [(p.rel_path, p.reason, p.message) for p in problems]
+    by_unit: dict[tuple[str, str], list] = defaultdict(list)
+    for f in listed:
+        unit = _unit_of(f.rel_path)
+        if unit is None:
+            rejects.append((f.rel_path, "no_label", "outside any class folder"))
+        else:
+            by_unit[unit].append(f.rel_path)
+    class_names = sorted({cls for cls, _ in by_unit})
+    planned = []  # (class, unit, filename, stack or None, nifti or None)
+    uid_classes: dict[str, set[str]] = defaultdict(set)
+    for (cls, unit), paths in sorted(by_unit.items()):
+        slices = []
+        for rel in sorted(paths):
+            if rel.lower().endswith(_NIFTI_SUFFIXES):
+                planned.append((cls, rel, rel, None, rel))
+                continue
+            try:
+                slices += volumes.read_slices(_files.read_bytes(_files.join(input_dir, rel)), rel)
+            except ImageRejected as e:
+                rejects.append((rel, e.reason, e.message))
+        if not slices:
+            continue
+        plan = volumes.plan_stacks(slices, min_slices=min_slices)
+        rejects += list(plan.rejects)
+        for stack in plan.stacks:
+            name = unit if len(plan.stacks) == 1 else f"{unit}#series={stack.index}"
+            uid_classes[stack.series_uid].add(cls)
+            planned.append((cls, unit, name, stack, None))
+    jobs = []
+    for cls, unit, name, stack, nifti in planned:
+        if stack is not None and len(uid_classes[stack.series_uid]) > 1:
+            for s in stack.slices:
+                rejects.append((s.name, "mixed_labels", f"series {stack.series_uid} lies under the classes "
+                                                        f"{sorted(uid_classes[stack.series_uid])}"))
+            continue
+        # The split of the series unit's name (the folder), never of a slice.
+        split = _hash_split(stable_hash(seed, "split", unit), split_ratios)
+        if split is None:
+            continue
+        jobs.append(VolumeJob(name, split, class_names.index(cls), stack, nifti))
+    jobs.sort(key=lambda j: os.fsencode(j.filename))
+    return jobs, sorted(set(rejects)), class_names
+
+
+def shard_of(jobs, records_per_shard: int = 8) -> dict[str, tuple[str, int, int]]:
+    """Each job's shard, decided at planning from the sorted names: filename -> (split, index, count).
+
+    So each shard is written by one worker holding only its own volumes.
+    """
+    by_split: dict[str, list[str]] = defaultdict(list)
+    for job in jobs:
+        by_split[job.split].append(job.filename)
+    out = {}
+    for split, names in by_split.items():
+        names.sort(key=os.fsencode)
+        count = -(-len(names) // records_per_shard)
+        for position, name in enumerate(names):
+            out[name] = (split, position // records_per_shard, count)
+    return out
+
+
+def write_shard(split: str, index: int, count: int, records, output_dir: str) -> int:
+    """Writes one shard of (filename, record bytes) pairs, sorted by filename; returns its records."""
+    records = sorted(records, key=lambda pair: os.fsencode(pair[0]))
+    data = b"".join(tfrecord.frame_record(r) for _, r in records)
+    _files.write_atomically(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord", data)
+    return len(records)
+
+
+def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:
+    """Writes VOLUMES_MANIFEST (last): shard_counts are (split, index, count, records) of each shard."""
+    splits: dict[str, dict] = {}
+    for split, _index, count, records in sorted(shard_counts):
+        entry = splits.setdefault(split, {"records": 0, "shards": count})
+        entry["records"] += records
+    manifest = {
+        "example_kind": VOLUME_SCHEMA.kind,
+        "features": VOLUME_SCHEMA.to_json(),
+        "class_names": list(class_names),
+        "splits": splits,
+        "rejects": [{"path": p, "reason": r, "message": m} for p, r, m in sorted(set(map(tuple, rejects)))],
+    }
+    _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
+def convert_job(job: VolumeJob, input_dir: str):
+    """Reads and encodes one volume.
+
+    Returns:
+      ('ok', split, filename, record bytes) or ('reject', path, reason, message).
+    """
+    read = lambda rel: _files.read_bytes(_files.join(input_dir, rel))
+    try:
+        if job.nifti is not None:
+            volume = volumes.read_nifti(read(job.nifti), job.nifti)
+        else:
+            volume = volumes.read_stack(job.stack, read)
+    except ImageRejected as e:
+        return ("reject", job.filename, e.reason, e.message)
+    record = VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label, job.filename,
+                          volume.modality)
+    return ("ok", job.split, job.filename, VOLUME_SCHEMA.encode(record))
+
+
+def read_manifest(output_dir: str) -> dict:
+    """The VOLUMES_MANIFEST of a converted folder."""
+    return json.loads(_files.read_bytes(_files.join(output_dir, VOLUMES_MANIFEST)))

@@ -1,0 +1,437 @@
+"""DICOM series and NIfTI files as 3-D volumes in RAS (issue 36), framework-free.
+
+A folder's DICOM files go through three steps:
+
+    slices = [s for name, data in files for s in volumes.read_slices(data, name)]
+    plan = volumes.plan_stacks(slices, min_slices=2)       # stacks and rejects
+    volume = volumes.read_stack(plan.stacks[0], read_bytes)  # voxels, spacing, affine
+
+`read_slices` keeps headers only (the pixels are decoded once, by
+`read_stack`, into one preallocated array). A NIfTI file is one call:
+`volumes.read_nifti(data, name)`. docs/preparing/volumes.md says what each
+step decides and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from imaging import dicom
+from imaging.errors import ImageRejected
+
+__all__ = ["DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "plan_stacks",
+           "read_stack", "read_nifti", "is_nifti", "LPS_TO_RAS"]
+
+_LOG = logging.getLogger(__name__)
+
+# RAS = diag(-1, -1, 1) x LPS: DICOM's patient axes to NIfTI's world.
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+# A gap between two slices larger than this times the usual spacing is a missing slice.
+_GAP_FACTOR = 1.5
+# Orientations equal to this many decimals are one (direction cosines are written with ~6).
+_ORIENTATION_DECIMALS = 4
+_INT16 = np.iinfo(np.int16)
+
+
+@dataclasses.dataclass(frozen=True)
+class DicomSlice:
+    """The header of one slice (one frame of an enhanced file), all a plan needs.
+
+    Attributes:
+      name: The file's relative path (read back with `read_stack`'s `read_bytes`).
+      frame: The frame index in the file (0 for single-frame files).
+      series_uid: SeriesInstanceUID ('' when absent).
+      orientation: ImageOrientationPatient: row then column direction (LPS).
+      position: ImagePositionPatient of the first voxel (LPS, mm).
+      rows, columns: The slice's size.
+      pixel_spacing: PixelSpacing: (row spacing dy, column spacing dx) in mm.
+      slope, intercept: The rescale of this slice.
+      stored_range: (lowest, highest) stored value its BitsStored and PixelRepresentation allow.
+      stored_dtype: The numpy dtype name its stored values decode to.
+      monochrome1: Whether low values are bright.
+      pixel_hash: A digest of the slice's stored pixel bytes (exact duplicates).
+      modality: DICOM Modality.
+    """
+
+    name: str
+    frame: int
+    series_uid: str
+    orientation: tuple[float, ...]
+    position: tuple[float, float, float]
+    rows: int
+    columns: int
+    pixel_spacing: tuple[float, float]
+    slope: float
+    intercept: float
+    stored_range: tuple[int, int]
+    stored_dtype: str
+    monochrome1: bool
+    pixel_hash: str
+    modality: str = ""
+
+    @property
+    def normal(self) -> np.ndarray:
+        r, c = np.asarray(self.orientation[:3]), np.asarray(self.orientation[3:])
+        return np.cross(r, c)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """Slices of one series, orientation and size, sorted along the slice normal.
+
+    Attributes:
+      series_uid: The series.
+      index: Its place among the folder's stacks (sorted by series, then size of stack).
+      slices: Sorted by position along the normal, ascending.
+      notes: What was decided on the way (duplicates dropped), for the report.
+    """
+
+    series_uid: str
+    index: int
+    slices: tuple[DicomSlice, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPlan:
+    """What `plan_stacks` made of a folder's slices.
+
+    Attributes:
+      stacks: The stacks to read.
+      rejects: (file name, reason, message) for each file that is in no stack.
+    """
+
+    stacks: tuple[Stack, ...]
+    rejects: tuple[tuple[str, str, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Volume:
+    """A volume ready for `schemas.volumes.VolumeRecord`.
+
+    Attributes:
+      voxels: (depth, height, width): slice k, row j, column i.
+      spacing: (z, y, x) in mm.
+      affine: 4x4 (i, j, k, 1) -> RAS mm.
+      modality: DICOM Modality, '' for NIfTI.
+      notes: Decisions taken, for normalized.jsonl.
+    """
+
+    voxels: np.ndarray
+    spacing: tuple[float, float, float]
+    affine: np.ndarray
+    modality: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def _floats(value, count: int, what: str, name: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in (value or ()))
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != count or not np.isfinite(values).all():
+        raise ImageRejected("corrupt", f"{name}: {what} {value!r} is not {count} numbers; "
+                                       "a slice without it cannot be placed in a volume")
+    return values
+
+
+def _is_mosaic(ds) -> bool:
+    image_type = [str(v).upper() for v in (ds.get("ImageType") or ())]
+    # (0019,100A) NumberOfImagesInMosaic, Siemens' private CSA element.
+    return "MOSAIC" in image_type or (0x0019, 0x100A) in ds
+
+
+def read_slices(data: bytes, name: str) -> list[DicomSlice]:
+    """The slices (frames) of one DICOM file, headers only.
+
+    Raises:
+      ImageRejected: 'not_an_image', 'no_pixel_data' (skipped as in 2-D),
+        'corrupt' (no position or orientation), 'mosaic'.
+    """
+    ds = dicom.read_dataset(data, name)
+    if _is_mosaic(ds):
+        raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
+                                      "convert it with dcm2niix, or export classic slices")
+    frames = dicom.num_frames(ds, name)
+    bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
+    signed = int(ds.get("PixelRepresentation") or 0) == 1
+    allocated = int(ds.get("BitsAllocated") or 16)
+    if "PixelData" not in ds:
+        stored_dtype, stored_range = "float32", (0, 0)
+    else:
+        stored_dtype = f"{'int' if signed else 'uint'}{max(8, allocated)}"
+        stored_range = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    pixels = ds.get("PixelData") or b""
+    photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
+    slices = []
+    for index in range(frames):
+        orientation = _floats(dicom.frame_value(ds, index, "PlaneOrientationSequence",
+                                                "ImageOrientationPatient", multi=True),
+                              6, "ImageOrientationPatient", name)
+        position = _floats(dicom.frame_value(ds, index, "PlanePositionSequence",
+                                             "ImagePositionPatient", multi=True),
+                           3, "ImagePositionPatient", name)
+        spacing = _floats(dicom.frame_value(ds, index, "PixelMeasuresSequence", "PixelSpacing",
+                                            multi=True), 2, "PixelSpacing", name)
+        slope = dicom.frame_value(ds, index, "PixelValueTransformationSequence", "RescaleSlope")
+        intercept = dicom.frame_value(ds, index, "PixelValueTransformationSequence", "RescaleIntercept")
+        try:
+            slope = 1.0 if slope in (None, "") else float(slope)
+            intercept = 0.0 if intercept in (None, "") else float(intercept)
+        except (TypeError, ValueError):
+            raise ImageRejected("corrupt", f"{name}: RescaleSlope/Intercept {slope!r}/{intercept!r} "
+                                           "are not numbers") from None
+        digest = hashlib.sha1(bytes(pixels) if frames == 1 else bytes(pixels) + b"#%d" % index)
+        slices.append(DicomSlice(
+            name=name, frame=index, series_uid=str(ds.get("SeriesInstanceUID", "")),
+            orientation=orientation, position=position, rows=int(ds.Rows), columns=int(ds.Columns),
+            pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
+            stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
+            pixel_hash=digest.hexdigest(), modality=str(ds.get("Modality", "") or ""),
+        ))
+    return slices
+
+
+def _stack_key(s: DicomSlice):
+    return (tuple(np.round(s.orientation, _ORIENTATION_DECIMALS) + 0.0), s.rows, s.columns)
+
+
+def plan_stacks(slices: Sequence[DicomSlice], min_slices: int = 2) -> StackPlan:
+    """Groups slices into stacks: series, then orientation and size; sorts and checks each.
+
+    Args:
+      slices: The slices of one folder (`read_slices`), in any order.
+      min_slices: A stack needs at least this many slices (--min_slices).
+
+    Returns:
+      The stacks (each sorted along its normal, duplicates dropped) and the
+      files rejected: 'too_few_slices', 'duplicate', 'conflicting_slices',
+      'repeated_positions', 'missing_slice'.
+    """
+    if isinstance(min_slices, bool) or not isinstance(min_slices, int) or min_slices < 1:
+        raise ValueError(f"`min_slices` must be an int >= 1. Received: {min_slices!r}")
+    groups: dict[tuple, list[DicomSlice]] = defaultdict(list)
+    for s in slices:
+        groups[(s.series_uid,) + _stack_key(s)].append(s)
+    stacks, rejects = [], []
+    # Stacks in a stable order: series, then most slices first, then the key.
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], -len(kv[1]), repr(kv[0])))
+    for key, members in ordered:
+        stack, dropped = _check_stack(key[0], members, min_slices)
+        rejects += dropped
+        if stack is not None:
+            stacks.append(dataclasses.replace(stack, index=len(stacks)))
+    return StackPlan(tuple(stacks), tuple(sorted(set(rejects))))
+
+
+def _reject_all(members, reason, message):
+    return None, [(s.name, reason, message) for s in members]
+
+
+def _check_stack(series_uid, members, min_slices):
+    normal = members[0].normal
+    where = sorted(members, key=lambda s: (float(np.dot(s.position, normal)), s.name, s.frame))
+    depth = [float(np.dot(s.position, normal)) for s in where]
+    spacing_hint = min(members[0].pixel_spacing) or 1.0
+    tolerance = 1e-3 * spacing_hint
+    # Slices at one position: copies (same pixels) are dropped, others conflict.
+    positions: list[list[DicomSlice]] = []
+    last = None
+    for d, s in zip(depth, where):
+        if last is not None and abs(d - last) <= tolerance:
+            positions[-1].append(s)
+        else:
+            positions.append([s])
+            last = d
+    kept, dropped, notes = [], [], []
+    repeated = []
+    for group in positions:
+        unique = {}
+        for s in group:
+            if s.pixel_hash in unique:
+                dropped.append((s.name, "duplicate", f"{s.name}: same pixels and position as "
+                                                     f"{unique[s.pixel_hash].name}"))
+                notes.append(f"dropped duplicate slice {s.name}")
+            else:
+                unique[s.pixel_hash] = s
+        repeated.append(len(unique))
+        kept.append(next(iter(unique.values())) if len(unique) == 1 else list(unique.values()))
+    if max(repeated) > 1:
+        counts = sorted(set(repeated))
+        if len(counts) == 1 and len(positions) >= min_slices:
+            return _reject_all(members, "repeated_positions",
+                               f"every one of the {len(positions)} positions of series {series_uid} "
+                               f"holds {counts[0]} slices with different pixels (time points or echoes?)")
+        where_bad = [f"{depth_of(g, normal):.3f}" for g in kept if isinstance(g, list)]
+        return _reject_all(members, "conflicting_slices",
+                           f"series {series_uid} has different slices at the same position(s) "
+                           f"{', '.join(where_bad[:5])} mm along the normal")
+    if len(kept) < min_slices:
+        duplicates = {n for n, _, _ in dropped}
+        return None, dropped + [(s.name, "too_few_slices",
+                                 f"{len(kept)} slice(s) of series {series_uid} in this orientation and "
+                                 f"size ({members[0].columns}x{members[0].rows}), fewer than "
+                                 f"--min_slices={min_slices} (a scout or localizer?)") for s in members
+                                if s.name not in duplicates]
+    if len(kept) >= 3:
+        depths = np.array([depth_of([s], normal) for s in kept])
+        steps = np.diff(depths)
+        usual = float(np.median(steps))
+        gaps = np.nonzero(steps > _GAP_FACTOR * usual)[0]
+        if len(gaps):
+            text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f}" for i in gaps[:5])
+            return _reject_all(members, "missing_slice",
+                               f"series {series_uid}: gap(s) between slices at {text} mm along the "
+                               f"normal, usual spacing {usual:.3f} mm")
+    return Stack(series_uid, 0, tuple(kept), tuple(notes)), dropped
+
+
+def depth_of(group, normal) -> float:
+    return float(np.dot(group[0].position, normal))
+
+
+def _out_dtype(slices: Sequence[DicomSlice]) -> np.dtype:
+    """The stored dtype without rescaling; int16 for whole-number rescaling (widened to
+    int32 by `read_stack` if a slice's values do not fit); float32 otherwise."""
+    if any(s.stored_dtype == "float32" for s in slices):
+        return np.dtype(np.float32)
+    if all(s.slope == 1.0 and s.intercept == 0.0 and not s.monochrome1 for s in slices) \
+            and len({s.stored_dtype for s in slices}) == 1:
+        return np.dtype(slices[0].stored_dtype)
+    if all(float(s.slope).is_integer() and float(s.intercept).is_integer() for s in slices):
+        return np.dtype(np.int16)
+    return np.dtype(np.float32)
+
+
+def stack_geometry(slices: Sequence[DicomSlice]) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """The RAS affine and (z, y, x) spacing of sorted slices."""
+    first = slices[0]
+    r = np.asarray(first.orientation[:3])
+    c = np.asarray(first.orientation[3:])
+    dy, dx = first.pixel_spacing
+    lps = np.eye(4)
+    lps[:3, 0] = r * dx
+    lps[:3, 1] = c * dy
+    if len(slices) > 1:
+        step = (np.asarray(slices[-1].position) - np.asarray(first.position)) / (len(slices) - 1)
+    else:
+        step = first.normal * 1.0
+    lps[:3, 2] = step
+    lps[:3, 3] = first.position
+    dz = float(abs(np.dot(step, first.normal)))
+    return LPS_TO_RAS @ lps, (dz, float(dy), float(dx))
+
+
+def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
+    """Decodes a stack's slices into one preallocated (depth, height, width) array.
+
+    Args:
+      stack: From `plan_stacks`.
+      read_bytes: Relative file name -> the file's bytes.
+
+    Raises:
+      ImageRejected: A slice that does not decode ('corrupt', 'unsupported_codec', ...).
+    """
+    slices = stack.slices
+    first = slices[0]
+    dtype = _out_dtype(slices)
+    voxels = np.empty((len(slices), first.rows, first.columns), dtype)
+    cached_name, ds = None, None
+    for k, s in enumerate(slices):
+        if s.name != cached_name:
+            ds, cached_name = None, None  # The previous file's pixels go before the next is read.
+            ds = dicom.read_dataset(read_bytes(s.name), s.name)
+            cached_name = s.name
+        stored = dicom.decode_stored_frame(ds, s.frame, s.name)
+        if stored.shape != (first.rows, first.columns):
+            raise ImageRejected("corrupt", f"{s.name}: decoded {stored.shape}, header says "
+                                           f"{(first.rows, first.columns)}")
+        if s.monochrome1:
+            lo, hi = s.stored_range
+            stored = (lo + hi) - stored.astype(np.float64)
+        if s.slope != 1.0 or s.intercept != 0.0:
+            stored = stored * s.slope + s.intercept
+        if voxels.dtype == np.int16 and stored.size and (
+                stored.min() < _INT16.min or stored.max() > _INT16.max):
+            # Whole numbers beyond int16 (rare: 16-bit unsigned with an intercept): widened
+            # once, the only copy of the array.
+            voxels = voxels.astype(np.int32)
+        voxels[k] = stored
+    del ds
+    affine, spacing = stack_geometry(slices)
+    notes = stack.notes + ((f"monochrome1_inverted",) if any(s.monochrome1 for s in slices) else ())
+    return Volume(voxels, spacing, affine, first.modality, notes)
+
+
+_NIFTI_MAGICS = (b"n+1\x00", b"ni1\x00", b"n+2\x00")
+
+
+def is_nifti(head: bytes) -> bool:
+    """Whether the first bytes are a NIfTI-1/2 header (or gzip, which `read_nifti` checks)."""
+    return head[:2] == b"\x1f\x8b" or head[344:348] in _NIFTI_MAGICS or head[4:8] in _NIFTI_MAGICS
+
+
+def read_nifti(data: bytes, name: str) -> Volume:
+    """A NIfTI-1/2 file (.nii, or gzipped .nii.gz) as a volume, with nibabel.
+
+    The affine is the sform when its code is set, else the qform (nibabel's
+    `affine`); scl_slope/scl_inter applied.
+
+    Raises:
+      ImageRejected: 'not_an_image', 'corrupt', 'not_a_volume', 'unsupported_dtype'.
+    """
+    import nibabel
+
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise ImageRejected("corrupt", f"{name}: damaged gzip ({e})") from e
+    image = None
+    for cls in (nibabel.Nifti1Image, nibabel.Nifti2Image):
+        try:
+            image = cls.from_bytes(data)
+            break
+        except (nibabel.filebasedimages.ImageFileError, nibabel.spatialimages.HeaderDataError,
+                ValueError, OSError):
+            continue
+    if image is None:
+        raise ImageRejected("not_an_image", f"{name} is not a NIfTI file nibabel reads")
+    shape = image.shape
+    if len(shape) == 4 and shape[3] == 1:
+        shape = shape[:3]
+    if len(shape) != 3:
+        raise ImageRejected("not_a_volume", f"{name} has shape {image.shape}, not 3-D")
+    try:
+        # nibabel moves scl_slope/scl_inter from the header to the array proxy, which
+        # applies them (to float) only when they are not 1 and 0.
+        values = np.asarray(image.dataobj)
+        if values.dtype != image.get_data_dtype():
+            if np.isfinite(values).all() and (values == np.round(values)).all() and \
+                    values.min(initial=0) >= _INT16.min and values.max(initial=0) <= _INT16.max:
+                values = values.astype(np.int16)
+            else:
+                values = values.astype(np.float32)
+    except (ValueError, OSError, EOFError) as e:
+        raise ImageRejected("corrupt", f"{name}: {e}") from e
+    values = values.reshape(shape)
+    if values.dtype == np.float16:
+        values = values.astype(np.float32)
+    if values.dtype.name not in ("uint8", "int8", "uint16", "int16", "int32", "float32", "float64"):
+        raise ImageRejected("unsupported_dtype", f"{name} holds {values.dtype.name} voxels")
+    # NIfTI's array is (i, j, k); a volume is stored (k, j, i), the same affine.
+    voxels = np.ascontiguousarray(values.transpose(2, 1, 0))
+    affine = np.asarray(image.affine, dtype=np.float64)
+    norms = np.linalg.norm(affine[:3, :3], axis=0)
+    code = "sform" if int(image.header["sform_code"]) > 0 else (
+        "qform" if int(image.header["qform_code"]) > 0 else "none")
+    return Volume(voxels, (float(norms[2]), float(norms[1]), float(norms[0])), affine, "",
+                  (f"affine_from_{code}",))

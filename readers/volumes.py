@@ -1,0 +1,266 @@
+"""tf.data reader of volume datasets (`shardsmith convert --volumes`, issue 36).
+
+    ds = readers.volume_dataset_from_tfrecords("out", "train", batch_size=2,
+                                               spacing=(2.0, 1.0, 1.0), window=(-600, 1500),
+                                               patch_size=(96, 96, 96), patches_per_volume=4, seed=0)
+    model.fit(ds)  # (volume float32 [b, 96, 96, 96, 1], label)
+
+Decode depends on the schema alone (`schemas.volumes`); preprocess then
+resamples (trilinear, separable: rows and columns, then slices), windows and
+crops. With `extra_features`, each element ends with a dict of them; the
+affine follows every resampling and crop, so a patch's voxel (i, j, k) still
+maps to its RAS position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from schemas import tf_runtime as _tf_runtime  # isort: skip
+
+tf = _tf_runtime.full()
+
+from schemas import FILENAME, LABEL
+from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES, VOLUME_SCHEMA,
+                             VOLUME_SHAPE, VOLUME_SPACING)
+
+__all__ = ["volume_dataset_from_tfrecords", "VOLUME_EXTRA_FEATURES"]
+
+# Keys `extra_features` may name.
+VOLUME_EXTRA_FEATURES = tuple(spec.key for spec in VOLUME_SCHEMA.features
+                              if spec.key not in (VOLUME.key, LABEL.key))
+
+
+def _triple(value, name, kind=float):
+    if value is None:
+        return None
+    try:
+        values = tuple(kind(v) for v in value)
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != 3 or any(v <= 0 for v in values):
+        raise ValueError(f"`{name}` must be 3 positive numbers (depth/z, height/y, width/x). "
+                         f"Received: {name}={value!r}")
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    batch_size: int | None
+    volume_size: tuple[int, int, int] | None
+    patch_size: tuple[int, int, int] | None
+    patches_per_volume: int
+    spacing: tuple[float, float, float] | None
+    window: tuple[float, float] | None
+    dtype: str | None
+    extra_features: tuple[str, ...]
+    seed: int | None
+
+    def __post_init__(self):
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or
+                                            not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise ValueError(f"`batch_size` must be an int >= 1 or None. Received: {self.batch_size!r}")
+        if self.batch_size is not None and self.volume_size is None and self.patch_size is None:
+            raise ValueError("Volumes differ in shape: `batch_size` needs `volume_size` or `patch_size`. "
+                             f"Received: batch_size={self.batch_size}, volume_size=None, patch_size=None")
+        if not isinstance(self.patches_per_volume, int) or self.patches_per_volume < 1:
+            raise ValueError(f"`patches_per_volume` must be an int >= 1. Received: {self.patches_per_volume!r}")
+        if self.window is not None and (len(self.window) != 2 or float(self.window[1]) <= 0):
+            raise ValueError(f"`window` must be (center, width) with width > 0. Received: {self.window!r}")
+        unknown = [k for k in self.extra_features if k not in VOLUME_EXTRA_FEATURES]
+        if unknown:
+            raise ValueError(f"`extra_features` are among {VOLUME_EXTRA_FEATURES}. Received: {unknown}")
+        raw = self.volume_size is None and self.patch_size is None and self.spacing is None \
+            and self.window is None
+        if self.dtype is None and not raw:
+            raise ValueError("`dtype=None` (volumes as stored) takes no resampling, patches or window.")
+        if self.dtype is not None and self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"`dtype` must be 'float32', 'float16', 'bfloat16' or None. Received: {self.dtype!r}")
+
+
+def _shard_files(data_dir, split: str) -> list[str]:
+    data_dir = os.fspath(data_dir)
+    files = sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*-of-*.tfrecord")))
+    if not files:
+        raise ValueError(f"No shards of split {split!r} in {data_dir!r} (looked for {split}-*-of-*.tfrecord).")
+    return files
+
+
+def _decode(parsed, out_dtype):
+    """The volume [d, h, w] in `out_dtype` (float32), whatever dtype each record stored."""
+    raw, name = parsed[VOLUME.key], parsed[VOLUME_DTYPE.key]
+    shape = tf.cast(parsed[VOLUME_SHAPE.key], tf.int32)
+    index = tf.argmax(tf.cast(tf.equal(name, tf.constant(VOLUME_DTYPES)), tf.int32), output_type=tf.int32)
+    tf.debugging.assert_equal(tf.reduce_any(tf.equal(name, tf.constant(VOLUME_DTYPES))), True,
+                              message="volume/dtype is not one this reader knows")
+    branches = [
+        (lambda d=d: tf.cast(tf.io.decode_raw(raw, tf.as_dtype(d), little_endian=True), out_dtype))
+        for d in VOLUME_DTYPES
+    ]
+    return tf.ensure_shape(tf.reshape(tf.switch_case(index, branches), shape), [None, None, None])
+
+
+def _scale_affine(affine, old_shape, new_shape):
+    """The affine of a volume resized from old to new (d, h, w), half-pixel centres as tf.image.resize."""
+    old = tf.cast(old_shape, tf.float64)
+    new = tf.cast(new_shape, tf.float64)
+    s = old / new  # (z, y, x) scale; columns of the affine are (i=x, j=y, k=z)
+    sx, sy, sz = s[2], s[1], s[0]
+    m = tf.stack([
+        tf.stack([sx, 0.0, 0.0, (sx - 1) / 2]),
+        tf.stack([0.0, sy, 0.0, (sy - 1) / 2]),
+        tf.stack([0.0, 0.0, sz, (sz - 1) / 2]),
+        tf.constant([0.0, 0.0, 0.0, 1.0], tf.float64),
+    ])
+    return tf.linalg.matmul(affine, m)
+
+
+def _resize(volume, size):
+    """Trilinear resize of [d, h, w] to `size` (separable: in-plane bilinear, then along depth)."""
+    size = tf.cast(size, tf.int32)
+    v = tf.image.resize(volume[..., None], size[1:], method="bilinear")  # [d, h', w', 1]
+    v = tf.transpose(v, [1, 0, 2, 3])  # [h', d, w', 1]
+    v = tf.image.resize(v, tf.stack([size[0], size[2]]), method="bilinear")  # [h', d', w', 1]
+    return tf.transpose(v, [1, 0, 2, 3])[..., 0]
+
+
+def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None = None, *,
+                                  volume_size=None, patch_size=None, patches_per_volume: int = 1,
+                                  spacing=None, window=None, dtype: str | None = "float32",
+                                  extra_features=(), shuffle: bool = False, seed: int | None = None,
+                                  input_context: tf.distribute.InputContext | None = None):
+    """A dataset of (volume, label[, extras]) from a volume dataset's shards.
+
+    Args:
+      data_dir: The converter's output folder.
+      split: 'train', 'validation', ...
+      batch_size: Volumes (or patches) per batch; None for one at a time.
+        Needs `volume_size` or `patch_size` (volumes differ in shape).
+      volume_size: (depth, height, width): every volume resampled (trilinear) to it.
+      patch_size: (depth, height, width): random crops of this size (a volume
+        smaller than it is padded with its lowest value first).
+      patches_per_volume: Crops per volume.
+      spacing: (z, y, x) mm: each volume resampled to this spacing first.
+      window: (center, width): values clipped to the window and scaled to [0, 1].
+      dtype: The volume's output dtype; None yields each volume as stored
+        (its own dtype, no preprocessing).
+      extra_features: Among 'volume/affine' (float64 [4, 4], following every
+        resampling and crop), 'volume/spacing', 'volume/shape', 'filename', ...
+      shuffle: Shuffle the shard order and volumes (seeded).
+      seed: Seeds the shuffles and the crops: the same seed, the same patches.
+      input_context: From `tf.distribute`: this pipeline reads shard files
+        `input_pipeline_id::num_input_pipelines`, as the image reader does.
+
+    Returns:
+      A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples, with a
+      dict of `extra_features` as a third element when any are asked for.
+    """
+    options = _Options(batch_size, _triple(volume_size, "volume_size", int), _triple(patch_size, "patch_size", int),
+                       patches_per_volume, _triple(spacing, "spacing"),
+                       None if window is None else tuple(float(v) for v in window), dtype,
+                       tuple(extra_features), seed)
+    files = _shard_files(data_dir, split)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=2, deterministic=True,
+                       num_parallel_calls=tf.data.AUTOTUNE)
+    if shuffle:
+        ds = ds.shuffle(16, seed=seed)
+    keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
+        tuple(k for k in options.extra_features
+              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
+    spec = VOLUME_SCHEMA.parse_spec(keys)
+
+    if options.dtype is None:
+        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])))
+        stored = first.numpy().decode()
+
+    def parse(serialized):
+        parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
+        if options.dtype is None:
+            tf.debugging.assert_equal(parsed[VOLUME_DTYPE.key], stored,
+                                      message="dtype=None: the volumes of this split differ in dtype")
+            volume = tf.reshape(tf.io.decode_raw(parsed[VOLUME.key], tf.as_dtype(stored), little_endian=True),
+                                tf.cast(parsed[VOLUME_SHAPE.key], tf.int32))
+            volume = tf.ensure_shape(volume, [None, None, None])
+        else:
+            volume = _decode(parsed, tf.float32)
+        # Only what later steps use travels on: not the encoded voxels.
+        wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
+        return volume, {k: v for k, v in parsed.items() if k in wanted}
+
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def preprocess(volume, parsed):
+        affine = parsed[VOLUME_AFFINE.key]
+        vox_spacing = parsed[VOLUME_SPACING.key]
+        if options.spacing is not None:
+            shape = tf.cast(tf.shape(volume), tf.float64)
+            new = tf.maximum(tf.cast(tf.round(shape * vox_spacing / tf.constant(options.spacing, tf.float64)),
+                                     tf.int32), 1)
+            affine = _scale_affine(affine, tf.shape(volume), new)
+            volume = _resize(volume, new)
+            vox_spacing = tf.constant(options.spacing, tf.float64)
+        if options.volume_size is not None:
+            new = tf.constant(options.volume_size, tf.int32)
+            old = tf.shape(volume)
+            affine = _scale_affine(affine, old, new)
+            vox_spacing = vox_spacing * tf.cast(old, tf.float64) / tf.cast(new, tf.float64)
+            volume = _resize(volume, new)
+        if options.window is not None:
+            center, width = options.window
+            low = center - width / 2
+            volume = tf.clip_by_value((volume - low) / width, 0.0, 1.0)
+        parsed = dict(parsed)
+        parsed[VOLUME_AFFINE.key] = affine
+        parsed[VOLUME_SPACING.key] = vox_spacing
+        return volume, parsed
+
+    if options.dtype is not None:
+        ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    if options.patch_size is not None:
+        patch = tf.constant(options.patch_size, tf.int32)
+        count = options.patches_per_volume
+        base_seed = 0 if seed is None else int(seed)
+
+        def crops(index, volume, parsed):
+            shape = tf.shape(volume)
+            pad = tf.maximum(patch - shape, 0)
+            volume = tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
+                            constant_values=tf.reduce_min(volume))
+            shape = tf.shape(volume)
+            room = shape - patch + 1
+            draws = tf.random.stateless_uniform([count, 3], seed=tf.stack([tf.cast(base_seed, tf.int64), index]),
+                                                minval=0, maxval=2**31 - 1, dtype=tf.int64)
+            offsets = tf.cast(draws % tf.cast(room, tf.int64), tf.int32)
+            patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
+            patches = tf.ensure_shape(patches, [count, *options.patch_size])
+            # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
+            start = tf.cast(offsets - pad // 2, tf.float64)  # (k, j, i)
+            corner = tf.stack([start[:, 2], start[:, 1], start[:, 0], tf.ones([count], tf.float64)], axis=1)
+            affine = parsed[VOLUME_AFFINE.key]
+            origins = tf.linalg.matvec(affine[None], corner)  # [count, 4]
+            affines = tf.concat([tf.tile(affine[None, :, :3], [count, 1, 1]), origins[:, :, None]], axis=2)
+            many = {k: tf.repeat(v[None], count, axis=0) for k, v in parsed.items() if k != VOLUME_AFFINE.key}
+            many[VOLUME_AFFINE.key] = affines
+            return tf.data.Dataset.from_tensor_slices((patches, many))
+
+        ds = ds.enumerate().flat_map(lambda i, el: crops(i, el[0], el[1]))
+
+    def finish(volume, parsed):
+        if options.dtype is not None:
+            volume = tf.cast(volume, options.dtype)
+        volume = volume[..., None]
+        if options.extra_features:
+            return volume, parsed[LABEL.key], {k: parsed[k] for k in options.extra_features}
+        return volume, parsed[LABEL.key]
+
+    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if options.batch_size is not None:
+        ds = ds.batch(options.batch_size)
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,209 @@
+"""The record of a 3-D volume: one DICOM series stack or one NIfTI file (issue 36).
+
+- `volume`: the voxels, little-endian, C order (depth, height, width): slice k,
+  row j, column i;
+- `volume/dtype`: their numpy dtype name (int16 when the rescaled values are
+  whole numbers, else float32; a NIfTI file's own dtype when it is unscaled);
+- `volume/shape`: (depth, height, width), int64 [3];
+- `volume/spacing`: (z, y, x) voxel spacing in mm, float64 [3] (z from the
+  slice positions, never SliceThickness);
+- `volume/affine`: 16 float64, row-major 4x4, mapping (i column, j row,
+  k slice, 1) to RAS millimetres, as NIfTI's sform does;
+- `volume/modality`: DICOM Modality ('CT', 'MR', ...), '' when unknown;
+- `label`: the class index (-1 without one);
+- `filename`: the series folder relative to --input_dir, POSIX separators
+  (`#series=N` when a folder holds several series), or the NIfTI file.
+
+A plain reader needs nothing of shardsmith:
+
+    parsed = tf.io.parse_single_example(serialized, VOLUME_SCHEMA.parse_spec())
+    volume = tf.reshape(tf.io.decode_raw(parsed["volume"], tf.int16), parsed["volume/shape"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from schemas.features import FILENAME, LABEL, FeatureSpec, _example_class, _field_header
+
+__all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
+           "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VolumeRecord",
+           "VolumeExampleSchema", "VOLUME_SCHEMA"]
+
+# The `example_kind` of a manifest whose records are volumes.
+VOLUMES = "volumes"
+# The dtypes a volume is stored in.
+# Those tf.io.decode_raw reads (no uint32).
+VOLUME_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "float32", "float64")
+
+VOLUME = FeatureSpec(
+    "volume", "bytes",
+    "The voxels, little-endian, C order (depth, height, width) as volume/shape says, of "
+    "volume/dtype, after DICOM's RescaleSlope/Intercept or NIfTI's scl_slope/scl_inter.",
+)
+VOLUME_DTYPE = FeatureSpec("volume/dtype", "bytes", "numpy dtype name of the voxels (int16, float32, ...).")
+# int64_list: a record holds exactly 3, checked on encode and decode; parsed
+# ragged, a 1-D tensor of 3 for one record.
+VOLUME_SHAPE = FeatureSpec("volume/shape", "int64_list", "(depth, height, width) of the volume.")
+VOLUME_SPACING = FeatureSpec("volume/spacing", "float64",
+                             "(z, y, x) voxel spacing in mm: between slices, rows, columns.", length=3)
+VOLUME_AFFINE = FeatureSpec(
+    "volume/affine", "float64",
+    "Row-major 4x4 float64 mapping (i column, j row, k slice, 1) to RAS mm, as NIfTI's sform.",
+    length=16,
+)
+VOLUME_MODALITY = FeatureSpec("volume/modality", "bytes", "DICOM Modality (CT, MR, ...); '' when unknown.")
+VOLUME_FEATURES = (VOLUME, VOLUME_DTYPE, VOLUME_SHAPE, VOLUME_SPACING, VOLUME_AFFINE, VOLUME_MODALITY)
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeRecord:
+    """The Python-side values of one volume record, before encoding.
+
+    Attributes:
+      volume: The voxels, (depth, height, width), any byte order (stored
+        little-endian, C order).
+      spacing: (z, y, x) in mm.
+      affine: 4x4 voxel (i, j, k) -> RAS mm.
+      label: Class index, -1 without one.
+      filename: Series folder or NIfTI file, relative to --input_dir.
+      modality: DICOM Modality, '' when unknown.
+    """
+
+    volume: np.ndarray
+    spacing: tuple[float, float, float]
+    affine: np.ndarray
+    label: int
+    filename: str
+    modality: str = ""
+
+
+class VolumeExampleSchema:
+    """The features of a volume record, their encoding (`encode`) and parsing."""
+
+    kind = VOLUMES
+    features: tuple[FeatureSpec, ...] = VOLUME_FEATURES + (LABEL, FILENAME)
+
+    def __eq__(self, other):
+        return isinstance(other, VolumeExampleSchema)
+
+    def __hash__(self):
+        return hash(self.features)
+
+    def __repr__(self):
+        return f"VolumeExampleSchema({[spec.key for spec in self.features]})"
+
+    def values(self, record: VolumeRecord) -> dict[str, Any]:
+        """The record's value of each feature, keyed by feature key.
+
+        Raises:
+          ValueError: A volume that is not 3-D, of a dtype outside
+            VOLUME_DTYPES, or an affine that is not a finite 4x4.
+        """
+        volume = np.asarray(record.volume)
+        if volume.ndim != 3 or 0 in volume.shape:
+            raise ValueError(f"Record {record.filename!r}: a volume is 3-D and not empty. "
+                             f"Received shape {volume.shape}")
+        if volume.dtype.name not in VOLUME_DTYPES:
+            raise ValueError(f"Record {record.filename!r}: volume dtype must be one of "
+                             f"{VOLUME_DTYPES}. Received: {volume.dtype.name}")
+        affine = np.asarray(record.affine, dtype=np.float64)
+        if affine.shape != (4, 4) or not np.isfinite(affine).all():
+            raise ValueError(f"Record {record.filename!r}: the affine must be a finite 4x4. "
+                             f"Received: {affine!r}")
+        little = volume.astype(volume.dtype.newbyteorder("<"), copy=False)
+        return {
+            VOLUME.key: np.ascontiguousarray(little).tobytes(),
+            VOLUME_DTYPE.key: volume.dtype.name,
+            VOLUME_SHAPE.key: tuple(int(n) for n in volume.shape),
+            VOLUME_SPACING.key: tuple(float(v) for v in record.spacing),
+            VOLUME_AFFINE.key: tuple(float(v) for v in affine.ravel()),
+            VOLUME_MODALITY.key: record.modality,
+            LABEL.key: int(record.label),
+            FILENAME.key: record.filename,
+        }
+
+    def encode(self, record: VolumeRecord) -> bytes:
+        """Serializes a record to `tf.train.Example` bytes, deterministically (keys sorted)."""
+        values = self.values(record)
+        parts = []
+        for spec in sorted(self.features, key=lambda s: s.key.encode()):
+            key = spec.key.encode()
+            feature = spec.encode(values[spec.key])
+            entry = (_field_header(1, len(key)) + key + _field_header(2, len(feature)) + feature)
+            parts.append(_field_header(1, len(entry)) + entry)
+        body = b"".join(parts)
+        return _field_header(1, len(body)) + body
+
+    def parse_spec(self, keys=None) -> dict:
+        """The `tf.io.parse_example` spec for `keys` (default: every feature)."""
+        by_key = {spec.key: spec for spec in self.features}
+        keys = list(by_key) if keys is None else list(keys)
+        unknown = [k for k in keys if k not in by_key]
+        if unknown:
+            raise ValueError(f"Unknown feature keys {unknown}; the schema has {list(by_key)}.")
+        return {k: by_key[k].parse_spec() for k in keys}
+
+    def finish_parsed(self, parsed: dict) -> dict:
+        """Parsed tensors of one record as the reader yields them (affine [4, 4] float64)."""
+        tf = _tf()
+        out = dict(parsed)
+        for spec in self.features:
+            if spec.key in out:
+                out[spec.key] = spec.finish_parsed(out[spec.key])
+        if VOLUME_AFFINE.key in out:
+            out[VOLUME_AFFINE.key] = tf.reshape(out[VOLUME_AFFINE.key], [4, 4])
+        return out
+
+    def to_json(self) -> dict[str, dict[str, str]]:
+        return {spec.key: spec.to_json() for spec in self.features}
+
+    def decode(self, serialized: bytes) -> dict[str, Any]:
+        """Parses one record in Python (no graph): the volume as a numpy array.
+
+        Raises:
+          ValueError: Naming the feature that is missing or inconsistent.
+        """
+        example = _example_class().FromString(serialized)
+        features = example.features.feature
+        out: dict[str, Any] = {}
+        for spec in self.features:
+            if spec.key not in features:
+                raise ValueError(f"feature {spec.key!r} is missing")
+            feature = features[spec.key]
+            kind = feature.WhichOneof("kind")
+            values = list(getattr(feature, kind).value) if kind else []
+            if spec.dtype == "int64_list":
+                out[spec.key] = tuple(int(v) for v in values)
+            elif spec.dtype == "float64":
+                if len(values) != 1 or len(values[0]) != 8 * spec.length:
+                    raise ValueError(f"feature {spec.key!r} is not {spec.length} float64")
+                out[spec.key] = tuple(np.frombuffer(values[0], "<f8").tolist())
+            else:
+                if len(values) != 1:
+                    raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
+                out[spec.key] = values[0]
+        shape = out[VOLUME_SHAPE.key]
+        dtype = out[VOLUME_DTYPE.key].decode()
+        if len(shape) != 3 or dtype not in VOLUME_DTYPES:
+            raise ValueError(f"volume/shape {shape} or volume/dtype {dtype!r} is not a volume's")
+        raw = out[VOLUME.key]
+        if len(raw) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+            raise ValueError(f"volume holds {len(raw)} bytes, not {shape} of {dtype}")
+        out[VOLUME.key] = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<")).reshape(shape)
+        out[VOLUME_AFFINE.key] = np.asarray(out[VOLUME_AFFINE.key]).reshape(4, 4)
+        for key in (VOLUME_DTYPE.key, VOLUME_MODALITY.key, FILENAME.key):
+            out[key] = os.fsdecode(out[key])
+        return out
+
+
+def _tf():
+    from schemas import tf_runtime
+    return tf_runtime.full()
+
+
+VOLUME_SCHEMA = VolumeExampleSchema()

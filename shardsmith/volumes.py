@@ -1,0 +1,127 @@
+"""`shardsmith inspect`, `verify` and `preview` of a volume dataset (`convert --volumes`, issue 36).
+
+    shardsmith inspect out      # splits, records, shapes, spacings, orientations, rejects
+    shardsmith verify --output_dir out   # every record re-read and checked
+    shardsmith preview out      # out/preview.png: the middle slice along each axis of each volume
+
+The commands call these when the folder holds `volumes.json` rather than `manifest.json`.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import numpy as np
+
+from conversion import volumes as _volumes
+from schemas import FILENAME, LABEL, tfrecord
+from schemas.volumes import VOLUME, VOLUME_AFFINE, VOLUME_SCHEMA, VOLUME_SPACING
+
+__all__ = ["is_volume_dataset", "inspect_volumes", "verify_volumes", "preview_volumes", "PREVIEW_FILENAME"]
+
+PREVIEW_FILENAME = "preview.png"
+
+
+def is_volume_dataset(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, _volumes.VOLUMES_MANIFEST))
+
+
+def _records(folder: str, manifest: dict):
+    for split in sorted(manifest["splits"]):
+        for name in sorted(n for n in os.listdir(folder) if n.startswith(f"{split}-") and n.endswith(".tfrecord")):
+            with open(os.path.join(folder, name), "rb") as f:
+                for _, _, payload in tfrecord.iter_records(f, name):
+                    yield split, name, payload
+
+
+def _axcodes(affine) -> str:
+    """RAS axis codes of the voxel axes (i, j, k), as nibabel's aff2axcodes."""
+    codes = []
+    for column in np.asarray(affine)[:3, :3].T:
+        axis = int(np.argmax(np.abs(column)))
+        codes.append(("LR", "PA", "IS")[axis][int(column[axis] > 0)])
+    return "".join(codes)
+
+
+def inspect_volumes(folder: str) -> str:
+    manifest = _volumes.read_manifest(folder)
+    lines = [f"{folder}: volumes ({len(manifest['class_names'])} classes: {', '.join(manifest['class_names'])})"]
+    for split, entry in sorted(manifest["splits"].items()):
+        lines.append(f"  {split}: {entry['records']} volumes in {entry['shards']} shard(s)")
+    for split, _, payload in _records(folder, manifest):
+        r = VOLUME_SCHEMA.decode(payload)
+        spacing = ", ".join(f"{v:.3g}" for v in r[VOLUME_SPACING.key])
+        lines.append(f"    {split} {r[FILENAME.key]}: {r[VOLUME.key].dtype.name} {tuple(r[VOLUME.key].shape)}, "
+                     f"spacing ({spacing}) mm, {_axcodes(r[VOLUME_AFFINE.key])}, "
+                     f"class {manifest['class_names'][r[LABEL.key]]}")
+    reasons = collections.Counter(r["reason"] for r in manifest["rejects"])
+    lines.append(f"  rejected files: {sum(reasons.values())}" +
+                 (f" ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})" if reasons else ""))
+    return "\n".join(lines)
+
+
+def verify_volumes(folder: str) -> list[str]:
+    """Re-reads every record (CRCs, schema, sizes, counts); returns the problems found."""
+    manifest = _volumes.read_manifest(folder)
+    problems, counts = [], collections.Counter()
+    try:
+        for split, name, payload in _records(folder, manifest):
+            try:
+                VOLUME_SCHEMA.decode(payload)
+                counts[split] += 1
+            except ValueError as e:
+                problems.append(f"{name}: {e}")
+    except ValueError as e:  # a damaged frame (CRC, length)
+        problems.append(str(e))
+    for split, entry in manifest["splits"].items():
+        if counts[split] != entry["records"]:
+            problems.append(f"split {split}: {counts[split]} records read, volumes.json says {entry['records']}")
+    return problems
+
+
+def middle_slices(volume: np.ndarray) -> list[np.ndarray]:
+    """The middle slice along each axis (k, j, i), each scaled to uint8 by its own min and max."""
+    d, h, w = volume.shape
+    out = []
+    for plane in (volume[d // 2], volume[:, h // 2, :], volume[:, :, w // 2]):
+        plane = plane.astype(np.float64)
+        low, high = plane.min(), plane.max()
+        scaled = (plane - low) / (high - low) if high > low else np.zeros_like(plane)
+        out.append(np.round(scaled * 255).astype(np.uint8))
+    return out
+
+
+def preview_volumes(folder: str, limit: int = 16) -> str:
+    """Writes PREVIEW_FILENAME: a row per volume, its three middle slices side by side."""
+    from PIL import Image
+
+    manifest = _volumes.read_manifest(folder)
+    rows = []
+    for _, _, payload in _records(folder, manifest):
+        rows.append(middle_slices(VOLUME_SCHEMA.decode(payload)[VOLUME.key]))
+        if len(rows) == limit:
+            break
+    cell = max(p.shape[0] for row in rows for p in row), max(p.shape[1] for row in rows for p in row)
+    sheet = np.zeros((cell[0] * len(rows), cell[1] * 3), np.uint8)
+    for r, row in enumerate(rows):
+        for c, plane in enumerate(row):
+            sheet[r * cell[0]:r * cell[0] + plane.shape[0], c * cell[1]:c * cell[1] + plane.shape[1]] = plane
+    path = os.path.join(folder, PREVIEW_FILENAME)
+    Image.fromarray(sheet).save(path)
+    return path
+
+
+def main(command: str, folder: str) -> int:
+    if command == "inspect":
+        print(inspect_volumes(folder))
+        return 0
+    if command == "verify":
+        problems = verify_volumes(folder)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"verify: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        return 1 if problems else 0
+    print(preview_volumes(folder))
+    return 0

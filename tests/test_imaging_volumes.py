@@ -1,0 +1,306 @@
+"""imaging.volumes against independent readers: SimpleITK's ImageSeriesReader, dcm2niix + nibabel.
+
+Series are built from pydicom's bundled real slices (CT_small: CT with a rescale; MR_small in
+JPEG-LS and RLE), with positions and orientations written here; every comparison is voxel for
+voxel in world (RAS) coordinates, so a reader that orders slices or rows differently still agrees.
+"""
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nibabel
+import numpy as np
+import pydicom
+import pytest
+import SimpleITK as sitk
+from pydicom.data import get_testdata_file
+from pydicom.uid import generate_uid
+
+from imaging import ImageRejected
+from imaging import volumes
+
+# The dcm2niix wheel puts its binary beside the interpreter; `make test` may not have it on PATH.
+DCM2NIIX = shutil.which("dcm2niix") or str(Path(sys.executable).parent / "dcm2niix")
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+def _rotation(axis, degrees):
+    a = np.radians(degrees)
+    c, s = np.cos(a), np.sin(a)
+    if axis == "x":
+        return np.array([[1, 0, 0], [0, c, -s], [0, s, c]])
+    if axis == "y":
+        return np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]])
+    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]])
+
+
+ORIENTATIONS = {
+    "axial": np.eye(3),
+    "sagittal": np.array([[0, 0, -1], [1, 0, 0], [0, -1, 0]]).T,  # rows A->P... columns S->I
+    "coronal": np.array([[1, 0, 0], [0, 0, 1], [0, -1, 0]]).T,
+    "oblique": _rotation("x", 20) @ _rotation("z", 15),
+}
+
+
+def write_series(folder: Path, source="CT_small.dcm", count=6, orientation="axial", spacing=2.5,
+                 descending=False, names="shuffled", skip=(), series_uid=None, extra=None):
+    """Writes `count` slices of one series, each the source's pixels plus 10*k (so order shows)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = pydicom.dcmread(get_testdata_file(source))
+    rot = ORIENTATIONS[orientation]
+    row, col, normal = rot[:, 0], rot[:, 1], np.cross(rot[:, 0], rot[:, 1])
+    origin = np.array([-80.5, -91.25, 12.0])
+    series_uid = series_uid or generate_uid()
+    paths = []
+    order = list(range(count))
+    rng = random.Random(count)
+    for k in order:
+        if k in skip:
+            continue
+        ds = pydicom.dcmread(get_testdata_file(source))
+        if not ds.file_meta.TransferSyntaxUID.is_compressed:
+            ds.PixelData = (base.pixel_array + 10 * k).astype(base.pixel_array.dtype).tobytes()
+        pos = origin + (count - 1 - k if descending else k) * spacing * normal
+        ds.ImagePositionPatient = [f"{v:.6f}" for v in pos]
+        ds.ImageOrientationPatient = [f"{v:.6f}" for v in (*row, *col)]
+        ds.SeriesInstanceUID = series_uid
+        ds.SOPInstanceUID = generate_uid()
+        ds.InstanceNumber = rng.randint(1, 999)  # never the order
+        if "SliceLocation" in ds:
+            del ds.SliceLocation
+        if extra:
+            extra(ds, k)
+        name = {"shuffled": f"x{rng.randint(0, 10**9):09d}", "dcm": f"s{k:03d}.dcm"}[names]
+        path = folder / name
+        ds.save_as(path, enforce_file_format=True)
+        paths.append(path)
+    return series_uid, paths
+
+
+def read_ours(folder: Path, min_slices=2):
+    slices = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        slices += volumes.read_slices(path.read_bytes(), str(path.relative_to(folder)))
+    plan = volumes.plan_stacks(slices, min_slices=min_slices)
+    read = lambda name: (folder / name).read_bytes()
+    return plan, [volumes.read_stack(stack, read) for stack in plan.stacks]
+
+
+def read_sitk(folder: Path, series_uid: str):
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(folder), series_uid))
+    image = reader.Execute()
+    direction = np.array(image.GetDirection()).reshape(3, 3)
+    lps = np.eye(4)
+    lps[:3, :3] = direction * np.array(image.GetSpacing())
+    lps[:3, 3] = image.GetOrigin()
+    return sitk.GetArrayFromImage(image), LPS_TO_RAS @ lps
+
+
+def read_dcm2niix(folder: Path, out: Path):
+    out.mkdir()
+    subprocess.run([DCM2NIIX, "-z", "n", "-b", "n", "-f", "vol", "-o", str(out), str(folder)],
+                   check=True, capture_output=True)
+    files = sorted(out.glob("*.nii"))
+    assert len(files) == 1, files
+    image = nibabel.load(files[0])
+    return np.asarray(image.get_fdata()).transpose(2, 1, 0), image.affine
+
+
+def assert_same_in_world(ours, our_affine, theirs, their_affine):
+    """Every voxel of ours lands on a voxel centre of theirs with the same value."""
+    assert ours.size == theirs.size, (ours.shape, theirs.shape)
+    k, j, i = np.indices(ours.shape).reshape(3, -1)
+    ijk = np.stack([i, j, k, np.ones_like(i)]).astype(np.float64)
+    theirs_ijk = np.linalg.inv(their_affine) @ our_affine @ ijk
+    rounded = np.round(theirs_ijk[:3])
+    np.testing.assert_allclose(theirs_ijk[:3], rounded, atol=1e-3)
+    ti, tj, tk = rounded.astype(int)
+    np.testing.assert_array_equal(ours[k, j, i].astype(np.float64), theirs[tk, tj, ti].astype(np.float64))
+
+
+@pytest.mark.parametrize("orientation", sorted(ORIENTATIONS))
+@pytest.mark.parametrize("descending", [False, True])
+def test_stack_matches_simpleitk_and_dcm2niix(tmp_path, orientation, descending):
+    uid, _ = write_series(tmp_path / "s", orientation=orientation, descending=descending)
+    plan, [volume] = read_ours(tmp_path / "s")
+    assert plan.rejects == ()
+    assert volume.voxels.shape == (6, 128, 128) and volume.voxels.dtype == np.int16
+    # CT_small: stored + 10k, rescaled by -1024: slice k is the k-th along the normal.
+    np.testing.assert_allclose(volume.spacing, (2.5, 0.661468, 0.661468), rtol=1e-6)
+    theirs, their_affine = read_sitk(tmp_path / "s", uid)
+    np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
+    np.testing.assert_array_equal(volume.voxels, theirs)
+    n2, n2_affine = read_dcm2niix(tmp_path / "s", tmp_path / "nii")
+    assert_same_in_world(volume.voxels, volume.affine, n2, n2_affine)
+    # Left-right is where mistakes hide: nibabel names the axes of both the same.
+    assert nibabel.aff2axcodes(volume.affine) == nibabel.aff2axcodes(their_affine)
+
+
+@pytest.mark.parametrize("source", ["MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm"])
+def test_compressed_slices_decode_as_simpleitk(tmp_path, source):
+    uid, _ = write_series(tmp_path / "s", source=source, count=4, orientation="oblique")
+    plan, [volume] = read_ours(tmp_path / "s")
+    # Compressed slices keep their own pixels: four equal slices at four positions.
+    theirs, their_affine = read_sitk(tmp_path / "s", uid)
+    np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
+    np.testing.assert_array_equal(volume.voxels, theirs)
+    assert volume.voxels.dtype == np.int16
+
+
+def test_scout_duplicate_and_nested_names(tmp_path):
+    uid, paths = write_series(tmp_path / "s" / "a" / "b", count=5, names="dcm")
+    # A scout of another orientation in the same series, and a copy of one slice.
+    write_series(tmp_path / "s" / "scout", count=1, orientation="sagittal", series_uid=uid)
+    shutil.copy(paths[2], tmp_path / "s" / "copy_of_slice")
+    plan, [volume] = read_ours(tmp_path / "s")
+    reasons = sorted((reason, name) for name, reason, _ in plan.rejects)
+    assert [r for r, _ in reasons] == ["duplicate", "too_few_slices"]
+    assert volume.voxels.shape[0] == 5
+    assert any("duplicate" in note for note in volume.notes)
+    # SimpleITK on the clean slices agrees.
+    theirs, their_affine = read_sitk(tmp_path / "s" / "a" / "b", uid)
+    np.testing.assert_array_equal(volume.voxels, theirs)
+    np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
+
+
+def test_missing_slice_is_rejected_with_positions(tmp_path):
+    write_series(tmp_path / "s", count=6, skip=(3,))
+    plan, stacks = read_ours(tmp_path / "s")
+    assert stacks == []
+    assert {reason for _, reason, _ in plan.rejects} == {"missing_slice"}
+    assert len(plan.rejects) == 5
+    assert "gap" in plan.rejects[0][2] and "2.500" in plan.rejects[0][2]
+
+
+def test_conflicting_and_repeated_positions(tmp_path):
+    uid, paths = write_series(tmp_path / "c", count=4)
+    ds = pydicom.dcmread(paths[1])
+    ds.PixelData = (ds.pixel_array + 1).astype(ds.pixel_array.dtype).tobytes()
+    ds.SOPInstanceUID = generate_uid()
+    ds.save_as(tmp_path / "c" / "other", enforce_file_format=True)
+    plan, stacks = read_ours(tmp_path / "c")
+    assert stacks == [] and {r for _, r, _ in plan.rejects} == {"conflicting_slices"}
+    # Two time points: every position twice.
+    uid, _ = write_series(tmp_path / "t", count=4)
+    write_series(tmp_path / "t" / "t2", count=4, series_uid=uid,
+                 extra=lambda ds, k: setattr(ds, "PixelData", (ds.pixel_array + 7).tobytes()))
+    plan, stacks = read_ours(tmp_path / "t")
+    assert stacks == [] and {r for _, r, _ in plan.rejects} == {"repeated_positions"}
+
+
+def test_two_series_in_one_folder_and_too_few(tmp_path):
+    a, _ = write_series(tmp_path / "s", count=3)
+    b, _ = write_series(tmp_path / "s", count=4, orientation="coronal")
+    plan, stacks = read_ours(tmp_path / "s")
+    assert sorted(v.voxels.shape[0] for v in stacks) == [3, 4]
+    plan, stacks = read_ours(tmp_path / "s", min_slices=4)
+    assert [v.voxels.shape[0] for v in stacks] == [4]
+    assert {r for _, r, _ in plan.rejects} == {"too_few_slices"} and len(plan.rejects) == 3
+
+
+def test_enhanced_multiframe_matches_dcm2niix(tmp_path):
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    frames = 5
+    pixels = np.stack([ds.pixel_array + 10 * k for k in range(frames)]).astype(np.int16)
+    rot = ORIENTATIONS["oblique"]
+    origin = np.array([10.0, -20.0, 30.0])
+    normal = np.cross(rot[:, 0], rot[:, 1])
+    per_frame = []
+    # Frames stored from the top down (dcm2niix, without DimensionIndexValues, takes frames
+    # in stored order; any order is sorted the same here).
+    order = [4, 3, 2, 1, 0]
+    pixels = pixels[order]
+    for k in order:
+        item = Dataset()
+        pos = Dataset()
+        pos.ImagePositionPatient = [f"{v:.6f}" for v in origin + k * 3.0 * normal]
+        item.PlanePositionSequence = Sequence([pos])
+        per_frame.append(item)
+    shared = Dataset()
+    orient = Dataset()
+    orient.ImageOrientationPatient = [f"{v:.6f}" for v in (*rot[:, 0], *rot[:, 1])]
+    shared.PlaneOrientationSequence = Sequence([orient])
+    measures = Dataset()
+    measures.PixelSpacing = ds.PixelSpacing
+    measures.SliceThickness = "3.0"
+    shared.PixelMeasuresSequence = Sequence([measures])
+    transform = Dataset()
+    transform.RescaleSlope = "1"
+    transform.RescaleIntercept = "-1024"
+    transform.RescaleType = "HU"
+    shared.PixelValueTransformationSequence = Sequence([transform])
+    ds.SharedFunctionalGroupsSequence = Sequence([shared])
+    ds.PerFrameFunctionalGroupsSequence = Sequence(per_frame)
+    for keyword in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing",
+                    "RescaleSlope", "RescaleIntercept", "SliceLocation", "SliceThickness",
+                    "SpacingBetweenSlices"):
+        if keyword in ds:
+            delattr(ds, keyword)
+    ds.NumberOfFrames = frames
+    ds.PixelData = pixels.tobytes()
+    (tmp_path / "e").mkdir()
+    ds.save_as(tmp_path / "e" / "enhanced", enforce_file_format=True)
+    plan, [volume] = read_ours(tmp_path / "e")
+    assert volume.voxels.shape == (5, 128, 128)
+    # Sorted by position: slice k holds stored + 10k - 1024.
+    np.testing.assert_array_equal(volume.voxels[2], ds.pixel_array[order.index(2)] - 1024)
+    np.testing.assert_allclose(volume.spacing[0], 3.0, rtol=1e-6)
+    n2, n2_affine = read_dcm2niix(tmp_path / "e", tmp_path / "nii")
+    assert_same_in_world(volume.voxels, volume.affine, n2, n2_affine)
+
+
+def test_mosaic_and_non_image(tmp_path):
+    ds = pydicom.dcmread(get_testdata_file("MR_small.dcm"))
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "M", "ND", "MOSAIC"]
+    path = tmp_path / "mosaic"
+    ds.save_as(path, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slices(path.read_bytes(), "mosaic")
+    assert info.value.reason == "mosaic"
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slices(b"not dicom at all" * 100, "x")
+    assert info.value.reason == "not_an_image"
+
+
+@pytest.mark.parametrize("variant", ["sform", "qform", "scaled", "gz"])
+def test_nifti_as_nibabel_reads_it(tmp_path, variant):
+    rng = np.random.default_rng(1)
+    data = rng.integers(-100, 100, size=(7, 6, 5)).astype(np.int16)
+    affine = np.array([[-0.9, 0.1, 0, 90.0], [0.05, 0.8, 0.1, -120.0], [0, -0.1, 2.0, 40.0], [0, 0, 0, 1]])
+    image = nibabel.Nifti1Image(data, None)
+    if variant == "qform":
+        image.set_qform(np.diag([-1.0, 1.0, 3.0, 1.0]) + np.array([[0, 0, 0, 5], [0] * 4, [0] * 4, [0] * 4]), code=1)
+        image.set_sform(None, code=0)
+    else:
+        image.set_sform(affine, code=2)
+        image.set_qform(np.eye(4), code=1)  # the sform wins when both are set
+    if variant == "scaled":
+        image.header.set_slope_inter(0.5, 10.0)
+    path = tmp_path / ("v.nii.gz" if variant == "gz" else "v.nii")
+    nibabel.save(image, path)
+    volume = volumes.read_nifti(path.read_bytes(), path.name)
+    back = nibabel.load(path)
+    np.testing.assert_array_equal(volume.voxels, np.asarray(back.get_fdata()).transpose(2, 1, 0))
+    np.testing.assert_allclose(volume.affine, back.affine)
+    if variant == "qform":
+        np.testing.assert_allclose(volume.affine, back.get_qform())
+        assert volume.spacing == (3.0, 1.0, 1.0)
+    else:
+        np.testing.assert_allclose(volume.affine, affine)
+    assert volume.voxels.dtype == (np.float32 if variant == "scaled" else np.int16)
+
+
+def test_nifti_4d_is_not_a_volume(tmp_path):
+    path = tmp_path / "t.nii"
+    nibabel.save(nibabel.Nifti1Image(np.zeros((3, 3, 3, 2), np.int16), np.eye(4)), path)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(path.read_bytes(), "t.nii")
+    assert info.value.reason == "not_a_volume"

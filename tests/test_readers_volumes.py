@@ -1,0 +1,112 @@
+"""readers.volume_dataset_from_tfrecords on shards written with the schema's encoder."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import ndimage
+
+import readers
+from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
+
+
+def _affine(offset=0.0):
+    return np.array([[-0.8, 0, 0, 100.0 + offset], [0, -0.7, 0, 50.0], [0, 0, 2.5, -30.0], [0, 0, 0, 1]])
+
+
+def _volumes():
+    rng = np.random.default_rng(0)
+    return [
+        VolumeRecord(rng.integers(-1000, 1000, (6, 10, 12)).astype(np.int16), (2.5, 0.7, 0.8), _affine(), 0, "a"),
+        VolumeRecord(rng.integers(-1000, 1000, (5, 9, 8)).astype(np.int16), (2.5, 0.7, 0.8), _affine(5), 1, "b"),
+        VolumeRecord(rng.normal(size=(4, 7, 7)).astype(np.float32), (2.5, 0.7, 0.8), _affine(9), 1, "c"),
+    ]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    records = _volumes()
+    for index, record in enumerate(records):
+        with tf.io.TFRecordWriter(str(tmp_path / f"train-{index:05d}-of-00003.tfrecord")) as writer:
+            writer.write(VOLUME_SCHEMA.encode(record))
+    return tmp_path
+
+
+def test_as_stored(data_dir):
+    ds = readers.volume_dataset_from_tfrecords(data_dir, "train", dtype=None,
+                                                extra_features=("volume/affine", "volume/spacing", "filename"))
+    got = list(ds.take(2))
+    for (volume, label, extras), record in zip(got, _volumes()):
+        assert volume.dtype == tf.int16 and volume.shape == record.volume.shape + (1,)
+        np.testing.assert_array_equal(volume.numpy()[..., 0], record.volume)
+        assert int(label) == record.label
+        np.testing.assert_array_equal(extras["volume/affine"].numpy(), record.affine)
+        assert extras["volume/affine"].dtype == tf.float64
+        assert extras["filename"].numpy().decode() == record.filename
+
+
+def test_float_of_any_stored_dtype(data_dir):
+    got = list(readers.volume_dataset_from_tfrecords(data_dir, "train"))
+    for (volume, _), record in zip(got, _volumes()):
+        assert volume.dtype == tf.float32
+        np.testing.assert_array_equal(volume.numpy()[..., 0], record.volume.astype(np.float32))
+
+
+def test_volume_size_is_trilinear_as_scipy(data_dir):
+    ds = readers.volume_dataset_from_tfrecords(data_dir, "train", batch_size=3, volume_size=(8, 16, 16),
+                                                extra_features=("volume/affine",))
+    volumes, labels, extras = next(iter(ds))
+    assert volumes.shape == (3, 8, 16, 16, 1)
+    for volume, affine, record in zip(volumes.numpy(), extras["volume/affine"].numpy(), _volumes()):
+        zoom = np.array((8, 16, 16)) / record.volume.shape
+        # scipy's linear zoom with half-pixel centres (grid_mode) is tf.image.resize's bilinear.
+        want = ndimage.zoom(record.volume.astype(np.float64), zoom, order=1, grid_mode=True, mode="nearest")
+        np.testing.assert_allclose(volume[..., 0], want, atol=1e-2, rtol=1e-4)
+        # Voxel centre (i, j, k) of the resampled volume is at old index (n + 0.5) / zoom - 0.5.
+        old = (np.array([3, 5, 2]) + 0.5) / zoom[::-1] - 0.5
+        np.testing.assert_allclose(affine @ [3, 5, 2, 1], record.affine @ [*old, 1])
+
+
+def test_spacing_then_window(data_dir):
+    ds = readers.volume_dataset_from_tfrecords(data_dir, "train", spacing=(5.0, 1.4, 1.6), window=(0, 1000),
+                                                extra_features=("volume/spacing",))
+    volume, _, extras = next(iter(ds))
+    assert volume.shape == (3, 5, 6, 1)
+    np.testing.assert_allclose(extras["volume/spacing"].numpy(), (5.0, 1.4, 1.6))
+    assert float(tf.reduce_min(volume)) >= 0 and float(tf.reduce_max(volume)) <= 1
+
+
+def test_patches_are_seeded_crops_the_affine_locates(data_dir):
+    def patches(seed):
+        return list(readers.volume_dataset_from_tfrecords(
+            data_dir, "train", patch_size=(4, 6, 6), patches_per_volume=3, seed=seed,
+            extra_features=("volume/affine", "filename")))
+    first, again, other = patches(1), patches(1), patches(2)
+    assert len(first) == 9
+    for (a, _, _), (b, _, _) in zip(first, again):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert any(not np.array_equal(a.numpy(), b.numpy()) for (a, _, _), (b, _, _) in zip(first, other))
+    records = {r.filename: r for r in _volumes()}
+    for patch, _, extras in first:
+        record = records[extras["filename"].numpy().decode()]
+        i, j, k, _ = np.round(np.linalg.inv(record.affine) @ extras["volume/affine"].numpy()[:, 3]).astype(int)
+        np.testing.assert_array_equal(patch.numpy()[..., 0],
+                                      record.volume[k:k + 4, j:j + 6, i:i + 6].astype(np.float32))
+
+
+def test_input_context_shards_files(data_dir):
+    names = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline)
+        ds = readers.volume_dataset_from_tfrecords(data_dir, "train", input_context=context,
+                                                    extra_features=("filename",))
+        names.append(sorted(e[2]["filename"].numpy().decode() for e in ds))
+    assert names == [["a", "c"], ["b"]]
+
+
+def test_options_name_the_argument(data_dir):
+    with pytest.raises(ValueError, match="batch_size"):
+        readers.volume_dataset_from_tfrecords(data_dir, "train", batch_size=2)
+    with pytest.raises(ValueError, match="patch_size"):
+        readers.volume_dataset_from_tfrecords(data_dir, "train", patch_size=(0, 2, 2))
+    with pytest.raises(ValueError, match="extra_features"):
+        readers.volume_dataset_from_tfrecords(data_dir, "train", extra_features=("volume",))

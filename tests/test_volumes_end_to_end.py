@@ -1,0 +1,113 @@
+"""DICOM series and NIfTI on disk -> `convert --volumes` on Beam's DirectRunner -> the volume reader,
+compared with SimpleITK (DICOM) and nibabel (NIfTI): voxels, affines and names."""
+
+import json
+
+import nibabel
+import numpy as np
+import pydicom
+import tensorflow as tf
+from pydicom.data import get_testdata_file
+
+import readers
+from beam_jobs import convert
+from test_imaging_volumes import read_sitk, write_series
+
+
+def test_direct_runner_end_to_end(tmp_path):
+    scans = tmp_path / "scans"
+    uid_a, _ = write_series(scans / "healthy" / "p1", count=5, orientation="oblique")
+    uid_b, _ = write_series(scans / "sick" / "p2" / "deep" / "er", count=4, orientation="sagittal",
+                            descending=True)
+    # A scout in p1 (rejected as too few), and a report without pixels.
+    write_series(scans / "healthy" / "p1" / "scout", count=1, orientation="coronal", series_uid=uid_a)
+    image = nibabel.Nifti1Image(np.arange(60, dtype=np.int16).reshape(3, 4, 5),
+                                np.diag([-2.0, 1.5, 3.0, 1.0]))
+    nibabel.save(image, scans / "sick" / "v.nii.gz")
+    out = tmp_path / "out"
+    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                            "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    assert manifest["class_names"] == ["healthy", "sick"]
+    assert manifest["splits"] == {"train": {"records": 3, "shards": 1}}
+    assert [r["reason"] for r in manifest["rejects"]] == ["too_few_slices"]
+    assert json.loads((out / "volumes.json").read_text()) == manifest
+
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None,
+                                                extra_features=("volume/affine", "filename"))
+    got = {e[2]["filename"].numpy().decode(): e for e in ds}
+    assert sorted(got) == ["healthy/p1", "sick/p2", "sick/v.nii.gz"]
+    for name, folder, uid, label in [("healthy/p1", scans / "healthy" / "p1", uid_a, 0),
+                                     ("sick/p2", scans / "sick" / "p2" / "deep" / "er", uid_b, 1)]:
+        volume, got_label, extras = got[name]
+        want, want_affine = read_sitk(folder, uid)
+        np.testing.assert_array_equal(volume.numpy()[..., 0], want)
+        np.testing.assert_allclose(extras["volume/affine"].numpy(), want_affine, atol=1e-4)
+        assert int(got_label) == label
+    volume, label, extras = got["sick/v.nii.gz"]
+    back = nibabel.load(scans / "sick" / "v.nii.gz")
+    np.testing.assert_array_equal(volume.numpy()[..., 0], np.asarray(back.dataobj).transpose(2, 1, 0))
+    np.testing.assert_allclose(extras["volume/affine"].numpy(), back.affine)
+
+
+def test_series_are_never_split_across_splits(tmp_path):
+    scans = tmp_path / "scans"
+    for i in range(8):
+        write_series(scans / "c" / f"p{i}", count=3)
+    out = tmp_path / "out"
+    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                            "--split", "train=0.5,validation=0.5", "--runner", "DirectRunner",
+                            "--direct_num_workers", "1"])
+    names = {}
+    for split in manifest["splits"]:
+        for e in readers.volume_dataset_from_tfrecords(out, split, dtype=None, extra_features=("filename",)):
+            assert e[0].shape[0] == 3  # every slice of a series together
+            names[e[2]["filename"].numpy().decode()] = split
+    assert sorted(names) == [f"c/p{i}" for i in range(8)]
+    assert set(names.values()) == {"train", "validation"}
+
+
+def test_one_series_under_two_classes_is_mixed_labels(tmp_path):
+    from pydicom.uid import generate_uid
+
+    scans = tmp_path / "scans"
+    uid = generate_uid()
+    write_series(scans / "a" / "p", count=3, series_uid=uid)
+    write_series(scans / "b" / "p", count=3, series_uid=uid)
+    write_series(scans / "b" / "q", count=3)
+    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(tmp_path / "out"),
+                            "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    assert manifest["splits"]["train"]["records"] == 1
+    reasons = [r["reason"] for r in manifest["rejects"]]
+    assert reasons == ["mixed_labels"] * 6
+    assert "'a', 'b'" in manifest["rejects"][0]["message"]
+
+
+def test_inspect_verify_preview(tmp_path, capsys):
+    from PIL import Image
+
+    from shardsmith import cli
+
+    scans = tmp_path / "scans"
+    uid, _ = write_series(scans / "c" / "p", count=5, orientation="sagittal")
+    out = tmp_path / "out"
+    convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                 "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    capsys.readouterr()
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    # SimpleITK's orientation of the same stack, in RAS codes as nibabel names them.
+    want, want_affine = read_sitk(scans / "c" / "p", uid)
+    codes = "".join(nibabel.aff2axcodes(want_affine))
+    assert f"c/p: int16 {want.shape}" in text and codes in text and "rejected files: 0" in text
+    assert cli.main(["verify", "--output_dir", str(out)]) == 0
+    assert cli.main(["preview", str(out)]) == 0
+    sheet = np.asarray(Image.open(out / "preview.png"))
+    middle = want[want.shape[0] // 2].astype(np.float64)
+    scaled = np.round((middle - middle.min()) / (middle.max() - middle.min()) * 255)
+    np.testing.assert_array_equal(sheet[:want.shape[1], :want.shape[2]], scaled)
+    # A damaged shard fails verify.
+    shard = next(out.glob("train-*.tfrecord"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert cli.main(["verify", "--output_dir", str(out)]) == 1
