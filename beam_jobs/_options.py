@@ -23,6 +23,7 @@ from conversion.options import ShardingOptions, WritingOptions, parse_split
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
 from imaging.patches import PatchOptions
+from imaging.time_series import TimeSeriesOptions
 
 __all__ = ["ConvertOptions", "ConversionConfig"]
 
@@ -42,6 +43,28 @@ def _patch_options(o) -> PatchOptions | None:
         return None
     return PatchOptions.parse(o.raster_patch, stride=o.raster_stride, edge=o.raster_edge or "shift",
                               max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
+
+
+def _time_series_options(o) -> TimeSeriesOptions | None:
+    """--time_series and --bands as `TimeSeriesOptions` (max_pixels and patch set by ValidationOptions).
+
+    Raises:
+      ValueError: For --bands without --time_series, or an option stacks do not take yet.
+    """
+    if not o.time_series:
+        if o.bands:
+            raise ValueError(f"--bands orders the bands of a time series' stacks: give --time_series with it "
+                             f"(for one raster's bands: --raster_bands). Received: --bands {o.bands} alone")
+        return None
+    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup), ("--group_by", bool(o.group_by)),
+               ("--raster_bands", bool(o.raster_bands)), ("--raster_dtype", bool(o.raster_dtype)),
+               ("--raster_pages", o.raster_pages != _RASTER.pages),
+               ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
+    for flag, given in refused:
+        if given:
+            raise ValueError(f"--time_series stores every pass as it is and does not combine with {flag} "
+                             f"(for bands: --bands B02,B03). Received: --time_series with {flag}")
+    return TimeSeriesOptions(bands=TimeSeriesOptions.parse_bands(o.bands) if o.bands else None)
 
 
 def _check_patch_combinations(o) -> None:
@@ -218,6 +241,17 @@ class ConvertOptions(PipelineOptions):
             "(default 1: keep every patch); skipped patches are listed in normalized.jsonl.",
         )
         parser.add_argument(
+            "--time_series", action="store_true",
+            help="Satellite time series: every folder directly holding TIFFs is one location, its "
+            "passes grouped by date (from the name, else the TIFF DateTime tag) into one stack "
+            "(time, height, width, bands) per record; alignment checked (docs/preparing/time-series.md).",
+        )
+        parser.add_argument(
+            "--bands",
+            help="With --time_series: the band names to keep, in this order, e.g. B02,B03,B04,B08 "
+            "(band files' suffixes; 4,3,2 for multi-band files); default every band, natural order.",
+        )
+        parser.add_argument(
             "--dedup", action="store_true",
             help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
         )
@@ -372,6 +406,7 @@ class ConversionConfig:
                 georef=o.raster_georef,
                 patch=_patch_options(o),
             ),  # Held to --max_pixels too.
+            time_series=_time_series_options(o),  # Held to --max_pixels, cut by --raster_patch.
         )
         if validation.raster.patch is not None:
             _check_patch_combinations(o)
@@ -416,6 +451,8 @@ class ConversionConfig:
             # Only when asked for: datasets converted without it keep their exact manifest.
             **({"resize": v.resize.to_json()} if v.resize.active else {}),
         }
+        if v.time_series is not None:
+            options["time_series"] = v.time_series.to_json()
         if not v.raster.is_default:
             # Only then, so datasets converted without raster options keep their bytes.
             options["raster"] = v.raster.to_json()

@@ -218,7 +218,8 @@ def time_series_dataset_from_tfrecords(
       A dataset of `(stack, label)`, `(stack, label, extras)`, `stack` or
       `(stack, extras)`; `stack` is `dtype` [batch, time, height, width,
       bands] (no batch axis with batch_size=None). It has `class_names`,
-      `band_names` and `records_per_epoch` attributes.
+      `band_names` (None when locations differ in bands) and
+      `records_per_epoch` attributes.
 
     Raises:
       TypeError, ValueError: For an invalid argument, naming it, what is
@@ -348,6 +349,7 @@ def time_series_dataset_from_tfrecords(
         tf_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     ds = ds.with_options(tf_options)
     ds.class_names = list(split_files.class_names)
-    ds.band_names = list(section.get("bands", ()))
+    # None when the locations' stacks have different bands (each record's stack/bands says).
+    ds.band_names = list(section["bands"]) if section.get("bands") else None
     ds.records_per_epoch = split_files.total_records
     return ds
