@@ -341,6 +341,13 @@ def _whole_mask(path: str, plan: _ts.LocationPlan, dtype: str) -> tuple[bytes, n
     return _masks.encode_mask(ids, dtype), _masks.pixel_counts(ids)
 
 
+def _nodata_json(value: float | None):
+    """A nodata value as JSON holds it ('nan' for NaN, which JSON has not)."""
+    if value is None:
+        return None
+    return "nan" if value != value else value
+
+
 def manifest_section(stacks: dict[str, _ts.LocationPlan], plan, options: _ts.TimeSeriesOptions) -> dict:
     """The manifest's `time_series` section: the stacks' kind, and per location the dates kept and dropped.
 
@@ -360,5 +367,6 @@ def manifest_section(stacks: dict[str, _ts.LocationPlan], plan, options: _ts.Tim
         "sizes": [list(s) for s in sorted(sizes)],
         "bands": list(bands[0]) if len(bands) == 1 else None,
         "options": options.to_json(),
-        "locations": {p.location: {"kept": [d.date for d in p.dates], "dropped": p.dropped()} for p in kept},
+        "locations": {p.location: {"kept": [d.date for d in p.dates], "dropped": p.dropped(),
+                                   "nodata": _nodata_json(p.nodata)} for p in kept},
     }}

@@ -125,6 +125,12 @@ def test_every_stack_is_rasterios_read_in_date_order_and_every_file_is_accounted
     bands = {rec[schemas.FILENAME.key].decode(): rec[schemas.STACK_BANDS.key] for rec in _records(out)}
     assert bands["corn/landsat_tile"] == (b"SR_B4", b"SR_B5", b"SR_B10")
     assert bands["wheat/s2_field"] == (b"1", b"2", b"3", b"4")
+    # verify re-reads every stack: values fill their shapes, dates ascend, band statistics agree.
+    from beam_jobs import verify as verify_module
+
+    report = verify_module.run([str(out)])
+    assert report["ok"], report
+    assert report["records"] == 3
 
 
 def _records(out):
@@ -186,6 +192,10 @@ def test_patches_with_label_rasters_and_a_labels_csv(tmp_path):
             want = src.read(1, window=window, boundless=True, fill_value=255)
         np.testing.assert_array_equal(mask, want)
     assert manifest.counts["written"] == 6
+    from beam_jobs import verify as verify_module
+
+    report = verify_module.run([str(out)])
+    assert report["ok"], report
     # A labels CSV keyed by the location's path.
     out2 = tmp_path / "out2"
     manifest = convert(root, out2, "--time_series", "--labels_csv", labels)
