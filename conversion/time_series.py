@@ -318,7 +318,7 @@ def _encoder(schema, plan: _ts.LocationPlan, label: int):
     def encode(stack: np.ndarray, filename: str, geotransform, mask: bytes | None) -> bytes:
         values = np.ascontiguousarray(stack, stack.dtype.newbyteorder("<"))
         return schema.encode(schemas.StackRecord(
-            stack=values.tobytes(), dtype=plan.dtype, shape=tuple(values.shape), dates=dates,
+            stack=memoryview(values).cast("B"), dtype=plan.dtype, shape=tuple(values.shape), dates=dates,
             bands=plan.bands, label=label, filename=filename, epsg=plan.epsg, geotransform=geotransform,
             mask=mask))
 

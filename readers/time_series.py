@@ -129,9 +129,21 @@ def _decode(features, dtypes: tuple[str, ...], out_dtype):
     return tf.reshape(values, shape)
 
 
-def _steps(stack, dates, max_steps: int, seed):
-    """(stack, dates, valid) with exactly `max_steps` dates: padded, or sub-sampled in date order."""
+def _steps(stack, dates, max_steps: int, seed, lengths=()):
+    """(stack, dates, valid) with exactly `max_steps` dates: padded, or sub-sampled in date order.
+
+    `lengths`: the split's numbers of dates (the manifest's), when known: a
+    split whose stacks all fit needs no draw, one whose stacks all have
+    `max_steps` dates neither padding nor a draw (no op then).
+    """
     t = tf.shape(stack)[0]
+    if lengths and max(lengths) <= max_steps:
+        if min(lengths) == max_steps:
+            return (tf.ensure_shape(stack, [max_steps, None, None, None]), tf.ensure_shape(dates, [max_steps]),
+                    tf.ones([max_steps], tf.bool))
+        extra = max_steps - t
+        return (tf.ensure_shape(tf.pad(stack, [[0, extra], [0, 0], [0, 0], [0, 0]]), [max_steps, None, None, None]),
+                tf.ensure_shape(tf.pad(dates, [[0, extra]]), [max_steps]), tf.sequence_mask(t, max_steps))
 
     def pad():
         extra = max_steps - t
@@ -278,7 +290,9 @@ def time_series_dataset_from_tfrecords(
             per_replica = input_context.get_per_replica_batch_size(batch_size)
     records, num_records, _ = _shards_records(split_files, shuffling, reading, pipeline_id=pipeline_id,
                                               num_pipelines=num_pipelines, standard=False)
-    random = options.augment is not None or options.max_steps is not None
+    lengths = tuple(int(v) for v in section.get("steps", ()))
+    draws = options.max_steps is not None and (not lengths or max(lengths) > options.max_steps)
+    random = options.augment is not None or draws
     if random:
         seeds = tf.data.Dataset.random(seed=_derive_seed(seed, 5, pipeline_id),
                                        rerandomize_each_iteration=True).batch(2)
@@ -304,7 +318,7 @@ def time_series_dataset_from_tfrecords(
         if seed_pair is not None:
             step_seed, aug_seed = tf.unstack(tf.random.experimental.stateless_split(seed_pair, 2))
         if options.max_steps is not None:
-            stack, dates, valid = _steps(stack, dates, options.max_steps, step_seed)
+            stack, dates, valid = _steps(stack, dates, options.max_steps, step_seed if draws else None, lengths)
         if options.image_size is not None:
             stack = tf.cast(tf.image.resize(stack, options.image_size, method=options.interpolation), out_dtype)
             if mask is not None:

@@ -102,6 +102,10 @@ def _bytes_list(key: str, value: Any) -> tuple[bytes, bytes]:
     if isinstance(value, str):
         # The file system encoding, so undecodable file names survive.
         value = os.fsencode(value)
+    if isinstance(value, memoryview) and value.contiguous:
+        # Not copied here: a stack's values (tens of MB) are joined into the record once.
+        value = value.cast("B")
+        return _field_header(1, value.nbytes), value
     if not isinstance(value, (bytes, bytearray)):
         raise TypeError(f"Feature {key!r} takes bytes or str. Received: {type(value).__name__}")
     return _field_header(1, len(value)), bytes(value)

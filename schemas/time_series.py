@@ -82,7 +82,8 @@ class StackRecord:
     """The Python-side values of one stack record, before encoding.
 
     Attributes:
-      stack: The values' bytes, little-endian, C order (time, height, width, bands).
+      stack: The values' bytes, little-endian, C order (time, height, width, bands)
+        (bytes, or a contiguous memoryview of them, which is not copied).
       dtype: Their numpy dtype name, one of `schemas.RAW_DTYPES`.
       shape: (time, height, width, bands).
       dates: Days since 1970-01-01 of each time step, ascending.
