@@ -215,3 +215,23 @@ def test_a_stack_over_max_pixels_is_rejected_with_a_hint(tmp_path):
     assert {(r["path"], r["reason"]) for r in lines} == {
         ("c/loc/2020-01-01.tif", "too_large"), ("c/loc/2020-01-02.tif", "too_large")}
     assert all("--raster_patch" in r["message"] for r in lines)
+
+
+def test_preview_and_inspect_know_stacks(layouts, tmp_path):
+    root, expected = layouts
+    out = tmp_path / "out"
+    convert(root, out, "--time_series", "--max_reject_fraction", "1")
+    from shardsmith import preview
+
+    sheet = preview.contact_sheet(out, "train", image_size=32)
+    # One row per stack, one tile per date (the widest row: 3 dates).
+    assert sheet.height > 3 * 32 and sheet.width >= 3 * 32
+    pixels = np.asarray(sheet)
+    assert pixels.std() > 10  # the dates are drawn, not blank tiles
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "shardsmith", "inspect", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "19 = 11 written + 7 rejected + 1 skipped" in proc.stdout
