@@ -299,8 +299,14 @@ def _records(item: _Item, plan: _ts.LocationPlan, options: _ts.TimeSeriesOptions
             if labels is not None:
                 ids = labels.read(y, x, h, w)
                 mask, counts = _masks.encode_mask(ids, mask_dtype), _masks.pixel_counts(ids)
+            stats = _ts.stack_band_stats(stack, plan.nodata)
             record = encode(stack, name, geotransform, mask)
-            out.append((frame_record(record), _ts.stack_band_stats(stack, plan.nodata), counts))
+            # Each let go as soon as the next form exists: one patch is held twice at most.
+            stack = None
+            framed = frame_record(record)
+            record = None
+            out.append((framed, stats, counts))
+            framed = None
     finally:
         if labels is not None:
             labels.close()

@@ -537,7 +537,10 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
     corners = [(y, x) for y in rows for x in xs]
     if not corners:
         return
-    stacks = np.empty((len(corners), len(plan.dates), height, width, len(plan.bands)), np.dtype(plan.dtype))
+    # One array per patch, each let go once yielded: the caller's encoded record need not sit
+    # beside every decoded patch of the item.
+    stacks: list[np.ndarray | None] = [
+        np.empty((len(plan.dates), height, width, len(plan.bands)), np.dtype(plan.dtype)) for _ in corners]
     for t, date in enumerate(plan.dates):
         by_file: dict[str, list[tuple[int, int]]] = {}
         paths = {}
@@ -551,13 +554,13 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
                 for k, (y, x) in enumerate(corners):
                     values = scene.read(y, x, height, width, copy=False)
                     for b, band in picks:
-                        stacks[k, t, :, :, b] = values[:, :, band]
+                        stacks[k][t, :, :, b] = values[:, :, band]
     padded = np.zeros((height, width), bool)
     for k, (y, x) in enumerate(corners):
         inside_rows = (np.arange(y, y + height) >= 0) & (np.arange(y, y + height) < plan.height)
         inside_cols = (np.arange(x, x + width) >= 0) & (np.arange(x, x + width) < plan.width)
         padded = ~(inside_rows[:, None] & inside_cols[None, :])
-        stack = stacks[k]
+        stack, stacks[k] = stacks[k], None
         share = float(np.mean([nodata_share(stack[t], padded if padded.any() else None, plan.nodata)
                                for t in range(stack.shape[0])]))
         yield y, x, (None if share > options.max_nodata else stack), share
