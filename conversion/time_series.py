@@ -272,8 +272,12 @@ def _records(item: _Item, plan: _ts.LocationPlan, options: _ts.TimeSeriesOptions
         mask = counts = None
         if mask_dtype is not None:
             mask, counts = _whole_mask(item.mask, plan, mask_dtype)
+        stats = _ts.stack_band_stats(stack, plan.nodata)
         record = encode(stack, plan.location, plan.geotransform, mask)
-        return [(frame_record(record), _ts.stack_band_stats(stack, plan.nodata), counts)], None
+        stack = None  # Held twice at most, as patches are.
+        framed = frame_record(record)
+        record = None
+        return [(framed, stats, counts)], None
     from imaging import masks as _masks, scenes as _scenes
 
     work = _work_item(item)
