@@ -186,6 +186,17 @@ class ConvertOptions(PipelineOptions):
             help="With --volumes: a stack needs at least this many slices (default 2).",
         )
         parser.add_argument(
+            "--time_series", action="store_true",
+            help="Satellite time series: every folder directly holding TIFFs is one location, its "
+            "passes grouped by date (from the name, else the TIFF DateTime tag) into one stack "
+            "(time, height, width, bands) per record; alignment checked (docs/preparing/time-series.md).",
+        )
+        parser.add_argument(
+            "--bands",
+            help="With --time_series: the band names to keep, in this order, e.g. B02,B03,B04,B08 "
+            "(band files' suffixes; 4,3,2 for multi-band files); default every band, natural order.",
+        )
+        parser.add_argument(
             "--dedup", action="store_true",
             help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
         )

@@ -113,7 +113,10 @@ class VerifyShardFn(beam.DoFn):
         # The whole library (decode_image is not a plain op), imported the
         # cheap way (schemas/tf_runtime.py).
         self._tf = tf_runtime.full()
-        self._schema = schemas.ImageExampleSchema.from_json(self._features)
+        if schemas.example_kind(self._features) == schemas.TIME_SERIES:
+            self._schema = schemas.TimeSeriesExampleSchema.from_json(self._features)
+        else:
+            self._schema = schemas.ImageExampleSchema.from_json(self._features)
         self._target_check = TargetCheck(self._schema.targets, self._targets, self._num_classes)
 
     def process(self, element):
@@ -222,6 +225,8 @@ class VerifyShardFn(beam.DoFn):
             return _failed(f"does not parse: {e}")
         name = values[schemas.FILENAME.key].decode("utf-8", "backslashreplace")
         label = values[schemas.LABEL.key]
+        if isinstance(self._schema, schemas.TimeSeriesExampleSchema):
+            return self._check_stack(values, name, label, data)
         if label == -1 and self._target_check.allows_no_label:
             pass  # No image-level class: masks, boxes, numbers or several labels instead.
         elif label == -1:
@@ -259,6 +264,35 @@ class VerifyShardFn(beam.DoFn):
             return _failed(f"{name}: {problem}", name)
         return (None, label, hashlib.sha256(image).hexdigest(), name,
                 (fmt, stored[0], stored[1], stored[2], dtype), pixels if wanted else None)
+
+    def _check_stack(self, values: dict, name: str, label: int, data: bytes):
+        """`_check_record` of a time series' stack: its values fill its shape, one ascending date per
+        step, one name per band, the label and the mask as for images."""
+        if not (label == -1 and self._target_check.allows_no_label) and not 0 <= label < self._num_classes:
+            return _failed(f"{name}: label {label} is outside [0, {self._num_classes})", name)
+        try:
+            stack = schemas.TimeSeriesExampleSchema.array(values)
+        except ValueError as e:
+            return _failed(f"{name}: {e}", name)
+        t, h, w, b = stack.shape
+        dates = values[schemas.STACK_DATES.key]
+        if len(dates) != t or any(a >= c for a, c in zip(dates, dates[1:])):
+            return _failed(f"{name}: stack/dates {list(dates)} are not {t} ascending days", name)
+        if len(values[schemas.STACK_BANDS.key]) != b:
+            return _failed(f"{name}: stack/bands names {len(values[schemas.STACK_BANDS.key])} bands, the stack "
+                           f"has {b}", name)
+        problem = self._target_check.check(values, h, w, self._tf)
+        if problem:
+            return _failed(f"{name}: {problem}", name)
+        dtype = values[schemas.STACK_DTYPE.key].decode("ascii", "replace")
+        location = name.partition("#patch=")[0]
+        pixels = None
+        if self._rasters is not None and location in self._rasters:
+            # As the writer computes them: every date's pixels, the location's nodata left out.
+            self._rasters.setdefault(name, self._rasters[location])
+            pixels = stack.reshape(t * h, w, b)
+        return (None, label, hashlib.sha256(values[schemas.STACK.key]).hexdigest(), name,
+                ("stack", h, w, b, dtype), pixels)
 
     def _raw_pixels(self, image: bytes, dtype: str, stored):
         """(shape, values) of a raw record: its bytes as `dtype`, reshaped as the record says."""
@@ -620,7 +654,9 @@ class ReportFn(beam.DoFn):
             "problems": problems,
             "splits": splits,
             "records": sum(s["records"] for s in splits.values()),
-            "targets": list(schemas.ImageExampleSchema.from_json(manifest.features).targets),
+            "targets": list((schemas.TimeSeriesExampleSchema if schemas.example_kind(manifest.features)
+                             == schemas.TIME_SERIES else schemas.ImageExampleSchema).from_json(
+                                 manifest.features).targets),
             "duplicates": {
                 "groups": len(duplicates),
                 "across_splits": sum(1 for d in duplicates if len(d["splits"]) > 1),

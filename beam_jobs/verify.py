@@ -106,6 +106,10 @@ class VerifyDataset(beam.PTransform):
         # The raster records the band statistics cover; None when normalized.jsonl is missing.
         rasters = {} if not rasters_needed else (
             None if normalized is None else _verify_fns.raster_records(normalized))
+        if schemas.TIME_SERIES in m.extra:
+            # Stacks: each location's nodata value, from the manifest (`conversion.time_series`).
+            rasters = {loc: (None if v.get("nodata") is None else float(v["nodata"]))
+                       for loc, v in m.extra[schemas.TIME_SERIES]["locations"].items()}
         fn = _verify_fns.VerifyShardFn
         checked = (
             pbegin

@@ -22,10 +22,13 @@ from conversion.options import ShardingOptions, WritingOptions, parse_split
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
 from imaging.patches import PatchOptions
+from imaging.time_series import TimeSeriesOptions
 
 __all__ = ["ConversionConfig"]
 
 _RESIZE = ResizeOptions()
+_RASTER = RasterOptions()
+
 
 def _patch_options(o) -> PatchOptions | None:
     """--raster_patch and its companions as `PatchOptions`; None without --raster_patch.
@@ -42,6 +45,28 @@ def _patch_options(o) -> PatchOptions | None:
         return None
     return PatchOptions.parse(o.raster_patch, stride=o.raster_stride, edge=o.raster_edge or "shift",
                               max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
+
+
+def _time_series_options(o) -> TimeSeriesOptions | None:
+    """--time_series and --bands as `TimeSeriesOptions` (max_pixels and patch set by ValidationOptions).
+
+    Raises:
+      ValueError: For --bands without --time_series, or an option stacks do not take yet.
+    """
+    if not o.time_series:
+        if o.bands:
+            raise ValueError(f"--bands orders the bands of a time series' stacks: give --time_series with it "
+                             f"(for one raster's bands: --raster_bands). Received: --bands {o.bands} alone")
+        return None
+    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup), ("--group_by", bool(o.group_by)),
+               ("--raster_bands", bool(o.raster_bands)), ("--raster_dtype", bool(o.raster_dtype)),
+               ("--raster_pages", o.raster_pages != _RASTER.pages),
+               ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
+    for flag, given in refused:
+        if given:
+            raise ValueError(f"--time_series stores every pass as it is and does not combine with {flag} "
+                             f"(for bands: --bands B02,B03). Received: --time_series with {flag}")
+    return TimeSeriesOptions(bands=TimeSeriesOptions.parse_bands(o.bands) if o.bands else None)
 
 
 def _check_patch_combinations(o) -> None:
@@ -184,6 +209,7 @@ class ConversionConfig:
                 georef=o.raster_georef,
                 patch=_patch_options(o),
             ),  # Held to --max_pixels too.
+            time_series=_time_series_options(o),  # Held to --max_pixels, cut by --raster_patch.
         )
         if validation.raster.patch is not None:
             _check_patch_combinations(o)
@@ -228,6 +254,8 @@ class ConversionConfig:
             # Only when asked for: datasets converted without it keep their exact manifest.
             **({"resize": v.resize.to_json()} if v.resize.active else {}),
         }
+        if v.time_series is not None:
+            options["time_series"] = v.time_series.to_json()
         if not v.raster.is_default:
             # Only then, so datasets converted without raster options keep their bytes.
             options["raster"] = v.raster.to_json()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import NamedTuple
 
 import schemas
 from conversion import listing
 
-__all__ = ["ConversionError", "ShardResult", "Reject", "problem_to_reject"]
+__all__ = ["ConversionError", "ShardResult", "ShardOutcome", "Reject", "problem_to_reject"]
 
 
 class ConversionError(Exception):
@@ -73,3 +74,12 @@ class Reject:
 def problem_to_reject(p) -> Reject:
     """The Reject of a `listing.Problem`."""
     return Reject(p.rel_path, p.reason, p.message)
+
+
+class ShardOutcome(NamedTuple):
+    """What writing a shard gives: its result, its rejects, its normalisations."""
+
+    result: ShardResult
+    rejects: list[Reject]
+    # (record filename, source format, actions, details or None) of each record not stored as read.
+    normalized: list[tuple]

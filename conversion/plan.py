@@ -129,6 +129,7 @@ class Plan:
       targets_section: The dataset-level part of the manifest's targets
         section (`PlanTargets.section`).
       masks: With --masks_dir: the `conversion.masks.MaskPlan`.
+      stacks: With --time_series: each planned location's plan.
     """
 
     files: tuple[PlannedFile, ...]
@@ -141,6 +142,8 @@ class Plan:
     target_kinds: tuple[str, ...] = ()
     targets_section: Mapping | None = None
     masks: Any = None
+    # With --time_series: location -> its `imaging.time_series.LocationPlan` (`conversion.time_series`).
+    stacks: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,7 +103,17 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     windows = None
     patch = config.validation.raster.patch
-    if patch is not None:
+    time_series = config.validation.time_series
+    stacks = None
+    if time_series is not None:
+        # Locations, not files, are planned: each one "file" (`conversion.time_series`).
+        from conversion import time_series as _time_series
+
+        located = _time_series.plan_locations(files, problems, time_series, config.output_dir)
+        files, problems, stacks = list(located.files), list(located.problems), located.stacks
+        if patch is not None:
+            windows = _time_series.stack_windows(stacks, patch)
+    elif patch is not None:
         if targets is not None:
             raise ValueError("--raster_patch does not combine with targets beyond one class (several "
                              "labels or numbers in --labels_csv) yet: give one label per scene.")
@@ -117,7 +127,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         mask_plan = _masks.plan_masks(
             files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
             labels_csv=labels_csv is not None, class_names=config.class_names)
-        if windows is not None:
+        if windows is not None and stacks is None:
             mask_plan = scene_masks(mask_plan, windows, config.validation.raster)
         files, problems = mask_plan.files, mask_plan.problems
     sharding = config.sharding
@@ -137,6 +147,9 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
     )
     if mask_plan is not None:
         plan = _masks.attach_masks(plan, mask_plan)
+    if stacks is not None:
+        plan = _time_series.expand_problems(plan, stacks)
+        plan = dataclasses.replace(plan, stacks={f.rel_path: stacks[f.rel_path] for f in plan.files})
     if not plan.files and mask_plan is not None:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import schemas
 from conversion import annotations as _annotations, guard, masks as _masks
 from conversion import scene_log as _scene_log
-from conversion.elements import Reject, ShardResult
+from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from imaging import boxes as _boxes
@@ -116,17 +116,13 @@ class ShardJob:
     mask_dtype: str | None = None
 
 
-class ShardOutcome(NamedTuple):
-    """What writing a shard gives: its result, its rejects, its normalisations."""
+def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()):
+    """The schema of every record a conversion with these options (and kinds of target) writes.
 
-    result: ShardResult
-    rejects: list[Reject]
-    # (record filename, source format, actions, details or None) of each record not stored as read.
-    normalized: list[tuple]
-
-
-def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()) -> schemas.ImageExampleSchema:
-    """The schema of every record a conversion with these options (and kinds of target) writes."""
+    `schemas.ImageExampleSchema`, or with --time_series `schemas.TimeSeriesExampleSchema`.
+    """
+    if validation.time_series is not None:
+        return schemas.TimeSeriesExampleSchema(mask="mask" in targets)
     return schemas.ImageExampleSchema(
         extra_string_features=tuple(schemas.dicom_tag_key(t) for t in validation.dicom.tags),
         georef=validation.raster.georef,
@@ -222,6 +218,11 @@ def write_shard(job: ShardJob) -> ShardOutcome:
     other than a file's own (the output not writable, ...) are raised, and
     nothing is left under the shard's final name.
     """
+    if job.validation.time_series is not None:
+        # Stacks of dated passes, one per location or patch (`conversion.time_series`).
+        from conversion import time_series as _time_series
+
+        return _time_series.write_stacks(job, job.validation.time_series)
     return _Writer(job).write()
 
 
@@ -542,6 +543,8 @@ def warm_up(validation: ValidationOptions, decoders: bool = True, decoder_thread
     from schemas import tf_runtime
 
     tf_runtime.set_batch_decoder_threads(decoder_threads)
+    if validation.time_series is not None:
+        return  # Stacks are read with tifffile only.
     validator = _validator(validation)
     _schema(validation)
     if decoders:

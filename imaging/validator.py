@@ -23,6 +23,7 @@ from imaging import dicom as _dicom
 from imaging import formats as _formats
 from imaging import raster as _raster
 from imaging import resize as _resize
+from imaging import time_series as _time_series
 from imaging.errors import ImageRejected
 from imaging.formats import ValidImage
 from imaging.formats import jpeg as _jpeg
@@ -56,6 +57,9 @@ class ValidationOptions:
         --max_side/--min_side); by default none is resized.
       raster: How TIFF rasters are read (`imaging.raster.RasterOptions`);
         held to `max_pixels` as `dicom` is.
+      time_series: With --time_series, how each location's passes become
+        one stack (`imaging.time_series.TimeSeriesOptions`); held to
+        `max_pixels` and cut by `raster.patch`. None: one record per image.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -69,6 +73,7 @@ class ValidationOptions:
     dicom: _dicom.DicomOptions = dataclasses.field(default_factory=_dicom.DicomOptions)
     resize: _resize.ResizeOptions = dataclasses.field(default_factory=_resize.ResizeOptions)
     raster: _raster.RasterOptions = dataclasses.field(default_factory=_raster.RasterOptions)
+    time_series: _time_series.TimeSeriesOptions | None = None
 
     def __post_init__(self):
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
@@ -87,6 +92,13 @@ class ValidationOptions:
             raise ValueError(f"raster must be an imaging.RasterOptions. Received: {self.raster!r}")
         if self.raster.max_pixels != self.max_pixels:
             object.__setattr__(self, "raster", dataclasses.replace(self.raster, max_pixels=self.max_pixels))
+        if self.time_series is not None:
+            if not isinstance(self.time_series, _time_series.TimeSeriesOptions):
+                raise ValueError("time_series must be an imaging.time_series.TimeSeriesOptions or None. "
+                                 f"Received: {self.time_series!r}")
+            wanted = dataclasses.replace(self.time_series, max_pixels=self.max_pixels, patch=self.raster.patch)
+            if wanted != self.time_series:
+                object.__setattr__(self, "time_series", wanted)
 
 
 class ImageValidator:

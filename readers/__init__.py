@@ -35,11 +35,13 @@ from readers.doctor import Diagnosis, DoctorOptions, diagnose
 from readers.metadata import load_manifest
 from readers.positions import PositionTracker, ReadPosition
 from readers.volumes import volume_dataset_from_tfrecords
+from readers.time_series import time_series_dataset_from_tfrecords
 
 __all__ = [
     "ReaderConfig",
     "image_dataset_from_tfrecords",
     "volume_dataset_from_tfrecords",
+    "time_series_dataset_from_tfrecords",
     "distributed_dataset",
     "make_dataset_fn",
     "load_manifest",

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from readers import examples as _examples
 from schemas.features import ImageExampleSchema
+from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema, example_kind
 from schemas.manifest import (
     not_a_dataset_folder,
     MANIFEST_FILENAME,
@@ -59,6 +60,8 @@ class SplitFiles:
       targets: The manifest's `targets` section (`schemas.Manifest.targets`):
         what the target features mean (mask dtype, box class names, target
         length); {} for a dataset of one label per image.
+      time_series: The manifest's `time_series` section (stack dtypes, band
+        names, time steps) for a dataset of stacks; {} otherwise.
     """
 
     data_dir: str
@@ -67,12 +70,13 @@ class SplitFiles:
     num_records: tuple[int, ...]
     num_bytes: tuple[int, ...]
     class_names: tuple[str, ...]
-    schema: ImageExampleSchema
+    schema: ImageExampleSchema | TimeSeriesExampleSchema
     index_files: tuple[str | None, ...] = ()
     index_sha256: tuple[str | None, ...] = ()
     images: ImageStats | None = None
     band_stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     targets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    time_series: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def total_records(self) -> int:
@@ -164,13 +168,21 @@ def _resolve_split(split: str, available: Mapping[str, Any]) -> str:
     return SPLIT_ALIASES.get(split.strip().lower(), split)
 
 
-def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
+# The reader of each kind of record, named when a dataset of another kind is opened.
+_READER_OF = {"image": "readers.image_dataset_from_tfrecords",
+              TIME_SERIES: "readers.time_series_dataset_from_tfrecords"}
+
+
+def load_split(data_dir: str | os.PathLike, split: str, kind: str = "image") -> SplitFiles:
     """Resolves the shard files of one split and checks they are all there.
 
     Args:
       data_dir: The dataset folder, see `load_manifest`.
       split: The split to read, e.g. 'train'; an alias the converter accepts
         (`schemas.manifest.SPLIT_ALIASES`, e.g. 'val') names the split it means.
+      kind: The kind of record the caller reads: 'image', or
+        `schemas.TIME_SERIES` (stacks); a dataset of another kind is refused,
+        naming the reader it needs.
 
     Returns:
       A `SplitFiles`; shards with no records are left out.
@@ -198,8 +210,15 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
             f"Received: split={split!r} (data_dir={path!r})"
         )
     split = resolved
+    stored_kind = example_kind(manifest.features)
+    if stored_kind != kind:
+        raise ManifestError(
+            f"The dataset at {path!r} holds {stored_kind} records, which "
+            f"{_READER_OF.get(stored_kind, 'another reader')} reads, not {_READER_OF.get(kind, kind)}."
+        )
     try:
-        schema = _examples.IMAGE.schema_from_json(manifest.features)
+        schema = (TimeSeriesExampleSchema.from_json(manifest.features) if kind == TIME_SERIES
+                  else _examples.IMAGE.schema_from_json(manifest.features))
     except ValueError as e:
         kind = _examples.kind_of(manifest.features)
         other = f" It holds {kind.name} examples: read it with readers.{kind.reader}." if kind else ""
@@ -240,6 +259,7 @@ def load_split(data_dir: str | os.PathLike, split: str) -> SplitFiles:
         images=manifest.split(split).images,
         band_stats=_band_stats(manifest),
         targets=dict(manifest.targets),
+        time_series=dict(manifest.extra.get(TIME_SERIES, {})),
     )
 
 

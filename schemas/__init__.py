@@ -43,6 +43,19 @@ from schemas.features import (
     sample_dtype,
     target_features,
 )
+from schemas.time_series import (
+    STACK,
+    STACK_BANDS,
+    STACK_DATES,
+    STACK_DTYPE,
+    STACK_FEATURES,
+    STACK_SHAPE,
+    STACK_VALID,
+    TIME_SERIES,
+    StackRecord,
+    TimeSeriesExampleSchema,
+    example_kind,
+)
 from schemas.manifest import (
     MANIFEST_FILENAME,
     not_a_dataset_folder,
@@ -76,4 +89,6 @@ __all__ = [
     "REJECT_REASONS", "SKIP_REASONS", "TARGETS_SECTION", "Manifest", "ManifestError", "ImageStats", "BandStats",
     "BandStatsAccumulator", "ShardInfo",
     "SplitInfo", "shard_filename", "index_filename", "not_a_dataset_folder",
+    "STACK", "STACK_DTYPE", "STACK_SHAPE", "STACK_DATES", "STACK_BANDS", "STACK_VALID", "STACK_FEATURES",
+    "TIME_SERIES", "StackRecord", "TimeSeriesExampleSchema", "example_kind",
 ]

@@ -59,6 +59,8 @@ __all__ = [
     "TARGET",
     "TARGET_KINDS",
     "target_features",
+    "decode_example",
+    "encode_example",
 ]
 
 # Bump when a key, a dtype or an encoding changes; readers refuse versions they
@@ -100,6 +102,10 @@ def _bytes_list(key: str, value: Any) -> tuple[bytes, bytes]:
     if isinstance(value, str):
         # The file system encoding, so undecodable file names survive.
         value = os.fsencode(value)
+    if isinstance(value, memoryview) and value.contiguous:
+        # Not copied here: a stack's values (tens of MB) are joined into the record once.
+        value = value.cast("B")
+        return _field_header(1, value.nbytes), value
     if not isinstance(value, (bytes, bytearray)):
         raise TypeError(f"Feature {key!r} takes bytes or str. Received: {type(value).__name__}")
     return _field_header(1, len(value)), bytes(value)
@@ -154,6 +160,41 @@ def _float32_values(key: str, value: Any) -> tuple[bytes, bytes]:
     except OverflowError as e:
         raise ValueError(f"Feature {key!r}: a value does not fit in float32. Received: {value!r}") from e
     return _field_header(1, len(payload)), payload
+
+
+def _bytes_values(key: str, value: Any) -> tuple[bytes, bytes]:
+    """BytesList{value (field 1): values} as (header, payload); any count, 0 too.
+
+    Each value is its own field (bytes are never packed); str values are
+    encoded with the file system encoding, as single bytes features are.
+    """
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"Feature {key!r} takes a list of bytes or str. Received: {type(value).__name__}")
+    parts = []
+    for v in value:
+        header, payload = _bytes_list(key, v)
+        parts += (header, payload)
+    return b"", b"".join(parts)
+
+
+def _int64_vector(key: str, value: Any, length: int) -> tuple[bytes, bytes]:
+    """Int64List{value (packed): exactly `length` ints} as (header, payload)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"Feature {key!r} takes {length} ints. Received: {type(value).__name__}")
+    if len(value) != length:
+        raise ValueError(f"Feature {key!r} takes {length} ints. Received: {len(value)}")
+    return _int64_values(key, value)
+
+
+def _int64_vector_parsed(parsed, length: int):
+    """A parsed int64 vector feature as int64 of shape S + [length] (`FixedLenFeature([length])`)."""
+    return parsed
+
+
+def _int64_vector_decoded(key: str, values, length: int) -> tuple[int, ...]:
+    if len(values) != length:
+        raise ValueError(f"feature {key!r} holds {len(values)} ints, not {length}")
+    return tuple(int(v) for v in values)
 
 
 def _list_parse_spec(tf, tf_name: str):
@@ -216,6 +257,8 @@ class _Dtype:
       sized: Whether the feature has a fixed `length` of values.
       listed: Whether a record holds any number of values (0 too): parsed
         as `tf.io.RaggedFeature`, read back in Python as a tuple.
+      vector: Whether a record holds exactly `length` values of the list
+        (parsed as `tf.io.FixedLenFeature([length])`); `sized` too.
     """
 
     tf_name: str
@@ -228,6 +271,7 @@ class _Dtype:
     out_name: str | None = None
     sized: bool = False
     listed: bool = False
+    vector: bool = False
 
 
 # Schema dtype -> how it is written and read. A new dtype is one entry here.
@@ -242,6 +286,12 @@ _DTYPES = {
                          decoded=lambda key, values, length: tuple(int(v) for v in values), listed=True),
     "float32_list": _Dtype("float32", "float_list", 2, lambda k, v, n: _float32_values(k, v),
                            lambda n: (), decoded=lambda key, values, length: tuple(values), listed=True),
+    # Any number of bytes values per record (the band names of a stack).
+    "bytes_list": _Dtype("string", "bytes_list", 1, lambda k, v, n: _bytes_values(k, v), lambda n: (),
+                         decoded=lambda key, values, length: tuple(bytes(v) for v in values), listed=True),
+    # Exactly `length` ints per record (the shape of a stack).
+    "int64_vector": _Dtype("int64", "int64_list", 3, _int64_vector, lambda n: (0,) * n,
+                           _int64_vector_parsed, _int64_vector_decoded, sized=True, vector=True),
 }
 
 
@@ -251,8 +301,9 @@ class FeatureSpec:
 
     Attributes:
       key: The key in `tf.train.Example.features`.
-      dtype: 'bytes', 'int64' or 'float64' (one value each), or
-        'int64_list' or 'float32_list' (any number of values, 0 too); read
+      dtype: 'bytes', 'int64' or 'float64' (one value each), 'int64_vector'
+        (exactly `length` ints), or 'int64_list', 'float32_list' or
+        'bytes_list' (any number of values, 0 too); read
         as tf.string, tf.int64, tf.float64 (float64: `length` values in one
         little-endian bytes value, see `_float64_list`), or ragged tf.int64
         and tf.float32 lists (`tf.io.RaggedFeature`: a 1-D tensor for one
@@ -321,6 +372,8 @@ class FeatureSpec:
         dtype = _DTYPES[self.dtype]
         if dtype.listed:
             return _list_parse_spec(tf, dtype.tf_name)
+        if dtype.vector:
+            return tf.io.FixedLenFeature([self.length], getattr(tf, dtype.tf_name))
         return tf.io.FixedLenFeature([], getattr(tf, dtype.tf_name))
 
     @property
@@ -630,32 +683,7 @@ class ImageExampleSchema:
           ValueError: Naming the feature that is missing, of another dtype, or
             not exactly one value.
         """
-        try:
-            example = _example_class().FromString(serialized)
-        except message.DecodeError as e:
-            raise ValueError(f"not a tf.train.Example ({type(e).__name__})") from e
-        features = example.features.feature
-        out = {}
-        for spec in self.features:
-            if spec.key not in features:
-                raise ValueError(f"feature {spec.key!r} is missing")
-            feature = features[spec.key]
-            kind = feature.WhichOneof("kind")
-            want = _DTYPES[spec.dtype].kind
-            if kind is None and _DTYPES[spec.dtype].listed:
-                # A Feature with no list set: what some writers give an empty list.
-                out[spec.key] = ()
-                continue
-            if kind != want:
-                raise ValueError(f"feature {spec.key!r} is {kind}, the schema says {want}")
-            values = getattr(feature, kind).value
-            if _DTYPES[spec.dtype].listed:
-                out[spec.key] = _DTYPES[spec.dtype].decoded(spec.key, values, spec.length)
-                continue
-            if len(values) != 1:
-                raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
-            out[spec.key] = _DTYPES[spec.dtype].decoded(spec.key, values[0], spec.length)
-        return out
+        return decode_example(self.features, serialized)
 
     @classmethod
     def from_json(cls, features: Mapping[str, Any]) -> ImageExampleSchema:
@@ -700,6 +728,77 @@ class ImageExampleSchema:
 
 
 IMAGE_SCHEMA = ImageExampleSchema()
+
+
+def decode_example(specs, serialized: bytes) -> dict[str, Any]:
+    """Parses serialized Example bytes in Python against `specs` (every one required).
+
+    What `ImageExampleSchema.decode` and the other kinds of record share.
+
+    Raises:
+      ValueError: Naming the feature that is missing, of another dtype, or
+        not the number of values its dtype holds.
+    """
+    try:
+        example = _example_class().FromString(serialized)
+    except message.DecodeError as e:
+        raise ValueError(f"not a tf.train.Example ({type(e).__name__})") from e
+    features = example.features.feature
+    out = {}
+    for spec in specs:
+        if spec.key not in features:
+            raise ValueError(f"feature {spec.key!r} is missing")
+        feature = features[spec.key]
+        kind = feature.WhichOneof("kind")
+        dtype = _DTYPES[spec.dtype]
+        if kind is None and dtype.listed:
+            # A Feature with no list set: what some writers give an empty list.
+            out[spec.key] = ()
+            continue
+        if kind != dtype.kind:
+            raise ValueError(f"feature {spec.key!r} is {kind}, the schema says {dtype.kind}")
+        values = getattr(feature, kind).value
+        if dtype.listed or dtype.vector:
+            out[spec.key] = dtype.decoded(spec.key, values, spec.length)
+            continue
+        if len(values) != 1:
+            raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
+        out[spec.key] = dtype.decoded(spec.key, values[0], spec.length)
+    return out
+
+
+def encode_example(specs, values: Mapping[str, Any], name: str) -> bytes:
+    """Serializes `values` (one per spec, by key) as `tf.train.Example` bytes, deterministically.
+
+    The plain form of `ImageExampleSchema.encode` (no cached entries): map
+    entries sorted by key bytes, each feature's list written directly. For
+    records of few, large features (stacks), where caching saves nothing.
+
+    Args:
+      specs: The features, every one required.
+      values: Feature key -> value.
+      name: How errors name the record (its filename).
+
+    Raises:
+      ValueError, TypeError: Naming the record and the feature that is
+        missing or does not fit its dtype.
+    """
+    parts = []
+    size = 0
+    for spec in sorted(specs, key=lambda s: s.key.encode()):
+        if spec.key not in values:
+            raise ValueError(f"Record {name!r} has no value for feature {spec.key!r}.")
+        try:
+            header, payload = spec._wire_parts(values[spec.key])
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"Record {name!r}: {e}") from e
+        key = spec.key.encode()
+        entry = _field_header(1, len(key)) + key + b"\x12" + _varint(len(header) + len(payload))
+        head = b"\n" + _varint(len(entry) + len(header) + len(payload)) + entry + header
+        parts += (head, payload)
+        size += len(head) + len(payload)
+    parts.insert(0, _field_header(1, size))
+    return b"".join(parts)
 
 
 @functools.cache

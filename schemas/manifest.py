@@ -100,6 +100,13 @@ REJECT_REASONS = {
     "too_few_slices": "A stack with fewer slices than --min_slices (a scout or localizer).",
     "mixed_labels": "The files of one series lie under different class folders.",
     "not_a_volume": "A NIfTI file that is not 3-D (a 4-D time series, a 2-D image).",
+    # Time series (--time_series): a location's dated passes stacked.
+    "no_date": "A pass with no date in its name and no TIFF DateTime tag, or a location with no date left.",
+    "misaligned": "A date whose CRS, geotransform, size, dtype or band count differs from the "
+                  "location's first date: left out of the stack.",
+    "missing_band": "A date without a file for one of the stack's bands: left out of the stack.",
+    "conflicting_dates": "Two files for the same date and band of one location: that date is left out.",
+    "mixed_dtypes": "The band files of one date are of several dtypes: the location gives no stack.",
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
 # The manifest's section describing targets beyond one class (`Manifest.targets`):
@@ -114,6 +121,8 @@ SKIP_REASONS = {
     "hidden_file": "Hidden or system file (.DS_Store, ._*, Thumbs.db, ...).",
     "no_label": "The file has no label: outside any class folder, or not in the CSV.",
     "not_in_split": "The file's split has a ratio of zero.",
+    "not_a_raster": "With --time_series, a file that is not a TIFF raster (a location is made of rasters).",
+    "band_not_selected": "With --time_series, a band file of a band --bands leaves out.",
 }
 
 _SHARD_TEMPLATE = "{split}-{index:05d}-of-{count:05d}.tfrecord"

@@ -44,6 +44,7 @@ from typing import Any
 
 from schemas.features import IMAGE, LABEL, ImageExampleSchema
 from schemas.manifest import Manifest, shard_filename
+from schemas.time_series import example_kind
 
 __all__ = ["TFDS_DATASET_INFO_FILENAME", "TFDS_FEATURES_FILENAME", "TFDS_FILENAMES", "tfds_files"]
 
@@ -131,6 +132,10 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
             "`dataset_name` must be a letter followed by letters, digits or "
             f"underscores. Received: dataset_name={dataset_name!r}"
         )
+    if example_kind(manifest.features) != "image":
+        # TFDS's image features describe images; stacks are read with
+        # readers.time_series_dataset_from_tfrecords (or a plain parse, schemas/time_series.py).
+        return {}
     schema = ImageExampleSchema.from_json(manifest.features)
     class_names = tuple(manifest.class_names)
 

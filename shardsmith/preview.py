@@ -58,6 +58,7 @@ from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_manifest, load_split
 from schemas.features import BOX_FEATURES, FILENAME, HEIGHT, LABEL, MASK, WIDTH
 from schemas.manifest import NORMALIZED_FILENAME, Manifest, ManifestError
+from schemas.time_series import TIME_SERIES, example_kind
 
 __all__ = ["add_arguments", "main", "contact_sheet", "count_chart"]
 
@@ -884,10 +885,82 @@ def contact_sheet(
       FileNotFoundError: If `data_dir` is not a finished shardsmith dataset.
       schemas.ManifestError: If the dataset has no such split.
     """
+    if example_kind(load_manifest(data_dir).features) == TIME_SERIES:
+        return stack_sheet(data_dir, split, rows=min(per_class * 2, 24), image_size=image_size,
+                           rgb_bands=rgb_bands)
     return _build_sheet(
         data_dir, split, per_class=per_class, image_size=image_size, seed=seed,
         max_classes=max_classes, max_records=max_records, resize=resize, rgb_bands=rgb_bands,
     ).image
+
+
+# Dates shown per stack, at most (evenly spaced over its dates).
+_MAX_DATES = 12
+# Sentinel-2 / Landsat red, green, blue band names, in preference order.
+_RGB_NAMES = (("B04", "B03", "B02"), ("SR_B4", "SR_B3", "SR_B2"), ("B4", "B3", "B2"))
+
+
+def stack_sheet(data_dir, split: str = "train", *, rows: int = 12, image_size: int = 96,
+                rgb_bands: Sequence[int] | str | None = None) -> Image.Image:
+    """A sheet of a time-series split: one row per stack, one date's RGB per tile, in date order.
+
+    Each row is labelled with the stack's file name and class; each tile is
+    one date (at most 12, evenly spaced), captioned with its date, its bands
+    stretched as `contact_sheet` stretches rasters. Bands: `rgb_bands`
+    (1-based), else B04, B03, B02 (or Landsat's SR_B4, SR_B3, SR_B2) when the
+    stacks have them, else the first three.
+
+    Raises:
+      ValueError: For an argument out of range.
+    """
+    from readers.time_series import time_series_dataset_from_tfrecords
+    from schemas.time_series import STACK_BANDS, STACK_DATES, date_of_days
+
+    rows = _check_int("rows", rows, 1, 100)
+    image_size = _check_int("image_size", image_size, 16, 1024)
+    classes = load_manifest(data_dir).class_names
+    ds = time_series_dataset_from_tfrecords(data_dir, split, batch_size=None, dtype=None, shuffle=False,
+                                            label_mode="int" if classes else None, deterministic=True,
+                                            extra_features=(FILENAME.key, STACK_DATES.key, STACK_BANDS.key))
+    font = _font(12)
+    line = _line_height(font)
+    label_width = 220
+    tiles = []
+    for element in ds.take(rows):
+        stack, extras = element[0].numpy(), element[-1]
+        label = int(element[1].numpy()) if classes else -1
+        names = [b.decode() for b in extras[STACK_BANDS.key].numpy()]
+        if rgb_bands is not None:
+            bands = _check_rgb_bands(rgb_bands, len(names))
+        else:
+            bands = next((tuple(names.index(n) + 1 for n in rgb) for rgb in _RGB_NAMES
+                          if all(n in names for n in rgb)), _default_rgb_bands(len(names)))
+        t = stack.shape[0]
+        shown = min(t, _MAX_DATES)
+        picks = sorted({round(k * (t - 1) / max(1, shown - 1)) for k in range(shown)})
+        name = extras[FILENAME.key].numpy().decode("utf-8", "backslashreplace")
+        cls = ds.class_names[label] if 0 <= label < len(ds.class_names) else "no class"
+        dates = extras[STACK_DATES.key].numpy()
+        tiles.append((f"{name} ({cls})", [
+            (date_of_days(dates[k]).isoformat(),
+             Image.fromarray(_stretch_to_rgb(stack[k], bands, stretch=stack.dtype != np.uint8)).resize(
+                 (image_size, image_size), Image.NEAREST)) for k in picks]))
+    if not tiles:
+        raise ValueError(f"Split {split!r} of {os.fspath(data_dir)!r} has no stacks to show.")
+    columns = max(len(row) for _, row in tiles)
+    width = 2 * _MARGIN + label_width + columns * (image_size + _GAP)
+    height = 2 * _MARGIN + len(tiles) * (image_size + line + _GAP)
+    sheet = Image.new("RGB", (width, height), _WHITE)
+    draw = ImageDraw.Draw(sheet)
+    for r, (title, row) in enumerate(tiles):
+        top = _MARGIN + r * (image_size + line + _GAP)
+        draw.text((_MARGIN, top + image_size // 2), _fit(font, title, label_width - _GAP, path=True),
+                  fill=_INK, font=font)
+        for c, (caption, tile) in enumerate(row):
+            left = _MARGIN + label_width + c * (image_size + _GAP)
+            sheet.paste(tile, (left, top))
+            draw.text((left, top + image_size), caption, fill=_MUTED, font=font)
+    return sheet
 
 
 # --- The count chart ----------------------------------------------------------

@@ -287,3 +287,28 @@ def test_volumes_on_dask_give_the_local_runners_bytes(dask_cluster, tmp_path):
     assert [name for name in local if on_dask[name] != local[name]] == []
     manifest = json.loads(local["volumes.json"])
     assert sum(s["records"] for s in manifest["splits"].values()) == 3
+
+
+def test_a_time_series_conversion_on_dask_gives_the_local_runners_bytes(dask_cluster, tmp_path):
+    """Locations of dated passes stacked by the cluster's workers (--time_series, whole and in
+    patches): the local runner's bytes."""
+    rng = np.random.default_rng(37)
+    for cls in ("corn", "wheat"):
+        for k in range(3):
+            for date in ("2020-05-14", "2020-06-01", "2020-07-04"):
+                _scene(tmp_path / "in" / cls / f"field_{k}" / f"{date}_B04.tif",
+                       rng.integers(1, 9000, (1, 40, 30), dtype=np.uint16))
+                _scene(tmp_path / "in" / cls / f"field_{k}" / f"{date}_B08.tif",
+                       rng.integers(1, 9000, (1, 40, 30), dtype=np.uint16))
+    for extra in ([], ["--raster_patch", "16", "--raster_edge", "pad"]):
+        args = ["--input_dir", str(tmp_path / "in"), "--time_series", "--num_shards", "3", *extra]
+        local_out, dask_out = tmp_path / f"local{len(extra)}", tmp_path / f"dask{len(extra)}"
+        convert_module.run([*args, "--output_dir", str(local_out)])
+        convert_module.run([*args, "--output_dir", str(dask_out), "--runner", "DaskRunner",
+                            "--dask_client_address", dask_cluster.address])
+        local, on_dask = _files(local_out), _files(dask_out)
+        assert sorted(on_dask) == sorted(local)
+        assert [name for name in local if on_dask[name] != local[name]] == []
+        manifest = schemas.Manifest.from_json((dask_out / schemas.MANIFEST_FILENAME).read_text())
+        assert manifest.counts["written"] == 36
+        assert manifest.splits["train"].num_records == (6 if not extra else 6 * 3 * 2)

@@ -19,7 +19,7 @@ _FLAGS = dict(
     dicom_bit_depth=8, dicom_frames="first", dicom_tags=None, dicom_allow_identifying_tags=False,
     raster_pages="first", raster_bands=None, raster_dtype=None, raster_range=None, raster_georef=False,
     raster_patch=None, raster_stride=None, raster_edge=None, raster_max_nodata=None, masks_dir=None,
-    mask_suffix=MaskOptions().mask_suffix,
+    mask_suffix=MaskOptions().mask_suffix, time_series=False, bands=None, volumes=False, min_slices=2,
 )
 
 

@@ -1,0 +1,577 @@
+"""Satellite time series: the dated passes over one location as one stack (time, height, width, bands).
+
+A **location** is every folder that directly holds rasters (TIFF files).
+Its files are grouped by date into one stack, dates ascending (issue 37):
+
+- **A file's date** comes from its name, else from its TIFF DateTime tag
+  (306, 'YYYY:MM:DD HH:MM:SS', what GDAL writes for TIFFTAG_DATETIME). In a
+  name, the first date found, scanning left to right, of the forms
+  `YYYY-MM-DD` and `YYYYMMDD` (8 digits with no digit on either side, or
+  followed by `T` and a time): `2020-05-14.tif`; the sensing date of a
+  Sentinel-2 product, `S2B_MSIL2A_20200514T103629_N0214_R008_T31TFJ_20200514T124004`,
+  and the acquisition date of a Landsat Collection 2 product,
+  `LC08_L2SP_198030_20200514_20200820_02_T1_SR_B4`, both the first date of
+  the name (the later ones are processing dates). A file with neither is
+  rejected `no_date`.
+- **Bands.** Files of one date that end (before the extension) in a band
+  suffix are the bands of that date: `_B02`, `_B4`, `_B8A`, `.B11`, and
+  Landsat's `_SR_B4`, `_ST_B10` (named `SR_B4`, `ST_B10`). Band names are
+  ordered by `TimeSeriesOptions.bands` (--bands B02,B03,B04,B08; bands not
+  named there are left out), else in natural order: letters as text, digit
+  runs as numbers (B1 < B2 < B8 < B8A < B9 < B10 < B11, SR_B1 < ST_B10). A
+  file without a band suffix holds every band of its date, named '1', '2',
+  ... as GDAL numbers them (--bands 4,3,2 then picks and orders them).
+- **Alignment is checked**, never assumed: every file of every date must
+  share the CRS (EPSG code), geotransform, width, height, dtype and band
+  count with the location's first date (its first file). A date that
+  does not is left out of the stack (its files rejected `misaligned`, with
+  what differs); a date without every band is left out (`missing_band`);
+  two files for one date and band leave that date out (`conflicting_dates`);
+  band files of one date in several dtypes reject the location
+  (`mixed_dtypes`). Nothing is resampled: that is the user's decision.
+- **Reading** uses `imaging.patches.SceneReader` (tifffile, imagecodecs):
+  one window of each file at a time, decoding only the strips or tiles it
+  overlaps, so a location cut into patches (`read_patches`) holds one
+  work item's patches of every date, never the whole stack.
+
+`plan_location` reads headers only (a few KB per file) and says what each
+input file becomes; `read_stack` and `read_patches` read the values.
+Framework-free (numpy, tifffile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import os
+import posixpath
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+import schemas
+from imaging import raster as _raster
+from imaging.errors import ImageRejected
+from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_geotransform
+
+__all__ = ["TimeSeriesOptions", "LocationPlan", "DatePlan", "Outcome", "RASTER_EXTENSIONS", "is_raster_name",
+           "name_date", "band_of", "natural_key", "plan_location", "read_stack", "read_patches",
+           "stack_band_stats", "location_of", "patch_of"]
+
+# Extensions of the files a location is made of (case-insensitive).
+RASTER_EXTENSIONS = (".tif", ".tiff")
+_DATETIME_TAG = 306
+# Lossless widening of sample types that records do not hold (as `imaging.raster` widens).
+_WIDEN = {"int8": "int16", "float16": "float32", "bool": "uint8"}
+# Dates before or after these are digits of something else (an orbit, a tile number).
+_FIRST_YEAR, _LAST_YEAR = 1950, 2100
+_ISO = r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)"
+_COMPACT = r"(?<!\d)(\d{4})(\d{2})(\d{2})(?=T\d|(?!\d))"
+_DATE_RE = re.compile(f"{_ISO}|{_COMPACT}")
+# A band suffix at the end of a file's stem: _B02, _B4, _B8A, .B11, _SR_B4, _ST_B10.
+_BAND_RE = re.compile(r"[._]((?:SR_|ST_)?B\d{1,2}A?)$", re.IGNORECASE)
+_DIGITS = re.compile(r"(\d+)")
+
+
+def is_raster_name(name: str) -> bool:
+    """Whether a file's name says it is a raster a location is made of."""
+    return name.lower().endswith(RASTER_EXTENSIONS)
+
+
+def location_of(rel_path: str) -> str:
+    """The location (folder) of a file's relative path; '' for a file at the input's root."""
+    return posixpath.dirname(rel_path)
+
+
+def name_date(name: str) -> datetime.date | None:
+    """The date in a file's name (the first, left to right), or None; see the module's docstring."""
+    stem = posixpath.basename(name)
+    for match in _DATE_RE.finditer(stem):
+        groups = [g for g in match.groups() if g is not None]
+        year, month, day = (int(g) for g in groups)
+        if not _FIRST_YEAR <= year <= _LAST_YEAR:
+            continue
+        try:
+            return datetime.date(year, month, day)
+        except ValueError:
+            continue  # 8 digits that are no date (20201399): look further.
+    return None
+
+
+def band_of(name: str) -> str | None:
+    """The band a file's name ends in ('B02', 'B8A', 'SR_B4', upper case), or None."""
+    stem = posixpath.basename(name)
+    for ext in RASTER_EXTENSIONS:
+        if stem.lower().endswith(ext):
+            stem = stem[:-len(ext)]
+            break
+    match = _BAND_RE.search(stem)
+    return match.group(1).upper() if match else None
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key of a band name: text as text, digit runs as numbers (B8 < B8A < B10)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in _DIGITS.split(name) if part != "")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeSeriesOptions:
+    """How a location's files become a stack; validated when built.
+
+    Attributes:
+      bands: Band names to keep, in this order (--bands B02,B03,B04,B08;
+        for locations of multi-band files, GDAL's band numbers: 4,3,2);
+        None keeps every band, in natural order (`natural_key`).
+      max_pixels: A stack of more samples (time x height x width x bands)
+        is rejected `too_large` unless it is cut into patches (--max_pixels).
+      patch: Cut every location into patches, the same window of every date
+        (`imaging.patches.PatchOptions`, --raster_patch and its companions);
+        None stores each location whole.
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    bands: tuple[str, ...] | None = None
+    max_pixels: int = 178_956_970
+    patch: PatchOptions | None = None
+
+    def __post_init__(self):
+        if self.bands is not None:
+            bands = tuple(self.bands)
+            if not bands or any(not isinstance(b, str) or not b.strip() for b in bands):
+                raise ValueError(f"--bands must be band names, e.g. B02,B03,B04,B08. Received: {self.bands!r}")
+            bands = tuple(b.strip().upper() for b in bands)
+            twice = sorted({b for b in bands if bands.count(b) > 1})
+            if twice:
+                raise ValueError(f"--bands names each band once. Received {twice} more than once")
+            object.__setattr__(self, "bands", bands)
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
+            raise ValueError(f"--max_pixels must be a positive int. Received: {self.max_pixels!r}")
+        if self.patch is not None and not isinstance(self.patch, PatchOptions):
+            raise ValueError(f"patch must be an imaging.patches.PatchOptions or None. Received: {self.patch!r}")
+
+    @classmethod
+    def parse_bands(cls, text: str) -> tuple[str, ...]:
+        """'B02,B03,B04' -> ('B02', 'B03', 'B04'); raises ValueError naming --bands."""
+        bands = tuple(b.strip() for b in text.split(","))
+        if not all(bands):
+            raise ValueError(f"--bands must be band names separated by commas, e.g. B02,B03,B04. Received: {text!r}")
+        return bands
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"bands": list(self.bands) if self.bands else None}
+        if self.patch is not None:
+            d["patch"] = self.patch.to_json()
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class DatePlan:
+    """One time step of a location: its date and the files holding its bands.
+
+    Attributes:
+      date: ISO date.
+      files: (relative path, path to open, band index in that file (0-based))
+        per band of the stack, in stack order; a multi-band file appears once
+        per band it gives.
+    """
+
+    date: str
+    files: tuple[tuple[str, str, int], ...]
+
+    @property
+    def days(self) -> int:
+        return schemas.time_series.days_since_epoch(datetime.date.fromisoformat(self.date))
+
+    @property
+    def rel_paths(self) -> tuple[str, ...]:
+        """Its files' relative paths, each once, in stack order."""
+        return tuple(dict.fromkeys(rel for rel, _, _ in self.files))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What became of one input file that is in no stack: rejected, or noted.
+
+    Attributes:
+      rel_path: The file.
+      reason: A key of `schemas.REJECT_REASONS` (or `schemas.SKIP_REASONS`).
+      message: What went wrong, naming the date and what differs.
+      date: Its date (ISO) when it has one.
+    """
+
+    rel_path: str
+    reason: str
+    message: str
+    date: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LocationPlan:
+    """What a location becomes, from its files' names and headers (`plan_location`).
+
+    Attributes:
+      location: Its relative path (the records' filename).
+      dates: The time steps kept, ascending.
+      bands: The band names, in stack order.
+      height, width, dtype: Of every date (dtype: the stored type).
+      epsg, geotransform: Of the first date (all kept dates share them).
+      nodata: The first file's GDAL nodata value, or None.
+      outcomes: Every file in no stack: the dates left out and why, and
+        files rejected on their own (`no_date`), sorted by path.
+      rejected: (reason, message) when the location gives no stack at all;
+        its files are then each in `outcomes` with that reason.
+    """
+
+    location: str
+    dates: tuple[DatePlan, ...]
+    bands: tuple[str, ...]
+    height: int
+    width: int
+    dtype: str
+    epsg: int
+    geotransform: tuple[float, ...] | None
+    nodata: float | None
+    outcomes: tuple[Outcome, ...]
+    rejected: tuple[str, str] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.dates), self.height, self.width, len(self.bands))
+
+    @property
+    def samples(self) -> int:
+        t, h, w, b = self.shape
+        return t * h * w * b
+
+    @property
+    def nbytes(self) -> int:
+        return self.samples * np.dtype(self.dtype).itemsize
+
+    def dropped(self) -> dict[str, dict[str, str]]:
+        """The dates left out: ISO date -> {'reason', 'message'} (the first file's, per date)."""
+        out: dict[str, dict[str, str]] = {}
+        for o in self.outcomes:
+            if o.date is not None and o.date not in out:
+                out[o.date] = {"reason": o.reason, "message": o.message}
+        return dict(sorted(out.items()))
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe, to carry the plan to the worker that reads it (`from_json`)."""
+        return {"location": self.location, "dates": [[d.date, [list(f) for f in d.files]] for d in self.dates],
+                "bands": list(self.bands), "height": self.height, "width": self.width, "dtype": self.dtype,
+                "epsg": self.epsg, "geotransform": None if self.geotransform is None else list(self.geotransform),
+                "nodata": _json_float(self.nodata),
+                "outcomes": [[o.rel_path, o.reason, o.message, o.date] for o in self.outcomes],
+                "rejected": None if self.rejected is None else list(self.rejected)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LocationPlan:
+        nodata = d["nodata"]
+        return cls(d["location"],
+                   tuple(DatePlan(date, tuple((rel, path, int(b)) for rel, path, b in files))
+                         for date, files in d["dates"]),
+                   tuple(d["bands"]), int(d["height"]), int(d["width"]), d["dtype"], int(d["epsg"]),
+                   None if d["geotransform"] is None else tuple(float(v) for v in d["geotransform"]),
+                   None if nodata is None else float(nodata),
+                   tuple(Outcome(*o) for o in d["outcomes"]),
+                   None if d["rejected"] is None else tuple(d["rejected"]))
+
+
+def _json_float(value: float | None):
+    if value is None:
+        return None
+    if math.isnan(value):
+        return "nan"
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Header:
+    """What alignment compares of one file, from its header."""
+
+    rel_path: str
+    path: str
+    date: datetime.date | None
+    band: str | None
+    epsg: int = 0
+    geotransform: tuple[float, ...] | None = None
+    height: int = 0
+    width: int = 0
+    bands: int = 0
+    dtype: str = ""
+    nodata: float | None = None
+    error: ImageRejected | None = None
+
+
+def _header(rel_path: str, path: str) -> _Header:
+    date = name_date(rel_path)
+    band = band_of(rel_path)
+    try:
+        with SceneReader(path, rel_path) as scene:
+            georef = scene.georef
+            dtype = _WIDEN.get(scene.dtype.name, scene.dtype.name)
+            if date is None:
+                date = _tag_date(scene)
+            return _Header(rel_path, path, date, band, georef.epsg, georef.geotransform, scene.height,
+                           scene.width, scene.bands, dtype, scene.nodata)
+    except ImageRejected as e:
+        return _Header(rel_path, path, date, band, error=e)
+
+
+def _tag_date(scene: SceneReader) -> datetime.date | None:
+    """The date of the TIFF DateTime tag ('YYYY:MM:DD HH:MM:SS'), or None."""
+    tag = scene._page.tags.get(_DATETIME_TAG)  # Same package: the page SceneReader opened.
+    value = None if tag is None else tag.value
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str):
+        return None
+    match = re.match(r"\s*(\d{4})[:\-](\d{2})[:\-](\d{2})", value)
+    if not match:
+        return None
+    try:
+        return datetime.date(*(int(g) for g in match.groups()))
+    except ValueError:
+        return None
+
+
+def _differences(ref: _Header, h: _Header, band_file: bool) -> list[str]:
+    """What differs between a file and the location's reference (its first date's first file)."""
+    out = []
+    if h.epsg != ref.epsg:
+        out.append(f"CRS EPSG:{h.epsg} (first date: EPSG:{ref.epsg})")
+    if h.geotransform != ref.geotransform:
+        out.append(f"geotransform {_gt(h.geotransform)} (first date: {_gt(ref.geotransform)})")
+    if (h.height, h.width) != (ref.height, ref.width):
+        out.append(f"size {h.width}x{h.height} (first date: {ref.width}x{ref.height})")
+    if h.dtype != ref.dtype:
+        out.append(f"dtype {h.dtype} (first date: {ref.dtype})")
+    if h.bands != (1 if band_file else ref.bands):
+        out.append(f"{h.bands} bands (first date: {1 if band_file else ref.bands})")
+    return out
+
+
+def _gt(geotransform) -> str:
+    return "none" if geotransform is None else "(" + ", ".join(f"{v:g}" for v in geotransform) + ")"
+
+
+def plan_location(location: str, files: Sequence[tuple[str, str]], options: TimeSeriesOptions) -> LocationPlan:
+    """What a location's files become, from their names and headers (no pixel is decoded).
+
+    Args:
+      location: The folder's path relative to the input root.
+      files: (relative path, path to open) of every raster it directly holds.
+      options: --bands, --max_pixels, --raster_patch.
+
+    Returns:
+      The plan: the dates kept, and every other file with its reason.
+    """
+    headers = [_header(rel, path) for rel, path in sorted(files, key=lambda f: os.fsencode(f[0]))]
+    outcomes: list[Outcome] = []
+    by_date: dict[datetime.date, list[_Header]] = {}
+    for h in headers:
+        if h.error is not None:
+            outcomes.append(Outcome(h.rel_path, h.error.reason, h.error.message,
+                                    None if h.date is None else h.date.isoformat()))
+        elif h.date is None:
+            outcomes.append(Outcome(h.rel_path, "no_date", f"{h.rel_path}: no date in its name "
+                                    "(YYYY-MM-DD, YYYYMMDD, a Sentinel-2 or Landsat product name) "
+                                    "and no TIFF DateTime tag"))
+        else:
+            by_date.setdefault(h.date, []).append(h)
+
+    # Conflicts first: two files for one date and band leave the date out.
+    dates: dict[datetime.date, dict[str | None, _Header]] = {}
+    for date, group in sorted(by_date.items()):
+        per_band: dict[str | None, list[_Header]] = {}
+        for h in group:
+            per_band.setdefault(h.band, []).append(h)
+        clash = {band: hs for band, hs in per_band.items() if len(hs) > 1}
+        if None in per_band and len(per_band) > 1:
+            clash[None] = per_band[None]  # A whole-date file beside band files of that date.
+        if clash:
+            what = "; ".join(
+                f"{'band ' + band if band else 'the whole date'}: " + ", ".join(h.rel_path for h in hs)
+                for band, hs in sorted(clash.items(), key=lambda kv: natural_key(kv[0] or "")))
+            for h in group:
+                outcomes.append(Outcome(h.rel_path, "conflicting_dates",
+                                        f"{location or '.'}: {date.isoformat()} has several files for one "
+                                        f"band ({what})", date.isoformat()))
+            continue
+        dates[date] = {band: hs[0] for band, hs in per_band.items()}
+
+    def rejected(reason: str, message: str) -> LocationPlan:
+        gone = [Outcome(h.rel_path, reason, message, d.isoformat())
+                for d, per_band in dates.items() for h in per_band.values()]
+        return LocationPlan(location, (), (), 0, 0, "", 0, None, None,
+                            tuple(sorted(outcomes + gone, key=lambda o: os.fsencode(o.rel_path))),
+                            (reason, message))
+
+    if not dates:
+        return rejected("no_date", f"{location or '.'}: no date left to stack")
+    band_files = any(band is not None for per_band in dates.values() for band in per_band)
+    for date, per_band in dates.items():
+        dtypes = sorted({h.dtype for h in per_band.values()})
+        if len(dtypes) > 1:
+            return rejected("mixed_dtypes", f"{location or '.'}: the band files of {date.isoformat()} are of "
+                                            f"several dtypes ({', '.join(dtypes)}); a stack has one")
+    first = next(iter(dates.values()))
+    ref = first[min(first, key=lambda b: natural_key(b or ""))]
+    if band_files:
+        found = sorted({band for per_band in dates.values() for band in per_band if band is not None},
+                       key=natural_key)
+    else:
+        found = [str(i + 1) for i in range(ref.bands)]
+    if options.bands is not None:
+        bands = list(options.bands)
+    else:
+        bands = found
+    unselected = [b for b in found if b not in bands]
+
+    kept: list[DatePlan] = []
+    for date, per_band in dates.items():
+        iso = date.isoformat()
+        diffs = {h.rel_path: _differences(ref, h, band_files) for h in per_band.values()}
+        diffs = {rel: d for rel, d in diffs.items() if d}
+        if diffs:
+            what = "; ".join(f"{rel}: {', '.join(d)}" for rel, d in sorted(diffs.items()))
+            for h in per_band.values():
+                outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the first date "
+                                        f"({what}); left out of the stack, nothing resampled", iso))
+            continue
+        if band_files:
+            missing = [b for b in bands if b not in per_band]
+        else:
+            missing = [b for b in bands if not (b.isdigit() and 1 <= int(b) <= ref.bands)]
+        if missing:
+            for h in per_band.values():
+                outcomes.append(Outcome(h.rel_path, "missing_band",
+                                        f"{iso} has no band {', '.join(missing)} (the stack's bands: "
+                                        f"{', '.join(bands)}); left out of the stack", iso))
+            continue
+        if band_files:
+            files = tuple((per_band[b].rel_path, per_band[b].path, 0) for b in bands)
+            for b in unselected:
+                if b in per_band:
+                    outcomes.append(Outcome(per_band[b].rel_path, "band_not_selected",
+                                            f"band {b} is not among --bands {','.join(bands)}", None))
+        else:
+            h = per_band[None]
+            files = tuple((h.rel_path, h.path, int(b) - 1) for b in bands)
+        kept.append(DatePlan(iso, files))
+    outcomes.sort(key=lambda o: os.fsencode(o.rel_path))
+    if not kept:
+        return LocationPlan(location, (), tuple(bands), 0, 0, "", 0, None, None, tuple(outcomes),
+                            ("no_date", f"{location or '.'}: no date left to stack (every date was left "
+                                        f"out: see its files)"))
+    dtype = ref.dtype
+    if dtype not in schemas.RAW_DTYPES:
+        return rejected("unsupported_dtype", f"{location or '.'}: {dtype} samples; stacks hold "
+                                             f"{', '.join(schemas.RAW_DTYPES)}")
+    plan = LocationPlan(location, tuple(kept), tuple(bands), ref.height, ref.width, dtype, ref.epsg,
+                        ref.geotransform, ref.nodata, tuple(outcomes))
+    if options.patch is None and plan.samples > options.max_pixels:
+        return rejected("too_large", f"{location or '.'}: a stack of {plan.shape} is {plan.samples:,} samples, "
+                                     f"more than --max_pixels={options.max_pixels:,}; cut it into patches "
+                                     f"(--raster_patch 256) or raise --max_pixels")
+    return plan
+
+
+def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = None) -> np.ndarray:
+    """The stack (time, height, width, bands) of a planned location, or of one window of it.
+
+    Args:
+      plan: From `plan_location`, not rejected.
+      window: (y, x, height, width); None: the whole location. A window
+        reaching past the edges holds each file's nodata value (0 without).
+
+    Raises:
+      ImageRejected: As `imaging.patches.SceneReader` does (a damaged strip).
+    """
+    y, x, h, w = (0, 0, plan.height, plan.width) if window is None else window
+    out = np.empty((len(plan.dates), h, w, len(plan.bands)), np.dtype(plan.dtype))
+    for t, date in enumerate(plan.dates):
+        _read_date(date, (y, x, h, w), out[t])
+    return out
+
+
+def _read_date(date: DatePlan, window: tuple[int, int, int, int], out: np.ndarray) -> None:
+    """Fills out (h, w, bands) with one date's window, opening each of its files once."""
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    paths = {}
+    for b, (rel, path, band) in enumerate(date.files):
+        by_file.setdefault(rel, []).append((b, band))
+        paths[rel] = path
+    for rel, picks in by_file.items():
+        with SceneReader(paths[rel], rel) as scene:
+            values = scene.read(*window)
+        for b, band in picks:
+            out[:, :, b] = values[:, :, band]
+
+
+def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
+                 columns: tuple[int, int] | None = None) -> Iterator[tuple[int, int, np.ndarray | None, float]]:
+    """The patches of a location whose top row is in [y0, y1) (and left column in `columns`).
+
+    Every patch is the same window of every date. The patches of the item
+    are read date by date (each file opened once per item), so what is held
+    is the item's patches of every date, not the location's stack.
+
+    Yields:
+      (y, x, stack (time, h, w, bands) or None when skipped, nodata share):
+      a patch whose share of pixels holding no data, over all its dates
+      (`imaging.patches.nodata_share`: padding counts), exceeds
+      --raster_max_nodata is skipped.
+    """
+    height, width = options.size
+    rows = [y for y in offsets(plan.height, height, options.stride[0], options.edge) if y0 <= y < y1]
+    xs = offsets(plan.width, width, options.stride[1], options.edge)
+    if columns is not None:
+        xs = tuple(x for x in xs if columns[0] <= x < columns[1])
+    corners = [(y, x) for y in rows for x in xs]
+    if not corners:
+        return
+    # One array per patch, each let go once yielded: the caller's encoded record need not sit
+    # beside every decoded patch of the item.
+    stacks: list[np.ndarray | None] = [
+        np.empty((len(plan.dates), height, width, len(plan.bands)), np.dtype(plan.dtype)) for _ in corners]
+    for t, date in enumerate(plan.dates):
+        by_file: dict[str, list[tuple[int, int]]] = {}
+        paths = {}
+        for b, (rel, path, band) in enumerate(date.files):
+            by_file.setdefault(rel, []).append((b, band))
+            paths[rel] = path
+        for rel, picks in by_file.items():
+            with SceneReader(paths[rel], rel) as scene:
+                if xs:
+                    scene.keep_columns(max(xs[0], 0), xs[-1] + width)
+                for k, (y, x) in enumerate(corners):
+                    values = scene.read(y, x, height, width, copy=False)
+                    for b, band in picks:
+                        stacks[k][t, :, :, b] = values[:, :, band]
+    padded = np.zeros((height, width), bool)
+    for k, (y, x) in enumerate(corners):
+        inside_rows = (np.arange(y, y + height) >= 0) & (np.arange(y, y + height) < plan.height)
+        inside_cols = (np.arange(x, x + width) >= 0) & (np.arange(x, x + width) < plan.width)
+        padded = ~(inside_rows[:, None] & inside_cols[None, :])
+        stack, stacks[k] = stacks[k], None
+        share = float(np.mean([nodata_share(stack[t], padded if padded.any() else None, plan.nodata)
+                               for t in range(stack.shape[0])]))
+        yield y, x, (None if share > options.max_nodata else stack), share
+
+
+def patch_of(plan: LocationPlan, y: int, x: int, height: int, width: int) -> tuple[str, tuple[float, ...] | None]:
+    """A patch's record filename (`location#patch=Y,X`) and its own geotransform."""
+    return f"{plan.location}#patch={y},{x}", patch_geotransform(plan.geotransform, y, x)
+
+
+def stack_band_stats(stack: np.ndarray, nodata: float | None) -> schemas.BandStats:
+    """Per-band statistics of a stack (time, height, width, bands): every date's pixels, nodata and NaN left out."""
+    t, h, w, b = stack.shape
+    return _raster.band_stats(np.ascontiguousarray(stack).reshape(t * h, w, b), nodata)

@@ -1,0 +1,230 @@
+"""Locations of dated passes written by GDAL (rasterio), stacked by imaging/time_series.py, and
+every value and date compared with rasterio's own read."""
+
+import datetime
+
+import numpy as np
+import pytest
+
+import schemas
+from imaging import time_series as ts
+from imaging.patches import PatchOptions
+from tests.helpers import write_geotiff
+
+rasterio = pytest.importorskip("rasterio")
+from rasterio.transform import from_origin  # noqa: E402
+
+
+def _values(seed, bands=3, height=12, width=10, dtype="uint16"):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 30000, size=(bands, height, width)).astype(dtype)
+
+
+def _files(folder):
+    return [(p.relative_to(folder.parent).as_posix(), str(p)) for p in sorted(folder.iterdir())]
+
+
+def _rasterio_stack(paths_per_date, bands_per_file=None):
+    """(time, height, width, bands) as rasterio reads it: each date's files, band by band."""
+    dates = []
+    for paths in paths_per_date:
+        planes = []
+        for path in paths:
+            with rasterio.open(path) as src:
+                planes.append(src.read())  # (bands, h, w)
+        stacked = np.concatenate(planes, axis=0)
+        if bands_per_file is not None:
+            stacked = stacked[list(bands_per_file)]
+        dates.append(np.transpose(stacked, (1, 2, 0)))
+    return np.stack(dates)
+
+
+def test_name_dates_and_band_suffixes():
+    assert ts.name_date("2020-05-14.tif") == datetime.date(2020, 5, 14)
+    assert ts.name_date("S2B_MSIL2A_20200514T103629_N0214_R008_T31TFJ_20200514T124004.tif") == \
+        datetime.date(2020, 5, 14)
+    assert ts.name_date("LC08_L2SP_198030_20200601_20200820_02_T1_SR_B4.TIF") == datetime.date(2020, 6, 1)
+    assert ts.name_date("field_20190102.tif") == datetime.date(2019, 1, 2)
+    assert ts.name_date("orbit_12345678.tif") is None  # 1234-56-78 is no date
+    assert ts.name_date("tile_0001.tif") is None
+    assert ts.name_date("scene_123456789.tif") is None  # nine digits: not a date
+    assert ts.band_of("x_B02.tif") == "B02"
+    assert ts.band_of("x_B4.TIF") == "B4"
+    assert ts.band_of("x_b8a.tif") == "B8A"
+    assert ts.band_of("x.B11.tif") == "B11"
+    assert ts.band_of("LC08_L2SP_198030_20200601_20200820_02_T1_SR_B4.TIF") == "SR_B4"
+    assert ts.band_of("2020-05-14.tif") is None
+    assert sorted(["B11", "B8A", "B2", "B10", "B8", "B1"], key=ts.natural_key) == \
+        ["B1", "B2", "B8", "B8A", "B10", "B11"]
+
+
+def test_one_multiband_file_per_date_in_date_order(tmp_path):
+    loc = tmp_path / "wheat" / "field_1"
+    names = ["S2B_MSIL2A_20200714T103629_N0214_R008_T31TFJ_20200714T124004.tif",
+             "S2A_MSIL2A_20200514T103629_N0214_R008_T31TFJ_20200901T124004.tif",
+             "S2A_MSIL2A_20200604T103629_N0214_R008_T31TFJ_20200604T124004.tif"]
+    for i, name in enumerate(names):
+        write_geotiff(loc / name, _values(i, bands=4), crs="EPSG:32631")
+    plan = ts.plan_location("wheat/field_1", _files(loc), ts.TimeSeriesOptions())
+    assert plan.rejected is None and plan.outcomes == ()
+    assert [d.date for d in plan.dates] == ["2020-05-14", "2020-06-04", "2020-07-14"]
+    assert [d.days for d in plan.dates] == [
+        (datetime.date(2020, 5, 14) - datetime.date(1970, 1, 1)).days,
+        (datetime.date(2020, 6, 4) - datetime.date(1970, 1, 1)).days,
+        (datetime.date(2020, 7, 14) - datetime.date(1970, 1, 1)).days]
+    assert plan.bands == ("1", "2", "3", "4") and plan.epsg == 32631
+    with rasterio.open(loc / names[1]) as src:
+        assert plan.geotransform == tuple(src.transform.to_gdal())
+    stack = ts.read_stack(plan)
+    expected = _rasterio_stack([[loc / names[1]], [loc / names[2]], [loc / names[0]]])
+    assert stack.dtype == np.uint16 and stack.shape == (3, 12, 10, 4)
+    np.testing.assert_array_equal(stack, expected)
+    # --bands picks and orders the bands of multi-band files by GDAL number.
+    plan = ts.plan_location("wheat/field_1", _files(loc), ts.TimeSeriesOptions(bands=("4", "1")))
+    np.testing.assert_array_equal(ts.read_stack(plan), expected[..., [3, 0]])
+
+
+def test_one_file_per_band_and_date_landsat_names(tmp_path):
+    loc = tmp_path / "tile"
+    paths = {}
+    for d, date in enumerate(["20200601", "20200517"]):
+        for b, band in enumerate(["SR_B5", "SR_B4", "SR_B10"]):
+            name = f"LC08_L2SP_198030_{date}_20200820_02_T1_{band}.TIF"
+            paths[date, band] = write_geotiff(loc / name, _values(10 * d + b, bands=1))
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions())
+    assert plan.bands == ("SR_B4", "SR_B5", "SR_B10")  # natural order
+    assert [d.date for d in plan.dates] == ["2020-05-17", "2020-06-01"]
+    expected = _rasterio_stack([[paths["20200517", b] for b in plan.bands],
+                                [paths["20200601", b] for b in plan.bands]])
+    np.testing.assert_array_equal(ts.read_stack(plan), expected)
+    # --bands orders them (and leaves the others out, noted).
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions(bands=("SR_B10", "SR_B4")))
+    assert plan.bands == ("SR_B10", "SR_B4")
+    np.testing.assert_array_equal(ts.read_stack(plan), expected[..., [2, 0]])
+    assert sorted((o.reason, o.rel_path.rsplit("_", 1)[-1]) for o in plan.outcomes) == [
+        ("band_not_selected", "B5.TIF"), ("band_not_selected", "B5.TIF")]
+
+
+def test_dates_only_in_the_tiff_tag(tmp_path):
+    loc = tmp_path / "loc"
+    for name, stamp, seed in (("pass_a.tif", "2021:03:09 10:00:00", 0), ("pass_b.tif", "2021:01:30 10:00:00", 1)):
+        path = write_geotiff(loc / name, _values(seed))
+        with rasterio.open(path, "r+") as dst:
+            dst.update_tags(TIFFTAG_DATETIME=stamp)
+    with rasterio.open(loc / "pass_a.tif") as src:
+        assert src.tags()["TIFFTAG_DATETIME"] == "2021:03:09 10:00:00"  # GDAL wrote the tag
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2021-01-30", "2021-03-09"]
+    np.testing.assert_array_equal(ts.read_stack(plan), _rasterio_stack([[loc / "pass_b.tif"], [loc / "pass_a.tif"]]))
+
+
+def test_shifted_and_reprojected_dates_are_left_out_saying_what_differs(tmp_path):
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0))
+    write_geotiff(loc / "2020-02-01.tif", _values(1),
+                  transform=from_origin(300005.0, 5000000.0, 10.0, 10.0))  # half a pixel east
+    write_geotiff(loc / "2020-03-01.tif", _values(2), crs="EPSG:32632")  # the next UTM zone
+    write_geotiff(loc / "2020-04-01.tif", _values(3))
+    write_geotiff(loc / "2020-05-01.tif", _values(4, height=11))
+    write_geotiff(loc / "2020-06-01.tif", _values(5, dtype="int16"))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-01-01", "2020-04-01"]
+    why = {o.rel_path: (o.reason, o.message) for o in plan.outcomes}
+    assert why["loc/2020-02-01.tif"][0] == "misaligned" and "geotransform (300005" in why["loc/2020-02-01.tif"][1]
+    assert why["loc/2020-03-01.tif"][0] == "misaligned" and "EPSG:32632" in why["loc/2020-03-01.tif"][1]
+    assert "size 10x11" in why["loc/2020-05-01.tif"][1]
+    assert "dtype int16" in why["loc/2020-06-01.tif"][1]
+    assert plan.dropped()["2020-03-01"]["reason"] == "misaligned"
+    np.testing.assert_array_equal(ts.read_stack(plan),
+                                  _rasterio_stack([[loc / "2020-01-01.tif"], [loc / "2020-04-01.tif"]]))
+
+
+def test_missing_band_duplicate_date_no_date_and_mixed_dtypes(tmp_path):
+    loc = tmp_path / "loc"
+    for date in ("20200101", "20200201", "20200301"):
+        for band in ("B02", "B03"):
+            if (date, band) != ("20200201", "B03"):
+                write_geotiff(loc / f"T31TFJ_{date}_{band}.tif", _values(int(date[4:6]) + len(band), bands=1))
+    write_geotiff(loc / "copy_20200301_B02.tif", _values(9, bands=1))  # a second B02 of 2020-03-01
+    write_geotiff(loc / "undated_B02.tif", _values(8, bands=1))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-01-01"]
+    why = {o.rel_path: o.reason for o in plan.outcomes}
+    assert why == {"loc/T31TFJ_20200201_B02.tif": "missing_band",
+                   "loc/T31TFJ_20200301_B02.tif": "conflicting_dates",
+                   "loc/T31TFJ_20200301_B03.tif": "conflicting_dates",
+                   "loc/copy_20200301_B02.tif": "conflicting_dates",
+                   "loc/undated_B02.tif": "no_date"}
+    # Every input file is in the stack or has a reason.
+    kept = {rel for d in plan.dates for rel in d.rel_paths}
+    assert kept | set(why) == {rel for rel, _ in _files(loc)} and not kept & set(why)
+    # Band files of one date in two dtypes: no stack.
+    mixed = tmp_path / "mixed"
+    write_geotiff(mixed / "2020-01-01_B02.tif", _values(0, bands=1))
+    write_geotiff(mixed / "2020-01-01_B03.tif", _values(1, bands=1, dtype="float32"))
+    plan = ts.plan_location("mixed", _files(mixed), ts.TimeSeriesOptions())
+    assert plan.rejected[0] == "mixed_dtypes" and {o.reason for o in plan.outcomes} == {"mixed_dtypes"}
+    assert len(plan.outcomes) == 2
+
+
+def test_too_large_without_patches_and_every_reason_is_known(tmp_path):
+    loc = tmp_path / "loc"
+    for i in range(3):
+        write_geotiff(loc / f"2020-01-0{i + 1}.tif", _values(i))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions(max_pixels=3 * 12 * 10 * 3 - 1))
+    assert plan.rejected[0] == "too_large" and "--raster_patch" in plan.rejected[1]
+    assert len(plan.outcomes) == 3
+    for reason in ("no_date", "misaligned", "missing_band", "conflicting_dates", "mixed_dtypes", "too_large"):
+        assert reason in schemas.REJECT_REASONS
+    assert "band_not_selected" in schemas.SKIP_REASONS
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions(
+        max_pixels=10, patch=PatchOptions((4, 4))))
+    assert plan.rejected is None
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_patches_are_the_same_window_of_every_date(tmp_path, tiled):
+    loc = tmp_path / "loc"
+    profile = {"tiled": True, "blockxsize": 16, "blockysize": 16} if tiled else {}
+    paths = [write_geotiff(loc / f"2020-0{i + 1}-01.tif", _values(i, bands=2, height=37, width=45),
+                           nodata=0, compress="deflate", **profile) for i in range(3)]
+    options = PatchOptions((16, 16), stride=(12, 12), edge="pad")
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions(patch=options))
+    got = {(y, x): (stack, share) for y, x, stack, share in ts.read_patches(plan, options, 0, 10 ** 6)}
+    assert sorted(got) == [(y, x) for y in (0, 12, 24) for x in (0, 12, 24, 36)]  # 37 rows, 45 columns
+    for (y, x), (stack, share) in got.items():
+        expected = []
+        for path in paths:
+            with rasterio.open(path) as src:  # GDAL's boundless window read, filled with nodata
+                expected.append(np.transpose(src.read(window=((y, y + 16), (x, x + 16)), boundless=True,
+                                                      fill_value=0), (1, 2, 0)))
+        np.testing.assert_array_equal(stack, np.stack(expected))
+        outside = max(0, y + 16 - 37) * 16 + max(0, x + 16 - 45) * 16 - max(0, y + 16 - 37) * max(0, x + 16 - 45)
+        assert share == pytest.approx(outside / 256)
+        name, gt = ts.patch_of(plan, y, x, 16, 16)
+        assert name == f"loc#patch={y},{x}"
+        with rasterio.open(paths[0]) as src:
+            assert gt == tuple(src.window_transform(((y, y + 16), (x, x + 16))).to_gdal())
+    # --raster_max_nodata: patches mostly outside the location are skipped.
+    strict = PatchOptions((16, 16), stride=(12, 12), edge="pad", max_nodata=0.5)
+    skipped = [(y, x) for y, x, stack, _ in ts.read_patches(plan, strict, 0, 10 ** 6) if stack is None]
+    assert (24, 36) in skipped and (0, 0) not in skipped
+
+
+def test_band_statistics_leave_nodata_out(tmp_path):
+    stack = np.array([[[[1, 5]], [[0, 7]]], [[[3, 0]], [[0, 9]]]], np.uint16)  # (2, 2, 1, 2)
+    stats = ts.stack_band_stats(stack, 0.0)
+    assert stats.count == (2, 3) and stats.nodata == (2, 1)
+    assert stats.mean == pytest.approx((2.0, 7.0))
+
+
+def test_the_plan_travels_as_json(tmp_path):
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0), nodata=0)
+    write_geotiff(loc / "2020-01-02.tif", _values(1), nodata=0)
+    write_geotiff(loc / "nodate.tif", _values(1), nodata=0)
+    import json
+
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    again = ts.LocationPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again == plan
