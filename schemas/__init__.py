@@ -49,6 +49,7 @@ from schemas.manifest import (
     REJECT_REASONS,
     REJECTS_FILENAME,
     SKIP_REASONS,
+    CLASS_ORDERS,
     SPLITS,
     TARGETS_SECTION,
     VERIFY_REPORT_FILENAME,
@@ -59,6 +60,7 @@ from schemas.manifest import (
     ManifestError,
     ShardInfo,
     SplitInfo,
+    VersionInfo,
     index_filename,
     shard_filename,
 )
@@ -74,5 +76,5 @@ __all__ = [
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "TARGETS_SECTION", "Manifest", "ManifestError", "ImageStats", "BandStats",
     "BandStatsAccumulator", "ShardInfo",
-    "SplitInfo", "shard_filename", "index_filename",
+    "SplitInfo", "shard_filename", "index_filename", "VersionInfo", "CLASS_ORDERS",
 ]
