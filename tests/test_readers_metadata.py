@@ -230,3 +230,20 @@ def test_version_pins_what_each_version_of_a_grown_dataset_held(tmp_path):
     shuffled = image_dataset_from_tfrecords(written.data_dir, version=1, **dict(
         kw, shuffle=True, seed=3))
     assert names(shuffled) == old
+
+
+def test_distributed_builders_read_the_version_asked_for(tmp_path):
+    from readers.distributed import distributed_dataset, make_dataset_fn
+
+    written = rd.write_dataset(tmp_path, splits={"train": 12}, num_shards=3)
+    _grow(written)
+    old = sum(1 for s in written.sources["train"] if s.shard in (0, 1))
+    kw = dict(global_batch_size=2, image_size=(8, 8), shuffle=False)
+    fn = make_dataset_fn(written.data_dir, version=1, **kw)
+    assert sum(int(tf.shape(b[1])[0]) for b in fn(tf.distribute.InputContext())) == old
+    fn = make_dataset_fn(written.data_dir, **kw)
+    assert sum(int(tf.shape(b[1])[0]) for b in fn(tf.distribute.InputContext())) == 12
+    dist = distributed_dataset(tf.distribute.OneDeviceStrategy("/cpu:0"), written.data_dir,
+                               version=1, **kw)
+    assert dist.class_names == ["cat", "dog"]
+    assert sum(int(tf.shape(b[1])[0]) for b in dist) == old
