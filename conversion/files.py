@@ -20,7 +20,7 @@ import re
 import uuid
 
 __all__ = ["AtomicWriter", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
-           "join", "TMP_DIRNAME"]
+           "join", "remove", "TMP_DIRNAME"]
 
 # Temporary files live in this folder inside the output until renamed.
 TMP_DIRNAME = "_shardsmith_tmp"
@@ -49,6 +49,18 @@ def exists(path: str) -> bool:
     if is_local(path):
         return os.path.exists(path)
     return _filesystems().exists(path)
+
+
+def remove(path: str) -> None:
+    """`FileSystems.delete` of one file, without Beam for a local path; a missing file is no error."""
+    if is_local(path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        return
+    if _filesystems().exists(path):
+        _filesystems().delete([path])
 
 
 def join(folder: str, *names: str) -> str:

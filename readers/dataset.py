@@ -1018,6 +1018,7 @@ def image_dataset_from_tfrecords(
     service_job_name: str | None = None,
     service_trainer_id: str | None = None,
     service_compression: str | None = None,
+    version: int | None = None,
 ) -> tf.data.Dataset:
     """Reads one split of a shardsmith dataset as a batched `tf.data.Dataset`.
 
@@ -1048,6 +1049,11 @@ def image_dataset_from_tfrecords(
         pipeline run by tf.data service workers, see `readers.service`; then the dataset's
         cardinality is unknown, and `seed` makes each worker's stream
         reproducible but not the order its batches arrive in).
+      version: For a dataset that grew (`shardsmith convert --append`): None
+        reads the latest version (every shard); N reads exactly what
+        version N held (its shards and its class_names), so cardinality,
+        the global shuffle and `start` positions taken on version N stay
+        valid while reading version N.
 
     Returns:
       A `tf.data.Dataset` whose elements are
@@ -1140,7 +1146,7 @@ def image_dataset_from_tfrecords(
             "shuffle='global' without a seed: using seed=%d (pass it, with `start`, "
             "to resume this read).", config.seed,
         )
-    split_files = load_split(data_dir, split)
+    split_files = load_split(data_dir, split, version=version)
     logger.info(
         "Reading split %r of %s: %d records in %d shard files.",
         split, split_files.data_dir, split_files.total_records, len(split_files.paths),

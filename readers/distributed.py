@@ -134,6 +134,7 @@ def make_dataset_fn(
     split: str = "train",
     *,
     global_batch_size: int,
+    version: int | None = None,
     **options: Any,
 ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """The dataset function `distributed_dataset` hands to the strategy.
@@ -146,6 +147,8 @@ def make_dataset_fn(
       split: The split to read.
       global_batch_size: Batch size summed over all replicas; must divide by
         the number of replicas.
+      version: None for the latest version of a dataset that grew, N for
+        exactly what version N held, as for `image_dataset_from_tfrecords`.
       **options: Any `ReaderConfig` option except `batch_size`.
 
     Returns:
@@ -159,7 +162,7 @@ def make_dataset_fn(
         `image_dataset_from_tfrecords`.
     """
     config = _config(global_batch_size, options)
-    split_files = load_split(data_dir, split)
+    split_files = load_split(data_dir, split, version=version)
     config.check_schema(split_files)
     return lambda context: _pipeline_dataset(split_files, config, context)
 
@@ -170,6 +173,7 @@ def distributed_dataset(
     split: str = "train",
     *,
     global_batch_size: int,
+    version: int | None = None,
     **options: Any,
 ) -> tf.distribute.DistributedDataset:
     """Reads one split as a distributed dataset for `strategy`.
@@ -184,6 +188,8 @@ def distributed_dataset(
       split: The split to read.
       global_batch_size: Batch size summed over all replicas; each replica
         gets `global_batch_size // strategy.num_replicas_in_sync`.
+      version: None for the latest version, N for what version N held, see
+        `make_dataset_fn`.
       **options: Any `ReaderConfig` option except `batch_size`, e.g.
         `image_size`, `seed`, `augment`, `repeat`.
 
@@ -206,7 +212,7 @@ def distributed_dataset(
             f"({replicas}). Received: global_batch_size={global_batch_size!r}"
         )
     config = _config(global_batch_size, options)
-    split_files = load_split(data_dir, split)
+    split_files = load_split(data_dir, split, version=version)
     config.check_schema(split_files)
     skipped = corrupt.CorruptRecords()  # Every input pipeline of this process counts here.
     dataset = strategy.distribute_datasets_from_function(

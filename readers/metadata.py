@@ -139,12 +139,14 @@ def _read_manifest(path: str, names: set[str]) -> Manifest:
     return Manifest.from_json(text, source=manifest_path)
 
 
-def load_manifest(data_dir: str | os.PathLike) -> Manifest:
+def load_manifest(data_dir: str | os.PathLike, version: int | None = None) -> Manifest:
     """Reads and checks the manifest of a converted dataset.
 
     Args:
       data_dir: The dataset folder (the converter's `--output_dir`), a local
         path or a URL `tf.io.gfile` understands such as `gs://bucket/data`.
+      version: None for the latest version (every shard), or N for exactly
+        what version N of a dataset that grew held (`Manifest.at_version`).
 
     Returns:
       The parsed `schemas.Manifest`.
@@ -157,7 +159,7 @@ def load_manifest(data_dir: str | os.PathLike) -> Manifest:
         schema version this reader does not read.
     """
     path = _check_data_dir(data_dir)
-    return _read_manifest(path, _listdir(path))
+    return _read_manifest(path, _listdir(path)).at_version(version)
 
 
 def _resolve_split(split: str, available: Mapping[str, Any]) -> str:
@@ -173,7 +175,8 @@ _READER_OF = {"image": "readers.image_dataset_from_tfrecords",
               TIME_SERIES: "readers.time_series_dataset_from_tfrecords"}
 
 
-def load_split(data_dir: str | os.PathLike, split: str, kind: str = "image") -> SplitFiles:
+def load_split(data_dir: str | os.PathLike, split: str, version: int | None = None,
+               kind: str = "image") -> SplitFiles:
     """Resolves the shard files of one split and checks they are all there.
 
     Args:
@@ -183,6 +186,8 @@ def load_split(data_dir: str | os.PathLike, split: str, kind: str = "image") -> 
       kind: The kind of record the caller reads: 'image', or
         `schemas.TIME_SERIES` (stacks); a dataset of another kind is refused,
         naming the reader it needs.
+      version: None for the latest version, N for exactly the shards and
+        classes version N held, see `load_manifest`.
 
     Returns:
       A `SplitFiles`; shards with no records are left out.
@@ -202,7 +207,7 @@ def load_split(data_dir: str | os.PathLike, split: str, kind: str = "image") -> 
         )
     path = _check_data_dir(data_dir)
     names = _listdir(path)
-    manifest = _read_manifest(path, names)
+    manifest = _read_manifest(path, names).at_version(version)
     resolved = _resolve_split(split, manifest.splits)
     if resolved not in manifest.splits:
         raise ManifestError(

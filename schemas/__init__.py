@@ -63,6 +63,7 @@ from schemas.manifest import (
     REJECT_REASONS,
     REJECTS_FILENAME,
     SKIP_REASONS,
+    CLASS_ORDERS,
     SPLITS,
     TARGETS_SECTION,
     VERIFY_REPORT_FILENAME,
@@ -73,6 +74,7 @@ from schemas.manifest import (
     ManifestError,
     ShardInfo,
     SplitInfo,
+    VersionInfo,
     index_filename,
     shard_filename,
 )
@@ -88,7 +90,7 @@ __all__ = [
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "TARGETS_SECTION", "Manifest", "ManifestError", "ImageStats", "BandStats",
     "BandStatsAccumulator", "ShardInfo",
-    "SplitInfo", "shard_filename", "index_filename", "not_a_dataset_folder",
+    "SplitInfo", "shard_filename", "index_filename", "not_a_dataset_folder", "VersionInfo", "CLASS_ORDERS",
     "STACK", "STACK_DTYPE", "STACK_SHAPE", "STACK_DATES", "STACK_BANDS", "STACK_VALID", "STACK_FEATURES",
     "TIME_SERIES", "StackRecord", "TimeSeriesExampleSchema", "example_kind",
 ]

@@ -5,6 +5,11 @@ dataset. It holds everything a reader needs (schema, class names, shard files
 and their counts) and nothing that changes between two runs of the same input
 and seed (no timestamps, no output path), so two such runs compare equal byte
 for byte.
+
+A dataset that grew (`convert --append`) also holds `versions`: one entry per
+conversion, each naming the shards it added. A manifest without it is one
+version that holds every shard, and is written without it, so a dataset that
+never grew keeps its bytes.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ __all__ = [
     "BandStats",
     "ShardInfo",
     "SplitInfo",
+    "VersionInfo",
+    "CLASS_ORDERS",
     "Manifest",
     "shard_filename",
     "index_filename",
@@ -554,6 +561,79 @@ class SplitInfo:
         return sum(counts) if counts else None
 
 
+# How class_names is ordered: "sorted" (a conversion sorts the class folders) or
+# "first_appearance" (an append added a class at the end, after the sorted ones).
+CLASS_ORDERS = ("sorted", "first_appearance")
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    """One conversion of a dataset that grows: what it added.
+
+    Attributes:
+      version: 1 for the first conversion, then 2, 3, ... per append.
+      shards: Split name to the shard files this version added (old ones are
+        held by earlier versions and never rewritten).
+      num_records: Split name to the records this version added.
+      class_counts: Split name to the records this version added per class,
+        indexed like the manifest's class_names (num_classes long).
+      num_classes: How many classes the dataset had once this version was
+        written: class_names[:num_classes] (indices never move, new classes
+        come at the end).
+      time: When it was written (ISO 8601, UTC); None for the implicit version
+        of a manifest written without `versions`.
+      options: The conversion options of this version.
+    """
+
+    version: int
+    shards: Mapping[str, tuple[str, ...]]
+    num_records: Mapping[str, int]
+    class_counts: Mapping[str, tuple[int, ...]]
+    num_classes: int
+    time: str | None
+    options: Mapping[str, Any]
+
+    def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
+        names = list(class_names)[: self.num_classes]
+        return {
+            "version": self.version,
+            "time": self.time,
+            "num_classes": self.num_classes,
+            "options": dict(self.options),
+            "splits": {
+                split: {
+                    "shards": list(files),
+                    "num_records": int(self.num_records.get(split, 0)),
+                    "class_counts": dict(
+                        zip(names, self.class_counts.get(split, (0,) * len(names)))
+                    ),
+                }
+                for split, files in sorted(self.shards.items())
+            },
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], class_names: Sequence[str]) -> VersionInfo:
+        """Parses one entry of `versions`; KeyError/TypeError/ValueError if damaged."""
+        num_classes = int(d["num_classes"])
+        names = list(class_names)[:num_classes]
+        splits = d["splits"]
+        if not isinstance(splits, Mapping):
+            raise TypeError(f"versions[].splits must be an object, got {splits!r}")
+        return cls(
+            version=int(d["version"]),
+            shards={k: tuple(str(f) for f in v["shards"]) for k, v in splits.items()},
+            num_records={k: int(v["num_records"]) for k, v in splits.items()},
+            class_counts={
+                k: tuple(int(v["class_counts"].get(n, 0)) for n in names)
+                for k, v in splits.items()
+            },
+            num_classes=num_classes,
+            time=None if d.get("time") is None else str(d["time"]),
+            options=dict(d.get("options") or {}),
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """Everything stored about a converted dataset.
@@ -570,6 +650,11 @@ class Manifest:
       normalized: Normalisation applied (e.g. 'exif_transpose') to count.
       options: The conversion options that shape the output (seed, shard policy).
       extra: Further sections owned by other parts (e.g. DICOM provenance).
+      versions: One `VersionInfo` per conversion, oldest first; () for a
+        dataset that never grew (one implicit version holding every shard,
+        see `all_versions`).
+      class_order: One of CLASS_ORDERS: "first_appearance" once an append
+        added a class at the end of class_names.
     """
 
     schema_version: int
@@ -582,6 +667,162 @@ class Manifest:
     normalized: Mapping[str, int]
     options: Mapping[str, Any]
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    versions: tuple[VersionInfo, ...] = ()
+    class_order: str = "sorted"
+
+    def __post_init__(self):
+        self._check_versions()
+
+    def _check_versions(self) -> None:
+        """Raises ManifestError unless versions and class_order agree with the shards."""
+        if self.class_order not in CLASS_ORDERS:
+            raise ManifestError(
+                f"The manifest's class_order must be one of {list(CLASS_ORDERS)}; "
+                f"got {self.class_order!r}."
+            )
+        if not self.versions:
+            return
+        numbers = [v.version for v in self.versions]
+        if numbers != list(range(1, len(numbers) + 1)):
+            raise ManifestError(
+                f"The manifest's versions must be numbered 1, 2, ... in order; got {numbers}."
+            )
+        shards = {(split, s.file): s for split, info in self.splits.items() for s in info.shards}
+        owner: dict[tuple[str, str], int] = {}
+        previous_classes = 0
+        for v in self.versions:
+            if not previous_classes <= v.num_classes <= len(self.class_names):
+                raise ManifestError(
+                    f"The manifest's version {v.version} has num_classes={v.num_classes}; "
+                    f"allowed: {previous_classes}..{len(self.class_names)} (classes are "
+                    f"only added, at the end of class_names)."
+                )
+            previous_classes = v.num_classes
+            for split, files in v.shards.items():
+                records = 0
+                counts = [0] * len(self.class_names)
+                for f in files:
+                    key = (split, f)
+                    if key not in shards:
+                        raise ManifestError(
+                            f"The manifest's version {v.version} names shard {f!r} of split "
+                            f"{split!r}, which the manifest's splits do not hold."
+                        )
+                    if key in owner:
+                        raise ManifestError(
+                            f"Shard {f!r} of split {split!r} is in versions {owner[key]} and "
+                            f"{v.version}; a shard belongs to the one version that wrote it."
+                        )
+                    owner[key] = v.version
+                    records += shards[key].num_records
+                    for i, c in enumerate(shards[key].class_counts):
+                        if c and i >= v.num_classes:
+                            raise ManifestError(
+                                f"Shard {f!r} of version {v.version} holds class "
+                                f"{self.class_names[i] if i < len(self.class_names) else i!r}, "
+                                f"which that version did not have (num_classes={v.num_classes})."
+                            )
+                        if i < len(counts):
+                            counts[i] += c
+                if records != v.num_records.get(split, 0):
+                    raise ManifestError(
+                        f"The manifest's version {v.version} says split {split!r} gained "
+                        f"{v.num_records.get(split, 0)} records, but its shards hold {records}."
+                    )
+                expected = tuple(counts[: v.num_classes])
+                got = tuple(v.class_counts.get(split, ()))
+                if got != expected:
+                    raise ManifestError(
+                        f"The manifest's version {v.version} gives class counts {list(got)} for "
+                        f"split {split!r}, but its shards hold {list(expected)}."
+                    )
+        orphans = sorted(set(shards) - set(owner))
+        if orphans:
+            raise ManifestError(
+                f"The manifest's shards {[f'{s}/{f}' for s, f in orphans]} belong to no version."
+            )
+        if self.versions[-1].num_classes != len(self.class_names):
+            raise ManifestError(
+                f"The manifest's latest version has num_classes={self.versions[-1].num_classes}"
+                f", but class_names holds {len(self.class_names)}."
+            )
+
+    @property
+    def all_versions(self) -> tuple[VersionInfo, ...]:
+        """The versions; a manifest written without them is one version holding every shard."""
+        if self.versions:
+            return self.versions
+        width = len(self.class_names)
+        return (
+            VersionInfo(
+                version=1,
+                shards={n: tuple(s.file for s in i.shards) for n, i in self.splits.items()},
+                num_records={n: i.num_records for n, i in self.splits.items()},
+                class_counts={
+                    n: tuple(i.class_counts or (0,) * width)[:width]
+                    for n, i in self.splits.items()
+                },
+                num_classes=width,
+                time=None,
+                options=dict(self.options),
+            ),
+        )
+
+    @property
+    def latest_version(self) -> int:
+        """The number of the newest version (1 for a dataset that never grew)."""
+        return self.all_versions[-1].version
+
+    def version_of(self, split: str, shard_file: str) -> int:
+        """The version that wrote a shard; raises ManifestError if no version holds it."""
+        for v in self.all_versions:
+            if shard_file in v.shards.get(split, ()):
+                return v.version
+        raise ManifestError(f"No version of the dataset holds shard {shard_file!r} of {split!r}.")
+
+    def at_version(self, version: int | None) -> Manifest:
+        """The dataset as version `version` held it (None: the latest, this manifest).
+
+        Its splits keep only the shards versions 1..version wrote, its
+        class_names the classes it had then; counts and rejects stay the
+        latest's (they describe the last run).
+
+        Raises:
+          ManifestError: If `version` is not one of the dataset's versions.
+        """
+        latest = self.latest_version
+        if version is None or (isinstance(version, int) and version == latest):
+            return self
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= latest:
+            raise ManifestError(
+                f"`version` must be None (the latest) or an integer in 1..{latest} "
+                f"(the dataset's versions); received version={version!r}."
+            )
+        kept = self.versions[:version]
+        width = kept[-1].num_classes
+        held = {(split, f) for v in kept for split, files in v.shards.items() for f in files}
+        splits = {
+            name: SplitInfo(
+                name=name,
+                shards=tuple(
+                    dataclasses.replace(s, class_counts=tuple(s.class_counts[:width]))
+                    for s in info.shards
+                    if (name, s.file) in held
+                ),
+            )
+            for name, info in self.splits.items()
+        }
+        order = "first_appearance" if self.class_order == "first_appearance" and any(
+            v.num_classes > self.versions[0].num_classes for v in kept
+        ) else "sorted"
+        return dataclasses.replace(
+            self,
+            class_names=self.class_names[:width],
+            splits=splits,
+            options=dict(kept[-1].options) or dict(self.options),
+            versions=kept,
+            class_order=order,
+        )
 
     def to_json(self) -> str:
         """Serializes with sorted keys, so equal manifests are equal bytes."""
@@ -600,6 +841,10 @@ class Manifest:
             "options": dict(self.options),
         }
         doc.update(self.extra)
+        if self.versions:
+            doc["versions"] = [v.to_json(self.class_names) for v in self.versions]
+        if self.class_order != "sorted":
+            doc["class_order"] = self.class_order
         return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
     @classmethod
@@ -639,19 +884,29 @@ class Manifest:
             known = {
                 "format", "schema_version", "tool_version", "features", "class_names",
                 "splits", "counts", "rejects", "normalized", "options",
+                "versions", "class_order",
             }
+            class_names = tuple(doc["class_names"])
+            raw_versions = doc.get("versions", [])
+            if not isinstance(raw_versions, list):
+                raise TypeError(f"versions must be a list, got {type(raw_versions).__name__}")
+            versions = tuple(VersionInfo.from_json(v, class_names) for v in raw_versions)
             return cls(
                 schema_version=version,
                 tool_version=str(doc["tool_version"]),
                 features=doc["features"],
-                class_names=tuple(doc["class_names"]),
+                class_names=class_names,
                 splits=splits,
                 counts=doc["counts"],
                 rejects=doc["rejects"],
                 normalized=doc["normalized"],
                 options=doc["options"],
                 extra={k: v for k, v in doc.items() if k not in known},
+                versions=versions,
+                class_order=str(doc.get("class_order", "sorted")),
             )
+        except ManifestError as e:
+            raise ManifestError(f"{source}: {e}") from e
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{source} is incomplete or damaged ({e!r}).") from e
 

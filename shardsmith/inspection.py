@@ -131,6 +131,23 @@ def _georef_lines(m: schemas.Manifest) -> list[str]:
     return [f"georeferenced ({keys}; EPSG {schemas.UNKNOWN_EPSG} and NaNs where unknown): {per}", ""]
 
 
+def _version_lines(m: schemas.Manifest) -> list[str]:
+    """A dataset that grew (--append): one row per version, what it added.
+
+    A dataset of one version prints nothing here (its output is unchanged).
+    """
+    if not m.versions:
+        return []
+    splits = sorted({s for v in m.versions for s in v.shards})
+    rows = [["version", "written (UTC)", "classes", *(f"+{s}" for s in splits), "shards"]]
+    for v in m.versions:
+        rows.append([str(v.version), v.time or "-", str(v.num_classes),
+                     *(f"{v.num_records.get(s, 0):,}" for s in splits),
+                     str(sum(len(f) for f in v.shards.values()))])
+    order = ("; classes in order of first appearance" if m.class_order == "first_appearance" else "")
+    return [f"versions: {len(m.versions)} (read one with version=N){order}"] + _table(rows) + [""]
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'s' * (n != 1)}"
 
@@ -266,6 +283,7 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30, max_sce
     lines += _table(rows) + [""]
     lines += _stored_images(m)
     lines += _georef_lines(m)
+    lines += _version_lines(m)
     lines += _patch_lines(m, max_scenes)
     lines += _target_lines(m, max_classes)
     splits = list(m.splits)

@@ -48,3 +48,12 @@ def test_read_bytes_of_local_files_and_their_errors(tmp_path):
         read_bytes(str(tmp_path / "missing.jpg"))
     with pytest.raises(IsADirectoryError):
         read_bytes(str(tmp_path))
+
+
+def test_remove_deletes_one_file_and_ignores_a_missing_one(tmp_path):
+    path = tmp_path / "gone.txt"
+    path.write_text("x")
+    files.remove(str(path))
+    assert not path.exists()
+    files.remove(str(path))
+    assert not path.exists()

@@ -166,3 +166,31 @@ def test_convert_bucket_to_bucket_and_verify(child_env, bucket, tmp_path):
     assert "OK: 19 records" in result.stderr + result.stdout
     report = json.loads(bucket.blob(f"out/{schemas.VERIFY_REPORT_FILENAME}").download_as_bytes())
     assert report["ok"] and report["records"] == 19, report["problems"]
+
+
+_LOCK_CHILD = """
+import sys
+from conversion.lock import LockError, OutputLock, read_lock
+url = sys.argv[1]
+with OutputLock(url, command="first"):
+    assert read_lock(url)["command"] == "first", read_lock(url)
+    try:
+        OutputLock(url, command="second").acquire()
+    except LockError as e:
+        print("refused:", e)
+assert read_lock(url) is None
+print("released")
+"""
+
+
+def test_output_lock_on_a_bucket(child_env, bucket):
+    """conversion.lock on gs://: a second writer is refused while the lock object exists."""
+    result = subprocess.run(
+        [sys.executable, "-c", _LOCK_CHILD, f"gs://{_BUCKET}/locked"], env=child_env,
+        cwd=str(_REPO), capture_output=True, text=True, timeout=_RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "refused:" in result.stdout and "being written by process" in result.stdout
+    assert result.stdout.rstrip().endswith("released")
+    assert not _objects(bucket, "locked/")

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from readers import image_dataset_from_tfrecords, load_manifest
 from readers.metadata import load_split
+import schemas
 from schemas import MANIFEST_FILENAME, SCHEMA_VERSION, ManifestError, shard_filename
 
 try:
@@ -176,3 +177,73 @@ def test_reads_through_tf_gfile(written):
     assert all(p.startswith(url + "/") for p in files.paths)
     ds = image_dataset_from_tfrecords(url, batch_size=3, image_size=(4, 4))
     assert sum(int(x.shape[0]) for x, _ in ds) == len(written.sources["train"])
+
+
+def _grow(written, split="train"):
+    """Rewrites the manifest of rd.write_dataset(3 shards, 3 classes) as two versions:
+    version 1 held shards 0 and 1 (classes cat, dog), version 2 added shard 2 (eel)."""
+    import dataclasses
+
+    from schemas import Manifest, VersionInfo
+
+    path = written.data_dir / MANIFEST_FILENAME
+    manifest = Manifest.from_json(path.read_text())
+    shards = manifest.split(split).shards
+    assert [s.class_counts[2] for s in shards] == [0, 0, shards[2].num_records] and shards[2].num_records
+    v1 = VersionInfo(1, {split: (shards[0].file, shards[1].file)},
+                     {split: shards[0].num_records + shards[1].num_records},
+                     {split: tuple(a + b for a, b in zip(shards[0].class_counts[:2],
+                                                          shards[1].class_counts[:2]))},
+                     2, "2026-12-01T00:00:00Z", dict(manifest.options))
+    v2 = VersionInfo(2, {split: (shards[2].file,)}, {split: shards[2].num_records},
+                     {split: tuple(shards[2].class_counts)}, 3, "2026-12-08T00:00:00Z",
+                     dict(manifest.options))
+    grown = dataclasses.replace(manifest, versions=(v1, v2), class_order="first_appearance")
+    path.write_text(grown.to_json())
+    return shards
+
+
+def test_version_pins_what_each_version_of_a_grown_dataset_held(tmp_path):
+    written = rd.write_dataset(tmp_path, splits={"train": 12}, num_shards=3)
+    _grow(written)
+    sources = written.sources["train"]
+    old = sorted(s.filename for s in sources if s.shard in (0, 1))
+    every = sorted(s.filename for s in sources)
+
+    def names(ds):
+        return sorted(f.decode() for batch in ds for f in batch[2][schemas.FILENAME.key].numpy())
+
+    kw = dict(batch_size=4, image_size=(8, 8), shuffle=False,
+              extra_features=(schemas.FILENAME.key,))
+    first = image_dataset_from_tfrecords(written.data_dir, version=1, **kw)
+    assert first.class_names == ["cat", "dog"]
+    assert int(first.cardinality()) == len(old) // 4
+    assert names(first) == old
+    latest = image_dataset_from_tfrecords(written.data_dir, **kw)
+    assert latest.class_names == ["cat", "dog", "eel"] and names(latest) == every
+    assert names(image_dataset_from_tfrecords(written.data_dir, version=2, **kw)) == every
+    assert load_manifest(written.data_dir, version=1).class_names == ("cat", "dog")
+    assert load_split(written.data_dir, "train", version=1).total_records == len(old)
+    with pytest.raises(ManifestError, match=r"received version=3"):
+        image_dataset_from_tfrecords(written.data_dir, version=3, **kw)
+    # A shuffled read of version 1 is a permutation of what version 1 held.
+    shuffled = image_dataset_from_tfrecords(written.data_dir, version=1, **dict(
+        kw, shuffle=True, seed=3))
+    assert names(shuffled) == old
+
+
+def test_distributed_builders_read_the_version_asked_for(tmp_path):
+    from readers.distributed import distributed_dataset, make_dataset_fn
+
+    written = rd.write_dataset(tmp_path, splits={"train": 12}, num_shards=3)
+    _grow(written)
+    old = sum(1 for s in written.sources["train"] if s.shard in (0, 1))
+    kw = dict(global_batch_size=2, image_size=(8, 8), shuffle=False)
+    fn = make_dataset_fn(written.data_dir, version=1, **kw)
+    assert sum(int(tf.shape(b[1])[0]) for b in fn(tf.distribute.InputContext())) == old
+    fn = make_dataset_fn(written.data_dir, **kw)
+    assert sum(int(tf.shape(b[1])[0]) for b in fn(tf.distribute.InputContext())) == 12
+    dist = distributed_dataset(tf.distribute.OneDeviceStrategy("/cpu:0"), written.data_dir,
+                               version=1, **kw)
+    assert dist.class_names == ["cat", "dog"]
+    assert sum(int(tf.shape(b[1])[0]) for b in dist) == old

@@ -544,3 +544,83 @@ def test_target_schema_round_trips_and_checks_whole_groups():
         schema.encode(dataclasses.replace(_target_record(1), extra={
             **_target_record(1).extra, schemas.BBOX_LABEL.key: [1.5],
             schemas.GEOTRANSFORM.key: (0.0,) * 6, schemas.EPSG.key: 0, "dicom_Modality": "CT"}))
+
+
+def _grown_manifest():
+    """Version 1: one train shard with classes a, b; version 2 adds class c and a shard."""
+    old = schemas.ShardInfo(schemas.shard_filename("train", 0, 1), 3, 100, "ab", (1, 2, 0))
+    new = schemas.ShardInfo("train-v00002-00000-of-00001.tfrecord", 2, 60, "cd", (0, 1, 1))
+    v1 = schemas.VersionInfo(1, {"train": (old.file,)}, {"train": 3}, {"train": (1, 2)}, 2,
+                             "2026-12-01T00:00:00Z", {"seed": 0})
+    v2 = schemas.VersionInfo(2, {"train": (new.file,)}, {"train": 2}, {"train": (0, 1, 1)}, 3,
+                             "2026-12-08T00:00:00Z", {"seed": 0, "append": True})
+    return _manifest(class_names=("a", "b", "c"),
+                     splits={"train": schemas.SplitInfo("train", (old, new))},
+                     versions=(v1, v2), class_order="first_appearance")
+
+
+def test_manifest_without_versions_is_one_version_holding_every_shard():
+    manifest = _manifest()
+    assert "versions" not in json.loads(manifest.to_json())
+    assert "class_order" not in json.loads(manifest.to_json())
+    (only,) = manifest.all_versions
+    assert only.version == 1 and manifest.latest_version == 1
+    assert only.shards == {"train": (schemas.shard_filename("train", 0, 1),)}
+    assert only.num_records == {"train": 3} and only.class_counts == {"train": (1, 2)}
+    assert manifest.at_version(1) is manifest and manifest.at_version(None) is manifest
+    assert manifest.version_of("train", schemas.shard_filename("train", 0, 1)) == 1
+
+
+def test_manifest_versions_round_trip_and_pin_what_each_version_held():
+    manifest = _grown_manifest()
+    text = manifest.to_json()
+    doc = json.loads(text)
+    assert [v["version"] for v in doc["versions"]] == [1, 2]
+    assert doc["versions"][0]["splits"]["train"]["class_counts"] == {"a": 1, "b": 2}
+    assert doc["versions"][1]["splits"]["train"]["class_counts"] == {"a": 0, "b": 1, "c": 1}
+    assert doc["class_order"] == "first_appearance"
+    again = schemas.Manifest.from_json(text)
+    assert again == manifest and again.to_json() == text
+    assert again.latest_version == 2
+    assert again.version_of("train", "train-v00002-00000-of-00001.tfrecord") == 2
+    first = again.at_version(1)
+    assert first.class_names == ("a", "b") and first.class_order == "sorted"
+    assert [s.file for s in first.split("train").shards] == [schemas.shard_filename("train", 0, 1)]
+    assert first.split("train").num_records == 3
+    assert first.split("train").class_counts == (1, 2)
+    assert first.options == {"seed": 0}
+    assert again.at_version(2).split("train").num_records == 5
+    for bad in (0, 3, "2", True, 1.0):
+        with pytest.raises(schemas.ManifestError, match=r"`version` must be .* 1\.\.2"):
+            again.at_version(bad)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["versions"].reverse(), "numbered 1, 2"),
+    (lambda d: d["versions"][1]["splits"]["train"].update(num_records=7),
+     "gained 7 records, but its shards hold 2"),
+    (lambda d: d["versions"][1]["splits"]["train"]["class_counts"].update(c=5),
+     r"class counts \[0, 1, 5\]"),
+    (lambda d: d["versions"][1]["splits"]["train"]["shards"].append("nope.tfrecord"),
+     "'nope.tfrecord' of split 'train', which the manifest's splits do not hold"),
+    (lambda d: d["versions"][1]["splits"]["train"].update(
+        shards=[schemas.shard_filename("train", 0, 1)], num_records=3,
+        class_counts={"a": 1, "b": 2, "c": 0}), "is in versions 1 and 2"),
+    (lambda d: d["versions"].pop(), "belong to no version"),
+    (lambda d: d["versions"][0].update(num_classes=4), "num_classes=4; allowed: 0..3"),
+    (lambda d: d.update(class_order="alphabetical"), "class_order must be one of"),
+    (lambda d: d.update(versions={"1": {}}), "versions must be a list"),
+])
+def test_manifest_versions_that_disagree_with_the_shards_are_explained(edit, message):
+    doc = json.loads(_grown_manifest().to_json())
+    edit(doc)
+    with pytest.raises(schemas.ManifestError, match=message) as info:
+        schemas.Manifest.from_json(json.dumps(doc), source="/data/manifest.json")
+    assert "/data/manifest.json" in str(info.value)
+
+
+def test_shard_of_a_class_its_version_did_not_have_is_refused():
+    doc = json.loads(_grown_manifest().to_json())
+    doc["splits"]["train"]["shards"][0]["class_counts"] = [1, 1, 1]
+    with pytest.raises(schemas.ManifestError, match="holds class 'c', which that version did not have"):
+        schemas.Manifest.from_json(json.dumps(doc))

@@ -257,3 +257,31 @@ def test_help_has_one_spelling_per_option(capsys, command):
     if command != "convert":
         assert positionals == ["dataset_dir"], text
     assert not {f"--{p}" for p in positionals} & set(flags), text
+
+
+def test_inspect_lists_the_versions_of_a_dataset_that_grew(unbalanced, tmp_path, capsys):
+    import dataclasses
+
+    out = tmp_path / "grown"
+    shutil.copytree(unbalanced, out)
+    path = out / schemas.MANIFEST_FILENAME
+    manifest = schemas.Manifest.from_json(path.read_text())
+    assert cli.main(["inspect", str(unbalanced)]) == 0
+    assert "versions:" not in capsys.readouterr().out
+
+    def added(split):
+        info = manifest.splits[split]
+        return ({split: tuple(s.file for s in info.shards)}, {split: info.num_records},
+                {split: info.class_counts})
+
+    versions = tuple(
+        schemas.VersionInfo(n, *added(split), len(manifest.class_names), f"2026-12-0{n}T00:00:00Z", {})
+        for n, split in ((1, "train"), (2, "validation"))
+    )
+    path.write_text(dataclasses.replace(manifest, versions=versions).to_json())
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "versions: 2 (read one with version=N)" in text
+    row2 = next(line for line in text.splitlines() if line.startswith("2 "))
+    assert "2026-12-02T00:00:00Z" in row2
+    assert f"{manifest.splits['validation'].num_records:,}" in row2.split()
