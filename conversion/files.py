@@ -19,7 +19,7 @@ import os
 import re
 import uuid
 
-__all__ = ["AtomicWriter", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
+__all__ = ["AtomicWriter", "write_shard_index", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
            "join", "remove", "TMP_DIRNAME"]
 
 # Temporary files live in this folder inside the output until renamed.
@@ -187,3 +187,22 @@ def open_to_read(path: str):
     from apache_beam.io.filesystem import CompressionTypes
 
     return _filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def write_shard_index(output_dir: str, shard_name: str, entries) -> tuple[str, str]:
+    """Writes a shard's index file (its records' (offset, length)) atomically, beside the shard.
+
+    Called once the shard itself is committed, by every kind of shard writer.
+
+    Returns:
+      The index file's name and the SHA-256 of its bytes.
+    """
+    # Imported here: the file API stays free of the record format for its other callers.
+    import schemas
+    from schemas.tfrecord import format_index
+
+    name = schemas.index_filename(shard_name)
+    writer = AtomicWriter(output_dir, name)
+    writer.write(format_index(entries))
+    writer.commit()
+    return name, writer.sha256

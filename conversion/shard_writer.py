@@ -24,11 +24,11 @@ import schemas
 from conversion import annotations as _annotations, guard, masks as _masks
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
-from conversion.files import AtomicWriter, open_to_read, read_bytes
+from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
 from imaging import ImageRejected, ImageValidator, ValidationOptions
 from imaging import boxes as _boxes
 from imaging import scenes as _scenes
-from schemas.tfrecord import format_index, frame_record
+from schemas.tfrecord import frame_record
 
 __all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "warm_call", "record_schema",
            "default_threads"]
@@ -272,15 +272,12 @@ class _Writer:
             writer.abort()
             raise
         writer.commit()
-        index_name = schemas.index_filename(job.name)
-        index_writer = AtomicWriter(job.output_dir, index_name)
-        index_writer.write(format_index(shard.index_entries))
-        index_writer.commit()
+        index_name, index_sha256 = write_shard_index(job.output_dir, job.name, shard.index_entries)
         stats = schemas.ImageStats.of(shard.stored)
         band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
             job.split, job.index, job.num_shards, job.name, len(shard.index_entries), writer.num_bytes,
-            writer.sha256, tuple(shard.class_counts), index_name, index_writer.sha256,
+            writer.sha256, tuple(shard.class_counts), index_name, index_sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,

@@ -38,11 +38,13 @@ import numpy as np
 import schemas
 from conversion import guard
 from conversion.elements import Reject, ShardOutcome, ShardResult
-from conversion.files import TMP_DIRNAME, AtomicWriter, join, open_to_read, read_bytes, write_atomically
+from conversion.files import (
+    TMP_DIRNAME, AtomicWriter, join, open_to_read, read_bytes, write_atomically, write_shard_index,
+)
 from conversion.listing import InputFile, Problem
 from imaging import time_series as _ts
 from imaging.errors import ImageRejected
-from schemas.tfrecord import format_index, frame_record
+from schemas.tfrecord import frame_record
 
 __all__ = ["LocationsPlan", "plan_locations", "stack_windows", "expand_problems", "write_stack_plans",
            "stack_plan_path", "write_stacks", "manifest_section", "CUT_ACTION"]
@@ -243,14 +245,11 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
         writer.abort()
         raise
     writer.commit()
-    index_name = schemas.index_filename(job.name)
-    index_writer = AtomicWriter(job.output_dir, index_name)
-    index_writer.write(format_index(index_entries))
-    index_writer.commit()
+    index_name, index_sha256 = write_shard_index(job.output_dir, job.name, index_entries)
     stats = band_stats.result()
     result = ShardResult(
         job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes, writer.sha256,
-        tuple(class_counts), index_name, index_writer.sha256, sources,
+        tuple(class_counts), index_name, index_sha256, sources,
         band_stats=None if stats is None else stats.to_json(),
         mask_pixels={str(i): int(n) for i, n in enumerate(mask_counts) if n} if job.mask_dtype else None)
     return ShardOutcome(result, rejects, normalized)

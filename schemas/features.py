@@ -28,6 +28,7 @@ __all__ = [
     "FeatureSpec",
     "ImageRecord",
     "ImageExampleSchema",
+    "parse_spec_of",
     "IMAGE",
     "LABEL",
     "FILENAME",
@@ -522,6 +523,22 @@ class ImageRecord:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def parse_spec_of(features, keys=None) -> dict:
+    """The `tf.io.parse_example` spec of a schema's `features` for `keys` (default: every one).
+
+    One definition for every record kind's schema (images, volumes, stacks).
+
+    Raises:
+      ValueError: If a key is not part of the schema.
+    """
+    by_key = {spec.key: spec for spec in features}
+    keys = list(by_key) if keys is None else list(keys)
+    unknown = [k for k in keys if k not in by_key]
+    if unknown:
+        raise ValueError(f"Unknown feature keys {unknown}; the schema has {list(by_key)}.")
+    return {k: by_key[k].parse_spec() for k in keys}
+
+
 class ImageExampleSchema:
     """The ordered set of feature specs that make up a shardsmith record.
 
@@ -660,14 +677,7 @@ class ImageExampleSchema:
         Raises:
           ValueError: If a key is not part of the schema.
         """
-        by_key = {spec.key: spec for spec in self.features}
-        keys = list(by_key) if keys is None else list(keys)
-        unknown = [k for k in keys if k not in by_key]
-        if unknown:
-            raise ValueError(
-                f"Unknown feature keys {unknown}; the schema has {list(by_key)}."
-            )
-        return {k: by_key[k].parse_spec() for k in keys}
+        return parse_spec_of(self.features, keys)
 
     def to_json(self) -> dict[str, dict[str, str]]:
         return {spec.key: spec.to_json() for spec in self.features}

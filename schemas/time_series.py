@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from schemas.features import (
-    EPSG, FILENAME, GEOTRANSFORM, LABEL, MASK, RAW_DTYPES, FeatureSpec, decode_example, encode_example,
+    EPSG, FILENAME, GEOTRANSFORM, LABEL, MASK, RAW_DTYPES, FeatureSpec, decode_example, encode_example, parse_spec_of,
     raw_itemsize,
 )
 
@@ -185,12 +185,7 @@ class TimeSeriesExampleSchema:
         Raises:
           ValueError: If a key is not part of the schema.
         """
-        by_key = {spec.key: spec for spec in self.features}
-        keys = list(by_key) if keys is None else list(keys)
-        unknown = [k for k in keys if k not in by_key]
-        if unknown:
-            raise ValueError(f"Unknown feature keys {unknown}; the schema has {list(by_key)}.")
-        return {k: by_key[k].parse_spec() for k in keys}
+        return parse_spec_of(self.features, keys)
 
     def decode(self, serialized: bytes) -> dict[str, Any]:
         """Parses a record in Python (no TensorFlow), checking the schema.

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.features import FILENAME, LABEL, FeatureSpec, _example_class, _field_header
+from schemas.features import FILENAME, LABEL, FeatureSpec, _example_class, _field_header, parse_spec_of
 
 __all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
            "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VolumeRecord",
@@ -141,12 +141,7 @@ class VolumeExampleSchema:
 
     def parse_spec(self, keys=None) -> dict:
         """The `tf.io.parse_example` spec for `keys` (default: every feature)."""
-        by_key = {spec.key: spec for spec in self.features}
-        keys = list(by_key) if keys is None else list(keys)
-        unknown = [k for k in keys if k not in by_key]
-        if unknown:
-            raise ValueError(f"Unknown feature keys {unknown}; the schema has {list(by_key)}.")
-        return {k: by_key[k].parse_spec() for k in keys}
+        return parse_spec_of(self.features, keys)
 
     def finish_parsed(self, parsed: dict) -> dict:
         """Parsed tensors of one record as the reader yields them (affine [4, 4] float64)."""
