@@ -82,8 +82,11 @@ logger = logging.getLogger(__name__)
 
 # Records parsed per vectorised `tf.io.parse_example` call.
 _PARSE_BATCH = 64
-# Most shard files read at once by the interleave.
+# Most shard files read at once by the interleave ...
 _MAX_CYCLE_LENGTH = 16
+# ... and records taken from one before the next (bench.read_stages: 1 and 8
+# cost the same per record; 1 mixes the shards best).
+_BLOCK_LENGTH = 1
 # Default record shuffle buffer: at most this many records ...
 _DEFAULT_SHUFFLE_RECORDS = 1024
 # ... and at most about this many bytes of encoded records.
@@ -372,7 +375,7 @@ def _shards_records(
         records = files.interleave(
             per_shard,
             cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
-            block_length=1,
+            block_length=_BLOCK_LENGTH,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True if record_sharding else None,
         )
@@ -588,6 +591,7 @@ class _Stages:
             depth=self.depth,
             augment=self.standard,
             seed=example_seed,
+            reduced_decode=image.reduced_decode,
         )
 
     def finish(self, features):
@@ -685,7 +689,7 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
                 image_size=image.image_size, resize=image.resize,
                 crop_fraction=image.crop_fraction, interpolation=image.interpolation,
                 channels=image.channels, depth=stages.depth, batch_size=stages.batch_size,
-                jpegs_of_size=stages.jpegs_of_size,
+                jpegs_of_size=stages.jpegs_of_size, reduced_decode=image.reduced_decode,
             )
         return stages.finish(features)
 
@@ -1004,6 +1008,7 @@ def image_dataset_from_tfrecords(
     scale: float | Sequence[float] | None = None,
     normalize: tuple[Any, Any] | str | None = None,
     augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None,
+    reduced_decode: bool = False,
     repeat: bool = False,
     drop_remainder: bool = False,
     extra_features: Sequence[str] = (),
@@ -1036,13 +1041,13 @@ def image_dataset_from_tfrecords(
         accepted for the split they mean.
       batch_size, image_size, color_mode, shuffle, seed, label_mode, pad_boxes,
       resize, crop_fraction, interpolation, dtype, scale, normalize, augment,
-      repeat, drop_remainder, extra_features, deterministic, cache,
+      reduced_decode, repeat, drop_remainder, extra_features, deterministic, cache,
       shuffle_buffer, start, max_bad_records, service, service_sharding,
       service_job_name, service_trainer_id, service_compression:
         See `ReadOptions` (batch_size, label_mode, pad_boxes, repeat,
         drop_remainder, extra_features, cache, max_bad_records), `ImageOptions` (image_size,
         color_mode, resize, crop_fraction, interpolation, dtype, scale,
-        normalize, augment), `ShuffleOptions` (shuffle, seed,
+        normalize, augment, reduced_decode), `ShuffleOptions` (shuffle, seed,
         deterministic, shuffle_buffer, start) and `ServiceReadOptions`
         (service, service_sharding, service_job_name, service_trainer_id,
         service_compression: the
@@ -1125,6 +1130,7 @@ def image_dataset_from_tfrecords(
         scale=scale,
         normalize=normalize,
         augment=augment,
+        reduced_decode=reduced_decode,
         repeat=repeat,
         drop_remainder=drop_remainder,
         extra_features=extra_features,

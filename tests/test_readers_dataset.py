@@ -460,6 +460,8 @@ def test_deterministic_defaults_follow_the_seed():
         ({"deterministic": 1}, TypeError, r"`deterministic` must be True or False. Received: deterministic=1"),
         ({"cache": ""}, TypeError, r"`cache` must be True, False or a file path prefix. Received: cache=''"),
         ({"shuffle_buffer": 0}, ValueError, r"`shuffle_buffer` must be a positive integer or None. Received: shuffle_buffer=0"),
+        ({"reduced_decode": "yes"}, TypeError, r"`reduced_decode` must be True or False. Received: reduced_decode='yes'"),
+        ({"reduced_decode": True, "label_mode": "mask"}, ValueError, r"reduced_decode=True.*read them with reduced_decode=False.*label_mode='mask'"),
     ],
 )
 def test_bad_arguments(mixed, kwargs, error, match):
@@ -566,3 +568,35 @@ def test_without_extras_leaves_images_alone_without_labels(mixed):
     assert isinstance(images, tf.Tensor) and images.shape == (5, 4, 4, 3)
     predictions = _tiny_model(len(ds.class_names)).predict(ds.map(without_extras), verbose=0)
     assert predictions.shape == (len(mixed.by_filename()), len(ds.class_names))
+
+
+@pytest.mark.parametrize("sizes", [((40, 52),), ((40, 52), (44, 36))], ids=["one_size", "sizes"])
+@pytest.mark.parametrize("options", [{}, {"resize": "crop"}, {"augment": "standard", "seed": 3}],
+                         ids=["stretch", "crop", "augment"])
+def test_reduced_decode_reads_what_load_image_gives(tmp_path, sizes, options):
+    # Opt-in: the reader's images are `load_image(..., reduced_decode=True)`'s (by batch for
+    # JPEGs of one size, image by image otherwise); the default stays the exact path.
+    written = rd.write_dataset(tmp_path, splits={"train": 5}, kinds=("rgb_jpeg", "rgb_png"),
+                               sizes=sizes, num_shards=2)
+    read = dict(image_size=(10, 12), batch_size=2, shuffle=False, extra_features=NAMES,
+                **options)
+    by_name = written.by_filename()
+    def images_by_name(**more):
+        ds = image_dataset_from_tfrecords(written.data_dir, **read, **more)
+        return {name: image for images, _, extras in ds
+                for image, name in zip(images.numpy(), _names(extras))}
+
+    fast, exact = images_by_name(reduced_decode=True), images_by_name()
+    assert sorted(fast) == sorted(exact) == sorted(by_name)
+    differs = False
+    for name, image in fast.items():
+        source = by_name[name]
+        if source.kind == "rgb_png":  # decoded whole either way
+            np.testing.assert_array_equal(image, exact[name])
+        else:
+            differs = differs or not np.array_equal(image, exact[name])
+        if not options:
+            expected = preprocess.load_image(tf.constant(source.data), image_size=(10, 12),
+                                             reduced_decode=True)
+            np.testing.assert_allclose(image, expected.numpy(), atol=1e-4)
+    assert differs
