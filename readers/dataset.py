@@ -568,6 +568,8 @@ class _Stages:
                     features[_TARGET_LABEL], [*self.stored_size, 1])
         elif self.raster is None:
             image = self.load_image(features[IMAGE.key], example_seed)
+            if self.converts_per_image:
+                image = self.convert(image)
         else:
             image = self.raster.decode(features, self.config.image, example_seed)
             for k in self.shape_keys:
@@ -594,13 +596,33 @@ class _Stages:
             reduced_decode=image.reduced_decode,
         )
 
-    def finish(self, features):
-        """Per batch: converts pixels and labels and builds the output structure."""
-        image, reading = self.config.image, self.config.reading
-        images = preprocess.convert_images(
-            features[IMAGE.key], self.raster.output_dtype if self.raster else image.dtype,
+    @property
+    def converts_per_image(self) -> bool:
+        """Whether the per-image stages convert each photo to its output dtype before the batch.
+
+        `convert_images` is elementwise, so converting each image or the batch gives the same
+        values; a 8- or 16-bit image is copied into its batch at a half or a quarter of the
+        float32 bytes, and the conversion runs in the parallel per-image map
+        (bench.read_stages: 'per element' rows). Not for a callable `augment`, which gets
+        float32 pixels before the batch, nor for rasters and targets (their own paths).
+        """
+        image = self.config.image
+        return (self.raster is None and self.target is None and not callable(image.augment)
+                and image.dtype in ("uint8", "uint16", "float16", "bfloat16"))
+
+    def convert(self, images):
+        """`preprocess.convert_images` with this read's output dtype, scale and normalize."""
+        image = self.config.image
+        return preprocess.convert_images(
+            images, self.raster.output_dtype if self.raster else image.dtype,
             scale=image.scale, normalize=image.normalize,
         )
+
+    def finish(self, features, converted: bool = False):
+        """Per batch: converts pixels (unless `converted` per image already) and labels and
+        builds the output structure."""
+        reading = self.config.reading
+        images = features[IMAGE.key] if converted else self.convert(features[IMAGE.key])
         out = [images]
         if self.target is not None:
             # Already per example, with the image's geometry (`decode`).
@@ -825,7 +847,7 @@ def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
         if keep:
             # Nested too (the boxes dict of label_mode='boxes'), and ragged.
             features = tf.nest.map_structure(lambda v: _drop_rows(v, keep[0]), features)
-        return stages.finish(features)
+        return stages.finish(features, converted=stages.converts_per_image)
 
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
 
