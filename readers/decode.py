@@ -41,6 +41,7 @@ __all__ = [
     "decode_cropped_image",
     "decode_cropped_jpeg",
     "decode_jpeg",
+    "decode_non_jpeg",
     "JPEG_RATIOS",
     "reduced_jpeg_ratio",
     "decode_reduced_jpeg",
@@ -359,6 +360,25 @@ def decode_jpeg(
     channels = _check_channels(channels)
     dtype = _check_decode_dtype(dtype)
     return tf.ensure_shape(_decode_jpeg(encoded, channels, dtype), [None, None, channels])
+
+
+def decode_non_jpeg(
+    encoded: tf.Tensor, *, channels: int = 3, dtype: tf.dtypes.DType = tf.uint8
+) -> tf.Tensor:
+    """`decode_image` of an image known not to be a JPEG (PNG): no format check.
+
+    For callers that have already branched on `tf.io.is_jpeg`.
+
+    Args:
+      encoded: A scalar string tensor, PNG (or another non-JPEG format's) bytes.
+      channels, dtype: As `decode_image`.
+
+    Returns:
+      A `dtype` tensor of shape [height, width, channels].
+    """
+    channels = _check_channels(channels)
+    dtype = _check_decode_dtype(dtype)
+    return tf.ensure_shape(_decode_other(encoded, channels, dtype), [None, None, channels])
 
 
 def decode_cropped_jpeg(

@@ -281,7 +281,7 @@ def test_reduced_window_covers_the_stored_window():
         y1, x1 = -(-(33 + 201) // ratio), -(-(47 + 301) // ratio)
         assert part.shape == (y1 - y0, x1 - x0, 3)
         if ratio == 1:  # the exact fused decode
-            exact = preprocess.decode_cropped_image(encoded, window).numpy()
+            exact = decode.decode_cropped_image(encoded, window).numpy()
             np.testing.assert_array_equal(part, exact)
         else:
             assert np.abs(part.astype(int) - whole[y0:y1, x0:x1]).mean() < 1.0
