@@ -18,7 +18,7 @@ def _files() -> list[PlannedFile]:
         PlannedFile("train", 0, 3, "a/1.jpg", "/in/a/1.jpg", 10, 0, 2),
         PlannedFile("train", 1, 0, odd, "/in/" + odd, 11, 1, 2, duplicate_of="a/1.jpg"),
         PlannedFile("validation", 0, 0, "b/é.png", "/in/b/é.png", 12, 1, 1, targets='{"boxes":[]}',
-                    mask="/masks/b/é.png", patch_rows="0,256"),
+                    patch_rows="0,256"),
         PlannedFile("train", 0, 1, "a/2.jpg", "/in/a/2.jpg", 13, 0, 2),
     ]
 
