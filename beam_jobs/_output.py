@@ -12,7 +12,7 @@ from schemas.tfds_metadata import TFDS_FILENAMES
 from conversion import listing
 from conversion.files import TMP_DIRNAME, read_bytes
 
-__all__ = ["check_output", "is_finished", "prepare_output", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
+__all__ = ["check_output", "is_finished", "prepare_output", "prepare_append", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
@@ -72,6 +72,34 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
         delete_if_exists(FileSystems.join(out, name))
     if not resume:
         remove_dataset_files(out)
+        _remove_inventories(out)
+
+
+def _remove_inventories(output_dir: str) -> None:
+    """Deletes an earlier dataset's inventories (`conversion.append`): a new dataset starts at version 1."""
+    from conversion import append as _append
+
+    for meta in FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list:
+        name = meta.path.rstrip("/").rsplit("/", 1)[-1]
+        if _append.INPUTS_FILE_RE.match(name) or name == _append.REPORT_FILENAME:
+            FileSystems.delete([meta.path])
+
+
+def prepare_append(output_dir: str, keep, *, resume: bool) -> list[str]:
+    """Readies a dataset folder for an append; the manifest and every file it names stay.
+
+    Removes what an append killed before its manifest left: shard and index
+    files the manifest does not name (`keep`: those it names), and, without
+    --resume, the temporary folder (with --resume its receipts keep the shards
+    that run finished, and those shards stay).
+
+    Returns:
+      The names of the files removed.
+    """
+    if resume:
+        return []
+    delete_if_exists(FileSystems.join(output_dir, TMP_DIRNAME))
+    return remove_dataset_files(output_dir, keep=keep)
 
 
 def delete_if_exists(path: str) -> None:
@@ -97,7 +125,7 @@ def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
             FileSystems.delete([meta.path])
             removed.append(name)
     if removed:
-        _LOG.info("Removed %d shard files of an earlier dataset", len(removed))
+        _LOG.info("Removed %d shard files of an earlier dataset or an unfinished run", len(removed))
     return removed
 
 

@@ -113,7 +113,7 @@ class WriteShardFn(beam.DoFn):
     def process(self, element):
         (split, index), files = element
         files = sorted(files)
-        name = schemas.shard_filename(split, index, files[0].num_shards)
+        name = schemas.shard_filename(split, index, files[0].num_shards, self._writing.version)
         fingerprint = self._fingerprint(files)
         outcome = self._receipts.load(name, fingerprint) if self._writing.resume else None
         if outcome is not None:
@@ -220,7 +220,8 @@ class WriteShardFn(beam.DoFn):
         self._quarantined = guard.Quarantine(guard.quarantine_path(self._output_dir)).load()
         for files in shards:
             files = sorted(files)
-            name = schemas.shard_filename(files[0].split, files[0].shard, files[0].num_shards)
+            name = schemas.shard_filename(files[0].split, files[0].shard, files[0].num_shards,
+                                          self._writing.version)
             pool.start_early(write_shard, self._job(files[0].split, files[0].shard, name, files, pooled=True))
 
     def _quarantined_of(self, files) -> tuple:

@@ -46,10 +46,10 @@ if __name__ == "__main__":
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
-from beam_jobs import _runner, args
+from beam_jobs import _append, _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
-from beam_jobs._output import check_output, is_finished, prepare_output, read_manifest, summarize
+from beam_jobs._output import check_output, is_finished, prepare_append, prepare_output, read_manifest, summarize
 from beam_jobs._progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
@@ -57,6 +57,7 @@ from conversion import console, elements, guard, masks, plan as _plan, processes
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
 from conversion.examples import record_schema, warm_call
+from conversion.lock import LockError
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
@@ -97,13 +98,16 @@ class ConvertImages(beam.PTransform):
       plan: The `Plan` of the conversion (labels, splits, shards of each file).
       config: The `ConversionConfig`.
       plan_paths: The shard plan files of `plan` (`conversion.shard_plans.write_shard_plans`).
+      append: With --append, `FinalizeFn`'s `append` (`beam_jobs._append.AppendRun.finalize_args`).
     """
 
-    def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str]):
+    def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str],
+                 append: dict | None = None):
         super().__init__()
         self._plan = plan
         self._config = config
         self._plan_paths = plan_paths
+        self._append = append
         self._write = ImagesToTFRecords(
             output_dir=config.output_dir,
             num_classes=len(plan.class_names),
@@ -146,6 +150,7 @@ class ConvertImages(beam.PTransform):
                     extra={**group_section(plan, config), **masks.manifest_section(plan),
                            **_time_series_section(plan, config)},
                     targets=plan.targets_section,
+                    append=self._append,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
                 rejects=beam.pvalue.AsList(rejects),
@@ -190,6 +195,15 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         return convert_volumes.run(argv, wait=wait)
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
+    if config.append:
+        # One writer at a time: a second append is refused, naming the first (`conversion.lock`).
+        with _append.holding_lock(config.output_dir):
+            return _run(options, config, wait=True)
+    return _run(options, config, wait=wait)
+
+
+def _run(options, config: ConversionConfig, *, wait: bool):
+    """`run` once the options are read (and, with --append, the output folder locked)."""
     runner = _runner.make_runner(options)
     workers = _Workers(config, options, start=wait)
     progress = None
@@ -197,9 +211,31 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         # The worker processes start once the files are listed: they load
         # their decoders while the driver plans and builds the pipeline.
         # A full output folder is refused before the input is listed (minutes on a large one).
-        check_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
-        plan = build_plan(config, on_listed=workers.start_for)
-        prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
+        appending = _append.AppendRun(config) if config.append else None
+        if appending is None or appending.base is None:
+            # --append into a folder without a dataset: a first conversion, which replaces
+            # what an unfinished one left there (or, with --resume, finishes it).
+            overwrite = config.overwrite or (appending is not None and not config.writing.resume)
+            check_output(config.output_dir, overwrite=overwrite, resume=config.writing.resume)
+        try:
+            plan = build_plan(config, on_listed=workers.start_for,
+                              select=None if appending is None else appending.select,
+                              known_classes=None if appending is None else appending.known_classes)
+        except _append.NothingNew as e:
+            workers.release()
+            _LOG.warning("%s", _append.nothing_new_text(config.output_dir, appending.base, e.listing))
+            prepare_append(config.output_dir, _held_files(appending.base.manifest), resume=False)
+            return None
+        if appending is None or appending.base is None:
+            prepare_output(config.output_dir, overwrite=overwrite, resume=config.writing.resume)
+        if appending is not None:
+            appending.check_plan(plan, record_schema(config.validation, _targets(plan)).to_json())
+            if appending.base is not None:
+                prepare_append(config.output_dir, _held_files(appending.base.manifest),
+                               resume=config.writing.resume)
+            appending.write_pending(plan)
+            config = dataclasses.replace(config, writing=dataclasses.replace(
+                config.writing, version=appending.version))
         if plan.stacks is not None:
             from conversion import time_series as _time_series
 
@@ -228,7 +264,8 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         # not hold one object per image while the pipeline runs (~0.7 KB each,
         # 70 MiB of peak memory at 100,000 images).
         plan = dataclasses.replace(plan, files=())
-        convert = ConvertImages(plan, config, plan_paths)
+        convert = ConvertImages(plan, config, plan_paths,
+                                append=None if appending is None else appending.finalize_args())
         if first:
             # One shard per worker process starts now: they write while Beam builds and starts
             # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
@@ -250,7 +287,14 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
             _LOG.setLevel(logging.NOTSET)
     if wait:
         _LOG.info("%s", summarize(config.output_dir))
+        if appending is not None and appending.base is not None:
+            _LOG.info("%s", _append.version_summary(read_manifest(config.output_dir)))
     return result
+
+
+def _held_files(manifest) -> set[str]:
+    """The shard and index files a manifest names: an append never touches them."""
+    return {name for info in manifest.splits.values() for s in info.shards for name in (s.file, s.index_file)}
 
 
 def _first_shards(files, count: int) -> list[list]:
@@ -410,7 +454,7 @@ def _main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
-    if config.writing.resume and is_finished(config.output_dir):
+    if config.writing.resume and not config.append and is_finished(config.output_dir):
         print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
               "manifest is written last); --overwrite converts it again.",
               file=sys.stderr)
@@ -419,11 +463,22 @@ def _main(argv: list[str]) -> int:
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
     # and carries on without such a file (`recovery.supervise`).
-    return recovery.supervise(
+    supervised = functools.partial(
+        recovery.supervise,
         functools.partial(_attempt, output_dir=config.output_dir), argv,
         quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
     )
+    if not config.append:
+        return supervised()
+    try:
+        # Held by the command's process over every attempt (one that goes on after a
+        # crash is a child of it): a second append on this folder is refused meanwhile.
+        with _append.holding_lock(config.output_dir):
+            return supervised()
+    except LockError as e:
+        print(f"shardsmith convert: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _attempt(argv: list[str], output_dir: str) -> int:

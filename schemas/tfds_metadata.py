@@ -140,32 +140,43 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
     class_names = tuple(manifest.class_names)
 
     splits = []
-    for name, info in manifest.splits.items():
-        if info.num_records == 0:
-            # TFDS lists an empty split but fails to read it; leaving it out
-            # makes `as_dataset` name the splits there are instead.
-            continue
-        if not _SPLIT_NAME_RE.fullmatch(name):
-            raise ValueError(
-                f"Split name {name!r} cannot be described to TFDS: it takes letters, "
-                "digits, '_' and '-'."
-            )
-        for index, shard in enumerate(info.shards):
-            expected = shard_filename(name, index, len(info.shards))
-            if shard.file != expected:
+    # A dataset that grew (`convert --append`): each version's shards of a split follow
+    # the template under a split name of their own, e.g. 'train_v00002'
+    # (`schemas.shard_filename`); TFDS reads the whole split as 'train+train_v00002'.
+    grown: dict[str, list[str]] = {}
+    for version in manifest.all_versions:
+        for name, info in manifest.splits.items():
+            files = version.shards.get(name, ())
+            by_file = {s.file: s for s in info.shards}
+            shards = [by_file[f] for f in files if f in by_file]
+            if sum(s.num_records for s in shards) == 0:
+                # TFDS lists an empty split but fails to read it; leaving it out
+                # makes `as_dataset` name the splits there are instead.
+                continue
+            if not _SPLIT_NAME_RE.fullmatch(name):
                 raise ValueError(
-                    f"Shard {index} of split {name!r} is {shard.file!r}; TFDS's file "
-                    f"template {_FILEPATH_TEMPLATE!r} names it {expected!r}."
+                    f"Split name {name!r} cannot be described to TFDS: it takes letters, "
+                    "digits, '_' and '-'."
                 )
-        splits.append(
-            {
-                "filepathTemplate": _FILEPATH_TEMPLATE,
-                "name": name,
-                # Protobuf JSON writes int64 fields as strings.
-                "numBytes": str(info.num_bytes),
-                "shardLengths": [str(s.num_records) for s in info.shards],
-            }
-        )
+            for index, shard in enumerate(shards):
+                expected = shard_filename(name, index, len(shards), version.version)
+                if shard.file != expected:
+                    raise ValueError(
+                        f"Shard {index} of split {name!r} (version {version.version}) is "
+                        f"{shard.file!r}; TFDS's file template {_FILEPATH_TEMPLATE!r} names it "
+                        f"{expected!r}."
+                    )
+            tfds_name = expected.rsplit("-", 3)[0]  # 'train', or 'train_v00002'
+            grown.setdefault(name, []).append(tfds_name)
+            splits.append(
+                {
+                    "filepathTemplate": _FILEPATH_TEMPLATE,
+                    "name": tfds_name,
+                    # Protobuf JSON writes int64 fields as strings.
+                    "numBytes": str(sum(s.num_bytes for s in shards)),
+                    "shardLengths": [str(s.num_records) for s in shards],
+                }
+            )
 
     files = {}
     description = (
@@ -174,6 +185,13 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
         f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
         "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
     )
+    parts = {name: names for name, names in grown.items() if len(names) > 1}
+    if parts:
+        description += (
+            f" The dataset grew to version {manifest.latest_version}: each version's records of a "
+            "split are a TFDS split of their own; read a whole split as "
+            + ", ".join(f"split='{'+'.join(names)}'" for name, names in parts.items()) + "."
+        )
     if _storable_names(class_names):
         files[_labels_filename(LABEL.key)] = "".join(f"{n}\n" for n in class_names)
     else:
