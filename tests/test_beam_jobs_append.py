@@ -185,3 +185,80 @@ def test_a_dataset_converted_without_append_gets_its_inventory_from_its_shards(t
     assert sorted(e["path"] for e in v1) == sorted(
         r["filename"].decode() for r in read_records(out) if r["shard"].count("_v") == 0)
     assert all(len(e["sha256"]) == 64 for e in v1)
+
+
+def _append_process(inp, out, *extra):
+    import subprocess
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "beam_jobs.convert", "--input_dir", str(inp), "--output_dir", str(out), *SPLIT,
+         "--num_shards", "6", "--worker_processes", "0", "--append", *extra],
+        cwd=pathlib.Path(__file__).parent.parent, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill_when(proc, seen) -> bool:
+    """SIGKILLs the append's whole process group as soon as `seen()` holds; whether it was still running."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + 120
+    while not seen() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    running = proc.poll() is None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return running
+
+
+def _readable_as_a_version(out: pathlib.Path) -> schemas.Manifest:
+    """The folder's manifest, every shard it names whole (sha256), and its records all there."""
+    import hashlib
+
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            assert hashlib.sha256((out / shard.file).read_bytes()).hexdigest() == shard.sha256, shard.file
+    assert len(read_records(out)) == sum(i.num_records for i in manifest.splits.values())
+    return manifest
+
+
+@pytest.mark.parametrize("point", ["listing", "first_new_shard", "inventory"])
+def test_an_append_killed_at_any_point_leaves_the_previous_version_and_the_next_finishes_it(tmp_path, point):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_class_tree(inp, classes=("cat", "dog"), per_class=6)
+    convert(inp, out, *SPLIT)
+    before = _files_state(out)
+    _add_images(inp, [f"{c}/new_{i:03d}.jpg" for c in ("cat", "dog", "eel") for i in range(40)])
+    seen = {
+        "listing": lambda: (out / LOCK_FILENAME).exists(),
+        "first_new_shard": lambda: any(p.name.startswith("train_v00002") and p.suffix == ".tfrecord"
+                                       for p in out.iterdir()),
+        "inventory": lambda: (out / _append.inputs_filename(2)).exists(),
+    }[point]
+    assert _kill_when(_append_process(inp, out), seen), "the append ended before the kill"
+    manifest = _readable_as_a_version(out)
+    if point != "inventory":  # Written just before the manifest: killed before or after it.
+        assert manifest.latest_version == 1
+    old = {n: s for n, s in _files_state(out).items() if n in before}
+    assert old == before
+    killed_before = manifest.latest_version == 1
+    if killed_before:
+        # Killed before its manifest: the lock left is explained, and the next append finishes it.
+        proc = _append_process(inp, out)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and b"no longer runs" in err, err
+        (out / LOCK_FILENAME).unlink()
+        proc = _append_process(inp, out, *(("--resume",) if point == "first_new_shard" else ()))
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        manifest = _readable_as_a_version(out)
+    print(point, "killed before the manifest" if killed_before else "killed after the manifest")
+    assert manifest.latest_version == 2
+    assert sum(manifest.versions[1].num_records.values()) == 120
+    assert manifest.class_names == ("cat", "dog", "eel")
+    named = {f for i in manifest.splits.values() for s in i.shards for f in (s.file, s.index_file)}
+    assert {n for n in _files_state(out)} == named  # Nothing the killed run left.
+    assert not (out / "_shardsmith_tmp").exists() and not (out / LOCK_FILENAME).exists()
+    assert {n: s for n, s in _files_state(out).items() if n in before} == before
