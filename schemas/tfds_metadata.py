@@ -11,7 +11,11 @@
   version, file format, and per split the record count of every shard and a
   file name template (`filepathTemplate`) that finds the shards. The template
   `{SPLIT}-{SHARD_X_OF_Y}.tfrecord` names our shard files exactly, so they are
-  read where they are, without copies or renames.
+  read where they are, without copies or renames. In a dataset that grew
+  (`convert --append`), each version's shards of a split follow it under a
+  split name of their own ('train', 'train_v00002', ...; `schemas.shard_filename`),
+  and TFDS reads the whole split as `split='train+train_v00002'` (the
+  description says which splits to join).
 - `features.json`: the `tfds.features` that decode each Example key.
 - `<key>.labels.txt`: the class names of a `ClassLabel` feature, one a line.
 
