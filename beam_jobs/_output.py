@@ -142,10 +142,18 @@ def summarize(output_dir: str) -> str:
     shards = sum(len(s.shards) for s in manifest.splits.values())
     per_split = " / ".join(f"{n} {s.num_records:,}" for n, s in manifest.splits.items())
     records = sum(s.num_records for s in manifest.splits.values())
+    new = ""
+    if manifest.versions:
+        # A dataset that grew (convert --append): the counts are the last run's, its new shards.
+        latest = manifest.versions[-1]
+        shards = sum(len(f) for f in latest.shards.values())
+        per_split = " / ".join(f"{n} {latest.num_records.get(n, 0):,}" for n in manifest.splits)
+        records = sum(latest.num_records.values())
+        new = "new "
     # A multi-frame DICOM or multi-page raster gives one record per frame/page:
     # then files and records differ, and the line says both.
     made = "" if records == c["written"] else f" as {records:,} records"
-    text = f"Converted {c['written']:,} images{made} into {shards} shards ({per_split})"
+    text = f"Converted {c['written']:,} images{made} into {shards} {new}shards ({per_split})"
     for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
         detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
         text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")

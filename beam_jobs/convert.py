@@ -192,6 +192,8 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     if "--volumes" in argv:
         from beam_jobs import convert_volumes
 
+        _refuse_volumes_append(argv)
+
         return convert_volumes.run(argv, wait=wait)
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
@@ -440,10 +442,23 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
+def _refuse_volumes_append(argv) -> None:
+    """--volumes has its own pipeline, which does not grow a dataset yet: refused before any work."""
+    if "--append" in argv:
+        raise ValueError("--append does not grow a dataset of --volumes yet: convert the grown folder "
+                         "with --overwrite.")
+
+
 def _main(argv: list[str]) -> int:
     if "--volumes" in argv:
         # DICOM series and NIfTI files as volumes: their own pipeline (issue 36).
         from beam_jobs import convert_volumes
+
+        try:
+            _refuse_volumes_append(argv)
+        except ValueError as e:
+            print(f"shardsmith convert: error: {e}", file=sys.stderr)
+            return 2
 
         return convert_volumes.main(argv)
     if args.print_help_if_asked(argv, help_text):
