@@ -9,14 +9,13 @@ import json
 import os
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 import schemas
 from schemas.tfds_metadata import tfds_files
-from beam_jobs._output import delete_if_exists, remove_dataset_files
+from conversion.output_folder import remove_dataset_files
 from conversion import annotations as _annotations, append as _append, listing, masks, scene_log
 from conversion.elements import ConversionError
-from conversion.files import TMP_DIRNAME, exists, join, read_bytes, write_atomically
+from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 
 __all__ = ["FinalizeFn"]
 
@@ -81,7 +80,7 @@ class FinalizeFn(beam.DoFn):
             # version (its shards all there), never one of shards not written yet.
             for name, text in tfds.items():
                 write_atomically(self._output_dir, name, text.encode())
-        delete_if_exists(FileSystems.join(self._output_dir, TMP_DIRNAME))
+        remove_tree(join(self._output_dir, TMP_DIRNAME))
         yield manifest
 
     def _write_inventory(self, rejects) -> None:
@@ -139,6 +138,7 @@ class FinalizeFn(beam.DoFn):
             manifest, splits=splits, extra=extra, versions=(*old.all_versions, version),
             class_order="first_appearance" if grew else "sorted")
 
+
     def _write_lists(self, rejects, normalized) -> None:
         write_atomically(
             self._output_dir, schemas.REJECTS_FILENAME,
@@ -171,7 +171,7 @@ class FinalizeFn(beam.DoFn):
             raise ConversionError(
                 f"{kinds['rejected']:,} of {considered:,} images were rejected, more than "
                 f"--max_reject_fraction={self._max_reject_fraction:g}; see "
-                f"{FileSystems.join(self._output_dir, schemas.REJECTS_FILENAME)}. "
+                f"{join(self._output_dir, schemas.REJECTS_FILENAME)}. "
                 "No manifest was written."
             )
         return counts
