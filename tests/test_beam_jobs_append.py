@@ -262,3 +262,58 @@ def test_an_append_killed_at_any_point_leaves_the_previous_version_and_the_next_
     assert {n for n in _files_state(out)} == named  # Nothing the killed run left.
     assert not (out / "_shardsmith_tmp").exists() and not (out / LOCK_FILENAME).exists()
     assert {n: s for n, s in _files_state(out).items() if n in before} == before
+
+
+@pytest.mark.parametrize("flags", [(), ("--raster_patch", "16", "--raster_georef")], ids=["rasters", "patches"])
+def test_rasters_and_patches_grow_as_images_do(tmp_path, flags):
+    """Multi-band uint16 GeoTIFFs (GDAL), whole or cut into patches: version 1 untouched, the new
+    scenes' records like a full rebuild's (the same bytes, band statistics added up per split)."""
+    import numpy as np
+
+    from helpers import write_geotiff
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    rng = np.random.default_rng(3)
+
+    def scene(rel):
+        write_geotiff(inp / rel, rng.integers(0, 4000, (3, 40, 36), dtype=np.uint16))
+
+    for i in range(4):
+        scene(f"field/s{i}.tif")
+        scene(f"forest/s{i}.tif")
+    first = convert(inp, out, *SPLIT, *flags)
+    before = _files_state(out)
+    for i in range(3):
+        scene(f"water/w{i}.tif")
+        scene(f"field/later{i}.tif")
+    grown = convert(inp, out, *SPLIT, *flags, "--append")
+    assert {n: s for n, s in _files_state(out).items() if n in before} == before
+    assert grown.class_names == (*first.class_names, "water")
+    full = _by_name(read_records(out))
+    convert(inp, tmp_path / "rebuilt", *SPLIT, *flags)
+    rebuilt = _by_name(read_records(tmp_path / "rebuilt"))
+    assert set(full) == set(rebuilt)
+    for name, rec in full.items():
+        assert (rec["split"], rec["image"]) == (rebuilt[name]["split"], rebuilt[name]["image"]), name
+    rebuilt_manifest = schemas.Manifest.from_json((tmp_path / "rebuilt" / schemas.MANIFEST_FILENAME).read_text())
+    for split, info in grown.splits.items():
+        ours, theirs = info.band_stats, rebuilt_manifest.splits[split].band_stats
+        assert ours.records == theirs.records == info.num_records
+        assert ours.count == theirs.count and ours.min == theirs.min and ours.max == theirs.max
+        np.testing.assert_allclose(ours.mean, theirs.mean, rtol=1e-9)
+
+
+def test_a_new_file_of_a_held_group_joins_its_group_split(tmp_path):
+    """--group_by: a patient's new image lands in the split of the patient's old ones; the groups merge."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    flags = ("--split", "train=0.5,validation=0.5", "--group_by", r"regex:(p\d+)_", "--min_shards", "1")
+    for p in range(8):
+        _add_images(inp, [f"{'ab'[p % 2]}/p{p}_0.jpg"], seed=10 * p)
+    first = convert(inp, out, *flags)
+    for p in range(8):
+        _add_images(inp, [f"{'ab'[p % 2]}/p{p}_1.jpg"], seed=10 * p + 5)
+    grown = convert(inp, out, *flags, "--append")
+    split_of = {r["filename"].decode(): r["split"] for r in read_records(out)}
+    for p in range(8):
+        assert split_of[f"{'ab'[p % 2]}/p{p}_1.jpg"] == split_of[f"{'ab'[p % 2]}/p{p}_0.jpg"]
+    assert grown.extra["groups"]["per_split"] == first.extra["groups"]["per_split"]
