@@ -36,7 +36,7 @@ class FinalizeFn(beam.DoFn):
       targets: The planned, dataset-level part of the manifest's targets
         section (`conversion.plan.Plan.targets_section`); the shards' counts
         are added to it. None: no targets beyond one class.
-      append: With --append (`beam_jobs._append.AppendRun.finalize_args`): the
+      append: With --append (`conversion.append_run.AppendRun.finalize_args`): the
         version this run writes, the manifest it grows (None: a first
         conversion) and the inputs' counts. The new version's inventory goes
         in first; the grown manifest replaces the old one last, then TFDS's
@@ -86,7 +86,7 @@ class FinalizeFn(beam.DoFn):
     def _write_inventory(self, rejects) -> None:
         """Moves the new version's inventory (its files not rejected) and report into the dataset."""
         tmp = join(self._output_dir, TMP_DIRNAME)
-        from beam_jobs._append import PENDING_INVENTORY, PENDING_REPORT
+        from conversion.append_run import PENDING_INVENTORY, PENDING_REPORT
 
         rejected = {r.rel_path for r in rejects}
         lines = read_bytes(join(tmp, PENDING_INVENTORY)).decode().splitlines(keepends=True)

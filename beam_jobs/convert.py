@@ -46,7 +46,7 @@ if __name__ == "__main__":
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
-from beam_jobs import _append, _runner, args
+from beam_jobs import _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
 from conversion.lock import LockError
@@ -55,7 +55,7 @@ from conversion.output_folder import (check_output, is_finished, prepare_append,
 from conversion.progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
+from conversion import append_run, console, elements, guard, masks, plan as _plan, processes as _processes, recovery
 from conversion.examples import record_schema
 from conversion.planning import build_plan, group_section
 from conversion.shard_maker import ShardMaker, ShardSpec
@@ -102,7 +102,7 @@ class ConvertImages(beam.PTransform):
       plan_paths: The shard plan files of `plan` (`conversion.shard_plans.write_shard_plans`).
       spec: The `ShardSpec` every shard is written with (the driver's maker's);
         by default the one `plan` and `config` make, for a run of its own.
-      append: With --append, `FinalizeFn`'s `append` (`beam_jobs._append.AppendRun.finalize_args`).
+      append: With --append, `FinalizeFn`'s `append` (`conversion.append_run.AppendRun.finalize_args`).
     """
 
     def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str],
@@ -191,7 +191,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     config = config_from_options(options)
     if config.append:
         # One writer at a time: a second append is refused, naming the first (`conversion.lock`).
-        with _append.holding_lock(config.output_dir):
+        with append_run.holding_lock(config.output_dir):
             return _run(options, config, wait=True)
     return _run(options, config, wait=wait)
 
@@ -205,11 +205,11 @@ def _run(options, config: ConversionConfig, *, wait: bool):
     progress = None
     appending = None
     try:
-        appending = _append.AppendRun(config) if config.append else None
+        appending = append_run.AppendRun(config) if config.append else None
         try:
             plan, config = _plan_and_settle(config, options, maker, start=wait, appending=appending)
-        except _append.NothingNew as e:
-            _LOG.warning("%s", _append.nothing_new_text(config.output_dir, appending.base, e.listing))
+        except append_run.NothingNew as e:
+            _LOG.warning("%s", append_run.nothing_new_text(config.output_dir, appending.base, e.listing))
             # What a killed append left (its new shards, its temporary folder) goes.
             prepare_append(config.output_dir, _held_files(appending.base.manifest), resume=False)
             return None
@@ -234,7 +234,7 @@ def _run(options, config: ConversionConfig, *, wait: bool):
     if wait:
         _LOG.info("%s", summarize(config.output_dir))
         if appending is not None and appending.base is not None:
-            _LOG.info("%s", _append.version_summary(read_manifest(config.output_dir)))
+            _LOG.info("%s", append_run.version_summary(read_manifest(config.output_dir)))
     return result
 
 
@@ -244,7 +244,7 @@ def _held_files(manifest) -> set[str]:
 
 
 def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start: bool,
-                     appending: _append.AppendRun | None = None):
+                     appending: append_run.AppendRun | None = None):
     """Lists and plans the input, and settles the worker processes; the plan and the settled config.
 
     The worker processes start once the files are listed (with `start`):
@@ -254,7 +254,7 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
     planned, into the new version's shards.
 
     Raises:
-      beam_jobs._append.NothingNew: With --append, when every listed file is held.
+      conversion.append_run.NothingNew: With --append, when every listed file is held.
     """
     asked = config.writing.worker_processes
 
@@ -474,7 +474,7 @@ def _main(argv: list[str]) -> int:
     try:
         # Held by the command's process over every attempt (one that goes on after a
         # crash is a child of it): a second append on this folder is refused meanwhile.
-        with _append.holding_lock(config.output_dir):
+        with append_run.holding_lock(config.output_dir):
             return supervised()
     except LockError as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
