@@ -15,6 +15,8 @@ from schemas.tfds_metadata import tfds_files
 from conversion.output_folder import remove_dataset_files
 from conversion import annotations as _annotations, append as _append, listing, masks, scene_log
 from conversion.elements import ConversionError
+from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
+from conversion.normalized import patches_summary as _patch_summary
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 
 __all__ = ["FinalizeFn"]
@@ -220,37 +222,3 @@ class FinalizeFn(beam.DoFn):
             extra=extra,
         )
 
-
-def _normalized_entry(path, source_format, actions, details) -> dict:
-    entry = {"path": listing.display_path(path), "source_format": source_format,
-             "actions": list(actions)}
-    if details:
-        entry["details"] = details
-    return entry
-
-
-def _patch_summary(normalized) -> dict:
-    """With --raster_patch: scenes cut, patches written and skipped (nodata), work items that failed.
-
-    From the normalized.jsonl entries of the scenes' work items
-    (`conversion.shard_writer`), named PATH#patch_rows=Y0,Y1 (then
-    #patch_columns=X0,X1 for a column range of a wide row); the first scenes by
-    path are listed with their own counts (`conversion.scene_log`).
-    """
-    return scene_log.patches_section(scene_log.scene_logs(
-        (path, actions, details) for path, _, actions, details in normalized))
-
-
-def _dicom_summary(normalized) -> dict:
-    """How many DICOM records got each rescale, window source, inversion and bit depth."""
-    counters = collections.defaultdict(collections.Counter)
-    for _, source_format, _, details in normalized:
-        if source_format != "dicom" or not details:
-            continue
-        window = details.get("window") or {}
-        counters["window_source"][window.get("source", "none (colour)")] += 1
-        counters["rescaled"][str(bool(details.get("rescale") or details.get("modality_lut")))] += 1
-        counters["inverted_monochrome1"][str(bool(details.get("inverted")))] += 1
-        counters["bit_depth"][str(details.get("bit_depth"))] += 1
-        counters["photometric"][str(details.get("photometric"))] += 1
-    return {name: dict(sorted(c.items())) for name, c in sorted(counters.items())}

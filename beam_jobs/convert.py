@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import sys
 
 if __name__ == "__main__":
@@ -55,36 +54,17 @@ from conversion.output_folder import (check_output, is_finished, prepare_append,
 from conversion.progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import append_run, console, elements, guard, masks, plan as _plan, processes as _processes, recovery
+from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
+from conversion import append_run
 from conversion.examples import record_schema
 from conversion.planning import build_plan, group_section
-from conversion.shard_maker import ShardMaker, ShardSpec
+from conversion.shard_maker import ShardMaker, ShardSpec, first_shards, needs_decoders, worker_processes
 from conversion.shard_plans import write_shard_plans
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
 
 _LOG = logging.getLogger("shardsmith.convert")
-# Worker processes by default only from this many files: each costs ~0.6 s of
-# CPU to start, and ~2 s more and ~300 MB with TensorFlow's decode ops.
-_PROCESSES_MIN_FILES = 1000
-# ... and only for a folder whose validation is mostly Python work: rasters
-# and DICOM files (tifffile, pydicom, numpy), or small images (a fixed ~0.1 ms
-# per file around TensorFlow's decode). A photo's decode releases the GIL
-# for most of its time: threads already use every core (2,000 ~125 KB photos
-# on 2 cores: 6.8 s in threads, 7.8 s with 2 processes; 100,000 1.4 KB JPEGs:
-# 15.2 s and 13.4 s; 20,000 13-band rasters: 37.5 s and 13.1 s).
-_PYTHON_BOUND_SUFFIXES = (".tif", ".tiff", ".dcm", ".dicom")
-# ... or from this many planned bytes of scenes' patches (--raster_patch): one scene is
-# one file, but its work items are Python-bound (band statistics, nodata shares,
-# encoding) while their tiles decode (a 6144 x 6144 x 13 uint16 scene, 981 MB, on 2
-# cores: 22.5 s in threads, 13.8 s with 2 processes).
-_PROCESSES_MIN_SCENE_BYTES = 64 << 20
-_SMALL_FILE_BYTES = 32 * 1024
-# Files that a worker process reads without TensorFlow's decoders (rasters
-# stored raw); any other file has it load them while the driver plans.
-_RASTER_SUFFIXES = (".tif", ".tiff")
-
 _EXAMPLE = """\
     example:
       shardsmith convert --input_dir ./photos --output_dir ./dataset \\
@@ -257,12 +237,11 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
       conversion.append_run.NothingNew: With --append, when every listed file is held.
     """
     asked = config.writing.worker_processes
+    threads = _runner.in_process_threads(options)  # The runner's shard writers' in this process.
 
     def on_listed(files):
         if start:  # The shards are not known yet: as many as the listed files call for.
-            # Rasters stored raw need no TensorFlow decoders: not loaded for a folder of TIFFs only.
-            decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
-            maker.start_processes(_worker_processes(asked, files, None, options), decoders)
+            maker.start_processes(worker_processes(asked, files, None, threads), needs_decoders(files))
 
     first = appending is None or appending.base is None
     # --append into a folder without a dataset: a first conversion, which replaces what an
@@ -291,7 +270,7 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
         # Each location's plan, which its shard writer reads (its planned file's path).
         _time_series.write_stack_plans(plan.stacks, config.output_dir)
     # Fewer shards than cores: fewer processes.
-    processes = _worker_processes(asked, plan.files, sum(plan.shard_counts.values()), options)
+    processes = worker_processes(asked, plan.files, sum(plan.shard_counts.values()), threads)
     if start:
         maker.start_processes(processes)
     if processes and not config.writing.dedup:
@@ -318,7 +297,7 @@ def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, m
         # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
         # then takes their outcomes. Not with --resume: its receipts decide what is written;
         # nor with --dedup: the shards' files are known once the pipeline compared them.
-        first = _first_shards(plan.files, maker.processes)
+        first = first_shards(plan.files, maker.processes)
     # The shard writers read their files from the plan files: the driver need
     # not hold one object per image while the pipeline runs (~0.7 KB each,
     # 70 MiB of peak memory at 100,000 images).
@@ -338,63 +317,6 @@ def _planned_spec(spec: ShardSpec, plan: _plan.Plan, config: ConversionConfig) -
         spec, writing=config.writing, num_classes=len(plan.class_names),
         total_shards=sum(plan.shard_counts.values()), targets=_targets(plan),
         mask_dtype=None if plan.masks is None else plan.masks.dtype)
-
-
-def _first_shards(files, count: int) -> list[list]:
-    """The PlannedFiles of the plan's first `count` shards (in (split, shard) order), a list each."""
-    shards: list[list] = []
-    key = None
-    for f in files:  # In (split, shard, order) order (`conversion.plan.make_plan`).
-        if (f.split, f.shard) != key:
-            if len(shards) == count:
-                break
-            key = (f.split, f.shard)
-            shards.append([])
-        shards[-1].append(f)
-    return shards
-
-
-def _worker_processes(asked: int | None, files, shards: int | None, options) -> int:
-    """How many worker processes write the shards: `asked`, or what suits the runner and input.
-
-    By default: one per core where the runner runs its DoFns in this
-    process's threads (Beam's local runner) on a machine of several cores,
-    for `_PROCESSES_MIN_FILES` files or more, most of them Python-bound
-    (`_python_bound`), or scenes' work items of `_PROCESSES_MIN_SCENE_BYTES`
-    or more, and at least two shards (None: not planned yet);
-    otherwise none (the runner's threads write them: Dataflow and Beam's
-    'multi_processing' mode already give each core a process).
-
-    Args:
-      asked: --worker_processes, or None.
-      files: The listed or planned files (`.rel_path`, `.size`).
-      shards: Shards planned, or None.
-      options: The pipeline options, after `_runner.make_runner`.
-    """
-    if asked is not None:
-        return asked
-    cores = os.cpu_count() or 1
-    if _runner.in_process_threads(options) < 2 or cores < 2:
-        return 0
-    if len(files) < _PROCESSES_MIN_FILES and _scene_bytes(files) < _PROCESSES_MIN_SCENE_BYTES:
-        return 0
-    if not _python_bound(files):
-        return 0
-    if shards is None:
-        return cores
-    return min(cores, shards) if shards >= 2 else 0
-
-
-def _scene_bytes(files) -> int:
-    """Planned decoded bytes of the scenes' work items among planned `files` (0 for listed files)."""
-    return sum(f.size for f in files if getattr(f, "patch_rows", None) is not None)
-
-
-def _python_bound(files) -> bool:
-    """Whether validating most of `files` is Python work (see `_PYTHON_BOUND_SUFFIXES`)."""
-    bound = sum(1 for f in files if f.size < _SMALL_FILE_BYTES
-                or f.rel_path.lower().endswith(_PYTHON_BOUND_SUFFIXES))
-    return 2 * bound >= len(files)
 
 
 def help_text() -> str:
@@ -492,7 +414,7 @@ def _attempt(argv: list[str], output_dir: str) -> int:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # The runner wraps errors raised inside workers.
-        message = _conversion_error_message(e)
+        message = recovery.failure_message(e)
         if message is None:
             raise
         print(f"shardsmith convert: error: {message}", file=sys.stderr)
@@ -508,17 +430,6 @@ def _resume_argv(argv: list[str]) -> list[str]:
     """The arguments of the run that goes on after a crash: --resume instead of --overwrite."""
     out = [a for a in argv if a != "--overwrite"]
     return out if "--resume" in out else [*out, "--resume"]
-
-
-def _conversion_error_message(e: BaseException) -> str | None:
-    """The ConversionError (or WorkerDied) text inside a runner's wrapped exception, if any."""
-    for line in str(e).splitlines():
-        for kind in ("ConversionError:", "WorkerDied:"):
-            if kind in line:
-                return line.split(kind, 1)[1].strip()
-    if isinstance(e, (elements.ConversionError, _processes.WorkerDied)):
-        return str(e)
-    return None
 
 
 if __name__ == "__main__":

@@ -22,13 +22,14 @@ import traceback
 from collections.abc import Sequence
 
 from conversion import processes as _processes
+from conversion.elements import ConversionError
 from conversion.guard import (
     DECODER_CRASHED, JOURNAL_ENV, TIMEOUT, Quarantine, Suspect, Watchdog, busy_slots, forget, journal,
     new_journal_folder, signal_name,
 )
 from conversion.shard_writer import warm_up
 
-__all__ = ["probe", "crash_culprits", "supervise"]
+__all__ = ["probe", "crash_culprits", "supervise", "failure_message"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
@@ -314,3 +315,15 @@ def _run_child(attempt, argv) -> tuple[int, int]:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return pid, os.waitstatus_to_exitcode(status)
+
+
+def failure_message(e: BaseException) -> str | None:
+    """The text of a `ConversionError` or `WorkerDied` of an attempt, also inside a runner's wrapped
+    exception (the runner wraps errors raised in its workers); None for any other error."""
+    for line in str(e).splitlines():
+        for kind in ("ConversionError:", "WorkerDied:"):
+            if kind in line:
+                return line.split(kind, 1)[1].strip()
+    if isinstance(e, (ConversionError, _processes.WorkerDied)):
+        return str(e)
+    return None

@@ -34,6 +34,7 @@ import atexit
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import threading
 import uuid
 
@@ -47,9 +48,30 @@ from conversion.receipts import Receipts, shard_fingerprint
 from conversion.shard_writer import ShardFile, ShardJob, default_threads
 from imaging import ValidationOptions
 
-__all__ = ["ShardSpec", "PlannedShard", "ShardMaker", "shard_file"]
+__all__ = ["ShardSpec", "PlannedShard", "ShardMaker", "shard_file", "worker_processes", "first_shards",
+           "needs_decoders"]
 
 _LOG = logging.getLogger("shardsmith.convert")
+# Worker processes by default only from this many files: each costs ~0.6 s of
+# CPU to start, and ~2 s more and ~300 MB with TensorFlow's decode ops.
+_PROCESSES_MIN_FILES = 1000
+# ... and only for a folder whose validation is mostly Python work: rasters
+# and DICOM files (tifffile, pydicom, numpy), or small images (a fixed ~0.1 ms
+# per file around TensorFlow's decode). A photo's decode releases the GIL
+# for most of its time: threads already use every core (2,000 ~125 KB photos
+# on 2 cores: 6.8 s in threads, 7.8 s with 2 processes; 100,000 1.4 KB JPEGs:
+# 15.2 s and 13.4 s; 20,000 13-band rasters: 37.5 s and 13.1 s).
+_PYTHON_BOUND_SUFFIXES = (".tif", ".tiff", ".dcm", ".dicom")
+# ... or from this many planned bytes of scenes' patches (--raster_patch): one scene is
+# one file, but its work items are Python-bound (band statistics, nodata shares,
+# encoding) while their tiles decode (a 6144 x 6144 x 13 uint16 scene, 981 MB, on 2
+# cores: 22.5 s in threads, 13.8 s with 2 processes).
+_PROCESSES_MIN_SCENE_BYTES = 64 << 20
+_SMALL_FILE_BYTES = 32 * 1024
+# Files that a worker process reads without TensorFlow's decoders (rasters
+# stored raw); any other file has it load them while the driver plans.
+_RASTER_SUFFIXES = (".tif", ".tiff")
+
 # A shard whose worker processes die this often is given up (each death blames a file or retries once).
 _MAX_CRASHES_PER_SHARD = 50
 
@@ -386,6 +408,69 @@ def _close_all() -> None:
         _MAKERS.clear()
     for maker in makers:
         maker._close_pool()
+
+
+def first_shards(files, count: int) -> list[list]:
+    """The PlannedFiles of the plan's first `count` shards (in (split, shard) order), a list each."""
+    shards: list[list] = []
+    key = None
+    for f in files:  # In (split, shard, order) order (`conversion.plan.make_plan`).
+        if (f.split, f.shard) != key:
+            if len(shards) == count:
+                break
+            key = (f.split, f.shard)
+            shards.append([])
+        shards[-1].append(f)
+    return shards
+
+
+def worker_processes(asked: int | None, files, shards: int | None, runner_threads: int) -> int:
+    """How many worker processes write the shards: `asked`, or what suits the runner and input.
+
+    By default: one per core where the runner runs its DoFns in this
+    process's threads (Beam's local runner) on a machine of several cores,
+    for `_PROCESSES_MIN_FILES` files or more, most of them Python-bound
+    (`_python_bound`), or scenes' work items of `_PROCESSES_MIN_SCENE_BYTES`
+    or more, and at least two shards (None: not planned yet);
+    otherwise none (the runner's threads write them: Dataflow and Beam's
+    'multi_processing' mode already give each core a process).
+
+    Args:
+      asked: --worker_processes, or None.
+      files: The listed or planned files (`.rel_path`, `.size`).
+      shards: Shards planned, or None.
+      runner_threads: Threads of this process that run the runner's shard
+        writers (Beam's local runner: several; a runner of processes: 0).
+    """
+    if asked is not None:
+        return asked
+    cores = os.cpu_count() or 1
+    if runner_threads < 2 or cores < 2:
+        return 0
+    if len(files) < _PROCESSES_MIN_FILES and _scene_bytes(files) < _PROCESSES_MIN_SCENE_BYTES:
+        return 0
+    if not _python_bound(files):
+        return 0
+    if shards is None:
+        return cores
+    return min(cores, shards) if shards >= 2 else 0
+
+
+def _scene_bytes(files) -> int:
+    """Planned decoded bytes of the scenes' work items among planned `files` (0 for listed files)."""
+    return sum(f.size for f in files if getattr(f, "patch_rows", None) is not None)
+
+
+def _python_bound(files) -> bool:
+    """Whether validating most of `files` is Python work (see `_PYTHON_BOUND_SUFFIXES`)."""
+    bound = sum(1 for f in files if f.size < _SMALL_FILE_BYTES
+                or f.rel_path.lower().endswith(_PYTHON_BOUND_SUFFIXES))
+    return 2 * bound >= len(files)
+
+
+def needs_decoders(files) -> bool:
+    """Whether worker processes need TensorFlow's decoders for `files`: not for rasters stored raw."""
+    return any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
 
 
 def shard_file(f) -> ShardFile:

@@ -318,11 +318,13 @@ def test_large_scenes_are_cut_in_one_process_per_core_by_default():
     import os
 
     from beam_jobs import _runner, convert as convert_module
-    from conversion import plan as _plan
+    from conversion import plan as _plan, shard_maker
 
     local = convert_module.ConvertOptions([])
     _runner.make_runner(local)
-    decide = convert_module._worker_processes
+
+    def decide(asked, files, shards, options):  # As the driver asks, on its runner.
+        return shard_maker.worker_processes(asked, files, shards, _runner.in_process_threads(options))
 
     def items(n, size):  # A scene's work items as planned: size = decoded bytes of its patches
         return [_plan.PlannedFile("train", 0, i, "s/scene.tif", "", size, 0, 8, patch_rows=f"{i},{i + 1}")

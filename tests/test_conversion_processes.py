@@ -14,7 +14,7 @@ import tifffile
 from helpers import convert, encode, make_class_tree, make_dicom, pixels, write
 
 import schemas
-from conversion import plan as _plan, processes as _processes, shard_writer
+from conversion import plan as _plan, processes as _processes, recovery, shard_maker, shard_writer
 from beam_jobs import convert as convert_module
 from beam_jobs.convert import ConvertOptions, config_from_options
 from conversion.shard_maker import shard_file as _shard_file
@@ -97,10 +97,10 @@ def test_a_call_started_early_runs_once_for_the_call_with_equal_arguments(tmp_pa
 def test_the_driver_starts_the_plans_first_shards_whole():
     files = _plan_of(12, 4).files
     planned = sorted(files, key=lambda f: (f.split, f.shard, f.order))  # The plan's order.
-    first = convert_module._first_shards(planned, 2)
+    first = shard_maker.first_shards(planned, 2)
     assert [[(f.shard, f.order) for f in shard] for shard in first] == [
         [(0, 0), (0, 4), (0, 8)], [(1, 1), (1, 5), (1, 9)]]
-    assert len(convert_module._first_shards(planned, 9)) == 4
+    assert len(shard_maker.first_shards(planned, 9)) == 4
 
 
 def test_closing_ends_every_child():
@@ -140,9 +140,11 @@ def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local
     from beam_jobs import _runner
 
     _runner.make_runner(local)
-    big = convert_module._PROCESSES_MIN_FILES
-    small = convert_module._SMALL_FILE_BYTES - 1
-    decide = convert_module._worker_processes
+    big = shard_maker._PROCESSES_MIN_FILES
+    small = shard_maker._SMALL_FILE_BYTES - 1
+
+    def decide(asked, files, shards, options):  # As the driver asks, on its runner.
+        return shard_maker.worker_processes(asked, files, shards, _runner.in_process_threads(options))
 
     def listed(n, size=small, name="a/{}.jpg"):
         return [_plan.PlannedFile("train", 0, i, name.format(i), "", size, 0, 1) for i in range(n)]
@@ -175,9 +177,8 @@ def _plan_of(n_files: int, shards: int) -> _plan.Plan:
 
 def test_the_single_core_default_is_threads(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    local = ConvertOptions([])
     files = [_plan.PlannedFile("train", 0, i, f"a/{i}.tif", "", 1, 0, 1) for i in range(5000)]
-    assert convert_module._worker_processes(None, files, 16, local) == 0
+    assert shard_maker.worker_processes(None, files, 16, runner_threads=16) == 0  # Many threads, one core.
 
 
 def _tiff(array, **kwargs) -> bytes:
@@ -265,7 +266,7 @@ def test_a_shard_whose_worker_dies_fails_with_a_sentence_naming_it(tmp_path):
         with pytest.raises(_processes.WorkerDied) as info:
             list(fn.process((("train", 0), files)))
             list(fn.finish_bundle())
-        message = convert_module._conversion_error_message(RuntimeError(f"wrapped\n{type(info.value).__name__}: {info.value}"))
+        message = recovery.failure_message(RuntimeError(f"wrapped\n{type(info.value).__name__}: {info.value}"))
         assert message == str(info.value)
         assert f"(pid {pid}) was killed by signal 9" in message
         assert "Shard: train-00000-of-00001.tfrecord (3 files)" in message
