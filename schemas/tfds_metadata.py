@@ -158,6 +158,30 @@ def _splits(manifest: Manifest) -> tuple[list[dict], dict[str, list[str]]]:
     return splits, grown
 
 
+def _description(manifest: Manifest, class_names: tuple, grown: dict) -> str:
+    """`dataset_info.json`'s description: what the records are, how a grown split reads whole, and
+    where the class names are when TFDS cannot store them."""
+    description = (
+        f"Images converted by shardsmith {manifest.tool_version} (record schema "
+        f"v{manifest.schema_version}), {len(class_names)} classes. "
+        f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
+        "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
+    )
+    parts = {name: names for name, names in grown.items() if len(names) > 1}
+    if parts:
+        description += (
+            f" The dataset grew to version {manifest.latest_version}: each version's records of a "
+            "split are a TFDS split of their own; read a whole split as "
+            + ", ".join(f"split='{'+'.join(names)}'" for name, names in parts.items()) + "."
+        )
+    if not _storable_names(class_names):
+        description += (
+            f" Class names are not stored for TFDS (one has leading or trailing white "
+            f"space or a line break): '{LABEL.key}' indexes class_names in manifest.json."
+        )
+    return description
+
+
 def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str, str]:
     """The TFDS metadata files of a dataset, for `tfds.builder_from_directory`.
 
@@ -195,27 +219,9 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
     class_names = tuple(manifest.class_names)
     splits, grown = _splits(manifest)
     files = {}
-    description = (
-        f"Images converted by shardsmith {manifest.tool_version} (record schema "
-        f"v{manifest.schema_version}), {len(class_names)} classes. "
-        f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
-        "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
-    )
-    parts = {name: names for name, names in grown.items() if len(names) > 1}
-    if parts:
-        description += (
-            f" The dataset grew to version {manifest.latest_version}: each version's records of a "
-            "split are a TFDS split of their own; read a whole split as "
-            + ", ".join(f"split='{'+'.join(names)}'" for name, names in parts.items()) + "."
-        )
     if _storable_names(class_names):
         files[_labels_filename(LABEL.key)] = "".join(f"{n}\n" for n in class_names)
-    else:
-        description += (
-            f" Class names are not stored for TFDS (one has leading or trailing white "
-            f"space or a line break): '{LABEL.key}' indexes class_names in manifest.json."
-        )
-
+    description = _description(manifest, class_names, grown)
     files[TFDS_DATASET_INFO_FILENAME] = _dumps(
         {
             "name": dataset_name,
