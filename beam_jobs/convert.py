@@ -56,7 +56,7 @@ from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
-from conversion.examples import record_schema, warm_call
+from conversion.examples import kind_for, record_schema, warm_call
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
@@ -144,7 +144,7 @@ class ConvertImages(beam.PTransform):
                     max_reject_fraction=config.max_reject_fraction,
                     features=record_schema(config.validation, _targets(plan)).to_json(),
                     extra={**group_section(plan, config), **masks.manifest_section(plan),
-                           **_time_series_section(plan, config)},
+                           **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
@@ -152,15 +152,6 @@ class ConvertImages(beam.PTransform):
                 normalized=beam.pvalue.AsList(written[WriteShardFn.NORMALIZED]),
             )
         )
-
-
-def _time_series_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
-    """The manifest's `time_series` section with --time_series (`conversion.time_series.manifest_section`)."""
-    if plan.stacks is None:
-        return {}
-    from conversion import time_series as _time_series
-
-    return _time_series.manifest_section(plan.stacks, plan, config.validation.time_series)
 
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
@@ -200,11 +191,8 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         check_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
         plan = build_plan(config, on_listed=workers.start_for)
         prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
-        if plan.stacks is not None:
-            from conversion import time_series as _time_series
-
-            # Each location's plan, which its shard writer reads (its planned file's path).
-            _time_series.write_stack_plans(plan.stacks, config.output_dir)
+        # What its kind's shard writers read beside the shard plans (a location's plan, for time series).
+        kind_for(config.validation).prepare_output(plan, config.output_dir)
         processes = workers.settle(plan)
         if processes and not config.writing.dedup:
             # The shard writer keeps every worker busy from one thread; with

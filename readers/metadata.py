@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from readers import examples as _examples
 from schemas.features import ImageExampleSchema
-from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema, example_kind
+from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
 from schemas.manifest import (
     not_a_dataset_folder,
     MANIFEST_FILENAME,
@@ -170,11 +170,6 @@ def _resolve_split(split: str, available: Mapping[str, Any]) -> str:
     return SPLIT_ALIASES.get(split.strip().lower(), split)
 
 
-# The reader of each kind of record, named when a dataset of another kind is opened.
-_READER_OF = {"image": "readers.image_dataset_from_tfrecords",
-              TIME_SERIES: "readers.time_series_dataset_from_tfrecords"}
-
-
 def load_split(data_dir: str | os.PathLike, split: str, version: int | None = None,
                kind: str = "image") -> SplitFiles:
     """Resolves the shard files of one split and checks they are all there.
@@ -215,15 +210,16 @@ def load_split(data_dir: str | os.PathLike, split: str, version: int | None = No
             f"Received: split={split!r} (data_dir={path!r})"
         )
     split = resolved
-    stored_kind = example_kind(manifest.features)
-    if stored_kind != kind:
+    # The kinds of example are a table (`readers.examples`): a dataset of another kind names its reader.
+    wanted = _examples.kind_named(kind)
+    stored = _examples.kind_of(manifest.features)
+    if stored is not None and stored is not wanted:
         raise ManifestError(
-            f"The dataset at {path!r} holds {stored_kind} records, which "
-            f"{_READER_OF.get(stored_kind, 'another reader')} reads, not {_READER_OF.get(kind, kind)}."
+            f"The dataset at {path!r} holds {stored.name} records, which "
+            f"readers.{stored.reader} reads, not readers.{wanted.reader}."
         )
     try:
-        schema = (TimeSeriesExampleSchema.from_json(manifest.features) if kind == TIME_SERIES
-                  else _examples.IMAGE.schema_from_json(manifest.features))
+        schema = wanted.schema_from_json(manifest.features)
     except ValueError as e:
         kind = _examples.kind_of(manifest.features)
         other = f" It holds {kind.name} examples: read it with readers.{kind.reader}." if kind else ""
