@@ -179,6 +179,21 @@ def _augment(stack, mask, mode: str, seed):
     return stack, mask
 
 
+def _static_shape(section, options: TimeSeriesOptions) -> list | None:
+    """[time, height, width, bands] of every stack the reader yields, when the manifest says it; else None.
+
+    Known when the split's stacks have one length (or `max_steps` gives
+    them one), one size (or `image_size`) and one list of bands: then every
+    axis but the batch's is known before reading (as Keras' layers want).
+    """
+    lengths, sizes, bands = section.get("steps", ()), section.get("sizes", ()), section.get("bands")
+    steps = options.max_steps if options.max_steps is not None else (lengths[0] if len(lengths) == 1 else None)
+    size = options.image_size if options.image_size is not None else (tuple(sizes[0]) if len(sizes) == 1 else None)
+    if steps is None or size is None or not bands:
+        return None
+    return [int(steps), int(size[0]), int(size[1]), len(bands)]
+
+
 def time_series_dataset_from_tfrecords(
     data_dir: str | os.PathLike,
     split: str = "train",
@@ -334,6 +349,9 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
     mask_dtype = tf.uint16 if split_files.targets.get("mask", {}).get("dtype") == "uint16" else tf.uint8
     num_classes = len(split_files.class_names)
 
+    static = _static_shape(split_files.time_series, options)
+    padded = options.max_steps is not None and (not lengths or min(lengths) < options.max_steps)
+
     def load(serialized, seed_pair=None):
         features = tf.io.parse_single_example(serialized, spec)
         stack = _decode(features, dtypes, out_dtype)
@@ -354,8 +372,13 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
             mean = tf.constant(mean_std[0], out_dtype)
             std = tf.constant(mean_std[1], out_dtype)
             stack = (stack - mean) / std
+            if padded:
+                # The padded steps stay zeros, as documented, not (0 - mean) / std.
+                stack = tf.where(valid[:, tf.newaxis, tf.newaxis, tf.newaxis], stack, tf.zeros([], out_dtype))
         if options.augment is not None:
             stack, mask = _augment(stack, mask, options.augment, aug_seed)
+        if static is not None:
+            stack = tf.ensure_shape(stack, static)
         if label_mode == "int":
             label = tf.cast(features[LABEL.key], tf.int32)
         elif label_mode == "categorical":
@@ -374,6 +397,7 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
         if extra:
             element += (extra,)
         return element[0] if len(element) == 1 else element
+
     return load
 
 

@@ -194,3 +194,43 @@ def test_distributed_pipelines_read_disjoint_shares(tmp_path):
         names.append([e[2]["filename"].numpy().decode() for e in ds])
     assert sorted(names[0] + names[1]) == [f"loc_{i}" for i in range(6)]
     assert not set(names[0]) & set(names[1])
+
+
+def test_stacks_of_one_shape_have_a_static_shape_and_every_value_in_batches(tmp_path):
+    stacks = [(_stack(i, 4), _dates(4, 18000 + i), i % 2) for i in range(5)]
+    data = _write_dataset(tmp_path / "ds", stacks)
+    mean, std = (100.0, 200.0, 300.0), (2.0, 4.0, 8.0)
+    ds = readers.time_series_dataset_from_tfrecords(
+        data, batch_size=2, max_steps=6, normalize=(mean, std), label_mode="categorical", shuffle=False,
+        extra_features=("stack/dates", "stack/valid", "filename", "geotransform", "stack/shape"))
+    # One shape for the split (the manifest's): every axis but the batch's is known before reading.
+    assert ds.element_spec[0].shape.as_list() == [None, 6, 6, 5, 3]
+    got = list(ds)
+    assert [int(s.shape[0]) for s, _, _ in got] == [2, 2, 1]
+    stack = np.concatenate([s.numpy() for s, _, _ in got])
+    labels = np.concatenate([lab.numpy() for _, lab, _ in got])
+    extras = {k: np.concatenate([e[k].numpy() for _, _, e in got]) for k in got[0][2]}
+    for i, (values, dates, label) in enumerate(stacks):
+        expected = (values.astype(np.float64) - mean) / std  # padded steps: zeros after normalizing, as per stack
+        np.testing.assert_allclose(stack[i, :4], expected, rtol=1e-6)
+        assert not stack[i, 4:].any()
+        assert labels[i].tolist() == [1.0 - label, float(label)]
+        assert extras["stack/dates"][i].tolist() == list(dates) + [0, 0]
+        assert extras["stack/valid"][i].tolist() == [True] * 4 + [False] * 2
+        assert extras["filename"][i].decode() == f"loc_{i}"
+        assert extras["stack/shape"][i].tolist() == [4, 6, 5, 3]
+        np.testing.assert_array_equal(extras["geotransform"][i], (0.0, 10.0, 0.0, 0.0, 0.0, -10.0))
+    # As stored (dtype=None) and resized, every date as TF resizes one image; whole batches only.
+    exact = readers.time_series_dataset_from_tfrecords(data, batch_size=2, dtype=None, shuffle=False,
+                                                       drop_remainder=True)
+    assert exact.element_spec[0].shape.as_list() == [2, 4, 6, 5, 3]
+    batches = [s.numpy() for s, _ in exact]
+    assert len(batches) == 2 and batches[0].dtype == np.uint16
+    np.testing.assert_array_equal(np.concatenate(batches), np.stack([v for v, _, _ in stacks[:4]]))
+    resized = readers.time_series_dataset_from_tfrecords(data, batch_size=5, image_size=(3, 10),
+                                                         interpolation="nearest", shuffle=False)
+    (stack, _), = list(resized)
+    for i, (values, _, _) in enumerate(stacks):
+        for t in range(4):
+            np.testing.assert_array_equal(
+                stack[i, t].numpy(), tf.image.resize(values[t].astype(np.float32), (3, 10), method="nearest").numpy())
