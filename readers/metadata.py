@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from readers import examples as _examples
 from schemas.features import ImageExampleSchema
-from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema, example_kind
+from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
 from schemas.manifest import (
     not_a_dataset_folder,
     MANIFEST_FILENAME,
@@ -170,11 +170,6 @@ def _resolve_split(split: str, available: Mapping[str, Any]) -> str:
     return SPLIT_ALIASES.get(split.strip().lower(), split)
 
 
-# The reader of each kind of record, named when a dataset of another kind is opened.
-_READER_OF = {"image": "readers.image_dataset_from_tfrecords",
-              TIME_SERIES: "readers.time_series_dataset_from_tfrecords"}
-
-
 def load_split(data_dir: str | os.PathLike, split: str, version: int | None = None,
                kind: str = "image") -> SplitFiles:
     """Resolves the shard files of one split and checks they are all there.
@@ -246,15 +241,16 @@ def _schema_of(manifest: Manifest, path: str, kind: str):
     Raises:
       schemas.ManifestError: For another kind, or a schema this reader does not read.
     """
-    stored_kind = example_kind(manifest.features)
-    if stored_kind != kind:
+    # The kinds of example are a table (`readers.examples`): a dataset of another kind names its reader.
+    wanted = _examples.kind_named(kind)
+    stored = _examples.kind_of(manifest.features)
+    if stored is not None and stored is not wanted:
         raise ManifestError(
-            f"The dataset at {path!r} holds {stored_kind} records, which "
-            f"{_READER_OF.get(stored_kind, 'another reader')} reads, not {_READER_OF.get(kind, kind)}."
+            f"The dataset at {path!r} holds {stored.name} records, which "
+            f"readers.{stored.reader} reads, not readers.{wanted.reader}."
         )
     try:
-        return (TimeSeriesExampleSchema.from_json(manifest.features) if kind == TIME_SERIES
-                else _examples.IMAGE.schema_from_json(manifest.features))
+        return wanted.schema_from_json(manifest.features)
     except ValueError as e:
         found = _examples.kind_of(manifest.features)
         other = f" It holds {found.name} examples: read it with readers.{found.reader}." if found else ""
