@@ -57,11 +57,14 @@ class WriteShardFn(beam.DoFn):
             processes = _threads_of_this_worker()
         # In the driver's process, the driver's maker: its processes started early.
         self._maker = ShardMaker.shared(self._spec, processes or 0)
+        self._released = False
 
     def teardown(self):
-        if self._maker is not None:
+        # The maker stays: a bundle still in flight when the run is stopped (Ctrl-C) writes in
+        # this thread, its worker processes gone, rather than fail on a missing maker.
+        if self._maker is not None and not getattr(self, "_released", False):
+            self._released = True
             self._maker.release()
-            self._maker = None
 
     def start_bundle(self):
         self._in_flight = collections.deque()  # Futures of shards written in worker processes

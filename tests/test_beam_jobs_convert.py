@@ -304,7 +304,7 @@ def test_dofns_and_specs_pickle():
     try:
         assert fn._maker is not None
         restored = pickler.loads(pickler.dumps(write_fn()))
-        assert restored._maker is None
+        assert restored._maker is None and not getattr(restored, "_released", False)
     finally:
         fn.teardown()
 
