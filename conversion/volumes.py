@@ -5,6 +5,14 @@
     shards = shard_of(jobs)                                 # filename -> (split, index, count)
     write_shard(...) per shard, then write_manifest(...) last
 
+`VolumeConverter` runs `convert_job` in worker processes (`conversion.processes`)
+with the image path's guard (`conversion.guard`, `conversion.recovery`): a
+series whose decode crashes its process, or runs past --file_timeout, is
+rejected as `decoder_crashed` or `timeout` and quarantined, and the others are
+converted. Headers read while planning are noted in the journal too, so that
+the command's supervising process (`recovery.supervise`) knows a file that
+crashes the driver.
+
 Layout: `input_dir/<class>/<series folder>/...` (DICOM files at any depth below
 the series folder, any names) and `input_dir/<class>/<file>.nii[.gz]`. The
 class is the first folder; a series is planned as a whole (its headers are
@@ -22,16 +30,17 @@ import logging
 import os
 from collections import defaultdict
 
-from conversion import files as _files
+from conversion import files as _files, guard, processes as _processes, recovery
+from conversion.elements import Reject
 from conversion.listing import list_input
 from conversion.plan import _hash_split, stable_hash
 from imaging import volumes
 from imaging.errors import ImageRejected
-from schemas import tfrecord
+from schemas import REJECTS_FILENAME, tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
 
-__all__ = ["VolumeJob", "plan_volumes", "convert_job", "shard_of", "write_shard", "write_manifest", "read_manifest",
-           "VOLUMES_MANIFEST"]
+__all__ = ["VolumeJob", "plan_volumes", "convert_job", "VolumeConverter", "shard_of", "write_shard",
+           "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written last: the volume dataset's summary (class names, splits, rejects).
@@ -70,13 +79,18 @@ def _unit_of(rel_path: str) -> tuple[str, str] | None:
     return parts[0], "/".join(parts[:2])
 
 
-def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices: int = 2):
+def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices: int = 2, quarantined=None):
     """Plans every volume under `input_dir`.
+
+    Args:
+      quarantined: rel_path -> (reason, message) of files that crashed or hung
+        an earlier attempt (`guard.Quarantine`): rejected without being read.
 
     Returns:
       (jobs sorted by filename, rejects as (path, reason, message), class names).
     """
     split_ratios = dict(split_ratios or {"train": 1.0})
+    quarantined = dict(quarantined or {})
     listed, problems = list_input(input_dir)
     rejects = [(p.rel_path, p.reason, p.message) for p in problems]
     by_unit: dict[tuple[str, str], list] = defaultdict(list)
@@ -93,12 +107,26 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
         slices = []
         for rel in sorted(paths):
             if rel.lower().endswith(_NIFTI_SUFFIXES):
-                planned.append((cls, rel, rel, None, rel))
+                if rel in quarantined:
+                    rejects.append((rel, *quarantined[rel]))
+                else:
+                    planned.append((cls, rel, rel, None, rel))
                 continue
-            try:
-                slices += volumes.read_slices(_files.read_bytes(_files.join(input_dir, rel)), rel)
-            except ImageRejected as e:
-                rejects.append((rel, e.reason, e.message))
+            if rel in quarantined:
+                rejects.append((rel, *quarantined[rel]))
+                continue
+            path = _files.join(input_dir, rel)
+            # Noted in the journal: a header that crashes the driver is known to the command above it.
+            with guard.working_on([(rel, path)]):
+                try:
+                    slices += volumes.read_slices(_files.read_bytes(path), rel)
+                except ImageRejected as e:
+                    rejects.append((rel, e.reason, e.message))
+                except OSError as e:
+                    rejects.append((rel, "unreadable", f"{rel}: {e}"))
+                except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                    _LOG.debug("Unexpected error reading the header of %s", rel, exc_info=e)
+                    rejects.append((rel, guard.INTERNAL_ERROR, guard.internal_error_message(rel, e)))
         if not slices:
             continue
         plan = volumes.plan_stacks(slices, min_slices=min_slices)
@@ -161,6 +189,9 @@ def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:
         "splits": splits,
         "rejects": [{"path": p, "reason": r, "message": m} for p, r, m in sorted(set(map(tuple, rejects)))],
     }
+    # rejects.jsonl as an image dataset's (`conversion.elements.Reject`), before the manifest.
+    _files.write_atomically(output_dir, REJECTS_FILENAME, "".join(
+        Reject(p, r, m).to_json() + "\n" for p, r, m in sorted(set(map(tuple, rejects)))).encode())
     _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return manifest
 
@@ -168,20 +199,92 @@ def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:
 def convert_job(job: VolumeJob, input_dir: str):
     """Reads and encodes one volume.
 
+    The volume is noted in this process's journal meanwhile (`guard`), as one
+    suspect named by its record name: if its decoder kills the process, or the
+    watchdog stops it past --file_timeout, whoever started it knows which
+    volume it was.
+
     Returns:
-      ('ok', split, filename, record bytes) or ('reject', path, reason, message).
+      ('ok', split, filename, record bytes) or ('reject', name, reason, message).
     """
     read = lambda rel: _files.read_bytes(_files.join(input_dir, rel))
-    try:
-        if job.nifti is not None:
-            volume = volumes.read_nifti(read(job.nifti), job.nifti)
-        else:
-            volume = volumes.read_stack(job.stack, read)
-    except ImageRejected as e:
-        return ("reject", job.filename, e.reason, e.message)
-    record = VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label, job.filename,
-                          volume.modality)
-    return ("ok", job.split, job.filename, VOLUME_SCHEMA.encode(record))
+    where = _files.join(input_dir, job.nifti or job.filename.split("#", 1)[0])
+    with guard.working_on([(job.filename, where)]):
+        try:
+            if job.nifti is not None:
+                volume = volumes.read_nifti(read(job.nifti), job.nifti)
+            else:
+                volume = volumes.read_stack(job.stack, read)
+            record = VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label, job.filename,
+                                  volume.modality)
+            return ("ok", job.split, job.filename, VOLUME_SCHEMA.encode(record))
+        except ImageRejected as e:
+            return ("reject", job.filename, e.reason, e.message)
+        except OSError as e:
+            return ("reject", job.filename, "unreadable", f"{job.filename}: {e}")
+        except Exception as e:  # noqa: BLE001 - this volume alone: rejected, reported
+            _LOG.debug("Unexpected error on %s", job.filename, exc_info=e)
+            return ("reject", job.filename, guard.INTERNAL_ERROR, guard.internal_error_message(job.filename, e))
+
+
+# A volume whose worker processes die this often is given up (each death blames it, or retries once).
+_MAX_TRIES = 3
+
+
+class VolumeConverter:
+    """Runs `convert_job` in worker processes; a volume that crashes or hangs one costs itself only.
+
+    The image path's isolation (`conversion.processes`, `conversion.guard`,
+    `conversion.recovery`): each call notes its volume in the worker's
+    journal; a worker that dies (a segfault in a decoder, the OOM killer, the
+    watchdog past `file_timeout`) is replaced, its volume read from its
+    journal, rejected as `decoder_crashed` or `timeout` and quarantined in the
+    output's temporary folder (a re-run rejects it without reading it).
+    Thread-safe: the runner's threads share one converter's processes.
+
+    Args:
+      input_dir: --input_dir.
+      output_dir: --output_dir (its quarantine).
+      processes: Worker processes; 0 converts in the caller's thread, unguarded
+        (the command's supervising process still catches a crash).
+      file_timeout: --file_timeout, seconds.
+    """
+
+    def __init__(self, input_dir: str, output_dir: str, *, processes: int, file_timeout: float):
+        self._input_dir = input_dir
+        self._timeout = file_timeout
+        self._quarantine = guard.Quarantine(guard.quarantine_path(output_dir))
+        self._quarantined = self._quarantine.load()
+        self._seen: dict = {}
+        self._pool = _processes.acquire(processes, file_timeout=file_timeout) if processes else None
+
+    def convert(self, job: VolumeJob):
+        """`convert_job`'s result; ('reject', name, 'decoder_crashed' or 'timeout', message) for a culprit."""
+        if job.filename in self._quarantined:
+            return ("reject", job.filename, *self._quarantined[job.filename])
+        if self._pool is None:
+            return convert_job(job, self._input_dir)
+        for _ in range(_MAX_TRIES):
+            try:
+                return self._pool.call(convert_job, job, self._input_dir)
+            except _processes.WorkerDied as e:
+                # One volume per call: its slot names it, no probing is needed (`validation` unused).
+                found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode, None,
+                                                self._timeout, self._seen)
+                if found is None:  # Not while working on a volume: not a volume's doing.
+                    raise
+                if found:
+                    for name, (reason, message) in sorted(found.items()):
+                        _LOG.warning("Rejected %s (%s): %s", name, reason, message)
+                    self._quarantined = self._quarantine.add(found)
+                if job.filename in self._quarantined:
+                    return ("reject", job.filename, *self._quarantined[job.filename])
+        raise _processes.WorkerDied(f"{job.filename}: its worker processes died {_MAX_TRIES} times.")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            _processes.release(self._pool)
+            self._pool = None
 
 
 def read_manifest(output_dir: str) -> dict:

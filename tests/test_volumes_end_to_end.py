@@ -111,3 +111,98 @@ def test_inspect_verify_preview(tmp_path, capsys):
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert cli.main(["verify", "--output_dir", str(out)]) == 1
+
+
+# A DICOM decoder that fails on a series by its SeriesDescription, registered in every process of
+# the conversion (the command, its supervised child, its worker processes) by a `sitecustomize`
+# module on PYTHONPATH, as a third-party decoder plugin would be: it raises, segfaults or loops.
+# And pydicom's parser as if it segfaulted on one file's header (PatientID CRASH-ME), in the driver.
+_FAULTY_DECODER = '''
+import ctypes
+import time
+
+import pydicom
+from pydicom.pixels.decoders.base import Decoder
+
+_as_array = Decoder.as_array
+
+
+def as_array(self, src, *args, **kwargs):
+    kind = str(getattr(src, "SeriesDescription", "")) if hasattr(src, "get") else ""
+    if kind == "RAISE":
+        raise ZeroDivisionError("the decoder's own bug")  # A RuntimeError is pydicom's "cannot decode"
+    if kind == "SEGV":
+        ctypes.string_at(0)  # Reads address 0: SIGSEGV.
+    if kind == "HANG":
+        while True:
+            time.sleep(0.5)
+    return _as_array(self, src, *args, **kwargs)
+
+
+Decoder.as_array = as_array
+_read = pydicom.dcmread
+
+
+def dcmread(fp, *args, **kwargs):
+    data = fp.getvalue() if hasattr(fp, "getvalue") else b""
+    if b"CRASH-ME" in data:
+        ctypes.string_at(0)
+    return _read(fp, *args, **kwargs)
+
+
+pydicom.dcmread = dcmread
+'''
+# Far above a small series' decode on a loaded machine, yet short: the hanging series waits it out once.
+_TIMEOUT = 8
+
+
+def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(tmp_path):
+    """The real command: the driver supervised, each series decoded in a worker process."""
+    import os
+    import subprocess
+    import sys
+
+    scans = tmp_path / "scans"
+    good = ["ok/p0", "ok/p1"]
+    for name in good:
+        write_series(scans / name, count=3)
+    faulty = {"bad/raise": "internal_error", "bad/segv": "decoder_crashed", "bad/hang": "timeout"}
+    for name in faulty:
+        kind = name.split("/")[1].upper()
+        write_series(scans / name, count=3, extra=lambda ds, k, kind=kind: setattr(ds, "SeriesDescription", kind))
+    # One slice of a good series whose header crashes the driver's parser while planning.
+    _, paths = write_series(scans / "ok" / "p2", count=4)
+    crash = pydicom.dcmread(paths[0])
+    crash.PatientID = "CRASH-ME"
+    crash.save_as(paths[0], enforce_file_format=True)
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "sitecustomize.py").write_text(_FAULTY_DECODER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = tmp_path / "out"
+
+    def no_core_dumps():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    result = subprocess.run([sys.executable, "-m", "beam_jobs.convert", "--volumes", "--input_dir", str(scans),
+                             "--output_dir", str(out), "--file_timeout", str(_TIMEOUT), "--worker_processes", "2"],
+                            env=env, capture_output=True, text=True, timeout=600, preexec_fn=no_core_dumps)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "hit an error in shardsmith or a decoder" in result.stderr
+    manifest = json.loads((out / "volumes.json").read_text())
+    rejects = {r["path"]: r for r in manifest["rejects"]}
+    crashed = str(paths[0].relative_to(scans))
+    assert {p: r["reason"] for p, r in rejects.items()} == {**faulty, crashed: "decoder_crashed"}
+    assert "SIGSEGV" in rejects["bad/segv"]["message"] and "SIGSEGV" in rejects[crashed]["message"]
+    assert "ZeroDivisionError: the decoder's own bug" in rejects["bad/raise"]["message"]
+    assert "--file_timeout=8" in rejects["bad/hang"]["message"]
+    # rejects.jsonl says the same, as an image dataset's does.
+    listed = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert {r["path"]: r["reason"] for r in listed} == {p: r["reason"] for p, r in rejects.items()}
+    # Every other series was converted (p2 without its crashing slice), and reads back by name.
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None, extra_features=("filename",))
+    depths = {e[2]["filename"].numpy().decode(): e[0].shape[0] for e in ds}
+    assert depths == {"ok/p0": 3, "ok/p1": 3, "ok/p2": 3}
+    assert not (out / "_shardsmith_tmp").exists()
