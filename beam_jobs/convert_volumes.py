@@ -2,6 +2,7 @@
 
     python -m beam_jobs.convert --volumes --input_dir scans --output_dir out \\
         --split train=0.8,validation=0.2
+    shardsmith convert --volumes --input_dir scans --labels_csv labels.csv --dedup --output_dir out
     shardsmith convert --volumes --input_dir scans --output_dir out
 
 `input_dir/<class>/<series folder>/...` (DICOM files at any depth, any
@@ -31,8 +32,9 @@ from beam_jobs import _runner, args
 from beam_jobs._options import ConvertOptions
 from beam_jobs._output import check_output, delete_if_exists, prepare_output
 from conversion import guard, recovery, volumes as _volumes
-from conversion.files import TMP_DIRNAME, join
+from conversion.files import TMP_DIRNAME, exists, join, read_bytes
 from conversion.options import WritingOptions, parse_split
+from conversion.plan import read_labels_csv
 
 __all__ = ["run", "main"]
 
@@ -82,13 +84,18 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     if o.min_slices < 1:
         raise ValueError(f"--min_slices must be >= 1. Received: {o.min_slices}")
     writing = WritingOptions(worker_processes=o.worker_processes, file_timeout=o.file_timeout)
-    ratios = parse_split(common.split) if common.split else {"train": 1.0}
+    ratios = parse_split(common.split) if common.split else None
+    labels = None
+    if o.labels_csv:
+        if not exists(o.labels_csv):
+            raise FileNotFoundError(f"--labels_csv {o.labels_csv!r} does not exist.")
+        labels = read_labels_csv(read_bytes(o.labels_csv).decode("utf-8-sig"), o.labels_csv)
     check_output(common.output_dir, overwrite=o.overwrite, resume=o.resume)
     # Files that crashed or hung an earlier attempt of this run (the supervisor resumes with --resume).
     quarantine = guard.Quarantine(guard.quarantine_path(common.output_dir))
     jobs, rejects, class_names = _volumes.plan_volumes(
         common.input_dir, split_ratios=ratios, seed=common.seed, min_slices=o.min_slices,
-        quarantined=quarantine.load() if o.resume else None)
+        quarantined=quarantine.load() if o.resume else None, labels_csv=labels, dedup=o.dedup)
     if not jobs:
         raise ValueError(f"--input_dir {common.input_dir!r} holds no volume (rejects: {len(rejects)})")
     prepare_output(common.output_dir, overwrite=o.overwrite, resume=o.resume)

@@ -25,15 +25,17 @@ is rejected as `mixed_labels`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 
 from conversion import files as _files, guard, processes as _processes, recovery
 from conversion.elements import Reject
 from conversion.listing import list_input
-from conversion.plan import _hash_split, stable_hash
+from conversion.plan import hash_split, sorted_class_names
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import REJECTS_FILENAME, tfrecord
@@ -72,54 +74,105 @@ def _unit_of(rel_path: str) -> tuple[str, str] | None:
     parts = rel_path.split("/")
     if len(parts) < 2:
         return None
-    if rel_path.lower().endswith(_NIFTI_SUFFIXES):
+    if _is_nifti_name(rel_path):
         return parts[0], rel_path  # A NIfTI file is its own unit.
     if len(parts) == 2:
         return parts[0], parts[0]  # Slices directly in the class folder: one series folder.
     return parts[0], "/".join(parts[:2])
 
 
-def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices: int = 2, quarantined=None):
+def _is_nifti_name(rel_path: str) -> bool:
+    return rel_path.lower().endswith(_NIFTI_SUFFIXES)
+
+
+def _csv_entry_of(rel_path: str, labels_csv: Mapping[str, tuple[str, str | None]]) -> str | None:
+    """The --labels_csv path that labels a file: the file itself, else its deepest folder listed."""
+    if rel_path in labels_csv:
+        return rel_path
+    parts = rel_path.split("/")
+    for depth in range(len(parts) - 1, 0, -1):
+        folder = "/".join(parts[:depth])
+        if folder in labels_csv:
+            return folder
+    return None
+
+
+def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices: int = 2, quarantined=None,
+                 labels_csv: Mapping[str, tuple[str, str | None]] | None = None, dedup: bool = False):
     """Plans every volume under `input_dir`.
 
     Args:
+      split_ratios: --split; None: the CSV's split column, else all in 'train'.
       quarantined: rel_path -> (reason, message) of files that crashed or hung
         an earlier attempt (`guard.Quarantine`): rejected without being read.
+      labels_csv: --labels_csv's rows (`conversion.plan.read_labels_csv`):
+        path -> (label, split or None); a path names a NIfTI file or a folder,
+        whose every series takes its label (and split). None: class folders.
+      dedup: --dedup: of volumes whose files are byte for byte the same, the
+        one with the smallest name is kept, the others rejected `duplicate`.
 
     Returns:
       (jobs sorted by filename, rejects as (path, reason, message), class names).
+
+    Raises:
+      ValueError: For --split together with a CSV split column.
     """
-    split_ratios = dict(split_ratios or {"train": 1.0})
     quarantined = dict(quarantined or {})
     listed, problems = list_input(input_dir)
     rejects = [(p.rel_path, p.reason, p.message) for p in problems]
+    # (class, series unit) -> its files; unit -> its split when the CSV gives one.
     by_unit: dict[tuple[str, str], list] = defaultdict(list)
-    for f in listed:
-        unit = _unit_of(f.rel_path)
-        if unit is None:
-            rejects.append((f.rel_path, "no_label", "outside any class folder"))
-        else:
-            by_unit[unit].append(f.rel_path)
-    class_names = sorted({cls for cls, _ in by_unit})
+    csv_splits: dict[str, str] = {}
+    if labels_csv is not None:
+        if any(split for _, split in labels_csv.values()) and split_ratios is not None:
+            raise ValueError("--split assigns splits by hash, but the --labels_csv has a split column. "
+                             "Use one or the other.")
+        used = set()
+        for f in listed:
+            entry = _csv_entry_of(f.rel_path, labels_csv)
+            if entry is None:
+                rejects.append((f.rel_path, "no_label", "not in --labels_csv (nor any folder above it)"))
+                continue
+            used.add(entry)
+            label, split = labels_csv[entry]
+            # A folder is one unit (split together); a NIfTI file its own.
+            unit = f.rel_path if _is_nifti_name(f.rel_path) else entry
+            by_unit[(label, unit)].append(f.rel_path)
+            if split is not None:
+                csv_splits[unit] = split
+        for path in sorted(set(labels_csv) - used):
+            rejects.append((path, "missing_file", "listed in --labels_csv but no file is there"))
+        class_names = list(sorted_class_names({label for label, _ in by_unit}))
+    else:
+        for f in listed:
+            unit = _unit_of(f.rel_path)
+            if unit is None:
+                rejects.append((f.rel_path, "no_label", "outside any class folder"))
+            else:
+                by_unit[unit].append(f.rel_path)
+        class_names = sorted({cls for cls, _ in by_unit})
+    split_ratios = dict(split_ratios or {"train": 1.0})
+    digests: dict[str, bytes] = {}  # With --dedup: rel_path -> the SHA-256 of its bytes.
     planned = []  # (class, unit, filename, stack or None, nifti or None)
-    uid_classes: dict[str, set[str]] = defaultdict(set)
     for (cls, unit), paths in sorted(by_unit.items()):
         slices = []
         for rel in sorted(paths):
-            if rel.lower().endswith(_NIFTI_SUFFIXES):
-                if rel in quarantined:
-                    rejects.append((rel, *quarantined[rel]))
-                else:
-                    planned.append((cls, rel, rel, None, rel))
-                continue
             if rel in quarantined:
                 rejects.append((rel, *quarantined[rel]))
                 continue
             path = _files.join(input_dir, rel)
+            if _is_nifti_name(rel):
+                if dedup:
+                    digests[rel] = _digest(path, rel, rejects)
+                planned.append((cls, rel, rel, None, rel))
+                continue
             # Noted in the journal: a header that crashes the driver is known to the command above it.
             with guard.working_on([(rel, path)]):
                 try:
-                    slices += volumes.read_slices(_files.read_bytes(path), rel)
+                    data = _files.read_bytes(path)
+                    slices += volumes.read_slices(data, rel)
+                    if dedup:
+                        digests[rel] = hashlib.sha256(data).digest()
                 except ImageRejected as e:
                     rejects.append((rel, e.reason, e.message))
                 except OSError as e:
@@ -133,8 +186,16 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
         rejects += list(plan.rejects)
         for stack in plan.stacks:
             name = unit if len(plan.stacks) == 1 else f"{unit}#series={stack.index}"
-            uid_classes[stack.series_uid].add(cls)
             planned.append((cls, unit, name, stack, None))
+    planned.sort(key=lambda p: os.fsencode(p[2]))
+    if dedup:
+        # Before the labels are compared: a copied series is a duplicate, wherever it lies.
+        planned, copies = _drop_copies(planned, digests)
+        rejects += copies
+    uid_classes: dict[str, set[str]] = defaultdict(set)
+    for cls, _, _, stack, _ in planned:
+        if stack is not None:
+            uid_classes[stack.series_uid].add(cls)
     jobs = []
     for cls, unit, name, stack, nifti in planned:
         if stack is not None and len(uid_classes[stack.series_uid]) > 1:
@@ -143,12 +204,50 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
                                                         f"{sorted(uid_classes[stack.series_uid])}"))
             continue
         # The split of the series unit's name (the folder), never of a slice.
-        split = _hash_split(stable_hash(seed, "split", unit), split_ratios)
+        split = csv_splits.get(unit) or hash_split(seed, unit, split_ratios)
         if split is None:
             continue
         jobs.append(VolumeJob(name, split, class_names.index(cls), stack, nifti))
-    jobs.sort(key=lambda j: os.fsencode(j.filename))
     return jobs, sorted(set(rejects)), class_names
+
+
+def _digest(path: str, rel: str, rejects: list) -> bytes:
+    """The SHA-256 of a file's bytes (--dedup); a file that cannot be read gets a key of its own."""
+    try:
+        with _files.open_to_read(path) as f:
+            return hashlib.file_digest(f, "sha256").digest()
+    except OSError:
+        return b"unreadable:" + os.fsencode(rel)  # The converter reads it again and says why.
+
+
+def _drop_copies(planned: list[tuple], digests: Mapping[str, bytes]):
+    """--dedup: of volumes made of the same bytes, the one with the smallest name is kept.
+
+    A volume's content is its files' bytes in its own order (a series' slices
+    sorted along the normal), so a copied series folder, under any name or
+    class, is a copy; one slice differing makes another series.
+
+    Args:
+      planned: (class, unit, filename, stack, nifti) sorted by filename.
+      digests: rel_path -> the SHA-256 of the file's bytes.
+    """
+    kept: dict[bytes, str] = {}
+    out, copies = [], []
+    for item in planned:  # Sorted by filename: the first of each content is kept.
+        _, _, name, stack, nifti = item
+        h = hashlib.sha256()
+        if nifti is not None:
+            h.update(digests[nifti])
+        else:
+            for s in stack.slices:  # In the volume's order, each frame by its file's bytes.
+                h.update(digests[s.name] + s.frame.to_bytes(4, "little"))
+        key = h.digest()
+        if key in kept:
+            copies.append((name, "duplicate", f"same content as {kept[key]}"))
+        else:
+            kept[key] = name
+            out.append(item)
+    return out, copies
 
 
 def shard_of(jobs, records_per_shard: int = 8) -> dict[str, tuple[str, int, int]]:

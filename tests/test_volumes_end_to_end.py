@@ -206,3 +206,77 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
     depths = {e[2]["filename"].numpy().decode(): e[0].shape[0] for e in ds}
     assert depths == {"ok/p0": 3, "ok/p1": 3, "ok/p2": 3}
     assert not (out / "_shardsmith_tmp").exists()
+
+
+def _convert(scans, out, *args):
+    return convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out), *args,
+                        "--runner", "DirectRunner", "--direct_num_workers", "1", "--worker_processes", "0"])
+
+
+def _names(out, split):
+    ds = readers.volume_dataset_from_tfrecords(out, split, dtype=None, extra_features=("filename",))
+    return {e[2]["filename"].numpy().decode(): (int(e[1]), e[0].shape[0]) for e in ds}
+
+
+def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_label(tmp_path):
+    """No class folders: the CSV labels a patient folder (its CT and its MR) and a NIfTI file."""
+    import shutil
+
+    scans = tmp_path / "scans"
+    write_series(scans / "site1" / "p1" / "ct", count=4)
+    write_series(scans / "site1" / "p1" / "mr", count=3, orientation="sagittal")
+    write_series(scans / "site2" / "p2", count=5)
+    write_series(scans / "site2" / "unlisted", count=3)
+    nibabel.save(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)),
+                 scans / "site2" / "v.nii.gz")
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\nsite1/p1,sick\nsite2/p2,healthy\nsite2/v.nii.gz,sick\nsite9/gone,sick\n")
+    out = tmp_path / "out"
+    manifest = _convert(scans, out, "--labels_csv", str(csv))
+    assert manifest["class_names"] == ["healthy", "sick"]
+    # p1's two series (one folder, two stacks), p2, and the NIfTI file; the unlisted folder skipped.
+    got = _names(out, "train")
+    # (The stacks of a folder are numbered by SeriesInstanceUID, random here.)
+    assert sorted(got.items()) == [("site1/p1#series=0", got["site1/p1#series=0"]),
+                                   ("site1/p1#series=1", got["site1/p1#series=1"]),
+                                   ("site2/p2", (0, 5)), ("site2/v.nii.gz", (1, 4))]
+    assert sorted([got["site1/p1#series=0"], got["site1/p1#series=1"]]) == [(1, 3), (1, 4)]
+    reasons = {}
+    for r in manifest["rejects"]:
+        reasons.setdefault(r["reason"], set()).add(r["path"].split("/")[1])
+    assert reasons == {"no_label": {"unlisted"}, "missing_file": {"gone"}}
+
+    # A split column puts a whole folder (both series) in its split.
+    csv.write_text("path,label,split\nsite1/p1,sick,validation\nsite2/p2,healthy,train\n")
+    shutil.rmtree(out)
+    manifest = _convert(scans, out, "--labels_csv", str(csv))
+    assert set(_names(out, "validation")) == {"site1/p1#series=0", "site1/p1#series=1"}
+    assert set(_names(out, "train")) == {"site2/p2"}
+
+
+def test_dedup_drops_byte_identical_series_and_keeps_the_smallest_name(tmp_path):
+    import shutil
+
+    scans = tmp_path / "scans"
+    write_series(scans / "a" / "p1", count=4)
+    shutil.copytree(scans / "a" / "p1", scans / "b" / "copy")  # The same series under another class.
+    write_series(scans / "a" / "p2", count=4)
+    _, paths = write_series(scans / "a" / "p3", count=3)
+    shutil.copytree(scans / "a" / "p3", scans / "a" / "p4")
+    changed = pydicom.dcmread(paths[0])  # One slice of the copy differs: another series.
+    changed.PixelData = bytes(len(changed.PixelData))
+    changed.save_as(scans / "a" / "p4" / paths[0].name, enforce_file_format=True)
+    nibabel.save(nibabel.Nifti1Image(np.ones((2, 3, 4), np.int16), np.eye(4)), scans / "a" / "v.nii")
+    shutil.copy(scans / "a" / "v.nii", scans / "b" / "w.nii")
+    out = tmp_path / "out"
+    manifest = _convert(scans, out, "--dedup", "--split", "train=0.5,validation=0.5")
+    names = {**_names(out, "train"), **_names(out, "validation")}
+    assert sorted(names) == ["a/p1", "a/p2", "a/p3", "a/p4", "a/v.nii"]
+    copies = {r["path"]: r["message"] for r in manifest["rejects"] if r["reason"] == "duplicate"}
+    assert copies == {"b/copy": "same content as a/p1", "b/w.nii": "same content as a/v.nii"}
+    # Without --dedup both NIfTI copies are converted, and the series under two classes conflicts.
+    shutil.rmtree(out)
+    manifest = _convert(scans, out, "--split", "train=0.5,validation=0.5")
+    assert sorted({**_names(out, "train"), **_names(out, "validation")}) == ["a/p2", "a/p3", "a/p4", "a/v.nii",
+                                                                             "b/w.nii"]
+    assert {r["path"].split("/")[1] for r in manifest["rejects"] if r["reason"] == "mixed_labels"} == {"p1", "copy"}
