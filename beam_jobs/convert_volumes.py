@@ -127,7 +127,10 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
              | "Once" >> beam.Create([None])
              | "Manifest last" >> beam.Map(
                  lambda _, counts, late: _volumes.write_manifest(
-                     output_dir, class_names, counts, [*rejects, *late]),
+                     output_dir, class_names,
+                     # Every planned shard is there, an empty one where each of its volumes was rejected.
+                     [*counts, *_volumes.write_missing_shards(output_dir, shards.values(), counts)],
+                     [*rejects, *late]),
                  counts=beam.pvalue.AsList(written), late=beam.pvalue.AsList(rejected)))
     delete_if_exists(join(common.output_dir, TMP_DIRNAME))
     _LOG.info("volumes: %d planned, %d files rejected", len(jobs), len(rejects))

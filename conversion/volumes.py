@@ -42,7 +42,7 @@ from schemas import REJECTS_FILENAME, tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
 
 __all__ = ["VolumeJob", "plan_volumes", "convert_job", "VolumeConverter", "shard_of", "write_shard",
-           "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
+           "write_missing_shards", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written last: the volume dataset's summary (class names, splits, rejects).
@@ -273,6 +273,27 @@ def write_shard(split: str, index: int, count: int, records, output_dir: str) ->
     data = b"".join(tfrecord.frame_record(r) for _, r in records)
     _files.write_atomically(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord", data)
     return len(records)
+
+
+def write_missing_shards(output_dir: str, planned, shard_counts) -> list[tuple[str, int, int, int]]:
+    """Writes an empty file for each planned shard that got no volume (all of them rejected while decoding).
+
+    So the set `<split>-NNNNN-of-MMMMM` is complete and reads (as zero
+    records) wherever the converter rejected every volume planned for a shard.
+
+    Args:
+      planned: `shard_of`'s values: (split, index, count) of every planned shard.
+      shard_counts: (split, index, count, records) of the shards written.
+
+    Returns:
+      (split, index, count, 0) of each empty shard written.
+    """
+    written = {tuple(c[:3]) for c in shard_counts}
+    empty = []
+    for split, index, count in sorted(set(planned) - written):
+        write_shard(split, index, count, [], output_dir)
+        empty.append((split, index, count, 0))
+    return empty
 
 
 def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:

@@ -176,8 +176,9 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
     spec = VOLUME_SCHEMA.parse_spec(keys)
 
     if options.dtype is None:
-        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])))
-        stored = first.numpy().decode()
+        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])), None)
+        # A split without volumes (each rejected, its shards empty) yields nothing, in any dtype.
+        stored = "uint8" if first is None else first.numpy().decode()
 
     def parse(serialized):
         parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))

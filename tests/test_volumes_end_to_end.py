@@ -280,3 +280,27 @@ def test_dedup_drops_byte_identical_series_and_keeps_the_smallest_name(tmp_path)
     assert sorted({**_names(out, "train"), **_names(out, "validation")}) == ["a/p2", "a/p3", "a/p4", "a/v.nii",
                                                                              "b/w.nii"]
     assert {r["path"].split("/")[1] for r in manifest["rejects"] if r["reason"] == "mixed_labels"} == {"p1", "copy"}
+
+
+def test_a_split_whose_every_series_is_rejected_while_decoding_still_has_its_shard(tmp_path):
+    """Colour slices pass planning (headers) and are rejected when decoded: validation holds none."""
+    from shardsmith.volumes import verify_volumes
+
+    scans = tmp_path / "scans"
+    write_series(scans / "good", count=3)
+
+    def colour(ds, k):
+        ds.SamplesPerPixel = 3
+        ds.PlanarConfiguration = 0
+        ds.PhotometricInterpretation = "RGB"
+
+    write_series(scans / "bad", count=3, extra=colour)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label,split\ngood,a,train\nbad,b,validation\n")
+    out = tmp_path / "out"
+    manifest = _convert(scans, out, "--labels_csv", str(csv))
+    assert manifest["splits"] == {"train": {"records": 1, "shards": 1}, "validation": {"records": 0, "shards": 1}}
+    assert [(r["path"], r["reason"]) for r in manifest["rejects"]] == [("bad", "unsupported_dtype")]
+    assert (out / "validation-00000-of-00001.tfrecord").stat().st_size == 0
+    assert list(readers.volume_dataset_from_tfrecords(out, "validation", dtype=None)) == []
+    assert verify_volumes(str(out)) == []
