@@ -13,6 +13,7 @@ Three figures, each a ratio against a baseline measured in the same run:
 
     python -m bench.volumes            # 20 series of 200 512x512 int16 slices (~2 GB of DICOM)
     python -m bench.volumes --small    # 4 series of 24 64x64 slices, patches of 16^3
+    python -m bench.volumes --series 4 --slices 120  # 512x512 slices and 96^3 patches, fewer of them
 """
 
 from __future__ import annotations
@@ -180,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.volumes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="4 series of 24 64x64 slices, 16^3 patches.")
     parser.add_argument("--work_dir", help="Where the corpus and outputs go (default: a temporary folder).")
+    parser.add_argument("--series", type=int, help="Series in the corpus (default 20; 4 with --small).")
+    parser.add_argument("--slices", type=int, help="Slices per series (default 200; 24 with --small).")
     args = parser.parse_args(argv)
     series, slices, size, patch = (4, 24, 64, 16) if args.small else (20, 200, 512, 96)
+    series, slices = args.series or series, args.slices or slices
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_volumes_"))
     try:
         r = run(series, slices, size, patch, work)
