@@ -1,7 +1,7 @@
 """The conversion of volumes (--volumes, issue 36) that needs no Beam: plan, convert, write.
 
     jobs, rejects, class_names = plan_volumes("scans", split_ratios={"train": 0.8, "validation": 0.2})
-    results = [convert_job(job, "scans") for job in jobs]  # ('ok', split, filename, bytes) or a reject
+    results = [convert_job(job, "scans", "out") for job in jobs]  # ('ok', split, filename, record path) or a reject
     shards = shard_of(jobs)                                 # filename -> (split, index, count)
     write_shard(...) per shard, then write_manifest(...) last
 
@@ -42,12 +42,16 @@ from schemas import REJECTS_FILENAME, tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
 
 __all__ = ["VolumeJob", "plan_volumes", "convert_job", "VolumeConverter", "shard_of", "write_shard",
-           "write_missing_shards", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
+           "write_missing_shards", "write_manifest", "record_path", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written last: the volume dataset's summary (class names, splits, rejects).
 VOLUMES_MANIFEST = "volumes.json"
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
+# Inside the output's temporary folder: each converted volume's framed record until its shard is written.
+_RECORDS_DIRNAME = "volume_records"
+# Bytes copied at a time from a volume's record file into its shard.
+_COPY_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,10 +272,27 @@ def shard_of(jobs, records_per_shard: int = 8) -> dict[str, tuple[str, int, int]
 
 
 def write_shard(split: str, index: int, count: int, records, output_dir: str) -> int:
-    """Writes one shard of (filename, record bytes) pairs, sorted by filename; returns its records."""
+    """Writes one shard from its volumes' record files (`convert_job`), sorted by filename; returns its records.
+
+    Args:
+      records: (filename, record path) of each volume of the shard.
+
+    The files are copied in chunks (a shard of 8 CTs is ~1 GB; at most
+    `_COPY_BYTES` of it is in memory) and removed once the shard is in place.
+    """
     records = sorted(records, key=lambda pair: os.fsencode(pair[0]))
-    data = b"".join(tfrecord.frame_record(r) for _, r in records)
-    _files.write_atomically(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord", data)
+    writer = _files.AtomicWriter(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord")
+    try:
+        for _, path in records:
+            with _files.open_to_read(path) as f:
+                while chunk := f.read(_COPY_BYTES):
+                    writer.write(chunk)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+    for _, path in records:
+        _files.remove(path)
     return len(records)
 
 
@@ -316,8 +337,23 @@ def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:
     return manifest
 
 
-def convert_job(job: VolumeJob, input_dir: str):
-    """Reads and encodes one volume.
+def record_path(output_dir: str, filename: str) -> str:
+    """Where `convert_job` leaves the framed record of the volume named `filename` until its shard is written."""
+    return _files.join(*_record_location(output_dir, filename))
+
+
+def _record_location(output_dir: str, filename: str) -> tuple[str, str]:
+    digest = hashlib.sha256(os.fsencode(filename)).hexdigest()[:32]
+    return _files.join(output_dir, _files.TMP_DIRNAME, _RECORDS_DIRNAME), f"{digest}.tfrecord"
+
+
+def convert_job(job: VolumeJob, input_dir: str, output_dir: str):
+    """Reads and encodes one volume, and leaves its framed record in the output's temporary folder.
+
+    The record goes to a file (`record_path`), not back to the caller: a
+    volume is tens to hundreds of MB, and only its path travels through the
+    worker pipes and the runner, so each volume is held by one process, once
+    as voxels and once as a record, and shards are written by copying files.
 
     The volume is noted in this process's journal meanwhile (`guard`), as one
     suspect named by its record name: if its decoder kills the process, or the
@@ -325,7 +361,7 @@ def convert_job(job: VolumeJob, input_dir: str):
     volume it was.
 
     Returns:
-      ('ok', split, filename, record bytes) or ('reject', name, reason, message).
+      ('ok', split, filename, record path) or ('reject', name, reason, message).
     """
     read = lambda rel: _files.read_bytes(_files.join(input_dir, rel))
     where = _files.join(input_dir, job.nifti or job.filename.split("#", 1)[0])
@@ -335,9 +371,8 @@ def convert_job(job: VolumeJob, input_dir: str):
                 volume = volumes.read_nifti(read(job.nifti), job.nifti)
             else:
                 volume = volumes.read_stack(job.stack, read)
-            record = VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label, job.filename,
-                                  volume.modality)
-            return ("ok", job.split, job.filename, VOLUME_SCHEMA.encode(record))
+            record = VOLUME_SCHEMA.encode(VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label,
+                                                       job.filename, volume.modality))
         except ImageRejected as e:
             return ("reject", job.filename, e.reason, e.message)
         except OSError as e:
@@ -345,6 +380,16 @@ def convert_job(job: VolumeJob, input_dir: str):
         except Exception as e:  # noqa: BLE001 - this volume alone: rejected, reported
             _LOG.debug("Unexpected error on %s", job.filename, exc_info=e)
             return ("reject", job.filename, guard.INTERNAL_ERROR, guard.internal_error_message(job.filename, e))
+    del volume  # The voxels go before the record is framed: one copy of the volume at a time beside it.
+    folder, name = _record_location(output_dir, job.filename)
+    writer = _files.AtomicWriter(folder, name, in_tmp_dir=False)
+    try:
+        writer.write(tfrecord.frame_record(record))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+    return ("ok", job.split, job.filename, writer.final_path)
 
 
 # A volume whose worker processes die this often is given up (each death blames it, or retries once).
@@ -372,6 +417,7 @@ class VolumeConverter:
 
     def __init__(self, input_dir: str, output_dir: str, *, processes: int, file_timeout: float):
         self._input_dir = input_dir
+        self._output_dir = output_dir
         self._timeout = file_timeout
         self._quarantine = guard.Quarantine(guard.quarantine_path(output_dir))
         self._quarantined = self._quarantine.load()
@@ -383,10 +429,10 @@ class VolumeConverter:
         if job.filename in self._quarantined:
             return ("reject", job.filename, *self._quarantined[job.filename])
         if self._pool is None:
-            return convert_job(job, self._input_dir)
+            return convert_job(job, self._input_dir, self._output_dir)
         for _ in range(_MAX_TRIES):
             try:
-                return self._pool.call(convert_job, job, self._input_dir)
+                return self._pool.call(convert_job, job, self._input_dir, self._output_dir)
             except _processes.WorkerDied as e:
                 # One volume per call: its slot names it, no probing is needed (`validation` unused).
                 found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode, None,
