@@ -39,14 +39,14 @@ from conversion.plan import hash_split, sorted_class_names
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import REJECTS_FILENAME, tfrecord
-from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
+from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
 __all__ = ["VolumeJob", "plan_volumes", "convert_job", "VolumeConverter", "shard_of", "write_shard",
            "write_missing_shards", "write_manifest", "record_path", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written last: the volume dataset's summary (class names, splits, rejects).
-VOLUMES_MANIFEST = "volumes.json"
+VOLUMES_MANIFEST = VOLUMES_MANIFEST_FILENAME
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
 # Inside the output's temporary folder: each converted volume's framed record until its shard is written.
 _RECORDS_DIRNAME = "volume_records"

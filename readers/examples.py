@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from schemas.features import ImageExampleSchema
+from schemas.volumes import VolumeExampleSchema
 
-__all__ = ["ReadingKind", "KINDS", "kind_of"]
+__all__ = ["ReadingKind", "KINDS", "kind_of", "IMAGE", "VOLUME"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,24 @@ IMAGE = ReadingKind(
     schema_from_json=ImageExampleSchema.from_json,
 )
 
-KINDS: tuple[ReadingKind, ...] = (IMAGE,)
+def _stores_volumes(features: Mapping[str, Any]) -> bool:
+    try:
+        VolumeExampleSchema.from_json(features)
+    except ValueError:
+        return False
+    return True
+
+
+# A DICOM series or NIfTI file per record (`convert --volumes`, issue 36; readers/volumes.py).
+VOLUME = ReadingKind(
+    name="volume",
+    reader="volume_dataset_from_tfrecords",
+    stores=_stores_volumes,
+    schema_from_json=VolumeExampleSchema.from_json,
+)
+
+# Asked in order; the image row last, as on the conversion side.
+KINDS: tuple[ReadingKind, ...] = (VOLUME, IMAGE)
 
 
 def kind_of(features: Mapping[str, Any]) -> ReadingKind | None:

@@ -31,11 +31,13 @@ import numpy as np
 from schemas.features import FILENAME, LABEL, FeatureSpec, decode_example, encode_example, parse_spec_of
 
 __all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
-           "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VolumeRecord",
+           "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VOLUMES_MANIFEST_FILENAME", "VolumeRecord",
            "VolumeExampleSchema", "VOLUME_SCHEMA"]
 
 # The `example_kind` of a manifest whose records are volumes.
 VOLUMES = "volumes"
+# A volume dataset's manifest (`conversion.volumes.write_manifest`), written last.
+VOLUMES_MANIFEST_FILENAME = "volumes.json"
 # The dtypes a volume is stored in.
 # Those tf.io.decode_raw reads (no uint32).
 VOLUME_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "float32", "float64")
@@ -149,6 +151,21 @@ class VolumeExampleSchema:
 
     def to_json(self) -> dict[str, dict[str, str]]:
         return {spec.key: spec.to_json() for spec in self.features}
+
+    @classmethod
+    def from_json(cls, features) -> VolumeExampleSchema:
+        """The schema of a manifest's `features`.
+
+        Raises:
+          ValueError: Naming the features that are not a volume record's.
+        """
+        schema = cls()
+        want = schema.to_json()
+        if dict(features) != want:
+            missing = sorted(set(want) - set(features))
+            other = sorted(k for k in features if k not in want or features[k] != want[k])
+            raise ValueError(f"not the features of a volume record (missing {missing}, other {other})")
+        return schema
 
     def decode(self, serialized: bytes) -> dict[str, Any]:
         """Parses one record in Python (no graph): the volume as a numpy array.
