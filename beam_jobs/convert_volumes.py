@@ -25,14 +25,15 @@ import functools
 import logging
 import os
 import sys
+import uuid
 
 import apache_beam as beam
 
 from beam_jobs import _runner, args
 from beam_jobs._options import ConvertOptions
-from beam_jobs._output import check_output, delete_if_exists, prepare_output
 from conversion import guard, recovery, volumes as _volumes
-from conversion.files import TMP_DIRNAME, exists, join, read_bytes
+from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove, remove_tree
+from conversion.output_folder import check_output, prepare_output
 from conversion.options import WritingOptions, parse_split
 from conversion.plan import read_labels_csv
 
@@ -44,9 +45,10 @@ _RECORDS_PER_SHARD = 8
 
 
 class _ConvertVolume(beam.DoFn):
-    """One planned volume -> ('ok', split, filename, bytes) or ('reject', ...), in a worker process."""
+    """One planned volume -> ('ok', split, filename, record path) or ('reject', ...), in a worker process."""
 
-    def __init__(self, input_dir: str, output_dir: str, processes: int, file_timeout: float):
+    def __init__(self, run: str, input_dir: str, output_dir: str, processes: int, file_timeout: float):
+        self._run = run
         self._input_dir = input_dir
         self._output_dir = output_dir
         self._processes = processes
@@ -54,12 +56,14 @@ class _ConvertVolume(beam.DoFn):
         self._converter = None
 
     def setup(self):
-        self._converter = _volumes.VolumeConverter(self._input_dir, self._output_dir, processes=self._processes,
-                                                   file_timeout=self._file_timeout)
+        # The runner's threads in this process share one converter and its worker processes.
+        self._converter = _volumes.VolumeConverter.shared(self._run, self._input_dir, self._output_dir,
+                                                          processes=self._processes,
+                                                          file_timeout=self._file_timeout)
 
     def teardown(self):
         if self._converter is not None:
-            self._converter.close()
+            self._converter.release()
             self._converter = None
 
     def process(self, job):
@@ -99,7 +103,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     if not jobs:
         raise ValueError(f"--input_dir {common.input_dir!r} holds no volume (rejects: {len(rejects)})")
     prepare_output(common.output_dir, overwrite=o.overwrite, resume=o.resume)
-    delete_if_exists(join(common.output_dir, _volumes.VOLUMES_MANIFEST))
+    remove(join(common.output_dir, _volumes.VOLUMES_MANIFEST))
     runner = _runner.make_runner(options)
     input_dir, output_dir, per_shard = common.input_dir, common.output_dir, _RECORDS_PER_SHARD
     processes = writing.worker_processes
@@ -111,8 +115,8 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         results = (pipeline
                    | "Planned volumes" >> beam.Create(jobs, reshuffle=False)
                    | "Reshuffle" >> beam.Reshuffle()
-                   | "Decode and encode" >> beam.ParDo(_ConvertVolume(input_dir, output_dir, processes,
-                                                                      writing.file_timeout)))
+                   | "Decode and encode" >> beam.ParDo(_ConvertVolume(
+                       uuid.uuid4().hex, input_dir, output_dir, processes, writing.file_timeout)))
         written = (results
                    | "Converted" >> beam.Filter(lambda r: r[0] == "ok")
                    # Keyed by the shard planned for each name: a worker holds one shard's volumes.
@@ -132,7 +136,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
                      [*counts, *_volumes.write_missing_shards(output_dir, shards.values(), counts)],
                      [*rejects, *late]),
                  counts=beam.pvalue.AsList(written), late=beam.pvalue.AsList(rejected)))
-    delete_if_exists(join(common.output_dir, TMP_DIRNAME))
+    remove_tree(join(common.output_dir, TMP_DIRNAME))
     _LOG.info("volumes: %d planned, %d files rejected", len(jobs), len(rejects))
     return _volumes.read_manifest(common.output_dir)
 

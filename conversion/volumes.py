@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -405,11 +406,12 @@ class VolumeConverter:
     watchdog past `file_timeout`) is replaced, its volume read from its
     journal, rejected as `decoder_crashed` or `timeout` and quarantined in the
     output's temporary folder (a re-run rejects it without reading it).
-    Thread-safe: the runner's threads share one converter's processes.
+    Thread-safe: the runner's threads share one converter per run and process
+    (`shared`), and so its worker processes and its one --file_timeout.
 
     Args:
       input_dir: --input_dir.
-      output_dir: --output_dir (its quarantine).
+      output_dir: --output_dir (its quarantine, the records until their shard is written).
       processes: Worker processes; 0 converts in the caller's thread, unguarded
         (the command's supervising process still catches a crash).
       file_timeout: --file_timeout, seconds.
@@ -422,7 +424,32 @@ class VolumeConverter:
         self._quarantine = guard.Quarantine(guard.quarantine_path(output_dir))
         self._quarantined = self._quarantine.load()
         self._seen: dict = {}
-        self._pool = _processes.acquire(processes, file_timeout=file_timeout) if processes else None
+        self._lock = threading.Lock()
+        self._users = 0
+        self._pool = _processes.WorkerProcesses(processes, file_timeout=file_timeout) if processes else None
+
+    @classmethod
+    def shared(cls, run: str, input_dir: str, output_dir: str, *, processes: int,
+               file_timeout: float) -> VolumeConverter:
+        """The converter of run `run` in this process, made if there is none; give it back with `release`."""
+        with _CONVERTERS_LOCK:
+            converter = _CONVERTERS.get(run)
+            if converter is None:
+                converter = _CONVERTERS[run] = cls(input_dir, output_dir, processes=processes,
+                                                   file_timeout=file_timeout)
+            converter._users += 1
+            return converter
+
+    def release(self) -> None:
+        """Gives back a converter of `shared`; the last user closes its worker processes."""
+        with _CONVERTERS_LOCK:
+            self._users -= 1
+            if self._users > 0:
+                return
+            for run, converter in list(_CONVERTERS.items()):
+                if converter is self:
+                    del _CONVERTERS[run]
+        self.close()
 
     def convert(self, job: VolumeJob):
         """`convert_job`'s result; ('reject', name, 'decoder_crashed' or 'timeout', message) for a culprit."""
@@ -434,23 +461,29 @@ class VolumeConverter:
             try:
                 return self._pool.call(convert_job, job, self._input_dir, self._output_dir)
             except _processes.WorkerDied as e:
-                # One volume per call: its slot names it, no probing is needed (`validation` unused).
-                found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode, None,
-                                                self._timeout, self._seen)
-                if found is None:  # Not while working on a volume: not a volume's doing.
-                    raise
-                if found:
-                    for name, (reason, message) in sorted(found.items()):
-                        _LOG.warning("Rejected %s (%s): %s", name, reason, message)
-                    self._quarantined = self._quarantine.add(found)
+                with self._lock:
+                    # One volume per call: its slot names it, no probing is needed (`validation` unused).
+                    found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode, None,
+                                                    self._timeout, self._seen)
+                    if found is None:  # Not while working on a volume: not a volume's doing.
+                        raise
+                    if found:
+                        for name, (reason, message) in sorted(found.items()):
+                            _LOG.warning("Rejected %s (%s): %s", name, reason, message)
+                        self._quarantined = self._quarantine.add(found)
                 if job.filename in self._quarantined:
                     return ("reject", job.filename, *self._quarantined[job.filename])
         raise _processes.WorkerDied(f"{job.filename}: its worker processes died {_MAX_TRIES} times.")
 
     def close(self) -> None:
-        if self._pool is not None:
-            _processes.release(self._pool)
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
+# One converter per run and process (`VolumeConverter.shared`).
+_CONVERTERS: dict[str, VolumeConverter] = {}
+_CONVERTERS_LOCK = threading.Lock()
 
 
 def read_manifest(output_dir: str) -> dict:

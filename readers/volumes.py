@@ -126,6 +126,133 @@ def _resize(volume, size):
     return tf.transpose(v, [1, 0, 2, 3])[..., 0]
 
 
+def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None = None, *,
+                                  volume_size=None, patch_size=None, patches_per_volume: int = 1,
+                                  spacing=None, window=None, dtype: str | None = "float32",
+                                  extra_features=(), shuffle: bool = False, seed: int | None = None,
+                                  input_context: tf.distribute.InputContext | None = None):
+    """A dataset of (volume, label[, extras]) from a volume dataset's shards.
+
+    Args:
+      data_dir: The converter's output folder.
+      split: 'train', 'validation', ...
+      batch_size: Volumes (or patches) per batch; None for one at a time.
+        Needs `volume_size` or `patch_size` (volumes differ in shape).
+      volume_size: (depth, height, width): every volume resampled (trilinear) to it.
+      patch_size: (depth, height, width): random crops of this size (a volume
+        smaller than it is padded with its lowest value first).
+      patches_per_volume: Crops per volume.
+      spacing: (z, y, x) mm: each volume resampled to this spacing first.
+      window: (center, width): values clipped to the window and scaled to [0, 1].
+      dtype: The volume's output dtype; None yields each volume as stored
+        (its own dtype, no preprocessing).
+      extra_features: Among 'volume/affine' (float64 [4, 4], following every
+        resampling and crop), 'volume/spacing', 'volume/shape', 'filename', ...
+      shuffle: Shuffle the shard order and volumes (seeded).
+      seed: Seeds the shuffles and the crops: the same seed, the same patches.
+      input_context: From `tf.distribute`: this pipeline reads shard files
+        `input_pipeline_id::num_input_pipelines`, as the image reader does.
+
+    Returns:
+      A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples, with a
+      dict of `extra_features` as a third element when any are asked for.
+    """
+    options = _Options(batch_size, _triple(volume_size, "volume_size", int), _triple(patch_size, "patch_size", int),
+                       patches_per_volume, _triple(spacing, "spacing"),
+                       None if window is None else tuple(float(v) for v in window), dtype,
+                       tuple(extra_features), seed)
+    ds = _serialized(data_dir, split, shuffle, seed, input_context)
+    keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
+        tuple(k for k in options.extra_features
+              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
+    spec = VOLUME_SCHEMA.parse_spec(keys)
+    stored = None
+    if options.dtype is None:
+        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])), None)
+        # A split without volumes (each rejected, its shards empty) yields nothing, in any dtype.
+        stored = "uint8" if first is None else first.numpy().decode()
+    resampled = options.spacing is not None or options.volume_size is not None
+    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN:
+        # Patches of volumes as stored: each record is parsed once and its
+        # patches cut from its raw bytes, in one parallel map; only the
+        # patches are converted to float and windowed (elementwise steps commute
+        # with a crop), never the whole volume (`_patches_of_raw`).
+        ds = ds.enumerate().map(lambda i, s: _patches_of_raw(i, s, spec, options),
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+    else:
+        ds = ds.map(lambda serialized: _parse(serialized, spec, options, stored),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if options.dtype is not None:
+            ds = ds.map(lambda volume, parsed: _preprocess(volume, parsed, options),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if options.patch_size is not None:
+            ds = ds.enumerate().map(lambda i, el: _patches(i, el[0], el[1], options),
+                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+    ds = ds.map(lambda volume, parsed: _finish(volume, parsed, options),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if options.batch_size is not None:
+        ds = ds.batch(options.batch_size)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _serialized(data_dir, split: str, shuffle: bool, seed, input_context) -> tf.data.Dataset:
+    """The split's serialized records: this pipeline's shard files, shuffled (seeded) if asked."""
+    files = _shard_files(data_dir, split)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=2, deterministic=True,
+                       num_parallel_calls=tf.data.AUTOTUNE)
+    if shuffle:
+        ds = ds.shuffle(16, seed=seed)
+    return ds
+
+
+def _parse(serialized, spec, options: _Options, stored: str | None):
+    """(volume, the parsed features later steps use); as stored (`stored` dtype) when `options.dtype` is None."""
+    parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
+    if options.dtype is None:
+        tf.debugging.assert_equal(parsed[VOLUME_DTYPE.key], stored,
+                                  message="dtype=None: the volumes of this split differ in dtype")
+        volume = tf.reshape(tf.io.decode_raw(parsed[VOLUME.key], tf.as_dtype(stored), little_endian=True),
+                            tf.cast(parsed[VOLUME_SHAPE.key], tf.int32))
+        volume = tf.ensure_shape(volume, [None, None, None])
+    else:
+        volume = _decode(parsed, tf.float32)
+    # Only what later steps use travels on: not the encoded voxels.
+    wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
+    return volume, {k: v for k, v in parsed.items() if k in wanted}
+
+
+def _preprocess(volume, parsed, options: _Options):
+    """Resampled to `spacing`, then to `volume_size`, then windowed; the affine and spacing follow."""
+    affine = parsed[VOLUME_AFFINE.key]
+    vox_spacing = parsed[VOLUME_SPACING.key]
+    if options.spacing is not None:
+        shape = tf.cast(tf.shape(volume), tf.float64)
+        new = tf.maximum(tf.cast(tf.round(shape * vox_spacing / tf.constant(options.spacing, tf.float64)),
+                                 tf.int32), 1)
+        affine = _scale_affine(affine, tf.shape(volume), new)
+        volume = _resize(volume, new)
+        vox_spacing = tf.constant(options.spacing, tf.float64)
+    if options.volume_size is not None:
+        new = tf.constant(options.volume_size, tf.int32)
+        old = tf.shape(volume)
+        affine = _scale_affine(affine, old, new)
+        vox_spacing = vox_spacing * tf.cast(old, tf.float64) / tf.cast(new, tf.float64)
+        volume = _resize(volume, new)
+    if options.window is not None:
+        center, width = options.window
+        low = center - width / 2
+        volume = tf.clip_by_value((volume - low) / width, 0.0, 1.0)
+    parsed = dict(parsed)
+    parsed[VOLUME_AFFINE.key] = affine
+    parsed[VOLUME_SPACING.key] = vox_spacing
+    return volume, parsed
+
+
 # `tf.bitcast` reads the host's byte order; the records are little-endian.
 _BITCAST_IS_LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -217,125 +344,11 @@ def _patches_of_raw(index, serialized, spec, options):
     return patches, _patch_extras(parsed, offsets, pad, count)
 
 
-def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None = None, *,
-                                  volume_size=None, patch_size=None, patches_per_volume: int = 1,
-                                  spacing=None, window=None, dtype: str | None = "float32",
-                                  extra_features=(), shuffle: bool = False, seed: int | None = None,
-                                  input_context: tf.distribute.InputContext | None = None):
-    """A dataset of (volume, label[, extras]) from a volume dataset's shards.
-
-    Args:
-      data_dir: The converter's output folder.
-      split: 'train', 'validation', ...
-      batch_size: Volumes (or patches) per batch; None for one at a time.
-        Needs `volume_size` or `patch_size` (volumes differ in shape).
-      volume_size: (depth, height, width): every volume resampled (trilinear) to it.
-      patch_size: (depth, height, width): random crops of this size (a volume
-        smaller than it is padded with its lowest value first).
-      patches_per_volume: Crops per volume.
-      spacing: (z, y, x) mm: each volume resampled to this spacing first.
-      window: (center, width): values clipped to the window and scaled to [0, 1].
-      dtype: The volume's output dtype; None yields each volume as stored
-        (its own dtype, no preprocessing).
-      extra_features: Among 'volume/affine' (float64 [4, 4], following every
-        resampling and crop), 'volume/spacing', 'volume/shape', 'filename', ...
-      shuffle: Shuffle the shard order and volumes (seeded).
-      seed: Seeds the shuffles and the crops: the same seed, the same patches.
-      input_context: From `tf.distribute`: this pipeline reads shard files
-        `input_pipeline_id::num_input_pipelines`, as the image reader does.
-
-    Returns:
-      A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples, with a
-      dict of `extra_features` as a third element when any are asked for.
-    """
-    options = _Options(batch_size, _triple(volume_size, "volume_size", int), _triple(patch_size, "patch_size", int),
-                       patches_per_volume, _triple(spacing, "spacing"),
-                       None if window is None else tuple(float(v) for v in window), dtype,
-                       tuple(extra_features), seed)
-    files = _shard_files(data_dir, split)
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if shuffle:
-        ds = ds.shuffle(len(files), seed=seed)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=2, deterministic=True,
-                       num_parallel_calls=tf.data.AUTOTUNE)
-    if shuffle:
-        ds = ds.shuffle(16, seed=seed)
-    keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
-        tuple(k for k in options.extra_features
-              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
-    spec = VOLUME_SCHEMA.parse_spec(keys)
-
-    if options.dtype is None:
-        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])), None)
-        # A split without volumes (each rejected, its shards empty) yields nothing, in any dtype.
-        stored = "uint8" if first is None else first.numpy().decode()
-
-    def parse(serialized):
-        parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
-        if options.dtype is None:
-            tf.debugging.assert_equal(parsed[VOLUME_DTYPE.key], stored,
-                                      message="dtype=None: the volumes of this split differ in dtype")
-            volume = tf.reshape(tf.io.decode_raw(parsed[VOLUME.key], tf.as_dtype(stored), little_endian=True),
-                                tf.cast(parsed[VOLUME_SHAPE.key], tf.int32))
-            volume = tf.ensure_shape(volume, [None, None, None])
-        else:
-            volume = _decode(parsed, tf.float32)
-        # Only what later steps use travels on: not the encoded voxels.
-        wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
-        return volume, {k: v for k, v in parsed.items() if k in wanted}
-
-    def preprocess(volume, parsed):
-        affine = parsed[VOLUME_AFFINE.key]
-        vox_spacing = parsed[VOLUME_SPACING.key]
-        if options.spacing is not None:
-            shape = tf.cast(tf.shape(volume), tf.float64)
-            new = tf.maximum(tf.cast(tf.round(shape * vox_spacing / tf.constant(options.spacing, tf.float64)),
-                                     tf.int32), 1)
-            affine = _scale_affine(affine, tf.shape(volume), new)
-            volume = _resize(volume, new)
-            vox_spacing = tf.constant(options.spacing, tf.float64)
-        if options.volume_size is not None:
-            new = tf.constant(options.volume_size, tf.int32)
-            old = tf.shape(volume)
-            affine = _scale_affine(affine, old, new)
-            vox_spacing = vox_spacing * tf.cast(old, tf.float64) / tf.cast(new, tf.float64)
-            volume = _resize(volume, new)
-        if options.window is not None:
-            center, width = options.window
-            low = center - width / 2
-            volume = tf.clip_by_value((volume - low) / width, 0.0, 1.0)
-        parsed = dict(parsed)
-        parsed[VOLUME_AFFINE.key] = affine
-        parsed[VOLUME_SPACING.key] = vox_spacing
-        return volume, parsed
-
-    resampled = options.spacing is not None or options.volume_size is not None
-    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN:
-        # Patches of volumes as stored: each record is parsed once and its
-        # patches cut from its raw bytes, in one parallel map; only the
-        # patches are converted to float and windowed (elementwise steps commute
-        # with a crop), never the whole volume (`_patches_of_raw`).
-        ds = ds.enumerate().map(lambda i, s: _patches_of_raw(i, s, spec, options),
-                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
-    else:
-        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if options.dtype is not None:
-            ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if options.patch_size is not None:
-            ds = ds.enumerate().map(lambda i, el: _patches(i, el[0], el[1], options),
-                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
-
-    def finish(volume, parsed):
-        if options.dtype is not None:
-            volume = tf.cast(volume, options.dtype)
-        volume = volume[..., None]
-        if options.extra_features:
-            return volume, parsed[LABEL.key], {k: parsed[k] for k in options.extra_features}
-        return volume, parsed[LABEL.key]
-
-    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if options.batch_size is not None:
-        ds = ds.batch(options.batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE)
+def _finish(volume, parsed, options: _Options):
+    """(volume [d, h, w, 1] in `dtype`, label[, extras])."""
+    if options.dtype is not None:
+        volume = tf.cast(volume, options.dtype)
+    volume = volume[..., None]
+    if options.extra_features:
+        return volume, parsed[LABEL.key], {k: parsed[k] for k in options.extra_features}
+    return volume, parsed[LABEL.key]
