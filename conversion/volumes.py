@@ -25,6 +25,7 @@ is rejected as `mixed_labels`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -174,10 +175,13 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
             # Noted in the journal: a header that crashes the driver is known to the command above it.
             with guard.working_on([(rel, path)]):
                 try:
-                    data = _files.read_bytes(path)
-                    slices += volumes.read_slices(data, rel)
-                    if dedup:
+                    if dedup:  # The whole file: its digest.
+                        data = _files.read_bytes(path)
+                        slices += volumes.read_slices(data, rel)
                         digests[rel] = hashlib.sha256(data).digest()
+                    else:  # Its header: the pixels are read once, by the converter.
+                        with _files.open_to_read(path) as f:
+                            slices += volumes.read_slice_headers(f, rel)
                 except ImageRejected as e:
                     rejects.append((rel, e.reason, e.message))
                 except OSError as e:
@@ -187,7 +191,8 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
                     rejects.append((rel, guard.INTERNAL_ERROR, guard.internal_error_message(rel, e)))
         if not slices:
             continue
-        plan = volumes.plan_stacks(slices, min_slices=min_slices)
+        plan = volumes.plan_stacks(slices, min_slices=min_slices,
+                                   pixel_hash=functools.partial(_pixel_hash, input_dir))
         rejects += list(plan.rejects)
         for stack in plan.stacks:
             name = unit if len(plan.stacks) == 1 else f"{unit}#series={stack.index}"
@@ -214,6 +219,13 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
             continue
         jobs.append(VolumeJob(name, split, class_names.index(cls), stack, nifti))
     return jobs, sorted(set(rejects)), class_names
+
+
+def _pixel_hash(input_dir: str, s: volumes.DicomSlice) -> str:
+    """The pixel digest of a slice planned from its header, read when another slice shares its position."""
+    path = _files.join(input_dir, s.name)
+    with guard.working_on([(s.name, path)]):
+        return volumes.read_slices(_files.read_bytes(path), s.name)[s.frame].pixel_hash
 
 
 def _digest(path: str, rel: str, rejects: list) -> bytes:

@@ -144,7 +144,13 @@ _read = pydicom.dcmread
 
 
 def dcmread(fp, *args, **kwargs):
-    data = fp.getvalue() if hasattr(fp, "getvalue") else b""
+    data = b""
+    if hasattr(fp, "getvalue"):
+        data = fp.getvalue()
+    elif hasattr(fp, "seek"):  # A file: the planner reads headers from open files.
+        where = fp.tell()
+        data = fp.read()
+        fp.seek(where)
     if b"CRASH-ME" in data:
         ctypes.string_at(0)
     return _read(fp, *args, **kwargs)
