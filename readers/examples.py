@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from schemas.features import ImageExampleSchema
+from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
 from schemas.volumes import VolumeExampleSchema
 
-__all__ = ["ReadingKind", "KINDS", "kind_of", "IMAGE", "VOLUME"]
+__all__ = ["ReadingKind", "KINDS", "kind_of", "kind_named"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,39 +40,42 @@ class ReadingKind:
     schema_from_json: Callable[[Mapping[str, Any]], Any]
 
 
-def _stores_images(features: Mapping[str, Any]) -> bool:
-    try:
-        ImageExampleSchema.from_json(features)
-    except ValueError:
-        return False
-    return True
+def _parses(schema_from_json: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], bool]:
+    """`stores` of a kind whose schema is rebuilt by `schema_from_json`."""
+
+    def stores(features: Mapping[str, Any]) -> bool:
+        try:
+            schema_from_json(features)
+        except ValueError:
+            return False
+        return True
+
+    return stores
 
 
 IMAGE = ReadingKind(
     name="image",
     reader="image_dataset_from_tfrecords",
-    stores=_stores_images,
+    stores=_parses(ImageExampleSchema.from_json),
     schema_from_json=ImageExampleSchema.from_json,
 )
 
-def _stores_volumes(features: Mapping[str, Any]) -> bool:
-    try:
-        VolumeExampleSchema.from_json(features)
-    except ValueError:
-        return False
-    return True
-
+STACKS = ReadingKind(
+    name=TIME_SERIES,
+    reader="time_series_dataset_from_tfrecords",
+    stores=_parses(TimeSeriesExampleSchema.from_json),
+    schema_from_json=TimeSeriesExampleSchema.from_json,
+)
 
 # A DICOM series or NIfTI file per record (`convert --volumes`, issue 36; readers/volumes.py).
 VOLUME = ReadingKind(
     name="volume",
     reader="volume_dataset_from_tfrecords",
-    stores=_stores_volumes,
+    stores=_parses(VolumeExampleSchema.from_json),
     schema_from_json=VolumeExampleSchema.from_json,
 )
 
-# Asked in order; the image row last, as on the conversion side.
-KINDS: tuple[ReadingKind, ...] = (VOLUME, IMAGE)
+KINDS: tuple[ReadingKind, ...] = (STACKS, VOLUME, IMAGE)
 
 
 def kind_of(features: Mapping[str, Any]) -> ReadingKind | None:
@@ -80,3 +84,11 @@ def kind_of(features: Mapping[str, Any]) -> ReadingKind | None:
         if kind.stores(features):
             return kind
     return None
+
+
+def kind_named(name: str) -> ReadingKind:
+    """The row named `name` (a reader asks for its own)."""
+    for kind in KINDS:
+        if kind.name == name:
+            return kind
+    raise ValueError(f"`kind` must be one of {[k.name for k in KINDS]}. Received: kind={name!r}")

@@ -67,3 +67,26 @@ def test_a_volume_dataset_is_of_the_volume_kind_and_the_image_reader_names_its_r
         kind.schema_from_json({**features, "image": {"dtype": "bytes"}})
     with pytest.raises(schemas.ManifestError, match="holds volume examples .* readers.volume_dataset_from_tfrecords"):
         readers.image_dataset_from_tfrecords(str(tmp_path), "train")
+
+
+def test_a_dataset_of_stacks_is_of_the_time_series_kind_and_the_image_reader_names_its_reader(tmp_path):
+    from tests.helpers import write_geotiff
+
+    pytest.importorskip("rasterio")
+    for date in ("2020-05-01", "2020-06-01"):
+        write_geotiff(tmp_path / "in" / "wheat" / "field" / f"{date}.tif", pixels(0)[:, :, :2].transpose(2, 0, 1))
+    convert(tmp_path / "in", tmp_path / "out", "--time_series")
+    features = json.loads((tmp_path / "out" / schemas.MANIFEST_FILENAME).read_text())["features"]
+    kind = examples.kind_of(features)
+    assert kind is examples.STACKS and kind is examples.kind_named(schemas.TIME_SERIES)
+    assert callable(getattr(readers, kind.reader))
+    assert kind.schema_from_json(features).to_json() == features
+    with pytest.raises(schemas.ManifestError, match="holds time_series records, which "
+                                                    "readers.time_series_dataset_from_tfrecords reads"):
+        load_split(str(tmp_path / "out"), "train")
+    assert load_split(str(tmp_path / "out"), "train", kind=schemas.TIME_SERIES).num_records == (1,)
+
+
+def test_a_reader_asks_for_a_kind_the_table_has():
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        examples.kind_named("hologram")
