@@ -179,17 +179,21 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
         # with a crop), never the whole volume (`_patches_of_raw`).
         ds = ds.enumerate().map(lambda i, s: _patches_of_raw(i, s, spec, options),
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
-    else:
-        ds = ds.map(lambda serialized: _parse(serialized, spec, options, stored),
+        return _batched(ds, options)
+    ds = ds.map(lambda serialized: _parse(serialized, spec, options, stored),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if options.dtype is not None:
+        ds = ds.map(lambda volume, parsed: _preprocess(volume, parsed, options),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if options.dtype is not None:
-            ds = ds.map(lambda volume, parsed: _preprocess(volume, parsed, options),
-                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if options.patch_size is not None:
-            ds = ds.enumerate().map(lambda i, el: _patches(i, el[0], el[1], options),
-                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+    if options.patch_size is not None:
+        ds = ds.enumerate().map(lambda i, el: _patches(i, el[0], el[1], options),
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
     ds = ds.map(lambda volume, parsed: _finish(volume, parsed, options),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _batched(ds, options)
+
+
+def _batched(ds: tf.data.Dataset, options: _Options) -> tf.data.Dataset:
     if options.batch_size is not None:
         ds = ds.batch(options.batch_size)
     return ds.prefetch(tf.data.AUTOTUNE)
@@ -325,23 +329,32 @@ def _patches_of_raw(index, serialized, spec, options):
             return lambda: tf.cast(tf.bitcast(part, tf.as_dtype(d)), tf.float32)
         return tf.switch_case(which, [branch(d) for d in VOLUME_DTYPES])
 
-    lowest = tf.cond(tf.reduce_any(pad > 0), lambda: tf.reduce_min(as_float(raw)), lambda: tf.constant(0.0))
-    patches = []
-    for n in range(count):
-        start = offsets[n] - pad // 2  # In the volume's own frame: < 0 where padded.
-        low = tf.maximum(start, 0)
-        high = tf.minimum(start + size, shape)
-        part = as_float(tf.slice(raw, tf.concat([low, [0]], 0), tf.concat([high - low, [itemsize]], 0)))
-        before = low - start
-        part = tf.pad(part, tf.stack([before, size - (high - low) - before], axis=1), constant_values=lowest)
-        patches.append(part)
-    patches = tf.ensure_shape(tf.stack(patches), [count, *options.patch_size])
+    def whole():  # Every patch inside the volume: sliced as bytes, converted together.
+        parts = [tf.slice(raw, tf.concat([offsets[n], [0]], 0), tf.concat([size, [itemsize]], 0))
+                 for n in range(count)]
+        return as_float(tf.stack(parts))
+
+    def padded():  # A volume smaller than a patch: each patch's valid part, padded with the lowest value.
+        lowest = tf.reduce_min(as_float(raw))
+        patches = []
+        for n in range(count):
+            start = offsets[n] - pad // 2  # In the volume's own frame: < 0 where padded.
+            low = tf.maximum(start, 0)
+            high = tf.minimum(start + size, shape)
+            part = as_float(tf.slice(raw, tf.concat([low, [0]], 0), tf.concat([high - low, [itemsize]], 0)))
+            before = low - start
+            patches.append(tf.pad(part, tf.stack([before, size - (high - low) - before], axis=1),
+                                  constant_values=lowest))
+        return tf.stack(patches)
+
+    patches = tf.ensure_shape(tf.cond(tf.reduce_any(pad > 0), padded, whole), [count, *options.patch_size])
     if options.window is not None:
         center, width = options.window
         patches = tf.clip_by_value((patches - (center - width / 2)) / width, 0.0, 1.0)
     wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
     parsed = {k: v for k, v in parsed.items() if k in wanted}
-    return patches, _patch_extras(parsed, offsets, pad, count)
+    # Finished here too (`_finish` is elementwise): no map per patch after the unbatch.
+    return _finish(patches, _patch_extras(parsed, offsets, pad, count), options)
 
 
 def _finish(volume, parsed, options: _Options):
