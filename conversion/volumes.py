@@ -215,7 +215,8 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
             continue
         # The split of the series unit's name (the folder), never of a slice.
         split = csv_splits.get(unit) or hash_split(seed, unit, split_ratios)
-        if split is None:
+        if split is None:  # Its split's ratio is zero: said, not silently dropped.
+            rejects.append((name, "not_in_split", f"{name}: its split has a ratio of zero (--split)"))
             continue
         jobs.append(VolumeJob(name, split, class_names.index(cls), stack, nifti))
     return jobs, sorted(set(rejects)), class_names
