@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 from conversion.listing import InputFile, Problem
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["PlannedFile", "Plan", "PlanTargets", "make_plan", "stable_hash", "SPLIT_ALIASES", "read_labels_csv",
-           "image_labels_optional", "sorted_class_names"]
+__all__ = ["PlannedFile", "Plan", "PlanTargets", "make_plan", "stable_hash", "hash_split", "SPLIT_ALIASES",
+           "read_labels_csv", "image_labels_optional", "sorted_class_names"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
@@ -605,6 +605,14 @@ def _split_by_hash(seed: int, ratios: Mapping[str, float]) -> Callable[[bytes], 
         return lambda key: only
     split_hash = _hasher(seed, "split")
     return lambda key: _hash_split(split_hash(key), ratios)
+
+
+def hash_split(seed: int, key: str, ratios: Mapping[str, float]) -> str | None:
+    """The split of `key` (a path, a series folder) by its seeded hash, as every file's split is drawn.
+
+    The same split as a file whose relative path is `key` gets: `make_plan`'s hash.
+    """
+    return _hash_split(stable_hash(seed, "split", key), ratios)
 
 
 def _hash_split(hash_value: int, ratios: Mapping[str, float]) -> str | None:

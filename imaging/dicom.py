@@ -52,6 +52,7 @@ __all__ = [
     "parse_window",
     "describe_available_codecs",
     "read_dataset",
+    "read_header",
     "frame_value",
     "num_frames",
     "decode_stored_frame",
@@ -1008,6 +1009,51 @@ def read_dataset(data: bytes, name: str) -> Dataset:
         raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
                             else f"{name} is a DICOM file without pixel data")
     return ds
+
+
+def read_header(f, name: str) -> tuple[Dataset, str]:
+    """Parses a DICOM file's header for the volume path's planning, its pixels not read.
+
+    Args:
+      f: A binary file object at the file's start (only the header is read from it).
+      name: The file's name in errors.
+
+    Returns:
+      (dataset without its pixel element, that element's keyword: 'PixelData',
+      'FloatPixelData' or 'DoubleFloatPixelData').
+
+    Raises:
+      ImageRejected: As `read_dataset`: 'not_an_image', 'corrupt', 'no_pixel_data'.
+    """
+    _load_pydicom()
+    head = f.read(1024)
+    if not is_dicom(head):
+        raise ImageRejected("not_an_image", f"{name} is not a DICOM file")
+    f.seek(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ds = pydicom.dcmread(f, force=True, stop_before_pixels=True)
+        except _PYDICOM_ERRORS as e:
+            raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({_short(e)})") from e
+    # pydicom stops at the first pixel element (7FE0,0008/0009/0010), its tag next in the file.
+    tag = f.read(4)
+    keyword = None
+    if len(tag) == 4:
+        little, big = struct.unpack("<HH", tag), struct.unpack(">HH", tag)
+        for group, element in (little, big):
+            if group == 0x7FE0 and element in _PIXEL_ELEMENTS:
+                keyword = _PIXEL_ELEMENTS[element]
+                break
+    if keyword is None:
+        sop = _sop_class_name(ds)
+        raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
+                            else f"{name} is a DICOM file without pixel data")
+    return ds, keyword
+
+
+# The pixel elements of group 7FE0, by element number.
+_PIXEL_ELEMENTS = {0x0010: "PixelData", 0x0008: "FloatPixelData", 0x0009: "DoubleFloatPixelData"}
 
 
 def frame_value(ds: Dataset, index: int, sequence: str, keyword: str, multi: bool = False):

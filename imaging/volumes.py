@@ -27,7 +27,7 @@ import numpy as np
 from imaging import dicom
 from imaging.errors import ImageRejected
 
-__all__ = ["DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "plan_stacks",
+__all__ = ["DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "read_slice_headers", "plan_stacks",
            "read_stack", "read_nifti", "is_nifti", "LPS_TO_RAS"]
 
 _LOG = logging.getLogger(__name__)
@@ -150,13 +150,38 @@ def _is_mosaic(ds) -> bool:
 
 
 def read_slices(data: bytes, name: str) -> list[DicomSlice]:
-    """The slices (frames) of one DICOM file, headers only.
+    """The slices (frames) of one DICOM file, from its bytes; each with its pixels' digest.
 
     Raises:
       ImageRejected: 'not_an_image', 'no_pixel_data' (skipped as in 2-D),
         'corrupt' (no position or orientation), 'mosaic'.
     """
     ds = dicom.read_dataset(data, name)
+    pixels = ds.get("PixelData")
+    return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"")
+
+
+def read_slice_headers(f, name: str) -> list[DicomSlice]:
+    """The slices (frames) of one DICOM file, its header only: its pixels are not read.
+
+    Planning a series needs the pixels of two slices only when they share a
+    position (a copy, or a conflict): their `pixel_hash` is '' here, and
+    `plan_stacks` asks its `pixel_hash` function for them. A 512x512 slice's
+    header is ~2% of its bytes: planning reads each file's start, not twice
+    the whole file (once here, once by `read_stack`).
+
+    Args:
+      f: A binary file object at the file's start.
+
+    Raises:
+      ImageRejected: As `read_slices`.
+    """
+    ds, keyword = dicom.read_header(f, name)
+    return _slices(ds, name, keyword, None)
+
+
+def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[DicomSlice]:
+    """The slices of a parsed file; `pixels` None: digests left to `plan_stacks` ('')."""
     if _is_mosaic(ds):
         raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
                                       "convert it with dcm2niix, or export classic slices")
@@ -164,12 +189,11 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
     bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
     signed = int(ds.get("PixelRepresentation") or 0) == 1
     allocated = int(ds.get("BitsAllocated") or 16)
-    if "PixelData" not in ds:
+    if pixel_keyword != "PixelData":
         stored_dtype, stored_range = "float32", (0, 0)
     else:
         stored_dtype = f"{'int' if signed else 'uint'}{max(8, allocated)}"
         stored_range = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-    pixels = ds.get("PixelData") or b""
     photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
     slices = []
     for index in range(frames):
@@ -189,27 +213,35 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
         except (TypeError, ValueError):
             raise ImageRejected("corrupt", f"{name}: RescaleSlope/Intercept {slope!r}/{intercept!r} "
                                            "are not numbers") from None
-        digest = hashlib.sha1(bytes(pixels) if frames == 1 else bytes(pixels) + b"#%d" % index)
+        digest = "" if pixels is None else _pixel_digest(pixels, frames, index)
         slices.append(DicomSlice(
             name=name, frame=index, series_uid=str(ds.get("SeriesInstanceUID", "")),
             orientation=orientation, position=position, rows=int(ds.Rows), columns=int(ds.Columns),
             pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
-            pixel_hash=digest.hexdigest(), modality=str(ds.get("Modality", "") or ""),
+            pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
         ))
     return slices
+
+
+def _pixel_digest(pixels: bytes, frames: int, index: int) -> str:
+    """A frame's `pixel_hash`: of a single frame's pixel bytes; of a multi-frame file's with its index."""
+    return hashlib.sha1(bytes(pixels) if frames == 1 else bytes(pixels) + b"#%d" % index).hexdigest()
 
 
 def _stack_key(s: DicomSlice):
     return (tuple(np.round(s.orientation, _ORIENTATION_DECIMALS) + 0.0), s.rows, s.columns)
 
 
-def plan_stacks(slices: Sequence[DicomSlice], min_slices: int = 2) -> StackPlan:
+def plan_stacks(slices: Sequence[DicomSlice], min_slices: int = 2,
+                pixel_hash: Callable[[DicomSlice], str] | None = None) -> StackPlan:
     """Groups slices into stacks: series, then orientation and size; sorts and checks each.
 
     Args:
-      slices: The slices of one folder (`read_slices`), in any order.
+      slices: The slices of one folder (`read_slices` or `read_slice_headers`), in any order.
       min_slices: A stack needs at least this many slices (--min_slices).
+      pixel_hash: The `pixel_hash` of a slice read without its pixels
+        (`read_slice_headers`), asked only for slices that share a position.
 
     Returns:
       The stacks (each sorted along its normal, duplicates dropped) and the
@@ -225,7 +257,7 @@ def plan_stacks(slices: Sequence[DicomSlice], min_slices: int = 2) -> StackPlan:
     # Stacks in a stable order: series, then most slices first, then the key.
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], -len(kv[1]), repr(kv[0])))
     for key, members in ordered:
-        stack, dropped = _check_stack(key[0], members, min_slices)
+        stack, dropped = _check_stack(key[0], members, min_slices, pixel_hash)
         rejects += dropped
         if stack is not None:
             stacks.append(dataclasses.replace(stack, index=len(stacks)))
@@ -236,7 +268,7 @@ def _reject_all(members, reason, message):
     return None, [(s.name, reason, message) for s in members]
 
 
-def _check_stack(series_uid, members, min_slices):
+def _check_stack(series_uid, members, min_slices, pixel_hash=None):
     normal = members[0].normal
     where = sorted(members, key=lambda s: (float(np.dot(s.position, normal)), s.name, s.frame))
     depth = [float(np.dot(s.position, normal)) for s in where]
@@ -254,6 +286,9 @@ def _check_stack(series_uid, members, min_slices):
     kept, dropped, notes = [], [], []
     repeated = []
     for group in positions:
+        if len(group) > 1 and pixel_hash is not None:
+            # Slices at one position: their pixels decide (a copy, or a conflict).
+            group = [s if s.pixel_hash else dataclasses.replace(s, pixel_hash=pixel_hash(s)) for s in group]
         unique = {}
         for s in group:
             if s.pixel_hash in unique:

@@ -17,6 +17,7 @@ from typing import Any
 
 from schemas.features import ImageExampleSchema
 from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
+from schemas.volumes import VolumeExampleSchema
 
 __all__ = ["ReadingKind", "KINDS", "kind_of", "kind_named"]
 
@@ -66,7 +67,15 @@ STACKS = ReadingKind(
     schema_from_json=TimeSeriesExampleSchema.from_json,
 )
 
-KINDS: tuple[ReadingKind, ...] = (STACKS, IMAGE)
+# A DICOM series or NIfTI file per record (`convert --volumes`, issue 36; readers/volumes.py).
+VOLUME = ReadingKind(
+    name="volume",
+    reader="volume_dataset_from_tfrecords",
+    stores=_parses(VolumeExampleSchema.from_json),
+    schema_from_json=VolumeExampleSchema.from_json,
+)
+
+KINDS: tuple[ReadingKind, ...] = (STACKS, VOLUME, IMAGE)
 
 
 def kind_of(features: Mapping[str, Any]) -> ReadingKind | None:

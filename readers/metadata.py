@@ -9,6 +9,7 @@ through `tf.io.gfile`, so `data_dir` may be a local path or a `gs://` URL.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ import tensorflow as tf
 from readers import examples as _examples
 from schemas.features import ImageExampleSchema
 from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
+from schemas.volumes import VOLUMES_MANIFEST_FILENAME
 from schemas.manifest import (
     not_a_dataset_folder,
     MANIFEST_FILENAME,
@@ -115,6 +117,13 @@ def _listdir(path: str) -> set[str]:
 
 def _read_manifest(path: str, names: set[str]) -> Manifest:
     manifest_path = tf.io.gfile.join(path, MANIFEST_FILENAME)
+    if MANIFEST_FILENAME not in names and VOLUMES_MANIFEST_FILENAME in names:
+        # Another kind's manifest (volumes): the error names its reader (`readers.examples`).
+        with tf.io.gfile.GFile(tf.io.gfile.join(path, VOLUMES_MANIFEST_FILENAME), "r") as f:
+            kind = _examples.kind_of(json.loads(f.read()).get("features") or {})
+        if kind is not None:
+            raise ManifestError(f"The dataset at {path!r} holds {kind.name} examples "
+                                f"({VOLUMES_MANIFEST_FILENAME}): read it with readers.{kind.reader}.")
     if MANIFEST_FILENAME not in names:
         shards = sorted(n for n in names if SHARD_FILENAME_RE.match(n))
         if shards:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from schemas import tf_runtime as _tf_runtime  # isort: skip
 
@@ -167,18 +168,32 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
     spec = VOLUME_SCHEMA.parse_spec(keys)
     stored = None
     if options.dtype is None:
-        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])))
-        stored = first.numpy().decode()
+        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])), None)
+        # A split without volumes (each rejected, its shards empty) yields nothing, in any dtype.
+        stored = "uint8" if first is None else first.numpy().decode()
+    resampled = options.spacing is not None or options.volume_size is not None
+    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN:
+        # Patches of volumes as stored: each record is parsed once and its
+        # patches cut from its raw bytes, in one parallel map; only the
+        # patches are converted to float and windowed (elementwise steps commute
+        # with a crop), never the whole volume (`_patches_of_raw`).
+        ds = ds.enumerate().map(lambda i, s: _patches_of_raw(i, s, spec, options),
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+        return _batched(ds, options)
     ds = ds.map(lambda serialized: _parse(serialized, spec, options, stored),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if options.dtype is not None:
         ds = ds.map(lambda volume, parsed: _preprocess(volume, parsed, options),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if options.patch_size is not None:
-        base_seed = 0 if seed is None else int(seed)
-        ds = ds.enumerate().flat_map(lambda i, el: _crops(i, el[0], el[1], options, base_seed))
+        ds = ds.enumerate().map(lambda i, el: _patches(i, el[0], el[1], options),
+                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
     ds = ds.map(lambda volume, parsed: _finish(volume, parsed, options),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _batched(ds, options)
+
+
+def _batched(ds: tf.data.Dataset, options: _Options) -> tf.data.Dataset:
     if options.batch_size is not None:
         ds = ds.batch(options.batch_size)
     return ds.prefetch(tf.data.AUTOTUNE)
@@ -242,21 +257,24 @@ def _preprocess(volume, parsed, options: _Options):
     return volume, parsed
 
 
-def _crops(index, volume, parsed, options: _Options, base_seed: int) -> tf.data.Dataset:
-    """`patches_per_volume` random crops of the `index`-th volume, seeded by (seed, index), each with its affine."""
+# `tf.bitcast` reads the host's byte order; the records are little-endian.
+_BITCAST_IS_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _offsets(index, shape, options):
+    """The seeded first voxels (k, j, i) of a volume's patches, in its padded frame; and its padding."""
     patch = tf.constant(options.patch_size, tf.int32)
     count = options.patches_per_volume
-    shape = tf.shape(volume)
+    base_seed = 0 if options.seed is None else int(options.seed)
     pad = tf.maximum(patch - shape, 0)
-    volume = tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
-                    constant_values=tf.reduce_min(volume))
-    shape = tf.shape(volume)
-    room = shape - patch + 1
+    room = shape + pad - patch + 1
     draws = tf.random.stateless_uniform([count, 3], seed=tf.stack([tf.cast(base_seed, tf.int64), index]),
                                         minval=0, maxval=2**31 - 1, dtype=tf.int64)
-    offsets = tf.cast(draws % tf.cast(room, tf.int64), tf.int32)
-    patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
-    patches = tf.ensure_shape(patches, [count, *options.patch_size])
+    return tf.cast(draws % tf.cast(room, tf.int64), tf.int32), pad
+
+
+def _patch_extras(parsed, offsets, pad, count):
+    """Each patch's features: the volume's, repeated; the affine moved to the patch's first voxel."""
     # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
     start = tf.cast(offsets - pad // 2, tf.float64)  # (k, j, i)
     corner = tf.stack([start[:, 2], start[:, 1], start[:, 0], tf.ones([count], tf.float64)], axis=1)
@@ -265,7 +283,78 @@ def _crops(index, volume, parsed, options: _Options, base_seed: int) -> tf.data.
     affines = tf.concat([tf.tile(affine[None, :, :3], [count, 1, 1]), origins[:, :, None]], axis=2)
     many = {k: tf.repeat(v[None], count, axis=0) for k, v in parsed.items() if k != VOLUME_AFFINE.key}
     many[VOLUME_AFFINE.key] = affines
-    return tf.data.Dataset.from_tensor_slices((patches, many))
+    return many
+
+
+def _patches(index, volume, parsed, options):
+    """`patches_per_volume` seeded crops of a decoded (resampled) volume, padded with its lowest value."""
+    count = options.patches_per_volume
+    patch = tf.constant(options.patch_size, tf.int32)
+    offsets, pad = _offsets(index, tf.shape(volume), options)
+    volume = tf.cond(tf.reduce_any(pad > 0),
+                     lambda: tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
+                                    constant_values=tf.reduce_min(volume)),
+                     lambda: volume)
+    patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
+    patches = tf.ensure_shape(patches, [count, *options.patch_size])
+    return patches, _patch_extras(parsed, offsets, pad, count)
+
+
+def _patches_of_raw(index, serialized, spec, options):
+    """A record's patches cut from its stored bytes, then converted and windowed (no resampling).
+
+    The voxels are viewed as uint8 [d, h, w, itemsize] and each patch's
+    valid part sliced there, then bitcast to the stored dtype and cast to
+    float: one copy of the volume (its bytes out of the record), none per
+    patch beyond the patch itself. A patch reaching past a volume smaller
+    than it is padded with the volume's lowest value, as `_patches` does.
+    """
+    parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
+    name = parsed[VOLUME_DTYPE.key]
+    known = tf.equal(name, tf.constant(VOLUME_DTYPES))
+    tf.debugging.assert_equal(tf.reduce_any(known), True, message="volume/dtype is not one this reader knows")
+    which = tf.argmax(tf.cast(known, tf.int32), output_type=tf.int32)
+    sizes = tf.constant([tf.as_dtype(d).size for d in VOLUME_DTYPES], tf.int32)
+    itemsize = sizes[which]
+    shape = tf.cast(parsed[VOLUME_SHAPE.key], tf.int32)
+    raw = tf.reshape(tf.io.decode_raw(parsed[VOLUME.key], tf.uint8), tf.concat([shape, [itemsize]], 0))
+    count = options.patches_per_volume
+    size = tf.constant(options.patch_size, tf.int32)
+    offsets, pad = _offsets(index, shape, options)
+
+    def as_float(part):  # uint8 [..., itemsize] -> float32 [...], by the stored dtype
+        def branch(d):
+            if tf.as_dtype(d).size == 1:
+                return lambda: tf.cast(tf.bitcast(part[..., 0], tf.as_dtype(d)), tf.float32)
+            return lambda: tf.cast(tf.bitcast(part, tf.as_dtype(d)), tf.float32)
+        return tf.switch_case(which, [branch(d) for d in VOLUME_DTYPES])
+
+    def whole():  # Every patch inside the volume: sliced as bytes, converted together.
+        parts = [tf.slice(raw, tf.concat([offsets[n], [0]], 0), tf.concat([size, [itemsize]], 0))
+                 for n in range(count)]
+        return as_float(tf.stack(parts))
+
+    def padded():  # A volume smaller than a patch: each patch's valid part, padded with the lowest value.
+        lowest = tf.reduce_min(as_float(raw))
+        patches = []
+        for n in range(count):
+            start = offsets[n] - pad // 2  # In the volume's own frame: < 0 where padded.
+            low = tf.maximum(start, 0)
+            high = tf.minimum(start + size, shape)
+            part = as_float(tf.slice(raw, tf.concat([low, [0]], 0), tf.concat([high - low, [itemsize]], 0)))
+            before = low - start
+            patches.append(tf.pad(part, tf.stack([before, size - (high - low) - before], axis=1),
+                                  constant_values=lowest))
+        return tf.stack(patches)
+
+    patches = tf.ensure_shape(tf.cond(tf.reduce_any(pad > 0), padded, whole), [count, *options.patch_size])
+    if options.window is not None:
+        center, width = options.window
+        patches = tf.clip_by_value((patches - (center - width / 2)) / width, 0.0, 1.0)
+    wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
+    parsed = {k: v for k, v in parsed.items() if k in wanted}
+    # Finished here too (`_finish` is elementwise): no map per patch after the unbatch.
+    return _finish(patches, _patch_extras(parsed, offsets, pad, count), options)
 
 
 def _finish(volume, parsed, options: _Options):

@@ -28,14 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from schemas.features import FILENAME, LABEL, FeatureSpec, _example_class, _field_header, parse_spec_of
+from schemas.features import FILENAME, LABEL, FeatureSpec, decode_example, encode_example, parse_spec_of
 
 __all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
-           "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VolumeRecord",
+           "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VOLUMES_MANIFEST_FILENAME", "VolumeRecord",
            "VolumeExampleSchema", "VOLUME_SCHEMA"]
 
 # The `example_kind` of a manifest whose records are volumes.
 VOLUMES = "volumes"
+# A volume dataset's manifest (`conversion.volumes.write_manifest`), written last.
+VOLUMES_MANIFEST_FILENAME = "volumes.json"
 # The dtypes a volume is stored in.
 # Those tf.io.decode_raw reads (no uint32).
 VOLUME_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "float32", "float64")
@@ -115,9 +117,10 @@ class VolumeExampleSchema:
         if affine.shape != (4, 4) or not np.isfinite(affine).all():
             raise ValueError(f"Record {record.filename!r}: the affine must be a finite 4x4. "
                              f"Received: {affine!r}")
-        little = volume.astype(volume.dtype.newbyteorder("<"), copy=False)
+        little = np.ascontiguousarray(volume.astype(volume.dtype.newbyteorder("<"), copy=False))
         return {
-            VOLUME.key: np.ascontiguousarray(little).tobytes(),
+            # A view, not a copy: the voxels (tens to hundreds of MB) are copied once, into the record.
+            VOLUME.key: memoryview(little).cast("B"),
             VOLUME_DTYPE.key: volume.dtype.name,
             VOLUME_SHAPE.key: tuple(int(n) for n in volume.shape),
             VOLUME_SPACING.key: tuple(float(v) for v in record.spacing),
@@ -129,15 +132,7 @@ class VolumeExampleSchema:
 
     def encode(self, record: VolumeRecord) -> bytes:
         """Serializes a record to `tf.train.Example` bytes, deterministically (keys sorted)."""
-        values = self.values(record)
-        parts = []
-        for spec in sorted(self.features, key=lambda s: s.key.encode()):
-            key = spec.key.encode()
-            feature = spec.encode(values[spec.key])
-            entry = (_field_header(1, len(key)) + key + _field_header(2, len(feature)) + feature)
-            parts.append(_field_header(1, len(entry)) + entry)
-        body = b"".join(parts)
-        return _field_header(1, len(body)) + body
+        return encode_example(self.features, self.values(record), record.filename)
 
     def parse_spec(self, keys=None) -> dict:
         """The `tf.io.parse_example` spec for `keys` (default: every feature)."""
@@ -157,31 +152,29 @@ class VolumeExampleSchema:
     def to_json(self) -> dict[str, dict[str, str]]:
         return {spec.key: spec.to_json() for spec in self.features}
 
+    @classmethod
+    def from_json(cls, features) -> VolumeExampleSchema:
+        """The schema of a manifest's `features`.
+
+        Raises:
+          ValueError: Naming the features that are not a volume record's.
+        """
+        schema = cls()
+        want = schema.to_json()
+        if dict(features) != want:
+            missing = sorted(set(want) - set(features))
+            other = sorted(k for k in features if k not in want or features[k] != want[k])
+            raise ValueError(f"not the features of a volume record (missing {missing}, other {other})")
+        return schema
+
     def decode(self, serialized: bytes) -> dict[str, Any]:
         """Parses one record in Python (no graph): the volume as a numpy array.
 
         Raises:
           ValueError: Naming the feature that is missing or inconsistent.
         """
-        example = _example_class().FromString(serialized)
-        features = example.features.feature
-        out: dict[str, Any] = {}
-        for spec in self.features:
-            if spec.key not in features:
-                raise ValueError(f"feature {spec.key!r} is missing")
-            feature = features[spec.key]
-            kind = feature.WhichOneof("kind")
-            values = list(getattr(feature, kind).value) if kind else []
-            if spec.dtype == "int64_list":
-                out[spec.key] = tuple(int(v) for v in values)
-            elif spec.dtype == "float64":
-                if len(values) != 1 or len(values[0]) != 8 * spec.length:
-                    raise ValueError(f"feature {spec.key!r} is not {spec.length} float64")
-                out[spec.key] = tuple(np.frombuffer(values[0], "<f8").tolist())
-            else:
-                if len(values) != 1:
-                    raise ValueError(f"feature {spec.key!r} has {len(values)} values, not 1")
-                out[spec.key] = values[0]
+        out = decode_example(self.features, serialized)
+        out[VOLUME_SHAPE.key] = tuple(int(v) for v in out[VOLUME_SHAPE.key])
         shape = out[VOLUME_SHAPE.key]
         dtype = out[VOLUME_DTYPE.key].decode()
         if len(shape) != 3 or dtype not in VOLUME_DTYPES:

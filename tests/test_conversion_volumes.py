@@ -30,18 +30,23 @@ def test_nifti_volumes_from_plan_to_manifest(tmp_path):
         ("healthy/a.nii.gz", "train", 0), ("sick/b.nii", "train", 1), ("sick/broken.nii.gz", "train", 1)]
     assert rejects == [("stray.nii", "no_label", "outside any class folder")]
 
-    results = [cv.convert_job(job, str(scans)) for job in jobs]
+    out = tmp_path / "out"
+    results = [cv.convert_job(job, str(scans), str(out)) for job in jobs]
     assert [r[0] for r in results[:2]] == ["ok", "ok"]
     # Fewer bytes than a NIfTI header: a reject, not an error that stops the job.
     assert results[2][:3] == ("reject", "sick/broken.nii.gz", "not_an_image")
     shards = cv.shard_of(jobs, records_per_shard=1)
     assert shards == {"healthy/a.nii.gz": ("train", 0, 3), "sick/b.nii": ("train", 1, 3),
                       "sick/broken.nii.gz": ("train", 2, 3)}
-    out = tmp_path / "out"
     counts = []
     for _, split, name, record in (r for r in results if r[0] == "ok"):
         split, index, count = shards[name]
         counts.append((split, index, count, cv.write_shard(split, index, count, [(name, record)], str(out))))
+    # Each volume's record waited in the temporary folder until its shard was written.
+    assert not list((out / "_shardsmith_tmp" / "volume_records").iterdir())
+    # The shard set is complete: the third shard's only volume was rejected, its file is empty.
+    counts += cv.write_missing_shards(str(out), shards.values(), counts)
+    assert (out / "train-00002-of-00003.tfrecord").stat().st_size == 0
     manifest = cv.write_manifest(str(out), class_names, counts, rejects + [results[2][1:]])
     assert cv.read_manifest(str(out)) == manifest
     assert manifest["splits"] == {"train": {"records": 2, "shards": 3}}

@@ -5,6 +5,7 @@ JPEG-LS and RLE), with positions and orientations written here; every comparison
 voxel in world (RAS) coordinates, so a reader that orders slices or rows differently still agrees.
 """
 
+import dataclasses
 import os
 import random
 import shutil
@@ -81,12 +82,18 @@ def write_series(folder: Path, source="CT_small.dcm", count=6, orientation="axia
     return series_uid, paths
 
 
-def read_ours(folder: Path, min_slices=2):
+def read_ours(folder: Path, min_slices=2, headers=False):
+    """Plans and reads the folder's stacks; `headers`: planned from headers only, as the converter does."""
     slices = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        slices += volumes.read_slices(path.read_bytes(), str(path.relative_to(folder)))
-    plan = volumes.plan_stacks(slices, min_slices=min_slices)
+        if headers:
+            with open(path, "rb") as f:
+                slices += volumes.read_slice_headers(f, str(path.relative_to(folder)))
+        else:
+            slices += volumes.read_slices(path.read_bytes(), str(path.relative_to(folder)))
     read = lambda name: (folder / name).read_bytes()
+    pixel_hash = (lambda s: volumes.read_slices(read(s.name), s.name)[s.frame].pixel_hash) if headers else None
+    plan = volumes.plan_stacks(slices, min_slices=min_slices, pixel_hash=pixel_hash)
     return plan, [volumes.read_stack(stack, read) for stack in plan.stacks]
 
 
@@ -152,12 +159,13 @@ def test_compressed_slices_decode_as_simpleitk(tmp_path, source):
     assert volume.voxels.dtype == np.int16
 
 
-def test_scout_duplicate_and_nested_names(tmp_path):
+@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
+def test_scout_duplicate_and_nested_names(tmp_path, headers):
     uid, paths = write_series(tmp_path / "s" / "a" / "b", count=5, names="dcm")
     # A scout of another orientation in the same series, and a copy of one slice.
     write_series(tmp_path / "s" / "scout", count=1, orientation="sagittal", series_uid=uid)
     shutil.copy(paths[2], tmp_path / "s" / "copy_of_slice")
-    plan, [volume] = read_ours(tmp_path / "s")
+    plan, [volume] = read_ours(tmp_path / "s", headers=headers)
     reasons = sorted((reason, name) for name, reason, _ in plan.rejects)
     assert [r for r, _ in reasons] == ["duplicate", "too_few_slices"]
     assert volume.voxels.shape[0] == 5
@@ -177,19 +185,20 @@ def test_missing_slice_is_rejected_with_positions(tmp_path):
     assert "gap" in plan.rejects[0][2] and "2.500" in plan.rejects[0][2]
 
 
-def test_conflicting_and_repeated_positions(tmp_path):
+@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
+def test_conflicting_and_repeated_positions(tmp_path, headers):
     uid, paths = write_series(tmp_path / "c", count=4)
     ds = pydicom.dcmread(paths[1])
     ds.PixelData = (ds.pixel_array + 1).astype(ds.pixel_array.dtype).tobytes()
     ds.SOPInstanceUID = generate_uid()
     ds.save_as(tmp_path / "c" / "other", enforce_file_format=True)
-    plan, stacks = read_ours(tmp_path / "c")
+    plan, stacks = read_ours(tmp_path / "c", headers=headers)
     assert stacks == [] and {r for _, r, _ in plan.rejects} == {"conflicting_slices"}
     # Two time points: every position twice.
     uid, _ = write_series(tmp_path / "t", count=4)
     write_series(tmp_path / "t" / "t2", count=4, series_uid=uid,
                  extra=lambda ds, k: setattr(ds, "PixelData", (ds.pixel_array + 7).tobytes()))
-    plan, stacks = read_ours(tmp_path / "t")
+    plan, stacks = read_ours(tmp_path / "t", headers=headers)
     assert stacks == [] and {r for _, r, _ in plan.rejects} == {"repeated_positions"}
 
 
@@ -203,7 +212,8 @@ def test_two_series_in_one_folder_and_too_few(tmp_path):
     assert {r for _, r, _ in plan.rejects} == {"too_few_slices"} and len(plan.rejects) == 3
 
 
-def test_enhanced_multiframe_matches_dcm2niix(tmp_path):
+@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
+def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
     from pydicom.dataset import Dataset
     from pydicom.sequence import Sequence
 
@@ -248,13 +258,40 @@ def test_enhanced_multiframe_matches_dcm2niix(tmp_path):
     ds.PixelData = pixels.tobytes()
     (tmp_path / "e").mkdir()
     ds.save_as(tmp_path / "e" / "enhanced", enforce_file_format=True)
-    plan, [volume] = read_ours(tmp_path / "e")
+    plan, [volume] = read_ours(tmp_path / "e", headers=headers)
     assert volume.voxels.shape == (5, 128, 128)
     # Sorted by position: slice k holds stored + 10k - 1024.
     np.testing.assert_array_equal(volume.voxels[2], ds.pixel_array[order.index(2)] - 1024)
     np.testing.assert_allclose(volume.spacing[0], 3.0, rtol=1e-6)
     n2, n2_affine = read_dcm2niix(tmp_path / "e", tmp_path / "nii")
     assert_same_in_world(volume.voxels, volume.affine, n2, n2_affine)
+
+
+@pytest.mark.parametrize("source", ["CT_small.dcm", "MR_small.dcm", "MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm"])
+def test_headers_give_the_slices_the_bytes_give_without_reading_the_pixels(source):
+    """read_slice_headers reads a file's start only, and plans as read_slices does."""
+    import io
+
+    data = Path(get_testdata_file(source)).read_bytes()
+
+    class Counting(io.BytesIO):
+        def read(self, n=-1):
+            out = super().read(n)
+            self.most = max(getattr(self, "most", 0), self.tell())
+            return out
+
+    f = Counting(data)
+    from_headers = volumes.read_slice_headers(f, "x")
+    from_bytes = volumes.read_slices(data, "x")
+    assert [dataclasses.replace(s, pixel_hash="") for s in from_bytes] == from_headers
+    assert f.most < len(data) // 2  # The pixels were never read.
+    report = pydicom.dcmread(get_testdata_file(source))
+    del report.PixelData
+    buffer = io.BytesIO()
+    report.save_as(buffer, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buffer.getvalue()), "report")
+    assert info.value.reason == "no_pixel_data"
 
 
 def test_mosaic_and_non_image(tmp_path):

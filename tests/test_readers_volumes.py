@@ -110,3 +110,25 @@ def test_options_name_the_argument(data_dir):
         readers.volume_dataset_from_tfrecords(data_dir, "train", patch_size=(0, 2, 2))
     with pytest.raises(ValueError, match="extra_features"):
         readers.volume_dataset_from_tfrecords(data_dir, "train", extra_features=("volume",))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "uint16", "int16", "int32", "float32", "float64"])
+def test_patches_of_every_stored_dtype_padded_and_windowed_as_numpy_does(tmp_path, dtype):
+    """Patches are cut from the stored bytes: each dtype, a volume smaller than the patch, a window."""
+    rng = np.random.default_rng(1)
+    volume = (rng.normal(size=(5, 9, 8)) * 50 + (60 if dtype.startswith("u") else 0)).astype(dtype)
+    record = VolumeRecord(volume, (2.5, 0.7, 0.8), _affine(), 0, "v")
+    with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001.tfrecord")) as writer:
+        writer.write(VOLUME_SCHEMA.encode(record))
+    size = (8, 6, 10)  # Deeper and wider than the volume: padded with its lowest value.
+    got = list(readers.volume_dataset_from_tfrecords(tmp_path, "train", patch_size=size, patches_per_volume=3,
+                                                     window=(20, 100), seed=4, extra_features=("volume/affine",)))
+    assert len(got) == 3
+    pad = np.maximum(np.array(size) - volume.shape, 0)
+    padded = np.pad(volume.astype(np.float32), np.stack([pad // 2, pad - pad // 2], axis=1),
+                    constant_values=volume.min())
+    for patch, _, extras in got:
+        i, j, k, _ = np.round(np.linalg.inv(record.affine) @ extras["volume/affine"].numpy()[:, 3]).astype(int)
+        k, j, i = np.array([k, j, i]) + pad // 2
+        want = np.clip((padded[k:k + 8, j:j + 6, i:i + 10] - (20 - 50)) / 100, 0, 1)
+        np.testing.assert_allclose(patch.numpy()[..., 0], want, rtol=1e-6, atol=1e-7)

@@ -111,3 +111,202 @@ def test_inspect_verify_preview(tmp_path, capsys):
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert cli.main(["verify", "--output_dir", str(out)]) == 1
+
+
+# A DICOM decoder that fails on a series by its SeriesDescription, registered in every process of
+# the conversion (the command, its supervised child, its worker processes) by a `sitecustomize`
+# module on PYTHONPATH, as a third-party decoder plugin would be: it raises, segfaults or loops.
+# And pydicom's parser as if it segfaulted on one file's header (PatientID CRASH-ME), in the driver.
+_FAULTY_DECODER = '''
+import ctypes
+import time
+
+import pydicom
+from pydicom.pixels.decoders.base import Decoder
+
+_as_array = Decoder.as_array
+
+
+def as_array(self, src, *args, **kwargs):
+    kind = str(getattr(src, "SeriesDescription", "")) if hasattr(src, "get") else ""
+    if kind == "RAISE":
+        raise ZeroDivisionError("the decoder's own bug")  # A RuntimeError is pydicom's "cannot decode"
+    if kind == "SEGV":
+        ctypes.string_at(0)  # Reads address 0: SIGSEGV.
+    if kind == "HANG":
+        while True:
+            time.sleep(0.5)
+    return _as_array(self, src, *args, **kwargs)
+
+
+Decoder.as_array = as_array
+_read = pydicom.dcmread
+
+
+def dcmread(fp, *args, **kwargs):
+    data = b""
+    if hasattr(fp, "getvalue"):
+        data = fp.getvalue()
+    elif hasattr(fp, "seek"):  # A file: the planner reads headers from open files.
+        where = fp.tell()
+        data = fp.read()
+        fp.seek(where)
+    if b"CRASH-ME" in data:
+        ctypes.string_at(0)
+    return _read(fp, *args, **kwargs)
+
+
+pydicom.dcmread = dcmread
+'''
+# Far above a small series' decode on a loaded machine, yet short: the hanging series waits it out once.
+_TIMEOUT = 8
+
+
+def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(tmp_path):
+    """The real command: the driver supervised, each series decoded in a worker process."""
+    import os
+    import subprocess
+    import sys
+
+    scans = tmp_path / "scans"
+    good = ["ok/p0", "ok/p1"]
+    for name in good:
+        write_series(scans / name, count=3)
+    faulty = {"bad/raise": "internal_error", "bad/segv": "decoder_crashed", "bad/hang": "timeout"}
+    for name in faulty:
+        kind = name.split("/")[1].upper()
+        write_series(scans / name, count=3, extra=lambda ds, k, kind=kind: setattr(ds, "SeriesDescription", kind))
+    # One slice of a good series whose header crashes the driver's parser while planning.
+    _, paths = write_series(scans / "ok" / "p2", count=4)
+    crash = pydicom.dcmread(paths[0])
+    crash.PatientID = "CRASH-ME"
+    crash.save_as(paths[0], enforce_file_format=True)
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "sitecustomize.py").write_text(_FAULTY_DECODER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = tmp_path / "out"
+
+    def no_core_dumps():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    result = subprocess.run([sys.executable, "-m", "beam_jobs.convert", "--volumes", "--input_dir", str(scans),
+                             "--output_dir", str(out), "--file_timeout", str(_TIMEOUT), "--worker_processes", "2"],
+                            env=env, capture_output=True, text=True, timeout=600, preexec_fn=no_core_dumps)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "hit an error in shardsmith or a decoder" in result.stderr
+    manifest = json.loads((out / "volumes.json").read_text())
+    rejects = {r["path"]: r for r in manifest["rejects"]}
+    crashed = str(paths[0].relative_to(scans))
+    assert {p: r["reason"] for p, r in rejects.items()} == {**faulty, crashed: "decoder_crashed"}
+    assert "SIGSEGV" in rejects["bad/segv"]["message"] and "SIGSEGV" in rejects[crashed]["message"]
+    assert "ZeroDivisionError: the decoder's own bug" in rejects["bad/raise"]["message"]
+    assert "--file_timeout=8" in rejects["bad/hang"]["message"]
+    # rejects.jsonl says the same, as an image dataset's does.
+    listed = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert {r["path"]: r["reason"] for r in listed} == {p: r["reason"] for p, r in rejects.items()}
+    # Every other series was converted (p2 without its crashing slice), and reads back by name.
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None, extra_features=("filename",))
+    depths = {e[2]["filename"].numpy().decode(): e[0].shape[0] for e in ds}
+    assert depths == {"ok/p0": 3, "ok/p1": 3, "ok/p2": 3}
+    assert not (out / "_shardsmith_tmp").exists()
+
+
+def _convert(scans, out, *args):
+    return convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out), *args,
+                        "--runner", "DirectRunner", "--direct_num_workers", "1", "--worker_processes", "0"])
+
+
+def _names(out, split):
+    ds = readers.volume_dataset_from_tfrecords(out, split, dtype=None, extra_features=("filename",))
+    return {e[2]["filename"].numpy().decode(): (int(e[1]), e[0].shape[0]) for e in ds}
+
+
+def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_label(tmp_path):
+    """No class folders: the CSV labels a patient folder (its CT and its MR) and a NIfTI file."""
+    import shutil
+
+    scans = tmp_path / "scans"
+    write_series(scans / "site1" / "p1" / "ct", count=4)
+    write_series(scans / "site1" / "p1" / "mr", count=3, orientation="sagittal")
+    write_series(scans / "site2" / "p2", count=5)
+    write_series(scans / "site2" / "unlisted", count=3)
+    nibabel.save(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)),
+                 scans / "site2" / "v.nii.gz")
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\nsite1/p1,sick\nsite2/p2,healthy\nsite2/v.nii.gz,sick\nsite9/gone,sick\n")
+    out = tmp_path / "out"
+    manifest = _convert(scans, out, "--labels_csv", str(csv))
+    assert manifest["class_names"] == ["healthy", "sick"]
+    # p1's two series (one folder, two stacks), p2, and the NIfTI file; the unlisted folder skipped.
+    got = _names(out, "train")
+    # (The stacks of a folder are numbered by SeriesInstanceUID, random here.)
+    assert sorted(got.items()) == [("site1/p1#series=0", got["site1/p1#series=0"]),
+                                   ("site1/p1#series=1", got["site1/p1#series=1"]),
+                                   ("site2/p2", (0, 5)), ("site2/v.nii.gz", (1, 4))]
+    assert sorted([got["site1/p1#series=0"], got["site1/p1#series=1"]]) == [(1, 3), (1, 4)]
+    reasons = {}
+    for r in manifest["rejects"]:
+        reasons.setdefault(r["reason"], set()).add(r["path"].split("/")[1])
+    assert reasons == {"no_label": {"unlisted"}, "missing_file": {"gone"}}
+
+    # A split column puts a whole folder (both series) in its split.
+    csv.write_text("path,label,split\nsite1/p1,sick,validation\nsite2/p2,healthy,train\n")
+    shutil.rmtree(out)
+    manifest = _convert(scans, out, "--labels_csv", str(csv))
+    assert set(_names(out, "validation")) == {"site1/p1#series=0", "site1/p1#series=1"}
+    assert set(_names(out, "train")) == {"site2/p2"}
+
+
+def test_dedup_drops_byte_identical_series_and_keeps_the_smallest_name(tmp_path):
+    import shutil
+
+    scans = tmp_path / "scans"
+    write_series(scans / "a" / "p1", count=4)
+    shutil.copytree(scans / "a" / "p1", scans / "b" / "copy")  # The same series under another class.
+    write_series(scans / "a" / "p2", count=4)
+    _, paths = write_series(scans / "a" / "p3", count=3)
+    shutil.copytree(scans / "a" / "p3", scans / "a" / "p4")
+    changed = pydicom.dcmread(paths[0])  # One slice of the copy differs: another series.
+    changed.PixelData = bytes(len(changed.PixelData))
+    changed.save_as(scans / "a" / "p4" / paths[0].name, enforce_file_format=True)
+    nibabel.save(nibabel.Nifti1Image(np.ones((2, 3, 4), np.int16), np.eye(4)), scans / "a" / "v.nii")
+    shutil.copy(scans / "a" / "v.nii", scans / "b" / "w.nii")
+    out = tmp_path / "out"
+    manifest = _convert(scans, out, "--dedup", "--split", "train=0.5,validation=0.5")
+    names = {**_names(out, "train"), **_names(out, "validation")}
+    assert sorted(names) == ["a/p1", "a/p2", "a/p3", "a/p4", "a/v.nii"]
+    copies = {r["path"]: r["message"] for r in manifest["rejects"] if r["reason"] == "duplicate"}
+    assert copies == {"b/copy": "same content as a/p1", "b/w.nii": "same content as a/v.nii"}
+    # Without --dedup both NIfTI copies are converted, and the series under two classes conflicts.
+    shutil.rmtree(out)
+    manifest = _convert(scans, out, "--split", "train=0.5,validation=0.5")
+    assert sorted({**_names(out, "train"), **_names(out, "validation")}) == ["a/p2", "a/p3", "a/p4", "a/v.nii",
+                                                                             "b/w.nii"]
+    assert {r["path"].split("/")[1] for r in manifest["rejects"] if r["reason"] == "mixed_labels"} == {"p1", "copy"}
+
+
+def test_a_split_whose_every_series_is_rejected_while_decoding_still_has_its_shard(tmp_path):
+    """Colour slices pass planning (headers) and are rejected when decoded: validation holds none."""
+    from shardsmith.volumes import verify_volumes
+
+    scans = tmp_path / "scans"
+    write_series(scans / "good", count=3)
+
+    def colour(ds, k):
+        ds.SamplesPerPixel = 3
+        ds.PlanarConfiguration = 0
+        ds.PhotometricInterpretation = "RGB"
+
+    write_series(scans / "bad", count=3, extra=colour)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label,split\ngood,a,train\nbad,b,validation\n")
+    out = tmp_path / "out"
+    manifest = _convert(scans, out, "--labels_csv", str(csv))
+    assert manifest["splits"] == {"train": {"records": 1, "shards": 1}, "validation": {"records": 0, "shards": 1}}
+    assert [(r["path"], r["reason"]) for r in manifest["rejects"]] == [("bad", "unsupported_dtype")]
+    assert (out / "validation-00000-of-00001.tfrecord").stat().st_size == 0
+    assert list(readers.volume_dataset_from_tfrecords(out, "validation", dtype=None)) == []
+    assert verify_volumes(str(out)) == []
