@@ -96,7 +96,8 @@ class WriteShardFn(beam.DoFn):
         if processes:
             # Shared with the driver, which started them early (`convert.run`).
             self._pool = _processes.acquire(processes, warm=warm_call(self._validation, processes),
-                                            file_timeout=self._writing.file_timeout)
+                                            file_timeout=self._writing.file_timeout,
+                                            file_memory=self._writing.memory_bound)
             # One thread per worker process waits on it: the shards of a
             # bundle are written at once, whatever the runner's threads.
             self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
@@ -179,7 +180,7 @@ class WriteShardFn(beam.DoFn):
             except _processes.WorkerDied as e:
                 found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode,
                                               self._validation, self._writing.file_timeout,
-                                              self._crashes_seen)
+                                              self._crashes_seen, self._writing.memory_bound)
                 if found is None:  # Not while working on a file: not a file's doing.
                     raise _processes.WorkerDied(f"{e} Shard: {name} ({len(files)} files).", e.pid,
                                                 e.returncode) from None

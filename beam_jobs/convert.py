@@ -353,7 +353,7 @@ class _Workers:
             return
         self._pool = _processes.acquire(
             processes, warm=warm_call(self._config.validation, processes, self._decoders),
-            file_timeout=self._config.writing.file_timeout)
+            file_timeout=self._config.writing.file_timeout, file_memory=self._config.writing.memory_bound)
 
     def release(self) -> None:
         if self._pool is not None:
@@ -423,6 +423,7 @@ def _main(argv: list[str]) -> int:
         functools.partial(_attempt, output_dir=config.output_dir), argv,
         quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
+        memory=config.writing.memory_bound,
     )
 
 

@@ -170,12 +170,17 @@ class WorkerProcesses:
       warm: Optional (fn, args) sent to every child at once, without
         waiting (e.g. loading decoders while the driver still plans);
         its result is ignored, its error raised by the child's first call.
+      file_timeout: Seconds a child may work on one file (--file_timeout);
+        None: no limit.
+      file_memory: Bytes a child may hold while it works on a file
+        (--file_memory); None: no bound.
 
     Raises:
       OSError: If a child cannot be started.
     """
 
-    def __init__(self, processes: int, warm=None, file_timeout: float | None = None):
+    def __init__(self, processes: int, warm=None, file_timeout: float | None = None,
+                 file_memory: int | None = None):
         if processes < 1:
             raise ValueError(f"`processes` must be at least 1. Received: {processes}")
         self.processes = processes
@@ -194,10 +199,12 @@ class WorkerProcesses:
         if self._own_folder:
             self.journal_folder = guard.new_journal_folder()
         self._env = {**os.environ, guard.JOURNAL_ENV: self.journal_folder}
-        # Stops a child stuck on one file (the driver itself is spared: no one above it carries on).
+        # Stops a child stuck on one file, or grown past `file_memory` bytes while reading one
+        # (the driver itself is spared: no one above it carries on).
         self._watchdog = None
-        if file_timeout:
-            self._watchdog = guard.Watchdog(self.journal_folder, file_timeout, spare=(os.getpid(),)).start()
+        if file_timeout or file_memory:
+            self._watchdog = guard.Watchdog(self.journal_folder, file_timeout or None, spare=(os.getpid(),),
+                                            memory=file_memory).start()
         try:
             for _ in range(processes):
                 self._idle.put(self._start())
@@ -314,14 +321,15 @@ _SHARED: dict[int, list] = {}  # processes -> [WorkerProcesses, users]
 _SHARED_LOCK = threading.Lock()
 
 
-def acquire(processes: int, warm=None, file_timeout: float | None = None) -> WorkerProcesses:
+def acquire(processes: int, warm=None, file_timeout: float | None = None,
+            file_memory: int | None = None) -> WorkerProcesses:
     """The process's shared `WorkerProcesses` of this size, started if there is none."""
     with _SHARED_LOCK:
         entry = _SHARED.get(processes)
         if entry is None or entry[0].closed:
             if not _SHARED:
                 atexit.register(_close_all)
-            entry = _SHARED[processes] = [WorkerProcesses(processes, warm, file_timeout), 0]
+            entry = _SHARED[processes] = [WorkerProcesses(processes, warm, file_timeout, file_memory), 0]
         entry[1] += 1
         return entry[0]
 
