@@ -411,10 +411,7 @@ def _main(argv: list[str]) -> int:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
     if config.writing.resume and is_finished(config.output_dir):
-        print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
-              "manifest is written last); --overwrite converts it again.",
-              file=sys.stderr)
-        return 0
+        return _mend_finished(config)
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
@@ -425,6 +422,26 @@ def _main(argv: list[str]) -> int:
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
         memory=config.writing.memory_bound,
     )
+
+
+def _mend_finished(config: ConversionConfig) -> int:
+    """--resume on a finished dataset: writes again the shards damaged since, and nothing else (`_mend`)."""
+    from beam_jobs import _mend
+
+    manifest = read_manifest(config.output_dir)
+    damaged = _mend.damaged_shards(config.output_dir, manifest)
+    if not damaged:
+        print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
+              "manifest is written last) and every shard matches it; --overwrite converts it again.",
+              file=sys.stderr)
+        return 0
+    print(f"shardsmith convert: {len(damaged)} shard(s) of the finished dataset {config.output_dir} differ "
+          f"from its manifest ({', '.join(sorted(damaged))}): writing them again from their sources.",
+          file=sys.stderr)
+    problems = _mend.mend(config, manifest, damaged)
+    for problem in problems:
+        print(f"shardsmith convert: error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _attempt(argv: list[str], output_dir: str) -> int:
