@@ -64,16 +64,15 @@ def damaged_shards(output_dir: str, manifest: schemas.Manifest) -> dict[str, str
     return damaged
 
 
-def mend(config, manifest: schemas.Manifest, damaged: dict[str, str]) -> list[str]:
+def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of) -> list[str]:
     """Writes the `damaged` shards again from their sources; returns the problems (empty: all mended).
 
     Args:
       config: The conversion's `ConversionConfig` (the same options as the finished run's).
       manifest: The finished dataset's manifest.
       damaged: `damaged_shards`'s answer.
+      targets_of: The kinds of target of a plan's records (the conversion's own function).
     """
-    from beam_jobs.convert import _targets
-
     plan = build_plan(config)
     by_name: dict[str, list] = {}
     for f in plan.files:
@@ -81,7 +80,7 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str]) -> list[st
     shards = {s.file: s for info in manifest.splits.values() for s in info.shards}
     failed = _failed_files(config.output_dir)
     folder = join(config.output_dir, TMP_DIRNAME, _MEND_DIRNAME)
-    targets = _targets(plan)
+    targets = targets_of(plan)
     mask_dtype = None if plan.masks is None else plan.masks.dtype
     problems = []
     for name, what in sorted(damaged.items()):

@@ -438,7 +438,7 @@ def _mend_finished(config: ConversionConfig) -> int:
     print(f"shardsmith convert: {len(damaged)} shard(s) of the finished dataset {config.output_dir} differ "
           f"from its manifest ({', '.join(sorted(damaged))}): writing them again from their sources.",
           file=sys.stderr)
-    problems = _mend.mend(config, manifest, damaged)
+    problems = _mend.mend(config, manifest, damaged, _targets)
     for problem in problems:
         print(f"shardsmith convert: error: {problem}", file=sys.stderr)
     return 1 if problems else 0
