@@ -8,7 +8,7 @@ written again by the shard writer into the output's temporary folder; the
 new shard replaces the damaged one only if its bytes are the manifest's,
 so that nothing else (the manifest, the other shards, rejects.jsonl)
 changes. Files that crashed or hung a process in the conversion (listed in
-rejects.jsonl) are not read again.
+rejects.jsonl) are not read again. Beam-free.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import json
 import logging
 
 import schemas
-from beam_jobs._output import delete_if_exists
-from beam_jobs._write import _shard_file
 from conversion import guard
-from conversion.files import TMP_DIRNAME, exists, join, open_to_read, read_bytes, write_atomically
+from conversion.files import TMP_DIRNAME, exists, join, open_to_read, read_bytes, remove_tree, write_atomically
 from conversion.planning import build_plan
+from conversion.shard_maker import shard_file
 from conversion.shard_writer import ShardJob, default_threads, write_shard
 
 __all__ = ["damaged_shards", "mend"]
@@ -90,7 +89,7 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
             continue
         job = ShardJob(
             output_dir=folder, split=files[0].split, index=files[0].shard, num_shards=files[0].num_shards,
-            name=name, files=tuple(_shard_file(f) for f in files), num_classes=len(plan.class_names),
+            name=name, files=tuple(shard_file(f) for f in files), num_classes=len(plan.class_names),
             validation=config.validation, threads=config.writing.worker_threads or default_threads(),
             quarantined=tuple((f.rel_path, *failed[f.rel_path]) for f in files if f.rel_path in failed),
             targets=targets, mask_dtype=mask_dtype)
@@ -108,7 +107,7 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
         _LOG.warning("Mended %s (%s): written again from its %d planned files, the manifest's bytes.",
                      name, what, len(files))
     # A finished dataset has no temporary folder: none is left.
-    delete_if_exists(join(config.output_dir, TMP_DIRNAME))
+    remove_tree(join(config.output_dir, TMP_DIRNAME))
     return problems
 
 
