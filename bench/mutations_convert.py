@@ -48,6 +48,9 @@ _SPLIT = {"jpeg": "train", "png": "train", "tiff": "validation", "dicom": "test"
 # The reasons that mean "shardsmith or a decoder failed", not "the file is bad" (`conversion.guard`).
 _CRASHES = ("internal_error", "decoder_crashed")
 _HANGS = ("timeout",)
+# What the command itself says on stderr; any other line is a library's noise (issue 39).
+_OWN_LINES = ("Found ", "Wrote ", "Kept ", "Converted ", "shardsmith convert: ", "Rejected ", "Stopping process ",
+              "Going on without ", "No file crashes alone", "Mended ")
 
 
 def write_cases(root: pathlib.Path, cases_per_file: int, seed: int) -> dict[str, tuple[str, str]]:
@@ -84,6 +87,7 @@ class ConversionOutcome:
     hangs: list = dataclasses.field(default_factory=list)
     breaks: list = dataclasses.field(default_factory=list)  # Accounting breaks and unreadable output.
     stderr: str = ""
+    noise: list = dataclasses.field(default_factory=list)  # Console lines that are not shardsmith's own.
 
 
 def _tree_rss(pid: int) -> int:
@@ -141,6 +145,7 @@ def convert_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str, tuple[
            "--file_timeout", f"{file_timeout:g}", "--max_reject_fraction", "1", *extra_args]
     result, peak, seconds = _run_sampled(cmd, run_timeout, env)
     outcome = ConversionOutcome(result.returncode, seconds, peak, stderr=result.stderr)
+    outcome.noise = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(_OWN_LINES)]
     for fmt, _ in cases.values():
         outcome.cases[fmt] += 1
     if result.returncode not in (0, 3):
@@ -244,8 +249,9 @@ def report(outcome: ConversionOutcome, seed: int) -> str:
         lines.append(f"  {fmt:6s} cases {outcome.cases[fmt]:5d}  written {outcome.written[fmt]:5d}  "
                      f"rejected: {reasons}")
     lines.append(f"  crashes {len(outcome.crashes)}, hangs {len(outcome.hangs)}, "
-                 f"accounting breaks {len(outcome.breaks)}")
-    for line in outcome.crashes + [f"HANG {h}" for h in outcome.hangs] + [f"BREAK {b}" for b in outcome.breaks]:
+                 f"accounting breaks {len(outcome.breaks)}, console noise lines {len(outcome.noise)}")
+    for line in (outcome.crashes + [f"HANG {h}" for h in outcome.hangs] + [f"BREAK {b}" for b in outcome.breaks]
+                 + [f"NOISE {n}" for n in outcome.noise[:20]]):
         lines.append("    " + line[:400])
     return "\n".join(lines)
 
@@ -265,7 +271,7 @@ def main(argv=None) -> int:
         cases = write_cases(root, per_file, args.seed)
         outcome = convert_cases(root, out, cases, file_timeout=args.file_timeout, extra_args=tuple(args.extra))
     print(report(outcome, args.seed))
-    return 1 if outcome.crashes or outcome.hangs or outcome.breaks else 0
+    return 1 if outcome.crashes or outcome.hangs or outcome.breaks or outcome.noise else 0
 
 
 if __name__ == "__main__":
