@@ -262,6 +262,12 @@ def _add_writing_flags(parser) -> None:
         help="Seconds one file may take to read and validate; a file that takes longer is "
         f"rejected as 'timeout' and the rest converted (default: {_WRITING.file_timeout:g}).",
     )
+    parser.add_argument(
+        "--file_memory", default=None,
+        help="Memory a process may hold while it reads one file, e.g. 4GiB or 512MiB; a process "
+        "that grows past it is stopped and the file rejected as 'too_large', the rest converted "
+        "(default: 4GiB, or the machine's memory over its cores if less, at least 1.5GiB).",
+    )
 
 
 # In the order of `--help`.

@@ -21,7 +21,7 @@ from imaging import ResizeOptions
 from imaging.resize import target_size as _resize_target
 from imaging import raster as _raster
 from schemas import tf_runtime
-from schemas.tfrecord import RecordError, format_index, iter_records
+from schemas.tfrecord import RecordError, check_frame, format_index, frame_data, iter_records
 from conversion import guard, scene_log
 from conversion.files import exists, join, open_to_read, read_bytes, write_atomically
 from imaging import patches as _patches
@@ -128,6 +128,7 @@ class VerifyShardFn(beam.DoFn):
         size = 0
         offsets = []
         unchecked = 0
+        damaged = False  # Damaged records listed one by one (`_damaged_records`).
         if not exists(path):
             yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
             return
@@ -157,14 +158,23 @@ class VerifyShardFn(beam.DoFn):
                             problems.append(f"{shard.file}: record {number} (byte {offset}): {patch_problem}")
                         yield beam.pvalue.TaggedOutput(self.PATCHES, scene_offset)
             except RecordError as e:
-                # The error names the shard file and the record's offset.
-                problems.append(f"{e}; the rest of the shard is unreadable")
+                # The error names the shard file and the record's offset; the index file (when it
+                # is the manifest's) says where every later record starts, so each is looked at.
+                listed = self._damaged_records(shard, path, len(offsets), e)
+                if listed is None:
+                    problems.append(f"{e}; the rest of the shard is unreadable (no intact index file "
+                                    "says where its records start)")
+                else:
+                    problems.extend(listed)
+                    damaged = True
+                while reader.read(1 << 22):  # The whole file's size and sha256, as for a shard that holds.
+                    pass
             size = reader.size
         if size != shard.num_bytes:
             problems.append(f"{shard.file}: {size} bytes, the manifest says {shard.num_bytes}")
         elif sha.hexdigest() != shard.sha256:
             problems.append(f"{shard.file}: sha256 differs from the manifest")
-        if len(offsets) != shard.num_records:
+        if len(offsets) != shard.num_records and not damaged:
             problems.append(f"{shard.file}: {len(offsets)} records, the manifest says {shard.num_records}")
         if not counts_agree(counts, shard.class_counts, unchecked):
             problems.append(f"{shard.file}: class counts {counts}, the manifest says {list(shard.class_counts)}")
@@ -177,8 +187,56 @@ class VerifyShardFn(beam.DoFn):
                             f"says {shard.images.to_json()}")
         if not problems:
             problems.extend(bands.problems())
-        problems.extend(self._check_index(shard, offsets))
+        if not damaged:  # Else the index file was read, and held.
+            problems.extend(self._check_index(shard, offsets))
         yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems), unchecked)
+
+    def _damaged_records(self, shard, path: str, first: int, error: RecordError) -> list[str] | None:
+        """Every damaged record of a shard from record `first` on, read by its index file; None without one.
+
+        Each is listed with its byte offset, what is wrong (`schemas.tfrecord.check_frame`: bad
+        length CRC, bad data CRC, truncated) and the source file it held, read from the damaged
+        record's data where that still parses (a bad data CRC from one flipped bit usually
+        leaves the filename readable), else said to be unknown. The records after it that hold
+        are counted (they are read and CRC-checked, not decoded).
+        """
+        if not shard.index_file:
+            return None
+        index_path = join(self._dir, shard.index_file)
+        if not exists(index_path):
+            return None
+        data = read_bytes(index_path)
+        if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
+            return None
+        entries = [tuple(map(int, line.split())) for line in data.decode("ascii").splitlines()]
+        problems = []
+        holding = 0
+        with open_to_read(path) as f:
+            for number in range(first, len(entries)):
+                offset, length = entries[number]
+                f.seek(offset)
+                frame = f.read(length)
+                what = check_frame(frame)
+                if what is None:
+                    holding += 1
+                    continue
+                if len(frame) < length:
+                    what = f"truncated (the shard ends {len(frame)} bytes into this {length}-byte record)"
+                problems.append(f"{shard.file}: record {number} (byte {offset}): {what}; source file lost: "
+                                f"{self._source_of(frame)}")
+        problems.append(f"{shard.file}: {len(problems)} damaged record(s) of {len(entries)} (read by its index file, "
+                        f"from the first damage at byte {error.offset}: {error.reason}); {holding} later record(s) "
+                        "hold. `shardsmith convert --resume` with the same input writes the shard again")
+        return problems
+
+    def _source_of(self, frame: bytes) -> str:
+        """The filename a damaged record names, if its data still parses; else a word that it is unknown."""
+        try:
+            values = self._schema.decode(frame_data(frame))
+            return values[schemas.FILENAME.key].decode("utf-8", "backslashreplace") + \
+                " (read from the damaged record)"
+        except Exception:  # noqa: BLE001 - damaged bytes: any parse error means unknown
+            return "unknown (the record's data does not parse)"
 
     def _patch(self, name: str, image):
         """(problem or None, (scene, (y, x))) of a patch record; None for another record or dataset.

@@ -365,10 +365,7 @@ def _main(argv: list[str]) -> int:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
     if config.writing.resume and not config.append and is_finished(config.output_dir):
-        print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
-              "manifest is written last); --overwrite converts it again.",
-              file=sys.stderr)
-        return 0
+        return _mend_finished(config)
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
@@ -378,6 +375,7 @@ def _main(argv: list[str]) -> int:
         functools.partial(_attempt, output_dir=config.output_dir), argv,
         quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
+        memory=config.writing.memory_bound,
     )
     if not config.append:
         return supervised()
@@ -389,6 +387,26 @@ def _main(argv: list[str]) -> int:
     except LockError as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
+
+
+def _mend_finished(config: ConversionConfig) -> int:
+    """--resume on a finished dataset: writes again the shards damaged since, and nothing else (`conversion.mend`)."""
+    from conversion import mend
+
+    manifest = read_manifest(config.output_dir)
+    damaged = mend.damaged_shards(config.output_dir, manifest)
+    if not damaged:
+        print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
+              "manifest is written last) and every shard matches it; --overwrite converts it again.",
+              file=sys.stderr)
+        return 0
+    print(f"shardsmith convert: {len(damaged)} shard(s) of the finished dataset {config.output_dir} differ "
+          f"from its manifest ({', '.join(sorted(damaged))}): writing them again from their sources.",
+          file=sys.stderr)
+    problems = mend.mend(config, manifest, damaged, _targets)
+    for problem in problems:
+        print(f"shardsmith convert: error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _attempt(argv: list[str], output_dir: str) -> int:

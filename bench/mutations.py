@@ -74,6 +74,10 @@ def seed_files() -> list[tuple[str, str, bytes]]:
     buf = io.BytesIO()
     tifffile.imwrite(buf, photo, photometric="rgb", rowsperstrip=16)
     out.append(("rgb.tif", "tiff", buf.getvalue()))
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, photo, photometric="rgb", compression="jpeg", rowsperstrip=16)
+    out.append(("jpeg.tif", "tiff", buf.getvalue()))
+    out.append(("geo.tif", "tiff", _geotiff(bands[..., :3])))
     import pydicom
 
     files = pathlib.Path(pydicom.__file__).parent / "data" / "test_files"
@@ -81,6 +85,19 @@ def seed_files() -> list[tuple[str, str, bytes]]:
         if (files / name).exists():
             out.append((name, "dicom", (files / name).read_bytes()))
     return out
+
+
+def _geotiff(bands: np.ndarray) -> bytes:
+    """A tiled, deflate-compressed 3-band GeoTIFF written by GDAL (rasterio), with nodata."""
+    from rasterio.io import MemoryFile
+    from rasterio.transform import Affine
+
+    with MemoryFile() as memfile:
+        with memfile.open(driver="GTiff", width=bands.shape[1], height=bands.shape[0], count=bands.shape[2],
+                          dtype=bands.dtype, crs="EPSG:32633", transform=Affine(10, 0, 500000, 0, -10, 4600000),
+                          nodata=0, tiled=True, blockxsize=16, blockysize=16, compress="deflate") as dst:
+            dst.write(np.moveaxis(bands, -1, 0))
+        return memfile.read()
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ import re
 import schemas
 from conversion import listing
 from conversion.masks import MaskOptions
-from conversion.options import ShardingOptions, WritingOptions, parse_split
+from conversion.options import ShardingOptions, WritingOptions, parse_memory, parse_split
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
 from imaging.patches import PatchOptions
@@ -184,7 +184,8 @@ class ConversionConfig:
             num_shards=o.num_shards, target_shard_mb=o.target_shard_mb, min_shards=o.min_shards,
         )
         writing = WritingOptions(dedup=o.dedup, resume=o.resume, worker_threads=o.worker_threads,
-                                 worker_processes=o.worker_processes, file_timeout=o.file_timeout)
+                                 worker_processes=o.worker_processes, file_timeout=o.file_timeout,
+                                 file_memory=parse_memory(getattr(o, "file_memory", None)))
         resize = ResizeOptions(
             max_side=o.max_side, min_side=o.min_side,
             jpeg_quality=_RESIZE.jpeg_quality if o.jpeg_quality is None else o.jpeg_quality,

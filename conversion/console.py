@@ -71,6 +71,17 @@ _NOISE = re.compile(
     rb"|Inconsistent progression sequence for component|Unsupported marker type 0x"
     rb"|Application transferred too (?:many|few) scanlines|Warning: unknown JFIF revision number"
     rb"|Warning: thumbnail image size does not match data length|Unknown Adobe color transform code"
+    # libjpeg's errors (jerror.h, JERR_*), printed by decoders that keep its default message
+    # output (DICOM codecs) before they raise: the file is rejected as corrupt, with the reason.
+    rb"|Bogus (?:marker length|Huffman table definition|DQT index|DHT index|DAC index|DAC value|input colorspace)"
+    rb"|(?:Quantization|Huffman) table 0x[0-9a-f]+ was not defined|Didn't expect more than one scan"
+    rb"|Improper call to JPEG library in state \d+|Invalid JPEG file structure: |Invalid progressive parameters "
+    rb"|Not a JPEG file: starts with 0x|Unsupported JPEG (?:process|data precision)|Empty JPEG image"
+    rb"|Invalid component ID \d+ in SOS|Sampling factors too large|JPEG datastream contains no image"
+    rb"|Premature end of input file|Corrupt JPEG data"
+    # libtiff's default error and warning handler ('Module: message'), for codecs that keep it:
+    # the file is rejected or normalised with the reason.
+    rb"|(?:TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
     # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,
     # which shardsmith then validates one by one and reports itself).
     rb"|\s*\[\[\{\{node [^}]*\}\}\]\]"
@@ -133,8 +144,46 @@ def _is_own_failure(record: logging.LogRecord) -> bool:
 
 
 def is_native_noise(line: bytes) -> bool:
-    """Whether one line of stderr is C++ chatter from TensorFlow or libjpeg."""
+    """Whether one line of stderr is C++ chatter from TensorFlow, libjpeg or libtiff."""
     return _NOISE.match(line) is not None
+
+
+# A Rust decoder's panic (pylibjpeg-rle on a damaged RLE stream), which pyo3 raises as an
+# exception that shardsmith turns into the file's reject: Rust's panic hook prints a block on
+# stderr first, its header, the message, and with RUST_BACKTRACE a backtrace, then a note.
+_PANIC_HEADER = re.compile(rb"[\r\n]*thread '[^']*' panicked at ")
+_PANIC_BODY = re.compile(rb"(?:stack backtrace:|\s+\d+: |\s+at |note: (?:Some details are omitted|run with `RUST_BACKTRACE))")
+
+
+class _PanicBlocks:
+    """Drops the blocks Rust's panic hook prints, line by line: the blank line before its header,
+    the header, its message line, the backtrace and the note."""
+
+    def __init__(self):
+        self._state = 0  # 0: outside; 1: the message line comes next; 2: in the backtrace
+        self._blank = b""  # A blank line held back: it may open a panic block.
+
+    def lines(self, line: bytes) -> list[bytes]:
+        """The lines to write now for `line` (none, it, or a held blank line and it)."""
+        if _PANIC_HEADER.match(line):
+            self._state, self._blank = 1, b""
+            return []
+        if self._state == 1:
+            self._state = 2
+            return []
+        if self._state == 2 and _PANIC_BODY.match(line):
+            return []
+        self._state = 0
+        held, self._blank = self._blank, b""
+        if line in (b"\n", b"\r\n") and not held:
+            self._blank = line
+            return []
+        return [held, line] if held else [line]
+
+    def flush(self) -> bytes:
+        """A blank line still held back (at the end of the stream, or before a partial line)."""
+        held, self._blank = self._blank, b""
+        return held
 
 
 def is_verbose(argv: Sequence[str] = ()) -> bool:
@@ -345,10 +394,12 @@ class _TerminalStderr:
 
 def _forward(read_end: int, real: int) -> None:
     pending = b""
+    panics = _PanicBlocks()
     try:
         while True:
             ready, _, _ = select.select([read_end], [], [], _PARTIAL_WAIT_S if pending else None)
             if not ready:  # A partial line, and nothing after it for a while.
+                _write(real, panics.flush())
                 _write(real, pending)
                 pending = b""
                 continue
@@ -358,7 +409,9 @@ def _forward(read_end: int, real: int) -> None:
             pending += chunk
             *lines, pending = re.split(rb"(?<=[\r\n])", pending)
             for line in lines:
-                _write(real, line)
+                for out in panics.lines(line):
+                    _write(real, out)
+        _write(real, panics.flush())
         _write(real, pending)
     finally:
         os.close(read_end)

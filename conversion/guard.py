@@ -19,6 +19,11 @@ Three ways one file can end a job, and what becomes of each here:
 - **A decoder that never returns** (`--file_timeout`): a `Watchdog` thread
   outside the stuck process reads the journals, marks the overdue slot
   `timeout` and kills the process, which then ends like a crash.
+- **A decoder that grows without end** (`--file_memory`): the same watchdog
+  reads the resident memory of each process with a file in work; one past
+  the bound has its busy slots marked and is killed, and its file is
+  rejected as `too_large` (tried alone first when several were in work),
+  before the kernel's OOM killer picks a process of its own.
 
 Culprits are kept in the output's temporary folder (`Quarantine`), so the run
 that goes on (the worker's shard written again, the driver's run resumed with
@@ -47,9 +52,10 @@ import traceback
 from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
-    "INTERNAL_ERROR", "DECODER_CRASHED", "TIMEOUT", "FAILURE_REASONS", "JOURNAL_ENV",
+    "INTERNAL_ERROR", "DECODER_CRASHED", "TIMEOUT", "TOO_LARGE", "FAILURE_REASONS", "JOURNAL_ENV",
     "internal_error_message", "Journal", "journal", "Suspect", "busy_slots", "Watchdog",
     "Quarantine", "quarantine_path", "failure_sentence", "signal_name", "new_journal_folder", "forget",
+    "default_file_memory", "resident_bytes", "format_bytes",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -57,6 +63,9 @@ _LOG = logging.getLogger("shardsmith.convert")
 INTERNAL_ERROR = "internal_error"
 DECODER_CRASHED = "decoder_crashed"
 TIMEOUT = "timeout"
+# A file whose process grew past --file_memory: the file's own verdict (as a header claiming too
+# many pixels is), not a failure of shardsmith's.
+TOO_LARGE = "too_large"
 # The reject reasons that mean "shardsmith or a decoder failed on this file", not "the file is bad".
 FAILURE_REASONS = (INTERNAL_ERROR, DECODER_CRASHED, TIMEOUT)
 
@@ -76,7 +85,7 @@ _TABLE_BYTES = 4096
 _SLOT_BYTES = 64 * 1024
 # Number of names, length of the names' bytes, start time (time.time()).
 _HEADER = struct.Struct("<IId")
-_FREE, _BUSY, _TIMED_OUT = b"\0", b"\1", b"\2"
+_FREE, _BUSY, _TIMED_OUT, _OVER_MEMORY = b"\0", b"\1", b"\2", b"\3"
 _NAMES_BYTES = _SLOT_BYTES - _HEADER.size
 _SEP = b"\0"
 
@@ -121,6 +130,7 @@ class _Slot:
     suspects: tuple[Suspect, ...]
     started: float
     timed_out: bool
+    over_memory: bool = False
 
 
 class Journal:
@@ -251,7 +261,8 @@ def busy_slots(folder: str, pids: Iterable[int] | None = None) -> list[_Slot]:
                 raw = data[base + _HEADER.size:base + _HEADER.size + length].split(_SEP)
                 suspects = tuple(Suspect(os.fsdecode(raw[2 * i]), os.fsdecode(raw[2 * i + 1]))
                                  for i in range(min(count, len(raw) // 2)))
-                slots.append(_Slot(int(name), index, suspects, started, state == _TIMED_OUT[0]))
+                slots.append(_Slot(int(name), index, suspects, started, state == _TIMED_OUT[0],
+                                   state == _OVER_MEMORY[0]))
     slots.sort(key=lambda s: s.started)
     return slots
 
@@ -262,8 +273,8 @@ def forget(folder: str, pid: int) -> None:
         os.remove(os.path.join(folder, str(pid)))
 
 
-def _mark_timed_out(folder: str, slot: _Slot) -> bool:
-    """Marks a busy slot as timed out (if it still holds the same work); True if it did."""
+def _mark(folder: str, slot: _Slot, state_after: bytes = _TIMED_OUT) -> bool:
+    """Marks a busy slot as timed out or over memory (if it still holds the same work); True if it did."""
     try:
         fd = os.open(os.path.join(folder, str(slot.pid)), os.O_RDWR)
     except OSError:
@@ -273,29 +284,67 @@ def _mark_timed_out(folder: str, slot: _Slot) -> bool:
         _, _, started = _HEADER.unpack(os.pread(fd, _HEADER.size, _TABLE_BYTES + slot.index * _SLOT_BYTES))
         if state != _BUSY or started != slot.started:
             return False  # Finished meanwhile.
-        os.pwrite(fd, _TIMED_OUT, slot.index)
+        os.pwrite(fd, state_after, slot.index)
         return True
     finally:
         os.close(fd)
 
 
-class Watchdog:
-    """A thread that kills a process whose slot stays busy longer than `timeout` seconds.
+def resident_bytes(pid: int) -> int | None:
+    """The resident memory of process `pid` (Linux's /proc); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
 
-    It marks the slot `timeout` first, so whoever handles the death knows
-    the culprit without trying it again. It watches from outside the stuck
-    process (a decoder may hold the GIL while it loops).
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# --file_memory's default: a few GiB, or the machine's share (its memory over its cores) if less,
+# and never so little that a process with TensorFlow's decoders loaded and one photo in work passes it.
+_DEFAULT_FILE_MEMORY_CAP = 4 << 30
+_DEFAULT_FILE_MEMORY_FLOOR = 1536 << 20
+
+
+def default_file_memory() -> int:
+    """--file_memory when not given: min(4 GiB, physical memory / cores), at least 1.5 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return _DEFAULT_FILE_MEMORY_CAP
+    share = total // max(1, os.cpu_count() or 1)
+    return max(_DEFAULT_FILE_MEMORY_FLOOR, min(_DEFAULT_FILE_MEMORY_CAP, share))
+
+
+def format_bytes(n: float) -> str:
+    """'1.5 GiB', '640 MiB': a memory size as --file_memory takes it."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+class Watchdog:
+    """A thread that kills a process whose slot stays busy longer than `timeout` seconds,
+    or that holds more than `memory` bytes while a slot is busy.
+
+    It marks the slot (`timeout`, or over memory) first, so whoever handles
+    the death knows the culprit without trying it again. It watches from
+    outside the process (a decoder may hold the GIL while it loops).
 
     Args:
       folder: The journals' folder.
-      timeout: --file_timeout, in seconds.
+      timeout: --file_timeout, in seconds; None: no limit.
       spare: Pids never to kill (e.g. the watching process itself, which
         has no one above it to carry on).
+      memory: --file_memory, in bytes: the resident memory a process with a
+        file in work may reach; None: no limit.
     """
 
-    def __init__(self, folder: str, timeout: float, spare: Sequence[int] = ()):
+    def __init__(self, folder: str, timeout: float | None, spare: Sequence[int] = (), memory: int | None = None):
         self._folder = folder
         self._timeout = timeout
+        self._memory = memory
         self._spare = set(spare)
         self._stop = threading.Event()
         self._warned: set[tuple[int, int, float]] = set()
@@ -310,15 +359,22 @@ class Watchdog:
         self._thread.join()
 
     def _loop(self) -> None:
-        period = min(1.0, max(0.05, self._timeout / 10))
+        # Memory is read every half second at most: a runaway decoder grows ~30 MB/s (issue 39).
+        period = min(1.0 if self._memory is None else 0.5, max(0.05, (self._timeout or 10.0) / 10))
         while not self._stop.wait(period):
             self.check()
 
     def check(self) -> None:
-        """Kills the processes with an overdue slot (one pass)."""
+        """Kills the processes with an overdue slot, or over memory with a busy slot (one pass)."""
         now = time.time()
-        for slot in busy_slots(self._folder):
-            if slot.timed_out or now - slot.started <= self._timeout:
+        slots = busy_slots(self._folder)
+        killed: set[int] = set()
+        if self._memory is not None:
+            killed = self._check_memory(slots)
+        if self._timeout is None:
+            return
+        for slot in slots:
+            if slot.timed_out or slot.over_memory or slot.pid in killed or now - slot.started <= self._timeout:
                 continue
             if slot.pid in self._spare:
                 key = (slot.pid, slot.index, slot.started)
@@ -328,11 +384,32 @@ class Watchdog:
                                  "supervising process (the shardsmith command) it cannot be stopped",
                                  ", ".join(s.rel_path for s in slot.suspects), self._timeout)
                 continue
-            if _mark_timed_out(self._folder, slot):
+            if _mark(self._folder, slot, _TIMED_OUT):
                 _LOG.warning("Stopping process %d: %s took longer than --file_timeout=%gs", slot.pid,
                              ", ".join(s.rel_path for s in slot.suspects[:3]), self._timeout)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(slot.pid, signal.SIGKILL)
+
+    def _check_memory(self, slots: Sequence[_Slot]) -> set[int]:
+        """Kills each process (not spared) past `memory` with a file in work; their pids."""
+        by_pid: dict[int, list[_Slot]] = {}
+        for slot in slots:
+            if slot.pid not in self._spare and not slot.timed_out and not slot.over_memory:
+                by_pid.setdefault(slot.pid, []).append(slot)
+        killed = set()
+        for pid, busy in by_pid.items():
+            rss = resident_bytes(pid)
+            if rss is None or rss <= self._memory:
+                continue
+            # Every file in work is a suspect (`recovery.crash_culprits` tries each alone).
+            if sum(_mark(self._folder, slot, _OVER_MEMORY) for slot in busy):
+                _LOG.warning("Stopping process %d: it holds %s, past --file_memory=%s, while reading %s",
+                             pid, format_bytes(rss), format_bytes(self._memory),
+                             ", ".join(s.rel_path for slot in busy for s in slot.suspects[:3]))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        return killed
 
 
 # Inside the output's temporary folder: the files that crashed or hung a process (`Quarantine`).

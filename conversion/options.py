@@ -12,7 +12,7 @@ import re
 
 from conversion.plan import SPLIT_ALIASES
 
-__all__ = ["ShardingOptions", "WritingOptions", "parse_split"]
+__all__ = ["ShardingOptions", "WritingOptions", "parse_split", "parse_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,10 @@ class WritingOptions:
       file_timeout: Seconds one file may take to read and validate before
         its process is stopped and the file rejected as 'timeout'
         (--file_timeout).
+      file_memory: Bytes of resident memory a process may hold while it
+        reads a file before it is stopped and the file rejected as
+        'too_large' (--file_memory); None: `guard.default_file_memory()`,
+        a few GiB or the machine's share (`memory_bound`).
       isolated: With no `worker_processes`, each of the runner's workers
         still writes its shards in child processes of its own, one per
         thread, so that a decoder that crashes or hangs costs its file and
@@ -90,11 +94,16 @@ class WritingOptions:
     file_timeout: float = 600.0
     isolated: bool = False
     version: int = 1
+    file_memory: int | None = None
 
     def __post_init__(self):
         if isinstance(self.file_timeout, bool) or not isinstance(self.file_timeout, (int, float)) \
                 or not self.file_timeout > 0:
             raise ValueError(f"--file_timeout must be a number of seconds above 0. Received: {self.file_timeout!r}")
+        if self.file_memory is not None and (isinstance(self.file_memory, bool) or not isinstance(
+                self.file_memory, int) or self.file_memory < _MIN_FILE_MEMORY):
+            raise ValueError(f"--file_memory must be a size of at least 64MiB (e.g. 4GiB, 512MiB). "
+                             f"Received: {self.file_memory!r}")
         if self.worker_threads is not None and self.worker_threads < 1:
             raise ValueError(f"--worker_threads must be at least 1. Received: {self.worker_threads}")
         if self.worker_processes is not None and (
@@ -104,6 +113,38 @@ class WritingOptions:
                 "--worker_processes must be 0 (the runner's own threads) or more processes. "
                 f"Received: {self.worker_processes!r}"
             )
+
+
+    @property
+    def memory_bound(self) -> int:
+        """--file_memory in bytes, or its default for this machine."""
+        if self.file_memory is not None:
+            return self.file_memory
+        from conversion import guard
+
+        return guard.default_file_memory()
+
+
+_MIN_FILE_MEMORY = 64 << 20
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
+               "tib": 1 << 40}
+
+
+def parse_memory(text: str | None) -> int | None:
+    """Parses --file_memory ('4GiB', '512MiB', '2G', or bytes) into bytes; None stays None.
+
+    Units are powers of 1024 whether written GB or GiB (as memory is counted).
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"--file_memory must be a size such as 4GiB or 512MiB. Received: {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
 def parse_split(text: str) -> dict[str, float]:

@@ -174,12 +174,15 @@ class WorkerProcesses:
         its result is ignored, its error raised by the child's first call.
       file_timeout: Seconds a child may work on one file (--file_timeout)
         before the watchdog stops it; None: no limit.
+      file_memory: Bytes a child may hold while it works on a file
+        (--file_memory) before the watchdog stops it; None: no bound.
 
     Raises:
       OSError: If a child cannot be started.
     """
 
-    def __init__(self, processes: int, warm=None, file_timeout: float | None = None):
+    def __init__(self, processes: int, warm=None, file_timeout: float | None = None,
+                 file_memory: int | None = None):
         if processes < 1:
             raise ValueError(f"`processes` must be at least 1. Received: {processes}")
         self.processes = processes
@@ -198,10 +201,12 @@ class WorkerProcesses:
         if self._own_folder:
             self.journal_folder = guard.new_journal_folder()
         self._env = {**os.environ, guard.JOURNAL_ENV: self.journal_folder}
-        # Stops a child stuck on one file (the driver itself is spared: no one above it carries on).
+        # Stops a child stuck on one file, or grown past `file_memory` bytes while reading one
+        # (the driver itself is spared: no one above it carries on).
         self._watchdog = None
-        if file_timeout:
-            self._watchdog = guard.Watchdog(self.journal_folder, file_timeout, spare=(os.getpid(),)).start()
+        if file_timeout or file_memory:
+            self._watchdog = guard.Watchdog(self.journal_folder, file_timeout or None, spare=(os.getpid(),),
+                                            memory=file_memory).start()
         try:
             for _ in range(processes):
                 self._idle.put(self._start())

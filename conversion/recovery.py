@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from conversion import processes as _processes
 from conversion.elements import ConversionError
 from conversion.guard import (
-    DECODER_CRASHED, JOURNAL_ENV, TIMEOUT, Quarantine, Suspect, Watchdog, busy_slots, forget, journal,
-    new_journal_folder, signal_name,
+    DECODER_CRASHED, JOURNAL_ENV, TIMEOUT, TOO_LARGE, Quarantine, Suspect, Watchdog, busy_slots, forget,
+    format_bytes, journal, new_journal_folder, signal_name,
 )
 from conversion.shard_writer import warm_up
 
@@ -50,12 +50,14 @@ def _warm_up(validation) -> tuple:
     return warm_up, validation
 
 
-def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, tuple[str, str]]:
+def probe(suspects: Sequence[Suspect], validation, timeout: float,
+          memory: int | None = None) -> dict[str, tuple[str, str]]:
     """Validates each suspect alone in a fresh process: rel_path -> (reason, message) of those that fail.
 
     A file whose process dies is `decoder_crashed`; one that does not finish
-    within `timeout` seconds, `timeout`. An exception is no culprit here: the
-    shard writer turns it into `internal_error` itself.
+    within `timeout` seconds, `timeout`; one whose process grows past
+    `memory` bytes (its own watchdog stops it), `too_large`. An exception is
+    no culprit here: the shard writer turns it into `internal_error` itself.
     """
 
     found = {}
@@ -64,7 +66,7 @@ def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, 
     try:
         for s in suspects:
             if pool is None:
-                pool = _processes.WorkerProcesses(1)
+                pool = _processes.WorkerProcesses(1, file_memory=memory)
                 # Started and given its decoders untimed: only the file's own work is held to `timeout`.
                 pool.call(*_warm_up(validation))
             call = waiter.submit(pool.call, _probe_one, s.path, s.rel_path, validation)
@@ -78,10 +80,14 @@ def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, 
                 with contextlib.suppress(Exception):
                     call.result()
             except _processes.WorkerDied as e:
+                over = any(slot.over_memory for slot in busy_slots(pool.journal_folder, [e.pid]))
                 pool.close(kill=True)
                 pool = None
-                found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended "
-                                     f"({signal_name(e.returncode)}); again when tried alone")
+                if over:
+                    found[s.rel_path] = (TOO_LARGE, f"{s.rel_path}: {_over_memory(memory)} (tried again alone)")
+                else:
+                    found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended "
+                                         f"({signal_name(e.returncode)}); again when tried alone")
             except Exception as e:  # noqa: BLE001 - reported by the shard writer, not a crash
                 _LOG.debug("Probing %s raised %r", s.rel_path, e)
     finally:
@@ -91,12 +97,18 @@ def probe(suspects: Sequence[Suspect], validation, timeout: float) -> dict[str, 
     return found
 
 
+def _over_memory(memory: int | None) -> str:
+    limit = format_bytes(memory) if memory else "its bound"
+    return f"reading it took more memory than --file_memory={limit.replace(' ', '')} allows"
+
+
 def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: float,
-                   seen: dict) -> dict[str, tuple[str, str]] | None:
+                   seen: dict, memory: int | None = None) -> dict[str, tuple[str, str]] | None:
     """The files to blame for the death of process `pid`, read from its journal.
 
-    A slot the watchdog marked blames its file as `timeout` (several files:
-    each is tried alone, `probe`). A crash with one file in work blames it;
+    A slot the watchdog marked blames its file as `timeout`, or `too_large`
+    when its process grew past `memory` (several files: each is tried alone,
+    `probe`). A crash with one file in work blames it;
     with several, each is tried alone, and only those that crash again are
     blamed. Files that do not crash alone are given one more try together (the
     crash may have been the machine's, e.g. memory); a second crash with the
@@ -109,6 +121,7 @@ def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: 
       validation: The conversion's `imaging.ValidationOptions`, for `probe`.
       timeout: --file_timeout.
       seen: State the caller keeps across crashes (the file sets given another try).
+      memory: --file_memory, in bytes, for `probe`.
 
     Returns:
       rel_path -> (reason, message) of the files to reject; empty to try
@@ -122,7 +135,14 @@ def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: 
     how = signal_name(returncode)
     found: dict[str, tuple[str, str]] = {}
     crashed: list[Suspect] = []
+    grown = [s for slot in slots if slot.over_memory for s in slot.suspects]
+    if len(grown) == 1:
+        found[grown[0].rel_path] = (TOO_LARGE, f"{grown[0].rel_path}: {_over_memory(memory)}")
+    elif grown:  # Which of the files in work grew: each is tried alone, with the same bound.
+        found.update(_blame(grown, TOO_LARGE, _over_memory(memory), validation, timeout, seen, memory))
     for slot in slots:
+        if slot.over_memory:
+            continue
         if not slot.timed_out:
             crashed.extend(slot.suspects)
         elif len(slot.suspects) == 1:
@@ -130,20 +150,20 @@ def crash_culprits(folder: str, pid: int, returncode: int, validation, timeout: 
             found[s.rel_path] = (TIMEOUT, f"{s.rel_path}: not finished after --file_timeout={timeout:g}s")
         else:  # Which file of a batch hung: each is tried alone, with the same limit.
             found.update(_blame(slot.suspects, TIMEOUT, f"not finished after --file_timeout={timeout:g}s",
-                                validation, timeout, seen))
+                                validation, timeout, seen, memory))
     if len(crashed) == 1:
         s = crashed[0]
         found[s.rel_path] = (DECODER_CRASHED, f"{s.rel_path}: the process validating it ended ({how})")
     elif crashed:
         found.update(_blame(crashed, DECODER_CRASHED, f"the process validating it ended ({how})",
-                            validation, timeout, seen))
+                            validation, timeout, seen, memory))
     return found
 
 
 def _blame(suspects: Sequence[Suspect], reason: str, what: str, validation, timeout: float,
-           seen: dict) -> dict[str, tuple[str, str]]:
+           seen: dict, memory: int | None = None) -> dict[str, tuple[str, str]]:
     """Those of several files in work that fail alone (`probe`); all of them if none does, the second time."""
-    found = probe(suspects, validation, timeout)
+    found = probe(suspects, validation, timeout, memory)
     key = frozenset(s.rel_path for s in suspects)
     if not found and key in seen:
         found = {s.rel_path: (reason, f"{s.rel_path}: {what} twice, with {len(suspects) - 1} other files "
@@ -159,13 +179,13 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, timeout: float,
-              resume_argv) -> int:
+              resume_argv, memory: int | None = None) -> int:
     """Runs `attempt(argv)` in a child process; carries on without the file that killed it.
 
     The command's process forks before any work (no thread of TensorFlow or
     gRPC has started yet; the child does everything) and waits. If the child
     dies on a file (a crash in a decoder, the OOM killer, or the watchdog
-    stopping a file past `timeout`), the files it was working on are read
+    stopping a file past `timeout` or a process past `memory` bytes), the files it was working on are read
     from its journal and blamed (`crash_culprits`), quarantined in the
     output, and the run goes on in a new child with `resume_argv(argv)`
     (--resume: the finished shards are kept).
@@ -177,6 +197,7 @@ def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, t
       validation: The `imaging.ValidationOptions`, to try suspects alone.
       timeout: --file_timeout.
       resume_argv: The arguments of the attempt after a crash.
+      memory: --file_memory, in bytes; None: no bound.
 
     Returns:
       The exit status of the last attempt (128 + N when it was ended by signal N
@@ -187,14 +208,14 @@ def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, t
     folder = new_journal_folder()
     previous = os.environ.get(JOURNAL_ENV)
     os.environ[JOURNAL_ENV] = folder
-    watchdog = Watchdog(folder, timeout).start()
+    watchdog = Watchdog(folder, timeout, memory=memory).start()
     seen: dict = {}
     try:
         for _ in range(_MAX_RESTARTS):
             pid, code = _run_child(attempt, argv)
             if code >= 0 or -code in _STOP_SIGNALS:
                 return code if code >= 0 else 128 - code
-            found = crash_culprits(folder, pid, code, validation, timeout, seen)
+            found = crash_culprits(folder, pid, code, validation, timeout, seen, memory)
             if found is None:
                 _LOG.error("The conversion's process ended (%s) while working on no file.", signal_name(code))
                 return 128 - code

@@ -197,8 +197,8 @@ class ShardMaker:
         output folder, validation options and --file_timeout.
         """
         old = self._spec
-        if (spec.run, spec.output_dir, spec.validation, spec.writing.file_timeout) != (
-                old.run, old.output_dir, old.validation, old.writing.file_timeout):
+        if (spec.run, spec.output_dir, spec.validation, spec.writing.file_timeout, spec.writing.file_memory) != (
+                old.run, old.output_dir, old.validation, old.writing.file_timeout, old.writing.file_memory):
             raise ValueError("A maker's spec changes only in what the plan decides.")
         self._spec = spec
 
@@ -232,7 +232,7 @@ class ShardMaker:
             return
         self._pool = _processes.WorkerProcesses(
             processes, warm=warm_call(self._spec.validation, processes, self._decoders),
-            file_timeout=self._spec.writing.file_timeout)
+            file_timeout=self._spec.writing.file_timeout, file_memory=self._spec.writing.memory_bound)
         # One thread per worker process waits on it (`write_later`).
         self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
 
@@ -326,7 +326,7 @@ class ShardMaker:
         with self._crash_lock:
             found = recovery.crash_culprits(self._pool.journal_folder, died.pid, died.returncode,
                                             self._spec.validation, self._spec.writing.file_timeout,
-                                            self._crashes_seen)
+                                            self._crashes_seen, self._spec.writing.memory_bound)
             if found is None:  # Not while working on a file: not a file's doing.
                 raise _processes.WorkerDied(f"{died} Shard: {shard.name} ({len(shard.files)} files).",
                                             died.pid, died.returncode) from None

@@ -143,7 +143,7 @@ def _ramp_head(buffer: int, num_shards: int, batch_size: int | None) -> int:
 
 
 def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed: int | None,
-                  pipeline_id: int, num_records: int) -> tf.data.Dataset:
+                  pipeline_id: int, num_records: int, read=None) -> tf.data.Dataset:
     """One epoch whose first batch need not wait for the record shuffle buffer.
 
     tf.data's `shuffle` fills its whole buffer (up to 1024 records, some
@@ -173,8 +173,9 @@ def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed:
       seed: The reader's seed, or None.
       pipeline_id: This input pipeline (for its own seeds).
       num_records: Records of this pipeline per epoch.
+      read: `fn(file) -> records` of one shard (default: TensorFlow's reader).
     """
-    read = tf_internals.tfrecord_file_dataset
+    read = read or tf_internals.tfrecord_file_dataset
     heads = interleaved(_no_autograph(lambda f: read(f).take(head)))
     rest = interleaved(_no_autograph(lambda f: read(f).skip(head)))
     heads = heads.shuffle(head * num_shards, seed=_derive_seed(seed, 5, pipeline_id),
@@ -365,6 +366,9 @@ def _shards_records(
         # interleave, which the first batch waits for (compat/tf_internals.py);
         # not converted by AutoGraph (0.5 s of CPU in building the dataset).
         read_shard = _no_autograph(tf_internals.tfrecord_file_dataset)
+        if not served:
+            # A damaged record fails the read with an error that names it, not a bare DataLossError.
+            read_shard = _naming_damage(read_shard, paths, counts, sizes)
     if standard and served:
         files, read_shard = _seeded_files(files, read_shard, _derive_seed(seed, 2, pipeline_id))
     # Record-level sharding needs every pipeline to see the records in the same
@@ -404,6 +408,7 @@ def _shards_records(
         ramped = _ramped_epoch(
             interleaved, head, buffer, num_shards=len(paths), seed=seed,
             pipeline_id=pipeline_id, num_records=num_records,
+            read=None if served else read_shard,
         )
     if ramped is not None and not reading.repeat:
         records = ramped
@@ -428,6 +433,55 @@ def _shards_records(
         ).batch(2)
         records = tf.data.Dataset.zip(records, seeds)
     return records, num_records, num_bytes
+
+
+def _naming_damage(read_shard, paths, counts, sizes):
+    """`read_shard` of a file that fails at its first damaged record with an error naming it.
+
+    TensorFlow's reader fails a damaged record with `DataLossError: corrupted
+    record at N`, naming no file. Here a shard's reading stops at its first
+    error (`ignore_errors`), then a last element runs only if fewer records
+    came than the shard holds: it fails the read with
+    `corrupt.damaged_shard_message` (the shard file, the record's byte
+    offset, what was found, what to run). An intact shard's reading ends at
+    its count before that element: nothing is added per record. A shard that
+    holds more than its count (its size is not the manifest's: looked at once
+    per shard and epoch, after its records) fails the read too
+    (`corrupt.shard_size_problem`).
+    """
+    all_paths = tf.constant([os.fspath(p) for p in paths])
+    all_counts = tf.constant(list(counts), tf.int64)
+    all_sizes = tf.constant(list(sizes), tf.int64)
+
+    def message(path, count):
+        return corrupt.damaged_shard_message(os.fsdecode(path.numpy()), int(count.numpy()))
+
+    def size_problem(path, count, size):
+        return corrupt.shard_size_problem(os.fsdecode(path.numpy()), int(count.numpy()), int(size.numpy()))
+
+    @_no_autograph
+    def read(path):
+        at = tf.argmax(tf.cast(tf.equal(all_paths, path), tf.int32))
+        count, size = tf.gather(all_counts, at), tf.gather(all_sizes, at)
+
+        @_no_autograph
+        def short(p):
+            text = tf.py_function(message, [p, count], tf.string)
+            with tf.control_dependencies([tf.debugging.Assert(False, [text], summarize=1)]):
+                return tf.identity(p)
+
+        @_no_autograph
+        def long(p):
+            text = tf.py_function(size_problem, [p, count, size], tf.string)
+            with tf.control_dependencies([tf.debugging.Assert(tf.equal(tf.strings.length(text), 0), [text],
+                                                              summarize=1)]):
+                return tf.identity(p)
+
+        short_tail = tf.data.Dataset.from_tensors(path).map(short)
+        size_check = tf.data.Dataset.from_tensors(path).map(long).filter(_no_autograph(lambda p: False))
+        return read_shard(path).ignore_errors().concatenate(short_tail).take(count).concatenate(size_check)
+
+    return read
 
 
 def _seeded_files(files: tf.data.Dataset, read_shard, seed: int | None):

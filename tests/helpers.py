@@ -22,7 +22,7 @@ from PIL import Image
 
 __all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom",
            "tiff_with_bad_tag", "interpreters_at_once", "forked_programs", "faulty_plugin",
-           "add_faulty_files"]
+           "add_faulty_files", "add_growing_file"]
 
 
 def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
@@ -286,12 +286,21 @@ _FAULTY_PLUGIN = textwrap.dedent('''
             if kind == b"HANG":
                 while True:
                     time.sleep(0.5)
+            if kind == b"GROW":  # ~640 MB/s, written (resident), up to 3 GiB; then it hangs.
+                chunks = []
+                while len(chunks) < 96:
+                    chunks.append(b"\\1" * (32 << 20))
+                    time.sleep(0.05)
+                while True:
+                    time.sleep(0.5)
             raise SyntaxError("not a faulty file")
 
 
     Image.register_open(_Faulty.format, _Faulty, lambda prefix: prefix[:6] == b"FAULTY")
 ''')
 FAULT_KINDS = ("RAISE", "SEGV", "HANG")
+# The plugin's file that grows without end (`add_growing_file`): apart, as --file_memory's alone.
+GROW = "GROW"
 
 
 def faulty_plugin(folder: pathlib.Path) -> pathlib.Path:
@@ -300,6 +309,13 @@ def faulty_plugin(folder: pathlib.Path) -> pathlib.Path:
     plugin.mkdir(parents=True, exist_ok=True)
     (plugin / "sitecustomize.py").write_text(_FAULTY_PLUGIN)
     return plugin
+
+
+def add_growing_file(root: pathlib.Path, folder: str) -> str:
+    """A file in `root/folder` on which the faulty plugin grows to 3 GiB; its relative path."""
+    rel = f"{folder}/faulty_grow.png"
+    write(pathlib.Path(root) / rel, b"FAULTY" + GROW.ljust(6).encode())
+    return rel
 
 
 def add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from beam_jobs import verify
+from schemas.tfrecord import frame_data
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,41 @@ def test_a_flipped_byte_is_found_and_named(dataset):
     assert verify.main([str(out)]) == 1
     report = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())
     assert any(shard.file in p and "checksum mismatch" in p for p in report["problems"])
-    assert any("records, the manifest says" in p for p in report["problems"])
+    # The damaged record is listed alone (read by the index file), with the source file it held.
+    assert any(p.startswith(f"{shard.file}: record ") and "bad data CRC; source file lost: " in p
+               for p in report["problems"]), report["problems"]
+
+
+def test_every_damaged_record_is_listed_with_its_offset_what_is_wrong_and_its_source(dataset):
+    out, manifest = dataset
+    first, second = manifest.splits["train"].shards[:2]
+    entries = [tuple(map(int, line.split())) for line in (out / first.index_file).read_text().splitlines()]
+    assert len(entries) >= 3
+    data = bytearray((out / first.file).read_bytes())
+    (o0, l0), (o1, _), (olast, llast) = entries[0], entries[1], entries[-1]
+    data[o0 + l0 // 2] ^= 0xFF  # In record 0's image bytes: bad data CRC.
+    data[o1 + 2] ^= 0x01  # Record 1's length: bad length CRC.
+    (out / first.file).write_bytes(bytes(data[:olast + llast // 2]))  # The last record cut short.
+    expected = [
+        f"{first.file}: record 0 (byte {o0}): bad data CRC; source file lost: ",
+        f"{first.file}: record 1 (byte {o1}): bad length CRC; source file lost: ",
+        f"{first.file}: record {len(entries) - 1} (byte {olast}): truncated (the shard ends {llast // 2} bytes "
+        f"into this {llast}-byte record); source file lost: ",
+    ]
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    listed = [p for p in problems if p.startswith(f"{first.file}: record ")]
+    assert [p[:len(e)] for p, e in zip(listed, expected)] == expected and len(listed) == 3, problems
+    # Both damaged records still name their source (read by the index's length); the cut one cannot.
+    assert listed[0].endswith("(read from the damaged record)") and listed[1].endswith("(read from the damaged record)")
+    assert listed[2].endswith("unknown (the record's data does not parse)")
+    # The name record 0 held, from the undamaged bytes.
+    original = bytes(data[o0:o0 + l0])
+    original = original[:l0 // 2] + bytes([original[l0 // 2] ^ 0xFF]) + original[l0 // 2 + 1:]
+    name = schemas.ImageExampleSchema.from_json(manifest.features).decode(frame_data(original))[schemas.FILENAME.key]
+    assert f"source file lost: {name.decode()} (read from the damaged record)" in listed[0]
+    assert any(f"{first.file}: 3 damaged record(s) of {len(entries)}" in p for p in problems)
+    assert not any(second.file in p for p in problems)
 
 
 def test_missing_shard_and_wrong_counts_are_mismatches(dataset):

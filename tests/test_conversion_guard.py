@@ -21,7 +21,8 @@ import pytest
 import schemas
 from conversion import guard
 from imaging import ValidationOptions
-from helpers import add_faulty_files, faulty_plugin, holding_process, make_class_tree, read_records
+from helpers import (add_faulty_files, add_growing_file, faulty_plugin, holding_process, make_class_tree,
+                     read_records)
 
 _FAULTS = {"RAISE": guard.INTERNAL_ERROR, "SEGV": guard.DECODER_CRASHED, "HANG": guard.TIMEOUT}
 # Far above a small file's validation even on a loaded machine (4 s gave good files false
@@ -94,6 +95,39 @@ def test_small_jpegs_in_worker_processes_convert_past_the_same_three_files(tmp_p
     assert result.stderr.count("Found 1,003 files") == 1, result.stderr[-3000:]
     verified = _run(["-m", "beam_jobs.verify", str(out)], env, tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_file_whose_decoder_grows_past_file_memory_is_stopped_and_rejected_as_too_large(tmp_path):
+    """The plugin grows ~640 MB/s towards 3 GiB: the command's watchdog stops the process at
+    --file_memory (far before --file_timeout), the file is rejected as too_large, the rest converted."""
+    root = tmp_path / "images"
+    images = make_class_tree(root, per_class=4)
+    grown = add_growing_file(root, "dog")
+    out = tmp_path / "out"
+    result = _run(["-m", "shardsmith", "convert", "--input_dir", str(root), "--output_dir", str(out),
+                   "--file_timeout", "300", "--file_memory", "1536MiB", "--max_reject_fraction", "0.5"],
+                  _faulty_env(tmp_path), tmp_path)
+    # A file too large for the machine is the file's verdict, not a failure of shardsmith's: status 0.
+    assert result.returncode == 0, result.stderr[-3000:]
+    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    assert [(r["path"], r["reason"]) for r in rejects] == [(grown, "too_large")]
+    assert "--file_memory=1.5GiB" in rejects[0]["message"], rejects[0]
+    assert "past --file_memory" in result.stderr
+    assert sorted(r["filename"].decode() for r in read_records(out)) == sorted(images)
+
+
+def test_file_memory_is_a_size():
+    from conversion.options import WritingOptions, parse_memory
+
+    assert parse_memory("4GiB") == parse_memory("4G") == 4 << 30
+    assert parse_memory("512MiB") == 512 << 20
+    assert parse_memory(None) is None
+    assert WritingOptions().memory_bound == guard.default_file_memory() >= 1536 << 20
+    assert WritingOptions(file_memory=2 << 30).memory_bound == 2 << 30
+    with pytest.raises(ValueError, match="--file_memory must be a size such as 4GiB or 512MiB. Received: '4 parsecs'"):
+        parse_memory("4 parsecs")
+    with pytest.raises(ValueError, match="--file_memory must be a size of at least 64MiB"):
+        WritingOptions(file_memory=1000)
 
 
 def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp_path):

@@ -27,6 +27,22 @@ def test_the_watchdog_marks_an_overdue_slot_and_kills_its_process(tmp_path):
     assert not (tmp_path / str(proc.pid)).exists()  # Forgotten once read.
 
 
+def test_the_watchdog_kills_a_process_past_file_memory_with_a_file_in_work(tmp_path):
+    proc = holding_process(tmp_path)
+    try:
+        rss = guard.resident_bytes(proc.pid)
+        assert rss and rss > 1 << 20
+        guard.Watchdog(str(tmp_path), None, memory=rss + (256 << 20)).check()
+        assert proc.poll() is None  # Within its bound.
+        guard.Watchdog(str(tmp_path), None, memory=rss // 2).check()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        [slot] = guard.busy_slots(str(tmp_path), [proc.pid])
+        assert slot.over_memory and not slot.timed_out
+        assert [s.rel_path for s in slot.suspects] == ["a/x.jpg", "b/\u00e9t\u00e9.png"]
+    finally:
+        proc.kill()
+
+
 def test_a_process_that_died_working_on_no_file_blames_none(tmp_path):
     assert recovery.crash_culprits(str(tmp_path), 12345, -signal.SIGKILL, None, 1, {}) is None
 

@@ -161,6 +161,13 @@ def test_the_filter_drops_only_the_chatter():
     (b"Converted 7 images into 8 shards (train 7)\n", False),
     (b"Traceback (most recent call last):\n", False),
     (b"F0000 00:00:1796130939.307951   31861 x.cc:1] Check failed\n", False),  # Fatal: kept.
+    # libjpeg's errors and libtiff's handler, as DICOM codecs and libtiff print them (issue 39).
+    (b"Bogus marker length\n", True),
+    (b"Quantization table 0x00 was not defined\n", True),
+    (b"Improper call to JPEG library in state 203\n", True),
+    (b"TIFFFillStrip: Read error on strip 2; got 795 bytes, expected 1813.\n", True),
+    (b"JPEGLib: Not a JPEG file: starts with 0xff 0xd9.\n", True),
+    (b"Bogus: a file name of a user's\n", False),
 ])
 def test_what_counts_as_chatter(line, noise):
     assert console.is_native_noise(line) is noise
@@ -298,3 +305,17 @@ def test_a_failed_reject_budget_is_one_sentence_not_beams_tracebacks(tmp_path, c
     # --verbose shows what Beam printed.
     verbose = _run(*command, "--input_dir", str(root), "--output_dir", str(tmp_path / "out2"), "--verbose")
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+
+
+def test_a_rust_decoders_panic_block_is_dropped_and_what_follows_is_kept():
+    """pylibjpeg-rle panics on damaged RLE streams; pyo3 turns the panic into the file's reject."""
+    panics = console._PanicBlocks()
+    lines = [b"\n", b"thread '<unnamed>' panicked at src/lib.rs:520:20:\n",
+             b"index out of bounds: the len is 8192 but the index is 8192\n", b"stack backtrace:\n",
+             b"   0: __rustc::rust_begin_unwind\n", b"             at ./nptl/pthread_create.c:442:8\n",
+             b"note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n",
+             b"Converted 282 images into 24 shards\n", b"   0: a user's own indented line\n"]
+    kept = [out for line in lines for out in panics.lines(line)] + [panics.flush()]
+    assert kept == [b"Converted 282 images into 24 shards\n", b"   0: a user's own indented line\n", b""]
+    # A blank line that opens no panic block is written, before what follows it.
+    assert [out for line in (b"\n", b"\n", b"text\n") for out in panics.lines(line)] == [b"\n", b"\n", b"text\n"]

@@ -105,6 +105,34 @@ def test_raise_is_the_default_and_names_the_shard_with_a_budget_of_0(three_damag
         _names(ds)
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_raise_names_the_shard_the_byte_offset_what_was_found_and_what_to_run(three_damaged, shuffle):
+    """The default reader (TensorFlow's, sequential): not a bare `DataLossError: corrupted record at N`."""
+    copy, split, _, _ = three_damaged
+    expected = {}
+    for shard, record, found in ((split.shards[2], 1, "bad data CRC"), (split.shards[7], 3, "bad length CRC"),
+                                 (split.shards[11], 5, "truncated: the shard ends inside this record")):
+        offset = _index(copy, shard)[record][0]
+        expected[str(copy / shard.file)] = (f"Damaged record in shard {copy / shard.file} at byte offset "
+                                            f"{offset} ({found}): record #{record} of its {shard.num_records}")
+    ds = readers.image_dataset_from_tfrecords(copy, batch_size=16, shuffle=shuffle, seed=3, **SMALL)
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        _names(ds)
+    message = raised.value.message
+    assert "DataLossError" not in message and "corrupted record at" not in message
+    assert any(e in message for e in expected.values()), message
+    assert f"shardsmith verify {copy}" in message and f"--output_dir {copy} --resume" in message
+    assert "on_corrupt set to skip" in message
+
+
+def test_an_undamaged_dataset_reads_whole_with_the_default_reader(converted):
+    data_dir, _, everyone = converted
+    for shuffle in (True, False):
+        ds = readers.image_dataset_from_tfrecords(data_dir, batch_size=16, shuffle=shuffle, seed=3, **SMALL)
+        assert sorted(_names(ds)) == sorted(everyone)
+        assert int(ds.corrupt_records) == 0
+
+
 def test_on_corrupt_is_validated():
     with pytest.raises(ValueError, match=r"`on_corrupt` must be one of \('raise', 'skip'\)\. Received: on_corrupt='ignore'"):
         ReadOptions(on_corrupt="ignore")

@@ -190,7 +190,23 @@ def test_shards_that_disagree_with_the_manifest_fail_loudly(tmp_path):
         for record in kept:
             writer.write(record)
     ds = image_dataset_from_tfrecords(w.data_dir, batch_size=2, image_size=(4, 4), shuffle=False)
-    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 6 elements"):
+    # The shard is named, with what was found and what to run (issue 39).
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"Shard .*train-00001-of-00002.tfrecord holds 2 readable records, the manifest says 3"):
+        for _ in ds:
+            pass
+
+
+def test_a_shard_with_more_records_than_the_manifest_fails_loudly(tmp_path):
+    w = rd.write_dataset(tmp_path, splits={"train": 6}, num_shards=2)
+    shard = w.shard_paths["train"][0]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for record in records + records[:1]:
+            writer.write(record)
+    ds = image_dataset_from_tfrecords(w.data_dir, batch_size=2, image_size=(4, 4), shuffle=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Shard .*train-00000-of-00002.tfrecord holds \d+ bytes, "
+                       r"the manifest says \d+"):
         for _ in ds:
             pass
 

@@ -1,0 +1,278 @@
+"""Mutation run through the real conversion (issue 39): a folder of damaged files, one `shardsmith convert`.
+
+    .venv/bin/python -m bench.mutations_convert --cases 2000 --seed 0 --file_timeout 20
+
+The damaged files of `bench.mutations` (every seed file of every format:
+JPEG baseline and progressive, PNG, TIFF striped, tiled, compressed and
+multi-page, a GDAL GeoTIFF, pydicom's files in seven transfer syntaxes, and
+the seed files themselves) are written under `<format>/` class folders and
+converted by the command, in its own process tree, with a short
+`--file_timeout`. Then, from the output alone:
+
+- the exit status is 0 or 3;
+- the accounting holds: every input file is in a record (by its stored
+  filename) or in rejects.jsonl with a known reason, never both, never twice;
+- every record reads back through `readers.image_dataset_from_tfrecords` and
+  decodes, and `shardsmith verify` passes;
+- crashes (`internal_error`, `decoder_crashed`: shardsmith's or a decoder's
+  failure, not the file's) and hangs (`timeout`) are counted;
+- the peak memory of the command's whole process tree (sampled).
+
+Prints cases per format, written, rejected per reason, crashes, hangs,
+accounting breaks and peak memory; exits 1 on any crash, hang or break.
+(NIfTI files are read by `--volumes` only: not part of this run.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from bench import mutate, mutations
+
+__all__ = ["write_cases", "convert_cases", "ConversionOutcome", "main"]
+
+_SUFFIX = {"jpeg": ".jpg", "png": ".png", "tiff": ".tif", "dicom": ".dcm"}
+# A split per kind of stored image (the reader reads photos, rasters and DICOM
+# slices of one split into one output only with options that suit them all).
+_SPLIT = {"jpeg": "train", "png": "train", "tiff": "validation", "dicom": "test"}
+# The reasons that mean "shardsmith or a decoder failed", not "the file is bad" (`conversion.guard`).
+_CRASHES = ("internal_error", "decoder_crashed")
+_HANGS = ("timeout",)
+# What the command itself says on stderr; any other line is a library's noise (issue 39).
+_OWN_LINES = ("Found ", "Wrote ", "Kept ", "Converted ", "shardsmith convert: ", "Rejected ", "Stopping process ",
+              "Going on without ", "No file crashes alone", "Mended ")
+
+
+def write_cases(root: pathlib.Path, cases_per_file: int, seed: int) -> dict[str, tuple[str, str]]:
+    """Writes every seed file and `cases_per_file` damaged copies of each under `root/<split>/<format>/`.
+
+    Returns:
+      rel_path -> (format, what was done) of every file written.
+    """
+    cases = {}
+    for name, fmt, data in mutations.seed_files():
+        stem = name.rsplit(".", 1)[0]
+        (root / _SPLIT[fmt] / fmt).mkdir(parents=True, exist_ok=True)
+        found = [("seed", data)] + [(m.how, m.data) for m in mutate.mutations(data, fmt, count=cases_per_file,
+                                                                              seed=seed)]
+        for k, (how, payload) in enumerate(found):
+            rel = f"{_SPLIT[fmt]}/{fmt}/{stem}-{k:04d}{_SUFFIX[fmt]}"
+            (root / rel).write_bytes(payload)
+            cases[rel] = (fmt, f"{name}: {how}")
+    return cases
+
+
+@dataclasses.dataclass
+class ConversionOutcome:
+    """What one converted folder of damaged files gave (`convert_cases`)."""
+
+    status: int
+    seconds: float
+    peak_rss: int  # Bytes: the most the command's process tree held at once (sampled).
+    cases: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    written: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rejected: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    records: int = 0
+    crashes: list = dataclasses.field(default_factory=list)
+    hangs: list = dataclasses.field(default_factory=list)
+    breaks: list = dataclasses.field(default_factory=list)  # Accounting breaks and unreadable output.
+    stderr: str = ""
+    noise: list = dataclasses.field(default_factory=list)  # Console lines that are not shardsmith's own.
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _run_sampled(cmd: list[str], timeout: float, env: dict) -> tuple[subprocess.CompletedProcess, int, float]:
+    """Runs `cmd`, sampling its process tree's memory; (result, peak bytes, seconds)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL)
+        peak = [0]
+        done = threading.Event()
+
+        def sample():
+            while not done.wait(0.1):
+                peak[0] = max(peak[0], _tree_rss(proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        finally:
+            done.set()
+            sampler.join()
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(cmd, code, out.read().decode(errors="replace"),
+                                             err.read().decode(errors="replace"))
+    return result, peak[0], time.perf_counter() - start
+
+
+def convert_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str, tuple[str, str]], *,
+                  file_timeout: float, extra_args: tuple[str, ...] = (), verify: bool = True,
+                  run_timeout: float = 1800) -> ConversionOutcome:
+    """Converts `root` into `out` with the command and checks the output against `cases` (`write_cases`)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    cmd = [sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(root), "--output_dir", str(out),
+           "--file_timeout", f"{file_timeout:g}", "--max_reject_fraction", "1", *extra_args]
+    result, peak, seconds = _run_sampled(cmd, run_timeout, env)
+    outcome = ConversionOutcome(result.returncode, seconds, peak, stderr=result.stderr)
+    outcome.noise = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(_OWN_LINES)]
+    for fmt, _ in cases.values():
+        outcome.cases[fmt] += 1
+    if result.returncode not in (0, 3):
+        outcome.breaks.append(f"exit status {result.returncode}: {result.stderr[-2000:]}")
+        return outcome
+    _account(out, cases, outcome)
+    if verify:
+        verified = subprocess.run([sys.executable, "-m", "shardsmith", "verify", str(out)], capture_output=True,
+                                  text=True, env=env, timeout=run_timeout, stdin=subprocess.DEVNULL)
+        if verified.returncode != 0:
+            outcome.breaks.append(f"verify exit status {verified.returncode}: "
+                                  f"{(verified.stdout + verified.stderr)[-2000:]}")
+    return outcome
+
+
+def _account(out: pathlib.Path, cases: dict[str, tuple[str, str]], outcome: ConversionOutcome) -> None:
+    """Fills `outcome` from the output folder: every case in a record or a reject, once."""
+    import schemas
+
+    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()
+               if line.strip()]
+    seen: collections.Counter = collections.Counter()
+    for r in rejects:
+        path, reason = r["path"], r["reason"]
+        seen[path] += 1
+        if path not in cases:
+            outcome.breaks.append(f"a reject names no input: {path}")
+            continue
+        fmt, how = cases[path]
+        outcome.rejected[fmt][reason] += 1
+        label = f"{path} ({how}): {reason}: {r.get('message', '')}"
+        if reason not in schemas.REJECT_REASONS and reason not in schemas.SKIP_REASONS:
+            outcome.breaks.append(f"unknown reason {label}")
+        if reason in _CRASHES:
+            outcome.crashes.append(label)
+        elif reason in _HANGS:
+            outcome.hangs.append(label)
+    names = _read_back(out, outcome)
+    for name in sorted(names):
+        if name not in cases:
+            outcome.breaks.append(f"a record names no input: {name}")
+            continue
+        if seen[name]:
+            outcome.breaks.append(f"both written and rejected: {name}")
+        outcome.written[cases[name][0]] += 1
+    for rel in sorted(cases):
+        if rel not in names and not seen[rel]:
+            outcome.breaks.append(f"neither written nor rejected: {rel} ({cases[rel][1]})")
+        elif seen[rel] > 1:
+            outcome.breaks.append(f"rejected {seen[rel]} times: {rel}")
+
+
+def _read_back(out: pathlib.Path, outcome: ConversionOutcome) -> set[str]:
+    """The source files of every record, each record parsed and decoded by the reader's functions.
+
+    Record by record (`readers.decode`: the stored format decides the decode),
+    since one folder of damaged files holds photos, rasters and DICOM slices
+    of every band count, which no one `image_dataset_from_tfrecords` output
+    shape holds; the decoded shape must be the record's own.
+    """
+    import tensorflow as tf
+
+    import schemas
+    from readers import decode
+
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    schema = schemas.ImageExampleSchema.from_json(manifest.features)
+    names = set()
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            try:
+                for raw in tf.data.TFRecordDataset(str(out / shard.file)):
+                    f = decode.parse_examples(raw, schema=schema)
+                    fmt = f[schemas.FORMAT.key].numpy().decode()
+                    height, width, channels = (int(f[k.key]) for k in (schemas.HEIGHT, schemas.WIDTH,
+                                                                        schemas.CHANNELS))
+                    encoded = f[schemas.IMAGE.key]
+                    dtype = schemas.sample_dtype(fmt, encoded.numpy()[:64])
+                    if schemas.parse_raw_format(fmt) is not None:
+                        image = decode.decode_raw(encoded, height, width, channels, dtype)
+                    else:
+                        image = decode.decode_image(encoded, channels=channels, dtype=tf.as_dtype(dtype))
+                    name = f[schemas.FILENAME.key].numpy().decode("utf-8", "surrogateescape")
+                    if tuple(image.shape) != (height, width, channels):
+                        outcome.breaks.append(f"{name} in {shard.file}: decoded {tuple(image.shape)}, "
+                                              f"the record says {(height, width, channels)}")
+                    names.add(name)
+                    outcome.records += 1
+            except Exception as e:  # noqa: BLE001 - counted as a break of the output, with its text
+                outcome.breaks.append(f"reading {shard.file} back failed: {type(e).__name__}: {str(e)[:500]}")
+    return names
+
+
+def report(outcome: ConversionOutcome, seed: int) -> str:
+    """The figures of a run, a line per format."""
+    lines = [f"mutations through `shardsmith convert`: {sum(outcome.cases.values())} files, seed {seed}, "
+             f"exit status {outcome.status}, {outcome.seconds:.0f} s, {outcome.records} records read back, "
+             f"peak memory of the process tree {outcome.peak_rss / 2**20:.0f} MiB"]
+    for fmt in mutate.FORMATS:
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(outcome.rejected[fmt].items()))
+        lines.append(f"  {fmt:6s} cases {outcome.cases[fmt]:5d}  written {outcome.written[fmt]:5d}  "
+                     f"rejected: {reasons}")
+    lines.append(f"  crashes {len(outcome.crashes)}, hangs {len(outcome.hangs)}, "
+                 f"accounting breaks {len(outcome.breaks)}, console noise lines {len(outcome.noise)}")
+    for line in (outcome.crashes + [f"HANG {h}" for h in outcome.hangs] + [f"BREAK {b}" for b in outcome.breaks]
+                 + [f"NOISE {n}" for n in outcome.noise[:20]]):
+        lines.append("    " + line[:400])
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=2000, help="damaged files in all (spread over the seed files)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--file_timeout", type=float, default=20.0)
+    parser.add_argument("--keep", help="convert into this folder (kept), not a temporary one")
+    parser.add_argument("extra", nargs="*", help="more arguments for `shardsmith convert` (after --)")
+    args = parser.parse_args(argv)
+    per_file = max(1, args.cases // len(mutations.seed_files()))
+    with tempfile.TemporaryDirectory(prefix="shardsmith-mutations-") as tmp:
+        root = pathlib.Path(tmp) / "in"
+        out = pathlib.Path(args.keep) if args.keep else pathlib.Path(tmp) / "out"
+        cases = write_cases(root, per_file, args.seed)
+        outcome = convert_cases(root, out, cases, file_timeout=args.file_timeout, extra_args=tuple(args.extra))
+    print(report(outcome, args.seed))
+    return 1 if outcome.crashes or outcome.hangs or outcome.breaks or outcome.noise else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
