@@ -12,8 +12,6 @@ import json
 import math
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import numpy as np
@@ -25,7 +23,7 @@ from imaging import raster as _raster
 from schemas import tf_runtime
 from schemas.tfrecord import RecordError, format_index, iter_records
 from conversion import guard, scene_log
-from conversion.files import read_bytes, write_atomically
+from conversion.files import exists, join, open_to_read, read_bytes, write_atomically
 from imaging import patches as _patches
 
 __all__ = ["ShardCheck", "VerifyShardFn", "TargetCheck", "duplicate_group", "ReportFn", "raster_records",
@@ -125,17 +123,17 @@ class VerifyShardFn(beam.DoFn):
         counts = [0] * self._num_classes
         stored = []  # (format, height, width, channels, sample dtype) of each good record
         bands = _BandCheck(shard, self._rasters)
-        path = FileSystems.join(self._dir, shard.file)
+        path = join(self._dir, shard.file)
         sha = hashlib.sha256()
         size = 0
         offsets = []
         unchecked = 0
-        if not FileSystems.exists(path):
+        if not exists(path):
             yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
             return
         # A targets section that cannot say what the records must hold: once per shard, not per record.
         problems.extend(f"{shard.file}: {p}" for p in self._target_check.section_problems)
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_to_read(path) as f:
             reader = _HashingReader(f, sha)
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
@@ -312,8 +310,8 @@ class VerifyShardFn(beam.DoFn):
     def _check_index(self, shard, offsets):
         if not shard.index_file:
             return []
-        path = FileSystems.join(self._dir, shard.index_file)
-        if not FileSystems.exists(path):
+        path = join(self._dir, shard.index_file)
+        if not exists(path):
             return [f"{shard.index_file}: index file is missing"]
         data = read_bytes(path)
         if hashlib.sha256(data).hexdigest() != shard.index_sha256:
@@ -648,6 +646,7 @@ class ReportFn(beam.DoFn):
                 problems.append(f"split {name}: class counts {list(counts)}, the manifest says "
                                 f"{list(info.class_counts)}")
             splits[name] = {"shards": len(mine), "records": records}
+        versions = _versions_section(manifest, checks, problems)
         duplicates = sorted(duplicates, key=lambda d: d["images"][0]["filename"])
         report = {
             "ok": not problems,
@@ -663,7 +662,38 @@ class ReportFn(beam.DoFn):
                 "list": duplicates,
             },
         }
+        if versions:
+            report["versions"] = versions
         text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         directory, name = self._report_path.rsplit("/", 1) if "/" in self._report_path else (".", self._report_path)
         write_atomically(directory, name, text.encode())
         yield report
+
+
+def _versions_section(manifest, checks, problems: list) -> list[dict]:
+    """With versions (`convert --append`): each version's shards, and its records and class counts as read.
+
+    A version's counts that differ from what the manifest says it added are
+    appended to `problems`, naming the version. [] for a dataset that never grew.
+    """
+    if not manifest.versions:
+        return []
+    by_file = {(c.split, c.file): c for c in checks}
+    out = []
+    for v in manifest.versions:
+        records = 0
+        for split, files in sorted(v.shards.items()):
+            mine = [by_file[(split, f)] for f in files if (split, f) in by_file]
+            got = sum(c.num_records for c in mine)
+            records += got
+            if got != v.num_records.get(split, 0):
+                problems.append(f"version {v.version}, split {split}: {got} records, the manifest says "
+                                f"{v.num_records.get(split, 0)}")
+            counts = tuple(sum(col) for col in zip(*(c.class_counts for c in mine))) if mine else ()
+            if mine and not counts_agree(counts[:v.num_classes], v.class_counts.get(split, ()),
+                                         sum(c.unchecked for c in mine)):
+                problems.append(f"version {v.version}, split {split}: class counts {list(counts[:v.num_classes])}, "
+                                f"the manifest says {list(v.class_counts.get(split, ()))}")
+        out.append({"version": v.version, "time": v.time, "records": records,
+                    "shards": {split: list(files) for split, files in sorted(v.shards.items())}})
+    return out
