@@ -20,8 +20,9 @@ on the same bytes, one tf.data pipeline per stage, all cores (AUTOTUNE):
   per copy into its batch;
 - reader: `readers.image_dataset_from_tfrecords` from the files (stretch,
   shuffled, the defaults), with `dtype="uint8"`, at 112 with and without
-  `reduced_decode`, and unshuffled; the hand-tuned TFRecord pipeline of
-  `bench._read_baselines` for reference;
+  `reduced_decode`, and unshuffled; ablations of two of its changes (8-bit
+  output converted per batch; parse, decode and finish as three maps); the
+  hand-tuned TFRecord pipeline of `bench._read_baselines` for reference;
 - interleave: the reader's record stream alone (shards shuffled, interleave,
   record buffer), and with block_length 1 against 8.
 
@@ -32,8 +33,11 @@ share column is a stage's CPU per image over the reader's.
 
 Then the first batch (time to first batch, TTFB): in this process after a
 warm-up build, median of the rounds: dataset construction, then the first
-`next()`; the reader against the hand-tuned pipeline, and the reader with
-tf.data's autotuner starting at full parallelism (`initial_parallelism`).
+`next()`; the reader against the hand-tuned pipeline and keras's
+`image_dataset_from_directory` on the raw files, the reader before its fused
+photo stages, the reader with tf.data's autotuner starting at full
+parallelism (`initial_parallelism`), and the evaluation path of both TFRecord
+readers.
 
 Usage:
 
@@ -73,6 +77,7 @@ STAGES = (
     ("records", "reader's record stream (interleave + buffer)"),
     ("records_b8", "same, interleave block_length 8"),
     ("reader", "reader, defaults (stretch 224, shuffled)"),
+    ("reader_unfused", "reader, parse/decode/finish as 3 maps (before)"),
     ("reader_noshuf", "reader, shuffle=False"),
     ("reader_u8", "reader, dtype='uint8' (converted per image)"),
     ("reader_u8_batch", "reader, dtype='uint8', converted per batch (before)"),
@@ -84,7 +89,7 @@ STAGES = (
 )
 
 
-def _builders(data_dir: str):
+def _builders(data_dir: str, raw_dir: str):
     """Every stage's `() -> (dataset, images per element)`, over data loaded once."""
     import tensorflow as tf
 
@@ -137,6 +142,14 @@ def _builders(data_dir: str):
         finally:
             reader_dataset._Stages.converts_per_image = saved
 
+    def unfused(**options):
+        # The reader before `_PHOTOS_PER_IMAGE`: parse, decode and finish in three maps.
+        reader_dataset._FUSED_PHOTO_STAGES = False
+        try:
+            return reader(**options)
+        finally:
+            reader_dataset._FUSED_PHOTO_STAGES = True
+
     def records(block_length=1):
         split = metadata.load_split(data_dir, "train")
         config = ReaderConfig(batch_size=_BATCH, repeat=True)
@@ -187,6 +200,7 @@ def _builders(data_dir: str):
         "reader_noshuf": lambda: (reader(shuffle=False), _BATCH),
         "reader_u8": lambda: (reader(dtype="uint8"), _BATCH),
         "reader_u8_batch": lambda: (per_batch_cast(dtype="uint8"), _BATCH),
+        "reader_unfused": lambda: (unfused(), _BATCH),
         "hand": lambda: (baselines.hand(data_dir, "stretch", size, _BATCH), _BATCH),
         "decode_resize112": lambda: (mem(encoded).map(lambda e: stretch(e, _SMALL_OUT),
                                                       num_parallel_calls=AUTO)
@@ -200,6 +214,9 @@ def _builders(data_dir: str):
     }, {
         "reader": lambda **o: reader(**o),
         "hand": lambda: baselines.hand(data_dir, "stretch", size, _BATCH),
+        "reader, before (3 maps)": lambda: unfused(),
+        "keras image_dataset_from_directory": lambda: baselines.keras_directory(
+            raw_dir, "stretch", size, _BATCH),
         "reader, eval (crop 0.875, unshuffled)": lambda: reader(**crop),
         "hand, eval": lambda: baselines.hand(data_dir, "eval", size, _BATCH),
     }
@@ -239,12 +256,13 @@ def _time_first(build) -> dict:
     return {"build_s": built, "ttfb_s": time.perf_counter() - t0, "ttfb_cpu_s": _cpu() - c0}
 
 
-def run(data_dir: str, *, rounds: int, images: int, names: tuple[str, ...] | None) -> dict:
+def run(data_dir: str, raw_dir: str, *, rounds: int, images: int,
+        names: tuple[str, ...] | None) -> dict:
     import psutil
     import tensorflow as tf
 
     stages = [s for s in STAGES if names is None or s[0] in names]
-    builders, firsts = _builders(data_dir)
+    builders, firsts = _builders(data_dir, raw_dir)
     load = [psutil.getloadavg()[0]]
     runs: dict[str, list[dict]] = {name: [] for name, _ in stages}
 
@@ -255,6 +273,9 @@ def run(data_dir: str, *, rounds: int, images: int, names: tuple[str, ...] | Non
         return ds.with_options(options)
 
     first_kinds = {"reader": firsts["reader"], "hand": firsts["hand"],
+                   "reader, before (3 maps)": firsts["reader, before (3 maps)"],
+                   "keras image_dataset_from_directory":
+                       firsts["keras image_dataset_from_directory"],
                    "reader, initial_parallelism=cores": initial_parallelism,
                    "reader, eval (crop 0.875, unshuffled)":
                        firsts["reader, eval (crop 0.875, unshuffled)"],
@@ -318,12 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown stages {sorted(unknown)}")
     from bench import read
 
-    _, data_dir = read.prepare("photos", args.count, args.seed, os.path.abspath(args.work))
-    read._warm_page_cache(data_dir)
+    raw_dir, data_dir = read.prepare("photos", args.count, args.seed, os.path.abspath(args.work))
+    read._warm_page_cache(raw_dir, data_dir)
     import readers
 
     readers.use_pooled_host_memory()  # as bench.read's reader processes do
-    summary = run(data_dir, rounds=args.rounds, images=args.images, names=names)
+    import keras  # noqa: F401  (before the clock, as bench.read's keras process)
+
+    summary = run(data_dir, raw_dir, rounds=args.rounds, images=args.images, names=names)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, sort_keys=True)

@@ -20,7 +20,10 @@ its fastest run on a quarter of the photos and its fastest on all of them
 the same scale (1/8 for JPEG, PNG in full) over the same bytes held in memory,
 on every core (a tf.data map over in-memory bytes; its fastest pass). Both are
 measured in the same interleaved rounds (``--steady-rounds``, default 3), one
-right after the other, with CPU per image beside the rates.
+right after the other, with CPU per image beside the rates. The same rounds
+measure `bench.read`'s decode ceiling (every photo decoded whole and resized to
+224, bytes in memory, every core; issue 40's "limit") and print the converter's
+share of it (issue 40: >= 70%).
 
 Targets: small images >= 1.2x (b), whole process; photos >= 1.2x (b); photo
 steady state >= 0.8x the ceiling; peak memory at ``count`` <= 1.1x at
@@ -64,10 +67,12 @@ _TARGET_MEMORY = 1.1
 _TARGET_CEILING = 0.8
 
 
-def ceiling(input_dir: str, passes: int = 3) -> dict:
+def ceiling(input_dir: str, passes: int = 3, full: bool = False) -> dict:
     """TensorFlow's decode of every image of `input_dir`, held in memory, on every core.
 
-    JPEGs at 1/8 scale (shardsmith's default validation), PNGs in full.
+    JPEGs at 1/8 scale (shardsmith's default validation), PNGs in full; or,
+    with `full`, the decode ceiling of `bench.read` (issue 40's "limit"):
+    every image decoded whole and resized to 224x224, as a reader does.
 
     Returns:
       {"images": n, "images_per_s": best of `passes`, "cpu_ms_per_image": the
@@ -85,6 +90,9 @@ def ceiling(input_dir: str, passes: int = 3) -> dict:
     is_jpeg = [d[:3] == b"\xff\xd8\xff" for d in datas]
 
     def decode(data, jpeg):
+        if full:
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+            return tf.shape(tf.image.resize(image, (224, 224)))
         return tf.cond(jpeg, lambda: tf.shape(tf.io.decode_jpeg(data, ratio=8)),
                        lambda: tf.shape(tf.io.decode_png(data)))
 
@@ -100,8 +108,9 @@ def ceiling(input_dir: str, passes: int = 3) -> dict:
     return {"images": len(datas), "images_per_s": best, "cpu_ms_per_image": best_cpu}
 
 
-def _ceiling_subprocess(input_dir: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.small", "ceiling", "--input_dir", input_dir],
+def _ceiling_subprocess(input_dir: str, full: bool = False) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.small", "ceiling", "--input_dir", input_dir]
+                         + (["--full"] if full else []),
                          capture_output=True, text=True, check=True, cwd=_REPO).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -153,8 +162,10 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=True) 
                                 count=quarter, seed=seed)
     runs: dict[str, list[Measurement]] = {"shardsmith": [], "multiprocess": [], "quarter": []}
     ceilings: list[dict] = []
+    read_ceilings: list[dict] = []  # bench.read's decode ceiling: full decode, resize to 224
     for r in range(max(repeat, steady_rounds)):
-        steps = [("ceiling", None), ("quarter", quarter_c), ("shardsmith", main_c)]
+        steps = [("ceiling", None), ("quarter", quarter_c), ("shardsmith", main_c),
+                 ("read ceiling", None)]
         if with_b and r < repeat:
             steps.append(("multiprocess", main_c))
         for step, c in (steps if r % 2 == 0 else steps[::-1]):
@@ -162,6 +173,11 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=True) 
                 ceilings.append(_ceiling_subprocess(main_c.root))
                 _LOG.info("  validation ceiling                  %6.0f images/s %6.3f CPU ms/img",
                           ceilings[-1]["images_per_s"], ceilings[-1]["cpu_ms_per_image"])
+                continue
+            if step == "read ceiling":
+                read_ceilings.append(_ceiling_subprocess(main_c.root, full=True))
+                _LOG.info("  decode ceiling (full, 224)          %6.0f images/s %6.3f CPU ms/img",
+                          read_ceilings[-1]["images_per_s"], read_ceilings[-1]["cpu_ms_per_image"])
                 continue
             name = "shardsmith" if step == "quarter" else step
             count = quarter if step == "quarter" else photos
@@ -189,9 +205,17 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=True) 
               f"Target steady state vs ceiling: {vs_ceiling:.2f}x (>= {_TARGET_CEILING}x: "
               f"{_verdict(vs_ceiling >= _TARGET_CEILING)}); CPU per image, ceiling / shardsmith: "
               f"{ceil['cpu_ms_per_image'] / max(1e-9, steady_cpu_ms):.2f}x"]
+    # Issue 40: the converter against the decode ceiling of reading (every photo decoded whole
+    # and resized to 224, bytes in memory, every core), whole process (start-up included).
+    read_ceiling = max(c["images_per_s"] for c in read_ceilings)
+    share = full["shardsmith"].images_per_s / read_ceiling
+    lines.append(f"Converter's share of the decode ceiling (full decode + resize to 224, "
+                 f"{read_ceiling:.0f} images/s, best of {rounds}): whole process {share:.0%}, "
+                 f"steady state {steady / read_ceiling:.0%} (issue 40: >= 70%)")
     return {"photos": {n: m.__dict__ for n, m in full.items()}, "photos_vs_b": p_vs_b,
             "steady_images_per_s": steady, "steady_cpu_ms_per_image": steady_cpu_ms,
             "ceiling": ceil, "ceilings": ceilings, "steady_vs_ceiling": vs_ceiling,
+            "read_ceilings": read_ceilings, "share_of_read_ceiling": share,
             "failed": failed, "lines": lines}
 
 
@@ -261,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["ceiling"]:
         parser = argparse.ArgumentParser(prog="python -m bench.small ceiling")
         parser.add_argument("--input_dir", required=True)
+        parser.add_argument("--full", action="store_true",
+                            help="Decode whole and resize to 224 (bench.read's ceiling).")
         args = parser.parse_args(argv[1:])
-        print(json.dumps(ceiling(args.input_dir)))
+        print(json.dumps(ceiling(args.input_dir, full=args.full)))
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.small", description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=100_000, help="Small images (default 100000).")
