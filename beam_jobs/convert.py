@@ -59,7 +59,7 @@ from conversion.progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
-from conversion.examples import record_schema
+from conversion.examples import kind_for, record_schema
 from conversion.planning import build_plan, group_section
 from conversion.shard_maker import ShardMaker, ShardSpec
 from conversion.shard_plans import write_shard_plans
@@ -144,7 +144,7 @@ class ConvertImages(beam.PTransform):
                     max_reject_fraction=config.max_reject_fraction,
                     features=record_schema(config.validation, _targets(plan)).to_json(),
                     extra={**group_section(plan, config), **masks.manifest_section(plan),
-                           **_time_series_section(plan, config)},
+                           **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
                     append=self._append,
                 ),
@@ -153,15 +153,6 @@ class ConvertImages(beam.PTransform):
                 normalized=beam.pvalue.AsList(written[WriteShardFn.NORMALIZED]),
             )
         )
-
-
-def _time_series_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
-    """The manifest's `time_series` section with --time_series (`conversion.time_series.manifest_section`)."""
-    if plan.stacks is None:
-        return {}
-    from conversion import time_series as _time_series
-
-    return _time_series.manifest_section(plan.stacks, plan, config.validation.time_series)
 
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
@@ -291,11 +282,8 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
         appending.write_pending(plan)
         config = dataclasses.replace(config, writing=dataclasses.replace(
             config.writing, version=appending.version))
-    if plan.stacks is not None:
-        from conversion import time_series as _time_series
-
-        # Each location's plan, which its shard writer reads (its planned file's path).
-        _time_series.write_stack_plans(plan.stacks, config.output_dir)
+    # What its kind's shard writers read beside the shard plans (a location's plan, for time series).
+    kind_for(config.validation).prepare_output(plan, config.output_dir)
     # Fewer shards than cores: fewer processes.
     processes = _worker_processes(asked, plan.files, sum(plan.shard_counts.values()), options)
     if start:

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import gc
 import logging
 import re
-
-import numpy as np
 
 from conversion import annotations as _annotations, examples as _examples, guard, listing as _listing
 from conversion import masks as _masks, plan as _plan
@@ -23,10 +20,7 @@ from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
-__all__ = ["build_plan", "group_section", "paused_gc", "scene_masks", "scene_windows", "SCENE_SUFFIXES"]
-
-# With --raster_patch, the inputs cut into patches (any other is converted as without it).
-SCENE_SUFFIXES = (".tif", ".tiff")
+__all__ = ["build_plan", "group_section", "paused_gc"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # DICOM headers are read from this many first bytes of each file (the whole
@@ -86,8 +80,11 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         files, problems = select(files, problems)
     if on_listed is not None:
         on_listed(files)
-    # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images.
-    files, problems, _members = _examples.kind_for(config.validation).group(files, problems, config)
+    # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images,
+    # one location of dated passes each for time series.
+    kind = _examples.kind_for(config.validation)
+    grouped = kind.group(files, problems, config)
+    files, problems = grouped.files, grouped.problems
     text = None
     if config.labels_csv:
         if not exists(config.labels_csv):
@@ -103,34 +100,19 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
             # Files whose header crashed a process (an earlier run's) or raised: rejected here.
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
-    windows = None
-    patch = config.validation.raster.patch
-    time_series = config.validation.time_series
-    stacks = None
-    if time_series is not None:
-        # Locations, not files, are planned: each one "file" (`conversion.time_series`).
-        from conversion import time_series as _time_series
-
-        located = _time_series.plan_locations(files, problems, time_series, config.output_dir)
-        files, problems, stacks = list(located.files), list(located.problems), located.stacks
-        if patch is not None:
-            windows = _time_series.stack_windows(stacks, patch)
-    elif patch is not None:
-        if targets is not None:
-            raise ValueError("--raster_patch does not combine with targets beyond one class (several "
-                             "labels or numbers in --labels_csv) yet: give one label per scene.")
-        windows, failed = scene_windows(files, config.validation.raster)
-        if failed:
-            files = [f for f in files if f.rel_path not in failed]
-            problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
+    # With --raster_patch: the work items of the examples cut into patches, by their kind.
+    windows, failed = kind.windows(files, grouped, targets, config)
+    if failed:
+        files = [f for f in files if f.rel_path not in failed]
+        problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     mask_plan = None
     masks = config.masks
     if masks.active:
         mask_plan = _masks.plan_masks(
             files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
             labels_csv=labels_csv is not None, class_names=config.class_names)
-        if windows is not None and stacks is None:
-            mask_plan = scene_masks(mask_plan, windows, config.validation.raster)
+        if windows is not None:
+            mask_plan = kind.cut_masks(mask_plan, windows, config)
         files, problems = mask_plan.files, mask_plan.problems
     sharding = config.sharding
     plan = _plan.make_plan(
@@ -150,9 +132,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
     )
     if mask_plan is not None:
         plan = _masks.attach_masks(plan, mask_plan)
-    if stacks is not None:
-        plan = _time_series.expand_problems(plan, stacks)
-        plan = dataclasses.replace(plan, stacks={f.rel_path: stacks[f.rel_path] for f in plan.files})
+    plan = kind.finish_plan(plan, grouped)
     if not plan.files and mask_plan is not None:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "
@@ -213,109 +193,6 @@ def group_keys(files, group_by: str, failed: dict | None = None) -> dict[str, st
     _LOG.info("Read %s from %s of %s files (--group_by %s)", value, f"{len(keyed):,}",
               f"{len(files):,}", group_by)
     return keyed
-
-
-def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]], dict[str, tuple[str, str]]]:
-    """The work items of every TIFF scene (--raster_patch), from their headers read on threads.
-
-    Args:
-      files: The listed files; those named .tif/.tiff are scenes.
-      raster: The `imaging.RasterOptions`, `patch` set.
-
-    Returns:
-      (relative path to its items, (key, planned bytes) each, in row then
-      column order (`imaging.scenes.WorkItem.key`: "y0,y1" for a band of
-      whole patch rows, "y0,y1,x0,x1" for a column range of a row wider than
-      the budget); relative path to (reason, message) of the scenes rejected from
-      their header: unreadable, too large a patch, missing bands, ...). A
-      scene without a patch (smaller than one, under 'drop') is rejected
-      as 'smaller_than_patch'.
-    """
-    from imaging import ImageRejected
-    from imaging import scenes as _scenes
-
-    scenes = [f for f in files if f.rel_path.lower().endswith(SCENE_SUFFIXES)]
-
-    def items(f):
-        with guard.working_on([(f.rel_path, f.path)]):
-            try:
-                with open_to_read(f.path) as fh:
-                    header = _scenes.scene_header(fh, f.rel_path, raster)
-            except ImageRejected as e:
-                return f.rel_path, None, (e.reason, e.message)
-            except OSError as e:
-                return f.rel_path, None, ("unreadable", f"{f.rel_path}: {e}")
-            except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
-                _LOG.debug("Unexpected error reading the header of %s", f.rel_path, exc_info=e)
-                return f.rel_path, None, (guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e))
-        items = _scenes.work_items(header, raster.patch)
-        if not items:
-            return f.rel_path, None, ("smaller_than_patch", f"{f.rel_path} is {header.width}x{header.height}, smaller "
-                                                   f"than one patch: --raster_edge drop leaves no patch")
-        scale = header.bands * np.dtype(header.dtype).itemsize * raster.patch.size[0] * raster.patch.size[1]
-        return f.rel_path, tuple((item.key, item.patches * scale) for item in items), None
-
-    windows, failed = {}, {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
-        for path, planned, problem in pool.map(items, scenes):
-            if problem is None:
-                windows[path] = planned
-            else:
-                failed[path] = problem
-    _LOG.info("Read the headers of %s scenes: %s work items of patches (--raster_patch)",
-              f"{len(scenes):,}", f"{sum(map(len, windows.values())):,}")
-    return windows, failed
-
-
-def scene_masks(mask_plan, windows, raster):
-    """The mask plan without the scenes whose label raster cannot be cut with them (--raster_patch).
-
-    Each scene's mask header is read (no pixel decoded) beside the scene's:
-    a mask of another size is rejected 'mask_size_mismatch', one whose
-    header does not read 'mask_unreadable', a TIFF of several bands or with
-    a nodata value that is no class id of the dataset's masks
-    'mask_not_class_ids' (`imaging.scenes.label_header`, `label_padding`).
-    Other inputs keep their masks as without --raster_patch.
-
-    Args:
-      mask_plan: The `conversion.masks.MaskPlan`.
-      windows: `scene_windows`'s work items of the scenes.
-      raster: The `imaging.RasterOptions`, `patch` set.
-    """
-    from imaging import ImageRejected
-    from imaging import scenes as _scenes
-
-    scenes = [f for f in mask_plan.files if f.rel_path in windows]
-
-    def problem(f):
-        mask = mask_plan.mask_of[f.rel_path]
-        with guard.working_on([(f.rel_path, f.path)]):
-            try:
-                with open_to_read(mask) as fh:
-                    labels = _scenes.label_header(fh, mask)
-                _scenes.label_padding(labels.nodata, mask_plan.dtype, mask)
-                with open_to_read(f.path) as fh:
-                    scene = _scenes.scene_header(fh, f.rel_path, raster)
-            except ImageRejected as e:
-                return e.reason, e.message
-            except OSError as e:
-                return "mask_unreadable", f"mask of {f.rel_path}: {e}"
-            except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
-                _LOG.debug("Unexpected error reading the mask header of %s", f.rel_path, exc_info=e)
-                return guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e)
-        if (labels.height, labels.width) != (scene.height, scene.width):
-            return "mask_size_mismatch", (f"mask of {f.rel_path} is {labels.width}x{labels.height}, the "
-                                          f"scene {scene.width}x{scene.height}: a label raster is cut into "
-                                          "the scene's patches, pixel for pixel")
-        return None
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
-        failed = {f.rel_path: p for f, p in zip(scenes, pool.map(problem, scenes)) if p is not None}
-    if not failed:
-        return mask_plan
-    return dataclasses.replace(
-        mask_plan, files=tuple(f for f in mask_plan.files if f.rel_path not in failed),
-        problems=(*mask_plan.problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))))
 
 
 def _quarantined(config) -> dict:
