@@ -45,9 +45,12 @@ if __name__ == "__main__":
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
+from schemas.tfds_metadata import tfds_files
+
 from beam_jobs import _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
+from conversion.files import write_atomically
 from conversion.lock import LockError
 from conversion.output_folder import (check_output, is_finished, prepare_append, prepare_output, read_manifest,
                                       summarize)
@@ -181,8 +184,11 @@ def _run(options, config: ConversionConfig, *, wait: bool):
             plan, config = _plan_and_settle(config, options, maker, start=wait, appending=appending)
         except append_run.NothingNew as e:
             _LOG.warning("%s", append_run.nothing_new_text(config.output_dir, appending.base, e.listing))
-            # What a killed append left (its new shards, its temporary folder) goes.
+            # What a killed append left (its new shards, its temporary folder) goes, and TFDS's
+            # metadata is the manifest's again (a run killed between the two left the older).
             prepare_append(config.output_dir, _held_files(appending.base.manifest), resume=False)
+            for name, text in tfds_files(appending.base.manifest).items():
+                write_atomically(config.output_dir, name, text.encode())
             return None
         if runner is not None and wait and ProgressBar.wanted():
             # The bar replaces the per-shard lines on a terminal.

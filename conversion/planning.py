@@ -76,8 +76,12 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
+    held = frozenset()
     if select is not None:
+        listed = {f.rel_path for f in files}
         files, problems = select(files, problems)
+        # Listed, and held by the dataset already: no "missing_file" for their rows of the CSV.
+        held = frozenset(listed - {f.rel_path for f in files} - {p.rel_path for p in problems})
     if on_listed is not None:
         on_listed(files)
     # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images,
@@ -92,6 +96,8 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         text = read_bytes(config.labels_csv).decode("utf-8-sig")
     # The CSV's labels, and targets beyond one class (--annotations, several labels, numbers).
     labels_csv, targets = _annotations.plan_targets(config, files, problems, text)
+    if held and labels_csv is not None:
+        labels_csv = {path: row for path, row in labels_csv.items() if path not in held}
     groups = None
     if config.group_by:
         failed = _quarantined(config) if config.writing.resume else {}

@@ -244,8 +244,9 @@ def test_an_append_killed_at_any_point_leaves_the_previous_version_and_the_next_
     old = {n: s for n, s in _files_state(out).items() if n in before}
     assert old == before
     killed_before = manifest.latest_version == 1
-    if killed_before:
-        # Killed before its manifest: the lock left is explained, and the next append finishes it.
+    if (out / LOCK_FILENAME).exists():
+        # The lock left is explained; once removed, the next append finishes version 2 (killed
+        # before its manifest) or finds nothing new and clears what the killed run left (after).
         proc = _append_process(inp, out)
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 2 and b"no longer runs" in err, err
@@ -317,3 +318,20 @@ def test_a_new_file_of_a_held_group_joins_its_group_split(tmp_path):
     for p in range(8):
         assert split_of[f"{'ab'[p % 2]}/p{p}_1.jpg"] == split_of[f"{'ab'[p % 2]}/p{p}_0.jpg"]
     assert grown.extra["groups"]["per_split"] == first.extra["groups"]["per_split"]
+
+
+def test_a_labels_csv_that_grows_with_the_folder(tmp_path):
+    """--labels_csv names every file, held ones too: those rows are no 'missing_file', new rows label new files."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    rows = {f"img_{i}.jpg": "ab"[i % 2] for i in range(6)}
+    _add_images(inp, list(rows), seed=200)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\n" + "".join(f"{p},{c}\n" for p, c in rows.items()))
+    convert(inp, out, *SPLIT, "--labels_csv", csv)
+    rows.update({"img_6.jpg": "c", "img_7.jpg": "a"})
+    _add_images(inp, ["img_6.jpg", "img_7.jpg"], seed=300)
+    csv.write_text("path,label\n" + "".join(f"{p},{c}\n" for p, c in rows.items()))
+    grown = convert(inp, out, *SPLIT, "--labels_csv", csv, "--append")
+    assert grown.rejects == {} and grown.versions[-1].inputs["new"] == 2
+    assert grown.class_names == ("a", "b", "c")
+    assert {r["filename"].decode(): grown.class_names[r["label"]] for r in read_records(out)} == rows

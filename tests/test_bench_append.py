@@ -25,5 +25,9 @@ def test_bench_append_small(tmp_path):
     assert new["ratio"] == new["append_s"] / new["empty_folder_s"]
     assert fraction["ratio"] == fraction["append_s"] / fraction["rebuild_s"]
     assert "(target <= 2x)" in proc.stdout and "(target <= 15%)" in proc.stdout
+    assert results["startup_s"] > 0 and "net of start-up" in proc.stdout
+    if fraction["net_ratio"] is not None:
+        startup = results["startup_s"]
+        assert fraction["net_ratio"] == (fraction["append_s"] - startup) / (fraction["rebuild_s"] - startup)
     manifest = json.loads((tmp_path / "work" / "appended" / "manifest.json").read_text())
     assert [v["version"] for v in manifest["versions"]] == [1, 2]
