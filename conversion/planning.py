@@ -30,7 +30,7 @@ _HEAD_BYTES = 65536
 _HEADER_THREADS = 8
 
 
-def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
+def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_classes=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
 
     Args:
@@ -44,7 +44,7 @@ def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
       ValueError: When no file has a label.
     """
     with paused_gc():
-        return _build_plan(config, on_listed)
+        return _build_plan(config, on_listed, select, known_classes)
 
 
 @contextlib.contextmanager
@@ -72,10 +72,12 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
+def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
+    if select is not None:
+        files, problems = select(files, problems)
     if on_listed is not None:
         on_listed(files)
     # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images,
@@ -126,6 +128,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         targets=targets,
         folder_labels=None if mask_plan is None else mask_plan.labels_from,
         windows=windows,
+        known_classes=known_classes,
     )
     if mask_plan is not None:
         plan = _masks.attach_masks(plan, mask_plan)

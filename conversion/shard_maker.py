@@ -233,7 +233,7 @@ class ShardMaker:
     def shard(self, split: str, index: int, files) -> PlannedShard:
         """The `PlannedShard` of a shard's PlannedFiles (in any order)."""
         files = tuple(sorted(files))
-        name = schemas.shard_filename(split, index, files[0].num_shards)
+        name = schemas.shard_filename(split, index, files[0].num_shards, self._spec.writing.version)
         fingerprint = shard_fingerprint(self._spec.validation, self._spec.mask_dtype, files)
         return PlannedShard(split, index, name, files, fingerprint)
 
