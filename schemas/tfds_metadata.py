@@ -38,6 +38,16 @@ How each record feature is exposed:
 - the label as `tfds.features.ClassLabel` with the manifest's class names.
 - other bytes features (file name, format, extra string features) as
   `tfds.features.Text`, int64 features as scalar int64 `tfds.features.Tensor`.
+
+Stacks of dated passes (`--time_series`) are described when every stack of
+the dataset has one dtype, one size and one list of bands (the manifest's
+`time_series` section): `stack` as a `tfds.features.Tensor` of that dtype
+and shape (time, height, width, bands), time -1 unless every stack has one
+length, with encoding 'bytes' (TFDS's `decode_raw` of our little-endian
+bytes); the lists (`stack/dates`, `stack/bands`) as 1-D tensors, the
+float64 vectors (`geotransform`) as byte-encoded float64 tensors, the mask
+as a one-channel `tfds.features.Image`. Stacks of several dtypes, sizes or
+band lists get no TFDS files (TFDS's dynamic shapes need features of its own).
 """
 
 from __future__ import annotations
@@ -46,9 +56,9 @@ import json
 import re
 from typing import Any
 
-from schemas.features import IMAGE, LABEL, ImageExampleSchema
+from schemas.features import IMAGE, LABEL, MASK, ImageExampleSchema
 from schemas.manifest import Manifest, shard_filename
-from schemas.time_series import example_kind
+from schemas.time_series import STACK, TIME_SERIES, TimeSeriesExampleSchema, example_kind
 
 __all__ = ["TFDS_DATASET_INFO_FILENAME", "TFDS_FEATURES_FILENAME", "TFDS_FILENAMES", "tfds_files"]
 
@@ -73,6 +83,11 @@ _INT64_FEATURE = {
     "pythonClassName": _CLASS + "tensor_feature.Tensor",
     "tensor": {"dtype": "int64", "encoding": "none", "shape": {}},
 }
+
+
+def _tensor_feature(dtype: str, dimensions: list[int], encoding: str = "none") -> dict[str, Any]:
+    return {"pythonClassName": _CLASS + "tensor_feature.Tensor",
+            "tensor": {"dtype": dtype, "encoding": encoding, "shape": {"dimensions": [str(d) for d in dimensions]}}}
 
 
 def _labels_filename(key: str) -> str:
@@ -158,15 +173,10 @@ def _splits(manifest: Manifest) -> tuple[list[dict], dict[str, list[str]]]:
     return splits, grown
 
 
-def _description(manifest: Manifest, class_names: tuple, grown: dict) -> str:
-    """`dataset_info.json`'s description: what the records are, how a grown split reads whole, and
-    where the class names are when TFDS cannot store them."""
-    description = (
-        f"Images converted by shardsmith {manifest.tool_version} (record schema "
-        f"v{manifest.schema_version}), {len(class_names)} classes. "
-        f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
-        "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
-    )
+def _description(manifest: Manifest, class_names: tuple, grown: dict, records: str) -> str:
+    """`dataset_info.json`'s description: what the records are (`records`, by their kind), how a
+    grown split reads whole, and where the class names are when TFDS cannot store them."""
+    description = records
     parts = {name: names for name, names in grown.items() if len(names) > 1}
     if parts:
         description += (
@@ -211,17 +221,28 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
             "`dataset_name` must be a letter followed by letters, digits or "
             f"underscores. Received: dataset_name={dataset_name!r}"
         )
-    if example_kind(manifest.features) != "image":
-        # TFDS's image features describe images; stacks are read with
-        # readers.time_series_dataset_from_tfrecords (or a plain parse, schemas/time_series.py).
-        return {}
-    schema = ImageExampleSchema.from_json(manifest.features)
     class_names = tuple(manifest.class_names)
+    if example_kind(manifest.features) == TIME_SERIES:
+        described = _stack_features(manifest, len(class_names))
+        if described is None:
+            return {}
+        features, description = described
+        supervised = STACK.key
+    else:
+        schema = ImageExampleSchema.from_json(manifest.features)
+        features = {spec.key: _feature_json(spec.key, spec.dtype, len(class_names)) for spec in schema.features}
+        description = (
+            f"Images converted by shardsmith {manifest.tool_version} (record schema "
+            f"v{manifest.schema_version}), {len(class_names)} classes. "
+            f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
+            "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
+        )
+        supervised = IMAGE.key
     splits, grown = _splits(manifest)
     files = {}
     if _storable_names(class_names):
         files[_labels_filename(LABEL.key)] = "".join(f"{n}\n" for n in class_names)
-    description = _description(manifest, class_names, grown)
+    description = _description(manifest, class_names, grown, description)
     files[TFDS_DATASET_INFO_FILENAME] = _dumps(
         {
             "name": dataset_name,
@@ -230,19 +251,56 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
             "fileFormat": "tfrecord",
             "splits": splits,
             "supervisedKeys": {
-                "tuple": {"items": [{"featureKey": IMAGE.key}, {"featureKey": LABEL.key}]}
+                "tuple": {"items": [{"featureKey": supervised}, {"featureKey": LABEL.key}]}
             },
         }
     )
     files[TFDS_FEATURES_FILENAME] = _dumps(
         {
             "pythonClassName": _CLASS + "features_dict.FeaturesDict",
-            "featuresDict": {
-                "features": {
-                    spec.key: _feature_json(spec.key, spec.dtype, len(class_names))
-                    for spec in schema.features
-                }
-            },
+            "featuresDict": {"features": features},
         }
     )
     return files
+
+
+# A stack record's schema dtype -> its TFDS feature (`_stack_features`), the stack, label and mask aside.
+_LIST_DTYPES = {"int64_list": "int64", "bytes_list": "string"}
+
+
+def _stack_features(manifest: Manifest, num_classes: int) -> tuple[dict[str, Any], str] | None:
+    """The TFDS features of a dataset of stacks, and its description; None when its stacks differ in
+    dtype, size or bands (see the module's docstring)."""
+    schema = TimeSeriesExampleSchema.from_json(manifest.features)
+    section = manifest.extra.get(TIME_SERIES, {})
+    dtypes, sizes, bands = section.get("dtypes", ()), section.get("sizes", ()), section.get("bands")
+    if len(dtypes) != 1 or len(sizes) != 1 or not bands:
+        return None
+    steps = section.get("steps", ())
+    (height, width), = sizes
+    features: dict[str, Any] = {}
+    for spec in schema.features:
+        if spec.key == STACK.key:
+            features[spec.key] = _tensor_feature(
+                dtypes[0], [steps[0] if len(steps) == 1 else -1, height, width, len(bands)], "bytes")
+        elif spec.key == LABEL.key or spec.dtype in ("bytes", "int64"):
+            features[spec.key] = _feature_json(spec.key, spec.dtype, num_classes)
+        elif spec.key == MASK.key:
+            dtype = manifest.extra.get("targets", {}).get("mask", {}).get("dtype", "uint8")
+            features[spec.key] = {"pythonClassName": _CLASS + "image_feature.Image",
+                                  "image": {"dtype": dtype, "shape": {"dimensions": ["-1", "-1", "1"]}}}
+        elif spec.dtype in _LIST_DTYPES:
+            features[spec.key] = _tensor_feature(_LIST_DTYPES[spec.dtype], [-1])
+        elif spec.dtype == "int64_vector":
+            features[spec.key] = _tensor_feature("int64", [spec.length])
+        elif spec.dtype == "float64":
+            features[spec.key] = _tensor_feature("float64", [spec.length], "bytes")
+        else:
+            raise ValueError(f"Feature {spec.key!r} of dtype {spec.dtype!r} cannot be described to TFDS.")
+    description = (
+        f"Stacks of dated passes converted by shardsmith {manifest.tool_version} (record schema "
+        f"v{manifest.schema_version}), {num_classes} classes: '{STACK.key}' is {dtypes[0]} "
+        f"(time, height, width, bands) with bands {list(bands)}, 'stack/dates' days since 1970-01-01; "
+        "shardsmith's readers.time_series_dataset_from_tfrecords pads, sub-samples and normalises them."
+    )
+    return features, description

@@ -165,3 +165,43 @@ def test_shard_names_tfds_cannot_find_are_refused(dataset):
     bad = dataclasses.replace(manifest, splits={**manifest.splits, "train": train})
     with pytest.raises(ValueError, match="train-0-of-2.tfrecord"):
         tfds_files(bad)
+
+
+def test_tfds_reads_stacks_of_dated_passes_as_rasterio_reads_their_files(tmp_path):
+    """`convert --time_series` writes TFDS metadata too: each stack, date and label as GDAL's files say."""
+    rasterio = pytest.importorskip("rasterio")
+    from helpers import write_geotiff
+
+    days = {"2020-05-01": 18383, "2020-05-11": 18393, "2020-05-21": 18403}
+    expected = {}
+    for k, (label, location) in enumerate((("corn", "a"), ("corn", "b"), ("wheat", "c"), ("wheat", "d"))):
+        folder = tmp_path / "in" / label / location
+        for t, date in enumerate(days):
+            values = np.random.default_rng(10 * k + t).integers(0, 60000, size=(4, 6, 5)).astype(np.uint16)
+            write_geotiff(folder / f"{date}.tif", values)
+        planes = []
+        for date in days:
+            with rasterio.open(folder / f"{date}.tif") as src:
+                planes.append(np.transpose(src.read(), (1, 2, 0)))
+        expected[f"{label}/{location}"] = (np.stack(planes), label)
+    out = tmp_path / "out"
+    manifest = convert(tmp_path / "in", out, "--time_series", "--split", "train=1.0", "--num_shards", "2")
+    for name, text in tfds_files(manifest).items():
+        assert (out / name).read_text(encoding="utf-8") == text
+    builder = tfds.builder_from_directory(str(out))
+    assert builder.info.features["label"].names == ["corn", "wheat"]
+    seen = set()
+    for example in tfds.as_numpy(builder.as_dataset(split="train")):
+        name = example["filename"].decode()
+        stack, label = expected[name]
+        assert example["stack"].dtype == np.uint16
+        np.testing.assert_array_equal(example["stack"], stack)
+        assert example["stack/dates"].tolist() == list(days.values())
+        assert [b.decode() for b in example["stack/bands"]] == ["1", "2", "3", "4"]
+        assert example["label"] == ["corn", "wheat"].index(label)
+        with rasterio.open(tmp_path / "in" / name / "2020-05-01.tif") as src:
+            np.testing.assert_array_equal(example["geotransform"], src.transform.to_gdal())
+        seen.add(name)
+    assert seen == set(expected)
+    stack, label = next(iter(builder.as_dataset(split="train", as_supervised=True)))
+    assert stack.shape == (3, 6, 5, 4) and label.dtype.name == "int64"
