@@ -12,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 import schemas
 from schemas.tfds_metadata import tfds_files
 from beam_jobs._output import delete_if_exists, remove_dataset_files
-from conversion import annotations as _annotations, listing, masks, scene_log
+from conversion import listing, scene_log, targets as _targets
 from conversion.elements import ConversionError
 from conversion.files import TMP_DIRNAME, write_atomically
 
@@ -121,12 +121,8 @@ class FinalizeFn(beam.DoFn):
         actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
         extra = dict(self._extra)
         if self._targets is not None:
-            extra[schemas.TARGETS_SECTION] = {
-                **extra.get(schemas.TARGETS_SECTION, {}),
-                **_annotations.targets_section(self._targets, shards, sorted(self._shard_counts),
-                                               len(self._class_names)),
-            }
-        extra = masks.with_pixel_counts(extra, shards, self._shard_counts)
+            extra[schemas.TARGETS_SECTION] = _targets.targets_section(
+                self._targets, shards, sorted(self._shard_counts), len(self._class_names))
         patches = _patch_summary(normalized)
         if patches:
             extra["patches"] = patches

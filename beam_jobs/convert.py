@@ -53,7 +53,7 @@ from beam_jobs._output import check_output, is_finished, prepare_output, read_ma
 from beam_jobs._progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
+from conversion import console, elements, guard, plan as _plan, processes as _processes, recovery
 from conversion.planning import build_plan, group_section
 from conversion.shard_plans import write_shard_plans
 from conversion.examples import record_schema, warm_call
@@ -143,8 +143,7 @@ class ConvertImages(beam.PTransform):
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
                     features=record_schema(config.validation, _targets(plan)).to_json(),
-                    extra={**group_section(plan, config), **masks.manifest_section(plan),
-                           **_time_series_section(plan, config)},
+                    extra={**group_section(plan, config), **_time_series_section(plan, config)},
                     targets=plan.targets_section,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
@@ -164,8 +163,8 @@ def _time_series_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
 
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
-    """The target kinds of the plan's records (`schemas.TARGET_KINDS`): its annotations' and CSV's, and masks."""
-    return tuple(sorted({*plan.target_kinds, *((masks.TARGET_KIND,) if plan.masks is not None else ())}))
+    """The target kinds of the plan's records (`schemas.TARGET_KINDS`, `conversion.targets.TARGETS`)."""
+    return tuple(plan.target_kinds)
 
 
 def run(argv: list[str] | None = None, *, wait: bool = True):

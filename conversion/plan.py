@@ -148,7 +148,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class PlanTargets:
-    """Targets beyond one class, planned per file before `make_plan` (`conversion.annotations`).
+    """Targets beyond one class, planned per file before `make_plan` (`conversion.targets`).
 
     Attributes:
       kinds: Kinds of target (`schemas.TARGET_KINDS` keys), sorted.

@@ -17,13 +17,13 @@ import re
 
 import numpy as np
 
-from conversion import annotations as _annotations, examples as _examples, guard, listing as _listing
-from conversion import masks as _masks, plan as _plan
+from conversion import examples as _examples, guard, listing as _listing
+from conversion import masks as _masks, plan as _plan, targets as _targets
 from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
-__all__ = ["build_plan", "group_section", "paused_gc", "scene_masks", "scene_windows", "SCENE_SUFFIXES"]
+__all__ = ["build_plan", "group_section", "paused_gc", "scene_windows", "SCENE_SUFFIXES"]
 
 # With --raster_patch, the inputs cut into patches (any other is converted as without it).
 SCENE_SUFFIXES = (".tif", ".tiff")
@@ -86,13 +86,14 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         on_listed(files)
     # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images.
     files, problems, _members = _examples.kind_for(config.validation).group(files, problems, config)
-    text = None
+    labels_csv = None
     if config.labels_csv:
         if not exists(config.labels_csv):
             raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
-        text = read_bytes(config.labels_csv).decode("utf-8-sig")
-    # The CSV's labels, and targets beyond one class (--annotations, several labels, numbers).
-    labels_csv, targets = _annotations.plan_targets(config, files, problems, text)
+        labels_csv = _targets.read_labels_csv(read_bytes(config.labels_csv).decode("utf-8-sig"),
+                                              config.labels_csv)
+    # What annotations may name: every listed example, before any is refused below.
+    listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems])
     groups = None
     if config.group_by:
         failed = _quarantined(config) if config.writing.resume else {}
@@ -114,35 +115,31 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         if patch is not None:
             windows = _time_series.stack_windows(stacks, patch)
     elif patch is not None:
-        if targets is not None:
+        if labels_csv is not None and labels_csv.table is not None:
             raise ValueError("--raster_patch does not combine with targets beyond one class (several "
                              "labels or numbers in --labels_csv) yet: give one label per scene.")
         windows, failed = scene_windows(files, config.validation.raster)
         if failed:
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
-    mask_plan = None
-    masks = config.masks
-    if masks.active:
-        mask_plan = _masks.plan_masks(
-            files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
-            labels_csv=labels_csv is not None, class_names=config.class_names)
-        if windows is not None and stacks is None:
-            mask_plan = scene_masks(mask_plan, windows, config.validation.raster)
-        files, problems = mask_plan.files, mask_plan.problems
+    # Targets beyond one class, one row of `conversion.targets.TARGETS` each: masks, boxes, labels, numbers.
+    planned = _targets.plan_targets(_targets.TargetRequest(
+        config, files, problems, listed, labels_csv, windows if stacks is None else None))
+    files, problems = planned.files, planned.problems
+    mask_plan = planned.summaries.get(_targets.masks.NAME)
     sharding = config.sharding
     plan = _plan.make_plan(
         files, problems,
         groups=groups,
         seed=config.seed,
         split_ratios=config.split_ratios,
-        labels_csv=labels_csv,
+        labels_csv=planned.labels_csv,
         class_names=config.class_names,
         num_shards=sharding.num_shards,
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,
-        targets=targets,
-        folder_labels=None if mask_plan is None else mask_plan.labels_from,
+        targets=planned.targets,
+        folder_labels=planned.labels_from,
         windows=windows,
     )
     if mask_plan is not None:
@@ -153,7 +150,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
     if not plan.files and mask_plan is not None:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "
-            f"{masks.masks_dir!r}: {len(plan.problems)} files found, none paired (see the file names "
+            f"{config.masks.masks_dir!r}: {len(plan.problems)} files found, none paired (see the file names "
             "and --mask_suffix)."
         )
     if not plan.files:
@@ -262,57 +259,6 @@ def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]]
     _LOG.info("Read the headers of %s scenes: %s work items of patches (--raster_patch)",
               f"{len(scenes):,}", f"{sum(map(len, windows.values())):,}")
     return windows, failed
-
-
-def scene_masks(mask_plan, windows, raster):
-    """The mask plan without the scenes whose label raster cannot be cut with them (--raster_patch).
-
-    Each scene's mask header is read (no pixel decoded) beside the scene's:
-    a mask of another size is rejected 'mask_size_mismatch', one whose
-    header does not read 'mask_unreadable', a TIFF of several bands or with
-    a nodata value that is no class id of the dataset's masks
-    'mask_not_class_ids' (`imaging.scenes.label_header`, `label_padding`).
-    Other inputs keep their masks as without --raster_patch.
-
-    Args:
-      mask_plan: The `conversion.masks.MaskPlan`.
-      windows: `scene_windows`'s work items of the scenes.
-      raster: The `imaging.RasterOptions`, `patch` set.
-    """
-    from imaging import ImageRejected
-    from imaging import scenes as _scenes
-
-    scenes = [f for f in mask_plan.files if f.rel_path in windows]
-
-    def problem(f):
-        mask = mask_plan.mask_of[f.rel_path]
-        with guard.working_on([(f.rel_path, f.path)]):
-            try:
-                with open_to_read(mask) as fh:
-                    labels = _scenes.label_header(fh, mask)
-                _scenes.label_padding(labels.nodata, mask_plan.dtype, mask)
-                with open_to_read(f.path) as fh:
-                    scene = _scenes.scene_header(fh, f.rel_path, raster)
-            except ImageRejected as e:
-                return e.reason, e.message
-            except OSError as e:
-                return "mask_unreadable", f"mask of {f.rel_path}: {e}"
-            except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
-                _LOG.debug("Unexpected error reading the mask header of %s", f.rel_path, exc_info=e)
-                return guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e)
-        if (labels.height, labels.width) != (scene.height, scene.width):
-            return "mask_size_mismatch", (f"mask of {f.rel_path} is {labels.width}x{labels.height}, the "
-                                          f"scene {scene.width}x{scene.height}: a label raster is cut into "
-                                          "the scene's patches, pixel for pixel")
-        return None
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
-        failed = {f.rel_path: p for f, p in zip(scenes, pool.map(problem, scenes)) if p is not None}
-    if not failed:
-        return mask_plan
-    return dataclasses.replace(
-        mask_plan, files=tuple(f for f in mask_plan.files if f.rel_path not in failed),
-        problems=(*mask_plan.problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))))
 
 
 def _quarantined(config) -> dict:

@@ -21,7 +21,7 @@ import types
 from typing import NamedTuple
 
 import schemas
-from conversion import annotations as _annotations, guard, masks as _masks
+from conversion import guard, masks as _masks, targets as _targets
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
@@ -64,7 +64,7 @@ class ShardFile(NamedTuple):
       duplicate: With --dedup, the message of its 'duplicate' reject (it
         is then not read); None otherwise.
       targets: Its targets beyond one class, as compact JSON
-        (`conversion.annotations`); None when the dataset has none.
+        (`conversion.targets`); None when the dataset has none.
       mask: With --masks_dir, where its mask is; None otherwise.
       patch_rows: With --raster_patch, for a work item of a scene: "y0,y1",
         its patches are those whose top row is in [y0, y1); "y0,y1,x0,x1",
@@ -207,7 +207,7 @@ class _Shard:
         self.num_sources = 0
         self.band_stats = schemas.BandStatsAccumulator()  # Of its raster records
         self.georeferenced = 0  # Records with a known EPSG code or geotransform
-        self.targets = _annotations.TargetCounts()  # Boxes and labels of its records
+        self.targets = _targets.TargetCounts()  # What its records hold, by kind of target
         self.mask_pixels = _masks.PixelCounter()  # Pixels per class id of its masks
 
 
@@ -311,10 +311,10 @@ class _Writer:
         return None
 
     def _targets(self, f: ShardFile, image):
-        """The record's `annotations.RecordTargets`, or None when the dataset has no targets."""
+        """The record's `conversion.targets.RecordTargets`, or None when the dataset has no targets."""
         if f.targets is None:
             return None
-        return _annotations.record_targets(f.targets, image, self._raw_frames.get(f.rel_path), f.rel_path)
+        return _targets.record_targets(f.targets, image, self._raw_frames.get(f.rel_path), f.rel_path)
 
     def _encode(self, f: ShardFile, item, targets=None) -> tuple[str, bytes]:
         """The record's filename and its framed bytes (every record of a file is encoded before any is written)."""
@@ -347,9 +347,9 @@ class _Writer:
         if targets is not None:
             shard.targets.add(targets)
             if targets.details:
-                # What was done to its boxes, next to what was done to its pixels.
+                # What was done to its targets (by kind), next to what was done to its pixels.
                 actions = (*actions, *targets.actions)
-                details = {**(details or {}), "boxes": targets.details}
+                details = {**(details or {}), **targets.details}
         if actions:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
@@ -486,7 +486,7 @@ class _Writer:
             try:
                 self._raw_frames[f.rel_path] = _boxes.raw_frame(data)
             except (OSError, ValueError) as e:
-                # Rejected as bad_target by `annotations.record_targets`, which needs it.
+                # Rejected as bad_target by the boxes' `record` (`conversion.targets.boxes`), which needs it.
                 _LOG.debug("No raw frame of %s", f.rel_path, exc_info=e)
 
     def _validate_one(self, data: bytes, name: str):

@@ -1,0 +1,138 @@
+"""The mask kind: segmentation masks (--masks_dir, --mask_suffix), one row of `conversion.targets.TARGETS`.
+
+- Planning (`_plan`, on the driver): pairs each example with its mask
+  (`conversion.masks.plan_masks`: an image without one is a 'missing_mask'
+  problem), decides the image labels where the layout has class folders and
+  the one mask dtype of the dataset from the masks' headers; with
+  --raster_patch, reads each scene's label raster header beside the scene's
+  (`scene_masks`). Each file's value is its mask's path and the dtype.
+- Writing: the mask is a second file per example, read on the shard
+  writer's read-ahead threads with its image (`conversion.masks.pair`),
+  aligned with each stored image and encoded as a PNG (the `mask` feature).
+- The manifest: the dtype and folder, then pixels per class id and split
+  (the shards' `mask_pixels`).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+
+from conversion import guard, listing as _listing, masks as _masks
+from conversion.files import open_to_read
+from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
+
+__all__ = ["KIND", "NAME", "scene_masks", "mask_of", "dtype_of"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+# Mask headers are read on threads: the work waits on storage.
+_HEADER_THREADS = 8
+# The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
+NAME = _masks.TARGET_KIND
+
+
+def _plan(request: TargetRequest) -> PlannedKind | None:
+    config = request.config
+    options = config.masks
+    if not options.active:
+        return None
+    mask_plan = _masks.plan_masks(
+        request.files, request.problems, options, input_dir=config.input_dir,
+        split_ratios=config.split_ratios, labels_csv=request.labels_csv is not None,
+        class_names=config.class_names)
+    if request.windows is not None:
+        mask_plan = scene_masks(mask_plan, request.windows, config.validation.raster)
+    values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path]}
+              for f in mask_plan.files}
+    # Only what the rest of the run needs (dtype, section): the driver holds no
+    # second object per image while the pipeline runs.
+    summary = dataclasses.replace(mask_plan, files=(), problems=(), mask_of={}, labels_from=None)
+    return PlannedKind(values=values, section=dict(mask_plan.section), files=list(mask_plan.files),
+                       problems=list(mask_plan.problems), labels_from=mask_plan.labels_from,
+                       summary=summary)
+
+
+def mask_of(value) -> str:
+    """The path of a file's mask, from its planned value."""
+    return value["path"]
+
+
+def dtype_of(value) -> str:
+    """The dataset's mask dtype ('uint8' or 'uint16'), from a file's planned value."""
+    return value["dtype"]
+
+
+def _record(value, image, raw_frame, name: str) -> RecordPart:
+    # The mask's PNG is made on the read-ahead threads with its image (`conversion.masks.pair`).
+    return RecordPart({})
+
+
+def _section(section: dict, shards, splits, num_classes: int) -> dict:
+    """The planned section with num_classes and the pixels per class id and split."""
+    per_split = {split: collections.Counter() for split in splits}
+    for s in shards:
+        for class_id, pixels in (s.mask_pixels or {}).items():
+            per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
+    ids = [int(i) for counts in per_split.values() for i in counts]
+    section["num_classes"] = max(ids) + 1 if ids else 0
+    section["pixel_counts"] = {
+        split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
+        for split, counts in sorted(per_split.items())
+    }
+    return section
+
+
+def scene_masks(mask_plan, windows, raster):
+    """The mask plan without the scenes whose label raster cannot be cut with them (--raster_patch).
+
+    Each scene's mask header is read (no pixel decoded) beside the scene's:
+    a mask of another size is rejected 'mask_size_mismatch', one whose
+    header does not read 'mask_unreadable', a TIFF of several bands or with
+    a nodata value that is no class id of the dataset's masks
+    'mask_not_class_ids' (`imaging.scenes.label_header`, `label_padding`).
+    Other inputs keep their masks as without --raster_patch.
+
+    Args:
+      mask_plan: The `conversion.masks.MaskPlan`.
+      windows: `scene_windows`'s work items of the scenes.
+      raster: The `imaging.RasterOptions`, `patch` set.
+    """
+    from imaging import ImageRejected
+    from imaging import scenes as _scenes
+
+    scenes = [f for f in mask_plan.files if f.rel_path in windows]
+
+    def problem(f):
+        mask = mask_plan.mask_of[f.rel_path]
+        with guard.working_on([(f.rel_path, f.path)]):
+            try:
+                with open_to_read(mask) as fh:
+                    labels = _scenes.label_header(fh, mask)
+                _scenes.label_padding(labels.nodata, mask_plan.dtype, mask)
+                with open_to_read(f.path) as fh:
+                    scene = _scenes.scene_header(fh, f.rel_path, raster)
+            except ImageRejected as e:
+                return e.reason, e.message
+            except OSError as e:
+                return "mask_unreadable", f"mask of {f.rel_path}: {e}"
+            except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
+                _LOG.debug("Unexpected error reading the mask header of %s", f.rel_path, exc_info=e)
+                return guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e)
+        if (labels.height, labels.width) != (scene.height, scene.width):
+            return "mask_size_mismatch", (f"mask of {f.rel_path} is {labels.width}x{labels.height}, the "
+                                          f"scene {scene.width}x{scene.height}: a label raster is cut into "
+                                          "the scene's patches, pixel for pixel")
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
+        failed = {f.rel_path: p for f, p in zip(scenes, pool.map(problem, scenes)) if p is not None}
+    if not failed:
+        return mask_plan
+    return dataclasses.replace(
+        mask_plan, files=tuple(f for f in mask_plan.files if f.rel_path not in failed),
+        problems=(*mask_plan.problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))))
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section)
