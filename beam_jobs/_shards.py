@@ -68,18 +68,17 @@ class ImagesToTFRecords(beam.PTransform):
         (only hashes and paths are grouped); `resume` and `worker_threads`
         go to `WriteShardFn`.
       targets: The kinds of target every record carries (`schemas.TARGET_KINDS`).
-      mask_dtype: With --masks_dir, the dtype of every stored mask (`WriteShardFn`).
     """
 
     def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
                  validation: ValidationOptions, writing: WritingOptions | None = None,
-                 targets: tuple[str, ...] = (), mask_dtype: str | None = None):
+                 targets: tuple[str, ...] = ()):
         super().__init__()
         writing = writing or WritingOptions()
         self._dedup = writing.dedup
         self._fn = WriteShardFn(output_dir=output_dir, num_classes=num_classes,
                                 total_shards=total_shards, validation=validation, writing=writing,
-                                targets=targets, mask_dtype=mask_dtype)
+                                targets=targets)
 
     def start_early(self, pool, shards) -> None:
         """Starts writing `shards` (lists of one shard's PlannedFiles) in the driver's worker

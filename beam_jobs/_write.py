@@ -59,8 +59,6 @@ class WriteShardFn(beam.DoFn):
       validation: The `imaging.ValidationOptions` of every file.
       writing: The `WritingOptions` (resume, worker processes and threads).
       targets: The kinds of target every record carries (`schemas.TARGET_KINDS`).
-      mask_dtype: With --masks_dir, the dtype of every stored mask
-        ('uint8' or 'uint16', `conversion.masks`); None without masks.
     """
 
     REJECTED = "rejected"
@@ -68,7 +66,7 @@ class WriteShardFn(beam.DoFn):
 
     def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
                  validation: ValidationOptions, writing: WritingOptions | None = None,
-                 targets: tuple[str, ...] = (), mask_dtype: str | None = None):
+                 targets: tuple[str, ...] = ()):
         # Plain values only: the DoFn is pickled to every worker.
         self._targets = tuple(targets)
         self._output_dir = output_dir
@@ -78,7 +76,6 @@ class WriteShardFn(beam.DoFn):
         self._total_shards = total_shards
         self._validation = validation
         self._writing = writing or WritingOptions()
-        self._mask_dtype = mask_dtype
         self._written = Metrics.counter(_NAMESPACE, "records_written")
         self._shards = Metrics.counter(_NAMESPACE, "shards_written")
         self._resumed = Metrics.counter(_NAMESPACE, "shards_resumed")
@@ -201,7 +198,6 @@ class WriteShardFn(beam.DoFn):
             threads=self._writing.worker_threads or (0 if pooled else default_threads()),
             quarantined=self._quarantined_of(files),
             targets=self._targets,
-            mask_dtype=self._mask_dtype,
         )
 
     def start_early(self, pool: _processes.WorkerProcesses, shards) -> None:
@@ -232,7 +228,7 @@ class WriteShardFn(beam.DoFn):
 
     def _fingerprint(self, files) -> str:
         """What the shard's bytes depend on (`conversion.receipts.shard_fingerprint`)."""
-        return shard_fingerprint(self._validation, self._mask_dtype, files)
+        return shard_fingerprint(self._validation, files)
 
     def _log_written(self, name, outcome) -> None:
         result, rejects, _ = outcome
@@ -300,4 +296,4 @@ def _shard_file(f) -> ShardFile:
     duplicate = None
     if f.duplicate_of is not None:
         duplicate = "same content as " + listing.display_path(f.duplicate_of)
-    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.mask, f.patch_rows)
+    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.patch_rows)

@@ -111,7 +111,6 @@ class ConvertImages(beam.PTransform):
             validation=config.validation,
             writing=config.writing,
             targets=_targets(plan),
-            mask_dtype=None if plan.masks is None else plan.masks.dtype,
         )
 
     def start_early(self, pool, shards) -> None:

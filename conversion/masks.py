@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -38,7 +37,7 @@ from imaging import masks as _masks
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair",
+__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "pair",
            "pair_patches", "unpack", "PixelCounter"]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -327,13 +326,6 @@ def _dataset_dtype(paths: Sequence) -> str:
     dtype = "uint16" if deepest > 8 else "uint8"
     _LOG.info("Masks: %s files paired, stored as %s PNGs", f"{len(paths):,}", dtype)
     return dtype
-
-
-def attach_masks(plan, summary: MaskPlan):
-    """The plan with each planned file's mask path (`PlannedFile.mask`, from its planned targets)
-    and the mask plan's summary (`conversion.targets.masks`: no per-file part)."""
-    files = tuple(dataclasses.replace(f, mask=json.loads(f.targets)[TARGET_KIND]["path"]) for f in plan.files)
-    return dataclasses.replace(plan, files=files, masks=summary)
 
 
 class MaskedImage(NamedTuple):

@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from conversion import examples as _examples, guard, listing as _listing
-from conversion import masks as _masks, plan as _plan, targets as _targets
+from conversion import plan as _plan, targets as _targets
 from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
@@ -143,7 +143,8 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         windows=windows,
     )
     if mask_plan is not None:
-        plan = _masks.attach_masks(plan, mask_plan)
+        # Its summary (dtype, section): each file's mask travels in its targets.
+        plan = dataclasses.replace(plan, masks=mask_plan)
     if stacks is not None:
         plan = _time_series.expand_problems(plan, stacks)
         plan = dataclasses.replace(plan, stacks={f.rel_path: stacks[f.rel_path] for f in plan.files})

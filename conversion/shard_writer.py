@@ -51,6 +51,8 @@ _NO_EXTRA = types.MappingProxyType({})
 # offsets of the patches skipped for nodata; or failed (its patches missing).
 _CUT_ACTION = _scene_log.CUT_ACTION
 _FAILED_ACTION = _scene_log.FAILED_ACTION
+# The mask kind (`conversion.targets.masks`): its pixels are counted per shard.
+_MASK = _targets.masks.NAME
 
 
 class ShardFile(NamedTuple):
@@ -63,9 +65,9 @@ class ShardFile(NamedTuple):
       label: Its class index.
       duplicate: With --dedup, the message of its 'duplicate' reject (it
         is then not read); None otherwise.
-      targets: Its targets beyond one class, as compact JSON
-        (`conversion.targets`); None when the dataset has none.
-      mask: With --masks_dir, where its mask is; None otherwise.
+      targets: Its targets beyond one class (its mask's path and dtype
+        among them), as compact JSON (`conversion.targets`); None when the
+        dataset has none.
       patch_rows: With --raster_patch, for a work item of a scene: "y0,y1",
         its patches are those whose top row is in [y0, y1); "y0,y1,x0,x1",
         those whose left column is also in [x0, x1) (`imaging.scenes.WorkItem`,
@@ -78,7 +80,6 @@ class ShardFile(NamedTuple):
     label: int
     duplicate: str | None = None
     targets: str | None = None
-    mask: str | None = None
     patch_rows: str | None = None
 
 
@@ -112,8 +113,6 @@ class ShardJob:
     quarantined: tuple[tuple[str, str, str], ...] = ()
     # The kinds of target every record carries (`schemas.TARGET_KINDS`), sorted.
     targets: tuple[str, ...] = ()
-    # With --masks_dir: 'uint8' or 'uint16', the dtype of every stored mask (`conversion.masks`).
-    mask_dtype: str | None = None
 
 
 def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()):
@@ -282,7 +281,7 @@ class _Writer:
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
             targets=shard.targets.to_json(),
-            mask_pixels=shard.mask_pixels.to_json() if job.mask_dtype else None,
+            mask_pixels=shard.mask_pixels.to_json() if _MASK in job.targets else None,
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
@@ -435,15 +434,16 @@ class _Writer:
         validation = self._job.validation
         with guard.working_on([(f.rel_path, f.path)]):
             try:
+                mask = _targets.masks.of_file(f.targets)
                 with contextlib.ExitStack() as stack:
-                    labels = None if f.mask is None else stack.enter_context(self._labels(f))
+                    labels = None if mask is None else stack.enter_context(self._labels(f, *mask))
                     fh = stack.enter_context(open_to_read(f.path))
                     cut = _scenes.cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster, validation.resize,
                                            labels, columns)
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.
-                images = _masks.pair_patches(cut.images, cut.masks, self._job.mask_dtype or "uint8")
+                images = _masks.pair_patches(cut.images, cut.masks, mask[1])
                 return dataclasses.replace(cut, images=images, masks=None)
             except ImageRejected as e:
                 return Reject(f.rel_path, e.reason, e.message)
@@ -453,26 +453,27 @@ class _Writer:
                 return _internal_error(f, e)
 
     @contextlib.contextmanager
-    def _labels(self, f: ShardFile):
-        """The scene's label raster (`imaging.scenes.LabelRaster`), open for the item."""
+    def _labels(self, f: ShardFile, path: str, dtype: str):
+        """The scene's label raster (`imaging.scenes.LabelRaster`) at `path`, open for the item."""
         try:
-            fh = open_to_read(f.mask)
+            fh = open_to_read(path)
         except OSError as e:
             raise ImageRejected("mask_unreadable", f"mask of {f.rel_path}: {e}") from e
-        with fh, _scenes.LabelRaster(fh, f.mask, self._job.mask_dtype or "uint8") as labels:
+        with fh, _scenes.LabelRaster(fh, path, dtype) as labels:
             yield labels
 
     def _with_targets(self, f: ShardFile, images, data: bytes):
         """The file's images, paired with its mask (`conversion.masks.pair`), its raw frame noted
         for its boxes (`_note_raw_frame`); or the pair's Reject."""
-        if f.mask is None and f.targets is None:
+        if f.targets is None:
             return images
         try:
             self._note_raw_frame(f, data, images)
-            if f.mask is None:
+            mask = _targets.masks.of_file(f.targets)
+            if mask is None:
                 return images
-            return _masks.pair(f.rel_path, f.mask, images, data, self._job.mask_dtype or "uint8",
-                               self._job.validation.max_pixels)
+            path, dtype = mask
+            return _masks.pair(f.rel_path, path, images, data, dtype, self._job.validation.max_pixels)
         except ImageRejected as e:
             return Reject(f.rel_path, e.reason, e.message)
         except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported

@@ -157,11 +157,6 @@ def record_targets(targets: str, image, raw_frame: tuple[int, int, int] | None, 
     return RecordTargets(extra, actions, details or None, parts)
 
 
-def value_of(targets: str | None, kind: str):
-    """A file's planned value of one `kind` (None when it has none), from its targets' JSON text."""
-    return None if targets is None else json.loads(targets).get(kind)
-
-
 class TargetCounts:
     """What one shard's records hold, by kind (the rows' counters)."""
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import json
 import logging
 
 from conversion import guard, listing as _listing, masks as _masks
 from conversion.files import open_to_read
 from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
 
-__all__ = ["KIND", "NAME", "scene_masks", "mask_of", "dtype_of"]
+__all__ = ["KIND", "NAME", "scene_masks", "of_file"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Mask headers are read on threads: the work waits on storage.
@@ -54,14 +55,13 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
                        summary=summary)
 
 
-def mask_of(value) -> str:
-    """The path of a file's mask, from its planned value."""
-    return value["path"]
-
-
-def dtype_of(value) -> str:
-    """The dataset's mask dtype ('uint8' or 'uint16'), from a file's planned value."""
-    return value["dtype"]
+def of_file(targets: str | None) -> tuple[str, str] | None:
+    """(path, dtype) of a file's mask, from its planned targets' JSON text (`ShardFile.targets`);
+    None without one. The dtype ('uint8' or 'uint16') is the dataset's, the same in every file."""
+    if targets is None:
+        return None
+    value = json.loads(targets).get(NAME)
+    return None if value is None else (value["path"], value["dtype"])
 
 
 def _record(value, image, raw_frame, name: str) -> RecordPart:
