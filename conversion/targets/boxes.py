@@ -184,4 +184,31 @@ def _section(section: dict, shards, splits: Sequence[str], num_classes: int) -> 
     return section
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section)
+def _verify(section, num_classes: int):
+    names = section.get("class_names")
+    if not isinstance(names, list):
+        return None, "the manifest's targets.boxes has no class_names list"
+    return (lambda values, height, width, tf: _check_boxes(values, len(names))), None
+
+
+def _check_boxes(values, num_box_classes: int) -> str | None:
+    """The first problem of one record's boxes: list lengths, corners in [0, 1], labels, is_crowd."""
+    columns = [values[spec.key] for spec in schemas.BOX_FEATURES]
+    lengths = {spec.key: len(c) for spec, c in zip(schemas.BOX_FEATURES, columns)}
+    if len(set(lengths.values())) > 1:
+        return f"box lists of different lengths {lengths}"
+    xmin, ymin, xmax, ymax, labels, crowd = columns
+    for i, corners in enumerate(zip(xmin, ymin, xmax, ymax)):
+        if not all(0.0 <= v <= 1.0 for v in corners):  # NaN fails too.
+            return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) is outside [0, 1]"
+        if corners[0] > corners[2] or corners[1] > corners[3]:
+            return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) has a min above its max"
+        if not 0 <= labels[i] < num_box_classes:
+            return (f"box {i} has {schemas.BBOX_LABEL.key} {labels[i]}, outside [0, {num_box_classes}) "
+                    "of the manifest's targets.boxes.class_names")
+        if crowd[i] not in (0, 1):
+            return f"box {i} has {schemas.BBOX_IS_CROWD.key} {crowd[i]}, not 0 or 1"
+    return None
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify)

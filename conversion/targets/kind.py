@@ -106,6 +106,12 @@ class TargetKind:
       section: (planned section, shards, splits, num_classes) -> this kind's
         manifest section, completed from the shards' results
         (`conversion.elements.ShardResult`s); None: the planned one as is.
+      verify: (manifest section, num_classes) -> (check, problem), for
+        `shardsmith verify`: `check(values, height, width, tf)` gives the
+        problem of one decoded record's features of this kind (values:
+        `schema.decode`; height, width: its stored image's; tf: TensorFlow)
+        or None; `problem` says what the section lacks to check them (check
+        is then None). None: its records are not checked.
     """
 
     name: str
@@ -113,3 +119,4 @@ class TargetKind:
     record: Callable[[Any, Any, Any, str], RecordPart]
     counter: Callable[[], Any] | None = None
     section: Callable[[dict, Any, Any, int], dict] | None = None
+    verify: Callable[[Mapping[str, Any], int], tuple[Callable | None, str | None]] | None = None

@@ -69,4 +69,19 @@ def _section(section: dict, shards, splits: Sequence[str], num_classes: int) -> 
     return section
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section)
+def _verify(section, num_classes: int):
+    key = schemas.LABELS.key
+
+    def check(values, height, width, tf) -> str | None:
+        labels = values[key]
+        outside = [v for v in labels if not 0 <= v < num_classes]
+        if outside:
+            return f"{key} {list(labels)} has {outside} outside [0, {num_classes})"
+        if any(a >= b for a, b in zip(labels, labels[1:])):
+            return f"{key} {list(labels)} is not sorted with each class once"
+        return None
+
+    return check, None
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify)

@@ -21,6 +21,9 @@ import dataclasses
 import json
 import logging
 
+import numpy as np
+
+import schemas
 from conversion import guard, listing as _listing, masks as _masks
 from conversion.files import open_to_read
 from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
@@ -135,4 +138,42 @@ def scene_masks(mask_plan, windows, raster):
         problems=(*mask_plan.problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))))
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section)
+# The mask id that means "ignore this pixel" at each mask dtype: allowed above num_classes.
+_IGNORE_ID = {"uint8": 255, "uint16": 65535}
+_MASK_DTYPES = tuple(_IGNORE_ID)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _verify(section, num_classes: int):
+    dtype, top = section.get("dtype"), section.get("num_classes")
+    if dtype not in _MASK_DTYPES or not isinstance(top, int) or isinstance(top, bool):
+        return None, (f"the manifest's targets.mask must give dtype (one of {_MASK_DTYPES}) "
+                      f"and num_classes (an int); it says {dict(section)!r}")
+    return (lambda values, height, width, tf: _check_mask(values[schemas.MASK.key], height, width, dtype,
+                                                           top, tf)), None
+
+
+def _check_mask(mask: bytes, height: int, width: int, dtype: str, num_classes: int, tf) -> str | None:
+    """A PNG at the manifest's dtype that decodes to the image's size, of ids below num_classes (or ignore)."""
+    key = schemas.MASK.key
+    if not mask.startswith(_PNG_SIGNATURE):
+        return f"{key} is not a PNG"
+    depth = schemas.sample_dtype("png", mask)
+    if depth != dtype:
+        # decode_png would convert silently: the ids of a 16-bit mask read as 8-bit are not ids.
+        return f"{key} is a {depth} PNG, the manifest's targets.mask.dtype is {dtype}"
+    try:
+        decoded = tf.io.decode_png(mask, channels=0, dtype=getattr(tf, dtype))
+    except tf.errors.OpError as e:
+        return f"{key} does not decode ({e.message.split('}}')[-1].strip()})"
+    if tuple(decoded.shape) != (height, width, 1):
+        return f"{key} decodes to {tuple(decoded.shape)}, the image is {(height, width, 1)}"
+    ids = np.unique(decoded.numpy())
+    bad = [int(i) for i in ids if i >= num_classes and i != _IGNORE_ID[dtype]]
+    if bad:
+        return (f"{key} holds class ids {bad[:5]}, the manifest's targets.mask.num_classes is "
+                f"{num_classes} ({_IGNORE_ID[dtype]}: ignore)")
+    return None
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section, verify=_verify)

@@ -8,6 +8,8 @@ manifest gives their count (`length`).
 
 from __future__ import annotations
 
+import math
+
 import schemas
 from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
 from conversion.targets.labels_csv import bad_numbers
@@ -36,4 +38,21 @@ def _record(value, image, raw_frame, name: str) -> RecordPart:
     return RecordPart({schemas.TARGET.key: tuple(value)})
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record)
+def _verify(section, num_classes: int):
+    length = section.get("length")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        return None, f"the manifest's targets.target.length is {length!r}, not a count"
+    key = schemas.TARGET.key
+
+    def check(values, height, width, tf) -> str | None:
+        target = values[key]
+        if len(target) != length:
+            return f"{key} has {len(target)} values, the manifest's targets.target.length is {length}"
+        if not all(math.isfinite(v) for v in target):
+            return f"{key} {list(target)} holds a value that is not finite"
+        return None
+
+    return check, None
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, verify=_verify)
