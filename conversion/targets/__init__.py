@@ -32,13 +32,14 @@ from typing import Any, NamedTuple
 
 from conversion import plan as _plan
 from conversion.targets import boxes as _boxes, labels as _labels, masks as _masks, numbers as _numbers
-from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets._counts import per_split_rows
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from conversion.targets.labels_csv import LabelsCsv, read as read_labels_csv
 
 __all__ = [
     "TARGETS", "TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "PlannedTargets",
     "LabelsCsv", "read_labels_csv", "plan_targets", "RecordTargets", "record_targets",
-    "TargetCounts", "targets_section", "BOX_ACTIONS",
+    "TargetCounts", "targets_section", "BOX_ACTIONS", "Description", "per_split_rows",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")

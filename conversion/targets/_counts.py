@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["as_list", "summed"]
+__all__ = ["as_list", "summed", "per_split_rows"]
 
 
 def as_list(counter: Mapping[int, int], length: int = 0) -> list[int]:
@@ -20,3 +20,12 @@ def summed(lists, width: int) -> list[int]:
         for k, n in enumerate(counts):
             out[k] += n
     return out
+
+
+def per_split_rows(head: str, names, splits, count) -> list[list[str]]:
+    """A table of `count(split, i)` for each name, one column per split and a total (`shardsmith inspect`)."""
+    rows = [[head, *splits, "total"]]
+    for i, name in enumerate(names):
+        per = [count(s, i) for s in splits]
+        rows.append([name, *(f"{n:,}" for n in per), f"{sum(per):,}"])
+    return rows

@@ -25,8 +25,8 @@ from conversion import listing as _listing
 from conversion.files import exists, read_bytes
 from conversion.targets import coco as _coco, voc as _voc
 from conversion.targets._box_files import BoxAnnotations
-from conversion.targets._counts import as_list, summed
-from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets._counts import as_list, per_split_rows, summed
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import ImageRejected
 from imaging import boxes as _boxes
 
@@ -211,4 +211,22 @@ def _check_boxes(values, num_box_classes: int) -> str | None:
     return None
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify)
+def _describe(boxes, class_names, splits, max_classes: int) -> Description:
+    """Boxes per class per split, images without boxes, and the annotations' issues."""
+    names = list(boxes.get("class_names") or [])
+    counts = boxes.get("counts") or {}
+    head = [f"boxes: {boxes.get('format', '?')} annotations from {boxes.get('source')}, {len(names)} classes"]
+    rows = per_split_rows(
+        "box class", names[:max_classes], splits,
+        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0)
+    tail = [f"... and {len(names) - max_classes} more box classes"] if len(names) > max_classes else []
+    without = boxes.get("images_without_boxes") or {}
+    tail.append("images without boxes: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
+    issues = boxes.get("issues") or {}
+    if issues:
+        tail.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
+    return Description(head, rows, tail)
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
+                  describe=_describe)

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["TargetKind", "TargetRequest", "PlannedKind", "RecordPart"]
+__all__ = ["TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "Description"]
 
 
 class TargetRequest(NamedTuple):
@@ -85,6 +85,20 @@ class RecordPart(NamedTuple):
     issues: tuple[str, ...] = ()
 
 
+class Description(NamedTuple):
+    """How `shardsmith inspect` shows one kind's manifest section (`TargetKind.describe`).
+
+    Attributes:
+      head: Lines before the table.
+      rows: The table, its first row the header; [] for none.
+      tail: Lines after the table.
+    """
+
+    head: list[str]
+    rows: list[list[str]]
+    tail: list[str] = []
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetKind:
     """One kind of target: one row of `conversion.targets.TARGETS`.
@@ -112,6 +126,9 @@ class TargetKind:
         `schema.decode`; height, width: its stored image's; tf: TensorFlow)
         or None; `problem` says what the section lacks to check them (check
         is then None). None: its records are not checked.
+      describe: (manifest section, class_names, splits, max_classes) ->
+        `Description`, how `shardsmith inspect` shows it (at most
+        `max_classes` rows of classes); None: not shown.
     """
 
     name: str
@@ -120,3 +137,4 @@ class TargetKind:
     counter: Callable[[], Any] | None = None
     section: Callable[[dict, Any, Any, int], dict] | None = None
     verify: Callable[[Mapping[str, Any], int], tuple[Callable | None, str | None]] | None = None
+    describe: Callable[[Mapping[str, Any], Any, list, int], Description] | None = None

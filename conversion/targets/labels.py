@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import schemas
 from conversion import plan as _plan_module
-from conversion.targets._counts import as_list, summed
-from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets._counts import as_list, per_split_rows, summed
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
 __all__ = ["KIND"]
 
@@ -84,4 +84,15 @@ def _verify(section, num_classes: int):
     return check, None
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify)
+def _describe(labels, class_names, splits, max_classes: int) -> Description:
+    """Images having each class, per split (several labels per image)."""
+    counts = labels.get("counts") or {}
+    rows = per_split_rows(
+        "class", class_names[:max_classes], splits,
+        lambda s, i: (counts.get(s) or [])[i] if i < len(counts.get(s) or ()) else 0)
+    tail = [f"... and {len(class_names) - max_classes} more classes"] if len(class_names) > max_classes else []
+    return Description(["multi-label: images having each class"], rows, tail)
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
+                  describe=_describe)

@@ -26,7 +26,7 @@ import numpy as np
 import schemas
 from conversion import guard, listing as _listing, masks as _masks
 from conversion.files import open_to_read
-from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
 __all__ = ["KIND", "NAME", "scene_masks", "of_file"]
 
@@ -176,4 +176,24 @@ def _check_mask(mask: bytes, height: int, width: int, dtype: str, num_classes: i
     return None
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section, verify=_verify)
+def _describe(mask, class_names, splits, max_classes: int) -> Description:
+    """Mask dtype, classes, and each id's share of the pixels of every split."""
+    dtype = mask.get("dtype", "?")
+    ignore = _IGNORE_ID.get(dtype)
+    suffix = mask.get("mask_suffix")
+    head = [f"masks: {dtype}, {mask.get('num_classes', '?')} classes, from {mask.get('masks_dir')}"
+            + (f" (suffix {suffix})" if suffix else "")]
+    pixel_counts = {s: {int(k): int(v) for k, v in (mask.get("pixel_counts") or {}).get(s, {}).items()}
+                    for s in splits}
+    ids = sorted({i for counts in pixel_counts.values() for i in counts})
+    totals = {s: sum(counts.values()) for s, counts in pixel_counts.items()}
+    rows = [["mask id", *(f"{s} pixels" for s in splits)]]
+    for i in ids[:max_classes]:
+        name = f"{i} (ignore)" if i == ignore else str(i)
+        rows.append([name, *(f"{pixel_counts[s].get(i, 0) / totals[s]:.1%}" if totals[s] else "-"
+                             for s in splits)])
+    tail = [f"... and {len(ids) - max_classes} more mask ids"] if len(ids) > max_classes else []
+    return Description(head, rows, tail)
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section, verify=_verify, describe=_describe)

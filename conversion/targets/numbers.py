@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import schemas
-from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from conversion.targets.labels_csv import bad_numbers
 
 __all__ = ["KIND"]
@@ -55,4 +55,8 @@ def _verify(section, num_classes: int):
     return check, None
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, verify=_verify)
+def _describe(target, class_names, splits, max_classes: int) -> Description:
+    return Description([f"regression targets: {target.get('length')} values per image"], [])
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, verify=_verify, describe=_describe)
