@@ -86,12 +86,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         on_listed(files)
     # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images.
     files, problems, _members = _examples.kind_for(config.validation).group(files, problems, config)
-    labels_csv = None
-    if config.labels_csv:
-        if not exists(config.labels_csv):
-            raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
-        labels_csv = _targets.read_labels_csv(read_bytes(config.labels_csv).decode("utf-8-sig"),
-                                              config.labels_csv)
+    labels_csv = _read_labels_csv(config)
     # What annotations may name: every listed example, before any is refused below.
     listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems])
     groups = None
@@ -102,26 +97,7 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
             # Files whose header crashed a process (an earlier run's) or raised: rejected here.
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
-    windows = None
-    patch = config.validation.raster.patch
-    time_series = config.validation.time_series
-    stacks = None
-    if time_series is not None:
-        # Locations, not files, are planned: each one "file" (`conversion.time_series`).
-        from conversion import time_series as _time_series
-
-        located = _time_series.plan_locations(files, problems, time_series, config.output_dir)
-        files, problems, stacks = list(located.files), list(located.problems), located.stacks
-        if patch is not None:
-            windows = _time_series.stack_windows(stacks, patch)
-    elif patch is not None:
-        if labels_csv is not None and labels_csv.table is not None:
-            raise ValueError("--raster_patch does not combine with targets beyond one class (several "
-                             "labels or numbers in --labels_csv) yet: give one label per scene.")
-        windows, failed = scene_windows(files, config.validation.raster)
-        if failed:
-            files = [f for f in files if f.rel_path not in failed]
-            problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
+    files, problems, windows, stacks = _locations_and_windows(config, files, problems, labels_csv)
     # Targets beyond one class, one row of `conversion.targets.TARGETS` each: masks, boxes, labels, numbers.
     planned = _targets.plan_targets(_targets.TargetRequest(
         config, files, problems, listed, labels_csv, windows if stacks is None else None))
@@ -146,6 +122,8 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         # Its summary (dtype, section): each file's mask travels in its targets.
         plan = dataclasses.replace(plan, masks=mask_plan)
     if stacks is not None:
+        from conversion import time_series as _time_series
+
         plan = _time_series.expand_problems(plan, stacks)
         plan = dataclasses.replace(plan, stacks={f.rel_path: stacks[f.rel_path] for f in plan.files})
     if not plan.files and mask_plan is not None:
@@ -165,6 +143,40 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
     return plan
+
+
+def _read_labels_csv(config: ConversionConfig):
+    """--labels_csv read once (`conversion.targets.LabelsCsv`), or None without one."""
+    if not config.labels_csv:
+        return None
+    if not exists(config.labels_csv):
+        raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
+    return _targets.read_labels_csv(read_bytes(config.labels_csv).decode("utf-8-sig"), config.labels_csv)
+
+
+def _locations_and_windows(config: ConversionConfig, files, problems, labels_csv):
+    """(files, problems, windows, stacks): with --time_series the locations planned as files
+    (stacks: each one's plan), with --raster_patch each scene's work items (windows); else as given."""
+    windows = stacks = None
+    patch = config.validation.raster.patch
+    time_series = config.validation.time_series
+    if time_series is not None:
+        # Locations, not files, are planned: each one "file" (`conversion.time_series`).
+        from conversion import time_series as _time_series
+
+        located = _time_series.plan_locations(files, problems, time_series, config.output_dir)
+        files, problems, stacks = list(located.files), list(located.problems), located.stacks
+        if patch is not None:
+            windows = _time_series.stack_windows(stacks, patch)
+    elif patch is not None:
+        if labels_csv is not None and labels_csv.table is not None:
+            raise ValueError("--raster_patch does not combine with targets beyond one class (several "
+                             "labels or numbers in --labels_csv) yet: give one label per scene.")
+        windows, failed = scene_windows(files, config.validation.raster)
+        if failed:
+            files = [f for f in files if f.rel_path not in failed]
+            problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
+    return files, problems, windows, stacks
 
 
 def group_section(plan: _plan.Plan, config) -> dict:
