@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(PY) -m bench.convert
 	$(PY) -m bench.small
 	$(PY) -m bench.read
+	$(PY) -m bench.read_stages
 	$(PY) -m bench.targets_read
 	$(PY) -m bench.scale
 	$(PY) -m bench.photos_large

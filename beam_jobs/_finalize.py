@@ -7,14 +7,13 @@ import json
 import os
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 import schemas
 from schemas.tfds_metadata import tfds_files
-from beam_jobs._output import delete_if_exists, remove_dataset_files
+from conversion.output_folder import remove_dataset_files
 from conversion import listing, scene_log, targets as _targets
 from conversion.elements import ConversionError
-from conversion.files import TMP_DIRNAME, write_atomically
+from conversion.files import TMP_DIRNAME, join, remove_tree, write_atomically
 
 __all__ = ["FinalizeFn"]
 
@@ -62,7 +61,7 @@ class FinalizeFn(beam.DoFn):
         for name, text in tfds_files(manifest).items():
             write_atomically(self._output_dir, name, text.encode())
         write_atomically(self._output_dir, schemas.MANIFEST_FILENAME, manifest.to_json().encode())
-        delete_if_exists(FileSystems.join(self._output_dir, TMP_DIRNAME))
+        remove_tree(join(self._output_dir, TMP_DIRNAME))
         yield manifest
 
     def _write_lists(self, rejects, normalized) -> None:
@@ -97,7 +96,7 @@ class FinalizeFn(beam.DoFn):
             raise ConversionError(
                 f"{kinds['rejected']:,} of {considered:,} images were rejected, more than "
                 f"--max_reject_fraction={self._max_reject_fraction:g}; see "
-                f"{FileSystems.join(self._output_dir, schemas.REJECTS_FILENAME)}. "
+                f"{join(self._output_dir, schemas.REJECTS_FILENAME)}. "
                 "No manifest was written."
             )
         return counts

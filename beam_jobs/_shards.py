@@ -16,10 +16,9 @@ import apache_beam as beam
 
 from beam_jobs._write import WriteShardFn
 from conversion.files import read_bytes
-from conversion.options import WritingOptions
 from conversion.plan import PlannedFile
+from conversion.shard_maker import ShardSpec
 from conversion.shard_plans import load_shard_plan
-from imaging import ValidationOptions
 
 __all__ = ["ImagesToTFRecords"]
 
@@ -58,34 +57,16 @@ class ImagesToTFRecords(beam.PTransform):
     `rejected` and `normalized`.
 
     Args:
-      output_dir: Folder of the shards.
-      num_classes: Number of classes (for per-shard class counts).
-      total_shards: Shards of all splits together (for progress lines).
-      validation: `imaging.ValidationOptions` of every file; its DICOM tags
-        become extra string features of every record.
-      writing: `WritingOptions`. With `dedup`, one file of each content is
-        kept (the smallest path) and the copies are rejected as 'duplicate'
-        (only hashes and paths are grouped); `resume` and `worker_threads`
-        go to `WriteShardFn`.
-      targets: The kinds of target every record carries (`schemas.TARGET_KINDS`).
+      spec: The conversion's `conversion.shard_maker.ShardSpec`. With
+        `spec.writing.dedup`, one file of each content is kept (the smallest
+        path) and the copies are rejected as 'duplicate' (only hashes and
+        paths are grouped).
     """
 
-    def __init__(self, *, output_dir: str, num_classes: int, total_shards: int,
-                 validation: ValidationOptions, writing: WritingOptions | None = None,
-                 targets: tuple[str, ...] = ()):
+    def __init__(self, spec: ShardSpec):
         super().__init__()
-        writing = writing or WritingOptions()
-        self._dedup = writing.dedup
-        self._fn = WriteShardFn(output_dir=output_dir, num_classes=num_classes,
-                                total_shards=total_shards, validation=validation, writing=writing,
-                                targets=targets)
-
-    def start_early(self, pool, shards) -> None:
-        """Starts writing `shards` (lists of one shard's PlannedFiles) in the driver's worker
-        processes `pool` before the pipeline runs (`WriteShardFn.start_early`); not with --dedup,
-        whose shards' files are known only once the pipeline has compared them."""
-        if not self._dedup:
-            self._fn.start_early(pool, shards)
+        self._dedup = spec.writing.dedup
+        self._fn = WriteShardFn(spec)
 
     def expand(self, plan_paths):
         shards = plan_paths | "LoadShardPlans" >> beam.Map(load_shard_plan)  # ((split, shard), [PlannedFile])

@@ -12,8 +12,6 @@ import json
 import math
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import numpy as np
@@ -26,7 +24,7 @@ from schemas import tf_runtime
 from schemas.tfrecord import RecordError, format_index, iter_records
 from conversion import guard, scene_log
 from conversion.targets import TARGETS as _TARGETS, labels as _target_labels
-from conversion.files import read_bytes, write_atomically
+from conversion.files import exists, join, open_to_read, read_bytes, write_atomically
 from imaging import patches as _patches
 
 __all__ = ["ShardCheck", "VerifyShardFn", "TargetCheck", "duplicate_group", "ReportFn", "raster_records",
@@ -126,17 +124,17 @@ class VerifyShardFn(beam.DoFn):
         counts = [0] * self._num_classes
         stored = []  # (format, height, width, channels, sample dtype) of each good record
         bands = _BandCheck(shard, self._rasters)
-        path = FileSystems.join(self._dir, shard.file)
+        path = join(self._dir, shard.file)
         sha = hashlib.sha256()
         size = 0
         offsets = []
         unchecked = 0
-        if not FileSystems.exists(path):
+        if not exists(path):
             yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
             return
         # A targets section that cannot say what the records must hold: once per shard, not per record.
         problems.extend(f"{shard.file}: {p}" for p in self._target_check.section_problems)
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_to_read(path) as f:
             reader = _HashingReader(f, sha)
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
@@ -313,8 +311,8 @@ class VerifyShardFn(beam.DoFn):
     def _check_index(self, shard, offsets):
         if not shard.index_file:
             return []
-        path = FileSystems.join(self._dir, shard.index_file)
-        if not FileSystems.exists(path):
+        path = join(self._dir, shard.index_file)
+        if not exists(path):
             return [f"{shard.index_file}: index file is missing"]
         data = read_bytes(path)
         if hashlib.sha256(data).hexdigest() != shard.index_sha256:

@@ -49,14 +49,15 @@ from apache_beam.options.pipeline_options import WorkerOptions
 from beam_jobs import _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
-from beam_jobs._output import check_output, is_finished, prepare_output, read_manifest, summarize
-from beam_jobs._progress import ProgressBar
+from conversion.output_folder import check_output, is_finished, prepare_output, read_manifest, summarize
+from conversion.progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import console, elements, guard, plan as _plan, processes as _processes, recovery
+from conversion.examples import record_schema
 from conversion.planning import build_plan, group_section
+from conversion.shard_maker import ShardMaker, ShardSpec
 from conversion.shard_plans import write_shard_plans
-from conversion.examples import record_schema, warm_call
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
            "EXIT_FILES_FAILED"]
@@ -97,25 +98,18 @@ class ConvertImages(beam.PTransform):
       plan: The `Plan` of the conversion (labels, splits, shards of each file).
       config: The `ConversionConfig`.
       plan_paths: The shard plan files of `plan` (`conversion.shard_plans.write_shard_plans`).
+      spec: The `ShardSpec` every shard is written with (the driver's maker's);
+        by default the one `plan` and `config` make, for a run of its own.
     """
 
-    def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str]):
+    def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str],
+                 spec: ShardSpec | None = None):
         super().__init__()
         self._plan = plan
         self._config = config
         self._plan_paths = plan_paths
-        self._write = ImagesToTFRecords(
-            output_dir=config.output_dir,
-            num_classes=len(plan.class_names),
-            total_shards=sum(plan.shard_counts.values()),
-            validation=config.validation,
-            writing=config.writing,
-            targets=_targets(plan),
-        )
-
-    def start_early(self, pool, shards) -> None:
-        """Starts writing `shards` in the driver's worker processes now (`ImagesToTFRecords.start_early`)."""
-        self._write.start_early(pool, shards)
+        spec = spec or _planned_spec(ShardSpec(config.output_dir, config.validation), plan, config)
+        self._write = ImagesToTFRecords(spec)
 
     def expand(self, pbegin):
         plan, config = self._plan, self._config
@@ -189,66 +183,104 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
     runner = _runner.make_runner(options)
-    workers = _Workers(config, options, start=wait)
+    # The shards' maker owns the worker processes (started by the driver only when it waits
+    # for the pipeline; otherwise the shard writers start their own).
+    maker = ShardMaker.shared(ShardSpec(config.output_dir, config.validation, config.writing))
     progress = None
     try:
-        # The worker processes start once the files are listed: they load
-        # their decoders while the driver plans and builds the pipeline.
-        # A full output folder is refused before the input is listed (minutes on a large one).
-        check_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
-        plan = build_plan(config, on_listed=workers.start_for)
-        prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
-        if plan.stacks is not None:
-            from conversion import time_series as _time_series
-
-            # Each location's plan, which its shard writer reads (its planned file's path).
-            _time_series.write_stack_plans(plan.stacks, config.output_dir)
-        processes = workers.settle(plan)
-        if processes and not config.writing.dedup:
-            # The shard writer keeps every worker busy from one thread; with
-            # --dedup, hashing every file needs the runner's threads.
-            _runner.run_in_one_thread(options)
-        config = dataclasses.replace(
-            config, writing=dataclasses.replace(
-                config.writing, worker_processes=processes,
-                # On a Dask cluster each worker writes its shards in child processes of its own,
-                # so that a decoder's crash costs its file, not the worker (`WritingOptions.isolated`).
-                isolated=not processes and config.writing.worker_processes is None and _runner.is_dask(options)))
+        plan, config = _plan_and_settle(config, options, maker, start=wait)
         if runner is not None and wait and ProgressBar.wanted():
             # The bar replaces the per-shard lines on a terminal.
             options.view_as(WorkerOptions).sdk_harness_log_level_overrides = {"shardsmith": "WARNING"}
             _LOG.setLevel(logging.WARNING)
             progress = ProgressBar(config.output_dir, len(plan.files), RECEIPTS_DIRNAME)
             progress.start()
-        plan_paths = write_shard_plans(plan.files, config.output_dir)
-        first = _first_shards(plan.files, processes) if workers.pool is not None and not config.writing.resume else []
-        # The shard writers read their files from the plan files: the driver need
-        # not hold one object per image while the pipeline runs (~0.7 KB each,
-        # 70 MiB of peak memory at 100,000 images).
-        plan = dataclasses.replace(plan, files=())
-        convert = ConvertImages(plan, config, plan_paths)
-        if first:
-            # One shard per worker process starts now: they write while Beam builds and starts
-            # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
-            # then takes their outcomes. Not with --resume: its receipts decide what is written.
-            convert.start_early(workers.pool, first)
-        del first  # Their planned files, as the plan's: not held while the pipeline runs.
-        pipeline = beam.Pipeline(runner=runner, options=options)
-        _ = pipeline | "ConvertImages" >> convert
-        result = pipeline.run()
+        result = _run_pipeline(plan, config, options, runner, maker)
         if wait:
             result.wait_until_finish()
     except BaseException:
-        workers.abort()  # Ctrl-C or a failed shard: no child finishes its shard first.
+        maker.abort()  # Ctrl-C or a failed shard: no child finishes its shard first.
         raise
     finally:
-        workers.release()  # The shard writers, done, have released them too.
+        maker.release()  # The shard writers, done, have released it too.
         if progress is not None:
             progress.stop()
             _LOG.setLevel(logging.NOTSET)
     if wait:
         _LOG.info("%s", summarize(config.output_dir))
     return result
+
+
+def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start: bool):
+    """Lists and plans the input, and settles the worker processes; the plan and the settled config.
+
+    The worker processes start once the files are listed (with `start`):
+    they load their decoders while the driver plans and builds the pipeline.
+    The maker's spec is then completed with what the plan decided.
+    """
+    asked = config.writing.worker_processes
+
+    def on_listed(files):
+        if start:  # The shards are not known yet: as many as the listed files call for.
+            # Rasters stored raw need no TensorFlow decoders: not loaded for a folder of TIFFs only.
+            decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
+            maker.start_processes(_worker_processes(asked, files, None, options), decoders)
+
+    # A full output folder is refused before the input is listed (minutes on a large one).
+    check_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
+    plan = build_plan(config, on_listed=on_listed)
+    prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
+    if plan.stacks is not None:
+        from conversion import time_series as _time_series
+
+        # Each location's plan, which its shard writer reads (its planned file's path).
+        _time_series.write_stack_plans(plan.stacks, config.output_dir)
+    # Fewer shards than cores: fewer processes.
+    processes = _worker_processes(asked, plan.files, sum(plan.shard_counts.values()), options)
+    if start:
+        maker.start_processes(processes)
+    if processes and not config.writing.dedup:
+        # The shard writer keeps every worker busy from one thread; with
+        # --dedup, hashing every file needs the runner's threads.
+        _runner.run_in_one_thread(options)
+    config = dataclasses.replace(
+        config, writing=dataclasses.replace(
+            config.writing, worker_processes=processes,
+            # On a Dask cluster each worker writes its shards in child processes of its own,
+            # so that a decoder's crash costs its file, not the worker (`WritingOptions.isolated`).
+            isolated=not processes and asked is None and _runner.is_dask(options)))
+    maker.spec = _planned_spec(maker.spec, plan, config)
+    return plan, config
+
+
+def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, maker: ShardMaker):
+    """Builds and starts the pipeline of a plan, the maker's first shards started early; its result."""
+    plan_paths = write_shard_plans(plan.files, config.output_dir)
+    first = []
+    if maker.processes and not config.writing.resume and not config.writing.dedup:
+        # One shard per worker process starts now: they write while Beam builds and starts
+        # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
+        # then takes their outcomes. Not with --resume: its receipts decide what is written;
+        # nor with --dedup: the shards' files are known once the pipeline compared them.
+        first = _first_shards(plan.files, maker.processes)
+    # The shard writers read their files from the plan files: the driver need
+    # not hold one object per image while the pipeline runs (~0.7 KB each,
+    # 70 MiB of peak memory at 100,000 images).
+    plan = dataclasses.replace(plan, files=())
+    convert = ConvertImages(plan, config, plan_paths, maker.spec)
+    if first:
+        maker.start_early(first)
+    del first  # Their planned files, as the plan's: not held while the pipeline runs.
+    pipeline = beam.Pipeline(runner=runner, options=options)
+    _ = pipeline | "ConvertImages" >> convert
+    return pipeline.run()
+
+
+def _planned_spec(spec: ShardSpec, plan: _plan.Plan, config: ConversionConfig) -> ShardSpec:
+    """`spec` completed with what the plan decided (classes, shards, targets) and the settled writing."""
+    return dataclasses.replace(
+        spec, writing=config.writing, num_classes=len(plan.class_names),
+        total_shards=sum(plan.shard_counts.values()), targets=_targets(plan))
 
 
 def _first_shards(files, count: int) -> list[list]:
@@ -306,62 +338,6 @@ def _python_bound(files) -> bool:
     bound = sum(1 for f in files if f.size < _SMALL_FILE_BYTES
                 or f.rel_path.lower().endswith(_PYTHON_BOUND_SUFFIXES))
     return 2 * bound >= len(files)
-
-
-class _Workers:
-    """The driver's hold on the shard writers' worker processes, from the listing to the end.
-
-    Args:
-      config: The conversion's options.
-      options: Its pipeline options (after `_runner.make_runner`).
-      start: Start processes at all in the driver (not when it does not
-        wait for the pipeline: the shard writers then start their own).
-    """
-
-    def __init__(self, config: ConversionConfig, options, start: bool):
-        self._config = config
-        self._options = options
-        self._start = start
-        self._pool = None
-        self._decoders = True
-
-    @property
-    def pool(self):
-        """The worker processes the driver holds (`conversion.processes.WorkerProcesses`), or None."""
-        return self._pool
-
-    def start_for(self, files) -> None:
-        """Starts as many processes as the listed `files` call for (the shards are not known yet)."""
-        # Rasters stored raw need no TensorFlow decoders: not loaded for a folder of TIFFs only.
-        self._decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
-        self._acquire(_worker_processes(self._config.writing.worker_processes, files, None,
-                                        self._options))
-
-    def settle(self, plan: _plan.Plan) -> int:
-        """The processes the planned shards call for (fewer shards than cores: fewer processes)."""
-        processes = _worker_processes(self._config.writing.worker_processes, plan.files,
-                                      sum(plan.shard_counts.values()), self._options)
-        if self._pool is None or self._pool.processes != processes:
-            self.release()
-            self._acquire(processes)
-        return processes
-
-    def _acquire(self, processes: int) -> None:
-        if not processes or not self._start:
-            return
-        self._pool = _processes.acquire(
-            processes, warm=warm_call(self._config.validation, processes, self._decoders),
-            file_timeout=self._config.writing.file_timeout)
-
-    def release(self) -> None:
-        if self._pool is not None:
-            _processes.release(self._pool)
-            self._pool = None
-
-    def abort(self) -> None:
-        if self._pool is not None:
-            _processes.abort(self._pool)
-            self._pool = None
 
 
 def help_text() -> str:

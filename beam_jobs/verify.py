@@ -37,14 +37,13 @@ if __name__ == "__main__":
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
 
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import schemas
 from beam_jobs import _runner, _verify_fns, args
 from beam_jobs._verify_fns import CHECK_FAILED
 from conversion import console, scene_log
-from conversion.files import read_bytes
+from conversion.files import exists, join, read_bytes
 from imaging.patches import PatchOptions
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
@@ -141,8 +140,8 @@ class VerifyDataset(beam.PTransform):
 
     def _normalized(self) -> str | None:
         """normalized.jsonl's text; None if it is missing."""
-        path = FileSystems.join(self._dir, schemas.NORMALIZED_FILENAME)
-        if not FileSystems.exists(path):
+        path = join(self._dir, schemas.NORMALIZED_FILENAME)
+        if not exists(path):
             return None
         return read_bytes(path).decode("utf-8")
 
@@ -188,8 +187,8 @@ def _load_manifest(dataset_dir: str) -> tuple[schemas.Manifest, str]:
     problem = _local_folder_problem(dataset_dir)
     if problem:
         raise schemas.ManifestError(problem)
-    path = FileSystems.join(dataset_dir, schemas.MANIFEST_FILENAME)
-    if not FileSystems.exists(path):
+    path = join(dataset_dir, schemas.MANIFEST_FILENAME)
+    if not exists(path):
         raise schemas.ManifestError(
             f"{dataset_dir} has no {schemas.MANIFEST_FILENAME}: it is not a finished shardsmith "
             "dataset (the conversion did not complete, or this is the wrong folder). "
@@ -216,7 +215,7 @@ def run(argv: list[str] | None = None) -> dict:
         raise ValueError("Give the dataset folder: python -m beam_jobs.verify DATASET_DIR")
     dataset_dir = opts.dataset_dir.rstrip("/")
     manifest, text = _load_manifest(dataset_dir)
-    report_path = opts.report or FileSystems.join(dataset_dir, schemas.VERIFY_REPORT_FILENAME)
+    report_path = opts.report or join(dataset_dir, schemas.VERIFY_REPORT_FILENAME)
     pipeline = beam.Pipeline(runner=_runner.make_runner(options), options=options)
     _ = pipeline | "VerifyDataset" >> VerifyDataset(dataset_dir, manifest, text, report_path)
     pipeline.run().wait_until_finish()

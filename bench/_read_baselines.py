@@ -17,7 +17,9 @@ per-image work ("presets") are compared like for like:
 Contenders (`PIPELINES`):
 
 - ``shardsmith``: `readers.image_dataset_from_tfrecords` with the preset's
-  options and `repeat=True`; shuffled except for ``eval``.
+  options and `repeat=True`; shuffled except for ``eval``. ``reduced``: the
+  same with `reduced_decode=True` (JPEGs at least twice the output size
+  decoded at a reduced scale: not the exact values).
 - ``global``: the same with `shuffle="global"` (seed 0): a true per-epoch
   permutation, each record read alone by offset (for local files, positioned
   reads in a `tf.py_function`); ``global-tf``: the same, reading with
@@ -68,7 +70,7 @@ __all__ = [
     "keras_directory", "measure", "main",
 ]
 
-PIPELINES = ("shardsmith", "global", "global-tf", "hand", "plain", "ceiling", "keras")
+PIPELINES = ("shardsmith", "reduced", "global", "global-tf", "hand", "plain", "ceiling", "keras")
 PRESETS = ("eval", "train", "stretch")
 RESULT_PREFIX = "BENCH_READ_RESULT "  # Also in bench.read, which does not import TensorFlow.
 
@@ -156,7 +158,8 @@ def _shard_files(data_dir: str) -> list[str]:
     return files
 
 
-def shardsmith(data_dir: str, preset: str, size, batch_size: int) -> tf.data.Dataset:
+def shardsmith(data_dir: str, preset: str, size, batch_size: int, *,
+               reduced_decode: bool = False) -> tf.data.Dataset:
     import readers
 
     options = {
@@ -165,7 +168,8 @@ def shardsmith(data_dir: str, preset: str, size, batch_size: int) -> tf.data.Dat
         "stretch": dict(shuffle=True),
     }[preset]
     return readers.image_dataset_from_tfrecords(
-        data_dir, _SPLIT, batch_size=batch_size, image_size=size, repeat=True, **options
+        data_dir, _SPLIT, batch_size=batch_size, image_size=size, repeat=True,
+        reduced_decode=reduced_decode, **options
     )
 
 
@@ -382,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     size = (args.image_size, args.image_size)
     if args.pipeline == "keras":
         import keras  # noqa: F401  (imported before the clock, like TensorFlow)
-    if args.pipeline in ("shardsmith", "global", "global-tf"):
+    if args.pipeline in ("shardsmith", "reduced", "global", "global-tf"):
         import readers
 
         # As the README tells a trainer to: before TensorFlow's first op.
@@ -394,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         fn = {
             "shardsmith": shardsmith, "hand": hand, "keras": keras_directory,
+            "reduced": lambda *a: shardsmith(*a, reduced_decode=True),
             "plain": lambda *a: hand(*a, record_buffer=0),
             "global": global_shuffle,
             "global-tf": lambda *a: global_shuffle(*a, tf_reader=True),

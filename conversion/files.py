@@ -13,14 +13,16 @@ the shard writers' worker processes (`processes`) import it only for a URL
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import os
 import re
+import shutil
 import uuid
 
 __all__ = ["AtomicWriter", "write_shard_index", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
-           "join", "remove", "TMP_DIRNAME"]
+           "join", "remove", "remove_tree", "match", "TMP_DIRNAME"]
 
 # Temporary files live in this folder inside the output until renamed.
 TMP_DIRNAME = "_shardsmith_tmp"
@@ -61,6 +63,47 @@ def remove(path: str) -> None:
         return
     if _filesystems().exists(path):
         _filesystems().delete([path])
+
+
+def remove_tree(path: str) -> None:
+    """Deletes a file, or a folder with everything in it, if it is there (`FileSystems.delete`).
+
+    On object stores (gs://, s3://) a folder is only a prefix of object names:
+    no object has its name, so its objects are listed and deleted.
+    """
+    if is_local(path):
+        # LocalFileSystem.delete: a folder's tree, or the file.
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+        return
+    filesystems = _filesystems()
+    if filesystems.exists(path):
+        filesystems.delete([path])
+        return
+    inside = match(path.rstrip("/") + "/**")
+    if inside:
+        filesystems.delete(inside)
+
+
+def match(pattern: str) -> list[str]:
+    """The files a pattern matches, sorted (`FileSystems.match`: `*` within a folder, `**` across).
+
+    A local pattern whose wildcards are all in its last part (`folder/*.json`)
+    is matched here, one listing of its folder, without Beam; any other
+    through Beam's FileSystems, with its meaning of the wildcards.
+    """
+    folder, name = os.path.split(pattern)
+    if not is_local(pattern) or any(c in folder for c in "*?[") or "**" in name:
+        return sorted(m.path for m in _filesystems().match([pattern])[0].metadata_list)
+    try:
+        entries = list(os.scandir(folder or "."))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    # Files only, as LocalFileSystem lists them (a folder's name never matches).
+    return sorted(os.path.join(folder, e.name) for e in entries
+                  if fnmatch.fnmatchcase(e.name, name) and e.is_file())
 
 
 def join(folder: str, *names: str) -> str:

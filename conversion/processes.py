@@ -14,11 +14,14 @@ parent's `__main__` (`python -m beam_jobs.convert` would import Beam in each,
 or gRPC threads is unsafe. A child imports only what its calls need: for
 local files, neither Beam nor TensorFlow's Python API.
 
-    pool = acquire(2, warm=(prepare, (options,)))
+    pool = WorkerProcesses(2, warm=(prepare, (options,)))
     try:
         outcome = pool.call(write_shard, job)
     finally:
-        release(pool)
+        pool.close()
+
+One owner holds a pool: the conversion's `conversion.shard_maker.ShardMaker`,
+with its one `--file_timeout` (`file_timeout`, the watchdog's).
 
 A caller that knows its first calls before its callers make them (the driver
 knows the first shards before Beam's runner has started) starts them early
@@ -28,7 +31,6 @@ gets that outcome instead of running again.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import gc
 import json
@@ -44,7 +46,7 @@ import traceback
 
 from conversion import console, guard
 
-__all__ = ["WorkerProcesses", "WorkerDied", "acquire", "release", "abort", "main"]
+__all__ = ["WorkerProcesses", "WorkerDied", "main"]
 
 # Seconds a closing child may take to finish and exit before it is killed.
 _EXIT_WAIT = 10
@@ -170,6 +172,8 @@ class WorkerProcesses:
       warm: Optional (fn, args) sent to every child at once, without
         waiting (e.g. loading decoders while the driver still plans);
         its result is ignored, its error raised by the child's first call.
+      file_timeout: Seconds a child may work on one file (--file_timeout)
+        before the watchdog stops it; None: no limit.
 
     Raises:
       OSError: If a child cannot be started.
@@ -305,58 +309,6 @@ class WorkerProcesses:
             early_threads.shutdown(wait=False, cancel_futures=True)
         if self._own_folder:
             shutil.rmtree(self.journal_folder, ignore_errors=True)
-
-
-# One set of worker processes per process and size, shared by the conversion's
-# driver (which starts them early) and its shard writers (DoFns, which may be
-# set up on several threads); closed when the last user releases it.
-_SHARED: dict[int, list] = {}  # processes -> [WorkerProcesses, users]
-_SHARED_LOCK = threading.Lock()
-
-
-def acquire(processes: int, warm=None, file_timeout: float | None = None) -> WorkerProcesses:
-    """The process's shared `WorkerProcesses` of this size, started if there is none."""
-    with _SHARED_LOCK:
-        entry = _SHARED.get(processes)
-        if entry is None or entry[0].closed:
-            if not _SHARED:
-                atexit.register(_close_all)
-            entry = _SHARED[processes] = [WorkerProcesses(processes, warm, file_timeout), 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def release(pool: WorkerProcesses) -> None:
-    """Gives back a pool of `acquire`; the last user closes it."""
-    with _SHARED_LOCK:
-        entry = _SHARED.get(pool.processes)
-        if entry is None or entry[0] is not pool:
-            return
-        entry[1] -= 1
-        if entry[1] > 0:
-            return
-        del _SHARED[pool.processes]
-    pool.close()
-
-
-def abort(pool: WorkerProcesses) -> None:
-    """Kills a pool of `acquire` now, whoever else uses it: its run failed or was interrupted.
-
-    Its children ignore Ctrl-C and would finish their shards first.
-    """
-    with _SHARED_LOCK:
-        entry = _SHARED.get(pool.processes)
-        if entry is not None and entry[0] is pool:
-            del _SHARED[pool.processes]
-    pool.close(kill=True)
-
-
-def _close_all() -> None:
-    with _SHARED_LOCK:
-        pools = [entry[0] for entry in _SHARED.values()]
-        _SHARED.clear()
-    for pool in pools:
-        pool.close()
 
 
 def main(fd_in: int, fd_out: int, quiet: bool = False) -> None:

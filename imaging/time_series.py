@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import os
 import posixpath
@@ -373,6 +374,42 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
       The plan: the dates kept, and every other file with its reason.
     """
     headers = [_header(rel, path) for rel, path in sorted(files, key=lambda f: os.fsencode(f[0]))]
+    outcomes, by_date = _dated(headers)
+    dates = _one_file_per_band(location, by_date, outcomes)
+    rejected = functools.partial(_rejected, location, dates, outcomes)
+    if not dates:
+        return rejected("no_date", f"{location or '.'}: no date left to stack")
+    band_files = any(band is not None for per_band in dates.values() for band in per_band)
+    for date, per_band in dates.items():
+        dtypes = sorted({h.dtype for h in per_band.values()})
+        if len(dtypes) > 1:
+            return rejected("mixed_dtypes", f"{location or '.'}: the band files of {date.isoformat()} are of "
+                                            f"several dtypes ({', '.join(dtypes)}); a stack has one")
+    first = next(iter(dates.values()))
+    ref = first[min(first, key=lambda b: natural_key(b or ""))]
+    bands, unselected = _stack_bands(dates, ref, band_files, options)
+    kept = [date_plan for date, per_band in dates.items()
+            if (date_plan := _date_plan(date, per_band, ref, band_files, bands, unselected, outcomes)) is not None]
+    outcomes.sort(key=lambda o: os.fsencode(o.rel_path))
+    if not kept:
+        return LocationPlan(location, (), tuple(bands), 0, 0, "", 0, None, None, tuple(outcomes),
+                            ("no_date", f"{location or '.'}: no date left to stack (every date was left "
+                                        f"out: see its files)"))
+    dtype = ref.dtype
+    if dtype not in schemas.RAW_DTYPES:
+        return rejected("unsupported_dtype", f"{location or '.'}: {dtype} samples; stacks hold "
+                                             f"{', '.join(schemas.RAW_DTYPES)}")
+    plan = LocationPlan(location, tuple(kept), tuple(bands), ref.height, ref.width, dtype, ref.epsg,
+                        ref.geotransform, ref.nodata, tuple(outcomes))
+    if options.patch is None and plan.samples > options.max_pixels:
+        return rejected("too_large", f"{location or '.'}: a stack of {plan.shape} is {plan.samples:,} samples, "
+                                     f"more than --max_pixels={options.max_pixels:,}; cut it into patches "
+                                     f"(--raster_patch 256) or raise --max_pixels")
+    return plan
+
+
+def _dated(headers: list[_Header]) -> tuple[list[Outcome], dict[datetime.date, list[_Header]]]:
+    """The outcomes of the files without a date or a readable header, and the others by date."""
     outcomes: list[Outcome] = []
     by_date: dict[datetime.date, list[_Header]] = {}
     for h in headers:
@@ -385,8 +422,14 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
                                     "and no TIFF DateTime tag"))
         else:
             by_date.setdefault(h.date, []).append(h)
+    return outcomes, by_date
 
-    # Conflicts first: two files for one date and band leave the date out.
+
+def _one_file_per_band(location: str, by_date, outcomes: list[Outcome]) -> dict:
+    """{date: {band or None: header}}, in date order; two files for one date and band leave the date out.
+
+    The files of a date left out are added to `outcomes` ('conflicting_dates').
+    """
     dates: dict[datetime.date, dict[str | None, _Header]] = {}
     for date, group in sorted(by_date.items()):
         per_band: dict[str | None, list[_Header]] = {}
@@ -405,82 +448,59 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
                                         f"band ({what})", date.isoformat()))
             continue
         dates[date] = {band: hs[0] for band, hs in per_band.items()}
+    return dates
 
-    def rejected(reason: str, message: str) -> LocationPlan:
-        gone = [Outcome(h.rel_path, reason, message, d.isoformat())
-                for d, per_band in dates.items() for h in per_band.values()]
-        return LocationPlan(location, (), (), 0, 0, "", 0, None, None,
-                            tuple(sorted(outcomes + gone, key=lambda o: os.fsencode(o.rel_path))),
-                            (reason, message))
 
-    if not dates:
-        return rejected("no_date", f"{location or '.'}: no date left to stack")
-    band_files = any(band is not None for per_band in dates.values() for band in per_band)
-    for date, per_band in dates.items():
-        dtypes = sorted({h.dtype for h in per_band.values()})
-        if len(dtypes) > 1:
-            return rejected("mixed_dtypes", f"{location or '.'}: the band files of {date.isoformat()} are of "
-                                            f"several dtypes ({', '.join(dtypes)}); a stack has one")
-    first = next(iter(dates.values()))
-    ref = first[min(first, key=lambda b: natural_key(b or ""))]
+def _rejected(location: str, dates, outcomes: list[Outcome], reason: str, message: str) -> LocationPlan:
+    """The plan of a location rejected as a whole: every file of its dates gets the reason too."""
+    gone = [Outcome(h.rel_path, reason, message, d.isoformat())
+            for d, per_band in dates.items() for h in per_band.values()]
+    return LocationPlan(location, (), (), 0, 0, "", 0, None, None,
+                        tuple(sorted(outcomes + gone, key=lambda o: os.fsencode(o.rel_path))),
+                        (reason, message))
+
+
+def _stack_bands(dates, ref: _Header, band_files: bool, options: TimeSeriesOptions) -> tuple[list, list]:
+    """The stack's bands (--bands, else every band found, in natural order) and the bands found but not kept."""
     if band_files:
         found = sorted({band for per_band in dates.values() for band in per_band if band is not None},
                        key=natural_key)
     else:
         found = [str(i + 1) for i in range(ref.bands)]
-    if options.bands is not None:
-        bands = list(options.bands)
-    else:
-        bands = found
-    unselected = [b for b in found if b not in bands]
+    bands = list(options.bands) if options.bands is not None else found
+    return bands, [b for b in found if b not in bands]
 
-    kept: list[DatePlan] = []
-    for date, per_band in dates.items():
-        iso = date.isoformat()
-        diffs = {h.rel_path: _differences(ref, h, band_files) for h in per_band.values()}
-        diffs = {rel: d for rel, d in diffs.items() if d}
-        if diffs:
-            what = "; ".join(f"{rel}: {', '.join(d)}" for rel, d in sorted(diffs.items()))
-            for h in per_band.values():
-                outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the first date "
-                                        f"({what}); left out of the stack, nothing resampled", iso))
-            continue
-        if band_files:
-            missing = [b for b in bands if b not in per_band]
-        else:
-            missing = [b for b in bands if not (b.isdigit() and 1 <= int(b) <= ref.bands)]
-        if missing:
-            for h in per_band.values():
-                outcomes.append(Outcome(h.rel_path, "missing_band",
-                                        f"{iso} has no band {', '.join(missing)} (the stack's bands: "
-                                        f"{', '.join(bands)}); left out of the stack", iso))
-            continue
-        if band_files:
-            files = tuple((per_band[b].rel_path, per_band[b].path, 0) for b in bands)
-            for b in unselected:
-                if b in per_band:
-                    outcomes.append(Outcome(per_band[b].rel_path, "band_not_selected",
-                                            f"band {b} is not among --bands {','.join(bands)}", None))
-        else:
-            h = per_band[None]
-            files = tuple((h.rel_path, h.path, int(b) - 1) for b in bands)
-        kept.append(DatePlan(iso, files))
-    outcomes.sort(key=lambda o: os.fsencode(o.rel_path))
-    if not kept:
-        return LocationPlan(location, (), tuple(bands), 0, 0, "", 0, None, None, tuple(outcomes),
-                            ("no_date", f"{location or '.'}: no date left to stack (every date was left "
-                                        f"out: see its files)"))
-    dtype = ref.dtype
-    if dtype not in schemas.RAW_DTYPES:
-        return rejected("unsupported_dtype", f"{location or '.'}: {dtype} samples; stacks hold "
-                                             f"{', '.join(schemas.RAW_DTYPES)}")
-    plan = LocationPlan(location, tuple(kept), tuple(bands), ref.height, ref.width, dtype, ref.epsg,
-                        ref.geotransform, ref.nodata, tuple(outcomes))
-    if options.patch is None and plan.samples > options.max_pixels:
-        return rejected("too_large", f"{location or '.'}: a stack of {plan.shape} is {plan.samples:,} samples, "
-                                     f"more than --max_pixels={options.max_pixels:,}; cut it into patches "
-                                     f"(--raster_patch 256) or raise --max_pixels")
-    return plan
+
+def _date_plan(date, per_band, ref: _Header, band_files: bool, bands, unselected,
+               outcomes: list[Outcome]) -> DatePlan | None:
+    """One date's files in the stack's band order; None (its files' outcomes added) when it is left out."""
+    iso = date.isoformat()
+    diffs = {h.rel_path: _differences(ref, h, band_files) for h in per_band.values()}
+    diffs = {rel: d for rel, d in diffs.items() if d}
+    if diffs:
+        what = "; ".join(f"{rel}: {', '.join(d)}" for rel, d in sorted(diffs.items()))
+        for h in per_band.values():
+            outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the first date "
+                                    f"({what}); left out of the stack, nothing resampled", iso))
+        return None
+    if band_files:
+        missing = [b for b in bands if b not in per_band]
+    else:
+        missing = [b for b in bands if not (b.isdigit() and 1 <= int(b) <= ref.bands)]
+    if missing:
+        for h in per_band.values():
+            outcomes.append(Outcome(h.rel_path, "missing_band",
+                                    f"{iso} has no band {', '.join(missing)} (the stack's bands: "
+                                    f"{', '.join(bands)}); left out of the stack", iso))
+        return None
+    if not band_files:
+        h = per_band[None]
+        return DatePlan(iso, tuple((h.rel_path, h.path, int(b) - 1) for b in bands))
+    for b in unselected:
+        if b in per_band:
+            outcomes.append(Outcome(per_band[b].rel_path, "band_not_selected",
+                                    f"band {b} is not among --bands {','.join(bands)}", None))
+    return DatePlan(iso, tuple((per_band[b].rel_path, per_band[b].path, 0) for b in bands))
 
 
 def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = None) -> np.ndarray:

@@ -83,8 +83,11 @@ logger = logging.getLogger(__name__)
 
 # Records parsed per vectorised `tf.io.parse_example` call.
 _PARSE_BATCH = 64
-# Most shard files read at once by the interleave.
+# Most shard files read at once by the interleave ...
 _MAX_CYCLE_LENGTH = 16
+# ... and records taken from one before the next (bench.read_stages: 1 and 8
+# cost the same per record; 1 mixes the shards best).
+_BLOCK_LENGTH = 1
 # Default record shuffle buffer: at most this many records ...
 _DEFAULT_SHUFFLE_RECORDS = 1024
 # ... and at most about this many bytes of encoded records.
@@ -373,7 +376,7 @@ def _shards_records(
         records = files.interleave(
             per_shard,
             cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
-            block_length=1,
+            block_length=_BLOCK_LENGTH,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True if record_sharding else None,
         )
@@ -566,6 +569,8 @@ class _Stages:
                     features[_TARGET_LABEL], [*self.stored_size, 1])
         elif self.raster is None:
             image = self.load_image(features[IMAGE.key], example_seed)
+            if self.converts_per_image:
+                image = self.convert(image)
         else:
             image = self.raster.decode(features, self.config.image, example_seed)
             for k in self.shape_keys:
@@ -589,15 +594,36 @@ class _Stages:
             depth=self.depth,
             augment=self.standard,
             seed=example_seed,
+            reduced_decode=image.reduced_decode,
         )
 
-    def finish(self, features):
-        """Per batch: converts pixels and labels and builds the output structure."""
-        image, reading = self.config.image, self.config.reading
-        images = preprocess.convert_images(
-            features[IMAGE.key], self.raster.output_dtype if self.raster else image.dtype,
+    @property
+    def converts_per_image(self) -> bool:
+        """Whether the per-image stages convert each photo to its output dtype before the batch.
+
+        `convert_images` is elementwise, so converting each image or the batch gives the same
+        values; a 8- or 16-bit image is copied into its batch at a half or a quarter of the
+        float32 bytes, and the conversion runs in the parallel per-image map
+        (bench.read_stages: 'per element' rows). Not for a callable `augment`, which gets
+        float32 pixels before the batch, nor for rasters and targets (their own paths).
+        """
+        image = self.config.image
+        return (self.raster is None and self.target is None and not callable(image.augment)
+                and image.dtype in ("uint8", "uint16", "float16", "bfloat16"))
+
+    def convert(self, images):
+        """`preprocess.convert_images` with this read's output dtype, scale and normalize."""
+        image = self.config.image
+        return preprocess.convert_images(
+            images, self.raster.output_dtype if self.raster else image.dtype,
             scale=image.scale, normalize=image.normalize,
         )
+
+    def finish(self, features, converted: bool = False):
+        """Per batch: converts pixels (unless `converted` per image already) and labels and
+        builds the output structure."""
+        reading = self.config.reading
+        images = features[IMAGE.key] if converted else self.convert(features[IMAGE.key])
         out = [images]
         if self.target is not None:
             # Already per example, with the image's geometry (`decode`).
@@ -684,7 +710,7 @@ def _by_batch(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
                 image_size=image.image_size, resize=image.resize,
                 crop_fraction=image.crop_fraction, interpolation=image.interpolation,
                 channels=image.channels, depth=stages.depth, batch_size=stages.batch_size,
-                jpegs_of_size=stages.jpegs_of_size,
+                jpegs_of_size=stages.jpegs_of_size, reduced_decode=image.reduced_decode,
             )
         return stages.finish(features)
 
@@ -820,7 +846,7 @@ def _batch_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
         if keep:
             # Nested too (the boxes dict of label_mode='boxes'), and ragged.
             features = tf.nest.map_structure(lambda v: _drop_rows(v, keep[0]), features)
-        return stages.finish(features)
+        return stages.finish(features, converted=stages.converts_per_image)
 
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
 

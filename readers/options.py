@@ -117,6 +117,18 @@ class ImageOptions:
         float32 [height, width, channels] image of pixel values (before
         `scale`), returning the same shape. Its random ops are only
         reproducible if it uses stateless ops seeded from its input.
+      reduced_decode: False (the default): every image decoded whole, the
+        values exact. True: a JPEG whose decoded region (the whole image
+        with 'stretch' or 'pad', the crop window with 'crop' or the random
+        crop of 'standard') is at least twice `image_size` on both sides is
+        decoded at 1/2, 1/4 or 1/8 scale by libjpeg (the largest that keeps
+        it at least `image_size`), then resized: much less work for photos
+        larger than the model's input, at values that differ from decoding
+        whole and resizing (a box filter of the DCT in place of part of the
+        bilinear resize; docs/reading/performance.md gives the measured
+        differences). PNGs and smaller JPEGs decode exactly; photo splits
+        only, not the target label modes (their masks and boxes follow the
+        exact geometry).
     """
 
     image_size: tuple[int, int] | None = (224, 224)
@@ -128,8 +140,10 @@ class ImageOptions:
     scale: float | tuple[float, ...] | None = None
     normalize: tuple[Any, Any] | None = None
     augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None
+    reduced_decode: bool = False
 
     def __post_init__(self):
+        _check_bool("reduced_decode", self.reduced_decode)
         if self.image_size is not None:
             self._set("image_size", _check_image_size(self.image_size))
         if self.color_mode is not None and self.color_mode not in decode.CHANNELS_BY_COLOR_MODE:
@@ -717,6 +731,13 @@ class ReaderConfig:
                 f"boxes of label_mode={self.reading.label_mode!r} with it: use "
                 "augment='standard' or None. Received: "
                 f"augment={self.image.augment!r}, label_mode={self.reading.label_mode!r}"
+            )
+        if self.image.reduced_decode and self.reading.label_mode in targets.TARGET_LABEL_MODES:
+            raise ValueError(
+                "reduced_decode=True decodes the image at a reduced scale and a slightly "
+                f"wider window, which the targets of label_mode={self.reading.label_mode!r} "
+                "would not follow exactly: read them with reduced_decode=False. Received: "
+                f"reduced_decode=True, label_mode={self.reading.label_mode!r}"
             )
         self._check_service()
         if self.shuffling.mode == "global" and self.reading.cache is not False:

@@ -29,7 +29,15 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from readers.decode import decode_cropped_image, decode_image, decode_image_batch
+from readers.decode import (
+    JPEG_RATIOS,
+    decode_cropped_jpeg,
+    decode_image,
+    decode_non_jpeg,
+    decode_image_batch,
+    decode_reduced_jpeg,
+    reduced_jpeg_ratio,
+)
 
 __all__ = [
     "RESIZE_POLICIES",
@@ -171,16 +179,25 @@ def random_crop_window(height, width, seed: tf.Tensor) -> tf.Tensor:
     return tf.concat([begin[:2], size[:2]], axis=0)
 
 
-def _decode_window(encoded, window_fn, channels, depth):
-    """Decodes the window `window_fn(height, width)`; fused for JPEG."""
+def _decode_window(encoded, window_fn, channels, depth, reduced_to=None):
+    """Decodes the window `window_fn(height, width)`; fused for JPEG.
+
+    `reduced_to`: the output size, for a JPEG window decoded at a reduced
+    scale that stays at least that size (`load_image`'s `reduced_decode`).
+    """
 
     def jpeg():
         shape = tf.io.extract_jpeg_shape(encoded)
         window = window_fn(shape[0], shape[1])
-        return decode_cropped_image(encoded, window, channels=channels, dtype=depth)
+        if reduced_to is not None:
+            ratio = reduced_jpeg_ratio(window[2], window[3], reduced_to)
+            return decode_reduced_jpeg(encoded, ratio, window, channels=channels, dtype=depth)
+        # Each branch knows its format: no second format check inside it (a nested
+        # conditional: 72 -> 30 ms to trace, paid by every dataset's first batch).
+        return decode_cropped_jpeg(encoded, window, channels=channels, dtype=depth)
 
     def other():
-        image = decode_image(encoded, channels=channels, dtype=depth)
+        image = decode_non_jpeg(encoded, channels=channels, dtype=depth)
         shape = tf.shape(image)
         window = window_fn(shape[0], shape[1])
         return tf.slice(
@@ -203,6 +220,7 @@ def load_image(
     depth: tf.dtypes.DType = tf.uint8,
     augment: bool = False,
     seed: tf.Tensor | None = None,
+    reduced_decode: bool = False,
 ) -> tf.Tensor:
     """Decodes one stored image and brings it to `image_size`.
 
@@ -219,6 +237,13 @@ def load_image(
       augment: Use the standard random-resized-crop and flip recipe instead
         of `resize`.
       seed: Shape [2] int tensor; required when `augment` is True.
+      reduced_decode: Decode a JPEG whose region (the whole image, its crop
+        window or its random crop) is at least twice `image_size` on both
+        sides at 1/2, 1/4 or 1/8 scale (the largest that keeps it at least
+        `image_size`, `decode.reduced_jpeg_ratio`), then resize the rest:
+        not the values of decoding whole and resizing (see
+        `decode.decode_reduced_jpeg` and docs/reading/performance), faster
+        for large photos. Other images and formats decode exactly.
 
     Returns:
       A float32 tensor [height, width, channels] of pixel values in the range
@@ -226,12 +251,14 @@ def load_image(
     """
     if image_size is None:
         return tf.cast(decode_image(encoded, channels=channels, dtype=depth), tf.float32)
+    reduced_to = tuple(image_size) if reduced_decode else None
     if augment:
         if seed is None:
             raise ValueError("`seed` is required when `augment` is True. Received: seed=None")
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         image = _decode_window(
-            encoded, lambda h, w: random_crop_window(h, w, crop_seed), channels, depth
+            encoded, lambda h, w: random_crop_window(h, w, crop_seed), channels, depth,
+            reduced_to,
         )
     elif resize == "crop":
         image = _decode_window(
@@ -239,7 +266,18 @@ def load_image(
             lambda h, w: center_crop_window(h, w, image_size, crop_fraction),
             channels,
             depth,
+            reduced_to,
         )
+    elif reduced_decode:
+        def jpeg():
+            shape = tf.io.extract_jpeg_shape(encoded)
+            ratio = reduced_jpeg_ratio(shape[0], shape[1], reduced_to)
+            return decode_reduced_jpeg(encoded, ratio, channels=channels, dtype=depth)
+
+        image = tf.cond(tf.io.is_jpeg(encoded), jpeg,
+                        lambda: decode_non_jpeg(encoded, channels=channels, dtype=depth))
+        if resize == "pad":
+            image = pad_to_aspect_ratio(image, image_size)
     else:
         image = decode_image(encoded, channels=channels, dtype=depth)
         if resize == "pad":
@@ -309,6 +347,7 @@ def load_image_batch(
     depth: tf.dtypes.DType = tf.uint8,
     batch_size: int | None = None,
     jpegs_of_size: tuple[int, int] | None = None,
+    reduced_decode: bool = False,
 ) -> tf.Tensor:
     """`load_image` of a batch of stored images (no augmentation).
 
@@ -332,6 +371,8 @@ def load_image_batch(
       batch_size: The largest batch, when known (see `decode_image_batch`).
       jpegs_of_size: (height, width) when every image is known to be a JPEG
         of that size; needs `batch_size`.
+      reduced_decode: As for `load_image`: with `jpegs_of_size`, the whole
+        batch decoded at the one reduced scale that size allows.
 
     Returns:
       A float32 tensor [batch, height, width, channels].
@@ -343,16 +384,24 @@ def load_image_batch(
         return tf.map_fn(
             lambda e: load_image(e, image_size=image_size, resize=resize,
                                  crop_fraction=crop_fraction, interpolation=interpolation,
-                                 channels=channels, depth=depth),
+                                 channels=channels, depth=depth,
+                                 reduced_decode=reduced_decode),
             encoded, fn_output_signature=one_by_one_spec,
         )
 
     if resize not in ("stretch", "pad"):
         return one_by_one()
+    ratio = 1
+    if reduced_decode:
+        if jpegs_of_size is None or batch_size is None:
+            return tf.ensure_shape(one_by_one(), output_shape)
+        # `reduced_jpeg_ratio` of the one stored size, known here.
+        ratio = max(r for r in JPEG_RATIOS if jpegs_of_size[0] >= r * image_size[0]
+                    and jpegs_of_size[1] >= r * image_size[1])
 
     def together(all_jpeg=False, stored_size=None):
         images = decode_image_batch(encoded, batch_size=batch_size, channels=channels,
-                                    dtype=depth, all_jpeg=all_jpeg)
+                                    dtype=depth, all_jpeg=all_jpeg, ratio=ratio)
         if resize == "pad":
             images = pad_to_aspect_ratio(images, image_size)
         # The same values either way. Enlarging, each input pixel is read for
@@ -364,7 +413,8 @@ def load_image_batch(
         as_is = lambda: tf.cast(  # noqa: E731
             tf.image.resize(images, image_size, method=interpolation), tf.float32)
         if stored_size is not None and resize == "stretch":
-            enlarging = stored_size[0] * stored_size[1] < image_size[0] * image_size[1]
+            enlarging = (-(-stored_size[0] // ratio) * -(-stored_size[1] // ratio)
+                         < image_size[0] * image_size[1])
             return as_float() if enlarging else as_is()
         height_width = tf.shape(images)[1:3]
         enlarging = height_width[0] * height_width[1] < image_size[0] * image_size[1]

@@ -244,11 +244,46 @@ def time_series_dataset_from_tfrecords(
         raise ValueError(f"`label_mode` must be one of {_LABEL_MODES}. Received: label_mode={label_mode!r}")
     if shuffle not in (True, False):
         raise TypeError(f"`shuffle` must be True or False. Received: shuffle={shuffle!r}")
-    extras = tuple(extra_features) if not isinstance(extra_features, str) else extra_features
     reading = ReadOptions(batch_size=batch_size, label_mode=None, repeat=repeat, drop_remainder=drop_remainder,
-                          extra_features=extras)
+                          extra_features=extra_features if isinstance(extra_features, str) else tuple(extra_features))
     shuffling = ShuffleOptions(shuffle=shuffle, seed=seed, deterministic=deterministic)
     split_files = load_split(data_dir, split, kind=TIME_SERIES)
+    dtypes = _check_split(split_files, options, reading, label_mode, batch_size, extra_features)
+    lengths = tuple(int(v) for v in split_files.time_series.get("steps", ()))
+    draws = options.max_steps is not None and (not lengths or max(lengths) > options.max_steps)
+    records, num_records, per_replica = _records(split_files, shuffling, reading, input_context,
+                                                 seeded=options.augment is not None or draws)
+    load = _stack_loader(split_files, options, reading, label_mode, dtypes, lengths, draws)
+    ds = records.map(load, num_parallel_calls=tf.data.AUTOTUNE,
+                     deterministic=shuffling.is_deterministic)
+    return _finish(ds, split_files, shuffling, per_replica, num_records, repeat=repeat,
+                   drop_remainder=drop_remainder, input_context=input_context)
+
+
+def _records(split_files, shuffling: ShuffleOptions, reading: ReadOptions, input_context, seeded: bool):
+    """This pipeline's share of the split's records (with a seed pair each when `seeded`), their
+    number, and the batch size of one replica."""
+    pipeline_id, num_pipelines, per_replica = 0, 1, reading.batch_size
+    if input_context is not None:
+        pipeline_id, num_pipelines = input_context.input_pipeline_id, input_context.num_input_pipelines
+        if reading.batch_size is not None:
+            per_replica = input_context.get_per_replica_batch_size(reading.batch_size)
+    records, num_records, _ = _shards_records(split_files, shuffling, reading, pipeline_id=pipeline_id,
+                                              num_pipelines=num_pipelines, standard=False)
+    if seeded:
+        seeds = tf.data.Dataset.random(seed=_derive_seed(shuffling.seed, 5, pipeline_id),
+                                       rerandomize_each_iteration=True).batch(2)
+        records = tf.data.Dataset.zip(records, seeds)
+    return records, num_records, per_replica
+
+
+def _check_split(split_files, options: TimeSeriesOptions, reading: ReadOptions, label_mode, batch_size,
+                 extra_features) -> tuple:
+    """The split's stack dtypes, once the arguments are checked against what it holds.
+
+    Raises:
+      ValueError: For an argument the split cannot serve, naming it.
+    """
     schema = split_files.schema
     keys = [spec.key for spec in schema.features]
     allowed = [k for k in keys if k not in (STACK.key, LABEL.key)] + [STACK_VALID]
@@ -276,27 +311,19 @@ def time_series_dataset_from_tfrecords(
         if options.image_size is None and len(sizes) > 1:
             raise ValueError(f"batch_size={batch_size} needs stacks of one size; the stacks have sizes "
                              f"{sorted(sizes)[:4]}: pass `image_size`. Received: image_size=None")
+    return dtypes
+
+
+def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions, label_mode, dtypes,
+                  lengths: tuple, draws: bool):
+    """The function that parses, decodes and preprocesses one record (and its seeds, when random)."""
+    schema = split_files.schema
     mean_std = None
     if options.normalize == "dataset":
         stats = stored.dataset_band_stats(split_files.band_stats, split_files.data_dir)
         mean_std = (stats.mean, stats.std)
     elif options.normalize is not None:
         mean_std = tuple(options.normalize)
-
-    pipeline_id, num_pipelines, per_replica = 0, 1, batch_size
-    if input_context is not None:
-        pipeline_id, num_pipelines = input_context.input_pipeline_id, input_context.num_input_pipelines
-        if batch_size is not None:
-            per_replica = input_context.get_per_replica_batch_size(batch_size)
-    records, num_records, _ = _shards_records(split_files, shuffling, reading, pipeline_id=pipeline_id,
-                                              num_pipelines=num_pipelines, standard=False)
-    lengths = tuple(int(v) for v in section.get("steps", ()))
-    draws = options.max_steps is not None and (not lengths or max(lengths) > options.max_steps)
-    random = options.augment is not None or draws
-    if random:
-        seeds = tf.data.Dataset.random(seed=_derive_seed(seed, 5, pipeline_id),
-                                       rerandomize_each_iteration=True).batch(2)
-        records = tf.data.Dataset.zip(records, seeds)
     out_dtype = None if options.dtype is None else tf.as_dtype(options.dtype)
     wanted = [STACK.key, STACK_SHAPE.key, STACK_DATES.key, STACK_DTYPE.key, LABEL.key]
     if label_mode == "mask":
@@ -347,9 +374,13 @@ def time_series_dataset_from_tfrecords(
         if extra:
             element += (extra,)
         return element[0] if len(element) == 1 else element
+    return load
 
-    ds = records.map(load, num_parallel_calls=tf.data.AUTOTUNE,
-                     deterministic=shuffling.is_deterministic)
+
+def _finish(ds, split_files, shuffling: ShuffleOptions, per_replica, num_records: int, *, repeat: bool,
+            drop_remainder: bool, input_context) -> tf.data.Dataset:
+    """The mapped records batched, counted, prefetched, with their options and the promised attributes."""
+    section = split_files.time_series
     if per_replica is not None:
         ds = ds.batch(per_replica, drop_remainder=drop_remainder)
     if not repeat:

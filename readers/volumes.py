@@ -160,6 +160,32 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                        patches_per_volume, _triple(spacing, "spacing"),
                        None if window is None else tuple(float(v) for v in window), dtype,
                        tuple(extra_features), seed)
+    ds = _serialized(data_dir, split, shuffle, seed, input_context)
+    keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
+        tuple(k for k in options.extra_features
+              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
+    spec = VOLUME_SCHEMA.parse_spec(keys)
+    stored = None
+    if options.dtype is None:
+        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])))
+        stored = first.numpy().decode()
+    ds = ds.map(lambda serialized: _parse(serialized, spec, options, stored),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if options.dtype is not None:
+        ds = ds.map(lambda volume, parsed: _preprocess(volume, parsed, options),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if options.patch_size is not None:
+        base_seed = 0 if seed is None else int(seed)
+        ds = ds.enumerate().flat_map(lambda i, el: _crops(i, el[0], el[1], options, base_seed))
+    ds = ds.map(lambda volume, parsed: _finish(volume, parsed, options),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if options.batch_size is not None:
+        ds = ds.batch(options.batch_size)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _serialized(data_dir, split: str, shuffle: bool, seed, input_context) -> tf.data.Dataset:
+    """The split's serialized records: this pipeline's shard files, shuffled (seeded) if asked."""
     files = _shard_files(data_dir, split)
     ds = tf.data.Dataset.from_tensor_slices(files)
     if input_context is not None and input_context.num_input_pipelines > 1:
@@ -170,97 +196,83 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                        num_parallel_calls=tf.data.AUTOTUNE)
     if shuffle:
         ds = ds.shuffle(16, seed=seed)
-    keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
-        tuple(k for k in options.extra_features
-              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
-    spec = VOLUME_SCHEMA.parse_spec(keys)
+    return ds
 
+
+def _parse(serialized, spec, options: _Options, stored: str | None):
+    """(volume, the parsed features later steps use); as stored (`stored` dtype) when `options.dtype` is None."""
+    parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
     if options.dtype is None:
-        first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])))
-        stored = first.numpy().decode()
+        tf.debugging.assert_equal(parsed[VOLUME_DTYPE.key], stored,
+                                  message="dtype=None: the volumes of this split differ in dtype")
+        volume = tf.reshape(tf.io.decode_raw(parsed[VOLUME.key], tf.as_dtype(stored), little_endian=True),
+                            tf.cast(parsed[VOLUME_SHAPE.key], tf.int32))
+        volume = tf.ensure_shape(volume, [None, None, None])
+    else:
+        volume = _decode(parsed, tf.float32)
+    # Only what later steps use travels on: not the encoded voxels.
+    wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
+    return volume, {k: v for k, v in parsed.items() if k in wanted}
 
-    def parse(serialized):
-        parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
-        if options.dtype is None:
-            tf.debugging.assert_equal(parsed[VOLUME_DTYPE.key], stored,
-                                      message="dtype=None: the volumes of this split differ in dtype")
-            volume = tf.reshape(tf.io.decode_raw(parsed[VOLUME.key], tf.as_dtype(stored), little_endian=True),
-                                tf.cast(parsed[VOLUME_SHAPE.key], tf.int32))
-            volume = tf.ensure_shape(volume, [None, None, None])
-        else:
-            volume = _decode(parsed, tf.float32)
-        # Only what later steps use travels on: not the encoded voxels.
-        wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
-        return volume, {k: v for k, v in parsed.items() if k in wanted}
 
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+def _preprocess(volume, parsed, options: _Options):
+    """Resampled to `spacing`, then to `volume_size`, then windowed; the affine and spacing follow."""
+    affine = parsed[VOLUME_AFFINE.key]
+    vox_spacing = parsed[VOLUME_SPACING.key]
+    if options.spacing is not None:
+        shape = tf.cast(tf.shape(volume), tf.float64)
+        new = tf.maximum(tf.cast(tf.round(shape * vox_spacing / tf.constant(options.spacing, tf.float64)),
+                                 tf.int32), 1)
+        affine = _scale_affine(affine, tf.shape(volume), new)
+        volume = _resize(volume, new)
+        vox_spacing = tf.constant(options.spacing, tf.float64)
+    if options.volume_size is not None:
+        new = tf.constant(options.volume_size, tf.int32)
+        old = tf.shape(volume)
+        affine = _scale_affine(affine, old, new)
+        vox_spacing = vox_spacing * tf.cast(old, tf.float64) / tf.cast(new, tf.float64)
+        volume = _resize(volume, new)
+    if options.window is not None:
+        center, width = options.window
+        low = center - width / 2
+        volume = tf.clip_by_value((volume - low) / width, 0.0, 1.0)
+    parsed = dict(parsed)
+    parsed[VOLUME_AFFINE.key] = affine
+    parsed[VOLUME_SPACING.key] = vox_spacing
+    return volume, parsed
 
-    def preprocess(volume, parsed):
-        affine = parsed[VOLUME_AFFINE.key]
-        vox_spacing = parsed[VOLUME_SPACING.key]
-        if options.spacing is not None:
-            shape = tf.cast(tf.shape(volume), tf.float64)
-            new = tf.maximum(tf.cast(tf.round(shape * vox_spacing / tf.constant(options.spacing, tf.float64)),
-                                     tf.int32), 1)
-            affine = _scale_affine(affine, tf.shape(volume), new)
-            volume = _resize(volume, new)
-            vox_spacing = tf.constant(options.spacing, tf.float64)
-        if options.volume_size is not None:
-            new = tf.constant(options.volume_size, tf.int32)
-            old = tf.shape(volume)
-            affine = _scale_affine(affine, old, new)
-            vox_spacing = vox_spacing * tf.cast(old, tf.float64) / tf.cast(new, tf.float64)
-            volume = _resize(volume, new)
-        if options.window is not None:
-            center, width = options.window
-            low = center - width / 2
-            volume = tf.clip_by_value((volume - low) / width, 0.0, 1.0)
-        parsed = dict(parsed)
-        parsed[VOLUME_AFFINE.key] = affine
-        parsed[VOLUME_SPACING.key] = vox_spacing
-        return volume, parsed
 
+def _crops(index, volume, parsed, options: _Options, base_seed: int) -> tf.data.Dataset:
+    """`patches_per_volume` random crops of the `index`-th volume, seeded by (seed, index), each with its affine."""
+    patch = tf.constant(options.patch_size, tf.int32)
+    count = options.patches_per_volume
+    shape = tf.shape(volume)
+    pad = tf.maximum(patch - shape, 0)
+    volume = tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
+                    constant_values=tf.reduce_min(volume))
+    shape = tf.shape(volume)
+    room = shape - patch + 1
+    draws = tf.random.stateless_uniform([count, 3], seed=tf.stack([tf.cast(base_seed, tf.int64), index]),
+                                        minval=0, maxval=2**31 - 1, dtype=tf.int64)
+    offsets = tf.cast(draws % tf.cast(room, tf.int64), tf.int32)
+    patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
+    patches = tf.ensure_shape(patches, [count, *options.patch_size])
+    # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
+    start = tf.cast(offsets - pad // 2, tf.float64)  # (k, j, i)
+    corner = tf.stack([start[:, 2], start[:, 1], start[:, 0], tf.ones([count], tf.float64)], axis=1)
+    affine = parsed[VOLUME_AFFINE.key]
+    origins = tf.linalg.matvec(affine[None], corner)  # [count, 4]
+    affines = tf.concat([tf.tile(affine[None, :, :3], [count, 1, 1]), origins[:, :, None]], axis=2)
+    many = {k: tf.repeat(v[None], count, axis=0) for k, v in parsed.items() if k != VOLUME_AFFINE.key}
+    many[VOLUME_AFFINE.key] = affines
+    return tf.data.Dataset.from_tensor_slices((patches, many))
+
+
+def _finish(volume, parsed, options: _Options):
+    """(volume [d, h, w, 1] in `dtype`, label[, extras])."""
     if options.dtype is not None:
-        ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-    if options.patch_size is not None:
-        patch = tf.constant(options.patch_size, tf.int32)
-        count = options.patches_per_volume
-        base_seed = 0 if seed is None else int(seed)
-
-        def crops(index, volume, parsed):
-            shape = tf.shape(volume)
-            pad = tf.maximum(patch - shape, 0)
-            volume = tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
-                            constant_values=tf.reduce_min(volume))
-            shape = tf.shape(volume)
-            room = shape - patch + 1
-            draws = tf.random.stateless_uniform([count, 3], seed=tf.stack([tf.cast(base_seed, tf.int64), index]),
-                                                minval=0, maxval=2**31 - 1, dtype=tf.int64)
-            offsets = tf.cast(draws % tf.cast(room, tf.int64), tf.int32)
-            patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
-            patches = tf.ensure_shape(patches, [count, *options.patch_size])
-            # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
-            start = tf.cast(offsets - pad // 2, tf.float64)  # (k, j, i)
-            corner = tf.stack([start[:, 2], start[:, 1], start[:, 0], tf.ones([count], tf.float64)], axis=1)
-            affine = parsed[VOLUME_AFFINE.key]
-            origins = tf.linalg.matvec(affine[None], corner)  # [count, 4]
-            affines = tf.concat([tf.tile(affine[None, :, :3], [count, 1, 1]), origins[:, :, None]], axis=2)
-            many = {k: tf.repeat(v[None], count, axis=0) for k, v in parsed.items() if k != VOLUME_AFFINE.key}
-            many[VOLUME_AFFINE.key] = affines
-            return tf.data.Dataset.from_tensor_slices((patches, many))
-
-        ds = ds.enumerate().flat_map(lambda i, el: crops(i, el[0], el[1]))
-
-    def finish(volume, parsed):
-        if options.dtype is not None:
-            volume = tf.cast(volume, options.dtype)
-        volume = volume[..., None]
-        if options.extra_features:
-            return volume, parsed[LABEL.key], {k: parsed[k] for k in options.extra_features}
-        return volume, parsed[LABEL.key]
-
-    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if options.batch_size is not None:
-        ds = ds.batch(options.batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE)
+        volume = tf.cast(volume, options.dtype)
+    volume = volume[..., None]
+    if options.extra_features:
+        return volume, parsed[LABEL.key], {k: parsed[k] for k in options.extra_features}
+    return volume, parsed[LABEL.key]

@@ -103,6 +103,42 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def _splits(manifest: Manifest) -> list[dict]:
+    """`dataset_info.json`'s splits: those with records, each shard named as TFDS's template names it.
+
+    Raises:
+      ValueError: For a split or shard name TFDS cannot take.
+    """
+    splits = []
+    for name, info in manifest.splits.items():
+        if info.num_records == 0:
+            # TFDS lists an empty split but fails to read it; leaving it out
+            # makes `as_dataset` name the splits there are instead.
+            continue
+        if not _SPLIT_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"Split name {name!r} cannot be described to TFDS: it takes letters, "
+                "digits, '_' and '-'."
+            )
+        for index, shard in enumerate(info.shards):
+            expected = shard_filename(name, index, len(info.shards))
+            if shard.file != expected:
+                raise ValueError(
+                    f"Shard {index} of split {name!r} is {shard.file!r}; TFDS's file "
+                    f"template {_FILEPATH_TEMPLATE!r} names it {expected!r}."
+                )
+        splits.append(
+            {
+                "filepathTemplate": _FILEPATH_TEMPLATE,
+                "name": name,
+                # Protobuf JSON writes int64 fields as strings.
+                "numBytes": str(info.num_bytes),
+                "shardLengths": [str(s.num_records) for s in info.shards],
+            }
+        )
+    return splits
+
+
 def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str, str]:
     """The TFDS metadata files of a dataset, for `tfds.builder_from_directory`.
 
@@ -138,35 +174,7 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
         return {}
     schema = ImageExampleSchema.from_json(manifest.features)
     class_names = tuple(manifest.class_names)
-
-    splits = []
-    for name, info in manifest.splits.items():
-        if info.num_records == 0:
-            # TFDS lists an empty split but fails to read it; leaving it out
-            # makes `as_dataset` name the splits there are instead.
-            continue
-        if not _SPLIT_NAME_RE.fullmatch(name):
-            raise ValueError(
-                f"Split name {name!r} cannot be described to TFDS: it takes letters, "
-                "digits, '_' and '-'."
-            )
-        for index, shard in enumerate(info.shards):
-            expected = shard_filename(name, index, len(info.shards))
-            if shard.file != expected:
-                raise ValueError(
-                    f"Shard {index} of split {name!r} is {shard.file!r}; TFDS's file "
-                    f"template {_FILEPATH_TEMPLATE!r} names it {expected!r}."
-                )
-        splits.append(
-            {
-                "filepathTemplate": _FILEPATH_TEMPLATE,
-                "name": name,
-                # Protobuf JSON writes int64 fields as strings.
-                "numBytes": str(info.num_bytes),
-                "shardLengths": [str(s.num_records) for s in info.shards],
-            }
-        )
-
+    splits = _splits(manifest)
     files = {}
     description = (
         f"Images converted by shardsmith {manifest.tool_version} (record schema "

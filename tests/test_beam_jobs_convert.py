@@ -15,6 +15,7 @@ import schemas
 from imaging import ValidationOptions
 from beam_jobs import _shards, _write
 from beam_jobs import convert as convert_module
+from conversion.shard_maker import ShardSpec
 
 
 def _decode(data: bytes) -> np.ndarray:
@@ -284,8 +285,8 @@ def test_dofns_and_specs_pickle():
     from apache_beam.internal import pickler
 
     def write_fn():
-        return _write.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1,
-                                   validation=ValidationOptions(max_pixels=10, background=(0, 0, 0)))
+        return _write.WriteShardFn(ShardSpec("/tmp/x", ValidationOptions(max_pixels=10, background=(0, 0, 0)),
+                                             num_classes=2, total_shards=1))
 
     fn = write_fn()
     for obj in (fn, schemas.IMAGE_SCHEMA, schemas.IMAGE):
@@ -299,9 +300,13 @@ def test_dofns_and_specs_pickle():
     before = schema.encode(record)  # Fills the schema's caches of encoded entries.
     for restored in (pickle.loads(pickle.dumps(schema)), pickler.loads(pickler.dumps(schema))):
         assert restored == schema and restored.georef and restored.encode(record) == before
-    fn.setup()  # Heavy objects (its receipts, its worker processes) are built in setup().
-    restored = pickler.loads(pickler.dumps(write_fn()))
-    assert not hasattr(restored, "_receipts") and restored._pool is None
+    fn.setup()  # Heavy objects (its shard maker, with its worker processes) are got in setup().
+    try:
+        assert fn._maker is not None
+        restored = pickler.loads(pickler.dumps(write_fn()))
+        assert restored._maker is None
+    finally:
+        fn.teardown()
 
 
 def test_index_files_give_each_record_offset_and_length(converted):

@@ -25,6 +25,7 @@ from beam_jobs import _runner, _shards, _verify_fns, verify
 from beam_jobs.convert import ConvertImages, build_plan, config_from_options
 from conversion.config import ConversionConfig
 from conversion import shard_plans
+from conversion.shard_maker import ShardSpec
 from helpers import convert, encode, make_class_tree, pixels, read_records, write
 
 # --- The one place that builds transforms whose constructors may change ------------------------
@@ -49,13 +50,10 @@ def _shard_plans(plan, config) -> list[str]:
 
 def _images_to_tfrecords(plan, config) -> beam.PTransform:
     """`ImagesToTFRecords` as `ConvertImages` builds it from the plan and the config."""
-    return _shards.ImagesToTFRecords(
-        output_dir=config.output_dir,
-        num_classes=len(plan.class_names),
+    return _shards.ImagesToTFRecords(ShardSpec(
+        config.output_dir, config.validation, config.writing, num_classes=len(plan.class_names),
         total_shards=sum(plan.shard_counts.values()),
-        validation=config.validation,
-        writing=config.writing,
-    )
+    ))
 
 
 def _verify_shard_fn(dataset_dir, manifest) -> beam.DoFn:

@@ -10,10 +10,11 @@ from helpers import convert, encode, make_class_tree, pixels, write
 
 import schemas
 from imaging import ValidationOptions
-from beam_jobs import _write
 from conversion import shard_writer
+from conversion.shard_maker import ShardMaker, ShardSpec
 from conversion.options import WritingOptions
 from beam_jobs import convert as convert_module
+from conversion import plan as _plan
 
 # Enough files per shard (> the 8 read ahead) for the pool to finish out of order;
 # groups of 4 files (validated together) so that each shard has several groups.
@@ -70,12 +71,14 @@ def test_output_is_byte_identical_to_the_default(images, default_output, tmp_pat
 
 
 def test_not_part_of_the_resume_fingerprint():
-    def fn(threads):
-        return _write.WriteShardFn(output_dir="/tmp/x", num_classes=2, total_shards=1,
-                                   validation=ValidationOptions(max_pixels=10, background=(0, 0, 0)),
-                                   writing=WritingOptions(worker_threads=threads))
+    files = [_plan.PlannedFile("train", 0, 0, "a/0.jpg", "/x/a/0.jpg", 1, 0, 1)]
 
-    assert fn(1)._fingerprint([]) == fn(3)._fingerprint([]) == fn(None)._fingerprint([])
+    def fingerprint(threads):
+        maker = ShardMaker(ShardSpec("/tmp/x", ValidationOptions(max_pixels=10, background=(0, 0, 0)),
+                                     WritingOptions(worker_threads=threads), num_classes=2, total_shards=1))
+        return maker.shard("train", 0, files).fingerprint
+
+    assert fingerprint(1) == fingerprint(3) == fingerprint(None)
 
 
 def test_config_and_manifest_options():

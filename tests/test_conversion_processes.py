@@ -17,8 +17,7 @@ import schemas
 from conversion import plan as _plan, processes as _processes, shard_writer
 from beam_jobs import convert as convert_module
 from beam_jobs.convert import ConvertOptions, config_from_options
-from conversion.config import ConversionConfig
-from beam_jobs._write import _shard_file
+from conversion.shard_maker import shard_file as _shard_file
 from imaging import ValidationOptions
 
 # What a child has imported, asked in the child (eval is pickled by reference).
@@ -113,47 +112,6 @@ def test_closing_ends_every_child():
         workers.call(os.getpid)
 
 
-def test_the_shared_pool_is_closed_by_its_last_user():
-    first = _processes.acquire(1)
-    second = _processes.acquire(1)
-    assert first is second
-    _processes.release(first)
-    assert not first.closed and first.call(divmod, 5, 5) == (1, 0)
-    _processes.release(second)
-    assert first.closed and 1 not in _processes._SHARED
-    third = _processes.acquire(1)
-    try:
-        assert third is not first
-    finally:
-        _processes.release(third)
-
-
-def test_an_aborted_pool_is_killed_at_once_even_mid_call():
-    import threading
-    import time
-
-    pool = _processes.acquire(1)
-    procs = [w._proc for w in pool._workers]
-    outcome = []
-
-    def sleep_in_child():
-        try:
-            pool.call(time.sleep, 60)
-        except BaseException as e:
-            outcome.append(e)
-
-    busy = threading.Thread(target=sleep_in_child)
-    busy.start()
-    while not pool._idle.empty():  # The call has taken the child.
-        time.sleep(0.01)
-    start = time.monotonic()
-    _processes.abort(pool)
-    busy.join()
-    assert time.monotonic() - start < 5 and all(p.poll() is not None for p in procs)
-    assert [type(e) for e in outcome] == [_processes.WorkerDied]
-    assert pool.closed and 1 not in _processes._SHARED
-
-
 @pytest.mark.parametrize("value", [-1, True, 1.5])
 def test_the_writing_options_refuse_a_bad_count(value):
     from conversion.options import WritingOptions
@@ -213,32 +171,6 @@ def _plan_of(n_files: int, shards: int) -> _plan.Plan:
                   for i in range(n_files))
     return _plan.Plan(files=files, class_names=("a",), shard_counts={"train": shards}, problems=(),
                       num_found=n_files, split_source="hash")
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the default needs 2 or more cores")
-def test_the_driver_starts_workers_at_the_listing_and_keeps_them_only_for_enough_shards():
-    from beam_jobs import _runner
-
-    options = ConvertOptions([])
-    _runner.make_runner(options)
-    config = ConversionConfig(input_dir="in", output_dir="out")
-    big = convert_module._PROCESSES_MIN_FILES
-    listed = [_plan.PlannedFile("train", 0, i, f"a/{i}.tif", "", 1, 0, 1) for i in range(big)]
-    workers = convert_module._Workers(config, options, start=True)
-    try:
-        workers.start_for(listed)
-        early = workers._pool
-        assert early is not None and early.processes == os.cpu_count() and not workers._decoders
-        assert workers.settle(_plan_of(big, 16)) == min(os.cpu_count(), 16)
-        if os.cpu_count() <= 16:
-            assert workers._pool is early  # Kept: as many as the shards call for.
-        assert workers.settle(_plan_of(big, 1)) == 0 and workers._pool is None and early.closed
-    finally:
-        workers.release()
-    # A driver that does not wait starts none (the shard writers start their own).
-    idle = convert_module._Workers(config, options, start=False)
-    idle.start_for(listed)
-    assert idle._pool is None and idle.settle(_plan_of(big, 16)) == min(os.cpu_count(), 16)
 
 
 def test_the_single_core_default_is_threads(monkeypatch):
@@ -317,16 +249,17 @@ def test_a_child_writes_local_rasters_without_beam_or_tensorflow(mixed, tmp_path
 def test_a_shard_whose_worker_dies_fails_with_a_sentence_naming_it(tmp_path):
     from conversion.options import WritingOptions
     from beam_jobs._write import WriteShardFn
+    from conversion.shard_maker import ShardSpec
 
     root = tmp_path / "images"
     make_class_tree(root, classes=("a",), per_class=3)
     files = [_plan.PlannedFile("train", 0, i, rel, str(root / rel), 1, 0, 1)
              for i, rel in enumerate(sorted(p.relative_to(root).as_posix() for p in root.rglob("*.*")))]
-    fn = WriteShardFn(output_dir=str(tmp_path / "out"), num_classes=1, total_shards=1,
-                      validation=ValidationOptions(), writing=WritingOptions(worker_processes=1))
+    fn = WriteShardFn(ShardSpec(str(tmp_path / "out"), ValidationOptions(), WritingOptions(worker_processes=1),
+                                num_classes=1, total_shards=1))
     fn.setup()
     try:
-        pid = fn._pool.call(os.getpid)
+        pid = fn._maker.pool.call(os.getpid)
         os.kill(pid, signal.SIGKILL)  # As the kernel's OOM killer would.
         fn.start_bundle()
         with pytest.raises(_processes.WorkerDied) as info:
@@ -343,4 +276,3 @@ def test_a_shard_whose_worker_dies_fails_with_a_sentence_naming_it(tmp_path):
         assert type(outputs[-1].value).__name__ == "ShardResult"
     finally:
         fn.teardown()
-    assert fn._pool is None

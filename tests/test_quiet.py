@@ -173,7 +173,7 @@ def test_on_a_terminal_the_progress_bar_still_draws():
 
     code = ("import os, sys\n"
             "from conversion import console\n"
-            "from beam_jobs._progress import ProgressBar\n"
+            "from conversion.progress import ProgressBar\n"
             "print(ProgressBar.wanted(), end=' ')\n"  # The control: a terminal, before.
             "with console.entry_point([]):\n"
             "    print(ProgressBar.wanted(), end=' ')\n"

@@ -489,6 +489,8 @@ def test_deterministic_defaults_follow_the_seed():
         ({"deterministic": 1}, TypeError, r"`deterministic` must be True or False. Received: deterministic=1"),
         ({"cache": ""}, TypeError, r"`cache` must be True, False or a file path prefix. Received: cache=''"),
         ({"shuffle_buffer": 0}, ValueError, r"`shuffle_buffer` must be a positive integer or None. Received: shuffle_buffer=0"),
+        ({"reduced_decode": "yes"}, TypeError, r"`reduced_decode` must be True or False. Received: reduced_decode='yes'"),
+        ({"reduced_decode": True, "label_mode": "mask"}, ValueError, r"reduced_decode=True.*read them with reduced_decode=False.*label_mode='mask'"),
     ],
 )
 def test_bad_arguments(mixed, kwargs, error, match):
@@ -595,3 +597,77 @@ def test_without_extras_leaves_images_alone_without_labels(mixed):
     assert isinstance(images, tf.Tensor) and images.shape == (5, 4, 4, 3)
     predictions = _tiny_model(len(ds.class_names)).predict(ds.map(without_extras), verbose=0)
     assert predictions.shape == (len(mixed.by_filename()), len(ds.class_names))
+
+
+@pytest.mark.parametrize("sizes", [((40, 52),), ((40, 52), (44, 36))], ids=["one_size", "sizes"])
+@pytest.mark.parametrize("options", [{}, {"resize": "crop"}, {"augment": "standard", "seed": 3}],
+                         ids=["stretch", "crop", "augment"])
+def test_reduced_decode_reads_what_load_image_gives(tmp_path, sizes, options):
+    # Opt-in: the reader's images are `load_image(..., reduced_decode=True)`'s (by batch for
+    # JPEGs of one size, image by image otherwise); the default stays the exact path.
+    written = rd.write_dataset(tmp_path, splits={"train": 5}, kinds=("rgb_jpeg", "rgb_png"),
+                               sizes=sizes, num_shards=2)
+    read = dict(image_size=(10, 12), batch_size=2, shuffle=False, extra_features=NAMES,
+                **options)
+    by_name = written.by_filename()
+    def images_by_name(**more):
+        ds = image_dataset_from_tfrecords(written.data_dir, **read, **more)
+        return {name: image for images, _, extras in ds
+                for image, name in zip(images.numpy(), _names(extras))}
+
+    fast, exact = images_by_name(reduced_decode=True), images_by_name()
+    assert sorted(fast) == sorted(exact) == sorted(by_name)
+    differs = False
+    for name, image in fast.items():
+        source = by_name[name]
+        if source.kind == "rgb_png":  # decoded whole either way
+            np.testing.assert_array_equal(image, exact[name])
+        else:
+            differs = differs or not np.array_equal(image, exact[name])
+        if not options:
+            expected = preprocess.load_image(tf.constant(source.data), image_size=(10, 12),
+                                             reduced_decode=True)
+            np.testing.assert_allclose(image, expected.numpy(), atol=1e-4)
+    assert differs
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """Records over the by-batch limit (noise images of 200x180): the per-image stages."""
+    return rd.write_dataset(tmp_path_factory.mktemp("large"), splits={"train": 5},
+                            kinds=("rgb_jpeg", "rgb_png"), sizes=((200, 180), (150, 210)),
+                            num_shards=2)
+
+
+@pytest.mark.parametrize("options", [
+    dict(dtype="uint8"), dict(dtype="uint16"), dict(dtype="float16", scale=1 / 255),
+    dict(dtype="bfloat16", normalize=(127.5, 64.0)), dict(dtype="uint8", resize="crop"),
+    dict(dtype="uint8", augment="standard", seed=4),
+], ids=["uint8", "uint16", "float16", "bfloat16", "uint8_crop", "uint8_augment"])
+def test_narrow_dtypes_converted_per_image_equal_the_batch_conversion(large, options):
+    # 8- and 16-bit outputs are converted per image, before the batch (a smaller copy into
+    # it): the values of converting the float32 batch, as before.
+    read = dict(image_size=(24, 20), batch_size=2, shuffle=False, extra_features=NAMES)
+    dtype, scale, normalize = options["dtype"], options.get("scale"), options.get("normalize")
+    geometry = {k: v for k, v in options.items() if k not in ("dtype", "scale", "normalize")}
+
+    def by_name(ds):
+        return {name: image for images, _, extras in ds
+                for image, name in zip(images.numpy(), _names(extras))}
+
+    got = by_name(image_dataset_from_tfrecords(large.data_dir, **read, **options))
+    if dtype == "uint16":
+        # Decoded at 16-bit depth, each image on its own, then converted.
+        reference = {n: preprocess.convert_images(
+            preprocess.load_image(tf.constant(s.data), image_size=(24, 20), depth=tf.uint16),
+            "uint16").numpy() for n, s in large.by_filename().items()}
+    else:
+        # The float32 read of the same geometry (and seed), converted per batch.
+        floats = by_name(image_dataset_from_tfrecords(large.data_dir, **read, **geometry))
+        reference = {n: preprocess.convert_images(tf.constant(v)[None], dtype, scale=scale,
+                                                  normalize=normalize)[0].numpy()
+                     for n, v in floats.items()}
+    assert sorted(got) == sorted(reference) and len(got) == 5
+    for name, image in got.items():
+        assert image.dtype == reference[name].dtype
+        np.testing.assert_array_equal(image, reference[name])

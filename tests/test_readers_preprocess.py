@@ -202,3 +202,110 @@ def test_convert_images_dtypes_scale_and_normalize():
     out = preprocess.convert_images(tf.constant(images), scale=1 / 255, normalize=(mean, std))
     expected = (images / 255 - np.array(mean)) / np.array(std)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+# --- reduced_decode: JPEGs decoded at 1/2, 1/4 or 1/8 scale (opt-in) ------------------------
+
+def _photo_jpeg(name: str) -> tuple[np.ndarray, tf.Tensor]:
+    """One of scikit-image's sample photographs, as Pillow writes it as a JPEG."""
+    import io
+
+    import skimage.data
+    from PIL import Image
+
+    pixels = getattr(skimage.data, name)()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return pixels, tf.constant(buffer.getvalue())
+
+
+# The documented tolerance (docs/reading/performance.md): reduced_decode's values against the
+# exact path's, mean absolute difference in 0-255 units; the largest measured was 12.9 (a
+# 512x512 photo of fine detail stretched to 64x48 at 1/8 scale, where the exact bilinear resize
+# without antialiasing aliases most).
+_REDUCED_MEAN_TOLERANCE = 16.0
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea", "rocket"])
+@pytest.mark.parametrize("size", [(224, 224), (112, 112), (64, 48)])
+@pytest.mark.parametrize("options", [dict(resize="stretch"), dict(resize="pad"),
+                                     dict(resize="crop", crop_fraction=0.875)],
+                         ids=["stretch", "pad", "crop"])
+def test_reduced_decode_is_close_to_the_exact_path(name, size, options):
+    pixels, encoded = _photo_jpeg(name)
+    exact = preprocess.load_image(encoded, image_size=size, **options).numpy()
+    fast = preprocess.load_image(encoded, image_size=size, reduced_decode=True, **options).numpy()
+    assert fast.shape == exact.shape == (*size, 3)
+    height, width = pixels.shape[:2]
+    if options["resize"] != "crop" and (height < 2 * size[0] or width < 2 * size[1]):
+        # Less than twice the output on a side: decoded whole, the exact values.
+        np.testing.assert_array_equal(fast, exact)
+        return
+    assert np.abs(fast - exact).mean() <= _REDUCED_MEAN_TOLERANCE
+    if options["resize"] == "stretch":
+        # libjpeg's reduced scale averages the pixels it drops, as an antialiased resize
+        # does; bilinear resizing of the whole image skips them: the reduced values are
+        # closer to the antialiased resize (an independent reference) than the exact ones.
+        reference = tf.image.resize(pixels, size, antialias=True).numpy()
+        assert np.abs(fast - reference).mean() <= np.abs(exact - reference).mean() + 0.1
+
+
+@pytest.mark.parametrize("ratio", [2, 4, 8])
+def test_reduced_jpeg_equals_pillows_draft_decode(ratio):
+    # Pillow's draft mode asks libjpeg for the same reduced scale: an independent reader.
+    import io
+
+    from PIL import Image
+
+    from readers import decode
+
+    _, encoded = _photo_jpeg("astronaut")
+    image = Image.open(io.BytesIO(encoded.numpy()))
+    image.draft("RGB", (512 // ratio, 512 // ratio))
+    expected = np.asarray(image.convert("RGB"))
+    assert expected.shape == (512 // ratio, 512 // ratio, 3)
+    got = decode.decode_reduced_jpeg(encoded, ratio).numpy()
+    assert got.shape == expected.shape
+    assert np.abs(got.astype(int) - expected).max() <= 2
+
+
+def test_reduced_window_covers_the_stored_window():
+    from readers import decode
+
+    _, encoded = _photo_jpeg("coffee")  # 400 x 600
+    window = tf.constant([33, 47, 201, 301])
+    for ratio in decode.JPEG_RATIOS:
+        part = decode.decode_reduced_jpeg(encoded, ratio, window).numpy()
+        whole = decode.decode_reduced_jpeg(encoded, ratio).numpy()
+        y0, x0 = 33 // ratio, 47 // ratio
+        y1, x1 = -(-(33 + 201) // ratio), -(-(47 + 301) // ratio)
+        assert part.shape == (y1 - y0, x1 - x0, 3)
+        if ratio == 1:  # the exact fused decode
+            exact = decode.decode_cropped_image(encoded, window).numpy()
+            np.testing.assert_array_equal(part, exact)
+        else:
+            assert np.abs(part.astype(int) - whole[y0:y1, x0:x1]).mean() < 1.0
+
+
+def test_reduced_decode_leaves_pngs_and_small_jpegs_exact(sources):
+    for source in sources:
+        for options in (dict(resize="stretch"), dict(resize="crop")):
+            exact = preprocess.load_image(tf.constant(source.data), image_size=(7, 11), **options)
+            fast = preprocess.load_image(tf.constant(source.data), image_size=(7, 11),
+                                         reduced_decode=True, **options)
+            np.testing.assert_array_equal(fast.numpy(), exact.numpy())
+
+
+def test_reduced_batch_loading_equals_image_by_image(tmp_path):
+    # Small JPEGs of one size (the by-batch path) at a quarter of their size: one reduced
+    # scale for the whole batch, the same values as image by image.
+    jpegs = rd.write_dataset(tmp_path, splits={"train": 3}, kinds=("rgb_jpeg",) * 3,
+                             sizes=((40, 52),) * 3, num_shards=1).sources["train"]
+    encoded = tf.constant([s.data for s in jpegs])
+    options = dict(image_size=(10, 12), reduced_decode=True)
+    load = tf.function(lambda e: preprocess.load_image_batch(
+        e, e, e, batch_size=4, jpegs_of_size=(40, 52), **options))
+    one_by_one = [preprocess.load_image(e, **options) for e in encoded]
+    np.testing.assert_array_equal(load(encoded).numpy(), np.stack(one_by_one))
+    exact = [preprocess.load_image(e, image_size=(10, 12)) for e in encoded]
+    assert not np.array_equal(np.stack(one_by_one), np.stack(exact))

@@ -16,6 +16,7 @@ import schemas
 from imaging import ValidationOptions
 from beam_jobs import _write, verify
 from conversion import plan, shard_writer
+from conversion.shard_maker import ShardMaker, ShardSpec
 from conversion.files import TMP_DIRNAME
 from schemas.tfrecord import iter_records
 
@@ -138,20 +139,17 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
              for i, rel in enumerate(sorted(p.relative_to(root).as_posix() for p in root.rglob("*.*")))]
     out = tmp_path / "out"
 
-    def fn():
-        f = _write.WriteShardFn(output_dir=str(out), num_classes=3, total_shards=1,
-                                validation=ValidationOptions(max_pixels=10**7))
-        f.setup()
-        return f
+    def maker():
+        return ShardMaker(ShardSpec(str(out), ValidationOptions(max_pixels=10**7), num_classes=3, total_shards=1))
 
-    clean = list(fn().process((("train", 0), files)))
+    clean = maker().write(maker().shard("train", 0, files))
     first = (out / "train-00000-of-00001.tfrecord").read_bytes()
     (out / "train-00000-of-00001.tfrecord").unlink()
     # The worker dies half-way through the shard, after writing some records.
     class Boom(Exception):
         pass
 
-    attempt = fn()
+    attempt = maker()
     # Not a file's fault (that file alone would be rejected): the output
     # fails under the writer, at its fourth record.
     real_write = shard_writer.AtomicWriter.write
@@ -165,12 +163,12 @@ def test_a_shard_write_that_fails_once_and_is_retried_gives_the_same_bytes(tmp_p
 
     monkeypatch.setattr(shard_writer.AtomicWriter, "write", write)
     with pytest.raises(Boom):
-        attempt._write("train", 0, "train-00000-of-00001.tfrecord", files)
+        attempt.write(attempt.shard("train", 0, files))
     monkeypatch.undo()
     # The failed attempt left nothing under the final name ...
     assert not (out / "train-00000-of-00001.tfrecord").exists()
     assert not list((out / TMP_DIRNAME).glob("train-00000-of-00001.tfrecord.*"))
     # ... and the retry writes exactly the bytes of a clean run.
-    retried = list(fn().process((("train", 0), files)))
+    retried = maker().write(maker().shard("train", 0, files))
     assert (out / "train-00000-of-00001.tfrecord").read_bytes() == first
-    assert [type(x) for x in retried] == [type(x) for x in clean]
+    assert retried == clean

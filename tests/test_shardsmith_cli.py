@@ -1,8 +1,7 @@
-"""The `shardsmith` command, `inspect`, and the progress bar."""
+"""The `shardsmith` command and `inspect`."""
 
 from __future__ import annotations
 
-import io
 import json
 import pathlib
 import shutil
@@ -15,9 +14,6 @@ from helpers import convert, encode, make_class_tree, pixels, write
 import schemas
 from beam_jobs import _runner
 from shardsmith import cli, inspection as inspect_dataset
-from beam_jobs._progress import ProgressBar
-from beam_jobs._write import RECEIPTS_DIRNAME
-from conversion.files import TMP_DIRNAME
 
 
 def test_console_script_is_installed_and_lists_commands():
@@ -95,26 +91,6 @@ def test_inspect_reports_leaks_found_by_verify(unbalanced, tmp_path, capsys):
     (out / schemas.VERIFY_REPORT_FILENAME).write_text(json.dumps(report))
     warnings = inspect_dataset.inspect_dataset(str(out))["warnings"]
     assert any("appear in more than one split" in w and "--dedup" in w for w in warnings)
-
-
-class _Tty(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_progress_bar_counts_finished_shards_from_their_receipts(tmp_path, monkeypatch):
-    monkeypatch.delenv("CI", raising=False)
-    receipts = tmp_path / TMP_DIRNAME / RECEIPTS_DIRNAME
-    receipts.mkdir(parents=True)
-    bar = ProgressBar(str(tmp_path), total=10, receipts_dirname=RECEIPTS_DIRNAME, stream=_Tty())
-    assert "0/10 images" in bar.line()
-    (receipts / "a.json").write_text(json.dumps({"result": {"num_records": 3}, "rejects": [["x", "corrupt", ""]]}))
-    line = bar.line()
-    assert "4/10 images" in line and line.startswith("[" + "#" * 11)
-    assert ProgressBar.wanted(_Tty())
-    assert not ProgressBar.wanted(io.StringIO())  # not a terminal: quiet
-    monkeypatch.setenv("CI", "true")
-    assert not ProgressBar.wanted(_Tty())  # CI logs: quiet
 
 
 @pytest.mark.parametrize("module", ["convert", "verify"])

@@ -5,21 +5,19 @@ from __future__ import annotations
 import logging
 import os
 
-from apache_beam.io.filesystems import FileSystems
-
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
-from conversion import listing
+from conversion import files
 from conversion.files import TMP_DIRNAME, read_bytes
 
-__all__ = ["check_output", "is_finished", "prepare_output", "delete_if_exists", "remove_dataset_files", "read_manifest", "summarize"]
+__all__ = ["check_output", "is_finished", "prepare_output", "remove_dataset_files", "read_manifest", "summarize"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
 
 def is_finished(output_dir: str) -> bool:
     """Whether `output_dir` holds a finished dataset: its manifest, written last, is there."""
-    return FileSystems.exists(FileSystems.join(output_dir, schemas.MANIFEST_FILENAME))
+    return files.exists(files.join(output_dir, schemas.MANIFEST_FILENAME))
 
 
 def check_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
@@ -29,14 +27,14 @@ def check_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
       NotADirectoryError, FileExistsError: Naming the flag.
     """
     out = output_dir
-    if listing.is_local(out):
+    if files.is_local(out):
         if os.path.exists(out) and not os.path.isdir(out):
             raise NotADirectoryError(f"--output_dir {out!r} exists and is not a folder.")
         if not os.path.exists(out):
             return
     if overwrite or resume:
         return
-    existing = FileSystems.match([FileSystems.join(out, "*")])[0].metadata_list
+    existing = files.match(files.join(out, "*"))
     if existing:
         raise FileExistsError(
             f"--output_dir {out!r} is not empty ({len(existing)} entries). Pass --overwrite to "
@@ -56,7 +54,7 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
     """
     check_output(output_dir, overwrite=overwrite, resume=resume)
     out = output_dir
-    if listing.is_local(out):
+    if files.is_local(out):
         try:
             os.makedirs(out, exist_ok=True)
         except OSError as e:
@@ -69,32 +67,18 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
     if not resume:
         names.append(TMP_DIRNAME)
     for name in names:
-        delete_if_exists(FileSystems.join(out, name))
+        files.remove_tree(files.join(out, name))
     if not resume:
         remove_dataset_files(out)
-
-
-def delete_if_exists(path: str) -> None:
-    """Deletes a file, or a folder with everything in it, if it is there.
-
-    On object stores (gs://, s3://) a folder is only a prefix of object names:
-    no object has its name, so its objects are listed and deleted.
-    """
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    elif not listing.is_local(path):
-        inside = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
-        if inside:
-            FileSystems.delete([meta.path for meta in inside])
 
 
 def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
     """Deletes shards not in `keep`, so no stale file looks part of the dataset."""
     removed = []
-    for meta in FileSystems.match([FileSystems.join(output_dir, "*")])[0].metadata_list:
-        name = meta.path.rstrip("/").rsplit("/", 1)[-1]
+    for path in files.match(files.join(output_dir, "*")):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
         if schemas.manifest.SHARD_FILENAME_RE.match(name) and name not in keep:
-            FileSystems.delete([meta.path])
+            files.remove(path)
             removed.append(name)
     if removed:
         _LOG.info("Removed %d shard files of an earlier dataset", len(removed))
@@ -103,7 +87,7 @@ def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
 
 def read_manifest(output_dir: str) -> schemas.Manifest:
     """The manifest of a finished dataset."""
-    path = FileSystems.join(output_dir, schemas.MANIFEST_FILENAME)
+    path = files.join(output_dir, schemas.MANIFEST_FILENAME)
     return schemas.Manifest.from_json(read_bytes(path).decode(), path)
 
 

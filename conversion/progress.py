@@ -1,7 +1,7 @@
 """A progress bar for conversions on the local runner.
 
 Workers share no memory with the driver, but every finished shard leaves a
-receipt on disk (see `WriteShardFn`); the bar counts them. It draws only on a
+receipt on disk (`conversion.receipts`); the bar counts them. It draws only on a
 terminal, never in CI logs or pipes; on distributed runners Beam's counters
 carry the progress.
 """
@@ -14,9 +14,7 @@ import sys
 import threading
 import time
 
-from apache_beam.io.filesystems import FileSystems
-
-from conversion.files import TMP_DIRNAME, read_bytes
+from conversion.files import TMP_DIRNAME, join, match, read_bytes
 
 __all__ = ["ProgressBar"]
 
@@ -35,7 +33,7 @@ class ProgressBar:
     """
 
     def __init__(self, output_dir: str, total: int, receipts_dirname: str, stream=None, interval=0.5):
-        self._dir = FileSystems.join(output_dir, TMP_DIRNAME, receipts_dirname)
+        self._dir = join(output_dir, TMP_DIRNAME, receipts_dirname)
         self._total = max(total, 1)
         self._stream = stream or sys.stderr
         self._interval = interval
@@ -52,10 +50,10 @@ class ProgressBar:
 
     def done(self) -> int:
         """Images in the shards finished so far (records and rejects)."""
-        for meta in FileSystems.match([FileSystems.join(self._dir, "*.json")])[0].metadata_list:
-            if meta.path not in self._seen:
-                receipt = json.loads(read_bytes(meta.path))
-                self._seen[meta.path] = receipt["result"]["num_records"] + len(receipt["rejects"])
+        for path in match(join(self._dir, "*.json")):
+            if path not in self._seen:
+                receipt = json.loads(read_bytes(path))
+                self._seen[path] = receipt["result"]["num_records"] + len(receipt["rejects"])
         return sum(self._seen.values())
 
     def line(self) -> str:
