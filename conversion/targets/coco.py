@@ -37,6 +37,20 @@ def read_coco(data: bytes, source: str, listed: Sequence[str]) -> BoxAnnotations
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
         raise ValueError(f"--annotations {source} must be a COCO instances JSON object with an "
                          f"'images' list (and 'categories', 'annotations').")
+    category_ids, class_names = _categories(doc, source)
+    label_of = {cid: i for i, cid in enumerate(category_ids)}
+    issues = collections.Counter()
+    files, image_file, missing = _images(doc, source, Index(listed), issues)
+    unknown_images = _boxes(doc, files, image_file, label_of, issues)
+    if unknown_images:
+        _LOG.warning("--annotations %s: %d annotations name image ids that are not among its images: %s",
+                     source, len(unknown_images), some(unknown_images))
+    return BoxAnnotations("coco", class_names, category_ids, files, tuple(sorted(missing.items())), {},
+                          dict(issues))
+
+
+def _categories(doc: dict, source: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(category ids, class names), in id order."""
     try:
         categories = sorted(doc.get("categories") or [], key=lambda c: int(c["id"]))
         category_ids = tuple(int(c["id"]) for c in categories)
@@ -45,9 +59,15 @@ def read_coco(data: bytes, source: str, listed: Sequence[str]) -> BoxAnnotations
         raise ValueError(f"--annotations {source}: every category needs an integer 'id' ({e!r}).") from None
     if len(set(category_ids)) != len(category_ids):
         raise ValueError(f"--annotations {source}: category ids are not unique: {list(category_ids)}")
-    label_of = {cid: i for i, cid in enumerate(category_ids)}
-    index = Index(listed)
-    issues = collections.Counter()
+    return category_ids, class_names
+
+
+def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, dict]:
+    """(relative path -> its entry, image id -> relative path or None, missing name -> message).
+
+    Images in id order; one named twice keeps its first entry (the second's
+    annotations are ignored), one not listed is missing.
+    """
     files: dict[str, dict] = {}
     image_file: dict[Any, str | None] = {}
     missing: dict[str, str] = {}
@@ -71,6 +91,12 @@ def read_coco(data: bytes, source: str, listed: Sequence[str]) -> BoxAnnotations
         image_file[image["id"]] = rel
         files[rel] = {"size": size_of(image.get("width"), image.get("height")), "ref": "annotation_id",
                       "boxes": [], "dropped": []}
+    return files, image_file, missing
+
+
+def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> list:
+    """Adds each annotation, in id order, to its image's entry (a box, or dropped with its reason);
+    returns the image ids named that are no image of the file."""
     unknown_images = []
     annotations = doc.get("annotations") or []
     keyed = sorted(((id_key(a.get("id") if isinstance(a, dict) else None), k, a)
@@ -100,8 +126,4 @@ def read_coco(data: bytes, source: str, listed: Sequence[str]) -> BoxAnnotations
         else:
             x, y, w, h = corners
             entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], 1 if ann.get("iscrowd") else 0])
-    if unknown_images:
-        _LOG.warning("--annotations %s: %d annotations name image ids that are not among its images: %s",
-                     source, len(unknown_images), some(unknown_images))
-    return BoxAnnotations("coco", class_names, category_ids, files, tuple(sorted(missing.items())), {},
-                          dict(issues))
+    return unknown_images
