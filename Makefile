@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(PY) -m bench.read
 	$(PY) -m bench.read_stages
 	$(PY) -m bench.targets_read
+	$(PY) -m bench.append
 	$(PY) -m bench.scale
 	$(PY) -m bench.photos_large
 	$(PY) -m bench.rasters

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
+import datetime
 import json
 import os
 
@@ -11,9 +13,9 @@ import apache_beam as beam
 import schemas
 from schemas.tfds_metadata import tfds_files
 from conversion.output_folder import remove_dataset_files
-from conversion import listing, scene_log, targets as _targets
+from conversion import append as _append, listing, scene_log, targets as _targets
 from conversion.elements import ConversionError
-from conversion.files import TMP_DIRNAME, join, remove_tree, write_atomically
+from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 
 __all__ = ["FinalizeFn"]
 
@@ -34,10 +36,16 @@ class FinalizeFn(beam.DoFn):
       targets: The planned, dataset-level part of the manifest's targets
         section (`conversion.plan.Plan.targets_section`); the shards' counts
         are added to it. None: no targets beyond one class.
+      append: With --append (`beam_jobs._append.AppendRun.finalize_args`): the
+        version this run writes, the manifest it grows (None: a first
+        conversion) and the inputs' counts. The new version's inventory goes
+        in first; the grown manifest replaces the old one last, then TFDS's
+        metadata (a run killed before leaves the previous version whole).
     """
 
     def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
-                 max_reject_fraction, features=None, extra=None, targets=None):
+                 max_reject_fraction, features=None, extra=None, targets=None, append=None):
+        self._append = None if append is None else dict(append)
         self._targets = None if targets is None else dict(targets)
         self._output_dir = output_dir
         self._features = dict(features or schemas.IMAGE_SCHEMA.to_json())
@@ -55,14 +63,81 @@ class FinalizeFn(beam.DoFn):
         counts = self._counts(shards, rejects)
         splits = self._splits(shards)
         manifest = self._manifest(splits, counts, rejects, normalized, shards)
-        keep = {name for info in splits.values() for s in info.shards for name in (s.file, s.index_file)}
+        if self._append is not None:
+            manifest = self._grown(manifest)
+            self._write_inventory(rejects)
+        keep = {name for info in manifest.splits.values() for s in info.shards
+                for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
         # TFDS's metadata too, so `tfds.builder_from_directory` reads the folder as is.
-        for name, text in tfds_files(manifest).items():
-            write_atomically(self._output_dir, name, text.encode())
+        tfds = tfds_files(manifest)
+        if self._append is None:
+            for name, text in tfds.items():
+                write_atomically(self._output_dir, name, text.encode())
         write_atomically(self._output_dir, schemas.MANIFEST_FILENAME, manifest.to_json().encode())
+        if self._append is not None:
+            # After the manifest: a run killed between leaves TFDS's view of the previous
+            # version (its shards all there), never one of shards not written yet.
+            for name, text in tfds.items():
+                write_atomically(self._output_dir, name, text.encode())
         remove_tree(join(self._output_dir, TMP_DIRNAME))
         yield manifest
+
+    def _write_inventory(self, rejects) -> None:
+        """Moves the new version's inventory (its files not rejected) and report into the dataset."""
+        tmp = join(self._output_dir, TMP_DIRNAME)
+        from beam_jobs._append import PENDING_INVENTORY, PENDING_REPORT
+
+        rejected = {r.rel_path for r in rejects}
+        lines = read_bytes(join(tmp, PENDING_INVENTORY)).decode().splitlines(keepends=True)
+        kept = [line for line in lines if json.loads(line)["path"] not in rejected] if rejected else lines
+        write_atomically(self._output_dir, _append.inputs_filename(self._append["version"]),
+                         "".join(kept).encode())
+        report = join(tmp, PENDING_REPORT)
+        if exists(report):
+            write_atomically(self._output_dir, _append.REPORT_FILENAME, read_bytes(report))
+
+    def _grown(self, manifest: schemas.Manifest) -> schemas.Manifest:
+        """The dataset's manifest with this run's shards as a new version (None base: `manifest`)."""
+        base = self._append.get("base")
+        if base is None:
+            return manifest
+        old = schemas.Manifest.from_json(base, schemas.MANIFEST_FILENAME)
+        width = len(manifest.class_names)
+
+        def padded(shard):
+            return dataclasses.replace(shard, class_counts=tuple(shard.class_counts)
+                                       + (0,) * (width - len(shard.class_counts)))
+
+        splits = {name: schemas.SplitInfo(name, tuple(map(padded, info.shards)))
+                  for name, info in old.splits.items()}
+        for name, info in manifest.splits.items():
+            held = splits[name].shards if name in splits else ()
+            splits[name] = schemas.SplitInfo(name, held + info.shards)
+        added = {name: info for name, info in manifest.splits.items() if info.shards}
+        version = schemas.VersionInfo(
+            version=self._append["version"],
+            shards={name: tuple(s.file for s in info.shards) for name, info in added.items()},
+            num_records={name: info.num_records for name, info in added.items()},
+            class_counts={name: tuple(info.class_counts) for name, info in added.items()},
+            num_classes=width,
+            time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            options=dict(manifest.options),
+            inputs=dict(self._append.get("inputs") or {}),
+        )
+        extra = {**old.extra, **manifest.extra}
+        if "groups" in old.extra and "groups" in manifest.extra:
+            per_split = {}
+            for section in (old.extra["groups"], manifest.extra["groups"]):
+                for split, ids in section["per_split"].items():
+                    per_split.setdefault(split, set()).update(ids["sha256_16"])
+            extra["groups"] = {**manifest.extra["groups"], "per_split": {
+                split: {"count": len(ids), "sha256_16": sorted(ids)} for split, ids in per_split.items()}}
+        grew = width > len(old.class_names) or old.class_order == "first_appearance"
+        return dataclasses.replace(
+            manifest, splits=splits, extra=extra, versions=(*old.all_versions, version),
+            class_order="first_appearance" if grew else "sorted")
+
 
     def _write_lists(self, rejects, normalized) -> None:
         write_atomically(

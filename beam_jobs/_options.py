@@ -236,6 +236,12 @@ def _add_writing_flags(parser) -> None:
         help="Replace the dataset in a non-empty --output_dir.",
     )
     parser.add_argument(
+        "--append", action="store_true",
+        help="Add the input files the dataset in --output_dir does not hold yet, as a new "
+        "version in new shards (old shards, splits and class indices untouched); on a folder "
+        "without a dataset, a first conversion. See docs/preparing/appending.md.",
+    )
+    parser.add_argument(
         "--resume", action="store_true",
         help="Finish an interrupted conversion into --output_dir, keeping its complete shards.",
     )

@@ -578,6 +578,7 @@ class ReportFn(beam.DoFn):
                 problems.append(f"split {name}: class counts {list(counts)}, the manifest says "
                                 f"{list(info.class_counts)}")
             splits[name] = {"shards": len(mine), "records": records}
+        versions = _versions_section(manifest, checks, problems)
         duplicates = sorted(duplicates, key=lambda d: d["images"][0]["filename"])
         report = {
             "ok": not problems,
@@ -593,7 +594,38 @@ class ReportFn(beam.DoFn):
                 "list": duplicates,
             },
         }
+        if versions:
+            report["versions"] = versions
         text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         directory, name = self._report_path.rsplit("/", 1) if "/" in self._report_path else (".", self._report_path)
         write_atomically(directory, name, text.encode())
         yield report
+
+
+def _versions_section(manifest, checks, problems: list) -> list[dict]:
+    """With versions (`convert --append`): each version's shards, and its records and class counts as read.
+
+    A version's counts that differ from what the manifest says it added are
+    appended to `problems`, naming the version. [] for a dataset that never grew.
+    """
+    if not manifest.versions:
+        return []
+    by_file = {(c.split, c.file): c for c in checks}
+    out = []
+    for v in manifest.versions:
+        records = 0
+        for split, files in sorted(v.shards.items()):
+            mine = [by_file[(split, f)] for f in files if (split, f) in by_file]
+            got = sum(c.num_records for c in mine)
+            records += got
+            if got != v.num_records.get(split, 0):
+                problems.append(f"version {v.version}, split {split}: {got} records, the manifest says "
+                                f"{v.num_records.get(split, 0)}")
+            counts = tuple(sum(col) for col in zip(*(c.class_counts for c in mine))) if mine else ()
+            if mine and not counts_agree(counts[:v.num_classes], v.class_counts.get(split, ()),
+                                         sum(c.unchecked for c in mine)):
+                problems.append(f"version {v.version}, split {split}: class counts {list(counts[:v.num_classes])}, "
+                                f"the manifest says {list(v.class_counts.get(split, ()))}")
+        out.append({"version": v.version, "time": v.time, "records": records,
+                    "shards": {split: list(files) for split, files in sorted(v.shards.items())}})
+    return out

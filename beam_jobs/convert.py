@@ -46,15 +46,17 @@ if __name__ == "__main__":
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions
 
-from beam_jobs import _runner, args
+from beam_jobs import _append, _runner, args
 from beam_jobs._finalize import FinalizeFn
 from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
-from conversion.output_folder import check_output, is_finished, prepare_output, read_manifest, summarize
+from conversion.lock import LockError
+from conversion.output_folder import (check_output, is_finished, prepare_append, prepare_output, read_manifest,
+                                      summarize)
 from conversion.progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import console, elements, guard, plan as _plan, processes as _processes, recovery
-from conversion.examples import record_schema
+from conversion.examples import kind_for, record_schema
 from conversion.planning import build_plan, group_section
 from conversion.shard_maker import ShardMaker, ShardSpec
 from conversion.shard_plans import write_shard_plans
@@ -100,14 +102,16 @@ class ConvertImages(beam.PTransform):
       plan_paths: The shard plan files of `plan` (`conversion.shard_plans.write_shard_plans`).
       spec: The `ShardSpec` every shard is written with (the driver's maker's);
         by default the one `plan` and `config` make, for a run of its own.
+      append: With --append, `FinalizeFn`'s `append` (`beam_jobs._append.AppendRun.finalize_args`).
     """
 
     def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str],
-                 spec: ShardSpec | None = None):
+                 spec: ShardSpec | None = None, append: dict | None = None):
         super().__init__()
         self._plan = plan
         self._config = config
         self._plan_paths = plan_paths
+        self._append = append
         spec = spec or _planned_spec(ShardSpec(config.output_dir, config.validation), plan, config)
         self._write = ImagesToTFRecords(spec)
 
@@ -136,23 +140,16 @@ class ConvertImages(beam.PTransform):
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
                     features=record_schema(config.validation, _targets(plan)).to_json(),
-                    extra={**group_section(plan, config), **_time_series_section(plan, config)},
+                    extra={**group_section(plan, config),
+                           **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
+                    append=self._append,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
                 rejects=beam.pvalue.AsList(rejects),
                 normalized=beam.pvalue.AsList(written[WriteShardFn.NORMALIZED]),
             )
         )
-
-
-def _time_series_section(plan: _plan.Plan, config: ConversionConfig) -> dict:
-    """The manifest's `time_series` section with --time_series (`conversion.time_series.manifest_section`)."""
-    if plan.stacks is None:
-        return {}
-    from conversion import time_series as _time_series
-
-    return _time_series.manifest_section(plan.stacks, plan, config.validation.time_series)
 
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
@@ -179,23 +176,42 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     if "--volumes" in argv:
         from beam_jobs import convert_volumes
 
+        _refuse_volumes_append(argv)
         return convert_volumes.run(argv, wait=wait)
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
+    if config.append:
+        # One writer at a time: a second append is refused, naming the first (`conversion.lock`).
+        with _append.holding_lock(config.output_dir):
+            return _run(options, config, wait=True)
+    return _run(options, config, wait=wait)
+
+
+def _run(options, config: ConversionConfig, *, wait: bool):
+    """`run` once the options are read (and, with --append, the output folder locked)."""
     runner = _runner.make_runner(options)
     # The shards' maker owns the worker processes (started by the driver only when it waits
     # for the pipeline; otherwise the shard writers start their own).
     maker = ShardMaker.shared(ShardSpec(config.output_dir, config.validation, config.writing))
     progress = None
+    appending = None
     try:
-        plan, config = _plan_and_settle(config, options, maker, start=wait)
+        appending = _append.AppendRun(config) if config.append else None
+        try:
+            plan, config = _plan_and_settle(config, options, maker, start=wait, appending=appending)
+        except _append.NothingNew as e:
+            _LOG.warning("%s", _append.nothing_new_text(config.output_dir, appending.base, e.listing))
+            # What a killed append left (its new shards, its temporary folder) goes.
+            prepare_append(config.output_dir, _held_files(appending.base.manifest), resume=False)
+            return None
         if runner is not None and wait and ProgressBar.wanted():
             # The bar replaces the per-shard lines on a terminal.
             options.view_as(WorkerOptions).sdk_harness_log_level_overrides = {"shardsmith": "WARNING"}
             _LOG.setLevel(logging.WARNING)
             progress = ProgressBar(config.output_dir, len(plan.files), RECEIPTS_DIRNAME)
             progress.start()
-        result = _run_pipeline(plan, config, options, runner, maker)
+        result = _run_pipeline(plan, config, options, runner, maker,
+                               append=None if appending is None else appending.finalize_args())
         if wait:
             result.wait_until_finish()
     except BaseException:
@@ -208,15 +224,28 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
             _LOG.setLevel(logging.NOTSET)
     if wait:
         _LOG.info("%s", summarize(config.output_dir))
+        if appending is not None and appending.base is not None:
+            _LOG.info("%s", _append.version_summary(read_manifest(config.output_dir)))
     return result
 
 
-def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start: bool):
+def _held_files(manifest) -> set[str]:
+    """The shard and index files a manifest names: an append never touches them."""
+    return {name for info in manifest.splits.values() for s in info.shards for name in (s.file, s.index_file)}
+
+
+def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start: bool,
+                     appending: _append.AppendRun | None = None):
     """Lists and plans the input, and settles the worker processes; the plan and the settled config.
 
     The worker processes start once the files are listed (with `start`):
     they load their decoders while the driver plans and builds the pipeline.
-    The maker's spec is then completed with what the plan decided.
+    The maker's spec is then completed with what the plan decided. With
+    --append (`appending`), only the files the dataset does not hold are
+    planned, into the new version's shards.
+
+    Raises:
+      beam_jobs._append.NothingNew: With --append, when every listed file is held.
     """
     asked = config.writing.worker_processes
 
@@ -226,15 +255,29 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
             decoders = any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
             maker.start_processes(_worker_processes(asked, files, None, options), decoders)
 
-    # A full output folder is refused before the input is listed (minutes on a large one).
-    check_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
-    plan = build_plan(config, on_listed=on_listed)
-    prepare_output(config.output_dir, overwrite=config.overwrite, resume=config.writing.resume)
-    if plan.stacks is not None:
-        from conversion import time_series as _time_series
-
-        # Each location's plan, which its shard writer reads (its planned file's path).
-        _time_series.write_stack_plans(plan.stacks, config.output_dir)
+    first = appending is None or appending.base is None
+    # --append into a folder without a dataset: a first conversion, which replaces what an
+    # unfinished one left there (or, with --resume, finishes it).
+    overwrite = config.overwrite or (appending is not None and not config.writing.resume)
+    if first:
+        # A full output folder is refused before the input is listed (minutes on a large one).
+        check_output(config.output_dir, overwrite=overwrite, resume=config.writing.resume)
+    plan = build_plan(config, on_listed=on_listed,
+                      select=None if appending is None else appending.select,
+                      known_classes=None if appending is None else appending.known_classes)
+    if appending is not None:
+        # Before anything is written: the new records must be like the dataset's.
+        appending.check_plan(plan, record_schema(config.validation, _targets(plan)).to_json())
+    if first:
+        prepare_output(config.output_dir, overwrite=overwrite, resume=config.writing.resume)
+    else:
+        prepare_append(config.output_dir, _held_files(appending.base.manifest), resume=config.writing.resume)
+    if appending is not None:
+        appending.write_pending(plan)
+        config = dataclasses.replace(config, writing=dataclasses.replace(
+            config.writing, version=appending.version))
+    # What its kind's shard writers read beside the shard plans (a location's plan, for time series).
+    kind_for(config.validation).prepare_output(plan, config.output_dir)
     # Fewer shards than cores: fewer processes.
     processes = _worker_processes(asked, plan.files, sum(plan.shard_counts.values()), options)
     if start:
@@ -253,7 +296,8 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
     return plan, config
 
 
-def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, maker: ShardMaker):
+def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, maker: ShardMaker,
+                  append: dict | None = None):
     """Builds and starts the pipeline of a plan, the maker's first shards started early; its result."""
     plan_paths = write_shard_plans(plan.files, config.output_dir)
     first = []
@@ -267,7 +311,7 @@ def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, m
     # not hold one object per image while the pipeline runs (~0.7 KB each,
     # 70 MiB of peak memory at 100,000 images).
     plan = dataclasses.replace(plan, files=())
-    convert = ConvertImages(plan, config, plan_paths, maker.spec)
+    convert = ConvertImages(plan, config, plan_paths, maker.spec, append=append)
     if first:
         maker.start_early(first)
     del first  # Their planned files, as the plan's: not held while the pipeline runs.
@@ -370,10 +414,23 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
+def _refuse_volumes_append(argv) -> None:
+    """--volumes has its own pipeline, which does not grow a dataset yet: refused before any work."""
+    if "--append" in argv:
+        raise ValueError("--append does not grow a dataset of --volumes yet: convert the grown folder "
+                         "with --overwrite.")
+
+
 def _main(argv: list[str]) -> int:
     if "--volumes" in argv:
         # DICOM series and NIfTI files as volumes: their own pipeline (issue 36).
         from beam_jobs import convert_volumes
+
+        try:
+            _refuse_volumes_append(argv)
+        except ValueError as e:
+            print(f"shardsmith convert: error: {e}", file=sys.stderr)
+            return 2
 
         return convert_volumes.main(argv)
     if args.print_help_if_asked(argv, help_text):
@@ -384,7 +441,7 @@ def _main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
-    if config.writing.resume and is_finished(config.output_dir):
+    if config.writing.resume and not config.append and is_finished(config.output_dir):
         print(f"shardsmith convert: nothing to do: {config.output_dir} is a finished dataset (its "
               "manifest is written last); --overwrite converts it again.",
               file=sys.stderr)
@@ -393,11 +450,22 @@ def _main(argv: list[str]) -> int:
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
     # and carries on without such a file (`recovery.supervise`).
-    return recovery.supervise(
+    supervised = functools.partial(
+        recovery.supervise,
         functools.partial(_attempt, output_dir=config.output_dir), argv,
         quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
         validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
     )
+    if not config.append:
+        return supervised()
+    try:
+        # Held by the command's process over every attempt (one that goes on after a
+        # crash is a child of it): a second append on this folder is refused meanwhile.
+        with _append.holding_lock(config.output_dir):
+            return supervised()
+    except LockError as e:
+        print(f"shardsmith convert: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _attempt(argv: list[str], output_dir: str) -> int:

@@ -233,6 +233,10 @@ def describe(report: dict) -> str:
         + " read, CRC-checked, parsed and decoded"
         + (f"; targets checked: {', '.join(report['targets'])}." if report.get("targets") else ".")
     ]
+    if report.get("versions"):
+        lines.append("Versions (convert --append): " + ", ".join(
+            f"{v['version']} ({sum(map(len, v['shards'].values()))} shards, {v['records']:,} records)"
+            for v in report["versions"]) + f"; which shard each wrote: {report.get('report_path', 'the report')}")
     lines += [f"  - {p}" for p in report["problems"][:50]]
     if len(report["problems"]) > 50:
         lines.append(f"  ... and {len(report['problems']) - 50} more: see {report['report_path']}")

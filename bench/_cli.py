@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["parse_only"]
+import json
+
+__all__ = ["parse_only", "write_json"]
 
 
 def parse_only(parser, text: str | None, contenders) -> tuple[str, ...] | None:
@@ -17,3 +19,10 @@ def parse_only(parser, text: str | None, contenders) -> tuple[str, ...] | None:
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {[c.name for c in contenders]}")
     return names
+
+
+def write_json(path: str | None, results: dict) -> None:
+    """Writes a benchmark's figures to `path` (--json), sorted and indented; nothing when None."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2, sort_keys=True)

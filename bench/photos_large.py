@@ -31,6 +31,7 @@ import sys
 from PIL import Image
 
 from bench import corpus
+from bench._cli import write_json
 
 __all__ = ["make_large_photos", "convert_pillow", "run", "main"]
 
@@ -199,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = run(count=args.count, seed=args.seed, work=args.work, rounds=args.rounds)
     print(_report(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, sort_keys=True)
+    write_json(args.json, results)
     return 0
 
 

@@ -16,8 +16,11 @@ each a whole process, one after the other in this run. Target: ratio
 Speed of reading (`run_read`): one epoch of the converted train split in
 batches of 32 at max_steps=24, by `readers.time_series_dataset_from_tfrecords`
 and by a hand-written tf.data pipeline over the same records (TFRecordDataset,
-parse, decode_raw, reshape, cast, batch). Target: ratio (hand-written's time /
-ours) >= 0.9.
+parse, decode_raw, reshape, cast, batch). One untimed epoch of each, then
+`--repetitions` (7) epochs of each, interleaved; the ratio is of the medians.
+Target: ratio (hand-written's time / ours) >= 0.9. The process's CPU seconds
+per epoch are compared too: on a shared, loaded machine wall times of single
+epochs vary 2-4x, CPU time far less.
 
 Memory (`run_memory`): the peak summed RSS of the process tree converting
 one location of 60 dates of 2000 x 2000 x 10 uint16 (4.8 GB of values) with
@@ -27,7 +30,8 @@ patch conversion under 1.5 GiB.
 
 Usage:
 
-  python -m bench.time_series [--small] [--skip-memory] [--work DIR] [--json FILE]
+  python -m bench.time_series [--small] [--skip-memory] [--skip-convert] [--repetitions N] [--work DIR]
+                             [--json FILE]
 
 `--small`: 40 locations x 12 dates, reading the same; memory at 60 dates of
 400 x 400 (control 100 x 100): a quick run, not the issue's figures.
@@ -41,12 +45,14 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
 
+from bench._cli import write_json
 from bench.convert import measure
 
 __all__ = ["make_locations", "run_convert", "run_read", "run_memory", "main"]
@@ -102,7 +108,7 @@ def run_convert(work: str, locations: int, dates: int) -> dict:
     return result
 
 
-def run_read(work: str, max_steps: int = 24, batch_size: int = 32, epochs: int = 3) -> dict:
+def run_read(work: str, max_steps: int = 24, batch_size: int = 32, epochs: int = 7) -> dict:
     import tensorflow as tf
 
     import readers
@@ -125,23 +131,31 @@ def run_read(work: str, max_steps: int = 24, batch_size: int = 32, epochs: int =
             .batch(batch_size).prefetch(tf.data.AUTOTUNE))
 
     def one_epoch(dataset):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         n = sum(int(x.shape[0]) for x, _ in dataset)
-        return time.perf_counter() - start, n
+        return time.perf_counter() - start, n, time.process_time() - cpu
 
-    # Alternated, best of `epochs` each: a shared machine's load falls on both alike.
-    ours = theirs = float("inf")
-    for _ in range(epochs):
-        took, n = one_epoch(ds)
-        ours = min(ours, took)
-        took, m = one_epoch(hand)
-        theirs = min(theirs, took)
+    # One epoch of each first (tracing, the page cache), untimed; then interleaved repetitions,
+    # so that a shared machine's load falls on both alike, and the median of each.
+    n, m = one_epoch(ds)[1], one_epoch(hand)[1]
     assert n == m, (n, m)
-    result = {"stacks": n, "batch_size": batch_size, "max_steps": max_steps, "shardsmith_s": ours,
-              "hand_written_s": theirs, "ratio": theirs / ours}
-    print(f"Read {n} stacks in batches of {batch_size} at max_steps={max_steps}: shardsmith {ours:.3f} s, "
-          f"hand-written tf.data {theirs:.3f} s per epoch (best of {epochs}); ratio {result['ratio']:.2f} "
-          "(target >= 0.9)")
+    ours, theirs = [], []
+    for _ in range(epochs):
+        ours.append(one_epoch(ds))
+        theirs.append(one_epoch(hand))
+    ours_s, theirs_s = (statistics.median(r[0] for r in runs) for runs in (ours, theirs))
+    # CPU seconds of the whole process (every tf.data thread): the work itself, less sensitive
+    # than wall time to what else the machine runs.
+    ours_cpu, theirs_cpu = (statistics.median(r[2] for r in runs) for runs in (ours, theirs))
+    pairs = sorted(t[0] / o[0] for o, t in zip(ours, theirs))
+    result = {"stacks": n, "batch_size": batch_size, "max_steps": max_steps, "repetitions": epochs,
+              "shardsmith_s": ours_s, "hand_written_s": theirs_s, "ratio": theirs_s / ours_s,
+              "pair_ratios": pairs, "shardsmith_cpu_s": ours_cpu, "hand_written_cpu_s": theirs_cpu,
+              "cpu_ratio": theirs_cpu / ours_cpu}
+    print(f"Read {n} stacks in batches of {batch_size} at max_steps={max_steps}: shardsmith {ours_s:.3f} s, "
+          f"hand-written tf.data {theirs_s:.3f} s per epoch (median of {epochs} interleaved); ratio "
+          f"{result['ratio']:.2f} (target >= 0.9); per repetition {pairs[0]:.2f} to {pairs[-1]:.2f}; "
+          f"CPU s per epoch {ours_cpu:.2f} vs {theirs_cpu:.2f}, ratio {result['cpu_ratio']:.2f}")
     return result
 
 
@@ -174,6 +188,7 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-convert", action="store_true", help="read the conversion of an earlier run in --work")
+    parser.add_argument("--repetitions", type=int, default=7, help="interleaved epochs of each reader")
     parser.add_argument("--work")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -181,12 +196,10 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     locations, dates = (40, 12) if args.small else (200, 24)
     results = {} if args.skip_convert else {"convert": run_convert(work, locations, dates)}
-    results["read"] = run_read(work, max_steps=min(24, dates))
+    results["read"] = run_read(work, max_steps=min(24, dates), epochs=args.repetitions)
     if not args.skip_memory:
         results["memory"] = run_memory(work, 400 if args.small else 2000)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, sort_keys=True)
+    write_json(args.json, results)
     return 0
 
 

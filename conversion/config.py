@@ -104,6 +104,8 @@ class ConversionConfig:
     max_reject_fraction: float = 0.1
     group_by: str | None = None
     overwrite: bool = False
+    # --append: add the files the output's dataset does not hold yet, as a new version.
+    append: bool = False
     validation: ValidationOptions = dataclasses.field(default_factory=ValidationOptions)
     sharding: ShardingOptions = dataclasses.field(default_factory=ShardingOptions)
     writing: WritingOptions = dataclasses.field(default_factory=WritingOptions)
@@ -123,6 +125,10 @@ class ConversionConfig:
             raise ValueError(
                 "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
                 "wrote; give one of them."
+            )
+        if self.overwrite and self.append:
+            raise ValueError(
+                "--overwrite replaces the dataset and --append adds to it; give one of them."
             )
         if self.class_names is not None:
             dupes = sorted({c for c in self.class_names if self.class_names.count(c) > 1})
@@ -224,6 +230,7 @@ class ConversionConfig:
             max_reject_fraction=o.max_reject_fraction,
             group_by=o.group_by,
             overwrite=o.overwrite,
+            append=bool(getattr(o, "append", False)),
             validation=validation,
             sharding=sharding,
             writing=writing,

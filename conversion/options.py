@@ -75,6 +75,9 @@ class WritingOptions:
         still writes its shards in child processes of its own, one per
         thread, so that a decoder that crashes or hangs costs its file and
         not the worker (the conversion sets it on a Dask cluster).
+      version: The dataset version whose shards this run writes: 1 for a
+        conversion, 2, 3, ... for each `--append` (it names the shards,
+        `schemas.shard_filename`, so that they never take an older one's name).
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -86,6 +89,7 @@ class WritingOptions:
     worker_processes: int | None = None
     file_timeout: float = 600.0
     isolated: bool = False
+    version: int = 1
 
     def __post_init__(self):
         if isinstance(self.file_timeout, bool) or not isinstance(self.file_timeout, (int, float)) \

@@ -10,7 +10,7 @@ from schemas.tfds_metadata import TFDS_FILENAMES
 from conversion import files
 from conversion.files import TMP_DIRNAME, read_bytes
 
-__all__ = ["check_output", "is_finished", "prepare_output", "remove_dataset_files", "read_manifest", "summarize"]
+__all__ = ["check_output", "is_finished", "prepare_output", "prepare_append", "remove_dataset_files", "read_manifest", "summarize"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
@@ -70,6 +70,34 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
         files.remove_tree(files.join(out, name))
     if not resume:
         remove_dataset_files(out)
+        _remove_inventories(out)
+
+
+def _remove_inventories(output_dir: str) -> None:
+    """Deletes an earlier dataset's inventories (`conversion.append`): a new dataset starts at version 1."""
+    from conversion import append as _append
+
+    for path in files.match(files.join(output_dir, "*")):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if _append.INPUTS_FILE_RE.match(name) or name == _append.REPORT_FILENAME:
+            files.remove(path)
+
+
+def prepare_append(output_dir: str, keep, *, resume: bool) -> list[str]:
+    """Readies a dataset folder for an append; the manifest and every file it names stay.
+
+    Removes what an append killed before its manifest left: shard and index
+    files the manifest does not name (`keep`: those it names), and, without
+    --resume, the temporary folder (with --resume its receipts keep the shards
+    that run finished, and those shards stay).
+
+    Returns:
+      The names of the files removed.
+    """
+    if resume:
+        return []
+    files.remove_tree(files.join(output_dir, TMP_DIRNAME))
+    return remove_dataset_files(output_dir, keep=keep)
 
 
 def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
@@ -81,7 +109,7 @@ def remove_dataset_files(output_dir: str, keep=frozenset()) -> list[str]:
             files.remove(path)
             removed.append(name)
     if removed:
-        _LOG.info("Removed %d shard files of an earlier dataset", len(removed))
+        _LOG.info("Removed %d shard files of an earlier dataset or an unfinished run", len(removed))
     return removed
 
 
@@ -98,10 +126,18 @@ def summarize(output_dir: str) -> str:
     shards = sum(len(s.shards) for s in manifest.splits.values())
     per_split = " / ".join(f"{n} {s.num_records:,}" for n, s in manifest.splits.items())
     records = sum(s.num_records for s in manifest.splits.values())
+    new = ""
+    if manifest.versions:
+        # A dataset that grew (convert --append): the counts are the last run's, its new shards.
+        latest = manifest.versions[-1]
+        shards = sum(len(f) for f in latest.shards.values())
+        per_split = " / ".join(f"{n} {latest.num_records.get(n, 0):,}" for n in manifest.splits)
+        records = sum(latest.num_records.values())
+        new = "new "
     # A multi-frame DICOM or multi-page raster gives one record per frame/page:
     # then files and records differ, and the line says both.
     made = "" if records == c["written"] else f" as {records:,} records"
-    text = f"Converted {c['written']:,} images{made} into {shards} shards ({per_split})"
+    text = f"Converted {c['written']:,} images{made} into {shards} {new}shards ({per_split})"
     for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
         detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
         text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")

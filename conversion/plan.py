@@ -335,6 +335,7 @@ def make_plan(
     targets: PlanTargets | None = None,
     folder_labels: Callable | None = None,
     windows: Mapping[str, Sequence[tuple[str, int]]] | None = None,
+    known_classes: Sequence[str] | None = None,
 ) -> Plan:
     """Assigns every listed file a label, a split and a shard, in four steps: labels, splits, shards, groups.
 
@@ -366,6 +367,9 @@ def make_plan(
         scene's split is its path's; each item is placed in a shard by the
         hash of its name (`imaging.scenes.WorkItem.name`), as files are, so
         one scene spreads over the split's shards.
+      known_classes: With --append (and no `class_names`): the dataset's
+        classes, which keep their indices; a class found that is not among
+        them comes after them (several: in sorted order).
 
     Returns:
       The plan.
@@ -375,7 +379,8 @@ def make_plan(
     """
     problems = list(problems)
     labelled = _plan_labels(files, problems, split_ratios=split_ratios, labels_csv=labels_csv,
-                            class_names=class_names, targets=targets, folder_labels=folder_labels)
+                            class_names=class_names, targets=targets, folder_labels=folder_labels,
+                            known_classes=known_classes)
     by_split = _plan_splits(files, problems, labelled, seed=seed, groups=groups, targets=targets, windows=windows)
     shard_counts, planned = _plan_shards(by_split, labelled.ratios, seed=seed, num_shards=num_shards,
                                          target_shard_bytes=target_shard_bytes, min_shards=min_shards,
@@ -413,7 +418,7 @@ class _Labelled(NamedTuple):
 
 
 def _plan_labels(files, problems: list, *, split_ratios, labels_csv, class_names, targets,
-                 folder_labels) -> _Labelled:
+                 folder_labels, known_classes=None) -> _Labelled:
     """Step 1 of `make_plan`: each file's label (and split, when given), the classes; appends problems."""
     # Inputs are what the listing found plus CSV rows that point nowhere, so
     # that inputs == written + rejected + skipped holds exactly.
@@ -461,6 +466,9 @@ def _plan_labels(files, problems: list, *, split_ratios, labels_csv, class_names
     found_classes = {label for label, _ in labels.values() if label is not None}
     if targets is not None and targets.class_names is not None:
         class_names = targets.class_names
+    elif class_names is None and known_classes is not None:
+        known = set(known_classes)
+        class_names = (*known_classes, *sorted_class_names(found_classes - known))
     elif class_names is None:
         class_names = sorted_class_names(found_classes)
     ratios = dict(split_ratios or {"train": 1.0}) if split_source == "hash" else None

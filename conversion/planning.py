@@ -15,18 +15,13 @@ import gc
 import logging
 import re
 
-import numpy as np
-
 from conversion import examples as _examples, guard, listing as _listing
 from conversion import plan as _plan, targets as _targets
 from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
 
-__all__ = ["build_plan", "group_section", "paused_gc", "scene_windows", "SCENE_SUFFIXES"]
-
-# With --raster_patch, the inputs cut into patches (any other is converted as without it).
-SCENE_SUFFIXES = (".tif", ".tiff")
+__all__ = ["build_plan", "group_section", "paused_gc"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # DICOM headers are read from this many first bytes of each file (the whole
@@ -36,7 +31,7 @@ _HEAD_BYTES = 65536
 _HEADER_THREADS = 8
 
 
-def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
+def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_classes=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
 
     Args:
@@ -50,7 +45,7 @@ def build_plan(config: ConversionConfig, on_listed=None) -> _plan.Plan:
       ValueError: When no file has a label.
     """
     with paused_gc():
-        return _build_plan(config, on_listed)
+        return _build_plan(config, on_listed, select, known_classes)
 
 
 @contextlib.contextmanager
@@ -78,14 +73,19 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
+def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
+    if select is not None:
+        files, problems = select(files, problems)
     if on_listed is not None:
         on_listed(files)
-    # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images.
-    files, problems, _members = _examples.kind_for(config.validation).group(files, problems, config)
+    # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images,
+    # one location of dated passes each for time series.
+    kind = _examples.kind_for(config.validation)
+    grouped = kind.group(files, problems, config)
+    files, problems = grouped.files, grouped.problems
     labels_csv = _read_labels_csv(config)
     # What annotations may name: every listed example, before any is refused below.
     listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems])
@@ -97,10 +97,15 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
             # Files whose header crashed a process (an earlier run's) or raised: rejected here.
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
-    files, problems, windows, stacks = _locations_and_windows(config, files, problems, labels_csv)
+    # With --raster_patch: the work items of the examples cut into patches, by their kind.
+    # (Targets beyond one class that a scene cannot take yet: several labels or numbers per file.)
+    windows, failed = kind.windows(files, grouped, labels_csv and labels_csv.table, config)
+    if failed:
+        files = [f for f in files if f.rel_path not in failed]
+        problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     # Targets beyond one class, one row of `conversion.targets.TARGETS` each: masks, boxes, labels, numbers.
-    planned = _targets.plan_targets(_targets.TargetRequest(
-        config, files, problems, listed, labels_csv, windows if stacks is None else None))
+    planned = _targets.plan_targets(_targets.TargetRequest(config, files, problems, listed, labels_csv,
+                                                           windows, kind))
     files, problems = planned.files, planned.problems
     mask_plan = planned.summaries.get(_targets.masks.NAME)
     sharding = config.sharding
@@ -117,15 +122,12 @@ def _build_plan(config: ConversionConfig, on_listed) -> _plan.Plan:
         targets=planned.targets,
         folder_labels=planned.labels_from,
         windows=windows,
+        known_classes=known_classes,
     )
     if mask_plan is not None:
         # Its summary (dtype, section): each file's mask travels in its targets.
         plan = dataclasses.replace(plan, masks=mask_plan)
-    if stacks is not None:
-        from conversion import time_series as _time_series
-
-        plan = _time_series.expand_problems(plan, stacks)
-        plan = dataclasses.replace(plan, stacks={f.rel_path: stacks[f.rel_path] for f in plan.files})
+    plan = kind.finish_plan(plan, grouped)
     if not plan.files and mask_plan is not None:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "
@@ -152,31 +154,6 @@ def _read_labels_csv(config: ConversionConfig):
     if not exists(config.labels_csv):
         raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
     return _targets.read_labels_csv(read_bytes(config.labels_csv).decode("utf-8-sig"), config.labels_csv)
-
-
-def _locations_and_windows(config: ConversionConfig, files, problems, labels_csv):
-    """(files, problems, windows, stacks): with --time_series the locations planned as files
-    (stacks: each one's plan), with --raster_patch each scene's work items (windows); else as given."""
-    windows = stacks = None
-    patch = config.validation.raster.patch
-    time_series = config.validation.time_series
-    if time_series is not None:
-        # Locations, not files, are planned: each one "file" (`conversion.time_series`).
-        from conversion import time_series as _time_series
-
-        located = _time_series.plan_locations(files, problems, time_series, config.output_dir)
-        files, problems, stacks = list(located.files), list(located.problems), located.stacks
-        if patch is not None:
-            windows = _time_series.stack_windows(stacks, patch)
-    elif patch is not None:
-        if labels_csv is not None and labels_csv.table is not None:
-            raise ValueError("--raster_patch does not combine with targets beyond one class (several "
-                             "labels or numbers in --labels_csv) yet: give one label per scene.")
-        windows, failed = scene_windows(files, config.validation.raster)
-        if failed:
-            files = [f for f in files if f.rel_path not in failed]
-            problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
-    return files, problems, windows, stacks
 
 
 def group_section(plan: _plan.Plan, config) -> dict:
@@ -220,58 +197,6 @@ def group_keys(files, group_by: str, failed: dict | None = None) -> dict[str, st
     _LOG.info("Read %s from %s of %s files (--group_by %s)", value, f"{len(keyed):,}",
               f"{len(files):,}", group_by)
     return keyed
-
-
-def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]], dict[str, tuple[str, str]]]:
-    """The work items of every TIFF scene (--raster_patch), from their headers read on threads.
-
-    Args:
-      files: The listed files; those named .tif/.tiff are scenes.
-      raster: The `imaging.RasterOptions`, `patch` set.
-
-    Returns:
-      (relative path to its items, (key, planned bytes) each, in row then
-      column order (`imaging.scenes.WorkItem.key`: "y0,y1" for a band of
-      whole patch rows, "y0,y1,x0,x1" for a column range of a row wider than
-      the budget); relative path to (reason, message) of the scenes rejected from
-      their header: unreadable, too large a patch, missing bands, ...). A
-      scene without a patch (smaller than one, under 'drop') is rejected
-      as 'smaller_than_patch'.
-    """
-    from imaging import ImageRejected
-    from imaging import scenes as _scenes
-
-    scenes = [f for f in files if f.rel_path.lower().endswith(SCENE_SUFFIXES)]
-
-    def items(f):
-        with guard.working_on([(f.rel_path, f.path)]):
-            try:
-                with open_to_read(f.path) as fh:
-                    header = _scenes.scene_header(fh, f.rel_path, raster)
-            except ImageRejected as e:
-                return f.rel_path, None, (e.reason, e.message)
-            except OSError as e:
-                return f.rel_path, None, ("unreadable", f"{f.rel_path}: {e}")
-            except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
-                _LOG.debug("Unexpected error reading the header of %s", f.rel_path, exc_info=e)
-                return f.rel_path, None, (guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e))
-        items = _scenes.work_items(header, raster.patch)
-        if not items:
-            return f.rel_path, None, ("smaller_than_patch", f"{f.rel_path} is {header.width}x{header.height}, smaller "
-                                                   f"than one patch: --raster_edge drop leaves no patch")
-        scale = header.bands * np.dtype(header.dtype).itemsize * raster.patch.size[0] * raster.patch.size[1]
-        return f.rel_path, tuple((item.key, item.patches * scale) for item in items), None
-
-    windows, failed = {}, {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
-        for path, planned, problem in pool.map(items, scenes):
-            if problem is None:
-                windows[path] = planned
-            else:
-                failed[path] = problem
-    _LOG.info("Read the headers of %s scenes: %s work items of patches (--raster_patch)",
-              f"{len(scenes):,}", f"{sum(map(len, windows.values())):,}")
-    return windows, failed
 
 
 def _quarantined(config) -> dict:

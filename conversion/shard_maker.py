@@ -230,7 +230,7 @@ class ShardMaker:
     def shard(self, split: str, index: int, files) -> PlannedShard:
         """The `PlannedShard` of a shard's PlannedFiles (in any order)."""
         files = tuple(sorted(files))
-        name = schemas.shard_filename(split, index, files[0].num_shards)
+        name = schemas.shard_filename(split, index, files[0].num_shards, self._spec.writing.version)
         fingerprint = shard_fingerprint(self._spec.validation, files)
         return PlannedShard(split, index, name, files, fingerprint)
 
@@ -341,8 +341,12 @@ class ShardMaker:
         )
 
     def _shards_on_disk(self) -> set[str]:
-        # The runner's workers share no memory; the finished shards on disk are the progress.
-        return {path.rsplit("/", 1)[-1] for path in match(join(self._spec.output_dir, "*.tfrecord"))}
+        # The runner's workers share no memory; the finished shards on disk are the progress
+        # (this version's: an append's folder holds the shards of earlier ones too).
+        version = self._spec.writing.version
+        names = {path.rsplit("/", 1)[-1] for path in match(join(self._spec.output_dir, "*.tfrecord"))}
+        return {name for name in names if (m := schemas.manifest.SHARD_FILENAME_RE.match(name))
+                and int(m["version"] or 1) == version}
 
 
 class _Progress:

@@ -116,12 +116,7 @@ class ShardJob:
 
 
 def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()):
-    """The schema of every record a conversion with these options (and kinds of target) writes.
-
-    `schemas.ImageExampleSchema`, or with --time_series `schemas.TimeSeriesExampleSchema`.
-    """
-    if validation.time_series is not None:
-        return schemas.TimeSeriesExampleSchema(mask="mask" in targets)
+    """The schema of every image record a conversion with these options (and kinds of target) writes."""
     return schemas.ImageExampleSchema(
         extra_string_features=tuple(schemas.dicom_tag_key(t) for t in validation.dicom.tags),
         georef=validation.raster.georef,
@@ -217,11 +212,6 @@ def write_shard(job: ShardJob) -> ShardOutcome:
     other than a file's own (the output not writable, ...) are raised, and
     nothing is left under the shard's final name.
     """
-    if job.validation.time_series is not None:
-        # Stacks of dated passes, one per location or patch (`conversion.time_series`).
-        from conversion import time_series as _time_series
-
-        return _time_series.write_stacks(job, job.validation.time_series)
     return _Writer(job).write()
 
 
@@ -541,8 +531,6 @@ def warm_up(validation: ValidationOptions, decoders: bool = True, decoder_thread
     from schemas import tf_runtime
 
     tf_runtime.set_batch_decoder_threads(decoder_threads)
-    if validation.time_series is not None:
-        return  # Stacks are read with tifffile only.
     validator = _validator(validation)
     _schema(validation)
     if decoders:

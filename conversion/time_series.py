@@ -48,7 +48,7 @@ from imaging.errors import ImageRejected
 from schemas.tfrecord import frame_record
 
 __all__ = ["LocationsPlan", "plan_locations", "stack_windows", "expand_problems", "write_stack_plans",
-           "stack_plan_path", "write_stacks", "manifest_section", "CUT_ACTION"]
+           "stack_plan_path", "write_stacks", "warm_up", "manifest_section", "CUT_ACTION"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _HEADER_THREADS = 8
@@ -256,6 +256,10 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
         band_stats=None if stats is None else stats.to_json(),
         mask_pixels={str(i): int(n) for i, n in enumerate(mask_counts) if n} if masked else None)
     return ShardOutcome(result, rejects, normalized)
+
+
+def warm_up() -> None:
+    """Prepares a worker process for stack shards: nothing beyond this module (stacks are read with tifffile)."""
 
 
 def _work_item(item: _Item):

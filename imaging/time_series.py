@@ -521,15 +521,18 @@ def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = No
     return out
 
 
+def _picks_by_file(date: DatePlan) -> dict[str, tuple[str, list[tuple[int, int]]]]:
+    """rel_path -> (path, [(band of the stack, band of the file), ...]) of one date's files, in their order."""
+    by_file: dict[str, tuple[str, list[tuple[int, int]]]] = {}
+    for b, (rel, path, band) in enumerate(date.files):
+        by_file.setdefault(rel, (path, []))[1].append((b, band))
+    return by_file
+
+
 def _read_date(date: DatePlan, window: tuple[int, int, int, int], out: np.ndarray) -> None:
     """Fills out (h, w, bands) with one date's window, opening each of its files once."""
-    by_file: dict[str, list[tuple[int, int]]] = {}
-    paths = {}
-    for b, (rel, path, band) in enumerate(date.files):
-        by_file.setdefault(rel, []).append((b, band))
-        paths[rel] = path
-    for rel, picks in by_file.items():
-        with SceneReader(paths[rel], rel) as scene:
+    for rel, (path, picks) in _picks_by_file(date).items():
+        with SceneReader(path, rel) as scene:
             values = scene.read(*window)
         for b, band in picks:
             out[:, :, b] = values[:, :, band]
@@ -562,13 +565,8 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
     stacks: list[np.ndarray | None] = [
         np.empty((len(plan.dates), height, width, len(plan.bands)), np.dtype(plan.dtype)) for _ in corners]
     for t, date in enumerate(plan.dates):
-        by_file: dict[str, list[tuple[int, int]]] = {}
-        paths = {}
-        for b, (rel, path, band) in enumerate(date.files):
-            by_file.setdefault(rel, []).append((b, band))
-            paths[rel] = path
-        for rel, picks in by_file.items():
-            with SceneReader(paths[rel], rel) as scene:
+        for rel, (path, picks) in _picks_by_file(date).items():
+            with SceneReader(path, rel) as scene:
                 if xs:
                     scene.keep_columns(max(xs[0], 0), xs[-1] + width)
                 for k, (y, x) in enumerate(corners):

@@ -401,7 +401,8 @@ def read_nifti(data: bytes, name: str) -> Volume:
             image = cls.from_bytes(data)
             break
         except (nibabel.filebasedimages.ImageFileError, nibabel.spatialimages.HeaderDataError,
-                ValueError, OSError):
+                nibabel.wrapstruct.WrapStructError, ValueError, OSError):
+            # WrapStructError: fewer bytes than a header (a truncated or empty .nii).
             continue
     if image is None:
         raise ImageRejected("not_an_image", f"{name} is not a NIfTI file nibabel reads")

@@ -462,6 +462,18 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
                                    steps=max(options.steps, _MIN_READER_BATCHES))
     logger.info("Reader alone: %.1f images/s", reader_rate)
 
+    ceiling, cached, warm, ready_next_s = _model_runs(split_files, options, step, device, timing)
+    stages = _reader_stages(split_files, options, reader_rate)
+    cold, cold_note = _cold_run(split_files, options, step, timing, ready_next_s)
+    return _diagnosis(device=device, batch_size=n, ceiling=ceiling, cached=cached, warm=warm,
+                      cold=cold, cold_note=cold_note, reader_rate=reader_rate,
+                      stages=tuple(stages), augment=options.augment)
+
+
+def _model_runs(split_files, options: DoctorOptions, step, device: str, timing: dict):
+    """The model's steps/s on batches on the device (the ceiling), on decoded batches in memory,
+    and on the reader with a warm page cache, in rounds, each its best; and what `next` costs
+    with a batch already there."""
     it = iter(_reader(split_files, options, options.augment))
     batches = [next(it) for _ in range(_CACHED_BATCHES)]
     del it
@@ -482,7 +494,12 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
     logger.info("Steps/s: ceiling %.2f, cached batches %.2f, reader on a warm page cache %.2f "
                 "(%.0f%% blocked in next beyond its %.2f ms with a batch ready)", ceiling, cached,
                 warm.steps_per_s, 100 * warm.blocked, 1000 * ready_next_s)
+    return ceiling, cached, warm, ready_next_s
 
+
+def _reader_stages(split_files, options: DoctorOptions, reader_rate: float) -> list:
+    """(stage, images/s) of the reader alone, cut after each stage (the whole reader's is `reader_rate`)."""
+    n = options.batch_size
     # The reader alone is cheap per batch: more batches, for steadier figures.
     alone = {"warmup": options.warmup, "steps": max(options.steps, _MIN_READER_BATCHES)}
     stages = [("read", n * _steps_per_s(iter(_records_only(split_files, options)),
@@ -495,7 +512,11 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
         stages.append(("augment", reader_rate))
     logger.info("Reader cut after each stage: %s",
                 ", ".join(f"{name} {rate:.1f} images/s" for name, rate in stages))
+    return stages
 
+
+def _cold_run(split_files, options: DoctorOptions, step, timing: dict, ready_next_s: float):
+    """The model's run on the reader with a cold page cache, or None and why not."""
     cold, cold_note = None, None
     if not options.cold:
         cold_note = "not asked for"
@@ -507,9 +528,7 @@ def diagnose(data_dir: str | os.PathLike, split: str = "train", model: Any = Non
                         **timing).beyond(ready_next_s)
             logger.info("Reader, cold page cache: %.2f steps/s (%.0f%% blocked in next)",
                         cold.steps_per_s, 100 * cold.blocked)
-    return _diagnosis(device=device, batch_size=n, ceiling=ceiling, cached=cached, warm=warm,
-                      cold=cold, cold_note=cold_note, reader_rate=reader_rate,
-                      stages=tuple(stages), augment=options.augment)
+    return cold, cold_note
 
 
 def _share(rate: float | None, ceiling: float) -> float | None:

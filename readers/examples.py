@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from schemas.features import ImageExampleSchema
+from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
 
-__all__ = ["ReadingKind", "KINDS", "kind_of"]
+__all__ = ["ReadingKind", "KINDS", "kind_of", "kind_named"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,22 +39,34 @@ class ReadingKind:
     schema_from_json: Callable[[Mapping[str, Any]], Any]
 
 
-def _stores_images(features: Mapping[str, Any]) -> bool:
-    try:
-        ImageExampleSchema.from_json(features)
-    except ValueError:
-        return False
-    return True
+def _parses(schema_from_json: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], bool]:
+    """`stores` of a kind whose schema is rebuilt by `schema_from_json`."""
+
+    def stores(features: Mapping[str, Any]) -> bool:
+        try:
+            schema_from_json(features)
+        except ValueError:
+            return False
+        return True
+
+    return stores
 
 
 IMAGE = ReadingKind(
     name="image",
     reader="image_dataset_from_tfrecords",
-    stores=_stores_images,
+    stores=_parses(ImageExampleSchema.from_json),
     schema_from_json=ImageExampleSchema.from_json,
 )
 
-KINDS: tuple[ReadingKind, ...] = (IMAGE,)
+STACKS = ReadingKind(
+    name=TIME_SERIES,
+    reader="time_series_dataset_from_tfrecords",
+    stores=_parses(TimeSeriesExampleSchema.from_json),
+    schema_from_json=TimeSeriesExampleSchema.from_json,
+)
+
+KINDS: tuple[ReadingKind, ...] = (STACKS, IMAGE)
 
 
 def kind_of(features: Mapping[str, Any]) -> ReadingKind | None:
@@ -62,3 +75,11 @@ def kind_of(features: Mapping[str, Any]) -> ReadingKind | None:
         if kind.stores(features):
             return kind
     return None
+
+
+def kind_named(name: str) -> ReadingKind:
+    """The row named `name` (a reader asks for its own)."""
+    for kind in KINDS:
+        if kind.name == name:
+            return kind
+    raise ValueError(f"`kind` must be one of {[k.name for k in KINDS]}. Received: kind={name!r}")

@@ -263,6 +263,27 @@ def global_records(
                         num_pipelines)
     count = order.local_count(repeat=repeat, drop_remainder=drop_remainder)
 
+    located = _locations(index, order, perm_seed, count)
+    # Read in order, one element per position; the location stream is computed
+    # again beside it rather than carried through the reads (cheaper).
+    data = record_index.read_records_at(
+        located.map(lambda p, o, n_, e, r: (p, o, n_)),
+        remote=any("://" in p for p in index.paths),
+    )
+    ds = tf.data.Dataset.zip(located, data)
+    output = _output(aug_seed)
+    ds = check_damaged(ds, split_files.schema, split_files.split, max_bad_records, output, skipped)
+    logger.info(
+        "Global shuffle of %d records: pipeline %d of %d starts at epoch %d position %d; %s.",
+        n, pipeline_id, num_pipelines, start.epoch, start.consumed,
+        "endless" if count is None else f"{count} positions",
+    )
+    return ds, count, n
+
+
+def _locations(index, order: GlobalOrder, perm_seed: int, count: int | None) -> tf.data.Dataset:
+    """(path, offset, length, epoch, record) of each position this pipeline reads, in order."""
+    n = index.num_records
     paths = tf.constant(index.paths, tf.string)
     shard_of = tf.constant(index.shard, tf.int32)
     offsets = tf.constant(index.offset, tf.int64)
@@ -280,20 +301,16 @@ def global_records(
         )
 
     # Vectorised: a per-element map would cost more than the locating.
-    located = (
+    return (
         tf.data.Dataset.range(_ENDLESS if count is None else count)
         .batch(_LOCATE_BATCH)
         .map(locate, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .unbatch()
     )
-    # Read in order, one element per position; the location stream is computed
-    # again beside it rather than carried through the reads (cheaper).
-    data = record_index.read_records_at(
-        located.map(lambda p, o, n_, e, r: (p, o, n_)),
-        remote=any("://" in p for p in index.paths),
-    )
-    ds = tf.data.Dataset.zip(located, data)
 
+
+def _output(aug_seed: int | None):
+    """The element of a located record: the serialized record, with its stateless seed when `aug_seed` is set."""
     base = None if aug_seed is None else tf.constant([aug_seed, 0], tf.int64)
 
     def output(location, serialized):
@@ -304,10 +321,4 @@ def global_records(
         seed = tf.random.experimental.stateless_fold_in(base, epoch)
         return serialized, tf.random.experimental.stateless_fold_in(seed, record)
 
-    ds = check_damaged(ds, split_files.schema, split_files.split, max_bad_records, output, skipped)
-    logger.info(
-        "Global shuffle of %d records: pipeline %d of %d starts at epoch %d position %d; %s.",
-        n, pipeline_id, num_pipelines, start.epoch, start.consumed,
-        "endless" if count is None else f"{count} positions",
-    )
-    return ds, count, n
+    return output

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from readers import examples as _examples
 from schemas.features import ImageExampleSchema
-from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema, example_kind
+from schemas.time_series import TIME_SERIES, TimeSeriesExampleSchema
 from schemas.manifest import (
     not_a_dataset_folder,
     MANIFEST_FILENAME,
@@ -170,11 +170,6 @@ def _resolve_split(split: str, available: Mapping[str, Any]) -> str:
     return SPLIT_ALIASES.get(split.strip().lower(), split)
 
 
-# The reader of each kind of record, named when a dataset of another kind is opened.
-_READER_OF = {"image": "readers.image_dataset_from_tfrecords",
-              TIME_SERIES: "readers.time_series_dataset_from_tfrecords"}
-
-
 def load_split(data_dir: str | os.PathLike, split: str, version: int | None = None,
                kind: str = "image") -> SplitFiles:
     """Resolves the shard files of one split and checks they are all there.
@@ -215,36 +210,8 @@ def load_split(data_dir: str | os.PathLike, split: str, version: int | None = No
             f"Received: split={split!r} (data_dir={path!r})"
         )
     split = resolved
-    stored_kind = example_kind(manifest.features)
-    if stored_kind != kind:
-        raise ManifestError(
-            f"The dataset at {path!r} holds {stored_kind} records, which "
-            f"{_READER_OF.get(stored_kind, 'another reader')} reads, not {_READER_OF.get(kind, kind)}."
-        )
-    try:
-        schema = (TimeSeriesExampleSchema.from_json(manifest.features) if kind == TIME_SERIES
-                  else _examples.IMAGE.schema_from_json(manifest.features))
-    except ValueError as e:
-        kind = _examples.kind_of(manifest.features)
-        other = f" It holds {kind.name} examples: read it with readers.{kind.reader}." if kind else ""
-        raise ManifestError(
-            f"The record schema in {tf.io.gfile.join(path, MANIFEST_FILENAME)} does "
-            f"not match this reader: {e}.{other}"
-        ) from e
-    shards = [s for s in manifest.split(split).shards if s.num_records > 0]
-    if not shards:
-        raise ValueError(
-            f"Split {split!r} of the dataset at {path!r} has no records; choose "
-            f"another `split`. Received: split={split!r}"
-        )
-    missing = [s.file for s in shards if s.file not in names]
-    if missing:
-        listed = ", ".join(missing[:_MAX_LISTED]) + (", ..." if len(missing) > _MAX_LISTED else "")
-        raise FileNotFoundError(
-            f"{len(missing)} shard file(s) of split {split!r} named in the manifest "
-            f"are missing from {path!r}: {listed}. The folder was changed after the "
-            "conversion; convert the images again."
-        )
+    schema = _schema_of(manifest, path, kind)
+    shards = _present_shards(manifest, split, path, names)
     logger.debug(
         "Split %r of %s: %d records in %d shards.",
         split, path, sum(s.num_records for s in shards), len(shards),
@@ -266,6 +233,55 @@ def load_split(data_dir: str | os.PathLike, split: str, version: int | None = No
         targets=dict(manifest.targets),
         time_series=dict(manifest.extra.get(TIME_SERIES, {})),
     )
+
+
+def _schema_of(manifest: Manifest, path: str, kind: str):
+    """The record schema of a dataset read as `kind`; a dataset of another kind names its reader.
+
+    Raises:
+      schemas.ManifestError: For another kind, or a schema this reader does not read.
+    """
+    # The kinds of example are a table (`readers.examples`): a dataset of another kind names its reader.
+    wanted = _examples.kind_named(kind)
+    stored = _examples.kind_of(manifest.features)
+    if stored is not None and stored is not wanted:
+        raise ManifestError(
+            f"The dataset at {path!r} holds {stored.name} records, which "
+            f"readers.{stored.reader} reads, not readers.{wanted.reader}."
+        )
+    try:
+        return wanted.schema_from_json(manifest.features)
+    except ValueError as e:
+        found = _examples.kind_of(manifest.features)
+        other = f" It holds {found.name} examples: read it with readers.{found.reader}." if found else ""
+        raise ManifestError(
+            f"The record schema in {tf.io.gfile.join(path, MANIFEST_FILENAME)} does "
+            f"not match this reader: {e}.{other}"
+        ) from e
+
+
+def _present_shards(manifest: Manifest, split: str, path: str, names) -> list:
+    """The split's shards with records, once each is found among the folder's `names`.
+
+    Raises:
+      ValueError: If the split has no records.
+      FileNotFoundError: Naming the shard files missing.
+    """
+    shards = [s for s in manifest.split(split).shards if s.num_records > 0]
+    if not shards:
+        raise ValueError(
+            f"Split {split!r} of the dataset at {path!r} has no records; choose "
+            f"another `split`. Received: split={split!r}"
+        )
+    missing = [s.file for s in shards if s.file not in names]
+    if missing:
+        listed = ", ".join(missing[:_MAX_LISTED]) + (", ..." if len(missing) > _MAX_LISTED else "")
+        raise FileNotFoundError(
+            f"{len(missing)} shard file(s) of split {split!r} named in the manifest "
+            f"are missing from {path!r}: {listed}. The folder was changed after the "
+            "conversion; convert the images again."
+        )
+    return shards
 
 
 def _band_stats(manifest: Manifest) -> dict[str, Any]:

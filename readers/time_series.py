@@ -28,10 +28,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers import stored
-from readers.dataset import _derive_seed, _shards_records
+from readers import corrupt, global_shuffle, stored
+from readers.dataset import _derive_seed, _drop_skipped, _random_seed, _shards_records
 from readers.metadata import SplitFiles, load_split
 from readers.options import ReadOptions, ShuffleOptions
+from readers.positions import ReadPosition
 from schemas.features import LABEL, MASK
 from schemas.time_series import (
     STACK, STACK_BANDS, STACK_DATES, STACK_DTYPE, STACK_SHAPE, STACK_VALID, TIME_SERIES,
@@ -179,6 +180,21 @@ def _augment(stack, mask, mode: str, seed):
     return stack, mask
 
 
+def _static_shape(section, options: TimeSeriesOptions) -> list | None:
+    """[time, height, width, bands] of every stack the reader yields, when the manifest says it; else None.
+
+    Known when the split's stacks have one length (or `max_steps` gives
+    them one), one size (or `image_size`) and one list of bands: then every
+    axis but the batch's is known before reading (as Keras' layers want).
+    """
+    lengths, sizes, bands = section.get("steps", ()), section.get("sizes", ()), section.get("bands")
+    steps = options.max_steps if options.max_steps is not None else (lengths[0] if len(lengths) == 1 else None)
+    size = options.image_size if options.image_size is not None else (tuple(sizes[0]) if len(sizes) == 1 else None)
+    if steps is None or size is None or not bands:
+        return None
+    return [int(steps), int(size[0]), int(size[1]), len(bands)]
+
+
 def time_series_dataset_from_tfrecords(
     data_dir: str | os.PathLike,
     split: str = "train",
@@ -191,12 +207,15 @@ def time_series_dataset_from_tfrecords(
     normalize: Any = None,
     augment: str | None = None,
     label_mode: str | None = "int",
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     seed: int | None = None,
     repeat: bool = False,
     drop_remainder: bool = False,
     extra_features: Sequence[str] = (),
     deterministic: bool | None = None,
+    cache: bool | str = False,
+    max_bad_records: int = 0,
+    on_corrupt: str = "raise",
     input_context: tf.distribute.InputContext | None = None,
 ) -> tf.data.Dataset:
     """Reads one split of a time-series dataset (`shardsmith convert --time_series`) as a `tf.data.Dataset`.
@@ -212,10 +231,19 @@ def time_series_dataset_from_tfrecords(
       label_mode: 'int' (int32 class index), 'categorical' (float32 one-hot),
         'mask' (int32 class ids [height, width, 1], for datasets converted
         with --masks_dir; moved with the stack) or None (stacks alone).
-      shuffle, seed, deterministic: As `image_dataset_from_tfrecords` ('shards'
-        shuffling: shard files per epoch and records in a buffer); `seed` also
-        seeds `max_steps`' sub-sampling and `augment`.
+      shuffle, seed, deterministic: As `image_dataset_from_tfrecords`: True
+        (or 'shards': shard files per epoch and records in a buffer),
+        'global' (a new permutation of every stack each epoch, read by
+        offset; without `seed` one is drawn and logged) or False; `seed`
+        also seeds `max_steps`' sub-sampling and `augment`.
       repeat, drop_remainder: As `image_dataset_from_tfrecords`.
+      cache, max_bad_records, on_corrupt: As `image_dataset_from_tfrecords`:
+        `cache` keeps the encoded records of the first epoch (in memory, or
+        in files with this prefix; not with shuffle='global');
+        `max_bad_records` damaged records (bad CRC, truncated) are skipped
+        per epoch before the read fails, every one with on_corrupt='skip'
+        (read by offset through the index files). The dataset counts them
+        (`ds.corrupt_records`); batches then hold the stacks left.
       extra_features: Further features to return in a dict: any of the
         record's (`stack/dates`, `stack/bands`, `filename`, `epsg`,
         `geotransform`, ...) and `stack/valid` (bool [time], False on the
@@ -230,8 +258,8 @@ def time_series_dataset_from_tfrecords(
       A dataset of `(stack, label)`, `(stack, label, extras)`, `stack` or
       `(stack, extras)`; `stack` is `dtype` [batch, time, height, width,
       bands] (no batch axis with batch_size=None). It has `class_names`,
-      `band_names` (None when locations differ in bands) and
-      `records_per_epoch` attributes.
+      `band_names` (None when locations differ in bands),
+      `records_per_epoch` and `corrupt_records` attributes.
 
     Raises:
       TypeError, ValueError: For an invalid argument, naming it, what is
@@ -242,34 +270,58 @@ def time_series_dataset_from_tfrecords(
     options = TimeSeriesOptions(max_steps, image_size, interpolation, dtype, normalize, augment)
     if label_mode not in _LABEL_MODES:
         raise ValueError(f"`label_mode` must be one of {_LABEL_MODES}. Received: label_mode={label_mode!r}")
-    if shuffle not in (True, False):
-        raise TypeError(f"`shuffle` must be True or False. Received: shuffle={shuffle!r}")
     reading = ReadOptions(batch_size=batch_size, label_mode=None, repeat=repeat, drop_remainder=drop_remainder,
-                          extra_features=extra_features if isinstance(extra_features, str) else tuple(extra_features))
+                          extra_features=extra_features if isinstance(extra_features, str) else tuple(extra_features),
+                          cache=cache, max_bad_records=max_bad_records, on_corrupt=on_corrupt)
     shuffling = ShuffleOptions(shuffle=shuffle, seed=seed, deterministic=deterministic)
+    if shuffling.mode == "global":
+        if cache is not False:
+            raise ValueError("`cache` does not apply to shuffle='global', which reads every record by offset. "
+                             f"Received: cache={cache!r}, shuffle='global'")
+        if seed is None:
+            shuffling = dataclasses.replace(shuffling, seed=_random_seed())
+            logger.info("shuffle='global' without a seed: using seed=%d (pass it to read the same order again).",
+                        shuffling.seed)
     split_files = load_split(data_dir, split, kind=TIME_SERIES)
     dtypes = _check_split(split_files, options, reading, label_mode, batch_size, extra_features)
     lengths = tuple(int(v) for v in split_files.time_series.get("steps", ()))
     draws = options.max_steps is not None and (not lengths or max(lengths) > options.max_steps)
+    skipped = corrupt.CorruptRecords()
     records, num_records, per_replica = _records(split_files, shuffling, reading, input_context,
-                                                 seeded=options.augment is not None or draws)
+                                                 seeded=options.augment is not None or draws, skipped=skipped)
     load = _stack_loader(split_files, options, reading, label_mode, dtypes, lengths, draws)
     ds = records.map(load, num_parallel_calls=tf.data.AUTOTUNE,
                      deterministic=shuffling.is_deterministic)
-    return _finish(ds, split_files, shuffling, per_replica, num_records, repeat=repeat,
-                   drop_remainder=drop_remainder, input_context=input_context)
+    ds = _finish(ds, split_files, shuffling, per_replica, num_records, repeat=repeat,
+                 drop_remainder=drop_remainder, input_context=input_context,
+                 counted=not reading.bad_record_budget)
+    # The damaged records skipped so far (on_corrupt='skip' or max_bad_records).
+    ds.corrupt_records = skipped
+    return ds
 
 
-def _records(split_files, shuffling: ShuffleOptions, reading: ReadOptions, input_context, seeded: bool):
+def _records(split_files, shuffling: ShuffleOptions, reading: ReadOptions, input_context, seeded: bool,
+             skipped: corrupt.CorruptRecords):
     """This pipeline's share of the split's records (with a seed pair each when `seeded`), their
-    number, and the batch size of one replica."""
+    number, and the batch size of one replica. Damaged records skipped (`reading`'s budget) are
+    counted in `skipped` and left out."""
     pipeline_id, num_pipelines, per_replica = 0, 1, reading.batch_size
     if input_context is not None:
         pipeline_id, num_pipelines = input_context.input_pipeline_id, input_context.num_input_pipelines
         if reading.batch_size is not None:
             per_replica = input_context.get_per_replica_batch_size(reading.batch_size)
-    records, num_records, _ = _shards_records(split_files, shuffling, reading, pipeline_id=pipeline_id,
-                                              num_pipelines=num_pipelines, standard=False)
+    if shuffling.mode == "global":
+        # The image reader's permutation of every record, read by offset (`readers.global_shuffle`).
+        records, num_records, _ = global_shuffle.global_records(
+            split_files, perm_seed=_derive_seed(shuffling.seed, 3), aug_seed=None, start=ReadPosition(),
+            global_batch_size=reading.batch_size or 1, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
+            repeat=reading.repeat, drop_remainder=reading.drop_remainder,
+            max_bad_records=reading.bad_record_budget, skipped=skipped)
+    else:
+        records, num_records, _ = _shards_records(split_files, shuffling, reading, pipeline_id=pipeline_id,
+                                                  num_pipelines=num_pipelines, standard=False, skipped=skipped)
+    if reading.bad_record_budget:
+        records = _drop_skipped(records)  # A skipped damaged record is b"".
     if seeded:
         seeds = tf.data.Dataset.random(seed=_derive_seed(shuffling.seed, 5, pipeline_id),
                                        rerandomize_each_iteration=True).batch(2)
@@ -334,6 +386,9 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
     mask_dtype = tf.uint16 if split_files.targets.get("mask", {}).get("dtype") == "uint16" else tf.uint8
     num_classes = len(split_files.class_names)
 
+    static = _static_shape(split_files.time_series, options)
+    padded = options.max_steps is not None and (not lengths or min(lengths) < options.max_steps)
+
     def load(serialized, seed_pair=None):
         features = tf.io.parse_single_example(serialized, spec)
         stack = _decode(features, dtypes, out_dtype)
@@ -354,8 +409,13 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
             mean = tf.constant(mean_std[0], out_dtype)
             std = tf.constant(mean_std[1], out_dtype)
             stack = (stack - mean) / std
+            if padded:
+                # The padded steps stay zeros, as documented, not (0 - mean) / std.
+                stack = tf.where(valid[:, tf.newaxis, tf.newaxis, tf.newaxis], stack, tf.zeros([], out_dtype))
         if options.augment is not None:
             stack, mask = _augment(stack, mask, options.augment, aug_seed)
+        if static is not None:
+            stack = tf.ensure_shape(stack, static)
         if label_mode == "int":
             label = tf.cast(features[LABEL.key], tf.int32)
         elif label_mode == "categorical":
@@ -374,16 +434,17 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
         if extra:
             element += (extra,)
         return element[0] if len(element) == 1 else element
+
     return load
 
 
 def _finish(ds, split_files, shuffling: ShuffleOptions, per_replica, num_records: int, *, repeat: bool,
-            drop_remainder: bool, input_context) -> tf.data.Dataset:
+            drop_remainder: bool, input_context, counted: bool = True) -> tf.data.Dataset:
     """The mapped records batched, counted, prefetched, with their options and the promised attributes."""
     section = split_files.time_series
     if per_replica is not None:
         ds = ds.batch(per_replica, drop_remainder=drop_remainder)
-    if not repeat:
+    if not repeat and counted:  # Not when damaged records may be left out.
         n = num_records if per_replica is None else (
             num_records // per_replica if drop_remainder else math.ceil(num_records / per_replica))
         ds = ds.apply(tf.data.experimental.assert_cardinality(n))

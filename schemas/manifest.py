@@ -133,19 +133,32 @@ SKIP_REASONS = {
 }
 
 _SHARD_TEMPLATE = "{split}-{index:05d}-of-{count:05d}.tfrecord"
+# The shards an append (version 2, 3, ...) adds: the split's name with the version, so
+# that they never take an older shard's name, and TFDS's '{SPLIT}-{SHARD_X_OF_Y}' template
+# still describes each version's shards (`schemas.tfds_metadata`).
+_VERSION_TEMPLATE = "{split}_v{version:05d}-{index:05d}-of-{count:05d}.tfrecord"
 # Shard files and their index files, as written by any run of the converter.
 SHARD_FILENAME_RE = re.compile(
-    r"^(?P<split>[A-Za-z0-9_]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.(?P<ext>tfrecord|idx)$"
+    r"^(?P<split>[A-Za-z0-9_]+?)(?:_v(?P<version>\d{5}))?-(?P<index>\d{5})-of-(?P<count>\d{5})"
+    r"\.(?P<ext>tfrecord|idx)$"
 )
 _SHARD_SUFFIX = ".tfrecord"
 INDEX_SUFFIX = ".idx"
 
 
-def shard_filename(split: str, index: int, count: int) -> str:
-    """The file name of shard `index` of `count` in `split`."""
+def shard_filename(split: str, index: int, count: int, version: int = 1) -> str:
+    """The file name of shard `index` of `count` in `split`, written by dataset version `version`.
+
+    Version 1 (a conversion) names them `train-00000-of-00004.tfrecord`; a later
+    version (`convert --append`) `train_v00002-00000-of-00001.tfrecord`.
+    """
     if not 0 <= index < count:
         raise ValueError(f"shard index must be in [0, {count}). Received: {index}")
-    return _SHARD_TEMPLATE.format(split=split, index=index, count=count)
+    if version == 1:
+        return _SHARD_TEMPLATE.format(split=split, index=index, count=count)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 < version < 100000:
+        raise ValueError(f"version must be an integer in [1, 100000). Received: {version!r}")
+    return _VERSION_TEMPLATE.format(split=split, version=version, index=index, count=count)
 
 
 def not_a_dataset_folder(path: str, *, exists: bool | None, is_file: bool) -> str | None:
@@ -583,6 +596,10 @@ class VersionInfo:
       time: When it was written (ISO 8601, UTC); None for the implicit version
         of a manifest written without `versions`.
       options: The conversion options of this version.
+      inputs: What an append found in the input folder, counted: "listed",
+        "new", "held" (unchanged), "changed" (held, bytes differ: not
+        rewritten), "missing_from_input" (held, no longer listed),
+        "duplicates_of_held" (--dedup); {} for a first conversion.
     """
 
     version: int
@@ -592,10 +609,13 @@ class VersionInfo:
     num_classes: int
     time: str | None
     options: Mapping[str, Any]
+    inputs: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
         names = list(class_names)[: self.num_classes]
+        inputs = {"inputs": dict(self.inputs)} if self.inputs else {}
         return {
+            **inputs,
             "version": self.version,
             "time": self.time,
             "num_classes": self.num_classes,
@@ -631,6 +651,7 @@ class VersionInfo:
             num_classes=num_classes,
             time=None if d.get("time") is None else str(d["time"]),
             options=dict(d.get("options") or {}),
+            inputs={str(k): int(n) for k, n in (d.get("inputs") or {}).items()},
         )
 
 

@@ -11,7 +11,11 @@
   version, file format, and per split the record count of every shard and a
   file name template (`filepathTemplate`) that finds the shards. The template
   `{SPLIT}-{SHARD_X_OF_Y}.tfrecord` names our shard files exactly, so they are
-  read where they are, without copies or renames.
+  read where they are, without copies or renames. In a dataset that grew
+  (`convert --append`), each version's shards of a split follow it under a
+  split name of their own ('train', 'train_v00002', ...; `schemas.shard_filename`),
+  and TFDS reads the whole split as `split='train+train_v00002'` (the
+  description says which splits to join).
 - `features.json`: the `tfds.features` that decode each Example key.
 - `<key>.labels.txt`: the class names of a `ClassLabel` feature, one a line.
 
@@ -103,40 +107,55 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _splits(manifest: Manifest) -> list[dict]:
+def _splits(manifest: Manifest) -> tuple[list[dict], dict[str, list[str]]]:
     """`dataset_info.json`'s splits: those with records, each shard named as TFDS's template names it.
+
+    In a dataset that grew (`convert --append`), each version's shards of a
+    split follow the template under a split name of their own, e.g.
+    'train_v00002' (`schemas.shard_filename`): TFDS reads the whole split as
+    'train+train_v00002'.
+
+    Returns:
+      (the splits, each split's TFDS split names in version order).
 
     Raises:
       ValueError: For a split or shard name TFDS cannot take.
     """
     splits = []
-    for name, info in manifest.splits.items():
-        if info.num_records == 0:
-            # TFDS lists an empty split but fails to read it; leaving it out
-            # makes `as_dataset` name the splits there are instead.
-            continue
-        if not _SPLIT_NAME_RE.fullmatch(name):
-            raise ValueError(
-                f"Split name {name!r} cannot be described to TFDS: it takes letters, "
-                "digits, '_' and '-'."
-            )
-        for index, shard in enumerate(info.shards):
-            expected = shard_filename(name, index, len(info.shards))
-            if shard.file != expected:
+    grown: dict[str, list[str]] = {}
+    for version in manifest.all_versions:
+        for name, info in manifest.splits.items():
+            by_file = {s.file: s for s in info.shards}
+            shards = [by_file[f] for f in version.shards.get(name, ()) if f in by_file]
+            if sum(s.num_records for s in shards) == 0:
+                # TFDS lists an empty split but fails to read it; leaving it out
+                # makes `as_dataset` name the splits there are instead.
+                continue
+            if not _SPLIT_NAME_RE.fullmatch(name):
                 raise ValueError(
-                    f"Shard {index} of split {name!r} is {shard.file!r}; TFDS's file "
-                    f"template {_FILEPATH_TEMPLATE!r} names it {expected!r}."
+                    f"Split name {name!r} cannot be described to TFDS: it takes letters, "
+                    "digits, '_' and '-'."
                 )
-        splits.append(
-            {
-                "filepathTemplate": _FILEPATH_TEMPLATE,
-                "name": name,
-                # Protobuf JSON writes int64 fields as strings.
-                "numBytes": str(info.num_bytes),
-                "shardLengths": [str(s.num_records) for s in info.shards],
-            }
-        )
-    return splits
+            for index, shard in enumerate(shards):
+                expected = shard_filename(name, index, len(shards), version.version)
+                if shard.file != expected:
+                    raise ValueError(
+                        f"Shard {index} of split {name!r} (version {version.version}) is "
+                        f"{shard.file!r}; TFDS's file template {_FILEPATH_TEMPLATE!r} names it "
+                        f"{expected!r}."
+                    )
+            tfds_name = expected.rsplit("-", 3)[0]  # 'train', or 'train_v00002'
+            grown.setdefault(name, []).append(tfds_name)
+            splits.append(
+                {
+                    "filepathTemplate": _FILEPATH_TEMPLATE,
+                    "name": tfds_name,
+                    # Protobuf JSON writes int64 fields as strings.
+                    "numBytes": str(sum(s.num_bytes for s in shards)),
+                    "shardLengths": [str(s.num_records) for s in shards],
+                }
+            )
+    return splits, grown
 
 
 def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str, str]:
@@ -174,7 +193,7 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
         return {}
     schema = ImageExampleSchema.from_json(manifest.features)
     class_names = tuple(manifest.class_names)
-    splits = _splits(manifest)
+    splits, grown = _splits(manifest)
     files = {}
     description = (
         f"Images converted by shardsmith {manifest.tool_version} (record schema "
@@ -182,6 +201,13 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
         f"'{IMAGE.key}' decodes to 8-bit RGB; shardsmith's "
         "readers.image_dataset_from_tfrecords also reads 16-bit depth and alpha."
     )
+    parts = {name: names for name, names in grown.items() if len(names) > 1}
+    if parts:
+        description += (
+            f" The dataset grew to version {manifest.latest_version}: each version's records of a "
+            "split are a TFDS split of their own; read a whole split as "
+            + ", ".join(f"split='{'+'.join(names)}'" for name, names in parts.items()) + "."
+        )
     if _storable_names(class_names):
         files[_labels_filename(LABEL.key)] = "".join(f"{n}\n" for n in class_names)
     else:

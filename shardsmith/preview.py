@@ -475,6 +475,40 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> int:
     return int(value)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Content:
+    """What a contact sheet shows, before it is drawn.
+
+    Attributes:
+      split_files, manifest: The split and its dataset's manifest.
+      names, counts: The rows' names and the split's images in each.
+      unlabelled: No image-level classes: one row of all the split's images.
+      num_shown: Rows shown.
+      tiles: Per row, (filename, pixels) of each tile, as the reader returns it.
+      tile_targets: Per row, the targets of each tile (`_Overlay.targets_of`).
+      overlay: How targets are drawn on the tiles.
+      not_found: Rows not (fully) found within the records scanned.
+      scanned, shards_read: Records and shard files the sample read.
+      rasters, bands, rgb_bands: A split of rasters: its bands and those shown as RGB.
+    """
+
+    split_files: SplitFiles
+    manifest: Manifest
+    names: tuple
+    counts: tuple
+    unlabelled: bool
+    num_shown: int
+    tiles: list
+    tile_targets: list
+    overlay: _Overlay
+    not_found: list
+    scanned: int
+    shards_read: int
+    rasters: bool
+    bands: object
+    rgb_bands: object
+
+
 def _build_sheet(
     data_dir,
     split: str,
@@ -487,6 +521,78 @@ def _build_sheet(
     resize: str,
     rgb_bands=None,
 ) -> _Sheet:
+    per_class, image_size, seed, max_classes, max_records = _checked(per_class, image_size, seed, max_classes,
+                                                                     max_records, resize)
+    content = _sheet_content(data_dir, split, per_class=per_class, image_size=image_size, seed=seed,
+                             max_classes=max_classes, max_records=max_records, resize=resize,
+                             rgb_bands=rgb_bands)
+    notes = _notes(content, max_classes, max_records)
+    names, num_shown, split_files = content.names, content.num_shown, content.split_files
+    title_font, name_font, small_font = _font(16), _font(14), _font(12)
+    caption_height = _line_height(small_font)
+    # Wrapped to the narrowest sheet (`min_width` below), so it fits whatever the grid.
+    legend = _legend_rows(content.overlay.legend([t for row in content.tile_targets for t in row]),
+                          small_font, _MIN_SHEET_WIDTH - 2 * _MARGIN)
+    label_width = min(
+        max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
+    )
+    raster_lines = (_raster_caption(image_size, resize, seed, content.bands, content.rgb_bands,
+                                    _raster_dtype(split_files), not _eight_bit(split_files))
+                    if content.rasters else ())
+    layout = _Layout(
+        tile=image_size,
+        columns=per_class,
+        rows=num_shown,
+        label_width=label_width,
+        caption_height=caption_height,
+        header_height=_line_height(title_font) + (2 + content.rasters) * _line_height(small_font) + _GAP,
+        footer_height=_GAP + (len(notes) + len(legend)) * _line_height(small_font),
+        # Wide enough to say in full how rasters are shown.
+        min_width=max([_MIN_SHEET_WIDTH] + [int(small_font.getlength(line)) + 2 * _MARGIN + 1
+                               for line in raster_lines]),
+    )
+    sheet = Image.new("RGB", layout.size, _WHITE)
+    draw = ImageDraw.Draw(sheet)
+    width, height = layout.size
+    text_width = width - 2 * _MARGIN
+
+    y = _MARGIN
+    title = f"{os.fspath(data_dir)}: split '{split}'"
+    title = _fit(title_font, title, text_width, path=True)
+    draw.text((_MARGIN, y), title, font=title_font, fill=_INK)
+    y += _line_height(title_font)
+    header = (
+        (f"{split_files.total_records:,} images in {len(names)} classes. Up to {per_class} "
+         f"per class, as the reader returns them:") if not content.unlabelled else
+        (f"{split_files.total_records:,} images without image-level classes. Up to {per_class}, "
+         f"as the reader returns them:"),
+        f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='uint8'; seed {seed}.",
+    )
+    if content.rasters:
+        header = (header[0], *raster_lines)
+    for line in header:
+        draw.text((_MARGIN, y), _fit(small_font, line, text_width), font=small_font, fill=_MUTED)
+        y += _line_height(small_font)
+
+    rows = [_draw_row(sheet, draw, layout, content, c, (name_font, small_font), max_records)
+            for c in range(num_shown)]
+    y = height - _MARGIN - (len(notes) + len(legend)) * _line_height(small_font)
+    for note, color in notes:
+        draw.text((_MARGIN, y), _fit(small_font, note, text_width), font=small_font, fill=color)
+        y += _line_height(small_font)
+    for row in legend:
+        _draw_legend_row(draw, row, (_MARGIN, y), small_font)
+        y += _line_height(small_font)
+    return _Sheet(sheet, layout, tuple(rows), tuple(n for n, _ in notes), content.scanned,
+                  tuple(header))
+
+
+def _checked(per_class, image_size, seed, max_classes, max_records, resize) -> tuple[int, ...]:
+    """The sheet's numbers as ints, each in its range; `resize` one of the reader's policies.
+
+    Raises:
+      TypeError, ValueError: Naming the argument, what is allowed and what was received.
+    """
     per_class = _check_int("per_class", per_class, 1, _MAX_PER_CLASS)
     image_size = _check_int("image_size", image_size, _MIN_IMAGE_SIZE, _MAX_IMAGE_SIZE)
     seed = _check_int("seed", seed, 0)
@@ -496,8 +602,15 @@ def _build_sheet(
         raise ValueError(
             f"`resize` must be one of {preprocess.RESIZE_POLICIES}. Received: resize={resize!r}"
         )
+    return per_class, image_size, seed, max_classes, max_records
+
+
+def _sheet_content(data_dir, split: str, *, per_class: int, image_size: int, seed: int, max_classes: int,
+                   max_records: int, resize: str, rgb_bands) -> _Content:
+    """The sample of the split a sheet shows, read back through the reader, with its targets."""
     split_files = load_split(data_dir, split)
     rasters = _is_raster_split(split_files)
+    bands = None
     if rasters:
         bands = _raster_bands(split_files)
         rgb_bands = _check_rgb_bands(rgb_bands, bands)
@@ -529,11 +642,18 @@ def _build_sheet(
     overlay = _Overlay(manifest, split_files, image_size, resize)
     targets = iter([overlay.targets_of(r) for r in picked])
     tile_targets = [[next(targets) for _ in rows] for rows in sample.records]
-
     not_found = [
         c for c in range(num_shown) if len(tiles[c]) < min(per_class, counts[c])
     ]
-    notes = []  # (text, colour)
+    return _Content(split_files, manifest, tuple(names), tuple(counts), unlabelled, num_shown, tiles,
+                    tile_targets, overlay, not_found, sample.scanned, sample.shards_read, rasters, bands,
+                    rgb_bands)
+
+
+def _notes(content: _Content, max_classes: int, max_records: int) -> list[tuple[str, tuple]]:
+    """The footer's (text, colour) lines: rows left out or not found, what was scanned, the overlay's."""
+    names, num_shown, not_found = content.names, content.num_shown, content.not_found
+    notes = []
     if len(names) > num_shown:
         notes.append((
             f"{len(names) - num_shown:,} more classes not shown (--max_classes {max_classes}).",
@@ -548,102 +668,54 @@ def _build_sheet(
             _WARN,
         ))
     notes.append((
-        f"Scanned {sample.scanned:,} of {split_files.total_records:,} records in "
-        f"{sample.shards_read} of {len(split_files.paths)} shard files.",
+        f"Scanned {content.scanned:,} of {content.split_files.total_records:,} records in "
+        f"{content.shards_read} of {len(content.split_files.paths)} shard files.",
         _MUTED,
     ))
-    notes += overlay.notes()
+    return notes + content.overlay.notes()
 
-    title_font, name_font, small_font = _font(16), _font(14), _font(12)
-    caption_height = _line_height(small_font)
-    # Wrapped to the narrowest sheet (`min_width` below), so it fits whatever the grid.
-    legend = _legend_rows(overlay.legend([t for row in tile_targets for t in row]), small_font,
-                          _MIN_SHEET_WIDTH - 2 * _MARGIN)
-    label_width = min(
-        max([110] + [int(name_font.getlength(n)) + 2 * _GAP for n in names[:num_shown]]), 220
-    )
-    raster_lines = (_raster_caption(image_size, resize, seed, bands, rgb_bands, _raster_dtype(split_files),
-                                    not _eight_bit(split_files))
-                    if rasters else ())
-    layout = _Layout(
-        tile=image_size,
-        columns=per_class,
-        rows=num_shown,
-        label_width=label_width,
-        caption_height=caption_height,
-        header_height=_line_height(title_font) + (2 + rasters) * _line_height(small_font) + _GAP,
-        footer_height=_GAP + (len(notes) + len(legend)) * _line_height(small_font),
-        # Wide enough to say in full how rasters are shown.
-        min_width=max([_MIN_SHEET_WIDTH] + [int(small_font.getlength(line)) + 2 * _MARGIN + 1
-                               for line in raster_lines]),
-    )
-    sheet = Image.new("RGB", layout.size, _WHITE)
-    draw = ImageDraw.Draw(sheet)
-    width, height = layout.size
-    text_width = width - 2 * _MARGIN
 
-    y = _MARGIN
-    title = f"{os.fspath(data_dir)}: split '{split}'"
-    title = _fit(title_font, title, text_width, path=True)
-    draw.text((_MARGIN, y), title, font=title_font, fill=_INK)
-    y += _line_height(title_font)
-    header = (
-        (f"{split_files.total_records:,} images in {len(names)} classes. Up to {per_class} "
-         f"per class, as the reader returns them:") if not unlabelled else
-        (f"{split_files.total_records:,} images without image-level classes. Up to {per_class}, "
-         f"as the reader returns them:"),
-        f"image_size=({image_size}, {image_size}), resize='{resize}', dtype='uint8'; seed {seed}.",
-    )
-    if rasters:
-        header = (header[0], *raster_lines)
-    for line in header:
-        draw.text((_MARGIN, y), _fit(small_font, line, text_width), font=small_font, fill=_MUTED)
-        y += _line_height(small_font)
+def _draw_row(sheet, draw, layout: _Layout, content: _Content, c: int, fonts, max_records: int):
+    """Draws row `c`: its name and count, its tiles with their targets and captions, or why it is empty.
 
-    rows = []
-    for c in range(num_shown):
-        x0, y0 = layout.tile_origin(c, 0)
-        name_width = label_width - _GAP
-        draw.text((_MARGIN, y0), _fit(name_font, names[c], name_width), font=name_font, fill=_INK)
-        info = (f"label {c} · " if not unlabelled else "") + f"{counts[c]:,} image" + (
-            "" if counts[c] == 1 else "s")
-        draw.text(
-            (_MARGIN, y0 + _line_height(name_font)), _fit(small_font, info, name_width),
-            font=small_font, fill=_MUTED,
-        )
-        for k in range(per_class):
-            x, y = layout.tile_origin(c, k)
-            if k < len(tiles[c]):
-                filename, pixels = tiles[c][k]
-                sheet.paste(overlay.draw(pixels, tile_targets[c][k], small_font), (x, y))
-                caption = _fit(small_font, filename, image_size, path=True)
-                draw.text((x, y + image_size + 1), caption, font=small_font, fill=_INK)
-            else:
-                draw.rectangle((x, y, x + image_size - 1, y + image_size - 1), fill=_BLANK)
-        if counts[c] == 0:
-            message, color = "no images in this split", _MUTED
-        elif c in not_found and not tiles[c]:
-            message, color = f"not found in the first {max_records:,} records", _WARN
+    Returns:
+      (c, the file names of its tiles).
+    """
+    name_font, small_font = fonts
+    names, counts, tiles, image_size = content.names, content.counts, content.tiles, layout.tile
+    per_class = layout.columns
+    x0, y0 = layout.tile_origin(c, 0)
+    name_width = layout.label_width - _GAP
+    draw.text((_MARGIN, y0), _fit(name_font, names[c], name_width), font=name_font, fill=_INK)
+    info = (f"label {c} · " if not content.unlabelled else "") + f"{counts[c]:,} image" + (
+        "" if counts[c] == 1 else "s")
+    draw.text(
+        (_MARGIN, y0 + _line_height(name_font)), _fit(small_font, info, name_width),
+        font=small_font, fill=_MUTED,
+    )
+    for k in range(per_class):
+        x, y = layout.tile_origin(c, k)
+        if k < len(tiles[c]):
+            filename, pixels = tiles[c][k]
+            sheet.paste(content.overlay.draw(pixels, content.tile_targets[c][k], small_font), (x, y))
+            caption = _fit(small_font, filename, image_size, path=True)
+            draw.text((x, y + image_size + 1), caption, font=small_font, fill=_INK)
         else:
-            message = None
-        if message:
-            x, y = layout.tile_origin(c, 0)
-            span = per_class * (image_size + _GAP) - _GAP - 2 * _GAP
-            draw.text(
-                (x + _GAP, y + image_size // 2 - _line_height(small_font) // 2),
-                _fit(small_font, message, span), font=small_font, fill=color,
-            )
-        rows.append((c, tuple(f for f, _ in tiles[c])))
-
-    y = height - _MARGIN - (len(notes) + len(legend)) * _line_height(small_font)
-    for note, color in notes:
-        draw.text((_MARGIN, y), _fit(small_font, note, text_width), font=small_font, fill=color)
-        y += _line_height(small_font)
-    for row in legend:
-        _draw_legend_row(draw, row, (_MARGIN, y), small_font)
-        y += _line_height(small_font)
-    return _Sheet(sheet, layout, tuple(rows), tuple(n for n, _ in notes), sample.scanned,
-                  tuple(header))
+            draw.rectangle((x, y, x + image_size - 1, y + image_size - 1), fill=_BLANK)
+    if counts[c] == 0:
+        message, color = "no images in this split", _MUTED
+    elif c in content.not_found and not tiles[c]:
+        message, color = f"not found in the first {max_records:,} records", _WARN
+    else:
+        message = None
+    if message:
+        x, y = layout.tile_origin(c, 0)
+        span = per_class * (image_size + _GAP) - _GAP - 2 * _GAP
+        draw.text(
+            (x + _GAP, y + image_size // 2 - _line_height(small_font) // 2),
+            _fit(small_font, message, span), font=small_font, fill=color,
+        )
+    return c, tuple(f for f, _ in tiles[c])
 
 
 # --- Targets on the tiles -----------------------------------------------------

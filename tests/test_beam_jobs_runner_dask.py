@@ -312,3 +312,25 @@ def test_a_time_series_conversion_on_dask_gives_the_local_runners_bytes(dask_clu
         manifest = schemas.Manifest.from_json((dask_out / schemas.MANIFEST_FILENAME).read_text())
         assert manifest.counts["written"] == 36
         assert manifest.splits["train"].num_records == (6 if not extra else 6 * 3 * 2)
+
+
+def test_append_on_dask_matches_the_local_runner(dask_cluster, dataset_input, tmp_path):
+    """convert --append on the Dask cluster: the new version's shards are the local runner's, byte for byte."""
+    root = tmp_path / "images"
+    shutil.copytree(dataset_input, root)
+    outs = {"local": tmp_path / "local", "dask": tmp_path / "dask"}
+    for out in outs.values():
+        convert_module.run(["--input_dir", str(root), "--output_dir", str(out), *_ARGS])
+    for i in range(5):
+        write(root / "eel" / f"e_{i}.jpg", encode(pixels(80 + i), "JPEG", quality=90))
+    convert_module.run(["--input_dir", str(root), "--output_dir", str(outs["local"]), *_ARGS, "--append"])
+    convert_module.run(["--input_dir", str(root), "--output_dir", str(outs["dask"]), *_ARGS, "--append",
+                        "--runner", "DaskRunner", "--dask_client_address", dask_cluster.address])
+    local, on_dask = _files(outs["local"]), _files(outs["dask"])
+    assert sorted(on_dask) == sorted(local)
+    new = [n for n in local if "_v00002-" in n]
+    assert new and [n for n in new if on_dask[n] != local[n]] == []
+    manifest = schemas.Manifest.from_json(on_dask[schemas.MANIFEST_FILENAME].decode())
+    assert manifest.latest_version == 2 and manifest.class_names[-1] == "eel"
+    # The 5 new files, and the truncated JPEG version 1 rejected, tried again (rejected again).
+    assert manifest.versions[1].inputs["new"] == 6 and manifest.rejects == {"corrupt": 1, "hidden_file": 1}

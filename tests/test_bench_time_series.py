@@ -22,6 +22,8 @@ def test_bench_time_series_small(tmp_path):
     assert convert["locations"] == 40 and convert["dates"] == 12
     assert convert["ratio"] == convert["baseline"]["wall_s"] / convert["shardsmith"]["wall_s"]
     assert read["stacks"] == 40 and read["ratio"] == read["hand_written_s"] / read["shardsmith_s"]
+    assert read["cpu_ratio"] == read["hand_written_cpu_s"] / read["shardsmith_cpu_s"]
+    assert len(read["pair_ratios"]) == read["repetitions"] == 7
     assert "(target >= 1.2)" in proc.stdout and "(target >= 0.9)" in proc.stdout
     manifest = json.loads((tmp_path / "work" / "shardsmith" / "manifest.json").read_text())
     assert manifest["counts"]["written"] == 40 * 12

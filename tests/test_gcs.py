@@ -194,3 +194,34 @@ def test_output_lock_on_a_bucket(child_env, bucket):
     assert "refused:" in result.stdout and "being written by process" in result.stdout
     assert result.stdout.rstrip().endswith("released")
     assert not _objects(bucket, "locked/")
+
+
+def test_append_bucket_to_bucket(child_env, bucket, tmp_path):
+    """convert --append on gs://: old objects untouched (bytes and generation), a new version verified."""
+    images = tmp_path / "images"
+    make_class_tree(images, classes=("cat", "dog"), per_class=5)
+
+    def upload():
+        for path in sorted(p for p in images.rglob("*") if p.is_file()):
+            blob = bucket.blob(f"grow_in/{path.relative_to(images).as_posix()}")
+            if not blob.exists():
+                blob.upload_from_filename(str(path))
+
+    upload()
+    argv = ("--input_dir", f"gs://{_BUCKET}/grow_in", "--output_dir", f"gs://{_BUCKET}/grow_out", "--append", *_ARGS)
+    _run(child_env, "beam_jobs.convert", *argv)
+    before = {b.name: (b.download_as_bytes(), b.generation) for b in bucket.client.list_blobs(bucket, prefix="grow_out/")
+              if schemas.manifest.SHARD_FILENAME_RE.match(b.name.rsplit("/", 1)[-1])}
+    assert before
+    for i in range(4):
+        write(images / "eel" / f"e_{i}.jpg", encode(pixels(60 + i), "JPEG", quality=90))
+    upload()
+    _run(child_env, "beam_jobs.convert", *argv)
+    after = {b.name: (b.download_as_bytes(), b.generation) for b in bucket.client.list_blobs(bucket, prefix="grow_out/")}
+    assert {n: after[n] for n in before} == before
+    manifest = schemas.Manifest.from_json(after["grow_out/manifest.json"][0].decode())
+    assert manifest.latest_version == 2 and manifest.class_names == ("cat", "dog", "eel")
+    assert manifest.versions[1].inputs["new"] == 4 and manifest.versions[1].inputs["held"] == 10
+    assert "grow_out/_shardsmith.lock" not in after and "grow_out/inputs-v00002.jsonl" in after
+    result = _run(child_env, "beam_jobs.verify", f"gs://{_BUCKET}/grow_out")
+    assert "OK: 14 records" in result.stdout + result.stderr and "Versions (convert --append): 1 (" in result.stdout

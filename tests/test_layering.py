@@ -118,6 +118,14 @@ def test_the_imports_are_seen_inside_functions_too():
     assert sum(len(targets) for targets in graph.values()) > 300, "the imports were found"
 
 
+def test_from_a_package_import_a_module_is_an_edge_to_that_module():
+    graph = _graph()
+    # `from conversion import guard, processes as _processes, recovery` (conversion.shard_maker).
+    assert {"conversion.guard", "conversion.processes", "conversion.recovery"} <= set(graph["conversion.shard_maker"])
+    # ... and a name a package defines or re-exports is an edge to its __init__.
+    assert "conversion.examples" in graph["conversion.shard_maker"]  # `from conversion.examples import warm_call`
+
+
 def test_every_package_imports_only_those_of_a_lower_rank():
     wrong = []
     for module, targets in sorted(_graph().items()):

@@ -44,3 +44,26 @@ def test_records_no_row_knows_are_of_no_kind_and_the_error_says_why(dataset, tmp
     (other / schemas.MANIFEST_FILENAME).write_text(json.dumps(manifest))
     with pytest.raises(schemas.ManifestError, match="does not match this reader: the stored schema lacks"):
         load_split(str(other), "train")
+
+
+def test_a_dataset_of_stacks_is_of_the_time_series_kind_and_the_image_reader_names_its_reader(tmp_path):
+    from tests.helpers import write_geotiff
+
+    pytest.importorskip("rasterio")
+    for date in ("2020-05-01", "2020-06-01"):
+        write_geotiff(tmp_path / "in" / "wheat" / "field" / f"{date}.tif", pixels(0)[:, :, :2].transpose(2, 0, 1))
+    convert(tmp_path / "in", tmp_path / "out", "--time_series")
+    features = json.loads((tmp_path / "out" / schemas.MANIFEST_FILENAME).read_text())["features"]
+    kind = examples.kind_of(features)
+    assert kind is examples.STACKS and kind is examples.kind_named(schemas.TIME_SERIES)
+    assert callable(getattr(readers, kind.reader))
+    assert kind.schema_from_json(features).to_json() == features
+    with pytest.raises(schemas.ManifestError, match="holds time_series records, which "
+                                                    "readers.time_series_dataset_from_tfrecords reads"):
+        load_split(str(tmp_path / "out"), "train")
+    assert load_split(str(tmp_path / "out"), "train", kind=schemas.TIME_SERIES).num_records == (1,)
+
+
+def test_a_reader_asks_for_a_kind_the_table_has():
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        examples.kind_named("hologram")

@@ -194,3 +194,120 @@ def test_distributed_pipelines_read_disjoint_shares(tmp_path):
         names.append([e[2]["filename"].numpy().decode() for e in ds])
     assert sorted(names[0] + names[1]) == [f"loc_{i}" for i in range(6)]
     assert not set(names[0]) & set(names[1])
+
+
+def test_stacks_of_one_shape_have_a_static_shape_and_every_value_in_batches(tmp_path):
+    stacks = [(_stack(i, 4), _dates(4, 18000 + i), i % 2) for i in range(5)]
+    data = _write_dataset(tmp_path / "ds", stacks)
+    mean, std = (100.0, 200.0, 300.0), (2.0, 4.0, 8.0)
+    ds = readers.time_series_dataset_from_tfrecords(
+        data, batch_size=2, max_steps=6, normalize=(mean, std), label_mode="categorical", shuffle=False,
+        extra_features=("stack/dates", "stack/valid", "filename", "geotransform", "stack/shape"))
+    # One shape for the split (the manifest's): every axis but the batch's is known before reading.
+    assert ds.element_spec[0].shape.as_list() == [None, 6, 6, 5, 3]
+    got = list(ds)
+    assert [int(s.shape[0]) for s, _, _ in got] == [2, 2, 1]
+    stack = np.concatenate([s.numpy() for s, _, _ in got])
+    labels = np.concatenate([lab.numpy() for _, lab, _ in got])
+    extras = {k: np.concatenate([e[k].numpy() for _, _, e in got]) for k in got[0][2]}
+    for i, (values, dates, label) in enumerate(stacks):
+        expected = (values.astype(np.float64) - mean) / std  # padded steps: zeros after normalizing, as per stack
+        np.testing.assert_allclose(stack[i, :4], expected, rtol=1e-6)
+        assert not stack[i, 4:].any()
+        assert labels[i].tolist() == [1.0 - label, float(label)]
+        assert extras["stack/dates"][i].tolist() == list(dates) + [0, 0]
+        assert extras["stack/valid"][i].tolist() == [True] * 4 + [False] * 2
+        assert extras["filename"][i].decode() == f"loc_{i}"
+        assert extras["stack/shape"][i].tolist() == [4, 6, 5, 3]
+        np.testing.assert_array_equal(extras["geotransform"][i], (0.0, 10.0, 0.0, 0.0, 0.0, -10.0))
+    # As stored (dtype=None) and resized, every date as TF resizes one image; whole batches only.
+    exact = readers.time_series_dataset_from_tfrecords(data, batch_size=2, dtype=None, shuffle=False,
+                                                       drop_remainder=True)
+    assert exact.element_spec[0].shape.as_list() == [2, 4, 6, 5, 3]
+    batches = [s.numpy() for s, _ in exact]
+    assert len(batches) == 2 and batches[0].dtype == np.uint16
+    np.testing.assert_array_equal(np.concatenate(batches), np.stack([v for v, _, _ in stacks[:4]]))
+    resized = readers.time_series_dataset_from_tfrecords(data, batch_size=5, image_size=(3, 10),
+                                                         interpolation="nearest", shuffle=False)
+    (stack, _), = list(resized)
+    for i, (values, _, _) in enumerate(stacks):
+        for t in range(4):
+            np.testing.assert_array_equal(
+                stack[i, t].numpy(), tf.image.resize(values[t].astype(np.float32), (3, 10), method="nearest").numpy())
+
+
+def _by_name(ds):
+    """filename -> stack of every element of an unbatched dataset read with extra_features=('filename',)."""
+    return [(extras["filename"].numpy().decode(), stack.numpy()) for stack, _, extras in ds]
+
+
+def test_global_shuffle_reads_every_stack_once_per_epoch_in_a_seeded_permutation(tmp_path):
+    stacks = [(_stack(i, 3), _dates(3), i % 2) for i in range(12)]
+    data = _write_dataset(tmp_path / "ds", stacks)
+
+    def read(seed):
+        return readers.time_series_dataset_from_tfrecords(
+            data, batch_size=None, dtype=None, shuffle="global", seed=seed, extra_features=("filename",))
+
+    two = readers.time_series_dataset_from_tfrecords(
+        data, batch_size=None, dtype=None, shuffle="global", seed=5, repeat=True, extra_features=("filename",))
+    read_two = _by_name(two.take(24))
+    epochs = [read_two[:12], read_two[12:]]
+    for epoch in epochs:
+        assert sorted(name for name, _ in epoch) == sorted(f"loc_{i}" for i in range(12))
+        for name, values in epoch:  # each stack exactly as written
+            np.testing.assert_array_equal(values, stacks[int(name[4:])][0])
+    orders = [[name for name, _ in epoch] for epoch in epochs]
+    assert orders[0] != [f"loc_{i}" for i in range(12)] and orders[0] != orders[1]
+    assert [name for name, _ in _by_name(read(5))] == orders[0]  # the same seed, the same order
+    batched = readers.time_series_dataset_from_tfrecords(data, batch_size=5, shuffle="global", seed=5,
+                                                         drop_remainder=True)
+    assert [int(s.shape[0]) for s, _ in batched] == [5, 5]
+    with pytest.raises(ValueError, match="cache"):
+        readers.time_series_dataset_from_tfrecords(data, shuffle="global", seed=1, cache=True)
+    with pytest.raises(TypeError, match="shuffle"):
+        readers.time_series_dataset_from_tfrecords(data, shuffle="everything")
+
+
+def test_cache_keeps_the_first_epochs_stacks(tmp_path):
+    stacks = [(_stack(i, 3), _dates(3), i % 2) for i in range(4)]
+    data = _write_dataset(tmp_path / "ds", stacks)
+    ds = readers.time_series_dataset_from_tfrecords(data, batch_size=None, dtype=None, shuffle=False,
+                                                    deterministic=True, cache=str(tmp_path / "cache"),
+                                                    extra_features=("filename",))
+    first = _by_name(ds)
+    assert list(tmp_path.glob("cache*"))  # written by the first epoch
+    for shard in (tmp_path / "ds").glob("*.tfrecord"):
+        shard.write_bytes(b"")  # later epochs read the cache, not the shards
+    second = _by_name(ds)
+    assert [n for n, _ in first] == [n for n, _ in second] == [f"loc_{i}" for i in range(4)]
+    for (_, a), (_, b), (values, _, _) in zip(first, second, stacks):
+        np.testing.assert_array_equal(a, values)
+        np.testing.assert_array_equal(b, values)
+
+
+@pytest.mark.parametrize("shuffle", [False, True, "global"])
+def test_a_damaged_stack_fails_the_read_or_is_skipped_and_counted(tmp_path, shuffle):
+    stacks = [(_stack(i, 3), _dates(3), i % 2) for i in range(6)]
+    data = _write_dataset(tmp_path / "ds", stacks)
+    shard = next((tmp_path / "ds").glob("*.tfrecord"))
+    offsets = [tuple(map(int, line.split())) for line in
+               (tmp_path / "ds" / schemas.index_filename(shard.name)).read_text().splitlines()]
+    offset, length = offsets[2]
+    damaged = bytearray(shard.read_bytes())
+    damaged[offset + length // 2] ^= 0xFF  # a byte of loc_2's stack: its CRC no longer holds
+    shard.write_bytes(bytes(damaged))
+    kwargs = dict(batch_size=None, dtype=None, shuffle=shuffle, seed=2, extra_features=("filename",))
+    # TensorFlow's reader fails on the bad CRC; the global shuffle's reads by offset name the record.
+    with pytest.raises((tf.errors.DataLossError, tf.errors.InvalidArgumentError), match="(?i)corrupt|damaged"):
+        list(readers.time_series_dataset_from_tfrecords(data, **kwargs))
+    for budget in (dict(max_bad_records=1), dict(on_corrupt="skip")):
+        ds = readers.time_series_dataset_from_tfrecords(data, **budget, **kwargs)
+        got = _by_name(ds)
+        assert sorted(n for n, _ in got) == [f"loc_{i}" for i in (0, 1, 3, 4, 5)]
+        for name, values in got:
+            np.testing.assert_array_equal(values, stacks[int(name[4:])][0])
+        assert int(ds.corrupt_records) == 1
+    batches = list(readers.time_series_dataset_from_tfrecords(data, batch_size=4, on_corrupt="skip",
+                                                              shuffle=shuffle, seed=2))
+    assert sum(int(s.shape[0]) for s, _ in batches) == 5

@@ -18,11 +18,13 @@ class Grouped(NamedTuple):
       problems: The listing's problems, plus the files this kind refused.
       members: Example name -> the relative paths of the files it is made
         of, for a kind of several files; None when each file is one example.
+      plans: Example name -> the kind's plan of it, when it has one.
     """
 
     files: list
     problems: list
     members: Mapping[str, tuple[str, ...]] | None = None
+    plans: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,17 @@ class ExampleKind:
       write_shard: `conversion.shard_writer.ShardJob` -> its `ShardOutcome`.
       warm_call: (validation, processes, decoders) -> the warm-up (fn, args)
         of a worker process.
+      windows: (files, grouped, targets, config) -> (windows, failed): with
+        --raster_patch, the work items of the examples cut into patches
+        (`conversion.plan.make_plan`'s `windows`, None when none is cut),
+        and relative path -> (reason, message) of those that cannot be.
+      cut_masks: (mask_plan, windows, config) -> the `conversion.masks.MaskPlan`
+        of examples cut into those windows.
+      finish_plan: (plan, grouped) -> the `conversion.plan.Plan` completed
+        with what the kind keeps of its examples.
+      manifest_section: (plan, config) -> the kind's sections of the manifest.
+      prepare_output: (plan, output_dir) -> None: what its shard writers
+        read, written by the driver before the pipeline runs.
     """
 
     name: str
@@ -47,3 +60,10 @@ class ExampleKind:
     record_schema: Callable[[Any, tuple[str, ...]], Any]
     write_shard: Callable[[Any], Any]
     warm_call: Callable[[Any, int, bool], tuple]
+    # The rest are optional: by default none is cut, and there is nothing more to plan or write.
+    windows: Callable[[list, Grouped, tuple[str, ...], Any], tuple[Mapping | None, Mapping]] = (
+        lambda files, grouped, targets, config: (None, {}))
+    cut_masks: Callable[[Any, Mapping, Any], Any] = lambda mask_plan, windows, config: mask_plan
+    finish_plan: Callable[[Any, Grouped], Any] = lambda plan, grouped: plan
+    manifest_section: Callable[[Any, Any], dict] = lambda plan, config: {}
+    prepare_output: Callable[[Any, str], None] = lambda plan, output_dir: None

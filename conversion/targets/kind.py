@@ -20,8 +20,10 @@ class TargetRequest(NamedTuple):
         before any was refused: what annotations may name.
       labels_csv: The parsed --labels_csv (`conversion.targets.labels_csv.LabelsCsv`),
         or None without one.
-      windows: With --raster_patch, the scenes' work items
-        (`conversion.planning.scene_windows`); None otherwise.
+      windows: With --raster_patch, the examples' work items (the example
+        kind's `windows`); None otherwise.
+      example: The conversion's kind of example (`conversion.examples.ExampleKind`):
+        how its examples cut into windows cut their label rasters (`cut_masks`).
     """
 
     config: Any
@@ -30,6 +32,7 @@ class TargetRequest(NamedTuple):
     listed: tuple[str, ...]
     labels_csv: Any = None
     windows: Mapping | None = None
+    example: Any = None
 
 
 class PlannedKind(NamedTuple):

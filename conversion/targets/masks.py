@@ -4,8 +4,8 @@
   (`conversion.masks.plan_masks`: an image without one is a 'missing_mask'
   problem), decides the image labels where the layout has class folders and
   the one mask dtype of the dataset from the masks' headers; with
-  --raster_patch, reads each scene's label raster header beside the scene's
-  (`scene_masks`). Each file's value is its mask's path and the dtype.
+  --raster_patch, the kind of example checks the label rasters against its
+  windows (`cut_masks`). Each file's value is its mask's path and the dtype.
 - Writing: the mask is a second file per example, read on the shard
   writer's read-ahead threads with its image (`conversion.masks.pair`),
   aligned with each stored image and encoded as a PNG (the `mask` feature).
@@ -16,23 +16,17 @@
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import json
-import logging
 
 import numpy as np
 
 import schemas
-from conversion import guard, listing as _listing, masks as _masks
-from conversion.files import open_to_read
+from conversion import masks as _masks
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
-__all__ = ["KIND", "NAME", "scene_masks", "of_file"]
+__all__ = ["KIND", "NAME", "of_file"]
 
-_LOG = logging.getLogger("shardsmith.convert")
-# Mask headers are read on threads: the work waits on storage.
-_HEADER_THREADS = 8
 # The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
 NAME = _masks.TARGET_KIND
 
@@ -47,7 +41,8 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
         split_ratios=config.split_ratios, labels_csv=request.labels_csv is not None,
         class_names=config.class_names)
     if request.windows is not None:
-        mask_plan = scene_masks(mask_plan, request.windows, config.validation.raster)
+        # Label rasters cut with their examples' windows, as the kind of example cuts them.
+        mask_plan = request.example.cut_masks(mask_plan, request.windows, config)
     values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path]}
               for f in mask_plan.files}
     # Only what the rest of the run needs (dtype, section): the driver holds no
@@ -85,57 +80,6 @@ def _section(section: dict, shards, splits, num_classes: int) -> dict:
         for split, counts in sorted(per_split.items())
     }
     return section
-
-
-def scene_masks(mask_plan, windows, raster):
-    """The mask plan without the scenes whose label raster cannot be cut with them (--raster_patch).
-
-    Each scene's mask header is read (no pixel decoded) beside the scene's:
-    a mask of another size is rejected 'mask_size_mismatch', one whose
-    header does not read 'mask_unreadable', a TIFF of several bands or with
-    a nodata value that is no class id of the dataset's masks
-    'mask_not_class_ids' (`imaging.scenes.label_header`, `label_padding`).
-    Other inputs keep their masks as without --raster_patch.
-
-    Args:
-      mask_plan: The `conversion.masks.MaskPlan`.
-      windows: `scene_windows`'s work items of the scenes.
-      raster: The `imaging.RasterOptions`, `patch` set.
-    """
-    from imaging import ImageRejected
-    from imaging import scenes as _scenes
-
-    scenes = [f for f in mask_plan.files if f.rel_path in windows]
-
-    def problem(f):
-        mask = mask_plan.mask_of[f.rel_path]
-        with guard.working_on([(f.rel_path, f.path)]):
-            try:
-                with open_to_read(mask) as fh:
-                    labels = _scenes.label_header(fh, mask)
-                _scenes.label_padding(labels.nodata, mask_plan.dtype, mask)
-                with open_to_read(f.path) as fh:
-                    scene = _scenes.scene_header(fh, f.rel_path, raster)
-            except ImageRejected as e:
-                return e.reason, e.message
-            except OSError as e:
-                return "mask_unreadable", f"mask of {f.rel_path}: {e}"
-            except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
-                _LOG.debug("Unexpected error reading the mask header of %s", f.rel_path, exc_info=e)
-                return guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, e)
-        if (labels.height, labels.width) != (scene.height, scene.width):
-            return "mask_size_mismatch", (f"mask of {f.rel_path} is {labels.width}x{labels.height}, the "
-                                          f"scene {scene.width}x{scene.height}: a label raster is cut into "
-                                          "the scene's patches, pixel for pixel")
-        return None
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
-        failed = {f.rel_path: p for f, p in zip(scenes, pool.map(problem, scenes)) if p is not None}
-    if not failed:
-        return mask_plan
-    return dataclasses.replace(
-        mask_plan, files=tuple(f for f in mask_plan.files if f.rel_path not in failed),
-        problems=(*mask_plan.problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))))
 
 
 # The mask id that means "ignore this pixel" at each mask dtype: allowed above num_classes.

@@ -1,0 +1,227 @@
+"""The driver's side of `convert --append`: the dataset before, the listing against it, the lock.
+
+`AppendRun` holds what `convert.run` needs between its steps: the output's
+dataset (`conversion.append.Base`), the listed files this run converts (the
+others held, changed or missing), and the new version's number, shards and
+inventory; `FinalizeFn` turns them into the grown manifest, written last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+
+import schemas
+from conversion import append as _append, listing as _listing
+from conversion.files import TMP_DIRNAME, join, write_atomically
+from conversion.lock import OutputLock
+
+__all__ = ["AppendRun", "NothingNew", "holding_lock", "PENDING_INVENTORY", "PENDING_REPORT"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+
+# Inside the temporary folder: the new version's inventory and report, written by the
+# driver before the pipeline, moved into the dataset by `FinalizeFn` before the manifest.
+PENDING_INVENTORY = "inputs-pending.jsonl"
+PENDING_REPORT = "append-report-pending.json"
+
+# Output folders whose lock this process (or the command process it was forked
+# from) holds: the command takes it before its first attempt, so that an attempt
+# that goes on after a crash (`conversion.recovery`) is not refused by its own lock.
+_HELD: set[str] = set()
+
+
+def _key(output_dir: str) -> str:
+    return os.path.realpath(output_dir) if _listing.is_local(output_dir) else output_dir.rstrip("/")
+
+
+@contextlib.contextmanager
+def holding_lock(output_dir: str, command: str | None = None):
+    """The output folder's lock (`conversion.lock.OutputLock`) for the block, unless already held here.
+
+    Raises:
+      conversion.lock.LockError: If another writer holds it, or a dead one left it.
+    """
+    key = _key(output_dir)
+    if key in _HELD:
+        yield
+        return
+    with OutputLock(output_dir, command):
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+
+
+class NothingNew(Exception):
+    """The input holds no file the dataset does not hold already: no version to add."""
+
+    def __init__(self, listing: _append.Listing):
+        super().__init__("nothing new")
+        self.listing = listing
+
+
+class AppendRun:
+    """One append, step by step (`convert.run`).
+
+    Args:
+      config: The conversion's `ConversionConfig` (`append` set).
+    """
+
+    def __init__(self, config):
+        self._config = config
+        self.base = _append.load_base(config.output_dir)
+        self.listing: _append.Listing | None = None
+        self.duplicates: dict[str, str] = {}
+        if self.base is not None:
+            _append.check_compatible(self.base.manifest, config.manifest_options("hash"), config.class_names)
+
+    @property
+    def version(self) -> int:
+        """The number of the version this run writes."""
+        return 1 if self.base is None else self.base.version
+
+    @property
+    def known_classes(self):
+        """The dataset's class names (they keep their indices), or None for a first conversion."""
+        if self.base is None or self._config.class_names is not None:
+            return None
+        return self.base.manifest.class_names
+
+    def select(self, files, problems):
+        """The listed inputs this run converts: those the dataset does not hold (`planning.build_plan`).
+
+        Raises:
+          NothingNew: When there is none.
+        """
+        if self.base is None:
+            self.listing = _append.Listing(tuple(files), (), (), (), _append.content_hashes(files))
+            return files, problems
+        self.base = _append.fill_unknown(self.base, files)
+        self.listing = _append.sort_listing(files, self.base)
+        held = self.base.held
+        # A held file that no longer reads as a file (a link now broken) is missing, not a new reject.
+        problems = [p for p in problems if p.rel_path not in held]
+        new = list(self.listing.new)
+        if self._config.writing.dedup:
+            self.duplicates = _append.duplicates_of_held(new, self.listing.stats, self.base)
+            new = [f for f in new if f.rel_path not in self.duplicates]
+            problems = sorted([*problems, *(
+                _listing.Problem(p, "duplicate", f"same content as {_listing.display_path(kept)}, held by "
+                                 f"version {held[kept].version}") for p, kept in self.duplicates.items())],
+                key=lambda p: os.fsencode(p.rel_path))
+        if not new:
+            raise NothingNew(self.listing)
+        _LOG.info("Appending to version %d of %s: %s new files; %s held (unchanged), %s changed (not "
+                  "rewritten), %s missing from the input", self.base.manifest.latest_version,
+                  self._config.output_dir, f"{len(new):,}", f"{len(self.listing.held):,}",
+                  f"{len(self.listing.changed):,}", f"{len(self.listing.missing):,}")
+        return new, problems
+
+    def check_plan(self, plan, features: dict) -> None:
+        """Refuses a plan that would change the dataset's records or class indices, before any write."""
+        if self.base is None:
+            return
+        manifest = self.base.manifest
+        _append.check_features(manifest, features)
+        beyond = [flag for flag, given in (("--annotations or targets in --labels_csv", plan.target_kinds),
+                                           ("--masks_dir", plan.masks is not None),
+                                           ("--time_series", plan.stacks is not None)) if given]
+        if beyond:
+            raise ValueError(
+                f"--append does not grow a dataset of {beyond[0]} yet (its manifest's per-split target "
+                "counts are not merged across versions): convert the grown folder with --overwrite.")
+        held = tuple(manifest.class_names)
+        if tuple(plan.class_names[:len(held)]) != held:
+            raise ValueError(
+                f"--append keeps the dataset's class indices {list(held)}, but this run's classes come "
+                f"as {list(plan.class_names)} (its annotations or --class_names order them): convert "
+                "into another folder, or give --class_names with the dataset's classes first."
+            )
+
+    def inputs(self) -> dict[str, int]:
+        """The version's `inputs` counts (`schemas.VersionInfo.inputs`); {} for a first conversion."""
+        if self.base is None:
+            return {}
+        lst = self.listing
+        return {"listed": len(lst.new) + len(lst.held) + len(lst.changed), "new": len(lst.new) - len(self.duplicates),
+                "held": len(lst.held), "changed": len(lst.changed), "missing_from_input": len(lst.missing),
+                "duplicates_of_held": len(self.duplicates)}
+
+    def write_pending(self, plan) -> None:
+        """Writes the rebuilt inventories of older versions, and the new version's pending inventory and report.
+
+        Called once the output is prepared, before the pipeline. A rebuilt
+        inventory describes a version already complete: written in place.
+        """
+        out = self._config.output_dir
+        if self.base is not None:
+            for version, entries in sorted(self.base.rebuilt.items()):
+                write_atomically(out, _append.inputs_filename(version), _append.inventory_text(entries))
+        stats = self.listing.stats
+        entries = {}
+        for f in plan.files:
+            if f.rel_path not in entries:
+                size, mtime, sha = stats.get(f.rel_path, (f.size, 0, None))
+                entries[f.rel_path] = _append.HeldFile(f.rel_path, size, mtime, sha, f.split, self.version)
+        tmp = join(out, TMP_DIRNAME)
+        write_atomically(tmp, PENDING_INVENTORY, _append.inventory_text(entries.values()))
+        write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates))
+
+    def finalize_args(self) -> dict:
+        """What `FinalizeFn` needs of the append (`append=`): small values only."""
+        return {
+            "version": self.version,
+            "base": None if self.base is None else self.base.manifest.to_json(),
+            "inputs": self.inputs(),
+        }
+
+
+def report_text(version: int, listing: _append.Listing, duplicates) -> bytes:
+    """`append_report.json`: what an append found, by path."""
+    display = _listing.display_path
+    return (json.dumps({
+        "version": version,
+        "changed": [display(p) for p in listing.changed],
+        "missing_from_input": [display(p) for p in listing.missing],
+        "duplicates_of_held": {display(p): display(k) for p, k in sorted(duplicates.items())},
+        "new": len(listing.new) - len(duplicates),
+        "held": len(listing.held),
+    }, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def version_summary(manifest: schemas.Manifest) -> str:
+    """One sentence about the latest version of a dataset that grew."""
+    v = manifest.all_versions[-1]
+    added = sum(v.num_records.values())
+    per_split = " / ".join(f"{s} +{n:,}" for s, n in sorted(v.num_records.items()) if n)
+    shards = sum(len(f) for f in v.shards.values())
+    text = f"Version {v.version}: added {added:,} records in {shards} new shards ({per_split or 'none'})"
+    i = v.inputs
+    if i:
+        text += (f"; of {i.get('listed', 0):,} listed inputs {i.get('held', 0):,} were held already, "
+                 f"{i.get('changed', 0):,} changed (not rewritten), {i.get('missing_from_input', 0):,} "
+                 f"missing from the input")
+        if i.get("duplicates_of_held"):
+            text += f", {i['duplicates_of_held']:,} duplicates of held files"
+        if i.get("changed") or i.get("missing_from_input") or i.get("duplicates_of_held"):
+            text += f": see {_append.REPORT_FILENAME}"
+    new_classes = manifest.class_names[manifest.all_versions[-2].num_classes:] if len(manifest.all_versions) > 1 else ()
+    if new_classes:
+        text += f"; new classes {list(new_classes)} at indices {manifest.class_names.index(new_classes[0])}+"
+    return text + "."
+
+
+def nothing_new_text(output_dir: str, base: _append.Base, listing: _append.Listing) -> str:
+    """The sentence of an append that found nothing to add."""
+    text = (f"Nothing to append: every listed input is held by {output_dir} (version "
+            f"{base.manifest.latest_version}, {len(listing.held):,} held")
+    if listing.changed:
+        text += f", {len(listing.changed):,} changed, not rewritten: {', '.join(listing.changed[:3])}"
+    if listing.missing:
+        text += f", {len(listing.missing):,} missing from the input"
+    return text + "); no version added."
+

@@ -1,0 +1,174 @@
+"""Appending to a dataset (`convert --append`) against converting the same files otherwise.
+
+A 'tiny' corpus (`bench.corpus tiny`: 32x32 JPEG crops of ~1.4 KB in 10 class folders) of
+``count`` images is converted with --append into an empty folder (version 1). Then, each converter
+a whole process (`python -m beam_jobs.convert`, its start-up included on both sides):
+
+1. appending ``new`` (default 1,000) more images to a copy of that dataset (the listing of all
+   ``count + new`` files, the old manifest and inventory included), against converting those
+   ``new`` images alone into an empty folder. Target: the append takes at most 2x.
+2. appending ``fraction`` (default 10%) more images to a copy of it, against a full rebuild of
+   the grown folder (``count * (1 + fraction)`` images into an empty folder, what `--overwrite`
+   costs). Target: the append costs at most 15% of the rebuild.
+
+The new images are spread over every class folder (every k-th file of the corpus by path), so the
+append writes new shards in every split. Input folders are hard links into the corpus: the files
+of the base and of the grown folder are the same files (same size and modification time), as when
+a folder grows in place. The default ``count`` is 20,000, not the issue's 100,000: on the 2 shared
+cores of the development machine a 100,000-image rebuild takes minutes per round; pass
+``--count 100000`` where it does not. Shared cores make wall times noisy: each figure is the best
+of ``--repeat`` rounds, and both sides of a ratio come from the same run.
+
+Usage:
+
+  python -m bench.append [--count 20000] [--new 1000] [--fraction 0.1] [--repeat 1]
+                         [--work DIR] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench import corpus
+
+__all__ = ["run", "main"]
+
+_LOG = logging.getLogger("shardsmith.bench.append")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TARGET_NEW = 2.0
+_TARGET_FRACTION = 0.15
+
+
+def _link_tree(root: str, files, dest: str) -> str:
+    """`dest` holding hard links to `files` (relative to `root`), created afresh."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel in files:
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(os.path.join(root, rel), target)
+    return dest
+
+
+def _convert(input_dir: str, output_dir: str, *flags: str) -> float:
+    """Wall seconds of one `python -m beam_jobs.convert` process."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    argv = [sys.executable, "-m", "beam_jobs.convert", "--input_dir", input_dir, "--output_dir", output_dir,
+            "--split", "train=0.8,validation=0.2", *flags]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=_REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def _records(output_dir: str) -> int:
+    with open(os.path.join(output_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    return sum(s["num_records"] for split in manifest["splits"].values() for s in split["shards"])
+
+
+def _best_append(base_out: str, grown_in: str, work: str, repeat: int) -> tuple[float, int]:
+    best = None
+    for _ in range(repeat):
+        out = os.path.join(work, "appended")
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(base_out, out)
+        wall = _convert(grown_in, out, "--append")
+        best = wall if best is None else min(best, wall)
+    return best, _records(out)
+
+
+def _best_fresh(input_dir: str, work: str, repeat: int) -> tuple[float, int]:
+    best = None
+    for _ in range(repeat):
+        out = os.path.join(work, "fresh")
+        shutil.rmtree(out, ignore_errors=True)
+        wall = _convert(input_dir, out)
+        best = wall if best is None else min(best, wall)
+    return best, _records(out)
+
+
+def run(count: int = 20000, new: int = 1000, fraction: float = 0.1, repeat: int = 1,
+        work: str | None = None) -> dict:
+    """Runs both scenarios; returns their figures (seconds, records, ratios)."""
+    if count < 10 or new < 1 or not 0 < fraction <= 1 or repeat < 1:
+        raise ValueError(f"Need count >= 10, new >= 1, 0 < fraction <= 1, repeat >= 1. Received: "
+                         f"count={count}, new={new}, fraction={fraction}, repeat={repeat}")
+    work = work or tempfile.mkdtemp(prefix="shardsmith-bench-append-")
+    extra = max(new, round(count * fraction))
+    info = corpus.generate("tiny", os.path.join(work, "corpus"), count=count + extra)
+    files = list(info.files)
+    # Every k-th file by path is new: spread over every class folder.
+    step = len(files) / extra
+    new_ids = {int(i * step) for i in range(extra)}
+    pool = [f for i, f in enumerate(files) if i in new_ids]
+    base = [f for i, f in enumerate(files) if i not in new_ids]
+    added_new, added_fraction = pool[:: max(1, len(pool) // new)][:new], pool[:round(count * fraction)]
+    base_in = _link_tree(info.root, base, os.path.join(work, "base"))
+    base_out = os.path.join(work, "base_dataset")
+    shutil.rmtree(base_out, ignore_errors=True)
+    first = _convert(base_in, base_out, "--append")
+    results = {"count": len(base), "first_conversion_s": first, "repeat": repeat}
+
+    grown_in = _link_tree(info.root, base + added_new, os.path.join(work, "grown_new"))
+    only_in = _link_tree(info.root, added_new, os.path.join(work, "only_new"))
+    append_s, append_records = _best_append(base_out, grown_in, work, repeat)
+    empty_s, empty_records = _best_fresh(only_in, work, repeat)
+    results["new"] = {"files": len(added_new), "append_s": append_s, "empty_folder_s": empty_s,
+                      "ratio": append_s / empty_s, "records_after_append": append_records,
+                      "records_empty_folder": empty_records}
+
+    grown_in = _link_tree(info.root, base + added_fraction, os.path.join(work, "grown_fraction"))
+    append_s, append_records = _best_append(base_out, grown_in, work, repeat)
+    rebuild_s, rebuild_records = _best_fresh(grown_in, work, repeat)
+    results["fraction"] = {"fraction": fraction, "files": len(added_fraction), "append_s": append_s,
+                           "rebuild_s": rebuild_s, "ratio": append_s / rebuild_s,
+                           "records_after_append": append_records, "records_rebuild": rebuild_records}
+    return results
+
+
+def _print(results: dict) -> None:
+    n, f = results["new"], results["fraction"]
+    print(f"Base: {results['count']:,} tiny JPEGs converted with --append into an empty folder in "
+          f"{results['first_conversion_s']:.1f} s (best of {results['repeat']} per figure below)")
+    print(f"1. Append {n['files']:,} new JPEGs: {n['append_s']:.1f} s; the {n['files']:,} into an empty folder: "
+          f"{n['empty_folder_s']:.1f} s; ratio {n['ratio']:.2f}x (target <= {_TARGET_NEW:g}x)")
+    print(f"2. Append {f['fraction']:.0%} ({f['files']:,} JPEGs): {f['append_s']:.1f} s; full rebuild of the "
+          f"grown folder ({f['records_rebuild']:,} images): {f['rebuild_s']:.1f} s; ratio {f['ratio']:.1%} "
+          f"(target <= {_TARGET_FRACTION:.0%})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.append", description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=20000, help="Images of the dataset before the append.")
+    parser.add_argument("--new", type=int, default=1000, help="Images added in scenario 1.")
+    parser.add_argument("--fraction", type=float, default=0.1, help="Share of `count` added in scenario 2.")
+    parser.add_argument("--repeat", type=int, default=1, help="Rounds per figure (the best is kept).")
+    parser.add_argument("--work", help="Working folder (default: a new temporary one, removed after).")
+    parser.add_argument("--json", help="Also write the figures to this JSON file.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    work = args.work or tempfile.mkdtemp(prefix="shardsmith-bench-append-")
+    try:
+        results = run(args.count, args.new, args.fraction, args.repeat, work)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    _print(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

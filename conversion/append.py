@@ -1,0 +1,362 @@
+"""Appending to a dataset (`convert --append`): what the output already holds, what a run adds.
+
+A dataset that grows keeps, beside its manifest, one inventory per version,
+`inputs-v00001.jsonl`, `inputs-v00002.jsonl`, ...: one line per input file the
+version converted (its path relative to the input folder, size, modification
+time, SHA-256 of its bytes, split). An append lists the input folder and sorts
+every file into one of four groups (`sort_listing`):
+
+- new: no version holds its path: converted into the new version's shards;
+- held: held, and unchanged (same size and modification time, or same bytes);
+- changed: held, but its bytes differ: not rewritten, reported;
+- (a held path the listing no longer finds is reported as missing_from_input).
+
+A version whose inventory is missing (a dataset converted without --append,
+before it grew) is rebuilt once from its shards' records (their `filename`
+feature) and the input files as they are then (`rebuild_inventory`).
+
+An inventory is written before the manifest that names its version, and is
+read only for the versions the manifest names (`load_base`): a run killed in
+between leaves an inventory that no reader takes into account, and the next
+append writes it again. Beam-free.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import schemas
+from conversion import files as _files
+
+__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base",
+           "rebuild_inventory", "sort_listing", "content_hashes", "inventory_text", "check_compatible",
+           "check_features", "fill_unknown", "duplicates_of_held", "version_files"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+
+_INPUTS_TEMPLATE = "inputs-v{version:05d}.jsonl"
+INPUTS_FILE_RE = re.compile(r"^inputs-v(?P<version>\d{5})\.jsonl$")
+# What the last append found: its new, changed and missing inputs, by path (rewritten by each).
+REPORT_FILENAME = "append_report.json"
+# A record's filename is its input's relative path, and for one of several records of
+# a file a mark after it (`conversion.shard_writer`: '#frame=', '#page=', '#patch=').
+_RECORD_MARK = re.compile(r"#(?:frame|page|patch|patch_rows|patch_columns)=.*$")
+_HASH_THREADS = 8
+# Options that decide which records a file gives and how they look: an append
+# with another value would make the dataset two datasets (manifest option, flag).
+_FIXED_OPTIONS = (
+    ("seed", "--seed"),
+    ("split", "--split"),
+    ("group_by", "--group_by"),
+    ("labels", "--labels_csv"),
+    ("background", "--background"),
+    ("dicom", "--dicom_window, --dicom_bit_depth, --dicom_frames or --dicom_tags"),
+    ("resize", "--max_side, --min_side or --jpeg_quality"),
+    ("raster", "--raster_bands, --raster_dtype, --raster_range, --raster_pages, --raster_georef or --raster_patch"),
+    ("time_series", "--time_series or --bands"),
+)
+
+
+def inputs_filename(version: int) -> str:
+    """The inventory file of dataset version `version`."""
+    return _INPUTS_TEMPLATE.format(version=version)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldFile:
+    """An input file a version converted, as it was then.
+
+    Attributes:
+      rel_path: Its path relative to the input folder.
+      size: Its size in bytes (-1: unknown, its file was gone when the inventory was rebuilt).
+      mtime_ns: Its modification time in nanoseconds (0: unknown).
+      sha256: The SHA-256 of its bytes (None: unknown).
+      split: The split its records are in.
+      version: The version that converted it.
+    """
+
+    rel_path: str
+    size: int
+    mtime_ns: int
+    sha256: str | None
+    split: str
+    version: int
+
+    def to_json(self) -> str:
+        return json.dumps({"path": self.rel_path, "size": self.size, "mtime_ns": self.mtime_ns,
+                           "sha256": self.sha256, "split": self.split}, sort_keys=True, ensure_ascii=True)
+
+    @classmethod
+    def from_json(cls, line: str, version: int) -> HeldFile:
+        d = json.loads(line)
+        return cls(str(d["path"]), int(d["size"]), int(d["mtime_ns"]), d.get("sha256"), str(d["split"]), version)
+
+
+def inventory_text(held: Iterable[HeldFile]) -> bytes:
+    """The inventory file's bytes: one JSON line per file, sorted by path."""
+    return "".join(h.to_json() + "\n" for h in sorted(held, key=lambda h: os.fsencode(h.rel_path))).encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """What an output folder holds before an append.
+
+    Attributes:
+      manifest: Its manifest (the latest complete version).
+      held: Relative path to its `HeldFile`, of every version.
+      version: The number the new version gets (the latest's + 1).
+      rebuilt: Versions whose inventory was missing and rebuilt from their
+        shards: version to its files, to be written with the new version's.
+    """
+
+    manifest: schemas.Manifest
+    held: Mapping[str, HeldFile]
+    version: int
+    rebuilt: Mapping[int, tuple[HeldFile, ...]] = dataclasses.field(default_factory=dict)
+
+
+def load_base(output_dir: str) -> Base | None:
+    """The dataset in `output_dir` to append to; None when it holds none (no manifest).
+
+    Raises:
+      schemas.ManifestError: For a manifest that does not read.
+    """
+    path = _files.join(output_dir, schemas.MANIFEST_FILENAME)
+    if not _files.exists(path):
+        return None
+    manifest = schemas.Manifest.from_json(_files.read_bytes(path).decode(), path)
+    held: dict[str, HeldFile] = {}
+    rebuilt = {}
+    for v in manifest.all_versions:
+        inventory = _files.join(output_dir, inputs_filename(v.version))
+        if _files.exists(inventory):
+            lines = _files.read_bytes(inventory).decode().splitlines()
+            entries = tuple(HeldFile.from_json(line, v.version) for line in lines if line)
+        else:
+            entries = rebuild_inventory(output_dir, manifest, v.version)
+            rebuilt[v.version] = entries
+        for h in entries:
+            held[h.rel_path] = h
+    return Base(manifest, held, manifest.latest_version + 1, rebuilt)
+
+
+def version_files(manifest: schemas.Manifest, version: int) -> list[tuple[str, str]]:
+    """(split, shard file) of the shards version `version` wrote."""
+    v = manifest.all_versions[version - 1]
+    return [(split, f) for split, shard_files in sorted(v.shards.items()) for f in shard_files]
+
+
+def rebuild_inventory(output_dir: str, manifest: schemas.Manifest, version: int,
+                      input_dir: str | None = None) -> tuple[HeldFile, ...]:
+    """The inventory of a version written without one, from its shards' records.
+
+    Each record's `filename` names its input (a mark after '#' for one of
+    several records of a file is dropped). Sizes, times and hashes are those of
+    the input files now, filled in by `fill_from_input`; until then unknown.
+    """
+    from schemas.features import FILENAME
+    from schemas.tf_runtime import example_pb2
+    from schemas.tfrecord import iter_records
+
+    example = example_pb2().Example()
+    paths: dict[str, str] = {}
+    for split, shard in version_files(manifest, version):
+        with _files.open_to_read(_files.join(output_dir, shard)) as f:
+            for _, _, data in iter_records(f, shard):
+                example.ParseFromString(data)
+                name = example.features.feature[FILENAME.key].bytes_list.value[0].decode("utf-8", "surrogateescape")
+                paths.setdefault(_RECORD_MARK.sub("", name), split)
+    _LOG.info("Version %d of %s has no %s: its %s inputs read from its shards' records (once)", version,
+              output_dir, inputs_filename(version), f"{len(paths):,}")
+    return tuple(HeldFile(p, -1, 0, None, s, version) for p, s in sorted(paths.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """The listed input files sorted against what the dataset holds (`sort_listing`).
+
+    Attributes:
+      new: The listed files no version holds (`listing.InputFile`s), in listing order.
+      held: Relative paths held and unchanged.
+      changed: Relative paths held whose bytes differ now (not rewritten).
+      missing: Relative paths held that the listing no longer finds.
+      stats: Relative path to (size, mtime_ns, sha256 or None) of the new
+        files, and of the held files it looked at again.
+    """
+
+    new: tuple
+    held: tuple[str, ...]
+    changed: tuple[str, ...]
+    missing: tuple[str, ...]
+    stats: Mapping[str, tuple[int, int, str | None]]
+
+
+def _mtime_ns(path: str) -> int:
+    """A local file's modification time in nanoseconds; 0 for a URL or a file gone."""
+    if not _files.is_local(path):
+        return 0
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _sha256(path: str) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with _files.open_to_read(path) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None  # The shard writer reads it again and says why.
+    return h.hexdigest()
+
+
+def content_hashes(files: Sequence) -> dict[str, tuple[int, int, str | None]]:
+    """Relative path to (size, mtime_ns, SHA-256) of listed files, read on a few threads (I/O bound)."""
+
+    def one(f):
+        return f.rel_path, (f.size, _mtime_ns(f.path), _sha256(f.path))
+
+    with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS) as pool:
+        return dict(pool.map(one, files))
+
+
+def sort_listing(files: Sequence, base: Base) -> Listing:
+    """Sorts listed files into new, held, changed, and the held ones missing from the listing.
+
+    A held file is unchanged when its size and modification time are those
+    recorded (as rsync and make decide), or, when only its time differs, when
+    its bytes hash the same. A held file whose recorded size is unknown (an
+    inventory rebuilt from shards) is taken as unchanged, and recorded as it
+    is now.
+    """
+    held_map = base.held
+    new, held, look = [], [], []
+    listed = set()
+    for f in files:
+        listed.add(f.rel_path)
+        h = held_map.get(f.rel_path)
+        if h is None:
+            new.append(f)
+        elif h.size >= 0 and f.size != h.size:
+            look.append(f)
+        elif h.size < 0 or _mtime_ns(f.path) in (h.mtime_ns, 0):
+            held.append(f.rel_path)
+        else:
+            look.append(f)
+    stats = content_hashes([*new, *look])
+    changed = []
+    for f in look:
+        h = held_map[f.rel_path]
+        if f.size == h.size and h.sha256 is not None and stats[f.rel_path][2] == h.sha256:
+            held.append(f.rel_path)
+        else:
+            changed.append(f.rel_path)
+    missing = sorted((p for p in held_map if p not in listed), key=os.fsencode)
+    return Listing(tuple(new), tuple(sorted(held, key=os.fsencode)), tuple(sorted(changed, key=os.fsencode)),
+                   tuple(missing), stats)
+
+
+def fill_unknown(base: Base, files: Sequence) -> Base:
+    """`base` with the sizes, times and hashes of its rebuilt inventories' files, from the listing now."""
+    if not base.rebuilt:
+        return base
+    by_path = {f.rel_path: f for f in files}
+    wanted = [by_path[h.rel_path] for entries in base.rebuilt.values() for h in entries if h.rel_path in by_path]
+    stats = content_hashes(wanted)
+    rebuilt = {}
+    held = dict(base.held)
+    for version, entries in base.rebuilt.items():
+        filled = []
+        for h in entries:
+            if h.rel_path in stats:
+                size, mtime, sha = stats[h.rel_path]
+                h = dataclasses.replace(h, size=size, mtime_ns=mtime, sha256=sha)
+            filled.append(h)
+            held[h.rel_path] = h
+        rebuilt[version] = tuple(filled)
+    return dataclasses.replace(base, held=held, rebuilt=rebuilt)
+
+
+def duplicates_of_held(new: Sequence, stats: Mapping, base: Base) -> dict[str, str]:
+    """With --dedup: relative path of each new file byte-identical to a held one, to that held path."""
+    by_hash = {}
+    for h in sorted(base.held.values(), key=lambda h: os.fsencode(h.rel_path)):
+        if h.sha256 is not None:
+            by_hash.setdefault(h.sha256, h.rel_path)
+    out = {}
+    for f in new:
+        sha = stats.get(f.rel_path, (0, 0, None))[2]
+        if sha is not None and sha in by_hash:
+            out[f.rel_path] = by_hash[sha]
+    return out
+
+
+def check_compatible(manifest: schemas.Manifest, options: Mapping, class_names: Sequence[str] | None) -> None:
+    """Refuses an append whose options would make the dataset inconsistent, before anything is written.
+
+    Args:
+      manifest: The dataset's manifest.
+      options: This run's manifest options (`ConversionConfig.manifest_options`).
+      class_names: --class_names, or None.
+
+    Raises:
+      ValueError: Naming the option, the dataset's value and this run's.
+    """
+    held = dict(manifest.all_versions[-1].options) or dict(manifest.options)
+    for key, flag in _FIXED_OPTIONS:
+        if key == "split":
+            mine = (options.get("split") or {}).get("ratios")
+            theirs = (held.get("split") or {}).get("ratios")
+        else:
+            mine, theirs = options.get(key), held.get(key)
+        if _canonical(mine) != _canonical(theirs):
+            raise ValueError(
+                f"--append adds to a dataset converted with {key}={json.dumps(theirs)}, and this run "
+                f"asks for {key}={json.dumps(mine)} ({flag}): the new records would not be like the "
+                f"held ones. Give the dataset's {flag} (as in its manifest.json's options), or convert "
+                "into another folder."
+            )
+    if class_names is not None and tuple(class_names[:len(manifest.class_names)]) != tuple(manifest.class_names):
+        raise ValueError(
+            f"--class_names must begin with the dataset's classes {list(manifest.class_names)} with --append "
+            f"(their indices never change; new ones come after). Received: --class_names {','.join(class_names)}"
+        )
+
+
+def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
+    """Refuses an append whose records would have another schema (record format, targets, label mode).
+
+    Raises:
+      ValueError: Naming the record features that differ.
+    """
+    if _canonical(dict(features)) == _canonical(dict(manifest.features)):
+        return
+    held = _feature_keys(manifest.features)
+    mine = _feature_keys(features)
+    added, gone = sorted(mine - held), sorted(held - mine)
+    detail = (f"this run's records would add {added}" if added else "") + \
+        ("; " if added and gone else "") + (f"lose {gone}" if gone else "")
+    raise ValueError(
+        "--append adds to a dataset whose records have another format than this run's "
+        f"({detail or 'the same keys, other types or encodings'}): the record format, label mode "
+        "(--labels_csv, --annotations, several labels) and targets (--masks_dir, numbers) of an "
+        "append must be the dataset's. Convert into another folder for another format."
+    )
+
+
+def _feature_keys(features: Mapping) -> set[str]:
+    """The record keys of a schema's JSON (`schemas.ImageExampleSchema.to_json`: key to its spec)."""
+    return {str(k) for k, v in features.items() if isinstance(v, Mapping)}
+
+
+def _canonical(value):
+    return json.dumps(value, sort_keys=True)

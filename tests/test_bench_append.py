@@ -1,0 +1,29 @@
+"""`python -m bench.append` on a small corpus end to end: both scenarios, their ratios, the records."""
+
+import json
+import os
+import subprocess
+import sys
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_append_small(tmp_path):
+    out = tmp_path / "append.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.append", "--count", "200", "--new", "20", "--work", str(tmp_path / "work"),
+         "--json", str(out)],
+        capture_output=True, text=True, cwd=_REPO, env=env, stdin=subprocess.DEVNULL, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())
+    new, fraction = results["new"], results["fraction"]
+    assert results["count"] == 200 and new["files"] == 20 and fraction["files"] == 20
+    assert new["records_after_append"] == 220 and new["records_empty_folder"] == 20
+    assert fraction["records_after_append"] == fraction["records_rebuild"] == 220
+    assert new["ratio"] == new["append_s"] / new["empty_folder_s"]
+    assert fraction["ratio"] == fraction["append_s"] / fraction["rebuild_s"]
+    assert "(target <= 2x)" in proc.stdout and "(target <= 15%)" in proc.stdout
+    manifest = json.loads((tmp_path / "work" / "appended" / "manifest.json").read_text())
+    assert [v["version"] for v in manifest["versions"]] == [1, 2]
