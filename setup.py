@@ -31,7 +31,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["schemas", "imaging", "imaging.formats", "conversion", "conversion.examples", "beam_jobs", "readers",
+    packages=["schemas", "imaging", "imaging.formats", "conversion", "conversion.examples", "conversion.targets",
+              "beam_jobs", "readers", "readers.targets",
               "shardsmith", "compat"],
     # Upper bounds: the releases shardsmith was tested with. Its compatibility
     # code (compat/) uses private internals of Beam and TensorFlow and checks

@@ -13,7 +13,7 @@ import apache_beam as beam
 import schemas
 from schemas.tfds_metadata import tfds_files
 from conversion.output_folder import remove_dataset_files
-from conversion import annotations as _annotations, append as _append, listing, masks, scene_log
+from conversion import append as _append, targets as _targets
 from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
@@ -197,12 +197,8 @@ class FinalizeFn(beam.DoFn):
         actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
         extra = dict(self._extra)
         if self._targets is not None:
-            extra[schemas.TARGETS_SECTION] = {
-                **extra.get(schemas.TARGETS_SECTION, {}),
-                **_annotations.targets_section(self._targets, shards, sorted(self._shard_counts),
-                                               len(self._class_names)),
-            }
-        extra = masks.with_pixel_counts(extra, shards, self._shard_counts)
+            extra[schemas.TARGETS_SECTION] = _targets.targets_section(
+                self._targets, shards, sorted(self._shard_counts), len(self._class_names))
         patches = _patch_summary(normalized)
         if patches:
             extra["patches"] = patches

@@ -23,6 +23,7 @@ from imaging import raster as _raster
 from schemas import tf_runtime
 from schemas.tfrecord import RecordError, check_frame, format_index, frame_data, iter_records
 from conversion import guard, scene_log
+from conversion.targets import TARGETS as _TARGETS, labels as _target_labels
 from conversion.files import exists, join, open_to_read, read_bytes, write_atomically
 from imaging import patches as _patches
 
@@ -379,14 +380,16 @@ class VerifyShardFn(beam.DoFn):
         return []
 
 
-# The mask id that means "ignore this pixel" at each mask dtype: allowed above num_classes.
-_IGNORE_ID = {"uint8": 255, "uint16": 65535}
-_MASK_DTYPES = tuple(_IGNORE_ID)
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The target kinds verify checks, by name (`conversion.targets.TARGETS`).
+_target_kinds = {kind.name: kind for kind in _TARGETS}
+# The kind of several labels per image: its records may have no image-level class.
+_LABELS = _target_labels.NAME
 
 
 class TargetCheck:
     """Checks the target features of one record (issue 24's contract) against the manifest.
+
+    Each kind's check is its row's (`conversion.targets.TargetKind.verify`):
 
     - mask: a PNG that decodes (`tf.io.decode_png` at targets.mask.dtype, at
       that bit depth) to exactly the image's height x width x 1, with class
@@ -414,97 +417,26 @@ class TargetCheck:
     """
 
     def __init__(self, kinds, targets: dict, num_classes: int):
-        self._num_classes = num_classes
-        problems = []
-        self._mask = self._boxes = self._length = None
-        self._labels = "labels" in kinds
-        if "mask" in kinds:
-            mask = targets.get("mask") or {}
-            dtype, top = mask.get("dtype"), mask.get("num_classes")
-            if dtype not in _MASK_DTYPES or not isinstance(top, int) or isinstance(top, bool):
-                problems.append(f"the manifest's targets.mask must give dtype (one of {_MASK_DTYPES}) "
-                                f"and num_classes (an int); it says {mask!r}")
-            else:
-                self._mask = (dtype, top)
-        if "boxes" in kinds:
-            names = (targets.get("boxes") or {}).get("class_names")
-            if not isinstance(names, list):
-                problems.append("the manifest's targets.boxes has no class_names list")
-            else:
-                self._boxes = len(names)
-        if "target" in kinds:
-            length = (targets.get("target") or {}).get("length")
-            if not isinstance(length, int) or isinstance(length, bool) or length < 0:
-                problems.append(f"the manifest's targets.target.length is {length!r}, not a count")
-            else:
-                self._length = length
+        problems, self._checks = [], []
+        # In the schema's order of kinds: a record's first problem is the same on every run.
+        for name in [k for k in schemas.TARGET_KINDS if k in kinds]:
+            kind = _target_kinds.get(name)
+            if kind is None or kind.verify is None:
+                continue
+            check, problem = kind.verify(targets.get(name) or {}, num_classes)
+            if problem is not None:
+                problems.append(problem)
+            if check is not None:
+                self._checks.append(check)
         self.section_problems = tuple(problems)
-        self.allows_no_label = num_classes == 0 or self._labels
+        self.allows_no_label = num_classes == 0 or _LABELS in kinds
 
     def check(self, values: dict, height: int, width: int, tf) -> str | None:
         """The first problem of one decoded record's targets (`values`: `schema.decode`), or None."""
-        if self._mask is not None:
-            problem = self._check_mask(values[schemas.MASK.key], height, width, tf)
+        for check in self._checks:
+            problem = check(values, height, width, tf)
             if problem:
                 return problem
-        if self._boxes is not None:
-            problem = self._check_boxes(values)
-            if problem:
-                return problem
-        if self._labels:
-            labels = values[schemas.LABELS.key]
-            outside = [v for v in labels if not 0 <= v < self._num_classes]
-            if outside:
-                return f"{schemas.LABELS.key} {list(labels)} has {outside} outside [0, {self._num_classes})"
-            if any(a >= b for a, b in zip(labels, labels[1:])):
-                return f"{schemas.LABELS.key} {list(labels)} is not sorted with each class once"
-        if self._length is not None:
-            target = values[schemas.TARGET.key]
-            if len(target) != self._length:
-                return (f"{schemas.TARGET.key} has {len(target)} values, the manifest's "
-                        f"targets.target.length is {self._length}")
-            if not all(math.isfinite(v) for v in target):
-                return f"{schemas.TARGET.key} {list(target)} holds a value that is not finite"
-        return None
-
-    def _check_mask(self, mask: bytes, height: int, width: int, tf) -> str | None:
-        dtype, num_classes = self._mask
-        key = schemas.MASK.key
-        if not mask.startswith(_PNG_SIGNATURE):
-            return f"{key} is not a PNG"
-        depth = schemas.sample_dtype("png", mask)
-        if depth != dtype:
-            # decode_png would convert silently: the ids of a 16-bit mask read as 8-bit are not ids.
-            return f"{key} is a {depth} PNG, the manifest's targets.mask.dtype is {dtype}"
-        try:
-            decoded = tf.io.decode_png(mask, channels=0, dtype=getattr(tf, dtype))
-        except tf.errors.OpError as e:
-            return f"{key} does not decode ({e.message.split('}}')[-1].strip()})"
-        if tuple(decoded.shape) != (height, width, 1):
-            return f"{key} decodes to {tuple(decoded.shape)}, the image is {(height, width, 1)}"
-        ids = np.unique(decoded.numpy())
-        bad = [int(i) for i in ids if i >= num_classes and i != _IGNORE_ID[dtype]]
-        if bad:
-            return (f"{key} holds class ids {bad[:5]}, the manifest's targets.mask.num_classes is "
-                    f"{num_classes} ({_IGNORE_ID[dtype]}: ignore)")
-        return None
-
-    def _check_boxes(self, values: dict) -> str | None:
-        columns = [values[spec.key] for spec in schemas.BOX_FEATURES]
-        lengths = {spec.key: len(c) for spec, c in zip(schemas.BOX_FEATURES, columns)}
-        if len(set(lengths.values())) > 1:
-            return f"box lists of different lengths {lengths}"
-        xmin, ymin, xmax, ymax, labels, crowd = columns
-        for i, corners in enumerate(zip(xmin, ymin, xmax, ymax)):
-            if not all(0.0 <= v <= 1.0 for v in corners):  # NaN fails too.
-                return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) is outside [0, 1]"
-            if corners[0] > corners[2] or corners[1] > corners[3]:
-                return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) has a min above its max"
-            if not 0 <= labels[i] < self._boxes:
-                return (f"box {i} has {schemas.BBOX_LABEL.key} {labels[i]}, outside [0, {self._boxes}) "
-                        "of the manifest's targets.boxes.class_names")
-            if crowd[i] not in (0, 1):
-                return f"box {i} has {schemas.BBOX_IS_CROWD.key} {crowd[i]}, not 0 or 1"
         return None
 
 

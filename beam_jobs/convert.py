@@ -57,8 +57,7 @@ from conversion.output_folder import (check_output, is_finished, prepare_append,
 from conversion.progress import ProgressBar
 from beam_jobs._shards import ImagesToTFRecords
 from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import console, elements, guard, masks, plan as _plan, processes as _processes, recovery
-from conversion import append_run
+from conversion import append_run, console, elements, guard, plan as _plan, recovery
 from conversion.examples import kind_for, record_schema
 from conversion.planning import build_plan, group_section
 from conversion.shard_maker import ShardMaker, ShardSpec, first_shards, needs_decoders, worker_processes
@@ -123,7 +122,7 @@ class ConvertImages(beam.PTransform):
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
                     features=record_schema(config.validation, _targets(plan)).to_json(),
-                    extra={**group_section(plan, config), **masks.manifest_section(plan),
+                    extra={**group_section(plan, config),
                            **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
                     append=self._append,
@@ -136,8 +135,8 @@ class ConvertImages(beam.PTransform):
 
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
-    """The target kinds of the plan's records (`schemas.TARGET_KINDS`): its annotations' and CSV's, and masks."""
-    return tuple(sorted({*plan.target_kinds, *((masks.TARGET_KIND,) if plan.masks is not None else ())}))
+    """The target kinds of the plan's records (`schemas.TARGET_KINDS`, `conversion.targets.TARGETS`)."""
+    return tuple(plan.target_kinds)
 
 
 def run(argv: list[str] | None = None, *, wait: bool = True):
@@ -309,8 +308,7 @@ def _planned_spec(spec: ShardSpec, plan: _plan.Plan, config: ConversionConfig) -
     """`spec` completed with what the plan decided (classes, shards, targets) and the settled writing."""
     return dataclasses.replace(
         spec, writing=config.writing, num_classes=len(plan.class_names),
-        total_shards=sum(plan.shard_counts.values()), targets=_targets(plan),
-        mask_dtype=None if plan.masks is None else plan.masks.dtype)
+        total_shards=sum(plan.shard_counts.values()), targets=_targets(plan))
 
 
 def help_text() -> str:

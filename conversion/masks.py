@@ -12,7 +12,10 @@ suffix and the mask's gains its own (Cityscapes). Beam-free, in three parts:
   headers, before any shard is written;
 - writing (a shard writer, `pair`): reads a file's mask, aligns it with each
   of the file's stored images (`imaging.masks`), encodes it as a PNG;
-- the manifest (`pixel_counts_section`): pixels per class id and split.
+- counting (`PixelCounter`): pixels per class id of a shard's masks.
+
+The mask kind's row of the target table (`conversion.targets.masks`) plans
+with these and completes the manifest's `targets.mask` section.
 """
 
 from __future__ import annotations
@@ -34,9 +37,8 @@ from imaging import masks as _masks
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "attach_masks", "pair",
-           "pair_patches", "unpack",
-           "manifest_section", "with_pixel_counts", "PixelCounter"]
+__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "pair",
+           "pair_patches", "unpack", "PixelCounter"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # A mask's header (PNG IHDR, a TIFF's first IFD) lies within these first bytes.
@@ -326,15 +328,6 @@ def _dataset_dtype(paths: Sequence) -> str:
     return dtype
 
 
-def attach_masks(plan, mask_plan: MaskPlan):
-    """The plan with each planned file's mask path (`PlannedFile.mask`) and the mask plan's summary."""
-    files = tuple(dataclasses.replace(f, mask=mask_plan.mask_of[f.rel_path]) for f in plan.files)
-    # Only what the rest of the run needs (dtype, section): the driver holds no
-    # second object per image while the pipeline runs.
-    slim = dataclasses.replace(mask_plan, files=(), problems=(), mask_of={}, labels_from=None)
-    return dataclasses.replace(plan, files=files, masks=slim)
-
-
 class MaskedImage(NamedTuple):
     """A validated image and its mask as stored (a shard writer's outcome for a file with a mask).
 
@@ -429,30 +422,3 @@ class PixelCounter:
     def to_json(self) -> dict[str, int]:
         """{"<id>": pixels} of the ids present, in id order."""
         return {str(i): int(n) for i, n in enumerate(self._counts) if n}
-
-
-def manifest_section(plan) -> dict:
-    """The manifest's targets section as known before the run: {} without masks."""
-    mask_plan = getattr(plan, "masks", None)
-    if mask_plan is None:
-        return {}
-    return {schemas.TARGETS_SECTION: {TARGET_KIND: dict(mask_plan.section)}}
-
-
-def with_pixel_counts(extra: dict, shards, splits) -> dict:
-    """`extra` with targets.mask's pixel_counts per split and num_classes, from the shard results."""
-    targets = extra.get(schemas.TARGETS_SECTION)
-    if not targets or TARGET_KIND not in targets:
-        return extra
-    per_split = {split: collections.Counter() for split in splits}
-    for s in shards:
-        for class_id, pixels in (s.mask_pixels or {}).items():
-            per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
-    ids = [int(i) for counts in per_split.values() for i in counts]
-    mask = dict(targets[TARGET_KIND])
-    mask["num_classes"] = max(ids) + 1 if ids else 0
-    mask["pixel_counts"] = {
-        split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
-        for split, counts in sorted(per_split.items())
-    }
-    return {**extra, schemas.TARGETS_SECTION: {**targets, TARGET_KIND: mask}}

@@ -99,11 +99,10 @@ class PlannedFile:
     num_shards: int
     # With --dedup: the kept file with the same content, when this one is a copy.
     duplicate_of: str | None = None
-    # Its targets beyond one class (boxes, several labels, numbers) as compact
-    # JSON (`PlanTargets.values`); None when the dataset has none.
+    # Its targets beyond one class (mask, boxes, several labels, numbers: one
+    # value per kind of `conversion.targets.TARGETS`) as compact JSON
+    # (`PlanTargets.values`); None when the dataset has none.
     targets: str | None = None
-    # With --masks_dir: where its mask is (`conversion.masks`).
-    mask: str | None = None
     # With --raster_patch, for a scene's work item: "y0,y1", its patches are those whose
     # top row y is in [y0, y1), or "y0,y1,x0,x1", those whose left column is also in
     # [x0, x1) (`imaging.scenes.WorkItem.key`); None: the whole file.
@@ -148,7 +147,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class PlanTargets:
-    """Targets beyond one class, planned per file before `make_plan` (`conversion.annotations`).
+    """Targets beyond one class, planned per file before `make_plan` (`conversion.targets`).
 
     Attributes:
       kinds: Kinds of target (`schemas.TARGET_KINDS` keys), sorted.

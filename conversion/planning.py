@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import logging
 import re
 
-from conversion import annotations as _annotations, examples as _examples, guard, listing as _listing
-from conversion import masks as _masks, plan as _plan
+from conversion import examples as _examples, guard, listing as _listing
+from conversion import plan as _plan, targets as _targets
 from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
 from imaging import dicom as _dicom
@@ -78,10 +79,10 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
     held = frozenset()
     if select is not None:
-        listed = {f.rel_path for f in files}
+        found = {f.rel_path for f in files}
         files, problems = select(files, problems)
         # Listed, and held by the dataset already: no "missing_file" for their rows of the CSV.
-        held = frozenset(listed - {f.rel_path for f in files} - {p.rel_path for p in problems})
+        held = frozenset(found - {f.rel_path for f in files} - {p.rel_path for p in problems})
     if on_listed is not None:
         on_listed(files)
     # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images,
@@ -89,15 +90,9 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
     kind = _examples.kind_for(config.validation)
     grouped = kind.group(files, problems, config)
     files, problems = grouped.files, grouped.problems
-    text = None
-    if config.labels_csv:
-        if not exists(config.labels_csv):
-            raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
-        text = read_bytes(config.labels_csv).decode("utf-8-sig")
-    # The CSV's labels, and targets beyond one class (--annotations, several labels, numbers).
-    labels_csv, targets = _annotations.plan_targets(config, files, problems, text)
-    if held and labels_csv is not None:
-        labels_csv = {path: row for path, row in labels_csv.items() if path not in held}
+    labels_csv = _read_labels_csv(config)
+    # What annotations may name: every listed example, before any is refused below.
+    listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems])
     groups = None
     if config.group_by:
         failed = _quarantined(config) if config.writing.resume else {}
@@ -107,42 +102,43 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
             files = [f for f in files if f.rel_path not in failed]
             problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     # With --raster_patch: the work items of the examples cut into patches, by their kind.
-    windows, failed = kind.windows(files, grouped, targets, config)
+    # (Targets beyond one class that a scene cannot take yet: several labels or numbers per file.)
+    windows, failed = kind.windows(files, grouped, labels_csv and labels_csv.table, config)
     if failed:
         files = [f for f in files if f.rel_path not in failed]
         problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
-    mask_plan = None
-    masks = config.masks
-    if masks.active:
-        mask_plan = _masks.plan_masks(
-            files, problems, masks, input_dir=config.input_dir, split_ratios=config.split_ratios,
-            labels_csv=labels_csv is not None, class_names=config.class_names)
-        if windows is not None:
-            mask_plan = kind.cut_masks(mask_plan, windows, config)
-        files, problems = mask_plan.files, mask_plan.problems
+    # Targets beyond one class, one row of `conversion.targets.TARGETS` each: masks, boxes, labels, numbers.
+    planned = _targets.plan_targets(_targets.TargetRequest(config, files, problems, listed, labels_csv,
+                                                           windows, kind))
+    files, problems = planned.files, planned.problems
+    csv_rows = planned.labels_csv
+    if held and csv_rows is not None:
+        csv_rows = {path: row for path, row in csv_rows.items() if path not in held}
+    mask_plan = planned.summaries.get(_targets.masks.NAME)
     sharding = config.sharding
     plan = _plan.make_plan(
         files, problems,
         groups=groups,
         seed=config.seed,
         split_ratios=config.split_ratios,
-        labels_csv=labels_csv,
+        labels_csv=csv_rows,
         class_names=config.class_names,
         num_shards=sharding.num_shards,
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,
-        targets=targets,
-        folder_labels=None if mask_plan is None else mask_plan.labels_from,
+        targets=planned.targets,
+        folder_labels=planned.labels_from,
         windows=windows,
         known_classes=known_classes,
     )
     if mask_plan is not None:
-        plan = _masks.attach_masks(plan, mask_plan)
+        # Its summary (dtype, section): each file's mask travels in its targets.
+        plan = dataclasses.replace(plan, masks=mask_plan)
     plan = kind.finish_plan(plan, grouped)
     if not plan.files and mask_plan is not None:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "
-            f"{masks.masks_dir!r}: {len(plan.problems)} files found, none paired (see the file names "
+            f"{config.masks.masks_dir!r}: {len(plan.problems)} files found, none paired (see the file names "
             "and --mask_suffix)."
         )
     if not plan.files:
@@ -156,6 +152,15 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
     return plan
+
+
+def _read_labels_csv(config: ConversionConfig):
+    """--labels_csv read once (`conversion.targets.LabelsCsv`), or None without one."""
+    if not config.labels_csv:
+        return None
+    if not exists(config.labels_csv):
+        raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
+    return _targets.read_labels_csv(read_bytes(config.labels_csv).decode("utf-8-sig"), config.labels_csv)
 
 
 def group_section(plan: _plan.Plan, config) -> dict:

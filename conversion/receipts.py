@@ -74,20 +74,17 @@ class Receipts:
         return ShardOutcome(result, rejects, normalized)
 
 
-def shard_fingerprint(validation: ValidationOptions, mask_dtype: str | None, files) -> str:
+def shard_fingerprint(validation: ValidationOptions, files) -> str:
     """What the shard's bytes depend on: its planned files and the validation options.
 
     The worker threads change speed only, never the bytes: not part of it.
+    A file's targets (its mask's path and dtype among them) are part of it.
     """
     h = hashlib.sha256(validation_fingerprint(validation).encode())
-    if mask_dtype is not None:  # Only then: receipts of runs without masks stay valid.
-        h.update(f"masks:{mask_dtype}".encode())
     for f in files:
         h.update(repr((os.fsencode(f.rel_path), f.size, f.label, f.order, f.duplicate_of)).encode())
         if f.targets is not None:  # Only then: shards without targets keep their receipts' fingerprints.
             h.update(f.targets.encode())
-        if f.mask is not None:
-            h.update(repr(os.fsencode(f.mask)).encode())
         if f.patch_rows is not None:  # Only then, likewise.
             h.update(f"patch_rows:{f.patch_rows}".encode())
     return h.hexdigest()

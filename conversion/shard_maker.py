@@ -87,8 +87,6 @@ class ShardSpec:
       num_classes: Number of classes (for per-shard class counts).
       total_shards: Shards of all splits together (for progress lines).
       targets: The kinds of target every record carries (`schemas.TARGET_KINDS`), sorted.
-      mask_dtype: With --masks_dir, the dtype of every stored mask
-        ('uint8' or 'uint16', `conversion.masks`); None without masks.
       run: This run of the conversion (a random id): the driver's maker and
         the runner's shard writers in the driver's process share one maker
         (`ShardMaker.shared`); another run never shares it.
@@ -100,7 +98,6 @@ class ShardSpec:
     num_classes: int = 0
     total_shards: int = 0
     targets: tuple[str, ...] = ()
-    mask_dtype: str | None = None
     run: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self):
@@ -256,7 +253,7 @@ class ShardMaker:
         """The `PlannedShard` of a shard's PlannedFiles (in any order)."""
         files = tuple(sorted(files))
         name = schemas.shard_filename(split, index, files[0].num_shards, self._spec.writing.version)
-        fingerprint = shard_fingerprint(self._spec.validation, self._spec.mask_dtype, files)
+        fingerprint = shard_fingerprint(self._spec.validation, files)
         return PlannedShard(split, index, name, files, fingerprint)
 
     def kept(self, shard: PlannedShard) -> ShardOutcome | None:
@@ -347,7 +344,6 @@ class ShardMaker:
             threads=spec.writing.worker_threads or (0 if self._pool is not None else default_threads()),
             quarantined=self._quarantined_of(files),
             targets=spec.targets,
-            mask_dtype=spec.mask_dtype,
         )
 
     def _quarantined_of(self, files) -> tuple:
@@ -482,4 +478,4 @@ def shard_file(f) -> ShardFile:
     duplicate = None
     if f.duplicate_of is not None:
         duplicate = "same content as " + listing.display_path(f.duplicate_of)
-    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.mask, f.patch_rows)
+    return ShardFile(f.rel_path, f.path, f.size, f.label, duplicate, f.targets, f.patch_rows)

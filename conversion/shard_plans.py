@@ -77,7 +77,6 @@ def _plain_rows_json(files) -> str:
         f"{head}{f.order}, {quote(f.rel_path)}, {quote(f.path)}, {f.size}, {f.label}, {count}, "
         f"{'null' if f.duplicate_of is None else quote(f.duplicate_of)}, "
         f"{'null' if f.targets is None else quote(f.targets)}, "
-        f"{'null' if f.mask is None else quote(f.mask)}, "
         f"{'null' if f.patch_rows is None else quote(f.patch_rows)}]"
         for f in files
     ]) + "]"

@@ -21,7 +21,7 @@ import types
 from typing import NamedTuple
 
 import schemas
-from conversion import annotations as _annotations, guard, masks as _masks
+from conversion import guard, masks as _masks, targets as _targets
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
@@ -51,6 +51,8 @@ _NO_EXTRA = types.MappingProxyType({})
 # offsets of the patches skipped for nodata; or failed (its patches missing).
 _CUT_ACTION = _scene_log.CUT_ACTION
 _FAILED_ACTION = _scene_log.FAILED_ACTION
+# The mask kind (`conversion.targets.masks`): its pixels are counted per shard.
+_MASK = _targets.masks.NAME
 
 
 class ShardFile(NamedTuple):
@@ -63,9 +65,9 @@ class ShardFile(NamedTuple):
       label: Its class index.
       duplicate: With --dedup, the message of its 'duplicate' reject (it
         is then not read); None otherwise.
-      targets: Its targets beyond one class, as compact JSON
-        (`conversion.annotations`); None when the dataset has none.
-      mask: With --masks_dir, where its mask is; None otherwise.
+      targets: Its targets beyond one class (its mask's path and dtype
+        among them), as compact JSON (`conversion.targets`); None when the
+        dataset has none.
       patch_rows: With --raster_patch, for a work item of a scene: "y0,y1",
         its patches are those whose top row is in [y0, y1); "y0,y1,x0,x1",
         those whose left column is also in [x0, x1) (`imaging.scenes.WorkItem`,
@@ -78,7 +80,6 @@ class ShardFile(NamedTuple):
     label: int
     duplicate: str | None = None
     targets: str | None = None
-    mask: str | None = None
     patch_rows: str | None = None
 
 
@@ -112,8 +113,6 @@ class ShardJob:
     quarantined: tuple[tuple[str, str, str], ...] = ()
     # The kinds of target every record carries (`schemas.TARGET_KINDS`), sorted.
     targets: tuple[str, ...] = ()
-    # With --masks_dir: 'uint8' or 'uint16', the dtype of every stored mask (`conversion.masks`).
-    mask_dtype: str | None = None
 
 
 def record_schema(validation: ValidationOptions, targets: tuple[str, ...] = ()):
@@ -202,7 +201,7 @@ class _Shard:
         self.num_sources = 0
         self.band_stats = schemas.BandStatsAccumulator()  # Of its raster records
         self.georeferenced = 0  # Records with a known EPSG code or geotransform
-        self.targets = _annotations.TargetCounts()  # Boxes and labels of its records
+        self.targets = _targets.TargetCounts()  # What its records hold, by kind of target
         self.mask_pixels = _masks.PixelCounter()  # Pixels per class id of its masks
 
 
@@ -272,7 +271,7 @@ class _Writer:
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
             targets=shard.targets.to_json(),
-            mask_pixels=shard.mask_pixels.to_json() if job.mask_dtype else None,
+            mask_pixels=shard.mask_pixels.to_json() if _MASK in job.targets else None,
         )
         return ShardOutcome(result, shard.rejects, shard.normalized)
 
@@ -301,10 +300,10 @@ class _Writer:
         return None
 
     def _targets(self, f: ShardFile, image):
-        """The record's `annotations.RecordTargets`, or None when the dataset has no targets."""
+        """The record's `conversion.targets.RecordTargets`, or None when the dataset has no targets."""
         if f.targets is None:
             return None
-        return _annotations.record_targets(f.targets, image, self._raw_frames.get(f.rel_path), f.rel_path)
+        return _targets.record_targets(f.targets, image, self._raw_frames.get(f.rel_path), f.rel_path)
 
     def _encode(self, f: ShardFile, item, targets=None) -> tuple[str, bytes]:
         """The record's filename and its framed bytes (every record of a file is encoded before any is written)."""
@@ -337,9 +336,9 @@ class _Writer:
         if targets is not None:
             shard.targets.add(targets)
             if targets.details:
-                # What was done to its boxes, next to what was done to its pixels.
+                # What was done to its targets (by kind), next to what was done to its pixels.
                 actions = (*actions, *targets.actions)
-                details = {**(details or {}), "boxes": targets.details}
+                details = {**(details or {}), **targets.details}
         if actions:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
@@ -425,15 +424,16 @@ class _Writer:
         validation = self._job.validation
         with guard.working_on([(f.rel_path, f.path)]):
             try:
+                mask = _targets.masks.of_file(f.targets)
                 with contextlib.ExitStack() as stack:
-                    labels = None if f.mask is None else stack.enter_context(self._labels(f))
+                    labels = None if mask is None else stack.enter_context(self._labels(f, *mask))
                     fh = stack.enter_context(open_to_read(f.path))
                     cut = _scenes.cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster, validation.resize,
                                            labels, columns)
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.
-                images = _masks.pair_patches(cut.images, cut.masks, self._job.mask_dtype or "uint8")
+                images = _masks.pair_patches(cut.images, cut.masks, mask[1])
                 return dataclasses.replace(cut, images=images, masks=None)
             except ImageRejected as e:
                 return Reject(f.rel_path, e.reason, e.message)
@@ -443,26 +443,27 @@ class _Writer:
                 return _internal_error(f, e)
 
     @contextlib.contextmanager
-    def _labels(self, f: ShardFile):
-        """The scene's label raster (`imaging.scenes.LabelRaster`), open for the item."""
+    def _labels(self, f: ShardFile, path: str, dtype: str):
+        """The scene's label raster (`imaging.scenes.LabelRaster`) at `path`, open for the item."""
         try:
-            fh = open_to_read(f.mask)
+            fh = open_to_read(path)
         except OSError as e:
             raise ImageRejected("mask_unreadable", f"mask of {f.rel_path}: {e}") from e
-        with fh, _scenes.LabelRaster(fh, f.mask, self._job.mask_dtype or "uint8") as labels:
+        with fh, _scenes.LabelRaster(fh, path, dtype) as labels:
             yield labels
 
     def _with_targets(self, f: ShardFile, images, data: bytes):
         """The file's images, paired with its mask (`conversion.masks.pair`), its raw frame noted
         for its boxes (`_note_raw_frame`); or the pair's Reject."""
-        if f.mask is None and f.targets is None:
+        if f.targets is None:
             return images
         try:
             self._note_raw_frame(f, data, images)
-            if f.mask is None:
+            mask = _targets.masks.of_file(f.targets)
+            if mask is None:
                 return images
-            return _masks.pair(f.rel_path, f.mask, images, data, self._job.mask_dtype or "uint8",
-                               self._job.validation.max_pixels)
+            path, dtype = mask
+            return _masks.pair(f.rel_path, path, images, data, dtype, self._job.validation.max_pixels)
         except ImageRejected as e:
             return Reject(f.rel_path, e.reason, e.message)
         except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported
@@ -476,7 +477,7 @@ class _Writer:
             try:
                 self._raw_frames[f.rel_path] = _boxes.raw_frame(data)
             except (OSError, ValueError) as e:
-                # Rejected as bad_target by `annotations.record_targets`, which needs it.
+                # Rejected as bad_target by the boxes' `record` (`conversion.targets.boxes`), which needs it.
                 _LOG.debug("No raw frame of %s", f.rel_path, exc_info=e)
 
     def _validate_one(self, data: bytes, name: str):

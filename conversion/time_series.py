@@ -42,6 +42,7 @@ from conversion.files import (
     TMP_DIRNAME, AtomicWriter, join, open_to_read, read_bytes, write_atomically, write_shard_index,
 )
 from conversion.listing import InputFile, Problem
+from conversion.targets import masks as _target_masks
 from imaging import time_series as _ts
 from imaging.errors import ImageRejected
 from schemas.tfrecord import frame_record
@@ -201,7 +202,8 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
     Returns:
       The `conversion.shard_writer.ShardOutcome`.
     """
-    schema = schemas.TimeSeriesExampleSchema(mask=job.mask_dtype is not None)
+    masked = _target_masks.NAME in job.targets
+    schema = schemas.TimeSeriesExampleSchema(mask=masked)
     writer = AtomicWriter(job.output_dir, job.name)
     index_entries: list[tuple[int, int]] = []
     class_counts = [0] * job.num_classes
@@ -212,12 +214,13 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
     sources = 0
     try:
         for f in job.files:
-            item = _Item(f.rel_path, f.path, f.label, f.mask, f.patch_rows)
+            mask, mask_dtype = _target_masks.of_file(f.targets) or (None, None)
+            item = _Item(f.rel_path, f.path, f.label, mask, f.patch_rows)
             plan = _ts.LocationPlan.from_json(json.loads(read_bytes(item.path)))
             members = [rel for date in plan.dates for rel in date.rel_paths]
             with guard.working_on([(rel, item.path) for rel in members[:1]]):
                 try:
-                    records, note = _records(item, plan, options, schema, job.mask_dtype)
+                    records, note = _records(item, plan, options, schema, mask_dtype)
                 except ImageRejected as e:
                     rejects += [Reject(rel, e.reason, f"{plan.location}: {e.message}") for rel in members]
                     continue
@@ -251,7 +254,7 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
         job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes, writer.sha256,
         tuple(class_counts), index_name, index_sha256, sources,
         band_stats=None if stats is None else stats.to_json(),
-        mask_pixels={str(i): int(n) for i, n in enumerate(mask_counts) if n} if job.mask_dtype else None)
+        mask_pixels={str(i): int(n) for i, n in enumerate(mask_counts) if n} if masked else None)
     return ShardOutcome(result, rejects, normalized)
 
 

@@ -3,7 +3,7 @@
 Framework-free arithmetic on (xmin, ymin, xmax, ymax) corners in pixels,
 measured from the top-left corner of the image, pixel edges included (a box
 covering the whole of a W x H image is (0, 0, W, H)). The conversion reads
-boxes from annotations (`conversion.annotations`) drawn either on the file's
+boxes from annotations (`conversion.targets.boxes`) drawn either on the file's
 raw frame or on the upright photo a viewer shows, and stores them as corners
 normalised to [0, 1] of the stored (upright) image.
 """

@@ -33,12 +33,17 @@ from readers.dataset import ReaderConfig, image_dataset_from_tfrecords, without_
 from readers.distributed import distributed_dataset, make_dataset_fn
 from readers.doctor import Diagnosis, DoctorOptions, diagnose
 from readers.metadata import load_manifest
+from readers.options import ImageOptions, ReadOptions, ServiceReadOptions, ShuffleOptions
 from readers.positions import PositionTracker, ReadPosition
 from readers.volumes import volume_dataset_from_tfrecords
 from readers.time_series import time_series_dataset_from_tfrecords
 
 __all__ = [
     "ReaderConfig",
+    "ReadOptions",
+    "ImageOptions",
+    "ShuffleOptions",
+    "ServiceReadOptions",
     "image_dataset_from_tfrecords",
     "volume_dataset_from_tfrecords",
     "time_series_dataset_from_tfrecords",

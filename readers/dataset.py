@@ -66,6 +66,7 @@ from readers.options import (
     ReadOptions,
     ServiceReadOptions,
     ShuffleOptions,
+    reader_signature,
 )
 from readers.positions import ReadPosition
 from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord, raw_format
@@ -560,7 +561,7 @@ class _Stages:
     @classmethod
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
         reading = config.reading
-        target = targets.TargetPlan.of(split_files, reading.label_mode, reading.pad_boxes)
+        target = targets.TargetPlan.of(split_files, reading)
         if target is not None:
             keys = (IMAGE.key,) + target.keys
         else:
@@ -617,7 +618,7 @@ class _Stages:
             for k in self.target.keys:
                 if k not in self.config.reading.extra_features:
                     del features[k]
-            if self.stored_size is not None and self.target.label_mode == "mask":
+            if self.stored_size is not None and self.target.mode.image_shaped:
                 features[_TARGET_LABEL] = tf.ensure_shape(
                     features[_TARGET_LABEL], [*self.stored_size, 1])
         elif self.raster is None:
@@ -698,9 +699,7 @@ class _Stages:
 def label_names(split_files: SplitFiles, label_mode: str | None) -> list[str]:
     """The class names the labels of `label_mode` index, in label order: the
     manifest's targets.boxes.class_names for 'boxes', else its class_names."""
-    if label_mode == "boxes":
-        return list(split_files.targets.get("boxes", {}).get("class_names", []))
-    return list(split_files.class_names)
+    return targets.class_names(split_files, label_mode)
 
 
 def _decodes_by_batch(config: ReaderConfig, batch_size: int | None,
@@ -1100,117 +1099,48 @@ def image_dataset_from_tfrecords(
     data_dir: str | os.PathLike,
     split: str = "train",
     *,
-    batch_size: int | None = 32,
-    image_size: tuple[int, int] | None = (224, 224),
-    color_mode: str | None = "rgb",
-    shuffle: bool | str = True,
-    seed: int | None = None,
-    label_mode: str | None = "int",
-    pad_boxes: int | None = None,
-    resize: str = "stretch",
-    crop_fraction: float = 1.0,
-    interpolation: str = "bilinear",
-    dtype: str | None = "float32",
-    scale: float | Sequence[float] | None = None,
-    normalize: tuple[Any, Any] | str | None = None,
-    augment: str | Callable[[tf.Tensor], tf.Tensor] | None = None,
-    reduced_decode: bool = False,
-    repeat: bool = False,
-    drop_remainder: bool = False,
-    extra_features: Sequence[str] = (),
-    deterministic: bool | None = None,
-    cache: bool | str = False,
-    shuffle_buffer: int | None = None,
-    start: ReadPosition | None = None,
-    max_bad_records: int = 0,
-    on_corrupt: str = "raise",
-    service: str | None = None,
-    service_sharding: str = "static",
-    service_job_name: str | None = None,
-    service_trainer_id: str | None = None,
-    service_compression: str | None = None,
     version: int | None = None,
+    reading: ReadOptions | None = None,
+    image: ImageOptions | None = None,
+    shuffling: ShuffleOptions | None = None,
+    remote: ServiceReadOptions | None = None,
+    **options,
 ) -> tf.data.Dataset:
     """Reads one split of a shardsmith dataset as a batched `tf.data.Dataset`.
 
     Like `keras.utils.image_dataset_from_directory`, but from the TFRecord
-    shards the converter wrote. The shard files are the ones the manifest
-    lists, never a glob of the folder. The defaults are Keras's except
-    `image_size` ((224, 224), not (256, 256)) and `deterministic` (order not
-    kept without a `seed`), see `ReaderConfig`.
+    shards the converter wrote (those the manifest lists, never a glob). The
+    defaults are Keras's except `image_size` ((224, 224)) and `deterministic`
+    (order not kept without a `seed`), see `ReaderConfig`.
 
     Args:
       data_dir: The dataset folder (the converter's `--output_dir`); local
         or any URL `tf.io.gfile` reads, e.g. `gs://bucket/dataset`.
-      split: The split to read, e.g. 'train' or 'validation'; the
-        converter's folder names 'val', 'valid', 'training', 'testing' are
-        accepted for the split they mean.
-      batch_size, image_size, color_mode, shuffle, seed, label_mode, pad_boxes,
-      resize, crop_fraction, interpolation, dtype, scale, normalize, augment,
-      reduced_decode, repeat, drop_remainder, extra_features, deterministic, cache,
-      shuffle_buffer, start, max_bad_records, service, service_sharding,
-      service_job_name, service_trainer_id, service_compression:
-        See `ReadOptions` (batch_size, label_mode, pad_boxes, repeat,
-        drop_remainder, extra_features, cache, max_bad_records), `ImageOptions` (image_size,
-        color_mode, resize, crop_fraction, interpolation, dtype, scale,
-        normalize, augment, reduced_decode), `ShuffleOptions` (shuffle, seed,
-        deterministic, shuffle_buffer, start) and `ServiceReadOptions`
-        (service, service_sharding, service_job_name, service_trainer_id,
-        service_compression: the
-        pipeline run by tf.data service workers, see `readers.service`; then the dataset's
-        cardinality is unknown, and `seed` makes each worker's stream
-        reproducible but not the order its batches arrive in).
+      split: The split to read, e.g. 'train' or 'validation' ('val',
+        'valid', 'training', 'testing' are accepted for the split they mean).
       version: For a dataset that grew (`shardsmith convert --append`): None
-        reads the latest version (every shard); N reads exactly what
-        version N held (its shards and its class_names), so cardinality,
-        the global shuffle and `start` positions taken on version N stay
-        valid while reading version N.
+        reads the latest version; N reads exactly what version N held (its
+        shards and class_names), so that cardinality, the global shuffle
+        and `start` positions taken on version N stay valid.
+      reading, image, shuffling, remote: Whole option groups, `ReadOptions`,
+        `ImageOptions`, `ShuffleOptions` and `ServiceReadOptions`, e.g.
+        `image=ImageOptions(image_size=(160, 160), augment="standard")`.
+      **options: Or each option by name, e.g. `batch_size=64`: every field
+        of those groups (documented there), with its default. A group and
+        its options by name are not given together.
 
     Returns:
-      A `tf.data.Dataset` whose elements are
-        - `(images, labels)` by default,
-        - `images` alone with `label_mode=None`,
-        - `(images, labels, extras)` or, with `label_mode=None`,
-          `(images, extras)` when `extra_features` are asked for; `extras`
-          is a dict from feature key to a [batch] tensor (tf.string for
-          bytes features, tf.int64 for int features). Keras's `fit` and
-          `evaluate` would take `extras` for sample weights: give them
-          `ds.map(without_extras)`, and iterate `ds` itself to pair
-          predictions with file names.
-      `images` is `dtype` [batch, height, width, channels]; for a split of
-      raw-stored rasters, `color_mode=None` gives every band and
-      `dtype=None` the stored dtype (see `readers.stored`); `labels` as
-      described under `ReadOptions.label_mode`. Without batching the batch
-      dimension is absent.
-
-      Target modes (datasets converted with masks, boxes, several labels or
-      numbers; `readers.targets`): label_mode='mask' gives `(images, masks)`,
-      masks int32 [batch, height, width, 1] of class ids, cropped, padded,
-      resized (nearest neighbour) and flipped with the images, with the
-      same random crop and flip under augment='standard'; pixels that
-      resize='pad' adds get the ignore id, 255 for 8-bit masks and 65535
-      for 16-bit ones (the manifest's targets.mask.dtype): tell the loss,
-      e.g. `keras.losses.SparseCategoricalCrossentropy(ignore_class=255)`.
-      With `image_size=None` (and `batch_size=None` or one stored size)
-      image and mask come back exactly as stored. label_mode='boxes' gives
-      `(images, {"boxes": boxes, "classes": classes})`: boxes float32
-      (ymin, xmin, ymax, xmax) as fractions of the output image, shifted,
-      scaled and clipped by crops and padding (boxes left without area are
-      dropped) and mirrored by flips; classes int32 indices into
-      `ds.class_names` (the manifest's targets.boxes.class_names).
-      Batched, both are RaggedTensors ([batch, None, 4] and [batch, None]);
-      with `pad_boxes=N` dense [batch, N, 4] and [batch, N], padded with
-      boxes -1 and class -1, only the first N boxes of an image kept.
-      label_mode='multi_hot' gives float32 [batch, num_classes] (1 for each
-      class of the `labels` feature), label_mode='target' float32
-      [batch, k] (the `target` feature). A dataset whose records have no
-      image-level class (class_names [], label -1) refuses 'int',
-      'categorical' and 'binary', naming the modes it supports. Without `repeat`, the cardinality is known (from
-      the manifest's counts), so `model.fit` shows progress. The dataset has
-      a `class_names` attribute, the class names in label order (for
-      label_mode='boxes', those of the boxes), `records_per_epoch` (records of the split, for `readers.ReadPosition`
-      and `readers.PositionTracker`) and `seed` (the seed in use: with
-      shuffle='global' and no `seed`, the one drawn).
+      A `tf.data.Dataset` of `(images, labels)`; `images` alone with
+      `label_mode=None`; with `extra_features`, `(images, labels, extras)` or
+      `(images, extras)`, `extras` a dict from feature key to a [batch]
+      tensor (map through `without_extras` for Keras's `fit`). `images` is
+      `dtype` [batch, height, width, channels]; labels are as described
+      under `ReadOptions.label_mode`, the target modes (mask, boxes,
+      multi_hot, target) in `readers.targets`. The dataset has the
+      attributes `class_names` (label order; with label_mode='boxes', those
+      of the boxes), `records_per_epoch` and `seed` (the seed in use: with
+      shuffle='global' and no `seed`, the one drawn). Without `repeat`, its
+      cardinality is known.
 
     Raises:
       TypeError, ValueError: If an argument is invalid; the message names it,
@@ -1221,46 +1151,27 @@ def image_dataset_from_tfrecords(
         version, or has no such split; with shuffle='global', if an index
         file does not match the manifest (or it lists none).
     """
-    config = ReaderConfig(
-        batch_size=batch_size,
-        image_size=image_size,
-        color_mode=color_mode,
-        shuffle=shuffle,
-        seed=seed,
-        label_mode=label_mode,
-        pad_boxes=pad_boxes,
-        resize=resize,
-        crop_fraction=crop_fraction,
-        interpolation=interpolation,
-        dtype=dtype,
-        scale=scale,
-        normalize=normalize,
-        augment=augment,
-        reduced_decode=reduced_decode,
-        repeat=repeat,
-        drop_remainder=drop_remainder,
-        extra_features=extra_features,
-        deterministic=deterministic,
-        cache=cache,
-        shuffle_buffer=shuffle_buffer,
-        start=start,
-        max_bad_records=max_bad_records,
-        on_corrupt=on_corrupt,
-        service=service,
-        service_sharding=service_sharding,
-        service_job_name=service_job_name,
-        service_trainer_id=service_trainer_id,
-        service_compression=service_compression,
-    )
-    if config.shuffle_mode == "global" and config.seed is None:
-        config = config.replace(seed=_random_seed())
-        logger.info(
-            "shuffle='global' without a seed: using seed=%d (pass it, with `start`, "
-            "to resume this read).", config.seed,
-        )
+    config = ReaderConfig(reading=reading, image=image, shuffling=shuffling, remote=remote, **options)
+    config = _with_drawn_seed(config)
     split_files = load_split(data_dir, split, version=version)
     logger.info(
         "Reading split %r of %s: %d records in %d shard files.",
         split, split_files.data_dir, split_files.total_records, len(split_files.paths),
     )
     return build_dataset(split_files, config, batch_size=config.batch_size)
+
+
+# Every option by name in `help()` and `inspect`, with the defaults of its group.
+image_dataset_from_tfrecords.__signature__ = reader_signature(image_dataset_from_tfrecords)
+
+
+def _with_drawn_seed(config: ReaderConfig) -> ReaderConfig:
+    """shuffle='global' without a seed: one drawn, logged to resume the read with."""
+    if config.shuffle_mode != "global" or config.seed is not None:
+        return config
+    config = config.replace(seed=_random_seed())
+    logger.info(
+        "shuffle='global' without a seed: using seed=%d (pass it, with `start`, "
+        "to resume this read).", config.seed,
+    )
+    return config

@@ -42,6 +42,7 @@ replicas may get fewer records or none.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -50,7 +51,8 @@ from typing import Any
 import tensorflow as tf
 
 from readers import corrupt
-from readers.dataset import OPTION_NAMES, ReaderConfig, build_dataset, label_names
+from readers.dataset import OPTION_NAMES, ReaderConfig, ReadOptions, build_dataset, label_names
+from readers.options import GROUP_NAMES
 from readers.metadata import SplitFiles, load_split
 
 __all__ = ["make_dataset_fn", "distributed_dataset"]
@@ -61,7 +63,7 @@ _OPTION_NAMES = tuple(name for name in OPTION_NAMES if name != "batch_size")
 
 
 def _config(global_batch_size, options: dict[str, Any]) -> ReaderConfig:
-    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    unknown = sorted(set(options) - set(_OPTION_NAMES) - set(GROUP_NAMES))
     if unknown:
         hint = " (pass `global_batch_size` instead)" if "batch_size" in unknown else ""
         raise TypeError(
@@ -74,7 +76,15 @@ def _config(global_batch_size, options: dict[str, Any]) -> ReaderConfig:
             "`global_batch_size` must be a positive integer. "
             f"Received: global_batch_size={global_batch_size!r}"
         )
-    config = ReaderConfig(batch_size=global_batch_size, **options)
+    options = dict(options)
+    reading = options.pop("reading", None)
+    if reading is None:
+        config = ReaderConfig(batch_size=global_batch_size, **options)
+    elif isinstance(reading, ReadOptions):
+        # Its batch is the global one, whatever the group says.
+        config = ReaderConfig(reading=dataclasses.replace(reading, batch_size=global_batch_size), **options)
+    else:
+        raise TypeError(f"`reading` must be a ReadOptions. Received: reading={reading!r}")
     if config.shuffle_mode == "global" and config.seed is None:
         raise ValueError(
             "shuffle='global' in a distributed read needs a `seed`: every input "
@@ -149,7 +159,10 @@ def make_dataset_fn(
         the number of replicas.
       version: None for the latest version of a dataset that grew, N for
         exactly what version N held, as for `image_dataset_from_tfrecords`.
-      **options: Any `ReaderConfig` option except `batch_size`.
+      **options: Any `ReaderConfig` option except `batch_size`, or the
+        option groups whole (`reading=`, `image=`, `shuffling=`,
+        `remote=`), as for `image_dataset_from_tfrecords`; a `reading`
+        group's batch size is `global_batch_size`.
 
     Returns:
       `fn(input_context) -> tf.data.Dataset` building the pipeline of input

@@ -11,6 +11,8 @@ either the groups or the flat keyword arguments of
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +27,7 @@ from schemas.features import IMAGE, LABEL
 __all__ = [
     "LABEL_MODES", "NORMALIZE_DATASET", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
     "ShuffleOptions", "ReadOptions", "ServiceReadOptions", "SERVICE_SHARDING", "SERVICE_COMPRESSION",
-    "ReaderConfig",
+    "ReaderConfig", "GROUP_NAMES", "reader_signature",
 ]
 
 LABEL_MODES = ("int", "categorical", "binary", *targets.TARGET_LABEL_MODES, None)
@@ -622,8 +624,42 @@ def _check_extra_features(keys) -> tuple[str, ...]:
 _GROUPS = (("reading", ReadOptions), ("image", ImageOptions), ("shuffling", ShuffleOptions),
            ("remote", ServiceReadOptions))
 _GROUP_OF = {f.name: attr for attr, cls in _GROUPS for f in dataclasses.fields(cls)}
+# The keyword arguments that pass a whole group (`ReaderConfig(image=ImageOptions(...))`).
+GROUP_NAMES = tuple(attr for attr, _ in _GROUPS)
 # Every keyword option of `ReaderConfig` (and of `image_dataset_from_tfrecords`).
 OPTION_NAMES = tuple(_GROUP_OF)
+
+
+def _check_option_names(options, where: str) -> None:
+    """Refuses keyword options that are none of `OPTION_NAMES`, suggesting the nearest."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if not unknown:
+        return
+    near = [m for name in unknown for m in difflib.get_close_matches(name, OPTION_NAMES, n=1)]
+    hint = f" (did you mean {near}?)" if near else ""
+    raise TypeError(f"{where} got unknown options {unknown}{hint}; the options are {list(OPTION_NAMES)}.")
+
+
+def reader_signature(fn: Callable, *, skip: Sequence[str] = ()) -> inspect.Signature:
+    """`fn`'s signature with its `**options` spelled out: every option by name, with its default.
+
+    A reader takes the option groups (`reading=`, `image=`, ...) and each
+    option by name; the defaults are defined once, in the groups. This gives
+    `help()`, `inspect` and the docs' table the flat keyword arguments.
+
+    Args:
+      fn: A reader whose last parameter is `**options`.
+      skip: Options it does not take by that name (e.g. `batch_size`).
+    """
+    signature = inspect.signature(fn)
+    parameters = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in parameters}
+    parameters += [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for _, cls in _GROUPS for f in dataclasses.fields(cls)
+        if f.name not in taken and f.name not in skip
+    ]
+    return signature.replace(parameters=parameters)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -668,12 +704,7 @@ class ReaderConfig:
         remote: ServiceReadOptions | None = None,
         **options,
     ):
-        unknown = sorted(set(options) - set(OPTION_NAMES))
-        if unknown:
-            raise TypeError(
-                f"ReaderConfig got unknown options {unknown}; the options are "
-                f"{list(OPTION_NAMES)}."
-            )
+        _check_option_names(options, type(self).__name__)
         given = {"reading": reading, "image": image, "shuffling": shuffling, "remote": remote}
         for attr, cls in _GROUPS:
             flat = {k: v for k, v in options.items() if _GROUP_OF[k] == attr}
@@ -693,7 +724,8 @@ class ReaderConfig:
         self._check_across_groups()
 
     def _check_across_groups(self) -> None:
-        if callable(self.image.augment) and self.reading.label_mode in ("mask", "boxes"):
+        mode = targets.mode_of(self.reading.label_mode)
+        if callable(self.image.augment) and mode is not None and mode.moves_with_image:
             raise ValueError(
                 "A callable `augment` sees the image alone, so it cannot move the mask or "
                 f"boxes of label_mode={self.reading.label_mode!r} with it: use "

@@ -14,6 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import schemas
 from conversion import scene_log
+from conversion.targets import TARGETS, per_split_rows as _per_split_rows
 from conversion.files import read_bytes
 
 __all__ = ["inspect_dataset", "format_inspection", "main"]
@@ -94,6 +95,10 @@ def inspect_dataset(data_dir: str) -> dict:
     if considered and rejected / considered > 0.01:
         warnings.append(f"{rejected / considered:.1%} of the images were rejected: see {schemas.REJECTS_FILENAME}")
     return {"manifest": manifest, "verify": report, "warnings": warnings}
+
+
+# The kinds of target `inspect` shows, by name (`conversion.targets.TARGETS`).
+_TARGET_KINDS = {kind.name: kind for kind in TARGETS}
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -183,85 +188,20 @@ def _patch_lines(m: schemas.Manifest, max_scenes: int) -> list[str]:
     return lines + [""]
 
 
-# The mask id that means "ignore this pixel" at each mask dtype (shown as such, not as a class).
-_IGNORE_ID = {"uint8": 255, "uint16": 65535}
-
-
-def _per_split_rows(head: str, names, splits, count) -> list[list[str]]:
-    """A table of `count(split, i)` for each name, one column per split and a total."""
-    rows = [[head, *splits, "total"]]
-    for i, name in enumerate(names):
-        per = [count(s, i) for s in splits]
-        rows.append([name, *(f"{n:,}" for n in per), f"{sum(per):,}"])
-    return rows
-
-
-def _mask_lines(mask: dict, splits: list[str], max_classes: int) -> list[str]:
-    """Mask dtype, classes, and each id's share of the pixels of every split."""
-    dtype = mask.get("dtype", "?")
-    ignore = _IGNORE_ID.get(dtype)
-    suffix = mask.get("mask_suffix")
-    lines = [f"masks: {dtype}, {mask.get('num_classes', '?')} classes, from {mask.get('masks_dir')}"
-             + (f" (suffix {suffix})" if suffix else "")]
-    pixel_counts = {s: {int(k): int(v) for k, v in (mask.get("pixel_counts") or {}).get(s, {}).items()}
-                    for s in splits}
-    ids = sorted({i for counts in pixel_counts.values() for i in counts})
-    totals = {s: sum(counts.values()) for s, counts in pixel_counts.items()}
-    rows = [["mask id", *(f"{s} pixels" for s in splits)]]
-    for i in ids[:max_classes]:
-        name = f"{i} (ignore)" if i == ignore else str(i)
-        rows.append([name, *(f"{pixel_counts[s].get(i, 0) / totals[s]:.1%}" if totals[s] else "-"
-                             for s in splits)])
-    lines += _table(rows)
-    if len(ids) > max_classes:
-        lines.append(f"... and {len(ids) - max_classes} more mask ids")
-    return lines + [""]
-
-
-def _box_lines(boxes: dict, splits: list[str], max_classes: int) -> list[str]:
-    """Boxes per class per split, images without boxes, and the annotations' issues."""
-    names = list(boxes.get("class_names") or [])
-    counts = boxes.get("counts") or {}
-    lines = [f"boxes: {boxes.get('format', '?')} annotations from {boxes.get('source')}, "
-             f"{len(names)} classes"]
-    lines += _table(_per_split_rows(
-        "box class", names[:max_classes], splits,
-        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0))
-    if len(names) > max_classes:
-        lines.append(f"... and {len(names) - max_classes} more box classes")
-    without = boxes.get("images_without_boxes") or {}
-    lines.append("images without boxes: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
-    issues = boxes.get("issues") or {}
-    if issues:
-        lines.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
-    return lines + [""]
-
-
-def _labels_lines(labels: dict, class_names, splits: list[str], max_classes: int) -> list[str]:
-    """Images having each class, per split (several labels per image)."""
-    counts = labels.get("counts") or {}
-    lines = ["multi-label: images having each class"]
-    lines += _table(_per_split_rows(
-        "class", class_names[:max_classes], splits,
-        lambda s, i: (counts.get(s) or [])[i] if i < len(counts.get(s) or ()) else 0))
-    if len(class_names) > max_classes:
-        lines.append(f"... and {len(class_names) - max_classes} more classes")
-    return lines + [""]
-
-
 def _target_lines(m: schemas.Manifest, max_classes: int) -> list[str]:
-    """The `targets` section of the manifest (issue 24), in the style of the class counts."""
+    """The `targets` section of the manifest (issue 24), in the style of the class counts.
+
+    Each kind as its row of `conversion.targets.TARGETS` describes it, in the schema's order.
+    """
     targets = m.targets
     splits = list(m.splits)
     lines = []
-    if "mask" in targets:
-        lines += _mask_lines(targets["mask"], splits, max_classes)
-    if "boxes" in targets:
-        lines += _box_lines(targets["boxes"], splits, max_classes)
-    if "labels" in targets:
-        lines += _labels_lines(targets["labels"], m.class_names, splits, max_classes)
-    if "target" in targets:
-        lines += [f"regression targets: {targets['target'].get('length')} values per image", ""]
+    for name in [k for k in schemas.TARGET_KINDS if k in targets]:
+        kind = _TARGET_KINDS.get(name)
+        if kind is None or kind.describe is None:
+            continue
+        shown = kind.describe(targets[name], list(m.class_names), splits, max_classes)
+        lines += [*shown.head, *(_table(shown.rows) if shown.rows else []), *shown.tail, ""]
     return lines
 
 

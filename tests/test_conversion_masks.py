@@ -24,6 +24,7 @@ from beam_jobs import convert as convert_module
 from conversion.config import ConversionConfig
 from conversion.masks import TARGET_KIND, MaskOptions
 from conversion.planning import build_plan
+from conversion.targets.masks import of_file
 
 _PALETTE = [c for i in range(256) for c in ((i * 37) % 256, (i * 91) % 256, (i * 53) % 256)]
 
@@ -310,7 +311,7 @@ def test_labels_from_class_folders_only_when_the_layout_is_exactly_class_folders
     plan = _plan(images, masks)
     assert plan.class_names == ("cat", "dog")
     assert {f.rel_path: f.label for f in plan.files} == {"cat/a.png": 0, "cat/b.png": 0, "dog/c.png": 1}
-    assert {f.rel_path: f.mask for f in plan.files} == {
+    assert {f.rel_path: of_file(f.targets)[0] for f in plan.files} == {
         rel: str(masks / rel) for rel in ("cat/a.png", "cat/b.png", "dog/c.png")}
     # One file nested deeper: not class folders, every label -1.
     write(images / "dog" / "deep" / "d.png", encode(pixels(1, size=(4, 4)), "PNG"))
@@ -394,7 +395,7 @@ def test_masks_beside_their_images(tmp_path):
         write(root / f"{name}_mask.png", _palette_png(np.zeros((4, 4), np.uint8)))
     write(root / "c.jpg", encode(pixels(3, size=(4, 4)), "JPEG"))
     plan = _plan(root, root, mask_suffix=":_mask")
-    assert {f.rel_path: f.mask for f in plan.files} == {
+    assert {f.rel_path: of_file(f.targets)[0] for f in plan.files} == {
         "a.jpg": str(root / "a_mask.png"), "b.jpg": str(root / "b_mask.png")}
     assert [(p.rel_path, p.reason) for p in plan.problems] == [("c.jpg", "missing_mask")]
     assert plan.num_found == 3 and plan.masks.unmatched == 0

@@ -1,5 +1,6 @@
 """Resume receipts (conversion/receipts.py): a shard's outcome kept while its files are as written."""
 
+import dataclasses
 import hashlib
 
 from conversion import plan as _plan
@@ -35,12 +36,16 @@ def test_a_receipt_gives_back_the_outcome_while_the_files_are_as_written(tmp_pat
 
 def test_the_fingerprint_follows_what_the_bytes_depend_on():
     files = [_plan.PlannedFile("train", 0, 5, "a/1.jpg", "/in/a/1.jpg", 100, 0, 1)]
-    base = shard_fingerprint(ValidationOptions(), None, files)
-    assert base == shard_fingerprint(ValidationOptions(), None, list(files))
-    assert base != shard_fingerprint(ValidationOptions(max_pixels=1000), None, files)
-    assert base != shard_fingerprint(ValidationOptions(), "uint8", files)
+    base = shard_fingerprint(ValidationOptions(), files)
+    assert base == shard_fingerprint(ValidationOptions(), list(files))
+    assert base != shard_fingerprint(ValidationOptions(max_pixels=1000), files)
+    # A mask (its path and dtype travel in the file's targets) changes what the bytes depend on.
+    masked = [dataclasses.replace(files[0], targets='{"mask":{"dtype":"uint8","path":"/m/a/1.png"}}')]
+    assert base != shard_fingerprint(ValidationOptions(), masked)
+    deeper = [dataclasses.replace(files[0], targets='{"mask":{"dtype":"uint16","path":"/m/a/1.png"}}')]
+    assert shard_fingerprint(ValidationOptions(), deeper) != shard_fingerprint(ValidationOptions(), masked)
     moved = [_plan.PlannedFile("train", 0, 6, "a/1.jpg", "/in/a/1.jpg", 100, 0, 1)]
-    assert base != shard_fingerprint(ValidationOptions(), None, moved)
+    assert base != shard_fingerprint(ValidationOptions(), moved)
     # Resizing enters the text only when asked for, as older receipts have it.
     assert "resize" not in validation_fingerprint(ValidationOptions())
     assert "resize" in validation_fingerprint(ValidationOptions(resize=ResizeOptions(max_side=64)))

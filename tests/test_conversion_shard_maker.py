@@ -85,7 +85,9 @@ def test_the_fingerprint_follows_the_files_not_the_threads(photos, tmp_path):
     base = _spec(tmp_path)
     assert fingerprint(base) == fingerprint(_spec(tmp_path, worker_threads=3))
     assert fingerprint(base) != fingerprint(base, files[:-1])
-    assert fingerprint(base) != fingerprint(dataclasses.replace(base, mask_dtype="uint8"))
+    # A file's mask (its path and dtype) travels in its targets, and so counts.
+    masked = [dataclasses.replace(f, targets='{"mask":{"dtype":"uint8","path":"/m/x.png"}}') for f in files]
+    assert fingerprint(base) != fingerprint(base, masked)
 
 
 def test_worker_processes_write_the_bytes_of_this_thread(photos, tmp_path):

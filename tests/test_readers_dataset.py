@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from readers import ReaderConfig, image_dataset_from_tfrecords, preprocess
+from readers.options import GROUP_NAMES
 from readers.dataset import (OPTION_NAMES, ImageOptions, ReadOptions, ServiceReadOptions,
                              ShuffleOptions, without_extras)
 from schemas import CHANNELS, FILENAME, HEIGHT, IMAGE, LABEL, shard_filename
@@ -432,10 +433,38 @@ def test_signature_defaults_are_the_config_defaults():
     keyword_only = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
     # `version` picks the shards (as data_dir and split do), not how they are read.
     assert keyword_only.pop("version") is None
+    # The whole groups, None by default.
+    assert {name: keyword_only.pop(name) for name in GROUP_NAMES} == dict.fromkeys(GROUP_NAMES)
     assert set(keyword_only) == set(fields)
     for name, default in fields.items():
         assert keyword_only[name] == default, name
     assert ReaderConfig().batch_size == 32 and ReaderConfig().dtype == "float32"
+
+
+def test_options_by_name_and_as_groups_read_the_same(mixed):
+    by_name = image_dataset_from_tfrecords(
+        mixed.data_dir, batch_size=4, image_size=(8, 8), resize="crop", shuffle=False, seed=1, label_mode="categorical")
+    grouped = image_dataset_from_tfrecords(
+        mixed.data_dir, reading=ReadOptions(batch_size=4, label_mode="categorical"),
+        image=ImageOptions(image_size=(8, 8), resize="crop"), shuffling=ShuffleOptions(shuffle=False, seed=1))
+    mixed_spelling = image_dataset_from_tfrecords(
+        mixed.data_dir, image=ImageOptions(image_size=(8, 8), resize="crop"), batch_size=4, shuffle=False,
+        seed=1, label_mode="categorical")
+    first = [(x.numpy(), y.numpy()) for x, y in by_name]
+    for other in (grouped, mixed_spelling):
+        pairs = [(x.numpy(), y.numpy()) for x, y in other]
+        assert len(pairs) == len(first) > 0
+        for (x0, y0), (x1, y1) in zip(first, pairs):
+            np.testing.assert_array_equal(x0, x1)
+            np.testing.assert_array_equal(y0, y1)
+    assert grouped.class_names == by_name.class_names
+
+
+def test_a_group_and_its_options_by_name_are_refused(mixed):
+    with pytest.raises(TypeError, match=r"Pass `image` or its options \['image_size'\], not both"):
+        image_dataset_from_tfrecords(mixed.data_dir, image=ImageOptions(), image_size=(8, 8))
+    with pytest.raises(TypeError, match=r"`reading` must be a ReadOptions. Received: reading=\{"):
+        image_dataset_from_tfrecords(mixed.data_dir, reading={"batch_size": 4})
 
 
 def test_deterministic_defaults_follow_the_seed():
@@ -486,7 +515,7 @@ def test_bad_arguments(mixed, kwargs, error, match):
 
 
 def test_unknown_argument_is_a_type_error(mixed):
-    with pytest.raises(TypeError, match="label_mod"):
+    with pytest.raises(TypeError, match=r"unknown options \['label_mod'\] \(did you mean \['label_mode'\]\?\)"):
         image_dataset_from_tfrecords(mixed.data_dir, label_mod="int")
 
 

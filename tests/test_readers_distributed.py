@@ -112,6 +112,17 @@ def test_seeded_pipelines_are_reproducible(five_shards):
     assert first == second
 
 
+def test_option_groups_read_as_their_options(five_shards):
+    from readers import ImageOptions, ReadOptions, ShuffleOptions
+
+    by_name = [_names(ds) for ds in _pipelines(five_shards, seed=9)]
+    fn = make_dataset_fn(
+        five_shards.data_dir, "train", global_batch_size=4, image=ImageOptions(image_size=(4, 4)),
+        reading=ReadOptions(batch_size=1, extra_features=NAMES), shuffling=ShuffleOptions(seed=9))
+    grouped = [_names(fn(_context(i))) for i in range(2)]
+    assert grouped == by_name and sum(map(len, grouped)) > 0
+
+
 def test_argument_errors(five_shards):
     strategy = tf.distribute.get_strategy()  # the default, one replica
     with pytest.raises(TypeError, match=r"Unknown reader options \['batch_size'\].*global_batch_size"):

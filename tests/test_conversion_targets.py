@@ -18,7 +18,9 @@ from PIL import Image, ImageOps
 
 import schemas
 from beam_jobs import convert as convert_module
-from conversion import annotations
+from conversion.targets.coco import read_coco
+from conversion.targets.labels_csv import read_targets_csv
+from conversion.targets.voc import read_voc
 from schemas.tfrecord import iter_records
 
 _ORIENTATION = 0x0112
@@ -382,10 +384,10 @@ def test_regression_csv(tmp_path):
 
 def test_targets_csv_errors_name_the_row():
     with pytest.raises(ValueError, match=r"row 3: 1 targets, but the rows before have 2"):
-        annotations.read_targets_csv("path,target\na.png,1|2\nb.png,3\n", "t.csv")
+        read_targets_csv("path,target\na.png,1|2\nb.png,3\n", "t.csv")
     with pytest.raises(ValueError, match=r"row 2: target must be numbers"):
-        annotations.read_targets_csv("path,target\na.png,big\n", "t.csv")
-    assert annotations.read_targets_csv("path,label\na.png,cat\n", "t.csv") is None
+        read_targets_csv("path,target\na.png,big\n", "t.csv")
+    assert read_targets_csv("path,label\na.png,cat\n", "t.csv") is None
 
 
 def test_bad_targets_csv_is_a_usage_error(tmp_path, capsys):
@@ -406,7 +408,7 @@ def test_voc_unreadable_xml_and_ambiguous_stems():
         ("b.xml", _voc_xml("b.jpg", (4, 4), [("dog", (1, 1, 2, 2), 0)]).encode()),  # the tag breaks the tie
         ("x.xml", _voc_xml("elsewhere.jpg", (4, 4), [("cat", (1, 1, 2, 2), 0)]).encode()),
     ]
-    found = annotations.read_voc(documents, "ann", listed)
+    found = read_voc(documents, "ann", listed)
     assert found.invalid.keys() == {"JPEGImages/a.jpg"}
     assert "not valid XML" in found.invalid["JPEGImages/a.jpg"]
     assert found.files.keys() == {"JPEGImages/b.jpg"}
@@ -418,8 +420,8 @@ def test_voc_unreadable_xml_and_ambiguous_stems():
 def test_coco_bare_names_must_be_unique():
     doc = {"images": [{"id": 1, "file_name": "x.jpg"}, {"id": 2, "file_name": "a/y.jpg"}],
            "categories": [], "annotations": []}
-    found = annotations.read_coco(json.dumps(doc).encode(), "ann.json", ["c/x.jpg", "d/x.jpg", "b/y.jpg"])
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["c/x.jpg", "d/x.jpg", "b/y.jpg"])
     assert found.files.keys() == {"b/y.jpg"}
     assert [path for path, _ in found.missing] == ["x.jpg"]
     with pytest.raises(ValueError, match="not a JSON file"):
-        annotations.read_coco(b"{", "ann.json", [])
+        read_coco(b"{", "ann.json", [])

@@ -1,0 +1,232 @@
+"""The boxes kind: COCO or Pascal VOC boxes (--annotations), one row of `conversion.targets.TARGETS`.
+
+- Planning (`_plan`, on the driver): reads --annotations, a COCO instances
+  JSON file (`conversion.targets.coco`) or a folder of VOC XML files
+  (`conversion.targets.voc`), and gives each annotated file its boxes, in
+  pixels of the frame they were drawn on; the annotations name the
+  dataset's files (a file they do not name is skipped, 'no_label').
+- Writing (`_record`, per record): once the image is validated, its boxes are
+  clipped to the frame they were drawn on, turned upright with the photo
+  when drawn on its raw frame (`imaging.boxes`), normalised to the stored
+  image and returned as the record's features; what was done to them goes
+  to normalized.jsonl (`BOX_ACTIONS`).
+- The manifest: boxes per class and split, images without boxes, issues.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from collections.abc import Sequence
+
+import schemas
+from conversion import listing as _listing
+from conversion.files import exists, read_bytes
+from conversion.targets import coco as _coco, voc as _voc
+from conversion.targets._box_files import BoxAnnotations
+from conversion.targets._counts import as_list, per_split_rows, summed
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
+from imaging import ImageRejected
+from imaging import boxes as _boxes
+
+__all__ = ["KIND", "BOX_ACTIONS"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+# Per-record actions on boxes, listed in normalized.jsonl.
+BOX_ACTIONS = ("boxes_clipped", "boxes_dropped", "boxes_exif_transpose")
+# The kind's key (`schemas.TARGET_KINDS`): the one whose features are the boxes'.
+NAME = next(kind for kind, specs in schemas.TARGET_KINDS.items() if specs == schemas.BOX_FEATURES)
+
+
+def _plan(request: TargetRequest) -> PlannedKind | None:
+    annotations = request.config.annotations
+    if not annotations:
+        return None
+    boxes = _read_annotations(annotations, request.listed)
+    missing = tuple(_listing.Problem(rel, "missing_file", message) for rel, message in boxes.missing)
+    issues = dict(boxes.issues)
+    if missing:
+        issues["missing_file"] = len(missing)
+    section = {
+        "format": boxes.format, "source": annotations, "class_names": list(boxes.class_names),
+        "category_ids": None if boxes.category_ids is None else list(boxes.category_ids),
+        "issues": dict(sorted(issues.items())),
+    }
+    _LOG.info("Read %s boxes of %d classes for %s images from --annotations %s (%s)",
+              f"{sum(len(e['boxes']) for e in boxes.files.values()):,}", len(boxes.class_names),
+              f"{len(boxes.files):,}", annotations, boxes.format)
+    return PlannedKind(
+        values=dict(boxes.files), section=section,
+        rejects={rel: ("bad_target", message) for rel, message in boxes.invalid.items()},
+        missing=missing, source="the annotations",
+    )
+
+
+def _read_annotations(path: str, listed: Sequence[str]) -> BoxAnnotations:
+    """Reads --annotations: a COCO JSON file, or a folder of VOC XML files."""
+    if not exists(path):
+        raise FileNotFoundError(f"--annotations {path!r} does not exist.")
+    if _is_file(path):
+        return _coco.read_coco(read_bytes(path), path, listed)
+    found, _ = _listing.list_input(path)
+    xmls = [f for f in found if f.rel_path.lower().endswith(".xml")]
+    if not xmls:
+        raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml); "
+                         "give a COCO instances JSON file or a folder of VOC XML files.")
+    # Sorted by relative path (the listing's order): the first of two XMLs of one image wins.
+    return _voc.read_voc([(f.rel_path, read_bytes(f.path)) for f in xmls], path, listed)
+
+
+def _is_file(path: str) -> bool:
+    if _listing.is_local(path):
+        return os.path.isfile(path)
+    return path.lower().endswith(".json")
+
+
+def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
+    # The upright size at full scale (before --max_side): what the annotation may give.
+    original = (image.details or {}).get("original")
+    upright = (int(original[1]), int(original[0])) if original else (image.width, image.height)
+    if "exif_transpose" in image.actions:
+        if raw_frame is None:
+            raise ImageRejected("bad_target", f"{name}: the photo was turned upright, but its raw frame "
+                                "could not be read to turn its boxes with it")
+        orientation, raw_w, raw_h = raw_frame
+        raw = (raw_w, raw_h)
+        upright = _boxes.upright_size(raw_w, raw_h, orientation)
+    else:
+        orientation, raw = 1, upright
+    size = tuple(entry["size"]) if entry["size"] else None
+    frame = _boxes.annotation_frame(size, raw, orientation)
+    if frame is None:
+        raise ImageRejected("bad_target", (
+            f"{name}: the annotation's image size {size[0]}x{size[1]} is neither the photo's raw "
+            f"size {raw[0]}x{raw[1]} nor its upright size {upright[0]}x{upright[1]} (width x height)"))
+    fw, fh = raw if frame == "raw" else upright
+    ref = entry.get("ref", "box")
+    kept, clipped, dropped, issues = [], [], [], []
+    for r, reason in entry["dropped"]:
+        dropped.append({ref: r, "reason": reason})
+    for r, x0, y0, x1, y1, label, crowd in entry["boxes"]:
+        box = (x0, y0, x1, y1)
+        inside = _boxes.clip_box(box, fw, fh)
+        if _boxes.is_empty(inside):
+            dropped.append({ref: r, "reason": "zero_area", "box": list(box)})
+            issues.append("zero_area")
+            continue
+        if inside != box:
+            clipped.append({ref: r, "from": list(box), "to": list(inside)})
+            issues.append("clipped")
+        if frame == "raw" and orientation != 1:
+            inside = _boxes.orient_box(inside, orientation, fw, fh)
+        kept.append((_boxes.normalise_box(inside, upright[0], upright[1]), label, crowd))
+    extra = {
+        schemas.BBOX_XMIN.key: tuple(b[0] for b, _, _ in kept),
+        schemas.BBOX_YMIN.key: tuple(b[1] for b, _, _ in kept),
+        schemas.BBOX_XMAX.key: tuple(b[2] for b, _, _ in kept),
+        schemas.BBOX_YMAX.key: tuple(b[3] for b, _, _ in kept),
+        schemas.BBOX_LABEL.key: tuple(label for _, label, _ in kept),
+        schemas.BBOX_IS_CROWD.key: tuple(crowd for _, _, crowd in kept),
+    }
+    actions, details = [], {}
+    if clipped:
+        actions.append("boxes_clipped")
+        details["clipped"] = clipped
+    if dropped:
+        actions.append("boxes_dropped")
+        details["dropped"] = dropped
+    if orientation != 1:
+        # Either way it is said: the boxes were turned with the photo, or were drawn upright.
+        details["frame"] = frame
+        details["orientation"] = orientation
+        details["annotation_size"] = list(size) if size else None
+        if frame == "raw" and entry["boxes"]:
+            actions.append("boxes_exif_transpose")
+    return RecordPart(extra, tuple(actions), details or None, tuple(issues))
+
+
+class _Counts:
+    """One shard's boxes per class, images without boxes, and the issues of its boxes."""
+
+    def __init__(self):
+        self._boxes = collections.Counter()
+        self._without_boxes = 0
+        self._issues = collections.Counter()
+        self._seen = False
+
+    def add(self, part: RecordPart) -> None:
+        labels = part.extra[schemas.BBOX_LABEL.key]
+        self._seen = True
+        self._boxes.update(labels)
+        self._without_boxes += not labels
+        self._issues.update(part.issues)
+
+    def to_json(self) -> dict | None:
+        if not self._seen:
+            return None
+        return {"counts": as_list(self._boxes), "images_without_boxes": self._without_boxes,
+                "issues": dict(sorted(self._issues.items()))}
+
+
+def _section(section: dict, shards, splits: Sequence[str], num_classes: int) -> dict:
+    """The planned section with the boxes per class and split, images without boxes, every issue."""
+    width = len(section["class_names"])
+    issues = collections.Counter(section.get("issues", {}))
+    section["counts"], section["images_without_boxes"] = {}, {}
+    for split in sorted(splits):
+        parts = [s.targets[NAME] for s in shards if s.split == split and s.targets and NAME in s.targets]
+        section["counts"][split] = summed([p["counts"] for p in parts], width)
+        section["images_without_boxes"][split] = sum(p["images_without_boxes"] for p in parts)
+        for p in parts:
+            issues.update(p["issues"])
+    section["issues"] = dict(sorted(issues.items()))
+    return section
+
+
+def _verify(section, num_classes: int):
+    names = section.get("class_names")
+    if not isinstance(names, list):
+        return None, "the manifest's targets.boxes has no class_names list"
+    return (lambda values, height, width, tf: _check_boxes(values, len(names))), None
+
+
+def _check_boxes(values, num_box_classes: int) -> str | None:
+    """The first problem of one record's boxes: list lengths, corners in [0, 1], labels, is_crowd."""
+    columns = [values[spec.key] for spec in schemas.BOX_FEATURES]
+    lengths = {spec.key: len(c) for spec, c in zip(schemas.BOX_FEATURES, columns)}
+    if len(set(lengths.values())) > 1:
+        return f"box lists of different lengths {lengths}"
+    xmin, ymin, xmax, ymax, labels, crowd = columns
+    for i, corners in enumerate(zip(xmin, ymin, xmax, ymax)):
+        if not all(0.0 <= v <= 1.0 for v in corners):  # NaN fails too.
+            return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) is outside [0, 1]"
+        if corners[0] > corners[2] or corners[1] > corners[3]:
+            return f"box {i} {list(corners)} (xmin, ymin, xmax, ymax) has a min above its max"
+        if not 0 <= labels[i] < num_box_classes:
+            return (f"box {i} has {schemas.BBOX_LABEL.key} {labels[i]}, outside [0, {num_box_classes}) "
+                    "of the manifest's targets.boxes.class_names")
+        if crowd[i] not in (0, 1):
+            return f"box {i} has {schemas.BBOX_IS_CROWD.key} {crowd[i]}, not 0 or 1"
+    return None
+
+
+def _describe(boxes, class_names, splits, max_classes: int) -> Description:
+    """Boxes per class per split, images without boxes, and the annotations' issues."""
+    names = list(boxes.get("class_names") or [])
+    counts = boxes.get("counts") or {}
+    head = [f"boxes: {boxes.get('format', '?')} annotations from {boxes.get('source')}, {len(names)} classes"]
+    rows = per_split_rows(
+        "box class", names[:max_classes], splits,
+        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0)
+    tail = [f"... and {len(names) - max_classes} more box classes"] if len(names) > max_classes else []
+    without = boxes.get("images_without_boxes") or {}
+    tail.append("images without boxes: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
+    issues = boxes.get("issues") or {}
+    if issues:
+        tail.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
+    return Description(head, rows, tail)
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
+                  describe=_describe)

@@ -1,0 +1,129 @@
+"""COCO instances files (--annotations FILE.json): boxes matched to the listed images."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from conversion.targets._box_files import BoxAnnotations, Index, finite, id_key, size_of, some
+from conversion.targets.labels_csv import normalise_rel
+
+__all__ = ["read_coco"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+
+
+def read_coco(data: bytes, source: str, listed: Sequence[str]) -> BoxAnnotations:
+    """Reads a COCO instances file and matches its images to the listed paths.
+
+    Categories in id order become labels 0..k-1; each image's boxes come in
+    annotation id order, [x, y, w, h] becoming corners (x, y, x + w, y + h).
+
+    Args:
+      data: The JSON file's bytes.
+      source: --annotations, for messages.
+      listed: Relative paths under --input_dir (files and problems).
+
+    Raises:
+      ValueError: When the file is not a COCO instances JSON document.
+    """
+    try:
+        doc = json.loads(data.decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--annotations {source} is not a JSON file ({e}).") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        raise ValueError(f"--annotations {source} must be a COCO instances JSON object with an "
+                         f"'images' list (and 'categories', 'annotations').")
+    category_ids, class_names = _categories(doc, source)
+    label_of = {cid: i for i, cid in enumerate(category_ids)}
+    issues = collections.Counter()
+    files, image_file, missing = _images(doc, source, Index(listed), issues)
+    unknown_images = _boxes(doc, files, image_file, label_of, issues)
+    if unknown_images:
+        _LOG.warning("--annotations %s: %d annotations name image ids that are not among its images: %s",
+                     source, len(unknown_images), some(unknown_images))
+    return BoxAnnotations("coco", class_names, category_ids, files, tuple(sorted(missing.items())), {},
+                          dict(issues))
+
+
+def _categories(doc: dict, source: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(category ids, class names), in id order."""
+    try:
+        categories = sorted(doc.get("categories") or [], key=lambda c: int(c["id"]))
+        category_ids = tuple(int(c["id"]) for c in categories)
+        class_names = tuple(str(c.get("name", c["id"])) for c in categories)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"--annotations {source}: every category needs an integer 'id' ({e!r}).") from None
+    if len(set(category_ids)) != len(category_ids):
+        raise ValueError(f"--annotations {source}: category ids are not unique: {list(category_ids)}")
+    return category_ids, class_names
+
+
+def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, dict]:
+    """(relative path -> its entry, image id -> relative path or None, missing name -> message).
+
+    Images in id order; one named twice keeps its first entry (the second's
+    annotations are ignored), one not listed is missing.
+    """
+    files: dict[str, dict] = {}
+    image_file: dict[Any, str | None] = {}
+    missing: dict[str, str] = {}
+    for image in sorted(doc["images"], key=lambda im: id_key(im.get("id") if isinstance(im, dict) else None)):
+        if not isinstance(image, dict) or "id" not in image or not isinstance(image.get("file_name"), str):
+            issues["bad_image_entry"] += 1
+            continue
+        rel = index.find(image["file_name"])
+        if rel is None:
+            name = normalise_rel(image["file_name"])
+            missing.setdefault(name, f"named in --annotations {source} (image id {image['id']}) "
+                                     "but not found under --input_dir")
+            image_file[image["id"]] = None
+            continue
+        if rel in files:
+            issues["duplicate_image"] += 1
+            _LOG.warning("--annotations %s: image id %s names %s again; its annotations are ignored",
+                         source, image["id"], rel)
+            image_file[image["id"]] = None
+            continue
+        image_file[image["id"]] = rel
+        files[rel] = {"size": size_of(image.get("width"), image.get("height")), "ref": "annotation_id",
+                      "boxes": [], "dropped": []}
+    return files, image_file, missing
+
+
+def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> list:
+    """Adds each annotation, in id order, to its image's entry (a box, or dropped with its reason);
+    returns the image ids named that are no image of the file."""
+    unknown_images = []
+    annotations = doc.get("annotations") or []
+    keyed = sorted(((id_key(a.get("id") if isinstance(a, dict) else None), k, a)
+                    for k, a in enumerate(annotations)), key=lambda t: (t[0], t[1]))
+    for _, position, ann in keyed:
+        if not isinstance(ann, dict):
+            issues["bad_annotation"] += 1
+            continue
+        ref = ann.get("id", f"#{position}")
+        if ann.get("image_id") not in image_file:
+            issues["unknown_image"] += 1
+            unknown_images.append(ann.get("image_id"))
+            continue
+        rel = image_file[ann["image_id"]]
+        if rel is None:
+            continue  # Its image is missing (or named twice): listed there.
+        entry = files[rel]
+        category = ann.get("category_id")
+        bbox = ann.get("bbox")
+        corners = finite(bbox) if isinstance(bbox, (list, tuple)) and len(bbox) == 4 else None
+        if category not in label_of:
+            issues["unknown_category"] += 1
+            entry["dropped"].append([ref, "unknown_category"])
+        elif corners is None:
+            issues["bad_bbox"] += 1
+            entry["dropped"].append([ref, "bad_bbox"])
+        else:
+            x, y, w, h = corners
+            entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], 1 if ann.get("iscrowd") else 0])
+    return unknown_images

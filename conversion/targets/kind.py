@@ -1,0 +1,143 @@
+"""The row type of the table of target kinds (`conversion.targets.TARGETS`), and what it trades."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+__all__ = ["TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "Description"]
+
+
+class TargetRequest(NamedTuple):
+    """What a kind may read to plan its targets (`TargetKind.plan`).
+
+    Attributes:
+      config: The `conversion.config.ConversionConfig`.
+      files, problems: The examples to plan (`conversion.listing.InputFile`s,
+        grouped by the kind of example) and the problems so far.
+      listed: Every relative path the listing found (files and problems),
+        before any was refused: what annotations may name.
+      labels_csv: The parsed --labels_csv (`conversion.targets.labels_csv.LabelsCsv`),
+        or None without one.
+      windows: With --raster_patch, the examples' work items (the example
+        kind's `windows`); None otherwise.
+      example: The conversion's kind of example (`conversion.examples.ExampleKind`):
+        how its examples cut into windows cut their label rasters (`cut_masks`).
+    """
+
+    config: Any
+    files: list
+    problems: list
+    listed: tuple[str, ...]
+    labels_csv: Any = None
+    windows: Mapping | None = None
+    example: Any = None
+
+
+class PlannedKind(NamedTuple):
+    """One kind's targets, planned (`TargetKind.plan`).
+
+    Attributes:
+      values: Relative path to the file's value of this kind (plain JSON
+        values): what travels with the file to its shard's writer.
+      section: This kind's part of the manifest's `targets` section, as
+        known before the run.
+      rejects: Relative path to (reason, message) of files whose targets
+        cannot be stored: rejected without being read.
+      missing: Entries naming files that do not exist (`listing.Problem`s,
+        'missing_file'), counted as found inputs.
+      source: What names the dataset's files (e.g. 'the annotations'), for
+        a kind whose files need no class; None when it names none.
+      class_names: The image-level class names when this kind decides them;
+        None otherwise.
+      files, problems: The examples and problems after this kind took its
+        own (e.g. images without a mask become problems); None: unchanged.
+      labels_from: Without a labels CSV, what gives each file's label and
+        split (`conversion.plan.make_plan`'s `folder_labels`); None: class
+        folders.
+      summary: What the rest of the run needs of this kind (e.g. the
+        `conversion.masks.MaskPlan`), or None.
+    """
+
+    values: Mapping[str, Any]
+    section: Mapping[str, Any]
+    rejects: Mapping[str, tuple[str, str]] = {}
+    missing: tuple = ()
+    source: str | None = None
+    class_names: tuple[str, ...] | None = None
+    files: list | None = None
+    problems: list | None = None
+    labels_from: Callable | None = None
+    summary: Any = None
+
+
+class RecordPart(NamedTuple):
+    """One kind's features of one record (`TargetKind.record`).
+
+    Attributes:
+      extra: Feature key to values (`schemas.ImageRecord.extra`).
+      actions: What was done to the targets, for normalized.jsonl, or ().
+      details: Their details (normalized.jsonl's details[kind]), or None.
+      issues: Dataset-level issues of this record (counted per shard).
+    """
+
+    extra: Mapping[str, Any]
+    actions: tuple[str, ...] = ()
+    details: Any = None
+    issues: tuple[str, ...] = ()
+
+
+class Description(NamedTuple):
+    """How `shardsmith inspect` shows one kind's manifest section (`TargetKind.describe`).
+
+    Attributes:
+      head: Lines before the table.
+      rows: The table, its first row the header; [] for none.
+      tail: Lines after the table.
+    """
+
+    head: list[str]
+    rows: list[list[str]]
+    tail: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetKind:
+    """One kind of target: one row of `conversion.targets.TARGETS`.
+
+    Attributes:
+      name: Its key in `schemas.TARGET_KINDS` (its features), in the
+        manifest's `targets` section and in each file's planned targets.
+      plan: `TargetRequest` -> `PlannedKind`: how it is read from the
+        user's files and matched to them, on the driver, before any image
+        is read; None when the conversion does not ask for it.
+      record: (value, image, raw_frame, name) -> `RecordPart`: the record's
+        features from the file's planned value and its validated image
+        (`imaging.ValidImage`; raw_frame: (EXIF orientation, raw width, raw
+        height) when it was turned upright, else None), in the shard
+        writer. Raises `imaging.ImageRejected` when they cannot be stored.
+      counter: () -> a new per-shard counter with `add(RecordPart)` and
+        `to_json()` (None when it saw nothing), for the manifest; None: not
+        counted.
+      section: (planned section, shards, splits, num_classes) -> this kind's
+        manifest section, completed from the shards' results
+        (`conversion.elements.ShardResult`s); None: the planned one as is.
+      verify: (manifest section, num_classes) -> (check, problem), for
+        `shardsmith verify`: `check(values, height, width, tf)` gives the
+        problem of one decoded record's features of this kind (values:
+        `schema.decode`; height, width: its stored image's; tf: TensorFlow)
+        or None; `problem` says what the section lacks to check them (check
+        is then None). None: its records are not checked.
+      describe: (manifest section, class_names, splits, max_classes) ->
+        `Description`, how `shardsmith inspect` shows it (at most
+        `max_classes` rows of classes); None: not shown.
+    """
+
+    name: str
+    plan: Callable[[TargetRequest], PlannedKind | None]
+    record: Callable[[Any, Any, Any, str], RecordPart]
+    counter: Callable[[], Any] | None = None
+    section: Callable[[dict, Any, Any, int], dict] | None = None
+    verify: Callable[[Mapping[str, Any], int], tuple[Callable | None, str | None]] | None = None
+    describe: Callable[[Mapping[str, Any], Any, list, int], Description] | None = None

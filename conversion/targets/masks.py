@@ -1,0 +1,143 @@
+"""The mask kind: segmentation masks (--masks_dir, --mask_suffix), one row of `conversion.targets.TARGETS`.
+
+- Planning (`_plan`, on the driver): pairs each example with its mask
+  (`conversion.masks.plan_masks`: an image without one is a 'missing_mask'
+  problem), decides the image labels where the layout has class folders and
+  the one mask dtype of the dataset from the masks' headers; with
+  --raster_patch, the kind of example checks the label rasters against its
+  windows (`cut_masks`). Each file's value is its mask's path and the dtype.
+- Writing: the mask is a second file per example, read on the shard
+  writer's read-ahead threads with its image (`conversion.masks.pair`),
+  aligned with each stored image and encoded as a PNG (the `mask` feature).
+- The manifest: the dtype and folder, then pixels per class id and split
+  (the shards' `mask_pixels`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+
+import numpy as np
+
+import schemas
+from conversion import masks as _masks
+from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
+
+__all__ = ["KIND", "NAME", "of_file"]
+
+# The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
+NAME = _masks.TARGET_KIND
+
+
+def _plan(request: TargetRequest) -> PlannedKind | None:
+    config = request.config
+    options = config.masks
+    if not options.active:
+        return None
+    mask_plan = _masks.plan_masks(
+        request.files, request.problems, options, input_dir=config.input_dir,
+        split_ratios=config.split_ratios, labels_csv=request.labels_csv is not None,
+        class_names=config.class_names)
+    if request.windows is not None:
+        # Label rasters cut with their examples' windows, as the kind of example cuts them.
+        mask_plan = request.example.cut_masks(mask_plan, request.windows, config)
+    values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path]}
+              for f in mask_plan.files}
+    # Only what the rest of the run needs (dtype, section): the driver holds no
+    # second object per image while the pipeline runs.
+    summary = dataclasses.replace(mask_plan, files=(), problems=(), mask_of={}, labels_from=None)
+    return PlannedKind(values=values, section=dict(mask_plan.section), files=list(mask_plan.files),
+                       problems=list(mask_plan.problems), labels_from=mask_plan.labels_from,
+                       summary=summary)
+
+
+def of_file(targets: str | None) -> tuple[str, str] | None:
+    """(path, dtype) of a file's mask, from its planned targets' JSON text (`ShardFile.targets`);
+    None without one. The dtype ('uint8' or 'uint16') is the dataset's, the same in every file."""
+    if targets is None:
+        return None
+    value = json.loads(targets).get(NAME)
+    return None if value is None else (value["path"], value["dtype"])
+
+
+def _record(value, image, raw_frame, name: str) -> RecordPart:
+    # The mask's PNG is made on the read-ahead threads with its image (`conversion.masks.pair`).
+    return RecordPart({})
+
+
+def _section(section: dict, shards, splits, num_classes: int) -> dict:
+    """The planned section with num_classes and the pixels per class id and split."""
+    per_split = {split: collections.Counter() for split in splits}
+    for s in shards:
+        for class_id, pixels in (s.mask_pixels or {}).items():
+            per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
+    ids = [int(i) for counts in per_split.values() for i in counts]
+    section["num_classes"] = max(ids) + 1 if ids else 0
+    section["pixel_counts"] = {
+        split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
+        for split, counts in sorted(per_split.items())
+    }
+    return section
+
+
+# The mask id that means "ignore this pixel" at each mask dtype: allowed above num_classes.
+_IGNORE_ID = {"uint8": 255, "uint16": 65535}
+_MASK_DTYPES = tuple(_IGNORE_ID)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _verify(section, num_classes: int):
+    dtype, top = section.get("dtype"), section.get("num_classes")
+    if dtype not in _MASK_DTYPES or not isinstance(top, int) or isinstance(top, bool):
+        return None, (f"the manifest's targets.mask must give dtype (one of {_MASK_DTYPES}) "
+                      f"and num_classes (an int); it says {dict(section)!r}")
+    return (lambda values, height, width, tf: _check_mask(values[schemas.MASK.key], height, width, dtype,
+                                                           top, tf)), None
+
+
+def _check_mask(mask: bytes, height: int, width: int, dtype: str, num_classes: int, tf) -> str | None:
+    """A PNG at the manifest's dtype that decodes to the image's size, of ids below num_classes (or ignore)."""
+    key = schemas.MASK.key
+    if not mask.startswith(_PNG_SIGNATURE):
+        return f"{key} is not a PNG"
+    depth = schemas.sample_dtype("png", mask)
+    if depth != dtype:
+        # decode_png would convert silently: the ids of a 16-bit mask read as 8-bit are not ids.
+        return f"{key} is a {depth} PNG, the manifest's targets.mask.dtype is {dtype}"
+    try:
+        decoded = tf.io.decode_png(mask, channels=0, dtype=getattr(tf, dtype))
+    except tf.errors.OpError as e:
+        return f"{key} does not decode ({e.message.split('}}')[-1].strip()})"
+    if tuple(decoded.shape) != (height, width, 1):
+        return f"{key} decodes to {tuple(decoded.shape)}, the image is {(height, width, 1)}"
+    ids = np.unique(decoded.numpy())
+    bad = [int(i) for i in ids if i >= num_classes and i != _IGNORE_ID[dtype]]
+    if bad:
+        return (f"{key} holds class ids {bad[:5]}, the manifest's targets.mask.num_classes is "
+                f"{num_classes} ({_IGNORE_ID[dtype]}: ignore)")
+    return None
+
+
+def _describe(mask, class_names, splits, max_classes: int) -> Description:
+    """Mask dtype, classes, and each id's share of the pixels of every split."""
+    dtype = mask.get("dtype", "?")
+    ignore = _IGNORE_ID.get(dtype)
+    suffix = mask.get("mask_suffix")
+    head = [f"masks: {dtype}, {mask.get('num_classes', '?')} classes, from {mask.get('masks_dir')}"
+            + (f" (suffix {suffix})" if suffix else "")]
+    pixel_counts = {s: {int(k): int(v) for k, v in (mask.get("pixel_counts") or {}).get(s, {}).items()}
+                    for s in splits}
+    ids = sorted({i for counts in pixel_counts.values() for i in counts})
+    totals = {s: sum(counts.values()) for s, counts in pixel_counts.items()}
+    rows = [["mask id", *(f"{s} pixels" for s in splits)]]
+    for i in ids[:max_classes]:
+        name = f"{i} (ignore)" if i == ignore else str(i)
+        rows.append([name, *(f"{pixel_counts[s].get(i, 0) / totals[s]:.1%}" if totals[s] else "-"
+                             for s in splits)])
+    tail = [f"... and {len(ids) - max_classes} more mask ids"] if len(ids) > max_classes else []
+    return Description(head, rows, tail)
+
+
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section, verify=_verify, describe=_describe)
