@@ -80,7 +80,6 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
     failed = _failed_files(config.output_dir)
     folder = join(config.output_dir, TMP_DIRNAME, _MEND_DIRNAME)
     targets = targets_of(plan)
-    mask_dtype = None if plan.masks is None else plan.masks.dtype
     problems = []
     for name, what in sorted(damaged.items()):
         files = sorted(by_name.get(name, ()))
@@ -92,7 +91,7 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
             name=name, files=tuple(shard_file(f) for f in files), num_classes=len(plan.class_names),
             validation=config.validation, threads=config.writing.worker_threads or default_threads(),
             quarantined=tuple((f.rel_path, *failed[f.rel_path]) for f in files if f.rel_path in failed),
-            targets=targets, mask_dtype=mask_dtype)
+            targets=targets)
         write_shard(job)
         shard = shards[name]
         new = join(folder, name)

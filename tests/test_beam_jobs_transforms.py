@@ -290,13 +290,12 @@ def test_verify_dataset_names_the_tampered_shard(converted, tmp_path):
     def check(report):
         problems = report["problems"]
         assert not report["ok"]
-        # The shard, its index (its offsets go past where reading stopped) and the split's totals.
-        assert {p.split(":", 1)[0] for p in problems} == {victim.file, victim.index_file, "split test"}
-        assert any(p.startswith(f"{victim.file}: ") and "the rest of the shard is unreadable" in p
+        # The shard (read on by its index file past the damaged record) and the split's totals.
+        assert {p.split(":", 1)[0] for p in problems} == {victim.file, "split test"}
+        # The damaged record, where it is, what is wrong and the source file it held.
+        assert any(p.startswith(f"{victim.file}: record ") and "bad data CRC; source file lost: " in p
                    for p in problems)
-        # Reading stopped at the damaged record: fewer bytes and records than the manifest says.
-        assert any(p.startswith(f"{victim.file}: ") and p.endswith(f"the manifest says {victim.num_bytes}")
-                   for p in problems)
+        assert any(p.startswith(f"{victim.file}: 1 damaged record(s) of ") for p in problems)
         assert any(
             p.startswith("split test: ") and p.endswith(f"the manifest says {manifest.splits['test'].num_records}")
             for p in problems)

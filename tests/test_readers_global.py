@@ -357,9 +357,9 @@ def test_shards_mode_skips_a_damaged_record_alone(damaged, shuffle, caplog):
     assert "bad data CRC" in warnings[0] and repr(victim) in warnings[0]
     assert "(1 of max_bad_records=1" in warnings[0]
 
-    # With no budget the shards are read by TensorFlow's reader (faster to the
-    # first batch), and the damaged record fails the read.
-    with pytest.raises(tf.errors.DataLossError, match="corrupted record"):
+    # With no budget the damaged record fails the read (on_corrupt='raise'), naming
+    # the shard, the byte offset and what was found.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"Damaged record in shard .*{shard} at byte offset {offset} "):
         _names(readers.image_dataset_from_tfrecords(copy, shuffle=shuffle, **SMALL))
 
 
