@@ -24,5 +24,5 @@ def parse_only(parser, text: str | None, contenders) -> tuple[str, ...] | None:
 def write_json(path: str | None, results: dict) -> None:
     """Writes a benchmark's figures to `path` (--json), sorted and indented; nothing when None."""
     if path:
-        with open(path, "w") as f:
+        with open(path, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2, sort_keys=True)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
-import json
 import logging
 import os
 import resource
@@ -55,7 +54,7 @@ import psutil
 
 from bench import corpus
 from schemas import tfrecord
-from bench._cli import parse_only
+from bench._cli import parse_only, write_json
 
 __all__ = ["Contender", "Measurement", "CONTENDERS", "measure", "count_records", "run", "main"]
 
@@ -387,9 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(count=args.count, seed=args.seed, repeat=args.repeat, skip_memory=args.skip_memory,
                   work=args.work, corpus_dir=args.corpus_dir, pss=args.pss, keep=args.keep,
                   names=names)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     failed = [m for m in summary["results"].values() if m["returncode"] != 0]
     return 1 if failed else 0
 

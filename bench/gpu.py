@@ -37,11 +37,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import time
+
+from bench._cli import write_json
 
 __all__ = ["READERS", "run", "main"]
 
@@ -207,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     readers.use_pooled_host_memory()
     summary = run(data_dir=data_dir, steps=args.steps, warmup=args.warmup,
                   batch_size=args.batch_size, image_size=args.image_size, readers_=names)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     return 0
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -53,6 +52,7 @@ import numpy as np
 import psutil
 
 from bench.convert import measure
+from bench._cli import write_json
 
 __all__ = ["make_scene", "run_memory", "run_speed", "main"]
 
@@ -275,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if own_work and not failed:
             shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     return 0
 
 

@@ -113,7 +113,7 @@ import sys
 import time
 
 from bench import corpus
-from bench._cli import parse_only
+from bench._cli import parse_only, write_json
 
 __all__ = ["Contender", "CONTENDERS", "TARGETS", "prepare", "run_contender", "run", "main"]
 
@@ -608,9 +608,7 @@ def main(argv: list[str] | None = None) -> int:
                   skip_small=args.skip_small, repeat=args.repeat, warmup=args.warmup,
                   min_seconds=args.min_seconds, names=names, phone_count=args.phone_count,
                   skip_phone=args.skip_phone)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     return 1 if any(r is None for r in summary["results"].values()) else 0
 
 

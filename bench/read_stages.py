@@ -48,12 +48,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import sys
 import time
+
+from bench._cli import write_json
 
 __all__ = ["STAGES", "run", "main"]
 
@@ -347,9 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras  # noqa: F401  (before the clock, as bench.read's keras process)
 
     summary = run(data_dir, raw_dir, rounds=args.rounds, images=args.images, names=names)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     return 0
 
 

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -65,6 +64,7 @@ import psutil
 from devtools.local_dask import LocalDaskCluster
 from bench import corpus
 from bench.convert import Contender, Measurement, count_records, measure
+from bench._cli import write_json
 
 __all__ = ["SETUPS", "Setup", "DEFAULT", "DaskCluster", "run", "main"]
 
@@ -438,9 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     return 1 if summary["failed"] else 0
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from bench import corpus
-from bench._cli import parse_only
+from bench._cli import parse_only, write_json
 from bench.convert import Contender, Measurement, _best, _run_one
 
 __all__ = ["CONVERTERS", "MASK_FLAG", "make_segmentation", "run", "main"]
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     names = parse_only(parser, args.only, CONVERTERS)
     summary = run(count=args.count, small=args.small, seed=args.seed, repeat=args.repeat,
                   work=args.work, corpus_dir=args.corpus_dir, names=names)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(args.json, summary)
     failed = [m for e in summary["sizes"].values() for m in e["results"].values() if m["returncode"] != 0]
     return 1 if failed else 0
 
