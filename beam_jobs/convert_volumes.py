@@ -21,7 +21,6 @@ costs that file only.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -105,7 +104,7 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
     prepare_output(common.output_dir, overwrite=o.overwrite, resume=o.resume)
     remove(join(common.output_dir, _volumes.VOLUMES_MANIFEST))
     runner = _runner.make_runner(options)
-    input_dir, output_dir, per_shard = common.input_dir, common.output_dir, _RECORDS_PER_SHARD
+    input_dir, output_dir = common.input_dir, common.output_dir
     processes = writing.worker_processes
     if processes is None:
         # A volume is seconds of decoding: a worker process per core, at most one per volume.

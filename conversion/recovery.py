@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import threading
-import time
 import traceback
 from collections.abc import Sequence
 
@@ -25,7 +24,7 @@ from conversion import processes as _processes
 from conversion.elements import ConversionError
 from conversion.guard import (
     DECODER_CRASHED, JOURNAL_ENV, TIMEOUT, TOO_LARGE, Quarantine, Suspect, Watchdog, busy_slots, forget,
-    format_bytes, journal, new_journal_folder, signal_name,
+    format_bytes, new_journal_folder, signal_name,
 )
 from conversion.shard_writer import warm_up
 

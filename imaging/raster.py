@@ -406,7 +406,7 @@ def _read_page(page, data: bytes, name: str) -> np.ndarray:
     import tifffile
 
     _from_header(name, _check_decoder, page, name)
-    dtype = _from_header(name, _source_dtype, page, name)
+    _from_header(name, _source_dtype, page, name)  # An unsupported sample format is refused here.
     _from_header(name, _check_segments, page, len(data), name)
     compression = int(page.compression)
     try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import io
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence

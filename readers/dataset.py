@@ -45,7 +45,7 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np

@@ -35,7 +35,7 @@ from readers.options import ReadOptions, ShuffleOptions
 from readers.positions import ReadPosition
 from schemas.features import LABEL, MASK
 from schemas.time_series import (
-    STACK, STACK_BANDS, STACK_DATES, STACK_DTYPE, STACK_SHAPE, STACK_VALID, TIME_SERIES,
+    STACK, STACK_DATES, STACK_DTYPE, STACK_SHAPE, STACK_VALID, TIME_SERIES,
 )
 
 __all__ = ["TimeSeriesOptions", "time_series_dataset_from_tfrecords"]

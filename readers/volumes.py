@@ -22,7 +22,7 @@ from schemas import tf_runtime as _tf_runtime  # isort: skip
 
 tf = _tf_runtime.full()
 
-from schemas import FILENAME, LABEL
+from schemas import LABEL
 from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES, VOLUME_SCHEMA,
                              VOLUME_SHAPE, VOLUME_SPACING)
 
