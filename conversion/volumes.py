@@ -256,7 +256,8 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
             rejects += [(rel, "not_in_split", f"{name}: its split has a ratio of zero (--split)") for rel in members]
             continue
         jobs.append(VolumeJob(name, cls, split, stack, nifti, members))
-    return _settled(jobs, rejects, class_names, split_source, output_dir)
+    sizes = {f.rel_path: f.size for f in files}
+    return _settled(jobs, rejects, class_names, split_source, output_dir, sizes)
 
 
 def _members(stack, nifti) -> tuple[str, ...]:
@@ -266,7 +267,8 @@ def _members(stack, nifti) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.name for s in stack.slices))
 
 
-def _settled(jobs: list[VolumeJob], rejects: list, class_names, split_source, output_dir) -> VolumesPlan:
+def _settled(jobs: list[VolumeJob], rejects: list, class_names, split_source, output_dir,
+             sizes: Mapping[str, int]) -> VolumesPlan:
     """The plan with every input file counted once: in one volume, else in the rejects.
 
     A multi-frame file can give frames to two stacks, and a file can be
@@ -290,7 +292,11 @@ def _settled(jobs: list[VolumeJob], rejects: list, class_names, split_source, ou
             jobs[i] = dataclasses.replace(jobs[i], notes=(*jobs[i].notes, f"{rel}: {reason}: {message}"))
         elif not any(p.rel_path == rel for p in problems[-1:]):  # One reject per file (the first reason).
             problems.append(Problem(rel, reason, message))
-    files = tuple(InputFile(job.filename, volume_plan_path(output_dir, job.filename), job.nbytes) for job in jobs)
+    # Shards are sized by each volume's decoded bytes: a NIfTI file's own size (x4 when gzipped), about.
+    files = tuple(InputFile(job.filename, volume_plan_path(output_dir, job.filename),
+                            job.nbytes if job.nifti is None
+                            else sizes.get(job.nifti, 0) * (4 if job.nifti.lower().endswith(".gz") else 1))
+                  for job in jobs)
     _LOG.info("Planned %s volumes from %s files", f"{len(jobs):,}", f"{len(counted) + len(problems):,}")
     return VolumesPlan(files, tuple(problems), {job.filename: job for job in jobs}, class_names, split_source)
 
