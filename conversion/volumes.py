@@ -380,9 +380,8 @@ def write_volume_plans(jobs: Mapping[str, VolumeJob], input_dir: str, output_dir
 def write_volumes(job):
     """Writes one shard of volume records (`conversion.shard_writer.write_shard` with --volumes).
 
-    Each volume is decoded, encoded and framed in turn, then let go: a
-    writer holds one volume at a time (its voxels, then its record; never
-    both with the framed copy). Each is noted in the process's journal by its
+    Each volume is decoded, encoded, framed and written in turn, then let
+    go: a writer holds one volume at a time, once (`_framed`). Each is noted in the process's journal by its
     name meanwhile (`guard`): if its decoder kills the process or runs past
     --file_timeout, the shard's maker quarantines that volume and writes the
     shard again without it, and each of its files is rejected with the reason.
@@ -426,9 +425,10 @@ def write_volumes(job):
                 normalized.append((f.rel_path, "nifti" if plan.nifti else "dicom_series", ("volume_notes",),
                                    {"notes": list(notes)}))
             offset = writer.num_bytes
-            writer.write(framed)
-            index_entries.append((offset, len(framed)))
-            framed = None
+            for part in framed:
+                writer.write(part)
+            index_entries.append((offset, writer.num_bytes - offset))
+            framed = None  # The volume goes before the next is decoded.
             sources += len(plan.sources)
             if 0 <= f.label < job.num_classes:
                 class_counts[f.label] += 1
@@ -442,12 +442,13 @@ def write_volumes(job):
     return ShardOutcome(result, rejects, normalized)
 
 
-def _framed(plan: VolumeJob, label: int, input_dir: str) -> tuple[bytes, tuple[str, ...]]:
-    """One volume decoded, encoded and framed (its record bytes), and its notes.
+def _framed(plan: VolumeJob, label: int, input_dir: str) -> tuple[list, tuple[str, ...]]:
+    """One volume decoded and encoded as its framed record's parts, and its notes.
 
     The voxels are decoded into one preallocated array (`imaging.volumes`);
-    the encoding takes them as a view, and each form goes as soon as the next
-    exists, so the volume is held twice at most.
+    the record's parts hold them as a view of that array, and the framing
+    (`schemas.tfrecord.frame_parts`) and the writer (`AtomicWriter.write`)
+    copy no part: the volume is held once, plus one slice while decoding.
     """
     read = lambda rel: _files.read_bytes(_files.join(input_dir, rel))
     if plan.nifti is not None:
@@ -455,10 +456,9 @@ def _framed(plan: VolumeJob, label: int, input_dir: str) -> tuple[bytes, tuple[s
     else:
         volume = volumes.read_stack(plan.stack, read)
     notes = tuple(dict.fromkeys((*plan.notes, *volume.notes)))
-    record = VOLUME_SCHEMA.encode(VolumeRecord(volume.voxels, volume.spacing, volume.affine, label,
-                                               plan.filename, volume.modality))
-    volume = None  # The voxels go before the record is framed.
-    return tfrecord.frame_record(record), notes
+    parts = VOLUME_SCHEMA.encode_parts(VolumeRecord(volume.voxels, volume.spacing, volume.affine, label,
+                                                    plan.filename, volume.modality))
+    return tfrecord.frame_parts(parts), notes
 
 
 def warm_up() -> None:
