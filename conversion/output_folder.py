@@ -7,6 +7,7 @@ import os
 
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
+from schemas.volumes import VOLUMES_MANIFEST_FILENAME
 from conversion import files
 from conversion.files import TMP_DIRNAME, read_bytes
 
@@ -62,8 +63,8 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
         if not os.access(out, os.W_OK | os.X_OK):
             raise PermissionError(f"--output_dir {out!r} is not writable.")
     # The manifest goes first: if this run dies, the folder is plainly unfinished.
-    names = [schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
-             schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]
+    names = [schemas.MANIFEST_FILENAME, VOLUMES_MANIFEST_FILENAME, schemas.REJECTS_FILENAME,
+             schemas.NORMALIZED_FILENAME, schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]
     if not resume:
         names.append(TMP_DIRNAME)
     for name in names:

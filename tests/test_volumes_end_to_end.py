@@ -335,3 +335,24 @@ def test_a_split_whose_every_series_is_rejected_while_decoding_still_has_its_sha
     assert (out / "validation-00000-of-00001.tfrecord").stat().st_size == 0
     assert list(readers.volume_dataset_from_tfrecords(out, "validation", dtype=None)) == []
     assert verify_volumes(str(out)) == []
+
+
+def test_resume_goes_on_from_written_shards_and_mends_a_damaged_one(tmp_path):
+    """--resume through the shared pipeline: a finished volume dataset whose shard was damaged since is
+    mended from its sources (the manifest's bytes again); the reader then reads every volume."""
+    scans = tmp_path / "scans"
+    write_series(scans / "c" / "p0", count=3)
+    write_series(scans / "c" / "p1", count=4, orientation="sagittal")
+    out = tmp_path / "out"
+    args = ["--volumes", "--input_dir", str(scans), "--output_dir", str(out), "--runner", "DirectRunner",
+            "--worker_processes", "0"]
+    _run(args)
+    before = {p.name: p.read_bytes() for p in out.glob("*.tfrecord")}
+    shard = sorted(out.glob("train-*.tfrecord"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert convert.main([*args, "--resume"]) == 0
+    assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
+    assert sorted(_names(out, "train")) == ["c/p0", "c/p1"]
+    assert (out / "volumes.json").exists()

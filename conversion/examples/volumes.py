@@ -77,8 +77,7 @@ def _manifest_section(plan, config) -> dict:
 
 
 def _prepare_output(plan, config) -> None:
-    # Each volume's plan, which its shard writer reads (its planned file's path); no summary of a run before.
-    _files.remove(_files.join(config.output_dir, _volumes.VOLUMES_MANIFEST))
+    # Each volume's plan, which its shard writer reads (its planned file's path).
     _volumes.write_volume_plans(plan.volumes, config.input_dir, config.output_dir)
 
 
