@@ -137,8 +137,8 @@ def summarize(output_dir: str) -> str:
         new = "new "
     # A multi-frame DICOM or multi-page raster gives one record per frame/page:
     # then files and records differ, and the line says both.
-    made = "" if records == c["written"] else f" as {records:,} records"
-    text = f"Converted {c['written']:,} images{made} into {shards} {new}shards ({per_split})"
+    made = "" if records == c["written"] else f" as {_count(records, 'record')}"
+    text = f"Converted {_count(c['written'], 'image')}{made} into {_count(shards, new + 'shard')} ({per_split})"
     for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
         detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
         text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")
@@ -151,3 +151,8 @@ def summarize(output_dir: str) -> str:
         f" + {c['skipped']:,} skipped."
     )
     return text
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 image', '2 images', '1,000 images': the summary reads as a sentence."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
