@@ -1,7 +1,8 @@
 """Reading benchmark: shardsmith's reader against the usual ways to feed a model.
 
 On the corpora of the conversion benchmark (`bench.corpus photos`: ImageNet-like
-~500x375 JPEGs of 100-150 KB, 10% PNG; and `bench.corpus small`: 64x64 JPEGs),
+~500x375 JPEGs of 100-150 KB, 10% PNG; `bench.corpus small`: 64x64 JPEGs; and `bench.corpus tiny`: 32x32 JPEGs,
+read at 32x32 (issue 40), as many as --small-count),
 converted once with `beam_jobs.convert`, it measures at 224x224, batch 32:
 
 - images/s in steady state: a timed window of batches after a warm-up;
@@ -132,7 +133,7 @@ class Contender:
 
     Attributes:
       name: Short id (`--only`, JSON results).
-      corpus: 'photos' or 'small'.
+      corpus: 'photos', 'small', 'tiny' (32x32, as many as 'small') or 'phone'.
       pipeline: One of `bench._read_baselines.PIPELINES`.
       preset: One of `bench._read_baselines.PRESETS`.
       label: Row title of the table.
@@ -200,6 +201,11 @@ CONTENDERS = (
     Contender("small64-keras", "small", "keras", "stretch", "image_dataset_from_directory", 64),
     Contender("small64-ceiling", "small", "ceiling", "stretch", "decode ceiling (in memory)", 64,
               env=_POOL),
+    # Issue 40: 32x32 JPEGs (`bench.corpus tiny`, ~1.4 KB) read at their own size, where the
+    # per-record and per-file costs are the work, not the decode (steady state).
+    Contender("tiny32-shardsmith", "tiny", "shardsmith", "stretch", "shardsmith reader", 32),
+    Contender("tiny32-keras", "tiny", "keras", "stretch", "image_dataset_from_directory", 32),
+    Contender("tiny32-hand", "tiny", "hand", "stretch", "hand-tuned TFRecord", 32),
     # The "kickstart" case (issue 15): the default options (shuffle=True,
     # stretch resize), batch 64; a trainer that shows its first loss soon
     # waits for the first batch more than for the steady rate.
@@ -234,6 +240,7 @@ _SCENARIOS = (
     ("small, cold", "smallcold-"),
     ("small, warm", "small-"),
     ("small @64x64", "small64-"),
+    ("tiny @32x32", "tiny32-"),
     ("photos, b64", "kick-"),
     ("phone, 1st b.", "phone-"),
 )
@@ -252,6 +259,8 @@ class Target:
 
 
 TARGETS = (
+    Target("tiny @32x32: images/s vs idfd", "images_per_s", "tiny32-shardsmith", "tiny32-keras", 1.5),
+    Target("tiny @32x32: images/s vs hand-tuned", "images_per_s", "tiny32-shardsmith", "tiny32-hand", 1.5),
     Target("photos eval: images/s vs hand-tuned", "images_per_s", "eval-shardsmith", "eval-hand", 0.95),
     Target("photos eval: images/s vs decode ceiling", "images_per_s", "eval-shardsmith",
            "eval-ceiling", 0.9),
@@ -484,12 +493,12 @@ def run(*, count: int = 2000, small_count: int = 20000, seed: int = 0, work: str
     work = os.path.abspath(work)
     contenders = [c for c in CONTENDERS
                   if (names is None or c.name in names)
-                  and not (skip_small and c.corpus == "small")
+                  and not (skip_small and c.corpus in ("small", "tiny"))
                   and not (skip_phone and c.corpus == "phone")]
     if not hasattr(os, "posix_fadvise"):
         _LOG.warning("No posix_fadvise on this system: the cold-cache contenders are skipped.")
         contenders = [c for c in contenders if not c.cold]
-    counts = {"photos": count, "small": small_count, "phone": phone_count}
+    counts = {"photos": count, "small": small_count, "tiny": small_count, "phone": phone_count}
     data = {}
     for kind in sorted({c.corpus for c in contenders}):
         data[kind] = prepare(kind, counts[kind], seed, work)
@@ -584,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="Seed of the corpora (default 0).")
     parser.add_argument("--work", default=os.path.join(_REPO, "build", "bench"),
                         help="Folder of corpora, conversions and logs (default build/bench).")
-    parser.add_argument("--skip-small", action="store_true", help="Skip the small-image scenario.")
+    parser.add_argument("--skip-small", action="store_true", help="Skip the small-image scenarios (64x64 small and 32x32 tiny).")
     parser.add_argument("--phone-count", type=int, default=120,
                         help="4032x3024 phone photos (default 120).")
     parser.add_argument("--skip-phone", action="store_true", help="Skip the phone-photo scenario.")
