@@ -116,6 +116,15 @@ class FinalizeFn(beam.DoFn):
         for name, info in manifest.splits.items():
             held = splits[name].shards if name in splits else ()
             splits[name] = schemas.SplitInfo(name, held + info.shards)
+        extra = {**old.extra, **manifest.extra}
+        key = schemas.TARGETS_SECTION
+        if key in old.extra and key in manifest.extra:
+            # Counts of every version added up; the planned values (classes, dtype) this run's.
+            extra[key] = _targets.merge_sections(old.extra[key], manifest.extra[key])
+        held_versions = old.all_versions
+        if key in old.extra and not held_versions[-1].targets:
+            # What `Manifest.at_version` reads for the targets of the versions before this one.
+            held_versions = (*held_versions[:-1], dataclasses.replace(held_versions[-1], targets=old.extra[key]))
         added = {name: info for name, info in manifest.splits.items() if info.shards}
         version = schemas.VersionInfo(
             version=self._append["version"],
@@ -126,8 +135,8 @@ class FinalizeFn(beam.DoFn):
             time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             options=dict(manifest.options),
             inputs=dict(self._append.get("inputs") or {}),
+            targets=extra.get(key) or {},
         )
-        extra = {**old.extra, **manifest.extra}
         if "groups" in old.extra and "groups" in manifest.extra:
             per_split = {}
             for section in (old.extra["groups"], manifest.extra["groups"]):
@@ -137,7 +146,7 @@ class FinalizeFn(beam.DoFn):
                 split: {"count": len(ids), "sha256_16": sorted(ids)} for split, ids in per_split.items()}}
         grew = width > len(old.class_names) or old.class_order == "first_appearance"
         return dataclasses.replace(
-            manifest, splits=splits, extra=extra, versions=(*old.all_versions, version),
+            manifest, splits=splits, extra=extra, versions=(*held_versions, version),
             class_order="first_appearance" if grew else "sorted")
 
 

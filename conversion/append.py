@@ -345,12 +345,31 @@ def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
     added, gone = sorted(mine - held), sorted(held - mine)
     detail = (f"this run's records would add {added}" if added else "") + \
         ("; " if added and gone else "") + (f"lose {gone}" if gone else "")
+    kinds = sorted(kind for kind, specs in schemas.TARGET_KINDS.items()
+                   if {spec.key for spec in specs} & {*added, *gone})
+    if kinds:
+        flags = sorted({_TARGET_FLAGS.get(kind, kind) for kind in kinds})
+        raise ValueError(
+            f"--append adds to a dataset whose records have another target kind than this run's "
+            f"({detail}: {', '.join(f'{k} ({_TARGET_FLAGS.get(k, k)})' for k in kinds)}): the target "
+            f"kinds and label mode of an append must be the dataset's. Give {' and '.join(flags)} as "
+            "the dataset was converted (its manifest.json's targets), or convert into another folder."
+        )
     raise ValueError(
         "--append adds to a dataset whose records have another format than this run's "
         f"({detail or 'the same keys, other types or encodings'}): the record format, label mode "
         "(--labels_csv, --annotations, several labels) and targets (--masks_dir, numbers) of an "
         "append must be the dataset's. Convert into another folder for another format."
     )
+
+
+# The option that asks for each kind of target (`schemas.TARGET_KINDS`), for `check_features`.
+_TARGET_FLAGS = {
+    "mask": "--masks_dir",
+    "boxes": "--annotations",
+    "labels": "--labels_csv (several labels per row)",
+    "target": "--labels_csv (a target column)",
+}
 
 
 def _feature_keys(features: Mapping) -> set[str]:

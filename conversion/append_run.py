@@ -127,13 +127,10 @@ class AppendRun:
             return
         manifest = self.base.manifest
         _append.check_features(manifest, features)
-        beyond = [flag for flag, given in (("--annotations or targets in --labels_csv", plan.target_kinds),
-                                           ("--masks_dir", plan.masks is not None),
-                                           ("--time_series", plan.stacks is not None)) if given]
-        if beyond:
+        if plan.stacks is not None:
             raise ValueError(
-                f"--append does not grow a dataset of {beyond[0]} yet (its manifest's per-split target "
-                "counts are not merged across versions): convert the grown folder with --overwrite.")
+                "--append does not grow a dataset of --time_series yet (a new pass of a held location "
+                "would change that location's record): convert the grown folder with --overwrite.")
         held = tuple(manifest.class_names)
         if tuple(plan.class_names[:len(held)]) != held:
             raise ValueError(

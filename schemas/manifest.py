@@ -600,6 +600,9 @@ class VersionInfo:
         "new", "held" (unchanged), "changed" (held, bytes differ: not
         rewritten), "missing_from_input" (held, no longer listed),
         "duplicates_of_held" (--dedup); {} for a first conversion.
+      targets: The dataset's `targets` section as this version left it (box
+        classes, mask dtype, counts of versions 1..version), in a dataset of
+        targets that grew; {} otherwise (the manifest's section is the latest).
     """
 
     version: int
@@ -610,12 +613,15 @@ class VersionInfo:
     time: str | None
     options: Mapping[str, Any]
     inputs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    targets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
         names = list(class_names)[: self.num_classes]
         inputs = {"inputs": dict(self.inputs)} if self.inputs else {}
+        targets = {"targets": json.loads(json.dumps(dict(self.targets)))} if self.targets else {}
         return {
             **inputs,
+            **targets,
             "version": self.version,
             "time": self.time,
             "num_classes": self.num_classes,
@@ -652,6 +658,7 @@ class VersionInfo:
             time=None if d.get("time") is None else str(d["time"]),
             options=dict(d.get("options") or {}),
             inputs={str(k): int(n) for k, n in (d.get("inputs") or {}).items()},
+            targets=dict(d.get("targets") or {}),
         )
 
 
@@ -836,9 +843,14 @@ class Manifest:
         order = "first_appearance" if self.class_order == "first_appearance" and any(
             v.num_classes > self.versions[0].num_classes for v in kept
         ) else "sorted"
+        extra = dict(self.extra)
+        if kept[-1].targets:
+            # The targets as version `version` left them (its box classes, its counts).
+            extra[TARGETS_SECTION] = dict(kept[-1].targets)
         return dataclasses.replace(
             self,
             class_names=self.class_names[:width],
+            extra=extra,
             splits=splits,
             options=dict(kept[-1].options) or dict(self.options),
             versions=kept,
