@@ -600,9 +600,10 @@ class VersionInfo:
         "new", "held" (unchanged), "changed" (held, bytes differ: not
         rewritten), "missing_from_input" (held, no longer listed),
         "duplicates_of_held" (--dedup); {} for a first conversion.
-      targets: The dataset's `targets` section as this version left it (box
-        classes, mask dtype, counts of versions 1..version), in a dataset of
-        targets that grew; {} otherwise (the manifest's section is the latest).
+      sections: The manifest's sections that describe the whole dataset
+        (`targets`: box classes, mask dtype, counts; `time_series`: its
+        locations) as this version left them, in a dataset that grew; {}
+        otherwise (the manifest's sections are the latest's).
     """
 
     version: int
@@ -613,15 +614,15 @@ class VersionInfo:
     time: str | None
     options: Mapping[str, Any]
     inputs: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    targets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    sections: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
         names = list(class_names)[: self.num_classes]
         inputs = {"inputs": dict(self.inputs)} if self.inputs else {}
-        targets = {"targets": json.loads(json.dumps(dict(self.targets)))} if self.targets else {}
+        sections = {"sections": json.loads(json.dumps(dict(self.sections)))} if self.sections else {}
         return {
             **inputs,
-            **targets,
+            **sections,
             "version": self.version,
             "time": self.time,
             "num_classes": self.num_classes,
@@ -658,7 +659,7 @@ class VersionInfo:
             time=None if d.get("time") is None else str(d["time"]),
             options=dict(d.get("options") or {}),
             inputs={str(k): int(n) for k, n in (d.get("inputs") or {}).items()},
-            targets=dict(d.get("targets") or {}),
+            sections=dict(d.get("sections") or {}),
         )
 
 
@@ -844,9 +845,8 @@ class Manifest:
             v.num_classes > self.versions[0].num_classes for v in kept
         ) else "sorted"
         extra = dict(self.extra)
-        if kept[-1].targets:
-            # The targets as version `version` left them (its box classes, its counts).
-            extra[TARGETS_SECTION] = dict(kept[-1].targets)
+        # The targets and locations as version `version` left them (its box classes, its counts).
+        extra.update(kept[-1].sections)
         return dataclasses.replace(
             self,
             class_names=self.class_names[:width],

@@ -317,3 +317,65 @@ def test_an_append_that_changes_the_target_kind_or_label_mode_is_refused(tmp_pat
     with pytest.raises(ValueError, match="--labels_csv"):
         convert(inp, out, *SPLIT, "--append")
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()} == before
+
+
+def _read_stacks(out, version=None) -> dict[str, tuple[str, bytes, str, list]]:
+    """Location -> (split, stack bytes, class name, dates) of every stack the reader gives."""
+    manifest = readers.load_manifest(str(out), version=version)
+    seen = {}
+    for split in SPLITS:
+        if split not in manifest.splits or not manifest.splits[split].num_records:
+            continue
+        ds = readers.time_series_dataset_from_tfrecords(
+            str(out), split, batch_size=None, dtype=None, shuffle=False, version=version,
+            extra_features=(schemas.FILENAME.key, "stack/dates"))
+        for stack, label, extras in ds:
+            seen[extras[schemas.FILENAME.key].numpy().decode()] = (
+                split, stack.numpy().tobytes(), manifest.class_names[int(label)],
+                extras["stack/dates"].numpy().tolist())
+    return seen
+
+
+def test_time_series_grow_by_new_locations_and_a_new_pass_of_a_held_one_is_reported(tmp_path):
+    from helpers import write_geotiff
+
+    pytest.importorskip("rasterio")
+    inp, out = tmp_path / "in", tmp_path / "out"
+    rng = np.random.default_rng(7)
+
+    def location(rel, dates):
+        for date in dates:
+            write_geotiff(inp / rel / f"{date}.tif", rng.integers(0, 3000, (2, 6, 5), dtype=np.uint16))
+
+    for k in range(5):
+        location(f"{('corn', 'wheat')[k % 2]}/field_{k}", ("2021-04-01", "2021-05-01", "2021-06-01"))
+    flags = ("--time_series",)
+    convert(inp, out, *SPLIT, *flags, "--append")
+    v1_seen, v1_shards = _read_stacks(out), _shard_bytes(out)
+    for k in range(5, 9):
+        location(f"{('corn', 'wheat', 'rice')[k % 3]}/field_{k}", ("2021-04-02", "2021-05-02"))
+    location("corn/field_0", ("2021-07-01",))  # a new pass of a held location: its record stays
+    grown = convert(inp, out, *SPLIT, *flags, "--append")
+    assert grown.latest_version == 2 and grown.versions[-1].inputs["changed"] == 1
+    report = json.loads((out / "append_report.json").read_text())
+    assert report["changed"] == ["corn/field_0"]
+    after = _shard_bytes(out)
+    assert {n: b for n, b in after.items() if n in v1_shards} == v1_shards
+    assert _read_stacks(out, version=1) == v1_seen
+    assert readers.load_manifest(str(out), version=1).extra[schemas.TIME_SERIES]["steps"] == [3]
+    # The latest version against a full conversion of the grown folder without field_0's new pass.
+    (inp / "corn/field_0/2021-07-01.tif").unlink()
+    convert(inp, tmp_path / "rebuilt", *SPLIT, *flags)
+    full = _read_stacks(tmp_path / "rebuilt")
+    latest = _read_stacks(out)
+    assert latest.keys() == full.keys() and len(latest) == 9
+    for name in full:
+        assert latest[name] == full[name], name
+    assert _read_stacks(out, version=2) == latest
+    rebuilt = readers.load_manifest(str(tmp_path / "rebuilt"))
+    section = grown.extra[schemas.TIME_SERIES]
+    assert section["locations"] == rebuilt.extra[schemas.TIME_SERIES]["locations"]
+    assert section["steps"] == [2, 3] and grown.class_names == ("corn", "wheat", "rice")
+    assert verify.main([str(out)]) == 0
+    # Nothing new: no version added.
+    assert convert(inp, out, *SPLIT, *flags, "--append").latest_version == 2
