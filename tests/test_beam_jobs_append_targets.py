@@ -81,6 +81,8 @@ def _check_grown(tmp_path, inp, out, flags, mode, v1_seen, v1_shards, rebuild_fl
     """The grown dataset against version 1 as it was and against a full conversion of the grown folder."""
     grown = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
     assert grown.latest_version == 2
+    # The held files the annotations, CSV rows and masks still name are held, not 'missing_file'.
+    assert grown.rejects == {} and grown.counts["found"] == grown.counts["written"]
     # Old shards: every byte as before; version 1 reads exactly as before the append.
     after = _shard_bytes(out)
     assert {n: b for n, b in after.items() if n in v1_shards} == v1_shards
@@ -145,7 +147,7 @@ def test_coco_boxes_grow_with_a_new_annotation_file_and_a_new_category(tmp_path)
     boxes = grown.targets["boxes"]
     # Held classes keep their indices (and COCO ids); the new one comes last, by first appearance.
     assert boxes["class_names"] == ["person", "dog", "cat"] and boxes["category_ids"] == [1, 18, 5]
-    assert boxes["class_order"] == "first_appearance"
+    assert boxes["class_order"] == "first_appearance" and "missing_file" not in boxes["issues"]
     assert rebuilt.targets["boxes"]["class_names"] == ["person", "cat", "dog"]
     # Boxes per class and split: every version's, added up, as the full conversion counts them.
     order = [rebuilt.targets["boxes"]["class_names"].index(n) for n in boxes["class_names"]]
@@ -379,3 +381,31 @@ def test_time_series_grow_by_new_locations_and_a_new_pass_of_a_held_one_is_repor
     assert verify.main([str(out)]) == 0
     # Nothing new: no version added.
     assert convert(inp, out, *SPLIT, *flags, "--append").latest_version == 2
+
+
+def test_time_series_converted_without_append_get_their_locations_from_the_shards(tmp_path):
+    from helpers import write_geotiff
+
+    pytest.importorskip("rasterio")
+    inp, out = tmp_path / "in", tmp_path / "out"
+    rng = np.random.default_rng(11)
+
+    def location(rel, dates):
+        for date in dates:
+            write_geotiff(inp / rel / f"{date}.tif", rng.integers(0, 3000, (1, 4, 4), dtype=np.uint16))
+
+    for k in range(3):
+        location(f"a/loc{k}", ("2022-01-01", "2022-02-01"))
+    convert(inp, out, "--time_series", "--num_shards", "1")
+    location("a/loc9", ("2022-01-01", "2022-02-01"))
+    grown = convert(inp, out, "--time_series", "--num_shards", "1", "--append")
+    inventory = [json.loads(line) for line in (out / "inputs-v00001.jsonl").read_text().splitlines()]
+    assert [e["path"] for e in inventory] == ["a/loc0", "a/loc1", "a/loc2"]
+    assert all(e["sha256"] for e in inventory)
+    assert grown.versions[-1].inputs["new"] == 2 and grown.versions[-1].inputs["held"] == 3
+    location("a/loc1", ("2022-03-01",))
+    location("a/loc8", ("2022-01-01",))
+    third = convert(inp, out, "--time_series", "--num_shards", "1", "--append")
+    assert third.latest_version == 3 and third.versions[-1].inputs["changed"] == 1
+    report = json.loads((out / "append_report.json").read_text())
+    assert report["changed"] == ["a/loc1"]
