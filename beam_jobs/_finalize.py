@@ -17,6 +17,7 @@ from conversion import append as _append, targets as _targets
 from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
+from conversion.time_series import merge_time_series
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 
 __all__ = ["FinalizeFn"]
@@ -121,6 +122,22 @@ class FinalizeFn(beam.DoFn):
         for name, info in manifest.splits.items():
             held = splits[name].shards if name in splits else ()
             splits[name] = schemas.SplitInfo(name, held + info.shards)
+        extra = {**old.extra, **manifest.extra}
+        grown = {}
+        key = schemas.TARGETS_SECTION
+        if key in old.extra and key in manifest.extra:
+            # Counts of every version added up; the planned values (classes, dtype) this run's.
+            grown[key] = _targets.merge_sections(old.extra[key], manifest.extra[key])
+        if schemas.TIME_SERIES in old.extra and schemas.TIME_SERIES in manifest.extra:
+            # Every version's locations.
+            grown[schemas.TIME_SERIES] = merge_time_series(old.extra[schemas.TIME_SERIES],
+                                                           manifest.extra[schemas.TIME_SERIES])
+        extra.update(grown)
+        held_versions = old.all_versions
+        if grown and not held_versions[-1].sections:
+            # What `Manifest.at_version` reads for the versions before this one.
+            held_versions = (*held_versions[:-1], dataclasses.replace(
+                held_versions[-1], sections={name: old.extra[name] for name in grown}))
         added = {name: info for name, info in manifest.splits.items() if info.shards}
         version = schemas.VersionInfo(
             version=self._append["version"],
@@ -131,8 +148,8 @@ class FinalizeFn(beam.DoFn):
             time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             options=dict(manifest.options),
             inputs=dict(self._append.get("inputs") or {}),
+            sections=grown,
         )
-        extra = {**old.extra, **manifest.extra}
         if "groups" in old.extra and "groups" in manifest.extra:
             per_split = {}
             for section in (old.extra["groups"], manifest.extra["groups"]):
@@ -142,7 +159,7 @@ class FinalizeFn(beam.DoFn):
                 split: {"count": len(ids), "sha256_16": sorted(ids)} for split, ids in per_split.items()}}
         grew = width > len(old.class_names) or old.class_order == "first_appearance"
         return dataclasses.replace(
-            manifest, splits=splits, extra=extra, versions=(*old.all_versions, version),
+            manifest, splits=splits, extra=extra, versions=(*held_versions, version),
             class_order="first_appearance" if grew else "sorted")
 
 
