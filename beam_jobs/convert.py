@@ -60,7 +60,7 @@ from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import append_run, console, elements, guard, plan as _plan, recovery
 from conversion.examples import kind_for, record_schema
 from conversion.planning import build_plan, group_section
-from conversion.shard_maker import ShardMaker, ShardSpec, first_shards, needs_decoders, worker_processes
+from conversion.shard_maker import ShardMaker, ShardSpec, needs_decoders, worker_processes
 from conversion.shard_plans import write_shard_plans
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
@@ -281,21 +281,18 @@ def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, m
                   append: dict | None = None):
     """Builds and starts the pipeline of a plan, the maker's first shards started early; its result."""
     plan_paths = write_shard_plans(plan.files, config.output_dir)
-    first = []
-    if maker.processes and not config.writing.resume and not config.writing.dedup:
-        # One shard per worker process starts now: they write while Beam builds and starts
-        # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
-        # then takes their outcomes. Not with --resume: its receipts decide what is written;
-        # nor with --dedup: the shards' files are known once the pipeline compared them.
-        first = first_shards(plan.files, maker.processes)
     # The shard writers read their files from the plan files: the driver need
     # not hold one object per image while the pipeline runs (~0.7 KB each,
     # 70 MiB of peak memory at 100,000 images).
     plan = dataclasses.replace(plan, files=())
     convert = ConvertImages(plan, config, plan_paths, maker.spec, append=append)
-    if first:
-        maker.start_early(first)
-    del first  # Their planned files, as the plan's: not held while the pipeline runs.
+    if maker.processes and not config.writing.resume and not config.writing.dedup:
+        # One shard per worker process starts now: they write while Beam builds and starts
+        # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
+        # then takes their outcomes. Not with --resume: its receipts decide what is written;
+        # nor with --dedup: the shards' files are known once the pipeline compared them.
+        # The plan files are in (split, shard) order, the plan's: its first shards.
+        maker.start_early_plans(plan_paths[:maker.processes])
     pipeline = beam.Pipeline(runner=runner, options=options)
     _ = pipeline | "ConvertImages" >> convert
     return pipeline.run()
