@@ -3,7 +3,7 @@
 `AppendRun` holds what `convert.run` needs between its steps: the output's
 dataset (`conversion.append.Base`), the listed files this run converts (the
 others held, changed or missing), and the new version's number, shards and
-inventory; `FinalizeFn` turns them into the grown manifest, written last.
+inventory; `conversion.finalize.Finalizer` turns them into the grown manifest, written last.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["AppendRun", "NothingNew", "holding_lock", "PENDING_INVENTORY", "PEND
 _LOG = logging.getLogger("shardsmith.convert")
 
 # Inside the temporary folder: the new version's inventory and report, written by the
-# driver before the pipeline, moved into the dataset by `FinalizeFn` before the manifest.
+# driver before the pipeline, moved into the dataset by `conversion.finalize` before the manifest.
 PENDING_INVENTORY = "inputs-pending.jsonl"
 PENDING_REPORT = "append-report-pending.json"
 
@@ -183,7 +183,7 @@ class AppendRun:
         write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates))
 
     def finalize_args(self) -> dict:
-        """What `FinalizeFn` needs of the append (`append=`): small values only."""
+        """What `conversion.finalize.Finalizer` needs of the append (`append=`): small values only."""
         return {
             "version": self.version,
             "base": None if self.base is None else self.base.manifest.to_json(),

@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers import corrupt, global_shuffle, stored
+from readers import corrupt, global_shuffle, stored, targets
 from readers.dataset import _derive_seed, _drop_skipped, _random_seed, _shards_records
 from readers.metadata import SplitFiles, load_split
 from readers.options import ReadOptions, ShuffleOptions
@@ -420,10 +420,9 @@ def _stack_loader(split_files, options: TimeSeriesOptions, reading: ReadOptions,
             stack, mask = _augment(stack, mask, options.augment, aug_seed)
         if static is not None:
             stack = tf.ensure_shape(stack, static)
-        if label_mode == "int":
-            label = tf.cast(features[LABEL.key], tf.int32)
-        elif label_mode == "categorical":
-            label = tf.one_hot(features[LABEL.key], num_classes, dtype=tf.float32)
+        row = targets.mode_of(label_mode)
+        if row is not None and row.from_class is not None:
+            label = row.from_class(features[LABEL.key], num_classes)
         else:
             label = mask
         extra = {}
