@@ -44,10 +44,13 @@ class FinalizeFn(beam.DoFn):
         conversion) and the inputs' counts. The new version's inventory goes
         in first; the grown manifest replaces the old one last, then TFDS's
         metadata (a run killed before leaves the previous version whole).
+      finish: The example kind's `finish_output` (manifest, rejects,
+        output_dir), called after manifest.json; None: nothing more.
     """
 
     def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
-                 max_reject_fraction, features=None, extra=None, targets=None, append=None):
+                 max_reject_fraction, features=None, extra=None, targets=None, append=None, finish=None):
+        self._finish = finish
         self._append = None if append is None else dict(append)
         self._targets = None if targets is None else dict(targets)
         self._output_dir = output_dir
@@ -83,6 +86,8 @@ class FinalizeFn(beam.DoFn):
             # version (its shards all there), never one of shards not written yet.
             for name, text in tfds.items():
                 write_atomically(self._output_dir, name, text.encode())
+        if self._finish is not None:
+            self._finish(manifest, rejects, self._output_dir)
         remove_tree(join(self._output_dir, TMP_DIRNAME))
         yield manifest
 

@@ -126,6 +126,7 @@ class ConvertImages(beam.PTransform):
                            **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
                     append=self._append,
+                    finish=kind_for(config.validation).finish_output,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
                 rejects=beam.pvalue.AsList(rejects),
@@ -155,11 +156,6 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         before any work starts.
     """
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
-    if "--volumes" in argv:
-        from beam_jobs import convert_volumes
-
-        _refuse_volumes_append(argv)
-        return convert_volumes.run(argv, wait=wait)
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
     if config.append:
@@ -262,7 +258,7 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
         config = dataclasses.replace(config, writing=dataclasses.replace(
             config.writing, version=appending.version))
     # What its kind's shard writers read beside the shard plans (a location's plan, for time series).
-    kind_for(config.validation).prepare_output(plan, config.output_dir)
+    kind_for(config.validation).prepare_output(plan, config)
     # Fewer shards than cores: fewer processes.
     processes = worker_processes(asked, plan.files, sum(plan.shard_counts.values()), threads)
     if start:
@@ -342,25 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
-def _refuse_volumes_append(argv) -> None:
-    """--volumes has its own pipeline, which does not grow a dataset yet: refused before any work."""
-    if "--append" in argv:
-        raise ValueError("--append does not grow a dataset of --volumes yet: convert the grown folder "
-                         "with --overwrite.")
-
-
 def _main(argv: list[str]) -> int:
-    if "--volumes" in argv:
-        # DICOM series and NIfTI files as volumes: their own pipeline (issue 36).
-        from beam_jobs import convert_volumes
-
-        try:
-            _refuse_volumes_append(argv)
-        except ValueError as e:
-            print(f"shardsmith convert: error: {e}", file=sys.stderr)
-            return 2
-
-        return convert_volumes.main(argv)
     if args.print_help_if_asked(argv, help_text):
         return 0
     try:

@@ -95,7 +95,9 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
     kind = _examples.kind_for(config.validation)
     grouped = kind.group(files, problems, config)
     files, problems = grouped.files, grouped.problems
-    labels_csv = _read_labels_csv(config)
+    # A kind that labels its examples itself (volumes: a series' class folder or CSV row above it)
+    # has read --labels_csv already.
+    labels_csv = _read_labels_csv(config) if grouped.labels is None else None
     # What annotations may name: every listed example, before any is refused below.
     # With --append, the held files too: annotations name them, and they are no 'missing_file'.
     listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems] + sorted(held))
@@ -133,7 +135,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,
         targets=planned.targets,
-        folder_labels=planned.labels_from,
+        folder_labels=planned.labels_from if grouped.labels is None else _kind_labels(grouped),
         windows=windows,
         known_classes=known_classes,
     )
@@ -158,6 +160,16 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
     return plan
+
+
+def _kind_labels(grouped):
+    """`make_plan`'s folder_labels for the examples a kind labelled itself (`Grouped.labels`)."""
+
+    def labels_from(files, split_ratios):
+        labels = {f.rel_path: grouped.labels[f.rel_path] for f in files if f.rel_path in grouped.labels}
+        return labels, [f for f in files if f.rel_path not in labels], grouped.split_source
+
+    return labels_from
 
 
 def _read_labels_csv(config: ConversionConfig):
