@@ -1,23 +1,12 @@
-"""The conversion's last step: rejects.jsonl, normalized.jsonl, then manifest.json."""
+"""The conversion's last step as a DoFn: rejects.jsonl, normalized.jsonl, then manifest.json
+(`conversion.finalize.Finalizer`)."""
 
 from __future__ import annotations
-
-import collections
-import dataclasses
-import datetime
-import json
-import os
 
 import apache_beam as beam
 
 import schemas
-from schemas.tfds_metadata import tfds_files
-from conversion.output_folder import remove_dataset_files
-from conversion import append as _append, targets as _targets
-from conversion.elements import ConversionError
-from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
-from conversion.normalized import patches_summary as _patch_summary
-from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
+from conversion.finalize import Finalizer
 
 __all__ = ["FinalizeFn"]
 
@@ -25,196 +14,14 @@ __all__ = ["FinalizeFn"]
 # Declared: Beam would otherwise infer it from the bytecode of `process` (~0.1 s per DoFn).
 @beam.typehints.with_output_types(schemas.Manifest)
 class FinalizeFn(beam.DoFn):
-    """Writes rejects.jsonl, normalized.jsonl, then manifest.json (last).
+    """Writes rejects.jsonl, normalized.jsonl, then manifest.json (last), once, from the
+    side inputs of every shard result, reject and normalised entry.
 
-    Args:
-      output_dir: The dataset folder.
-      class_names, shard_counts, num_found: From the plan.
-      options: The manifest's `options` (`ConversionConfig.manifest_options`).
-      max_reject_fraction: Above this fraction of rejects, raise
-        `ConversionError` and write no manifest.
-      features: The schema's JSON (default: the plain image schema).
-      extra: Further manifest sections known before the run (e.g. split groups).
-      targets: The planned, dataset-level part of the manifest's targets
-        section (`conversion.plan.Plan.targets_section`); the shards' counts
-        are added to it. None: no targets beyond one class.
-      append: With --append (`conversion.append_run.AppendRun.finalize_args`): the
-        version this run writes, the manifest it grows (None: a first
-        conversion) and the inputs' counts. The new version's inventory goes
-        in first; the grown manifest replaces the old one last, then TFDS's
-        metadata (a run killed before leaves the previous version whole).
+    Args: those of `conversion.finalize.Finalizer`, by keyword.
     """
 
-    def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
-                 max_reject_fraction, features=None, extra=None, targets=None, append=None):
-        self._append = None if append is None else dict(append)
-        self._targets = None if targets is None else dict(targets)
-        self._output_dir = output_dir
-        self._features = dict(features or schemas.IMAGE_SCHEMA.to_json())
-        self._extra = dict(extra or {})
-        self._class_names = tuple(class_names)
-        self._shard_counts = dict(shard_counts)
-        self._num_found = num_found
-        self._options = options
-        self._max_reject_fraction = max_reject_fraction
+    def __init__(self, **kwargs):
+        self._finalizer = Finalizer(**kwargs)
 
     def process(self, unused_element, shards, rejects, normalized):
-        rejects = sorted(rejects, key=lambda r: os.fsencode(r.rel_path))
-        normalized = sorted(normalized, key=lambda n: os.fsencode(n[0]))
-        self._write_lists(rejects, normalized)
-        counts = self._counts(shards, rejects)
-        splits = self._splits(shards)
-        manifest = self._manifest(splits, counts, rejects, normalized, shards)
-        if self._append is not None:
-            manifest = self._grown(manifest)
-            self._write_inventory(rejects)
-        keep = {name for info in manifest.splits.values() for s in info.shards
-                for name in (s.file, s.index_file)}
-        remove_dataset_files(self._output_dir, keep=keep)
-        # TFDS's metadata too, so `tfds.builder_from_directory` reads the folder as is.
-        tfds = tfds_files(manifest)
-        if self._append is None:
-            for name, text in tfds.items():
-                write_atomically(self._output_dir, name, text.encode())
-        write_atomically(self._output_dir, schemas.MANIFEST_FILENAME, manifest.to_json().encode())
-        if self._append is not None:
-            # After the manifest: a run killed between leaves TFDS's view of the previous
-            # version (its shards all there), never one of shards not written yet.
-            for name, text in tfds.items():
-                write_atomically(self._output_dir, name, text.encode())
-        remove_tree(join(self._output_dir, TMP_DIRNAME))
-        yield manifest
-
-    def _write_inventory(self, rejects) -> None:
-        """Moves the new version's inventory (its files not rejected) and report into the dataset."""
-        tmp = join(self._output_dir, TMP_DIRNAME)
-        from conversion.append_run import PENDING_INVENTORY, PENDING_REPORT
-
-        rejected = {r.rel_path for r in rejects}
-        lines = read_bytes(join(tmp, PENDING_INVENTORY)).decode().splitlines(keepends=True)
-        kept = [line for line in lines if json.loads(line)["path"] not in rejected] if rejected else lines
-        write_atomically(self._output_dir, _append.inputs_filename(self._append["version"]),
-                         "".join(kept).encode())
-        report = join(tmp, PENDING_REPORT)
-        if exists(report):
-            write_atomically(self._output_dir, _append.REPORT_FILENAME, read_bytes(report))
-
-    def _grown(self, manifest: schemas.Manifest) -> schemas.Manifest:
-        """The dataset's manifest with this run's shards as a new version (None base: `manifest`)."""
-        base = self._append.get("base")
-        if base is None:
-            return manifest
-        old = schemas.Manifest.from_json(base, schemas.MANIFEST_FILENAME)
-        width = len(manifest.class_names)
-
-        def padded(shard):
-            return dataclasses.replace(shard, class_counts=tuple(shard.class_counts)
-                                       + (0,) * (width - len(shard.class_counts)))
-
-        splits = {name: schemas.SplitInfo(name, tuple(map(padded, info.shards)))
-                  for name, info in old.splits.items()}
-        for name, info in manifest.splits.items():
-            held = splits[name].shards if name in splits else ()
-            splits[name] = schemas.SplitInfo(name, held + info.shards)
-        added = {name: info for name, info in manifest.splits.items() if info.shards}
-        version = schemas.VersionInfo(
-            version=self._append["version"],
-            shards={name: tuple(s.file for s in info.shards) for name, info in added.items()},
-            num_records={name: info.num_records for name, info in added.items()},
-            class_counts={name: tuple(info.class_counts) for name, info in added.items()},
-            num_classes=width,
-            time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            options=dict(manifest.options),
-            inputs=dict(self._append.get("inputs") or {}),
-        )
-        extra = {**old.extra, **manifest.extra}
-        if "groups" in old.extra and "groups" in manifest.extra:
-            per_split = {}
-            for section in (old.extra["groups"], manifest.extra["groups"]):
-                for split, ids in section["per_split"].items():
-                    per_split.setdefault(split, set()).update(ids["sha256_16"])
-            extra["groups"] = {**manifest.extra["groups"], "per_split": {
-                split: {"count": len(ids), "sha256_16": sorted(ids)} for split, ids in per_split.items()}}
-        grew = width > len(old.class_names) or old.class_order == "first_appearance"
-        return dataclasses.replace(
-            manifest, splits=splits, extra=extra, versions=(*old.all_versions, version),
-            class_order="first_appearance" if grew else "sorted")
-
-
-    def _write_lists(self, rejects, normalized) -> None:
-        write_atomically(
-            self._output_dir, schemas.REJECTS_FILENAME,
-            "".join(r.to_json() + "\n" for r in rejects).encode(),
-        )
-        write_atomically(
-            self._output_dir, schemas.NORMALIZED_FILENAME,
-            "".join(
-                json.dumps(_normalized_entry(p, src, actions, details), sort_keys=True,
-                           ensure_ascii=False) + "\n"
-                for p, src, actions, details in normalized
-            ).encode(),
-        )
-
-    def _counts(self, shards, rejects) -> dict:
-        """The manifest's counts; raises when inputs went missing or too many were rejected."""
-        written = sum(s.num_sources for s in shards)
-        kinds = collections.Counter(r.kind for r in rejects)
-        counts = {
-            "found": self._num_found,
-            "written": written,
-            "rejected": kinds["rejected"],
-            "skipped": kinds["skipped"],
-        }
-        if written + kinds["rejected"] + kinds["skipped"] != self._num_found:
-            # An internal invariant, not a user error: an input went missing.
-            raise RuntimeError(f"Inputs do not reconcile, nothing may be lost: {counts}")
-        considered = written + kinds["rejected"]
-        if considered and kinds["rejected"] / considered > self._max_reject_fraction:
-            raise ConversionError(
-                f"{kinds['rejected']:,} of {considered:,} images were rejected, more than "
-                f"--max_reject_fraction={self._max_reject_fraction:g}; see "
-                f"{join(self._output_dir, schemas.REJECTS_FILENAME)}. "
-                "No manifest was written."
-            )
-        return counts
-
-    def _splits(self, shards) -> dict:
-        splits = {}
-        for split, count in self._shard_counts.items():
-            mine = sorted((s for s in shards if s.split == split), key=lambda s: s.index)
-            if [s.index for s in mine] != list(range(count)):
-                raise RuntimeError(f"Split {split!r}: shards {[s.index for s in mine]} of {count}")
-            splits[split] = schemas.SplitInfo(split, tuple(
-                schemas.ShardInfo(s.file, s.num_records, s.num_bytes, s.sha256, s.class_counts,
-                                  s.index_file, s.index_sha256,
-                                  schemas.ImageStats.from_json(s.images),
-                                  schemas.BandStats.from_json(s.band_stats), s.georeferenced)
-                for s in mine
-            ))
-        return splits
-
-    def _manifest(self, splits, counts, rejects, normalized, shards=()) -> schemas.Manifest:
-        actions = collections.Counter(a for _, _, acts, _ in normalized for a in acts)
-        extra = dict(self._extra)
-        if self._targets is not None:
-            extra[schemas.TARGETS_SECTION] = _targets.targets_section(
-                self._targets, shards, sorted(self._shard_counts), len(self._class_names))
-        patches = _patch_summary(normalized)
-        if patches:
-            extra["patches"] = patches
-        dicom = _dicom_summary(normalized)
-        if dicom:
-            extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}
-        return schemas.Manifest(
-            schema_version=schemas.SCHEMA_VERSION,
-            tool_version=schemas.__version__,
-            features=self._features,
-            class_names=self._class_names,
-            splits=splits,
-            counts=counts,
-            rejects=dict(sorted(collections.Counter(r.reason for r in rejects).items())),
-            normalized=dict(sorted(actions.items())),
-            options=self._options,
-            extra=extra,
-        )
-
+        yield self._finalizer.finish(shards, rejects, normalized)

@@ -599,10 +599,8 @@ class _Stages:
     def of(cls, split_files: SplitFiles, config: ReaderConfig, batch_size: int | None) -> _Stages:
         reading = config.reading
         target = targets.TargetPlan.of(split_files, reading)
-        if target is not None:
-            keys = (IMAGE.key,) + target.keys
-        else:
-            keys = (IMAGE.key,) + ((LABEL.key,) if reading.label_mode else ())
+        mode = targets.mode_of(reading.label_mode)
+        keys = (IMAGE.key,) + (mode.keys if mode is not None else ())
         keys += tuple(k for k in reading.extra_features if k not in keys)
         stats = split_files.images
         raster = stored.plan(split_files, config.image)
@@ -720,14 +718,8 @@ class _Stages:
             # Already per example, with the image's geometry (`decode`).
             out.append(features[_TARGET_LABEL])
         elif reading.label_mode is not None:
-            labels = features[LABEL.key]
-            if reading.label_mode == "int":
-                labels = tf.cast(labels, tf.int32)
-            elif reading.label_mode == "categorical":
-                labels = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
-            else:
-                labels = tf.expand_dims(tf.cast(labels, tf.float32), -1)
-            out.append(labels)
+            # A mode of the image-level class: its row converts a batch's labels at once.
+            out.append(targets.mode_of(reading.label_mode).from_class(features[LABEL.key], self.num_classes))
         if reading.extra_features:
             out.append({k: features[k] for k in reading.extra_features})
         return out[0] if len(out) == 1 else tuple(out)

@@ -30,7 +30,7 @@ __all__ = [
     "ReaderConfig", "GROUP_NAMES", "reader_signature",
 ]
 
-LABEL_MODES = ("int", "categorical", "binary", *targets.TARGET_LABEL_MODES, None)
+LABEL_MODES = (*targets.LABEL_MODES, None)
 # normalize= value: the train split's per-band statistics from the manifest.
 NORMALIZE_DATASET = "dataset"
 AUGMENTATIONS = (None, "standard")
@@ -471,7 +471,7 @@ class ReadOptions:
         if self.label_mode not in supported:
             kind = targets.KIND_OF_MODE.get(self.label_mode)
             has = (f"no image-level classes (class_names is [], every label -1)"
-                   if kind is None else f"no {kind!r} target")
+                   if kind == targets.CLASS_KIND else f"no {kind!r} target")
             raise ValueError(
                 f"label_mode={self.label_mode!r} does not apply to this dataset: it has {has}, "
                 f"and its targets are {list(schema_targets)}; it can be read with label_mode "

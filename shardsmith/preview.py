@@ -53,10 +53,13 @@ import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
 from conversion import console
-from readers import preprocess, stored
+from readers import preprocess, stored, targets as _targets
 from readers.dataset import ReaderConfig, build_dataset
 from readers.metadata import SplitFiles, load_manifest, load_split
-from schemas.features import BOX_FEATURES, FILENAME, HEIGHT, LABEL, MASK, WIDTH
+# colour_of and MASK_ALPHA: the overlays' colours, which tests compare the sheets with.
+from readers.targets.overlay import INK as _INK, MASK_ALPHA, Frame, colour_of  # noqa: F401
+from readers.targets.overlay import fit as _fit, line_height as _line_height
+from schemas.features import FILENAME, HEIGHT, LABEL, WIDTH
 from schemas.manifest import NORMALIZED_FILENAME, Manifest, ManifestError
 from schemas.time_series import TIME_SERIES, example_kind
 
@@ -76,33 +79,15 @@ _MARGIN = 12
 _GAP = 6
 _WHITE = (255, 255, 255)
 _BLANK = (236, 236, 236)
-_INK = (25, 25, 25)
 _MUTED = (115, 115, 115)
 _WARN = (185, 35, 35)
 _BAR = (72, 112, 170)
 _STRIPE = (246, 246, 246)
 # Percentiles each shown band of a raster is stretched between.
 _STRETCH = (2.0, 98.0)
-# Target overlays: one colour per mask class id or box class (cycled), 20 distinct colours
-# (Sasha Trubetskoy's list); a mask colour covers this fraction of the pixel.
-PALETTE = (
-    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48),
-    (145, 30, 180), (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212),
-    (0, 128, 128), (220, 190, 255), (170, 110, 40), (255, 250, 200), (128, 0, 0),
-    (170, 255, 195), (128, 128, 0), (255, 215, 180), (0, 0, 128), (128, 128, 128),
-)
-MASK_ALPHA = 0.45
-# The mask id that means "ignore this pixel" at each mask dtype: not coloured.
-_IGNORE_ID = {"uint8": 255, "uint16": 65535}
 # The row of a split without image-level classes (label -1): all its images.
 _ALL_IMAGES = "all images"
-_MAX_LEGEND = 40
 _MIN_SHEET_WIDTH = 560
-
-
-def colour_of(index: int) -> tuple[int, int, int]:
-    """The overlay colour of mask class id or box class `index`."""
-    return PALETTE[index % len(PALETTE)]
 
 
 # --- Text ---------------------------------------------------------------------
@@ -113,41 +98,6 @@ def _font(size: int) -> ImageFont.ImageFont:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1 has one fixed-size bitmap font.
         return ImageFont.load_default()
-
-
-def _line_height(font) -> int:
-    ascent, descent = font.getmetrics()
-    return ascent + descent + 2
-
-
-def _fit(font, text: str, width: float, *, path: bool = False) -> str:
-    """`text`, shortened with '…' until it fits `width` pixels.
-
-    Prose loses its end. For a `path` the end (the file's own name) is the
-    most telling part: it is kept whole if it fits, and the folders are
-    shortened first ('astro…/astronaut_07.jpg').
-    """
-    if font.getlength(text) <= width:
-        return text
-    shorten = _elide if path else (lambda t, keep: t[:keep].rstrip() + "…")
-    lo, hi = 0, len(text) - 1  # Characters kept: the largest count that fits.
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if font.getlength(shorten(text, mid)) <= width:
-            lo = mid
-        else:
-            hi = mid - 1
-    return shorten(text, lo)
-
-
-def _elide(text: str, keep: int) -> str:
-    """`keep` characters of `text` around a '…': the end first, up to the base name."""
-    base = len(text) - text.rfind("/")  # The base name with its '/', or the whole text + 1.
-    tail = min(keep, base)
-    head = keep - tail
-    if head < 3:  # A stub of a folder name helps nobody.
-        head = 0
-    return text[:head] + "…" + text[len(text) - tail:] if tail else text[:head] + "…"
 
 
 def _save_png(image: Image.Image, path: str) -> None:
@@ -727,14 +677,12 @@ class _Targets:
 
     Attributes:
       height, width: The stored image's size.
-      mask: Class ids [h, w] (the mask's own size), or None.
-      boxes: (xmin, ymin, xmax, ymax, label, is_crowd) per box, normalised corners.
+      values: Each overlay's target (`readers.targets.overlay.Overlay.read`), in `_Overlay`'s order.
     """
 
     height: int
     width: int
-    mask: np.ndarray | None = None
-    boxes: tuple[tuple[float, float, float, float, int, int], ...] = ()
+    values: tuple = ()
 
 
 def _window(height: int, width: int, size: int, resize: str) -> tuple[float, float, float, float]:
@@ -754,7 +702,8 @@ def _window(height: int, width: int, size: int, resize: str) -> tuple[float, flo
 
 
 class _Overlay:
-    """Draws a dataset's masks and boxes over the tiles of the reader's images.
+    """Draws a dataset's targets over the tiles of the reader's images: each kind as its row of
+    `readers.targets.MODES` draws it (`TargetMode.overlay`), masks before boxes.
 
     Args:
       manifest: The dataset's manifest (its `targets` section).
@@ -764,107 +713,46 @@ class _Overlay:
     """
 
     def __init__(self, manifest: Manifest, split_files: SplitFiles, size: int, resize: str):
-        kinds = split_files.schema.targets
         self._schema = split_files.schema
         self._size = size
         self._resize = resize
-        mask = manifest.targets.get("mask") or {}
-        self._mask_dtype = mask.get("dtype", "uint8") if "mask" in kinds else None
-        self._boxes = "boxes" in kinds
-        self._box_names = tuple((manifest.targets.get("boxes") or {}).get("class_names") or ())
-        self._undecodable: list[str] = []
+        self._overlays = _targets.overlays(manifest, split_files)
 
     @property
     def active(self) -> bool:
-        return self._mask_dtype is not None or self._boxes
+        return bool(self._overlays)
 
     def targets_of(self, serialized: bytes) -> _Targets | None:
-        """The targets of one record; None for a dataset without masks or boxes."""
+        """The targets of one record; None for a dataset without targets to draw."""
         if not self.active:
             return None
         values = self._schema.decode(serialized)
-        mask = None
-        if self._mask_dtype is not None:
-            try:
-                mask = tf.io.decode_png(values[MASK.key], channels=1,
-                                        dtype=getattr(tf, self._mask_dtype)).numpy()[..., 0]
-            except tf.errors.OpError:
-                # verify names such a record; the sheet shows the image without its mask.
-                self._undecodable.append(values[FILENAME.key].decode("utf-8", "replace"))
-        boxes = ()
-        if self._boxes:
-            boxes = tuple(zip(*(values[spec.key] for spec in BOX_FEATURES)))
-        return _Targets(int(values[HEIGHT.key]), int(values[WIDTH.key]), mask, boxes)
+        return _Targets(int(values[HEIGHT.key]), int(values[WIDTH.key]),
+                        tuple(overlay.read(values) for overlay in self._overlays))
 
     def draw(self, pixels: np.ndarray, targets: _Targets | None, font) -> Image.Image:
         """The tile of `pixels` with `targets` drawn over it."""
         if targets is None:
             return Image.fromarray(pixels)
-        top, left, win_h, win_w = _window(targets.height, targets.width, self._size, self._resize)
-        size = self._size
-        if targets.mask is not None:
-            pixels = self._blend_mask(pixels, targets, (top, left, win_h, win_w))
+        frame = Frame(targets.height, targets.width, self._size,
+                      *_window(targets.height, targets.width, self._size, self._resize))
+        for overlay, target in zip(self._overlays, targets.values):
+            pixels = overlay.paint(pixels, target, frame)
         tile = Image.fromarray(pixels)
         draw = ImageDraw.Draw(tile)
-        line = max(1, size // 64)
-        for xmin, ymin, xmax, ymax, label, crowd in targets.boxes:
-            x0 = (xmin * targets.width - left) * size / win_w
-            x1 = (xmax * targets.width - left) * size / win_w
-            y0 = (ymin * targets.height - top) * size / win_h
-            y1 = (ymax * targets.height - top) * size / win_h
-            box = (round(x0), round(y0), max(round(x0), round(x1) - 1), max(round(y0), round(y1) - 1))
-            colour = colour_of(label)
-            draw.rectangle(box, outline=colour, width=line)
-            name = self._box_names[label] if 0 <= label < len(self._box_names) else f"? {label}"
-            name += " (crowd)" if crowd else ""
-            text = _fit(font, name, max(size - box[0] - 2, 8))
-            tx, ty = box[0] + line, box[1] + line
-            right = min(size - 1, tx + int(font.getlength(text)) + 1)
-            draw.rectangle((tx, ty, right, ty + _line_height(font) - 2), fill=colour)
-            draw.text((tx + 1, ty), text, font=font, fill=_INK)
+        for overlay, target in zip(self._overlays, targets.values):
+            overlay.draw(draw, target, frame, font)
         return tile
 
-    def _blend_mask(self, pixels: np.ndarray, targets: _Targets, window) -> np.ndarray:
-        """Each tile pixel's mask id (nearest, through the reader's resize) coloured over it."""
-        top, left, win_h, win_w = window
-        mask = targets.mask
-        size = self._size
-        centres = (np.arange(size) + 0.5) / size
-        # Tile pixel centre -> stored image position -> mask pixel (the mask's own size).
-        ys = (top + centres * win_h) / targets.height
-        xs = (left + centres * win_w) / targets.width
-        inside_y, inside_x = (ys >= 0) & (ys < 1), (xs >= 0) & (xs < 1)
-        rows = np.clip((ys * mask.shape[0]).astype(np.int64), 0, mask.shape[0] - 1)
-        cols = np.clip((xs * mask.shape[1]).astype(np.int64), 0, mask.shape[1] - 1)
-        ids = mask[rows[:, None], cols[None, :]].astype(np.int64)
-        shown = inside_y[:, None] & inside_x[None, :] & (ids != _IGNORE_ID[self._mask_dtype])
-        colours = np.asarray(PALETTE, np.float64)[ids % len(PALETTE)]
-        blended = pixels.astype(np.float64) * (1 - MASK_ALPHA) + colours * MASK_ALPHA
-        out = np.where(shown[..., None], np.round(blended), pixels)
-        return out.astype(np.uint8)
-
     def legend(self, shown: list[_Targets | None]) -> list[tuple[tuple[int, int, int] | None, str]]:
-        """(colour or None, text) entries: the mask ids and box classes on the tiles."""
+        """(colour or None, text) entries: what the colours on the tiles mean, kind by kind."""
         entries: list[tuple[tuple[int, int, int] | None, str]] = []
-        if self._mask_dtype is not None:
-            ids = sorted({int(i) for t in shown if t is not None and t.mask is not None
-                          for i in np.unique(t.mask)})
-            ignore = _IGNORE_ID[self._mask_dtype]
-            entries.append((None, "mask ids:"))
-            entries += [(colour_of(i), str(i)) for i in ids if i != ignore][:_MAX_LEGEND]
-            entries.append((None, f"({ignore}: ignore, not coloured)"))
-        if self._boxes:
-            labels = sorted({int(b[4]) for t in shown if t is not None for b in t.boxes})
-            entries.append((None, "boxes:"))
-            entries += [(colour_of(i), self._box_names[i] if 0 <= i < len(self._box_names) else f"? {i}")
-                        for i in labels][:_MAX_LEGEND]
+        for i, overlay in enumerate(self._overlays):
+            entries += overlay.legend([None if t is None else t.values[i] for t in shown])
         return entries
 
     def notes(self) -> list[tuple[str, tuple[int, int, int]]]:
-        if not self._undecodable:
-            return []
-        return [(f"{len(self._undecodable)} masks do not decode (shown without): "
-                 f"{', '.join(sorted(self._undecodable)[:3])}; run shardsmith verify.", _WARN)]
+        return [(note, _WARN) for overlay in self._overlays for note in overlay.notes()]
 
 
 _SWATCH = 10

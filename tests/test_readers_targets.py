@@ -533,3 +533,26 @@ def test_distributed_dataset_under_mirrored_strategy(seg, multi):
     # model.fit, one epoch of each mode: 8 and 6 records, global batches of 4.
     assert result["fit_steps"] == {"mask": 2, "boxes": 2, "multi_hot": 2, "target": 2}
     assert all(np.isfinite(loss) for loss in result["fit_loss"].values())
+
+
+def test_the_image_level_class_is_rows_of_the_table_too():
+    from readers import options, targets
+
+    assert options.LABEL_MODES == (*(mode.name for mode in targets.MODES), None)
+    assert targets.LABEL_MODES[:3] == ("int", "categorical", "binary")
+    assert {targets.KIND_OF_MODE[m] for m in ("int", "categorical", "binary")} == {targets.CLASS_KIND}
+    assert targets.TARGET_LABEL_MODES == ("mask", "boxes", "multi_hot", "target")
+    # Which modes a dataset can be read in: the rows say.
+    assert targets.supported_label_modes(("a", "b"), ()) == ("int", "categorical", "binary", None)
+    assert targets.supported_label_modes(("a", "b", "c"), ("mask",)) == ("int", "categorical", "mask", None)
+    assert targets.supported_label_modes((), ("boxes", "target")) == ("boxes", "target", None)
+    # A batch's labels, converted at once (and one example's, elementwise).
+    labels = tf.constant([0, 1, 1], tf.int64)
+    rows = {m: targets.mode_of(m) for m in ("int", "categorical", "binary")}
+    assert rows["int"].from_class(labels, 2).dtype == tf.int32
+    np.testing.assert_array_equal(rows["int"].from_class(labels, 2), [0, 1, 1])
+    np.testing.assert_array_equal(rows["categorical"].from_class(labels, 3), [[1, 0, 0], [0, 1, 0], [0, 1, 0]])
+    np.testing.assert_array_equal(rows["binary"].from_class(labels, 2), [[0.0], [1.0], [1.0]])
+    np.testing.assert_array_equal(rows["categorical"].from_class(tf.constant(2, tf.int64), 3), [0, 0, 1])
+    # Read per batch: no per-example plan.
+    assert all(targets.TargetPlan.of(None, type("R", (), {"label_mode": m})) is None for m in rows)

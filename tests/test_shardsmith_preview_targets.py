@@ -116,3 +116,38 @@ def test_main_writes_the_sheet_of_a_dataset_with_targets(masks, tmp_path, capsys
     assert capsys.readouterr().out.split()[0] == str(target)
     with Image.open(target) as im:
         assert im.tobytes() == _sheet(masks, 32, per_class=2).image.tobytes()
+
+
+def test_a_new_kind_is_drawn_by_its_row_alone(masks, monkeypatch):
+    # A row whose overlay paints every tile pixel one colour and adds a legend entry: preview
+    # draws it with no change of its own (the mask row's overlay still draws before it).
+    from readers import targets
+    from readers.targets.mode import TargetMode
+    from readers.targets.overlay import Overlay
+
+    seen = []
+
+    class Stripe(Overlay):
+        def read(self, values):
+            return values[schemas.FILENAME.key].decode()
+
+        def paint(self, pixels, name, frame):
+            seen.append((name, frame.height, frame.width, frame.size))
+            out = pixels.copy()
+            out[-2:] = (1, 2, 3)
+            return out
+
+        def legend(self, shown):
+            return [((1, 2, 3), "stripe")]
+
+    row = TargetMode(name="stripe", kind="stripe", keys=(), overlay=lambda manifest, split: Stripe())
+    monkeypatch.setattr(targets, "MODES", (*targets.MODES, row))
+    sheet = _sheet(masks, 32)
+    names = sheet.rows[0][1]
+    assert sorted(n for n, *_ in seen) == sorted(names) and {s[1:] for s in seen} == {(32, 32, 32)}
+    by_reader = _reader_images(masks, 32, "stretch")
+    for column, name in enumerate(names):
+        tile = _tile(sheet, column, 32)
+        assert (tile[-2:] == (1, 2, 3)).all()
+        # The mask's colours are there still, above the stripe.
+        np.testing.assert_allclose(tile[1:-2, :16], _blend(by_reader[name][1:-2, :16].astype(np.int64), 1), atol=1)

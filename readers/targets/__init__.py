@@ -1,8 +1,13 @@
-"""Targets beyond one class per image, as a table: one module per label mode, one row.
+"""Every label mode, as a table: one module per kind of target, one row per mode.
 
-The label modes of datasets converted with targets (issue 24; the record
-features are `schemas.TARGET_KINDS`, what they mean is in the manifest's
-`targets` section), one `TargetMode` row of `MODES` each:
+What the reader's `label_mode` gives as each example's label, one
+`TargetMode` row of `MODES` each: the image-level class (the `label`
+feature), and the kinds of target of datasets converted with targets (issue
+24; the record features are `schemas.TARGET_KINDS`, what they mean is in the
+manifest's `targets` section):
+
+- 'int', 'categorical', 'binary' (`readers.targets.classes`): the class
+  index, one-hot, or 0/1 of a two-class dataset, converted per batch.
 
 - 'mask' (`readers.targets.masks`): `(image, mask)`, mask int32
   [height, width, 1] of class ids; padding gets `MASK_IGNORE_IDS`.
@@ -17,12 +22,15 @@ Geometry: every step that moves pixels (centre or random crop, padding,
 resize, flip) moves the target with the image, with the same parameters:
 `readers.targets.geometry` decodes the image and returns what it went through
 (a `Geometry`), and the mode's row moves its label by it. `TargetPlan` is a
-mode resolved once for a split; decoding (`readers.decode.decode_mask`,
-`stack_boxes`) depends on the schema alone; this package is the model side,
-as `readers.preprocess` is for images.
+mode of a target kind resolved once for a split; decoding
+(`readers.decode.decode_mask`, `stack_boxes`) depends on the schema alone;
+this package is the model side, as `readers.preprocess` is for images.
+
+`shardsmith preview` draws each kind on its tiles as its row says
+(`TargetMode.overlay`, `overlays`; `readers.targets.overlay`).
 
 Adding a label mode (see docs/architecture.md, "A new target kind"): a module
-here with its `MODE`, and its row in `MODES`.
+here with its `MODE` (its label, and how it is drawn), and its row in `MODES`.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from readers.targets import boxes as _boxes, labels as _labels, masks as _masks, numbers as _numbers
+from readers.targets import boxes as _boxes, classes as _classes, labels as _labels, masks as _masks
+from readers.targets import numbers as _numbers
 from readers.targets.geometry import load_image
 from readers.targets.mode import TargetMode
 from schemas.features import IMAGE
@@ -41,6 +50,8 @@ from schemas.features import IMAGE
 __all__ = [
     "MODES",
     "TargetMode",
+    "LABEL_MODES",
+    "CLASS_KIND",
     "TARGET_LABEL_MODES",
     "KIND_OF_MODE",
     "MASK_IGNORE_IDS",
@@ -50,21 +61,26 @@ __all__ = [
     "mode_of",
     "supported_label_modes",
     "class_names",
+    "overlays",
 ]
 
-# The table: one row per label mode of a target kind, in `readers.options.LABEL_MODES` order.
-MODES: tuple[TargetMode, ...] = (_masks.MODE, _boxes.MODE, _labels.MODE, _numbers.MODE)
+# The table: one row per label mode, in `readers.options.LABEL_MODES` order.
+MODES: tuple[TargetMode, ...] = (*_classes.MODES, _masks.MODE, _boxes.MODE, _labels.MODE, _numbers.MODE)
 _BY_NAME: Mapping[str, TargetMode] = {mode.name: mode for mode in MODES}
 
-# The label modes of targets, and the kind of target (`schemas.TARGET_KINDS`) each reads.
+# Every label mode (None, no label, aside), and the kind of target each reads:
+# `classes.KIND` for the image-level class, else a key of `schemas.TARGET_KINDS`.
+LABEL_MODES = tuple(mode.name for mode in MODES)
+CLASS_KIND = _classes.KIND
 KIND_OF_MODE: Mapping[str, str] = {mode.name: mode.kind for mode in MODES}
-TARGET_LABEL_MODES = tuple(KIND_OF_MODE)
+# The modes of targets beyond the class: read per example, with the image's geometry.
+TARGET_LABEL_MODES = tuple(mode.name for mode in MODES if mode.from_class is None)
 MASK_IGNORE_IDS = _masks.MASK_IGNORE_IDS
 BOXES, CLASSES = _boxes.BOXES, _boxes.CLASSES
 
 
 def mode_of(label_mode) -> TargetMode | None:
-    """The row of `label_mode`; None for the image-level modes ('int', ..., None)."""
+    """The row of `label_mode`; None for None (no label)."""
     return _BY_NAME.get(label_mode)
 
 
@@ -79,11 +95,7 @@ def supported_label_modes(class_names, targets) -> tuple:
     Returns:
       The modes, in `readers.options.LABEL_MODES` order, None last.
     """
-    modes = []
-    if class_names:
-        modes += ["int", "categorical"] + (["binary"] if len(class_names) == 2 else [])
-    modes += [mode.name for mode in MODES if mode.kind in targets]
-    return (*modes, None)
+    return (*(mode.name for mode in MODES if mode.applies_to(class_names, targets)), None)
 
 
 def class_names(split_files, label_mode) -> list[str]:
@@ -113,9 +125,10 @@ class TargetPlan:
     @classmethod
     def of(cls, split_files, reading) -> TargetPlan | None:
         """The plan of `reading.label_mode` (`readers.options.ReadOptions`) for a split
-        (`readers.metadata.SplitFiles`); None for the image-level modes."""
+        (`readers.metadata.SplitFiles`); None for the modes of the image-level class
+        (`TargetMode.from_class`: converted per batch) and for None."""
         mode = mode_of(reading.label_mode)
-        if mode is None:
+        if mode is None or mode.from_class is not None:
             return None
         stats = split_files.images
         return cls(
@@ -175,3 +188,16 @@ class TargetPlan:
                 lambda: (pixels, label),
             )
         return pixels, label
+
+
+def overlays(manifest, split_files) -> list:
+    """How `shardsmith preview` draws the dataset's targets: the `readers.targets.overlay.Overlay`
+    of each kind it holds (`TargetMode.overlay`, asked of the first row of each kind), in table order."""
+    out, kinds = [], set()
+    for mode in MODES:
+        if mode.kind not in kinds:
+            kinds.add(mode.kind)
+            overlay = mode.overlay(manifest, split_files)
+            if overlay is not None:
+                out.append(overlay)
+    return out

@@ -4,7 +4,8 @@ Boxes (ymin, xmin, ymax, xmax) as fractions of the output image: shifted and
 scaled to the image's window and padding, clipped to [0, 1], dropped when no
 area is left, and mirrored (x -> 1 - x) with the image. With `pad_boxes=N`
 every image has N rows, padded with class -1 and boxes -1; without, labels
-are ragged. Classes index the manifest's targets.boxes.class_names.
+are ragged. Classes index the manifest's targets.boxes.class_names. On
+preview's tiles each box is a rectangle with its class name (`overlay`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import tensorflow as tf
 
 from readers import decode
+from readers.targets import overlay as _overlay
 from readers.targets.mode import TargetMode
 from schemas.features import BOX_FEATURES
 
@@ -92,6 +94,49 @@ def _class_names(split_files) -> list[str]:
     return list(split_files.targets.get("boxes", {}).get("class_names", []))
 
 
+class BoxOverlay(_overlay.Overlay):
+    """Each box a rectangle in its class's colour, with its class name (and '(crowd)').
+
+    Args:
+      class_names: The manifest's targets.boxes.class_names.
+    """
+
+    def __init__(self, class_names):
+        self._names = tuple(class_names)
+
+    def _name(self, label: int) -> str:
+        return self._names[label] if 0 <= label < len(self._names) else f"? {label}"
+
+    def read(self, values: dict) -> tuple:
+        """(xmin, ymin, xmax, ymax, label, is_crowd) per box, normalised corners."""
+        return tuple(zip(*(values[spec.key] for spec in BOX_FEATURES)))
+
+    def draw(self, draw, boxes, frame: _overlay.Frame, font) -> None:
+        size = frame.size
+        line = max(1, size // 64)
+        for xmin, ymin, xmax, ymax, label, crowd in boxes or ():
+            x0, x1, y0, y1 = frame.x(xmin), frame.x(xmax), frame.y(ymin), frame.y(ymax)
+            box = (round(x0), round(y0), max(round(x0), round(x1) - 1), max(round(y0), round(y1) - 1))
+            colour = _overlay.colour_of(label)
+            draw.rectangle(box, outline=colour, width=line)
+            text = _overlay.fit(font, self._name(label) + (" (crowd)" if crowd else ""),
+                                max(size - box[0] - 2, 8))
+            tx, ty = box[0] + line, box[1] + line
+            right = min(size - 1, tx + int(font.getlength(text)) + 1)
+            draw.rectangle((tx, ty, right, ty + _overlay.line_height(font) - 2), fill=colour)
+            draw.text((tx + 1, ty), text, font=font, fill=_overlay.INK)
+
+    def legend(self, shown: list) -> list:
+        labels = sorted({int(b[4]) for boxes in shown if boxes is not None for b in boxes})
+        return [(None, "boxes:")] + [(_overlay.colour_of(i), self._name(i)) for i in labels][:_overlay.MAX_LEGEND]
+
+
+def _overlay_of(manifest, split_files) -> BoxOverlay | None:
+    if "boxes" not in split_files.schema.targets:
+        return None
+    return BoxOverlay((manifest.targets.get("boxes") or {}).get("class_names") or ())
+
+
 MODE = TargetMode(
     name="boxes",
     kind="boxes",
@@ -102,4 +147,5 @@ MODE = TargetMode(
     ragged=_ragged,
     moves_with_image=True,
     class_names=_class_names,
+    overlay=_overlay_of,
 )

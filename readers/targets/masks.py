@@ -4,7 +4,8 @@ int32 is what Keras's sparse losses take, whether the stored PNGs are 8- or
 16-bit. The mask is decoded whole (a PNG has no fused crop), cut to the
 image's window, padded with the ignore id (255 for 8-bit masks, 65535 for
 16-bit: `MASK_IGNORE_IDS`), resized with nearest neighbour (ids are never
-blended) and flipped in one conditional with its image.
+blended) and flipped in one conditional with its image. On preview's tiles
+each id is a semi-transparent colour (`overlay`), the ignore id left uncoloured.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
 import tensorflow as tf
 
 from readers import decode
+from readers.targets import overlay as _overlay
 from readers.targets.mode import TargetMode
-from schemas.features import MASK
+from schemas.features import FILENAME, MASK
 
 __all__ = ["MODE", "MASK_IGNORE_IDS"]
 
@@ -90,6 +93,63 @@ def _placeholder(settings: MaskSettings) -> dict:
     return {MASK.key: tf.io.encode_png(tf.zeros([1, 1, 1], depth)).numpy()}
 
 
+class MaskOverlay(_overlay.Overlay):
+    """Each tile pixel's mask id (nearest, through the reader's resize) coloured over it.
+
+    Args:
+      dtype: The stored masks' depth (the manifest's targets.mask.dtype).
+    """
+
+    def __init__(self, dtype: str):
+        self._dtype = dtype
+        self._ignore = MASK_IGNORE_IDS[dtype]
+        self._undecodable: list[str] = []
+
+    def read(self, values: dict) -> np.ndarray | None:
+        """Class ids [h, w] (the mask's own size); None when the mask does not decode."""
+        try:
+            return tf.io.decode_png(values[MASK.key], channels=1,
+                                    dtype=getattr(tf, self._dtype)).numpy()[..., 0]
+        except tf.errors.OpError:
+            # verify names such a record; the sheet shows the image without its mask.
+            self._undecodable.append(values[FILENAME.key].decode("utf-8", "replace"))
+            return None
+
+    def paint(self, pixels: np.ndarray, mask, frame: _overlay.Frame) -> np.ndarray:
+        if mask is None:
+            return pixels
+        # Tile pixel centre -> stored image position -> mask pixel (the mask's own size).
+        ys, xs = frame.centres()
+        inside_y, inside_x = (ys >= 0) & (ys < 1), (xs >= 0) & (xs < 1)
+        rows = np.clip((ys * mask.shape[0]).astype(np.int64), 0, mask.shape[0] - 1)
+        cols = np.clip((xs * mask.shape[1]).astype(np.int64), 0, mask.shape[1] - 1)
+        ids = mask[rows[:, None], cols[None, :]].astype(np.int64)
+        shown = inside_y[:, None] & inside_x[None, :] & (ids != self._ignore)
+        palette = _overlay.PALETTE
+        colours = np.asarray(palette, np.float64)[ids % len(palette)]
+        alpha = _overlay.MASK_ALPHA
+        blended = pixels.astype(np.float64) * (1 - alpha) + colours * alpha
+        return np.where(shown[..., None], np.round(blended), pixels).astype(np.uint8)
+
+    def legend(self, shown: list) -> list:
+        ids = sorted({int(i) for mask in shown if mask is not None for i in np.unique(mask)})
+        entries = [(None, "mask ids:")]
+        entries += [(_overlay.colour_of(i), str(i)) for i in ids if i != self._ignore][:_overlay.MAX_LEGEND]
+        return entries + [(None, f"({self._ignore}: ignore, not coloured)")]
+
+    def notes(self) -> list[str]:
+        if not self._undecodable:
+            return []
+        return [f"{len(self._undecodable)} masks do not decode (shown without): "
+                f"{', '.join(sorted(self._undecodable)[:3])}; run shardsmith verify."]
+
+
+def _overlay_of(manifest, split_files) -> MaskOverlay | None:
+    if "mask" not in split_files.schema.targets:
+        return None
+    return MaskOverlay((manifest.targets.get("mask") or {}).get("dtype", "uint8"))
+
+
 MODE = TargetMode(
     name="mask",
     kind="mask",
@@ -101,4 +161,5 @@ MODE = TargetMode(
     placeholder=_placeholder,
     moves_with_image=True,
     image_shaped=True,
+    overlay=_overlay_of,
 )

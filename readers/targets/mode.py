@@ -1,4 +1,4 @@
-"""The row type of the reader's table of target modes (`readers.targets.MODES`)."""
+"""The row type of the reader's table of label modes (`readers.targets.MODES`)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,25 @@ def _manifest_class_names(split_files) -> None:
     return None
 
 
+def _no_overlay(manifest, split_files):
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetMode:
-    """One label mode of a target kind: one row of `readers.targets.MODES`.
+    """One label mode of a kind of target: one row of `readers.targets.MODES`.
+
+    A row reads its label one of two ways: per example, with the image's
+    geometry (`label`: masks, boxes, several labels, numbers), or per batch
+    from the image-level class (`from_class`: 'int', 'categorical',
+    'binary'), the image then taking the plain image path.
 
     Attributes:
-      name: The `label_mode` value ('mask', 'boxes', ...).
-      kind: The kind of target it reads (a key of `schemas.TARGET_KINDS`,
-        of the schema's `targets` and of the manifest's `targets` section).
+      name: The `label_mode` value ('int', 'mask', 'boxes', ...).
+      kind: The kind of target it reads: a key of `schemas.TARGET_KINDS`
+        (of the schema's `targets` and of the manifest's `targets`
+        section), or `readers.targets.classes.KIND` for the image-level
+        class (the `label` feature).
       keys: The record features it reads.
       settings: (split_files, reading) -> what the mode needs to know of
         the split (`readers.metadata.SplitFiles`, its manifest's `targets`
@@ -52,17 +63,35 @@ class TargetMode:
         then gets the static shape of a split of one stored size).
       class_names: split_files -> the class names its labels index, or None
         for the manifest's `class_names`.
+      from_class: (labels, num_classes) -> the labels of the image-level
+        classes `labels` (int64, of one example or a batch: elementwise),
+        for a mode of the image-level class; None for a mode read per
+        example with its image's geometry (`label`).
+      applies: (class_names, targets) -> whether a dataset of these class
+        names and kinds of target (`ImageExampleSchema.targets`) can be read
+        in this mode. Default: its `kind` is among `targets`.
+      overlay: (manifest, split_files) -> how `shardsmith preview` draws
+        this kind on its tiles (`readers.targets.overlay.Overlay`), or None
+        when the dataset has none of it; the default draws nothing. Asked
+        of one row per kind.
     """
 
     name: str
     kind: str
     keys: tuple[str, ...]
-    settings: Callable[[Any, Any], Any]
-    label: Callable[[Any, Any, Any, Any], Any]
-    label_spec: Callable[[Any, Any], Any]
+    settings: Callable[[Any, Any], Any] = _nothing
+    label: Callable[[Any, Any, Any, Any], Any] | None = None
+    label_spec: Callable[[Any, Any], Any] | None = None
     flip: Callable[[Any], Any] | None = None
     placeholder: Callable[[Any], dict] = _nothing
     ragged: Callable[[Any], bool] = _never
     moves_with_image: bool = False
     image_shaped: bool = False
     class_names: Callable[[Any], list[str] | None] = _manifest_class_names
+    from_class: Callable[[Any, int], Any] | None = None
+    applies: Callable[[Any, Any], bool] | None = None
+    overlay: Callable[[Any, Any], Any] = _no_overlay
+
+    def applies_to(self, class_names, targets) -> bool:
+        """Whether a dataset of `class_names` and kinds of target `targets` reads in this mode."""
+        return self.kind in targets if self.applies is None else bool(self.applies(class_names, targets))
