@@ -7,7 +7,10 @@ damages a copy (a data byte in one shard, a length byte in another, a third
 cut short), and reads every batch of both, alternating, `--rounds` times.
 Prints the records read, the count of skipped ones against the damage, and
 the ratio of images/s (damaged with on_corrupt='skip' / undamaged with the
-default reader, and / undamaged with on_corrupt='skip'), medians.
+default reader, and / undamaged with on_corrupt='skip'), medians; and the
+default reader and on_corrupt='skip' on the undamaged copy against the same
+reader without its damage handling (TensorFlow's sequential reader alone,
+the cost of the guard: the reader's private `_past_damage` swapped out).
 """
 
 from __future__ import annotations
@@ -45,13 +48,25 @@ def _damage(copy: Path, split) -> int:
     return lost
 
 
-def _read(data_dir: Path, **kw) -> tuple[int, float, object]:
-    import readers
+def _bare(read_shard, *_):
+    """The reader without its damage handling: TensorFlow's sequential reader alone (the baseline)."""
+    def read(f, start=0, stop=None):
+        return read_shard(f).take(stop) if stop is not None else read_shard(f).skip(start)
+    return read
 
+
+def _read(data_dir: Path, bare: bool = False, **kw) -> tuple[int, float, object]:
+    import readers
+    from readers import dataset
+
+    past_damage = dataset._past_damage
+    if bare:
+        dataset._past_damage = _bare
     start = time.perf_counter()
     ds = readers.image_dataset_from_tfrecords(data_dir, batch_size=64, image_size=(64, 64), shuffle=True,
                                               seed=1, **kw)
     n = sum(int(images.shape[0]) for images, _ in ds)
+    dataset._past_damage = past_damage
     return n, n / (time.perf_counter() - start), ds
 
 
@@ -74,8 +89,9 @@ def main(argv=None) -> int:
         (split,) = manifest.splits.values()
         shutil.copytree(root / "clean", root / "damaged")
         lost = _damage(root / "damaged", split)
-        rates = {"clean": [], "clean_skip": [], "damaged_skip": []}
+        rates = {"bare": [], "clean": [], "clean_skip": [], "damaged_skip": []}
         for _ in range(args.rounds):
+            rates["bare"].append(_read(root / "clean", bare=True)[1])
             n_clean, rate, _ = _read(root / "clean")
             rates["clean"].append(rate)
             _, rate, _ = _read(root / "clean", on_corrupt="skip")
@@ -88,6 +104,8 @@ def main(argv=None) -> int:
               f"(expected {split.num_records - lost}); ds.corrupt_records = {int(ds.corrupt_records)}")
         print(f"  images/s (median of {args.rounds}): clean default {med['clean']:.0f}, clean skip "
               f"{med['clean_skip']:.0f}, damaged skip {med['damaged_skip']:.0f}")
+        print(f"  bare TensorFlow reader {med['bare']:.0f} images/s: clean default / bare "
+              f"{med['clean'] / med['bare']:.3f}, clean skip / bare {med['clean_skip'] / med['bare']:.3f}")
         print(f"  ratio damaged skip / clean default {med['damaged_skip'] / med['clean']:.3f}, "
               f"/ clean skip {med['damaged_skip'] / med['clean_skip']:.3f}")
         return 0 if n_damaged == split.num_records - lost == int(split.num_records - int(ds.corrupt_records)) else 1

@@ -95,7 +95,7 @@ def damaged_shard_message(path: str, records: int) -> str:
 def shard_size_problem(path: str, records: int, num_bytes: int) -> str:
     """'' if a shard file has the manifest's size (`num_bytes`); else why its read stops.
 
-    Looked at when the shard is opened (one `stat`): a shard cut short is named
+    Looked at once as a dataset is built (one `stat`): a shard cut short is named
     by the record where it ends (`damaged_shard_message`); a longer one holds
     more than the manifest's `records`.
     """

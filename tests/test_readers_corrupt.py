@@ -147,3 +147,21 @@ def test_a_distributed_dataset_counts_what_its_replicas_skip(three_damaged):
         names.extend(n.decode() for n in np.atleast_1d(extras[FILENAME.key].numpy()))
     assert sorted(names) == sorted(n for n in everyone if n not in lost)
     assert int(ds.corrupt_records) == len(lost)
+
+
+def test_skip_counts_each_damaged_record_once_per_epoch_over_repeats(three_damaged):
+    """Damage inside a shard's first records, which the ramped first epoch reads apart from the rest:
+    still one count per damaged record and epoch, and the undamaged records each once per epoch."""
+    copy, _, everyone, lost = three_damaged
+    ds = readers.image_dataset_from_tfrecords(copy, batch_size=16, shuffle=True, seed=5, on_corrupt="skip",
+                                              repeat=True, **SMALL)
+    per_epoch = len(everyone) - len(lost)
+    names = []
+    for *_, extras in ds:
+        names.extend(n.decode() for n in np.atleast_1d(extras[FILENAME.key].numpy()))
+        if len(names) >= 2 * per_epoch:
+            break
+    assert sorted(names[:per_epoch]) == sorted(n for n in everyone if n not in lost)
+    # Two epochs read whole (the third's start may be read ahead): never a record counted twice in one.
+    assert 2 * len(lost) <= int(ds.corrupt_records) <= 3 * len(lost)
+
