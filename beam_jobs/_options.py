@@ -85,8 +85,9 @@ def _add_image_flags(parser) -> None:
         help="Reject images with more pixels than this (decompression bombs).",
     )
     parser.add_argument(
-        "--max_reject_fraction", type=float, default=ConversionConfig.max_reject_fraction,
-        help="Fail the job when more than this fraction of images is rejected.",
+        "--max_reject_fraction", type=float, default=None,
+        help=f"Fail the job when more than this fraction of images is rejected. (default: "
+        f"{ConversionConfig.max_reject_fraction:g}; 1 with --volumes, where files outside any volume are no failure)",
     )
     parser.add_argument(
         "--background", default=",".join(map(str, _VALIDATION.background)),

@@ -69,11 +69,12 @@ class ImagesToTFRecords(beam.PTransform):
         self._fn = WriteShardFn(spec)
 
     def expand(self, plan_paths):
-        shards = plan_paths | "LoadShardPlans" >> beam.Map(load_shard_plan)  # ((split, shard), [PlannedFile])
+        shards = plan_paths  # The shard writer reads each plan (`WriteShardFn`)
         if self._dedup:
             # Copies may sit in any shard: hashes and paths meet in one shuffle.
             shards = (
-                shards
+                plan_paths
+                | "LoadShardPlans" >> beam.Map(load_shard_plan)  # ((split, shard), [PlannedFile])
                 | "Files" >> beam.FlatMap(_files_of)  # PlannedFile
                 | "HashContent" >> beam.Map(_key_by_content)  # (sha256, PlannedFile)
                 | "GroupByContent" >> beam.GroupByKey()  # (sha256, [PlannedFile])

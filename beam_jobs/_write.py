@@ -16,6 +16,7 @@ from apache_beam.transforms.window import GlobalWindows
 from conversion.elements import ShardOutcome, ShardResult
 from conversion.receipts import RECEIPTS_DIRNAME
 from conversion.shard_maker import ShardMaker, ShardSpec
+from conversion.shard_plans import load_shard_plan
 
 __all__ = ["WriteShardFn", "RECEIPTS_DIRNAME"]
 
@@ -28,7 +29,9 @@ _NAMESPACE = "shardsmith"
 class WriteShardFn(beam.DoFn):
     """Reads, validates and writes the images of one shard, with the run's `ShardMaker`.
 
-    Input: ((split, shard_index), iterable of PlannedFile).
+    Input: ((split, shard_index), iterable of PlannedFile), or the path of
+    a shard plan file (`conversion.shard_plans`), read by the worker process
+    that writes it where there are some (else here).
     Main output: ShardResult. Tagged outputs: REJECTED (Reject) and
     NORMALIZED ((record filename, source_format, actions, details or None)).
 
@@ -70,8 +73,14 @@ class WriteShardFn(beam.DoFn):
         self._in_flight = collections.deque()  # Futures of shards written in worker processes
 
     def process(self, element):
-        (split, index), files = element
         maker = self._maker
+        if isinstance(element, str):  # A shard plan file's path (`conversion.shard_plans`)
+            if maker.processes and not maker.spec.writing.resume:
+                # A worker process reads the plan itself (`ShardMaker.write_plan`).
+                yield from self._in_pool(lambda: maker.write_plan_later(element))
+                return
+            element = load_shard_plan(element)
+        (split, index), files = element
         shard = maker.shard(split, index, files)
         outcome = maker.kept(shard)
         if outcome is not None:
@@ -80,15 +89,19 @@ class WriteShardFn(beam.DoFn):
         elif not maker.processes:
             yield from self._outputs(maker.write(shard))
         else:
-            # At most one shard per process in flight: each holds its files'
-            # list (memory stays bounded whatever the number of shards).
-            while len(self._in_flight) >= maker.processes:
-                yield from self._outputs(self._in_flight.popleft().result())
-            self._in_flight.append(maker.write_later(shard))
-            # What finished meanwhile goes on now (any element's outputs are
-            # this window's: the global one).
-            while self._in_flight and self._in_flight[0].done():
-                yield from self._outputs(self._in_flight.popleft().result())
+            yield from self._in_pool(lambda: maker.write_later(shard))
+
+    def _in_pool(self, submit):
+        """Submits a shard to the worker processes (`submit()`: its future); the outputs of those done."""
+        # At most one shard per process in flight: each holds its files'
+        # list (memory stays bounded whatever the number of shards).
+        while len(self._in_flight) >= self._maker.processes:
+            yield from self._outputs(self._in_flight.popleft().result())
+        self._in_flight.append(submit())
+        # What finished meanwhile goes on now (any element's outputs are
+        # this window's: the global one).
+        while self._in_flight and self._in_flight[0].done():
+            yield from self._outputs(self._in_flight.popleft().result())
 
     def finish_bundle(self):
         while self._in_flight:

@@ -60,7 +60,7 @@ from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
 from conversion import append_run, console, elements, guard, plan as _plan, recovery
 from conversion.examples import kind_for, record_schema
 from conversion.planning import build_plan, group_section
-from conversion.shard_maker import ShardMaker, ShardSpec, first_shards, needs_decoders, worker_processes
+from conversion.shard_maker import ShardMaker, ShardSpec, needs_decoders, worker_processes
 from conversion.shard_plans import write_shard_plans
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
@@ -126,6 +126,7 @@ class ConvertImages(beam.PTransform):
                            **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
                     append=self._append,
+                    finish=kind_for(config.validation).finish_output,
                 ),
                 shards=beam.pvalue.AsList(written.shards),
                 rejects=beam.pvalue.AsList(rejects),
@@ -155,11 +156,6 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         before any work starts.
     """
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
-    if "--volumes" in argv:
-        from beam_jobs import convert_volumes
-
-        _refuse_volumes_append(argv)
-        return convert_volumes.run(argv, wait=wait)
     options = args.pipeline_options(argv, ConvertOptions)
     config = config_from_options(options)
     if config.append:
@@ -248,7 +244,8 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
         check_output(config.output_dir, overwrite=overwrite, resume=config.writing.resume)
     plan = build_plan(config, on_listed=on_listed,
                       select=None if appending is None else appending.select,
-                      known_classes=None if appending is None else appending.known_classes)
+                      known_classes=None if appending is None else appending.known_classes,
+                      held=None if appending is None or appending.base is None else appending.base.manifest)
     if appending is not None:
         # Before anything is written: the new records must be like the dataset's.
         appending.check_plan(plan, record_schema(config.validation, _targets(plan)).to_json())
@@ -261,7 +258,7 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
         config = dataclasses.replace(config, writing=dataclasses.replace(
             config.writing, version=appending.version))
     # What its kind's shard writers read beside the shard plans (a location's plan, for time series).
-    kind_for(config.validation).prepare_output(plan, config.output_dir)
+    kind_for(config.validation).prepare_output(plan, config)
     # Fewer shards than cores: fewer processes.
     processes = worker_processes(asked, plan.files, sum(plan.shard_counts.values()), threads)
     if start:
@@ -284,21 +281,18 @@ def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, m
                   append: dict | None = None):
     """Builds and starts the pipeline of a plan, the maker's first shards started early; its result."""
     plan_paths = write_shard_plans(plan.files, config.output_dir)
-    first = []
-    if maker.processes and not config.writing.resume and not config.writing.dedup:
-        # One shard per worker process starts now: they write while Beam builds and starts
-        # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
-        # then takes their outcomes. Not with --resume: its receipts decide what is written;
-        # nor with --dedup: the shards' files are known once the pipeline compared them.
-        first = first_shards(plan.files, maker.processes)
     # The shard writers read their files from the plan files: the driver need
     # not hold one object per image while the pipeline runs (~0.7 KB each,
     # 70 MiB of peak memory at 100,000 images).
     plan = dataclasses.replace(plan, files=())
     convert = ConvertImages(plan, config, plan_paths, maker.spec, append=append)
-    if first:
-        maker.start_early(first)
-    del first  # Their planned files, as the plan's: not held while the pipeline runs.
+    if maker.processes and not config.writing.resume and not config.writing.dedup:
+        # One shard per worker process starts now: they write while Beam builds and starts
+        # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
+        # then takes their outcomes. Not with --resume: its receipts decide what is written;
+        # nor with --dedup: the shards' files are known once the pipeline compared them.
+        # The plan files are in (split, shard) order, the plan's: its first shards.
+        maker.start_early_plans(plan_paths[:maker.processes])
     pipeline = beam.Pipeline(runner=runner, options=options)
     _ = pipeline | "ConvertImages" >> convert
     return pipeline.run()
@@ -341,25 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
-def _refuse_volumes_append(argv) -> None:
-    """--volumes has its own pipeline, which does not grow a dataset yet: refused before any work."""
-    if "--append" in argv:
-        raise ValueError("--append does not grow a dataset of --volumes yet: convert the grown folder "
-                         "with --overwrite.")
-
-
 def _main(argv: list[str]) -> int:
-    if "--volumes" in argv:
-        # DICOM series and NIfTI files as volumes: their own pipeline (issue 36).
-        from beam_jobs import convert_volumes
-
-        try:
-            _refuse_volumes_append(argv)
-        except ValueError as e:
-            print(f"shardsmith convert: error: {e}", file=sys.stderr)
-            return 2
-
-        return convert_volumes.main(argv)
     if args.print_help_if_asked(argv, help_text):
         return 0
     try:

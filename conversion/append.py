@@ -36,7 +36,7 @@ import schemas
 from conversion import files as _files
 
 __all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base",
-           "rebuild_inventory", "sort_listing", "content_hashes", "inventory_text", "check_compatible",
+           "rebuild_inventory", "sort_listing", "sort_locations", "location_digests", "fill_unknown_locations", "content_hashes", "inventory_text", "check_compatible",
            "check_features", "fill_unknown", "duplicates_of_held", "version_files"]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -265,6 +265,75 @@ def sort_listing(files: Sequence, base: Base) -> Listing:
                    tuple(missing), stats)
 
 
+def sort_locations(files: Sequence, base: Base, location_of, is_member) -> Listing:
+    """`sort_listing` for --time_series, whose examples are locations (folders of dated passes).
+
+    A location's record stacks all its passes, so a location is held, new or
+    changed as a whole: held when its passes (names and sizes) are those the
+    inventory recorded, changed when a pass came, went or changed size (its
+    record is not rewritten: convert the grown folder with --overwrite to add
+    the pass), new when no version holds it. A location's inventory entry
+    holds its passes' total size and, as its "sha256", the SHA-256 of their
+    sorted names and sizes (`location_digests`).
+
+    Args:
+      files: The listed files (`listing.InputFile`s).
+      base: The dataset.
+      location_of: Relative path of a file -> its location.
+      is_member: Whether a listed file is one of a location's passes (a
+        raster); the others are new files (each run rejects them again).
+    """
+    digests = location_digests(files, location_of, is_member)
+    held_map = base.held
+    new, held, changed = [], [], []
+    for f in files:
+        loc = location_of(f.rel_path) if is_member(f.rel_path) else None
+        if loc is None or loc not in held_map:
+            new.append(f)
+    for loc, (size, digest) in digests.items():
+        h = held_map.get(loc)
+        if h is None:
+            continue
+        if h.sha256 is None or (h.size == size and h.sha256 == digest):
+            held.append(loc)
+        else:
+            changed.append(loc)
+    missing = sorted((p for p in held_map if p not in digests), key=os.fsencode)
+    stats = {loc: (size, 0, digest) for loc, (size, digest) in digests.items() if loc not in held_map}
+    return Listing(tuple(new), tuple(sorted(held, key=os.fsencode)), tuple(sorted(changed, key=os.fsencode)),
+                   tuple(missing), stats)
+
+
+def location_digests(files: Sequence, location_of, is_member) -> dict[str, tuple[int, str]]:
+    """Location -> (total size, SHA-256 of its passes' sorted relative paths and sizes)."""
+    members: dict[str, list] = {}
+    for f in files:
+        if is_member(f.rel_path):
+            members.setdefault(location_of(f.rel_path), []).append((os.fsencode(f.rel_path), f.size))
+    out = {}
+    for loc, passes in members.items():
+        h = hashlib.sha256()
+        for name, size in sorted(passes):
+            h.update(name + b"\0" + str(size).encode() + b"\n")
+        out[loc] = (sum(size for _, size in passes), h.hexdigest())
+    return out
+
+
+def fill_unknown_locations(base: Base, digests: Mapping[str, tuple[int, str]]) -> Base:
+    """`fill_unknown` for --time_series: rebuilt inventories' locations as their passes are now."""
+    rebuilt, held = {}, dict(base.held)
+    for version, entries in base.rebuilt.items():
+        filled = []
+        for h in entries:
+            if h.rel_path in digests:
+                size, digest = digests[h.rel_path]
+                h = dataclasses.replace(h, size=size, mtime_ns=0, sha256=digest)
+            filled.append(h)
+            held[h.rel_path] = h
+        rebuilt[version] = tuple(filled)
+    return dataclasses.replace(base, held=held, rebuilt=rebuilt)
+
+
 def fill_unknown(base: Base, files: Sequence) -> Base:
     """`base` with the sizes, times and hashes of its rebuilt inventories' files, from the listing now."""
     if not base.rebuilt:
@@ -345,12 +414,31 @@ def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
     added, gone = sorted(mine - held), sorted(held - mine)
     detail = (f"this run's records would add {added}" if added else "") + \
         ("; " if added and gone else "") + (f"lose {gone}" if gone else "")
+    kinds = sorted(kind for kind, specs in schemas.TARGET_KINDS.items()
+                   if {spec.key for spec in specs} & {*added, *gone})
+    if kinds:
+        flags = sorted({_TARGET_FLAGS.get(kind, kind) for kind in kinds})
+        raise ValueError(
+            f"--append adds to a dataset whose records have another target kind than this run's "
+            f"({detail}: {', '.join(f'{k} ({_TARGET_FLAGS.get(k, k)})' for k in kinds)}): the target "
+            f"kinds and label mode of an append must be the dataset's. Give {' and '.join(flags)} as "
+            "the dataset was converted (its manifest.json's targets), or convert into another folder."
+        )
     raise ValueError(
         "--append adds to a dataset whose records have another format than this run's "
         f"({detail or 'the same keys, other types or encodings'}): the record format, label mode "
         "(--labels_csv, --annotations, several labels) and targets (--masks_dir, numbers) of an "
         "append must be the dataset's. Convert into another folder for another format."
     )
+
+
+# The option that asks for each kind of target (`schemas.TARGET_KINDS`), for `check_features`.
+_TARGET_FLAGS = {
+    "mask": "--masks_dir",
+    "boxes": "--annotations",
+    "labels": "--labels_csv (several labels per row)",
+    "target": "--labels_csv (a target column)",
+}
 
 
 def _feature_keys(features: Mapping) -> set[str]:

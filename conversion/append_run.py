@@ -97,16 +97,25 @@ class AppendRun:
         Raises:
           NothingNew: When there is none.
         """
+        locations = self._locations()
         if self.base is None:
-            self.listing = _append.Listing(tuple(files), (), (), (), _append.content_hashes(files))
+            stats = (_append.content_hashes(files) if locations is None else
+                     {loc: (size, 0, digest) for loc, (size, digest) in _append.location_digests(files, *locations).items()})
+            self.listing = _append.Listing(tuple(files), (), (), (), stats)
             return files, problems
-        self.base = _append.fill_unknown(self.base, files)
-        self.listing = _append.sort_listing(files, self.base)
+        if locations is not None:
+            if self.base.rebuilt:
+                # Inventories read from the shards: the locations' passes as they are now.
+                self.base = _append.fill_unknown_locations(self.base, _append.location_digests(files, *locations))
+            self.listing = _append.sort_locations(files, self.base, *locations)
+        else:
+            self.base = _append.fill_unknown(self.base, files)
+            self.listing = _append.sort_listing(files, self.base)
         held = self.base.held
         # A held file that no longer reads as a file (a link now broken) is missing, not a new reject.
         problems = [p for p in problems if p.rel_path not in held]
         new = list(self.listing.new)
-        if self._config.writing.dedup:
+        if self._config.writing.dedup and locations is None:
             self.duplicates = _append.duplicates_of_held(new, self.listing.stats, self.base)
             new = [f for f in new if f.rel_path not in self.duplicates]
             problems = sorted([*problems, *(
@@ -121,19 +130,21 @@ class AppendRun:
                   f"{len(self.listing.changed):,}", f"{len(self.listing.missing):,}")
         return new, problems
 
+    def _locations(self):
+        """With --time_series: (location of a file, whether a file is a pass), as `sort_locations` takes
+        them: a location is held or new as a whole. None for examples that are files."""
+        if self._config.validation.time_series is None:
+            return None
+        from imaging import time_series as _ts
+
+        return _ts.location_of, _ts.is_raster_name
+
     def check_plan(self, plan, features: dict) -> None:
         """Refuses a plan that would change the dataset's records or class indices, before any write."""
         if self.base is None:
             return
         manifest = self.base.manifest
         _append.check_features(manifest, features)
-        beyond = [flag for flag, given in (("--annotations or targets in --labels_csv", plan.target_kinds),
-                                           ("--masks_dir", plan.masks is not None),
-                                           ("--time_series", plan.stacks is not None)) if given]
-        if beyond:
-            raise ValueError(
-                f"--append does not grow a dataset of {beyond[0]} yet (its manifest's per-split target "
-                "counts are not merged across versions): convert the grown folder with --overwrite.")
         held = tuple(manifest.class_names)
         if tuple(plan.class_names[:len(held)]) != held:
             raise ValueError(

@@ -23,6 +23,7 @@ from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOption
 from imaging import dicom as _dicom
 from imaging.patches import PatchOptions
 from imaging.time_series import TimeSeriesOptions
+from imaging.volumes import VolumeOptions
 
 __all__ = ["ConversionConfig"]
 
@@ -67,6 +68,25 @@ def _time_series_options(o) -> TimeSeriesOptions | None:
             raise ValueError(f"--time_series stores every pass as it is and does not combine with {flag} "
                              f"(for bands: --bands B02,B03). Received: --time_series with {flag}")
     return TimeSeriesOptions(bands=TimeSeriesOptions.parse_bands(o.bands) if o.bands else None)
+
+
+def _volume_options(o) -> VolumeOptions | None:
+    """--volumes and --min_slices as `VolumeOptions`.
+
+    Raises:
+      ValueError: For an option volumes do not take (yet).
+    """
+    if not getattr(o, "volumes", False):
+        return None
+    refused = [("--time_series", o.time_series), ("--append", bool(getattr(o, "append", False))),
+               ("--annotations", bool(o.annotations)), ("--masks_dir", bool(o.masks_dir)),
+               ("--group_by", bool(o.group_by)), ("--raster_patch", bool(o.raster_patch)),
+               ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
+    for flag, given in refused:
+        if given:
+            raise ValueError(f"--volumes stores each series or NIfTI file whole and does not combine with {flag} "
+                             f"yet. Received: --volumes with {flag}")
+    return VolumeOptions(min_slices=o.min_slices)
 
 
 def _check_patch_combinations(o) -> None:
@@ -217,6 +237,7 @@ class ConversionConfig:
                 patch=_patch_options(o),
             ),  # Held to --max_pixels too.
             time_series=_time_series_options(o),  # Held to --max_pixels, cut by --raster_patch.
+            volumes=_volume_options(o),
         )
         if validation.raster.patch is not None:
             _check_patch_combinations(o)
@@ -228,7 +249,9 @@ class ConversionConfig:
             class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
             split_ratios=parse_split(o.split) if o.split else None,
             seed=o.seed,
-            max_reject_fraction=o.max_reject_fraction,
+            # Volumes: files outside any volume (scouts, strays) are the data's, not a failure's.
+            max_reject_fraction=(o.max_reject_fraction if o.max_reject_fraction is not None
+                                 else 1.0 if validation.volumes is not None else cls.max_reject_fraction),
             group_by=o.group_by,
             overwrite=o.overwrite,
             append=bool(getattr(o, "append", False)),
@@ -264,6 +287,8 @@ class ConversionConfig:
         }
         if v.time_series is not None:
             options["time_series"] = v.time_series.to_json()
+        if v.volumes is not None:
+            options["volumes"] = v.volumes.to_json()
         if not v.raster.is_default:
             # Only then, so datasets converted without raster options keep their bytes.
             options["raster"] = v.raster.to_json()

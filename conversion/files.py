@@ -161,7 +161,18 @@ class AtomicWriter:
         self.num_bytes = 0
 
     def write(self, data: bytes) -> None:
-        """Appends `data`; it reaches the file in chunks of about 1 MiB, at the latest on commit."""
+        """Appends `data`; it reaches the file in chunks of about 1 MiB, at the latest on commit.
+
+        `data` of a chunk or more (a volume's voxels, as a memoryview) goes
+        to the file as it is, after what is pending: never joined, so never
+        copied.
+        """
+        if len(data) >= _WRITE_CHUNK:
+            self._flush()
+            self.num_bytes += len(data)
+            self._file.write(data)
+            self._sha.update(data)
+            return
         self._pending.append(data)
         self._pending_bytes += len(data)
         self.num_bytes += len(data)

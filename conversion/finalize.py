@@ -19,6 +19,7 @@ from conversion.append_run import PENDING_INVENTORY, PENDING_REPORT
 from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
+from conversion.time_series import merge_time_series
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 
 __all__ = ["Finalizer"]
@@ -44,10 +45,13 @@ class Finalizer:
         conversion) and the inputs' counts. The new version's inventory goes
         in first; the grown manifest replaces the old one last, then TFDS's
         metadata (a run killed before leaves the previous version whole).
+      finish: The example kind's `finish_output` (manifest, rejects,
+        output_dir), called after manifest.json; None: nothing more.
     """
 
     def __init__(self, *, output_dir, class_names, shard_counts, num_found, options,
-                 max_reject_fraction, features=None, extra=None, targets=None, append=None):
+                 max_reject_fraction, features=None, extra=None, targets=None, append=None, finish=None):
+        self._finish = finish
         self._append = None if append is None else dict(append)
         self._targets = None if targets is None else dict(targets)
         self._output_dir = output_dir
@@ -85,6 +89,8 @@ class Finalizer:
             # version (its shards all there), never one of shards not written yet.
             for name, text in tfds.items():
                 write_atomically(self._output_dir, name, text.encode())
+        if self._finish is not None:
+            self._finish(manifest, rejects, self._output_dir)
         remove_tree(join(self._output_dir, TMP_DIRNAME))
         return manifest
 
@@ -117,6 +123,22 @@ class Finalizer:
         for name, info in manifest.splits.items():
             held = splits[name].shards if name in splits else ()
             splits[name] = schemas.SplitInfo(name, held + info.shards)
+        extra = {**old.extra, **manifest.extra}
+        grown = {}
+        key = schemas.TARGETS_SECTION
+        if key in old.extra and key in manifest.extra:
+            # Counts of every version added up; the planned values (classes, dtype) this run's.
+            grown[key] = _targets.merge_sections(old.extra[key], manifest.extra[key])
+        if schemas.TIME_SERIES in old.extra and schemas.TIME_SERIES in manifest.extra:
+            # Every version's locations.
+            grown[schemas.TIME_SERIES] = merge_time_series(old.extra[schemas.TIME_SERIES],
+                                                           manifest.extra[schemas.TIME_SERIES])
+        extra.update(grown)
+        held_versions = old.all_versions
+        if grown and not held_versions[-1].sections:
+            # What `Manifest.at_version` reads for the versions before this one.
+            held_versions = (*held_versions[:-1], dataclasses.replace(
+                held_versions[-1], sections={name: old.extra[name] for name in grown}))
         added = {name: info for name, info in manifest.splits.items() if info.shards}
         version = schemas.VersionInfo(
             version=self._append["version"],
@@ -127,8 +149,8 @@ class Finalizer:
             time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             options=dict(manifest.options),
             inputs=dict(self._append.get("inputs") or {}),
+            sections=grown,
         )
-        extra = {**old.extra, **manifest.extra}
         if "groups" in old.extra and "groups" in manifest.extra:
             per_split = {}
             for section in (old.extra["groups"], manifest.extra["groups"]):
@@ -138,7 +160,7 @@ class Finalizer:
                 split: {"count": len(ids), "sha256_16": sorted(ids)} for split, ids in per_split.items()}}
         grew = width > len(old.class_names) or old.class_order == "first_appearance"
         return dataclasses.replace(
-            manifest, splits=splits, extra=extra, versions=(*old.all_versions, version),
+            manifest, splits=splits, extra=extra, versions=(*held_versions, version),
             class_order="first_appearance" if grew else "sorted")
 
     def _write_lists(self, rejects, normalized) -> None:

@@ -20,9 +20,10 @@ import logging
 import schemas
 from conversion import guard
 from conversion.files import TMP_DIRNAME, exists, join, open_to_read, read_bytes, remove_tree, write_atomically
+from conversion.examples import kind_for, write_shard
 from conversion.planning import build_plan
 from conversion.shard_maker import shard_file
-from conversion.shard_writer import ShardJob, default_threads, write_shard
+from conversion.shard_writer import ShardJob, default_threads
 
 __all__ = ["damaged_shards", "mend"]
 
@@ -73,6 +74,8 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
       targets_of: The kinds of target of a plan's records (the conversion's own function).
     """
     plan = build_plan(config)
+    # What its kind's shard writers read beside their files (a volume's or a location's plan).
+    kind_for(config.validation).prepare_output(plan, config)
     by_name: dict[str, list] = {}
     for f in plan.files:
         by_name.setdefault(schemas.shard_filename(f.split, f.shard, f.num_shards), []).append(f)

@@ -7,6 +7,7 @@ import os
 
 import schemas
 from schemas.tfds_metadata import TFDS_FILENAMES
+from schemas.volumes import VOLUMES_MANIFEST_FILENAME
 from conversion import files
 from conversion.files import TMP_DIRNAME, read_bytes
 
@@ -62,8 +63,8 @@ def prepare_output(output_dir: str, *, overwrite: bool, resume: bool) -> None:
         if not os.access(out, os.W_OK | os.X_OK):
             raise PermissionError(f"--output_dir {out!r} is not writable.")
     # The manifest goes first: if this run dies, the folder is plainly unfinished.
-    names = [schemas.MANIFEST_FILENAME, schemas.REJECTS_FILENAME, schemas.NORMALIZED_FILENAME,
-             schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]
+    names = [schemas.MANIFEST_FILENAME, VOLUMES_MANIFEST_FILENAME, schemas.REJECTS_FILENAME,
+             schemas.NORMALIZED_FILENAME, schemas.VERIFY_REPORT_FILENAME, *TFDS_FILENAMES]
     if not resume:
         names.append(TMP_DIRNAME)
     for name in names:
@@ -136,8 +137,8 @@ def summarize(output_dir: str) -> str:
         new = "new "
     # A multi-frame DICOM or multi-page raster gives one record per frame/page:
     # then files and records differ, and the line says both.
-    made = "" if records == c["written"] else f" as {records:,} records"
-    text = f"Converted {c['written']:,} images{made} into {shards} {new}shards ({per_split})"
+    made = "" if records == c["written"] else f" as {_count(records, 'record')}"
+    text = f"Converted {_count(c['written'], 'image')}{made} into {_count(shards, new + 'shard')} ({per_split})"
     for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
         detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
         text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")
@@ -150,3 +151,8 @@ def summarize(output_dir: str) -> str:
         f" + {c['skipped']:,} skipped."
     )
     return text
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 image', '2 images', '1,000 images': the summary reads as a sentence."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

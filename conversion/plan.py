@@ -129,6 +129,7 @@ class Plan:
         section (`PlanTargets.section`).
       masks: With --masks_dir: the `conversion.masks.MaskPlan`.
       stacks: With --time_series: each planned location's plan.
+      volumes: With --volumes: each planned volume's plan (`conversion.volumes.VolumeJob`).
     """
 
     files: tuple[PlannedFile, ...]
@@ -143,6 +144,7 @@ class Plan:
     masks: Any = None
     # With --time_series: location -> its `imaging.time_series.LocationPlan` (`conversion.time_series`).
     stacks: Any = None
+    volumes: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

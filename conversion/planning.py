@@ -31,7 +31,8 @@ _HEAD_BYTES = 65536
 _HEADER_THREADS = 8
 
 
-def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_classes=None) -> _plan.Plan:
+def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_classes=None,
+               held=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
 
     Args:
@@ -39,13 +40,17 @@ def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_c
       on_listed: Called with the listed files (`listing.InputFile`s) as
         soon as they are known, before the planning proper (the driver
         starts its worker processes there).
+      select, known_classes, held: With --append
+        (`conversion.append_run.AppendRun`): the listed files to convert, the
+        dataset's class names and its manifest (the targets' kinds plan new
+        targets against it: box classes, mask dtype).
 
     Raises:
       FileNotFoundError: For an empty --input_dir or a missing --labels_csv.
       ValueError: When no file has a label.
     """
     with paused_gc():
-        return _build_plan(config, on_listed, select, known_classes)
+        return _build_plan(config, on_listed, select, known_classes, held)
 
 
 @contextlib.contextmanager
@@ -73,7 +78,7 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _plan.Plan:
+def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held_manifest) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
@@ -90,9 +95,12 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
     kind = _examples.kind_for(config.validation)
     grouped = kind.group(files, problems, config)
     files, problems = grouped.files, grouped.problems
-    labels_csv = _read_labels_csv(config)
+    # A kind that labels its examples itself (volumes: a series' class folder or CSV row above it)
+    # has read --labels_csv already.
+    labels_csv = _read_labels_csv(config) if grouped.labels is None else None
     # What annotations may name: every listed example, before any is refused below.
-    listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems])
+    # With --append, the held files too: annotations name them, and they are no 'missing_file'.
+    listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems] + sorted(held))
     groups = None
     if config.group_by:
         failed = _quarantined(config) if config.writing.resume else {}
@@ -109,7 +117,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     # Targets beyond one class, one row of `conversion.targets.TARGETS` each: masks, boxes, labels, numbers.
     planned = _targets.plan_targets(_targets.TargetRequest(config, files, problems, listed, labels_csv,
-                                                           windows, kind))
+                                                           windows, kind, held_manifest))
     files, problems = planned.files, planned.problems
     csv_rows = planned.labels_csv
     if held and csv_rows is not None:
@@ -127,7 +135,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,
         targets=planned.targets,
-        folder_labels=planned.labels_from,
+        folder_labels=planned.labels_from if grouped.labels is None else _kind_labels(grouped),
         windows=windows,
         known_classes=known_classes,
     )
@@ -152,6 +160,16 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes) -> _
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
     return plan
+
+
+def _kind_labels(grouped):
+    """`make_plan`'s folder_labels for the examples a kind labelled itself (`Grouped.labels`)."""
+
+    def labels_from(files, split_ratios):
+        labels = {f.rel_path: grouped.labels[f.rel_path] for f in files if f.rel_path in grouped.labels}
+        return labels, [f for f in files if f.rel_path not in labels], grouped.split_source
+
+    return labels_from
 
 
 def _read_labels_csv(config: ConversionConfig):

@@ -34,6 +34,7 @@ import atexit
 import concurrent.futures
 import dataclasses
 import logging
+import operator
 import os
 import threading
 import uuid
@@ -44,12 +45,14 @@ from conversion.elements import ShardOutcome
 from conversion.examples import warm_call, write_shard
 from conversion.files import join, match
 from conversion.options import WritingOptions
+from conversion.plan import PlannedFile
 from conversion.receipts import Receipts, shard_fingerprint
+from conversion.shard_plans import load_shard_plan, plan_shard
 from conversion.shard_writer import ShardFile, ShardJob, default_threads
 from imaging import ValidationOptions
 
 __all__ = ["ShardSpec", "PlannedShard", "ShardMaker", "shard_file", "worker_processes", "first_shards",
-           "needs_decoders"]
+           "needs_decoders", "write_planned_shard"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Worker processes by default only from this many files: each costs ~0.6 s of
@@ -251,7 +254,7 @@ class ShardMaker:
 
     def shard(self, split: str, index: int, files) -> PlannedShard:
         """The `PlannedShard` of a shard's PlannedFiles (in any order)."""
-        files = tuple(sorted(files))
+        files = in_order(files)
         name = schemas.shard_filename(split, index, files[0].num_shards, self._spec.writing.version)
         fingerprint = shard_fingerprint(self._spec.validation, files)
         return PlannedShard(split, index, name, files, fingerprint)
@@ -303,29 +306,83 @@ class ShardMaker:
     def _write(self, shard: PlannedShard) -> ShardOutcome:
         return write_shard(self._job(shard))
 
+    def write_plan(self, path: str) -> ShardOutcome:
+        """`write` of the shard whose planned files are in the shard plan file `path`, read by a worker process.
+
+        The worker process loads the plan, writes the shard and saves its
+        receipt (`write_planned_shard`): the driver neither loads the files
+        nor pickles them to it (100,000 tiny files: ~1.5 s of the driver's
+        CPU). Only with worker processes and without --resume, whose kept
+        shards are known by their fingerprint before any is written.
+        """
+        if self._pool is None or self._spec.writing.resume:
+            raise RuntimeError("write_plan needs worker processes and no --resume: load the plan, then `write`.")
+        job = self._plan_job(path)
+        self._progress.started(job.name)
+        outcome = self._call_in_pool(job.name, None, lambda: self._plan_job(path), write_planned_shard, job, path)
+        self._log_written(job.name, outcome)
+        return outcome
+
+    def write_plan_later(self, path: str) -> concurrent.futures.Future:
+        """`write_plan` on a thread of the maker's own, which waits on a worker process; its future."""
+        if self._waiting is None:
+            raise RuntimeError("No worker processes: load the plan, then `write` the shard in this thread.")
+        return self._waiting.submit(self.write_plan, path)
+
+    def start_early_plans(self, paths) -> None:
+        """`start_early` for `write_plan`: the shards of the plan files `paths` start now."""
+        self.load_quarantine()
+        for path in paths:
+            self._pool.start_early(write_planned_shard, self._plan_job(path), path)
+
+    def _plan_job(self, path: str) -> ShardJob:
+        """The `ShardJob` of a shard plan file, without its files (`write_planned_shard` reads them).
+
+        It carries the whole quarantine (as loaded): the worker keeps its files' entries.
+        """
+        spec = self._spec
+        split, index, count = plan_shard(path)
+        q = self._quarantined
+        return ShardJob(
+            output_dir=spec.output_dir, split=split, index=index, num_shards=count,
+            name=schemas.shard_filename(split, index, count, spec.writing.version), files=(),
+            num_classes=spec.num_classes, validation=spec.validation,
+            threads=spec.writing.worker_threads or 0,
+            quarantined=tuple((p, *q[p]) for p in sorted(q)),
+            targets=spec.targets,
+        )
+
     def _write_in_pool(self, shard: PlannedShard) -> ShardOutcome:
-        """Writes the shard in a worker process; one that dies on a file costs that file only.
+        """Writes the shard in a worker process; one that dies on a file costs that file only."""
+        job = self._job(shard)
+        return self._call_in_pool(
+            shard.name, len(shard.files),
+            lambda: dataclasses.replace(job, quarantined=self._quarantined_of(shard.files)), write_shard, job)
+
+    def _call_in_pool(self, name: str, count: int | None, requarantined, fn, job: ShardJob, *args):
+        """`fn(job, *args)` in a worker process; one that dies on a file costs that file only.
 
         The file is found from the process's journal, quarantined, and the
-        shard is written again without it (`recovery.crash_culprits`).
+        shard is written again without it (`recovery.crash_culprits`), with
+        the job `requarantined()` makes.
         """
-        job = self._job(shard)
         for _ in range(_MAX_CRASHES_PER_SHARD):
             try:
-                return self._pool.call(write_shard, job)
+                return self._pool.call(fn, job, *args)
             except _processes.WorkerDied as e:
-                self._blame(shard, e)
-                job = dataclasses.replace(job, quarantined=self._quarantined_of(shard.files))
-        raise _processes.WorkerDied(f"Shard {shard.name}: its worker processes died {_MAX_CRASHES_PER_SHARD} times.")
+                self._blame(name, count, e)
+                job = requarantined()
+        raise _processes.WorkerDied(f"Shard {name}: its worker processes died {_MAX_CRASHES_PER_SHARD} times.")
 
-    def _blame(self, shard: PlannedShard, died: _processes.WorkerDied) -> None:
+    def _blame(self, name: str, count: int | None, died: _processes.WorkerDied) -> None:
         """Quarantines the files a dead worker process was working on; raises if it was none's doing."""
         with self._crash_lock:
             found = recovery.crash_culprits(self._pool.journal_folder, died.pid, died.returncode,
                                             self._spec.validation, self._spec.writing.file_timeout,
                                             self._crashes_seen, self._spec.writing.memory_bound)
             if found is None:  # Not while working on a file: not a file's doing.
-                raise _processes.WorkerDied(f"{died} Shard: {shard.name} ({len(shard.files)} files).",
+                files = "" if count is None else f" ({count} files)"
+                raise _processes.WorkerDied(f"{died} Shard: {name}{files}.",
                                             died.pid, died.returncode) from None
             for path, (reason, message) in sorted(found.items()):
                 _LOG.warning("Rejected %s (%s): %s", path, reason, message)
@@ -471,6 +528,33 @@ def _python_bound(files) -> bool:
 def needs_decoders(files) -> bool:
     """Whether worker processes need TensorFlow's decoders for `files`: not for rasters stored raw."""
     return any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
+
+
+# A PlannedFile's fields in order: sorting by them is sorting the dataclasses (order=True), without
+# building two tuples per comparison.
+_FIELDS = operator.attrgetter(*(field.name for field in dataclasses.fields(PlannedFile)))
+
+
+def in_order(files) -> tuple:
+    """`tuple(sorted(files))` of PlannedFiles: their record order in the shard."""
+    return tuple(sorted(files, key=_FIELDS))
+
+
+def write_planned_shard(job: ShardJob, plan_path: str) -> ShardOutcome:
+    """`write_shard` of `job` with the files of the shard plan file `plan_path`; its receipt saved.
+
+    Run by a worker process (`ShardMaker.write_plan`): it reads the plan
+    itself. The job's quarantine may name files of other shards: only this
+    shard's are kept, as `ShardMaker.write` would pass them.
+    """
+    files = in_order(load_shard_plan(plan_path)[1])
+    quarantined = {entry[0]: entry for entry in job.quarantined}
+    job = dataclasses.replace(
+        job, files=tuple(map(shard_file, files)),
+        quarantined=tuple(quarantined[f.rel_path] for f in files if f.rel_path in quarantined) if quarantined else ())
+    outcome = write_shard(job)
+    Receipts(job.output_dir).save(job.name, shard_fingerprint(job.validation, files), outcome)
+    return outcome
 
 
 def shard_file(f) -> ShardFile:

@@ -16,7 +16,7 @@ import schemas
 from conversion.files import TMP_DIRNAME, join, read_bytes, write_atomically
 from conversion.plan import PlannedFile
 
-__all__ = ["PLANS_DIRNAME", "write_shard_plans", "load_shard_plan"]
+__all__ = ["PLANS_DIRNAME", "write_shard_plans", "load_shard_plan", "plan_shard"]
 
 # Inside the temporary folder: the files of each shard, written by the driver.
 PLANS_DIRNAME = "plans"
@@ -86,3 +86,12 @@ def load_shard_plan(path: str):
     """((split, shard), [PlannedFile]) from a file of `write_shard_plans`."""
     files = [PlannedFile(*row) for row in json.loads(read_bytes(path))]
     return (files[0].split, files[0].shard), files
+
+
+def plan_shard(path: str) -> tuple[str, int, int]:
+    """(split, shard index, shard count) of a shard plan file, from its name (`write_shard_plans`)."""
+    name = path.rsplit("/", 1)[-1].removesuffix(".json")
+    m = schemas.manifest.SHARD_FILENAME_RE.match(name)
+    if m is None or m["version"] is not None:
+        raise ValueError(f"Not a shard plan file: {path!r}")
+    return m["split"], int(m["index"]), int(m["count"])

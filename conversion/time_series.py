@@ -48,7 +48,7 @@ from imaging.errors import ImageRejected
 from schemas.tfrecord import frame_record
 
 __all__ = ["LocationsPlan", "plan_locations", "stack_windows", "expand_problems", "write_stack_plans",
-           "stack_plan_path", "write_stacks", "warm_up", "manifest_section", "CUT_ACTION"]
+           "stack_plan_path", "write_stacks", "warm_up", "manifest_section", "merge_time_series", "CUT_ACTION"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _HEADER_THREADS = 8
@@ -384,3 +384,20 @@ def manifest_section(stacks: dict[str, _ts.LocationPlan], plan, options: _ts.Tim
         "locations": {p.location: {"kept": [d.date for d in p.dates], "dropped": p.dropped(),
                                    "nodata": _nodata_json(p.nodata)} for p in kept},
     }}
+
+
+def merge_time_series(held: dict, mine: dict) -> dict:
+    """The `time_series` section of a dataset grown by an append: the locations of every version.
+
+    Args:
+      held: The dataset's section before the append (`manifest_section`'s value).
+      mine: This run's, of its new locations alone.
+    """
+    out = dict(mine)
+    for key in ("dtypes", "steps"):
+        out[key] = sorted({*held.get(key, ()), *mine.get(key, ())})
+    out["sizes"] = [list(s) for s in sorted({tuple(s) for s in (*held.get("sizes", ()), *mine.get("sizes", ()))})]
+    out["bands"] = held.get("bands") if held.get("bands") == mine.get("bands") else None
+    out["locations"] = dict(sorted({**held.get("locations", {}), **mine.get("locations", {})}.items(),
+                                   key=lambda item: os.fsencode(item[0])))
+    return out

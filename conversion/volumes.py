@@ -1,25 +1,27 @@
-"""The conversion of volumes (--volumes, issue 36) that needs no Beam: plan, convert, write.
+"""--volumes: DICOM series and NIfTI files planned, decoded and written as shards (Beam-free, issue 36).
 
-    jobs, rejects, class_names = plan_volumes("scans", split_ratios={"train": 0.8, "validation": 0.2})
-    results = [convert_job(job, "scans", "out") for job in jobs]  # ('ok', split, filename, record path) or a reject
-    shards = shard_of(jobs)                                 # filename -> (split, index, count)
-    write_shard(...) per shard, then write_manifest(...) last
+What a volume conversion does beyond an image conversion (the example kind
+`conversion.examples.volumes`, through the same pipeline, guard, receipts,
+--resume and manifest):
 
-`VolumeConverter` runs `convert_job` in worker processes (`conversion.processes`)
-with the image path's guard (`conversion.guard`, `conversion.recovery`): a
-series whose decode crashes its process, or runs past --file_timeout, is
-rejected as `decoder_crashed` or `timeout` and quarantined, and the others are
-converted. Headers read while planning are noted in the journal too, so that
-the command's supervising process (`recovery.supervise`) knows a file that
-crashes the driver.
+- **Planning** (`plan_volumes`, on the driver, headers only): the listed
+  files are grouped into series units (`input_dir/<class>/<series folder>/...`,
+  DICOM files at any depth, any names; or the folder a --labels_csv row
+  names), each unit's slices into stacks (`imaging.volumes.plan_stacks`), and
+  each `.nii`/`.nii.gz` file is a volume of its own. A volume becomes one
+  planned "file" whose relative path is its record's filename and whose path
+  is its plan's JSON file (`write_volume_plans`), which the shard writer
+  reads. Labels and splits are decided per series unit, never per slice (no
+  series lies in two splits). Every input file is in exactly one written
+  volume, a note of one, or the rejects.
+- **Writing** (`write_volumes`, in the shard writer's process, inside the
+  guard): each volume is decoded into one preallocated array, encoded as a
+  `schemas.volumes.VolumeRecord`, framed and written, then let go.
+- **After the manifest** (`write_manifest`): `volumes.json`, the summary
+  that `readers.metadata` and `shardsmith inspect/verify/preview` read.
 
-Layout: `input_dir/<class>/<series folder>/...` (DICOM files at any depth below
-the series folder, any names) and `input_dir/<class>/<file>.nii[.gz]`. The
-class is the first folder; a series is planned as a whole (its headers are
-read here, its pixels by `convert_job`), and its split comes from the hash
-of its name, never of a slice's, so no series is split across train and
-validation. A series whose SeriesInstanceUID also appears under another class
-is rejected as `mixed_labels`.
+The headers read while planning are noted in the journal (`guard`), so
+that the command's supervising process knows a file that crashes the driver.
 """
 
 from __future__ import annotations
@@ -30,49 +32,97 @@ import hashlib
 import json
 import logging
 import os
-import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from conversion import files as _files, guard, processes as _processes, recovery
-from conversion.elements import Reject
-from conversion.listing import list_input
+
+from conversion import files as _files, guard
+from conversion.elements import Reject, ShardOutcome, ShardResult
+from conversion.listing import InputFile, Problem
 from conversion.plan import hash_split, sorted_class_names
 from imaging import volumes
 from imaging.errors import ImageRejected
-from schemas import REJECTS_FILENAME, tfrecord
+from schemas import tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
-__all__ = ["VolumeJob", "plan_volumes", "convert_job", "VolumeConverter", "shard_of", "write_shard",
-           "write_missing_shards", "write_manifest", "record_path", "read_manifest", "VOLUMES_MANIFEST"]
+__all__ = ["VolumeJob", "VolumesPlan", "plan_volumes", "write_volume_plans", "volume_plan_path", "write_volumes",
+           "warm_up", "manifest_section", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
-# Written last: the volume dataset's summary (class names, splits, rejects).
+# Written after manifest.json: the volume dataset's summary (class names, splits, rejects).
 VOLUMES_MANIFEST = VOLUMES_MANIFEST_FILENAME
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
-# Inside the output's temporary folder: each converted volume's framed record until its shard is written.
-_RECORDS_DIRNAME = "volume_records"
-# Bytes copied at a time from a volume's record file into its shard.
-_COPY_BYTES = 16 << 20
+# Inside the temporary folder: each volume's plan, read by the shard writer.
+_PLANS_DIRNAME = "volumes"
 
 
 @dataclasses.dataclass(frozen=True)
 class VolumeJob:
-    """One volume to convert: a DICOM stack or a NIfTI file.
+    """One planned volume: a DICOM stack or a NIfTI file.
 
     Attributes:
       filename: The record's `filename` (series folder, `#series=N` when it holds several).
+      label: Its class name.
       split: Its split.
-      label: Its class index.
       stack: The planned DICOM stack, or None for NIfTI.
       nifti: The NIfTI file's relative path, or None.
+      sources: The input files it counts (each input is counted once, in one volume).
+      notes: Files of the volume's series that it leaves out and why (a
+        duplicate slice, a frame of another stack), for normalized.jsonl.
     """
 
     filename: str
+    label: str
     split: str
-    label: int
     stack: volumes.Stack | None = None
     nifti: str | None = None
+    sources: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Its decoded size, about (shards are sized by it)."""
+        if self.stack is None:
+            return 0
+        first = self.stack.slices[0]
+        return len(self.stack.slices) * first.rows * first.columns * 2
+
+    def to_json(self) -> dict:
+        return {"filename": self.filename, "label": self.label, "split": self.split,
+                "stack": None if self.stack is None else self.stack.to_json(), "nifti": self.nifti,
+                "sources": list(self.sources), "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> VolumeJob:
+        stack = None if data["stack"] is None else volumes.Stack.from_json(data["stack"])
+        return cls(data["filename"], data["label"], data["split"], stack, data["nifti"],
+                   tuple(data["sources"]), tuple(data["notes"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumesPlan:
+    """The volumes of a listing (`plan_volumes`).
+
+    Attributes:
+      files: One `InputFile` per volume: rel_path its filename, path its plan
+        file (`volume_plan_path`), size its decoded bytes (about).
+      problems: The listing's problems, and every input file in no volume.
+      jobs: Volume filename -> its `VolumeJob`.
+      class_names: The classes found.
+      split_source: "csv" when --labels_csv gave the splits, else "series".
+    """
+
+    files: tuple[InputFile, ...]
+    problems: tuple[Problem, ...]
+    jobs: dict[str, VolumeJob]
+    class_names: tuple[str, ...]
+    split_source: str
+
+
+def volume_plan_path(output_dir: str, filename: str) -> str:
+    """Where a volume's plan is written (`write_volume_plans`): a stable name in the temporary folder."""
+    digest = hashlib.blake2b(os.fsencode(filename), digest_size=12).hexdigest()
+    return _files.join(output_dir, _files.TMP_DIRNAME, _PLANS_DIRNAME, digest + ".json")
 
 
 def _unit_of(rel_path: str) -> tuple[str, str] | None:
@@ -103,11 +153,16 @@ def _csv_entry_of(rel_path: str, labels_csv: Mapping[str, tuple[str, str | None]
     return None
 
 
-def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices: int = 2, quarantined=None,
-                 labels_csv: Mapping[str, tuple[str, str | None]] | None = None, dedup: bool = False):
-    """Plans every volume under `input_dir`.
+def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_dir: str, output_dir: str, *,
+                 options: volumes.VolumeOptions, split_ratios=None, seed: int = 0, quarantined=None,
+                 labels_csv: Mapping[str, tuple[str, str | None]] | None = None,
+                 dedup: bool = False) -> VolumesPlan:
+    """Plans every volume of a listing, from headers only.
 
     Args:
+      files, problems: The listing (`conversion.listing.list_input`).
+      input_dir, output_dir: --input_dir; --output_dir (where the plans go).
+      options: --min_slices.
       split_ratios: --split; None: the CSV's split column, else all in 'train'.
       quarantined: rel_path -> (reason, message) of files that crashed or hung
         an earlier attempt (`guard.Quarantine`): rejected without being read.
@@ -117,24 +172,21 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
       dedup: --dedup: of volumes whose files are byte for byte the same, the
         one with the smallest name is kept, the others rejected `duplicate`.
 
-    Returns:
-      (jobs sorted by filename, rejects as (path, reason, message), class names).
-
     Raises:
       ValueError: For --split together with a CSV split column.
     """
     quarantined = dict(quarantined or {})
-    listed, problems = list_input(input_dir)
     rejects = [(p.rel_path, p.reason, p.message) for p in problems]
     # (class, series unit) -> its files; unit -> its split when the CSV gives one.
     by_unit: dict[tuple[str, str], list] = defaultdict(list)
     csv_splits: dict[str, str] = {}
     if labels_csv is not None:
-        if any(split for _, split in labels_csv.values()) and split_ratios is not None:
+        has_split = any(split for _, split in labels_csv.values())
+        if has_split and split_ratios is not None:
             raise ValueError("--split assigns splits by hash, but the --labels_csv has a split column. "
                              "Use one or the other.")
         used = set()
-        for f in listed:
+        for f in files:
             entry = _csv_entry_of(f.rel_path, labels_csv)
             if entry is None:
                 rejects.append((f.rel_path, "no_label", "not in --labels_csv (nor any folder above it)"))
@@ -148,15 +200,16 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
                 csv_splits[unit] = split
         for path in sorted(set(labels_csv) - used):
             rejects.append((path, "missing_file", "listed in --labels_csv but no file is there"))
-        class_names = list(sorted_class_names({label for label, _ in by_unit}))
+        split_source = "csv" if has_split else "series"
     else:
-        for f in listed:
+        for f in files:
             unit = _unit_of(f.rel_path)
             if unit is None:
                 rejects.append((f.rel_path, "no_label", "outside any class folder"))
             else:
                 by_unit[unit].append(f.rel_path)
-        class_names = sorted({cls for cls, _ in by_unit})
+        split_source = "series"
+    class_names = tuple(sorted_class_names({label for label, _ in by_unit}))
     split_ratios = dict(split_ratios or {"train": 1.0})
     digests: dict[str, bytes] = {}  # With --dedup: rel_path -> the SHA-256 of its bytes.
     planned = []  # (class, unit, filename, stack or None, nifti or None)
@@ -172,26 +225,10 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
                     digests[rel] = _digest(path, rel, rejects)
                 planned.append((cls, rel, rel, None, rel))
                 continue
-            # Noted in the journal: a header that crashes the driver is known to the command above it.
-            with guard.working_on([(rel, path)]):
-                try:
-                    if dedup:  # The whole file: its digest.
-                        data = _files.read_bytes(path)
-                        slices += volumes.read_slices(data, rel)
-                        digests[rel] = hashlib.sha256(data).digest()
-                    else:  # Its header: the pixels are read once, by the converter.
-                        with _files.open_to_read(path) as f:
-                            slices += volumes.read_slice_headers(f, rel)
-                except ImageRejected as e:
-                    rejects.append((rel, e.reason, e.message))
-                except OSError as e:
-                    rejects.append((rel, "unreadable", f"{rel}: {e}"))
-                except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
-                    _LOG.debug("Unexpected error reading the header of %s", rel, exc_info=e)
-                    rejects.append((rel, guard.INTERNAL_ERROR, guard.internal_error_message(rel, e)))
+            slices += _headers(path, rel, rejects, digests if dedup else None)
         if not slices:
             continue
-        plan = volumes.plan_stacks(slices, min_slices=min_slices,
+        plan = volumes.plan_stacks(slices, min_slices=options.min_slices,
                                    pixel_hash=functools.partial(_pixel_hash, input_dir))
         rejects += list(plan.rejects)
         for stack in plan.stacks:
@@ -208,18 +245,81 @@ def plan_volumes(input_dir: str, *, split_ratios=None, seed: int = 0, min_slices
             uid_classes[stack.series_uid].add(cls)
     jobs = []
     for cls, unit, name, stack, nifti in planned:
+        members = _members(stack, nifti)
         if stack is not None and len(uid_classes[stack.series_uid]) > 1:
-            for s in stack.slices:
-                rejects.append((s.name, "mixed_labels", f"series {stack.series_uid} lies under the classes "
-                                                        f"{sorted(uid_classes[stack.series_uid])}"))
+            rejects += [(rel, "mixed_labels", f"series {stack.series_uid} lies under the classes "
+                                              f"{sorted(uid_classes[stack.series_uid])}") for rel in members]
             continue
         # The split of the series unit's name (the folder), never of a slice.
         split = csv_splits.get(unit) or hash_split(seed, unit, split_ratios)
         if split is None:  # Its split's ratio is zero: said, not silently dropped.
-            rejects.append((name, "not_in_split", f"{name}: its split has a ratio of zero (--split)"))
+            rejects += [(rel, "not_in_split", f"{name}: its split has a ratio of zero (--split)") for rel in members]
             continue
-        jobs.append(VolumeJob(name, split, class_names.index(cls), stack, nifti))
-    return jobs, sorted(set(rejects)), class_names
+        jobs.append(VolumeJob(name, cls, split, stack, nifti, members))
+    sizes = {f.rel_path: f.size for f in files}
+    return _settled(jobs, rejects, class_names, split_source, output_dir, sizes)
+
+
+def _members(stack, nifti) -> tuple[str, ...]:
+    """The input files of a volume, each once, in its order."""
+    if nifti is not None:
+        return (nifti,)
+    return tuple(dict.fromkeys(s.name for s in stack.slices))
+
+
+def _settled(jobs: list[VolumeJob], rejects: list, class_names, split_source, output_dir,
+             sizes: Mapping[str, int]) -> VolumesPlan:
+    """The plan with every input file counted once: in one volume, else in the rejects.
+
+    A multi-frame file can give frames to two stacks, and a file can be
+    rejected for one frame yet give another to a volume: it is counted by
+    its first volume (by filename), and the others note it.
+    """
+    counted: dict[str, str] = {}
+    settled = []
+    for job in jobs:
+        mine = tuple(rel for rel in job.sources if rel not in counted)
+        notes = [f"{rel}: counted in {counted[rel]}" for rel in job.sources if rel in counted]
+        counted.update((rel, job.filename) for rel in mine)
+        settled.append(dataclasses.replace(job, sources=mine, notes=(*job.stack.notes, *notes)
+                                           if job.stack is not None else tuple(notes)))
+    jobs = settled
+    by_name = {job.filename: i for i, job in enumerate(jobs)}
+    problems = []
+    for rel, reason, message in sorted(set(map(tuple, rejects))):
+        if rel in counted:  # Rejected for one frame, in a volume by another: a note of that volume.
+            i = by_name[counted[rel]]
+            jobs[i] = dataclasses.replace(jobs[i], notes=(*jobs[i].notes, f"{rel}: {reason}: {message}"))
+        elif not any(p.rel_path == rel for p in problems[-1:]):  # One reject per file (the first reason).
+            problems.append(Problem(rel, reason, message))
+    # Shards are sized by each volume's decoded bytes: a NIfTI file's own size (x4 when gzipped), about.
+    files = tuple(InputFile(job.filename, volume_plan_path(output_dir, job.filename),
+                            job.nbytes if job.nifti is None
+                            else sizes.get(job.nifti, 0) * (4 if job.nifti.lower().endswith(".gz") else 1))
+                  for job in jobs)
+    _LOG.info("Planned %s volumes from %s files", f"{len(jobs):,}", f"{len(counted) + len(problems):,}")
+    return VolumesPlan(files, tuple(problems), {job.filename: job for job in jobs}, class_names, split_source)
+
+
+def _headers(path: str, rel: str, rejects: list, digests: dict | None) -> list:
+    """The slices of one DICOM file, from its header (its whole bytes with --dedup); rejects it on failure."""
+    # Noted in the journal: a header that crashes the driver is known to the command above it.
+    with guard.working_on([(rel, path)]):
+        try:
+            if digests is not None:  # The whole file: its digest.
+                data = _files.read_bytes(path)
+                digests[rel] = hashlib.sha256(data).digest()
+                return volumes.read_slices(data, rel)
+            with _files.open_to_read(path) as f:  # Its header: the pixels are read once, by the writer.
+                return volumes.read_slice_headers(f, rel)
+        except ImageRejected as e:
+            rejects.append((rel, e.reason, e.message))
+        except OSError as e:
+            rejects.append((rel, "unreadable", f"{rel}: {e}"))
+        except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+            _LOG.debug("Unexpected error reading the header of %s", rel, exc_info=e)
+            rejects.append((rel, guard.INTERNAL_ERROR, guard.internal_error_message(rel, e)))
+    return []
 
 
 def _pixel_hash(input_dir: str, s: volumes.DicomSlice) -> str:
@@ -261,242 +361,149 @@ def _drop_copies(planned: list[tuple], digests: Mapping[str, bytes]):
                 h.update(digests[s.name] + s.frame.to_bytes(4, "little"))
         key = h.digest()
         if key in kept:
-            copies.append((name, "duplicate", f"same content as {kept[key]}"))
+            copies += [(rel, "duplicate", f"{name}: same content as {kept[key]}") for rel in _members(stack, nifti)]
         else:
             kept[key] = name
             out.append(item)
     return out, copies
 
 
-def shard_of(jobs, records_per_shard: int = 8) -> dict[str, tuple[str, int, int]]:
-    """Each job's shard, decided at planning from the sorted names: filename -> (split, index, count).
-
-    So each shard is written by one worker holding only its own volumes.
-    """
-    by_split: dict[str, list[str]] = defaultdict(list)
-    for job in jobs:
-        by_split[job.split].append(job.filename)
-    out = {}
-    for split, names in by_split.items():
-        names.sort(key=os.fsencode)
-        count = -(-len(names) // records_per_shard)
-        for position, name in enumerate(names):
-            out[name] = (split, position // records_per_shard, count)
-    return out
+def write_volume_plans(jobs: Mapping[str, VolumeJob], input_dir: str, output_dir: str) -> None:
+    """Writes each volume's plan (and --input_dir, which its files are under) where its planned file's path says."""
+    folder = _files.join(output_dir, _files.TMP_DIRNAME, _PLANS_DIRNAME)
+    for filename, job in jobs.items():
+        name = volume_plan_path(output_dir, filename).rsplit("/", 1)[-1]
+        _files.write_atomically(folder, name, json.dumps({**job.to_json(), "input_dir": input_dir},
+                                                         ensure_ascii=True).encode())
 
 
-def write_shard(split: str, index: int, count: int, records, output_dir: str) -> int:
-    """Writes one shard from its volumes' record files (`convert_job`), sorted by filename; returns its records.
+def write_volumes(job):
+    """Writes one shard of volume records (`conversion.shard_writer.write_shard` with --volumes).
+
+    Each volume is decoded, encoded, framed and written in turn, then let
+    go: a writer holds one volume at a time, once (`_framed`). Each is noted in the process's journal by its
+    name meanwhile (`guard`): if its decoder kills the process or runs past
+    --file_timeout, the shard's maker quarantines that volume and writes the
+    shard again without it, and each of its files is rejected with the reason.
 
     Args:
-      records: (filename, record path) of each volume of the shard.
+      job: The `conversion.shard_writer.ShardJob`: its files are planned
+        volumes (path: the volume's plan file, `write_volume_plans`).
 
-    The files are copied in chunks (a shard of 8 CTs is ~1 GB; at most
-    `_COPY_BYTES` of it is in memory) and removed once the shard is in place.
+    Returns:
+      The `conversion.shard_writer.ShardOutcome`.
     """
-    records = sorted(records, key=lambda pair: os.fsencode(pair[0]))
-    writer = _files.AtomicWriter(output_dir, f"{split}-{index:05d}-of-{count:05d}.tfrecord")
+    writer = _files.AtomicWriter(job.output_dir, job.name)
+    quarantined = {rel: (reason, message) for rel, reason, message in job.quarantined}
+    index_entries: list[tuple[int, int]] = []
+    class_counts = [0] * job.num_classes
+    rejects: list[Reject] = []
+    normalized: list[tuple] = []
+    sources = 0
     try:
-        for _, path in records:
-            with _files.open_to_read(path) as f:
-                while chunk := f.read(_COPY_BYTES):
-                    writer.write(chunk)
+        for f in job.files:
+            data = json.loads(_files.read_bytes(f.path))
+            plan, input_dir = VolumeJob.from_json(data), data["input_dir"]
+            if f.rel_path in quarantined:
+                rejects += [Reject(rel, *quarantined[f.rel_path]) for rel in plan.sources]
+                continue
+            with guard.working_on([(f.rel_path, f.path)]):
+                try:
+                    framed, notes = _framed(plan, f.label, input_dir)
+                except ImageRejected as e:
+                    rejects += [Reject(rel, e.reason, f"{f.rel_path}: {e.message}") for rel in plan.sources]
+                    continue
+                except OSError as e:
+                    rejects += [Reject(rel, "unreadable", f"{f.rel_path}: {e}") for rel in plan.sources]
+                    continue
+                except Exception as e:  # noqa: BLE001 - this volume alone: its files rejected, reported
+                    _LOG.debug("Unexpected error on %s", f.rel_path, exc_info=e)
+                    message = guard.internal_error_message(f.rel_path, e)
+                    rejects += [Reject(rel, guard.INTERNAL_ERROR, message) for rel in plan.sources]
+                    continue
+            if notes:
+                normalized.append((f.rel_path, "nifti" if plan.nifti else "dicom_series", ("volume_notes",),
+                                   {"notes": list(notes)}))
+            offset = writer.num_bytes
+            for part in framed:
+                writer.write(part)
+            index_entries.append((offset, writer.num_bytes - offset))
+            framed = None  # The volume goes before the next is decoded.
+            sources += len(plan.sources)
+            if 0 <= f.label < job.num_classes:
+                class_counts[f.label] += 1
     except BaseException:
         writer.abort()
         raise
     writer.commit()
-    for _, path in records:
-        _files.remove(path)
-    return len(records)
+    index_name, index_sha256 = _files.write_shard_index(job.output_dir, job.name, index_entries)
+    result = ShardResult(job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes,
+                         writer.sha256, tuple(class_counts), index_name, index_sha256, sources)
+    return ShardOutcome(result, rejects, normalized)
 
 
-def write_missing_shards(output_dir: str, planned, shard_counts) -> list[tuple[str, int, int, int]]:
-    """Writes an empty file for each planned shard that got no volume (all of them rejected while decoding).
+def _framed(plan: VolumeJob, label: int, input_dir: str) -> tuple[list, tuple[str, ...]]:
+    """One volume decoded and encoded as its framed record's parts, and its notes.
 
-    So the set `<split>-NNNNN-of-MMMMM` is complete and reads (as zero
-    records) wherever the converter rejected every volume planned for a shard.
-
-    Args:
-      planned: `shard_of`'s values: (split, index, count) of every planned shard.
-      shard_counts: (split, index, count, records) of the shards written.
-
-    Returns:
-      (split, index, count, 0) of each empty shard written.
-    """
-    written = {tuple(c[:3]) for c in shard_counts}
-    empty = []
-    for split, index, count in sorted(set(planned) - written):
-        write_shard(split, index, count, [], output_dir)
-        empty.append((split, index, count, 0))
-    return empty
-
-
-def write_manifest(output_dir: str, class_names, shard_counts, rejects) -> dict:
-    """Writes VOLUMES_MANIFEST (last): shard_counts are (split, index, count, records) of each shard."""
-    splits: dict[str, dict] = {}
-    for split, _index, count, records in sorted(shard_counts):
-        entry = splits.setdefault(split, {"records": 0, "shards": count})
-        entry["records"] += records
-    manifest = {
-        "example_kind": VOLUME_SCHEMA.kind,
-        "features": VOLUME_SCHEMA.to_json(),
-        "class_names": list(class_names),
-        "splits": splits,
-        "rejects": [{"path": p, "reason": r, "message": m} for p, r, m in sorted(set(map(tuple, rejects)))],
-    }
-    # rejects.jsonl as an image dataset's (`conversion.elements.Reject`), before the manifest.
-    _files.write_atomically(output_dir, REJECTS_FILENAME, "".join(
-        Reject(p, r, m).to_json() + "\n" for p, r, m in sorted(set(map(tuple, rejects)))).encode())
-    _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return manifest
-
-
-def record_path(output_dir: str, filename: str) -> str:
-    """Where `convert_job` leaves the framed record of the volume named `filename` until its shard is written."""
-    return _files.join(*_record_location(output_dir, filename))
-
-
-def _record_location(output_dir: str, filename: str) -> tuple[str, str]:
-    digest = hashlib.sha256(os.fsencode(filename)).hexdigest()[:32]
-    return _files.join(output_dir, _files.TMP_DIRNAME, _RECORDS_DIRNAME), f"{digest}.tfrecord"
-
-
-def convert_job(job: VolumeJob, input_dir: str, output_dir: str):
-    """Reads and encodes one volume, and leaves its framed record in the output's temporary folder.
-
-    The record goes to a file (`record_path`), not back to the caller: a
-    volume is tens to hundreds of MB, and only its path travels through the
-    worker pipes and the runner, so each volume is held by one process, once
-    as voxels and once as a record, and shards are written by copying files.
-
-    The volume is noted in this process's journal meanwhile (`guard`), as one
-    suspect named by its record name: if its decoder kills the process, or the
-    watchdog stops it past --file_timeout, whoever started it knows which
-    volume it was.
-
-    Returns:
-      ('ok', split, filename, record path) or ('reject', name, reason, message).
+    The voxels are decoded into one preallocated array (`imaging.volumes`);
+    the record's parts hold them as a view of that array, and the framing
+    (`schemas.tfrecord.frame_parts`) and the writer (`AtomicWriter.write`)
+    copy no part: the volume is held once, plus one slice while decoding.
     """
     read = lambda rel: _files.read_bytes(_files.join(input_dir, rel))
-    where = _files.join(input_dir, job.nifti or job.filename.split("#", 1)[0])
-    with guard.working_on([(job.filename, where)]):
-        try:
-            if job.nifti is not None:
-                volume = volumes.read_nifti(read(job.nifti), job.nifti)
-            else:
-                volume = volumes.read_stack(job.stack, read)
-            record = VOLUME_SCHEMA.encode(VolumeRecord(volume.voxels, volume.spacing, volume.affine, job.label,
-                                                       job.filename, volume.modality))
-        except ImageRejected as e:
-            return ("reject", job.filename, e.reason, e.message)
-        except OSError as e:
-            return ("reject", job.filename, "unreadable", f"{job.filename}: {e}")
-        except Exception as e:  # noqa: BLE001 - this volume alone: rejected, reported
-            _LOG.debug("Unexpected error on %s", job.filename, exc_info=e)
-            return ("reject", job.filename, guard.INTERNAL_ERROR, guard.internal_error_message(job.filename, e))
-    del volume  # The voxels go before the record is framed: one copy of the volume at a time beside it.
-    folder, name = _record_location(output_dir, job.filename)
-    writer = _files.AtomicWriter(folder, name, in_tmp_dir=False)
-    try:
-        writer.write(tfrecord.frame_record(record))
-    except BaseException:
-        writer.abort()
-        raise
-    writer.commit()
-    return ("ok", job.split, job.filename, writer.final_path)
+    if plan.nifti is not None:
+        volume = volumes.read_nifti(read(plan.nifti), plan.nifti)
+    else:
+        volume = volumes.read_stack(plan.stack, read)
+    notes = tuple(dict.fromkeys((*plan.notes, *volume.notes)))
+    parts = VOLUME_SCHEMA.encode_parts(VolumeRecord(volume.voxels, volume.spacing, volume.affine, label,
+                                                    plan.filename, volume.modality))
+    return tfrecord.frame_parts(parts), notes
 
 
-# A volume whose worker processes die this often is given up (each death blames it, or retries once).
-_MAX_TRIES = 3
+def warm_up() -> None:
+    """Prepares a worker process for volume shards: pydicom and its pixel handlers."""
+    from imaging import dicom  # noqa: F401 (imported once, before the first volume)
 
 
-class VolumeConverter:
-    """Runs `convert_job` in worker processes; a volume that crashes or hangs one costs itself only.
-
-    The image path's isolation (`conversion.processes`, `conversion.guard`,
-    `conversion.recovery`): each call notes its volume in the worker's
-    journal; a worker that dies (a segfault in a decoder, the OOM killer, the
-    watchdog past `file_timeout`) is replaced, its volume read from its
-    journal, rejected as `decoder_crashed` or `timeout` and quarantined in the
-    output's temporary folder (a re-run rejects it without reading it).
-    Thread-safe: the runner's threads share one converter per run and process
-    (`shared`), and so its worker processes and its one --file_timeout.
+def manifest_section(jobs: Mapping[str, VolumeJob], plan, options: volumes.VolumeOptions) -> dict:
+    """The manifest's `volumes` section: per planned volume, its files and the notes of its planning.
 
     Args:
-      input_dir: --input_dir.
-      output_dir: --output_dir (its quarantine, the records until their shard is written).
-      processes: Worker processes; 0 converts in the caller's thread, unguarded
-        (the command's supervising process still catches a crash).
-      file_timeout: --file_timeout, seconds.
+      jobs: The planned volumes.
+      plan: The `conversion.plan.Plan` (which volumes were planned).
+      options: --min_slices.
     """
-
-    def __init__(self, input_dir: str, output_dir: str, *, processes: int, file_timeout: float):
-        self._input_dir = input_dir
-        self._output_dir = output_dir
-        self._timeout = file_timeout
-        self._quarantine = guard.Quarantine(guard.quarantine_path(output_dir))
-        self._quarantined = self._quarantine.load()
-        self._seen: dict = {}
-        self._lock = threading.Lock()
-        self._users = 0
-        self._pool = _processes.WorkerProcesses(processes, file_timeout=file_timeout) if processes else None
-
-    @classmethod
-    def shared(cls, run: str, input_dir: str, output_dir: str, *, processes: int,
-               file_timeout: float) -> VolumeConverter:
-        """The converter of run `run` in this process, made if there is none; give it back with `release`."""
-        with _CONVERTERS_LOCK:
-            converter = _CONVERTERS.get(run)
-            if converter is None:
-                converter = _CONVERTERS[run] = cls(input_dir, output_dir, processes=processes,
-                                                   file_timeout=file_timeout)
-            converter._users += 1
-            return converter
-
-    def release(self) -> None:
-        """Gives back a converter of `shared`; the last user closes its worker processes."""
-        with _CONVERTERS_LOCK:
-            self._users -= 1
-            if self._users > 0:
-                return
-            for run, converter in list(_CONVERTERS.items()):
-                if converter is self:
-                    del _CONVERTERS[run]
-        self.close()
-
-    def convert(self, job: VolumeJob):
-        """`convert_job`'s result; ('reject', name, 'decoder_crashed' or 'timeout', message) for a culprit."""
-        if job.filename in self._quarantined:
-            return ("reject", job.filename, *self._quarantined[job.filename])
-        if self._pool is None:
-            return convert_job(job, self._input_dir, self._output_dir)
-        for _ in range(_MAX_TRIES):
-            try:
-                return self._pool.call(convert_job, job, self._input_dir, self._output_dir)
-            except _processes.WorkerDied as e:
-                with self._lock:
-                    # One volume per call: its slot names it, no probing is needed (`validation` unused).
-                    found = recovery.crash_culprits(self._pool.journal_folder, e.pid, e.returncode, None,
-                                                    self._timeout, self._seen)
-                    if found is None:  # Not while working on a volume: not a volume's doing.
-                        raise
-                    if found:
-                        for name, (reason, message) in sorted(found.items()):
-                            _LOG.warning("Rejected %s (%s): %s", name, reason, message)
-                        self._quarantined = self._quarantine.add(found)
-                if job.filename in self._quarantined:
-                    return ("reject", job.filename, *self._quarantined[job.filename])
-        raise _processes.WorkerDied(f"{job.filename}: its worker processes died {_MAX_TRIES} times.")
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+    planned = sorted(({f.rel_path for f in plan.files} if plan.files else set(jobs)) & set(jobs), key=os.fsencode)
+    kinds = defaultdict(int)
+    for name in planned:
+        kinds["nifti" if jobs[name].nifti else "dicom"] += 1
+    return {"volumes": {
+        "options": options.to_json(),
+        "planned": dict(sorted(kinds.items())),
+        "files": sum(len(jobs[name].sources) for name in planned),
+        "notes": {name: list(jobs[name].notes) for name in planned if jobs[name].notes},
+    }}
 
 
-# One converter per run and process (`VolumeConverter.shared`).
-_CONVERTERS: dict[str, VolumeConverter] = {}
-_CONVERTERS_LOCK = threading.Lock()
+def write_manifest(manifest, rejects: Sequence[Reject], output_dir: str) -> dict:
+    """Writes VOLUMES_MANIFEST, after manifest.json: what `shardsmith inspect/verify/preview` of volumes read.
+
+    Args:
+      manifest: The `schemas.Manifest` just written.
+      rejects: Every `conversion.elements.Reject` of the run.
+    """
+    out = {
+        "example_kind": VOLUME_SCHEMA.kind,
+        "features": VOLUME_SCHEMA.to_json(),
+        "class_names": list(manifest.class_names),
+        "splits": {name: {"records": info.num_records, "shards": len(info.shards)}
+                   for name, info in sorted(manifest.splits.items())},
+        "rejects": [{"path": r.rel_path, "reason": r.reason, "message": r.message}
+                    for r in sorted(rejects, key=lambda r: (os.fsencode(r.rel_path), r.reason))],
+    }
+    _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(out, indent=1, sort_keys=True).encode())
+    return out
 
 
 def read_manifest(output_dir: str) -> dict:

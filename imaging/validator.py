@@ -24,6 +24,7 @@ from imaging import formats as _formats
 from imaging import raster as _raster
 from imaging import resize as _resize
 from imaging import time_series as _time_series
+from imaging import volumes as _volumes
 from imaging.errors import ImageRejected
 from imaging.formats import ValidImage
 from imaging.formats import jpeg as _jpeg
@@ -60,6 +61,8 @@ class ValidationOptions:
       time_series: With --time_series, how each location's passes become
         one stack (`imaging.time_series.TimeSeriesOptions`); held to
         `max_pixels` and cut by `raster.patch`. None: one record per image.
+      volumes: With --volumes, how DICOM series and NIfTI files become volume
+        records (`imaging.volumes.VolumeOptions`). None: not volumes.
 
     Raises:
       ValueError: Naming the flag, what it allows and what it received.
@@ -74,6 +77,7 @@ class ValidationOptions:
     resize: _resize.ResizeOptions = dataclasses.field(default_factory=_resize.ResizeOptions)
     raster: _raster.RasterOptions = dataclasses.field(default_factory=_raster.RasterOptions)
     time_series: _time_series.TimeSeriesOptions | None = None
+    volumes: _volumes.VolumeOptions | None = None
 
     def __post_init__(self):
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
@@ -99,6 +103,8 @@ class ValidationOptions:
             wanted = dataclasses.replace(self.time_series, max_pixels=self.max_pixels, patch=self.raster.patch)
             if wanted != self.time_series:
                 object.__setattr__(self, "time_series", wanted)
+        if self.volumes is not None and not isinstance(self.volumes, _volumes.VolumeOptions):
+            raise ValueError(f"volumes must be an imaging.volumes.VolumeOptions or None. Received: {self.volumes!r}")
 
 
 class ImageValidator:

@@ -26,7 +26,7 @@ import numpy as np
 from imaging import dicom
 from imaging.errors import ImageRejected
 
-__all__ = ["DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "read_slice_headers", "plan_stacks",
+__all__ = ["VolumeOptions", "DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "read_slice_headers", "plan_stacks",
            "read_stack", "read_nifti", "is_nifti", "LPS_TO_RAS"]
 
 _LOG = logging.getLogger(__name__)
@@ -38,6 +38,27 @@ _GAP_FACTOR = 1.5
 # Orientations equal to this many decimals are one (direction cosines are written with ~6).
 _ORIENTATION_DECIMALS = 4
 _INT16 = np.iinfo(np.int16)
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeOptions:
+    """How DICOM series and NIfTI files become volume records (--volumes); validated when built.
+
+    Attributes:
+      min_slices: A stack needs at least this many slices (--min_slices).
+
+    Raises:
+      ValueError: Naming the flag, what it allows and what it received.
+    """
+
+    min_slices: int = 2
+
+    def __post_init__(self):
+        if isinstance(self.min_slices, bool) or not isinstance(self.min_slices, int) or self.min_slices < 1:
+            raise ValueError(f"--min_slices must be >= 1. Received: {self.min_slices!r}")
+
+    def to_json(self) -> dict:
+        return {"min_slices": self.min_slices}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +118,18 @@ class Stack:
     index: int
     slices: tuple[DicomSlice, ...]
     notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        """The stack as JSON (a plan file the shard writer reads back with `from_json`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Stack:
+        def as_slice(d):
+            return DicomSlice(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+        return cls(data["series_uid"], data["index"], tuple(as_slice(d) for d in data["slices"]),
+                   tuple(data["notes"]))
 
 
 @dataclasses.dataclass(frozen=True)

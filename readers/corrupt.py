@@ -3,20 +3,28 @@
 `on_corrupt="raise"` (the default) keeps the `max_bad_records` budget (0: the
 first damaged record fails the read, with an error that names the shard file,
 the record's byte offset and what is wrong, and what to run:
-`damaged_shard_message`). `on_corrupt="skip"` reads every shard by
-the offsets of its index file, so that a damaged record (bad length CRC, bad
-data CRC, truncated: `schemas.tfrecord.check_frame`) is skipped alone and the
-rest of its shard is read; the dataset counts them in `ds.corrupt_records`
+`damaged_shard_message`). `on_corrupt="skip"` skips a damaged record (bad
+length CRC, bad data CRC, truncated: `schemas.tfrecord.check_frame`) alone and
+reads the rest of its shard; the dataset counts them in `ds.corrupt_records`
 (a `CorruptRecords`) and logs one warning per damaged shard.
+
+Both read an undamaged shard with TensorFlow's own sequential reader and
+nothing more per record: only once that reader stops early on a shard (it
+fails at the first damaged record) is the shard looked at again, by its
+index file (`read_past_damage`, `damaged_shard_message`).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import os
 import threading
 
 __all__ = ["ON_CORRUPT", "CorruptRecords", "check_on_corrupt", "budget", "damaged_shard_message",
-           "shard_size_problem"]
+           "shard_size_problem", "read_past_damage"]
+
+logger = logging.getLogger(__name__)
 
 ON_CORRUPT = ("raise", "skip")
 # The budget of on_corrupt="skip": no epoch holds this many records.
@@ -59,8 +67,6 @@ def damaged_shard_message(path: str, records: int) -> str:
     failed on it: the read path itself checks nothing more than TensorFlow's
     reader does).
     """
-    import os
-
     import tensorflow as tf
 
     from schemas.tfrecord import RecordError, iter_records
@@ -87,9 +93,12 @@ def damaged_shard_message(path: str, records: int) -> str:
 
 
 def shard_size_problem(path: str, records: int, num_bytes: int) -> str:
-    """'' if a shard whose `records` were read has the manifest's size; else why the read stops."""
-    import os
+    """'' if a shard file has the manifest's size (`num_bytes`); else why its read stops.
 
+    Looked at when the shard is opened (one `stat`): a shard cut short is named
+    by the record where it ends (`damaged_shard_message`); a longer one holds
+    more than the manifest's `records`.
+    """
     import tensorflow as tf
 
     try:
@@ -98,11 +107,61 @@ def shard_size_problem(path: str, records: int, num_bytes: int) -> str:
         return f"Shard {path} could not be looked at ({e.message})"
     if size == num_bytes:
         return ""
+    if size < num_bytes:
+        return damaged_shard_message(path, records)
     data_dir = os.path.dirname(path)
     return (f"Shard {path} holds {size} bytes, the manifest says {num_bytes}: it changed since the "
-            f"conversion, its {records} records were read and more may follow. Run `shardsmith verify "
+            f"conversion, and more records than its {records} may follow. Run `shardsmith verify "
             f"{data_dir}`, then `shardsmith convert --input_dir <the images> --output_dir {data_dir} "
             "--resume` to write the damaged shards again from their sources.")
+
+
+def read_past_damage(split_files, shard: int, start: int, stop: int, skipped: CorruptRecords) -> list[bytes]:
+    """The rest of a shard from its first damaged record, read by its index file (on_corrupt='skip').
+
+    TensorFlow's sequential reader of the shard stopped at its first damaged
+    record (past a bad length, it cannot find the next one); each later
+    record is read alone at its offset instead, and a damaged one (bad CRC,
+    cut short, past the file's end) is given as b"", which the reader drops.
+    Runs only for a shard that TensorFlow's reader did not read through.
+
+    Args:
+      split_files: The split (`readers.metadata.SplitFiles`).
+      shard: The shard's number in the split.
+      start, stop: The records of the shard this read keeps (the ramped
+        first epoch reads a shard in two parts): only damaged records in
+        [start, stop) are counted in `skipped` and warned about.
+      skipped: The dataset's `CorruptRecords`.
+
+    Returns:
+      One element per record, from the first damaged one to the shard's last.
+
+    Raises:
+      ValueError: If the shard reads whole here: TensorFlow's reader stopped
+        for another reason (an error of the file system), not for damage.
+    """
+    from readers import record_index
+
+    path = split_files.paths[shard]
+    offsets, lengths = record_index.load_shard_index(split_files, shard)
+    frames = list(record_index.read_frames(path, offsets, lengths))
+    first = next((i for i, (data, _) in enumerate(frames) if data is None), None)
+    if first is None:
+        raise ValueError(f"Shard {path} stopped being read before its {len(frames)} records, yet reads whole "
+                         "by its index file: the file system failed (see the error logged before), not the shard.")
+    before = sum(split_files.num_records[:shard])
+    for number in range(max(first, start), min(stop, len(frames))):
+        data, why = frames[number]
+        if data is None and skipped.add(path):
+            what = record_index.describe_damaged(path, int(offsets[number]), int(lengths[number]),
+                                                 split_files.schema)
+            logger.warning(
+                "Damaged record in shard %s at byte offset %d (%d bytes; %s): record %d of split %r. Skipped "
+                "(on_corrupt='skip'; further damaged records of this shard are counted in ds.corrupt_records "
+                "without a warning): run `shardsmith verify %s` for the whole list, and `shardsmith convert "
+                "--resume` to mend it.", os.path.basename(path), int(offsets[number]), int(lengths[number]), what,
+                before + number, split_files.split, os.path.dirname(path))
+    return [b"" if data is None else data for data, _ in frames[first:]]
 
 
 class CorruptRecords:

@@ -174,11 +174,16 @@ def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed:
       seed: The reader's seed, or None.
       pipeline_id: This input pipeline (for its own seeds).
       num_records: Records of this pipeline per epoch.
-      read: `fn(file) -> records` of one shard (default: TensorFlow's reader).
+      read: `fn(file, start, stop) -> records` [start, stop) of one shard
+        (stop None: to its end); default: TensorFlow's reader.
     """
-    read = read or tf_internals.tfrecord_file_dataset
-    heads = interleaved(_no_autograph(lambda f: read(f).take(head)))
-    rest = interleaved(_no_autograph(lambda f: read(f).skip(head)))
+    if read is None:
+        def read(f, start, stop):
+            records = tf_internals.tfrecord_file_dataset(f)
+            return records.take(stop) if stop is not None else records.skip(start)
+
+    heads = interleaved(_no_autograph(lambda f: read(f, 0, head)))
+    rest = interleaved(_no_autograph(lambda f: read(f, head, None)))
     heads = heads.shuffle(head * num_shards, seed=_derive_seed(seed, 5, pipeline_id),
                           reshuffle_each_iteration=True)
     rest = rest.shuffle(buffer, seed=_derive_seed(seed, 6, pipeline_id),
@@ -338,29 +343,33 @@ def _shards_records(
     shuffle = shuffling.mode == "shards"
 
     read_shard = None
-    if reading.bad_record_budget and _has_index_files(split_files):
-        # Only with a budget: reading by offset keeps throughput but doubles
-        # the time to the first batch, and with no budget a damaged record
-        # fails the read either way (TensorFlow's DataLossError).
-        read_shard = _shard_reader(split_files)
-    elif reading.bad_record_budget:
+    budget = reading.bad_record_budget
+    # on_corrupt='skip' past a shard's damage (`_past_damage`), where each pipeline reads whole shards
+    # (with record sharding, a pipeline counts only the damaged records it would have read) and in this
+    # process (tf.data service workers count in theirs).
+    skip_past = corrupt.is_unlimited(budget) and not (record_sharding or served)
+    if budget and not _has_index_files(split_files):
         raise ValueError(
             f"`max_bad_records` needs the index files (as on_corrupt='skip' does) of the shards, which the manifest of "
             f"{split_files.data_dir!r} does not list (converted by an older shardsmith): "
             "convert the images again, or read with max_bad_records=0. Received: "
             f"max_bad_records={reading.max_bad_records}"
         )
+    if budget and not skip_past:
+        # A budget counted per epoch: every record read alone by offset (as
+        # shuffle='global' reads), so that a damaged one is checked and
+        # skipped alone; reading by offset keeps throughput but doubles the
+        # time to the first batch.
+        read_shard = _shard_reader(split_files)
     indexed = read_shard is not None
+    parts = None
     if indexed:
-        # Each shard read in order by offset, every record alone (as
-        # shuffle='global' reads), so that a damaged one is skipped alone.
         shard_ids = list(range(len(split_files.paths)))
         if num_pipelines > 1 and not record_sharding:
             shard_ids = shard_ids[pipeline_id::num_pipelines]
         files = tf.data.Dataset.from_tensor_slices(tf.constant(shard_ids, tf.int64))
     else:
-        # Datasets converted before index files: TensorFlow's reader, which
-        # fails on a damaged record (DataLossError).
+        # TensorFlow's reader, which fails on a damaged record (DataLossError).
         files = tf.data.Dataset.from_tensor_slices(list(paths))
         # TensorFlow's reader of one file, without the flat_map that
         # `tf.data.TFRecordDataset` adds: one function fewer to trace per
@@ -368,8 +377,9 @@ def _shards_records(
         # not converted by AutoGraph (0.5 s of CPU in building the dataset).
         read_shard = _no_autograph(tf_internals.tfrecord_file_dataset)
         if not served:
-            # A damaged record fails the read with an error that names it, not a bare DataLossError.
-            read_shard = _naming_damage(read_shard, paths, counts, sizes)
+            # A damaged record fails the read with an error that names it, or is skipped alone.
+            parts = _past_damage(read_shard, split_files, skipped if skip_past else None)
+            read_shard = _no_autograph(lambda f: parts(f))
     if standard and served:
         files, read_shard = _seeded_files(files, read_shard, _derive_seed(seed, 2, pipeline_id))
     # Record-level sharding needs every pipeline to see the records in the same
@@ -408,8 +418,7 @@ def _shards_records(
     if head and not (record_sharding or indexed or reading.cache or served):
         ramped = _ramped_epoch(
             interleaved, head, buffer, num_shards=len(paths), seed=seed,
-            pipeline_id=pipeline_id, num_records=num_records,
-            read=None if served else read_shard,
+            pipeline_id=pipeline_id, num_records=num_records, read=parts,
         )
     if ramped is not None and not reading.repeat:
         records = ramped
@@ -436,23 +445,30 @@ def _shards_records(
     return records, num_records, num_bytes
 
 
-def _naming_damage(read_shard, paths, counts, sizes):
-    """`read_shard` of a file that fails at its first damaged record with an error naming it.
+def _past_damage(read_shard, split_files: SplitFiles, skipped: corrupt.CorruptRecords | None):
+    """`read(path, start=0, stop=None)`: records [start, stop) of a shard, read by `read_shard`, past its damage.
 
     TensorFlow's reader fails a damaged record with `DataLossError: corrupted
-    record at N`, naming no file. Here a shard's reading stops at its first
-    error (`ignore_errors`), then a last element runs only if fewer records
-    came than the shard holds: it fails the read with
-    `corrupt.damaged_shard_message` (the shard file, the record's byte
-    offset, what was found, what to run). An intact shard's reading ends at
-    its count before that element: nothing is added per record. A shard that
-    holds more than its count (its size is not the manifest's: looked at once
-    per shard and epoch, after its records) fails the read too
-    (`corrupt.shard_size_problem`).
+    record at N`, naming no file, and reads no further in that file. Here a
+    shard's reading by TensorFlow's reader ends at that error
+    (`ignore_errors`), and a last part is read only if fewer records came
+    than the shard holds (`take` ends an intact shard before it: nothing is
+    added per record, and nothing runs in Python):
+
+    - with `skipped` (on_corrupt='skip'), the rest of the shard by its index
+      file (`corrupt.read_past_damage`): b"" for each damaged record, dropped
+      downstream, counted in `skipped`, one warning per shard;
+    - else (on_corrupt='raise'), an error naming the shard file, the record's
+      byte offset, what was found and what to run
+      (`corrupt.damaged_shard_message`).
+
+    With on_corrupt='raise', a shard whose size is not the manifest's fails
+    when it is opened (one `stat` per shard and epoch): cut short, with the
+    message above; grown, with `corrupt.shard_size_problem`.
     """
-    all_paths = tf.constant([os.fspath(p) for p in paths])
-    all_counts = tf.constant(list(counts), tf.int64)
-    all_sizes = tf.constant(list(sizes), tf.int64)
+    all_paths = tf.constant([os.fspath(p) for p in split_files.paths])
+    all_counts = tf.constant(list(split_files.num_records), tf.int64)
+    all_sizes = tf.constant(list(split_files.num_bytes), tf.int64)
 
     def message(path, count):
         return corrupt.damaged_shard_message(os.fsdecode(path.numpy()), int(count.numpy()))
@@ -460,27 +476,41 @@ def _naming_damage(read_shard, paths, counts, sizes):
     def size_problem(path, count, size):
         return corrupt.shard_size_problem(os.fsdecode(path.numpy()), int(count.numpy()), int(size.numpy()))
 
-    @_no_autograph
-    def read(path):
-        at = tf.argmax(tf.cast(tf.equal(all_paths, path), tf.int32))
-        count, size = tf.gather(all_counts, at), tf.gather(all_sizes, at)
+    def rest(shard, start, stop):
+        records = corrupt.read_past_damage(split_files, int(shard.numpy()), int(start.numpy()), int(stop.numpy()),
+                                           skipped)
+        return tf.constant(records, tf.string) if records else tf.zeros([0], tf.string)
 
-        @_no_autograph
-        def short(p):
-            text = tf.py_function(message, [p, count], tf.string)
-            with tf.control_dependencies([tf.debugging.Assert(False, [text], summarize=1)]):
-                return tf.identity(p)
-
-        @_no_autograph
-        def long(p):
-            text = tf.py_function(size_problem, [p, count, size], tf.string)
-            with tf.control_dependencies([tf.debugging.Assert(tf.equal(tf.strings.length(text), 0), [text],
+    def part(path, start, stop):
+        shard = tf.argmax(tf.cast(tf.equal(all_paths, path), tf.int32), output_type=tf.int64)
+        count = tf.gather(all_counts, shard)
+        stop = tf.where(stop < 0, count, tf.minimum(stop, count))
+        if skipped is None:
+            problem = tf.py_function(size_problem, [path, count, tf.gather(all_sizes, shard)], tf.string)
+            with tf.control_dependencies([tf.debugging.Assert(tf.equal(tf.strings.length(problem), 0), [problem],
                                                               summarize=1)]):
-                return tf.identity(p)
+                path = tf.identity(path)
 
-        short_tail = tf.data.Dataset.from_tensors(path).map(short)
-        size_check = tf.data.Dataset.from_tensors(path).map(long).filter(_no_autograph(lambda p: False))
-        return read_shard(path).ignore_errors().concatenate(short_tail).take(count).concatenate(size_check)
+            @_no_autograph
+            def fail(p):
+                text = tf.py_function(message, [p, count], tf.string)
+                with tf.control_dependencies([tf.debugging.Assert(False, [text], summarize=1)]):
+                    return tf.identity(p)
+
+            tail = tf.data.Dataset.from_tensors(path).map(fail)
+        else:
+            tail = tf.data.Dataset.from_tensors(shard).flat_map(_no_autograph(
+                lambda s: tf.data.Dataset.from_tensor_slices(tf.ensure_shape(
+                    tf.py_function(rest, [s, start, stop], tf.string), [None]))))
+        return read_shard(path).ignore_errors().concatenate(tail).take(stop).skip(start)
+
+    # Traced once, whichever parts of the shards the reader's interleaves read (the ramped
+    # first epoch reads heads, then the rest): each trace is ~50 ms before the first batch.
+    traced = tf.function(part, autograph=False, input_signature=[
+        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
+
+    def read(path, start=0, stop=None):
+        return traced(path, tf.constant(start, tf.int64), tf.constant(-1 if stop is None else stop, tf.int64))
 
     return read
 

@@ -55,8 +55,8 @@ from schemas.manifest import ManifestError
 from schemas.tfrecord import IndexFileError, check_frame, frame_data, parse_index
 
 __all__ = [
-    "RecordIndex", "load_record_index", "read_records_at", "supports_offset_reads",
-    "check_frame", "describe_damaged",
+    "RecordIndex", "load_record_index", "load_shard_index", "read_frames", "read_records_at",
+    "supports_offset_reads", "check_frame", "describe_damaged",
 ]
 
 logger = logging.getLogger(__name__)
@@ -130,35 +130,9 @@ def load_record_index(split_files: SplitFiles) -> RecordIndex:
             "version that wrote none. Convert the images again (with --overwrite), or "
             "read with shuffle=True ('shards') or False."
         )
-
-    def load(path, num, size, want):
-        name = os.path.basename(path)
-        if not tf.io.gfile.exists(path):
-            raise FileNotFoundError(
-                f"Index file {name} listed in the manifest is missing from "
-                f"{data_dir!r}. {_remedy(data_dir)}"
-            )
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read()
-        if hashlib.sha256(data).hexdigest() != want:
-            raise ManifestError(
-                f"Index file {name} of {data_dir!r} does not match its sha256 in the "
-                f"manifest: it was changed or damaged after the conversion. "
-                f"{_remedy(data_dir)}"
-            )
-        try:
-            # The manifest's checksum vouches for the file; this check catches
-            # an index that belongs to another shard or conversion.
-            return parse_index(data, f"{name} of {data_dir!r}", num_records=num, num_bytes=size)
-        except IndexFileError as e:
-            raise ManifestError(f"{e}. {_remedy(data_dir)}") from e
-
     # In parallel: on an object store each file is a request of its own.
     with concurrent.futures.ThreadPoolExecutor(_INDEX_LOAD_THREADS) as pool:
-        parts = list(pool.map(
-            load, split_files.index_files, split_files.num_records, split_files.num_bytes,
-            split_files.index_sha256,
-        ))
+        parts = list(pool.map(lambda i: load_shard_index(split_files, i), range(len(split_files.paths))))
     shards = [np.full(len(o), i, np.int32) for i, (o, _) in enumerate(parts)]
     offsets = [o for o, _ in parts]
     lengths = [n for _, n in parts]
@@ -169,6 +143,74 @@ def load_record_index(split_files: SplitFiles) -> RecordIndex:
         offset=np.concatenate(offsets),
         length=np.concatenate(lengths),
     )
+
+
+def load_shard_index(split_files: SplitFiles, shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, lengths) of the records of shard number `shard` of a split, from its index file.
+
+    Checked as `load_record_index` checks every shard's (the manifest's sha256,
+    the entries tiling the shard).
+
+    Raises:
+      schemas.ManifestError: If the manifest lists no index file for the shard,
+        or the file does not match the manifest.
+      FileNotFoundError: If the index file is missing.
+    """
+    data_dir = split_files.data_dir
+    path = split_files.index_files[shard] if shard < len(split_files.index_files) else None
+    if not path:
+        raise ManifestError(
+            f"The manifest of {data_dir!r} lists no index file for shard "
+            f"{os.path.basename(split_files.paths[shard])}: the dataset was converted by a shardsmith "
+            "version that wrote none. Convert the images again (with --overwrite)."
+        )
+    name = os.path.basename(path)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(
+            f"Index file {name} listed in the manifest is missing from "
+            f"{data_dir!r}. {_remedy(data_dir)}"
+        )
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != split_files.index_sha256[shard]:
+        raise ManifestError(
+            f"Index file {name} of {data_dir!r} does not match its sha256 in the "
+            f"manifest: it was changed or damaged after the conversion. "
+            f"{_remedy(data_dir)}"
+        )
+    try:
+        # The manifest's checksum vouches for the file; this check catches
+        # an index that belongs to another shard or conversion.
+        return parse_index(data, f"{name} of {data_dir!r}", num_records=split_files.num_records[shard],
+                           num_bytes=split_files.num_bytes[shard])
+    except IndexFileError as e:
+        raise ManifestError(f"{e}. {_remedy(data_dir)}") from e
+
+
+def read_frames(path: str, offsets, lengths):
+    """Each indexed record of one shard file, in order, checked alone.
+
+    Args:
+      path: The shard file (a local path or a URL).
+      offsets, lengths: Its index entries to read (framed records).
+
+    Yields:
+      (data, None) for a record that holds, (None, why) for a damaged one
+      (`schemas.tfrecord.check_frame`'s reason; 'unreadable (...)' where the
+      read itself failed, 'truncated (0 bytes)' past the file's end).
+    """
+    files = _Files()
+    try:
+        for offset, length in zip(offsets, lengths):
+            try:
+                frame = files.read(path, int(offset), int(length))
+            except OSError as e:
+                yield None, f"unreadable ({e})"
+                continue
+            why = check_frame(frame)
+            yield (frame_data(frame), None) if why is None else (None, why)
+    finally:
+        files.close()
 
 
 # --- Reading single records -------------------------------------------------

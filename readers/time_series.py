@@ -217,6 +217,7 @@ def time_series_dataset_from_tfrecords(
     max_bad_records: int = 0,
     on_corrupt: str = "raise",
     input_context: tf.distribute.InputContext | None = None,
+    version: int | None = None,
 ) -> tf.data.Dataset:
     """Reads one split of a time-series dataset (`shardsmith convert --time_series`) as a `tf.data.Dataset`.
 
@@ -253,6 +254,9 @@ def time_series_dataset_from_tfrecords(
         the `tf.distribute.InputContext`: this pipeline reads its share of
         the shard files (as `readers.distributed_dataset`'s pipelines do)
         and batches `batch_size` per replica.
+      version: For a dataset that grew (`shardsmith convert --time_series
+        --append`): None reads the latest version; N reads exactly the
+        locations version N held (its shards, classes and stack lengths).
 
     Returns:
       A dataset of `(stack, label)`, `(stack, label, extras)`, `stack` or
@@ -282,7 +286,7 @@ def time_series_dataset_from_tfrecords(
             shuffling = dataclasses.replace(shuffling, seed=_random_seed())
             logger.info("shuffle='global' without a seed: using seed=%d (pass it to read the same order again).",
                         shuffling.seed)
-    split_files = load_split(data_dir, split, kind=TIME_SERIES)
+    split_files = load_split(data_dir, split, version=version, kind=TIME_SERIES)
     dtypes = _check_split(split_files, options, reading, label_mode, batch_size, extra_features)
     lengths = tuple(int(v) for v in split_files.time_series.get("steps", ()))
     draws = options.max_steps is not None and (not lengths or max(lengths) > options.max_steps)

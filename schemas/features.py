@@ -62,6 +62,7 @@ __all__ = [
     "target_features",
     "decode_example",
     "encode_example",
+    "encode_example_parts",
 ]
 
 # Bump when a key, a dtype or an encoding changes; readers refuse versions they
@@ -778,11 +779,19 @@ def decode_example(specs, serialized: bytes) -> dict[str, Any]:
 
 
 def encode_example(specs, values: Mapping[str, Any], name: str) -> bytes:
-    """Serializes `values` (one per spec, by key) as `tf.train.Example` bytes, deterministically.
+    """Serializes `values` (one per spec, by key) as `tf.train.Example` bytes (`encode_example_parts`, joined)."""
+    return b"".join(encode_example_parts(specs, values, name))
+
+
+def encode_example_parts(specs, values: Mapping[str, Any], name: str) -> list:
+    """The serialized `tf.train.Example` of `values` as its consecutive parts, deterministically.
 
     The plain form of `ImageExampleSchema.encode` (no cached entries): map
     entries sorted by key bytes, each feature's list written directly. For
-    records of few, large features (stacks), where caching saves nothing.
+    records of few, large features (stacks, volumes), where caching saves
+    nothing. The parts are not joined: a large value given as a buffer (a
+    volume's voxels) stays that buffer, so that a writer can frame and write
+    the record without another copy of it (`schemas.tfrecord.frame_parts`).
 
     Args:
       specs: The features, every one required.
@@ -808,7 +817,7 @@ def encode_example(specs, values: Mapping[str, Any], name: str) -> bytes:
         parts += (head, payload)
         size += len(head) + len(payload)
     parts.insert(0, _field_header(1, size))
-    return b"".join(parts)
+    return parts
 
 
 @functools.cache

@@ -600,6 +600,10 @@ class VersionInfo:
         "new", "held" (unchanged), "changed" (held, bytes differ: not
         rewritten), "missing_from_input" (held, no longer listed),
         "duplicates_of_held" (--dedup); {} for a first conversion.
+      sections: The manifest's sections that describe the whole dataset
+        (`targets`: box classes, mask dtype, counts; `time_series`: its
+        locations) as this version left them, in a dataset that grew; {}
+        otherwise (the manifest's sections are the latest's).
     """
 
     version: int
@@ -610,12 +614,15 @@ class VersionInfo:
     time: str | None
     options: Mapping[str, Any]
     inputs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    sections: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self, class_names: Sequence[str]) -> dict[str, Any]:
         names = list(class_names)[: self.num_classes]
         inputs = {"inputs": dict(self.inputs)} if self.inputs else {}
+        sections = {"sections": json.loads(json.dumps(dict(self.sections)))} if self.sections else {}
         return {
             **inputs,
+            **sections,
             "version": self.version,
             "time": self.time,
             "num_classes": self.num_classes,
@@ -652,6 +659,7 @@ class VersionInfo:
             time=None if d.get("time") is None else str(d["time"]),
             options=dict(d.get("options") or {}),
             inputs={str(k): int(n) for k, n in (d.get("inputs") or {}).items()},
+            sections=dict(d.get("sections") or {}),
         )
 
 
@@ -836,9 +844,13 @@ class Manifest:
         order = "first_appearance" if self.class_order == "first_appearance" and any(
             v.num_classes > self.versions[0].num_classes for v in kept
         ) else "sorted"
+        extra = dict(self.extra)
+        # The targets and locations as version `version` left them (its box classes, its counts).
+        extra.update(kept[-1].sections)
         return dataclasses.replace(
             self,
             class_names=self.class_names[:width],
+            extra=extra,
             splits=splits,
             options=dict(kept[-1].options) or dict(self.options),
             versions=kept,

@@ -62,6 +62,7 @@ from typing import Any
 from schemas.features import IMAGE, LABEL, MASK, ImageExampleSchema
 from schemas.manifest import Manifest, shard_filename
 from schemas.time_series import STACK, TIME_SERIES, TimeSeriesExampleSchema, example_kind
+from schemas.volumes import VOLUME
 
 __all__ = ["TFDS_DATASET_INFO_FILENAME", "TFDS_FEATURES_FILENAME", "TFDS_FILENAMES", "tfds_files"]
 
@@ -225,6 +226,10 @@ def tfds_files(manifest: Manifest, dataset_name: str = "shardsmith") -> dict[str
             f"underscores. Received: dataset_name={dataset_name!r}"
         )
     class_names = tuple(manifest.class_names)
+    if VOLUME.key in manifest.features:
+        # Volumes of any shape and dtype, with their geometry: no TFDS feature describes them
+        # (read them with readers.volume_dataset_from_tfrecords).
+        return {}
     if example_kind(manifest.features) == TIME_SERIES:
         described = _stack_features(manifest, len(class_names))
         if described is None:

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from schemas.features import FILENAME, LABEL, FeatureSpec, decode_example, encode_example, parse_spec_of
+from schemas.features import (FILENAME, LABEL, FeatureSpec, decode_example, encode_example, encode_example_parts,
+                              parse_spec_of)
 
 __all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
            "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VOLUMES_MANIFEST_FILENAME", "VolumeRecord",
@@ -133,6 +134,10 @@ class VolumeExampleSchema:
     def encode(self, record: VolumeRecord) -> bytes:
         """Serializes a record to `tf.train.Example` bytes, deterministically (keys sorted)."""
         return encode_example(self.features, self.values(record), record.filename)
+
+    def encode_parts(self, record: VolumeRecord) -> list:
+        """`encode`'s bytes as consecutive parts, the voxels a view of `record.volume` (not copied)."""
+        return encode_example_parts(self.features, self.values(record), record.filename)
 
     def parse_spec(self, keys=None) -> dict:
         """The `tf.io.parse_example` spec for `keys` (default: every feature)."""

@@ -4,7 +4,8 @@
     shardsmith verify --output_dir out   # every record re-read and checked
     shardsmith preview out      # out/preview.png: the middle slice along each axis of each volume
 
-The commands call these when the folder holds `volumes.json` rather than `manifest.json`.
+The commands call these when the folder holds `volumes.json`, which `convert --volumes` writes after
+`manifest.json` (`conversion.volumes.write_manifest`).
 """
 
 from __future__ import annotations

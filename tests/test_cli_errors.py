@@ -106,7 +106,7 @@ def test_convert_help_marks_the_required_options_and_shows_defaults():
     assert "[--input_dir" not in usage and "[--output_dir" not in usage
     flat = " ".join(proc.stdout.split())
     assert "--input_dir INPUT_DIR Required." in flat
-    assert "rejected. (default: 0.1)" in flat
+    assert "rejected. (default: 0.1; 1 with --volumes" in flat
     assert "for parallel reads. (default: 8)" in flat
     assert "(default: 0)" in flat  # --seed: a default of 0 is shown too.
 

@@ -12,7 +12,7 @@ from conversion.options import ShardingOptions
 # Every flag at its default, as Beam's parser gives them (beam_jobs.ConvertOptions).
 _FLAGS = dict(
     input_dir="in", output_dir="out", labels_csv=None, annotations=None, class_names=None, split=None,
-    seed=0, max_reject_fraction=0.1, group_by=None, overwrite=False, background="255,255,255",
+    seed=0, max_reject_fraction=None, group_by=None, overwrite=False, background="255,255,255",
     num_shards=None, target_shard_mb=128, min_shards=8, dedup=False, resume=False, worker_threads=None,
     worker_processes=None, file_timeout=60.0, max_side=None, min_side=None, jpeg_quality=None,
     max_pixels=ConversionConfig("a", "b").validation.max_pixels, full_decode=False, dicom_window=None,
@@ -70,3 +70,33 @@ def test_the_manifest_options_hold_no_paths_and_are_json():
     assert a.manifest_options("hash") == b.manifest_options("hash")
     options = json.loads(json.dumps(a.manifest_options("hash")))
     assert options["seed"] == 7 and options["labels"] == "folders" and "raster" not in options
+
+
+def test_volumes_are_a_kind_of_example_with_their_own_options():
+    from conversion.examples import kind_for
+    from imaging.volumes import VolumeOptions
+
+    config = ConversionConfig.from_flags(_flags(volumes=True, min_slices=3))
+    assert config.validation.volumes == VolumeOptions(min_slices=3)
+    assert kind_for(config.validation).name == "volume"
+    assert config.manifest_options("series")["volumes"] == {"min_slices": 3}
+    # Files outside any volume (scouts, strays) are the data's: no reject fraction stops a volume run ...
+    assert config.max_reject_fraction == 1.0
+    assert ConversionConfig.from_flags(_flags(volumes=True, max_reject_fraction=0.2)).max_reject_fraction == 0.2
+    # ... while an image run keeps its default, and its manifest no volumes entry.
+    images = ConversionConfig.from_flags(_flags())
+    assert images.max_reject_fraction == 0.1 and images.validation.volumes is None
+    assert "volumes" not in images.manifest_options("hash")
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(min_slices=0), "--min_slices must be >= 1. Received: 0"),
+    (dict(append=True), "--volumes stores each series or NIfTI file whole and does not combine with --append"),
+    (dict(time_series=True), "does not combine with --time_series"),
+    (dict(masks_dir="m"), "does not combine with --masks_dir"),
+    (dict(raster_patch="256"), "does not combine with --raster_patch"),
+])
+def test_what_volumes_do_not_take_is_refused_naming_the_flag(given, message):
+    with pytest.raises(ValueError) as caught:
+        ConversionConfig.from_flags(_flags(volumes=True, **given))
+    assert message in str(caught.value)

@@ -61,3 +61,11 @@ def test_the_summary_of_a_finished_dataset(tmp_path):
     assert text.startswith(f"Converted 8 images into {shards} shards (")
     assert "rejected 1 (" in text and f"see {schemas.REJECTS_FILENAME}" in text
     assert text.endswith("Inputs 9 = 8 written + 1 rejected + 0 skipped.")
+
+
+def test_the_summary_of_one_image_reads_as_a_sentence(tmp_path):
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a",), per_class=1)
+    out = tmp_path / "out"
+    convert(root, out)
+    assert summarize(str(out)).startswith("Converted 1 image into 1 shard (train 1)")

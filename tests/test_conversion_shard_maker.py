@@ -207,3 +207,38 @@ def test_a_copy_carries_its_reject_message_to_the_writer():
     assert shard_file(original).duplicate is None
     assert shard_file(copy).duplicate == "same content as a/x.jpg"
     assert shard_file(copy)[:4] == ("a/y.jpg", "/in/a/y.jpg", 10, 0)
+
+
+def test_a_worker_process_reads_the_shard_plan_and_writes_the_same_bytes_and_receipt(photos, tmp_path):
+    from conversion.receipts import Receipts
+    from conversion.shard_plans import write_shard_plans
+
+    files = _planned(photos)
+    out_plan, out_files = tmp_path / "plan", tmp_path / "files"
+    (path,) = write_shard_plans(list(reversed(files)), str(out_plan))  # The worker restores the order.
+    bad = files[2].rel_path
+    guard.Quarantine(guard.quarantine_path(str(out_plan))).add({bad: ("timeout", "hung"), "b/other.jpg": ("x", "y")})
+    guard.Quarantine(guard.quarantine_path(str(out_files))).add({bad: ("timeout", "hung")})
+    by_plan = ShardMaker.shared(_spec(out_plan), processes=1)
+    by_files = ShardMaker.shared(_spec(out_files), processes=1)
+    try:
+        by_plan.start_early_plans([path])
+        assert len(by_plan.pool._early) == 1
+        outcome = by_plan.write_plan(path)
+        assert by_plan.pool._early == []  # The early call's outcome was taken.
+        shard = by_files.shard("train", 0, files)
+        expected = by_files.write(shard)
+    finally:
+        by_plan.release()
+        by_files.release()
+    assert outcome == expected and outcome.result.num_records == 5
+    assert [(r.rel_path, r.reason) for r in outcome.rejects] == [(bad, "timeout")]
+    assert (out_plan / shard.name).read_bytes() == (out_files / shard.name).read_bytes()
+    # Its receipt, saved by the worker process, is the one --resume looks for.
+    assert Receipts(str(out_plan)).load(shard.name, shard.fingerprint) == expected
+
+
+def test_write_plan_needs_worker_processes_and_no_resume(photos, tmp_path):
+    maker = ShardMaker(_spec(tmp_path / "out"))
+    with pytest.raises(RuntimeError, match="worker processes"):
+        maker.write_plan(str(tmp_path / "train-00000-of-00001.tfrecord.json"))

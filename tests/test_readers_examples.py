@@ -47,26 +47,28 @@ def test_records_no_row_knows_are_of_no_kind_and_the_error_says_why(dataset, tmp
 
 
 def test_a_volume_dataset_is_of_the_volume_kind_and_the_image_reader_names_its_reader(tmp_path):
-    import tensorflow as tf
-
-    from conversion import volumes
-    from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
-
+    """A real `convert --volumes` (one NIfTI file): its manifest.json and volumes.json name the volume kind."""
+    import nibabel
     import numpy as np
 
-    record = VolumeRecord(np.zeros((2, 3, 4), np.int16), (1.0, 1.0, 1.0), np.eye(4), 0, "a/p1")
-    with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001.tfrecord")) as writer:
-        writer.write(VOLUME_SCHEMA.encode(record))
-    volumes.write_manifest(str(tmp_path), ["a"], [("train", 0, 1, 1)], [])
-    features = json.loads((tmp_path / VOLUMES_MANIFEST_FILENAME).read_text())["features"]
+    from beam_jobs import convert
+    from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME
+
+    (tmp_path / "in" / "a").mkdir(parents=True)
+    nibabel.save(nibabel.Nifti1Image(np.zeros((4, 3, 2), np.int16), np.eye(4)), tmp_path / "in" / "a" / "v.nii")
+    out = tmp_path / "out"
+    convert.run(["--volumes", "--input_dir", str(tmp_path / "in"), "--output_dir", str(out),
+                 "--runner", "DirectRunner", "--worker_processes", "0"])
+    features = json.loads((out / VOLUMES_MANIFEST_FILENAME).read_text())["features"]
+    assert json.loads((out / "manifest.json").read_text())["features"] == features
     kind = examples.kind_of(features)
     assert kind is examples.VOLUME and examples.KINDS.index(kind) < examples.KINDS.index(examples.IMAGE)
     assert callable(getattr(readers, kind.reader))
     assert kind.schema_from_json(features) == VOLUME_SCHEMA
     with pytest.raises(ValueError, match="not the features of a volume record"):
         kind.schema_from_json({**features, "image": {"dtype": "bytes"}})
-    with pytest.raises(schemas.ManifestError, match="holds volume examples .* readers.volume_dataset_from_tfrecords"):
-        readers.image_dataset_from_tfrecords(str(tmp_path), "train")
+    with pytest.raises(schemas.ManifestError, match="holds volume records, which readers.volume_dataset_from_tfrecords"):
+        readers.image_dataset_from_tfrecords(str(out), "train")
 
 
 def test_a_dataset_of_stacks_is_of_the_time_series_kind_and_the_image_reader_names_its_reader(tmp_path):

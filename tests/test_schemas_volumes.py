@@ -55,3 +55,27 @@ def test_refuses_what_is_not_a_volume():
         VOLUME_SCHEMA.encode(VolumeRecord(np.zeros((2, 3, 3), np.complex64), (1, 1, 1), np.eye(4), 0, "x"))
     with pytest.raises(ValueError, match="affine"):
         VOLUME_SCHEMA.encode(VolumeRecord(np.zeros((2, 3, 3), np.int16), (1, 1, 1), np.eye(3), 0, "x"))
+
+
+def test_a_volume_record_framed_as_parts_is_the_framed_record_and_holds_its_voxels_uncopied():
+    """`encode_parts` + `tfrecord.frame_parts`: the same bytes as `frame_record(encode(...))`, read back by
+    TensorFlow's TFRecordDataset; the voxels travel as a view of their array (no copy of the volume)."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from schemas import tfrecord
+    from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
+
+    voxels = np.random.default_rng(7).integers(-1024, 3000, (9, 300, 301)).astype(np.int16)  # > 1 CRC chunk
+    record = VolumeRecord(voxels, (2.5, 0.7, 0.7), np.diag([-0.7, -0.7, 2.5, 1.0]), 1, "c/p")
+    parts = tfrecord.frame_parts(VOLUME_SCHEMA.encode_parts(record))
+    assert b"".join(bytes(p) for p in parts) == tfrecord.frame_record(VOLUME_SCHEMA.encode(record))
+    big = [p for p in parts if not isinstance(p, bytes)]
+    assert len(big) == 1 and np.shares_memory(np.frombuffer(big[0], np.uint8), voxels)
+    with tempfile.NamedTemporaryFile(suffix=".tfrecord") as f:
+        for p in parts:
+            f.write(p)
+        f.flush()
+        (raw,) = list(tf.data.TFRecordDataset(f.name))
+    np.testing.assert_array_equal(VOLUME_SCHEMA.decode(raw.numpy())["volume"], voxels)

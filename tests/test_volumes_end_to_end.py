@@ -11,7 +11,18 @@ from pydicom.data import get_testdata_file
 
 import readers
 from beam_jobs import convert
+from conversion.volumes import read_manifest
 from test_imaging_volumes import read_sitk, write_series
+
+
+def _run(argv):
+    """`convert --volumes` through the shared pipeline; its volumes.json (written after manifest.json)."""
+    convert.run(argv)
+    return read_manifest(argv[argv.index("--output_dir") + 1])
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0]
 
 
 def test_direct_runner_end_to_end(tmp_path):
@@ -25,12 +36,17 @@ def test_direct_runner_end_to_end(tmp_path):
                                 np.diag([-2.0, 1.5, 3.0, 1.0]))
     nibabel.save(image, scans / "sick" / "v.nii.gz")
     out = tmp_path / "out"
-    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+    manifest = _run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
                             "--runner", "DirectRunner", "--direct_num_workers", "1"])
     assert manifest["class_names"] == ["healthy", "sick"]
-    assert manifest["splits"] == {"train": {"records": 3, "shards": 1}}
+    # Shards sized as every kind's (--target_shard_mb, --min_shards): the files there, each read.
+    assert manifest["splits"]["train"]["records"] == 3
+    assert len(list(out.glob("train-*.tfrecord"))) == manifest["splits"]["train"]["shards"]
     assert [r["reason"] for r in manifest["rejects"]] == ["too_few_slices"]
     assert json.loads((out / "volumes.json").read_text()) == manifest
+    # The shared manifest reconciles: every input file is in a written volume or the rejects.
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert counts == {"found": 11, "written": 10, "rejected": 1, "skipped": 0}
 
     ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None,
                                                 extra_features=("volume/affine", "filename"))
@@ -54,7 +70,7 @@ def test_series_are_never_split_across_splits(tmp_path):
     for i in range(8):
         write_series(scans / "c" / f"p{i}", count=3)
     out = tmp_path / "out"
-    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+    manifest = _run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
                             "--split", "train=0.5,validation=0.5", "--runner", "DirectRunner",
                             "--direct_num_workers", "1"])
     names = {}
@@ -74,7 +90,7 @@ def test_one_series_under_two_classes_is_mixed_labels(tmp_path):
     write_series(scans / "a" / "p", count=3, series_uid=uid)
     write_series(scans / "b" / "p", count=3, series_uid=uid)
     write_series(scans / "b" / "q", count=3)
-    manifest = convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(tmp_path / "out"),
+    manifest = _run(["--volumes", "--input_dir", str(scans), "--output_dir", str(tmp_path / "out"),
                             "--runner", "DirectRunner", "--direct_num_workers", "1"])
     assert manifest["splits"]["train"]["records"] == 1
     reasons = [r["reason"] for r in manifest["rejects"]]
@@ -200,10 +216,17 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
     manifest = json.loads((out / "volumes.json").read_text())
     rejects = {r["path"]: r for r in manifest["rejects"]}
     crashed = str(paths[0].relative_to(scans))
-    assert {p: r["reason"] for p, r in rejects.items()} == {**faulty, crashed: "decoder_crashed"}
-    assert "SIGSEGV" in rejects["bad/segv"]["message"] and "SIGSEGV" in rejects[crashed]["message"]
-    assert "ZeroDivisionError: the decoder's own bug" in rejects["bad/raise"]["message"]
-    assert "--file_timeout=8" in rejects["bad/hang"]["message"]
+    # Every file of a faulty series is rejected with its series' reason; the crashing header alone.
+    by_series = {}
+    for p, r in rejects.items():
+        if p != crashed:
+            by_series.setdefault(_folder(p), set()).add(r["reason"])
+    assert by_series == {name: {reason} for name, reason in faulty.items()}
+    assert len(rejects) == 3 * len(faulty) + 1 and rejects[crashed]["reason"] == "decoder_crashed"
+    message = {_folder(p): r["message"] for p, r in rejects.items()}
+    assert "SIGSEGV" in message["bad/segv"] and "SIGSEGV" in rejects[crashed]["message"]
+    assert "ZeroDivisionError: the decoder's own bug" in message["bad/raise"]
+    assert "--file_timeout=8" in message["bad/hang"]
     # rejects.jsonl says the same, as an image dataset's does.
     listed = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert {r["path"]: r["reason"] for r in listed} == {p: r["reason"] for p, r in rejects.items()}
@@ -215,7 +238,7 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
 
 
 def _convert(scans, out, *args):
-    return convert.run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out), *args,
+    return _run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out), *args,
                         "--runner", "DirectRunner", "--direct_num_workers", "1", "--worker_processes", "0"])
 
 
@@ -278,8 +301,10 @@ def test_dedup_drops_byte_identical_series_and_keeps_the_smallest_name(tmp_path)
     manifest = _convert(scans, out, "--dedup", "--split", "train=0.5,validation=0.5")
     names = {**_names(out, "train"), **_names(out, "validation")}
     assert sorted(names) == ["a/p1", "a/p2", "a/p3", "a/p4", "a/v.nii"]
-    copies = {r["path"]: r["message"] for r in manifest["rejects"] if r["reason"] == "duplicate"}
-    assert copies == {"b/copy": "same content as a/p1", "b/w.nii": "same content as a/v.nii"}
+    copies = {r["path"] if r["path"].endswith(".nii") else _folder(r["path"]): r["message"]
+              for r in manifest["rejects"] if r["reason"] == "duplicate"}
+    assert copies == {"b/copy": "b/copy: same content as a/p1", "b/w.nii": "b/w.nii: same content as a/v.nii"}
+    assert sum(r["reason"] == "duplicate" for r in manifest["rejects"]) == 4 + 1  # Each file of the copy.
     # Without --dedup both NIfTI copies are converted, and the series under two classes conflicts.
     shutil.rmtree(out)
     manifest = _convert(scans, out, "--split", "train=0.5,validation=0.5")
@@ -306,7 +331,28 @@ def test_a_split_whose_every_series_is_rejected_while_decoding_still_has_its_sha
     out = tmp_path / "out"
     manifest = _convert(scans, out, "--labels_csv", str(csv))
     assert manifest["splits"] == {"train": {"records": 1, "shards": 1}, "validation": {"records": 0, "shards": 1}}
-    assert [(r["path"], r["reason"]) for r in manifest["rejects"]] == [("bad", "unsupported_dtype")]
+    assert [(_folder(r["path"]), r["reason"]) for r in manifest["rejects"]] == [("bad", "unsupported_dtype")] * 3
     assert (out / "validation-00000-of-00001.tfrecord").stat().st_size == 0
     assert list(readers.volume_dataset_from_tfrecords(out, "validation", dtype=None)) == []
     assert verify_volumes(str(out)) == []
+
+
+def test_resume_goes_on_from_written_shards_and_mends_a_damaged_one(tmp_path):
+    """--resume through the shared pipeline: a finished volume dataset whose shard was damaged since is
+    mended from its sources (the manifest's bytes again); the reader then reads every volume."""
+    scans = tmp_path / "scans"
+    write_series(scans / "c" / "p0", count=3)
+    write_series(scans / "c" / "p1", count=4, orientation="sagittal")
+    out = tmp_path / "out"
+    args = ["--volumes", "--input_dir", str(scans), "--output_dir", str(out), "--runner", "DirectRunner",
+            "--worker_processes", "0"]
+    _run(args)
+    before = {p.name: p.read_bytes() for p in out.glob("*.tfrecord")}
+    shard = sorted(out.glob("train-*.tfrecord"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert convert.main([*args, "--resume"]) == 0
+    assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
+    assert sorted(_names(out, "train")) == ["c/p0", "c/p1"]
+    assert (out / "volumes.json").exists()

@@ -14,13 +14,13 @@ row in `readers.examples`, its features in `schemas/`.
 
 from __future__ import annotations
 
-from conversion.examples import image as _image, time_series as _time_series
+from conversion.examples import image as _image, time_series as _time_series, volumes as _volumes
 from conversion.examples.kind import ExampleKind, Grouped
 
 __all__ = ["ExampleKind", "Grouped", "KINDS", "kind_for", "record_schema", "write_shard", "warm_call"]
 
 # Asked in order; the image row last (it applies to everything).
-KINDS: tuple[ExampleKind, ...] = (_time_series.KIND, _image.KIND)
+KINDS: tuple[ExampleKind, ...] = (_volumes.KIND, _time_series.KIND, _image.KIND)
 
 
 def kind_for(validation) -> ExampleKind:

@@ -19,12 +19,19 @@ class Grouped(NamedTuple):
       members: Example name -> the relative paths of the files it is made
         of, for a kind of several files; None when each file is one example.
       plans: Example name -> the kind's plan of it, when it has one.
+      labels: Example name -> (class, split or None), for a kind that labels
+        its examples itself (a series' class folder or --labels_csv row above
+        it); None: labelled as files are (class folders, --labels_csv).
+      split_source: With `labels`: the manifest's split source ("csv" when
+        the labels carry the splits; else each example's split is its own).
     """
 
     files: list
     problems: list
     members: Mapping[str, tuple[str, ...]] | None = None
     plans: Mapping[str, Any] | None = None
+    labels: Mapping[str, tuple[str, str | None]] | None = None
+    split_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +57,11 @@ class ExampleKind:
       finish_plan: (plan, grouped) -> the `conversion.plan.Plan` completed
         with what the kind keeps of its examples.
       manifest_section: (plan, config) -> the kind's sections of the manifest.
-      prepare_output: (plan, output_dir) -> None: what its shard writers
-        read, written by the driver before the pipeline runs.
+      prepare_output: (plan, config) -> None: what its shard writers read,
+        written by the driver into config.output_dir before the pipeline runs.
+      finish_output: (manifest, rejects, output_dir) -> None, or None: what
+        the kind writes after manifest.json (`schemas.Manifest`, the
+        `conversion.elements.Reject`s), for its own tools.
     """
 
     name: str
@@ -66,4 +76,5 @@ class ExampleKind:
     cut_masks: Callable[[Any, Mapping, Any], Any] = lambda mask_plan, windows, config: mask_plan
     finish_plan: Callable[[Any, Grouped], Any] = lambda plan, grouped: plan
     manifest_section: Callable[[Any, Any], dict] = lambda plan, config: {}
-    prepare_output: Callable[[Any, str], None] = lambda plan, output_dir: None
+    prepare_output: Callable[[Any, Any], None] = lambda plan, config: None
+    finish_output: Callable[[Any, list, str], None] | None = None

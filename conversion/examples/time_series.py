@@ -62,9 +62,9 @@ def _manifest_section(plan, config) -> dict:
     return _time_series.manifest_section(plan.stacks, plan, config.validation.time_series)
 
 
-def _prepare_output(plan, output_dir: str) -> None:
+def _prepare_output(plan, config) -> None:
     # Each location's plan, which its shard writer reads (its planned file's path).
-    _time_series.write_stack_plans(plan.stacks, output_dir)
+    _time_series.write_stack_plans(plan.stacks, config.output_dir)
 
 
 KIND = ExampleKind(

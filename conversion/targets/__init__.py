@@ -39,7 +39,7 @@ from conversion.targets.labels_csv import LabelsCsv, read as read_labels_csv
 __all__ = [
     "TARGETS", "TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "PlannedTargets",
     "LabelsCsv", "read_labels_csv", "plan_targets", "RecordTargets", "record_targets",
-    "TargetCounts", "targets_section", "BOX_ACTIONS", "Description", "per_split_rows",
+    "TargetCounts", "targets_section", "merge_sections", "BOX_ACTIONS", "Description", "per_split_rows",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -192,3 +192,18 @@ def targets_section(base: Mapping[str, Any], shards, splits: Sequence[str], num_
         if kind is not None and kind.section is not None:
             section[name] = kind.section(part, shards, splits, num_classes)
     return section
+
+
+def merge_sections(held: Mapping[str, Any], mine: Mapping[str, Any]) -> dict:
+    """The `targets` section of a dataset grown by an append: each kind's held and new sections merged.
+
+    Args:
+      held: The dataset's section before the append.
+      mine: This run's (its kinds planned against the held ones).
+    """
+    out = json.loads(json.dumps(dict(mine)))
+    for name, part in out.items():
+        kind = _BY_NAME.get(name)
+        if name in held and kind is not None and kind.merge is not None:
+            out[name] = kind.merge(held[name], part)
+    return out

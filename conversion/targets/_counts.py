@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["as_list", "summed", "per_split_rows"]
+__all__ = ["as_list", "summed", "per_split_rows", "appended_order", "summed_per_split"]
 
 
 def as_list(counter: Mapping[int, int], length: int = 0) -> list[int]:
@@ -29,3 +29,34 @@ def per_split_rows(head: str, names, splits, count) -> list[list[str]]:
         per = [count(s, i) for s in splits]
         rows.append([name, *(f"{n:,}" for n in per), f"{sum(per):,}"])
     return rows
+
+
+def appended_order(held, planned) -> tuple[tuple[str, ...], list[int]]:
+    """With --append: the held class names first (their indices never move), then this run's new ones.
+
+    Args:
+      held: The dataset's class names, in index order.
+      planned: This run's class names, in the order it planned them.
+
+    Returns:
+      (class names, `remap`): remap[i] is the new index of planned class i.
+    """
+    names = list(held)
+    index = {name: i for i, name in enumerate(names)}
+    for name in planned:
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+    return tuple(names), [index[name] for name in planned]
+
+
+def summed_per_split(held: dict, mine: dict) -> dict:
+    """Split to count list (or count) of two versions, added up (`TargetKind.merge`)."""
+    out = {}
+    for split in sorted({*held, *mine}):
+        a, b = held.get(split), mine.get(split)
+        if isinstance(a, list) or isinstance(b, list):
+            out[split] = summed([a or [], b or []], 0)
+        else:
+            out[split] = int(a or 0) + int(b or 0)
+    return out

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from conversion import listing as _listing
 from conversion.files import exists, read_bytes
 from conversion.targets import coco as _coco, voc as _voc
 from conversion.targets._box_files import BoxAnnotations
-from conversion.targets._counts import as_list, per_split_rows, summed
+from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import ImageRejected
 from imaging import boxes as _boxes
@@ -44,6 +45,9 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     if not annotations:
         return None
     boxes = _read_annotations(annotations, request.listed)
+    held = request.held_section(NAME)
+    if held is not None:
+        boxes = _in_held_order(boxes, held)
     missing = tuple(_listing.Problem(rel, "missing_file", message) for rel, message in boxes.missing)
     issues = dict(boxes.issues)
     if missing:
@@ -61,6 +65,48 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
         rejects={rel: ("bad_target", message) for rel, message in boxes.invalid.items()},
         missing=missing, source="the annotations",
     )
+
+
+def _in_held_order(boxes: BoxAnnotations, held) -> BoxAnnotations:
+    """With --append: the boxes' labels renumbered so that the dataset's box classes keep their indices.
+
+    The held classes come first, in their order, then this run's new ones in
+    the annotations' order; a held class the new annotations lack keeps its
+    index (and its COCO category id).
+    """
+    held_names = list(held.get("class_names") or ())
+    names, remap = appended_order(held_names, boxes.class_names)
+    if names == tuple(boxes.class_names):
+        return boxes
+    ids = None
+    if boxes.category_ids is not None:
+        held_ids = list(held.get("category_ids") or [None] * len(held_names))
+        ids = held_ids + [None] * (len(names) - len(held_ids))
+        for i, cid in zip(remap, boxes.category_ids):
+            ids[i] = cid
+        ids = tuple(ids)
+    files = {}
+    for rel, entry in boxes.files.items():
+        entry = dict(entry)
+        entry["boxes"] = [[*b[:5], remap[b[5]], *b[6:]] for b in entry["boxes"]]
+        files[rel] = entry
+    return dataclasses.replace(boxes, class_names=names, category_ids=ids, files=files)
+
+
+def _merge(held: dict, mine: dict) -> dict:
+    """The grown dataset's section: this run's classes (the held ones first), counts and issues added up."""
+    out = dict(mine)
+    out["counts"] = summed_per_split(held.get("counts") or {}, mine.get("counts") or {})
+    out["images_without_boxes"] = summed_per_split(held.get("images_without_boxes") or {},
+                                                   mine.get("images_without_boxes") or {})
+    issues = collections.Counter(held.get("issues") or {})
+    issues.update(mine.get("issues") or {})
+    out["issues"] = dict(sorted(issues.items()))
+    if len(mine.get("class_names") or ()) > len(held.get("class_names") or ()) \
+            or held.get("class_order") == "first_appearance":
+        # A full conversion orders them as its annotations do; these came by first appearance.
+        out["class_order"] = "first_appearance"
+    return out
 
 
 def _read_annotations(path: str, listed: Sequence[str]) -> BoxAnnotations:
@@ -229,4 +275,4 @@ def _describe(boxes, class_names, splits, max_classes: int) -> Description:
 
 
 KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
-                  describe=_describe)
+                  describe=_describe, merge=_merge)

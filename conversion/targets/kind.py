@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import schemas
+
 __all__ = ["TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "Description"]
 
 
@@ -24,6 +26,9 @@ class TargetRequest(NamedTuple):
         kind's `windows`); None otherwise.
       example: The conversion's kind of example (`conversion.examples.ExampleKind`):
         how its examples cut into windows cut their label rasters (`cut_masks`).
+      held: With --append, the `schemas.Manifest` of the dataset appended to
+        (its targets section says what a kind's new targets must agree with:
+        box classes, mask dtype, ...); None for a first conversion.
     """
 
     config: Any
@@ -33,6 +38,13 @@ class TargetRequest(NamedTuple):
     labels_csv: Any = None
     windows: Mapping | None = None
     example: Any = None
+    held: Any = None
+
+    def held_section(self, name: str) -> Mapping[str, Any] | None:
+        """The held dataset's manifest section of kind `name`; None for a first conversion or none."""
+        if self.held is None:
+            return None
+        return (self.held.extra.get(schemas.TARGETS_SECTION) or {}).get(name)
 
 
 class PlannedKind(NamedTuple):
@@ -132,6 +144,9 @@ class TargetKind:
       describe: (manifest section, class_names, splits, max_classes) ->
         `Description`, how `shardsmith inspect` shows it (at most
         `max_classes` rows of classes); None: not shown.
+      merge: (held section, this run's section) -> the section of the dataset
+        grown by an append (`convert --append`): counts added up, the planned
+        values this run's (planned against the held ones); None: this run's.
     """
 
     name: str
@@ -141,3 +156,4 @@ class TargetKind:
     section: Callable[[dict, Any, Any, int], dict] | None = None
     verify: Callable[[Mapping[str, Any], int], tuple[Callable | None, str | None]] | None = None
     describe: Callable[[Mapping[str, Any], Any, list, int], Description] | None = None
+    merge: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] | None = None

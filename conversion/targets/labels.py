@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import schemas
 from conversion import plan as _plan_module
-from conversion.targets._counts import as_list, per_split_rows, summed
+from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
 __all__ = ["KIND"]
@@ -30,6 +30,9 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     config = request.config
     found = {n for names, _, _ in table.rows.values() for n in names}
     class_names = tuple(config.class_names) if config.class_names else _plan_module.sorted_class_names(found)
+    if request.held is not None and not config.class_names:
+        # --append: the dataset's classes keep their indices, this run's new ones come after.
+        class_names, _ = appended_order(request.held.class_names, class_names)
     index = {name: i for i, name in enumerate(class_names)}
     values, rejects = {}, {}
     for rel, (names, _, _) in table.rows.items():
@@ -69,6 +72,11 @@ def _section(section: dict, shards, splits: Sequence[str], num_classes: int) -> 
     return section
 
 
+def _merge(held: dict, mine: dict) -> dict:
+    """The grown dataset's section: images per class and split added up."""
+    return {**mine, "counts": summed_per_split(held.get("counts") or {}, mine.get("counts") or {})}
+
+
 def _verify(section, num_classes: int):
     key = schemas.LABELS.key
 
@@ -95,4 +103,4 @@ def _describe(labels, class_names, splits, max_classes: int) -> Description:
 
 
 KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
-                  describe=_describe)
+                  describe=_describe, merge=_merge)

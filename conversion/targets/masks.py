@@ -43,6 +43,9 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     if request.windows is not None:
         # Label rasters cut with their examples' windows, as the kind of example cuts them.
         mask_plan = request.example.cut_masks(mask_plan, request.windows, config)
+    held = request.held_section(NAME)
+    if held is not None:
+        mask_plan = _held_dtype(mask_plan, held, options)
     values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path]}
               for f in mask_plan.files}
     # Only what the rest of the run needs (dtype, section): the driver holds no
@@ -51,6 +54,34 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     return PlannedKind(values=values, section=dict(mask_plan.section), files=list(mask_plan.files),
                        problems=list(mask_plan.problems), labels_from=mask_plan.labels_from,
                        summary=summary)
+
+
+def _held_dtype(mask_plan, held, options):
+    """With --append: the new masks stored at the dataset's dtype (as a full conversion of the grown
+    folder stores them), refused when they need a wider one than its held masks' PNGs."""
+    dtype = held.get("dtype")
+    if dtype == mask_plan.dtype or dtype not in _MASK_DTYPES:
+        return mask_plan
+    if mask_plan.dtype == "uint16":
+        raise ValueError(
+            f"--append adds to a dataset of {dtype} masks (its manifest's targets.{NAME}.dtype), and "
+            f"the new masks under --masks_dir {options.masks_dir} need uint16 (ids or samples above "
+            "8 bits): the held masks' PNGs cannot change. Convert the grown folder with --overwrite.")
+    return dataclasses.replace(mask_plan, dtype=dtype, section={**mask_plan.section, "dtype": dtype})
+
+
+def _merge(held: dict, mine: dict) -> dict:
+    """The grown dataset's section: pixels per class id and split added up, num_classes of both."""
+    pixels = {}
+    for section in (held, mine):
+        for split, counts in (section.get("pixel_counts") or {}).items():
+            into = pixels.setdefault(split, collections.Counter())
+            for class_id, n in counts.items():
+                into[str(class_id)] += int(n)
+    return {**mine,
+            "num_classes": max(int(held.get("num_classes") or 0), int(mine.get("num_classes") or 0)),
+            "pixel_counts": {split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
+                             for split, counts in sorted(pixels.items())}}
 
 
 def of_file(targets: str | None) -> tuple[str, str] | None:
@@ -140,4 +171,5 @@ def _describe(mask, class_names, splits, max_classes: int) -> Description:
     return Description(head, rows, tail)
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section, verify=_verify, describe=_describe)
+KIND = TargetKind(name=NAME, plan=_plan, record=_record, section=_section, verify=_verify, describe=_describe,
+                  merge=_merge)

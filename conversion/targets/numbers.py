@@ -31,6 +31,13 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
             rejects[rel] = ("bad_target", f"--labels_csv {request.config.labels_csv}: {why}")
         else:
             values[rel] = list(numbers)
+    held = request.held_section(NAME)
+    if held is not None and held.get("length") != table.target_length:
+        raise ValueError(
+            f"--append adds to a dataset of {held.get('length')} numbers per image (its manifest's "
+            f"targets.{NAME}.length), and --labels_csv {request.config.labels_csv} gives "
+            f"{table.target_length}: the new records would not be like the held ones. Give the "
+            "dataset's number of targets, or convert into another folder.")
     return PlannedKind(values=values, section={"length": table.target_length}, rejects=rejects)
 
 

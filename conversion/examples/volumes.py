@@ -1,0 +1,95 @@
+"""The volume kind (--volumes): a DICOM series (one stack of it) or a NIfTI file, one volume per record.
+
+Its examples are volumes planned from their files' headers
+(`conversion.volumes.plan_volumes`): grouped into series units, labelled
+and split by unit (never by slice); its records are
+`schemas.volumes.VolumeExampleSchema`'s, written by
+`conversion.volumes.write_volumes` in the shared worker pool and guard;
+`volumes.json` follows the manifest, for the volume tools (issue 36).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conversion import files as _files, guard, volumes as _volumes
+from conversion.examples.kind import ExampleKind, Grouped
+from schemas.volumes import VOLUME_SCHEMA
+
+__all__ = ["KIND"]
+
+
+def _applies(validation) -> bool:
+    return validation.volumes is not None
+
+
+def _labels_csv(config):
+    """--labels_csv's rows (path -> (label, split)), or None without one."""
+    if not config.labels_csv:
+        return None
+    if not _files.exists(config.labels_csv):
+        raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
+    from conversion.plan import read_labels_csv
+
+    return read_labels_csv(_files.read_bytes(config.labels_csv).decode("utf-8-sig"), config.labels_csv)
+
+
+def _group(files: list, problems: list, config) -> Grouped:
+    # Volumes, not files, are planned: each one "file" whose path is its plan's.
+    quarantined = guard.Quarantine(guard.quarantine_path(config.output_dir)).load() if config.writing.resume else None
+    planned = _volumes.plan_volumes(
+        files, problems, config.input_dir, config.output_dir, options=config.validation.volumes,
+        split_ratios=config.split_ratios, seed=config.seed, quarantined=quarantined,
+        labels_csv=_labels_csv(config), dedup=config.writing.dedup)
+    members = {name: job.sources for name, job in planned.jobs.items()}
+    labels = {name: (job.label, job.split) for name, job in planned.jobs.items()}
+    return Grouped(list(planned.files), list(planned.problems), members, planned.jobs, labels, planned.split_source)
+
+
+def _finish_plan(plan, grouped: Grouped):
+    # A volume is planned as one "file", but the inputs are its files: a problem of a volume
+    # (unknown_class, ...) names each, and `num_found` counts each.
+    jobs = grouped.plans
+    problems = []
+    for p in plan.problems:
+        job = jobs.get(p.rel_path)
+        problems += [p] if job is None else [dataclasses.replace(p, rel_path=rel, message=f"its volume {p.rel_path}: "
+                                                                 f"{p.message}") for rel in job.sources]
+    extra = sum(len(job.sources) - 1 for job in jobs.values())
+    return dataclasses.replace(plan, problems=tuple(problems), num_found=plan.num_found + extra,
+                               volumes={f.rel_path: jobs[f.rel_path] for f in plan.files})
+
+
+def _record_schema(validation, targets: tuple[str, ...] = ()):
+    return VOLUME_SCHEMA
+
+
+def _write_shard(job):
+    return _volumes.write_volumes(job)
+
+
+def _warm_call(validation, processes: int, decoders: bool = True) -> tuple:
+    return _volumes.warm_up, ()
+
+
+def _manifest_section(plan, config) -> dict:
+    return _volumes.manifest_section(plan.volumes, plan, config.validation.volumes)
+
+
+def _prepare_output(plan, config) -> None:
+    # Each volume's plan, which its shard writer reads (its planned file's path).
+    _volumes.write_volume_plans(plan.volumes, config.input_dir, config.output_dir)
+
+
+KIND = ExampleKind(
+    name="volume",
+    applies=_applies,
+    group=_group,
+    record_schema=_record_schema,
+    write_shard=_write_shard,
+    warm_call=_warm_call,
+    finish_plan=_finish_plan,
+    manifest_section=_manifest_section,
+    prepare_output=_prepare_output,
+    finish_output=_volumes.write_manifest,
+)
