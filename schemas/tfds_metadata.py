@@ -47,7 +47,10 @@ length, with encoding 'bytes' (TFDS's `decode_raw` of our little-endian
 bytes); the lists (`stack/dates`, `stack/bands`) as 1-D tensors, the
 float64 vectors (`geotransform`) as byte-encoded float64 tensors, the mask
 as a one-channel `tfds.features.Image`. Stacks of several dtypes, sizes or
-band lists get no TFDS files (TFDS's dynamic shapes need features of its own).
+band lists ("mixed") cannot be one tensor: `stack` is then their stored
+bytes, a uint8 tensor [-1] (encoding 'bytes'), and each record's
+`stack/dtype` and `stack/shape` say how to view it
+(`np.frombuffer(stack, '<' + dtype).reshape(shape)`).
 """
 
 from __future__ import annotations
@@ -279,13 +282,18 @@ def _stack_features(manifest: Manifest, num_classes: int) -> tuple[dict[str, Any
     schema = TimeSeriesExampleSchema.from_json(manifest.features)
     section = manifest.extra.get(TIME_SERIES, {})
     dtypes, sizes, bands = section.get("dtypes", ()), section.get("sizes", ()), section.get("bands")
-    if len(dtypes) != 1 or len(sizes) != 1 or not bands:
+    if not dtypes or not sizes:
         return None
+    # Stacks of one dtype, size and band list have one shape but their length; mixed ones are
+    # given as their stored bytes, which `stack/dtype` and `stack/shape` describe.
+    mixed = len(dtypes) != 1 or len(sizes) != 1 or not bands
     steps = section.get("steps", ())
-    (height, width), = sizes
     features: dict[str, Any] = {}
     for spec in schema.features:
-        if spec.key == STACK.key:
+        if spec.key == STACK.key and mixed:
+            features[spec.key] = _tensor_feature("uint8", [-1], "bytes")
+        elif spec.key == STACK.key:
+            (height, width), = sizes
             features[spec.key] = _tensor_feature(
                 dtypes[0], [steps[0] if len(steps) == 1 else -1, height, width, len(bands)], "bytes")
         elif spec.key == LABEL.key or spec.dtype in ("bytes", "int64"):
@@ -302,10 +310,13 @@ def _stack_features(manifest: Manifest, num_classes: int) -> tuple[dict[str, Any
             features[spec.key] = _tensor_feature("float64", [spec.length], "bytes")
         else:
             raise ValueError(f"Feature {spec.key!r} of dtype {spec.dtype!r} cannot be described to TFDS.")
+    what = (f"'{STACK.key}' is the stored bytes of stacks of {list(dtypes)} (dtypes, sizes or bands "
+            f"differ): 'stack/dtype' and 'stack/shape' (time, height, width, bands) say how to view each"
+            if mixed else
+            f"'{STACK.key}' is {dtypes[0]} (time, height, width, bands) with bands {list(bands)}")
     description = (
         f"Stacks of dated passes converted by shardsmith {manifest.tool_version} (record schema "
-        f"v{manifest.schema_version}), {num_classes} classes: '{STACK.key}' is {dtypes[0]} "
-        f"(time, height, width, bands) with bands {list(bands)}, 'stack/dates' days since 1970-01-01; "
+        f"v{manifest.schema_version}), {num_classes} classes: {what}, 'stack/dates' days since 1970-01-01; "
         "shardsmith's readers.time_series_dataset_from_tfrecords pads, sub-samples and normalises them."
     )
     return features, description

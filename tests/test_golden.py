@@ -2,10 +2,13 @@
 
 Refactors must not move a single output byte. The corpus covers every input kind the converter
 handles (JPEG, PNG, grey, 16-bit, CMYK, EXIF-rotated, transparent, animated GIF, BMP, TIFF, WebP,
-DICOM single- and multi-frame, rejects and skips), converted twice with different options.
+DICOM single- and multi-frame, rejects and skips), converted twice with different options; a
+second corpus of satellite passes written by GDAL (`build_time_series_corpus`: dates in ISO,
+Sentinel-2 and Landsat names and in the TIFF tag, band files, a misaligned, a duplicate and an
+undated pass, two dtypes) is converted twice with --time_series, whole stacks and patches.
 
 The recorded hashes hold for the library versions recorded beside them (Pillow's and zlib's
-encoders write the re-encoded PNGs; pydicom renders DICOM). The test checks those versions first,
+encoders write the re-encoded PNGs; pydicom renders DICOM; GDAL writes the passes). The test checks those versions first,
 and the inputs' own hashes, so a failure says whether the inputs, the libraries or shardsmith
 changed. Re-record (only when an output change is intended, and say so in the commit):
 
@@ -39,6 +42,14 @@ RUNS = (
                  "--dicom_tags", "Modality", "--background", "0,128,255",
                  "--max_reject_fraction", "0.5")),
 )
+# The conversions of the time-series corpus (issue 37): (name, flags).
+TIME_SERIES_RUNS = (
+    ("time_series", ("--time_series", "--split", "train=0.5,validation=0.5", "--seed", "5",
+                     "--max_reject_fraction", "0.9")),
+    ("time_series_patches", ("--time_series", "--split", "train=1.0", "--num_shards", "2",
+                             "--raster_patch", "6,4", "--raster_edge", "pad",
+                             "--max_reject_fraction", "0.9")),
+)
 
 
 def _versions() -> dict[str, str]:
@@ -47,6 +58,12 @@ def _versions() -> dict[str, str]:
 
     return {"numpy": np.__version__, "pillow": PIL.__version__, "pydicom": pydicom.__version__,
             "zlib": zlib.ZLIB_RUNTIME_VERSION}
+
+
+def _time_series_versions() -> dict[str, str]:
+    import rasterio
+
+    return {"numpy": np.__version__, "gdal": rasterio.__gdal_version__, "rasterio": rasterio.__version__}
 
 
 def _exif_rotated() -> bytes:
@@ -105,6 +122,40 @@ def build_corpus(root: pathlib.Path) -> None:
     write(g / ".DS_Store", b"\0\0\0\1Bud1")
 
 
+def _passes(seed: int, bands: int = 3, height: int = 12, width: int = 8, dtype: str = "uint16") -> np.ndarray:
+    values = np.arange(bands * height * width, dtype=np.int64).reshape(bands, height, width)
+    return ((values * (seed + 7) * 37) % 30011 + 1).astype(dtype)
+
+
+def build_time_series_corpus(root: pathlib.Path) -> None:
+    """Writes the fixed corpus of passes under ROOT/<class>/<location>/..., every file by GDAL."""
+    import rasterio
+    from helpers import write_geotiff
+    from rasterio.transform import from_origin
+
+    loc = root / "wheat" / "iso"  # One multi-band file per date, ISO dates, written out of order.
+    for i, date in enumerate(("2020-06-04", "2020-05-14", "2020-07-01")):
+        write_geotiff(loc / f"{date}.tif", _passes(i))
+    write_geotiff(loc / "2020-08-02.tif", _passes(3, height=10))  # Misaligned: left out, noted.
+    loc = root / "wheat" / "sentinel"  # Sentinel-2 product names: the sensing date is the first.
+    for i, (sensed, made) in enumerate((("20200714", "20200714"), ("20200514", "20200901"))):
+        write_geotiff(loc / f"S2B_MSIL2A_{sensed}T103629_N0214_R008_T31TFJ_{made}T124004.tif",
+                      _passes(10 + i, bands=4, dtype="float32"), crs="EPSG:32631")
+    loc = root / "corn" / "landsat"  # One file per band and date.
+    for d, date in enumerate(("20200601", "20200517")):
+        for b, band in enumerate(("SR_B5", "SR_B4")):
+            write_geotiff(loc / f"LC08_L2SP_198030_{date}_20200820_02_T1_{band}.TIF",
+                          _passes(20 + 2 * d + b, bands=1))
+    loc = root / "corn" / "tagged"  # Dates in the TIFF tag alone; a duplicate date; an undated pass.
+    for name, stamp, seed in (("pass_a.tif", "2021:03:09 10:00:00", 30), ("pass_b.tif", "2021:01:30 10:00:00", 31)):
+        write_geotiff(loc / name, _passes(seed))
+        with rasterio.open(loc / name, "r+") as dst:
+            dst.update_tags(TIFFTAG_DATETIME=stamp)
+    write_geotiff(loc / "2021-04-01.tif", _passes(32), transform=from_origin(300000.0, 5000000.0, 10.0, 10.0))
+    write_geotiff(loc / "2021-04-01_copy.tif", _passes(33))
+    write_geotiff(root / "corn" / "undated" / "orbit_12.tif", _passes(34))
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -149,6 +200,13 @@ def measure(tmp: pathlib.Path) -> dict:
         out = tmp / f"out_{name}"
         convert(root, out, *flags)
         doc["outputs"][name] = _output_hashes(out)
+    passes = tmp / "passes"
+    build_time_series_corpus(passes)
+    doc["time_series"] = {"versions": _time_series_versions(), "inputs": _input_hashes(passes)}
+    for name, flags in TIME_SERIES_RUNS:
+        out = tmp / f"out_{name}"
+        convert(passes, out, *flags)
+        doc["outputs"][name] = _output_hashes(out)
     return doc
 
 
@@ -172,7 +230,14 @@ def test_the_corpus_is_the_recorded_one(measured, golden):
     assert measured["inputs"] == golden["inputs"]
 
 
-@pytest.mark.parametrize("run", [name for name, _ in RUNS])
+def test_the_passes_are_the_recorded_ones_written_by_the_recorded_gdal(measured, golden):
+    assert measured["time_series"]["versions"] == golden["time_series"]["versions"], (
+        "GDAL or rasterio changed version since the golden hashes were recorded: the passes' "
+        "bytes may differ legitimately: check, then re-record (see the module docstring).")
+    assert measured["time_series"]["inputs"] == golden["time_series"]["inputs"]
+
+
+@pytest.mark.parametrize("run", [name for name, _ in RUNS + TIME_SERIES_RUNS])
 def test_every_output_byte_is_as_recorded(measured, golden, run):
     got, want = measured["outputs"][run], golden["outputs"][run]
     assert sorted(got) == sorted(want), "different output files"

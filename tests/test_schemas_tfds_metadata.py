@@ -205,3 +205,36 @@ def test_tfds_reads_stacks_of_dated_passes_as_rasterio_reads_their_files(tmp_pat
     assert seen == set(expected)
     stack, label = next(iter(builder.as_dataset(split="train", as_supervised=True)))
     assert stack.shape == (3, 6, 5, 4) and label.dtype.name == "int64"
+
+
+def test_tfds_reads_mixed_stacks_as_their_bytes_which_dtype_and_shape_describe(tmp_path):
+    """Stacks of two dtypes, sizes and band counts: TFDS gives each one's stored bytes, and its
+    `stack/dtype` and `stack/shape` view them as exactly what GDAL reads from the files."""
+    rasterio = pytest.importorskip("rasterio")
+    from helpers import write_geotiff
+
+    shapes = {"corn/a": (2, 6, 5, "uint16"), "wheat/b": (3, 4, 7, "float32")}
+    expected = {}
+    for k, (name, (bands, height, width, dtype)) in enumerate(shapes.items()):
+        planes = []
+        for t, date in enumerate(("2020-05-01", "2020-05-11")):
+            values = (np.random.default_rng(10 * k + t).random((bands, height, width)) * 1000).astype(dtype)
+            path = write_geotiff(tmp_path / "in" / name / f"{date}.tif", values)
+            with rasterio.open(path) as src:
+                planes.append(np.transpose(src.read(), (1, 2, 0)))
+        expected[name] = np.stack(planes)
+    out = tmp_path / "out"
+    manifest = convert(tmp_path / "in", out, "--time_series", "--split", "train=1.0", "--num_shards", "1")
+    files = tfds_files(manifest)
+    assert files and "stored bytes" in json.loads(files[TFDS_DATASET_INFO_FILENAME])["description"]
+    builder = tfds.builder_from_directory(str(out))
+    seen = set()
+    for example in tfds.as_numpy(builder.as_dataset(split="train")):
+        name = example["filename"].decode()
+        dtype = example["stack/dtype"].decode()
+        stack = np.frombuffer(example["stack"].tobytes(), "<" + np.dtype(dtype).str[1:]).reshape(
+            example["stack/shape"])
+        assert stack.dtype == expected[name].dtype
+        np.testing.assert_array_equal(stack, expected[name])
+        seen.add(name)
+    assert seen == set(expected)
