@@ -434,7 +434,7 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
         voxels[k] = stored
     del ds
     affine, spacing = stack_geometry(slices)
-    notes = stack.notes + ((f"monochrome1_inverted",) if any(s.monochrome1 for s in slices) else ())
+    notes = stack.notes + (("monochrome1_inverted",) if any(s.monochrome1 for s in slices) else ())
     return Volume(voxels, spacing, affine, first.modality, notes)
 
 

@@ -470,7 +470,7 @@ class ReadOptions:
             )
         if self.label_mode not in supported:
             kind = targets.KIND_OF_MODE.get(self.label_mode)
-            has = (f"no image-level classes (class_names is [], every label -1)"
+            has = ("no image-level classes (class_names is [], every label -1)"
                    if kind == targets.CLASS_KIND else f"no {kind!r} target")
             raise ValueError(
                 f"label_mode={self.label_mode!r} does not apply to this dataset: it has {has}, "
