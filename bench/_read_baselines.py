@@ -57,7 +57,6 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
 
 import tensorflow as tf

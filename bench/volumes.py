@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
-import os
 import random
 import shutil
 import tempfile
