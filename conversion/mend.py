@@ -74,13 +74,19 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
       targets_of: The kinds of target of a plan's records (the conversion's own function).
     """
     plan = build_plan(config)
+    failed = _failed_files(config.output_dir)
     # What its kind's shard writers read beside their files (a volume's or a location's plan).
     kind_for(config.validation).prepare_output(plan, config)
     by_name: dict[str, list] = {}
     for f in plan.files:
         by_name.setdefault(schemas.shard_filename(f.split, f.shard, f.num_shards), []).append(f)
     shards = {s.file: s for info in manifest.splits.values() for s in info.shards}
-    failed = _failed_files(config.output_dir)
+    for name, volume in (plan.volumes or {}).items():
+        # A volume is planned under its own name, and rejects.jsonl lists each of its files: one
+        # that crashed or hung a worker puts the whole volume out of reach of this process too.
+        hit = next((failed[source] for source in volume.sources if source in failed), None)
+        if hit is not None:
+            failed.setdefault(name, hit)
     folder = join(config.output_dir, TMP_DIRNAME, _MEND_DIRNAME)
     targets = targets_of(plan)
     problems = []
