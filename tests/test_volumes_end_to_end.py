@@ -6,8 +6,6 @@ import json
 import nibabel
 import numpy as np
 import pydicom
-import tensorflow as tf
-from pydicom.data import get_testdata_file
 
 import readers
 from beam_jobs import convert
