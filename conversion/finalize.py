@@ -115,8 +115,7 @@ class Finalizer:
         width = len(manifest.class_names)
 
         def padded(shard):
-            return dataclasses.replace(shard, class_counts=tuple(shard.class_counts)
-                                       + (0,) * (width - len(shard.class_counts)))
+            return dataclasses.replace(shard, class_counts=_targets.CLASS.merge(shard.class_counts, width))
 
         splits = {name: schemas.SplitInfo(name, tuple(map(padded, info.shards)))
                   for name, info in old.splits.items()}

@@ -193,7 +193,7 @@ class _Shard:
 
     def __init__(self, num_classes: int):
         self.index_entries: list[tuple[int, int]] = []  # (offset, framed length) of each record
-        self.class_counts = [0] * num_classes
+        self.classes = _targets.CLASS.counter(num_classes)  # Its records per class (`class_counts`)
         # (format, height, width, channels, sample dtype) of each record, for schemas.ImageStats.
         self.stored: list[tuple[str, int, int, int, str]] = []
         self.rejects: list[Reject] = []
@@ -266,7 +266,7 @@ class _Writer:
         band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
             job.split, job.index, job.num_shards, job.name, len(shard.index_entries), writer.num_bytes,
-            writer.sha256, tuple(shard.class_counts), index_name, index_sha256,
+            writer.sha256, shard.classes.to_json(), index_name, index_sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
@@ -343,8 +343,7 @@ class _Writer:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        if f.label >= 0:  # -1: no image-level class (masks, boxes, several labels, numbers)
-            shard.class_counts[f.label] += 1
+        shard.classes.add(f.label)
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):

@@ -23,7 +23,7 @@ from imaging import raster as _raster
 from schemas import tf_runtime
 from schemas.tfrecord import RecordError, check_frame, format_index, frame_data, iter_records
 from conversion import guard, scene_log
-from conversion.targets import TARGETS as _TARGETS, labels as _target_labels
+from conversion.targets import CLASS as _CLASS, kind_named as _kind_named, labels as _target_labels
 from conversion.files import exists, join, open_to_read, read_bytes, write_atomically
 from imaging import patches as _patches
 
@@ -60,13 +60,8 @@ class ShardCheck:
     unchecked: int = 0
 
 
-def counts_agree(counts, expected, unchecked: int) -> bool:
-    """Whether class counts match the manifest's, given `unchecked` records of unknown class."""
-    counts, expected = tuple(counts), tuple(expected)
-    if not unchecked:
-        return counts == expected
-    return (len(counts) == len(expected) and all(c <= e for c, e in zip(counts, expected))
-            and sum(expected) - sum(counts) == unchecked)
+# Whether class counts match the manifest's, given `unchecked` records of unknown class: the class's row's.
+counts_agree = _CLASS.verify
 
 
 
@@ -129,7 +124,7 @@ class ShardVerifier:
           shard's `ShardCheck`.
         """
         problems = []
-        counts = [0] * self._num_classes
+        classes = _CLASS.counter(self._num_classes)
         stored = []  # (format, height, width, channels, sample dtype) of each good record
         bands = _BandCheck(shard, self._rasters)
         path = join(self._dir, shard.file)
@@ -139,7 +134,7 @@ class ShardVerifier:
         unchecked = 0
         damaged = False  # Damaged records listed one by one (`_damaged_records`).
         if not exists(path):
-            yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
+            yield ShardCheck(split, shard.file, 0, classes.to_json(), (f"{shard.file}: file is missing",))
             return
         # A targets section that cannot say what the records must hold: once per shard, not per record.
         problems.extend(f"{shard.file}: {p}" for p in self._target_check.section_problems)
@@ -154,8 +149,7 @@ class ShardVerifier:
                     if problem:
                         problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
                         continue
-                    if label >= 0:  # -1: no image-level class (a dataset of targets).
-                        counts[label] += 1
+                    classes.add(label)
                     stored.append(image)
                     bands.add(name, pixels)
                     yield CONTENT, (digest, (split, name))
@@ -184,8 +178,9 @@ class ShardVerifier:
             problems.append(f"{shard.file}: sha256 differs from the manifest")
         if len(offsets) != shard.num_records and not damaged:
             problems.append(f"{shard.file}: {len(offsets)} records, the manifest says {shard.num_records}")
+        counts = classes.to_json()
         if not counts_agree(counts, shard.class_counts, unchecked):
-            problems.append(f"{shard.file}: class counts {counts}, the manifest says {list(shard.class_counts)}")
+            problems.append(f"{shard.file}: class counts {list(counts)}, the manifest says {list(shard.class_counts)}")
         stats = schemas.ImageStats.of(stored)
         if stats is not None and shard.images is not None and shard.images.layouts is None:
             stats = dataclasses.replace(stats, layouts=None)  # Not recorded by an older version.
@@ -197,7 +192,7 @@ class ShardVerifier:
             problems.extend(bands.problems())
         if not damaged:  # Else the index file was read, and held.
             problems.extend(self._check_index(shard, offsets))
-        yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems), unchecked)
+        yield ShardCheck(split, shard.file, len(offsets), counts, tuple(problems), unchecked)
 
     def _damaged_records(self, shard, path: str, first: int, error: RecordError) -> list[str] | None:
         """Every damaged record of a shard from record `first` on, read by its index file; None without one.
@@ -388,8 +383,6 @@ class ShardVerifier:
 
 
 
-# The target kinds verify checks, by name (`conversion.targets.TARGETS`).
-_target_kinds = {kind.name: kind for kind in _TARGETS}
 # The kind of several labels per image: its records may have no image-level class.
 _LABELS = _target_labels.NAME
 
@@ -428,7 +421,7 @@ class TargetCheck:
         problems, self._checks = [], []
         # In the schema's order of kinds: a record's first problem is the same on every run.
         for name in [k for k in schemas.TARGET_KINDS if k in kinds]:
-            kind = _target_kinds.get(name)
+            kind = _kind_named(name)  # Its row of `conversion.targets.TARGETS`.
             if kind is None or kind.verify is None:
                 continue
             check, problem = kind.verify(targets.get(name) or {}, num_classes)
