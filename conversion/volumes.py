@@ -167,7 +167,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
       split_ratios: --split; None: the CSV's split column, else all in 'train'.
       quarantined: rel_path -> (reason, message) of files that crashed or hung
         an earlier attempt (`guard.Quarantine`): rejected without being read.
-      labels_csv: --labels_csv's rows (`conversion.plan.read_labels_csv`):
+      labels_csv: --labels_csv's rows (`conversion.targets.labels_csv.read_labels_csv`):
         path -> (label, split or None); a path names a NIfTI file or a folder,
         whose every series takes its label (and split). None: class folders.
       dedup: --dedup: of volumes whose files are byte for byte the same, the

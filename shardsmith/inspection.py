@@ -56,18 +56,15 @@ def inspect_dataset(data_dir: str) -> dict:
     report_path = FileSystems.join(data_dir, schemas.VERIFY_REPORT_FILENAME)
     report = json.loads(read_bytes(report_path).decode()) if FileSystems.exists(report_path) else None
     warnings = []
-    # Several labels per image: the images having each class count, not the image-level labels
-    # (-1 in such records, so their class counts are all 0).
-    multi = (manifest.targets.get("labels") or {}).get("counts")
-    for split, info in manifest.splits.items():
+    # Images having each class, as the class's row counts them (with several labels per image: those).
+    per_split = CLASS.per_split(manifest)
+    for split, counts in per_split.items():
         if split == "train":
             continue
-        counts = multi.get(split, ()) if multi is not None else info.class_counts
         missing = [c for c, n in zip(manifest.class_names, counts) if n == 0]
         if missing:
             warnings.append(f"{len(missing)} class(es) have no {split} images: {', '.join(missing[:10])}")
-    for split, info in manifest.splits.items():
-        per_class = tuple(multi.get(split, ())) if multi is not None else info.class_counts
+    for split, per_class in per_split.items():
         counts = [n for n in per_class if n > 0]
         if len(counts) > 1 and max(counts) / min(counts) >= _IMBALANCE_WARNING:
             big = manifest.class_names[per_class.index(max(counts))]

@@ -1,7 +1,10 @@
-"""Kinds of target, as a table: one module per kind, one row (`TARGETS`).
+"""Kinds of target, as a table: one module per kind, one row (`CLASS`, then `TARGETS`).
 
-A kind of target is what a record carries beyond one class per image: a mask,
-boxes, several labels, numbers (`schemas.TARGET_KINDS` names their features).
+The image-level class is the first row, `CLASS` (`classes`): planned before
+the others (it decides the splits), its value every record's `label`, its
+counts each shard's `class_counts`. The kinds beyond one class per image are
+the rows of `TARGETS`: a mask, boxes, several labels, numbers
+(`schemas.TARGET_KINDS` names their features).
 Each is a module here with its `KIND`, a `TargetKind` row that says how it is
 read from the user's files and matched to them (`plan`), what features a
 record gets from a file's planned value (`record`), what a shard counts of
@@ -13,8 +16,9 @@ completed (`section`):
 - `labels`: several labels per image in --labels_csv (`labels_csv`);
 - `numbers`: a `target` column of numbers in --labels_csv.
 
-The planner, the shard writer and the finalizer ask the table and name no
-kind: every planned value of a file travels as one compact JSON text
+The planner, the shard writer, the finalizer, verify and inspect ask the
+table (as it is at the call: `kind_named`) and name no kind: every planned
+value of a file beyond its class travels as one compact JSON text
 (`conversion.plan.PlannedFile.targets`) to whichever process writes its
 shard. The reading side is `readers.targets`, one row per label mode.
 

@@ -258,4 +258,13 @@ def _describe(manifest, max_classes: int) -> Description:
     return Description([], rows, tail)
 
 
-KIND = ClassKind(name=NAME, plan=_plan, counter=_Counts, merge=_merge, verify=_verify, describe=_describe)
+def _per_split(manifest) -> dict[str, tuple[int, ...]]:
+    """Images having each class, per split: with several labels per image, those the labels kind
+    counted (the records' image-level labels are -1), else the shards' class counts."""
+    multi = (manifest.targets.get(_LABELS) or {}).get("counts")
+    return {split: tuple(multi.get(split, ())) if multi is not None else tuple(info.class_counts)
+            for split, info in manifest.splits.items()}
+
+
+KIND = ClassKind(name=NAME, plan=_plan, counter=_Counts, merge=_merge, verify=_verify, describe=_describe,
+                 per_split=_per_split)

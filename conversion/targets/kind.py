@@ -220,6 +220,8 @@ class ClassKind:
       describe: (`schemas.Manifest`, max_classes) -> `Description` of the
         images per class and split, for `shardsmith inspect`; its rows are []
         when another kind's table says it all, its head names no classes.
+      per_split: `schemas.Manifest` -> split -> images having each class,
+        for inspect's warnings (classes missing from a split, imbalance).
     """
 
     name: str
@@ -228,3 +230,4 @@ class ClassKind:
     merge: Callable[[tuple, int], tuple]
     verify: Callable[[Any, Any, int], bool]
     describe: Callable[[Any, int], Description]
+    per_split: Callable[[Any], Mapping[str, tuple[int, ...]]]

@@ -129,7 +129,7 @@ def read_targets_csv(text: str, source: str) -> TargetsCsv | None:
 
     Returns:
       The parsed CSV, or None for a CSV of one label per row and no `target`
-      column (`plan.read_labels_csv` reads those).
+      column (`read_labels_csv` reads those).
 
     Raises:
       ValueError: Naming the file and row: a missing column, an empty path,
@@ -142,13 +142,13 @@ def read_targets_csv(text: str, source: str) -> TargetsCsv | None:
     has_label, has_target = "label" in columns, "target" in columns
     if "path" not in columns or not (has_label or has_target):
         if not has_target:
-            return None  # `plan.read_labels_csv` says what a labels CSV needs.
+            return None  # `read_labels_csv` says what a labels CSV needs.
         raise ValueError(
             f"--labels_csv {source} must have a header with columns path,label[,split] or "
             f"path,target[,split] (or both label and target). Received columns: {columns}"
         )
     if not has_target and "|" not in text:
-        return None  # One label per row: read by `plan.read_labels_csv`, without parsing it twice.
+        return None  # One label per row: read by `read_labels_csv`, without parsing it twice.
     rows = list(enumerate(reader, start=2))
     multi = has_label and any("|" in (row["label"] or "") for _, row in rows)
     if not multi and not has_target:
