@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import schemas
-from conversion import files as _files
+from conversion import files as _files, targets as _targets
 
 __all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base",
            "rebuild_inventory", "sort_listing", "sort_locations", "location_digests", "fill_unknown_locations", "content_hashes", "inventory_text", "check_compatible",
@@ -417,10 +417,10 @@ def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
     kinds = sorted(kind for kind, specs in schemas.TARGET_KINDS.items()
                    if {spec.key for spec in specs} & {*added, *gone})
     if kinds:
-        flags = sorted({_TARGET_FLAGS.get(kind, kind) for kind in kinds})
+        flags = sorted({_flag(kind) for kind in kinds})
         raise ValueError(
             f"--append adds to a dataset whose records have another target kind than this run's "
-            f"({detail}: {', '.join(f'{k} ({_TARGET_FLAGS.get(k, k)})' for k in kinds)}): the target "
+            f"({detail}: {', '.join(f'{k} ({_flag(k)})' for k in kinds)}): the target "
             f"kinds and label mode of an append must be the dataset's. Give {' and '.join(flags)} as "
             "the dataset was converted (its manifest.json's targets), or convert into another folder."
         )
@@ -432,13 +432,10 @@ def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
     )
 
 
-# The option that asks for each kind of target (`schemas.TARGET_KINDS`), for `check_features`.
-_TARGET_FLAGS = {
-    "mask": "--masks_dir",
-    "boxes": "--annotations",
-    "labels": "--labels_csv (several labels per row)",
-    "target": "--labels_csv (a target column)",
-}
+def _flag(kind: str) -> str:
+    """The option that asks for a kind of target (its row's `flag`), for `check_features`."""
+    row = _targets.kind_named(kind)
+    return (row.flag if row is not None else None) or kind
 
 
 def _feature_keys(features: Mapping) -> set[str]:

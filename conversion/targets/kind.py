@@ -148,6 +148,8 @@ class TargetKind:
       merge: (held section, this run's section) -> the section of the dataset
         grown by an append (`convert --append`): counts added up, the planned
         values this run's (planned against the held ones); None: this run's.
+      flag: The option that asks for it, for messages (an append that would
+        add or lose the kind names it); None: its name.
     """
 
     name: str
@@ -158,6 +160,7 @@ class TargetKind:
     verify: Callable[[Mapping[str, Any], int], tuple[Callable | None, str | None]] | None = None
     describe: Callable[[Mapping[str, Any], Any, list, int], Description] | None = None
     merge: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] | None = None
+    flag: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,5 +102,5 @@ def _describe(labels, class_names, splits, max_classes: int) -> Description:
     return Description(["multi-label: images having each class"], rows, tail)
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
-                  describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--labels_csv (several labels per row)", plan=_plan, record=_record,
+                  counter=_Counts, section=_section, verify=_verify, describe=_describe, merge=_merge)
