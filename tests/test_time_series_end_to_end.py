@@ -220,9 +220,17 @@ def test_a_stack_over_max_pixels_is_rejected_with_a_hint(tmp_path):
 
 
 def test_preview_and_inspect_know_stacks(layouts, tmp_path):
+    import subprocess
+    import sys
+
     root, expected = layouts
     out = tmp_path / "out"
-    convert(root, out, "--time_series", "--max_reject_fraction", "1")
+    # Through the command a new user types (`shardsmith convert --time_series`).
+    proc = subprocess.run([sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(root),
+                           "--output_dir", str(out), "--time_series", "--max_reject_fraction", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 give a stack" in proc.stderr + proc.stdout
     from shardsmith import preview
 
     sheet = preview.contact_sheet(out, "train", image_size=32)
@@ -230,9 +238,6 @@ def test_preview_and_inspect_know_stacks(layouts, tmp_path):
     assert sheet.height > 3 * 32 and sheet.width >= 3 * 32
     pixels = np.asarray(sheet)
     assert pixels.std() > 10  # the dates are drawn, not blank tiles
-    import subprocess
-    import sys
-
     proc = subprocess.run([sys.executable, "-m", "shardsmith", "inspect", str(out)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
