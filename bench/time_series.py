@@ -139,6 +139,7 @@ def run_read(work: str, max_steps: int = 24, batch_size: int = 32, epochs: int =
     # so that a shared machine's load falls on both alike, and the median of each.
     n, m = one_epoch(ds)[1], one_epoch(hand)[1]
     assert n == m, (n, m)
+    load_before = os.getloadavg()[0]
     ours, theirs = [], []
     for _ in range(epochs):
         ours.append(one_epoch(ds))
@@ -151,11 +152,12 @@ def run_read(work: str, max_steps: int = 24, batch_size: int = 32, epochs: int =
     result = {"stacks": n, "batch_size": batch_size, "max_steps": max_steps, "repetitions": epochs,
               "shardsmith_s": ours_s, "hand_written_s": theirs_s, "ratio": theirs_s / ours_s,
               "pair_ratios": pairs, "shardsmith_cpu_s": ours_cpu, "hand_written_cpu_s": theirs_cpu,
-              "cpu_ratio": theirs_cpu / ours_cpu}
+              "cpu_ratio": theirs_cpu / ours_cpu, "load_average": [load_before, os.getloadavg()[0]]}
     print(f"Read {n} stacks in batches of {batch_size} at max_steps={max_steps}: shardsmith {ours_s:.3f} s, "
           f"hand-written tf.data {theirs_s:.3f} s per epoch (median of {epochs} interleaved); ratio "
           f"{result['ratio']:.2f} (target >= 0.9); per repetition {pairs[0]:.2f} to {pairs[-1]:.2f}; "
-          f"CPU s per epoch {ours_cpu:.2f} vs {theirs_cpu:.2f}, ratio {result['cpu_ratio']:.2f}")
+          f"CPU s per epoch {ours_cpu:.2f} vs {theirs_cpu:.2f}, ratio {result['cpu_ratio']:.2f}; "
+          f"load average {load_before:.1f} to {result['load_average'][1]:.1f} on {os.cpu_count()} cores")
     return result
 
 
