@@ -35,6 +35,9 @@ _LOG = logging.getLogger(__name__)
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 # A gap between two slices larger than this times the usual spacing is a missing slice.
 _GAP_FACTOR = 1.5
+# Any other step further than this fraction of the usual spacing from it is unequal spacing: one
+# affine cannot place those slices (a slice 10% off is a tenth of a voxel out, at least).
+_SPACING_TOLERANCE = 0.1
 # Orientations equal to this many decimals are one (direction cosines are written with ~6).
 _ORIENTATION_DECIMALS = 4
 _INT16 = np.iinfo(np.int16)
@@ -358,6 +361,13 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
             return _reject_all(members, "missing_slice",
                                f"series {series_uid}: gap(s) between slices at {text} mm along the "
                                f"normal, usual spacing {usual:.3f} mm")
+        unequal = np.nonzero(np.abs(steps - usual) > _SPACING_TOLERANCE * usual)[0]
+        if len(unequal):
+            text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f} ({steps[i]:.3f} mm)" for i in unequal[:5])
+            return _reject_all(members, "missing_slice",
+                               f"series {series_uid}: unequal spacing between slices at {text} along the "
+                               f"normal, usual spacing {usual:.3f} mm (tolerance "
+                               f"{100 * _SPACING_TOLERANCE:.0f}%): one affine cannot place them")
     return Stack(series_uid, 0, tuple(kept), tuple(notes)), dropped
 
 

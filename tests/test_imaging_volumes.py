@@ -6,7 +6,6 @@ voxel in world (RAS) coordinates, so a reader that orders slices or rows differe
 """
 
 import dataclasses
-import os
 import random
 import shutil
 import subprocess
@@ -148,15 +147,52 @@ def test_stack_matches_simpleitk_and_dcm2niix(tmp_path, orientation, descending)
     assert nibabel.aff2axcodes(volume.affine) == nibabel.aff2axcodes(their_affine)
 
 
-@pytest.mark.parametrize("source", ["MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm"])
-def test_compressed_slices_decode_as_simpleitk(tmp_path, source):
-    uid, _ = write_series(tmp_path / "s", source=source, count=4, orientation="oblique")
+def _jpeg_lossless_sv1(ds, k):
+    """`write_series`'s `extra`: the slice as JPEG Lossless process 14 SV1 (libjpeg-turbo, via imagecodecs)."""
+    import imagecodecs
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEGLosslessSV1
+
+    ds.PixelData = encapsulate([imagecodecs.jpeg8_encode(ds.pixel_array.astype(np.uint16), lossless=True,
+                                                         predictor=1, bitspersample=16)])
+    ds["PixelData"].VR = "OB"
+    ds.file_meta.TransferSyntaxUID = JPEGLosslessSV1
+
+
+def _jpeg2000_lossless(ds, k):
+    """`write_series`'s `extra`: the slice as lossless JPEG 2000 (OpenJPEG, via pydicom's encoder)."""
+    from pydicom.uid import JPEG2000Lossless
+
+    ds.compress(JPEG2000Lossless, ds.pixel_array)
+
+
+# Real compressed slices (pydicom's: JPEG-LS, RLE, JPEG 2000 lossless MR, a lossy JPEG 2000 CT of
+# 512x512), each four times at four positions; and CT_small's slices, each its own pixels, compressed
+# here as PACS store CT: JPEG Lossless SV1 (the most common) and JPEG 2000 lossless.
+COMPRESSED = {
+    "jpeg_ls": ("MR_small_jpeg_ls_lossless.dcm", None),
+    "rle": ("MR_small_RLE.dcm", None),
+    "jpeg2000_mr": ("MR_small_jp2klossless.dcm", None),
+    "jpeg2000_lossy_ct": ("693_J2KI.dcm", None),
+    "jpeg_lossless_sv1": ("CT_small.dcm", _jpeg_lossless_sv1),
+    "jpeg2000_lossless": ("CT_small.dcm", _jpeg2000_lossless),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COMPRESSED))
+def test_compressed_slices_decode_as_simpleitk_and_dcm2niix(tmp_path, kind):
+    source, compress = COMPRESSED[kind]
+    uid, paths = write_series(tmp_path / "s", source=source, count=4, orientation="oblique", extra=compress)
+    assert pydicom.dcmread(paths[0], stop_before_pixels=True).file_meta.TransferSyntaxUID.is_compressed
     plan, [volume] = read_ours(tmp_path / "s")
-    # Compressed slices keep their own pixels: four equal slices at four positions.
     theirs, their_affine = read_sitk(tmp_path / "s", uid)
     np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
     np.testing.assert_array_equal(volume.voxels, theirs)
     assert volume.voxels.dtype == np.int16
+    if compress is not None:  # Each slice its own pixels (stored + 10k): the order shows.
+        assert [int(np.mean(volume.voxels[k] - volume.voxels[0])) for k in range(4)] == [0, 10, 20, 30]
+    n2, n2_affine = read_dcm2niix(tmp_path / "s", tmp_path / "nii")
+    assert_same_in_world(volume.voxels, volume.affine, n2, n2_affine)
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
@@ -183,6 +219,30 @@ def test_missing_slice_is_rejected_with_positions(tmp_path):
     assert {reason for _, reason, _ in plan.rejects} == {"missing_slice"}
     assert len(plan.rejects) == 5
     assert "gap" in plan.rejects[0][2] and "2.500" in plan.rejects[0][2]
+
+
+def _shift_from(first: int, mm: float):
+    """`write_series`'s `extra`: slices `first`.. moved `mm` further along the (axial) normal."""
+    def shift(ds, k):
+        if k >= first:
+            x, y, z = (float(v) for v in ds.ImagePositionPatient)
+            ds.ImagePositionPatient = [f"{x:.6f}", f"{y:.6f}", f"{z + mm:.6f}"]
+    return shift
+
+
+def test_unequal_spacing_is_rejected_with_positions_and_a_small_jitter_is_not(tmp_path):
+    # Steps 2.5, 2.5, 3.0, 2.5, 2.5: no gap of 1.5x, but one affine cannot place slices 3-5.
+    write_series(tmp_path / "u", count=6, extra=_shift_from(3, 0.5))
+    plan, stacks = read_ours(tmp_path / "u")
+    assert stacks == [] and {r for _, r, _ in plan.rejects} == {"missing_slice"} and len(plan.rejects) == 6
+    message = plan.rejects[0][2]
+    assert "unequal spacing" in message and "(3.000 mm)" in message and "usual spacing 2.500" in message
+    # 0.1 mm (4% of the spacing, as positions rounded by a scanner drift): one volume, as SimpleITK's.
+    uid, _ = write_series(tmp_path / "j", count=6, extra=_shift_from(3, 0.1))
+    plan, [volume] = read_ours(tmp_path / "j")
+    assert plan.rejects == ()
+    theirs, _ = read_sitk(tmp_path / "j", uid)
+    np.testing.assert_array_equal(volume.voxels, theirs)
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
