@@ -46,7 +46,7 @@ from schemas import tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
 __all__ = ["VolumeJob", "VolumesPlan", "plan_volumes", "write_volume_plans", "volume_plan_path", "write_volumes",
-           "warm_up", "manifest_section", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
+           "warm_up", "manifest_section", "counted_section", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written after manifest.json: the volume dataset's summary (class names, splits, rejects).
@@ -483,6 +483,30 @@ def manifest_section(jobs: Mapping[str, VolumeJob], plan, options: volumes.Volum
         "planned": dict(sorted(kinds.items())),
         "files": sum(len(jobs[name].sources) for name in planned),
         "notes": {name: list(jobs[name].notes) for name in planned if jobs[name].notes},
+    }}
+
+
+def counted_section(section: dict, shards, counts: Mapping[str, int]) -> dict:
+    """The `volumes` section with what the run wrote: per split, its volumes and their files; and
+    the reconciliation, in files (inputs = in volumes + rejected + skipped, as the summary prints)
+    and in volumes (planned = written + rejected while decoding).
+
+    Args:
+      section: `manifest_section`'s `volumes` value (known before the run).
+      shards: The run's `conversion.elements.ShardResult`s.
+      counts: The manifest's counts (found, written, rejected, skipped), in files.
+    """
+    splits: dict[str, dict[str, int]] = {}
+    for shard in shards:
+        split = splits.setdefault(shard.split, {"volumes": 0, "files": 0})
+        split["volumes"] += shard.num_records
+        split["files"] += shard.num_sources
+    planned = sum(section.get("planned", {}).values())
+    written = sum(s["volumes"] for s in splits.values())
+    return {**section, "splits": dict(sorted(splits.items())), "reconciliation": {
+        "files": {"inputs": counts["found"], "in_volumes": counts["written"], "rejected": counts["rejected"],
+                  "skipped": counts["skipped"]},
+        "volumes": {"planned": planned, "written": written, "rejected_while_decoding": planned - written},
     }}
 
 

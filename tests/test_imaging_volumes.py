@@ -212,6 +212,36 @@ def test_scout_duplicate_and_nested_names(tmp_path, headers):
     np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
 
 
+def test_monochrome1_is_inverted_as_the_2d_path_shows_it(tmp_path):
+    """High values are bright in every record: MONOCHROME1 slices (0 is white) are inverted within
+    their stored range, then rescaled; the 2-D path's PNG of a slice brightens with the volume's value."""
+    import io
+
+    from PIL import Image
+
+    from imaging import dicom
+
+    def monochrome1(ds, k):
+        ds.PhotometricInterpretation = "MONOCHROME1"
+        ds.BitsStored, ds.HighBit = 12, 11
+        ds.PixelData = (np.clip(ds.pixel_array, 0, 4095)).astype(np.int16).tobytes()
+
+    uid, paths = write_series(tmp_path / "m", count=3, extra=monochrome1)
+    plan, [volume] = read_ours(tmp_path / "m")
+    assert "monochrome1_inverted" in volume.notes and volume.voxels.dtype == np.int16
+    # Signed 12-bit: the stored range is -2048..2047; CT_small's rescale is x1 - 1024.
+    by_position = sorted(paths, key=lambda p: float(pydicom.dcmread(p).ImagePositionPatient[2]))
+    for k, path in enumerate(by_position):
+        stored = pydicom.dcmread(path).pixel_array.astype(np.int64)
+        np.testing.assert_array_equal(volume.voxels[k], (-2048 + 2047 - stored) - 1024)
+        # The 2-D path (window over the whole range) shows the same slice: brighter where ours is higher.
+        (frame,) = dicom.decode_dicom(path.read_bytes(), path.name,
+                                      dicom.DicomOptions(window=(float(stored.mean()), 4096.0)))
+        png = np.asarray(Image.open(io.BytesIO(frame.png))).astype(np.int64)
+        order = np.argsort(volume.voxels[k].ravel(), kind="stable")
+        assert (np.diff(png.ravel()[order]) >= 0).all() and png.max() > png.min()
+
+
 def test_missing_slice_is_rejected_with_positions(tmp_path):
     write_series(tmp_path / "s", count=6, skip=(3,))
     plan, stacks = read_ours(tmp_path / "s")

@@ -43,8 +43,19 @@ def test_direct_runner_end_to_end(tmp_path):
     assert [r["reason"] for r in manifest["rejects"]] == ["too_few_slices"]
     assert json.loads((out / "volumes.json").read_text()) == manifest
     # The shared manifest reconciles: every input file is in a written volume or the rejects.
-    counts = json.loads((out / "manifest.json").read_text())["counts"]
-    assert counts == {"found": 11, "written": 10, "rejected": 1, "skipped": 0}
+    shared = json.loads((out / "manifest.json").read_text())
+    assert shared["counts"] == {"found": 11, "written": 10, "rejected": 1, "skipped": 0}
+    # Its volume section: per split, volumes and their files; both reconciliations.
+    section = shared["volumes"]
+    assert section["splits"] == {"train": {"volumes": 3, "files": 10}}
+    assert section["reconciliation"] == {
+        "files": {"inputs": 11, "in_volumes": 10, "rejected": 1, "skipped": 0},
+        "volumes": {"planned": 3, "written": 3, "rejected_while_decoding": 0}}
+    # What the command prints says files and volumes, not images.
+    from conversion.output_folder import summarize
+
+    assert summarize(str(out)).startswith("Converted 10 files as 3 volumes into ")
+    assert "Inputs 11 = 10 written + 1 rejected + 0 skipped." in summarize(str(out))
 
     ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None,
                                                 extra_features=("volume/affine", "filename"))
@@ -348,6 +359,10 @@ def test_a_split_whose_every_series_is_rejected_while_decoding_still_has_its_sha
     assert manifest["splits"] == {"train": {"records": 1, "shards": 1}, "validation": {"records": 0, "shards": 1}}
     assert [(_folder(r["path"]), r["reason"]) for r in manifest["rejects"]] == [("bad", "unsupported_dtype")] * 3
     assert (out / "validation-00000-of-00001.tfrecord").stat().st_size == 0
+    section = json.loads((out / "manifest.json").read_text())["volumes"]
+    assert section["splits"] == {"train": {"volumes": 1, "files": 3}, "validation": {"volumes": 0, "files": 0}}
+    assert section["reconciliation"]["volumes"] == {"planned": 2, "written": 1, "rejected_while_decoding": 1}
+    assert section["reconciliation"]["files"] == {"inputs": 6, "in_volumes": 3, "rejected": 3, "skipped": 0}
     assert list(readers.volume_dataset_from_tfrecords(out, "validation", dtype=None)) == []
     assert verify_volumes(str(out)) == []
 
