@@ -247,7 +247,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     for cls, unit, name, stack, nifti in planned:
         members = _members(stack, nifti)
         if stack is not None and len(uid_classes[stack.series_uid]) > 1:
-            rejects += [(rel, "mixed_labels", f"series {stack.series_uid} lies under the classes "
+            rejects += [(rel, "mixed_labels", "the series lies under the classes "
                                               f"{sorted(uid_classes[stack.series_uid])}") for rel in members]
             continue
         # The split of the series unit's name (the folder), never of a slice.

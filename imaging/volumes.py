@@ -338,16 +338,16 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
         counts = sorted(set(repeated))
         if len(counts) == 1 and len(positions) >= min_slices:
             return _reject_all(members, "repeated_positions",
-                               f"every one of the {len(positions)} positions of series {series_uid} "
+                               f"every one of the {len(positions)} positions of the series "
                                f"holds {counts[0]} slices with different pixels (time points or echoes?)")
         where_bad = [f"{depth_of(g, normal):.3f}" for g in kept if isinstance(g, list)]
         return _reject_all(members, "conflicting_slices",
-                           f"series {series_uid} has different slices at the same position(s) "
+                           "the series has different slices at the same position(s) "
                            f"{', '.join(where_bad[:5])} mm along the normal")
     if len(kept) < min_slices:
         duplicates = {n for n, _, _ in dropped}
         return None, dropped + [(s.name, "too_few_slices",
-                                 f"{len(kept)} slice(s) of series {series_uid} in this orientation and "
+                                 f"{len(kept)} slice(s) of the series in this orientation and "
                                  f"size ({members[0].columns}x{members[0].rows}), fewer than "
                                  f"--min_slices={min_slices} (a scout or localizer?)") for s in members
                                 if s.name not in duplicates]
@@ -359,13 +359,13 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
         if len(gaps):
             text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f}" for i in gaps[:5])
             return _reject_all(members, "missing_slice",
-                               f"series {series_uid}: gap(s) between slices at {text} mm along the "
+                               f"gap(s) between the series' slices at {text} mm along the "
                                f"normal, usual spacing {usual:.3f} mm")
         unequal = np.nonzero(np.abs(steps - usual) > _SPACING_TOLERANCE * usual)[0]
         if len(unequal):
             text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f} ({steps[i]:.3f} mm)" for i in unequal[:5])
             return _reject_all(members, "missing_slice",
-                               f"series {series_uid}: unequal spacing between slices at {text} along the "
+                               f"unequal spacing between the series' slices at {text} along the "
                                f"normal, usual spacing {usual:.3f} mm (tolerance "
                                f"{100 * _SPACING_TOLERANCE:.0f}%): one affine cannot place them")
     return Stack(series_uid, 0, tuple(kept), tuple(notes)), dropped

@@ -105,6 +105,21 @@ def test_one_series_under_two_classes_is_mixed_labels(tmp_path):
     reasons = [r["reason"] for r in manifest["rejects"]]
     assert reasons == ["mixed_labels"] * 6
     assert "'a', 'b'" in manifest["rejects"][0]["message"]
+    # No identifying value of any input (UIDs, names, dates) is in any file of the dataset: records,
+    # manifests, rejects (which name the series by its files, never its UID).
+    identifying = set()
+    for path in scans.rglob("*"):
+        if path.is_file():
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            identifying |= {str(ds.get(k, "")) for k in ("SeriesInstanceUID", "SOPInstanceUID", "StudyInstanceUID",
+                                                         "PatientName", "PatientID", "StudyDate", "PatientBirthDate")}
+    identifying = {v.encode() for v in identifying if len(v) >= 6}
+    assert uid.encode() in identifying and len(identifying) > 10
+    stored = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".tfrecord" for p in stored)
+    for path in stored:
+        data = path.read_bytes()
+        assert not [v for v in identifying if v in data], path.name
 
 
 def test_inspect_verify_preview(tmp_path, capsys):
