@@ -397,13 +397,13 @@ def test_mosaic_and_non_image(tmp_path):
     assert info.value.reason == "not_an_image"
 
 
-@pytest.mark.parametrize("variant", ["sform", "qform", "scaled", "gz"])
+@pytest.mark.parametrize("variant", ["sform", "qform", "scaled", "scaled_whole", "gz", "qform_gz"])
 def test_nifti_as_nibabel_reads_it(tmp_path, variant):
     rng = np.random.default_rng(1)
     data = rng.integers(-100, 100, size=(7, 6, 5)).astype(np.int16)
     affine = np.array([[-0.9, 0.1, 0, 90.0], [0.05, 0.8, 0.1, -120.0], [0, -0.1, 2.0, 40.0], [0, 0, 0, 1]])
     image = nibabel.Nifti1Image(data, None)
-    if variant == "qform":
+    if variant.startswith("qform"):
         image.set_qform(np.diag([-1.0, 1.0, 3.0, 1.0]) + np.array([[0, 0, 0, 5], [0] * 4, [0] * 4, [0] * 4]), code=1)
         image.set_sform(None, code=0)
     else:
@@ -411,14 +411,17 @@ def test_nifti_as_nibabel_reads_it(tmp_path, variant):
         image.set_qform(np.eye(4), code=1)  # the sform wins when both are set
     if variant == "scaled":
         image.header.set_slope_inter(0.5, 10.0)
-    path = tmp_path / ("v.nii.gz" if variant == "gz" else "v.nii")
+    if variant == "scaled_whole":  # CT in HU from stored values: whole numbers, int16 again.
+        image.header.set_slope_inter(2.0, -1024.0)
+    path = tmp_path / ("v.nii.gz" if variant.endswith("gz") else "v.nii")
     nibabel.save(image, path)
     volume = volumes.read_nifti(path.read_bytes(), path.name)
     back = nibabel.load(path)
     np.testing.assert_array_equal(volume.voxels, np.asarray(back.get_fdata()).transpose(2, 1, 0))
     np.testing.assert_allclose(volume.affine, back.affine)
-    if variant == "qform":
+    if variant.startswith("qform"):
         np.testing.assert_allclose(volume.affine, back.get_qform())
+        assert volume.notes == ("affine_from_qform",)
         assert volume.spacing == (3.0, 1.0, 1.0)
     else:
         np.testing.assert_allclose(volume.affine, affine)
