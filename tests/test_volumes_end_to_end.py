@@ -139,6 +139,8 @@ def test_inspect_verify_preview(tmp_path, capsys):
     want, want_affine = read_sitk(scans / "c" / "p", uid)
     codes = "".join(nibabel.aff2axcodes(want_affine))
     assert f"c/p: int16 {want.shape}" in text and codes in text and "rejected files: 0" in text
+    assert "train: 1 volumes (5 files) in 1 shard(s)" in text
+    assert "inputs 5 = 5 in volumes + 0 rejected + 0 skipped; volumes 1 planned = 1 written + 0" in text
     assert cli.main(["verify", "--output_dir", str(out)]) == 0
     assert cli.main(["preview", str(out)]) == 0
     sheet = np.asarray(Image.open(out / "preview.png"))
