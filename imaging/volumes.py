@@ -82,6 +82,7 @@ class DicomSlice:
       monochrome1: Whether low values are bright.
       pixel_hash: A digest of the slice's stored pixel bytes (exact duplicates).
       modality: DICOM Modality.
+      series_number: SeriesNumber as written ('' when absent): names a folder's series.
     """
 
     name: str
@@ -99,6 +100,7 @@ class DicomSlice:
     monochrome1: bool
     pixel_hash: str
     modality: str = ""
+    series_number: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -255,6 +257,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
             pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
+            series_number=str(ds.get("SeriesNumber", "") or "").strip(),
         ))
     return slices
 

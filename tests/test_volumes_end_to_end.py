@@ -295,8 +295,9 @@ def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_l
     import shutil
 
     scans = tmp_path / "scans"
-    write_series(scans / "site1" / "p1" / "ct", count=4)
-    write_series(scans / "site1" / "p1" / "mr", count=3, orientation="sagittal")
+    write_series(scans / "site1" / "p1" / "ct", count=4, extra=lambda ds, k: setattr(ds, "SeriesNumber", 2))
+    write_series(scans / "site1" / "p1" / "mr", count=3, orientation="sagittal",
+                 extra=lambda ds, k: setattr(ds, "SeriesNumber", 5))
     write_series(scans / "site2" / "p2", count=5)
     write_series(scans / "site2" / "unlisted", count=3)
     nibabel.save(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)),
@@ -308,11 +309,9 @@ def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_l
     assert manifest["class_names"] == ["healthy", "sick"]
     # p1's two series (one folder, two stacks), p2, and the NIfTI file; the unlisted folder skipped.
     got = _names(out, "train")
-    # (The stacks of a folder are numbered by SeriesInstanceUID, random here.)
-    assert sorted(got.items()) == [("site1/p1#series=0", got["site1/p1#series=0"]),
-                                   ("site1/p1#series=1", got["site1/p1#series=1"]),
+    # (A folder's series are named by their SeriesNumber.)
+    assert sorted(got.items()) == [("site1/p1#series=2", (1, 4)), ("site1/p1#series=5", (1, 3)),
                                    ("site2/p2", (0, 5)), ("site2/v.nii.gz", (1, 4))]
-    assert sorted([got["site1/p1#series=0"], got["site1/p1#series=1"]]) == [(1, 3), (1, 4)]
     reasons = {}
     for r in manifest["rejects"]:
         reasons.setdefault(r["reason"], set()).add(r["path"].split("/")[1])
@@ -322,7 +321,7 @@ def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_l
     csv.write_text("path,label,split\nsite1/p1,sick,validation\nsite2/p2,healthy,train\n")
     shutil.rmtree(out)
     manifest = _convert(scans, out, "--labels_csv", str(csv))
-    assert set(_names(out, "validation")) == {"site1/p1#series=0", "site1/p1#series=1"}
+    assert set(_names(out, "validation")) == {"site1/p1#series=2", "site1/p1#series=5"}
     assert set(_names(out, "train")) == {"site2/p2"}
 
 
