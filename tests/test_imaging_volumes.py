@@ -302,13 +302,13 @@ def test_two_series_in_one_folder_and_too_few(tmp_path):
     assert {r for _, r, _ in plan.rejects} == {"too_few_slices"} and len(plan.rejects) == 3
 
 
-@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
-def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
+def write_enhanced(path: Path, frames: int = 5, series_uid=None):
+    """An enhanced CT file of `frames` oblique frames stored top down (frame k: stored + 10k), its
+    geometry and rescale in the functional groups; returns (dataset, stored order of the frames)."""
     from pydicom.dataset import Dataset
     from pydicom.sequence import Sequence
 
     ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
-    frames = 5
     pixels = np.stack([ds.pixel_array + 10 * k for k in range(frames)]).astype(np.int16)
     rot = ORIENTATIONS["oblique"]
     origin = np.array([10.0, -20.0, 30.0])
@@ -316,7 +316,7 @@ def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
     per_frame = []
     # Frames stored from the top down (dcm2niix, without DimensionIndexValues, takes frames
     # in stored order; any order is sorted the same here).
-    order = [4, 3, 2, 1, 0]
+    order = list(range(frames))[::-1]
     pixels = pixels[order]
     for k in order:
         item = Dataset()
@@ -346,8 +346,16 @@ def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
             delattr(ds, keyword)
     ds.NumberOfFrames = frames
     ds.PixelData = pixels.tobytes()
-    (tmp_path / "e").mkdir()
-    ds.save_as(tmp_path / "e" / "enhanced", enforce_file_format=True)
+    ds.SeriesInstanceUID = series_uid or generate_uid()
+    ds.SOPInstanceUID = generate_uid()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+    return ds, order
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
+def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
+    ds, order = write_enhanced(tmp_path / "e" / "enhanced")
     plan, [volume] = read_ours(tmp_path / "e", headers=headers)
     assert volume.voxels.shape == (5, 128, 128)
     # Sorted by position: slice k holds stored + 10k - 1024.

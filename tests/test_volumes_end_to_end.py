@@ -402,3 +402,72 @@ def test_resume_goes_on_from_written_shards_and_mends_a_damaged_one(tmp_path):
     assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
     assert sorted(_names(out, "train")) == ["c/p0", "c/p1"]
     assert (out / "volumes.json").exists()
+
+
+def test_every_odd_series_is_explained_and_every_file_accounted_for(tmp_path):
+    """An enhanced multi-frame file, a mosaic, a report, a missing slice, conflicting slices, two time
+    points and a copied slice through `convert --volumes`: each file in a written volume or in the
+    rejects with its reason, once."""
+    import shutil
+
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    from test_imaging_volumes import write_enhanced
+
+    scans = tmp_path / "scans"
+    ds, order = write_enhanced(scans / "c" / "enh" / "IM0001")
+    mosaic = pydicom.dcmread(get_testdata_file("MR_small.dcm"))
+    mosaic.ImageType = ["ORIGINAL", "PRIMARY", "M", "ND", "MOSAIC"]
+    (scans / "c" / "mosaic").mkdir(parents=True)
+    mosaic.save_as(scans / "c" / "mosaic" / "m", enforce_file_format=True)
+    report = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    del report.PixelData
+    (scans / "c" / "report").mkdir(parents=True)
+    report.save_as(scans / "c" / "report" / "sr", enforce_file_format=True)
+    write_series(scans / "c" / "gap", count=6, skip=(3,))
+    _, paths = write_series(scans / "c" / "conflict", count=4)
+    other = pydicom.dcmread(paths[1])
+    other.PixelData = (other.pixel_array + 1).astype(other.pixel_array.dtype).tobytes()
+    other.SOPInstanceUID = generate_uid()
+    other.save_as(scans / "c" / "conflict" / "other", enforce_file_format=True)
+    uid, _ = write_series(scans / "c" / "fmri", count=3)
+    write_series(scans / "c" / "fmri" / "t2", count=3, series_uid=uid,
+                 extra=lambda ds, k: setattr(ds, "PixelData", (ds.pixel_array + 7).tobytes()))
+    uid, paths = write_series(scans / "c" / "dup", count=4)
+    shutil.copy(paths[0], scans / "c" / "dup" / "copy")
+    out = tmp_path / "out"
+    manifest = _run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                     "--runner", "DirectRunner", "--direct_num_workers", "1"])
+
+    files = sorted(str(p.relative_to(scans)) for p in scans.rglob("*") if p.is_file())
+    rejected = [r["path"] for r in manifest["rejects"]]
+    assert len(rejected) == len(set(rejected))  # each file once
+    reason = {r["path"]: r["reason"] for r in manifest["rejects"]}
+    assert reason.pop("c/mosaic/m") == "mosaic"
+    assert reason.pop("c/report/sr") == "no_pixel_data"
+    # The copy and its original: the smaller name is kept, the other is the duplicate.
+    (copy,) = [p for p, why in reason.items() if why == "duplicate"]
+    assert copy == max("c/dup/copy", str(paths[0].relative_to(scans)))
+    reason.pop(copy)
+    by_folder = {}
+    for path, why in reason.items():
+        by_folder.setdefault(path.split("/")[1], set()).add(why)
+    assert by_folder == {"gap": {"missing_slice"}, "conflict": {"conflicting_slices"},
+                         "fmri": {"repeated_positions"}}
+    written = [f for f in files if f not in rejected]
+    assert sorted({f.split("/")[1] for f in written}) == ["dup", "enh"] and len(written) == 5
+    shared = json.loads((out / "manifest.json").read_text())
+    assert shared["counts"]["found"] == len(files) == 24
+    assert shared["counts"]["written"] == len(written)
+    assert shared["counts"]["rejected"] + shared["counts"]["skipped"] == len(rejected)
+    assert shared["volumes"]["reconciliation"]["volumes"] == {"planned": 2, "written": 2, "rejected_while_decoding": 0}
+    # The enhanced file is one volume, its frames sorted by position; the copy is noted on its volume.
+    got = {e[2]["filename"].numpy().decode(): e for e in readers.volume_dataset_from_tfrecords(
+        out, "train", dtype=None, extra_features=("filename", "volume/spacing"))}
+    assert sorted(got) == ["c/dup", "c/enh"]
+    volume = got["c/enh"][0].numpy()[..., 0]
+    np.testing.assert_array_equal(volume[2], ds.pixel_array[order.index(2)] - 1024)
+    np.testing.assert_allclose(got["c/enh"][2]["volume/spacing"].numpy()[0], 3.0, rtol=1e-6)
+    notes = [json.loads(line) for line in (out / "normalized.jsonl").read_text().splitlines()]
+    assert any(n["path"] == "c/dup" and copy in json.dumps(n) for n in notes)
