@@ -20,6 +20,7 @@ from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
 from conversion.time_series import merge_time_series
+from conversion.volumes import counted_section
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 
 __all__ = ["Finalizer"]
@@ -223,6 +224,8 @@ class Finalizer:
         patches = _patch_summary(normalized)
         if patches:
             extra["patches"] = patches
+        if "volumes" in extra:  # The run's counts per split and its reconciliation.
+            extra["volumes"] = counted_section(extra["volumes"], shards, counts)
         dicom = _dicom_summary(normalized)
         if dicom:
             extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}

@@ -35,6 +35,9 @@ _LOG = logging.getLogger(__name__)
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 # A gap between two slices larger than this times the usual spacing is a missing slice.
 _GAP_FACTOR = 1.5
+# Any other step further than this fraction of the usual spacing from it is unequal spacing: one
+# affine cannot place those slices (a slice 10% off is a tenth of a voxel out, at least).
+_SPACING_TOLERANCE = 0.1
 # Orientations equal to this many decimals are one (direction cosines are written with ~6).
 _ORIENTATION_DECIMALS = 4
 _INT16 = np.iinfo(np.int16)
@@ -79,6 +82,7 @@ class DicomSlice:
       monochrome1: Whether low values are bright.
       pixel_hash: A digest of the slice's stored pixel bytes (exact duplicates).
       modality: DICOM Modality.
+      series_number: SeriesNumber as written ('' when absent): names a folder's series.
     """
 
     name: str
@@ -96,6 +100,7 @@ class DicomSlice:
     monochrome1: bool
     pixel_hash: str
     modality: str = ""
+    series_number: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -252,6 +257,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
             pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
+            series_number=str(ds.get("SeriesNumber", "") or "").strip(),
         ))
     return slices
 
@@ -335,16 +341,16 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
         counts = sorted(set(repeated))
         if len(counts) == 1 and len(positions) >= min_slices:
             return _reject_all(members, "repeated_positions",
-                               f"every one of the {len(positions)} positions of series {series_uid} "
+                               f"every one of the {len(positions)} positions of the series "
                                f"holds {counts[0]} slices with different pixels (time points or echoes?)")
         where_bad = [f"{depth_of(g, normal):.3f}" for g in kept if isinstance(g, list)]
         return _reject_all(members, "conflicting_slices",
-                           f"series {series_uid} has different slices at the same position(s) "
+                           "the series has different slices at the same position(s) "
                            f"{', '.join(where_bad[:5])} mm along the normal")
     if len(kept) < min_slices:
         duplicates = {n for n, _, _ in dropped}
         return None, dropped + [(s.name, "too_few_slices",
-                                 f"{len(kept)} slice(s) of series {series_uid} in this orientation and "
+                                 f"{len(kept)} slice(s) of the series in this orientation and "
                                  f"size ({members[0].columns}x{members[0].rows}), fewer than "
                                  f"--min_slices={min_slices} (a scout or localizer?)") for s in members
                                 if s.name not in duplicates]
@@ -356,8 +362,15 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
         if len(gaps):
             text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f}" for i in gaps[:5])
             return _reject_all(members, "missing_slice",
-                               f"series {series_uid}: gap(s) between slices at {text} mm along the "
+                               f"gap(s) between the series' slices at {text} mm along the "
                                f"normal, usual spacing {usual:.3f} mm")
+        unequal = np.nonzero(np.abs(steps - usual) > _SPACING_TOLERANCE * usual)[0]
+        if len(unequal):
+            text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f} ({steps[i]:.3f} mm)" for i in unequal[:5])
+            return _reject_all(members, "missing_slice",
+                               f"unequal spacing between the series' slices at {text} along the "
+                               f"normal, usual spacing {usual:.3f} mm (tolerance "
+                               f"{100 * _SPACING_TOLERANCE:.0f}%): one affine cannot place them")
     return Stack(series_uid, 0, tuple(kept), tuple(notes)), dropped
 
 
