@@ -235,9 +235,8 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
     assert not (out / "_shardsmith_tmp").exists()
     # Every shard damaged since: --resume mends them all and reads no faulty series again (each
     # would crash, raise or hang the mending process), so the shards are the manifest's bytes again.
-    # The mend plans in its own process, unsupervised: the slice whose header crashed the planner
-    # goes first (its series plans the same without it, as the run had quarantined it).
-    paths[0].unlink()
+    # The mend is supervised as the run was: the slice whose header crashes the planner crashes the
+    # mend's first attempt too, is quarantined, and its series plans the same without it.
     before = {p.name: p.read_bytes() for p in out.glob("*.tfrecord")}
     for shard in out.glob("*.tfrecord"):
         # A flipped byte, or a byte in a shard that holds only faulty series (and is empty).
@@ -249,7 +248,9 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
                              "--resume"], env=env, capture_output=True, text=True, timeout=300,
                             preexec_fn=no_core_dumps)
     assert mended.returncode == 0, mended.stderr[-3000:]
+    assert f"Rejected {crashed} (decoder_crashed)" in mended.stderr, mended.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
+    assert not (out / "_shardsmith_tmp").exists()
 
 
 def _convert(scans, out, *args):
