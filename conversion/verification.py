@@ -143,37 +143,59 @@ class ShardVerifier:
             return
         # A targets section that cannot say what the records must hold: once per shard, not per record.
         problems.extend(f"{shard.file}: {p}" for p in self._target_check.section_problems)
+        later = 0  # Records after a damaged one that hold (read by the index file).
+
+        def take(number: int, offset: int, data: bytes):
+            """Checks one record; counts its class; yields its CONTENT (and PATCHES)."""
+            nonlocal unchecked
+            problem, label, digest, name, image, pixels = self._check_record_guarded(data)
+            if problem and CHECK_FAILED in problem:
+                unchecked += 1
+            if problem:
+                problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
+                return
+            if label >= 0:  # -1: no image-level class (a dataset of targets).
+                counts[label] += 1
+            stored.append(image)
+            bands.add(name, pixels)
+            yield CONTENT, (digest, (split, name))
+            patch = self._patch(name, image)
+            if patch is not None:
+                patch_problem, scene_offset = patch
+                if patch_problem:
+                    problems.append(f"{shard.file}: record {number} (byte {offset}): {patch_problem}")
+                yield PATCHES, scene_offset
+
         with open_to_read(path) as f:
             reader = _HashingReader(f, sha)
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
                     offsets.append((offset, length))
-                    problem, label, digest, name, image, pixels = self._check_record_guarded(data)
-                    if problem and CHECK_FAILED in problem:
-                        unchecked += 1
-                    if problem:
-                        problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
-                        continue
-                    if label >= 0:  # -1: no image-level class (a dataset of targets).
-                        counts[label] += 1
-                    stored.append(image)
-                    bands.add(name, pixels)
-                    yield CONTENT, (digest, (split, name))
-                    patch = self._patch(name, image)
-                    if patch is not None:
-                        patch_problem, scene_offset = patch
-                        if patch_problem:
-                            problems.append(f"{shard.file}: record {number} (byte {offset}): {patch_problem}")
-                        yield PATCHES, scene_offset
+                    yield from take(number, offset, data)
             except RecordError as e:
                 # The error names the shard file and the record's offset; the index file (when it
-                # is the manifest's) says where every later record starts, so each is looked at.
-                listed = self._damaged_records(shard, path, len(offsets), e)
-                if listed is None:
+                # is the manifest's) says where every later record starts, so each is looked at:
+                # a damaged one listed, one that holds checked and counted as any other.
+                entries = self._intact_index(shard)
+                if entries is None:
                     problems.append(f"{e}; the rest of the shard is unreadable (no intact index file "
                                     "says where its records start)")
                 else:
-                    problems.extend(listed)
+                    lost = []
+                    for number, offset, what, frame in self._after_damage(path, entries, len(offsets)):
+                        if what is None:
+                            later += 1
+                            yield from take(number, offset, frame_data(frame))
+                        else:
+                            lost.append(f"{shard.file}: record {number} (byte {offset}): {what}; source file "
+                                        f"lost: {self._source_of(frame)}")
+                    # A lost record's class is unknown: the counts agree if the rest add up (`counts_agree`).
+                    unchecked += len(lost)
+                    problems.extend(lost)
+                    problems.append(
+                        f"{shard.file}: {len(lost)} damaged record(s) of {len(entries)} (read by its index file, "
+                        f"from the first damage at byte {e.offset}: {e.reason}); {later} later record(s) hold "
+                        "and were checked. `shardsmith convert --resume` with the same input writes the shard again")
                     damaged = True
                 while reader.read(1 << 22):  # The whole file's size and sha256, as for a shard that holds.
                     pass
@@ -197,17 +219,10 @@ class ShardVerifier:
             problems.extend(bands.problems())
         if not damaged:  # Else the index file was read, and held.
             problems.extend(self._check_index(shard, offsets))
-        yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems), unchecked)
+        yield ShardCheck(split, shard.file, len(offsets) + later, tuple(counts), tuple(problems), unchecked)
 
-    def _damaged_records(self, shard, path: str, first: int, error: RecordError) -> list[str] | None:
-        """Every damaged record of a shard from record `first` on, read by its index file; None without one.
-
-        Each is listed with its byte offset, what is wrong (`schemas.tfrecord.check_frame`: bad
-        length CRC, bad data CRC, truncated) and the source file it held, read from the damaged
-        record's data where that still parses (a bad data CRC from one flipped bit usually
-        leaves the filename readable), else said to be unknown. The records after it that hold
-        are counted (they are read and CRC-checked, not decoded).
-        """
+    def _intact_index(self, shard) -> list[tuple[int, int]] | None:
+        """(offset, length) of each record of a shard, from its index file; None without one that is the manifest's."""
         if not shard.index_file:
             return None
         index_path = join(self._dir, shard.index_file)
@@ -216,26 +231,24 @@ class ShardVerifier:
         data = read_bytes(index_path)
         if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
             return None
-        entries = [tuple(map(int, line.split())) for line in data.decode("ascii").splitlines()]
-        problems = []
-        holding = 0
+        return [tuple(map(int, line.split())) for line in data.decode("ascii").splitlines()]
+
+    @staticmethod
+    def _after_damage(path: str, entries, first: int):
+        """Yields (number, offset, what is wrong or None, frame) of each record from `first` on, by `entries`.
+
+        What is wrong: `schemas.tfrecord.check_frame`'s bad length CRC or bad data
+        CRC, or truncated. One record's frame is held at a time.
+        """
         with open_to_read(path) as f:
             for number in range(first, len(entries)):
                 offset, length = entries[number]
                 f.seek(offset)
                 frame = f.read(length)
                 what = check_frame(frame)
-                if what is None:
-                    holding += 1
-                    continue
-                if len(frame) < length:
+                if what is not None and len(frame) < length:
                     what = f"truncated (the shard ends {len(frame)} bytes into this {length}-byte record)"
-                problems.append(f"{shard.file}: record {number} (byte {offset}): {what}; source file lost: "
-                                f"{self._source_of(frame)}")
-        problems.append(f"{shard.file}: {len(problems)} damaged record(s) of {len(entries)} (read by its index file, "
-                        f"from the first damage at byte {error.offset}: {error.reason}); {holding} later record(s) "
-                        "hold. `shardsmith convert --resume` with the same input writes the shard again")
-        return problems
+                yield number, offset, what, frame
 
     def _source_of(self, frame: bytes) -> str:
         """The filename a damaged record names, if its data still parses; else a word that it is unknown."""
