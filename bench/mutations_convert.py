@@ -250,7 +250,8 @@ def _read_back(out: pathlib.Path, outcome: ConversionOutcome) -> set[str]:
 # A case of the volume run: its format ('nifti' or 'series'), what was done, and its files' relative paths.
 VolumeCase = tuple[str, str, tuple[str, ...]]
 VOLUME_FORMATS = ("nifti", "series")
-# Slices of the seed series (int16, 16x16, from pydicom's CT_small.dcm), and what is done to a series:
+# Slices of the seed series (int16, 16x16, from pydicom's CT_small.dcm; every third series RLE
+# Lossless), and what is done to a series:
 # one slice (or two) damaged as a DICOM file is (`bench.mutate`), one dropped, duplicated or emptied.
 _SERIES_SLICES = 4
 _SERIES_OPS = ("slice", "slice", "slice", "two slices", "drop", "duplicate", "empty")
@@ -270,8 +271,9 @@ def _nifti_seeds() -> list[tuple[str, bytes]]:
     return [("int16.nii", stored.to_bytes()), ("float32.nii", scaled.to_bytes())]
 
 
-def _series_slices(uid: str, seed: int) -> list[bytes]:
-    """The bytes of the seed series' slices (one series instance UID each case)."""
+def _series_slices(uid: str, seed: int, rle: bool = False) -> list[bytes]:
+    """The bytes of the seed series' slices (one series instance UID each case); RLE Lossless if `rle`."""
+    import copy
     import io
 
     import numpy as np
@@ -284,13 +286,17 @@ def _series_slices(uid: str, seed: int) -> list[bytes]:
     base = rng.integers(0, 2000, (16, 16), dtype=np.int16)
     out = []
     for k in range(_SERIES_SLICES):
-        ds = template.copy()
+        ds = copy.deepcopy(template)  # Its file meta too: compressing changes its transfer syntax.
         ds.Rows = ds.Columns = 16
         ds.PixelData = (base + k).astype(np.int16).tobytes()
         ds.ImagePositionPatient = ["-100.0", "-100.0", f"{k * 1.25:.3f}"]
         ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
         ds.SeriesInstanceUID = uid
         ds.SOPInstanceUID = generate_uid(entropy_srcs=[uid, str(k)])
+        if rle:  # pydicom's own encoder: the RLE decoder's path, segments and all.
+            from pydicom.uid import RLELossless
+
+            ds.compress(RLELossless)
         buf = io.BytesIO()
         ds.save_as(buf, enforce_file_format=True)
         out.append(buf.getvalue())
@@ -327,9 +333,10 @@ def write_volume_cases(root: pathlib.Path, cases_per_seed: int, seed: int) -> di
     for k in range(cases_per_seed + 1):
         folder = f"series/s-{k:04d}"
         (root / folder).mkdir(parents=True, exist_ok=True)
-        slices = _series_slices(generate_uid(entropy_srcs=[f"mutations:{seed}:{k}"]), seed + k)
+        rle = k % 3 == 2
+        slices = _series_slices(generate_uid(entropy_srcs=[f"mutations:{seed}:{k}"]), seed + k, rle)
         files = {f"{folder}/i{j}.dcm": data for j, data in enumerate(slices)}
-        how = "seed"
+        how = "seed" + (" (RLE)" if rle else "")
         if k:
             op = rng.choice(_SERIES_OPS)
             picked = rng.sample(sorted(files), 2 if op == "two slices" else 1)
@@ -348,7 +355,7 @@ def write_volume_cases(root: pathlib.Path, cases_per_seed: int, seed: int) -> di
                 else:
                     files[rel] = b""
                     hows.append(f"empty {rel.rsplit('/', 1)[1]}")
-            how = "; ".join(hows)
+            how = ("RLE: " if rle else "") + "; ".join(hows)
         for rel, data in files.items():
             (root / rel).write_bytes(data)
         cases[folder] = ("series", how, tuple(sorted(files)))
