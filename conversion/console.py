@@ -79,9 +79,12 @@ _NOISE = re.compile(
     rb"|Not a JPEG file: starts with 0x|Unsupported JPEG (?:process|data precision)|Empty JPEG image"
     rb"|Invalid component ID \d+ in SOS|Sampling factors too large|JPEG datastream contains no image"
     rb"|Premature end of input file|Corrupt JPEG data"
+    rb"|Maximum supported image dimension is \d+ pixels|Input file read error"
     # libtiff's default error and warning handler ('Module: message'), for codecs that keep it:
     # the file is rejected or normalised with the reason.
     rb"|(?:TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    # libtiff's read errors as codecs print them without the module's name (issue 39's mutation run).
+    rb"|Read error on (?:strip|tile) \d+; got \d+ bytes, expected \d+"
     # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,
     # which shardsmith then validates one by one and reports itself).
     rb"|\s*\[\[\{\{node [^}]*\}\}\]\]"
