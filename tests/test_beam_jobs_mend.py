@@ -142,12 +142,15 @@ def test_a_shard_holding_a_file_that_failed_in_the_mend_is_left_and_named(conver
     manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
     import tensorflow as tf
 
-    shard = manifest.splits["train"].shards[2]  # The first `_damage` damages.
+    shard = manifest.splits["train"].shards[5]  # One no other test damages (`_damage`).
+    name = shard.file
     spec = schemas.ImageExampleSchema.from_json(manifest.features).parse_spec()
-    raw = next(iter(tf.data.TFRecordDataset(str(out / shard.file))))
+    raw = next(iter(tf.data.TFRecordDataset(str(out / name))))
     victim = tf.io.parse_single_example(raw, spec)["filename"].numpy().decode()
-    name = _damage(out, manifest)[0]
-    broken = (out / name).read_bytes()
+    data = bytearray((out / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (out / name).write_bytes(bytes(data))
+    broken = bytes(data)
     (out / "_shardsmith_tmp").mkdir()
     (out / "_shardsmith_tmp" / "quarantine.jsonl").write_text(json.dumps(
         {"path": victim, "reason": "decoder_crashed", "message": f"{victim}: the process ended (SIGSEGV)"}) + "\n")
