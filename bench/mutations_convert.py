@@ -371,7 +371,7 @@ def convert_volume_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str,
     a case that has a record (a series may lose a damaged slice and keep the
     rest), never a record of a case whose every file was rejected; the
     manifest counts every file. Every record reads back through
-    `readers.volume_dataset_from_tfrecords`. `outcome.written` counts cases
+    `readers.volume_dataset_from_tfrecords`, and `shardsmith verify` passes. `outcome.written` counts cases
     with a record, `outcome.rejected` rejected files.
     """
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
@@ -386,6 +386,10 @@ def convert_volume_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str,
         outcome.breaks.append(f"exit status {result.returncode}: {result.stderr[-2000:]}")
         return outcome
     _account_volumes(out, cases, outcome)
+    verified = subprocess.run([sys.executable, "-m", "shardsmith", "verify", str(out)], capture_output=True,
+                              text=True, env=env, timeout=run_timeout, stdin=subprocess.DEVNULL)
+    if verified.returncode != 0:
+        outcome.breaks.append(f"verify exit status {verified.returncode}: {(verified.stdout + verified.stderr)[-2000:]}")
     return outcome
 
 

@@ -21,6 +21,7 @@ from imaging import ResizeOptions
 from imaging.resize import target_size as _resize_target
 from imaging import raster as _raster
 from schemas import tf_runtime
+from schemas import volumes as _volume_schemas
 from schemas.tfrecord import RecordError, check_frame, format_index, frame_data, iter_records
 from conversion import guard, scene_log
 from conversion.targets import TARGETS as _TARGETS, labels as _target_labels
@@ -114,11 +115,13 @@ class ShardVerifier:
         # The whole library (decode_image is not a plain op), imported the
         # cheap way (schemas/tf_runtime.py).
         self._tf = tf_runtime.full()
-        if schemas.example_kind(self._features) == schemas.TIME_SERIES:
+        if _volume_schemas.VOLUME.key in self._features:  # --volumes: each record parsed and its voxels counted.
+            self._schema = _volume_schemas.VolumeExampleSchema.from_json(self._features)
+        elif schemas.example_kind(self._features) == schemas.TIME_SERIES:
             self._schema = schemas.TimeSeriesExampleSchema.from_json(self._features)
         else:
             self._schema = schemas.ImageExampleSchema.from_json(self._features)
-        self._target_check = TargetCheck(self._schema.targets, self._targets, self._num_classes)
+        self._target_check = TargetCheck(getattr(self._schema, "targets", ()), self._targets, self._num_classes)
 
     def check(self, split: str, shard):
         """Checks one shard (a `schemas.ShardInfo` of `split`).
@@ -253,9 +256,10 @@ class ShardVerifier:
     def _source_of(self, frame: bytes) -> str:
         """The filename a damaged record names, if its data still parses; else a word that it is unknown."""
         try:
-            values = self._schema.decode(frame_data(frame))
-            return values[schemas.FILENAME.key].decode("utf-8", "backslashreplace") + \
-                " (read from the damaged record)"
+            name = self._schema.decode(frame_data(frame))[schemas.FILENAME.key]
+            if isinstance(name, bytes):  # A volume's is a str already.
+                name = name.decode("utf-8", "backslashreplace")
+            return name + " (read from the damaged record)"
         except Exception:  # noqa: BLE001 - damaged bytes: any parse error means unknown
             return "unknown (the record's data does not parse)"
 
@@ -296,6 +300,8 @@ class ShardVerifier:
         `image` is (format, height, width, channels, sample dtype); `pixels`
         the decoded values of a raster record (see `_BandCheck`), else None.
         """
+        if isinstance(self._schema, _volume_schemas.VolumeExampleSchema):
+            return self._check_volume(data)
         try:
             values = self._schema.decode(data)
         except ValueError as e:
@@ -341,6 +347,22 @@ class ShardVerifier:
             return _failed(f"{name}: {problem}", name)
         return (None, label, hashlib.sha256(image).hexdigest(), name,
                 (fmt, stored[0], stored[1], stored[2], dtype), pixels if wanted else None)
+
+    def _check_volume(self, data: bytes):
+        """`_check_record` of a volume: its voxels fill its shape and dtype, its affine is finite, its label a class."""
+        try:
+            values = self._schema.decode(data)  # Raises on voxels that do not fill the shape.
+        except ValueError as e:
+            return _failed(f"does not parse: {e}")
+        name, label = values[schemas.FILENAME.key], values[schemas.LABEL.key]
+        if label != -1 and not 0 <= label < self._num_classes:
+            return _failed(f"{name}: label {label} is outside [0, {self._num_classes})", name)
+        if not np.isfinite(values[_volume_schemas.VOLUME_AFFINE.key]).all():
+            return _failed(f"{name}: its affine is not finite", name)
+        voxels = values[_volume_schemas.VOLUME.key]
+        _, h, w = voxels.shape
+        return (None, label, hashlib.sha256(voxels.tobytes()).hexdigest(), name,
+                ("volume", h, w, 1, voxels.dtype.name), None)
 
     def _check_stack(self, values: dict, name: str, label: int, data: bytes):
         """`_check_record` of a time series' stack: its values fill its shape, one ascending date per
@@ -659,9 +681,9 @@ def report(manifest, checks, duplicates, scene_problems=()) -> dict:
         "problems": problems,
         "splits": splits,
         "records": sum(s["records"] for s in splits.values()),
-        "targets": list((schemas.TimeSeriesExampleSchema if schemas.example_kind(manifest.features)
-                         == schemas.TIME_SERIES else schemas.ImageExampleSchema).from_json(
-                             manifest.features).targets),
+        "targets": [] if _volume_schemas.VOLUME.key in manifest.features else list(
+            (schemas.TimeSeriesExampleSchema if schemas.example_kind(manifest.features)
+             == schemas.TIME_SERIES else schemas.ImageExampleSchema).from_json(manifest.features).targets),
         "duplicates": {
             "groups": len(duplicates),
             "across_splits": sum(1 for d in duplicates if len(d["splits"]) > 1),
