@@ -388,26 +388,36 @@ class _Writer:
                 todo.append(k)
         if not todo:
             return outcomes
-        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]):
-            read = []  # (position in the group, bytes)
-            for k in todo:
+        # `now_on(j)` as the work on the j-th noted file starts: --file_timeout times each file.
+        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]) as now_on:
+            read = []  # (position in the group, position in the journal's slot, bytes)
+            for j, k in enumerate(todo):
                 try:
-                    read.append((k, _read(group[k])))
+                    read.append((k, j, _read(group[k])))
                 except ImageRejected as e:
                     outcomes[k] = Reject(group[k].rel_path, e.reason, e.message)
                 except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                     outcomes[k] = _internal_error(group[k], e)
-            items = [(data, group[k].rel_path) for k, data in read]
+            items = [(data, group[k].rel_path) for k, _, data in read]
+
+            def on_file(i: int) -> None:  # `validate_many`'s i-th item (-1: a batch of them).
+                now_on(read[i][1] if i >= 0 else -1)
+
             try:
-                results = self._validator.validate_many(items)
+                results = self._validator.validate_many(items, on_file)
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
-                results = [self._validate_one(data, name) for data, name in items]
-            for (k, data), result in zip(read, results):
+                results = []
+                for i, (data, name) in enumerate(items):
+                    on_file(i)
+                    results.append(self._validate_one(data, name))
+            for (k, j, data), result in zip(read, results):
                 if isinstance(result, ImageRejected):
                     result = Reject(group[k].rel_path, result.reason, result.message)
                 elif isinstance(result, Exception):
                     result = _internal_error(group[k], result)
                 else:
+                    if group[k].targets is not None:
+                        now_on(j)
                     result = self._with_targets(group[k], result, data)
                 outcomes[k] = result
         return outcomes
