@@ -23,6 +23,7 @@ append writes it again. Beam-free.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -35,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import schemas
 from conversion import files as _files
 
-__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base",
+__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base", "earlier_rejects",
            "rebuild_inventory", "sort_listing", "sort_locations", "location_digests", "fill_unknown_locations", "content_hashes", "inventory_text", "check_compatible",
            "check_features", "fill_unknown", "duplicates_of_held", "version_files"]
 
@@ -114,12 +115,16 @@ class Base:
       version: The number the new version gets (the latest's + 1).
       rebuilt: Versions whose inventory was missing and rebuilt from their
         shards: version to its files, to be written with the new version's.
+      rejected: The inputs the latest version rejected or skipped (its
+        rejects.jsonl), by path as written there, to their reason: held by no
+        version, an append tries them again (`earlier_rejects`).
     """
 
     manifest: schemas.Manifest
     held: Mapping[str, HeldFile]
     version: int
     rebuilt: Mapping[int, tuple[HeldFile, ...]] = dataclasses.field(default_factory=dict)
+    rejected: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def load_base(output_dir: str) -> Base | None:
@@ -144,7 +149,31 @@ def load_base(output_dir: str) -> Base | None:
             rebuilt[v.version] = entries
         for h in entries:
             held[h.rel_path] = h
-    return Base(manifest, held, manifest.latest_version + 1, rebuilt)
+    return Base(manifest, held, manifest.latest_version + 1, rebuilt, earlier_rejects(output_dir, manifest))
+
+
+def earlier_rejects(output_dir: str, manifest: schemas.Manifest) -> dict[str, str]:
+    """Path (as rejects.jsonl writes it) to reason of the inputs the dataset's latest version did not convert.
+
+    rejects.jsonl is rewritten by each version: it holds the latest version's
+    rejects, among them every earlier reject tried again and rejected again.
+    One whose reasons do not add up to the manifest's was written by a run
+    that did not finish (its manifest not written): not this dataset's, {}.
+    """
+    path = _files.join(output_dir, schemas.REJECTS_FILENAME)
+    if not _files.exists(path):
+        return {}
+    found, reasons = {}, collections.Counter()
+    for line in _files.read_bytes(path).decode("utf-8", "surrogateescape").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            found[r["path"]] = r["reason"]
+            reasons[r["reason"]] += 1
+    if dict(reasons) != dict(manifest.rejects):
+        _LOG.info("%s is not the one of %s's manifest (a run killed before its manifest wrote it): earlier "
+                  "rejects tried again are counted as new", path, output_dir)
+        return {}
+    return found
 
 
 def version_files(manifest: schemas.Manifest, version: int) -> list[tuple[str, str]]:
