@@ -11,7 +11,8 @@ a whole process (`python -m beam_jobs.convert`, its start-up included on both si
    the grown folder (``count * (1 + fraction)`` images into an empty folder, what `--overwrite`
    costs). Target: the append costs at most 15% of the rebuild.
 
-Each ratio is printed twice: whole processes, and net of a process's fixed cost (the start-up:
+Each ratio is printed three times: whole processes, by CPU seconds of each process and its
+children (steadier than wall time on shared cores), and net of a process's fixed cost (the start-up:
 Python, TensorFlow and Beam imported, a pipeline built and run), measured as the conversion of
 10 images into an empty folder in the same run. A ratio of whole processes holds that fixed cost on
 both sides: at 20,000 images (a rebuild of ~5 s on a calm machine) it is most of the append's time.
@@ -36,11 +37,13 @@ import argparse
 import json
 import logging
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from bench import corpus
 
@@ -62,17 +65,34 @@ def _link_tree(root: str, files, dest: str) -> str:
     return dest
 
 
-def _convert(input_dir: str, output_dir: str, *flags: str) -> float:
-    """Wall seconds of one `python -m beam_jobs.convert` process."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Run(NamedTuple):
+    """One converter process: wall seconds, and CPU seconds of it and its children (steadier on shared cores)."""
+
+    wall: float
+    cpu: float
+
+
+def _convert(input_dir: str, output_dir: str, *flags: str) -> Run:
+    """Wall and CPU seconds of one `python -m beam_jobs.convert` process."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    # An installed shardsmith has its bytecode; a sandbox that sets this would have every
+    # process compile the whole tree again (~1 s of CPU, on both sides of a ratio).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     argv = [sys.executable, "-m", "beam_jobs.convert", "--input_dir", input_dir, "--output_dir", output_dir,
             "--split", "train=0.8,validation=0.2", *flags]
+    cpu = _children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=_REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    cpu = _children_cpu() - cpu
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall
+    return Run(wall, cpu)
 
 
 def _records(output_dir: str) -> int:
@@ -81,25 +101,28 @@ def _records(output_dir: str) -> int:
     return sum(s["num_records"] for split in manifest["splits"].values() for s in split["shards"])
 
 
-def _best_append(base_out: str, grown_in: str, work: str, repeat: int) -> tuple[float, int]:
-    best = None
+def _best(runs: list[Run]) -> Run:
+    """The best wall time and the best CPU time of several rounds."""
+    return Run(min(r.wall for r in runs), min(r.cpu for r in runs))
+
+
+def _best_append(base_out: str, grown_in: str, work: str, repeat: int) -> tuple[Run, int]:
+    runs = []
     for _ in range(repeat):
         out = os.path.join(work, "appended")
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(base_out, out)
-        wall = _convert(grown_in, out, "--append")
-        best = wall if best is None else min(best, wall)
-    return best, _records(out)
+        runs.append(_convert(grown_in, out, "--append"))
+    return _best(runs), _records(out)
 
 
-def _best_fresh(input_dir: str, work: str, repeat: int) -> tuple[float, int]:
-    best = None
+def _best_fresh(input_dir: str, work: str, repeat: int) -> tuple[Run, int]:
+    runs = []
     for _ in range(repeat):
         out = os.path.join(work, "fresh")
         shutil.rmtree(out, ignore_errors=True)
-        wall = _convert(input_dir, out)
-        best = wall if best is None else min(best, wall)
-    return best, _records(out)
+        runs.append(_convert(input_dir, out))
+    return _best(runs), _records(out)
 
 
 def run(count: int = 20000, new: int = 1000, fraction: float = 0.1, repeat: int = 1,
@@ -122,25 +145,31 @@ def run(count: int = 20000, new: int = 1000, fraction: float = 0.1, repeat: int 
     base_out = os.path.join(work, "base_dataset")
     shutil.rmtree(base_out, ignore_errors=True)
     first = _convert(base_in, base_out, "--append")
-    startup_s, _ = _best_fresh(_link_tree(info.root, base[:10], os.path.join(work, "ten")), work, repeat)
-    results = {"count": len(base), "first_conversion_s": first, "repeat": repeat, "startup_s": startup_s}
+    startup, _ = _best_fresh(_link_tree(info.root, base[:10], os.path.join(work, "ten")), work, repeat)
+    results = {"count": len(base), "first_conversion_s": first.wall, "first_conversion_cpu_s": first.cpu,
+               "repeat": repeat, "startup_s": startup.wall, "startup_cpu_s": startup.cpu,
+               "load_before": os.getloadavg()[0]}
 
     grown_in = _link_tree(info.root, base + added_new, os.path.join(work, "grown_new"))
     only_in = _link_tree(info.root, added_new, os.path.join(work, "only_new"))
-    append_s, append_records = _best_append(base_out, grown_in, work, repeat)
-    empty_s, empty_records = _best_fresh(only_in, work, repeat)
-    results["new"] = {"files": len(added_new), "append_s": append_s, "empty_folder_s": empty_s,
-                      "ratio": append_s / empty_s, "net_ratio": _net(append_s, empty_s, startup_s),
+    append, append_records = _best_append(base_out, grown_in, work, repeat)
+    empty, empty_records = _best_fresh(only_in, work, repeat)
+    results["new"] = {"files": len(added_new), "append_s": append.wall, "empty_folder_s": empty.wall,
+                      "ratio": append.wall / empty.wall, "net_ratio": _net(append.wall, empty.wall, startup.wall),
+                      "append_cpu_s": append.cpu, "empty_folder_cpu_s": empty.cpu, "cpu_ratio": append.cpu / empty.cpu,
                       "records_after_append": append_records,
                       "records_empty_folder": empty_records}
 
     grown_in = _link_tree(info.root, base + added_fraction, os.path.join(work, "grown_fraction"))
-    append_s, append_records = _best_append(base_out, grown_in, work, repeat)
-    rebuild_s, rebuild_records = _best_fresh(grown_in, work, repeat)
-    results["fraction"] = {"fraction": fraction, "files": len(added_fraction), "append_s": append_s,
-                           "rebuild_s": rebuild_s, "ratio": append_s / rebuild_s,
-                           "net_ratio": _net(append_s, rebuild_s, startup_s),
+    append, append_records = _best_append(base_out, grown_in, work, repeat)
+    rebuild, rebuild_records = _best_fresh(grown_in, work, repeat)
+    results["fraction"] = {"fraction": fraction, "files": len(added_fraction), "append_s": append.wall,
+                           "rebuild_s": rebuild.wall, "ratio": append.wall / rebuild.wall,
+                           "net_ratio": _net(append.wall, rebuild.wall, startup.wall),
+                           "append_cpu_s": append.cpu, "rebuild_cpu_s": rebuild.cpu,
+                           "cpu_ratio": append.cpu / rebuild.cpu,
                            "records_after_append": append_records, "records_rebuild": rebuild_records}
+    results["load_after"] = os.getloadavg()[0]
     return results
 
 
@@ -152,15 +181,18 @@ def _net(a: float, b: float, fixed: float) -> float | None:
 def _print(results: dict) -> None:
     n, f = results["new"], results["fraction"]
     print(f"Base: {results['count']:,} tiny JPEGs converted with --append into an empty folder in "
-          f"{results['first_conversion_s']:.1f} s (best of {results['repeat']} per figure below)")
-    print(f"Start-up (10 images into an empty folder): {results['startup_s']:.1f} s")
+          f"{results['first_conversion_s']:.1f} s, {results['first_conversion_cpu_s']:.1f} CPU s (best of "
+          f"{results['repeat']} per figure below; load {results['load_before']:.1f} -> {results['load_after']:.1f})")
+    print(f"Start-up (10 images into an empty folder): {results['startup_s']:.1f} s, {results['startup_cpu_s']:.1f} CPU s")
     net = "n/a" if n["net_ratio"] is None else f"{n['net_ratio']:.2f}x"
     print(f"1. Append {n['files']:,} new JPEGs: {n['append_s']:.1f} s; the {n['files']:,} into an empty folder: "
-          f"{n['empty_folder_s']:.1f} s; ratio {n['ratio']:.2f}x (target <= {_TARGET_NEW:g}x); net of start-up {net}")
+          f"{n['empty_folder_s']:.1f} s; ratio {n['ratio']:.2f}x (target <= {_TARGET_NEW:g}x); net of start-up {net}; "
+          f"by CPU {n['append_cpu_s']:.1f} s vs {n['empty_folder_cpu_s']:.1f} s, {n['cpu_ratio']:.2f}x")
     print(f"2. Append {f['fraction']:.0%} ({f['files']:,} JPEGs): {f['append_s']:.1f} s; full rebuild of the "
           f"grown folder ({f['records_rebuild']:,} images): {f['rebuild_s']:.1f} s; ratio {f['ratio']:.1%} "
           f"(target <= {_TARGET_FRACTION:.0%}); net of start-up "
-          + ("n/a" if f["net_ratio"] is None else f"{f['net_ratio']:.1%}"))
+          + ("n/a" if f["net_ratio"] is None else f"{f['net_ratio']:.1%}")
+          + f"; by CPU {f['append_cpu_s']:.1f} s vs {f['rebuild_cpu_s']:.1f} s, {f['cpu_ratio']:.1%}")
 
 
 def main(argv: list[str] | None = None) -> int:
