@@ -237,6 +237,11 @@ def _mtime_ns(path: str) -> int:
         return 0
 
 
+def _listed_mtime_ns(f) -> int:
+    """A listed file's modification time: the listing's (no second stat of every held file), else `_mtime_ns`."""
+    return getattr(f, "mtime_ns", 0) or _mtime_ns(f.path)
+
+
 def _sha256(path: str) -> str | None:
     h = hashlib.sha256()
     try:
@@ -252,7 +257,7 @@ def content_hashes(files: Sequence) -> dict[str, tuple[int, int, str | None]]:
     """Relative path to (size, mtime_ns, SHA-256) of listed files, read on a few threads (I/O bound)."""
 
     def one(f):
-        return f.rel_path, (f.size, _mtime_ns(f.path), _sha256(f.path))
+        return f.rel_path, (f.size, _listed_mtime_ns(f), _sha256(f.path))
 
     with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS) as pool:
         return dict(pool.map(one, files))
@@ -277,7 +282,7 @@ def sort_listing(files: Sequence, base: Base) -> Listing:
             new.append(f)
         elif h.size >= 0 and f.size != h.size:
             look.append(f)
-        elif h.size < 0 or _mtime_ns(f.path) in (h.mtime_ns, 0):
+        elif h.size < 0 or _listed_mtime_ns(f) in (h.mtime_ns, 0):
             held.append(f.rel_path)
         else:
             look.append(f)
