@@ -24,6 +24,9 @@ def test_bench_append_small(tmp_path):
     assert fraction["records_after_append"] == fraction["records_rebuild"] == 220
     assert new["ratio"] == new["append_s"] / new["empty_folder_s"]
     assert fraction["ratio"] == fraction["append_s"] / fraction["rebuild_s"]
+    # CPU seconds of each process tree (the converter's worker processes included), steadier than wall time.
+    assert fraction["rebuild_cpu_s"] > 0 and new["cpu_ratio"] == new["append_cpu_s"] / new["empty_folder_cpu_s"]
+    assert fraction["cpu_ratio"] == fraction["append_cpu_s"] / fraction["rebuild_cpu_s"] and "by CPU" in proc.stdout
     assert "(target <= 2x)" in proc.stdout and "(target <= 15%)" in proc.stdout
     assert results["startup_s"] > 0 and "net of start-up" in proc.stdout
     if fraction["net_ratio"] is not None:
