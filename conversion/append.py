@@ -32,11 +32,12 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import schemas
 from conversion import files as _files
 
-__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base", "earlier_rejects",
+__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base", "read_inventory", "earlier_rejects",
            "rebuild_inventory", "sort_listing", "sort_locations", "location_digests", "fill_unknown_locations", "content_hashes", "inventory_text", "check_compatible",
            "check_features", "fill_unknown", "duplicates_of_held", "version_files"]
 
@@ -70,9 +71,8 @@ def inputs_filename(version: int) -> str:
     return _INPUTS_TEMPLATE.format(version=version)
 
 
-@dataclasses.dataclass(frozen=True)
-class HeldFile:
-    """An input file a version converted, as it was then.
+class HeldFile(NamedTuple):
+    """An input file a version converted, as it was then (a named tuple: a dataset holds 100,000s).
 
     Attributes:
       rel_path: Its path relative to the input folder.
@@ -96,8 +96,18 @@ class HeldFile:
 
     @classmethod
     def from_json(cls, line: str, version: int) -> HeldFile:
-        d = json.loads(line)
+        return cls.from_dict(json.loads(line), version)
+
+    @classmethod
+    def from_dict(cls, d: Mapping, version: int) -> HeldFile:
         return cls(str(d["path"]), int(d["size"]), int(d["mtime_ns"]), d.get("sha256"), str(d["split"]), version)
+
+
+def read_inventory(text: str, version: int) -> tuple[HeldFile, ...]:
+    """The entries of version `version`'s inventory file (`inventory_text`), parsed as one JSON array."""
+    lines = [line for line in text.splitlines() if line]
+    from_dict = HeldFile.from_dict
+    return tuple(from_dict(d, version) for d in json.loads("[" + ",".join(lines) + "]"))
 
 
 def inventory_text(held: Iterable[HeldFile]) -> bytes:
@@ -142,8 +152,7 @@ def load_base(output_dir: str) -> Base | None:
     for v in manifest.all_versions:
         inventory = _files.join(output_dir, inputs_filename(v.version))
         if _files.exists(inventory):
-            lines = _files.read_bytes(inventory).decode().splitlines()
-            entries = tuple(HeldFile.from_json(line, v.version) for line in lines if line)
+            entries = read_inventory(_files.read_bytes(inventory).decode(), v.version)
         else:
             entries = rebuild_inventory(output_dir, manifest, v.version)
             rebuilt[v.version] = entries
@@ -256,11 +265,15 @@ def _sha256(path: str) -> str | None:
 def content_hashes(files: Sequence) -> dict[str, tuple[int, int, str | None]]:
     """Relative path to (size, mtime_ns, SHA-256) of listed files, read on a few threads (I/O bound)."""
 
-    def one(f):
-        return f.rel_path, (f.size, _listed_mtime_ns(f), _sha256(f.path))
+    def some(chunk):
+        return [(f.rel_path, (f.size, _listed_mtime_ns(f), _sha256(f.path))) for f in chunk]
 
+    # A few dozen files a task: one future per tiny file costs as much as its hash.
+    files = list(files)
+    size = max(1, min(64, len(files) // (4 * _HASH_THREADS)))
     with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS) as pool:
-        return dict(pool.map(one, files))
+        return dict(pair for pairs in pool.map(some, [files[i:i + size] for i in range(0, len(files), size)])
+                    for pair in pairs)
 
 
 def sort_listing(files: Sequence, base: Base) -> Listing:
@@ -361,7 +374,7 @@ def fill_unknown_locations(base: Base, digests: Mapping[str, tuple[int, str]]) -
         for h in entries:
             if h.rel_path in digests:
                 size, digest = digests[h.rel_path]
-                h = dataclasses.replace(h, size=size, mtime_ns=0, sha256=digest)
+                h = h._replace(size=size, mtime_ns=0, sha256=digest)
             filled.append(h)
             held[h.rel_path] = h
         rebuilt[version] = tuple(filled)
@@ -382,7 +395,7 @@ def fill_unknown(base: Base, files: Sequence) -> Base:
         for h in entries:
             if h.rel_path in stats:
                 size, mtime, sha = stats[h.rel_path]
-                h = dataclasses.replace(h, size=size, mtime_ns=mtime, sha256=sha)
+                h = h._replace(size=size, mtime_ns=mtime, sha256=sha)
             filled.append(h)
             held[h.rel_path] = h
         rebuilt[version] = tuple(filled)
