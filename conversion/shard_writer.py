@@ -25,7 +25,7 @@ from conversion import guard, masks as _masks, targets as _targets
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
-from imaging import ImageRejected, ImageValidator, ValidationOptions
+from imaging import ImageRejected, ImageValidator, ValidationOptions, ValidImage
 from imaging import boxes as _boxes
 from imaging import scenes as _scenes
 from schemas.tfrecord import frame_record
@@ -53,6 +53,10 @@ _CUT_ACTION = _scene_log.CUT_ACTION
 _FAILED_ACTION = _scene_log.FAILED_ACTION
 # The mask kind (`conversion.targets.masks`): its pixels are counted per shard.
 _MASK = _targets.masks.NAME
+# What every JPEG record's samples decode to (`schemas.sample_dtype`), without asking per record.
+_JPEG = "jpeg"
+_UINT8 = schemas.sample_dtype(_JPEG, b"")
+_ValidImage = ValidImage
 
 
 class ShardFile(NamedTuple):
@@ -224,6 +228,9 @@ class _Writer:
         self._schema = _schema(job.validation, job.targets)
         self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
         self._quarantined = {path: (reason, message) for path, reason, message in job.quarantined}
+        # Records with no extra feature (no DICOM tags asked for, no georef, no targets): the
+        # plain path of `write` (`_encode_plain`) where a file has no targets.
+        self._plain = not self._tag_keys and not self._schema.georef and not job.targets
         # rel_path -> (EXIF orientation, raw width, raw height) of targeted files turned upright
         # (`_validate_group`, on the read-ahead threads; read after their results).
         self._raw_frames: dict[str, tuple[int, int, int]] = {}
@@ -240,6 +247,22 @@ class _Writer:
                     outcome = self._failed_rows(shard, f, outcome)
                     if outcome is None:
                         continue
+                if f.targets is None and type(outcome) is list and self._plain:
+                    # The common record (an image alone: no mask, targets, tags or georef):
+                    # encoded and written without the per-record objects of the general path.
+                    try:
+                        records = [(image, *self._encode_plain(f, image)) for image in outcome]
+                    except ImageRejected as e:
+                        shard.rejects.append(Reject(f.rel_path, e.reason, e.message))
+                        continue
+                    except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                        shard.rejects.append(_internal_error(f, e))
+                        continue
+                    if f.patch_rows is None or _item(f).first:
+                        shard.num_sources += 1
+                    for image, filename, framed in records:
+                        self._write_plain(writer, shard, f, image, filename, framed)
+                    continue
                 if not isinstance(outcome, Reject):
                     try:
                         # One record per kept image (frame, page), with its mask and targets.
@@ -325,6 +348,34 @@ class _Writer:
             extra=self._extra(image, mask) if targets is None else {**self._extra(image, mask), **targets.extra},
         ))
         return filename, frame_record(record)
+
+    def _encode_plain(self, f: ShardFile, image) -> tuple[str, bytes]:
+        """`_encode` of an image alone (a `ValidImage`, no mask or targets) when records have no extra feature."""
+        if type(image) is not _ValidImage or image.frame is not None or image.page is not None \
+                or image.patch is not None:
+            return self._encode(f, image)  # A mask, or a filename that says which frame, page or patch.
+        return f.rel_path, frame_record(self._schema.encode(schemas.ImageRecord(
+            image.data, f.label, f.rel_path, image.format, image.height, image.width, image.channels, _NO_EXTRA)))
+
+    def _write_plain(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str,
+                     framed: bytes) -> None:
+        """`_write_record` of a record `_encode_plain` encoded."""
+        if type(image) is not _ValidImage:
+            self._write_record(writer, shard, f, image, filename, framed)
+            return
+        if image.actions:
+            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
+        shard.index_entries.append((writer.num_bytes, len(framed)))
+        writer.write(framed)
+        if f.label >= 0:
+            shard.class_counts[f.label] += 1
+        fmt = image.format
+        shard.stored.append((fmt, image.height, image.width, image.channels,
+                             _UINT8 if fmt == _JPEG else schemas.sample_dtype(fmt, image.data)))
+        if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
+            shard.georeferenced += 1
+        if image.band_stats is not None:
+            shard.band_stats.add(image.band_stats)
 
     def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, item, filename: str,
                       framed: bytes, targets=None) -> None:
