@@ -336,7 +336,7 @@ def measure(build, *, warmup: int, batches: int, min_seconds: float = 0.0) -> di
     """
     cpu_start, start = _cpu_seconds(), time.perf_counter()
     it = iter(build())
-    next(it)
+    first_images = _images_in(next(it))
     ttfb = time.perf_counter() - start
     ttfb_cpu = _cpu_seconds() - cpu_start
     for _ in range(warmup):
@@ -353,6 +353,7 @@ def measure(build, *, warmup: int, batches: int, min_seconds: float = 0.0) -> di
     return {
         "ttfb_s": ttfb,
         "ttfb_cpu_s": ttfb_cpu,
+        "first_batch_images": first_images,
         "images_per_s": images / window,
         "cpu_ms_per_image": 1000 * cpu / images,
         "images": images,
@@ -372,7 +373,7 @@ def measure_first(build, *, images: int) -> dict:
     batch = next(it)
     ttfb = time.perf_counter() - start
     ttfb_cpu = _cpu_seconds() - cpu0
-    taken = _images_in(batch)
+    taken = first_images = _images_in(batch)
     while taken < images:
         batch = next(it)
         taken += _images_in(batch)
@@ -380,6 +381,8 @@ def measure_first(build, *, images: int) -> dict:
     return {
         "ttfb_s": ttfb,
         "ttfb_cpu_s": ttfb_cpu,
+        # Fewer than the batch size where the corpus is smaller (Keras's last, partial batch).
+        "first_batch_images": first_images,
         "images_per_s": taken / span,
         "cpu_ms_per_image": 1000 * (_cpu_seconds() - cpu0) / taken,
         "images": taken,
