@@ -227,8 +227,42 @@ def write_atomically(output_dir: str, name: str, data: bytes) -> None:
 
 def read_bytes(path: str) -> bytes:
     """Reads a whole file, with no decompression whatever its extension."""
+    if is_local(path):
+        return _read_local(path)
     with open_to_read(path) as f:
         return f.read()
+
+
+# A local file up to this size is read with one `os.read` (and one more that
+# finds its end); a larger one by `FileIO.readall` (one buffer of its size).
+_READ_AT_ONCE = 256 * 1024
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _read_local(path: str) -> bytes:
+    """`io.open(path, "rb").read()` in 4 system calls instead of 9 (6.5 against 13 us a small file).
+
+    A buffered file object costs an fstat, an isatty ioctl and lseeks per
+    open, as long as reading a 1.4 KB JPEG. Same bytes and the same errors,
+    naming the path (a folder's error comes from the read here, from the open there).
+    """
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        try:
+            data = os.read(fd, _READ_AT_ONCE)
+            if len(data) < _READ_AT_ONCE:
+                if not os.read(fd, _READ_AT_ONCE):  # Its end: the usual case.
+                    return data
+            # A large file (or one still growing): read it whole into one buffer.
+            os.lseek(fd, 0, os.SEEK_SET)
+            with io.FileIO(fd, "rb", closefd=False) as f:
+                return f.readall()
+        except OSError as e:
+            if e.filename is None:
+                raise type(e)(e.errno, e.strerror, path) from None
+            raise
+    finally:
+        os.close(fd)
 
 
 def open_to_read(path: str):

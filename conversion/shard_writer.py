@@ -25,7 +25,7 @@ from conversion import guard, masks as _masks, targets as _targets
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
-from imaging import ImageRejected, ImageValidator, ValidationOptions
+from imaging import ImageRejected, ImageValidator, ValidationOptions, ValidImage
 from imaging import boxes as _boxes
 from imaging import scenes as _scenes
 from schemas.tfrecord import frame_record
@@ -53,6 +53,10 @@ _CUT_ACTION = _scene_log.CUT_ACTION
 _FAILED_ACTION = _scene_log.FAILED_ACTION
 # The mask kind (`conversion.targets.masks`): its pixels are counted per shard.
 _MASK = _targets.masks.NAME
+# What every JPEG record's samples decode to (`schemas.sample_dtype`), without asking per record.
+_JPEG = "jpeg"
+_UINT8 = schemas.sample_dtype(_JPEG, b"")
+_ValidImage = ValidImage
 
 
 class ShardFile(NamedTuple):
@@ -193,7 +197,7 @@ class _Shard:
 
     def __init__(self, num_classes: int):
         self.index_entries: list[tuple[int, int]] = []  # (offset, framed length) of each record
-        self.class_counts = [0] * num_classes
+        self.classes = _targets.CLASS.counter(num_classes)  # Its records per class (`class_counts`)
         # (format, height, width, channels, sample dtype) of each record, for schemas.ImageStats.
         self.stored: list[tuple[str, int, int, int, str]] = []
         self.rejects: list[Reject] = []
@@ -224,6 +228,9 @@ class _Writer:
         self._schema = _schema(job.validation, job.targets)
         self._tag_keys = tuple((t, schemas.dicom_tag_key(t)) for t in job.validation.dicom.tags)
         self._quarantined = {path: (reason, message) for path, reason, message in job.quarantined}
+        # Records with no extra feature (no DICOM tags asked for, no georef, no targets): the
+        # plain path of `write` (`_encode_plain`) where a file has no targets.
+        self._plain = not self._tag_keys and not self._schema.georef and not job.targets
         # rel_path -> (EXIF orientation, raw width, raw height) of targeted files turned upright
         # (`_validate_group`, on the read-ahead threads; read after their results).
         self._raw_frames: dict[str, tuple[int, int, int]] = {}
@@ -240,6 +247,22 @@ class _Writer:
                     outcome = self._failed_rows(shard, f, outcome)
                     if outcome is None:
                         continue
+                if f.targets is None and type(outcome) is list and self._plain:
+                    # The common record (an image alone: no mask, targets, tags or georef):
+                    # encoded and written without the per-record objects of the general path.
+                    try:
+                        records = [(image, *self._encode_plain(f, image)) for image in outcome]
+                    except ImageRejected as e:
+                        shard.rejects.append(Reject(f.rel_path, e.reason, e.message))
+                        continue
+                    except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
+                        shard.rejects.append(_internal_error(f, e))
+                        continue
+                    if f.patch_rows is None or _item(f).first:
+                        shard.num_sources += 1
+                    for image, filename, framed in records:
+                        self._write_plain(writer, shard, f, image, filename, framed)
+                    continue
                 if not isinstance(outcome, Reject):
                     try:
                         # One record per kept image (frame, page), with its mask and targets.
@@ -266,7 +289,7 @@ class _Writer:
         band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
             job.split, job.index, job.num_shards, job.name, len(shard.index_entries), writer.num_bytes,
-            writer.sha256, tuple(shard.class_counts), index_name, index_sha256,
+            writer.sha256, shard.classes.to_json(), index_name, index_sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
@@ -326,6 +349,33 @@ class _Writer:
         ))
         return filename, frame_record(record)
 
+    def _encode_plain(self, f: ShardFile, image) -> tuple[str, bytes]:
+        """`_encode` of an image alone (a `ValidImage`, no mask or targets) when records have no extra feature."""
+        if type(image) is not _ValidImage or image.frame is not None or image.page is not None \
+                or image.patch is not None:
+            return self._encode(f, image)  # A mask, or a filename that says which frame, page or patch.
+        return f.rel_path, frame_record(self._schema.encode(schemas.ImageRecord(
+            image.data, f.label, f.rel_path, image.format, image.height, image.width, image.channels, _NO_EXTRA)))
+
+    def _write_plain(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str,
+                     framed: bytes) -> None:
+        """`_write_record` of a record `_encode_plain` encoded."""
+        if type(image) is not _ValidImage:
+            self._write_record(writer, shard, f, image, filename, framed)
+            return
+        if image.actions:
+            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
+        shard.index_entries.append((writer.num_bytes, len(framed)))
+        writer.write(framed)
+        shard.classes.add(f.label)
+        fmt = image.format
+        shard.stored.append((fmt, image.height, image.width, image.channels,
+                             _UINT8 if fmt == _JPEG else schemas.sample_dtype(fmt, image.data)))
+        if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
+            shard.georeferenced += 1
+        if image.band_stats is not None:
+            shard.band_stats.add(image.band_stats)
+
     def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, item, filename: str,
                       framed: bytes, targets=None) -> None:
         """Writes one framed record; notes it in the shard's index, counts and normalisations."""
@@ -343,8 +393,7 @@ class _Writer:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        if f.label >= 0:  # -1: no image-level class (masks, boxes, several labels, numbers)
-            shard.class_counts[f.label] += 1
+        shard.classes.add(f.label)
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
@@ -389,26 +438,36 @@ class _Writer:
                 todo.append(k)
         if not todo:
             return outcomes
-        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]):
-            read = []  # (position in the group, bytes)
-            for k in todo:
+        # `now_on(j)` as the work on the j-th noted file starts: --file_timeout times each file.
+        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]) as now_on:
+            read = []  # (position in the group, position in the journal's slot, bytes)
+            for j, k in enumerate(todo):
                 try:
-                    read.append((k, _read(group[k])))
+                    read.append((k, j, _read(group[k])))
                 except ImageRejected as e:
                     outcomes[k] = Reject(group[k].rel_path, e.reason, e.message)
                 except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                     outcomes[k] = _internal_error(group[k], e)
-            items = [(data, group[k].rel_path) for k, data in read]
+            items = [(data, group[k].rel_path) for k, _, data in read]
+
+            def on_file(i: int) -> None:  # `validate_many`'s i-th item (-1: a batch of them).
+                now_on(read[i][1] if i >= 0 else -1)
+
             try:
-                results = self._validator.validate_many(items)
+                results = self._validator.validate_many(items, on_file)
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
-                results = [self._validate_one(data, name) for data, name in items]
-            for (k, data), result in zip(read, results):
+                results = []
+                for i, (data, name) in enumerate(items):
+                    on_file(i)
+                    results.append(self._validate_one(data, name))
+            for (k, j, data), result in zip(read, results):
                 if isinstance(result, ImageRejected):
                     result = Reject(group[k].rel_path, result.reason, result.message)
                 elif isinstance(result, Exception):
                     result = _internal_error(group[k], result)
                 else:
+                    if group[k].targets is not None:
+                        now_on(j)
                     result = self._with_targets(group[k], result, data)
                 outcomes[k] = result
         return outcomes

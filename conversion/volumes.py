@@ -40,6 +40,7 @@ from conversion import files as _files, guard
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.listing import InputFile, Problem
 from conversion.plan import hash_split, sorted_class_names
+from conversion.targets import CLASS
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import tfrecord
@@ -166,7 +167,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
       split_ratios: --split; None: the CSV's split column, else all in 'train'.
       quarantined: rel_path -> (reason, message) of files that crashed or hung
         an earlier attempt (`guard.Quarantine`): rejected without being read.
-      labels_csv: --labels_csv's rows (`conversion.plan.read_labels_csv`):
+      labels_csv: --labels_csv's rows (`conversion.targets.labels_csv.read_labels_csv`):
         path -> (label, split or None); a path names a NIfTI file or a folder,
         whose every series takes its label (and split). None: class folders.
       dedup: --dedup: of volumes whose files are byte for byte the same, the
@@ -425,7 +426,7 @@ def write_volumes(job):
     writer = _files.AtomicWriter(job.output_dir, job.name)
     quarantined = {rel: (reason, message) for rel, reason, message in job.quarantined}
     index_entries: list[tuple[int, int]] = []
-    class_counts = [0] * job.num_classes
+    classes = CLASS.counter(job.num_classes)
     rejects: list[Reject] = []
     normalized: list[tuple] = []
     sources = 0
@@ -459,15 +460,14 @@ def write_volumes(job):
             index_entries.append((offset, writer.num_bytes - offset))
             framed = None  # The volume goes before the next is decoded.
             sources += len(plan.sources)
-            if 0 <= f.label < job.num_classes:
-                class_counts[f.label] += 1
+            classes.add(f.label)
     except BaseException:
         writer.abort()
         raise
     writer.commit()
     index_name, index_sha256 = _files.write_shard_index(job.output_dir, job.name, index_entries)
     result = ShardResult(job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes,
-                         writer.sha256, tuple(class_counts), index_name, index_sha256, sources)
+                         writer.sha256, classes.to_json(), index_name, index_sha256, sources)
     return ShardOutcome(result, rejects, normalized)
 
 

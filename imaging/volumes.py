@@ -18,6 +18,7 @@ import dataclasses
 import gzip
 import hashlib
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -225,9 +226,17 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
         raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
                                       "convert it with dcm2niix, or export classic slices")
     frames = dicom.num_frames(ds, name)
+    try:
+        rows, columns = int(ds.Rows), int(ds.Columns)
+    except (AttributeError, TypeError, ValueError):  # Dropped or emptied (issue 39's mutations).
+        raise ImageRejected("corrupt", f"{name}: its header has no Rows and Columns") from None
     bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
     signed = int(ds.get("PixelRepresentation") or 0) == 1
     allocated = int(ds.get("BitsAllocated") or 16)
+    if pixel_keyword == "PixelData" and (allocated not in (1, 8, 16, 32, 64) or not 1 <= bits <= 64):
+        # A damaged header (issue 39's mutations): BitsStored 56080 made a 16,882-digit stored range.
+        raise ImageRejected("corrupt", f"{name}: BitsAllocated {allocated} and BitsStored {bits} are no sample "
+                                       "size (BitsAllocated 1, 8, 16, 32 or 64; BitsStored 1 to 64)")
     if pixel_keyword != "PixelData":
         stored_dtype, stored_range = "float32", (0, 0)
     else:
@@ -255,7 +264,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
         digest = "" if pixels is None else _pixel_digest(pixels, frames, index)
         slices.append(DicomSlice(
             name=name, frame=index, series_uid=str(ds.get("SeriesInstanceUID", "")),
-            orientation=orientation, position=position, rows=int(ds.Rows), columns=int(ds.Columns),
+            orientation=orientation, position=position, rows=rows, columns=columns,
             pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
@@ -495,6 +504,16 @@ def read_nifti(data: bytes, name: str) -> Volume:
         shape = shape[:3]
     if len(shape) != 3:
         raise ImageRejected("not_a_volume", f"{name} has shape {image.shape}, not 3-D")
+    if min(shape) < 1:  # A damaged dim[] (issue 39's mutations): not a schema's error later.
+        raise ImageRejected("corrupt", f"{name}: its header gives an empty volume of shape {image.shape}")
+    # What the header says the voxels take, against what the file holds: refused before
+    # nibabel allocates it (it reads into a buffer of the header's size).
+    offset = int(getattr(image.dataobj, "offset", 0))  # The image's header copy says 0.
+    needed = offset + math.prod(int(n) for n in image.shape) * image.get_data_dtype().itemsize
+    if needed > len(data):
+        raise ImageRejected("corrupt", f"{name}: its header gives {image.shape} voxels of "
+                            f"{image.get_data_dtype().name} from byte {offset}, {needed:,} bytes; the file holds "
+                            f"{len(data):,} (cut short, or a damaged header)")
     try:
         # nibabel moves scl_slope/scl_inter from the header to the array proxy, which
         # applies them (to float) only when they are not 1 and 0.
@@ -515,6 +534,8 @@ def read_nifti(data: bytes, name: str) -> Volume:
     # NIfTI's array is (i, j, k); a volume is stored (k, j, i), the same affine.
     voxels = np.ascontiguousarray(values.transpose(2, 1, 0))
     affine = np.asarray(image.affine, dtype=np.float64)
+    if not np.isfinite(affine).all():  # A damaged srow_x/y/z or pixdim (issue 39's mutations).
+        raise ImageRejected("corrupt", f"{name}: its affine is not finite ({affine[:3].tolist()})")
     norms = np.linalg.norm(affine[:3, :3], axis=0)
     code = "sform" if int(image.header["sform_code"]) > 0 else (
         "qform" if int(image.header["qform_code"]) > 0 else "none")

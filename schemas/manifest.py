@@ -599,7 +599,9 @@ class VersionInfo:
       inputs: What an append found in the input folder, counted: "listed",
         "new", "held" (unchanged), "changed" (held, bytes differ: not
         rewritten), "missing_from_input" (held, no longer listed),
-        "duplicates_of_held" (--dedup); {} for a first conversion.
+        "duplicates_of_held" (--dedup), "retried" (rejected by the version
+        before, tried again; not among "new") and "retried_rejected_again";
+        {} for a first conversion.
       sections: The manifest's sections that describe the whole dataset
         (`targets`: box classes, mask dtype, counts; `time_series`: its
         locations) as this version left them, in a dataset that grew; {}

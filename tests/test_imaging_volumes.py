@@ -456,3 +456,121 @@ def test_nifti_4d_is_not_a_volume(tmp_path):
     with pytest.raises(ImageRejected) as info:
         volumes.read_nifti(path.read_bytes(), "t.nii")
     assert info.value.reason == "not_a_volume"
+
+
+def _nifti_bytes(**fields) -> bytes:
+    """The smallest NIfTI-1 file (2x3x4 int16, nibabel's), with header fields (offset: (size, value)) overwritten."""
+    import struct
+
+    data = bytearray(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)).to_bytes())
+    for at, (fmt, value) in fields.items():
+        struct.pack_into(fmt, data, int(at), value)
+    return bytes(data)
+
+
+def test_nifti_with_an_empty_dimension_is_corrupt_not_an_internal_error():
+    """Found by bench.mutations_convert (issue 39): dim[2]=0 raised the schema's ValueError later."""
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(_nifti_bytes(**{"44": ("<h", 0)}), "v.nii")
+    assert info.value.reason == "corrupt" and "empty volume of shape (2, 0, 4)" in info.value.message
+
+
+def test_nifti_whose_header_claims_more_voxels_than_it_holds_is_refused_before_they_are_allocated():
+    """dim = 1024 x 1024 x 512 int16 (1 GiB) in a 400-byte file: nibabel would allocate 1 GiB to read it."""
+    import tracemalloc
+
+    data = _nifti_bytes(**{"42": ("<h", 1024), "44": ("<h", 1024), "46": ("<h", 512)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageRejected) as info:
+            volumes.read_nifti(data, "v.nii")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason == "corrupt", info.value
+    assert "(1024, 1024, 512) voxels of int16 from byte 352, 1,073,742,176 bytes; the file holds 400" \
+        in info.value.message
+    assert peak < 16 << 20
+
+
+def test_nibabels_header_fixes_stay_off_the_console(tmp_path):
+    """sizeof_hdr=0: nibabel fixes the header and logs it on a handler of its own (twice, with the
+    root's); shardsmith reads the file and the console stays quiet (found by bench.mutations_convert)."""
+    path = tmp_path / "v.nii"
+    path.write_bytes(_nifti_bytes(**{"0": ("<i", 0)}))
+    code = ("import sys; from conversion import console; console.configure_logging(False); "
+            "from imaging import volumes; v = volumes.read_nifti(open(sys.argv[1], 'rb').read(), 'v.nii'); "
+            "print(v.voxels.shape)")
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(4, 3, 2)" and result.stderr == "", result.stderr
+    loud = subprocess.run([sys.executable, "-c", code.replace("configure_logging(False)", "configure_logging(True)"),
+                           str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "sizeof_hdr should be 348" in loud.stderr  # --verbose shows it.
+
+
+@pytest.mark.parametrize("field, value", [("BitsStored", 56080), ("BitsStored", 65), ("BitsAllocated", 12),
+                                          ("BitsAllocated", 65535)])
+def test_a_slice_whose_bits_are_no_sample_size_is_corrupt(tmp_path, field, value):
+    """Found by bench.mutations_convert (issue 39): BitsStored 56080 gave a stored range of 16,882
+    digits, which stopped the whole conversion (exit 2) when its plan was written as JSON."""
+    import io
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    setattr(ds, field, value)
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "s.dcm")
+    assert info.value.reason == "corrupt" and "are no sample size" in info.value.message
+
+
+def test_a_slice_without_rows_is_corrupt_not_an_internal_error():
+    """Found by bench.mutations_convert (issue 39): a slice whose Rows element was dropped."""
+    import io
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    del ds.Rows
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "s.dcm")
+    assert info.value.reason == "corrupt" and "no Rows and Columns" in info.value.message
+
+
+def test_nifti_whose_affine_is_not_finite_is_corrupt_not_an_internal_error():
+    """Found by bench.mutations_convert (issue 39): srow_x[0] set to all ones (a NaN) with sform_code set."""
+    data = _nifti_bytes(**{"254": ("<h", 2), "280": ("<I", 0xFFFFFFFF)})
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(data, "v.nii")
+    assert info.value.reason == "corrupt" and "its affine is not finite" in info.value.message
+
+
+@pytest.mark.parametrize("damage", ["length 0", "VR US", "implicit length 0"])
+def test_a_slice_whose_pixel_data_holds_no_bytes_is_corrupt_from_its_header(tmp_path, damage):
+    """Found by bench.mutations_convert (issue 39): a slice whose PixelData length was set to 0
+    planned as a good slice, then its series failed in pydicom's decoder (TypeError, internal_error)."""
+    import io
+    import struct
+
+    source = "MR_small_implicit.dcm" if damage.startswith("implicit") else "CT_small.dcm"
+    data = bytearray(pathlib_bytes(get_testdata_file(source)))
+    at = data.rfind(b"\xe0\x7f\x10\x00")
+    if damage == "implicit length 0":
+        struct.pack_into("<I", data, at + 4, 0)
+    elif damage == "length 0":
+        assert data[at + 4:at + 6] == b"OW"
+        struct.pack_into("<I", data, at + 8, 0)
+    else:
+        data[at + 4:at + 6] = b"US"
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(bytes(data)), "s.dcm")
+    assert info.value.reason == "corrupt" and "PixelData element" in info.value.message, info.value
+    # The undamaged file plans as before.
+    assert volumes.read_slice_headers(io.BytesIO(pathlib_bytes(get_testdata_file(source))), "s.dcm")
+
+
+def pathlib_bytes(path) -> bytes:
+    return Path(path).read_bytes()

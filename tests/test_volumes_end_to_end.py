@@ -263,9 +263,8 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
     assert not (out / "_shardsmith_tmp").exists()
     # Every shard damaged since: --resume mends them all and reads no faulty series again (each
     # would crash, raise or hang the mending process), so the shards are the manifest's bytes again.
-    # The mend plans in its own process, unsupervised: the slice whose header crashed the planner
-    # goes first (its series plans the same without it, as the run had quarantined it).
-    paths[0].unlink()
+    # The mend is supervised as the run was: the slice whose header crashes the planner crashes the
+    # mend's first attempt too, is quarantined, and its series plans the same without it.
     before = {p.name: p.read_bytes() for p in out.glob("*.tfrecord")}
     for shard in out.glob("*.tfrecord"):
         # A flipped byte, or a byte in a shard that holds only faulty series (and is empty).
@@ -277,7 +276,9 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
                              "--resume"], env=env, capture_output=True, text=True, timeout=300,
                             preexec_fn=no_core_dumps)
     assert mended.returncode == 0, mended.stderr[-3000:]
+    assert f"Rejected {crashed} (decoder_crashed)" in mended.stderr, mended.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
+    assert not (out / "_shardsmith_tmp").exists()
 
 
 def _convert(scans, out, *args):
@@ -471,3 +472,30 @@ def test_every_odd_series_is_explained_and_every_file_accounted_for(tmp_path):
     np.testing.assert_allclose(got["c/enh"][2]["volume/spacing"].numpy()[0], 3.0, rtol=1e-6)
     notes = [json.loads(line) for line in (out / "normalized.jsonl").read_text().splitlines()]
     assert any(n["path"] == "c/dup" and copy in json.dumps(n) for n in notes)
+
+
+def test_verify_checks_a_volume_dataset_and_names_a_damaged_volume(tmp_path):
+    """`shardsmith verify` on a --volumes dataset: every record parsed, its voxels filling its shape;
+    a flipped byte in a volume is found, with the series it held (it raised on the volume schema)."""
+    import schemas
+    from beam_jobs import verify
+
+    scans = tmp_path / "scans"
+    write_series(scans / "c" / "p0", count=3)
+    write_series(scans / "c" / "p1", count=4)
+    nibabel.save(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)), scans / "c" / "v.nii")
+    out = tmp_path / "out"
+    _convert(scans, out, "--num_shards", "1")
+    assert verify.main([str(out)]) == 0
+    [shard] = sorted(out.glob("*.tfrecord"))
+    index = [tuple(map(int, line.split())) for line in shard.with_suffix(".idx").read_text().splitlines()]
+    assert len(index) == 3
+    offset, length = index[1]
+    data = bytearray(shard.read_bytes())
+    data[offset + length // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert any(p.startswith(f"{shard.name}: record 1 (byte {offset}): bad data CRC; source file lost: ")
+               and p.endswith("(read from the damaged record)") for p in problems), problems
+    assert any("1 later record(s) hold and were checked" in p for p in problems), problems

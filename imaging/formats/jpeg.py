@@ -16,7 +16,7 @@ from PIL import Image, ImageOps
 
 from imaging import resize as _resize
 from imaging.formats import _pil
-from imaging.formats._shared import Context, ValidImage
+from imaging.formats._shared import Context, ValidImage, plain_image
 from imaging.sniff import JpegHeader, jpeg_header
 from schemas import tf_runtime
 
@@ -52,7 +52,7 @@ def batchable(data: bytes, context: Context) -> ValidImage | None:
         return None
     if context.resize.active and not context.resize.allows(header.height, header.width):
         return None  # Resized by `images` (--max_side/--min_side).
-    return ValidImage(data, "jpeg", header.height, header.width, header.components, "jpeg")
+    return plain_image(data, "jpeg", header.height, header.width, header.components, "jpeg")
 
 
 def decode_together(batch: Sequence[ValidImage], context: Context) -> bool:
