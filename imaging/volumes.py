@@ -84,6 +84,7 @@ class DicomSlice:
       pixel_hash: A digest of the slice's stored pixel bytes (exact duplicates).
       modality: DICOM Modality.
       series_number: SeriesNumber as written ('' when absent): names a folder's series.
+      frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
     """
 
     name: str
@@ -102,6 +103,7 @@ class DicomSlice:
     pixel_hash: str
     modality: str = ""
     series_number: str = ""
+    frames: int = 1
 
     @property
     def normal(self) -> np.ndarray:
@@ -266,7 +268,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
             pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
-            series_number=str(ds.get("SeriesNumber", "") or "").strip(),
+            series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
         ))
     return slices
 
@@ -299,7 +301,9 @@ def plan_stacks(slices: Sequence[DicomSlice], min_slices: int = 2,
         raise ValueError(f"`min_slices` must be an int >= 1. Received: {min_slices!r}")
     groups: dict[tuple, list[DicomSlice]] = defaultdict(list)
     for s in slices:
-        groups[(s.series_uid,) + _stack_key(s)].append(s)
+        # An enhanced file's frames are one stack, never mixed with another file's (two time
+        # points written as two enhanced files of one series are two volumes).
+        groups[(s.series_uid, s.name if s.frames > 1 else "") + _stack_key(s)].append(s)
     stacks, rejects = [], []
     # Stacks in a stable order: series, then most slices first, then the key.
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], -len(kv[1]), repr(kv[0])))

@@ -365,6 +365,20 @@ def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
     assert_same_in_world(volume.voxels, volume.affine, n2, n2_affine)
 
 
+@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
+def test_each_enhanced_file_is_a_stack_by_itself(tmp_path, headers):
+    """Two enhanced files of one series at the same positions (two time points): two volumes, never
+    their frames mixed (which would be `conflicting_slices`)."""
+    uid = generate_uid()
+    first, order = write_enhanced(tmp_path / "e" / "t1", series_uid=uid)
+    second, _ = write_enhanced(tmp_path / "e" / "t2", frames=4, series_uid=uid)
+    plan, got = read_ours(tmp_path / "e", headers=headers)
+    assert plan.rejects == () and sorted(v.voxels.shape[0] for v in got) == [4, 5]
+    five = next(v for v in got if v.voxels.shape[0] == 5)
+    np.testing.assert_array_equal(five.voxels[2], first.pixel_array[order.index(2)] - 1024)
+    assert {s.slices[0].name for s in plan.stacks} == {"t1", "t2"}
+
+
 @pytest.mark.parametrize("source", ["CT_small.dcm", "MR_small.dcm", "MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm"])
 def test_headers_give_the_slices_the_bytes_give_without_reading_the_pixels(source):
     """read_slice_headers reads a file's start only, and plans as read_slices does."""
