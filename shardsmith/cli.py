@@ -150,9 +150,12 @@ def _main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if print_help_if_asked(command, rest):
         return 0
+    if command == "verify":
+        rest = _output_dir_as_folder(rest)
     volume_folder = _volume_dataset(command, rest)
     if volume_folder is not None:
-        # A `convert --volumes` dataset (volumes.json): its own inspect, verify and preview.
+        # A `convert --volumes` dataset (volumes.json): its own inspect and preview (verify checks
+        # every kind of dataset itself: sha256, each record parsed, damaged records named).
         from shardsmith import volumes as _volumes
 
         return _volumes.main(command, volume_folder)
@@ -219,20 +222,28 @@ def _interrupted_sentence(argv: list[str]) -> str:
     return f"shardsmith convert: interrupted: {kept}. To go on: {shlex.join(again)}"
 
 
+def _output_dir_as_folder(rest: list[str]) -> list[str]:
+    """`verify --output_dir D` as `verify D`: the folder convert wrote, named as convert names it."""
+    out = []
+    i = 0
+    while i < len(rest):
+        if rest[i] == "--output_dir" and i + 1 < len(rest):
+            out.append(rest[i + 1])
+            i += 2
+            continue
+        out.append(rest[i].split("=", 1)[1] if rest[i].startswith("--output_dir=") else rest[i])
+        i += 1
+    return out
+
+
 def _volume_dataset(command: str, rest: list[str]) -> str | None:
-    """The folder of `inspect`, `preview` or `verify` when it holds a volume dataset, else None."""
+    """The folder of `inspect` or `preview` when it holds a volume dataset, else None."""
     from shardsmith.volumes import is_volume_dataset
 
     folder = None
     if command in ("inspect", "preview"):
         positional = [a for a in rest if not a.startswith("-")]
         folder = positional[0] if positional else None
-    elif command == "verify":
-        for i, a in enumerate(rest):
-            if a == "--output_dir" and i + 1 < len(rest):
-                folder = rest[i + 1]
-            elif a.startswith("--output_dir="):
-                folder = a.split("=", 1)[1]
     return folder if folder is not None and is_volume_dataset(folder) else None
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -130,11 +129,5 @@ def main(command: str, folder: str) -> int:
     if command == "inspect":
         print(inspect_volumes(folder))
         return 0
-    if command == "verify":
-        problems = verify_volumes(folder)
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        print(f"verify: {'OK' if not problems else f'{len(problems)} problem(s)'}")
-        return 1 if problems else 0
     print(preview_volumes(folder))
     return 0

@@ -141,7 +141,7 @@ def test_inspect_verify_preview(tmp_path, capsys):
     assert f"c/p: int16 {want.shape}" in text and codes in text and "rejected files: 0" in text
     assert "train: 1 volumes (5 files) in 1 shard(s)" in text
     assert "inputs 5 = 5 in volumes + 0 rejected + 0 skipped; volumes 1 planned = 1 written + 0" in text
-    assert cli.main(["verify", "--output_dir", str(out)]) == 0
+    assert cli.main(["verify", str(out)]) == 0
     assert cli.main(["preview", str(out)]) == 0
     sheet = np.asarray(Image.open(out / "preview.png"))
     middle = want[want.shape[0] // 2].astype(np.float64)
@@ -152,7 +152,11 @@ def test_inspect_verify_preview(tmp_path, capsys):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
+    capsys.readouterr()
     assert cli.main(["verify", "--output_dir", str(out)]) == 1
+    # The full check (as for images): the damaged record is named, with the series it held.
+    said = capsys.readouterr()
+    assert f"{shard.name}: record 0 (byte 0)" in said.out + said.err and "c/p" in said.out + said.err
 
 
 # A DICOM decoder that fails on a series by its SeriesDescription, registered in every process of
