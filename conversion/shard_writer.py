@@ -367,8 +367,7 @@ class _Writer:
             shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        if f.label >= 0:
-            shard.class_counts[f.label] += 1
+        shard.classes.add(f.label)
         fmt = image.format
         shard.stored.append((fmt, image.height, image.width, image.channels,
                              _UINT8 if fmt == _JPEG else schemas.sample_dtype(fmt, image.data)))
