@@ -4,6 +4,7 @@
 import csv
 import datetime
 import json
+import re
 
 import numpy as np
 import pytest
@@ -231,6 +232,9 @@ def test_preview_and_inspect_know_stacks(layouts, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "3 give a stack" in proc.stderr + proc.stdout
+    # Each shard's line counts what its records are: stacks, not images.
+    assert re.search(r"Wrote \S+: \d+ stacks? \[", proc.stderr + proc.stdout), proc.stderr[-2000:]
+    assert not re.search(r"Wrote \S+: \d+ images? \[", proc.stderr + proc.stdout)
     from shardsmith import preview
 
     sheet = preview.contact_sheet(out, "train", image_size=32)

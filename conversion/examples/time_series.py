@@ -75,6 +75,7 @@ def _prepare_output(plan, config) -> None:
 
 KIND = ExampleKind(
     name=schemas.TIME_SERIES,
+    record_noun="stack",
     applies=_applies,
     group=_group,
     record_schema=_record_schema,
