@@ -332,5 +332,6 @@ def test_append_on_dask_matches_the_local_runner(dask_cluster, dataset_input, tm
     assert new and [n for n in new if on_dask[n] != local[n]] == []
     manifest = schemas.Manifest.from_json(on_dask[schemas.MANIFEST_FILENAME].decode())
     assert manifest.latest_version == 2 and manifest.class_names[-1] == "eel"
-    # The 5 new files, and the truncated JPEG version 1 rejected, tried again (rejected again).
-    assert manifest.versions[1].inputs["new"] == 6 and manifest.rejects == {"corrupt": 1, "hidden_file": 1}
+    # The 5 new files; the truncated JPEG version 1 rejected is tried again (and rejected again).
+    assert manifest.versions[1].inputs["new"] == 5 and manifest.versions[1].inputs["retried"] == 1
+    assert manifest.rejects == {"corrupt": 1, "hidden_file": 1}
