@@ -344,8 +344,13 @@ def _main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2
+    quarantine = guard.Quarantine(guard.quarantine_path(config.output_dir))
     if config.writing.resume and not config.append and is_finished(config.output_dir):
-        return _mend_finished(config)
+        # The mend reads headers and decodes as a conversion does: supervised the same way (a file
+        # that crashes or hangs its process is quarantined, and the mend goes on without it).
+        return recovery.supervise(
+            lambda _: _mend_finished(config), argv, quarantine=quarantine, validation=config.validation,
+            timeout=config.writing.file_timeout, resume_argv=lambda a: a, memory=config.writing.memory_bound)
     # On the local runner the driver validates files in its threads, and on
     # any runner it reads DICOM headers while planning: a decoder that crashes
     # or hangs there must not end the job. This process forks before any work
@@ -353,9 +358,8 @@ def _main(argv: list[str]) -> int:
     supervised = functools.partial(
         recovery.supervise,
         functools.partial(_attempt, output_dir=config.output_dir), argv,
-        quarantine=guard.Quarantine(guard.quarantine_path(config.output_dir)),
-        validation=config.validation, timeout=config.writing.file_timeout, resume_argv=_resume_argv,
-        memory=config.writing.memory_bound,
+        quarantine=quarantine, validation=config.validation, timeout=config.writing.file_timeout,
+        resume_argv=_resume_argv, memory=config.writing.memory_bound,
     )
     if not config.append:
         return supervised()

@@ -13,6 +13,10 @@ per-image work ("presets") are compared like for like:
   (shardsmith's `augment="standard"`).
 - ``stretch``: decode the whole image and resize it to `image_size`, aspect
   ratio ignored (shardsmith's and `image_dataset_from_directory`'s default).
+- ``crop``: the largest centred window of the output's aspect ratio, resized
+  to `image_size` (shardsmith's `resize="crop"`, the same values as
+  `image_dataset_from_directory(crop_to_aspect_ratio=True)`, which decodes
+  the whole image and crops it; shardsmith decodes the window alone).
 
 Contenders (`PIPELINES`):
 
@@ -70,7 +74,7 @@ __all__ = [
 ]
 
 PIPELINES = ("shardsmith", "reduced", "global", "global-tf", "hand", "plain", "ceiling", "keras")
-PRESETS = ("eval", "train", "stretch")
+PRESETS = ("eval", "train", "stretch", "crop")
 RESULT_PREFIX = "BENCH_READ_RESULT "  # Also in bench.read, which does not import TensorFlow.
 
 _SPLIT = "train"
@@ -143,7 +147,21 @@ def _stretch_image(encoded, size):
     return tf.ensure_shape(tf.image.resize(image, size), [*size, 3])
 
 
-_IMAGE_FNS = {"eval": _eval_image, "train": _train_image, "stretch": _stretch_image}
+def _crop_image(encoded, size):
+    # Keras's crop_to_aspect_ratio window (`smart_resize`), decoded fused with the crop.
+    hw = _shape(encoded)
+    crop_h = tf.maximum(tf.minimum(hw[0], tf.cast(tf.cast(hw[1] * size[0], tf.float32) / size[1],
+                                                  tf.int32)), 1)
+    crop_w = tf.maximum(tf.minimum(hw[1], tf.cast(tf.cast(hw[0] * size[1], tf.float32) / size[0],
+                                                  tf.int32)), 1)
+    window = tf.stack([tf.cast(tf.cast(hw[0] - crop_h, tf.float32) / 2, tf.int32),
+                       tf.cast(tf.cast(hw[1] - crop_w, tf.float32) / 2, tf.int32), crop_h, crop_w])
+    image = tf.image.resize(_decode_window(encoded, window), size)
+    return tf.ensure_shape(image, [*size, 3])
+
+
+_IMAGE_FNS = {"eval": _eval_image, "train": _train_image, "stretch": _stretch_image,
+              "crop": _crop_image}
 
 
 # ---------------------------------------------------------------------------
@@ -165,6 +183,7 @@ def shardsmith(data_dir: str, preset: str, size, batch_size: int, *,
         "eval": dict(shuffle=False, resize="crop", crop_fraction=_EVAL_CROP),
         "train": dict(shuffle=True, augment="standard"),
         "stretch": dict(shuffle=True),
+        "crop": dict(shuffle=True, resize="crop"),
     }[preset]
     return readers.image_dataset_from_tfrecords(
         data_dir, _SPLIT, batch_size=batch_size, image_size=size, repeat=True,
@@ -184,6 +203,7 @@ def global_shuffle(data_dir: str, preset: str, size, batch_size: int,
         "eval": dict(resize="crop", crop_fraction=_EVAL_CROP),
         "train": dict(augment="standard"),
         "stretch": {},
+        "crop": dict(resize="crop"),
     }[preset]
     return readers.image_dataset_from_tfrecords(
         data_dir, _SPLIT, batch_size=batch_size, image_size=size, repeat=True,
@@ -276,7 +296,8 @@ def keras_directory(raw_dir: str, preset: str, size, batch_size: int) -> tf.data
     import keras
 
     ds = keras.utils.image_dataset_from_directory(
-        raw_dir, image_size=size, batch_size=batch_size, shuffle=preset != "eval", verbose=False
+        raw_dir, image_size=size, batch_size=batch_size, shuffle=preset != "eval", verbose=False,
+        crop_to_aspect_ratio=preset == "crop",
     )
     ds = ds.repeat()
     if preset == "train":
@@ -315,7 +336,7 @@ def measure(build, *, warmup: int, batches: int, min_seconds: float = 0.0) -> di
     """
     cpu_start, start = _cpu_seconds(), time.perf_counter()
     it = iter(build())
-    next(it)
+    first_images = _images_in(next(it))
     ttfb = time.perf_counter() - start
     ttfb_cpu = _cpu_seconds() - cpu_start
     for _ in range(warmup):
@@ -332,6 +353,7 @@ def measure(build, *, warmup: int, batches: int, min_seconds: float = 0.0) -> di
     return {
         "ttfb_s": ttfb,
         "ttfb_cpu_s": ttfb_cpu,
+        "first_batch_images": first_images,
         "images_per_s": images / window,
         "cpu_ms_per_image": 1000 * cpu / images,
         "images": images,
@@ -351,7 +373,7 @@ def measure_first(build, *, images: int) -> dict:
     batch = next(it)
     ttfb = time.perf_counter() - start
     ttfb_cpu = _cpu_seconds() - cpu0
-    taken = _images_in(batch)
+    taken = first_images = _images_in(batch)
     while taken < images:
         batch = next(it)
         taken += _images_in(batch)
@@ -359,6 +381,8 @@ def measure_first(build, *, images: int) -> dict:
     return {
         "ttfb_s": ttfb,
         "ttfb_cpu_s": ttfb_cpu,
+        # Fewer than the batch size where the corpus is smaller (Keras's last, partial batch).
+        "first_batch_images": first_images,
         "images_per_s": taken / span,
         "cpu_ms_per_image": 1000 * (_cpu_seconds() - cpu0) / taken,
         "images": taken,

@@ -6,7 +6,7 @@
 
 Byte-level mutations (bit flips, truncation, inserted and deleted bytes) hit
 any format; structure-aware ones act on the units a decoder walks: JPEG
-segments, PNG chunks, TIFF IFD entries, DICOM elements (duplicated, dropped,
+segments, PNG chunks, TIFF IFD entries, DICOM elements, NIfTI-1's header (duplicated, dropped,
 or a header field set to 0, -1 or a huge value). Same data, format and seed,
 same cases.
 """
@@ -18,9 +18,11 @@ import random
 import struct
 from collections.abc import Iterator
 
-__all__ = ["Mutation", "mutations", "FORMATS"]
+__all__ = ["Mutation", "mutations", "FORMATS", "VOLUME_FORMATS"]
 
 FORMATS = ("jpeg", "png", "tiff", "dicom")
+# Read by `--volumes` only (`bench.mutations_convert`): NIfTI-1 files (.nii; .nii.gz gzipped after).
+VOLUME_FORMATS = ("nifti",)
 # A field's new value: 0, all ones (-1 read unsigned), or huge.
 _EXTREMES = ("zero", "minus_one", "huge")
 
@@ -195,5 +197,25 @@ def _dicom_fields(data: bytes):
             for name, _, value, size in _dicom_elements(data)]
 
 
-_UNITS = {"jpeg": _jpeg_units, "png": _png_units, "tiff": _tiff_units, "dicom": _dicom_units}
-_FIELDS = {"jpeg": _jpeg_fields, "png": _png_fields, "tiff": _tiff_fields, "dicom": _dicom_fields}
+# NIfTI-1's 348-byte header (little-endian as nibabel writes it): the fields a reader sizes and
+# places the voxels by; then the 4-byte extension flag and the voxels from vox_offset.
+_NIFTI_FIELDS = (("sizeof_hdr", 0, 4), ("dim[0]", 40, 2), ("dim[1]", 42, 2), ("dim[2]", 44, 2), ("dim[3]", 46, 2),
+                 ("dim[4]", 48, 2), ("datatype", 70, 2), ("bitpix", 72, 2), ("pixdim[1]", 80, 4),
+                 ("pixdim[3]", 88, 4), ("vox_offset", 108, 4), ("scl_slope", 112, 4), ("scl_inter", 116, 4),
+                 ("qform_code", 252, 2), ("sform_code", 254, 2), ("srow_x[0]", 280, 4), ("magic", 344, 4),
+                 ("extension", 348, 1))
+
+
+def _nifti_units(data: bytes):
+    if len(data) < 352:
+        return []
+    return [("header", 0, 348), ("extension flag", 348, 352), ("first voxels", 352, min(len(data), 352 + 64))]
+
+
+def _nifti_fields(data: bytes):
+    return [(f"header.{name}", at, size, "little") for name, at, size in _NIFTI_FIELDS if at + size <= len(data)]
+
+
+_UNITS = {"jpeg": _jpeg_units, "png": _png_units, "tiff": _tiff_units, "dicom": _dicom_units, "nifti": _nifti_units}
+_FIELDS = {"jpeg": _jpeg_fields, "png": _png_fields, "tiff": _tiff_fields, "dicom": _dicom_fields,
+           "nifti": _nifti_fields}

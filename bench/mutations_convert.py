@@ -20,7 +20,12 @@ converted by the command, in its own process tree, with a short
 
 Prints cases per format, written, rejected per reason, crashes, hangs,
 accounting breaks and peak memory; exits 1 on any crash, hang or break.
-(NIfTI files are read by `--volumes` only: not part of this run.)
+
+NIfTI files and DICOM series are read by `--volumes` only: a second folder
+(`write_volume_cases`: nibabel's NIfTI-1 files damaged by `bench.mutate`,
+half of them gzipped after; series of pydicom slices with a slice or two
+damaged, dropped, duplicated or emptied) is converted with `--volumes` and
+checked the same way, per file (`convert_volume_cases`).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ import time
 
 from bench import mutate, mutations
 
-__all__ = ["write_cases", "convert_cases", "ConversionOutcome", "main"]
+__all__ = ["write_cases", "convert_cases", "write_volume_cases", "convert_volume_cases", "ConversionOutcome",
+           "main"]
 
 _SUFFIX = {"jpeg": ".jpg", "png": ".png", "tiff": ".tif", "dicom": ".dcm"}
 # A split per kind of stored image (the reader reads photos, rasters and DICOM
@@ -50,7 +56,7 @@ _CRASHES = ("internal_error", "decoder_crashed")
 _HANGS = ("timeout",)
 # What the command itself says on stderr; any other line is a library's noise (issue 39).
 _OWN_LINES = ("Found ", "Wrote ", "Kept ", "Converted ", "shardsmith convert: ", "Rejected ", "Stopping process ",
-              "Going on without ", "No file crashes alone", "Mended ")
+              "Going on without ", "No file crashes alone", "Mended ", "Planned ")
 
 
 def write_cases(root: pathlib.Path, cases_per_file: int, seed: int) -> dict[str, tuple[str, str]]:
@@ -239,12 +245,221 @@ def _read_back(out: pathlib.Path, outcome: ConversionOutcome) -> set[str]:
     return names
 
 
-def report(outcome: ConversionOutcome, seed: int) -> str:
+# --- Volumes (`--volumes`): NIfTI files and DICOM series ----------------------------------------
+
+# A case of the volume run: its format ('nifti' or 'series'), what was done, and its files' relative paths.
+VolumeCase = tuple[str, str, tuple[str, ...]]
+VOLUME_FORMATS = ("nifti", "series")
+# Slices of the seed series (int16, 16x16, from pydicom's CT_small.dcm; every third series RLE
+# Lossless), and what is done to a series:
+# one slice (or two) damaged as a DICOM file is (`bench.mutate`), one dropped, duplicated or emptied.
+_SERIES_SLICES = 4
+_SERIES_OPS = ("slice", "slice", "slice", "two slices", "drop", "duplicate", "empty")
+
+
+def _nifti_seeds() -> list[tuple[str, bytes]]:
+    """(name, bytes) of the NIfTI-1 files the mutations start from, written by nibabel."""
+    import nibabel
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    affine = np.diag([1.5, 1.5, 3.0, 1.0])
+    affine[:3, 3] = (-10, -12, 4)
+    stored = nibabel.Nifti1Image(rng.integers(-1000, 2000, (12, 10, 8)).astype(np.int16), affine)
+    scaled = nibabel.Nifti1Image(rng.random((9, 11, 6)).astype(np.float32), affine)
+    scaled.header.set_slope_inter(2.0, -1.0)
+    return [("int16.nii", stored.to_bytes()), ("float32.nii", scaled.to_bytes())]
+
+
+def _series_slices(uid: str, seed: int, rle: bool = False) -> list[bytes]:
+    """The bytes of the seed series' slices (one series instance UID each case); RLE Lossless if `rle`."""
+    import copy
+    import io
+
+    import numpy as np
+    import pydicom
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    rng = np.random.default_rng(seed)
+    template = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    base = rng.integers(0, 2000, (16, 16), dtype=np.int16)
+    out = []
+    for k in range(_SERIES_SLICES):
+        ds = copy.deepcopy(template)  # Its file meta too: compressing changes its transfer syntax.
+        ds.Rows = ds.Columns = 16
+        ds.PixelData = (base + k).astype(np.int16).tobytes()
+        ds.ImagePositionPatient = ["-100.0", "-100.0", f"{k * 1.25:.3f}"]
+        ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
+        ds.SeriesInstanceUID = uid
+        ds.SOPInstanceUID = generate_uid(entropy_srcs=[uid, str(k)])
+        if rle:  # pydicom's own encoder: the RLE decoder's path, segments and all.
+            from pydicom.uid import RLELossless
+
+            ds.compress(RLELossless)
+        buf = io.BytesIO()
+        ds.save_as(buf, enforce_file_format=True)
+        out.append(buf.getvalue())
+    return out
+
+
+def write_volume_cases(root: pathlib.Path, cases_per_seed: int, seed: int) -> dict[str, VolumeCase]:
+    """Writes the seed NIfTI files and series and damaged copies under `root/nifti/` and `root/series/`.
+
+    NIfTI: each seed and `cases_per_seed` mutations of it, every other one
+    gzipped (.nii.gz) after the damage. Series: the seed series and
+    `cases_per_seed` damaged ones, a folder each.
+
+    Returns:
+      The name a record of the case has (its file, or its folder) -> `VolumeCase`.
+    """
+    import gzip
+    import random
+
+    from pydicom.uid import generate_uid
+
+    cases: dict[str, VolumeCase] = {}
+    (root / "nifti").mkdir(parents=True, exist_ok=True)
+    for name, data in _nifti_seeds():
+        stem = name.rsplit(".", 1)[0]
+        found = [("seed", data)] + [(m.how, m.data) for m in mutate.mutations(data, "nifti", count=cases_per_seed,
+                                                                              seed=seed)]
+        for k, (how, payload) in enumerate(found):
+            gz = k % 2 == 1
+            rel = f"nifti/{stem}-{k:04d}.nii" + (".gz" if gz else "")
+            (root / rel).write_bytes(gzip.compress(payload, mtime=0) if gz else payload)
+            cases[rel] = ("nifti", f"{name}: {how}" + (", gzipped" if gz else ""), (rel,))
+    rng = random.Random(f"series:{seed}")
+    for k in range(cases_per_seed + 1):
+        folder = f"series/s-{k:04d}"
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        rle = k % 3 == 2
+        slices = _series_slices(generate_uid(entropy_srcs=[f"mutations:{seed}:{k}"]), seed + k, rle)
+        files = {f"{folder}/i{j}.dcm": data for j, data in enumerate(slices)}
+        how = "seed" + (" (RLE)" if rle else "")
+        if k:
+            op = rng.choice(_SERIES_OPS)
+            picked = rng.sample(sorted(files), 2 if op == "two slices" else 1)
+            hows = []
+            for rel in picked:
+                if op in ("slice", "two slices"):
+                    m = next(mutate.mutations(files[rel], "dicom", count=1, seed=rng.randrange(1 << 30)))
+                    files[rel] = m.data
+                    hows.append(f"{rel.rsplit('/', 1)[1]}: {m.how}")
+                elif op == "drop":
+                    del files[rel]
+                    hows.append(f"drop {rel.rsplit('/', 1)[1]}")
+                elif op == "duplicate":
+                    files[rel[:-4] + "b.dcm"] = files[rel]
+                    hows.append(f"duplicate {rel.rsplit('/', 1)[1]}")
+                else:
+                    files[rel] = b""
+                    hows.append(f"empty {rel.rsplit('/', 1)[1]}")
+            how = ("RLE: " if rle else "") + "; ".join(hows)
+        for rel, data in files.items():
+            (root / rel).write_bytes(data)
+        cases[folder] = ("series", how, tuple(sorted(files)))
+    return cases
+
+
+def convert_volume_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str, VolumeCase], *,
+                         file_timeout: float, extra_args: tuple[str, ...] = (),
+                         run_timeout: float = 1800) -> ConversionOutcome:
+    """Converts `root` with `shardsmith convert --volumes` and checks the output against `cases`.
+
+    The accounting, per file: rejected once with a known reason, or a file of
+    a case that has a record (a series may lose a damaged slice and keep the
+    rest), never a record of a case whose every file was rejected; the
+    manifest counts every file. Every record reads back through
+    `readers.volume_dataset_from_tfrecords`, and `shardsmith verify` passes. `outcome.written` counts cases
+    with a record, `outcome.rejected` rejected files.
+    """
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    cmd = [sys.executable, "-m", "shardsmith", "convert", "--volumes", "--input_dir", str(root), "--output_dir",
+           str(out), "--file_timeout", f"{file_timeout:g}", *extra_args]
+    result, peak, seconds = _run_sampled(cmd, run_timeout, env)
+    outcome = ConversionOutcome(result.returncode, seconds, peak, stderr=result.stderr)
+    outcome.noise = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(_OWN_LINES)]
+    for fmt, _, _ in cases.values():
+        outcome.cases[fmt] += 1
+    if result.returncode not in (0, 3):
+        outcome.breaks.append(f"exit status {result.returncode}: {result.stderr[-2000:]}")
+        return outcome
+    _account_volumes(out, cases, outcome)
+    verified = subprocess.run([sys.executable, "-m", "shardsmith", "verify", str(out)], capture_output=True,
+                              text=True, env=env, timeout=run_timeout, stdin=subprocess.DEVNULL)
+    if verified.returncode != 0:
+        outcome.breaks.append(f"verify exit status {verified.returncode}: {(verified.stdout + verified.stderr)[-2000:]}")
+    return outcome
+
+
+def _account_volumes(out: pathlib.Path, cases: dict[str, VolumeCase], outcome: ConversionOutcome) -> None:
+    import schemas
+
+    case_of = {rel: name for name, (_, _, files) in cases.items() for rel in files}
+    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()
+               if line.strip()]
+    seen: collections.Counter = collections.Counter()
+    for r in rejects:
+        path, reason = r["path"], r["reason"]
+        seen[path] += 1
+        if path not in case_of:
+            outcome.breaks.append(f"a reject names no input: {path}")
+            continue
+        fmt, how, _ = cases[case_of[path]]
+        outcome.rejected[fmt][reason] += 1
+        label = f"{path} ({how}): {reason}: {r.get('message', '')}"
+        if reason not in schemas.REJECT_REASONS and reason not in schemas.SKIP_REASONS:
+            outcome.breaks.append(f"unknown reason {label}")
+        if reason in _CRASHES:
+            outcome.crashes.append(label)
+        elif reason in _HANGS:
+            outcome.hangs.append(label)
+    written = _read_back_volumes(out, outcome)
+    for name in sorted(written):
+        if name not in cases:
+            outcome.breaks.append(f"a record names no input: {name}")
+            continue
+        fmt, how, files = cases[name]
+        outcome.written[fmt] += 1
+        if all(seen[rel] for rel in files):
+            outcome.breaks.append(f"written, and every file of it rejected: {name} ({how})")
+    for rel, name in sorted(case_of.items()):
+        if seen[rel] > 1:
+            outcome.breaks.append(f"rejected {seen[rel]} times: {rel}")
+        elif not seen[rel] and name not in written:
+            outcome.breaks.append(f"neither written nor rejected: {rel} ({cases[name][1]})")
+    manifest = json.loads((out / schemas.MANIFEST_FILENAME).read_text())
+    if manifest["counts"]["found"] != len(case_of):
+        outcome.breaks.append(f"the manifest found {manifest['counts']['found']} files, {len(case_of)} were written")
+
+
+def _read_back_volumes(out: pathlib.Path, outcome: ConversionOutcome) -> set[str]:
+    """The cases of every record (its filename up to '#series='), each volume read by the reader."""
+    import readers
+
+    manifest = json.loads((out / "volumes.json").read_text())
+    names = set()
+    for split in sorted(manifest["splits"]):
+        try:
+            ds = readers.volume_dataset_from_tfrecords(out, split, extra_features=("filename",))
+            for volume, _, extra in ds:
+                name = extra["filename"].numpy().decode("utf-8", "surrogateescape")
+                if volume.shape.rank != 4 or min(volume.shape) < 1:  # (depth, height, width, channels)
+                    outcome.breaks.append(f"{name}: read back as a volume of shape {tuple(volume.shape)}")
+                names.add(name.split("#", 1)[0])
+                outcome.records += 1
+        except Exception as e:  # noqa: BLE001 - counted as a break of the output, with its text
+            outcome.breaks.append(f"reading split {split} back failed: {type(e).__name__}: {str(e)[:500]}")
+    return names
+
+
+def report(outcome: ConversionOutcome, seed: int, formats=mutate.FORMATS) -> str:
     """The figures of a run, a line per format."""
     lines = [f"mutations through `shardsmith convert`: {sum(outcome.cases.values())} files, seed {seed}, "
              f"exit status {outcome.status}, {outcome.seconds:.0f} s, {outcome.records} records read back, "
              f"peak memory of the process tree {outcome.peak_rss / 2**20:.0f} MiB"]
-    for fmt in mutate.FORMATS:
+    for fmt in formats:
         reasons = ", ".join(f"{r} {n}" for r, n in sorted(outcome.rejected[fmt].items()))
         lines.append(f"  {fmt:6s} cases {outcome.cases[fmt]:5d}  written {outcome.written[fmt]:5d}  "
                      f"rejected: {reasons}")
@@ -261,17 +476,30 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", type=int, default=2000, help="damaged files in all (spread over the seed files)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--file_timeout", type=float, default=20.0)
+    parser.add_argument("--volume_cases", type=int, default=300,
+                        help="damaged NIfTI files and DICOM series, converted with --volumes apart (0: none)")
     parser.add_argument("--keep", help="convert into this folder (kept), not a temporary one")
     parser.add_argument("extra", nargs="*", help="more arguments for `shardsmith convert` (after --)")
     args = parser.parse_args(argv)
-    per_file = max(1, args.cases // len(mutations.seed_files()))
+    outcomes = []
     with tempfile.TemporaryDirectory(prefix="shardsmith-mutations-") as tmp:
-        root = pathlib.Path(tmp) / "in"
         out = pathlib.Path(args.keep) if args.keep else pathlib.Path(tmp) / "out"
-        cases = write_cases(root, per_file, args.seed)
-        outcome = convert_cases(root, out, cases, file_timeout=args.file_timeout, extra_args=tuple(args.extra))
-    print(report(outcome, args.seed))
-    return 1 if outcome.crashes or outcome.hangs or outcome.breaks or outcome.noise else 0
+        if args.cases:
+            root = pathlib.Path(tmp) / "in"
+            per_file = max(1, args.cases // len(mutations.seed_files()))
+            cases = write_cases(root, per_file, args.seed)
+            outcome = convert_cases(root, out, cases, file_timeout=args.file_timeout, extra_args=tuple(args.extra))
+            outcomes.append(outcome)
+            print(report(outcome, args.seed))
+        if args.volume_cases:
+            root = pathlib.Path(tmp) / "volumes"
+            # Spread over the 2 NIfTI seeds and the series (a case per seed file or series each).
+            volume_cases = write_volume_cases(root, max(1, args.volume_cases // 3), args.seed)
+            outcome = convert_volume_cases(root, out.with_name(out.name + "-volumes"), volume_cases,
+                                           file_timeout=args.file_timeout, extra_args=tuple(args.extra))
+            outcomes.append(outcome)
+            print(report(outcome, args.seed, VOLUME_FORMATS))
+    return 1 if any(o.crashes or o.hangs or o.breaks or o.noise for o in outcomes) else 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ Speed of reading (`run_read`): one epoch of the converted train split in
 batches of 32 at max_steps=24, by `readers.time_series_dataset_from_tfrecords`
 and by a hand-written tf.data pipeline over the same records (TFRecordDataset,
 parse, decode_raw, reshape, cast, batch). One untimed epoch of each, then
-`--repetitions` (7) epochs of each, interleaved; the ratio is of the medians.
+`--repetitions` (7) epochs of each, interleaved, each reader first in every
+other pair; the ratio is of the medians (and the median of the pairs' own
+ratios is printed beside it).
 Target: ratio (hand-written's time / ours) >= 0.9. The process's CPU seconds
 per epoch are compared too: on a shared, loaded machine wall times of single
 epochs vary 2-4x, CPU time far less.
@@ -139,23 +141,35 @@ def run_read(work: str, max_steps: int = 24, batch_size: int = 32, epochs: int =
     # so that a shared machine's load falls on both alike, and the median of each.
     n, m = one_epoch(ds)[1], one_epoch(hand)[1]
     assert n == m, (n, m)
+    load_before = os.getloadavg()[0]
     ours, theirs = [], []
-    for _ in range(epochs):
-        ours.append(one_epoch(ds))
-        theirs.append(one_epoch(hand))
+    for k in range(epochs):
+        # Each goes first in every other pair (A B B A ...): a load that comes and goes with the
+        # machine's other work falls on neither by its place in the pair.
+        if k % 2 == 0:
+            ours.append(one_epoch(ds))
+            theirs.append(one_epoch(hand))
+        else:
+            theirs.append(one_epoch(hand))
+            ours.append(one_epoch(ds))
     ours_s, theirs_s = (statistics.median(r[0] for r in runs) for runs in (ours, theirs))
     # CPU seconds of the whole process (every tf.data thread): the work itself, less sensitive
     # than wall time to what else the machine runs.
     ours_cpu, theirs_cpu = (statistics.median(r[2] for r in runs) for runs in (ours, theirs))
     pairs = sorted(t[0] / o[0] for o, t in zip(ours, theirs))
+    # The median of the pairs' own ratios: each pair ran at nearly the same time, so under the
+    # same load.
+    pair_median = statistics.median(pairs)
     result = {"stacks": n, "batch_size": batch_size, "max_steps": max_steps, "repetitions": epochs,
               "shardsmith_s": ours_s, "hand_written_s": theirs_s, "ratio": theirs_s / ours_s,
-              "pair_ratios": pairs, "shardsmith_cpu_s": ours_cpu, "hand_written_cpu_s": theirs_cpu,
-              "cpu_ratio": theirs_cpu / ours_cpu}
+              "pair_ratios": pairs, "pair_ratio_median": pair_median, "shardsmith_cpu_s": ours_cpu, "hand_written_cpu_s": theirs_cpu,
+              "cpu_ratio": theirs_cpu / ours_cpu, "load_average": [load_before, os.getloadavg()[0]]}
     print(f"Read {n} stacks in batches of {batch_size} at max_steps={max_steps}: shardsmith {ours_s:.3f} s, "
           f"hand-written tf.data {theirs_s:.3f} s per epoch (median of {epochs} interleaved); ratio "
-          f"{result['ratio']:.2f} (target >= 0.9); per repetition {pairs[0]:.2f} to {pairs[-1]:.2f}; "
-          f"CPU s per epoch {ours_cpu:.2f} vs {theirs_cpu:.2f}, ratio {result['cpu_ratio']:.2f}")
+          f"{result['ratio']:.2f} (target >= 0.9); per repetition {pairs[0]:.2f} to {pairs[-1]:.2f}, "
+          f"median {pair_median:.2f}; "
+          f"CPU s per epoch {ours_cpu:.2f} vs {theirs_cpu:.2f}, ratio {result['cpu_ratio']:.2f}; "
+          f"load average {load_before:.1f} to {result['load_average'][1]:.1f} on {os.cpu_count()} cores")
     return result
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 import random
 import shutil
 import tempfile
@@ -144,6 +145,7 @@ def run(series: int, slices: int, size: int, patch: int, work: Path) -> dict:
     corpus = work / "in"
     make_corpus(corpus, series, slices, size)
     volume_bytes = slices * size * size * 2
+    load = {"start": os.getloadavg()[0]}
     start = time.perf_counter()
     baseline_convert(corpus, work / "baseline")
     baseline_s = time.perf_counter() - start
@@ -153,6 +155,7 @@ def run(series: int, slices: int, size: int, patch: int, work: Path) -> dict:
                      "--runner", "DirectRunner"])
         ours_s = time.perf_counter() - start
     peak_over = rss.peak - rss.start
+    load["convert"] = os.getloadavg()[0]
 
     shape = (patch, patch, patch)
     count = 4 * series * 4
@@ -175,10 +178,12 @@ def run(series: int, slices: int, size: int, patch: int, work: Path) -> dict:
         ours_rates.append(_patches_per_second(ours, count))
         their_rates.append(_patches_per_second(theirs, count))
     ours_rate, their_rate = sorted(ours_rates)[1], sorted(their_rates)[1]
+    load["patches"] = os.getloadavg()[0]
     return {
         "convert_s": ours_s, "baseline_s": baseline_s, "convert_ratio": baseline_s / ours_s,
         "peak_over_volume": peak_over / volume_bytes, "volume_mb": volume_bytes / 2**20,
         "patches_per_s": ours_rate, "baseline_patches_per_s": their_rate, "read_ratio": ours_rate / their_rate,
+        "load": load,
     }
 
 
@@ -203,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peak memory of the process tree over its start: {r['peak_over_volume']:.1f} volumes")
     print(f"random {patch}^3 patches: shardsmith {r['patches_per_s']:.0f}/s, hand-written tf.data "
           f"{r['baseline_patches_per_s']:.0f}/s, ratio {r['read_ratio']:.2f}x")
+    # On a shared machine the figures move with the load: it goes beside them.
+    print("load (1-minute average) at start, after converting, after patches: "
+          + ", ".join(f"{r['load'][k]:.1f}" for k in ("start", "convert", "patches")))
     return 0
 
 

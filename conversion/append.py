@@ -23,6 +23,7 @@ append writes it again. Beam-free.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -31,11 +32,12 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import schemas
-from conversion import files as _files
+from conversion import files as _files, targets as _targets
 
-__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base",
+__all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base", "read_inventory", "earlier_rejects",
            "rebuild_inventory", "sort_listing", "sort_locations", "location_digests", "fill_unknown_locations", "content_hashes", "inventory_text", "check_compatible",
            "check_features", "fill_unknown", "duplicates_of_held", "version_files"]
 
@@ -69,9 +71,8 @@ def inputs_filename(version: int) -> str:
     return _INPUTS_TEMPLATE.format(version=version)
 
 
-@dataclasses.dataclass(frozen=True)
-class HeldFile:
-    """An input file a version converted, as it was then.
+class HeldFile(NamedTuple):
+    """An input file a version converted, as it was then (a named tuple: a dataset holds 100,000s).
 
     Attributes:
       rel_path: Its path relative to the input folder.
@@ -95,8 +96,18 @@ class HeldFile:
 
     @classmethod
     def from_json(cls, line: str, version: int) -> HeldFile:
-        d = json.loads(line)
+        return cls.from_dict(json.loads(line), version)
+
+    @classmethod
+    def from_dict(cls, d: Mapping, version: int) -> HeldFile:
         return cls(str(d["path"]), int(d["size"]), int(d["mtime_ns"]), d.get("sha256"), str(d["split"]), version)
+
+
+def read_inventory(text: str, version: int) -> tuple[HeldFile, ...]:
+    """The entries of version `version`'s inventory file (`inventory_text`), parsed as one JSON array."""
+    lines = [line for line in text.splitlines() if line]
+    from_dict = HeldFile.from_dict
+    return tuple(from_dict(d, version) for d in json.loads("[" + ",".join(lines) + "]"))
 
 
 def inventory_text(held: Iterable[HeldFile]) -> bytes:
@@ -114,12 +125,16 @@ class Base:
       version: The number the new version gets (the latest's + 1).
       rebuilt: Versions whose inventory was missing and rebuilt from their
         shards: version to its files, to be written with the new version's.
+      rejected: The inputs the latest version rejected or skipped (its
+        rejects.jsonl), by path as written there, to their reason: held by no
+        version, an append tries them again (`earlier_rejects`).
     """
 
     manifest: schemas.Manifest
     held: Mapping[str, HeldFile]
     version: int
     rebuilt: Mapping[int, tuple[HeldFile, ...]] = dataclasses.field(default_factory=dict)
+    rejected: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def load_base(output_dir: str) -> Base | None:
@@ -137,14 +152,37 @@ def load_base(output_dir: str) -> Base | None:
     for v in manifest.all_versions:
         inventory = _files.join(output_dir, inputs_filename(v.version))
         if _files.exists(inventory):
-            lines = _files.read_bytes(inventory).decode().splitlines()
-            entries = tuple(HeldFile.from_json(line, v.version) for line in lines if line)
+            entries = read_inventory(_files.read_bytes(inventory).decode(), v.version)
         else:
             entries = rebuild_inventory(output_dir, manifest, v.version)
             rebuilt[v.version] = entries
         for h in entries:
             held[h.rel_path] = h
-    return Base(manifest, held, manifest.latest_version + 1, rebuilt)
+    return Base(manifest, held, manifest.latest_version + 1, rebuilt, earlier_rejects(output_dir, manifest))
+
+
+def earlier_rejects(output_dir: str, manifest: schemas.Manifest) -> dict[str, str]:
+    """Path (as rejects.jsonl writes it) to reason of the inputs the dataset's latest version did not convert.
+
+    rejects.jsonl is rewritten by each version: it holds the latest version's
+    rejects, among them every earlier reject tried again and rejected again.
+    One whose reasons do not add up to the manifest's was written by a run
+    that did not finish (its manifest not written): not this dataset's, {}.
+    """
+    path = _files.join(output_dir, schemas.REJECTS_FILENAME)
+    if not _files.exists(path):
+        return {}
+    found, reasons = {}, collections.Counter()
+    for line in _files.read_bytes(path).decode("utf-8", "surrogateescape").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            found[r["path"]] = r["reason"]
+            reasons[r["reason"]] += 1
+    if dict(reasons) != dict(manifest.rejects):
+        _LOG.info("%s is not the one of %s's manifest (a run killed before its manifest wrote it): earlier "
+                  "rejects tried again are counted as new", path, output_dir)
+        return {}
+    return found
 
 
 def version_files(manifest: schemas.Manifest, version: int) -> list[tuple[str, str]]:
@@ -208,6 +246,11 @@ def _mtime_ns(path: str) -> int:
         return 0
 
 
+def _listed_mtime_ns(f) -> int:
+    """A listed file's modification time: the listing's (no second stat of every held file), else `_mtime_ns`."""
+    return getattr(f, "mtime_ns", 0) or _mtime_ns(f.path)
+
+
 def _sha256(path: str) -> str | None:
     h = hashlib.sha256()
     try:
@@ -222,11 +265,15 @@ def _sha256(path: str) -> str | None:
 def content_hashes(files: Sequence) -> dict[str, tuple[int, int, str | None]]:
     """Relative path to (size, mtime_ns, SHA-256) of listed files, read on a few threads (I/O bound)."""
 
-    def one(f):
-        return f.rel_path, (f.size, _mtime_ns(f.path), _sha256(f.path))
+    def some(chunk):
+        return [(f.rel_path, (f.size, _listed_mtime_ns(f), _sha256(f.path))) for f in chunk]
 
+    # A few dozen files a task: one future per tiny file costs as much as its hash.
+    files = list(files)
+    size = max(1, min(64, len(files) // (4 * _HASH_THREADS)))
     with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS) as pool:
-        return dict(pool.map(one, files))
+        return dict(pair for pairs in pool.map(some, [files[i:i + size] for i in range(0, len(files), size)])
+                    for pair in pairs)
 
 
 def sort_listing(files: Sequence, base: Base) -> Listing:
@@ -248,7 +295,7 @@ def sort_listing(files: Sequence, base: Base) -> Listing:
             new.append(f)
         elif h.size >= 0 and f.size != h.size:
             look.append(f)
-        elif h.size < 0 or _mtime_ns(f.path) in (h.mtime_ns, 0):
+        elif h.size < 0 or _listed_mtime_ns(f) in (h.mtime_ns, 0):
             held.append(f.rel_path)
         else:
             look.append(f)
@@ -327,7 +374,7 @@ def fill_unknown_locations(base: Base, digests: Mapping[str, tuple[int, str]]) -
         for h in entries:
             if h.rel_path in digests:
                 size, digest = digests[h.rel_path]
-                h = dataclasses.replace(h, size=size, mtime_ns=0, sha256=digest)
+                h = h._replace(size=size, mtime_ns=0, sha256=digest)
             filled.append(h)
             held[h.rel_path] = h
         rebuilt[version] = tuple(filled)
@@ -348,7 +395,7 @@ def fill_unknown(base: Base, files: Sequence) -> Base:
         for h in entries:
             if h.rel_path in stats:
                 size, mtime, sha = stats[h.rel_path]
-                h = dataclasses.replace(h, size=size, mtime_ns=mtime, sha256=sha)
+                h = h._replace(size=size, mtime_ns=mtime, sha256=sha)
             filled.append(h)
             held[h.rel_path] = h
         rebuilt[version] = tuple(filled)
@@ -417,10 +464,10 @@ def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
     kinds = sorted(kind for kind, specs in schemas.TARGET_KINDS.items()
                    if {spec.key for spec in specs} & {*added, *gone})
     if kinds:
-        flags = sorted({_TARGET_FLAGS.get(kind, kind) for kind in kinds})
+        flags = sorted({_flag(kind) for kind in kinds})
         raise ValueError(
             f"--append adds to a dataset whose records have another target kind than this run's "
-            f"({detail}: {', '.join(f'{k} ({_TARGET_FLAGS.get(k, k)})' for k in kinds)}): the target "
+            f"({detail}: {', '.join(f'{k} ({_flag(k)})' for k in kinds)}): the target "
             f"kinds and label mode of an append must be the dataset's. Give {' and '.join(flags)} as "
             "the dataset was converted (its manifest.json's targets), or convert into another folder."
         )
@@ -432,13 +479,10 @@ def check_features(manifest: schemas.Manifest, features: Mapping) -> None:
     )
 
 
-# The option that asks for each kind of target (`schemas.TARGET_KINDS`), for `check_features`.
-_TARGET_FLAGS = {
-    "mask": "--masks_dir",
-    "boxes": "--annotations",
-    "labels": "--labels_csv (several labels per row)",
-    "target": "--labels_csv (a target column)",
-}
+def _flag(kind: str) -> str:
+    """The option that asks for a kind of target (its row's `flag`), for `check_features`."""
+    row = _targets.kind_named(kind)
+    return (row.flag if row is not None else None) or kind
 
 
 def _feature_keys(features: Mapping) -> set[str]:

@@ -76,6 +76,8 @@ class AppendRun:
         self.base = _append.load_base(config.output_dir)
         self.listing: _append.Listing | None = None
         self.duplicates: dict[str, str] = {}
+        # Listed files an earlier version rejected (rel_path to that reason), converted again now.
+        self.retried: dict[str, str] = {}
         if self.base is not None:
             _append.check_compatible(self.base.manifest, config.manifest_options("hash"), config.class_names)
 
@@ -124,10 +126,15 @@ class AppendRun:
                 key=lambda p: os.fsencode(p.rel_path))
         if not new:
             raise NothingNew(self.listing)
-        _LOG.info("Appending to version %d of %s: %s new files; %s held (unchanged), %s changed (not "
+        # Held by no version, an earlier reject is listed again: tried again, counted apart from the new.
+        rejected = self.base.rejected
+        self.retried = {f.rel_path: rejected[shown] for f in new
+                        if (shown := _listing.display_path(f.rel_path)) in rejected}
+        _LOG.info("Appending to version %d of %s: %s new files%s; %s held (unchanged), %s changed (not "
                   "rewritten), %s missing from the input", self.base.manifest.latest_version,
-                  self._config.output_dir, f"{len(new):,}", f"{len(self.listing.held):,}",
-                  f"{len(self.listing.changed):,}", f"{len(self.listing.missing):,}")
+                  self._config.output_dir, f"{len(new) - len(self.retried):,}",
+                  f" and {len(self.retried):,} earlier rejects tried again" if self.retried else "",
+                  f"{len(self.listing.held):,}", f"{len(self.listing.changed):,}", f"{len(self.listing.missing):,}")
         return new, problems
 
     def _locations(self):
@@ -158,7 +165,8 @@ class AppendRun:
         if self.base is None:
             return {}
         lst = self.listing
-        return {"listed": len(lst.new) + len(lst.held) + len(lst.changed), "new": len(lst.new) - len(self.duplicates),
+        return {"listed": len(lst.new) + len(lst.held) + len(lst.changed),
+                "new": len(lst.new) - len(self.duplicates) - len(self.retried), "retried": len(self.retried),
                 "held": len(lst.held), "changed": len(lst.changed), "missing_from_input": len(lst.missing),
                 "duplicates_of_held": len(self.duplicates)}
 
@@ -180,7 +188,7 @@ class AppendRun:
                 entries[f.rel_path] = _append.HeldFile(f.rel_path, size, mtime, sha, f.split, self.version)
         tmp = join(out, TMP_DIRNAME)
         write_atomically(tmp, PENDING_INVENTORY, _append.inventory_text(entries.values()))
-        write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates))
+        write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates, self.retried))
 
     def finalize_args(self) -> dict:
         """What `conversion.finalize.Finalizer` needs of the append (`append=`): small values only."""
@@ -191,15 +199,21 @@ class AppendRun:
         }
 
 
-def report_text(version: int, listing: _append.Listing, duplicates) -> bytes:
-    """`append_report.json`: what an append found, by path."""
+def report_text(version: int, listing: _append.Listing, duplicates, retried=None) -> bytes:
+    """`append_report.json`: what an append found, by path.
+
+    `retried`: the listed files an earlier version rejected, tried again (rel_path to
+    the earlier reason); `conversion.finalize` adds those rejected again.
+    """
     display = _listing.display_path
+    retried = retried or {}
     return (json.dumps({
         "version": version,
         "changed": [display(p) for p in listing.changed],
         "missing_from_input": [display(p) for p in listing.missing],
         "duplicates_of_held": {display(p): display(k) for p, k in sorted(duplicates.items())},
-        "new": len(listing.new) - len(duplicates),
+        "retried": {display(p): reason for p, reason in sorted(retried.items(), key=lambda i: os.fsencode(i[0]))},
+        "new": len(listing.new) - len(duplicates) - len(retried),
         "held": len(listing.held),
     }, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
@@ -218,7 +232,11 @@ def version_summary(manifest: schemas.Manifest) -> str:
                  f"missing from the input")
         if i.get("duplicates_of_held"):
             text += f", {i['duplicates_of_held']:,} duplicates of held files"
-        if i.get("changed") or i.get("missing_from_input") or i.get("duplicates_of_held"):
+        if i.get("retried"):
+            again = i.get("retried_rejected_again", 0)
+            text += (f", {i['retried']:,} rejected by an earlier version and tried again ("
+                     f"{i['retried'] - again:,} written, {again:,} rejected again)")
+        if i.get("changed") or i.get("missing_from_input") or i.get("duplicates_of_held") or i.get("retried"):
             text += f": see {_append.REPORT_FILENAME}"
     new_classes = manifest.class_names[manifest.all_versions[-2].num_classes:] if len(manifest.all_versions) > 1 else ()
     if new_classes:

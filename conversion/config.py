@@ -78,7 +78,13 @@ def _volume_options(o) -> VolumeOptions | None:
     """
     if not getattr(o, "volumes", False):
         return None
-    refused = [("--time_series", o.time_series), ("--append", bool(getattr(o, "append", False))),
+    if getattr(o, "append", False):
+        raise ValueError(
+            "--volumes does not combine with --append yet: a volume dataset's volumes.json (its classes, "
+            "splits and rejects, which inspect, verify, preview and the volume reader read) has no versions, "
+            "and its series are planned, labelled and split from the whole listing. Convert the grown folder "
+            "into a new --output_dir (or with --overwrite). Received: --volumes with --append")
+    refused = [("--time_series", o.time_series),
                ("--annotations", bool(o.annotations)), ("--masks_dir", bool(o.masks_dir)),
                ("--group_by", bool(o.group_by)), ("--raster_patch", bool(o.raster_patch)),
                ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]

@@ -7,7 +7,7 @@ entry point (`shardsmith ...`, `python -m beam_jobs.convert`, ...) runs:
   loggers at WARNING, without Beam's import-time notice about BigQuery
   clients we never use ("apitools not found ...").
 - Libraries' warnings about the files they read kept off the console: the
-  loggers of tifffile, imagecodecs, pydicom and Pillow, and Python's
+  loggers of tifffile, imagecodecs, pydicom, Pillow and nibabel, and Python's
   warnings (numpy's RuntimeWarnings on NaN statistics, Pillow's on odd
   files), routed to the "py.warnings" logger. What tifffile says about a
   file while the validator reads it goes into that file's normalized.jsonl
@@ -55,7 +55,7 @@ VERBOSE_HELP = (
 # Loggers of the libraries that read input files, and the one Python's
 # warnings are routed to: what they say concerns one file, which shardsmith
 # reports itself (rejects.jsonl, normalized.jsonl).
-_LIBRARY_LOGGERS = ("tifffile", "imagecodecs", "pydicom", "PIL", "py.warnings")
+_LIBRARY_LOGGERS = ("tifffile", "imagecodecs", "pydicom", "PIL", "nibabel", "py.warnings")
 
 # Lines written by TensorFlow (absl, and the older tsl format) and libjpeg
 # that describe conditions shardsmith reports itself, or nothing at all.
@@ -79,9 +79,12 @@ _NOISE = re.compile(
     rb"|Not a JPEG file: starts with 0x|Unsupported JPEG (?:process|data precision)|Empty JPEG image"
     rb"|Invalid component ID \d+ in SOS|Sampling factors too large|JPEG datastream contains no image"
     rb"|Premature end of input file|Corrupt JPEG data"
+    rb"|Maximum supported image dimension is \d+ pixels|Input file read error"
     # libtiff's default error and warning handler ('Module: message'), for codecs that keep it:
     # the file is rejected or normalised with the reason.
     rb"|(?:TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    # libtiff's read errors as codecs print them without the module's name (issue 39's mutation run).
+    rb"|Read error on (?:strip|tile) \d+; got \d+ bytes, expected \d+"
     # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,
     # which shardsmith then validates one by one and reports itself).
     rb"|\s*\[\[\{\{node [^}]*\}\}\]\]"
@@ -119,6 +122,8 @@ class _QuietLibraries(logging.Filter):
         return not any(record.name == name or record.name.startswith(name + ".")
                        for name in _LIBRARY_LOGGERS)
 
+
+_QUIET_NIBABEL = _QuietLibraries()
 
 # The errors a conversion or verification reports itself, in one sentence at its end
 # (`conversion.elements.ConversionError`, a worker process's death).
@@ -344,6 +349,9 @@ def configure_logging(verbose: bool | None = None, level: int = logging.INFO) ->
     if not verbose:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_QuietLibraries())
+        # nibabel's header checks ("sizeof_hdr should be 348; set sizeof_hdr to 348") also go to a
+        # handler of its own (nibabel.imageglobals), added as it is imported: dropped on its logger.
+        logging.getLogger("nibabel.global").addFilter(_QUIET_NIBABEL)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,9 @@ from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
 from conversion.time_series import merge_time_series
+from conversion.volumes import counted_section
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
+from conversion.listing import display_path
 
 __all__ = ["Finalizer"]
 
@@ -73,8 +75,9 @@ class Finalizer:
         splits = self._splits(shards)
         manifest = self._manifest(splits, counts, rejects, normalized, shards)
         if self._append is not None:
-            manifest = self._grown(manifest)
-            self._write_inventory(rejects)
+            report = self._report(rejects)
+            manifest = self._grown(manifest, len((report or {}).get("retried_rejected_again", ())))
+            self._write_inventory(rejects, report)
         keep = {name for info in manifest.splits.values() for s in info.shards
                 for name in (s.file, s.index_file)}
         remove_dataset_files(self._output_dir, keep=keep)
@@ -94,7 +97,18 @@ class Finalizer:
         remove_tree(join(self._output_dir, TMP_DIRNAME))
         return manifest
 
-    def _write_inventory(self, rejects) -> None:
+    def _report(self, rejects) -> dict | None:
+        """The append's pending report (`append_run.report_text`), with the retried files rejected again."""
+        path = join(self._output_dir, TMP_DIRNAME, PENDING_REPORT)
+        if not exists(path):
+            return None
+        report = json.loads(read_bytes(path).decode())
+        if "retried" in report:
+            shown = {display_path(r.rel_path) for r in rejects}
+            report["retried_rejected_again"] = sorted((p for p in report["retried"] if p in shown), key=os.fsencode)
+        return report
+
+    def _write_inventory(self, rejects, report: dict | None) -> None:
         """Moves the new version's inventory (its files not rejected) and report into the dataset."""
         tmp = join(self._output_dir, TMP_DIRNAME)
         rejected = {r.rel_path for r in rejects}
@@ -102,11 +116,11 @@ class Finalizer:
         kept = [line for line in lines if json.loads(line)["path"] not in rejected] if rejected else lines
         write_atomically(self._output_dir, _append.inputs_filename(self._append["version"]),
                          "".join(kept).encode())
-        report = join(tmp, PENDING_REPORT)
-        if exists(report):
-            write_atomically(self._output_dir, _append.REPORT_FILENAME, read_bytes(report))
+        if report is not None:
+            text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+            write_atomically(self._output_dir, _append.REPORT_FILENAME, text.encode("utf-8", "surrogateescape"))
 
-    def _grown(self, manifest: schemas.Manifest) -> schemas.Manifest:
+    def _grown(self, manifest: schemas.Manifest, retried_again: int = 0) -> schemas.Manifest:
         """The dataset's manifest with this run's shards as a new version (None base: `manifest`)."""
         base = self._append.get("base")
         if base is None:
@@ -115,8 +129,7 @@ class Finalizer:
         width = len(manifest.class_names)
 
         def padded(shard):
-            return dataclasses.replace(shard, class_counts=tuple(shard.class_counts)
-                                       + (0,) * (width - len(shard.class_counts)))
+            return dataclasses.replace(shard, class_counts=_targets.CLASS.merge(shard.class_counts, width))
 
         splits = {name: schemas.SplitInfo(name, tuple(map(padded, info.shards)))
                   for name, info in old.splits.items()}
@@ -148,7 +161,8 @@ class Finalizer:
             num_classes=width,
             time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             options=dict(manifest.options),
-            inputs=dict(self._append.get("inputs") or {}),
+            inputs={**(self._append.get("inputs") or {}),
+                    **({"retried_rejected_again": retried_again} if retried_again else {})},
             sections=grown,
         )
         if "groups" in old.extra and "groups" in manifest.extra:
@@ -224,6 +238,8 @@ class Finalizer:
         patches = _patch_summary(normalized)
         if patches:
             extra["patches"] = patches
+        if "volumes" in extra:  # The run's counts per split and its reconciliation.
+            extra["volumes"] = counted_section(extra["volumes"], shards, counts)
         dicom = _dicom_summary(normalized)
         if dicom:
             extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}

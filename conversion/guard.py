@@ -85,8 +85,11 @@ _TABLE_BYTES = 4096
 _SLOT_BYTES = 64 * 1024
 # Number of names, length of the names' bytes, start time (time.time()).
 _HEADER = struct.Struct("<IId")
+# The file in work now (its position among the names; -1: all of them, e.g. a batch decoded
+# together) and since when: the watchdog times each file, not the group (`Journal.working_on`).
+_NOW = struct.Struct("<id")
 _FREE, _BUSY, _TIMED_OUT, _OVER_MEMORY = b"\0", b"\1", b"\2", b"\3"
-_NAMES_BYTES = _SLOT_BYTES - _HEADER.size
+_NAMES_BYTES = _SLOT_BYTES - _HEADER.size - _NOW.size
 _SEP = b"\0"
 
 
@@ -131,6 +134,9 @@ class _Slot:
     started: float
     timed_out: bool
     over_memory: bool = False
+    # The file in work (-1: every file of the slot) and since when (`Journal.working_on`'s `now_on`).
+    current: int = -1
+    since: float = 0.0
 
 
 class Journal:
@@ -162,20 +168,32 @@ class Journal:
         Files whose names do not fit in a slot are noted as far as they fit
         (a group of files is bounded well below that: `shard_writer`).
         With every slot taken, nothing is noted.
+
+        Yields `now_on(k)`: the block calls it as it starts on its k-th file
+        (-1: on all of them at once, e.g. a batch decoded together), a few
+        memory writes. The watchdog then times each file from its own start
+        (--file_timeout bounds one file, not a group), and a process that
+        dies blames the file in work alone.
         """
         with self._lock:
             index = self._free.pop() if self._free else None
         if index is None:
-            yield
+            yield _not_noted
             return
         names, count = _encode_names(files)
         base = _TABLE_BYTES + index * _SLOT_BYTES
         m = self._map
-        m[base + _HEADER.size:base + _HEADER.size + len(names)] = names
-        m[base:base + _HEADER.size] = _HEADER.pack(count, len(names), time.time())
+        now = time.time()
+        m[base + _HEADER.size + _NOW.size:base + _HEADER.size + _NOW.size + len(names)] = names
+        _NOW.pack_into(m, base + _HEADER.size, -1, now)
+        m[base:base + _HEADER.size] = _HEADER.pack(count, len(names), now)
         m[index:index + 1] = _BUSY  # Last: a reader sees the slot busy only once it is complete.
+
+        def now_on(k: int, _pack=_NOW.pack_into, _at=base + _HEADER.size, _time=time.time) -> None:
+            _pack(m, _at, k if k < count else -1, _time())
+
         try:
-            yield
+            yield now_on
         finally:
             m[index:index + 1] = _FREE
             with self._lock:
@@ -225,10 +243,14 @@ def journal() -> Journal | None:
         return _JOURNAL
 
 
+def _not_noted(k: int) -> None:
+    """`Journal.working_on`'s `now_on` where nothing is noted."""
+
+
 def working_on(files: Sequence[tuple[str, str]]):
-    """`Journal.working_on` of this process's journal, or a no-op without one."""
+    """`Journal.working_on` of this process's journal, or a no-op without one (yielding a no-op `now_on`)."""
     j = journal()
-    return j.working_on(files) if j is not None else contextlib.nullcontext()
+    return j.working_on(files) if j is not None else contextlib.nullcontext(_not_noted)
 
 
 def busy_slots(folder: str, pids: Iterable[int] | None = None) -> list[_Slot]:
@@ -258,11 +280,15 @@ def busy_slots(folder: str, pids: Iterable[int] | None = None) -> list[_Slot]:
                     continue
                 base = _TABLE_BYTES + index * _SLOT_BYTES
                 count, length, started = _HEADER.unpack_from(data, base)
-                raw = data[base + _HEADER.size:base + _HEADER.size + length].split(_SEP)
+                current, since = _NOW.unpack_from(data, base + _HEADER.size)
+                at = base + _HEADER.size + _NOW.size
+                raw = data[at:at + length].split(_SEP)
                 suspects = tuple(Suspect(os.fsdecode(raw[2 * i]), os.fsdecode(raw[2 * i + 1]))
                                  for i in range(min(count, len(raw) // 2)))
+                if 0 <= current < len(suspects):  # One file of the group in work: it alone is suspect.
+                    suspects = suspects[current:current + 1]
                 slots.append(_Slot(int(name), index, suspects, started, state == _TIMED_OUT[0],
-                                   state == _OVER_MEMORY[0]))
+                                   state == _OVER_MEMORY[0], current, since))
     slots.sort(key=lambda s: s.started)
     return slots
 
@@ -281,9 +307,11 @@ def _mark(folder: str, slot: _Slot, state_after: bytes = _TIMED_OUT) -> bool:
         return False
     try:
         state = os.pread(fd, 1, slot.index)
-        _, _, started = _HEADER.unpack(os.pread(fd, _HEADER.size, _TABLE_BYTES + slot.index * _SLOT_BYTES))
-        if state != _BUSY or started != slot.started:
-            return False  # Finished meanwhile.
+        head = os.pread(fd, _HEADER.size + _NOW.size, _TABLE_BYTES + slot.index * _SLOT_BYTES)
+        _, _, started = _HEADER.unpack_from(head)
+        if state != _BUSY or started != slot.started or _NOW.unpack_from(head, _HEADER.size) != (
+                slot.current, slot.since):
+            return False  # Finished meanwhile, or on to its next file.
         os.pwrite(fd, state_after, slot.index)
         return True
     finally:
@@ -374,7 +402,7 @@ class Watchdog:
         if self._timeout is None:
             return
         for slot in slots:
-            if slot.timed_out or slot.over_memory or slot.pid in killed or now - slot.started <= self._timeout:
+            if slot.timed_out or slot.over_memory or slot.pid in killed or now - slot.since <= self._timeout:
                 continue
             if slot.pid in self._spare:
                 key = (slot.pid, slot.index, slot.started)

@@ -29,11 +29,13 @@ class InputFile:
       rel_path: Path relative to the root, POSIX separators.
       path: Full path or URL to open it with.
       size: Size in bytes.
+      mtime_ns: Its modification time in nanoseconds, as listed (0: not known, a URL's).
     """
 
     rel_path: str
     path: str
     size: int
+    mtime_ns: int = dataclasses.field(default=0, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +125,7 @@ def _walk_local(root: str):
             if stat.S_ISDIR(st.st_mode):
                 folders.append((os.fsencode(entry.name), rel_path, entry))
             elif stat.S_ISREG(st.st_mode):
-                files.append(InputFile(rel_path, entry.path, st.st_size))
+                files.append(InputFile(rel_path, entry.path, st.st_size, st.st_mtime_ns))
             else:
                 problems.append(Problem(rel_path, "unreadable", "not a regular file"))
         for _, rel_path, entry in sorted(folders, key=lambda folder: folder[0]):

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import schemas
-from conversion import listing as _listing, plan as _plan
+from conversion import listing as _listing
 from conversion.files import is_local, open_to_read, read_bytes
 from imaging import masks as _masks
 from imaging.errors import ImageRejected
@@ -287,7 +287,7 @@ def _labels(files, split_ratios, class_names):
     """(files, problems, labels_from): splits from top-level split folders, labels from class folders.
 
     The rule of every dataset whose targets need no class
-    (`conversion.plan.image_labels_optional`); files beside the split
+    (`conversion.targets.classes.image_labels_optional`); files beside the split
     folders, where there are some, belong to no split.
     """
     top = {f.rel_path.partition("/")[0] for f in files if "/" in f.rel_path}
@@ -295,7 +295,10 @@ def _labels(files, split_ratios, class_names):
     outside = [_listing.Problem(f.rel_path, "not_in_split", "outside the split folders")
                for f in files if has_splits and "/" not in f.rel_path]
     kept = [f for f in files if not (has_splits and "/" not in f.rel_path)]
-    labels, source = _plan.image_labels_optional(kept, split_ratios)
+    # Here, not at the top: `conversion.targets` imports this module for its mask row.
+    from conversion.targets.classes import image_labels_optional
+
+    labels, source = image_labels_optional(kept, split_ratios)
     if class_names is not None and all(label is None for label, _ in labels.values()):
         raise ValueError(
             "--class_names names class folders, but with --masks_dir the input is not laid out "

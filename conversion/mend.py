@@ -8,7 +8,10 @@ written again by the shard writer into the output's temporary folder; the
 new shard replaces the damaged one only if its bytes are the manifest's,
 so that nothing else (the manifest, the other shards, rejects.jsonl)
 changes. Files that crashed or hung a process in the conversion (listed in
-rejects.jsonl) are not read again. Beam-free.
+rejects.jsonl) are not read again. The mend runs supervised, as a conversion
+does (`recovery.supervise`): a file that crashes, hangs or outgrows its
+process now is quarantined, and the mend goes on without it; a shard that
+held one of its records is left as it was, and named. Beam-free.
 """
 
 from __future__ import annotations
@@ -73,8 +76,11 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
       damaged: `damaged_shards`'s answer.
       targets_of: The kinds of target of a plan's records (the conversion's own function).
     """
+    # Files that crashed, hung or outgrew a process of this mend (`recovery.supervise`, which runs
+    # it again without them): quarantined in the output's temporary folder, read by the planner too.
+    fresh = guard.Quarantine(guard.quarantine_path(config.output_dir)).load()
     plan = build_plan(config)
-    failed = _failed_files(config.output_dir)
+    failed = {**_failed_files(config.output_dir), **fresh}
     # What its kind's shard writers read beside their files (a volume's or a location's plan).
     kind_for(config.validation).prepare_output(plan, config)
     by_name: dict[str, list] = {}
@@ -105,6 +111,11 @@ def mend(config, manifest: schemas.Manifest, damaged: dict[str, str], targets_of
         shard = shards[name]
         new = join(folder, name)
         if _sha256_and_size(new) != (shard.sha256, shard.num_bytes):
+            lost = [f.rel_path for f in files if f.rel_path in fresh]
+            if lost:
+                problems.append(f"{name} ({what}): left as it was: " + "; ".join(
+                    f"{path} failed while it was read again ({fresh[path][0]}: {fresh[path][1]})" for path in lost))
+                continue
             problems.append(f"{name} ({what}): written again from its sources, its bytes differ from the "
                             "manifest's (the sources or the options changed); --overwrite converts it all again")
             continue

@@ -137,8 +137,10 @@ def summarize(output_dir: str) -> str:
         new = "new "
     # A multi-frame DICOM or multi-page raster gives one record per frame/page:
     # then files and records differ, and the line says both.
-    made = "" if records == c["written"] else f" as {_count(records, 'record')}"
-    text = f"Converted {_count(c['written'], 'image')}{made} into {_count(shards, new + 'shard')} ({per_split})"
+    # Volumes: the inputs are a series' files, each record one volume.
+    noun, made_of = ("file", "volume") if "volumes" in manifest.extra else ("image", "record")
+    made = "" if records == c["written"] and noun == "image" else f" as {_count(records, made_of)}"
+    text = f"Converted {_count(c['written'], noun)}{made} into {_count(shards, new + 'shard')} ({per_split})"
     for kind, reasons in (("rejected", schemas.REJECT_REASONS), ("skipped", schemas.SKIP_REASONS)):
         detail = ", ".join(f"{r} {n:,}" for r, n in manifest.rejects.items() if r in reasons)
         text += f"; {kind} {c[kind]:,}" + (f" ({detail})" if detail else "")

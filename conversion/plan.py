@@ -12,25 +12,27 @@ stable hashes of the relative path, so:
 from __future__ import annotations
 
 import collections
-import csv
 import dataclasses
 import hashlib
-import io
-import logging
 import math
 import operator
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from conversion.listing import InputFile, Problem
+from conversion.targets import classes as _classes
+from conversion.targets.kind import PlanTargets
+from conversion.targets.labels_csv import read_labels_csv
 from schemas.manifest import SPLIT_ALIASES
 
 __all__ = ["PlannedFile", "Plan", "PlanTargets", "make_plan", "stable_hash", "hash_split", "SPLIT_ALIASES",
            "read_labels_csv", "image_labels_optional", "sorted_class_names"]
 
-_LOG = logging.getLogger("shardsmith.convert")
+# The image-level class's planning, its row's (`conversion.targets.classes`), under the names it had here.
+sorted_class_names = _classes.sorted_class_names
+image_labels_optional = _classes.image_labels_optional
 
 
 def stable_hash(seed: int, purpose: str, *parts: str) -> int:
@@ -147,181 +149,6 @@ class Plan:
     volumes: Any = None
 
 
-@dataclasses.dataclass(frozen=True)
-class PlanTargets:
-    """Targets beyond one class, planned per file before `make_plan` (`conversion.targets`).
-
-    Attributes:
-      kinds: Kinds of target (`schemas.TARGET_KINDS` keys), sorted.
-      values: Relative path to the file's targets (compact JSON text), for
-        every file that has all of them.
-      source: What names the dataset's files (e.g. 'the annotations'):
-        listed files it does not name are skipped as `no_label` ("not in
-        the annotations"), and no class folders are needed; None when the
-        labels CSV names them.
-      missing: Entries that name files which do not exist: rejected as
-        `missing_file`, counted as found inputs (like CSV rows).
-      rejects: Relative path to (reason, message) of files whose targets
-        cannot be stored: rejected without being read.
-      class_names: The image-level class names when the targets decide them
-        (several labels per image: their sorted union); None otherwise.
-      section: The dataset-level part of the manifest's targets section.
-    """
-
-    kinds: tuple[str, ...]
-    values: Mapping[str, str]
-    source: str | None = None
-    missing: tuple[Problem, ...] = ()
-    rejects: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
-    class_names: tuple[str, ...] | None = None
-    section: Mapping = dataclasses.field(default_factory=dict)
-
-
-def read_labels_csv(text: str, source: str) -> dict[str, tuple[str, str | None]]:
-    """Parses a labels CSV with columns `path,label[,split]`.
-
-    Returns:
-      Relative path to (label, split or None).
-
-    Raises:
-      ValueError: Naming the file and row, for a missing column, an unknown
-        split or a path listed twice with different labels.
-    """
-    reader = csv.DictReader(io.StringIO(text))
-    columns = [c.strip() for c in (reader.fieldnames or [])]
-    if "path" not in columns or "label" not in columns:
-        raise ValueError(
-            f"--labels_csv {source} must have a header with columns path,label[,split]. "
-            f"Received columns: {columns}"
-        )
-    reader.fieldnames = columns
-    has_split = "split" in columns
-    out: dict[str, tuple[str, str | None]] = {}
-    for row_number, row in enumerate(reader, start=2):
-        path = _normalise_rel(row["path"] or "")
-        label = (row["label"] or "").strip()
-        if not path or not label:
-            raise ValueError(f"--labels_csv {source} row {row_number}: empty path or label.")
-        split = None
-        if has_split:
-            raw = (row["split"] or "").strip().lower()
-            if raw not in SPLIT_ALIASES:
-                raise ValueError(
-                    f"--labels_csv {source} row {row_number}: split must be one of "
-                    f"{sorted(SPLIT_ALIASES)}. Received: {raw!r}"
-                )
-            split = SPLIT_ALIASES[raw]
-        if path in out and out[path] != (label, split):
-            raise ValueError(
-                f"--labels_csv {source} row {row_number}: {path!r} is listed twice "
-                f"with different labels or splits."
-            )
-        out[path] = (label, split)
-    return out
-
-
-def _normalise_rel(path: str) -> str:
-    path = path.strip().replace("\\", "/")
-    while path.startswith("./"):
-        path = path[2:]
-    return path.lstrip("/")
-
-
-def sorted_class_names(names) -> tuple[str, ...]:
-    """Names in label order: integer-like labels ('2', '10') sort as numbers, so label 10 comes after 2."""
-    names = set(names)
-    if names and all(n.lstrip("-").isdigit() for n in names):
-        return tuple(sorted(names, key=int))
-    return tuple(sorted(names))
-
-
-def _labels_from_folders(files: Sequence[InputFile], split_ratios):
-    """Returns ({rel_path: (class, split or None)}, unlabeled, split_source)."""
-    top = {f.rel_path.partition("/")[0] for f in files if "/" in f.rel_path}
-    split_dirs = {d for d in top if d.lower() in SPLIT_ALIASES}
-    if split_dirs and split_dirs != top:
-        raise ValueError(
-            f"--input_dir mixes split folders {sorted(split_dirs)} with class folders "
-            f"{sorted(top - split_dirs)} at the top level. Use ROOT/<class>/... or "
-            f"ROOT/<split>/<class>/..., or give a --labels_csv."
-        )
-    if split_dirs and split_ratios is not None:
-        raise ValueError(
-            f"--split assigns splits by hash, but --input_dir already has split folders "
-            f"{sorted(split_dirs)}. Drop --split, or move the files into class folders."
-        )
-    labels, unlabeled = {}, []
-    for f in files:
-        # ROOT/<class>/... or ROOT/<split>/<class>/...: partitions, not a split
-        # into every folder of the path.
-        first, has_folder, rest = f.rel_path.partition("/")
-        if split_dirs:
-            name, has_folder, _ = rest.partition("/")
-            if has_folder:
-                labels[f.rel_path] = (name, SPLIT_ALIASES[first.lower()])
-            else:
-                unlabeled.append(f)
-        elif has_folder:
-            labels[f.rel_path] = (first, None)
-        else:
-            unlabeled.append(f)
-    return labels, unlabeled, ("folders" if split_dirs else "hash")
-
-
-def image_labels_optional(files: Sequence[InputFile], split_ratios):
-    """Image-level classes and splits of files whose targets need no class (boxes, masks).
-
-    Top-level split folders (`SPLIT_ALIASES`) give splits. Classes come from
-    folders only when the layout is exactly ROOT/<class>/<file> (or
-    ROOT/<split>/<class>/<file>) with at least 2 class folders; otherwise
-    no file has a class (label -1, and the manifest's class_names is []):
-    flat folders (VOC's JPEGImages/) and any nesting are accepted.
-
-    Args:
-      files: The files that have targets.
-      split_ratios: --split, or None.
-
-    Returns:
-      ({rel_path: (class or None, split or None)}, split_source).
-
-    Raises:
-      ValueError: For split folders mixed with other files or folders at
-        the top, or split folders together with --split.
-    """
-    top = {f.rel_path.partition("/")[0] for f in files if "/" in f.rel_path}
-    split_dirs = {d for d in top if d.lower() in SPLIT_ALIASES}
-    at_root = any("/" not in f.rel_path for f in files)
-    if split_dirs and (split_dirs != top or at_root):
-        raise ValueError(
-            f"--input_dir mixes split folders {sorted(split_dirs)} with other files or folders "
-            f"{sorted(top - split_dirs)} at the top level. Put every image under a split folder, "
-            "or none."
-        )
-    if split_dirs and split_ratios is not None:
-        raise ValueError(
-            f"--split assigns splits by hash, but --input_dir already has split folders "
-            f"{sorted(split_dirs)}. Drop --split, or move the files out of the split folders."
-        )
-    placed = {}
-    for f in files:
-        if split_dirs:
-            first, _, rest = f.rel_path.partition("/")
-            placed[f.rel_path] = (rest, SPLIT_ALIASES[first.lower()])
-        else:
-            placed[f.rel_path] = (f.rel_path, None)
-    classes = {rest.partition("/")[0] for rest, _ in placed.values()}
-    by_class = all(rest.count("/") == 1 for rest, _ in placed.values()) and len(classes) >= 2
-    if by_class:
-        _LOG.info("Image-level labels from the %d class folders (ROOT/%s<class>/<file>)", len(classes),
-                  "<split>/" if split_dirs else "")
-    else:
-        _LOG.info("No image-level labels (label -1): the images are not in ROOT/%s<class>/<file> with "
-                  "2 class folders or more", "<split>/" if split_dirs else "")
-    labels = {path: (rest.partition("/")[0] if by_class else None, split)
-              for path, (rest, split) in placed.items()}
-    return labels, ("folders" if split_dirs else "hash")
-
-
 def make_plan(
     files: Sequence[InputFile],
     problems: Sequence[Problem],
@@ -380,9 +207,10 @@ def make_plan(
       ValueError: On inconsistent labels or split options.
     """
     problems = list(problems)
-    labelled = _plan_labels(files, problems, split_ratios=split_ratios, labels_csv=labels_csv,
-                            class_names=class_names, targets=targets, folder_labels=folder_labels,
-                            known_classes=known_classes)
+    # Step 1, labels: the image-level class's row plans each file's class (and split, when given).
+    labelled = _classes.KIND.plan(files, problems, split_ratios=split_ratios, labels_csv=labels_csv,
+                                  class_names=class_names, targets=targets, folder_labels=folder_labels,
+                                  known_classes=known_classes)
     by_split = _plan_splits(files, problems, labelled, seed=seed, groups=groups, targets=targets, windows=windows)
     shard_counts, planned = _plan_shards(by_split, labelled.ratios, seed=seed, num_shards=num_shards,
                                          target_shard_bytes=target_shard_bytes, min_shards=min_shards,
@@ -401,83 +229,7 @@ def make_plan(
     )
 
 
-class _Labelled(NamedTuple):
-    """What `make_plan`'s first step decides: each file's label, and how splits are chosen.
-
-    Attributes:
-      labels: Relative path -> (label or None, split or None) of every labelled file.
-      class_names: The dataset's classes, in index order.
-      split_source: "hash", "csv" or "folders" (the manifest's split source).
-      ratios: Split name -> fraction, for hash splits; None otherwise.
-      num_found: The inputs: the listing's plus the CSV's rows and targets that point nowhere.
-    """
-
-    labels: dict
-    class_names: tuple[str, ...]
-    split_source: str
-    ratios: dict[str, float] | None
-    num_found: int
-
-
-def _plan_labels(files, problems: list, *, split_ratios, labels_csv, class_names, targets,
-                 folder_labels, known_classes=None) -> _Labelled:
-    """Step 1 of `make_plan`: each file's label (and split, when given), the classes; appends problems."""
-    # Inputs are what the listing found plus CSV rows that point nowhere, so
-    # that inputs == written + rejected + skipped holds exactly.
-    num_found = len(files) + len(problems)
-    if targets is not None:
-        problems.extend(targets.missing)
-        num_found += len(targets.missing)
-    if labels_csv is not None:
-        has_csv_split = any(split for _, split in labels_csv.values())
-        if has_csv_split and split_ratios is not None:
-            raise ValueError(
-                "--split assigns splits by hash, but the --labels_csv has a split column. "
-                "Use one or the other."
-            )
-        by_path = {f.rel_path: f for f in files}
-        labels = {}
-        unlabeled = []
-        for f in files:
-            if f.rel_path in labels_csv:
-                labels[f.rel_path] = labels_csv[f.rel_path]
-            else:
-                unlabeled.append(f)
-        for path in sorted(set(labels_csv) - set(by_path)):
-            problems.append(Problem(path, "missing_file", "listed in --labels_csv but not found"))
-            num_found += 1
-        split_source = "csv" if has_csv_split else "hash"
-    elif targets is not None and targets.source is not None:
-        named = [f for f in files if f.rel_path in targets.values or f.rel_path in targets.rejects]
-        labels, split_source = image_labels_optional(named, split_ratios)
-        unlabeled = [f for f in files if f.rel_path not in labels]
-    else:
-        labels, unlabeled, split_source = (folder_labels or _labels_from_folders)(files, split_ratios)
-    for f in unlabeled:
-        if targets is not None and targets.source is not None and labels_csv is None:
-            why = f"not in {targets.source}"
-        else:
-            why = "not in --labels_csv" if labels_csv is not None else "not inside a class folder"
-        problems.append(Problem(f.rel_path, "no_label", why))
-    if targets is not None:
-        # Labelled by the CSV but without targets: not in the annotations.
-        for path in [p for p in labels if p not in targets.values and p not in targets.rejects]:
-            problems.append(Problem(path, "no_label", f"not in {targets.source or '--labels_csv'}"))
-            del labels[path]
-
-    found_classes = {label for label, _ in labels.values() if label is not None}
-    if targets is not None and targets.class_names is not None:
-        class_names = targets.class_names
-    elif class_names is None and known_classes is not None:
-        known = set(known_classes)
-        class_names = (*known_classes, *sorted_class_names(found_classes - known))
-    elif class_names is None:
-        class_names = sorted_class_names(found_classes)
-    ratios = dict(split_ratios or {"train": 1.0}) if split_source == "hash" else None
-    return _Labelled(labels, tuple(class_names), split_source, ratios, num_found)
-
-
-def _plan_splits(files, problems: list, labelled: _Labelled, *, seed, groups, targets, windows) -> dict:
+def _plan_splits(files, problems: list, labelled: _classes.Labelled, *, seed, groups, targets, windows) -> dict:
     """Step 2 of `make_plan`: each labelled file's split; appends the files refused on the way.
 
     Returns:

@@ -142,8 +142,12 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
     if mask_plan is not None:
         # Its summary (dtype, section): each file's mask travels in its targets.
         plan = dataclasses.replace(plan, masks=mask_plan)
-    plan = kind.finish_plan(plan, grouped)
-    if not plan.files and mask_plan is not None:
+    return _checked(kind.finish_plan(plan, grouped), config, masked=mask_plan is not None)
+
+
+def _checked(plan: _plan.Plan, config: ConversionConfig, masked: bool) -> _plan.Plan:
+    """The plan, once it has a file to convert (else the ValueError that says why none), logged."""
+    if not plan.files and masked:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "
             f"{config.masks.masks_dir!r}: {len(plan.problems)} files found, none paired (see the file names "

@@ -42,7 +42,7 @@ import uuid
 import schemas
 from conversion import guard, listing, processes as _processes, recovery
 from conversion.elements import ShardOutcome
-from conversion.examples import warm_call, write_shard
+from conversion.examples import kind_for, warm_call, write_shard
 from conversion.files import join, match
 from conversion.options import WritingOptions
 from conversion.plan import PlannedFile
@@ -413,8 +413,9 @@ class ShardMaker:
     def _log_written(self, name: str, outcome: ShardOutcome) -> None:
         result, rejects, _ = outcome
         _LOG.info(
-            "Wrote %s: %s image%s%s [%d of %d shards done]",
-            name, f"{result.num_records:,}", "" if result.num_records == 1 else "s",
+            "Wrote %s: %s %s%s%s [%d of %d shards done]",
+            name, f"{result.num_records:,}", kind_for(self._spec.validation).record_noun,
+            "" if result.num_records == 1 else "s",
             f", {len(rejects)} rejected" if rejects else "",
             self._progress.done(name, self._shards_on_disk), self._spec.total_shards,
         )

@@ -197,7 +197,7 @@ class _Shard:
 
     def __init__(self, num_classes: int):
         self.index_entries: list[tuple[int, int]] = []  # (offset, framed length) of each record
-        self.class_counts = [0] * num_classes
+        self.classes = _targets.CLASS.counter(num_classes)  # Its records per class (`class_counts`)
         # (format, height, width, channels, sample dtype) of each record, for schemas.ImageStats.
         self.stored: list[tuple[str, int, int, int, str]] = []
         self.rejects: list[Reject] = []
@@ -289,7 +289,7 @@ class _Writer:
         band_stats = shard.band_stats.result()  # None: no rasters, or mixed band counts
         result = ShardResult(
             job.split, job.index, job.num_shards, job.name, len(shard.index_entries), writer.num_bytes,
-            writer.sha256, tuple(shard.class_counts), index_name, index_sha256,
+            writer.sha256, shard.classes.to_json(), index_name, index_sha256,
             shard.num_sources, images=stats.to_json() if stats else None,
             band_stats=None if band_stats is None else band_stats.to_json(),
             georeferenced=shard.georeferenced if self._schema.georef else None,
@@ -367,8 +367,7 @@ class _Writer:
             shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        if f.label >= 0:
-            shard.class_counts[f.label] += 1
+        shard.classes.add(f.label)
         fmt = image.format
         shard.stored.append((fmt, image.height, image.width, image.channels,
                              _UINT8 if fmt == _JPEG else schemas.sample_dtype(fmt, image.data)))
@@ -394,8 +393,7 @@ class _Writer:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
-        if f.label >= 0:  # -1: no image-level class (masks, boxes, several labels, numbers)
-            shard.class_counts[f.label] += 1
+        shard.classes.add(f.label)
         shard.stored.append((image.format, image.height, image.width, image.channels,
                              schemas.sample_dtype(image.format, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
@@ -440,26 +438,36 @@ class _Writer:
                 todo.append(k)
         if not todo:
             return outcomes
-        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]):
-            read = []  # (position in the group, bytes)
-            for k in todo:
+        # `now_on(j)` as the work on the j-th noted file starts: --file_timeout times each file.
+        with guard.working_on([(group[k].rel_path, group[k].path) for k in todo]) as now_on:
+            read = []  # (position in the group, position in the journal's slot, bytes)
+            for j, k in enumerate(todo):
                 try:
-                    read.append((k, _read(group[k])))
+                    read.append((k, j, _read(group[k])))
                 except ImageRejected as e:
                     outcomes[k] = Reject(group[k].rel_path, e.reason, e.message)
                 except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                     outcomes[k] = _internal_error(group[k], e)
-            items = [(data, group[k].rel_path) for k, data in read]
+            items = [(data, group[k].rel_path) for k, _, data in read]
+
+            def on_file(i: int) -> None:  # `validate_many`'s i-th item (-1: a batch of them).
+                now_on(read[i][1] if i >= 0 else -1)
+
             try:
-                results = self._validator.validate_many(items)
+                results = self._validator.validate_many(items, on_file)
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
-                results = [self._validate_one(data, name) for data, name in items]
-            for (k, data), result in zip(read, results):
+                results = []
+                for i, (data, name) in enumerate(items):
+                    on_file(i)
+                    results.append(self._validate_one(data, name))
+            for (k, j, data), result in zip(read, results):
                 if isinstance(result, ImageRejected):
                     result = Reject(group[k].rel_path, result.reason, result.message)
                 elif isinstance(result, Exception):
                     result = _internal_error(group[k], result)
                 else:
+                    if group[k].targets is not None:
+                        now_on(j)
                     result = self._with_targets(group[k], result, data)
                 outcomes[k] = result
         return outcomes

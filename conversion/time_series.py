@@ -42,7 +42,7 @@ from conversion.files import (
     TMP_DIRNAME, AtomicWriter, join, open_to_read, read_bytes, write_atomically, write_shard_index,
 )
 from conversion.listing import InputFile, Problem
-from conversion.targets import masks as _target_masks
+from conversion.targets import CLASS, masks as _target_masks
 from imaging import time_series as _ts
 from imaging.errors import ImageRejected
 from schemas.tfrecord import frame_record
@@ -206,7 +206,7 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
     schema = schemas.TimeSeriesExampleSchema(mask=masked)
     writer = AtomicWriter(job.output_dir, job.name)
     index_entries: list[tuple[int, int]] = []
-    class_counts = [0] * job.num_classes
+    classes = CLASS.counter(job.num_classes)
     rejects: list[Reject] = []
     normalized: list[tuple] = []
     band_stats = schemas.BandStatsAccumulator()
@@ -237,8 +237,7 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
                 offset = writer.num_bytes
                 writer.write(framed)
                 index_entries.append((offset, len(framed)))
-                if 0 <= item.label < job.num_classes:
-                    class_counts[item.label] += 1
+                classes.add(item.label)
                 band_stats.add(stats)
                 if counts is not None:
                     if len(counts) > len(mask_counts):
@@ -252,7 +251,7 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
     stats = band_stats.result()
     result = ShardResult(
         job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes, writer.sha256,
-        tuple(class_counts), index_name, index_sha256, sources,
+        classes.to_json(), index_name, index_sha256, sources,
         band_stats=None if stats is None else stats.to_json(),
         mask_pixels={str(i): int(n) for i, n in enumerate(mask_counts) if n} if masked else None)
     return ShardOutcome(result, rejects, normalized)

@@ -21,9 +21,10 @@ from imaging import ResizeOptions
 from imaging.resize import target_size as _resize_target
 from imaging import raster as _raster
 from schemas import tf_runtime
+from schemas import volumes as _volume_schemas
 from schemas.tfrecord import RecordError, check_frame, format_index, frame_data, iter_records
 from conversion import guard, scene_log
-from conversion.targets import TARGETS as _TARGETS, labels as _target_labels
+from conversion.targets import CLASS as _CLASS, kind_named as _kind_named, labels as _target_labels
 from conversion.files import exists, join, open_to_read, read_bytes, write_atomically
 from imaging import patches as _patches
 
@@ -60,13 +61,8 @@ class ShardCheck:
     unchecked: int = 0
 
 
-def counts_agree(counts, expected, unchecked: int) -> bool:
-    """Whether class counts match the manifest's, given `unchecked` records of unknown class."""
-    counts, expected = tuple(counts), tuple(expected)
-    if not unchecked:
-        return counts == expected
-    return (len(counts) == len(expected) and all(c <= e for c, e in zip(counts, expected))
-            and sum(expected) - sum(counts) == unchecked)
+# Whether class counts match the manifest's, given `unchecked` records of unknown class: the class's row's.
+counts_agree = _CLASS.verify
 
 
 
@@ -114,11 +110,13 @@ class ShardVerifier:
         # The whole library (decode_image is not a plain op), imported the
         # cheap way (schemas/tf_runtime.py).
         self._tf = tf_runtime.full()
-        if schemas.example_kind(self._features) == schemas.TIME_SERIES:
+        if _volume_schemas.VOLUME.key in self._features:  # --volumes: each record parsed and its voxels counted.
+            self._schema = _volume_schemas.VolumeExampleSchema.from_json(self._features)
+        elif schemas.example_kind(self._features) == schemas.TIME_SERIES:
             self._schema = schemas.TimeSeriesExampleSchema.from_json(self._features)
         else:
             self._schema = schemas.ImageExampleSchema.from_json(self._features)
-        self._target_check = TargetCheck(self._schema.targets, self._targets, self._num_classes)
+        self._target_check = TargetCheck(getattr(self._schema, "targets", ()), self._targets, self._num_classes)
 
     def check(self, split: str, shard):
         """Checks one shard (a `schemas.ShardInfo` of `split`).
@@ -129,7 +127,7 @@ class ShardVerifier:
           shard's `ShardCheck`.
         """
         problems = []
-        counts = [0] * self._num_classes
+        classes = _CLASS.counter(self._num_classes)
         stored = []  # (format, height, width, channels, sample dtype) of each good record
         bands = _BandCheck(shard, self._rasters)
         path = join(self._dir, shard.file)
@@ -139,41 +137,62 @@ class ShardVerifier:
         unchecked = 0
         damaged = False  # Damaged records listed one by one (`_damaged_records`).
         if not exists(path):
-            yield ShardCheck(split, shard.file, 0, tuple(counts), (f"{shard.file}: file is missing",))
+            yield ShardCheck(split, shard.file, 0, classes.to_json(), (f"{shard.file}: file is missing",))
             return
         # A targets section that cannot say what the records must hold: once per shard, not per record.
         problems.extend(f"{shard.file}: {p}" for p in self._target_check.section_problems)
+        later = 0  # Records after a damaged one that hold (read by the index file).
+
+        def take(number: int, offset: int, data: bytes):
+            """Checks one record; counts its class; yields its CONTENT (and PATCHES)."""
+            nonlocal unchecked
+            problem, label, digest, name, image, pixels = self._check_record_guarded(data)
+            if problem and CHECK_FAILED in problem:
+                unchecked += 1
+            if problem:
+                problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
+                return
+            classes.add(label)
+            stored.append(image)
+            bands.add(name, pixels)
+            yield CONTENT, (digest, (split, name))
+            patch = self._patch(name, image)
+            if patch is not None:
+                patch_problem, scene_offset = patch
+                if patch_problem:
+                    problems.append(f"{shard.file}: record {number} (byte {offset}): {patch_problem}")
+                yield PATCHES, scene_offset
+
         with open_to_read(path) as f:
             reader = _HashingReader(f, sha)
             try:
                 for number, (offset, length, data) in enumerate(iter_records(reader, shard.file)):
                     offsets.append((offset, length))
-                    problem, label, digest, name, image, pixels = self._check_record_guarded(data)
-                    if problem and CHECK_FAILED in problem:
-                        unchecked += 1
-                    if problem:
-                        problems.append(f"{shard.file}: record {number} (byte {offset}): {problem}")
-                        continue
-                    if label >= 0:  # -1: no image-level class (a dataset of targets).
-                        counts[label] += 1
-                    stored.append(image)
-                    bands.add(name, pixels)
-                    yield CONTENT, (digest, (split, name))
-                    patch = self._patch(name, image)
-                    if patch is not None:
-                        patch_problem, scene_offset = patch
-                        if patch_problem:
-                            problems.append(f"{shard.file}: record {number} (byte {offset}): {patch_problem}")
-                        yield PATCHES, scene_offset
+                    yield from take(number, offset, data)
             except RecordError as e:
                 # The error names the shard file and the record's offset; the index file (when it
-                # is the manifest's) says where every later record starts, so each is looked at.
-                listed = self._damaged_records(shard, path, len(offsets), e)
-                if listed is None:
+                # is the manifest's) says where every later record starts, so each is looked at:
+                # a damaged one listed, one that holds checked and counted as any other.
+                entries = self._intact_index(shard)
+                if entries is None:
                     problems.append(f"{e}; the rest of the shard is unreadable (no intact index file "
                                     "says where its records start)")
                 else:
-                    problems.extend(listed)
+                    lost = []
+                    for number, offset, what, frame in self._after_damage(path, entries, len(offsets)):
+                        if what is None:
+                            later += 1
+                            yield from take(number, offset, frame_data(frame))
+                        else:
+                            lost.append(f"{shard.file}: record {number} (byte {offset}): {what}; source file "
+                                        f"lost: {self._source_of(frame)}")
+                    # A lost record's class is unknown: the counts agree if the rest add up (`counts_agree`).
+                    unchecked += len(lost)
+                    problems.extend(lost)
+                    problems.append(
+                        f"{shard.file}: {len(lost)} damaged record(s) of {len(entries)} (read by its index file, "
+                        f"from the first damage at byte {e.offset}: {e.reason}); {later} later record(s) hold "
+                        "and were checked. `shardsmith convert --resume` with the same input writes the shard again")
                     damaged = True
                 while reader.read(1 << 22):  # The whole file's size and sha256, as for a shard that holds.
                     pass
@@ -184,8 +203,9 @@ class ShardVerifier:
             problems.append(f"{shard.file}: sha256 differs from the manifest")
         if len(offsets) != shard.num_records and not damaged:
             problems.append(f"{shard.file}: {len(offsets)} records, the manifest says {shard.num_records}")
+        counts = classes.to_json()
         if not counts_agree(counts, shard.class_counts, unchecked):
-            problems.append(f"{shard.file}: class counts {counts}, the manifest says {list(shard.class_counts)}")
+            problems.append(f"{shard.file}: class counts {list(counts)}, the manifest says {list(shard.class_counts)}")
         stats = schemas.ImageStats.of(stored)
         if stats is not None and shard.images is not None and shard.images.layouts is None:
             stats = dataclasses.replace(stats, layouts=None)  # Not recorded by an older version.
@@ -197,17 +217,10 @@ class ShardVerifier:
             problems.extend(bands.problems())
         if not damaged:  # Else the index file was read, and held.
             problems.extend(self._check_index(shard, offsets))
-        yield ShardCheck(split, shard.file, len(offsets), tuple(counts), tuple(problems), unchecked)
+        yield ShardCheck(split, shard.file, len(offsets) + later, counts, tuple(problems), unchecked)
 
-    def _damaged_records(self, shard, path: str, first: int, error: RecordError) -> list[str] | None:
-        """Every damaged record of a shard from record `first` on, read by its index file; None without one.
-
-        Each is listed with its byte offset, what is wrong (`schemas.tfrecord.check_frame`: bad
-        length CRC, bad data CRC, truncated) and the source file it held, read from the damaged
-        record's data where that still parses (a bad data CRC from one flipped bit usually
-        leaves the filename readable), else said to be unknown. The records after it that hold
-        are counted (they are read and CRC-checked, not decoded).
-        """
+    def _intact_index(self, shard) -> list[tuple[int, int]] | None:
+        """(offset, length) of each record of a shard, from its index file; None without one that is the manifest's."""
         if not shard.index_file:
             return None
         index_path = join(self._dir, shard.index_file)
@@ -216,33 +229,32 @@ class ShardVerifier:
         data = read_bytes(index_path)
         if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
             return None
-        entries = [tuple(map(int, line.split())) for line in data.decode("ascii").splitlines()]
-        problems = []
-        holding = 0
+        return [tuple(map(int, line.split())) for line in data.decode("ascii").splitlines()]
+
+    @staticmethod
+    def _after_damage(path: str, entries, first: int):
+        """Yields (number, offset, what is wrong or None, frame) of each record from `first` on, by `entries`.
+
+        What is wrong: `schemas.tfrecord.check_frame`'s bad length CRC or bad data
+        CRC, or truncated. One record's frame is held at a time.
+        """
         with open_to_read(path) as f:
             for number in range(first, len(entries)):
                 offset, length = entries[number]
                 f.seek(offset)
                 frame = f.read(length)
                 what = check_frame(frame)
-                if what is None:
-                    holding += 1
-                    continue
-                if len(frame) < length:
+                if what is not None and len(frame) < length:
                     what = f"truncated (the shard ends {len(frame)} bytes into this {length}-byte record)"
-                problems.append(f"{shard.file}: record {number} (byte {offset}): {what}; source file lost: "
-                                f"{self._source_of(frame)}")
-        problems.append(f"{shard.file}: {len(problems)} damaged record(s) of {len(entries)} (read by its index file, "
-                        f"from the first damage at byte {error.offset}: {error.reason}); {holding} later record(s) "
-                        "hold. `shardsmith convert --resume` with the same input writes the shard again")
-        return problems
+                yield number, offset, what, frame
 
     def _source_of(self, frame: bytes) -> str:
         """The filename a damaged record names, if its data still parses; else a word that it is unknown."""
         try:
-            values = self._schema.decode(frame_data(frame))
-            return values[schemas.FILENAME.key].decode("utf-8", "backslashreplace") + \
-                " (read from the damaged record)"
+            name = self._schema.decode(frame_data(frame))[schemas.FILENAME.key]
+            if isinstance(name, bytes):  # A volume's is a str already.
+                name = name.decode("utf-8", "backslashreplace")
+            return name + " (read from the damaged record)"
         except Exception:  # noqa: BLE001 - damaged bytes: any parse error means unknown
             return "unknown (the record's data does not parse)"
 
@@ -283,6 +295,8 @@ class ShardVerifier:
         `image` is (format, height, width, channels, sample dtype); `pixels`
         the decoded values of a raster record (see `_BandCheck`), else None.
         """
+        if isinstance(self._schema, _volume_schemas.VolumeExampleSchema):
+            return self._check_volume(data)
         try:
             values = self._schema.decode(data)
         except ValueError as e:
@@ -328,6 +342,22 @@ class ShardVerifier:
             return _failed(f"{name}: {problem}", name)
         return (None, label, hashlib.sha256(image).hexdigest(), name,
                 (fmt, stored[0], stored[1], stored[2], dtype), pixels if wanted else None)
+
+    def _check_volume(self, data: bytes):
+        """`_check_record` of a volume: its voxels fill its shape and dtype, its affine is finite, its label a class."""
+        try:
+            values = self._schema.decode(data)  # Raises on voxels that do not fill the shape.
+        except ValueError as e:
+            return _failed(f"does not parse: {e}")
+        name, label = values[schemas.FILENAME.key], values[schemas.LABEL.key]
+        if label != -1 and not 0 <= label < self._num_classes:
+            return _failed(f"{name}: label {label} is outside [0, {self._num_classes})", name)
+        if not np.isfinite(values[_volume_schemas.VOLUME_AFFINE.key]).all():
+            return _failed(f"{name}: its affine is not finite", name)
+        voxels = values[_volume_schemas.VOLUME.key]
+        _, h, w = voxels.shape
+        return (None, label, hashlib.sha256(voxels.tobytes()).hexdigest(), name,
+                ("volume", h, w, 1, voxels.dtype.name), None)
 
     def _check_stack(self, values: dict, name: str, label: int, data: bytes):
         """`_check_record` of a time series' stack: its values fill its shape, one ascending date per
@@ -388,8 +418,6 @@ class ShardVerifier:
 
 
 
-# The target kinds verify checks, by name (`conversion.targets.TARGETS`).
-_target_kinds = {kind.name: kind for kind in _TARGETS}
 # The kind of several labels per image: its records may have no image-level class.
 _LABELS = _target_labels.NAME
 
@@ -428,7 +456,7 @@ class TargetCheck:
         problems, self._checks = [], []
         # In the schema's order of kinds: a record's first problem is the same on every run.
         for name in [k for k in schemas.TARGET_KINDS if k in kinds]:
-            kind = _target_kinds.get(name)
+            kind = _kind_named(name)  # Its row of `conversion.targets.TARGETS`.
             if kind is None or kind.verify is None:
                 continue
             check, problem = kind.verify(targets.get(name) or {}, num_classes)
@@ -646,9 +674,9 @@ def report(manifest, checks, duplicates, scene_problems=()) -> dict:
         "problems": problems,
         "splits": splits,
         "records": sum(s["records"] for s in splits.values()),
-        "targets": list((schemas.TimeSeriesExampleSchema if schemas.example_kind(manifest.features)
-                         == schemas.TIME_SERIES else schemas.ImageExampleSchema).from_json(
-                             manifest.features).targets),
+        "targets": [] if _volume_schemas.VOLUME.key in manifest.features else list(
+            (schemas.TimeSeriesExampleSchema if schemas.example_kind(manifest.features)
+             == schemas.TIME_SERIES else schemas.ImageExampleSchema).from_json(manifest.features).targets),
         "duplicates": {
             "groups": len(duplicates),
             "across_splits": sum(1 for d in duplicates if len(d["splits"]) > 1),

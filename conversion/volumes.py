@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
 
@@ -40,13 +40,14 @@ from conversion import files as _files, guard
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.listing import InputFile, Problem
 from conversion.plan import hash_split, sorted_class_names
+from conversion.targets import CLASS
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
 __all__ = ["VolumeJob", "VolumesPlan", "plan_volumes", "write_volume_plans", "volume_plan_path", "write_volumes",
-           "warm_up", "manifest_section", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
+           "warm_up", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written after manifest.json: the volume dataset's summary (class names, splits, rejects).
@@ -61,7 +62,7 @@ class VolumeJob:
     """One planned volume: a DICOM stack or a NIfTI file.
 
     Attributes:
-      filename: The record's `filename` (series folder, `#series=N` when it holds several).
+      filename: The record's `filename` (series folder, `#series=N` when it holds several: `stack_names`).
       label: Its class name.
       split: Its split.
       stack: The planned DICOM stack, or None for NIfTI.
@@ -166,7 +167,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
       split_ratios: --split; None: the CSV's split column, else all in 'train'.
       quarantined: rel_path -> (reason, message) of files that crashed or hung
         an earlier attempt (`guard.Quarantine`): rejected without being read.
-      labels_csv: --labels_csv's rows (`conversion.plan.read_labels_csv`):
+      labels_csv: --labels_csv's rows (`conversion.targets.labels_csv.read_labels_csv`):
         path -> (label, split or None); a path names a NIfTI file or a folder,
         whose every series takes its label (and split). None: class folders.
       dedup: --dedup: of volumes whose files are byte for byte the same, the
@@ -231,8 +232,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         plan = volumes.plan_stacks(slices, min_slices=options.min_slices,
                                    pixel_hash=functools.partial(_pixel_hash, input_dir))
         rejects += list(plan.rejects)
-        for stack in plan.stacks:
-            name = unit if len(plan.stacks) == 1 else f"{unit}#series={stack.index}"
+        for stack, name in zip(plan.stacks, stack_names(unit, plan.stacks)):
             planned.append((cls, unit, name, stack, None))
     planned.sort(key=lambda p: os.fsencode(p[2]))
     if dedup:
@@ -247,7 +247,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     for cls, unit, name, stack, nifti in planned:
         members = _members(stack, nifti)
         if stack is not None and len(uid_classes[stack.series_uid]) > 1:
-            rejects += [(rel, "mixed_labels", f"series {stack.series_uid} lies under the classes "
+            rejects += [(rel, "mixed_labels", "the series lies under the classes "
                                               f"{sorted(uid_classes[stack.series_uid])}") for rel in members]
             continue
         # The split of the series unit's name (the folder), never of a slice.
@@ -258,6 +258,36 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         jobs.append(VolumeJob(name, cls, split, stack, nifti, members))
     sizes = {f.rel_path: f.size for f in files}
     return _settled(jobs, rejects, class_names, split_source, output_dir, sizes)
+
+
+def stack_names(unit: str, stacks: Sequence[volumes.Stack]) -> list[str]:
+    """Each stack's `filename`: its folder (`unit`), alone when the folder gives one stack.
+
+    Else `#series=N`, N the series' SeriesNumber, when the folder holds several series, and
+    `#stack=k` (k its place among its series' stacks) when the series gives several stacks (two
+    orientations or sizes). A series without a SeriesNumber, or sharing one with another series of
+    the folder, is `#stack=k`, k the stack's place among the folder's stacks.
+    """
+    if len(stacks) == 1:
+        return [unit]
+    uids_of_number: dict[str, set[str]] = defaultdict(set)
+    for stack in stacks:
+        uids_of_number[stack.slices[0].series_number].add(stack.series_uid)
+    several_series = len({stack.series_uid for stack in stacks}) > 1
+    stacks_of_series = Counter(stack.series_uid for stack in stacks)
+    seen: Counter = Counter()
+    names = []
+    for stack in stacks:
+        number = stack.slices[0].series_number
+        if number and len(uids_of_number[number]) == 1:
+            name = f"{unit}#series={number}" if several_series else unit
+            if stacks_of_series[stack.series_uid] > 1:
+                name += f"#stack={seen[stack.series_uid]}"
+            seen[stack.series_uid] += 1
+        else:
+            name = f"{unit}#stack={stack.index}"
+        names.append(name)
+    return names
 
 
 def _members(stack, nifti) -> tuple[str, ...]:
@@ -396,7 +426,7 @@ def write_volumes(job):
     writer = _files.AtomicWriter(job.output_dir, job.name)
     quarantined = {rel: (reason, message) for rel, reason, message in job.quarantined}
     index_entries: list[tuple[int, int]] = []
-    class_counts = [0] * job.num_classes
+    classes = CLASS.counter(job.num_classes)
     rejects: list[Reject] = []
     normalized: list[tuple] = []
     sources = 0
@@ -430,15 +460,14 @@ def write_volumes(job):
             index_entries.append((offset, writer.num_bytes - offset))
             framed = None  # The volume goes before the next is decoded.
             sources += len(plan.sources)
-            if 0 <= f.label < job.num_classes:
-                class_counts[f.label] += 1
+            classes.add(f.label)
     except BaseException:
         writer.abort()
         raise
     writer.commit()
     index_name, index_sha256 = _files.write_shard_index(job.output_dir, job.name, index_entries)
     result = ShardResult(job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes,
-                         writer.sha256, tuple(class_counts), index_name, index_sha256, sources)
+                         writer.sha256, classes.to_json(), index_name, index_sha256, sources)
     return ShardOutcome(result, rejects, normalized)
 
 
@@ -483,6 +512,30 @@ def manifest_section(jobs: Mapping[str, VolumeJob], plan, options: volumes.Volum
         "planned": dict(sorted(kinds.items())),
         "files": sum(len(jobs[name].sources) for name in planned),
         "notes": {name: list(jobs[name].notes) for name in planned if jobs[name].notes},
+    }}
+
+
+def counted_section(section: dict, shards, counts: Mapping[str, int]) -> dict:
+    """The `volumes` section with what the run wrote: per split, its volumes and their files; and
+    the reconciliation, in files (inputs = in volumes + rejected + skipped, as the summary prints)
+    and in volumes (planned = written + rejected while decoding).
+
+    Args:
+      section: `manifest_section`'s `volumes` value (known before the run).
+      shards: The run's `conversion.elements.ShardResult`s.
+      counts: The manifest's counts (found, written, rejected, skipped), in files.
+    """
+    splits: dict[str, dict[str, int]] = {}
+    for shard in shards:
+        split = splits.setdefault(shard.split, {"volumes": 0, "files": 0})
+        split["volumes"] += shard.num_records
+        split["files"] += shard.num_sources
+    planned = sum(section.get("planned", {}).values())
+    written = sum(s["volumes"] for s in splits.values())
+    return {**section, "splits": dict(sorted(splits.items())), "reconciliation": {
+        "files": {"inputs": counts["found"], "in_volumes": counts["written"], "rejected": counts["rejected"],
+                  "skipped": counts["skipped"]},
+        "volumes": {"planned": planned, "written": written, "rejected_while_decoding": planned - written},
     }}
 
 

@@ -1040,8 +1040,8 @@ def read_header(f, name: str) -> tuple[Dataset, str]:
     tag = f.read(4)
     keyword = None
     if len(tag) == 4:
-        little, big = struct.unpack("<HH", tag), struct.unpack(">HH", tag)
-        for group, element in (little, big):
+        for order in "<>":
+            group, element = struct.unpack(order + "HH", tag)
             if group == 0x7FE0 and element in _PIXEL_ELEMENTS:
                 keyword = _PIXEL_ELEMENTS[element]
                 break
@@ -1049,7 +1049,31 @@ def read_header(f, name: str) -> tuple[Dataset, str]:
         sop = _sop_class_name(ds)
         raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
                             else f"{name} is a DICOM file without pixel data")
+    _check_pixel_element(f.read(8), order, ds, keyword, name)
     return ds, keyword
+
+
+# The VRs a pixel element's bytes may have (explicit VR: 2 reserved bytes, then a 4-byte length).
+_PIXEL_VRS = (b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN")
+_IMPLICIT_VR_LITTLE_ENDIAN = "1.2.840.10008.1.2"
+
+
+def _check_pixel_element(rest: bytes, order: str, ds: Dataset, keyword: str, name: str) -> None:
+    """Rejects a pixel element that holds no pixel bytes: its length 0, or its VR changed to a number's.
+
+    As `read_dataset` does for the 2-D path (issue 39: pydicom's decoders fail on them with a
+    TypeError, and a whole series with them). `rest`: the 8 bytes after the element's tag.
+    """
+    if len(rest) < 8:
+        return  # Cut short: the writer reads the file and says so.
+    syntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "") or "")
+    explicit = syntax != _IMPLICIT_VR_LITTLE_ENDIAN if syntax else rest[:2] in _PIXEL_VRS
+    if explicit and rest[:2] not in _PIXEL_VRS:
+        raise ImageRejected("corrupt", f"{name}: its {keyword} element (VR {rest[:2].decode('latin-1')!r}) "
+                                       "holds no pixel bytes")
+    length = struct.unpack(order + "I", rest[4:8] if explicit else rest[:4])[0]
+    if length == 0:
+        raise ImageRejected("corrupt", f"{name}: its {keyword} element is empty (length 0): no pixel bytes")
 
 
 # The pixel elements of group 7FE0, by element number.

@@ -17,7 +17,7 @@ it; this module holds the options and the batched decoding of small JPEGs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from imaging import dicom as _dicom
 from imaging import formats as _formats
@@ -37,6 +37,10 @@ __all__ = ["ValidationOptions", "ValidImage", "ImageValidator"]
 # is decoded twice to pad a batch, and at most len(_BATCH_SIZES) graphs are
 # built per process.
 _BATCH_SIZES = (64, 32, 16, 8, 4, 2, 1)
+
+
+def _nothing(i: int) -> None:
+    """`validate_many`'s `on_file` when none is given."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +167,8 @@ class ImageValidator:
             raise ValueError(f"{name} has {len(images)} {parts}: use validate_all")
         return images[0]
 
-    def validate_many(self, items: Sequence[tuple[bytes, str]]) -> list[list[ValidImage] | ImageRejected]:
+    def validate_many(self, items: Sequence[tuple[bytes, str]],
+                      on_file: Callable[[int], None] | None = None) -> list[list[ValidImage] | ImageRejected]:
         """Checks many files at once: for each, what `validate_all` returns or raises.
 
         Ordinary upright JPEGs (those `validate` keeps byte for byte after one
@@ -175,11 +180,16 @@ class ImageValidator:
 
         Args:
           items: (data, name) of each file: its bytes and its relative path.
+          on_file: Called with i as the work on the i-th item alone starts,
+            and with -1 as work on several starts (a batch's decode, the
+            header checks of the JPEGs that may join one): the conversion's
+            journal, so that its watchdog times each file (`conversion.guard`).
 
         Returns:
           One entry per item, in order: its images, or the `ImageRejected` it
           was rejected with (returned, not raised).
         """
+        on_file = on_file or _nothing
         results: list = [None] * len(items)
         batch: list[tuple[int, ValidImage]] = []
         for i, (data, name) in enumerate(items):
@@ -187,19 +197,23 @@ class ImageValidator:
             # check, so the sniff alone says which files may join a batch.
             image = _jpeg.batchable(data, self._context) if sniff_format(data[:132]) == "jpeg" else None
             if image is None:
+                on_file(i)
                 results[i] = self._validate_or_reject(data, name)
+                on_file(-1)
             else:
                 batch.append((i, image))
         start = 0
         for size in _BATCH_SIZES:
             while len(batch) - start >= size:
                 group = batch[start:start + size]
+                on_file(-1)
                 if _jpeg.decode_together([image for _, image in group], self._context):
                     for i, image in group:
                         results[i] = [image]
                 else:
                     # Which image failed, and why: `validate_all` says.
                     for i, _ in group:
+                        on_file(i)
                         results[i] = self._validate_or_reject(*items[i])
                 start += size
         return results

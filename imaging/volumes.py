@@ -18,6 +18,7 @@ import dataclasses
 import gzip
 import hashlib
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -35,6 +36,9 @@ _LOG = logging.getLogger(__name__)
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 # A gap between two slices larger than this times the usual spacing is a missing slice.
 _GAP_FACTOR = 1.5
+# Any other step further than this fraction of the usual spacing from it is unequal spacing: one
+# affine cannot place those slices (a slice 10% off is a tenth of a voxel out, at least).
+_SPACING_TOLERANCE = 0.1
 # Orientations equal to this many decimals are one (direction cosines are written with ~6).
 _ORIENTATION_DECIMALS = 4
 _INT16 = np.iinfo(np.int16)
@@ -79,6 +83,7 @@ class DicomSlice:
       monochrome1: Whether low values are bright.
       pixel_hash: A digest of the slice's stored pixel bytes (exact duplicates).
       modality: DICOM Modality.
+      series_number: SeriesNumber as written ('' when absent): names a folder's series.
     """
 
     name: str
@@ -96,6 +101,7 @@ class DicomSlice:
     monochrome1: bool
     pixel_hash: str
     modality: str = ""
+    series_number: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -218,9 +224,17 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
         raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
                                       "convert it with dcm2niix, or export classic slices")
     frames = dicom.num_frames(ds, name)
+    try:
+        rows, columns = int(ds.Rows), int(ds.Columns)
+    except (AttributeError, TypeError, ValueError):  # Dropped or emptied (issue 39's mutations).
+        raise ImageRejected("corrupt", f"{name}: its header has no Rows and Columns") from None
     bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
     signed = int(ds.get("PixelRepresentation") or 0) == 1
     allocated = int(ds.get("BitsAllocated") or 16)
+    if pixel_keyword == "PixelData" and (allocated not in (1, 8, 16, 32, 64) or not 1 <= bits <= 64):
+        # A damaged header (issue 39's mutations): BitsStored 56080 made a 16,882-digit stored range.
+        raise ImageRejected("corrupt", f"{name}: BitsAllocated {allocated} and BitsStored {bits} are no sample "
+                                       "size (BitsAllocated 1, 8, 16, 32 or 64; BitsStored 1 to 64)")
     if pixel_keyword != "PixelData":
         stored_dtype, stored_range = "float32", (0, 0)
     else:
@@ -248,10 +262,11 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
         digest = "" if pixels is None else _pixel_digest(pixels, frames, index)
         slices.append(DicomSlice(
             name=name, frame=index, series_uid=str(ds.get("SeriesInstanceUID", "")),
-            orientation=orientation, position=position, rows=int(ds.Rows), columns=int(ds.Columns),
+            orientation=orientation, position=position, rows=rows, columns=columns,
             pixel_spacing=spacing, slope=slope, intercept=intercept, stored_range=stored_range,
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
+            series_number=str(ds.get("SeriesNumber", "") or "").strip(),
         ))
     return slices
 
@@ -335,16 +350,16 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
         counts = sorted(set(repeated))
         if len(counts) == 1 and len(positions) >= min_slices:
             return _reject_all(members, "repeated_positions",
-                               f"every one of the {len(positions)} positions of series {series_uid} "
+                               f"every one of the {len(positions)} positions of the series "
                                f"holds {counts[0]} slices with different pixels (time points or echoes?)")
         where_bad = [f"{depth_of(g, normal):.3f}" for g in kept if isinstance(g, list)]
         return _reject_all(members, "conflicting_slices",
-                           f"series {series_uid} has different slices at the same position(s) "
+                           "the series has different slices at the same position(s) "
                            f"{', '.join(where_bad[:5])} mm along the normal")
     if len(kept) < min_slices:
         duplicates = {n for n, _, _ in dropped}
         return None, dropped + [(s.name, "too_few_slices",
-                                 f"{len(kept)} slice(s) of series {series_uid} in this orientation and "
+                                 f"{len(kept)} slice(s) of the series in this orientation and "
                                  f"size ({members[0].columns}x{members[0].rows}), fewer than "
                                  f"--min_slices={min_slices} (a scout or localizer?)") for s in members
                                 if s.name not in duplicates]
@@ -356,8 +371,15 @@ def _check_stack(series_uid, members, min_slices, pixel_hash=None):
         if len(gaps):
             text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f}" for i in gaps[:5])
             return _reject_all(members, "missing_slice",
-                               f"series {series_uid}: gap(s) between slices at {text} mm along the "
+                               f"gap(s) between the series' slices at {text} mm along the "
                                f"normal, usual spacing {usual:.3f} mm")
+        unequal = np.nonzero(np.abs(steps - usual) > _SPACING_TOLERANCE * usual)[0]
+        if len(unequal):
+            text = ", ".join(f"{depths[i]:.3f} to {depths[i + 1]:.3f} ({steps[i]:.3f} mm)" for i in unequal[:5])
+            return _reject_all(members, "missing_slice",
+                               f"unequal spacing between the series' slices at {text} along the "
+                               f"normal, usual spacing {usual:.3f} mm (tolerance "
+                               f"{100 * _SPACING_TOLERANCE:.0f}%): one affine cannot place them")
     return Stack(series_uid, 0, tuple(kept), tuple(notes)), dropped
 
 
@@ -478,6 +500,16 @@ def read_nifti(data: bytes, name: str) -> Volume:
         shape = shape[:3]
     if len(shape) != 3:
         raise ImageRejected("not_a_volume", f"{name} has shape {image.shape}, not 3-D")
+    if min(shape) < 1:  # A damaged dim[] (issue 39's mutations): not a schema's error later.
+        raise ImageRejected("corrupt", f"{name}: its header gives an empty volume of shape {image.shape}")
+    # What the header says the voxels take, against what the file holds: refused before
+    # nibabel allocates it (it reads into a buffer of the header's size).
+    offset = int(getattr(image.dataobj, "offset", 0))  # The image's header copy says 0.
+    needed = offset + math.prod(int(n) for n in image.shape) * image.get_data_dtype().itemsize
+    if needed > len(data):
+        raise ImageRejected("corrupt", f"{name}: its header gives {image.shape} voxels of "
+                            f"{image.get_data_dtype().name} from byte {offset}, {needed:,} bytes; the file holds "
+                            f"{len(data):,} (cut short, or a damaged header)")
     try:
         # nibabel moves scl_slope/scl_inter from the header to the array proxy, which
         # applies them (to float) only when they are not 1 and 0.
@@ -498,6 +530,8 @@ def read_nifti(data: bytes, name: str) -> Volume:
     # NIfTI's array is (i, j, k); a volume is stored (k, j, i), the same affine.
     voxels = np.ascontiguousarray(values.transpose(2, 1, 0))
     affine = np.asarray(image.affine, dtype=np.float64)
+    if not np.isfinite(affine).all():  # A damaged srow_x/y/z or pixdim (issue 39's mutations).
+        raise ImageRejected("corrupt", f"{name}: its affine is not finite ({affine[:3].tolist()})")
     norms = np.linalg.norm(affine[:3, :3], axis=0)
     code = "sform" if int(image.header["sform_code"]) > 0 else (
         "qform" if int(image.header["qform_code"]) > 0 else "none")

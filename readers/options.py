@@ -405,9 +405,9 @@ class ReadOptions:
             )
         for name in ("repeat", "drop_remainder"):
             _check_bool(name, getattr(self, name))
-        if self.label_mode not in LABEL_MODES:
+        if self.label_mode is not None and targets.mode_of(self.label_mode) is None:
             raise ValueError(
-                f"`label_mode` must be one of {LABEL_MODES}. "
+                f"`label_mode` must be one of {(*(mode.name for mode in targets.MODES), None)}. "
                 f"Received: label_mode={self.label_mode!r}"
             )
         if self.pad_boxes is not None:
@@ -469,7 +469,7 @@ class ReadOptions:
                 "label_mode='int' or 'categorical'. Received: label_mode='binary'"
             )
         if self.label_mode not in supported:
-            kind = targets.KIND_OF_MODE.get(self.label_mode)
+            kind = getattr(targets.mode_of(self.label_mode), "kind", None)
             has = ("no image-level classes (class_names is [], every label -1)"
                    if kind == targets.CLASS_KIND else f"no {kind!r} target")
             raise ValueError(
@@ -732,7 +732,8 @@ class ReaderConfig:
                 "augment='standard' or None. Received: "
                 f"augment={self.image.augment!r}, label_mode={self.reading.label_mode!r}"
             )
-        if self.image.reduced_decode and self.reading.label_mode in targets.TARGET_LABEL_MODES:
+        mode = targets.mode_of(self.reading.label_mode)
+        if self.image.reduced_decode and mode is not None and mode.from_class is None:
             raise ValueError(
                 "reduced_decode=True decodes the image at a reduced scale and a slightly "
                 f"wider window, which the targets of label_mode={self.reading.label_mode!r} "

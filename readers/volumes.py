@@ -15,6 +15,7 @@ maps to its RAS position.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 
@@ -27,6 +28,8 @@ from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES,
                              VOLUME_SHAPE, VOLUME_SPACING)
 
 __all__ = ["volume_dataset_from_tfrecords", "VOLUME_EXTRA_FEATURES"]
+
+_LOG = logging.getLogger(__name__)
 
 # Keys `extra_features` may name.
 VOLUME_EXTRA_FEATURES = tuple(spec.key for spec in VOLUME_SCHEMA.features
@@ -57,6 +60,7 @@ class _Options:
     dtype: str | None
     extra_features: tuple[str, ...]
     seed: int | None
+    sharded_here: bool = False  # An input_context chose this pipeline's share.
 
     def __post_init__(self):
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or
@@ -151,7 +155,9 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
       shuffle: Shuffle the shard order and volumes (seeded).
       seed: Seeds the shuffles and the crops: the same seed, the same patches.
       input_context: From `tf.distribute`: this pipeline reads shard files
-        `input_pipeline_id::num_input_pipelines`, as the image reader does.
+        `input_pipeline_id::num_input_pipelines`, as the image reader does (with
+        fewer files than pipelines, every file and one record in every
+        `num_input_pipelines`, with a warning); tf.distribute's own sharding is off.
 
     Returns:
       A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples, with a
@@ -160,7 +166,8 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
     options = _Options(batch_size, _triple(volume_size, "volume_size", int), _triple(patch_size, "patch_size", int),
                        patches_per_volume, _triple(spacing, "spacing"),
                        None if window is None else tuple(float(v) for v in window), dtype,
-                       tuple(extra_features), seed)
+                       tuple(extra_features), seed,
+                       input_context is not None and input_context.num_input_pipelines > 1)
     ds = _serialized(data_dir, split, shuffle, seed, input_context)
     keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
         tuple(k for k in options.extra_features
@@ -196,19 +203,37 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
 def _batched(ds: tf.data.Dataset, options: _Options) -> tf.data.Dataset:
     if options.batch_size is not None:
         ds = ds.batch(options.batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    if options.sharded_here:
+        # This pipeline's share is chosen here: tf.distribute must not shard it again.
+        tf_options = tf.data.Options()
+        tf_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(tf_options)
+    return ds
 
 
 def _serialized(data_dir, split: str, shuffle: bool, seed, input_context) -> tf.data.Dataset:
-    """The split's serialized records: this pipeline's shard files, shuffled (seeded) if asked."""
+    """The split's serialized records: this pipeline's share, shuffled (seeded) if asked.
+
+    The image reader's rules under `tf.distribute`: pipeline i of n reads shard files i, i+n, ...;
+    with fewer files than pipelines each reads every file and keeps one record in every n (in
+    file order, before any shuffle, so the shares are disjoint whatever the seed), with a warning.
+    """
     files = _shard_files(data_dir, split)
+    pipelines = 1 if input_context is None else input_context.num_input_pipelines
+    by_record = 1 < pipelines and len(files) < pipelines
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if shuffle:
+    if pipelines > 1 and not by_record:
+        ds = ds.shard(pipelines, input_context.input_pipeline_id)
+    if shuffle and not by_record:
         ds = ds.shuffle(len(files), seed=seed)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=2, deterministic=True,
                        num_parallel_calls=tf.data.AUTOTUNE)
+    if by_record:
+        _LOG.warning("Split %r of %s has %d shard file(s) for %d input pipelines: every pipeline reads all "
+                     "files and keeps one record in every %d (convert with --min_shards %d to read whole files).",
+                     split, data_dir, len(files), pipelines, pipelines, pipelines)
+        ds = ds.shard(pipelines, input_context.input_pipeline_id)
     if shuffle:
         ds = ds.shuffle(16, seed=seed)
     return ds

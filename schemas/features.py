@@ -492,6 +492,11 @@ TARGET_KINDS: Mapping[str, tuple[FeatureSpec, ...]] = {
 }
 
 
+def _target_specs() -> tuple[FeatureSpec, ...]:
+    """Every kind's target features, from `TARGET_KINDS` as it is at the call."""
+    return tuple(spec for specs in TARGET_KINDS.values() for spec in specs)
+
+
 def target_features(kinds) -> tuple[FeatureSpec, ...]:
     """The features of the target `kinds` (keys of TARGET_KINDS), in schema order.
 
@@ -555,11 +560,10 @@ class ImageExampleSchema:
     """
 
     _CORE = (IMAGE, LABEL, FILENAME, FORMAT, HEIGHT, WIDTH, CHANNELS)
-    _TARGETS = tuple(spec for specs in TARGET_KINDS.values() for spec in specs)
 
     def __init__(self, extra_string_features: tuple[str, ...] = (), georef: bool = False,
                  targets: tuple[str, ...] = ()):
-        reserved = {spec.key for spec in self._CORE + GEOREF_FEATURES + self._TARGETS}
+        reserved = {spec.key for spec in self._CORE + GEOREF_FEATURES + _target_specs()}
         clashes = sorted(set(extra_string_features) & reserved)
         if clashes:
             raise ValueError(
@@ -602,7 +606,7 @@ class ImageExampleSchema:
     def string_features(self) -> tuple[str, ...]:
         """Keys of the extra string features (DICOM tags), sorted."""
         return tuple(spec.key for spec in self.extra
-                     if spec not in GEOREF_FEATURES and spec not in self._TARGETS)
+                     if spec not in GEOREF_FEATURES and spec not in _target_specs())
 
     def __eq__(self, other):
         return isinstance(other, ImageExampleSchema) and self.features == other.features
@@ -732,7 +736,7 @@ class ImageExampleSchema:
                                      f"this reader expects {spec.dtype!r}")
             if found:
                 kinds.append(kind)
-        targets = {spec.key for spec in cls._TARGETS}
+        targets = {spec.key for spec in _target_specs()}
         extra = tuple(sorted(k for k in features if k not in core and k not in georef
                              and k not in targets))
         return cls(extra_string_features=extra, georef=bool(present), targets=tuple(kinds))

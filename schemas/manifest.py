@@ -100,7 +100,7 @@ REJECT_REASONS = {
     "mask_size_mismatch": "The mask's size is neither the image's upright size nor its raw frame's.",
     "bad_target": "The image's target (labels, numbers, boxes) cannot be stored as given.",
     # Volumes (--volumes): a DICOM series stack or a NIfTI file that cannot be one volume.
-    "missing_slice": "A gap between a stack's slices of more than 1.5 times its usual spacing.",
+    "missing_slice": "A gap between a stack's slices of more than 1.5 times its usual spacing, or a step more than 10% off it.",
     "conflicting_slices": "Two slices of a stack at the same position with different pixels.",
     "repeated_positions": "Every position of a stack holds several slices (time points, echoes).",
     "mosaic": "A Siemens mosaic: the slices of a volume packed in one image.",
@@ -599,7 +599,9 @@ class VersionInfo:
       inputs: What an append found in the input folder, counted: "listed",
         "new", "held" (unchanged), "changed" (held, bytes differ: not
         rewritten), "missing_from_input" (held, no longer listed),
-        "duplicates_of_held" (--dedup); {} for a first conversion.
+        "duplicates_of_held" (--dedup), "retried" (rejected by the version
+        before, tried again; not among "new") and "retried_rejected_again";
+        {} for a first conversion.
       sections: The manifest's sections that describe the whole dataset
         (`targets`: box classes, mask dtype, counts; `time_series`: its
         locations) as this version left them, in a dataset that grew; {}

@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import schemas
 from conversion import scene_log
-from conversion.targets import TARGETS, per_split_rows as _per_split_rows
+from conversion.targets import CLASS, kind_named
 from conversion.files import read_bytes
 
 __all__ = ["inspect_dataset", "format_inspection", "main"]
@@ -56,18 +56,15 @@ def inspect_dataset(data_dir: str) -> dict:
     report_path = FileSystems.join(data_dir, schemas.VERIFY_REPORT_FILENAME)
     report = json.loads(read_bytes(report_path).decode()) if FileSystems.exists(report_path) else None
     warnings = []
-    # Several labels per image: the images having each class count, not the image-level labels
-    # (-1 in such records, so their class counts are all 0).
-    multi = (manifest.targets.get("labels") or {}).get("counts")
-    for split, info in manifest.splits.items():
+    # Images having each class, as the class's row counts them (with several labels per image: those).
+    per_split = CLASS.per_split(manifest)
+    for split, counts in per_split.items():
         if split == "train":
             continue
-        counts = multi.get(split, ()) if multi is not None else info.class_counts
         missing = [c for c, n in zip(manifest.class_names, counts) if n == 0]
         if missing:
             warnings.append(f"{len(missing)} class(es) have no {split} images: {', '.join(missing[:10])}")
-    for split, info in manifest.splits.items():
-        per_class = tuple(multi.get(split, ())) if multi is not None else info.class_counts
+    for split, per_class in per_split.items():
         counts = [n for n in per_class if n > 0]
         if len(counts) > 1 and max(counts) / min(counts) >= _IMBALANCE_WARNING:
             big = manifest.class_names[per_class.index(max(counts))]
@@ -97,8 +94,6 @@ def inspect_dataset(data_dir: str) -> dict:
     return {"manifest": manifest, "verify": report, "warnings": warnings}
 
 
-# The kinds of target `inspect` shows, by name (`conversion.targets.TARGETS`).
-_TARGET_KINDS = {kind.name: kind for kind in TARGETS}
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -197,7 +192,7 @@ def _target_lines(m: schemas.Manifest, max_classes: int) -> list[str]:
     splits = list(m.splits)
     lines = []
     for name in [k for k in schemas.TARGET_KINDS if k in targets]:
-        kind = _TARGET_KINDS.get(name)
+        kind = kind_named(name)
         if kind is None or kind.describe is None:
             continue
         shown = kind.describe(targets[name], list(m.class_names), splits, max_classes)
@@ -226,17 +221,9 @@ def format_inspection(data_dir: str, facts: dict, max_classes: int = 30, max_sce
     lines += _version_lines(m)
     lines += _patch_lines(m, max_scenes)
     lines += _target_lines(m, max_classes)
-    splits = list(m.splits)
-    # Several labels per image and no image-level label: the multi-label table above says it all.
-    multi_only = "labels" in m.targets and not any(sum(i.class_counts) for i in m.splits.values())
-    if m.class_names and not multi_only:
-        rows = _per_split_rows("class", m.class_names[:max_classes], splits,
-                               lambda s, i: m.splits[s].class_counts[i] if m.splits[s].class_counts else 0)
-        lines += _table(rows)
-    elif not m.class_names:
-        lines.append("no image-level classes (label -1 in every record)")
-    if len(m.class_names) > max_classes:
-        lines.append(f"... and {len(m.class_names) - max_classes} more classes")
+    # The image-level class, as its row describes it (images per class and split).
+    shown = CLASS.describe(m, max_classes)
+    lines += [*shown.head, *(_table(shown.rows) if shown.rows else []), *shown.tail]
     c = m.counts
     lines += ["", f"inputs {c['found']:,} = {c['written']:,} written + {c['rejected']:,} rejected + "
                   f"{c['skipped']:,} skipped"]

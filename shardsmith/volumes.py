@@ -11,13 +11,14 @@ The commands call these when the folder holds `volumes.json`, which `convert --v
 from __future__ import annotations
 
 import collections
+import json
 import os
 import sys
 
 import numpy as np
 
 from conversion import volumes as _volumes
-from schemas import FILENAME, LABEL, tfrecord
+from schemas import FILENAME, LABEL, MANIFEST_FILENAME, tfrecord
 from schemas.volumes import VOLUME, VOLUME_AFFINE, VOLUME_SCHEMA, VOLUME_SPACING
 
 __all__ = ["is_volume_dataset", "inspect_volumes", "verify_volumes", "preview_volumes", "PREVIEW_FILENAME"]
@@ -48,9 +49,15 @@ def _axcodes(affine) -> str:
 
 def inspect_volumes(folder: str) -> str:
     manifest = _volumes.read_manifest(folder)
+    # manifest.json's volume section: files per split and the reconciliation (datasets of
+    # earlier versions have neither).
+    with open(os.path.join(folder, MANIFEST_FILENAME), "rb") as f:
+        section = json.load(f).get("volumes", {})
+    files = {split: entry["files"] for split, entry in section.get("splits", {}).items()}
     lines = [f"{folder}: volumes ({len(manifest['class_names'])} classes: {', '.join(manifest['class_names'])})"]
     for split, entry in sorted(manifest["splits"].items()):
-        lines.append(f"  {split}: {entry['records']} volumes in {entry['shards']} shard(s)")
+        made_of = f" ({files[split]} files)" if split in files else ""
+        lines.append(f"  {split}: {entry['records']} volumes{made_of} in {entry['shards']} shard(s)")
     for split, _, payload in _records(folder, manifest):
         r = VOLUME_SCHEMA.decode(payload)
         spacing = ", ".join(f"{v:.3g}" for v in r[VOLUME_SPACING.key])
@@ -60,6 +67,11 @@ def inspect_volumes(folder: str) -> str:
     reasons = collections.Counter(r["reason"] for r in manifest["rejects"])
     lines.append(f"  rejected files: {sum(reasons.values())}" +
                  (f" ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})" if reasons else ""))
+    if "reconciliation" in section:
+        f, v = section["reconciliation"]["files"], section["reconciliation"]["volumes"]
+        lines.append(f"  inputs {f['inputs']} = {f['in_volumes']} in volumes + {f['rejected']} rejected + "
+                     f"{f['skipped']} skipped; volumes {v['planned']} planned = {v['written']} written + "
+                     f"{v['rejected_while_decoding']} rejected while decoding")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from PIL import Image
 
 __all__ = ["pixels", "encode", "write", "make_class_tree", "read_records", "convert", "make_dicom",
            "tiff_with_bad_tag", "interpreters_at_once", "forked_programs", "faulty_plugin",
-           "add_faulty_files", "add_growing_file"]
+           "add_faulty_files", "add_growing_file", "add_slow_files"]
 
 
 def pixels(seed: int, size=(24, 32), mode="RGB") -> np.ndarray:
@@ -286,6 +286,8 @@ _FAULTY_PLUGIN = textwrap.dedent('''
             if kind == b"HANG":
                 while True:
                     time.sleep(0.5)
+            if kind == b"SLOW":  # Slow, not stuck: 3 s, then no image of this format.
+                time.sleep(3)
             if kind == b"GROW":  # ~640 MB/s, written (resident), up to 3 GiB; then it hangs.
                 chunks = []
                 while len(chunks) < 96:
@@ -301,6 +303,8 @@ _FAULTY_PLUGIN = textwrap.dedent('''
 FAULT_KINDS = ("RAISE", "SEGV", "HANG")
 # The plugin's file that grows without end (`add_growing_file`): apart, as --file_memory's alone.
 GROW = "GROW"
+# The plugin's file that takes 3 s and is then no image (`add_slow_files`).
+SLOW = "SLOW"
 
 
 def faulty_plugin(folder: pathlib.Path) -> pathlib.Path:
@@ -316,6 +320,16 @@ def add_growing_file(root: pathlib.Path, folder: str) -> str:
     rel = f"{folder}/faulty_grow.png"
     write(pathlib.Path(root) / rel, b"FAULTY" + GROW.ljust(6).encode())
     return rel
+
+
+def add_slow_files(root: pathlib.Path, folder: str, count: int) -> list[str]:
+    """`count` files in `root/folder` on which the faulty plugin takes 3 s each; their relative paths."""
+    written = []
+    for i in range(count):
+        rel = f"{folder}/faulty_slow{i}.png"
+        write(pathlib.Path(root) / rel, b"FAULTY" + SLOW.ljust(6).encode())
+        written.append(rel)
+    return written
 
 
 def add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:

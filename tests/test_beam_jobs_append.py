@@ -18,7 +18,7 @@ from helpers import convert, encode, make_class_tree, pixels, read_records, writ
 
 import schemas  # noqa: E402
 from schemas.manifest import SHARD_FILENAME_RE  # noqa: E402
-from conversion import append as _append  # noqa: E402
+from conversion import append as _append, append_run  # noqa: E402
 from conversion.lock import LOCK_FILENAME, LockError, OutputLock  # noqa: E402
 
 SPLIT = ("--split", "train=0.6,validation=0.4", "--min_shards", "2")
@@ -335,3 +335,32 @@ def test_a_labels_csv_that_grows_with_the_folder(tmp_path):
     assert grown.rejects == {} and grown.versions[-1].inputs["new"] == 2
     assert grown.class_names == ("a", "b", "c")
     assert {r["filename"].decode(): grown.class_names[r["label"]] for r in read_records(out)} == rows
+
+
+def test_an_earlier_reject_is_tried_again_and_counted_as_retried_not_new(tmp_path):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_class_tree(inp, classes=("cat", "dog"), per_class=6)
+    write(inp / "cat" / "fixed_later.jpg", b"not a jpeg at all")
+    write(inp / "dog" / "still_bad.jpg", b"neither is this")
+    first = convert(inp, out, *SPLIT, "--max_reject_fraction", "0.5")
+    earlier = {json.loads(line)["path"]: json.loads(line)["reason"]
+               for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()}
+    assert set(earlier) == {"cat/fixed_later.jpg", "dog/still_bad.jpg"} and first.counts["rejected"] == 2
+    # The owner replaces one bad file with a good one, and a new photo arrives.
+    write(inp / "cat" / "fixed_later.jpg", encode(pixels(70), "JPEG", quality=90))
+    _add_images(inp, ["dog/brand_new.jpg"], seed=71)
+    second = convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "0.5")
+    v2 = second.versions[-1]
+    assert (v2.inputs["new"], v2.inputs["retried"], v2.inputs["retried_rejected_again"]) == (1, 2, 1)
+    report = json.loads((out / _append.REPORT_FILENAME).read_text())
+    assert report["new"] == 1 and report["retried"] == earlier
+    assert report["retried_rejected_again"] == ["dog/still_bad.jpg"]
+    names = [r["filename"].decode() for r in read_records(out)]
+    assert names.count("cat/fixed_later.jpg") == 1 and names.count("dog/brand_new.jpg") == 1
+    assert "dog/still_bad.jpg" not in names
+    summary = append_run.version_summary(second)
+    assert "2 rejected by an earlier version and tried again (1 written, 1 rejected again)" in summary
+    # Still rejected, the bad file is tried again by the next append, and still not counted as new.
+    _add_images(inp, ["cat/week3.jpg"], seed=72)
+    third = convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "0.5")
+    assert (third.versions[-1].inputs["new"], third.versions[-1].inputs["retried"]) == (1, 1)

@@ -90,3 +90,76 @@ def test_a_shard_whose_sources_changed_is_not_replaced(converted, tmp_path):
     assert result.returncode == 1
     assert "its bytes differ from the manifest's" in result.stderr
     assert (out / name).read_bytes() == broken
+
+
+def _no_core_dumps():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def test_a_file_that_crashes_or_hangs_the_mend_is_named_and_every_shard_is_mended(tmp_path):
+    """Converted without the faulty plugin (its files are no images then, rejected); mended with it:
+    one file segfaults the mending process, one hangs it, one raises. The mend runs supervised, as a
+    conversion does: each is quarantined in turn and the mend goes on (unsupervised, it died on the first)."""
+    import os
+
+    from helpers import add_faulty_files, faulty_plugin
+
+    root = tmp_path / "images"
+    images = make_class_tree(root, classes=("a", "b"), per_class=12)
+    faulty = add_faulty_files(root, "b")
+    out = tmp_path / "out"
+    result = _convert(root, out, "--max_reject_fraction", "0.5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for shard in out.glob("*.tfrecord"):
+        data = bytearray(shard.read_bytes() or b"\0")  # A byte flipped, or one in an empty shard.
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(faulty_plugin(tmp_path)), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    mended = subprocess.run([sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(root),
+                             "--output_dir", str(out), "--num_shards", "16", "--max_reject_fraction", "0.5",
+                             "--file_timeout", "8", "--resume"], env=env, capture_output=True, text=True,
+                            timeout=600, preexec_fn=_no_core_dumps)
+    assert mended.returncode == 0, mended.stderr[-3000:]
+    by_kind = {kind: rel for rel, kind in faulty.items()}
+    assert f"Rejected {by_kind['SEGV']} (decoder_crashed)" in mended.stderr, mended.stderr[-3000:]
+    assert f"Rejected {by_kind['HANG']} (timeout)" in mended.stderr, mended.stderr[-3000:]
+    # Those files were rejects of the conversion: every shard is its bytes again, nothing else changed.
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not (out / "_shardsmith_tmp").exists()
+    assert sorted(r["filename"].decode() for r in read_records(out)) == sorted(images)
+
+
+def test_a_shard_holding_a_file_that_failed_in_the_mend_is_left_and_named(converted):
+    """A file of a damaged shard that crashed an earlier attempt of the mend (quarantined): that shard
+    cannot be the manifest's bytes without it, so it is left as it was and the file named."""
+    import json
+
+    root, out, _ = converted
+    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
+    import tensorflow as tf
+
+    shard = manifest.splits["train"].shards[5]  # One no other test damages (`_damage`).
+    name = shard.file
+    spec = schemas.ImageExampleSchema.from_json(manifest.features).parse_spec()
+    raw = next(iter(tf.data.TFRecordDataset(str(out / name))))
+    victim = tf.io.parse_single_example(raw, spec)["filename"].numpy().decode()
+    data = bytearray((out / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (out / name).write_bytes(bytes(data))
+    broken = bytes(data)
+    (out / "_shardsmith_tmp").mkdir()
+    (out / "_shardsmith_tmp" / "quarantine.jsonl").write_text(json.dumps(
+        {"path": victim, "reason": "decoder_crashed", "message": f"{victim}: the process ended (SIGSEGV)"}) + "\n")
+    result = _convert(root, out, "--resume")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"{name} (sha256 differs from the manifest): left as it was: {victim} failed while it was read " \
+           "again (decoder_crashed" in result.stderr, result.stderr[-3000:]
+    assert (out / name).read_bytes() == broken
+    # Mended by a later --resume once the file reads again (the quarantine was this mend's alone).
+    assert not (out / "_shardsmith_tmp").exists()
+    assert _convert(root, out, "--resume").returncode == 0
+    assert (out / name).read_bytes() != broken

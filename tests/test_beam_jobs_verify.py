@@ -102,6 +102,39 @@ def test_every_damaged_record_is_listed_with_its_offset_what_is_wrong_and_its_so
     assert not any(second.file in p for p in problems)
 
 
+def test_the_records_after_a_damaged_one_are_checked_and_counted_by_class(dataset):
+    """Record 1 of a shard damaged: the records after it (found by the index file) are checked and
+    counted; with the lost record's class unknown, the class counts add up and are no problem."""
+    from conversion.verification import ShardCheck, ShardVerifier
+
+    out, manifest = dataset
+    shard = manifest.splits["train"].shards[0]
+    entries = [tuple(map(int, line.split())) for line in (out / shard.index_file).read_text().splitlines()]
+    assert len(entries) >= 3
+    schema = schemas.ImageExampleSchema.from_json(manifest.features)
+    data = bytearray((out / shard.file).read_bytes())
+    labels = [int(schema.decode(frame_data(bytes(data[o:o + n])))[schemas.LABEL.key]) for o, n in entries]
+    offset, length = entries[1]
+    data[offset + length // 2] ^= 0xFF
+    (out / shard.file).write_bytes(bytes(data))
+    verifier = ShardVerifier(str(out), manifest.features, len(manifest.class_names))
+    verifier.setup()
+    [check] = [c for c in verifier.check("train", shard) if isinstance(c, ShardCheck)]
+    expected = [0] * len(manifest.class_names)
+    for k, label in enumerate(labels):
+        if k != 1:
+            expected[label] += 1
+    assert list(check.class_counts) == expected and check.num_records == len(entries) - 1
+    assert check.unchecked == 1
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert any(f"{shard.file}: 1 damaged record(s) of {len(entries)}" in p and
+               f"{len(entries) - 2} later record(s) hold and were checked" in p for p in problems), problems
+    assert not any("class counts" in p for p in problems), problems
+    # One record of the split is lost, and said so.
+    assert any(p.startswith("split train: ") and "records, the manifest says" in p for p in problems), problems
+
+
 def test_missing_shard_and_wrong_counts_are_mismatches(dataset):
     out, manifest = dataset
     gone = manifest.splits["test"].shards[-1]

@@ -10,6 +10,11 @@ verify` passing, no crash or hang, and the process tree's peak memory.
 
 The fast lane runs ~150 files; the slow one (`SHARDSMITH_SLOW=1`)
 thousands, in worker processes as a large folder is converted.
+
+NIfTI files and DICOM series go through `--volumes` apart (`write_volume_cases`):
+damaged NIfTI-1 files (nibabel's, half gzipped after) and series of pydicom
+slices with one or two slices damaged, dropped, duplicated or emptied, checked
+per file.
 """
 
 from __future__ import annotations
@@ -60,3 +65,33 @@ def test_thousands_of_damaged_files_convert_in_worker_processes(tmp_path):
     outcome = mutations_convert.convert_cases(tmp_path / "in", tmp_path / "out", cases,
                                               file_timeout=_FILE_TIMEOUT)
     _check(outcome)
+
+
+def _check_volumes(outcome: mutations_convert.ConversionOutcome) -> None:
+    report = mutations_convert.report(outcome, 0, mutations_convert.VOLUME_FORMATS)
+    assert outcome.status in (0, 3), report
+    assert not outcome.breaks, report
+    assert not outcome.crashes, report
+    assert not outcome.hangs, report
+    assert not outcome.noise, report
+    for fmt in mutations_convert.VOLUME_FORMATS:
+        assert outcome.written[fmt] > 0, report
+        assert outcome.rejected[fmt]["corrupt"] > 0, report
+    assert outcome.records >= sum(outcome.written.values())
+    assert 0 < outcome.peak_rss < _PEAK_BYTES, report
+
+
+def test_damaged_nifti_files_and_series_convert_with_every_file_accounted_for(tmp_path):
+    cases = mutations_convert.write_volume_cases(tmp_path / "in", 60, 0)
+    assert len(cases) == 2 * 61 + 61
+    outcome = mutations_convert.convert_volume_cases(tmp_path / "in", tmp_path / "out", cases,
+                                                     file_timeout=_FILE_TIMEOUT)
+    _check_volumes(outcome)
+
+
+@pytest.mark.skipif(not _SLOW, reason="thousands of damaged volumes: SHARDSMITH_SLOW=1")
+def test_thousands_of_damaged_nifti_files_and_series_convert(tmp_path):
+    cases = mutations_convert.write_volume_cases(tmp_path / "in", 700, 7)
+    outcome = mutations_convert.convert_volume_cases(tmp_path / "in", tmp_path / "out", cases,
+                                                     file_timeout=_FILE_TIMEOUT)
+    _check_volumes(outcome)

@@ -25,6 +25,8 @@ def test_bench_time_series_small(tmp_path):
     assert read["cpu_ratio"] == read["hand_written_cpu_s"] / read["shardsmith_cpu_s"]
     assert len(read["pair_ratios"]) == read["repetitions"] == 7
     assert "(target >= 1.2)" in proc.stdout and "(target >= 0.9)" in proc.stdout
+    assert len(read["load_average"]) == 2 and "load average" in proc.stdout  # what the machine ran besides
+    assert read["pair_ratio_median"] == sorted(read["pair_ratios"])[3]
     manifest = json.loads((tmp_path / "work" / "shardsmith" / "manifest.json").read_text())
     assert manifest["counts"]["written"] == 40 * 12
     assert manifest["time_series"]["steps"] == [12]

@@ -91,7 +91,7 @@ def test_volumes_are_a_kind_of_example_with_their_own_options():
 
 @pytest.mark.parametrize("given, message", [
     (dict(min_slices=0), "--min_slices must be >= 1. Received: 0"),
-    (dict(append=True), "--volumes stores each series or NIfTI file whole and does not combine with --append"),
+    (dict(append=True), "--volumes does not combine with --append yet: a volume dataset's volumes.json"),
     (dict(time_series=True), "does not combine with --time_series"),
     (dict(masks_dir="m"), "does not combine with --masks_dir"),
     (dict(raster_patch="256"), "does not combine with --raster_patch"),

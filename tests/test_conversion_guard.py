@@ -20,7 +20,6 @@ import pytest
 
 import schemas
 from conversion import guard
-from imaging import ValidationOptions
 from helpers import (add_faulty_files, add_growing_file, faulty_plugin, holding_process, make_class_tree,
                      read_records)
 
@@ -143,6 +142,58 @@ def test_the_files_a_killed_process_was_working_on_are_read_from_its_journal(tmp
         assert guard.busy_slots(str(tmp_path), [proc.pid + 1]) == []
     finally:
         proc.kill()
+
+
+def test_the_file_in_work_of_a_group_is_its_slots_only_suspect_and_is_timed_from_its_own_start(tmp_path):
+    import time
+
+    journal = guard.Journal(str(tmp_path))
+    files = [("a/1.png", "/in/a/1.png"), ("a/2.png", "/in/a/2.png"), ("a/3.png", "/in/a/3.png")]
+    with journal.working_on(files) as now_on:
+        [slot] = guard.busy_slots(str(tmp_path))
+        assert (slot.current, slot.since) == (-1, slot.started)
+        assert [s.rel_path for s in slot.suspects] == ["a/1.png", "a/2.png", "a/3.png"]
+        time.sleep(0.01)
+        now_on(1)
+        [slot] = guard.busy_slots(str(tmp_path))
+        assert slot.current == 1 and slot.since > slot.started
+        assert slot.suspects == (guard.Suspect("a/2.png", "/in/a/2.png"),)
+        now_on(-1)  # A batch of them at once: all suspects again.
+        assert len(guard.busy_slots(str(tmp_path))[0].suspects) == 3
+        now_on(7)  # Past the names noted: the whole group.
+        assert len(guard.busy_slots(str(tmp_path))[0].suspects) == 3
+    assert guard.busy_slots(str(tmp_path)) == []
+    with guard.working_on(files) as now_on:  # No journal kept (no JOURNAL_ENV): a no-op.
+        now_on(0)
+
+
+def test_file_timeout_times_each_file_of_a_group_not_the_group(tmp_path):
+    """One group of 25 files (one shard of small files): 18 images, 4 files that take 3 s each (12 s
+    together, past --file_timeout=8) and one that hangs. The watchdog times each file from its own start:
+    the slow files are no timeout, the hanging one is stopped at once and blamed without being tried
+    again alone, and every image is written."""
+    from helpers import FAULT_KINDS, add_slow_files
+
+    assert "HANG" in FAULT_KINDS
+    root = tmp_path / "images"
+    images = make_class_tree(root, per_class=6)
+    slow = add_slow_files(root, "dog", 4)
+    hung = next(rel for rel, kind in add_faulty_files(root, "dog").items() if kind == "HANG")
+    for rel in add_faulty_files(root, "dog"):
+        if rel != hung:
+            (root / rel).unlink()
+    out = tmp_path / "out"
+    result = _run(["-m", "shardsmith", "convert", "--input_dir", str(root), "--output_dir", str(out),
+                   "--file_timeout", str(_TIMEOUT), "--num_shards", "1", "--max_reject_fraction", "0.5"],
+                  _faulty_env(tmp_path), tmp_path)
+    assert result.returncode == 3, result.stderr[-3000:]
+    rejects = {r["path"]: r for r in map(json.loads, (out / schemas.REJECTS_FILENAME).read_text().splitlines())}
+    assert sorted(rejects) == sorted([*slow, hung])
+    assert rejects[hung]["reason"] == guard.TIMEOUT
+    assert rejects[hung]["message"] == f"{hung}: not finished after --file_timeout={_TIMEOUT}s"
+    assert "tried again alone" not in result.stderr
+    assert {rejects[rel]["reason"] for rel in slow} & set(guard.FAILURE_REASONS) == set(), rejects
+    assert sorted(r["filename"].decode() for r in read_records(out)) == sorted(images)
 
 
 def test_an_internal_error_message_names_the_type_the_message_and_the_innermost_frame():

@@ -105,6 +105,21 @@ def test_one_file_per_band_and_date_landsat_names(tmp_path):
         ("band_not_selected", "B5.TIF"), ("band_not_selected", "B5.TIF")]
 
 
+def test_sentinel_2_band_suffixes_of_every_spelling_are_ordered_by_bands(tmp_path):
+    loc = tmp_path / "tile"
+    names = {"B02": "{d}_B02.tif", "B4": "{d}_B4.tif", "B8A": "{d}_b8a.tif", "B11": "{d}.B11.tif"}
+    paths = {(d, band): write_geotiff(loc / name.format(d=d), _values(10 * i + k, bands=1))
+             for i, d in enumerate(("2020-06-01", "2020-05-02")) for k, (band, name) in enumerate(names.items())}
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions())
+    assert plan.bands == ("B02", "B4", "B8A", "B11")  # natural order
+    by_date = [[paths[d, b] for b in plan.bands] for d in ("2020-05-02", "2020-06-01")]
+    np.testing.assert_array_equal(ts.read_stack(plan), _rasterio_stack(by_date))
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions(bands=("B8A", "B11", "B02", "B4")))
+    assert plan.bands == ("B8A", "B11", "B02", "B4") and plan.outcomes == ()
+    by_date = [[paths[d, b] for b in plan.bands] for d in ("2020-05-02", "2020-06-01")]
+    np.testing.assert_array_equal(ts.read_stack(plan), _rasterio_stack(by_date))
+
+
 def test_dates_only_in_the_tiff_tag(tmp_path):
     loc = tmp_path / "loc"
     for name, stamp, seed in (("pass_a.tif", "2021:03:09 10:00:00", 0), ("pass_b.tif", "2021:01:30 10:00:00", 1)):

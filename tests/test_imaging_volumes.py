@@ -6,7 +6,6 @@ voxel in world (RAS) coordinates, so a reader that orders slices or rows differe
 """
 
 import dataclasses
-import os
 import random
 import shutil
 import subprocess
@@ -148,15 +147,52 @@ def test_stack_matches_simpleitk_and_dcm2niix(tmp_path, orientation, descending)
     assert nibabel.aff2axcodes(volume.affine) == nibabel.aff2axcodes(their_affine)
 
 
-@pytest.mark.parametrize("source", ["MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm"])
-def test_compressed_slices_decode_as_simpleitk(tmp_path, source):
-    uid, _ = write_series(tmp_path / "s", source=source, count=4, orientation="oblique")
+def _jpeg_lossless_sv1(ds, k):
+    """`write_series`'s `extra`: the slice as JPEG Lossless process 14 SV1 (libjpeg-turbo, via imagecodecs)."""
+    import imagecodecs
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEGLosslessSV1
+
+    ds.PixelData = encapsulate([imagecodecs.jpeg8_encode(ds.pixel_array.astype(np.uint16), lossless=True,
+                                                         predictor=1, bitspersample=16)])
+    ds["PixelData"].VR = "OB"
+    ds.file_meta.TransferSyntaxUID = JPEGLosslessSV1
+
+
+def _jpeg2000_lossless(ds, k):
+    """`write_series`'s `extra`: the slice as lossless JPEG 2000 (OpenJPEG, via pydicom's encoder)."""
+    from pydicom.uid import JPEG2000Lossless
+
+    ds.compress(JPEG2000Lossless, ds.pixel_array)
+
+
+# Real compressed slices (pydicom's: JPEG-LS, RLE, JPEG 2000 lossless MR, a lossy JPEG 2000 CT of
+# 512x512), each four times at four positions; and CT_small's slices, each its own pixels, compressed
+# here as PACS store CT: JPEG Lossless SV1 (the most common) and JPEG 2000 lossless.
+COMPRESSED = {
+    "jpeg_ls": ("MR_small_jpeg_ls_lossless.dcm", None),
+    "rle": ("MR_small_RLE.dcm", None),
+    "jpeg2000_mr": ("MR_small_jp2klossless.dcm", None),
+    "jpeg2000_lossy_ct": ("693_J2KI.dcm", None),
+    "jpeg_lossless_sv1": ("CT_small.dcm", _jpeg_lossless_sv1),
+    "jpeg2000_lossless": ("CT_small.dcm", _jpeg2000_lossless),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COMPRESSED))
+def test_compressed_slices_decode_as_simpleitk_and_dcm2niix(tmp_path, kind):
+    source, compress = COMPRESSED[kind]
+    uid, paths = write_series(tmp_path / "s", source=source, count=4, orientation="oblique", extra=compress)
+    assert pydicom.dcmread(paths[0], stop_before_pixels=True).file_meta.TransferSyntaxUID.is_compressed
     plan, [volume] = read_ours(tmp_path / "s")
-    # Compressed slices keep their own pixels: four equal slices at four positions.
     theirs, their_affine = read_sitk(tmp_path / "s", uid)
     np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
     np.testing.assert_array_equal(volume.voxels, theirs)
     assert volume.voxels.dtype == np.int16
+    if compress is not None:  # Each slice its own pixels (stored + 10k): the order shows.
+        assert [int(np.mean(volume.voxels[k] - volume.voxels[0])) for k in range(4)] == [0, 10, 20, 30]
+    n2, n2_affine = read_dcm2niix(tmp_path / "s", tmp_path / "nii")
+    assert_same_in_world(volume.voxels, volume.affine, n2, n2_affine)
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
@@ -176,6 +212,36 @@ def test_scout_duplicate_and_nested_names(tmp_path, headers):
     np.testing.assert_allclose(volume.affine, their_affine, atol=1e-4)
 
 
+def test_monochrome1_is_inverted_as_the_2d_path_shows_it(tmp_path):
+    """High values are bright in every record: MONOCHROME1 slices (0 is white) are inverted within
+    their stored range, then rescaled; the 2-D path's PNG of a slice brightens with the volume's value."""
+    import io
+
+    from PIL import Image
+
+    from imaging import dicom
+
+    def monochrome1(ds, k):
+        ds.PhotometricInterpretation = "MONOCHROME1"
+        ds.BitsStored, ds.HighBit = 12, 11
+        ds.PixelData = (np.clip(ds.pixel_array, 0, 4095)).astype(np.int16).tobytes()
+
+    uid, paths = write_series(tmp_path / "m", count=3, extra=monochrome1)
+    plan, [volume] = read_ours(tmp_path / "m")
+    assert "monochrome1_inverted" in volume.notes and volume.voxels.dtype == np.int16
+    # Signed 12-bit: the stored range is -2048..2047; CT_small's rescale is x1 - 1024.
+    by_position = sorted(paths, key=lambda p: float(pydicom.dcmread(p).ImagePositionPatient[2]))
+    for k, path in enumerate(by_position):
+        stored = pydicom.dcmread(path).pixel_array.astype(np.int64)
+        np.testing.assert_array_equal(volume.voxels[k], (-2048 + 2047 - stored) - 1024)
+        # The 2-D path (window over the whole range) shows the same slice: brighter where ours is higher.
+        (frame,) = dicom.decode_dicom(path.read_bytes(), path.name,
+                                      dicom.DicomOptions(window=(float(stored.mean()), 4096.0)))
+        png = np.asarray(Image.open(io.BytesIO(frame.png))).astype(np.int64)
+        order = np.argsort(volume.voxels[k].ravel(), kind="stable")
+        assert (np.diff(png.ravel()[order]) >= 0).all() and png.max() > png.min()
+
+
 def test_missing_slice_is_rejected_with_positions(tmp_path):
     write_series(tmp_path / "s", count=6, skip=(3,))
     plan, stacks = read_ours(tmp_path / "s")
@@ -183,6 +249,30 @@ def test_missing_slice_is_rejected_with_positions(tmp_path):
     assert {reason for _, reason, _ in plan.rejects} == {"missing_slice"}
     assert len(plan.rejects) == 5
     assert "gap" in plan.rejects[0][2] and "2.500" in plan.rejects[0][2]
+
+
+def _shift_from(first: int, mm: float):
+    """`write_series`'s `extra`: slices `first`.. moved `mm` further along the (axial) normal."""
+    def shift(ds, k):
+        if k >= first:
+            x, y, z = (float(v) for v in ds.ImagePositionPatient)
+            ds.ImagePositionPatient = [f"{x:.6f}", f"{y:.6f}", f"{z + mm:.6f}"]
+    return shift
+
+
+def test_unequal_spacing_is_rejected_with_positions_and_a_small_jitter_is_not(tmp_path):
+    # Steps 2.5, 2.5, 3.0, 2.5, 2.5: no gap of 1.5x, but one affine cannot place slices 3-5.
+    write_series(tmp_path / "u", count=6, extra=_shift_from(3, 0.5))
+    plan, stacks = read_ours(tmp_path / "u")
+    assert stacks == [] and {r for _, r, _ in plan.rejects} == {"missing_slice"} and len(plan.rejects) == 6
+    message = plan.rejects[0][2]
+    assert "unequal spacing" in message and "(3.000 mm)" in message and "usual spacing 2.500" in message
+    # 0.1 mm (4% of the spacing, as positions rounded by a scanner drift): one volume, as SimpleITK's.
+    uid, _ = write_series(tmp_path / "j", count=6, extra=_shift_from(3, 0.1))
+    plan, [volume] = read_ours(tmp_path / "j")
+    assert plan.rejects == ()
+    theirs, _ = read_sitk(tmp_path / "j", uid)
+    np.testing.assert_array_equal(volume.voxels, theirs)
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
@@ -212,13 +302,13 @@ def test_two_series_in_one_folder_and_too_few(tmp_path):
     assert {r for _, r, _ in plan.rejects} == {"too_few_slices"} and len(plan.rejects) == 3
 
 
-@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
-def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
+def write_enhanced(path: Path, frames: int = 5, series_uid=None):
+    """An enhanced CT file of `frames` oblique frames stored top down (frame k: stored + 10k), its
+    geometry and rescale in the functional groups; returns (dataset, stored order of the frames)."""
     from pydicom.dataset import Dataset
     from pydicom.sequence import Sequence
 
     ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
-    frames = 5
     pixels = np.stack([ds.pixel_array + 10 * k for k in range(frames)]).astype(np.int16)
     rot = ORIENTATIONS["oblique"]
     origin = np.array([10.0, -20.0, 30.0])
@@ -226,7 +316,7 @@ def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
     per_frame = []
     # Frames stored from the top down (dcm2niix, without DimensionIndexValues, takes frames
     # in stored order; any order is sorted the same here).
-    order = [4, 3, 2, 1, 0]
+    order = list(range(frames))[::-1]
     pixels = pixels[order]
     for k in order:
         item = Dataset()
@@ -256,8 +346,16 @@ def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
             delattr(ds, keyword)
     ds.NumberOfFrames = frames
     ds.PixelData = pixels.tobytes()
-    (tmp_path / "e").mkdir()
-    ds.save_as(tmp_path / "e" / "enhanced", enforce_file_format=True)
+    ds.SeriesInstanceUID = series_uid or generate_uid()
+    ds.SOPInstanceUID = generate_uid()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+    return ds, order
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["bytes", "headers"])
+def test_enhanced_multiframe_matches_dcm2niix(tmp_path, headers):
+    ds, order = write_enhanced(tmp_path / "e" / "enhanced")
     plan, [volume] = read_ours(tmp_path / "e", headers=headers)
     assert volume.voxels.shape == (5, 128, 128)
     # Sorted by position: slice k holds stored + 10k - 1024.
@@ -307,13 +405,13 @@ def test_mosaic_and_non_image(tmp_path):
     assert info.value.reason == "not_an_image"
 
 
-@pytest.mark.parametrize("variant", ["sform", "qform", "scaled", "gz"])
+@pytest.mark.parametrize("variant", ["sform", "qform", "scaled", "scaled_whole", "gz", "qform_gz"])
 def test_nifti_as_nibabel_reads_it(tmp_path, variant):
     rng = np.random.default_rng(1)
     data = rng.integers(-100, 100, size=(7, 6, 5)).astype(np.int16)
     affine = np.array([[-0.9, 0.1, 0, 90.0], [0.05, 0.8, 0.1, -120.0], [0, -0.1, 2.0, 40.0], [0, 0, 0, 1]])
     image = nibabel.Nifti1Image(data, None)
-    if variant == "qform":
+    if variant.startswith("qform"):
         image.set_qform(np.diag([-1.0, 1.0, 3.0, 1.0]) + np.array([[0, 0, 0, 5], [0] * 4, [0] * 4, [0] * 4]), code=1)
         image.set_sform(None, code=0)
     else:
@@ -321,14 +419,17 @@ def test_nifti_as_nibabel_reads_it(tmp_path, variant):
         image.set_qform(np.eye(4), code=1)  # the sform wins when both are set
     if variant == "scaled":
         image.header.set_slope_inter(0.5, 10.0)
-    path = tmp_path / ("v.nii.gz" if variant == "gz" else "v.nii")
+    if variant == "scaled_whole":  # CT in HU from stored values: whole numbers, int16 again.
+        image.header.set_slope_inter(2.0, -1024.0)
+    path = tmp_path / ("v.nii.gz" if variant.endswith("gz") else "v.nii")
     nibabel.save(image, path)
     volume = volumes.read_nifti(path.read_bytes(), path.name)
     back = nibabel.load(path)
     np.testing.assert_array_equal(volume.voxels, np.asarray(back.get_fdata()).transpose(2, 1, 0))
     np.testing.assert_allclose(volume.affine, back.affine)
-    if variant == "qform":
+    if variant.startswith("qform"):
         np.testing.assert_allclose(volume.affine, back.get_qform())
+        assert volume.notes == ("affine_from_qform",)
         assert volume.spacing == (3.0, 1.0, 1.0)
     else:
         np.testing.assert_allclose(volume.affine, affine)
@@ -341,3 +442,121 @@ def test_nifti_4d_is_not_a_volume(tmp_path):
     with pytest.raises(ImageRejected) as info:
         volumes.read_nifti(path.read_bytes(), "t.nii")
     assert info.value.reason == "not_a_volume"
+
+
+def _nifti_bytes(**fields) -> bytes:
+    """The smallest NIfTI-1 file (2x3x4 int16, nibabel's), with header fields (offset: (size, value)) overwritten."""
+    import struct
+
+    data = bytearray(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)).to_bytes())
+    for at, (fmt, value) in fields.items():
+        struct.pack_into(fmt, data, int(at), value)
+    return bytes(data)
+
+
+def test_nifti_with_an_empty_dimension_is_corrupt_not_an_internal_error():
+    """Found by bench.mutations_convert (issue 39): dim[2]=0 raised the schema's ValueError later."""
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(_nifti_bytes(**{"44": ("<h", 0)}), "v.nii")
+    assert info.value.reason == "corrupt" and "empty volume of shape (2, 0, 4)" in info.value.message
+
+
+def test_nifti_whose_header_claims_more_voxels_than_it_holds_is_refused_before_they_are_allocated():
+    """dim = 1024 x 1024 x 512 int16 (1 GiB) in a 400-byte file: nibabel would allocate 1 GiB to read it."""
+    import tracemalloc
+
+    data = _nifti_bytes(**{"42": ("<h", 1024), "44": ("<h", 1024), "46": ("<h", 512)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageRejected) as info:
+            volumes.read_nifti(data, "v.nii")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason == "corrupt", info.value
+    assert "(1024, 1024, 512) voxels of int16 from byte 352, 1,073,742,176 bytes; the file holds 400" \
+        in info.value.message
+    assert peak < 16 << 20
+
+
+def test_nibabels_header_fixes_stay_off_the_console(tmp_path):
+    """sizeof_hdr=0: nibabel fixes the header and logs it on a handler of its own (twice, with the
+    root's); shardsmith reads the file and the console stays quiet (found by bench.mutations_convert)."""
+    path = tmp_path / "v.nii"
+    path.write_bytes(_nifti_bytes(**{"0": ("<i", 0)}))
+    code = ("import sys; from conversion import console; console.configure_logging(False); "
+            "from imaging import volumes; v = volumes.read_nifti(open(sys.argv[1], 'rb').read(), 'v.nii'); "
+            "print(v.voxels.shape)")
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(4, 3, 2)" and result.stderr == "", result.stderr
+    loud = subprocess.run([sys.executable, "-c", code.replace("configure_logging(False)", "configure_logging(True)"),
+                           str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "sizeof_hdr should be 348" in loud.stderr  # --verbose shows it.
+
+
+@pytest.mark.parametrize("field, value", [("BitsStored", 56080), ("BitsStored", 65), ("BitsAllocated", 12),
+                                          ("BitsAllocated", 65535)])
+def test_a_slice_whose_bits_are_no_sample_size_is_corrupt(tmp_path, field, value):
+    """Found by bench.mutations_convert (issue 39): BitsStored 56080 gave a stored range of 16,882
+    digits, which stopped the whole conversion (exit 2) when its plan was written as JSON."""
+    import io
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    setattr(ds, field, value)
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "s.dcm")
+    assert info.value.reason == "corrupt" and "are no sample size" in info.value.message
+
+
+def test_a_slice_without_rows_is_corrupt_not_an_internal_error():
+    """Found by bench.mutations_convert (issue 39): a slice whose Rows element was dropped."""
+    import io
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    del ds.Rows
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "s.dcm")
+    assert info.value.reason == "corrupt" and "no Rows and Columns" in info.value.message
+
+
+def test_nifti_whose_affine_is_not_finite_is_corrupt_not_an_internal_error():
+    """Found by bench.mutations_convert (issue 39): srow_x[0] set to all ones (a NaN) with sform_code set."""
+    data = _nifti_bytes(**{"254": ("<h", 2), "280": ("<I", 0xFFFFFFFF)})
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(data, "v.nii")
+    assert info.value.reason == "corrupt" and "its affine is not finite" in info.value.message
+
+
+@pytest.mark.parametrize("damage", ["length 0", "VR US", "implicit length 0"])
+def test_a_slice_whose_pixel_data_holds_no_bytes_is_corrupt_from_its_header(tmp_path, damage):
+    """Found by bench.mutations_convert (issue 39): a slice whose PixelData length was set to 0
+    planned as a good slice, then its series failed in pydicom's decoder (TypeError, internal_error)."""
+    import io
+    import struct
+
+    source = "MR_small_implicit.dcm" if damage.startswith("implicit") else "CT_small.dcm"
+    data = bytearray(pathlib_bytes(get_testdata_file(source)))
+    at = data.rfind(b"\xe0\x7f\x10\x00")
+    if damage == "implicit length 0":
+        struct.pack_into("<I", data, at + 4, 0)
+    elif damage == "length 0":
+        assert data[at + 4:at + 6] == b"OW"
+        struct.pack_into("<I", data, at + 8, 0)
+    else:
+        data[at + 4:at + 6] = b"US"
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(bytes(data)), "s.dcm")
+    assert info.value.reason == "corrupt" and "PixelData element" in info.value.message, info.value
+    # The undamaged file plans as before.
+    assert volumes.read_slice_headers(io.BytesIO(pathlib_bytes(get_testdata_file(source))), "s.dcm")
+
+
+def pathlib_bytes(path) -> bytes:
+    return Path(path).read_bytes()

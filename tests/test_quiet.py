@@ -167,6 +167,10 @@ def test_the_filter_drops_only_the_chatter():
     (b"Improper call to JPEG library in state 203\n", True),
     (b"TIFFFillStrip: Read error on strip 2; got 795 bytes, expected 1813.\n", True),
     (b"JPEGLib: Not a JPEG file: starts with 0xff 0xd9.\n", True),
+    # Found by bench.mutations_convert's 2,000 images (issue 39): libjpeg's and libtiff's.
+    (b"Maximum supported image dimension is 65500 pixels\n", True),
+    (b"Input file read error\n", True),
+    (b"Read error on strip 0; got 81 bytes, expected 1820.\n", True),
     (b"Bogus: a file name of a user's\n", False),
 ])
 def test_what_counts_as_chatter(line, noise):

@@ -103,6 +103,60 @@ def test_input_context_shards_files(data_dir):
     assert names == [["a", "c"], ["b"]]
 
 
+def test_fewer_files_than_pipelines_shard_records_as_the_image_reader_does(data_dir, caplog):
+    """3 shard files, 4 pipelines: every pipeline reads each file and keeps one record in every 4 (the
+    same share whatever the seed), a warning says so; tf.distribute's own sharding is off."""
+    import logging
+
+    for options in ({}, {"shuffle": True, "seed": 3}):
+        names = []
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="readers"):
+            for pipeline in range(4):
+                context = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=pipeline)
+                ds = readers.volume_dataset_from_tfrecords(data_dir, "train", input_context=context,
+                                                            extra_features=("filename",), **options)
+                policy = ds.options().experimental_distribute.auto_shard_policy
+                assert policy == tf.data.experimental.AutoShardPolicy.OFF
+                names.append(sorted(e[2]["filename"].numpy().decode() for e in ds))
+        assert sorted(sum(names, [])) == ["a", "b", "c"] and sorted(map(len, names)) == [0, 1, 1, 1]
+        assert any("3 shard file(s) for 4 input pipelines" in r.getMessage() for r in caplog.records)
+    # One file of three volumes, two pipelines: both read (files alone would give one of them none).
+    one = data_dir / "one"
+    one.mkdir()
+    with tf.io.TFRecordWriter(str(one / "train-00000-of-00001.tfrecord")) as writer:
+        for record in _volumes():
+            writer.write(VOLUME_SCHEMA.encode(record))
+    names = [sorted(e[2]["filename"].numpy().decode() for e in readers.volume_dataset_from_tfrecords(
+        one, "train", input_context=tf.distribute.InputContext(2, p), extra_features=("filename",)))
+        for p in range(2)]
+    assert names == [["a", "c"], ["b"]]
+
+
+def test_mirrored_strategy_reads_every_volume_once_across_replicas(data_dir):
+    """distribute_datasets_from_function on 2 logical CPUs (a fresh interpreter: devices are set
+    before TensorFlow starts): every patch reaches one replica, on that replica's device."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = Path(__file__).resolve().parent / "_reader_volume_strategy_child.py"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, str(child), str(data_dir)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    assert sorted(sum(result["names_per_replica"], [])) == ["a", "a", "b", "b", "c", "c"]
+    assert all(result["names_per_replica"])  # both replicas got patches
+    assert result["shapes"] == [[4, 4, 4, 1]]
+    assert result["devices"] == ["/job:localhost/replica:0/task:0/device:CPU:0",
+                                 "/job:localhost/replica:0/task:0/device:CPU:1"]
+    assert result["label_sum"] == 2 * (0 + 1 + 1)
+
+
 def test_options_name_the_argument(data_dir):
     with pytest.raises(ValueError, match="batch_size"):
         readers.volume_dataset_from_tfrecords(data_dir, "train", batch_size=2)

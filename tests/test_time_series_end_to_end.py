@@ -4,12 +4,13 @@
 import csv
 import datetime
 import json
+import re
 
 import numpy as np
 import pytest
 
 import schemas
-from tests.helpers import convert, decoded_records, write_geotiff
+from tests.helpers import convert, write_geotiff
 
 rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import from_origin  # noqa: E402
@@ -133,13 +134,15 @@ def test_every_stack_is_rasterios_read_in_date_order_and_every_file_is_accounted
     assert report["records"] == 3
 
 
-def _records(out):
+def _records(out, split=None):
     from schemas.tfrecord import iter_records
 
     manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
     schema = schemas.TimeSeriesExampleSchema.from_json(manifest.features)
-    for split in manifest.splits.values():
-        for shard in split.shards:
+    for name, info in manifest.splits.items():
+        if split is not None and name != split:
+            continue
+        for shard in info.shards:
             with open(out / shard.file, "rb") as f:
                 for _, _, payload in iter_records(f):
                     yield schema.decode(payload)
@@ -218,9 +221,20 @@ def test_a_stack_over_max_pixels_is_rejected_with_a_hint(tmp_path):
 
 
 def test_preview_and_inspect_know_stacks(layouts, tmp_path):
+    import subprocess
+    import sys
+
     root, expected = layouts
     out = tmp_path / "out"
-    convert(root, out, "--time_series", "--max_reject_fraction", "1")
+    # Through the command a new user types (`shardsmith convert --time_series`).
+    proc = subprocess.run([sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(root),
+                           "--output_dir", str(out), "--time_series", "--max_reject_fraction", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 give a stack" in proc.stderr + proc.stdout
+    # Each shard's line counts what its records are: stacks, not images.
+    assert re.search(r"Wrote \S+: \d+ stacks? \[", proc.stderr + proc.stdout), proc.stderr[-2000:]
+    assert not re.search(r"Wrote \S+: \d+ images? \[", proc.stderr + proc.stdout)
     from shardsmith import preview
 
     sheet = preview.contact_sheet(out, "train", image_size=32)
@@ -228,10 +242,51 @@ def test_preview_and_inspect_know_stacks(layouts, tmp_path):
     assert sheet.height > 3 * 32 and sheet.width >= 3 * 32
     pixels = np.asarray(sheet)
     assert pixels.std() > 10  # the dates are drawn, not blank tiles
-    import subprocess
-    import sys
-
     proc = subprocess.run([sys.executable, "-m", "shardsmith", "inspect", str(out)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "19 = 11 written + 7 rejected + 1 skipped" in proc.stdout
+
+
+@pytest.mark.parametrize("rows, what", [("a,x|y\nb,y\n", "several labels per row"),
+                                        ("a,1.5\nb,2.0\n", "numbers")])
+def test_several_labels_or_numbers_per_location_are_refused_naming_the_csv(tmp_path, rows, what):
+    root = tmp_path / "in"
+    for loc in ("a", "b"):
+        for i in range(2):
+            write_geotiff(root / loc / f"2020-01-0{i + 1}.tif", _values(i, height=4, width=4))
+    labels = tmp_path / "labels.csv"
+    labels.write_text(("path,label\n" if "|" in rows else "path,target\n") + rows)
+    out = tmp_path / "out"
+    # Stacks hold one class or a label raster: the CSV's other targets would be lost without a word.
+    with pytest.raises(ValueError, match=rf"--time_series takes one class per location .* "
+                                         rf"Received: --labels_csv {labels} with {what}"):
+        convert(root, out, "--time_series", "--labels_csv", labels)
+    assert not (out / schemas.MANIFEST_FILENAME).exists()
+
+
+def test_band_statistics_are_the_train_splits_values_without_nodata_or_nan(tmp_path):
+    root = tmp_path / "in"
+    rng = np.random.default_rng(11)
+    for loc in range(6):
+        for i in range(2):
+            values = rng.normal(100.0 * (loc + 1), 10.0, size=(2, 5, 4)).astype("float32")
+            values[0, 0, : loc % 3] = -9999.0  # the files' nodata
+            values[1, 1, loc % 2] = np.nan
+            write_geotiff(root / "crop" / f"loc_{loc}" / f"2020-01-0{i + 1}.tif", values, nodata=-9999.0)
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--time_series", "--split", "train=0.5,validation=0.5", "--seed", "3")
+    for split, info in manifest.splits.items():
+        stats = schemas.BandStats.combine([shard.band_stats for shard in info.shards])
+        locations = sorted(rec[schemas.FILENAME.key].decode() for rec in _records(out, split))
+        assert locations
+        samples = np.concatenate([_read(root / loc / "2020-01-01.tif").reshape(-1, 2) for loc in locations]
+                                 + [_read(root / loc / "2020-01-02.tif").reshape(-1, 2) for loc in locations])
+        good = (samples != -9999.0) & ~np.isnan(samples)
+        assert stats.count == tuple(good.sum(axis=0).tolist()), split
+        assert stats.nodata == tuple((~good).sum(axis=0).tolist())
+        for b in range(2):
+            assert stats.mean[b] == pytest.approx(samples[good[:, b], b].astype(np.float64).mean(), rel=1e-9)
+            assert stats.std[b] == pytest.approx(samples[good[:, b], b].astype(np.float64).std(), rel=1e-9)
+            assert stats.min[b] == samples[good[:, b], b].min() and stats.max[b] == samples[good[:, b], b].max()
+    assert len(manifest.splits) == 2

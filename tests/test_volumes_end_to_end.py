@@ -43,8 +43,19 @@ def test_direct_runner_end_to_end(tmp_path):
     assert [r["reason"] for r in manifest["rejects"]] == ["too_few_slices"]
     assert json.loads((out / "volumes.json").read_text()) == manifest
     # The shared manifest reconciles: every input file is in a written volume or the rejects.
-    counts = json.loads((out / "manifest.json").read_text())["counts"]
-    assert counts == {"found": 11, "written": 10, "rejected": 1, "skipped": 0}
+    shared = json.loads((out / "manifest.json").read_text())
+    assert shared["counts"] == {"found": 11, "written": 10, "rejected": 1, "skipped": 0}
+    # Its volume section: per split, volumes and their files; both reconciliations.
+    section = shared["volumes"]
+    assert section["splits"] == {"train": {"volumes": 3, "files": 10}}
+    assert section["reconciliation"] == {
+        "files": {"inputs": 11, "in_volumes": 10, "rejected": 1, "skipped": 0},
+        "volumes": {"planned": 3, "written": 3, "rejected_while_decoding": 0}}
+    # What the command prints says files and volumes, not images.
+    from conversion.output_folder import summarize
+
+    assert summarize(str(out)).startswith("Converted 10 files as 3 volumes into ")
+    assert "Inputs 11 = 10 written + 1 rejected + 0 skipped." in summarize(str(out))
 
     ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None,
                                                 extra_features=("volume/affine", "filename"))
@@ -94,6 +105,21 @@ def test_one_series_under_two_classes_is_mixed_labels(tmp_path):
     reasons = [r["reason"] for r in manifest["rejects"]]
     assert reasons == ["mixed_labels"] * 6
     assert "'a', 'b'" in manifest["rejects"][0]["message"]
+    # No identifying value of any input (UIDs, names, dates) is in any file of the dataset: records,
+    # manifests, rejects (which name the series by its files, never its UID).
+    identifying = set()
+    for path in scans.rglob("*"):
+        if path.is_file():
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            identifying |= {str(ds.get(k, "")) for k in ("SeriesInstanceUID", "SOPInstanceUID", "StudyInstanceUID",
+                                                         "PatientName", "PatientID", "StudyDate", "PatientBirthDate")}
+    identifying = {v.encode() for v in identifying if len(v) >= 6}
+    assert uid.encode() in identifying and len(identifying) > 10
+    stored = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".tfrecord" for p in stored)
+    for path in stored:
+        data = path.read_bytes()
+        assert not [v for v in identifying if v in data], path.name
 
 
 def test_inspect_verify_preview(tmp_path, capsys):
@@ -113,6 +139,8 @@ def test_inspect_verify_preview(tmp_path, capsys):
     want, want_affine = read_sitk(scans / "c" / "p", uid)
     codes = "".join(nibabel.aff2axcodes(want_affine))
     assert f"c/p: int16 {want.shape}" in text and codes in text and "rejected files: 0" in text
+    assert "train: 1 volumes (5 files) in 1 shard(s)" in text
+    assert "inputs 5 = 5 in volumes + 0 rejected + 0 skipped; volumes 1 planned = 1 written + 0" in text
     assert cli.main(["verify", "--output_dir", str(out)]) == 0
     assert cli.main(["preview", str(out)]) == 0
     sheet = np.asarray(Image.open(out / "preview.png"))
@@ -235,9 +263,8 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
     assert not (out / "_shardsmith_tmp").exists()
     # Every shard damaged since: --resume mends them all and reads no faulty series again (each
     # would crash, raise or hang the mending process), so the shards are the manifest's bytes again.
-    # The mend plans in its own process, unsupervised: the slice whose header crashed the planner
-    # goes first (its series plans the same without it, as the run had quarantined it).
-    paths[0].unlink()
+    # The mend is supervised as the run was: the slice whose header crashes the planner crashes the
+    # mend's first attempt too, is quarantined, and its series plans the same without it.
     before = {p.name: p.read_bytes() for p in out.glob("*.tfrecord")}
     for shard in out.glob("*.tfrecord"):
         # A flipped byte, or a byte in a shard that holds only faulty series (and is empty).
@@ -249,7 +276,9 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
                              "--resume"], env=env, capture_output=True, text=True, timeout=300,
                             preexec_fn=no_core_dumps)
     assert mended.returncode == 0, mended.stderr[-3000:]
+    assert f"Rejected {crashed} (decoder_crashed)" in mended.stderr, mended.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
+    assert not (out / "_shardsmith_tmp").exists()
 
 
 def _convert(scans, out, *args):
@@ -267,8 +296,9 @@ def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_l
     import shutil
 
     scans = tmp_path / "scans"
-    write_series(scans / "site1" / "p1" / "ct", count=4)
-    write_series(scans / "site1" / "p1" / "mr", count=3, orientation="sagittal")
+    write_series(scans / "site1" / "p1" / "ct", count=4, extra=lambda ds, k: setattr(ds, "SeriesNumber", 2))
+    write_series(scans / "site1" / "p1" / "mr", count=3, orientation="sagittal",
+                 extra=lambda ds, k: setattr(ds, "SeriesNumber", 5))
     write_series(scans / "site2" / "p2", count=5)
     write_series(scans / "site2" / "unlisted", count=3)
     nibabel.save(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)),
@@ -280,11 +310,9 @@ def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_l
     assert manifest["class_names"] == ["healthy", "sick"]
     # p1's two series (one folder, two stacks), p2, and the NIfTI file; the unlisted folder skipped.
     got = _names(out, "train")
-    # (The stacks of a folder are numbered by SeriesInstanceUID, random here.)
-    assert sorted(got.items()) == [("site1/p1#series=0", got["site1/p1#series=0"]),
-                                   ("site1/p1#series=1", got["site1/p1#series=1"]),
+    # (A folder's series are named by their SeriesNumber.)
+    assert sorted(got.items()) == [("site1/p1#series=2", (1, 4)), ("site1/p1#series=5", (1, 3)),
                                    ("site2/p2", (0, 5)), ("site2/v.nii.gz", (1, 4))]
-    assert sorted([got["site1/p1#series=0"], got["site1/p1#series=1"]]) == [(1, 3), (1, 4)]
     reasons = {}
     for r in manifest["rejects"]:
         reasons.setdefault(r["reason"], set()).add(r["path"].split("/")[1])
@@ -294,7 +322,7 @@ def test_labels_csv_names_nifti_files_and_folders_whose_every_series_takes_the_l
     csv.write_text("path,label,split\nsite1/p1,sick,validation\nsite2/p2,healthy,train\n")
     shutil.rmtree(out)
     manifest = _convert(scans, out, "--labels_csv", str(csv))
-    assert set(_names(out, "validation")) == {"site1/p1#series=0", "site1/p1#series=1"}
+    assert set(_names(out, "validation")) == {"site1/p1#series=2", "site1/p1#series=5"}
     assert set(_names(out, "train")) == {"site2/p2"}
 
 
@@ -348,6 +376,10 @@ def test_a_split_whose_every_series_is_rejected_while_decoding_still_has_its_sha
     assert manifest["splits"] == {"train": {"records": 1, "shards": 1}, "validation": {"records": 0, "shards": 1}}
     assert [(_folder(r["path"]), r["reason"]) for r in manifest["rejects"]] == [("bad", "unsupported_dtype")] * 3
     assert (out / "validation-00000-of-00001.tfrecord").stat().st_size == 0
+    section = json.loads((out / "manifest.json").read_text())["volumes"]
+    assert section["splits"] == {"train": {"volumes": 1, "files": 3}, "validation": {"volumes": 0, "files": 0}}
+    assert section["reconciliation"]["volumes"] == {"planned": 2, "written": 1, "rejected_while_decoding": 1}
+    assert section["reconciliation"]["files"] == {"inputs": 6, "in_volumes": 3, "rejected": 3, "skipped": 0}
     assert list(readers.volume_dataset_from_tfrecords(out, "validation", dtype=None)) == []
     assert verify_volumes(str(out)) == []
 
@@ -371,3 +403,99 @@ def test_resume_goes_on_from_written_shards_and_mends_a_damaged_one(tmp_path):
     assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
     assert sorted(_names(out, "train")) == ["c/p0", "c/p1"]
     assert (out / "volumes.json").exists()
+
+
+def test_every_odd_series_is_explained_and_every_file_accounted_for(tmp_path):
+    """An enhanced multi-frame file, a mosaic, a report, a missing slice, conflicting slices, two time
+    points and a copied slice through `convert --volumes`: each file in a written volume or in the
+    rejects with its reason, once."""
+    import shutil
+
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    from test_imaging_volumes import write_enhanced
+
+    scans = tmp_path / "scans"
+    ds, order = write_enhanced(scans / "c" / "enh" / "IM0001")
+    mosaic = pydicom.dcmread(get_testdata_file("MR_small.dcm"))
+    mosaic.ImageType = ["ORIGINAL", "PRIMARY", "M", "ND", "MOSAIC"]
+    (scans / "c" / "mosaic").mkdir(parents=True)
+    mosaic.save_as(scans / "c" / "mosaic" / "m", enforce_file_format=True)
+    report = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    del report.PixelData
+    (scans / "c" / "report").mkdir(parents=True)
+    report.save_as(scans / "c" / "report" / "sr", enforce_file_format=True)
+    write_series(scans / "c" / "gap", count=6, skip=(3,))
+    _, paths = write_series(scans / "c" / "conflict", count=4)
+    other = pydicom.dcmread(paths[1])
+    other.PixelData = (other.pixel_array + 1).astype(other.pixel_array.dtype).tobytes()
+    other.SOPInstanceUID = generate_uid()
+    other.save_as(scans / "c" / "conflict" / "other", enforce_file_format=True)
+    uid, _ = write_series(scans / "c" / "fmri", count=3)
+    write_series(scans / "c" / "fmri" / "t2", count=3, series_uid=uid,
+                 extra=lambda ds, k: setattr(ds, "PixelData", (ds.pixel_array + 7).tobytes()))
+    uid, paths = write_series(scans / "c" / "dup", count=4)
+    shutil.copy(paths[0], scans / "c" / "dup" / "copy")
+    out = tmp_path / "out"
+    manifest = _run(["--volumes", "--input_dir", str(scans), "--output_dir", str(out),
+                     "--runner", "DirectRunner", "--direct_num_workers", "1"])
+
+    files = sorted(str(p.relative_to(scans)) for p in scans.rglob("*") if p.is_file())
+    rejected = [r["path"] for r in manifest["rejects"]]
+    assert len(rejected) == len(set(rejected))  # each file once
+    reason = {r["path"]: r["reason"] for r in manifest["rejects"]}
+    assert reason.pop("c/mosaic/m") == "mosaic"
+    assert reason.pop("c/report/sr") == "no_pixel_data"
+    # The copy and its original: the smaller name is kept, the other is the duplicate.
+    (copy,) = [p for p, why in reason.items() if why == "duplicate"]
+    assert copy == max("c/dup/copy", str(paths[0].relative_to(scans)))
+    reason.pop(copy)
+    by_folder = {}
+    for path, why in reason.items():
+        by_folder.setdefault(path.split("/")[1], set()).add(why)
+    assert by_folder == {"gap": {"missing_slice"}, "conflict": {"conflicting_slices"},
+                         "fmri": {"repeated_positions"}}
+    written = [f for f in files if f not in rejected]
+    assert sorted({f.split("/")[1] for f in written}) == ["dup", "enh"] and len(written) == 5
+    shared = json.loads((out / "manifest.json").read_text())
+    assert shared["counts"]["found"] == len(files) == 24
+    assert shared["counts"]["written"] == len(written)
+    assert shared["counts"]["rejected"] + shared["counts"]["skipped"] == len(rejected)
+    assert shared["volumes"]["reconciliation"]["volumes"] == {"planned": 2, "written": 2, "rejected_while_decoding": 0}
+    # The enhanced file is one volume, its frames sorted by position; the copy is noted on its volume.
+    got = {e[2]["filename"].numpy().decode(): e for e in readers.volume_dataset_from_tfrecords(
+        out, "train", dtype=None, extra_features=("filename", "volume/spacing"))}
+    assert sorted(got) == ["c/dup", "c/enh"]
+    volume = got["c/enh"][0].numpy()[..., 0]
+    np.testing.assert_array_equal(volume[2], ds.pixel_array[order.index(2)] - 1024)
+    np.testing.assert_allclose(got["c/enh"][2]["volume/spacing"].numpy()[0], 3.0, rtol=1e-6)
+    notes = [json.loads(line) for line in (out / "normalized.jsonl").read_text().splitlines()]
+    assert any(n["path"] == "c/dup" and copy in json.dumps(n) for n in notes)
+
+
+def test_verify_checks_a_volume_dataset_and_names_a_damaged_volume(tmp_path):
+    """`shardsmith verify` on a --volumes dataset: every record parsed, its voxels filling its shape;
+    a flipped byte in a volume is found, with the series it held (it raised on the volume schema)."""
+    import schemas
+    from beam_jobs import verify
+
+    scans = tmp_path / "scans"
+    write_series(scans / "c" / "p0", count=3)
+    write_series(scans / "c" / "p1", count=4)
+    nibabel.save(nibabel.Nifti1Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)), scans / "c" / "v.nii")
+    out = tmp_path / "out"
+    _convert(scans, out, "--num_shards", "1")
+    assert verify.main([str(out)]) == 0
+    [shard] = sorted(out.glob("*.tfrecord"))
+    index = [tuple(map(int, line.split())) for line in shard.with_suffix(".idx").read_text().splitlines()]
+    assert len(index) == 3
+    offset, length = index[1]
+    data = bytearray(shard.read_bytes())
+    data[offset + length // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert verify.main([str(out)]) == 1
+    problems = json.loads((out / schemas.VERIFY_REPORT_FILENAME).read_text())["problems"]
+    assert any(p.startswith(f"{shard.name}: record 1 (byte {offset}): bad data CRC; source file lost: ")
+               and p.endswith("(read from the damaged record)") for p in problems), problems
+    assert any("1 later record(s) hold and were checked" in p for p in problems), problems

@@ -62,6 +62,7 @@ class ExampleKind:
       finish_output: (manifest, rejects, output_dir) -> None, or None: what
         the kind writes after manifest.json (`schemas.Manifest`, the
         `conversion.elements.Reject`s), for its own tools.
+      record_noun: What one record is, in the log's words ("image", "stack", "volume").
     """
 
     name: str
@@ -78,3 +79,4 @@ class ExampleKind:
     manifest_section: Callable[[Any, Any], dict] = lambda plan, config: {}
     prepare_output: Callable[[Any, Any], None] = lambda plan, config: None
     finish_output: Callable[[Any, list, str], None] | None = None
+    record_noun: str = "image"

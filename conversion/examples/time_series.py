@@ -29,6 +29,12 @@ def _group(files: list, problems: list, config) -> Grouped:
 
 
 def _windows(files: list, grouped: Grouped, targets, config):
+    if targets is not None:
+        # A stack's record holds one class (`label`) or a label raster (`mask`), no other target.
+        what = "several labels per row (a|b)" if targets.multi_label else "numbers (a target column)"
+        raise ValueError(f"--time_series takes one class per location in --labels_csv (path,label), "
+                         f"or --masks_dir for label rasters; stacks do not hold several labels or numbers "
+                         f"yet. Received: --labels_csv {config.labels_csv} with {what}")
     patch = config.validation.raster.patch
     if patch is None:
         return None, {}
@@ -69,6 +75,7 @@ def _prepare_output(plan, config) -> None:
 
 KIND = ExampleKind(
     name=schemas.TIME_SERIES,
+    record_noun="stack",
     applies=_applies,
     group=_group,
     record_schema=_record_schema,

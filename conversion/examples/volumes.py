@@ -83,6 +83,7 @@ def _prepare_output(plan, config) -> None:
 
 KIND = ExampleKind(
     name="volume",
+    record_noun="volume",
     applies=_applies,
     group=_group,
     record_schema=_record_schema,

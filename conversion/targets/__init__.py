@@ -1,7 +1,10 @@
-"""Kinds of target, as a table: one module per kind, one row (`TARGETS`).
+"""Kinds of target, as a table: one module per kind, one row (`CLASS`, then `TARGETS`).
 
-A kind of target is what a record carries beyond one class per image: a mask,
-boxes, several labels, numbers (`schemas.TARGET_KINDS` names their features).
+The image-level class is the first row, `CLASS` (`classes`): planned before
+the others (it decides the splits), its value every record's `label`, its
+counts each shard's `class_counts`. The kinds beyond one class per image are
+the rows of `TARGETS`: a mask, boxes, several labels, numbers
+(`schemas.TARGET_KINDS` names their features).
 Each is a module here with its `KIND`, a `TargetKind` row that says how it is
 read from the user's files and matched to them (`plan`), what features a
 record gets from a file's planned value (`record`), what a shard counts of
@@ -13,8 +16,9 @@ completed (`section`):
 - `labels`: several labels per image in --labels_csv (`labels_csv`);
 - `numbers`: a `target` column of numbers in --labels_csv.
 
-The planner, the shard writer and the finalizer ask the table and name no
-kind: every planned value of a file travels as one compact JSON text
+The planner, the shard writer, the finalizer, verify and inspect ask the
+table (as it is at the call: `kind_named`) and name no kind: every planned
+value of a file beyond its class travels as one compact JSON text
 (`conversion.plan.PlannedFile.targets`) to whichever process writes its
 shard. The reading side is `readers.targets`, one row per label mode.
 
@@ -30,24 +34,36 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from conversion import plan as _plan
-from conversion.targets import boxes as _boxes, labels as _labels, masks as _masks, numbers as _numbers
+from conversion.targets import boxes as _boxes, classes as _classes, labels as _labels, masks as _masks
+from conversion.targets import numbers as _numbers
 from conversion.targets._counts import per_split_rows
-from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets.kind import (ClassKind, Description, PlannedKind, PlanTargets, RecordPart, TargetKind,
+                                     TargetRequest)
 from conversion.targets.labels_csv import LabelsCsv, read as read_labels_csv
 
 __all__ = [
-    "TARGETS", "TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "PlannedTargets",
+    "CLASS", "TARGETS", "kind_named", "TargetKind", "ClassKind", "PlanTargets", "TargetRequest", "PlannedKind", "RecordPart", "PlannedTargets",
     "LabelsCsv", "read_labels_csv", "plan_targets", "RecordTargets", "record_targets",
     "TargetCounts", "targets_section", "merge_sections", "BOX_ACTIONS", "Description", "per_split_rows",
 ]
 
 _LOG = logging.getLogger("shardsmith.convert")
+# The image-level class: the table's first row, planned before the others (`make_plan`'s labels), its
+# value every record's `label`, its counts each shard's `class_counts` (`conversion.targets.classes`).
+CLASS: ClassKind = _classes.KIND
 # The table, one row per kind. Planned in this order: a file's reject is the first row's
 # that rejects it; the mask row, last, pairs the examples that are left.
 TARGETS: tuple[TargetKind, ...] = (_labels.KIND, _boxes.KIND, _numbers.KIND, _masks.KIND)
-_BY_NAME: Mapping[str, TargetKind] = {kind.name: kind for kind in TARGETS}
 BOX_ACTIONS = _boxes.BOX_ACTIONS
+
+
+def kind_named(name: str) -> TargetKind | None:
+    """The row of `TARGETS` named `name`, or None.
+
+    Looked up in `TARGETS` as it is at the call: every user of the table
+    (planner, shard writer, finalizer, verify, inspect) sees the same rows.
+    """
+    return next((kind for kind in TARGETS if kind.name == name), None)
 
 
 def _dumps(value) -> str:
@@ -69,7 +85,7 @@ class PlannedTargets(NamedTuple):
     files: list
     problems: list
     labels_csv: Mapping | None
-    targets: _plan.PlanTargets | None
+    targets: PlanTargets | None
     labels_from: Any = None
     summaries: Mapping[str, Any] = {}
 
@@ -111,7 +127,7 @@ def plan_targets(request: TargetRequest) -> PlannedTargets:
     kinds = tuple(sorted(section))
     # Files without a value of every kind (not in the CSV, say) stay out of `values`: the plan skips them.
     encoded = {rel: _dumps(v) for rel, v in values.items() if rel not in rejects and len(v) == len(kinds)}
-    targets = _plan.PlanTargets(kinds=kinds, values=encoded, source=source, missing=tuple(missing),
+    targets = PlanTargets(kinds=kinds, values=encoded, source=source, missing=tuple(missing),
                                 rejects=rejects, class_names=class_names, section=section)
     return PlannedTargets(files, problems, labels_csv, targets, labels_from, summaries)
 
@@ -188,7 +204,7 @@ def targets_section(base: Mapping[str, Any], shards, splits: Sequence[str], num_
     """
     section = json.loads(json.dumps(base))  # A deep copy of plain values.
     for name, part in section.items():
-        kind = _BY_NAME.get(name)
+        kind = kind_named(name)
         if kind is not None and kind.section is not None:
             section[name] = kind.section(part, shards, splits, num_classes)
     return section
@@ -203,7 +219,7 @@ def merge_sections(held: Mapping[str, Any], mine: Mapping[str, Any]) -> dict:
     """
     out = json.loads(json.dumps(dict(mine)))
     for name, part in out.items():
-        kind = _BY_NAME.get(name)
+        kind = kind_named(name)
         if name in held and kind is not None and kind.merge is not None:
             out[name] = kind.merge(held[name], part)
     return out

@@ -274,5 +274,5 @@ def _describe(boxes, class_names, splits, max_classes: int) -> Description:
     return Description(head, rows, tail)
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
-                  describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record, counter=_Counts,
+                  section=_section, verify=_verify, describe=_describe, merge=_merge)

@@ -1,4 +1,5 @@
-"""The row type of the table of target kinds (`conversion.targets.TARGETS`), and what it trades."""
+"""The row types of the table of target kinds (`conversion.targets.TARGETS` and its class row,
+`conversion.targets.CLASS`), and what they trade."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, NamedTuple
 
 import schemas
 
-__all__ = ["TargetKind", "TargetRequest", "PlannedKind", "RecordPart", "Description"]
+__all__ = ["TargetKind", "ClassKind", "TargetRequest", "PlannedKind", "PlanTargets", "RecordPart", "Description"]
 
 
 class TargetRequest(NamedTuple):
@@ -147,6 +148,8 @@ class TargetKind:
       merge: (held section, this run's section) -> the section of the dataset
         grown by an append (`convert --append`): counts added up, the planned
         values this run's (planned against the held ones); None: this run's.
+      flag: The option that asks for it, for messages (an append that would
+        add or lose the kind names it); None: its name.
     """
 
     name: str
@@ -157,3 +160,77 @@ class TargetKind:
     verify: Callable[[Mapping[str, Any], int], tuple[Callable | None, str | None]] | None = None
     describe: Callable[[Mapping[str, Any], Any, list, int], Description] | None = None
     merge: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] | None = None
+    flag: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanTargets:
+    """Targets beyond one class, planned per file before `conversion.plan.make_plan` (`conversion.targets.plan_targets`).
+
+    Attributes:
+      kinds: Kinds of target (`schemas.TARGET_KINDS` keys), sorted.
+      values: Relative path to the file's targets (compact JSON text), for
+        every file that has all of them.
+      source: What names the dataset's files (e.g. 'the annotations'):
+        listed files it does not name are skipped as `no_label` ("not in
+        the annotations"), and no class folders are needed; None when the
+        labels CSV names them.
+      missing: Entries that name files which do not exist: rejected as
+        `missing_file`, counted as found inputs (like CSV rows).
+      rejects: Relative path to (reason, message) of files whose targets
+        cannot be stored: rejected without being read.
+      class_names: The image-level class names when the targets decide them
+        (several labels per image: their sorted union); None otherwise.
+      section: The dataset-level part of the manifest's targets section.
+    """
+
+    kinds: tuple[str, ...]
+    values: Mapping[str, str]
+    source: str | None = None
+    missing: tuple = ()
+    rejects: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    class_names: tuple[str, ...] | None = None
+    section: Mapping = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassKind:
+    """The image-level class: the first row of the table of target kinds (`conversion.targets.CLASS`).
+
+    Its hooks are those of a `TargetKind`, shaped by where the class lives:
+    its value is every record's core `label` feature (`PlannedFile.label`, an
+    index into the manifest's class_names, -1 for none), not a value of the
+    file's targets, and its counts are each shard's `class_counts`, not a
+    part of the manifest's `targets` section. It is planned first, because
+    the class decides the splits that every other row's files go to.
+
+    Attributes:
+      name: 'class' (the reader's rows of the class, `readers.targets.classes`,
+        say the same).
+      plan: (files, problems, *, split_ratios, labels_csv, class_names,
+        targets, folder_labels, known_classes) -> `conversion.targets.classes.Labelled`:
+        each file's class and split and the dataset's class names, from the
+        labels CSV, the class folders, the kind of example's own labels or
+        what the other rows planned (`PlanTargets`); step 1 of
+        `conversion.plan.make_plan`, whose arguments these are.
+      counter: num_classes -> a new per-shard counter with `add(label)` and
+        `to_json()` (the shard's class_counts), in every kind of example's
+        shard writer.
+      merge: (held class_counts, width) -> those counts as the grown dataset
+        has them (`convert --append`: a class this run found comes last).
+      verify: (counts read, the manifest's, unchecked records) -> whether they
+        agree, for `shardsmith verify` (per shard, split and version).
+      describe: (`schemas.Manifest`, max_classes) -> `Description` of the
+        images per class and split, for `shardsmith inspect`; its rows are []
+        when another kind's table says it all, its head names no classes.
+      per_split: `schemas.Manifest` -> split -> images having each class,
+        for inspect's warnings (classes missing from a split, imbalance).
+    """
+
+    name: str
+    plan: Callable[..., Any]
+    counter: Callable[[int], Any]
+    merge: Callable[[tuple, int], tuple]
+    verify: Callable[[Any, Any, int], bool]
+    describe: Callable[[Any, int], Description]
+    per_split: Callable[[Any], Mapping[str, tuple[int, ...]]]

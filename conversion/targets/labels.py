@@ -13,7 +13,7 @@ import collections
 from collections.abc import Sequence
 
 import schemas
-from conversion import plan as _plan_module
+from conversion.targets.classes import sorted_class_names
 from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
@@ -29,7 +29,7 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
         return None
     config = request.config
     found = {n for names, _, _ in table.rows.values() for n in names}
-    class_names = tuple(config.class_names) if config.class_names else _plan_module.sorted_class_names(found)
+    class_names = tuple(config.class_names) if config.class_names else sorted_class_names(found)
     if request.held is not None and not config.class_names:
         # --append: the dataset's classes keep their indices, this run's new ones come after.
         class_names, _ = appended_order(request.held.class_names, class_names)
@@ -102,5 +102,5 @@ def _describe(labels, class_names, splits, max_classes: int) -> Description:
     return Description(["multi-label: images having each class"], rows, tail)
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, counter=_Counts, section=_section, verify=_verify,
-                  describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--labels_csv (several labels per row)", plan=_plan, record=_record,
+                  counter=_Counts, section=_section, verify=_verify, describe=_describe, merge=_merge)

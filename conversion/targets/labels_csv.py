@@ -16,10 +16,9 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from conversion import plan as _plan
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["LabelsCsv", "TargetsCsv", "read", "read_targets_csv", "bad_numbers", "normalise_rel"]
+__all__ = ["LabelsCsv", "TargetsCsv", "read", "read_labels_csv", "read_targets_csv", "bad_numbers", "normalise_rel"]
 
 
 def normalise_rel(path: str) -> str:
@@ -48,11 +47,54 @@ def read(text: str, source: str) -> LabelsCsv:
 
     Raises:
       ValueError: Naming the file and row, for what `read_targets_csv` and
-        `conversion.plan.read_labels_csv` refuse.
+        `read_labels_csv` refuse.
     """
     table = read_targets_csv(text, source)
-    labels = _plan.read_labels_csv(text, source) if table is None else table.labels_csv()
+    labels = read_labels_csv(text, source) if table is None else table.labels_csv()
     return LabelsCsv(labels, table)
+
+
+def read_labels_csv(text: str, source: str) -> dict[str, tuple[str, str | None]]:
+    """Parses a labels CSV with columns `path,label[,split]`.
+
+    Returns:
+      Relative path to (label, split or None).
+
+    Raises:
+      ValueError: Naming the file and row, for a missing column, an unknown
+        split or a path listed twice with different labels.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    columns = [c.strip() for c in (reader.fieldnames or [])]
+    if "path" not in columns or "label" not in columns:
+        raise ValueError(
+            f"--labels_csv {source} must have a header with columns path,label[,split]. "
+            f"Received columns: {columns}"
+        )
+    reader.fieldnames = columns
+    has_split = "split" in columns
+    out: dict[str, tuple[str, str | None]] = {}
+    for row_number, row in enumerate(reader, start=2):
+        path = normalise_rel(row["path"] or "")
+        label = (row["label"] or "").strip()
+        if not path or not label:
+            raise ValueError(f"--labels_csv {source} row {row_number}: empty path or label.")
+        split = None
+        if has_split:
+            raw = (row["split"] or "").strip().lower()
+            if raw not in SPLIT_ALIASES:
+                raise ValueError(
+                    f"--labels_csv {source} row {row_number}: split must be one of "
+                    f"{sorted(SPLIT_ALIASES)}. Received: {raw!r}"
+                )
+            split = SPLIT_ALIASES[raw]
+        if path in out and out[path] != (label, split):
+            raise ValueError(
+                f"--labels_csv {source} row {row_number}: {path!r} is listed twice "
+                f"with different labels or splits."
+            )
+        out[path] = (label, split)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +129,7 @@ def read_targets_csv(text: str, source: str) -> TargetsCsv | None:
 
     Returns:
       The parsed CSV, or None for a CSV of one label per row and no `target`
-      column (`plan.read_labels_csv` reads those).
+      column (`read_labels_csv` reads those).
 
     Raises:
       ValueError: Naming the file and row: a missing column, an empty path,
@@ -100,13 +142,13 @@ def read_targets_csv(text: str, source: str) -> TargetsCsv | None:
     has_label, has_target = "label" in columns, "target" in columns
     if "path" not in columns or not (has_label or has_target):
         if not has_target:
-            return None  # `plan.read_labels_csv` says what a labels CSV needs.
+            return None  # `read_labels_csv` says what a labels CSV needs.
         raise ValueError(
             f"--labels_csv {source} must have a header with columns path,label[,split] or "
             f"path,target[,split] (or both label and target). Received columns: {columns}"
         )
     if not has_target and "|" not in text:
-        return None  # One label per row: read by `plan.read_labels_csv`, without parsing it twice.
+        return None  # One label per row: read by `read_labels_csv`, without parsing it twice.
     rows = list(enumerate(reader, start=2))
     multi = has_label and any("|" in (row["label"] or "") for _, row in rows)
     if not multi and not has_target:

@@ -66,4 +66,5 @@ def _describe(target, class_names, splits, max_classes: int) -> Description:
     return Description([f"regression targets: {target.get('length')} values per image"], [])
 
 
-KIND = TargetKind(name=NAME, plan=_plan, record=_record, verify=_verify, describe=_describe)
+KIND = TargetKind(name=NAME, flag="--labels_csv (a target column)", plan=_plan, record=_record,
+                  verify=_verify, describe=_describe)

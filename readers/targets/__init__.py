@@ -66,7 +66,6 @@ __all__ = [
 
 # The table: one row per label mode, in `readers.options.LABEL_MODES` order.
 MODES: tuple[TargetMode, ...] = (*_classes.MODES, _masks.MODE, _boxes.MODE, _labels.MODE, _numbers.MODE)
-_BY_NAME: Mapping[str, TargetMode] = {mode.name: mode for mode in MODES}
 
 # Every label mode (None, no label, aside), and the kind of target each reads:
 # `classes.KIND` for the image-level class, else a key of `schemas.TARGET_KINDS`.
@@ -80,8 +79,13 @@ BOXES, CLASSES = _boxes.BOXES, _boxes.CLASSES
 
 
 def mode_of(label_mode) -> TargetMode | None:
-    """The row of `label_mode`; None for None (no label)."""
-    return _BY_NAME.get(label_mode)
+    """The row of `label_mode`; None for None (no label) or a name no row has.
+
+    Looked up in `MODES` as it is at the call, as every user of the table does.
+    """
+    if label_mode is None:
+        return None
+    return next((mode for mode in MODES if mode.name == label_mode), None)
 
 
 def supported_label_modes(class_names, targets) -> tuple:

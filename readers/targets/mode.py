@@ -9,7 +9,8 @@ from typing import Any
 __all__ = ["TargetMode"]
 
 
-def _nothing(settings) -> dict:
+def _nothing(*_) -> dict:
+    """The default `settings` (split_files, reading) and `placeholder` (settings): nothing."""
     return {}
 
 
