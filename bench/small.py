@@ -92,7 +92,9 @@ def ceiling(input_dir: str, passes: int = 3, full: bool = False) -> dict:
     def decode(data, jpeg):
         if full:
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
-            return tf.shape(tf.image.resize(image, (224, 224)))
+            # A value of the pixels, not the shape: the resized shape is static, and TensorFlow's
+            # graph optimizer then drops the decode (this ceiling read 29,888 images/s).
+            return tf.reduce_mean(tf.image.resize(image, (224, 224)))
         return tf.cond(jpeg, lambda: tf.shape(tf.io.decode_jpeg(data, ratio=8)),
                        lambda: tf.shape(tf.io.decode_png(data)))
 
