@@ -363,18 +363,7 @@ class _Writer:
         if type(image) is not _ValidImage:
             self._write_record(writer, shard, f, image, filename, framed)
             return
-        if image.actions:
-            shard.normalized.append((filename, image.source_format, tuple(image.actions), image.details))
-        shard.index_entries.append((writer.num_bytes, len(framed)))
-        writer.write(framed)
-        shard.classes.add(f.label)
-        fmt = image.format
-        shard.stored.append((fmt, image.height, image.width, image.channels,
-                             _UINT8 if fmt == _JPEG else schemas.sample_dtype(fmt, image.data)))
-        if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
-            shard.georeferenced += 1
-        if image.band_stats is not None:
-            shard.band_stats.add(image.band_stats)
+        self._add_record(writer, shard, f, image, filename, framed, image.actions, image.details)
 
     def _write_record(self, writer: AtomicWriter, shard: _Shard, f: ShardFile, item, filename: str,
                       framed: bytes, targets=None) -> None:
@@ -389,13 +378,20 @@ class _Writer:
                 # What was done to its targets (by kind), next to what was done to its pixels.
                 actions = (*actions, *targets.actions)
                 details = {**(details or {}), **targets.details}
+        self._add_record(writer, shard, f, image, filename, framed, actions, details)
+
+    @staticmethod
+    def _add_record(writer: AtomicWriter, shard: _Shard, f: ShardFile, image, filename: str, framed: bytes,
+                    actions, details) -> None:
+        """Writes one framed record of `image`; notes it in the shard's index, counts and normalisations."""
         if actions:
             shard.normalized.append((filename, image.source_format, tuple(actions), details))
         shard.index_entries.append((writer.num_bytes, len(framed)))
         writer.write(framed)
         shard.classes.add(f.label)
-        shard.stored.append((image.format, image.height, image.width, image.channels,
-                             schemas.sample_dtype(image.format, image.data)))
+        fmt = image.format
+        shard.stored.append((fmt, image.height, image.width, image.channels,
+                             _UINT8 if fmt == _JPEG else schemas.sample_dtype(fmt, image.data)))
         if image.georef is not None and (image.georef.epsg or image.georef.geotransform is not None):
             shard.georeferenced += 1
         if image.band_stats is not None:
