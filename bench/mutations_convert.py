@@ -167,20 +167,26 @@ def convert_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str, tuple[
     return outcome
 
 
-def _account(out: pathlib.Path, cases: dict[str, tuple[str, str]], outcome: ConversionOutcome) -> None:
-    """Fills `outcome` from the output folder: every case in a record or a reject, once."""
+def _tally_rejects(out: pathlib.Path, case_of: dict[str, tuple[str, str]],
+                   outcome: ConversionOutcome) -> collections.Counter:
+    """Counts rejects.jsonl into `outcome` (per format and reason; crashes, hangs, breaks); rejects per path.
+
+    Args:
+      case_of: (format, how it was damaged) of each input path.
+    """
     import schemas
 
-    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()
-               if line.strip()]
     seen: collections.Counter = collections.Counter()
-    for r in rejects:
+    for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
         path, reason = r["path"], r["reason"]
         seen[path] += 1
-        if path not in cases:
+        if path not in case_of:
             outcome.breaks.append(f"a reject names no input: {path}")
             continue
-        fmt, how = cases[path]
+        fmt, how = case_of[path]
         outcome.rejected[fmt][reason] += 1
         label = f"{path} ({how}): {reason}: {r.get('message', '')}"
         if reason not in schemas.REJECT_REASONS and reason not in schemas.SKIP_REASONS:
@@ -189,6 +195,12 @@ def _account(out: pathlib.Path, cases: dict[str, tuple[str, str]], outcome: Conv
             outcome.crashes.append(label)
         elif reason in _HANGS:
             outcome.hangs.append(label)
+    return seen
+
+
+def _account(out: pathlib.Path, cases: dict[str, tuple[str, str]], outcome: ConversionOutcome) -> None:
+    """Fills `outcome` from the output folder: every case in a record or a reject, once."""
+    seen = _tally_rejects(out, cases, outcome)
     names = _read_back(out, outcome)
     for name in sorted(names):
         if name not in cases:
@@ -397,24 +409,7 @@ def _account_volumes(out: pathlib.Path, cases: dict[str, VolumeCase], outcome: C
     import schemas
 
     case_of = {rel: name for name, (_, _, files) in cases.items() for rel in files}
-    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()
-               if line.strip()]
-    seen: collections.Counter = collections.Counter()
-    for r in rejects:
-        path, reason = r["path"], r["reason"]
-        seen[path] += 1
-        if path not in case_of:
-            outcome.breaks.append(f"a reject names no input: {path}")
-            continue
-        fmt, how, _ = cases[case_of[path]]
-        outcome.rejected[fmt][reason] += 1
-        label = f"{path} ({how}): {reason}: {r.get('message', '')}"
-        if reason not in schemas.REJECT_REASONS and reason not in schemas.SKIP_REASONS:
-            outcome.breaks.append(f"unknown reason {label}")
-        if reason in _CRASHES:
-            outcome.crashes.append(label)
-        elif reason in _HANGS:
-            outcome.hangs.append(label)
+    seen = _tally_rejects(out, {rel: cases[name][:2] for rel, name in case_of.items()}, outcome)
     written = _read_back_volumes(out, outcome)
     for name in sorted(written):
         if name not in cases:
