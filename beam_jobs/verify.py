@@ -198,6 +198,33 @@ def _load_manifest(dataset_dir: str) -> tuple[schemas.Manifest, str]:
     return schemas.Manifest.from_json(text, path), text
 
 
+def _dataset_dir_as_option(argv: list[str]) -> list[str]:
+    """argv with the dataset folder as `--dataset_dir D`, however it was given.
+
+    The folder comes as the positional DATASET_DIR, or as `--output_dir D`: the folder convert
+    wrote, named as convert names it (a hidden alias). Translated here rather than declared on
+    `VerifyOptions`: Beam parses every loaded options class together, and `--output_dir` is
+    `ConvertOptions`' when both pipelines are imported in one process.
+    """
+    if argv and not argv[0].startswith("-"):
+        return ["--dataset_dir", argv[0], *argv[1:]]
+    out = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == _OUTPUT_DIR_ALIAS and i + 1 < len(argv):
+            out += ["--dataset_dir", argv[i + 1]]
+            i += 2
+            continue
+        name, sep, value = argv[i].partition("=")
+        out.append(f"--dataset_dir={value}" if sep and name == _OUTPUT_DIR_ALIAS else argv[i])
+        i += 1
+    return out
+
+
+# convert's name for the dataset folder, which verify also takes (`_dataset_dir_as_option`).
+_OUTPUT_DIR_ALIAS = "--output_dir"
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Verifies a dataset; returns the report (also written as JSON).
 
@@ -206,10 +233,7 @@ def run(argv: list[str] | None = None) -> dict:
       ValueError: If --dataset_dir is missing, or an argument is unknown
         (`args.UsageError`).
     """
-    argv = list(argv or [])
-    if argv and not argv[0].startswith("-"):
-        argv = ["--dataset_dir", argv[0], *argv[1:]]
-    options = args.pipeline_options(argv, VerifyOptions)
+    options = args.pipeline_options(_dataset_dir_as_option(list(argv or [])), VerifyOptions)
     opts = options.view_as(VerifyOptions)
     if not opts.dataset_dir:
         raise ValueError("Give the dataset folder: python -m beam_jobs.verify DATASET_DIR")
@@ -287,7 +311,7 @@ def _main(argv: list[str]) -> int:
         print(f"shardsmith verify: error: {e}", file=sys.stderr)
         return 2
     print(describe(report))  # The verdict is the result: stdout.
-    fail_dups = PipelineOptions(argv).view_as(VerifyOptions).fail_on_duplicates
+    fail_dups = PipelineOptions(_dataset_dir_as_option(argv)).view_as(VerifyOptions).fail_on_duplicates
     failed_checks = sum(CHECK_FAILED in p for p in report["problems"])
     if failed_checks and failed_checks == len(report["problems"]):
         # Only checks that crashed: nothing is known to be wrong with the data.

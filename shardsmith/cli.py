@@ -150,8 +150,6 @@ def _main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if print_help_if_asked(command, rest):
         return 0
-    if command == "verify":
-        rest = _output_dir_as_folder(rest)
     volume_folder = _volume_dataset(command, rest)
     if volume_folder is not None:
         # A `convert --volumes` dataset (volumes.json): its own inspect and preview (verify checks
@@ -220,20 +218,6 @@ def _interrupted_sentence(argv: list[str]) -> str:
         kept = (f"{done:,} of {planned:,} shards finished, kept in {out}" if planned
                 else f"{done:,} shards finished, kept in {out}")
     return f"shardsmith convert: interrupted: {kept}. To go on: {shlex.join(again)}"
-
-
-def _output_dir_as_folder(rest: list[str]) -> list[str]:
-    """`verify --output_dir D` as `verify D`: the folder convert wrote, named as convert names it."""
-    out = []
-    i = 0
-    while i < len(rest):
-        if rest[i] == "--output_dir" and i + 1 < len(rest):
-            out.append(rest[i + 1])
-            i += 2
-            continue
-        out.append(rest[i].split("=", 1)[1] if rest[i].startswith("--output_dir=") else rest[i])
-        i += 1
-    return out
 
 
 def _volume_dataset(command: str, rest: list[str]) -> str | None:
