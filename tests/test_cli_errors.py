@@ -1,7 +1,12 @@
 """Every failure a user can cause is one or two lines on stderr naming the subcommand.
 
-The real command in new processes (`python -m shardsmith ...`) on small real
-files; the exit statuses are those docs/ documents (2: a usage error).
+The real command in new processes on small real files; the exit statuses are those docs/
+documents (2: a usage error). Most cases run as `python -m shardsmith` runs, each in a child
+forked from one interpreter that imported the commands' libraries once (`_forked_commands`):
+~1 s of CPU each instead of ~4 s for a fresh interpreter that imports TensorFlow and Beam (a
+minute of the module's run). What only a fresh interpreter shows (its closed stdout, Ctrl-C on
+its process group) runs `python -m shardsmith` itself, as do test_quiet.py's runs (nothing
+logged while the libraries load).
 """
 
 import os
@@ -11,7 +16,7 @@ import sys
 
 import pytest
 
-from helpers import make_class_tree
+from helpers import convert, forked_programs, make_class_tree
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -19,6 +24,34 @@ _REPO = pathlib.Path(__file__).resolve().parent.parent
 def _shardsmith(*args: str, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "shardsmith", *args], stdout=stdout,
                           stderr=subprocess.PIPE, text=True, cwd=_REPO, timeout=300)
+
+
+# What `python -m shardsmith` imports for the commands below, once, before the forks.
+_PRELUDE = """
+import tensorflow, apache_beam
+import beam_jobs.convert, beam_jobs.verify
+import shardsmith.cli, shardsmith.doctor, shardsmith.inspection, shardsmith.preview, shardsmith.serve_data
+"""
+# A child: `python -m shardsmith ARGV` (`shardsmith.__main__`), its exit status its own.
+_COMMAND = """
+import os, runpy, sys
+sys.argv = ["shardsmith", *{argv!r}]
+try:
+    runpy.run_module("shardsmith", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as e:  # `console.exit_program` where a thread still runs; argparse.
+    code = e.code if isinstance(e.code, int) else (e.code is not None)
+sys.stdout.flush(), sys.stderr.flush()
+os._exit(code)
+"""
+
+
+def _forked_commands(cases: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """{name: the finished `shardsmith *argv`} of each case, each in its own forked child."""
+    found = forked_programs(_PRELUDE, {name: (_COMMAND.format(argv=argv), {}) for name, argv in cases.items()},
+                            cwd=_REPO, env=dict(os.environ), timeout=600)
+    return {name: subprocess.CompletedProcess(["shardsmith", *cases[name]], code, out, err)
+            for name, (code, out, err) in found.items()}
 
 
 def _one_sentence(proc: subprocess.CompletedProcess, command: str) -> str:
@@ -29,7 +62,7 @@ def _one_sentence(proc: subprocess.CompletedProcess, command: str) -> str:
     return proc.stderr
 
 
-@pytest.mark.parametrize(("command", "argv", "said"), [
+_WRONG_TYPES = [
     ("convert", ["--input_dir", "in", "--output_dir", "out", "--seed", "x"],
      "--seed: invalid int value: 'x'"),
     ("convert", ["--input_dir", "in", "--output_dir", "out", "--max_reject_fraction", "lots"],
@@ -39,28 +72,16 @@ def _one_sentence(proc: subprocess.CompletedProcess, command: str) -> str:
     ("doctor", ["ds", "--batch_size", "x"], "--batch_size: invalid int value: 'x'"),
     ("serve-data", ["--port", "x"], "--port: invalid int value: 'x'"),
     ("inspect", [], "the following arguments are required: dataset_dir"),
-])
-def test_a_value_of_the_wrong_type_is_one_sentence_not_beams_usage(command, argv, said):
-    proc = _shardsmith(command, *argv)
-    assert proc.returncode == 2, proc.stderr
-    assert said in _one_sentence(proc, command)
-
-
-@pytest.mark.parametrize("command", ["verify", "inspect", "preview"])
-def test_a_missing_dataset_folder_is_said_not_to_exist(tmp_path, command):
-    missing = tmp_path / "no_such_folder"
-    proc = _shardsmith(command, str(missing))
-    assert proc.returncode == 2, proc.stderr
-    text = _one_sentence(proc, command)
-    assert "does not exist" in text and str(missing) in text and "manifest" not in text
+]
+_FOLDER_COMMANDS = ("verify", "inspect", "preview")
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> pathlib.Path:
+    """A converted class tree (the command's output: `shardsmith convert` is this conversion)."""
     root = tmp_path_factory.mktemp("cli_errors")
     make_class_tree(root / "images", classes=("a", "b"), per_class=3)
-    proc = _shardsmith("convert", "--input_dir", str(root / "images"), "--output_dir", str(root / "ds"))
-    assert proc.returncode == 0, proc.stderr
+    convert(root / "images", root / "ds")
     return root / "ds"
 
 
@@ -70,10 +91,46 @@ def _a_shard(dataset) -> pathlib.Path:
     return shards[0]
 
 
-@pytest.mark.parametrize("command", ["verify", "inspect", "preview"])
-def test_a_shard_file_given_for_its_folder_says_so(dataset, command):
-    shard = _a_shard(dataset)
-    proc = _shardsmith(command, str(shard))
+def _files(folder: pathlib.Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def commands(dataset, tmp_path_factory) -> dict:
+    """{case: the finished command} of every case below, run one after the other in forked children;
+    "missing": the folder that does not exist; "before": the dataset's files before any ran."""
+    missing = tmp_path_factory.mktemp("missing") / "no_such_folder"
+    images = dataset.parent / "images"
+    cases = {f"wrong_type_{i}": [command, *argv] for i, (command, argv, _) in enumerate(_WRONG_TYPES)}
+    cases.update({f"missing_{command}": [command, str(missing)] for command in _FOLDER_COMMANDS})
+    cases.update({f"shard_{command}": [command, str(_a_shard(dataset))] for command in _FOLDER_COMMANDS})
+    cases["convert_help"] = ["convert", "--help"]
+    # Neither writes a file of the dataset: a refusal, and a resume that has nothing to do.
+    cases["full_output"] = ["convert", "--input_dir", str(images), "--output_dir", str(dataset)]
+    cases["resume"] = ["convert", "--input_dir", str(images), "--output_dir", str(dataset), "--resume"]
+    before = _files(dataset)
+    return {**_forked_commands(cases), "missing": missing, "before": before}
+
+
+@pytest.mark.parametrize(("case", "command", "said"), [
+    (f"wrong_type_{i}", command, said) for i, (command, _, said) in enumerate(_WRONG_TYPES)])
+def test_a_value_of_the_wrong_type_is_one_sentence_not_beams_usage(commands, case, command, said):
+    proc = commands[case]
+    assert proc.returncode == 2, proc.stderr
+    assert said in _one_sentence(proc, command)
+
+
+@pytest.mark.parametrize("command", _FOLDER_COMMANDS)
+def test_a_missing_dataset_folder_is_said_not_to_exist(commands, command):
+    proc = commands[f"missing_{command}"]
+    assert proc.returncode == 2, proc.stderr
+    text = _one_sentence(proc, command)
+    assert "does not exist" in text and str(commands["missing"]) in text and "manifest" not in text
+
+
+@pytest.mark.parametrize("command", _FOLDER_COMMANDS)
+def test_a_shard_file_given_for_its_folder_says_so(commands, dataset, command):
+    proc = commands[f"shard_{command}"]
     assert proc.returncode == 2, proc.stderr
     assert f"is a file of a dataset, not its folder: give the folder, {dataset}" in _one_sentence(proc, command)
 
@@ -98,8 +155,8 @@ def test_a_closed_pipe_is_silent(dataset, argv):
     assert proc.returncode == 1
 
 
-def test_convert_help_marks_the_required_options_and_shows_defaults():
-    proc = _shardsmith("convert", "--help")
+def test_convert_help_marks_the_required_options_and_shows_defaults(commands):
+    proc = commands["convert_help"]
     assert proc.returncode == 0, proc.stderr
     usage = proc.stdout.split("\n\n", 1)[0]
     assert "shardsmith convert --input_dir INPUT_DIR --output_dir OUTPUT_DIR" in usage
@@ -111,23 +168,19 @@ def test_convert_help_marks_the_required_options_and_shows_defaults():
     assert "(default: 0)" in flat  # --seed: a default of 0 is shown too.
 
 
-def test_a_full_output_folder_is_refused_before_the_input_is_listed(dataset, tmp_path):
-    images = dataset.parent / "images"
-    proc = _shardsmith("convert", "--input_dir", str(images), "--output_dir", str(dataset))
+def test_a_full_output_folder_is_refused_before_the_input_is_listed(commands):
+    proc = commands["full_output"]
     assert proc.returncode == 2, proc.stderr
     text = _one_sentence(proc, "convert")
     assert "is not empty" in text and "--resume" in text
     assert "Found" not in text  # The listing's line: it did not run.
 
 
-def test_resume_on_a_finished_dataset_has_nothing_to_do_and_writes_nothing(dataset):
-    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in dataset.iterdir() if p.is_file()}
-    proc = _shardsmith("convert", "--input_dir", str(dataset.parent / "images"),
-                       "--output_dir", str(dataset), "--resume")
+def test_resume_on_a_finished_dataset_has_nothing_to_do_and_writes_nothing(commands, dataset):
+    proc = commands["resume"]
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" in _one_sentence(proc, "convert")
-    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in dataset.iterdir() if p.is_file()}
-    assert after == before
+    assert _files(dataset) == commands["before"]
 
 
 def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
