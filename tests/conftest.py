@@ -69,30 +69,51 @@ def pytest_xdist_auto_num_workers(config):
     return min(cores, _MAX_XDIST_WORKERS) if cores > 1 else 0
 
 
-# The modules that take longest (seconds on one worker of `make test` on 2 cores, measured
-# 2026-12-02), longest first. `make test` hands whole modules to the workers in collection order
-# (`--dist loadfile --no-loadscope-reorder`), one more to whichever finishes: these first, so that
-# the workers' last modules are short ones and both end together. Collected as-is otherwise.
+# The modules that take longest, longest first. `make test` hands whole modules to the workers in
+# collection order (`--dist loadfile --no-loadscope-reorder`), the next one to a worker as its
+# module nears its end: these first, so that the workers' last modules are short ones and both end
+# together. Collected as-is otherwise (alphabetically), so a slow module missing here can end the
+# run alone. Figures: seconds of the module's tests of 10 s or more in `make test` at load ~10
+# (2026-12-06, 2,043 s in all; quiet runs take about a third), after this branch's cuts where
+# marked; "~": a module of many shorter tests, estimated from its quiet time on 2026-12-02.
 _LONGEST_FIRST = (
-    "test_beam_jobs_runner_dask.py",  # 167
-    # Beside the Dask module (whose own hanging file waits 4 s), work in one process, rather
-    # than the guard's many processes and their 8 s timeouts.
-    "test_readers_targets.py",  # 79
-    "test_conversion_guard.py",  # 128
-    "test_quiet.py",  # 89
-    "test_cli_errors.py",  # ~90 (2026-12-05: 86 s on 2 workers beside other work)
-    "test_docs.py",  # ~80 (2026-12-05: 79 s on 2 workers)
-    "test_bench_targets_convert.py",  # 72 (before it ran the benchmark once)
-    "test_readers_service.py",  # 60
-    "test_bench_rasters.py",  # 57
-    "test_readers_global.py",  # 39
-    "test_readers_rasters.py",  # 37
-    "test_rasters_end_to_end.py",  # 37
-    "test_readers_dataset.py",  # 36
-    "test_conversion_patches.py",  # 32
-    "test_readers_multiworker.py",  # 30
-    "test_gcs.py",  # 29
-    "test_readers_doctor.py",  # 29
+    "test_conversion_guard.py",  # 128 (~110 without the verify interpreters)
+    "test_beam_jobs_runner_dask.py",  # ~110 (167 quiet on 2026-12-02, its cluster start included)
+    "test_bench_mutations_convert.py",  # 110
+    "test_gcs.py",  # 103
+    "test_quiet.py",  # 116 (~90 with the CPU burners for one command)
+    "test_beam_jobs_append_targets.py",  # 86
+    "test_readers_distributed.py",  # 84
+    "test_docs.py",  # 84
+    "test_readers_targets.py",  # ~80 (79 quiet on 2026-12-02, in one process)
+    "test_bench_append.py",  # 78
+    "test_bench_targets_convert.py",  # 74
+    "test_bench_rasters.py",  # 72
+    "test_beam_jobs_append.py",  # 72
+    "test_conversion_patches_memory.py",  # 72
+    "test_bench_time_series.py",  # 69
+    "test_beam_jobs_mend.py",  # 67
+    "test_readers_service.py",  # 62
+    "test_cli_errors.py",  # 132 (~60 with its forked commands)
+    "test_compat.py",  # 55
+    "test_conversion_patches_scale.py",  # 51
+    "test_readers_global.py",  # ~50
+    "test_readers_rasters.py",  # ~50
+    "test_rasters_end_to_end.py",  # ~50
+    "test_readers_dataset.py",  # ~50
+    "test_packaging.py",  # 48
+    "test_readers_doctor.py",  # 46
+    "test_bench_patches.py",  # 45
+    "test_conversion_patches.py",  # ~45
+    "test_readers_multiworker.py",  # ~40
+    "test_conversion_shard_maker.py",  # 37
+    "test_conversion_processes.py",  # 35
+    "test_imports.py",  # 34
+    "test_schemas.py",  # 34
+    "test_golden.py",  # 31
+    "test_imaging_resize.py",  # 30
+    "test_readers_volumes.py",  # 30
+    "test_volumes_end_to_end.py",  # ~30 (last of the alphabet otherwise)
 )
 
 
