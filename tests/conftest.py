@@ -73,47 +73,41 @@ def pytest_xdist_auto_num_workers(config):
 # collection order (`--dist loadfile --no-loadscope-reorder`), the next one to a worker as its
 # module nears its end: these first, so that the workers' last modules are short ones and both end
 # together. Collected as-is otherwise (alphabetically), so a slow module missing here can end the
-# run alone. Figures: seconds of the module's tests of 10 s or more in `make test` at load ~10
-# (2026-12-06, 2,043 s in all; quiet runs take about a third), after this branch's cuts where
-# marked; "~": a module of many shorter tests, estimated from its quiet time on 2026-12-02.
+# run alone: keep it up to date from `--durations=0`. Figures: the seconds of each module's tests
+# (setup, call, teardown) in `make test` on 2 cores at load 1-5, 2026-12-06 (690 s in all).
 _LONGEST_FIRST = (
-    "test_conversion_guard.py",  # 128 (~110 without the verify interpreters)
-    "test_beam_jobs_runner_dask.py",  # ~110 (167 quiet on 2026-12-02, its cluster start included)
-    "test_bench_mutations_convert.py",  # 110
-    "test_gcs.py",  # 103
-    "test_quiet.py",  # 116 (~90 with the CPU burners for one command)
-    "test_beam_jobs_append_targets.py",  # 86
-    "test_readers_distributed.py",  # 84
-    "test_docs.py",  # 84
-    "test_readers_targets.py",  # ~80 (79 quiet on 2026-12-02, in one process)
-    "test_bench_append.py",  # 78
-    "test_bench_targets_convert.py",  # 74
-    "test_bench_rasters.py",  # 72
-    "test_beam_jobs_append.py",  # 72
-    "test_conversion_patches_memory.py",  # 72
-    "test_bench_time_series.py",  # 69
-    "test_beam_jobs_mend.py",  # 67
-    "test_readers_service.py",  # 62
-    "test_cli_errors.py",  # 132 (~60 with its forked commands)
-    "test_compat.py",  # 55
-    "test_conversion_patches_scale.py",  # 51
-    "test_readers_global.py",  # ~50
-    "test_readers_rasters.py",  # ~50
-    "test_rasters_end_to_end.py",  # ~50
-    "test_readers_dataset.py",  # ~50
-    "test_packaging.py",  # 48
-    "test_readers_doctor.py",  # 46
-    "test_bench_patches.py",  # 45
-    "test_conversion_patches.py",  # ~45
-    "test_readers_multiworker.py",  # ~40
-    "test_conversion_shard_maker.py",  # 37
-    "test_conversion_processes.py",  # 35
-    "test_imports.py",  # 34
-    "test_schemas.py",  # 34
-    "test_golden.py",  # 31
-    "test_imaging_resize.py",  # 30
-    "test_readers_volumes.py",  # 30
-    "test_volumes_end_to_end.py",  # ~30 (last of the alphabet otherwise)
+    "test_beam_jobs_runner_dask.py",  # 85
+    "test_conversion_guard.py",  # 79
+    "test_readers_targets.py",  # 73
+    "test_beam_jobs_append_targets.py",  # 53
+    "test_beam_jobs_append.py",  # 53
+    "test_gcs.py",  # 51
+    "test_quiet.py",  # 50
+    "test_readers_dataset.py",  # 44
+    "test_volumes_end_to_end.py",  # 40
+    "test_bench_mutations_convert.py",  # 35
+    "test_bench_rasters.py",  # 33
+    "test_readers_service.py",  # 32
+    "test_readers_volumes.py",  # 31
+    "test_conversion_patches.py",  # 28
+    "test_bench_append.py",  # 28
+    "test_readers_rasters.py",  # 25
+    "test_bench_targets_convert.py",  # 25
+    "test_beam_jobs_convert.py",  # 24
+    "test_beam_jobs_mend.py",  # 23
+    "test_readers_doctor.py",  # 22
+    "test_bench_patches.py",  # 22
+    "test_readers_global.py",  # 21
+    "test_readers_distributed.py",  # 21
+    "test_docs.py",  # 21
+    "test_beam_jobs_transforms.py",  # 21
+    "test_rasters_end_to_end.py",  # 19
+    "test_conversion_shard_maker.py",  # 18
+    "test_bench_time_series.py",  # 18
+    "test_schemas.py",  # 16
+    "test_conversion_patch_masks.py",  # 16
+    "test_readers_multiworker.py",  # 15
+    "test_cli_errors.py",  # 15
 )
 
 
