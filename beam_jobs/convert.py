@@ -41,6 +41,9 @@ if __name__ == "__main__":
     from conversion import console as _console
 
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
+    from beam_jobs import _startup
+
+    _startup.import_beam(sys.argv[1:])  # A local run's Beam without its remote clients.
 
 import apache_beam as beam  # noqa: E402 (after the logging of a program run)
 from apache_beam.options.pipeline_options import WorkerOptions

@@ -161,3 +161,48 @@ def test_batch_decoders_leave_nothing_on_stderr_at_exit(tmp_path):
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "out" / "manifest.json").exists()
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+_CLIENTS = ("pymongo", "bson", "pyarrow", "google.cloud.storage", "apache_beam.io.gcp.gcsio")
+
+
+def test_beam_imports_without_remote_clients_and_runs_a_local_pipeline(tmp_path):
+    # A fresh interpreter: Beam imported without the remote clients, then a
+    # real DirectRunner pipeline writing a local file, then the clients
+    # imported on demand (refused only during Beam's import).
+    out = subprocess.run([sys.executable, "-c", f"""
+import sys
+from compat import beam_internals
+print(beam_internals.import_without_remote_clients())
+print(sorted(m for m in {_CLIENTS!r} if m in sys.modules))
+import apache_beam as beam
+with beam.Pipeline() as p:
+    _ = p | beam.Create([3, 1, 2]) | beam.Map(str) | beam.io.WriteToText({str(tmp_path / 'o')!r})
+print(beam_internals.import_without_remote_clients())
+import pyarrow, pymongo
+from apache_beam.io.gcp import gcsio
+print("later imports work")
+"""], capture_output=True, text=True, cwd=_REPO, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:4] == ["True", "[]", "False", "later imports work"], out.stdout
+    written = sorted(tmp_path.glob("o*"))
+    assert written and sorted(written[0].read_text().split()) == ["1", "2", "3"]
+    # Beam says nothing about the clients it went without.
+    assert "bson" not in out.stderr and "GCSFileSystem" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("argv, local", [
+    (["--input_dir", "in", "--output_dir", "out", "--runner", "DirectRunner"], True),
+    (["--input_dir", "in", "--output_dir", "out", "--temp_location=gs://b/t"], False),
+    (["--input_dir", "in", "--output_dir", "out", "--runner", "DataflowRunner"], False),
+    (["--input_dir", "in", "--output_dir", "out", "--runner=DaskRunner"], False),
+])
+def test_only_a_local_run_imports_beam_without_its_clients(argv, local):
+    # A URL anywhere (input, output, temp or staging location) or another runner: Beam whole.
+    lines = _fresh_python(f"""
+import sys
+from beam_jobs import _startup
+_startup.import_beam({argv!r})
+print("apache_beam" in sys.modules, "pymongo" in sys.modules)
+""")
+    assert lines[0] == f"True {not local}"
