@@ -85,6 +85,8 @@ class DicomSlice:
       modality: DICOM Modality.
       series_number: SeriesNumber as written ('' when absent): names a folder's series.
       frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
+      pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
+        reads them there without parsing the file again (`dicom.native_pixel_offset`).
     """
 
     name: str
@@ -104,6 +106,7 @@ class DicomSlice:
     modality: str = ""
     series_number: str = ""
     frames: int = 1
+    pixel_offset: int = -1
 
     @property
     def normal(self) -> np.ndarray:
@@ -216,11 +219,11 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
     Raises:
       ImageRejected: As `read_slices`.
     """
-    ds, keyword = dicom.read_header(f, name)
-    return _slices(ds, name, keyword, None)
+    ds, keyword, pixel_offset = dicom.read_header(f, name)
+    return _slices(ds, name, keyword, None, pixel_offset)
 
 
-def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[DicomSlice]:
+def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offset: int = -1) -> list[DicomSlice]:
     """The slices of a parsed file; `pixels` None: digests left to `plan_stacks` ('')."""
     if _is_mosaic(ds):
         raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
@@ -269,6 +272,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
+            pixel_offset=pixel_offset if frames == 1 else -1,
         ))
     return slices
 
@@ -439,11 +443,18 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
     voxels = np.empty((len(slices), first.rows, first.columns), dtype)
     cached_name, ds = None, None
     for k, s in enumerate(slices):
-        if s.name != cached_name:
-            ds, cached_name = None, None  # The previous file's pixels go before the next is read.
-            ds = dicom.read_dataset(read_bytes(s.name), s.name)
-            cached_name = s.name
-        stored = dicom.decode_stored_frame(ds, s.frame, s.name)
+        stored = None
+        if s.pixel_offset >= 0:
+            # Uncompressed: the values as they lie in the file, without parsing it again.
+            ds, cached_name = None, None
+            stored = dicom.decode_native_frame(read_bytes(s.name), s.pixel_offset, s.rows, s.columns,
+                                               s.stored_dtype, _bits_stored(s))
+        if stored is None:
+            if s.name != cached_name:
+                ds, cached_name = None, None  # The previous file's pixels go before the next is read.
+                ds = dicom.read_dataset(read_bytes(s.name), s.name)
+                cached_name = s.name
+            stored = dicom.decode_stored_frame(ds, s.frame, s.name)
         if stored.shape != (first.rows, first.columns):
             raise ImageRejected("corrupt", f"{s.name}: decoded {stored.shape}, header says "
                                            f"{(first.rows, first.columns)}")
@@ -462,6 +473,12 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
     affine, spacing = stack_geometry(slices)
     notes = stack.notes + (("monochrome1_inverted",) if any(s.monochrome1 for s in slices) else ())
     return Volume(voxels, spacing, affine, first.modality, notes)
+
+
+def _bits_stored(s: DicomSlice) -> int:
+    """BitsStored, from the stored range `_slices` made of it."""
+    lowest, highest = s.stored_range
+    return highest.bit_length() + (1 if lowest < 0 else 0)
 
 
 _NIFTI_MAGICS = (b"n+1\x00", b"ni1\x00", b"n+2\x00")
