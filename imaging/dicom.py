@@ -54,6 +54,7 @@ __all__ = [
     "read_dataset",
     "read_header",
     "native_pixel_offset",
+    "dataset_pixel_offset",
     "decode_native_frame",
     "frame_value",
     "num_frames",
@@ -1110,6 +1111,21 @@ def native_pixel_offset(ds: Dataset, keyword: str, order: str, tag_offset: int, 
         return -1
     # Explicit VR: tag, VR, 2 reserved bytes, 4-byte length; implicit: tag, 4-byte length.
     return tag_offset + (12 if explicit else 8)
+
+
+def dataset_pixel_offset(ds: Dataset, data: bytes) -> int:
+    """`native_pixel_offset` of a dataset `read_dataset` parsed from `data` (its pixels read too)."""
+    element = ds.get_item("PixelData") if "PixelData" in ds else None
+    value_at = getattr(element, "value_tell", None)
+    if value_at is None:
+        value_at = getattr(element, "file_tell", None)
+    syntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "") or "")
+    if value_at is None or syntax not in _NATIVE_SYNTAXES:
+        return -1
+    tag_offset = value_at - (8 if syntax == _IMPLICIT_VR_LITTLE_ENDIAN else 12)
+    if tag_offset < 0 or data[tag_offset:tag_offset + 4] != _PIXEL_DATA_TAG:
+        return -1
+    return native_pixel_offset(ds, "PixelData", "<", tag_offset, data[tag_offset + 4:tag_offset + 12])
 
 
 def decode_native_frame(data, offset: int, rows: int, columns: int, dtype: str, bits_stored: int):

@@ -201,7 +201,8 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
     """
     ds = dicom.read_dataset(data, name)
     pixels = ds.get("PixelData")
-    return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"")
+    return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"",
+                   dicom.dataset_pixel_offset(ds, data))
 
 
 def read_slice_headers(f, name: str) -> list[DicomSlice]:
