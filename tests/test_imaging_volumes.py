@@ -574,3 +574,58 @@ def test_a_slice_whose_pixel_data_holds_no_bytes_is_corrupt_from_its_header(tmp_
 
 def pathlib_bytes(path) -> bytes:
     return Path(path).read_bytes()
+
+
+def _uncompressed_slices(syntax, signed, photometric, count=3):
+    """12-bit slices whose unused high bits are set (pydicom drops them), as bytes by name."""
+    import io
+
+    files = {}
+    for k in range(count):
+        ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 12, 11, signed
+        ds.PhotometricInterpretation = photometric
+        ds.PixelData = np.random.default_rng(k).integers(0, 65535, (128, 128), dtype=np.uint16).tobytes()
+        ds.ImagePositionPatient = [0, 0, 2 * k]
+        ds.file_meta.TransferSyntaxUID = syntax
+        buffer = io.BytesIO()
+        ds.save_as(buffer, implicit_vr=syntax == pydicom.uid.ImplicitVRLittleEndian, little_endian=True)
+        files[f"s{k}"] = buffer.getvalue()
+    return files
+
+
+@pytest.mark.parametrize("syntax", [pydicom.uid.ImplicitVRLittleEndian, pydicom.uid.ExplicitVRLittleEndian])
+@pytest.mark.parametrize("signed,photometric", [(1, "MONOCHROME2"), (0, "MONOCHROME2"), (0, "MONOCHROME1")])
+def test_uncompressed_slices_read_where_they_lie_give_pydicoms_values(syntax, signed, photometric):
+    """Read at the offset planning found (no second parse), the values are pydicom's, high bits dropped."""
+    import io
+
+    files = _uncompressed_slices(syntax, signed, photometric)
+    slices = [s for name, data in files.items() for s in volumes.read_slice_headers(io.BytesIO(data), name)]
+    assert all(s.pixel_offset > 0 for s in slices)
+    volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
+    expected = []
+    for name in sorted(files):
+        ds = pydicom.dcmread(io.BytesIO(files[name]))
+        values = ds.pixel_array.astype(np.float64)
+        if photometric == "MONOCHROME1":
+            values = 4095 - values
+        expected.append(values * float(ds.RescaleSlope) + float(ds.RescaleIntercept))
+    assert volume.voxels.dtype == np.int16
+    np.testing.assert_array_equal(volume.voxels, np.stack(expected))
+
+
+def test_a_slice_changed_after_planning_is_decoded_by_pydicom_not_read_at_a_stale_offset():
+    """A file rewritten between planning and writing (a longer header): its pixels are still its own."""
+    import io
+
+    files = _uncompressed_slices(pydicom.uid.ExplicitVRLittleEndian, 1, "MONOCHROME2")
+    slices = [s for name, data in files.items() for s in volumes.read_slice_headers(io.BytesIO(data), name)]
+    ds = pydicom.dcmread(io.BytesIO(files["s1"]))
+    ds.StudyDescription = "a longer header" * 8
+    buffer = io.BytesIO()
+    ds.save_as(buffer)
+    files["s1"] = buffer.getvalue()
+    volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
+    np.testing.assert_array_equal(volume.voxels[1], ds.pixel_array.astype(np.int16) * int(ds.RescaleSlope)
+                                  + int(ds.RescaleIntercept))
