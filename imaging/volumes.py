@@ -459,6 +459,11 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
         if stored.shape != (first.rows, first.columns):
             raise ImageRejected("corrupt", f"{s.name}: decoded {stored.shape}, header says "
                                            f"{(first.rows, first.columns)}")
+        if (s.monochrome1 or s.slope != 1.0 or s.intercept != 0.0) and voxels.dtype.kind == "i":
+            widened = _rescale_whole(voxels, k, stored, s)
+            if widened is not None:
+                voxels = widened
+                continue
         if s.monochrome1:
             lo, hi = s.stored_range
             stored = (lo + hi) - stored.astype(np.float64)
@@ -474,6 +479,44 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
     affine, spacing = stack_geometry(slices)
     notes = stack.notes + (("monochrome1_inverted",) if any(s.monochrome1 for s in slices) else ())
     return Volume(voxels, spacing, affine, first.modality, notes)
+
+
+def _rescale_whole(voxels: np.ndarray, k: int, stored: np.ndarray, s: DicomSlice) -> np.ndarray | None:
+    """voxels[k] = the slice's values MONOCHROME1-inverted and rescaled, in whole numbers, in place.
+
+    The float path's values exactly, without its two float64 copies of the
+    slice (~40% of a 512x512 slice's stacking): inverting and rescaling is
+    x -> a*x + b with whole a and b, and the lowest and highest results come
+    from the lowest and highest stored values. When they fit the volume's
+    integers, computing modulo 2**bits in them (numpy's integer arithmetic)
+    gives the true values.
+
+    Returns:
+      The volume (widened to int32 where int16 cannot hold the values, as
+      the float path does), or None when this slice is not for this path
+      (float values, a fractional rescale, results beyond int32): the float
+      path does it.
+    """
+    if stored.dtype.kind not in "iu" or stored.dtype.itemsize > 4 or not stored.size \
+            or not (float(s.slope).is_integer() and float(s.intercept).is_integer()):
+        return None
+    a, b = int(s.slope), int(s.intercept)
+    if s.monochrome1:
+        lo, hi = s.stored_range
+        a, b = -a, (lo + hi) * a + b
+    ends = (a * int(stored.min()) + b, a * int(stored.max()) + b)
+    if voxels.dtype == np.int16 and (min(ends) < _INT16.min or max(ends) > _INT16.max):
+        voxels = voxels.astype(np.int32)
+    limits = np.iinfo(voxels.dtype)
+    if min(ends) < limits.min or max(ends) > limits.max:
+        return None
+    plane = voxels[k]
+    np.copyto(plane, stored, casting="unsafe")
+    if a != 1:
+        np.multiply(plane, np.array(a).astype(plane.dtype), out=plane)
+    if b:
+        np.add(plane, np.array(b).astype(plane.dtype), out=plane)
+    return voxels
 
 
 def _bits_stored(s: DicomSlice) -> int:

@@ -629,3 +629,36 @@ def test_a_slice_changed_after_planning_is_decoded_by_pydicom_not_read_at_a_stal
     volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
     np.testing.assert_array_equal(volume.voxels[1], ds.pixel_array.astype(np.int16) * int(ds.RescaleSlope)
                                   + int(ds.RescaleIntercept))
+
+
+@pytest.mark.parametrize("signed,photometric,slope,intercept,dtype", [
+    (0, "MONOCHROME2", 1, -1024, np.int32),  # 16-bit unsigned with an intercept: beyond int16, widened
+    (0, "MONOCHROME1", 2, -3, np.int32),
+    (1, "MONOCHROME2", -1, -1, np.int16),  # -x - 1 of every int16 is an int16
+    (1, "MONOCHROME2", 0.5, 0, np.float32),
+])
+def test_rescaled_and_inverted_values_are_the_float_formulas_in_the_dtype_it_needs(signed, photometric, slope,
+                                                                                   intercept, dtype):
+    """Whole rescales are computed in integers, widened to int32 as needed; the values are the formula's."""
+    import io
+
+    files, expected = {}, []
+    for k in range(3):
+        ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 15, signed
+        ds.PhotometricInterpretation = photometric
+        ds.RescaleSlope, ds.RescaleIntercept = slope, intercept
+        values = np.random.default_rng(k).integers(0, 65535, (128, 128), dtype=np.uint16)
+        ds.PixelData = values.tobytes()
+        ds.ImagePositionPatient = [0, 0, 2 * k]
+        buffer = io.BytesIO()
+        ds.save_as(buffer)
+        files[f"s{k}"] = buffer.getvalue()
+        stored = values.view(np.int16 if signed else np.uint16).astype(np.float64)
+        if photometric == "MONOCHROME1":
+            stored = (65535 if not signed else -1) - stored
+        expected.append(stored * slope + intercept)
+    slices = [s for name, data in files.items() for s in volumes.read_slice_headers(io.BytesIO(data), name)]
+    volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
+    assert volume.voxels.dtype == dtype
+    np.testing.assert_array_equal(volume.voxels, np.stack(expected).astype(dtype))
