@@ -20,7 +20,7 @@ stage of both sides, in this process, one stage at a time.
 
     python -m bench.volumes            # 20 series of 200 512x512 int16 slices (~2 GB of DICOM)
     python -m bench.volumes --small    # 4 series of 24 64x64 slices, patches of 16^3
-    python -m bench.volumes --series 4 --slices 50  # a quick look: 512x512 slices, 96^3 patches
+    python -m bench.volumes --series 4 --slices 50  # a quick look: 512x512 slices, 50^3 patches
     python -m bench.volumes --series 2 --slices 100 --profile  # CPU per stage, both sides
 """
 
@@ -212,7 +212,9 @@ def run(series: int, slices: int, size: int, patch: int, work: Path, rounds: int
                      "load": (load, _load())})
         _LOG.info("convert round %d: %s", r, rows[-1])
     shape = (patch, patch, patch)
-    count = 4 * series  # One pass: each volume once, 4 patches of it.
+    # One pass (each volume once, 4 patches of it), at least 16 volumes: a measurement of a few
+    # volumes is a few ticks of CPU time.
+    count = 4 * max(series, 16)
     theirs_ds = _hand_written_patches(str(work / "baseline" / "train.tfrecord"), shape).repeat()
     ours_ds = readers.volume_dataset_from_tfrecords(work / "out", "train", batch_size=4, patch_size=shape,
                                                     patches_per_volume=4, seed=0).repeat()
@@ -389,10 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     series, slices, size, patch = (4, 24, 64, 16) if args.small else (20, 200, 512, 96)
     series, slices = args.series or series, args.slices or slices
+    patch = min(patch, slices)  # The hand-written crop cannot pad a volume thinner than a patch.
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1. Received: {args.rounds}")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_volumes_"))
-    print(f"volumes: {series} series x {slices} slices of {size}x{size} int16 "
+    print(f"volumes: {series} series x {slices} slices of {size}x{size} int16, patches of {patch}^3 "
           f"({slices * size * size * 2 / 2**20:.1f} MB each); load at start {_load():.1f}")
     try:
         if args.profile:
