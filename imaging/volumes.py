@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import io
 import logging
+import os
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -42,6 +44,8 @@ _SPACING_TOLERANCE = 0.1
 # Orientations equal to this many decimals are one (direction cosines are written with ~6).
 _ORIENTATION_DECIMALS = 4
 _INT16 = np.iinfo(np.int16)
+# Planning parses a header from this many first bytes of a file in memory (`_header_from_memory`).
+_HEADER_BYTES = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,8 +224,36 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
     Raises:
       ImageRejected: As `read_slices`.
     """
-    ds, keyword, pixel_offset = dicom.read_header(f, name)
+    parsed = _header_from_memory(f, name)
+    if parsed is None:
+        f.seek(0)
+        parsed = dicom.read_header(f, name)
+    ds, keyword, pixel_offset = parsed
     return _slices(ds, name, keyword, None, pixel_offset)
+
+
+def _header_from_memory(f, name: str):
+    """`dicom.read_header` of the file's first `_HEADER_BYTES`, when the header ends inside them; else None.
+
+    pydicom reads a header element by element: from bytes in memory that
+    costs ~0.5 ms less a 512x512 slice than from an open file (a third of
+    planning). Only a file several times that size is read so (a small one
+    is read from the file: its start is most of it). The parse of a prefix
+    is the file's whenever it reached the pixel element's tag and the 8
+    bytes after it with bytes to spare: pydicom reads nothing beyond them.
+    """
+    try:
+        if os.fstat(f.fileno()).st_size < 4 * _HEADER_BYTES:
+            return None
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError.
+        return None
+    head = f.read(_HEADER_BYTES)
+    buffer = io.BytesIO(head)
+    try:
+        parsed = dicom.read_header(buffer, name)
+    except Exception:  # noqa: BLE001 - the prefix cut the header short: the whole file decides, and says why
+        return None
+    return parsed if buffer.tell() < len(head) else None
 
 
 def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offset: int = -1) -> list[DicomSlice]:

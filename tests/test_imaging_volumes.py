@@ -662,3 +662,20 @@ def test_rescaled_and_inverted_values_are_the_float_formulas_in_the_dtype_it_nee
     volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
     assert volume.voxels.dtype == dtype
     np.testing.assert_array_equal(volume.voxels, np.stack(expected).astype(dtype))
+
+
+@pytest.mark.parametrize("header_padding", [0, 20000])
+def test_headers_of_large_files_read_from_their_start_in_memory_are_the_whole_files(tmp_path, header_padding):
+    """A 512x512 slice's header parsed from its first bytes; a header longer than them from the file."""
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.Rows = ds.Columns = 512
+    ds.PixelData = np.arange(512 * 512, dtype=np.int16).tobytes()
+    if header_padding:
+        ds.ImageComments = "x" * header_padding  # The header ends past the bytes read first.
+    path = tmp_path / "s.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with open(path, "rb") as f:
+        from_header = volumes.read_slice_headers(f, "s.dcm")
+    from_bytes = volumes.read_slices(path.read_bytes(), "s.dcm")
+    assert [dataclasses.replace(s, pixel_hash="") for s in from_bytes] == from_header
+    assert from_header[0].pixel_offset == pydicom.dcmread(path)["PixelData"].file_tell  # Where pydicom read them.
