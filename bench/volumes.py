@@ -2,19 +2,26 @@
 
 Three figures, each a ratio against a baseline measured in the same run:
 
-1. Conversion time: `convert --volumes` (DirectRunner) against a hand-written
+1. Conversion: `convert --volumes` (DirectRunner) against a hand-written
    two-process converter (pydicom + numpy + tf.io.TFRecordWriter, series in
    a `multiprocessing.Pool(2)`, sorted by ImagePositionPatient z).
 2. Peak memory of the process tree during shardsmith's conversion, minus
    what it held before, against one volume's size.
-3. Random 96^3 patches read per second: `readers.volume_dataset_from_tfrecords`
+3. Random 96^3 patches read: `readers.volume_dataset_from_tfrecords`
    against a hand-written tf.data pipeline (parse, decode_raw, reshape,
-   `tf.image.random_crop`) over the baseline's records; three alternated
-   rounds, the median of each.
+   `tf.image.random_crop`) over the baseline's records.
+
+Both sides run `--rounds` times, interleaved, who goes first alternating;
+each round gives a ratio (wall and CPU: user+sys of this process and its
+reaped children), and the figure is the median of the rounds' ratios: on a
+shared machine one measurement after the other mostly measures who ran
+first. The 1-minute load goes beside each round. `--profile` prints CPU per
+stage of both sides, in this process, one stage at a time.
 
     python -m bench.volumes            # 20 series of 200 512x512 int16 slices (~2 GB of DICOM)
     python -m bench.volumes --small    # 4 series of 24 64x64 slices, patches of 16^3
-    python -m bench.volumes --series 4 --slices 120  # 512x512 slices and 96^3 patches, fewer of them
+    python -m bench.volumes --series 4 --slices 50  # a quick look: 512x512 slices, 50^3 patches
+    python -m bench.volumes --series 2 --slices 100 --profile  # CPU per stage, both sides
 """
 
 from __future__ import annotations
@@ -124,67 +131,257 @@ class _PeakRss:
         self._thread.join()
 
 
-def _patches_per_second(ds, count: int) -> float:
+def _cpu() -> float:
+    """User+sys seconds of this process and of its children that were waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _timed(fn) -> tuple[float, float]:
+    """(wall s, CPU s) of fn()."""
+    cpu, wall = _cpu(), time.perf_counter()
+    fn()
+    return time.perf_counter() - wall, _cpu() - cpu
+
+
+def _patches_taken(ds, count: int) -> tuple[float, float]:
+    """(wall s, CPU s) to take `count` patches, after a first batch (graph tracing, buffers) not counted."""
     it = iter(ds)
-    next(it)  # warm up (graph tracing)
-    start = time.perf_counter()
+    next(it)
+    cpu, wall = _cpu(), time.perf_counter()
     n = 0
     for element in it:
         n += int(element[0].shape[0])
         if n >= count:
             break
-    return n / (time.perf_counter() - start)
+    return time.perf_counter() - wall, _cpu() - cpu
 
 
-def run(series: int, slices: int, size: int, patch: int, work: Path) -> dict:
+def _hand_written_patches(records: str, shape, per_volume: int = 4, batch: int = 4):
+    """The hand-written tf.data pipeline: parse, decode_raw, reshape, `per_volume` random crops, batch."""
     import tensorflow as tf
 
+    def parse(serialized):
+        f = tf.io.parse_single_example(serialized, {"volume": tf.io.FixedLenFeature([], tf.string),
+                                                    "shape": tf.io.FixedLenFeature([3], tf.int64)})
+        v = tf.reshape(tf.io.decode_raw(f["volume"], tf.int16), f["shape"])
+        crops = [tf.image.random_crop(v, shape, seed=i) for i in range(per_volume)]
+        return tf.data.Dataset.from_tensor_slices(tf.cast(tf.stack(crops), tf.float32)[..., None])
+
+    return (tf.data.TFRecordDataset(records).flat_map(parse)
+            .batch(batch).map(lambda v: (v, 0)).prefetch(tf.data.AUTOTUNE))
+
+
+def _median(values):
+    return float(np.median(values))
+
+
+def run(series: int, slices: int, size: int, patch: int, work: Path, rounds: int = 3) -> dict:
+    """`rounds` interleaved rounds of both converters, then of both patch readers; per-round ratios."""
     import readers
     from beam_jobs import convert
 
     corpus = work / "in"
     make_corpus(corpus, series, slices, size)
     volume_bytes = slices * size * size * 2
-    load = {"start": os.getloadavg()[0]}
-    start = time.perf_counter()
-    baseline_convert(corpus, work / "baseline")
-    baseline_s = time.perf_counter() - start
-    with _PeakRss() as rss:
-        start = time.perf_counter()
-        convert.run(["--volumes", "--input_dir", str(corpus), "--output_dir", str(work / "out"),
-                     "--runner", "DirectRunner"])
-        ours_s = time.perf_counter() - start
-    peak_over = rss.peak - rss.start
-    load["convert"] = os.getloadavg()[0]
+    rows, peaks = [], []
 
+    def baseline():
+        shutil.rmtree(work / "baseline", ignore_errors=True)
+        return _timed(lambda: baseline_convert(corpus, work / "baseline"))
+
+    def ours():
+        shutil.rmtree(work / "out", ignore_errors=True)
+        with _PeakRss() as rss:
+            timing = _timed(lambda: convert.run(["--volumes", "--input_dir", str(corpus), "--output_dir",
+                                                 str(work / "out"), "--runner", "DirectRunner"]))
+        peaks.append(rss.peak - rss.start)
+        return timing
+
+    for r in range(rounds):
+        load = _load()
+        if r % 2 == 0:  # Who goes first alternates.
+            (base_wall, base_cpu), (our_wall, our_cpu) = baseline(), ours()
+        else:
+            (our_wall, our_cpu), (base_wall, base_cpu) = ours(), baseline()
+        rows.append({"base_wall": base_wall, "base_cpu": base_cpu, "our_wall": our_wall, "our_cpu": our_cpu,
+                     "load": (load, _load())})
+        _LOG.info("convert round %d: %s", r, rows[-1])
     shape = (patch, patch, patch)
-    count = 4 * series * 4
-    ours = readers.volume_dataset_from_tfrecords(work / "out", "train", batch_size=4, patch_size=shape,
-                                                  patches_per_volume=4, seed=0).repeat()
+    # One pass (each volume once, 4 patches of it), at least 16 volumes: a measurement of a few
+    # volumes is a few ticks of CPU time.
+    count = 4 * max(series, 16)
+    theirs_ds = _hand_written_patches(str(work / "baseline" / "train.tfrecord"), shape).repeat()
+    ours_ds = readers.volume_dataset_from_tfrecords(work / "out", "train", batch_size=4, patch_size=shape,
+                                                    patches_per_volume=4, seed=0).repeat()
+    reads = []
+    for r in range(rounds):
+        load = _load()
+        if r % 2 == 0:
+            (our_wall, our_cpu), (base_wall, base_cpu) = _patches_taken(ours_ds, count), _patches_taken(theirs_ds, count)
+        else:
+            (base_wall, base_cpu), (our_wall, our_cpu) = _patches_taken(theirs_ds, count), _patches_taken(ours_ds, count)
+        reads.append({"base_wall": base_wall, "base_cpu": base_cpu, "our_wall": our_wall, "our_cpu": our_cpu,
+                      "load": (load, _load())})
+        _LOG.info("patches round %d: %s", r, reads[-1])
+    return {"convert": rows, "patches": reads, "count": count, "peak_over_volume": max(peaks) / volume_bytes,
+            "volume_mb": volume_bytes / 2**20}
 
-    def parse(serialized):
-        f = tf.io.parse_single_example(serialized, {"volume": tf.io.FixedLenFeature([], tf.string),
-                                                    "shape": tf.io.FixedLenFeature([3], tf.int64)})
-        v = tf.reshape(tf.io.decode_raw(f["volume"], tf.int16), f["shape"])
-        crops = [tf.image.random_crop(v, shape, seed=i) for i in range(4)]
-        return tf.data.Dataset.from_tensor_slices(tf.cast(tf.stack(crops), tf.float32)[..., None])
 
-    theirs = (tf.data.TFRecordDataset(str(work / "baseline" / "train.tfrecord")).flat_map(parse)
-              .batch(4).map(lambda v: (v, 0)).prefetch(tf.data.AUTOTUNE).repeat())
-    # Alternated, three rounds, the median of each: on a shared machine one
-    # measurement after the other mostly measures who ran first.
-    ours_rates, their_rates = [], []
-    for _ in range(3):
-        ours_rates.append(_patches_per_second(ours, count))
-        their_rates.append(_patches_per_second(theirs, count))
-    ours_rate, their_rate = sorted(ours_rates)[1], sorted(their_rates)[1]
-    load["patches"] = os.getloadavg()[0]
-    return {
-        "convert_s": ours_s, "baseline_s": baseline_s, "convert_ratio": baseline_s / ours_s,
-        "peak_over_volume": peak_over / volume_bytes, "volume_mb": volume_bytes / 2**20,
-        "patches_per_s": ours_rate, "baseline_patches_per_s": their_rate, "read_ratio": ours_rate / their_rate,
-        "load": load,
-    }
+def profile(series: int, slices: int, size: int, patch: int, work: Path) -> list[tuple[str, str, float, str]]:
+    """CPU per stage of both converters and both patch readers, one stage at a time in this process.
+
+    Returns:
+      (side, stage, CPU ms, per what) rows.
+    """
+    import pydicom
+    import tensorflow as tf
+
+    import readers
+    from beam_jobs import convert
+    from conversion import files as _files
+    from imaging import dicom, volumes
+    from schemas import tfrecord
+    from schemas.volumes import VOLUME_SCHEMA, VolumeRecord
+
+    corpus = work / "in"
+    make_corpus(corpus, series, slices, size)
+    folders = sorted((corpus / "c").iterdir())
+    n = series * slices
+    out = []
+
+    def stage(side, name, fn, per=n, unit="slice"):
+        fn_result = [None]
+
+        def call():
+            fn_result[0] = fn()
+
+        _, cpu = _timed(call)
+        out.append((side, name, 1000 * cpu / per, unit))
+        return fn_result[0]
+
+    # shardsmith's converter, its stages as `conversion.volumes` runs them (one series at a time).
+    paths = stage("shardsmith", "listing", lambda: [sorted(p for p in f.iterdir()) for f in folders])
+
+    def headers():
+        stacks = []
+        for folder in paths:
+            found = []
+            for p in folder:
+                with open(p, "rb") as f:
+                    found += volumes.read_slice_headers(f, p.name)
+            stacks.append((folder, volumes.plan_stacks(found).stacks[0]))
+        return stacks
+
+    stacks = stage("shardsmith", "header reads + planning", headers)
+    blobs = stage("shardsmith", "file reads", lambda: [{p.name: p.read_bytes() for p in folder} for folder in paths])
+
+    def decode():
+        for (_, stack), files in zip(stacks, blobs):
+            for s in stack.slices:
+                data = files[s.name]
+                bits = s.stored_range[1].bit_length() + (s.stored_range[0] < 0)  # BitsStored
+                if s.pixel_offset < 0 or dicom.decode_native_frame(data, s.pixel_offset, s.rows, s.columns,
+                                                                   s.stored_dtype, bits) is None:
+                    dicom.decode_stored_frame(dicom.read_dataset(data, s.name), s.frame, s.name)
+
+    stage("shardsmith", "pixel decode", decode)
+    decode_ms = out[-1][2]
+    vols = stage("shardsmith", "decode + stacking (read_stack)",
+                 lambda: [volumes.read_stack(st, files.__getitem__) for (_, st), files in zip(stacks, blobs)])
+    out.append(("shardsmith", "stacking (rescale, into the volume)", out[-1][2] - decode_ms, "slice"))
+    parts = stage("shardsmith", "encoding (record parts)",
+                  lambda: [VOLUME_SCHEMA.encode_parts(VolumeRecord(v.voxels, v.spacing, v.affine, 0, "x", v.modality))
+                           for v in vols])
+    framed = stage("shardsmith", "framing (CRC32C)", lambda: [tfrecord.frame_parts(p) for p in parts])
+
+    def write():
+        writer = _files.AtomicWriter(str(work), "profile.tfrecord")
+        for f in framed:
+            for part in f:
+                writer.write(part)
+        writer.commit()
+
+    stage("shardsmith", "writing (+ SHA-256)", write)
+    del vols, parts, framed, blobs
+    shutil.rmtree(work / "out", ignore_errors=True)
+    wall, cpu = _timed(lambda: convert.run(["--volumes", "--input_dir", str(corpus), "--output_dir",
+                                            str(work / "out"), "--runner", "DirectRunner"]))
+    out.append(("shardsmith", f"whole convert.run (wall {wall:.1f} s)", 1000 * cpu / n, "slice"))
+
+    # The hand-written converter, the same stages (one process here).
+    base_paths = stage("hand-written", "listing", lambda: [sorted(f.iterdir()) for f in folders])
+    datasets = stage("hand-written", "file reads + header parse (dcmread)",
+                     lambda: [[pydicom.dcmread(p) for p in folder] for folder in base_paths])
+    arrays = stage("hand-written", "pixel decode (pixel_array)",
+                   lambda: [[ds.pixel_array for ds in sorted(group, key=lambda ds: float(ds.ImagePositionPatient[2]))]
+                            for group in datasets])
+
+    def stacking():
+        result = []
+        for group, planes in zip(datasets, arrays):
+            volume = np.stack(planes).astype(np.int16)
+            volume = volume * int(group[0].RescaleSlope) + int(group[0].RescaleIntercept)
+            result.append((volume.astype(np.int16).tobytes(), volume.shape))
+        return result
+
+    stacked = stage("hand-written", "stacking (stack, rescale, tobytes)", stacking)
+    del arrays, datasets
+    examples = stage("hand-written", "encoding (tf.train.Example)", lambda: [tf.train.Example(
+        features=tf.train.Features(feature={
+            "volume": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+            "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=list(shape)))})).SerializeToString()
+        for data, shape in stacked])
+    del stacked
+
+    def base_write():
+        (work / "baseline").mkdir(exist_ok=True)
+        with tf.io.TFRecordWriter(str(work / "baseline" / "train.tfrecord")) as writer:
+            for e in examples:
+                writer.write(e)
+
+    stage("hand-written", "writing (TFRecordWriter, CRC32C)", base_write)
+    del examples
+    shutil.rmtree(work / "baseline", ignore_errors=True)
+    wall, cpu = _timed(lambda: baseline_convert(corpus, work / "baseline"))
+    out.append(("hand-written", f"whole, 2 processes (wall {wall:.1f} s)", 1000 * cpu / n, "slice"))
+
+    # Patches: the hand-written pipeline one stage more at a time (CPU per volume), then ours whole.
+    shape = (patch, patch, patch)
+    records = str(work / "baseline" / "train.tfrecord")
+    spec = {"volume": tf.io.FixedLenFeature([], tf.string), "shape": tf.io.FixedLenFeature([3], tf.int64)}
+    parse = lambda s: tf.io.parse_single_example(s, spec)  # noqa: E731
+    decoded = lambda f: tf.reshape(tf.io.decode_raw(f["volume"], tf.int16), f["shape"])  # noqa: E731
+
+    def crops(v):
+        return tf.cast(tf.stack([tf.image.random_crop(v, shape, seed=i) for i in range(4)]), tf.float32)[..., None]
+
+    pipelines = [
+        ("hand-written patches", "read (TFRecordDataset)", tf.data.TFRecordDataset(records)),
+        ("hand-written patches", "+ parse", tf.data.TFRecordDataset(records).map(parse)),
+        ("hand-written patches", "+ decode_raw, reshape", tf.data.TFRecordDataset(records).map(parse).map(decoded)),
+        ("hand-written patches", "+ 4 crops, cast",
+         tf.data.TFRecordDataset(records).map(parse).map(decoded).map(crops)),
+        ("hand-written patches", "+ unbatch, batch 4 (the whole)", _hand_written_patches(records, shape)),
+        ("shardsmith patches", "read (TFRecordDataset of its shards)",
+         tf.data.TFRecordDataset(sorted(str(p) for p in (work / "out").glob("train-*.tfrecord")))),
+        ("shardsmith patches", "volume_dataset_from_tfrecords, batch 4 (the whole)",
+         readers.volume_dataset_from_tfrecords(work / "out", "train", batch_size=4, patch_size=shape,
+                                               patches_per_volume=4, seed=0)),
+    ]
+    volumes_read = max(series, 16)
+    for side, name, ds in pipelines:
+        # Each element is one volume (its record, or its 4 patches as one batch); after the first
+        # (tracing, buffers), over at least 16 volumes.
+        it = iter(ds.repeat())
+        next(it)
+        _, cpu = _timed(lambda it=it: [next(it) for _ in range(volumes_read)])
+        out.append((side, name, 1000 * cpu / volumes_read, "volume"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,24 +390,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work_dir", help="Where the corpus and outputs go (default: a temporary folder).")
     parser.add_argument("--series", type=int, help="Series in the corpus (default 20; 4 with --small).")
     parser.add_argument("--slices", type=int, help="Slices per series (default 200; 24 with --small).")
+    parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds of each side (default 3).")
+    parser.add_argument("--profile", action="store_true", help="CPU per stage of both sides, one stage at a time.")
     args = parser.parse_args(argv)
     series, slices, size, patch = (4, 24, 64, 16) if args.small else (20, 200, 512, 96)
     series, slices = args.series or series, args.slices or slices
+    patch = min(patch, slices)  # The hand-written crop cannot pad a volume thinner than a patch.
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1. Received: {args.rounds}")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_volumes_"))
+    print(f"volumes: {series} series x {slices} slices of {size}x{size} int16, patches of {patch}^3 "
+          f"({slices * size * size * 2 / 2**20:.1f} MB each); load at start {_load():.1f}")
     try:
-        r = run(series, slices, size, patch, work)
+        if args.profile:
+            rows = profile(series, slices, size, patch, work)
+        else:
+            r = run(series, slices, size, patch, work, args.rounds)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"volumes: {series} series x {slices} slices of {size}x{size} int16 ({r['volume_mb']:.1f} MB each)")
-    print(f"convert: shardsmith {r['convert_s']:.2f} s, hand-written 2-process {r['baseline_s']:.2f} s, "
-          f"speed ratio {r['convert_ratio']:.2f}x")
-    print(f"peak memory of the process tree over its start: {r['peak_over_volume']:.1f} volumes")
-    print(f"random {patch}^3 patches: shardsmith {r['patches_per_s']:.0f}/s, hand-written tf.data "
-          f"{r['baseline_patches_per_s']:.0f}/s, ratio {r['read_ratio']:.2f}x")
-    # On a shared machine the figures move with the load: it goes beside them.
-    print("load (1-minute average) at start, after converting, after patches: "
-          + ", ".join(f"{r['load'][k]:.1f}" for k in ("start", "convert", "patches")))
+    if args.profile:
+        print(f"CPU per stage, one at a time in one process (load now {_load():.1f}):")
+        for side, stage, ms, per in rows:
+            print(f"  {side:22s} {stage:45s} {ms:9.2f} ms/{per}")
+        return 0
+    # On a shared machine the figures move with the load: it goes beside each round.
+    for what, rows in (("convert", r["convert"]), (f"random {patch}^3 patches x{r['count']}", r["patches"])):
+        print(f"{what} (s; hand-written / shardsmith: above 1 is shardsmith faster or cheaper):")
+        for i, row in enumerate(rows):
+            print(f"  round {i}: wall {row['our_wall']:.2f} vs {row['base_wall']:.2f} "
+                  f"({row['base_wall'] / row['our_wall']:.2f}x), CPU {row['our_cpu']:.2f} vs {row['base_cpu']:.2f} "
+                  f"({row['base_cpu'] / row['our_cpu']:.2f}x), load {row['load'][0]:.1f}-{row['load'][1]:.1f}")
+        print(f"  median of the rounds' ratios: wall {_median([x['base_wall'] / x['our_wall'] for x in rows]):.2f}x, "
+              f"CPU {_median([x['base_cpu'] / x['our_cpu'] for x in rows]):.2f}x")
+    print(f"peak memory of the process tree over its start: {r['peak_over_volume']:.1f} volumes (the highest round)")
     return 0
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import io
 import logging
+import os
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -42,6 +44,8 @@ _SPACING_TOLERANCE = 0.1
 # Orientations equal to this many decimals are one (direction cosines are written with ~6).
 _ORIENTATION_DECIMALS = 4
 _INT16 = np.iinfo(np.int16)
+# Planning parses a header from this many first bytes of a file in memory (`_header_from_memory`).
+_HEADER_BYTES = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,8 @@ class DicomSlice:
       modality: DICOM Modality.
       series_number: SeriesNumber as written ('' when absent): names a folder's series.
       frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
+      pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
+        reads them there without parsing the file again (`dicom.native_pixel_offset`).
     """
 
     name: str
@@ -104,6 +110,7 @@ class DicomSlice:
     modality: str = ""
     series_number: str = ""
     frames: int = 1
+    pixel_offset: int = -1
 
     @property
     def normal(self) -> np.ndarray:
@@ -198,7 +205,8 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
     """
     ds = dicom.read_dataset(data, name)
     pixels = ds.get("PixelData")
-    return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"")
+    return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"",
+                   dicom.dataset_pixel_offset(ds, data))
 
 
 def read_slice_headers(f, name: str) -> list[DicomSlice]:
@@ -216,11 +224,39 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
     Raises:
       ImageRejected: As `read_slices`.
     """
-    ds, keyword = dicom.read_header(f, name)
-    return _slices(ds, name, keyword, None)
+    parsed = _header_from_memory(f, name)
+    if parsed is None:
+        f.seek(0)
+        parsed = dicom.read_header(f, name)
+    ds, keyword, pixel_offset = parsed
+    return _slices(ds, name, keyword, None, pixel_offset)
 
 
-def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[DicomSlice]:
+def _header_from_memory(f, name: str):
+    """`dicom.read_header` of the file's first `_HEADER_BYTES`, when the header ends inside them; else None.
+
+    pydicom reads a header element by element: from bytes in memory that
+    costs ~0.5 ms less a 512x512 slice than from an open file (a third of
+    planning). Only a file several times that size is read so (a small one
+    is read from the file: its start is most of it). The parse of a prefix
+    is the file's whenever it reached the pixel element's tag and the 8
+    bytes after it with bytes to spare: pydicom reads nothing beyond them.
+    """
+    try:
+        if os.fstat(f.fileno()).st_size < 4 * _HEADER_BYTES:
+            return None
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError.
+        return None
+    head = f.read(_HEADER_BYTES)
+    buffer = io.BytesIO(head)
+    try:
+        parsed = dicom.read_header(buffer, name)
+    except Exception:  # noqa: BLE001 - the prefix cut the header short: the whole file decides, and says why
+        return None
+    return parsed if buffer.tell() < len(head) else None
+
+
+def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offset: int = -1) -> list[DicomSlice]:
     """The slices of a parsed file; `pixels` None: digests left to `plan_stacks` ('')."""
     if _is_mosaic(ds):
         raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
@@ -269,6 +305,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
             stored_dtype=stored_dtype, monochrome1=photometric == "MONOCHROME1",
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
+            pixel_offset=pixel_offset if frames == 1 else -1,
         ))
     return slices
 
@@ -439,14 +476,26 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
     voxels = np.empty((len(slices), first.rows, first.columns), dtype)
     cached_name, ds = None, None
     for k, s in enumerate(slices):
-        if s.name != cached_name:
-            ds, cached_name = None, None  # The previous file's pixels go before the next is read.
-            ds = dicom.read_dataset(read_bytes(s.name), s.name)
-            cached_name = s.name
-        stored = dicom.decode_stored_frame(ds, s.frame, s.name)
+        stored = None
+        if s.pixel_offset >= 0:
+            # Uncompressed: the values as they lie in the file, without parsing it again.
+            ds, cached_name = None, None
+            stored = dicom.decode_native_frame(read_bytes(s.name), s.pixel_offset, s.rows, s.columns,
+                                               s.stored_dtype, _bits_stored(s))
+        if stored is None:
+            if s.name != cached_name:
+                ds, cached_name = None, None  # The previous file's pixels go before the next is read.
+                ds = dicom.read_dataset(read_bytes(s.name), s.name)
+                cached_name = s.name
+            stored = dicom.decode_stored_frame(ds, s.frame, s.name)
         if stored.shape != (first.rows, first.columns):
             raise ImageRejected("corrupt", f"{s.name}: decoded {stored.shape}, header says "
                                            f"{(first.rows, first.columns)}")
+        if (s.monochrome1 or s.slope != 1.0 or s.intercept != 0.0) and voxels.dtype.kind == "i":
+            widened = _rescale_whole(voxels, k, stored, s)
+            if widened is not None:
+                voxels = widened
+                continue
         if s.monochrome1:
             lo, hi = s.stored_range
             stored = (lo + hi) - stored.astype(np.float64)
@@ -462,6 +511,50 @@ def read_stack(stack: Stack, read_bytes: Callable[[str], bytes]) -> Volume:
     affine, spacing = stack_geometry(slices)
     notes = stack.notes + (("monochrome1_inverted",) if any(s.monochrome1 for s in slices) else ())
     return Volume(voxels, spacing, affine, first.modality, notes)
+
+
+def _rescale_whole(voxels: np.ndarray, k: int, stored: np.ndarray, s: DicomSlice) -> np.ndarray | None:
+    """voxels[k] = the slice's values MONOCHROME1-inverted and rescaled, in whole numbers, in place.
+
+    The float path's values exactly, without its two float64 copies of the
+    slice (~40% of a 512x512 slice's stacking): inverting and rescaling is
+    x -> a*x + b with whole a and b, and the lowest and highest results come
+    from the lowest and highest stored values. When they fit the volume's
+    integers, computing modulo 2**bits in them (numpy's integer arithmetic)
+    gives the true values.
+
+    Returns:
+      The volume (widened to int32 where int16 cannot hold the values, as
+      the float path does), or None when this slice is not for this path
+      (float values, a fractional rescale, results beyond int32): the float
+      path does it.
+    """
+    if stored.dtype.kind not in "iu" or stored.dtype.itemsize > 4 or not stored.size \
+            or not (float(s.slope).is_integer() and float(s.intercept).is_integer()):
+        return None
+    a, b = int(s.slope), int(s.intercept)
+    if s.monochrome1:
+        lo, hi = s.stored_range
+        a, b = -a, (lo + hi) * a + b
+    ends = (a * int(stored.min()) + b, a * int(stored.max()) + b)
+    if voxels.dtype == np.int16 and (min(ends) < _INT16.min or max(ends) > _INT16.max):
+        voxels = voxels.astype(np.int32)
+    limits = np.iinfo(voxels.dtype)
+    if min(ends) < limits.min or max(ends) > limits.max:
+        return None
+    plane = voxels[k]
+    np.copyto(plane, stored, casting="unsafe")
+    if a != 1:
+        np.multiply(plane, np.array(a).astype(plane.dtype), out=plane)
+    if b:
+        np.add(plane, np.array(b).astype(plane.dtype), out=plane)
+    return voxels
+
+
+def _bits_stored(s: DicomSlice) -> int:
+    """BitsStored, from the stored range `_slices` made of it."""
+    lowest, highest = s.stored_range
+    return highest.bit_length() + (1 if lowest < 0 else 0)
 
 
 _NIFTI_MAGICS = (b"n+1\x00", b"ni1\x00", b"n+2\x00")

@@ -574,3 +574,108 @@ def test_a_slice_whose_pixel_data_holds_no_bytes_is_corrupt_from_its_header(tmp_
 
 def pathlib_bytes(path) -> bytes:
     return Path(path).read_bytes()
+
+
+def _uncompressed_slices(syntax, signed, photometric, count=3):
+    """12-bit slices whose unused high bits are set (pydicom drops them), as bytes by name."""
+    import io
+
+    files = {}
+    for k in range(count):
+        ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 12, 11, signed
+        ds.PhotometricInterpretation = photometric
+        ds.PixelData = np.random.default_rng(k).integers(0, 65535, (128, 128), dtype=np.uint16).tobytes()
+        ds.ImagePositionPatient = [0, 0, 2 * k]
+        ds.file_meta.TransferSyntaxUID = syntax
+        buffer = io.BytesIO()
+        ds.save_as(buffer, implicit_vr=syntax == pydicom.uid.ImplicitVRLittleEndian, little_endian=True)
+        files[f"s{k}"] = buffer.getvalue()
+    return files
+
+
+@pytest.mark.parametrize("syntax", [pydicom.uid.ImplicitVRLittleEndian, pydicom.uid.ExplicitVRLittleEndian])
+@pytest.mark.parametrize("signed,photometric", [(1, "MONOCHROME2"), (0, "MONOCHROME2"), (0, "MONOCHROME1")])
+def test_uncompressed_slices_read_where_they_lie_give_pydicoms_values(syntax, signed, photometric):
+    """Read at the offset planning found (no second parse), the values are pydicom's, high bits dropped."""
+    import io
+
+    files = _uncompressed_slices(syntax, signed, photometric)
+    slices = [s for name, data in files.items() for s in volumes.read_slice_headers(io.BytesIO(data), name)]
+    assert all(s.pixel_offset > 0 for s in slices)
+    volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
+    expected = []
+    for name in sorted(files):
+        ds = pydicom.dcmread(io.BytesIO(files[name]))
+        values = ds.pixel_array.astype(np.float64)
+        if photometric == "MONOCHROME1":
+            values = 4095 - values
+        expected.append(values * float(ds.RescaleSlope) + float(ds.RescaleIntercept))
+    assert volume.voxels.dtype == np.int16
+    np.testing.assert_array_equal(volume.voxels, np.stack(expected))
+
+
+def test_a_slice_changed_after_planning_is_decoded_by_pydicom_not_read_at_a_stale_offset():
+    """A file rewritten between planning and writing (a longer header): its pixels are still its own."""
+    import io
+
+    files = _uncompressed_slices(pydicom.uid.ExplicitVRLittleEndian, 1, "MONOCHROME2")
+    slices = [s for name, data in files.items() for s in volumes.read_slice_headers(io.BytesIO(data), name)]
+    ds = pydicom.dcmread(io.BytesIO(files["s1"]))
+    ds.StudyDescription = "a longer header" * 8
+    buffer = io.BytesIO()
+    ds.save_as(buffer)
+    files["s1"] = buffer.getvalue()
+    volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
+    np.testing.assert_array_equal(volume.voxels[1], ds.pixel_array.astype(np.int16) * int(ds.RescaleSlope)
+                                  + int(ds.RescaleIntercept))
+
+
+@pytest.mark.parametrize("signed,photometric,slope,intercept,dtype", [
+    (0, "MONOCHROME2", 1, -1024, np.int32),  # 16-bit unsigned with an intercept: beyond int16, widened
+    (0, "MONOCHROME1", 2, -3, np.int32),
+    (1, "MONOCHROME2", -1, -1, np.int16),  # -x - 1 of every int16 is an int16
+    (1, "MONOCHROME2", 0.5, 0, np.float32),
+])
+def test_rescaled_and_inverted_values_are_the_float_formulas_in_the_dtype_it_needs(signed, photometric, slope,
+                                                                                   intercept, dtype):
+    """Whole rescales are computed in integers, widened to int32 as needed; the values are the formula's."""
+    import io
+
+    files, expected = {}, []
+    for k in range(3):
+        ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 15, signed
+        ds.PhotometricInterpretation = photometric
+        ds.RescaleSlope, ds.RescaleIntercept = slope, intercept
+        values = np.random.default_rng(k).integers(0, 65535, (128, 128), dtype=np.uint16)
+        ds.PixelData = values.tobytes()
+        ds.ImagePositionPatient = [0, 0, 2 * k]
+        buffer = io.BytesIO()
+        ds.save_as(buffer)
+        files[f"s{k}"] = buffer.getvalue()
+        stored = values.view(np.int16 if signed else np.uint16).astype(np.float64)
+        if photometric == "MONOCHROME1":
+            stored = (65535 if not signed else -1) - stored
+        expected.append(stored * slope + intercept)
+    slices = [s for name, data in files.items() for s in volumes.read_slice_headers(io.BytesIO(data), name)]
+    volume = volumes.read_stack(volumes.plan_stacks(slices).stacks[0], files.__getitem__)
+    assert volume.voxels.dtype == dtype
+    np.testing.assert_array_equal(volume.voxels, np.stack(expected).astype(dtype))
+
+
+@pytest.mark.parametrize("header_padding", [0, 20000])
+def test_headers_of_large_files_read_from_their_start_in_memory_are_the_whole_files(tmp_path, header_padding):
+    """A 512x512 slice's header parsed from its first bytes; a header longer than them from the file."""
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.Rows = ds.Columns = 512
+    ds.PixelData = np.arange(512 * 512, dtype=np.int16).tobytes()
+    if header_padding:
+        ds.ImageComments = "x" * header_padding  # The header ends past the bytes read first.
+    path = tmp_path / "s.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with open(path, "rb") as f:
+        from_header = volumes.read_slice_headers(f, "s.dcm")
+    from_bytes = volumes.read_slices(path.read_bytes(), "s.dcm")
+    assert [dataclasses.replace(s, pixel_hash="") for s in from_bytes] == from_header
+    assert from_header[0].pixel_offset == pydicom.dcmread(path)["PixelData"].file_tell  # Where pydicom read them.
