@@ -24,7 +24,7 @@ from schemas import tf_runtime as _tf_runtime  # isort: skip
 tf = _tf_runtime.full()
 
 from readers.metadata import load_manifest
-from schemas import LABEL
+from schemas import LABEL, MANIFEST_FILENAME
 from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES, VOLUME_SCHEMA,
                              VOLUME_SHAPE, VOLUME_SPACING)
 
@@ -89,9 +89,16 @@ def _shard_files(data_dir, split: str, version: int | None = None) -> list[str]:
     """The split's shard files as the manifest names them: every version's, or version `version`'s and older.
 
     A dataset that grew (`convert --append`) holds each version's shards under
-    names of their own (`train_v00002-...`): the manifest, not a pattern, says which are the split's.
+    names of their own (`train_v00002-...`): the manifest, not a pattern, says
+    which are the split's (a killed append's shards are no version's).
     """
     data_dir = os.fspath(data_dir)
+    if version is None and not tf.io.gfile.exists(os.path.join(data_dir, MANIFEST_FILENAME)):
+        # Shards written with the schema's encoder by another tool: the split's by their names.
+        files = sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*-of-*.tfrecord")))
+        if not files:
+            raise ValueError(f"No shards of split {split!r} in {data_dir!r} (looked for {split}-*-of-*.tfrecord).")
+        return files
     manifest = load_manifest(data_dir, version)
     if split not in manifest.splits or not manifest.splits[split].shards:
         raise ValueError(f"No shards of split {split!r} in {data_dir!r}"
