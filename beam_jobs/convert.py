@@ -209,7 +209,9 @@ def _run(options, config: ConversionConfig, *, wait: bool):
     if wait:
         _LOG.info("%s", summarize(config.output_dir))
         if appending is not None and appending.base is not None:
-            _LOG.info("%s", append_run.version_summary(read_manifest(config.output_dir)))
+            grown = read_manifest(config.output_dir)
+            if grown.latest_version == appending.version:  # Else none added (`Finalizer`): said there.
+                _LOG.info("%s", append_run.version_summary(grown))
     return result
 
 

@@ -48,8 +48,9 @@ INPUTS_FILE_RE = re.compile(r"^inputs-v(?P<version>\d{5})\.jsonl$")
 # What the last append found: its new, changed and missing inputs, by path (rewritten by each).
 REPORT_FILENAME = "append_report.json"
 # A record's filename is its input's relative path, and for one of several records of
-# a file a mark after it (`conversion.shard_writer`: '#frame=', '#page=', '#patch=').
-_RECORD_MARK = re.compile(r"#(?:frame|page|patch|patch_rows|patch_columns)=.*$")
+# a file a mark after it (`conversion.shard_writer`: '#frame=', '#page=', '#patch='); a
+# volume's, its series folder and, for one of several volumes of it, '#series=' or '#stack='.
+_RECORD_MARK = re.compile(r"#(?:frame|page|patch|patch_rows|patch_columns|series|stack)=.*$")
 _HASH_THREADS = 8
 # Options that decide which records a file gives and how they look: an append
 # with another value would make the dataset two datasets (manifest option, flag).
@@ -110,9 +111,24 @@ def read_inventory(text: str, version: int) -> tuple[HeldFile, ...]:
     return tuple(from_dict(d, version) for d in json.loads("[" + ",".join(lines) + "]"))
 
 
-def inventory_text(held: Iterable[HeldFile]) -> bytes:
-    """The inventory file's bytes: one JSON line per file, sorted by path."""
-    return "".join(h.to_json() + "\n" for h in sorted(held, key=lambda h: os.fsencode(h.rel_path))).encode()
+def inventory_text(held: Iterable[HeldFile], sources: Mapping[str, Sequence[str]] | None = None) -> bytes:
+    """The inventory file's bytes: one JSON line per file, sorted by path.
+
+    `sources`: for the pending inventory of an example made of several files (a
+    series unit, `conversion.append_run`), its path to those files, as a "sources"
+    key that `conversion.finalize` reads (an example whose every file was
+    rejected is held by no version) and leaves out of the inventory it writes.
+    """
+    held = sorted(held, key=lambda h: os.fsencode(h.rel_path))
+    if not sources:
+        return "".join(h.to_json() + "\n" for h in held).encode()
+    lines = []
+    for h in held:
+        entry = json.loads(h.to_json())
+        if h.rel_path in sources:
+            entry["sources"] = sorted(sources[h.rel_path], key=os.fsencode)
+        lines.append(json.dumps(entry, sort_keys=True, ensure_ascii=True) + "\n")
+    return "".join(lines).encode()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,6 +140,11 @@ class AppendRun:
     def _locations(self):
         """With --time_series: (location of a file, whether a file is a pass), as `sort_locations` takes
         them: a location is held or new as a whole. None for examples that are files."""
+        if self._config.validation.volumes is not None:
+            # A series folder (or NIfTI file) is held or new as a whole: its files, by path and size.
+            from conversion.volumes import series_unit
+
+            return series_unit, _in_a_series
         if self._config.validation.time_series is None:
             return None
         from imaging import time_series as _ts
@@ -182,12 +187,19 @@ class AppendRun:
                 write_atomically(out, _append.inputs_filename(version), _append.inventory_text(entries))
         stats = self.listing.stats
         entries = {}
+        # With --volumes an entry is a series unit, made of its volumes' files: `conversion.finalize`
+        # leaves out a unit whose every file was rejected (held by no version, tried again).
+        sources: dict[str, list[str]] = {}
+        volumes = getattr(plan, "volumes", None)
         for f in plan.files:
-            if f.rel_path not in entries:
-                size, mtime, sha = stats.get(f.rel_path, (f.size, 0, None))
-                entries[f.rel_path] = _append.HeldFile(f.rel_path, size, mtime, sha, f.split, self.version)
+            key = f.rel_path if volumes is None else _unit_of_volume(f.rel_path)
+            if key not in entries:
+                size, mtime, sha = stats.get(key, (f.size, 0, None))
+                entries[key] = _append.HeldFile(key, size, mtime, sha, f.split, self.version)
+            if volumes is not None:
+                sources.setdefault(key, []).extend(volumes[f.rel_path].sources)
         tmp = join(out, TMP_DIRNAME)
-        write_atomically(tmp, PENDING_INVENTORY, _append.inventory_text(entries.values()))
+        write_atomically(tmp, PENDING_INVENTORY, _append.inventory_text(entries.values(), sources))
         write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates, self.retried))
 
     def finalize_args(self) -> dict:
@@ -197,6 +209,19 @@ class AppendRun:
             "base": None if self.base is None else self.base.manifest.to_json(),
             "inputs": self.inputs(),
         }
+
+
+def _in_a_series(rel_path: str) -> bool:
+    """Whether a listed file belongs to a series unit (`conversion.volumes.series_unit`)."""
+    from conversion.volumes import series_unit
+
+    return series_unit(rel_path) is not None
+
+
+def _unit_of_volume(filename: str) -> str:
+    from conversion.volumes import unit_of_volume
+
+    return unit_of_volume(filename)
 
 
 def report_text(version: int, listing: _append.Listing, duplicates, retried=None) -> bytes:

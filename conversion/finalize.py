@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import datetime
 import json
+import logging
 import os
 
 import schemas
@@ -20,11 +21,15 @@ from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
 from conversion.time_series import merge_time_series
-from conversion.volumes import counted_section
+from conversion.volumes import counted_section, merge_sections as merge_volume_sections
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 from conversion.listing import display_path
 
 __all__ = ["Finalizer"]
+
+_LOG = logging.getLogger("shardsmith.convert")
+# The manifest's section of a volume dataset (`conversion.volumes.manifest_section`).
+_VOLUMES = "volumes"
 
 
 class Finalizer:
@@ -70,6 +75,10 @@ class Finalizer:
         normalised entry of the run; returns the manifest written."""
         rejects = sorted(rejects, key=lambda r: os.fsencode(r.rel_path))
         normalized = sorted(normalized, key=lambda n: os.fsencode(n[0]))
+        if self._append is not None and self._append.get("base") is not None:
+            kept = self._kept_if_only_retried(shards, rejects)
+            if kept is not None:
+                return kept
         self._write_lists(rejects, normalized)
         counts = self._counts(shards, rejects)
         splits = self._splits(shards)
@@ -97,6 +106,36 @@ class Finalizer:
         remove_tree(join(self._output_dir, TMP_DIRNAME))
         return manifest
 
+    def _kept_if_only_retried(self, shards, rejects) -> schemas.Manifest | None:
+        """The dataset as it was, when this append's only inputs were earlier rejects rejected again.
+
+        Such a run wrote no record and found nothing no version knows: a version would
+        add nothing (an empty one per retry, week after week). The dataset stays as it
+        was (manifest, rejects.jsonl, inventories, TFDS's metadata), its shards left by
+        a killed run removed; append_report.json says what was tried (version null,
+        `kept_version` the latest). A new input rejected, or any record written, makes
+        a version: rejects.jsonl must name every input not converted. None otherwise.
+        """
+        if any(s.num_records for s in shards) or not rejects:
+            return None
+        report = self._report(rejects)
+        retried = set((report or {}).get("retried", ()))
+        if any(display_path(r.rel_path) not in retried for r in rejects):
+            return None
+        base = schemas.Manifest.from_json(self._append["base"], schemas.MANIFEST_FILENAME)
+        report = {**report, "version": None, "kept_version": base.latest_version}
+        text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        write_atomically(self._output_dir, _append.REPORT_FILENAME, text.encode("utf-8", "surrogateescape"))
+        remove_dataset_files(self._output_dir, keep={name for info in base.splits.values() for s in info.shards
+                                                     for name in (s.file, s.index_file)})
+        for name, text in tfds_files(base).items():
+            write_atomically(self._output_dir, name, text.encode())
+        remove_tree(join(self._output_dir, TMP_DIRNAME))
+        _LOG.warning("No version added to %s: its only new inputs, %s rejected by version %d, were tried again "
+                     "and rejected again (see %s); the dataset is version %d as it was.", self._output_dir,
+                     f"{len(rejects):,}", base.latest_version, _append.REPORT_FILENAME, base.latest_version)
+        return base
+
     def _report(self, rejects) -> dict | None:
         """The append's pending report (`append_run.report_text`), with the retried files rejected again."""
         path = join(self._output_dir, TMP_DIRNAME, PENDING_REPORT)
@@ -112,8 +151,14 @@ class Finalizer:
         """Moves the new version's inventory (its files not rejected) and report into the dataset."""
         tmp = join(self._output_dir, TMP_DIRNAME)
         rejected = {r.rel_path for r in rejects}
-        lines = read_bytes(join(tmp, PENDING_INVENTORY)).decode().splitlines(keepends=True)
-        kept = [line for line in lines if json.loads(line)["path"] not in rejected] if rejected else lines
+        kept = []
+        for line in read_bytes(join(tmp, PENDING_INVENTORY)).decode().splitlines(keepends=True):
+            entry = json.loads(line)
+            if "sources" in entry:  # An example of several files (a series): held unless all were rejected.
+                if not set(entry["sources"]) <= rejected:
+                    kept.append(_append.HeldFile.from_dict(entry, self._append["version"]).to_json() + "\n")
+            elif entry["path"] not in rejected:
+                kept.append(line)
         write_atomically(self._output_dir, _append.inputs_filename(self._append["version"]),
                          "".join(kept).encode())
         if report is not None:
@@ -142,6 +187,9 @@ class Finalizer:
         if key in old.extra and key in manifest.extra:
             # Counts of every version added up; the planned values (classes, dtype) this run's.
             grown[key] = _targets.merge_sections(old.extra[key], manifest.extra[key])
+        if _VOLUMES in old.extra and _VOLUMES in manifest.extra:
+            # Every version's volumes, per split (`inspect` of the latest; `at_version` of an older).
+            grown[_VOLUMES] = merge_volume_sections(old.extra[_VOLUMES], manifest.extra[_VOLUMES])
         if schemas.TIME_SERIES in old.extra and schemas.TIME_SERIES in manifest.extra:
             # Every version's locations.
             grown[schemas.TIME_SERIES] = merge_time_series(old.extra[schemas.TIME_SERIES],
@@ -238,8 +286,8 @@ class Finalizer:
         patches = _patch_summary(normalized)
         if patches:
             extra["patches"] = patches
-        if "volumes" in extra:  # The run's counts per split and its reconciliation.
-            extra["volumes"] = counted_section(extra["volumes"], shards, counts)
+        if _VOLUMES in extra:  # The run's counts per split and its reconciliation.
+            extra[_VOLUMES] = counted_section(extra[_VOLUMES], shards, counts)
         dicom = _dicom_summary(normalized)
         if dicom:
             extra["dicom"] = {**extra.get("dicom", {}), "applied": dicom}

@@ -142,11 +142,19 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
     if mask_plan is not None:
         # Its summary (dtype, section): each file's mask travels in its targets.
         plan = dataclasses.replace(plan, masks=mask_plan)
-    return _checked(kind.finish_plan(plan, grouped), config, masked=mask_plan is not None)
+    return _checked(kind.finish_plan(plan, grouped), config, masked=mask_plan is not None,
+                    appending=held_manifest is not None)
 
 
-def _checked(plan: _plan.Plan, config: ConversionConfig, masked: bool) -> _plan.Plan:
-    """The plan, once it has a file to convert (else the ValueError that says why none), logged."""
+def _checked(plan: _plan.Plan, config: ConversionConfig, masked: bool, appending: bool = False) -> _plan.Plan:
+    """The plan, once it has a file to convert (else the ValueError that says why none), logged.
+
+    An append to a dataset may plan none: its new inputs all refused while planning (a series
+    of too few slices, a file outside any class folder) are its rejects (`conversion.finalize`).
+    """
+    if not plan.files and appending:
+        _LOG.info("No new input to convert: the %s new ones are rejected", f"{len(plan.problems):,}")
+        return plan
     if not plan.files and masked:
         raise ValueError(
             f"--input_dir {config.input_dir!r} has no image with a mask under --masks_dir "

@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -47,7 +48,8 @@ from schemas import tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
 __all__ = ["VolumeJob", "VolumesPlan", "plan_volumes", "write_volume_plans", "volume_plan_path", "write_volumes",
-           "warm_up", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST"]
+           "warm_up", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST",
+           "series_unit", "unit_of_volume", "merge_sections"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written after manifest.json: the volume dataset's summary (class names, splits, rejects).
@@ -55,6 +57,8 @@ VOLUMES_MANIFEST = VOLUMES_MANIFEST_FILENAME
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
 # Inside the temporary folder: each volume's plan, read by the shard writer.
 _PLANS_DIRNAME = "volumes"
+# What `stack_names` adds after a series folder's name when it gives several volumes.
+_VOLUME_MARK = re.compile(r"#(?:series|stack)=.*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +140,21 @@ def _unit_of(rel_path: str) -> tuple[str, str] | None:
     if len(parts) == 2:
         return parts[0], parts[0]  # Slices directly in the class folder: one series folder.
     return parts[0], "/".join(parts[:2])
+
+
+def series_unit(rel_path: str) -> str | None:
+    """The series unit a file belongs to (its series folder, or the NIfTI file itself); None outside a class folder.
+
+    With --append a unit is held, new or changed as a whole (`conversion.append.sort_locations`):
+    its volumes' labels and splits are decided by it, never by a slice.
+    """
+    unit = _unit_of(rel_path)
+    return None if unit is None else unit[1]
+
+
+def unit_of_volume(filename: str) -> str:
+    """The series unit of a planned volume: its filename without `stack_names`' marks."""
+    return _VOLUME_MARK.sub("", filename)
 
 
 def _is_nifti_name(rel_path: str) -> bool:
@@ -539,6 +558,29 @@ def counted_section(section: dict, shards, counts: Mapping[str, int]) -> dict:
     }}
 
 
+def merge_sections(old: Mapping, new: Mapping) -> dict:
+    """The `volumes` section of a dataset that grew (`convert --append`): every version's volumes.
+
+    Planned volumes, files, notes and each split's volumes and files add up; the
+    options and the reconciliation are the latest run's (as the manifest's counts are).
+    """
+    planned = Counter(old.get("planned", {}))
+    planned.update(new.get("planned", {}))
+    splits: dict[str, dict[str, int]] = {}
+    for section in (old, new):
+        for split, entry in section.get("splits", {}).items():
+            mine = splits.setdefault(split, {"volumes": 0, "files": 0})
+            mine["volumes"] += entry["volumes"]
+            mine["files"] += entry["files"]
+    merged = {**old, **new, "planned": dict(sorted(planned.items())),
+              "files": old.get("files", 0) + new.get("files", 0),
+              "notes": dict(sorted({**old.get("notes", {}), **new.get("notes", {})}.items(),
+                                   key=lambda item: os.fsencode(item[0])))}
+    if splits:
+        merged["splits"] = dict(sorted(splits.items()))
+    return merged
+
+
 def write_manifest(manifest, rejects: Sequence[Reject], output_dir: str) -> dict:
     """Writes VOLUMES_MANIFEST, after manifest.json: what `shardsmith inspect/verify/preview` of volumes read.
 
@@ -555,6 +597,13 @@ def write_manifest(manifest, rejects: Sequence[Reject], output_dir: str) -> dict
         "rejects": [{"path": r.rel_path, "reason": r.reason, "message": r.message}
                     for r in sorted(rejects, key=lambda r: (os.fsencode(r.rel_path), r.reason))],
     }
+    if manifest.versions:
+        # A dataset that grew (`convert --append`): what each version added (its shards, in
+        # manifest.json's order); the rejects are the latest run's, as rejects.jsonl's.
+        out["versions"] = [{"version": v.version, "time": v.time, "num_classes": v.num_classes,
+                            "splits": {split: {"records": v.num_records.get(split, 0), "shards": list(files)}
+                                       for split, files in sorted(v.shards.items())}}
+                           for v in manifest.versions]
     _files.write_atomically(output_dir, VOLUMES_MANIFEST, json.dumps(out, indent=1, sort_keys=True).encode())
     return out
 

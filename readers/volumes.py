@@ -23,7 +23,8 @@ from schemas import tf_runtime as _tf_runtime  # isort: skip
 
 tf = _tf_runtime.full()
 
-from schemas import LABEL
+from readers.metadata import load_manifest
+from schemas import LABEL, MANIFEST_FILENAME
 from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES, VOLUME_SCHEMA,
                              VOLUME_SHAPE, VOLUME_SPACING)
 
@@ -84,12 +85,26 @@ class _Options:
             raise ValueError(f"`dtype` must be 'float32', 'float16', 'bfloat16' or None. Received: {self.dtype!r}")
 
 
-def _shard_files(data_dir, split: str) -> list[str]:
+def _shard_files(data_dir, split: str, version: int | None = None) -> list[str]:
+    """The split's shard files as the manifest names them: every version's, or version `version`'s and older.
+
+    A dataset that grew (`convert --append`) holds each version's shards under
+    names of their own (`train_v00002-...`): the manifest, not a pattern, says
+    which are the split's (a killed append's shards are no version's).
+    """
     data_dir = os.fspath(data_dir)
-    files = sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*-of-*.tfrecord")))
-    if not files:
-        raise ValueError(f"No shards of split {split!r} in {data_dir!r} (looked for {split}-*-of-*.tfrecord).")
-    return files
+    if version is None and not tf.io.gfile.exists(os.path.join(data_dir, MANIFEST_FILENAME)):
+        # Shards written with the schema's encoder by another tool: the split's by their names.
+        files = sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*-of-*.tfrecord")))
+        if not files:
+            raise ValueError(f"No shards of split {split!r} in {data_dir!r} (looked for {split}-*-of-*.tfrecord).")
+        return files
+    manifest = load_manifest(data_dir, version)
+    if split not in manifest.splits or not manifest.splits[split].shards:
+        raise ValueError(f"No shards of split {split!r} in {data_dir!r}"
+                         + ("" if version is None else f" at version {version}")
+                         + f": its splits are {sorted(manifest.splits)}.")
+    return [os.path.join(data_dir, s.file) for s in manifest.splits[split].shards]
 
 
 def _decode(parsed, out_dtype):
@@ -134,7 +149,8 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                                   volume_size=None, patch_size=None, patches_per_volume: int = 1,
                                   spacing=None, window=None, dtype: str | None = "float32",
                                   extra_features=(), shuffle: bool = False, seed: int | None = None,
-                                  input_context: tf.distribute.InputContext | None = None):
+                                  input_context: tf.distribute.InputContext | None = None,
+                                  version: int | None = None):
     """A dataset of (volume, label[, extras]) from a volume dataset's shards.
 
     Args:
@@ -158,6 +174,9 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
         `input_pipeline_id::num_input_pipelines`, as the image reader does (with
         fewer files than pipelines, every file and one record in every
         `num_input_pipelines`, with a warning); tf.distribute's own sharding is off.
+      version: For a dataset that grew (`shardsmith convert --volumes --append`):
+        None reads the latest version (every shard); N reads exactly what
+        version N held (its shards, in the manifest's order).
 
     Returns:
       A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples, with a
@@ -168,7 +187,7 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                        None if window is None else tuple(float(v) for v in window), dtype,
                        tuple(extra_features), seed,
                        input_context is not None and input_context.num_input_pipelines > 1)
-    ds = _serialized(data_dir, split, shuffle, seed, input_context)
+    ds = _serialized(data_dir, split, shuffle, seed, input_context, version)
     keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
         tuple(k for k in options.extra_features
               if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
@@ -212,14 +231,14 @@ def _batched(ds: tf.data.Dataset, options: _Options) -> tf.data.Dataset:
     return ds
 
 
-def _serialized(data_dir, split: str, shuffle: bool, seed, input_context) -> tf.data.Dataset:
+def _serialized(data_dir, split: str, shuffle: bool, seed, input_context, version=None) -> tf.data.Dataset:
     """The split's serialized records: this pipeline's share, shuffled (seeded) if asked.
 
     The image reader's rules under `tf.distribute`: pipeline i of n reads shard files i, i+n, ...;
     with fewer files than pipelines each reads every file and keeps one record in every n (in
     file order, before any shuffle, so the shares are disjoint whatever the seed), with a warning.
     """
-    files = _shard_files(data_dir, split)
+    files = _shard_files(data_dir, split, version)
     pipelines = 1 if input_context is None else input_context.num_input_pipelines
     by_record = 1 < pipelines and len(files) < pipelines
     ds = tf.data.Dataset.from_tensor_slices(files)

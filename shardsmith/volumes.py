@@ -29,9 +29,18 @@ def is_volume_dataset(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, _volumes.VOLUMES_MANIFEST))
 
 
+def _shared_manifest(folder: str) -> dict:
+    """The folder's manifest.json (its shards, its volume section, its versions), as JSON."""
+    with open(os.path.join(folder, MANIFEST_FILENAME), "rb") as f:
+        return json.load(f)
+
+
 def _records(folder: str, manifest: dict):
+    """(split, shard, record) of every shard manifest.json names: of every version of a dataset that grew."""
+    splits = _shared_manifest(folder)["splits"]
     for split in sorted(manifest["splits"]):
-        for name in sorted(n for n in os.listdir(folder) if n.startswith(f"{split}-") and n.endswith(".tfrecord")):
+        for shard in splits.get(split, {}).get("shards", ()):
+            name = shard["file"]
             with open(os.path.join(folder, name), "rb") as f:
                 for _, _, payload in tfrecord.iter_records(f, name):
                     yield split, name, payload
@@ -50,13 +59,20 @@ def inspect_volumes(folder: str) -> str:
     manifest = _volumes.read_manifest(folder)
     # manifest.json's volume section: files per split and the reconciliation (datasets of
     # earlier versions have neither).
-    with open(os.path.join(folder, MANIFEST_FILENAME), "rb") as f:
-        section = json.load(f).get("volumes", {})
+    section = _shared_manifest(folder).get("volumes", {})
     files = {split: entry["files"] for split, entry in section.get("splits", {}).items()}
     lines = [f"{folder}: volumes ({len(manifest['class_names'])} classes: {', '.join(manifest['class_names'])})"]
     for split, entry in sorted(manifest["splits"].items()):
         made_of = f" ({files[split]} files)" if split in files else ""
         lines.append(f"  {split}: {entry['records']} volumes{made_of} in {entry['shards']} shard(s)")
+    versions = manifest.get("versions", ())
+    if versions:  # A dataset that grew (`convert --volumes --append`): what each version added.
+        lines.append(f"  versions: {len(versions)} (read one with version=N)")
+        for v in versions:
+            added = ", ".join(f"{split} +{e['records']}" for split, e in sorted(v["splits"].items())) or "none"
+            shards = sum(len(e["shards"]) for e in v["splits"].values())
+            lines.append(f"    v{v['version']} ({v['time'] or '-'}): {added} volumes in {shards} shard(s), "
+                         f"{v['num_classes']} classes")
     for split, _, payload in _records(folder, manifest):
         r = VOLUME_SCHEMA.decode(payload)
         spacing = ", ".join(f"{v:.3g}" for v in r[VOLUME_SPACING.key])

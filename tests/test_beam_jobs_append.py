@@ -364,3 +364,32 @@ def test_an_earlier_reject_is_tried_again_and_counted_as_retried_not_new(tmp_pat
     _add_images(inp, ["cat/week3.jpg"], seed=72)
     third = convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "0.5")
     assert (third.versions[-1].inputs["new"], third.versions[-1].inputs["retried"]) == (1, 1)
+
+
+def test_an_append_whose_only_inputs_are_earlier_rejects_rejected_again_adds_no_version(tmp_path):
+    """Tried again each time, an earlier reject that is still bad makes no empty version; a new
+    reject does (rejects.jsonl names every input not converted), and so does a fixed file."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    make_class_tree(inp, classes=("cat", "dog"), per_class=6)
+    write(inp / "dog" / "still_bad.jpg", b"not a jpeg")
+    convert(inp, out, *SPLIT, "--max_reject_fraction", "1")
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    again = convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "1")
+    assert again.latest_version == 1 and not again.versions
+    # Every file as it was (the inventory of version 1, read from its shards once, is new).
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    report = json.loads((out / _append.REPORT_FILENAME).read_text())
+    assert (report["version"], report["kept_version"], report["new"]) == (None, 1, 0)
+    assert list(report["retried"]) == ["dog/still_bad.jpg"]
+    assert report["retried_rejected_again"] == ["dog/still_bad.jpg"]
+    # A new bad file is a new reject: a version (of no records) names it.
+    write(inp / "cat" / "also_bad.jpg", b"nor this")
+    second = convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "1")
+    assert second.latest_version == 2 and sum(second.versions[-1].num_records.values()) == 0
+    assert sorted(json.loads(line)["path"] for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()) \
+        == ["cat/also_bad.jpg", "dog/still_bad.jpg"]
+    assert convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "1").latest_version == 2
+    # Fixed, it is written by the next version.
+    write(inp / "dog" / "still_bad.jpg", encode(pixels(80), "JPEG", quality=90))
+    third = convert(inp, out, *SPLIT, "--append", "--max_reject_fraction", "1")
+    assert third.latest_version == 3 and sum(third.versions[-1].num_records.values()) == 1

@@ -91,7 +91,8 @@ def test_volumes_are_a_kind_of_example_with_their_own_options():
 
 @pytest.mark.parametrize("given, message", [
     (dict(min_slices=0), "--min_slices must be >= 1. Received: 0"),
-    (dict(append=True), "--volumes does not combine with --append yet: a volume dataset's volumes.json"),
+    (dict(append=True, labels_csv="labels.csv"), "--volumes --append grows a dataset of class folders"),
+    (dict(append=True, dedup=True), "does not combine with --dedup yet"),
     (dict(time_series=True), "does not combine with --time_series"),
     (dict(masks_dir="m"), "does not combine with --masks_dir"),
     (dict(raster_patch="256"), "does not combine with --raster_patch"),
