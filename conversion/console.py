@@ -403,12 +403,18 @@ class _TerminalStderr:
 def _forward(read_end: int, real: int) -> None:
     pending = b""
     panics = _PanicBlocks()
+    # The start of the line being read was chatter, forwarded (dropped) alone: libtiff's
+    # handler writes "Module: " and its message apart, and on a loaded machine the message
+    # came after the wait, alone on a line no pattern knows (issue 39's mutation run).
+    in_dropped_line = False
     try:
         while True:
             ready, _, _ = select.select([read_end], [], [], _PARTIAL_WAIT_S if pending else None)
             if not ready:  # A partial line, and nothing after it for a while.
                 _write(real, panics.flush())
-                _write(real, pending)
+                if not in_dropped_line:
+                    in_dropped_line = is_native_noise(pending)
+                    _write(real, pending)
                 pending = b""
                 continue
             chunk = os.read(read_end, 65536)
@@ -417,6 +423,9 @@ def _forward(read_end: int, real: int) -> None:
             pending += chunk
             *lines, pending = re.split(rb"(?<=[\r\n])", pending)
             for line in lines:
+                if in_dropped_line:  # The rest of a line of chatter.
+                    in_dropped_line = False
+                    continue
                 for out in panics.lines(line):
                     _write(real, out)
         _write(real, panics.flush())

@@ -83,7 +83,7 @@ def _check_volumes(outcome: mutations_convert.ConversionOutcome) -> None:
 
 def test_damaged_nifti_files_and_series_convert_with_every_file_accounted_for(tmp_path):
     cases = mutations_convert.write_volume_cases(tmp_path / "in", 60, 0)
-    assert len(cases) == 2 * 61 + 61
+    assert len(cases) == 4 * 61 + 61
     outcome = mutations_convert.convert_volume_cases(tmp_path / "in", tmp_path / "out", cases,
                                                      file_timeout=_FILE_TIMEOUT)
     _check_volumes(outcome)
