@@ -519,11 +519,21 @@ def read_nifti(data: bytes, name: str) -> Volume:
         # applies them (to float) only when they are not 1 and 0.
         values = np.asarray(image.dataobj)
         if values.dtype != image.get_data_dtype():
-            if np.isfinite(values).all() and (values == np.round(values)).all() and \
+            finite = np.isfinite(values)
+            if finite.all() and (values == np.round(values)).all() and \
                     values.min(initial=0) >= _INT16.min and values.max(initial=0) <= _INT16.max:
                 values = values.astype(np.int16)
             else:
-                values = values.astype(np.float32)
+                with np.errstate(over="ignore"):
+                    scaled = values.astype(np.float32)
+                # A damaged scl_slope or scl_inter (1e300, all ones) scales whole numbers to
+                # inf or NaN, or finite ones past float32: stored, they would train a model on
+                # inf (found by bench.mutations_convert, issue 39). NaN stored as float stays.
+                if (image.get_data_dtype().kind != "f" and not finite.all()) or \
+                        (np.isfinite(scaled) != finite).any():
+                    raise ImageRejected("corrupt", f"{name}: its scl_slope {image.dataobj.slope} and scl_inter "
+                                                   f"{image.dataobj.inter} scale its voxels past float32's range")
+                values = scaled
     except (ValueError, OSError, EOFError) as e:
         raise ImageRejected("corrupt", f"{name}: {e}") from e
     values = values.reshape(shape)

@@ -548,6 +548,26 @@ def test_nifti_whose_affine_is_not_finite_is_corrupt_not_an_internal_error():
     assert info.value.reason == "corrupt" and "its affine is not finite" in info.value.message
 
 
+@pytest.mark.parametrize("slope", [1e300, 1e39])  # 1e39: finite, past float32 once scaled
+def test_nifti2_whose_scaling_overflows_float32_is_corrupt_not_stored_as_inf(slope):
+    """Found by bench.mutations_convert's NIfTI-2 cases (issue 39): scl_slope set to a huge double
+    scaled int16 voxels past float32, and the record held inf."""
+    import struct
+
+    data = bytearray(nibabel.Nifti2Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)).to_bytes())
+    struct.pack_into("<d", data, 176, slope)  # NIfTI-2's scl_slope
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(bytes(data), "v.nii")
+    assert info.value.reason == "corrupt" and "scale its voxels past float32's range" in info.value.message
+    # NaN stored as float (outside a brain mask) is the data's own: kept, scaled.
+    values = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    values[0, 0, 0] = np.nan
+    image = nibabel.Nifti2Image(values, np.eye(4))
+    image.header.set_slope_inter(2.0, 1.0)
+    volume = volumes.read_nifti(image.to_bytes(), "f.nii")
+    np.testing.assert_array_equal(volume.voxels, (values * 2 + 1).transpose(2, 1, 0))
+
+
 @pytest.mark.parametrize("damage", ["length 0", "VR US", "implicit length 0"])
 def test_a_slice_whose_pixel_data_holds_no_bytes_is_corrupt_from_its_header(tmp_path, damage):
     """Found by bench.mutations_convert (issue 39): a slice whose PixelData length was set to 0
