@@ -82,7 +82,8 @@ _NOISE = re.compile(
     rb"|Maximum supported image dimension is \d+ pixels|Input file read error"
     # libtiff's default error and warning handler ('Module: message'), for codecs that keep it:
     # the file is rejected or normalised with the reason.
-    rb"|(?:TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    # (libtiff's internal _TIFFVSetField too: "Bad value 0 for "ResolutionUnit" tag", issue 39.)
+    rb"|(?:_?TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
     # libtiff's read errors as codecs print them without the module's name (issue 39's mutation run).
     rb"|Read error on (?:strip|tile) \d+; got \d+ bytes, expected \d+"
     # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,

@@ -193,6 +193,7 @@ def test_chatter_written_in_two_parts_is_dropped_whole():
     (b"Maximum supported image dimension is 65500 pixels\n", True),
     (b"Input file read error\n", True),
     (b"Read error on strip 0; got 81 bytes, expected 1820.\n", True),
+    (b'_TIFFVSetField: tempfile.tif: Bad value 0 for "ResolutionUnit" tag.\n', True),
     (b"Bogus: a file name of a user's\n", False),
 ])
 def test_what_counts_as_chatter(line, noise):
