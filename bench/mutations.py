@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import io
 import logging
 import pathlib
@@ -46,8 +47,9 @@ _DICOM_SEEDS = ("CT_small.dcm", "MR_small_RLE.dcm", "SC_rgb_jpeg_gdcm.dcm", "JPE
 _ENCODED_DICOM_SEEDS = ("jpeg_baseline", "jpeg_lossless_sv1", "jpeg_lossless", "htj2k")
 
 
-def seed_files() -> list[tuple[str, str, bytes]]:
-    """(name, format, bytes) of the real files the mutations start from."""
+@functools.cache
+def seed_files() -> tuple[tuple[str, str, bytes], ...]:
+    """(name, format, bytes) of the real files the mutations start from (made once a process)."""
     from PIL import Image
     import tifffile
 
@@ -113,7 +115,7 @@ def seed_files() -> list[tuple[str, str, bytes]]:
     for syntax in _ENCODED_DICOM_SEEDS:
         pixels = (slice_ // 16 + 64).astype(np.uint8) if syntax == "jpeg_baseline" else slice_
         out.append((f"{syntax}.dcm", "dicom", mutation_seeds.encoded_slice(template, pixels, syntax)))
-    return out
+    return tuple(out)
 
 
 def _geotiff(bands: np.ndarray, tiled: bool = True, compress: str = "deflate") -> bytes:

@@ -4,8 +4,8 @@
 
 The damaged files of `bench.mutations` (every seed file of every format:
 JPEG baseline and progressive, PNG, TIFF striped, tiled, compressed and
-multi-page, a GDAL GeoTIFF, pydicom's files in seven transfer syntaxes, and
-the seed files themselves) are written under `<format>/` class folders and
+multi-page, GDAL GeoTIFFs, DICOM files in every transfer syntax the converter
+reads, and the seed files themselves) are written under `<format>/` class folders and
 converted by the command, in its own process tree, with a short
 `--file_timeout`. Then, from the output alone:
 

@@ -237,6 +237,11 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None) -> list[Dic
         # A damaged header (issue 39's mutations): BitsStored 56080 made a 16,882-digit stored range.
         raise ImageRejected("corrupt", f"{name}: BitsAllocated {allocated} and BitsStored {bits} are no sample "
                                        "size (BitsAllocated 1, 8, 16, 32 or 64; BitsStored 1 to 64)")
+    samples = ds.get("SamplesPerPixel")
+    if samples not in (None, "", 1, 3, 4):
+        # A damaged header (issue 39's mutations): SamplesPerPixel 65535 was "colour pixels" when its
+        # series was read, and rejected every slice of it as unsupported_dtype.
+        raise ImageRejected("corrupt", f"{name}: SamplesPerPixel {samples} is no pixel's (1, 3 or 4)")
     if pixel_keyword != "PixelData":
         stored_dtype, stored_range = "float32", (0, 0)
     else:

@@ -527,6 +527,21 @@ def test_a_slice_whose_bits_are_no_sample_size_is_corrupt(tmp_path, field, value
     assert info.value.reason == "corrupt" and "are no sample size" in info.value.message
 
 
+@pytest.mark.parametrize("samples", [65535, 0, 32520])
+def test_a_slice_whose_samples_per_pixel_is_no_pixels_is_corrupt_alone(samples):
+    """Found by bench.mutations_convert (issue 39): SamplesPerPixel 65535 in one slice was "colour
+    pixels" when the series was read, and every slice of the series was rejected as unsupported_dtype."""
+    import io
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.SamplesPerPixel = samples
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "s.dcm")
+    assert info.value.reason == "corrupt" and f"SamplesPerPixel {samples} is no pixel's" in info.value.message
+
+
 def test_a_slice_without_rows_is_corrupt_not_an_internal_error():
     """Found by bench.mutations_convert (issue 39): a slice whose Rows element was dropped."""
     import io
