@@ -83,7 +83,10 @@ _NOISE = re.compile(
     # libtiff's default error and warning handler ('Module: message'), for codecs that keep it:
     # the file is rejected or normalised with the reason.
     # (libtiff's internal _TIFFVSetField too: "Bad value 0 for "ResolutionUnit" tag", issue 39.)
-    rb"|(?:_?TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    rb"|(?:_?TIFF\w+|JPEG\w+|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    # Bodies of libtiff's messages seen alone on a line: its handler writes "Module: ", the body
+    # and ".\n" apart, and two decoding threads' writes can interleave (issue 39's mutation run).
+    rb'|(?:Incorrect count for "|Invalid YCbCr subsampling|Bad value \d+ for "|Improper JPEG sampling factors)'
     # libtiff's read errors as codecs print them without the module's name (issue 39's mutation run).
     rb"|Read error on (?:strip|tile) \d+; got \d+ bytes, expected \d+"
     # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,

@@ -194,6 +194,9 @@ def test_chatter_written_in_two_parts_is_dropped_whole():
     (b"Input file read error\n", True),
     (b"Read error on strip 0; got 81 bytes, expected 1820.\n", True),
     (b'_TIFFVSetField: tempfile.tif: Bad value 0 for "ResolutionUnit" tag.\n', True),
+    (b"JPEGPreDecode: Improper JPEG sampling factors.\n", True),
+    (b'Incorrect count for "PlanarConfiguration".\n', True),  # A body whose "Module: " came apart.
+    (b"Invalid YCbCr subsampling.\n", True),
     (b"Bogus: a file name of a user's\n", False),
 ])
 def test_what_counts_as_chatter(line, noise):
