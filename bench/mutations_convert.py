@@ -304,8 +304,6 @@ def _series_slices(uid: str, seed: int, syntax: str = "explicit") -> list[bytes]
     from pydicom.data import get_testdata_file
     from pydicom.uid import generate_uid
 
-    from bench import mutation_seeds
-
     rng = np.random.default_rng(seed)
     template = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
     base = rng.integers(0, 2000, (16, 16), dtype=np.int16)

@@ -17,7 +17,7 @@ import pytest
 import SimpleITK as sitk
 from pydicom.data import get_testdata_file
 
-from bench import mutate, mutation_seeds, mutations, mutations_convert
+from bench import mutate, mutation_seeds, mutations
 from imaging import volumes
 
 
@@ -30,7 +30,16 @@ def _sitk_series(folder) -> np.ndarray:
 @pytest.mark.parametrize("syntax", sorted(mutation_seeds.SERIES_SYNTAXES))
 def test_a_seed_series_reads_as_gdcm_reads_it_and_as_encoded_when_lossless(tmp_path, syntax):
     uid_name, lossless = mutation_seeds.SERIES_SYNTAXES[syntax]
-    slices = mutations_convert._series_slices("1.2.826.0.1.3680043.8.498.1", 3, syntax)
+    template = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    template.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    base = np.random.default_rng(3).integers(0, 2000, (16, 16), dtype=np.int16)
+    if syntax == "jpeg_baseline":  # 8 bits a sample.
+        base = (base // 8).astype(np.uint8)
+    slices = []
+    for k in range(4):
+        template.ImagePositionPatient = [-100, -100, 1.25 * k]
+        template.SOPInstanceUID = f"1.2.826.0.1.3680043.8.498.{k + 1}"
+        slices.append(mutation_seeds.encoded_slice(template, base + k, syntax))
     for k, data in enumerate(slices):
         assert pydicom.dcmread(io.BytesIO(data)).file_meta.TransferSyntaxUID == getattr(pydicom.uid, uid_name)
         (tmp_path / f"i{k}.dcm").write_bytes(data)
@@ -41,7 +50,6 @@ def test_a_seed_series_reads_as_gdcm_reads_it_and_as_encoded_when_lossless(tmp_p
     # Baseline JPEG's inverse DCT differs by 1 between libjpeg-turbo (pylibjpeg) and GDCM's IJG.
     np.testing.assert_allclose(volume.voxels, gdcm, atol=1 if syntax == "jpeg_baseline" else 0)
     if lossless:
-        base = np.random.default_rng(3).integers(0, 2000, (16, 16), dtype=np.int16)
         expected = np.stack([base + k for k in range(len(slices))]) - 1024
         np.testing.assert_array_equal(volume.voxels, expected)
 
