@@ -179,7 +179,8 @@ def _tally_rejects(out: pathlib.Path, case_of: dict[str, tuple[str, str]],
     import schemas
 
     seen: collections.Counter = collections.Counter()
-    for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines():
+    # Lines end at "\n" only: a message may hold U+0085 (a damaged UID's byte), which splitlines splits at.
+    for line in (out / schemas.REJECTS_FILENAME).read_text(encoding="utf-8", errors="surrogateescape").split("\n"):
         if not line.strip():
             continue
         r = json.loads(line)
