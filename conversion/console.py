@@ -73,7 +73,8 @@ _NOISE = re.compile(
     rb"|Warning: thumbnail image size does not match data length|Unknown Adobe color transform code"
     # libjpeg's errors (jerror.h, JERR_*), printed by decoders that keep its default message
     # output (DICOM codecs) before they raise: the file is rejected as corrupt, with the reason.
-    rb"|Bogus (?:marker length|Huffman table definition|DQT index|DHT index|DAC index|DAC value|input colorspace)"
+    rb"|Bogus (?:marker length|Huffman table definition|DQT index|DHT index|DAC index|DAC value|input colorspace"
+    rb"|sampling factors)"
     rb"|(?:Quantization|Huffman) table 0x[0-9a-f]+ was not defined|Didn't expect more than one scan"
     rb"|Improper call to JPEG library in state \d+|Invalid JPEG file structure: |Invalid progressive parameters "
     rb"|Not a JPEG file: starts with 0x|Unsupported JPEG (?:process|data precision)|Empty JPEG image"

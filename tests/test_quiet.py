@@ -195,6 +195,7 @@ def test_chatter_written_in_two_parts_is_dropped_whole():
     (b"Read error on strip 0; got 81 bytes, expected 1820.\n", True),
     (b'_TIFFVSetField: tempfile.tif: Bad value 0 for "ResolutionUnit" tag.\n', True),
     (b"JPEGPreDecode: Improper JPEG sampling factors.\n", True),
+    (b"Bogus sampling factors\n", True),  # libjpeg's JERR_BAD_SAMPLING, by a DICOM codec (issue 39).
     (b'Incorrect count for "PlanarConfiguration".\n', True),  # A body whose "Module: " came apart.
     (b"Invalid YCbCr subsampling.\n", True),
     (b"Bogus: a file name of a user's\n", False),
