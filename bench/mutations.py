@@ -4,8 +4,10 @@
 
 Seed files are written by independent writers (Pillow: JPEG baseline and
 progressive, PNG 8/16-bit; tifffile: TIFF striped and tiled, uncompressed,
-deflate, LZW, multi-page; pydicom's bundled files in several transfer
-syntaxes), damaged by `bench.mutate`, and each run through
+deflate, LZW, PackBits, zstd, JPEG, with predictors, multi-page, BigTIFF,
+big-endian; GDAL: GeoTIFFs tiled and striped; pydicom's bundled files and
+slices encoded by imagecodecs (`bench.mutation_seeds`): every transfer syntax
+the converter reads), damaged by `bench.mutate`, and each run through
 `imaging.ImageValidator`, the converter's whole decoding of one file. Prints
 per format: cases, written, rejected per reason, crashes (an exception other
 than a rejection: a bug), hangs (past --case_timeout), and the peak memory of
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import io
 import logging
 import pathlib
@@ -31,13 +34,22 @@ from bench import mutate
 
 __all__ = ["seed_files", "run_cases", "Outcome"]
 
-# pydicom's bundled files, one per transfer syntax family the converter decodes.
+# pydicom's bundled files, one per transfer syntax the converter decodes that a bundled file has:
+# explicit and implicit VR little endian, explicit big endian, deflate, RLE, JPEG baseline (RGB),
+# extended (12-bit) and lossless SV1 (RGB), JPEG-LS lossless and near-lossless, JPEG 2000 lossy
+# and lossless.
 _DICOM_SEEDS = ("CT_small.dcm", "MR_small_RLE.dcm", "SC_rgb_jpeg_gdcm.dcm", "JPEG2000.dcm",
-                "MR_small_jpeg_ls_lossless.dcm", "SC_rgb_rle.dcm", "MR_small_bigendian.dcm")
+                "MR_small_jpeg_ls_lossless.dcm", "SC_rgb_rle.dcm", "MR_small_bigendian.dcm", "MR_small_implicit.dcm",
+                "image_dfl.dcm", "JPGExtended.dcm", "JPEGLSNearLossless_08.dcm", "MR_small_jp2klossless.dcm",
+                "SC_rgb_jpeg_dcmtk.dcm")
+# Encoded here (`bench.mutation_seeds`): grey JPEG baseline, 16-bit JPEG lossless with selection
+# value 1 and with another predictor (Process 14, which no bundled file has), and HTJ2K (nor this).
+_ENCODED_DICOM_SEEDS = ("jpeg_baseline", "jpeg_lossless_sv1", "jpeg_lossless", "htj2k")
 
 
-def seed_files() -> list[tuple[str, str, bytes]]:
-    """(name, format, bytes) of the real files the mutations start from."""
+@functools.cache
+def seed_files() -> tuple[tuple[str, str, bytes], ...]:
+    """(name, format, bytes) of the real files the mutations start from (made once a process)."""
     from PIL import Image
     import tifffile
 
@@ -77,25 +89,45 @@ def seed_files() -> list[tuple[str, str, bytes]]:
     buf = io.BytesIO()
     tifffile.imwrite(buf, photo, photometric="rgb", compression="jpeg", rowsperstrip=16)
     out.append(("jpeg.tif", "tiff", buf.getvalue()))
+    for name, image, kw in [
+            ("zstd.tif", bands, dict(compression="zstd", tile=(16, 16))),
+            ("packbits.tif", photo, dict(compression="packbits", rowsperstrip=16, photometric="rgb")),
+            ("predictor.tif", bands, dict(compression="lzw", predictor=True, rowsperstrip=8)),
+            ("jpeg_tiled.tif", photo, dict(compression="jpeg", tile=(16, 16), photometric="rgb")),
+            ("float_predictor.tif", bands.astype(np.float32) / 7,
+             dict(compression="zlib", predictor=True, rowsperstrip=8, byteorder=">")),
+            ("bigtiff.tif", bands, dict(bigtiff=True, compression="zlib", tile=(16, 16)))]:
+        buf = io.BytesIO()
+        tifffile.imwrite(buf, image, **{"photometric": "minisblack", **kw})
+        out.append((name, "tiff", buf.getvalue()))
     out.append(("geo.tif", "tiff", _geotiff(bands[..., :3])))
+    out.append(("geo_striped.tif", "tiff", _geotiff(bands[..., :2].astype(np.int16), tiled=False, compress="lzw")))
     import pydicom
+
+    from bench import mutation_seeds
 
     files = pathlib.Path(pydicom.__file__).parent / "data" / "test_files"
     for name in _DICOM_SEEDS:
         if (files / name).exists():
             out.append((name, "dicom", (files / name).read_bytes()))
-    return out
+    template = pydicom.dcmread(files / "CT_small.dcm")
+    slice_ = rng.integers(-1000, 3000, (24, 20)).astype(np.int16)
+    for syntax in _ENCODED_DICOM_SEEDS:
+        pixels = (slice_ // 16 + 64).astype(np.uint8) if syntax == "jpeg_baseline" else slice_
+        out.append((f"{syntax}.dcm", "dicom", mutation_seeds.encoded_slice(template, pixels, syntax)))
+    return tuple(out)
 
 
-def _geotiff(bands: np.ndarray) -> bytes:
-    """A tiled, deflate-compressed 3-band GeoTIFF written by GDAL (rasterio), with nodata."""
+def _geotiff(bands: np.ndarray, tiled: bool = True, compress: str = "deflate") -> bytes:
+    """A GeoTIFF written by GDAL (rasterio), with nodata: tiled 16x16, or in strips."""
     from rasterio.io import MemoryFile
     from rasterio.transform import Affine
 
     with MemoryFile() as memfile:
         with memfile.open(driver="GTiff", width=bands.shape[1], height=bands.shape[0], count=bands.shape[2],
                           dtype=bands.dtype, crs="EPSG:32633", transform=Affine(10, 0, 500000, 0, -10, 4600000),
-                          nodata=0, tiled=True, blockxsize=16, blockysize=16, compress="deflate") as dst:
+                          nodata=0, compress=compress,
+                          **(dict(tiled=True, blockxsize=16, blockysize=16) if tiled else {})) as dst:
             dst.write(np.moveaxis(bands, -1, 0))
         return memfile.read()
 

@@ -4,8 +4,8 @@
 
 The damaged files of `bench.mutations` (every seed file of every format:
 JPEG baseline and progressive, PNG, TIFF striped, tiled, compressed and
-multi-page, a GDAL GeoTIFF, pydicom's files in seven transfer syntaxes, and
-the seed files themselves) are written under `<format>/` class folders and
+multi-page, GDAL GeoTIFFs, DICOM files in every transfer syntax the converter
+reads, and the seed files themselves) are written under `<format>/` class folders and
 converted by the command, in its own process tree, with a short
 `--file_timeout`. Then, from the output alone:
 
@@ -22,10 +22,12 @@ Prints cases per format, written, rejected per reason, crashes, hangs,
 accounting breaks and peak memory; exits 1 on any crash, hang or break.
 
 NIfTI files and DICOM series are read by `--volumes` only: a second folder
-(`write_volume_cases`: nibabel's NIfTI-1 files damaged by `bench.mutate`,
-half of them gzipped after; series of pydicom slices with a slice or two
-damaged, dropped, duplicated or emptied) is converted with `--volumes` and
-checked the same way, per file (`convert_volume_cases`).
+(`write_volume_cases`: nibabel's NIfTI-1 and NIfTI-2 files damaged by
+`bench.mutate`, half of them gzipped after; series of pydicom slices, in
+turn in every transfer syntax of `bench.mutation_seeds` (uncompressed, RLE,
+JPEG-LS, JPEG 2000, HTJ2K, JPEG lossless and baseline), with a slice or two
+damaged (its codestream too), dropped, duplicated or emptied) is converted
+with `--volumes` and checked the same way, per file (`convert_volume_cases`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import tempfile
 import threading
 import time
 
-from bench import mutate, mutations
+from bench import mutate, mutation_seeds, mutations
 
 __all__ = ["write_cases", "convert_cases", "write_volume_cases", "convert_volume_cases", "ConversionOutcome",
            "main"]
@@ -177,7 +179,8 @@ def _tally_rejects(out: pathlib.Path, case_of: dict[str, tuple[str, str]],
     import schemas
 
     seen: collections.Counter = collections.Counter()
-    for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines():
+    # Lines end at "\n" only: a message may hold U+0085 (a damaged UID's byte), which splitlines splits at.
+    for line in (out / schemas.REJECTS_FILENAME).read_text(encoding="utf-8", errors="surrogateescape").split("\n"):
         if not line.strip():
             continue
         r = json.loads(line)
@@ -262,15 +265,16 @@ def _read_back(out: pathlib.Path, outcome: ConversionOutcome) -> set[str]:
 # A case of the volume run: its format ('nifti' or 'series'), what was done, and its files' relative paths.
 VolumeCase = tuple[str, str, tuple[str, ...]]
 VOLUME_FORMATS = ("nifti", "series")
-# Slices of the seed series (int16, 16x16, from pydicom's CT_small.dcm; every third series RLE
-# Lossless), and what is done to a series:
-# one slice (or two) damaged as a DICOM file is (`bench.mutate`), one dropped, duplicated or emptied.
+# Slices of the seed series (int16, 16x16, from pydicom's CT_small.dcm; series k in the transfer
+# syntax k of `mutation_seeds.SERIES_SYNTAXES`, cycling; uint8 for JPEG baseline), and what is
+# done to a series: one slice (or two) damaged as a DICOM file is (`bench.mutate`: its elements,
+# pixel data items and codestream), one dropped, duplicated or emptied.
 _SERIES_SLICES = 4
 _SERIES_OPS = ("slice", "slice", "slice", "two slices", "drop", "duplicate", "empty")
 
 
 def _nifti_seeds() -> list[tuple[str, bytes]]:
-    """(name, bytes) of the NIfTI-1 files the mutations start from, written by nibabel."""
+    """(name, bytes) of the NIfTI-1 and NIfTI-2 files the mutations start from, written by nibabel."""
     import nibabel
     import numpy as np
 
@@ -280,14 +284,22 @@ def _nifti_seeds() -> list[tuple[str, bytes]]:
     stored = nibabel.Nifti1Image(rng.integers(-1000, 2000, (12, 10, 8)).astype(np.int16), affine)
     scaled = nibabel.Nifti1Image(rng.random((9, 11, 6)).astype(np.float32), affine)
     scaled.header.set_slope_inter(2.0, -1.0)
-    return [("int16.nii", stored.to_bytes()), ("float32.nii", scaled.to_bytes())]
+    # NIfTI-2 (64-bit dims and vox_offset, double scalings and affines): one with a qform only,
+    # one with an sform and scaled uint16 voxels.
+    wide = nibabel.Nifti2Image(rng.integers(-30000, 30000, (7, 9, 5)).astype(np.int32), None)
+    wide.set_qform(affine, code=1)
+    sformed = nibabel.Nifti2Image(rng.integers(0, 4000, (10, 8, 6)).astype(np.uint16), affine)
+    sformed.header.set_slope_inter(0.5, 10.0)
+    return [("int16.nii", stored.to_bytes()), ("float32.nii", scaled.to_bytes()),
+            ("int32-nifti2.nii", wide.to_bytes()), ("uint16-nifti2.nii", sformed.to_bytes())]
 
 
-def _series_slices(uid: str, seed: int, rle: bool = False) -> list[bytes]:
-    """The bytes of the seed series' slices (one series instance UID each case); RLE Lossless if `rle`."""
-    import copy
-    import io
+def _series_slices(uid: str, seed: int, syntax: str = "explicit") -> list[bytes]:
+    """The bytes of the seed series' slices (one series instance UID each case), in `syntax`.
 
+    Args:
+      syntax: A `mutation_seeds.SERIES_SYNTAXES` name.
+    """
     import numpy as np
     import pydicom
     from pydicom.data import get_testdata_file
@@ -298,29 +310,24 @@ def _series_slices(uid: str, seed: int, rle: bool = False) -> list[bytes]:
     base = rng.integers(0, 2000, (16, 16), dtype=np.int16)
     out = []
     for k in range(_SERIES_SLICES):
-        ds = copy.deepcopy(template)  # Its file meta too: compressing changes its transfer syntax.
-        ds.Rows = ds.Columns = 16
-        ds.PixelData = (base + k).astype(np.int16).tobytes()
-        ds.ImagePositionPatient = ["-100.0", "-100.0", f"{k * 1.25:.3f}"]
-        ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
-        ds.SeriesInstanceUID = uid
-        ds.SOPInstanceUID = generate_uid(entropy_srcs=[uid, str(k)])
-        if rle:  # pydicom's own encoder: the RLE decoder's path, segments and all.
-            from pydicom.uid import RLELossless
-
-            ds.compress(RLELossless)
-        buf = io.BytesIO()
-        ds.save_as(buf, enforce_file_format=True)
-        out.append(buf.getvalue())
+        template.ImagePositionPatient = ["-100.0", "-100.0", f"{k * 1.25:.3f}"]
+        template.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
+        template.SeriesInstanceUID = uid
+        template.SOPInstanceUID = generate_uid(entropy_srcs=[uid, str(k)])
+        pixels = base + k
+        if syntax == "jpeg_baseline":  # 8 bits a sample.
+            pixels = (pixels // 8).astype(np.uint8)
+        out.append(mutation_seeds.encoded_slice(template, pixels, syntax))
     return out
 
 
 def write_volume_cases(root: pathlib.Path, cases_per_seed: int, seed: int) -> dict[str, VolumeCase]:
     """Writes the seed NIfTI files and series and damaged copies under `root/nifti/` and `root/series/`.
 
-    NIfTI: each seed and `cases_per_seed` mutations of it, every other one
-    gzipped (.nii.gz) after the damage. Series: the seed series and
-    `cases_per_seed` damaged ones, a folder each.
+    NIfTI: each seed (two NIfTI-1, two NIfTI-2) and `cases_per_seed` mutations
+    of it, every other one gzipped (.nii.gz) after the damage. Series: the
+    seed series and `cases_per_seed` damaged ones, a folder each, each in the
+    next transfer syntax of `mutation_seeds.SERIES_SYNTAXES`.
 
     Returns:
       The name a record of the case has (its file, or its folder) -> `VolumeCase`.
@@ -342,13 +349,14 @@ def write_volume_cases(root: pathlib.Path, cases_per_seed: int, seed: int) -> di
             (root / rel).write_bytes(gzip.compress(payload, mtime=0) if gz else payload)
             cases[rel] = ("nifti", f"{name}: {how}" + (", gzipped" if gz else ""), (rel,))
     rng = random.Random(f"series:{seed}")
+    syntaxes = list(mutation_seeds.SERIES_SYNTAXES)
     for k in range(cases_per_seed + 1):
         folder = f"series/s-{k:04d}"
         (root / folder).mkdir(parents=True, exist_ok=True)
-        rle = k % 3 == 2
-        slices = _series_slices(generate_uid(entropy_srcs=[f"mutations:{seed}:{k}"]), seed + k, rle)
+        syntax = syntaxes[k % len(syntaxes)]
+        slices = _series_slices(generate_uid(entropy_srcs=[f"mutations:{seed}:{k}"]), seed + k, syntax)
         files = {f"{folder}/i{j}.dcm": data for j, data in enumerate(slices)}
-        how = "seed" + (" (RLE)" if rle else "")
+        how = f"seed ({syntax})"
         if k:
             op = rng.choice(_SERIES_OPS)
             picked = rng.sample(sorted(files), 2 if op == "two slices" else 1)
@@ -367,7 +375,7 @@ def write_volume_cases(root: pathlib.Path, cases_per_seed: int, seed: int) -> di
                 else:
                     files[rel] = b""
                     hows.append(f"empty {rel.rsplit('/', 1)[1]}")
-            how = ("RLE: " if rle else "") + "; ".join(hows)
+            how = f"{syntax}: " + "; ".join(hows)
         for rel, data in files.items():
             (root / rel).write_bytes(data)
         cases[folder] = ("series", how, tuple(sorted(files)))
@@ -488,8 +496,8 @@ def main(argv=None) -> int:
             print(report(outcome, args.seed))
         if args.volume_cases:
             root = pathlib.Path(tmp) / "volumes"
-            # Spread over the 2 NIfTI seeds and the series (a case per seed file or series each).
-            volume_cases = write_volume_cases(root, max(1, args.volume_cases // 3), args.seed)
+            # Spread over the 4 NIfTI seeds and the series (a case per seed file or series each).
+            volume_cases = write_volume_cases(root, max(1, args.volume_cases // 5), args.seed)
             outcome = convert_volume_cases(root, out.with_name(out.name + "-volumes"), volume_cases,
                                            file_timeout=args.file_timeout, extra_args=tuple(args.extra))
             outcomes.append(outcome)

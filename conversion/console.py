@@ -73,7 +73,8 @@ _NOISE = re.compile(
     rb"|Warning: thumbnail image size does not match data length|Unknown Adobe color transform code"
     # libjpeg's errors (jerror.h, JERR_*), printed by decoders that keep its default message
     # output (DICOM codecs) before they raise: the file is rejected as corrupt, with the reason.
-    rb"|Bogus (?:marker length|Huffman table definition|DQT index|DHT index|DAC index|DAC value|input colorspace)"
+    rb"|Bogus (?:marker length|Huffman table definition|DQT index|DHT index|DAC index|DAC value|input colorspace"
+    rb"|sampling factors)"
     rb"|(?:Quantization|Huffman) table 0x[0-9a-f]+ was not defined|Didn't expect more than one scan"
     rb"|Improper call to JPEG library in state \d+|Invalid JPEG file structure: |Invalid progressive parameters "
     rb"|Not a JPEG file: starts with 0x|Unsupported JPEG (?:process|data precision)|Empty JPEG image"
@@ -82,7 +83,11 @@ _NOISE = re.compile(
     rb"|Maximum supported image dimension is \d+ pixels|Input file read error"
     # libtiff's default error and warning handler ('Module: message'), for codecs that keep it:
     # the file is rejected or normalised with the reason.
-    rb"|(?:TIFF\w+|JPEGLib|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    # (libtiff's internal _TIFFVSetField too: "Bad value 0 for "ResolutionUnit" tag", issue 39.)
+    rb"|(?:_?TIFF\w+|JPEG\w+|ZIPDecode|LZWDecode|PackBitsDecode|Fax3Decode\w*|OJPEG\w+): "
+    # Bodies of libtiff's messages seen alone on a line: its handler writes "Module: ", the body
+    # and ".\n" apart, and two decoding threads' writes can interleave (issue 39's mutation run).
+    rb'|(?:Incorrect count for "|Invalid YCbCr subsampling|Bad value \d+ for "|Improper JPEG sampling factors)'
     # libtiff's read errors as codecs print them without the module's name (issue 39's mutation run).
     rb"|Read error on (?:strip|tile) \d+; got \d+ bytes, expected \d+"
     # The node line under a failed op's logged error (a batch of JPEGs with a damaged one,
@@ -403,12 +408,18 @@ class _TerminalStderr:
 def _forward(read_end: int, real: int) -> None:
     pending = b""
     panics = _PanicBlocks()
+    # The start of the line being read was chatter, forwarded (dropped) alone: libtiff's
+    # handler writes "Module: " and its message apart, and on a loaded machine the message
+    # came after the wait, alone on a line no pattern knows (issue 39's mutation run).
+    in_dropped_line = False
     try:
         while True:
             ready, _, _ = select.select([read_end], [], [], _PARTIAL_WAIT_S if pending else None)
             if not ready:  # A partial line, and nothing after it for a while.
                 _write(real, panics.flush())
-                _write(real, pending)
+                if not in_dropped_line:
+                    in_dropped_line = is_native_noise(pending)
+                    _write(real, pending)
                 pending = b""
                 continue
             chunk = os.read(read_end, 65536)
@@ -417,6 +428,9 @@ def _forward(read_end: int, real: int) -> None:
             pending += chunk
             *lines, pending = re.split(rb"(?<=[\r\n])", pending)
             for line in lines:
+                if in_dropped_line:  # The rest of a line of chatter.
+                    in_dropped_line = False
+                    continue
                 for out in panics.lines(line):
                     _write(real, out)
         _write(real, panics.flush())

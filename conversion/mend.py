@@ -136,7 +136,8 @@ def _failed_files(output_dir: str) -> dict[str, tuple[str, str]]:
     if not exists(path):
         return {}
     found = {}
-    for line in read_bytes(path).decode("utf-8", "surrogateescape").splitlines():
+    # Lines end at "\n" only: a message may hold U+0085 or U+2028 (`append.earlier_rejects`).
+    for line in read_bytes(path).decode("utf-8", "surrogateescape").split("\n"):
         if line.strip():
             r = json.loads(line)
             if r.get("reason") in guard.FAILURE_REASONS:

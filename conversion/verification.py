@@ -489,7 +489,7 @@ def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
     exactly these, with samples equal to the nodata value left out.
     """
     rasters = {}
-    for line in normalized_jsonl.splitlines():
+    for line in normalized_jsonl.split("\n"):  # Not splitlines: a path may hold U+0085 or U+2028.
         if not line.strip():
             continue
         entry = json.loads(line)

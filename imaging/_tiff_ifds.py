@@ -25,6 +25,10 @@ _LAYOUTS = {
 }
 
 
+# The largest offset a file can seek to (a signed 64-bit position).
+_MAX_OFFSET = (1 << 63) - 1
+
+
 def ifd_loop(source) -> str | None:
     """What loops in a TIFF's IFD chain, or None (no loop, not a TIFF, or cut short).
 
@@ -72,6 +76,10 @@ def ifd_loop(source) -> str | None:
 
 def _read(fh, offset: int, size: int) -> bytes | None:
     """`size` bytes at `offset`, or None past the end of the file."""
+    if offset > _MAX_OFFSET:
+        # A BigTIFF's 8-byte offset past what a file can seek to (OverflowError: found by
+        # bench.mutations_convert, issue 39): past the end of any file.
+        return None
     fh.seek(offset)
     data = fh.read(size)
     return data if len(data) == size else None

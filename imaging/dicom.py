@@ -568,6 +568,8 @@ def _decode(data: bytes, name: str, options: DicomOptions) -> list[DicomFrame]:
         decoder = _decoder_for(ts, name)
         if ts in _J2K_SYNTAXES:
             _check_jp2_boxes(ds.PixelData, name)
+        elif _CODEC_PACKAGES.get(ts) == _LIBJPEG:
+            _check_jpeg_frame_headers(ds.PixelData, rows, cols, name)
         tags = {k: _tag_string(ds, k) for k in options.tags}
         photometric = str(ds.PhotometricInterpretation).strip().upper()
         base = {
@@ -656,6 +658,51 @@ def _check_jp2_boxes(pixel_data: bytes, name: str) -> None:
                 )
             offset += length
         start = pixel_data.find(_JP2_SIGNATURE, start + 1)
+
+
+# Start-of-frame markers: JPEG's processes (not DHT C4, JPG C8, DAC CC) and JPEG-LS's SOF55.
+_JPEG_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF,
+                               0xF7})
+
+
+def _check_jpeg_frame_headers(pixel_data: bytes, rows: int, columns: int, name: str) -> None:
+    """Rejects JPEG and JPEG-LS frames whose frame header (SOF) no decoder should be given.
+
+    A frame header of 0 lines leaves the height to a DNL marker after the
+    scan, and pylibjpeg's libjpeg then reads without end, growing by ~50 MB/s
+    (baseline, extended, lossless Process 14, JPEG-LS alike; found by
+    bench.mutations_convert, issue 39); one of 0 columns, or of more pixels
+    than Rows x Columns, has it allocate what the DICOM header never
+    claimed. The first frame header of each fragment that starts a
+    codestream (SOI) is read, walking the marker segments of encapsulated
+    Pixel Data's items, before any decoder is called.
+    """
+    offset = 0
+    while offset + 8 <= len(pixel_data) and pixel_data[offset:offset + 4] == b"\xfe\xff\x00\xe0":
+        start = offset + 8
+        end = min(start + int.from_bytes(pixel_data[offset + 4:offset + 8], "little"), len(pixel_data))
+        offset = end
+        if pixel_data[start:start + 2] != b"\xff\xd8":
+            continue  # The Basic Offset Table, or a frame's later fragment.
+        i = start + 2
+        while i + 9 <= end and pixel_data[i] == 0xFF:
+            marker = pixel_data[i + 1]
+            if marker == 0xFF:  # A fill byte before a marker.
+                i += 1
+                continue
+            if marker in _JPEG_SOF_MARKERS:
+                height = int.from_bytes(pixel_data[i + 5:i + 7], "big")
+                width = int.from_bytes(pixel_data[i + 7:i + 9], "big")
+                if height == 0 or width == 0 or height * width > rows * columns:
+                    raise ImageRejected(
+                        "corrupt", f"{name}: a JPEG frame header gives {width}x{height} pixels, the DICOM "
+                                   f"header {columns}x{rows}" + (" (0 lines: a DNL marker's height, which the "
+                                                                 "decoder would read without end)" if height == 0
+                                                                 else ""))
+                break
+            if marker in (0xDA, 0xD9):  # A scan before any frame header: the decoder's to judge.
+                break
+            i += 2 + int.from_bytes(pixel_data[i + 2:i + 4], "big")
 
 
 def _install_hint(ts: dicom_uid.UID) -> str:
@@ -1223,6 +1270,8 @@ def decode_stored_frame(ds: Dataset, index: int, name: str) -> np.ndarray:
             decoder = _decoder_for(ts, name)
             if ts in _J2K_SYNTAXES and index == 0:
                 _check_jp2_boxes(ds.PixelData, name)
+            elif _CODEC_PACKAGES.get(ts) == _LIBJPEG and index == 0:
+                _check_jpeg_frame_headers(ds.PixelData, int(ds.Rows), int(ds.Columns), name)
             arr, _meta = _decode_frame(decoder, ds, index, name)
         except _PYDICOM_ERRORS as e:
             raise ImageRejected("corrupt", f"{name}: {_short(e)}") from e

@@ -354,6 +354,10 @@ def _one_value(value, tag: str, name: str) -> int:
 def _source_dtype(page, name: str) -> np.dtype:
     dtype = page.dtype
     bits = page.bitspersample
+    if dtype is None and isinstance(bits, tuple) and not all(0 < int(b) <= 128 for b in bits):
+        # A damaged BitsPerSample (its offset moved onto other bytes): sizes no sample has, not
+        # a layout raw records lack (found by bench.mutations_convert, issue 39).
+        raise ImageRejected("corrupt", f"{name}: its header says {', '.join(map(str, bits))} bits per sample")
     if dtype is None and isinstance(bits, tuple):
         raise ImageRejected(
             "unsupported_dtype",

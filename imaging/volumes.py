@@ -273,6 +273,11 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
         # A damaged header (issue 39's mutations): BitsStored 56080 made a 16,882-digit stored range.
         raise ImageRejected("corrupt", f"{name}: BitsAllocated {allocated} and BitsStored {bits} are no sample "
                                        "size (BitsAllocated 1, 8, 16, 32 or 64; BitsStored 1 to 64)")
+    samples = ds.get("SamplesPerPixel")
+    if samples not in (None, "", 1, 3, 4):
+        # A damaged header (issue 39's mutations): SamplesPerPixel 65535 was "colour pixels" when its
+        # series was read, and rejected every slice of it as unsupported_dtype.
+        raise ImageRejected("corrupt", f"{name}: SamplesPerPixel {samples} is no pixel's (1, 3 or 4)")
     if pixel_keyword != "PixelData":
         stored_dtype, stored_range = "float32", (0, 0)
     else:
@@ -612,11 +617,21 @@ def read_nifti(data: bytes, name: str) -> Volume:
         # applies them (to float) only when they are not 1 and 0.
         values = np.asarray(image.dataobj)
         if values.dtype != image.get_data_dtype():
-            if np.isfinite(values).all() and (values == np.round(values)).all() and \
+            finite = np.isfinite(values)
+            if finite.all() and (values == np.round(values)).all() and \
                     values.min(initial=0) >= _INT16.min and values.max(initial=0) <= _INT16.max:
                 values = values.astype(np.int16)
             else:
-                values = values.astype(np.float32)
+                with np.errstate(over="ignore"):
+                    scaled = values.astype(np.float32)
+                # A damaged scl_slope or scl_inter (1e300, all ones) scales whole numbers to
+                # inf or NaN, or finite ones past float32: stored, they would train a model on
+                # inf (found by bench.mutations_convert, issue 39). NaN stored as float stays.
+                if (image.get_data_dtype().kind != "f" and not finite.all()) or \
+                        (np.isfinite(scaled) != finite).any():
+                    raise ImageRejected("corrupt", f"{name}: its scl_slope {image.dataobj.slope} and scl_inter "
+                                                   f"{image.dataobj.inter} scale its voxels past float32's range")
+                values = scaled
     except (ValueError, OSError, EOFError) as e:
         raise ImageRejected("corrupt", f"{name}: {e}") from e
     values = values.reshape(shape)

@@ -1,20 +1,21 @@
 """Damaged files of every format through the real command (issue 39): `bench.mutations_convert`.
 
 Each run writes the seed files of `bench.mutations` (Pillow's JPEGs and PNGs,
-tifffile's TIFFs, a GDAL GeoTIFF, pydicom's files in seven transfer syntaxes)
+tifffile's TIFFs, GDAL GeoTIFFs, DICOM files in every transfer syntax)
 and their damaged copies into one folder, converts it with `shardsmith
 convert --file_timeout`, and checks the output alone: exit status 0 or 3,
 every input written or rejected with a known reason (once), every record
 parsed and decoded by the reader's functions to its stored shape, `shardsmith
 verify` passing, no crash or hang, and the process tree's peak memory.
 
-The fast lane runs ~150 files; the slow one (`SHARDSMITH_SLOW=1`)
+The fast lane runs ~190 files; the slow one (`SHARDSMITH_SLOW=1`)
 thousands, in worker processes as a large folder is converted.
 
 NIfTI files and DICOM series go through `--volumes` apart (`write_volume_cases`):
-damaged NIfTI-1 files (nibabel's, half gzipped after) and series of pydicom
-slices with one or two slices damaged, dropped, duplicated or emptied, checked
-per file.
+damaged NIfTI-1 and NIfTI-2 files (nibabel's, half gzipped after) and series
+of pydicom slices in every transfer syntax (`bench.mutation_seeds`) with one or
+two slices damaged (their codestreams too), dropped, duplicated or emptied,
+checked per file.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def _check(outcome: mutations_convert.ConversionOutcome) -> None:
 
 
 def test_a_folder_of_damaged_files_converts_with_every_file_accounted_for(tmp_path):
-    cases = mutations_convert.write_cases(tmp_path / "in", 6, 0)
-    assert len(cases) == 7 * len(mutations.seed_files())
+    # 4 a seed file (and the seed): as many files as 6 a seed were before the seeds covered every
+    # DICOM transfer syntax and more TIFF layouts; the slow lane runs 100 a seed.
+    cases = mutations_convert.write_cases(tmp_path / "in", 4, 0)
+    assert len(cases) == 5 * len(mutations.seed_files())
     outcome = mutations_convert.convert_cases(tmp_path / "in", tmp_path / "out", cases,
                                               file_timeout=_FILE_TIMEOUT)
     _check(outcome)
@@ -82,8 +85,10 @@ def _check_volumes(outcome: mutations_convert.ConversionOutcome) -> None:
 
 
 def test_damaged_nifti_files_and_series_convert_with_every_file_accounted_for(tmp_path):
-    cases = mutations_convert.write_volume_cases(tmp_path / "in", 60, 0)
-    assert len(cases) == 2 * 61 + 61
+    # 40 a seed over 4 NIfTI seeds (two NIfTI-2) and the series: about as many files as 60 a seed
+    # over the 2 NIfTI-1 seeds were; the slow lane runs 700.
+    cases = mutations_convert.write_volume_cases(tmp_path / "in", 40, 0)
+    assert len(cases) == 4 * 41 + 41
     outcome = mutations_convert.convert_volume_cases(tmp_path / "in", tmp_path / "out", cases,
                                                      file_timeout=_FILE_TIMEOUT)
     _check_volumes(outcome)

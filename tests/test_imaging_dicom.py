@@ -673,3 +673,40 @@ def test_a_palette_of_16_bits_still_renders_as_pydicom_maps_it():
     expected = pydicom.pixels.apply_color_lut(ds.pixel_array, ds)  # Entry i is i * 257: 8 bits i.
     got = np.asarray(Image.open(io.BytesIO(frame.png)))
     np.testing.assert_array_equal(got, np.round(expected / 257.0).astype(np.uint8))
+
+
+def test_a_jpeg_frame_header_of_zero_lines_is_corrupt_before_the_decoder_reads_without_end():
+    """Found by bench.mutations_convert (issue 39): JPGExtended.dcm with its SOF1 height set to 0
+    (a DNL marker's height) held a worker until --file_timeout, growing by ~50 MB/s to 3 GiB;
+    baseline, lossless (Process 14) and JPEG-LS frames alike. Run in a child process: a hang fails
+    the test instead of holding the suite."""
+    code = """
+import io, sys
+import numpy as np, pydicom
+from bench import mutation_seeds
+from imaging import ImageRejected, dicom
+template = pydicom.dcmread(sys.argv[1])
+for syntax in ("jpeg_baseline", "jpeg_lossless", "jpeg_lossless_sv1", "jpeg_ls"):
+    pixels = np.arange(64, dtype=np.uint8 if syntax == "jpeg_baseline" else np.int16).reshape(8, 8)
+    good = mutation_seeds.encoded_slice(template, pixels, syntax)
+    decoded = dicom.decode_stored_frame(dicom.read_dataset(good, "g.dcm"), 0, "g.dcm")
+    np.testing.assert_allclose(decoded, pixels, atol=4 if syntax == "jpeg_baseline" else 0)  # Baseline is lossy.
+    for at, value, why in ((5, 0, "0 lines"), (7, 0, "0x8"), (5, 64, "8x64")):
+        data = bytearray(good)
+        sof = next(i for i in range(good.index(b"\\xff\\xd8"), len(good)) if good[i] == 0xFF and good[i + 1] in (0xC0, 0xC3, 0xF7))
+        data[sof + at:sof + at + 2] = value.to_bytes(2, "big")
+        for path in ("2-D", "series"):
+            try:
+                if path == "2-D":
+                    dicom.decode_dicom(bytes(data), "d.dcm", dicom.DicomOptions())
+                else:
+                    dicom.decode_stored_frame(dicom.read_dataset(bytes(data), "d.dcm"), 0, "d.dcm")
+            except ImageRejected as e:
+                assert e.reason == "corrupt" and "a JPEG frame header gives" in e.message and why in e.message, e
+            else:
+                raise AssertionError(f"{syntax} {path} {why}: decoded")
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code, str(TEST_FILES / "CT_small.dcm")], capture_output=True,
+                            text=True, timeout=120, cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

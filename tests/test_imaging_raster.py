@@ -199,6 +199,19 @@ def test_bad_rasters_are_rejected_naming_what_was_found(case):
         assert ("complex64" if case == "complex" else "uint64") in e.value.message
 
 
+@pytest.mark.parametrize("bits", [(8805, 8250, 13403), (12, 0, 272)])
+def test_samples_of_sizes_no_sample_has_are_corrupt_not_an_unsupported_type(bits):
+    """Found by bench.mutations_convert (issue 39): BitsPerSample's offset moved onto other bytes
+    gave (8805, 8250, 13403) bits, and was called unsupported_dtype."""
+    data = bytearray(_tiff(np.zeros((4, 4, 3), np.uint8), photometric="rgb"))
+    tag = tifffile.TiffFile(io.BytesIO(bytes(data))).pages.first.tags["BitsPerSample"]
+    data[tag.valueoffset:tag.valueoffset + 6] = np.array(bits, "<u2").tobytes()
+    with pytest.raises(ImageRejected) as e:
+        ImageValidator().validate_all(bytes(data), "bad.tif")
+    assert e.value.reason == "corrupt", e.value.message
+    assert f"{', '.join(map(str, bits))} bits per sample" in e.value.message
+
+
 @pytest.mark.parametrize("kwargs, flag", [
     (dict(pages="every"), "--raster_pages"), (dict(bands=(0, 1)), "--raster_bands"),
     (dict(dtype="int8"), "--raster_dtype"), (dict(dtype="uint8", value_range=(5, 1)), "--raster_range"),

@@ -63,6 +63,22 @@ def test_a_next_ifd_pointing_back_to_an_earlier_ifd_is_rejected_not_followed(big
     assert "loop" in str(result["rejected"]) and "IFD 2" in str(result["rejected"])
 
 
+@pytest.mark.parametrize("where", ["first IFD", "next IFD"])
+def test_a_bigtiff_offset_past_what_a_file_can_seek_to_is_corrupt_not_an_internal_error(where):
+    """Found by bench.mutations_convert's BigTIFF seed (issue 39): an 8-byte IFD offset above
+    2**63 raised OverflowError in the IFD walk (internal_error)."""
+    data = bytearray(_pages(2, bigtiff=True))
+    if where == "first IFD":
+        struct.pack_into("<Q", data, 8, 0xFFFF_FFFF_FFFF_FF00)
+    else:
+        with tifffile.TiffFile(io.BytesIO(bytes(data))) as tif:
+            first = tif.pages.first.offset
+        count = struct.unpack_from("<Q", data, first)[0]
+        struct.pack_into("<Q", data, first + 8 + count * 20, 0x9000_0000_0000_0000)
+    result = _outcome(bytes(data))
+    assert "images" in result or result["rejected"].reason == "corrupt", result
+
+
 def test_an_ifd_pointing_to_itself_is_rejected():
     result = _outcome(_set_next_ifd(_pages(2), page=0, target=0))
     assert result["rejected"].reason == "corrupt"

@@ -527,6 +527,21 @@ def test_a_slice_whose_bits_are_no_sample_size_is_corrupt(tmp_path, field, value
     assert info.value.reason == "corrupt" and "are no sample size" in info.value.message
 
 
+@pytest.mark.parametrize("samples", [65535, 0, 32520])
+def test_a_slice_whose_samples_per_pixel_is_no_pixels_is_corrupt_alone(samples):
+    """Found by bench.mutations_convert (issue 39): SamplesPerPixel 65535 in one slice was "colour
+    pixels" when the series was read, and every slice of the series was rejected as unsupported_dtype."""
+    import io
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.SamplesPerPixel = samples
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "s.dcm")
+    assert info.value.reason == "corrupt" and f"SamplesPerPixel {samples} is no pixel's" in info.value.message
+
+
 def test_a_slice_without_rows_is_corrupt_not_an_internal_error():
     """Found by bench.mutations_convert (issue 39): a slice whose Rows element was dropped."""
     import io
@@ -546,6 +561,26 @@ def test_nifti_whose_affine_is_not_finite_is_corrupt_not_an_internal_error():
     with pytest.raises(ImageRejected) as info:
         volumes.read_nifti(data, "v.nii")
     assert info.value.reason == "corrupt" and "its affine is not finite" in info.value.message
+
+
+@pytest.mark.parametrize("slope", [1e300, 1e39])  # 1e39: finite, past float32 once scaled
+def test_nifti2_whose_scaling_overflows_float32_is_corrupt_not_stored_as_inf(slope):
+    """Found by bench.mutations_convert's NIfTI-2 cases (issue 39): scl_slope set to a huge double
+    scaled int16 voxels past float32, and the record held inf."""
+    import struct
+
+    data = bytearray(nibabel.Nifti2Image(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)).to_bytes())
+    struct.pack_into("<d", data, 176, slope)  # NIfTI-2's scl_slope
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_nifti(bytes(data), "v.nii")
+    assert info.value.reason == "corrupt" and "scale its voxels past float32's range" in info.value.message
+    # NaN stored as float (outside a brain mask) is the data's own: kept, scaled.
+    values = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    values[0, 0, 0] = np.nan
+    image = nibabel.Nifti2Image(values, np.eye(4))
+    image.header.set_slope_inter(2.0, 1.0)
+    volume = volumes.read_nifti(image.to_bytes(), "f.nii")
+    np.testing.assert_array_equal(volume.voxels, (values * 2 + 1).transpose(2, 1, 0))
 
 
 @pytest.mark.parametrize("damage", ["length 0", "VR US", "implicit length 0"])

@@ -153,6 +153,28 @@ def test_the_filter_drops_only_the_chatter():
     assert proc.stderr == b"a real line\nfrom python\n\rprogress 50%|after"
 
 
+def test_chatter_written_in_two_parts_is_dropped_whole():
+    """Found by bench.mutations_convert (issue 39), on a loaded machine: libtiff's handler writes
+    "TIFFScanlineSize64: " and "Invalid YCbCr subsampling." apart; the second part came after the
+    filter's wait for the rest of a partial line, and reached the console alone."""
+    code = (
+        "import os, time\n"
+        "from conversion import console\n"
+        "with console.entry_point([]):\n"
+        "    os.write(2, b'TIFFScanlineSize64: ')\n"
+        "    time.sleep(0.5)\n"  # Longer than the filter waits for the rest of a partial line.
+        "    os.write(2, b'Invalid YC')\n"
+        "    time.sleep(0.5)\n"
+        "    os.write(2, b'bCr subsampling.\\na real line\\n')\n"
+        "    os.write(2, b'\\rprogress 50%')\n"
+        "    time.sleep(0.5)\n"
+        "    os.write(2, b' done\\n')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=_REPO, timeout=120)
+    assert proc.returncode == 0
+    assert proc.stderr == b"a real line\n\rprogress 50% done\n"
+
+
 @pytest.mark.parametrize("line, noise", [
     (b"E0000 00:00:1796130939.307951   31861 jpeg_mem.cc:331] Premature end of JPEG data.\n", True),
     (b"W0000 00:00:1796130939.310633   31861 local_rendezvous.cc:412] Local rendezvous\n", True),
@@ -171,6 +193,11 @@ def test_the_filter_drops_only_the_chatter():
     (b"Maximum supported image dimension is 65500 pixels\n", True),
     (b"Input file read error\n", True),
     (b"Read error on strip 0; got 81 bytes, expected 1820.\n", True),
+    (b'_TIFFVSetField: tempfile.tif: Bad value 0 for "ResolutionUnit" tag.\n', True),
+    (b"JPEGPreDecode: Improper JPEG sampling factors.\n", True),
+    (b"Bogus sampling factors\n", True),  # libjpeg's JERR_BAD_SAMPLING, by a DICOM codec (issue 39).
+    (b'Incorrect count for "PlanarConfiguration".\n', True),  # A body whose "Module: " came apart.
+    (b"Invalid YCbCr subsampling.\n", True),
     (b"Bogus: a file name of a user's\n", False),
 ])
 def test_what_counts_as_chatter(line, noise):
