@@ -8,8 +8,9 @@ every input written or rejected with a known reason (once), every record
 parsed and decoded by the reader's functions to its stored shape, `shardsmith
 verify` passing, no crash or hang, and the process tree's peak memory.
 
-The fast lane runs ~150 files; the slow one (`SHARDSMITH_SLOW=1`)
-thousands, in worker processes as a large folder is converted.
+The fast lane runs ~90 files (3 damaged copies of each seed file) and 63
+volumes; the slow one (`SHARDSMITH_SLOW=1`) thousands, in worker processes as
+a large folder is converted.
 
 NIfTI files and DICOM series go through `--volumes` apart (`write_volume_cases`):
 damaged NIfTI-1 files (nibabel's, half gzipped after) and series of pydicom
@@ -52,8 +53,8 @@ def _check(outcome: mutations_convert.ConversionOutcome) -> None:
 
 
 def test_a_folder_of_damaged_files_converts_with_every_file_accounted_for(tmp_path):
-    cases = mutations_convert.write_cases(tmp_path / "in", 6, 0)
-    assert len(cases) == 7 * len(mutations.seed_files())
+    cases = mutations_convert.write_cases(tmp_path / "in", 3, 0)
+    assert len(cases) == 4 * len(mutations.seed_files())
     outcome = mutations_convert.convert_cases(tmp_path / "in", tmp_path / "out", cases,
                                               file_timeout=_FILE_TIMEOUT)
     _check(outcome)
@@ -82,8 +83,8 @@ def _check_volumes(outcome: mutations_convert.ConversionOutcome) -> None:
 
 
 def test_damaged_nifti_files_and_series_convert_with_every_file_accounted_for(tmp_path):
-    cases = mutations_convert.write_volume_cases(tmp_path / "in", 60, 0)
-    assert len(cases) == 2 * 61 + 61
+    cases = mutations_convert.write_volume_cases(tmp_path / "in", 20, 0)
+    assert len(cases) == 2 * 21 + 21
     outcome = mutations_convert.convert_volume_cases(tmp_path / "in", tmp_path / "out", cases,
                                                      file_timeout=_FILE_TIMEOUT)
     _check_volumes(outcome)
