@@ -21,10 +21,10 @@ _ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    """(the finished process, its summary, its folder) of one run on 1 and on 2 images."""
+    """(the finished process, its summary, its folder) of one run on 3 and on 6 images."""
     tmp_path = tmp_path_factory.mktemp("targets_convert")
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.targets_convert", "--count", "2", "--small", "1",
+        [sys.executable, "-m", "bench.targets_convert", "--count", "6", "--small", "3",
          "--work", str(tmp_path / "work"), "--corpus_dir", str(tmp_path / "corpora"),
          "--json", str(tmp_path / "out.json")],
         capture_output=True, text=True, cwd=_REPO, env=_ENV, stdin=subprocess.DEVNULL, timeout=900,
@@ -35,13 +35,13 @@ def bench_run(tmp_path_factory):
 
 def test_the_baseline_writes_every_image_with_its_mask(bench_run):
     _, summary, tmp_path = bench_run
-    assert set(summary["sizes"]) == {"1", "2"}
+    assert set(summary["sizes"]) == {"3", "6"}
     for images, entry in summary["sizes"].items():
         m = entry["results"]["baseline"]
         assert m["returncode"] == 0 and m["records"] == int(images) and m["wall_s"] > 0
     # The records of the large corpus (the last one converted), read with TensorFlow's own parser; masks and sizes
     # compared with the corpus files read by Pillow.
-    corpus = tmp_path / "corpora" / "segmentation-2-seed0"
+    corpus = tmp_path / "corpora" / "segmentation-6-seed0"
     records = tf.data.TFRecordDataset(sorted(str(p) for p in (tmp_path / "work" / "out" / "baseline")
                                              .glob("*.tfrecord")))
     seen = set()
@@ -60,7 +60,7 @@ def test_the_baseline_writes_every_image_with_its_mask(bench_run):
             assert features["height"].int64_list.value[0] == photo.size[1]
         assert set(np.unique(mask)) <= set(range(5)) | {255}
         seen.add(name)
-    assert len(seen) == 2
+    assert len(seen) == 6
 
 
 def test_shardsmith_and_the_baseline_each_write_every_image(bench_run):
