@@ -3,7 +3,8 @@
 The emulator (`gcp-storage-emulator`, from PyPI) listens on 127.0.0.1 only.
 Beam's GCS file system uses google-cloud-storage, which sends every request
 to `STORAGE_EMULATOR_HOST` when that is set. The conversion and the verify
-pipeline run as the commands users type, in child processes whose environment
+pipeline run as the commands users type (their `main`, one child process for a
+test's consecutive commands), in child processes whose environment
 points at the emulator and turns off Google's credential discovery (no
 metadata-server probe leaves this machine).
 
@@ -119,12 +120,30 @@ def child_env(emulator, tmp_path_factory) -> dict[str, str]:
     return env
 
 
-def _run(env: dict[str, str], module: str, *args: str) -> subprocess.CompletedProcess:
+# Commands run one after the other in one child, each through its `main` (what `python -m` runs):
+# a child imports Beam and TensorFlow, seconds of CPU, once for all of them. Stops at the first
+# that fails, with its exit status.
+_COMMANDS_CHILD = """
+import importlib, json, sys
+from conversion import console
+for module, argv in json.loads(sys.argv[1]):
+    code = importlib.import_module(module).main(argv)
+    if code:
+        print(f"{module} exited {code}", file=sys.stderr)
+        console.exit_program(code)
+console.exit_program(0)
+"""
+
+
+def _run(env: dict[str, str], *commands: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """Runs `commands` ((module, *args) each) in one child process; all must exit 0."""
+    steps = json.dumps([(module, list(args)) for module, *args in commands])
     result = subprocess.run(
-        [sys.executable, "-m", module, *args], env=env, cwd=str(_REPO),
+        [sys.executable, "-c", _COMMANDS_CHILD, steps], env=env, cwd=str(_REPO),
         capture_output=True, text=True, timeout=_RUN_TIMEOUT_S, stdin=subprocess.DEVNULL,
     )
-    assert result.returncode == 0, f"{module} failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    names = [module for module, *_ in commands]
+    assert result.returncode == 0, f"{names} failed ({result.returncode}):\n{result.stderr[-4000:]}"
     return result
 
 
@@ -149,20 +168,21 @@ def test_convert_bucket_to_bucket_and_verify(child_env, bucket, tmp_path):
     bucket.blob("out/_shardsmith_tmp/done/train-00000-of-00099.tfrecord.json").upload_from_string(b"{}")
     bucket.blob("out/_shardsmith_tmp/train-00000-of-00099.tfrecord.1234").upload_from_string(b"x")
 
-    _run(child_env, "beam_jobs.convert", "--input_dir", f"gs://{_BUCKET}/images",
-         "--output_dir", f"gs://{_BUCKET}/out", "--overwrite", *_ARGS)
+    result = _run(child_env, ("beam_jobs.convert", "--input_dir", f"gs://{_BUCKET}/images",
+                              "--output_dir", f"gs://{_BUCKET}/out", "--overwrite", *_ARGS),
+                  ("beam_jobs.verify", f"gs://{_BUCKET}/out"))
 
     # The same bytes as a conversion of the same images on local disk, and
-    # nothing else in the output: no stale shard, no temporary objects.
+    # nothing else in the output (but verify's report): no stale shard, no temporary objects.
     local_out = tmp_path / "local"
     manifest = convert(images, local_out, *_ARGS)
     local = {str(p.relative_to(local_out)): p.read_bytes() for p in local_out.rglob("*") if p.is_file()}
     remote = _objects(bucket, "out/")
-    assert sorted(remote) == sorted(local)
+    assert schemas.VERIFY_REPORT_FILENAME not in local
+    assert sorted(remote) == sorted([*local, schemas.VERIFY_REPORT_FILENAME])
     assert [name for name in local if remote[name] != local[name]] == []
     assert manifest.counts == {"found": 21, "written": 19, "rejected": 1, "skipped": 1}
 
-    result = _run(child_env, "beam_jobs.verify", f"gs://{_BUCKET}/out")
     assert "OK: 19 records" in result.stderr + result.stdout
     report = json.loads(bucket.blob(f"out/{schemas.VERIFY_REPORT_FILENAME}").download_as_bytes())
     assert report["ok"] and report["records"] == 19, report["problems"]
@@ -209,19 +229,18 @@ def test_append_bucket_to_bucket(child_env, bucket, tmp_path):
 
     upload()
     argv = ("--input_dir", f"gs://{_BUCKET}/grow_in", "--output_dir", f"gs://{_BUCKET}/grow_out", "--append", *_ARGS)
-    _run(child_env, "beam_jobs.convert", *argv)
+    _run(child_env, ("beam_jobs.convert", *argv))
     before = {b.name: (b.download_as_bytes(), b.generation) for b in bucket.client.list_blobs(bucket, prefix="grow_out/")
               if schemas.manifest.SHARD_FILENAME_RE.match(b.name.rsplit("/", 1)[-1])}
     assert before
     for i in range(4):
         write(images / "eel" / f"e_{i}.jpg", encode(pixels(60 + i), "JPEG", quality=90))
     upload()
-    _run(child_env, "beam_jobs.convert", *argv)
+    result = _run(child_env, ("beam_jobs.convert", *argv), ("beam_jobs.verify", f"gs://{_BUCKET}/grow_out"))
     after = {b.name: (b.download_as_bytes(), b.generation) for b in bucket.client.list_blobs(bucket, prefix="grow_out/")}
     assert {n: after[n] for n in before} == before
     manifest = schemas.Manifest.from_json(after["grow_out/manifest.json"][0].decode())
     assert manifest.latest_version == 2 and manifest.class_names == ("cat", "dog", "eel")
     assert manifest.versions[1].inputs["new"] == 4 and manifest.versions[1].inputs["held"] == 10
     assert "grow_out/_shardsmith.lock" not in after and "grow_out/inputs-v00002.jsonl" in after
-    result = _run(child_env, "beam_jobs.verify", f"gs://{_BUCKET}/grow_out")
     assert "OK: 14 records" in result.stdout + result.stderr and "Versions (convert --append): 1 (" in result.stdout
