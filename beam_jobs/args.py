@@ -14,8 +14,12 @@ import argparse
 import difflib
 import importlib
 import textwrap
+from typing import TYPE_CHECKING
 
-from apache_beam.options.pipeline_options import PipelineOptions
+# Beam (~0.8 s of CPU to import) only where a pipeline's options are parsed: the help texts and
+# `check_arguments` of `shardsmith inspect|preview|doctor|serve-data` need none of it.
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 __all__ = ["UsageError", "pipeline_options", "check_arguments", "help_text", "print_help_if_asked"]
 
@@ -48,6 +52,8 @@ def pipeline_options(argv: list[str], own: type[PipelineOptions]) -> PipelineOpt
         unknown, known = _unknown(argv, own)
     if unknown:
         raise UsageError(_describe(unknown, _option_strings(own), known))
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     return PipelineOptions(argv)
 
 
@@ -127,6 +133,8 @@ def print_help_if_asked(argv: list[str], text) -> bool:
 
 def _unknown(argv: list[str], own: type[PipelineOptions]) -> tuple[list[str], list[str]]:
     """(unknown arguments, option strings Beam and `own` accept) of argv."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     found = {}
 
     def capture(parser):

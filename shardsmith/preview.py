@@ -48,22 +48,36 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
 from conversion import console
-from readers import preprocess, stored, targets as _targets
-from readers.dataset import ReaderConfig, build_dataset
-from readers.metadata import SplitFiles, load_manifest, load_split
-# colour_of and MASK_ALPHA: the overlays' colours, which tests compare the sheets with.
-from readers.targets.overlay import INK as _INK, MASK_ALPHA, Frame, colour_of  # noqa: F401
-from readers.targets.overlay import fit as _fit, line_height as _line_height
 from schemas.features import FILENAME, HEIGHT, LABEL, WIDTH
 from schemas.manifest import NORMALIZED_FILENAME, Manifest, ManifestError
 from schemas.time_series import TIME_SERIES, example_kind
 
+# TensorFlow and the readers (which import it) are imported where they are used, not here:
+# `shardsmith preview --help` and the option check `shardsmith.cli` runs before the command
+# need neither, and importing them costs ~4 s of CPU (`python -X importtime`).
+if TYPE_CHECKING:
+    from readers.metadata import SplitFiles
+
 __all__ = ["add_arguments", "main", "contact_sheet", "count_chart"]
+
+# The reader's resize policies (`readers.preprocess.RESIZE_POLICIES`, which imports TensorFlow),
+# for `--resize`'s choices; tests/test_shardsmith_preview.py checks that they are the same.
+_RESIZE_POLICIES = ("stretch", "pad", "crop")
+
+
+def __getattr__(name):
+    # The overlays' colours, which tests compare the sheets with: from the readers, on first use.
+    if name in ("colour_of", "MASK_ALPHA"):
+        from readers.targets import overlay
+
+        return getattr(overlay, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +115,8 @@ def _font(size: int) -> ImageFont.ImageFont:
 
 
 def _save_png(image: Image.Image, path: str) -> None:
+    from schemas.tf_runtime import tf
+
     buf = io.BytesIO()
     image.save(buf, format="PNG", optimize=False)
     parent = os.path.dirname(path)
@@ -146,6 +162,8 @@ def _sample(
     so only the picked records are held in memory. `unlabelled`: the split
     has no image-level classes (label -1); every record is of row 0.
     """
+    from schemas.tf_runtime import tf
+
     shards = [s for s in manifest.split(split_files.split).shards if s.num_records > 0]
     counts = manifest.split(split_files.split).class_counts
     if unlabelled:
@@ -262,6 +280,8 @@ def _nodata_values(data_dir, names) -> dict[str, float | None]:
     when the file has one); read line by line, up to the last record named.
     A dataset without the file, or a record without a line, has none.
     """
+    from schemas.tf_runtime import tf
+
     wanted = set(names)
     found: dict[str, float | None] = {}
     path = os.path.join(os.fspath(data_dir), NORMALIZED_FILENAME)
@@ -294,6 +314,9 @@ def _through_reader(
     Returns:
       (file name, uint8 [image_size, image_size, 3] array) per record, in order.
     """
+    from readers.dataset import ReaderConfig, build_dataset
+    from schemas.tf_runtime import tf
+
     if not records:
         return []
     rasters = _is_raster_split(split_files)
@@ -342,16 +365,23 @@ def _eight_bit(split_files: SplitFiles) -> bool:
 def _is_raster_split(split_files: SplitFiles) -> bool:
     """Whether the split holds rasters only (mixed splits show as photos: rgb);
     PNG-stored ones too (a 16-bit band of 0-10000 would show black)."""
+    from readers import stored
+
     return stored.is_raster_split(split_files)
 
 
 def _raster_dtype(split_files: SplitFiles) -> str:
     """float32 for raw-stored rasters; uint16 (every bit of a 16-bit PNG) for PNG-stored ones."""
+    from readers import stored
+
     _, raws = stored.stored_formats(split_files.images)
     return "float32" if raws else "uint16"
 
 
 def _raster_bands(split_files: SplitFiles) -> int:
+    from readers import stored
+    from readers.dataset import ReaderConfig
+
     stats = split_files.band_stats.get(split_files.split)
     if stats is not None:
         return stats.bands
@@ -471,6 +501,8 @@ def _build_sheet(
     resize: str,
     rgb_bands=None,
 ) -> _Sheet:
+    from readers.targets.overlay import INK as _INK, fit as _fit, line_height as _line_height
+
     per_class, image_size, seed, max_classes, max_records = _checked(per_class, image_size, seed, max_classes,
                                                                      max_records, resize)
     content = _sheet_content(data_dir, split, per_class=per_class, image_size=image_size, seed=seed,
@@ -548,9 +580,9 @@ def _checked(per_class, image_size, seed, max_classes, max_records, resize) -> t
     seed = _check_int("seed", seed, 0)
     max_classes = _check_int("max_classes", max_classes, 1)
     max_records = _check_int("max_records", max_records, 1)
-    if resize not in preprocess.RESIZE_POLICIES:
+    if resize not in _RESIZE_POLICIES:
         raise ValueError(
-            f"`resize` must be one of {preprocess.RESIZE_POLICIES}. Received: resize={resize!r}"
+            f"`resize` must be one of {_RESIZE_POLICIES}. Received: resize={resize!r}"
         )
     return per_class, image_size, seed, max_classes, max_records
 
@@ -558,6 +590,8 @@ def _checked(per_class, image_size, seed, max_classes, max_records, resize) -> t
 def _sheet_content(data_dir, split: str, *, per_class: int, image_size: int, seed: int, max_classes: int,
                    max_records: int, resize: str, rgb_bands) -> _Content:
     """The sample of the split a sheet shows, read back through the reader, with its targets."""
+    from readers.metadata import load_manifest, load_split
+
     split_files = load_split(data_dir, split)
     rasters = _is_raster_split(split_files)
     bands = None
@@ -631,6 +665,8 @@ def _draw_row(sheet, draw, layout: _Layout, content: _Content, c: int, fonts, ma
     Returns:
       (c, the file names of its tiles).
     """
+    from readers.targets.overlay import INK as _INK, fit as _fit, line_height as _line_height
+
     name_font, small_font = fonts
     names, counts, tiles, image_size = content.names, content.counts, content.tiles, layout.tile
     per_class = layout.columns
@@ -716,7 +752,9 @@ class _Overlay:
         self._schema = split_files.schema
         self._size = size
         self._resize = resize
-        self._overlays = _targets.overlays(manifest, split_files)
+        from readers import targets
+
+        self._overlays = targets.overlays(manifest, split_files)
 
     @property
     def active(self) -> bool:
@@ -734,6 +772,8 @@ class _Overlay:
         """The tile of `pixels` with `targets` drawn over it."""
         if targets is None:
             return Image.fromarray(pixels)
+        from readers.targets.overlay import Frame
+
         frame = Frame(targets.height, targets.width, self._size,
                       *_window(targets.height, targets.width, self._size, self._resize))
         for overlay, target in zip(self._overlays, targets.values):
@@ -774,6 +814,8 @@ def _legend_rows(entries, font, width: int) -> list[list[tuple]]:
 
 
 def _draw_legend_row(draw, row, origin, font) -> None:
+    from readers.targets.overlay import INK as _INK
+
     x, y = origin
     for colour, text, w in row:
         tx = x
@@ -845,6 +887,8 @@ def contact_sheet(
       FileNotFoundError: If `data_dir` is not a finished shardsmith dataset.
       schemas.ManifestError: If the dataset has no such split.
     """
+    from readers.metadata import load_manifest
+
     if example_kind(load_manifest(data_dir).features) == TIME_SERIES:
         return stack_sheet(data_dir, split, rows=min(per_class * 2, 24), image_size=image_size,
                            rgb_bands=rgb_bands)
@@ -873,6 +917,8 @@ def stack_sheet(data_dir, split: str = "train", *, rows: int = 12, image_size: i
     Raises:
       ValueError: For an argument out of range.
     """
+    from readers.metadata import load_manifest
+    from readers.targets.overlay import INK as _INK, fit as _fit, line_height as _line_height
     from readers.time_series import time_series_dataset_from_tfrecords
     from schemas.time_series import STACK_BANDS, STACK_DATES, date_of_days
 
@@ -961,6 +1007,8 @@ class _ChartLayout:
 
 
 def _chart_layout(manifest: Manifest) -> _ChartLayout:
+    from readers.targets.overlay import line_height as _line_height
+
     font = _font(12)
     names = manifest.class_names[:_MAX_CHART_CLASSES]
     return _ChartLayout(
@@ -975,6 +1023,8 @@ def _chart_layout(manifest: Manifest) -> _ChartLayout:
 
 def _count_chart(manifest: Manifest, title: str) -> Image.Image:
     """Horizontal bars of images per class, one panel per split."""
+    from readers.targets.overlay import INK as _INK, fit as _fit, line_height as _line_height
+
     layout = _chart_layout(manifest)
     names = manifest.class_names[: layout.classes]
     title_font, font = _font(16), _font(12)
@@ -1021,6 +1071,8 @@ def count_chart(data_dir: str | os.PathLike) -> Image.Image:
     Raises:
       FileNotFoundError: If `data_dir` is not a finished shardsmith dataset.
     """
+    from readers.metadata import load_manifest
+
     manifest = load_manifest(data_dir)
     return _count_chart(manifest, f"Images per class: {os.fspath(data_dir)}")
 
@@ -1043,7 +1095,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Tile side: the size the reader resizes to (default: 128).",
     )
     parser.add_argument(
-        "--resize", default="stretch", choices=preprocess.RESIZE_POLICIES,
+        "--resize", default="stretch", choices=_RESIZE_POLICIES,
         help="The reader's resize policy (default: stretch).",
     )
     parser.add_argument(
@@ -1082,6 +1134,13 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
+def _op_error() -> type[Exception]:
+    """TensorFlow's `OpError` (an unreadable shard), whose import the error path alone needs."""
+    from schemas.tf_runtime import tf
+
+    return tf.errors.OpError
+
+
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0])
     add_arguments(parser)
@@ -1099,7 +1158,7 @@ def _main(argv: list[str]) -> int:
         chart = count_chart(args.dataset_dir)
         _save_png(sheet, args.output)
         _save_png(chart, counts_output)
-    except (FileNotFoundError, ManifestError, ValueError, TypeError, tf.errors.OpError) as e:
+    except (FileNotFoundError, ManifestError, ValueError, TypeError, _op_error()) as e:
         message = " ".join(str(getattr(e, "message", None) or e).split())
         print(f"{_PROG}: error: {message}", file=sys.stderr)
         return 2

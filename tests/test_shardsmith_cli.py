@@ -197,6 +197,27 @@ def test_runner_options_registered_on_import_are_known(tmp_path):
     assert run.stdout.strip() == "tcp://h:1"
 
 
+def test_help_and_option_check_of_the_reading_commands_import_neither_tensorflow_nor_beam():
+    """`--help` and a bad option of inspect, preview, doctor and serve-data: answered without
+    importing TensorFlow, Keras or Beam (seconds of CPU), in one fresh process."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from shardsmith import cli\n"
+        "for command in ('inspect', 'preview', 'doctor', 'serve-data'):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        assert cli.main([command, '--help']) == 0\n"
+        "    assert out.getvalue().startswith(f'usage: shardsmith {command} '), command\n"
+        "    with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        "        assert cli.main([command, 'ds', '--no_such_option']) == 2\n"
+        "    assert '--no_such_option' in err.getvalue(), command\n"
+        "print(sorted(m for m in ('tensorflow', 'keras', 'apache_beam') if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=pathlib.Path(__file__).parent.parent, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
 def test_one_pipelines_options_are_not_anothers(capsys):
     from beam_jobs import args, convert as convert_module, verify as verify_module
 

@@ -179,3 +179,5 @@ def test_help_lists_the_options(capsys):
     for option in ("--split", "--output", "--per_class", "--image_size", "--seed", "--max_classes",
                    "--max_records", "--resize"):
         assert option in text
+    # --resize's choices, spelled in preview (whose import leaves TensorFlow out): the reader's.
+    assert "{" + ",".join(readers.preprocess.RESIZE_POLICIES) + "}" in text
