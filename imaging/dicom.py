@@ -1152,7 +1152,7 @@ def native_pixel_offset(ds: Dataset, keyword: str, order: str, tag_offset: int, 
             and allocated in (8, 16, 32) and 1 <= stored <= allocated and representation in (0, 1)):
         return -1
     explicit = syntax != _IMPLICIT_VR_LITTLE_ENDIAN
-    length = struct.unpack("<I", rest[4:8] if explicit else rest[:4])[0]
+    _, length = _element_header(rest, "<", explicit)
     expected = rows * columns * allocated // 8
     if length not in (expected, expected + 1):
         return -1
@@ -1192,9 +1192,14 @@ def decode_native_frame(data, offset: int, rows: int, columns: int, dtype: str, 
     expected = rows * columns * dtype.itemsize
     if offset < 12 or offset + expected > len(data):
         return None
-    length = int.from_bytes(data[offset - 4:offset], "little")
-    tag_here = data[offset - 8:offset - 4] == _PIXEL_DATA_TAG or data[offset - 12:offset - 8] == _PIXEL_DATA_TAG
-    if length not in (expected, expected + 1) or not tag_here:
+    # The element's tag 12 bytes before its value (explicit VR) or 8 (implicit VR).
+    for explicit, header in ((True, 12), (False, 8)):
+        if data[offset - header:offset - header + 4] == _PIXEL_DATA_TAG:
+            _, length = _element_header(data[offset - header + 4:offset - header + 12], "<", explicit)
+            break
+    else:
+        return None
+    if length not in (expected, expected + 1):
         return None
     values = np.frombuffer(data, dtype, rows * columns, offset).reshape(rows, columns)
     shift = dtype.itemsize * 8 - bits_stored
@@ -1214,6 +1219,18 @@ _PIXEL_VRS = (b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN")
 _IMPLICIT_VR_LITTLE_ENDIAN = "1.2.840.10008.1.2"
 
 
+def _element_header(rest, order: str, explicit: bool) -> tuple[bytes, int]:
+    """(VR, value length) of a pixel element, from the 8 bytes after its tag.
+
+    Explicit VR: the 2-byte VR, 2 reserved bytes, then a 4-byte length (the
+    form of every VR a pixel element may have, `_PIXEL_VRS`); implicit VR: a
+    4-byte length (the VR returned is b""). `order`: '<' or '>'.
+    """
+    if explicit:
+        return bytes(rest[:2]), struct.unpack(order + "I", rest[4:8])[0]
+    return b"", struct.unpack(order + "I", rest[:4])[0]
+
+
 def _check_pixel_element(rest: bytes, order: str, ds: Dataset, keyword: str, name: str) -> None:
     """Rejects a pixel element that holds no pixel bytes: its length 0, or its VR changed to a number's.
 
@@ -1224,10 +1241,10 @@ def _check_pixel_element(rest: bytes, order: str, ds: Dataset, keyword: str, nam
         return  # Cut short: the writer reads the file and says so.
     syntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "") or "")
     explicit = syntax != _IMPLICIT_VR_LITTLE_ENDIAN if syntax else rest[:2] in _PIXEL_VRS
-    if explicit and rest[:2] not in _PIXEL_VRS:
-        raise ImageRejected("corrupt", f"{name}: its {keyword} element (VR {rest[:2].decode('latin-1')!r}) "
+    vr, length = _element_header(rest, order, explicit)
+    if explicit and vr not in _PIXEL_VRS:
+        raise ImageRejected("corrupt", f"{name}: its {keyword} element (VR {vr.decode('latin-1')!r}) "
                                        "holds no pixel bytes")
-    length = struct.unpack(order + "I", rest[4:8] if explicit else rest[:4])[0]
     if length == 0:
         raise ImageRejected("corrupt", f"{name}: its {keyword} element is empty (length 0): no pixel bytes")
 
