@@ -307,7 +307,8 @@ def profile(series: int, slices: int, size: int, patch: int, work: Path) -> list
         writer.commit()
 
     stage("shardsmith", "writing (+ SHA-256)", write)
-    del vols, parts, framed, blobs
+    # Freed before the whole run: rebound, not `del`eted, as the stages' closures above name them.
+    vols = parts = framed = blobs = None
     shutil.rmtree(work / "out", ignore_errors=True)
     wall, cpu = _timed(lambda: convert.run(["--volumes", "--input_dir", str(corpus), "--output_dir",
                                             str(work / "out"), "--runner", "DirectRunner"]))
@@ -330,13 +331,13 @@ def profile(series: int, slices: int, size: int, patch: int, work: Path) -> list
         return result
 
     stacked = stage("hand-written", "stacking (stack, rescale, tobytes)", stacking)
-    del arrays, datasets
+    arrays = datasets = None  # Freed (rebound: `stacking` and the lambdas above name them).
     examples = stage("hand-written", "encoding (tf.train.Example)", lambda: [tf.train.Example(
         features=tf.train.Features(feature={
             "volume": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
             "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=list(shape)))})).SerializeToString()
         for data, shape in stacked])
-    del stacked
+    stacked = None  # Freed (rebound: the lambda above names it).
 
     def base_write():
         (work / "baseline").mkdir(exist_ok=True)
@@ -345,7 +346,7 @@ def profile(series: int, slices: int, size: int, patch: int, work: Path) -> list
                 writer.write(e)
 
     stage("hand-written", "writing (TFRecordWriter, CRC32C)", base_write)
-    del examples
+    examples = None  # Freed (rebound: `base_write` names it).
     shutil.rmtree(work / "baseline", ignore_errors=True)
     wall, cpu = _timed(lambda: baseline_convert(corpus, work / "baseline"))
     out.append(("hand-written", f"whole, 2 processes (wall {wall:.1f} s)", 1000 * cpu / n, "slice"))
