@@ -11,7 +11,12 @@ converter a whole process, one after the other:
 - (c) the tutorial loop, no validation (`bench._baselines naive`).
 
 It prints images/s, CPU seconds and peak tree memory of each, the ratios to
-(b), and shardsmith's peak memory at ``count`` against ``count / 10`` images.
+(b), and shardsmith's peak memory at ``count`` against ``count / 10`` images,
+both with the same number of worker processes: the converter starts them only
+from 1,000 files (`conversion.shard_maker.worker_processes`), each ~450 MiB with
+TensorFlow's decoders, so a ``count / 10`` below that is run with the worker
+processes the ``count`` run starts (`--worker_processes`): the ratio is then
+what grows with the input, not the process count.
 
 Scenario 2, photos (`bench.corpus photos`, 2,000 by default): shardsmith and
 (b), the ratio to (b), and shardsmith's steady rate, the marginal rate between
@@ -49,9 +54,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 from bench import corpus
-from bench.convert import CONTENDERS, Measurement, _best, _run_one
+from bench.convert import CONTENDERS, Contender, Measurement, _best, _run_one
 
 __all__ = ["run", "ceiling", "main"]
 
@@ -117,12 +123,34 @@ def _ceiling_subprocess(input_dir: str, full: bool = False) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _rounds(names, root, count, work, repeat, tag) -> dict[str, Measurement]:
+def _rounds(names, root, count, work, repeat, tag, extra=()) -> dict[str, Measurement]:
+    """Each contender's best of `repeat` runs; `extra`: arguments added to each command."""
     runs: dict[str, list[Measurement]] = {n: [] for n in names}
     for r in range(repeat):
         for n in names:
-            runs[n].append(_run_one(_BY_NAME[n], root, count, work, f"{tag}-{r}", False))
+            c = _BY_NAME[n]
+            c = Contender(c.name, c.label, (*c.args, *extra))
+            runs[n].append(_run_one(c, root, count, work, f"{tag}-{r}", False))
     return {n: _best(ms) for n, ms in runs.items()}
+
+
+def _default_worker_processes(root: str) -> int:
+    """The worker processes the default command starts for the folder `root` on this machine.
+
+    The converter's own rule (`conversion.shard_maker.worker_processes`) on the
+    folder's files, Beam's local runner running a thread per core (not yet
+    planned: one process per core).
+    """
+    from conversion.shard_maker import worker_processes
+
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs.sort()
+        files += [types.SimpleNamespace(rel_path=os.path.relpath(os.path.join(folder, n), root),
+                                        size=os.path.getsize(os.path.join(folder, n)))
+                  for n in sorted(names)]
+    cores = os.cpu_count() or 1
+    return worker_processes(None, files, None, cores)
 
 
 def _row(name: str, m: Measurement, ref: Measurement | None) -> str:
@@ -253,7 +281,11 @@ def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int 
             stats = corpus.describe(tiny.root)
             _LOG.info("Small images: %s", corpus.format_stats(stats))
             small = _rounds(("shardsmith", "multiprocess", "naive"), tiny.root, count, work, repeat, "tiny")
-            memory = _rounds(("shardsmith",), tiny_tenth.root, tenth, work, repeat, "tiny-tenth")["shardsmith"]
+            # The same worker processes at both sizes (see the module's docstring).
+            processes = _default_worker_processes(tiny.root)
+            same = _default_worker_processes(tiny_tenth.root) == processes
+            memory = _rounds(("shardsmith",), tiny_tenth.root, tenth, work, repeat, "tiny-tenth",
+                             () if same else ("--worker_processes", str(processes)))["shardsmith"]
             failed = any(m.returncode != 0 for m in [*small.values(), memory])
             vs_b = small["shardsmith"].images_per_s / small["multiprocess"].images_per_s
             mem_ratio = small["shardsmith"].peak_rss / memory.peak_rss
@@ -263,9 +295,13 @@ def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int 
                       f"Target small images vs (b): {vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(vs_b >= _TARGET_VS_B)})",
                       f"Peak memory of shardsmith: {tenth:,} images {memory.peak_rss / _MIB:.0f} MiB, "
                       f"{count:,} images {small['shardsmith'].peak_rss / _MIB:.0f} MiB: {mem_ratio:.2f}x "
-                      f"(<= {_TARGET_MEMORY}x: {_verdict(mem_ratio <= _TARGET_MEMORY)})"]
+                      f"(<= {_TARGET_MEMORY}x: {_verdict(mem_ratio <= _TARGET_MEMORY)}), "
+                      f"{processes} worker processes in both"
+                      + ("" if same else f" ({tenth:,} images: --worker_processes {processes}, its "
+                                         "default starts none)")]
             summary.update(small={n: m.__dict__ for n, m in small.items()}, small_vs_b=vs_b,
-                           memory_tenth=memory.__dict__, memory_ratio=mem_ratio)
+                           memory_tenth=memory.__dict__, memory_ratio=mem_ratio,
+                           memory_worker_processes=processes, memory_same_default=same)
             if not skip_photos:
                 photo = _photos(photos, seed, corpus_dir, work, repeat, steady_rounds)
                 failed = failed or photo.pop("failed")
