@@ -184,9 +184,11 @@ def test_resume_on_a_finished_dataset_has_nothing_to_do_and_writes_nothing(comma
 
 
 def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
+    import queue
     import re
     import shlex
     import signal
+    import threading
     import time
 
     make_class_tree(tmp_path / "images", classes=("a", "b"), per_class=400)
@@ -195,13 +197,30 @@ def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
     # Its own session: Ctrl-C reaches a terminal's whole process group, as here.
     proc = subprocess.Popen([sys.executable, "-m", "shardsmith", *argv], stderr=subprocess.PIPE,
                             text=True, cwd=_REPO, start_new_session=True)
+    # Its stderr line by line as it comes (None at its end), read by a thread.
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [*map(lines.put, proc.stderr), lines.put(None)], daemon=True)
+    reader.start()
+    seen: list[str] = []
     try:
+        # Ctrl-C on the first shard's progress line. Its 40 shards are written within ~0.3 s of
+        # the first (idle machine), so the whole group is stopped (SIGSTOP) the moment that line
+        # comes, found still running, sent SIGINT and continued: the interrupt is pending before
+        # any other shard can be written, however loaded the machine.
         deadline = time.monotonic() + 240
-        while not list(out.glob("*.tfrecord")) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        while not seen or not re.search(r"\[\d+ of 40 shards done\]", seen[-1]):
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert line is not None, "the conversion ended before a shard was written: " + "".join(seen)
+            seen.append(line)
+        os.killpg(proc.pid, signal.SIGSTOP)
         assert proc.poll() is None, "the conversion ended before a shard could be interrupted"
         os.killpg(proc.pid, signal.SIGINT)
-        stderr = proc.communicate(timeout=120)[1]
+        os.killpg(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=120)
+        reader.join(timeout=60)
+        while (line := lines.get_nowait()) is not None:
+            seen.append(line)
+        stderr = "".join(seen)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
