@@ -16,7 +16,9 @@ the other, best of ``--repeat``:
   validated beyond the read.
 
 Reading, warm page cache, steady state (a timed window of at least one epoch
-after a warm-up), each contender in its own process, best of ``--repeat``:
+after a warm-up), each contender in its own process, best of ``--repeat``
+(the processes are forked one after the other from one that imported
+TensorFlow, before any op: `reads`; the clocks start after the import):
 
 - shardsmith: `readers.image_dataset_from_tfrecords(dir, "train",
   batch_size=64, image_size=None, color_mode=None, dtype=...)` with `dtype`
@@ -37,6 +39,7 @@ Usage:
 
   python -m bench.rasters [--count 20000] [--seed 0] [--repeat 3] [--work DIR] [--json FILE]
   python -m bench.rasters read {shardsmith,hand} --data_dir DIR [--dtype float32]
+  python -m bench.rasters reads --data_dir DIR --readers shardsmith:,hand:float32,...
   python -m bench.rasters compare --data_dir DIR [--dtype float32] [--rounds 8]
 
 `compare` times both readers in one process, in alternating windows (the same
@@ -186,18 +189,50 @@ def compare_in_process(data_dir: str, dtype: str = "", *, rounds: int = 8,
                 cpu_ratio=best["hand"]["cpu_ms_per_image"] / best["shardsmith"]["cpu_ms_per_image"])
 
 
-def _read_subprocess(reader: Reader, data_dir: str, records: int, seconds: float) -> dict:
-    argv = [sys.executable, "-m", "bench.rasters", "read", reader.pipeline, "--data_dir", data_dir,
-            "--records", str(records), "--seconds", str(seconds)]
-    if reader.dtype:
-        argv += ["--dtype", reader.dtype]
+def _read_subprocesses(readers: list[Reader], data_dir: str, records: int, seconds: float) -> list[dict]:
+    """`read_one` of each reader in turn, each in its own process, forked from one that imported
+    TensorFlow (`python -m bench.rasters reads`): a fresh process per reader, as TensorFlow
+    runs no op before the fork, without an import of its own (~3.5 s of CPU each, which the
+    figures never included: they start after the import)."""
+    argv = [sys.executable, "-m", "bench.rasters", "reads", "--data_dir", data_dir,
+            "--records", str(records), "--seconds", str(seconds),
+            "--readers", ",".join(f"{r.pipeline}:{r.dtype}" for r in readers)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=_REPO, env=env,
                           stdin=subprocess.DEVNULL)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith(_RESULT)), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"{reader.label} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(line[len(_RESULT):])
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(_RESULT)]
+    if proc.returncode != 0 or len(lines) != len(readers):
+        done = ", ".join(r.label for r in readers[:len(lines)]) or "none"
+        raise RuntimeError(f"reading failed (exit {proc.returncode}; done: {done}):\n{proc.stderr[-3000:]}")
+    return [json.loads(l[len(_RESULT):]) for l in lines]
+
+
+def _read_forked(jobs: list[tuple[str, str]], data_dir: str, records: int, seconds: float) -> int:
+    """`read_one` of each (pipeline, dtype) in a child forked from this process, one after the
+    other; prints each result line. Returns 0, or the first failed child's exit status."""
+    import tensorflow  # noqa: F401  (imported once, before the forks and the clocks; no op run)
+
+    for pipeline, dtype in jobs:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # The child: one reader, then out without the interpreter's teardown.
+            code = 1
+            try:
+                result = read_one(pipeline, data_dir, dtype, records=records, seconds=seconds)
+                print(_RESULT + json.dumps(result), flush=True)
+                code = 0
+            except BaseException:  # noqa: BLE001 - printed as Python would, then the status
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code != 0:
+            return code if code > 0 else 1
+    return 0
 
 
 # ---------------------------------------------------------------------------
@@ -266,12 +301,11 @@ def run(*, count: int = 20_000, seed: int = 0, repeat: int = 3, work: str | None
         load.append(psutil.getloadavg()[0])
         data_dir = os.path.join(work, "out", "shardsmith")  # The last round's output.
         reads: dict[str, list[dict]] = {r.name: [] for r in READERS}
-        for _ in range(repeat):
-            for reader in READERS:
-                m = _read_subprocess(reader, data_dir, count, read_seconds)
-                _LOG.info("  %-34s %8.0f images/s %7.3f CPU ms/image", reader.label,
-                          m["images_per_s"], m["cpu_ms_per_image"])
-                reads[reader.name].append(m)
+        order = [reader for _ in range(repeat) for reader in READERS]  # Interleaved rounds.
+        for reader, m in zip(order, _read_subprocesses(order, data_dir, count, read_seconds)):
+            _LOG.info("  %-34s %8.0f images/s %7.3f CPU ms/image", reader.label,
+                      m["images_per_s"], m["cpu_ms_per_image"])
+            reads[reader.name].append(m)
         read = {n: _best_read(ms) for n, ms in reads.items()}
         load.append(psutil.getloadavg()[0])
     finally:
@@ -319,6 +353,20 @@ def main(argv: list[str] | None = None) -> int:
                                     window_s=args.window_s)
         print(_RESULT + json.dumps(result), flush=True)
         return 0
+    if argv[:1] == ["reads"]:
+        parser = argparse.ArgumentParser(prog="python -m bench.rasters reads")
+        parser.add_argument("--data_dir", required=True)
+        parser.add_argument("--readers", required=True,
+                            help="PIPELINE:DTYPE,... in order, e.g. shardsmith:,hand:float32.")
+        parser.add_argument("--records", type=int, required=True, help="Records of the split.")
+        parser.add_argument("--seconds", type=float, default=3.0, help="Shortest timed window.")
+        args = parser.parse_args(argv[1:])
+        jobs = [tuple(job.split(":", 1)) for job in args.readers.split(",")]
+        for pipeline, dtype in jobs:
+            if pipeline not in ("shardsmith", "hand") or dtype not in ("", "float32"):
+                parser.error(f"--readers: each one PIPELINE:DTYPE with PIPELINE shardsmith or hand "
+                             f"and DTYPE empty or float32. Received: {pipeline}:{dtype}")
+        return _read_forked(jobs, args.data_dir, args.records, args.seconds)
     if argv[:1] == ["read"]:
         parser = argparse.ArgumentParser(prog="python -m bench.rasters read")
         parser.add_argument("pipeline", choices=("shardsmith", "hand"))
