@@ -161,12 +161,38 @@ def convert_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str, tuple[
         return outcome
     _account(out, cases, outcome)
     if verify:
-        verified = subprocess.run([sys.executable, "-m", "shardsmith", "verify", str(out)], capture_output=True,
-                                  text=True, env=env, timeout=run_timeout, stdin=subprocess.DEVNULL)
-        if verified.returncode != 0:
-            outcome.breaks.append(f"verify exit status {verified.returncode}: "
-                                  f"{(verified.stdout + verified.stderr)[-2000:]}")
+        _verify(out, outcome)
     return outcome
+
+
+def _verify(out: pathlib.Path, outcome: ConversionOutcome) -> None:
+    """`shardsmith verify OUT`, in this process (the output is what is checked, not the command:
+    a fresh interpreter would import TensorFlow and Beam again, ~4 s of CPU); a failure is a break."""
+    import contextlib
+    import io
+    import logging
+
+    from conversion import console
+
+    # Its report and log lines kept for a break; the root logger's handlers put back after (the
+    # command sets its own, on the stream it was given).
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            with console.entry_point([str(out)]):  # Beam's import-time notice quieted, as the command does.
+                from beam_jobs import verify
+
+                code = verify.main([str(out)])
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+    if code != 0:
+        outcome.breaks.append(f"verify exit status {code}: {text.getvalue()[-2000:]}")
 
 
 def _tally_rejects(out: pathlib.Path, case_of: dict[str, tuple[str, str]],
@@ -406,10 +432,7 @@ def convert_volume_cases(root: pathlib.Path, out: pathlib.Path, cases: dict[str,
         outcome.breaks.append(f"exit status {result.returncode}: {result.stderr[-2000:]}")
         return outcome
     _account_volumes(out, cases, outcome)
-    verified = subprocess.run([sys.executable, "-m", "shardsmith", "verify", str(out)], capture_output=True,
-                              text=True, env=env, timeout=run_timeout, stdin=subprocess.DEVNULL)
-    if verified.returncode != 0:
-        outcome.breaks.append(f"verify exit status {verified.returncode}: {(verified.stdout + verified.stderr)[-2000:]}")
+    _verify(out, outcome)
     return outcome
 
 
