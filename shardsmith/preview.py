@@ -47,7 +47,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
 
 import numpy as np
