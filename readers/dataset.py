@@ -12,7 +12,9 @@ The options come in three frozen, self-validating groups (`readers.options`: `Re
      datasets whose manifest lists no index files) -> record shuffle buffer
      (bounded, holds encoded records only). A shuffled pass starts with the
      first records of every shard, shuffled among themselves, so that its
-     first batch does not wait for the buffer to fill (`_ramped_epoch`).
+     first batch does not wait for the buffer to fill (`_ramped_epoch`);
+     with `repeat`, every epoch starts so. Local shard files are read in
+     the interleave's own thread (sequential), URLs in parallel.
      Or (`_global_records`, `shuffle="global"`): a true permutation of every
      record of the split per epoch, read record by record at the offsets of
      the converter's index files (`readers.global_shuffle`); the read can
@@ -103,6 +105,9 @@ _RAMP_RECORDS = 128
 # CPU) while the first batch is still being decoded.
 _RAMP_PARSE_AHEAD = 2 * _PARSE_BATCH
 _SEED_MODULUS = 2**31 - 1
+# Local shard files are interleaved sequentially (see `_shards_records`); off
+# for the benchmark's ablation only.
+_SEQUENTIAL_LOCAL_READS = True
 
 # The reader's own map functions are plain TensorFlow ops (their Python `if`s
 # test Python values only), so AutoGraph's source transformation is skipped:
@@ -164,7 +169,11 @@ def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed:
     parse stage's read-ahead `_RAMP_PARSE_AHEAD`: about a quarter
     of a full buffer) come from a narrower head. Every record still comes
     exactly once per epoch; the file order is reshuffled per epoch as
-    before, and with a seed the order is the same on every run.
+    before, and with a seed the order is the same on every run. A repeated
+    read repeats this epoch (`repeat()`): every epoch starts with its shard
+    heads, reshuffled, which spares a third interleave (until 2026-12-06 the
+    later epochs went through one buffer of `buffer` records alone: another
+    seeded order).
 
     Args:
       interleaved: `fn(per_shard) -> records`, the interleave of the (shuffled)
@@ -387,13 +396,24 @@ def _shards_records(
     # order, which a per-process random file order would break.
     if shuffle and len(paths) > 1 and not (record_sharding and seed is None):
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    # Local shards are read in the thread that pulls the records: 0.03-0.06 ms of
+    # CPU less per record than tf.data's parallel interleave, and none of its
+    # per-shard buffers (photos: peak memory 1,226 -> 928 MiB; bench/RESULTS.md,
+    # readspeed6), in the same order as a deterministic parallel one. On an object
+    # store each read is a request, which the parallel interleave overlaps; the
+    # tf.data service's dynamic sharding (split provider) needs the parallel one:
+    # with a sequential interleave both workers read every file.
+    local = not any("://" in os.fspath(p) for p in paths)
+    parallelism = (None if local and not served and _SEQUENTIAL_LOCAL_READS
+                   else tf.data.AUTOTUNE)
+
     def interleaved(per_shard=read_shard):
         records = files.interleave(
             per_shard,
             cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
             block_length=_BLOCK_LENGTH,
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True if record_sharding else None,
+            num_parallel_calls=parallelism,
+            deterministic=True if record_sharding and parallelism else None,
         )
         if record_sharding:
             records = records.shard(num_pipelines, pipeline_id)
@@ -421,8 +441,11 @@ def _shards_records(
             interleaved, head, buffer, num_shards=len(paths), seed=seed,
             pipeline_id=pipeline_id, num_records=num_records, read=parts,
         )
-    if ramped is not None and not reading.repeat:
-        records = ramped
+    if ramped is not None:
+        # Every epoch of a repeated read is ramped: one pair of interleaves
+        # for all of them (a third, for the later epochs, cost the first batch
+        # ~0.03 s of CPU to build and instantiate).
+        records = ramped.repeat() if reading.repeat else ramped
     else:
         records = epoch(interleaved())
         if shuffle:
@@ -433,10 +456,6 @@ def _shards_records(
             # Each repetition re-runs the file and record shuffles: every epoch
             # holds every record exactly once, in a new order.
             records = records.repeat()
-        if ramped is not None:
-            # The first epoch of each iteration only: later epochs of a
-            # repeated read are shuffled exactly as before.
-            records = ramped.concatenate(records)
     if standard and not served:
         # One seed per record, drawn in record order.
         seeds = tf.data.Dataset.random(

@@ -76,12 +76,22 @@ def test_ramp_keeps_seeded_runs_identical(larger):
     first = _passes(build(7), 2)
     assert _passes(build(7), 2) == first
     assert _passes(build(8), 1)[0] != first[0]
-    # Repeated: the first epoch starts with the heads, and every epoch holds every record.
-    names = []
-    for _, _, extras in build(7, repeat=True).take(2 * _RECORDS // 8):
-        names.extend(v.decode() for v in extras[FILENAME.key].numpy())
+    # Repeated: every epoch starts with the heads, reshuffled (the first as a single
+    # pass does), every epoch holds every record, and a seeded run repeats exactly.
+    def repeated(seed):
+        names = []
+        for _, _, extras in build(seed, repeat=True).take(2 * _RECORDS // 8):
+            names.extend(v.decode() for v in extras[FILENAME.key].numpy())
+        return names
+
+    names = repeated(7)
     assert names[:_RECORDS] == first[0]
     assert sorted(names[:_RECORDS]) == sorted(names[_RECORDS:]) == sorted(larger.by_filename())
+    heads = _heads(larger)
+    assert set(names[_RECORDS:_RECORDS + len(heads)]) == heads
+    assert names[_RECORDS:_RECORDS + len(heads)] != names[:len(heads)]
+    assert repeated(7) == names
+    assert repeated(8)[_RECORDS:] != names[_RECORDS:]
 
 
 def test_small_buffers_read_as_before(larger):
