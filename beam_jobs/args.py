@@ -10,12 +10,16 @@ of the pipeline or one Beam declares (`--runner`, `--project`,
 
 from __future__ import annotations
 
+# Beam is imported by the functions that need it: `print_help_if_asked` and
+# `check_arguments` run before a command has decided how to import it.
 import argparse
 import difflib
 import importlib
 import textwrap
+from typing import TYPE_CHECKING
 
-from apache_beam.options.pipeline_options import PipelineOptions
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 __all__ = ["UsageError", "pipeline_options", "check_arguments", "help_text", "print_help_if_asked"]
 
@@ -38,6 +42,8 @@ def pipeline_options(argv: list[str], own: type[PipelineOptions]) -> PipelineOpt
     Raises:
       UsageError: Naming each unknown argument, with the nearest option.
     """
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     unknown, known = _unknown(argv, own)
     if unknown:
         for module in _RUNNER_OPTION_MODULES:
@@ -127,6 +133,8 @@ def print_help_if_asked(argv: list[str], text) -> bool:
 
 def _unknown(argv: list[str], own: type[PipelineOptions]) -> tuple[list[str], list[str]]:
     """(unknown arguments, option strings Beam and `own` accept) of argv."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     found = {}
 
     def capture(parser):
