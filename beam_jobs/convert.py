@@ -243,7 +243,7 @@ def _plan_and_settle(config: ConversionConfig, threads: int, dask: bool, maker: 
     def on_listed(files):
         if start:  # The shards are not known yet: as many as the listed files call for.
             processes = worker_processes(asked, files, None, threads)
-            maker.start_processes(processes, needs_decoders(files))
+            maker.start_processes(processes, needs_decoders(files), fork=before_beam)
             if before_beam and not processes and asked is None and wants_helper(files, threads):
                 # This process's threads write the shards once Beam is imported; one worker
                 # process loads its decoders and writes the first shards meanwhile.

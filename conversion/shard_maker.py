@@ -239,7 +239,7 @@ class ShardMaker:
         """The worker processes (`conversion.processes.WorkerProcesses`), or None."""
         return self._pool
 
-    def start_processes(self, processes: int, decoders: bool | None = None) -> None:
+    def start_processes(self, processes: int, decoders: bool | None = None, fork: bool = False) -> None:
         """Has `processes` worker processes write the shards from now on (0: this process's threads).
 
         Started now, they load their decoders while the caller goes on; a
@@ -249,6 +249,9 @@ class ShardMaker:
           processes: How many.
           decoders: Whether they load TensorFlow's decoders (not for a folder
             of rasters stored raw); None: as the last start asked (yes at first).
+          fork: Fork them from this process where that is safe (before Beam
+            and TensorFlow are imported: `processes.WorkerProcesses`), so that
+            they start with its modules.
         """
         if decoders is not None:
             self._decoders = decoders
@@ -259,7 +262,7 @@ class ShardMaker:
             return
         self._pool = _processes.WorkerProcesses(
             processes, warm=warm_call(self._spec.validation, processes, self._decoders),
-            file_timeout=self._spec.writing.file_timeout, file_memory=self._spec.writing.memory_bound)
+            file_timeout=self._spec.writing.file_timeout, file_memory=self._spec.writing.memory_bound, fork=fork)
         # One thread per worker process waits on it (`write_later`).
         self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
 
@@ -270,11 +273,12 @@ class ShardMaker:
         its threads can write anything): the helper loads its decoders and
         writes the first shards (`start_early_plans`) on the other cores
         meanwhile. Only where this process's threads write the shards and no
-        pool is running.
+        pool is running. It is forked from this process where that is safe
+        (before Beam and TensorFlow are imported): it has its modules already.
         """
         if self._pool is not None:
             return
-        self.start_processes(1, decoders)
+        self.start_processes(1, decoders, fork=True)
         self._helper = True
 
     def takes(self, path: str) -> bool:
