@@ -147,6 +147,7 @@ def _run(argv: list[str], options, config: ConversionConfig, *, wait: bool):
     core), and Beam is imported once the first shards are started.
     """
     runner = None
+    early = options is None
     # Threads of this process that run the runner's shard writers: what `make_runner`
     # gives the local runner by default where Beam is not imported yet.
     threads, dask = os.cpu_count() or 1, False
@@ -178,11 +179,11 @@ def _run(argv: list[str], options, config: ConversionConfig, *, wait: bool):
         if options is None:
             # Now: the worker processes load their decoders and write the first shards meanwhile.
             options = _beam_options(argv)
-        from beam_jobs import _runner
+        from beam_jobs import _runner  # After `_beam_options`: it imports Beam.
 
-        if runner is None:
+        if early:
             runner = _runner.make_runner(options)
-        if maker.processes and not config.writing.dedup:
+        if config.writing.worker_processes and not config.writing.dedup:
             # The shard writer keeps every worker busy from one thread; with
             # --dedup, hashing every file needs the runner's threads.
             _runner.run_in_one_thread(options)
