@@ -79,10 +79,6 @@ class WriteShardFn(beam.DoFn):
                 # A worker process reads the plan itself (`ShardMaker.write_plan`).
                 yield from self._in_pool(lambda: maker.write_plan_later(element))
                 return
-            if maker.takes(element):
-                # The driver's helper process writes it (started early, or idle now).
-                yield from self._outputs(maker.write_plan(element))
-                return
             element = load_shard_plan(element)
         (split, index), files = element
         shard = maker.shard(split, index, files)

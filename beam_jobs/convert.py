@@ -59,7 +59,7 @@ from conversion.receipts import RECEIPTS_DIRNAME
 from conversion import append_run, console, guard, plan as _plan, recovery
 from conversion.examples import kind_for, record_schema
 from conversion.planning import build_plan
-from conversion.shard_maker import ShardMaker, ShardSpec, needs_decoders, planned_spec, wants_helper, worker_processes
+from conversion.shard_maker import ShardMaker, ShardSpec, needs_decoders, planned_spec, worker_processes
 from conversion.shard_plans import write_shard_plans
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
@@ -72,10 +72,6 @@ _EXAMPLE = """\
           --split train=0.8,validation=0.1,test=0.1
 
     Every Beam option works too (--runner DataflowRunner --project ... --setup_file ./setup.py)."""
-# Shards a helper process is given before Beam is imported: what it writes while the driver
-# imports Beam and builds the pipeline. One: the runner's thread that gets an early shard waits
-# for it (two had both of its threads wait ~0.9 s for the helper's second shard).
-_HELPER_EARLY_SHARDS = 1
 # Names of this module that need Beam, imported when first asked for.
 _WITH_BEAM = {"ConvertImages": "beam_jobs._convert_images", "ConvertOptions": "beam_jobs._options",
               "config_from_options": "beam_jobs._options"}
@@ -243,12 +239,9 @@ def _plan_and_settle(config: ConversionConfig, threads: int, dask: bool, maker: 
 
     def on_listed(files):
         if start:  # The shards are not known yet: as many as the listed files call for.
-            processes = worker_processes(asked, files, None, threads)
-            maker.start_processes(processes, needs_decoders(files), fork=before_beam)
-            if before_beam and not processes and asked is None and wants_helper(files, threads):
-                # This process's threads write the shards once Beam is imported; one worker
-                # process loads its decoders and writes the first shards meanwhile.
-                maker.start_helper(needs_decoders(files))
+            # Before Beam's import they are forks of this process: they start with its modules.
+            maker.start_processes(worker_processes(asked, files, None, threads), needs_decoders(files),
+                                  fork=before_beam)
 
     first = appending is None or appending.base is None
     # --append into a folder without a dataset: a first conversion, which replaces what an
@@ -303,9 +296,6 @@ def _start_shards(plan: _plan.Plan, config: ConversionConfig, maker: ShardMaker)
         # once the pipeline compared them. The plan files are in (split, shard) order, the
         # plan's: its first shards.
         maker.start_early_plans(plan_paths[:maker.processes])
-    elif maker.helper and len(plan_paths) > 1:
-        # The helper's first shards, written while Beam is imported (`ShardMaker.start_helper`).
-        maker.start_early_plans(plan_paths[:_HELPER_EARLY_SHARDS])
     return plan, plan_paths
 
 

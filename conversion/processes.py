@@ -286,18 +286,13 @@ class WorkerProcesses:
         then it runs as any call, on a thread of the pool's own. Start at
         most as many as the caller will claim: an unclaimed one is work done
         for nothing.
-
-        Returns:
-          Its future (done once the child has answered; `call` still claims it).
         """
         if self._closed:
             raise RuntimeError("The worker processes are closed.")
         with self._lock:
             if self._early_threads is None:
                 self._early_threads = concurrent.futures.ThreadPoolExecutor(self.processes, "shardsmith-early")
-            future = self._early_threads.submit(self._call, fn, args)
-            self._early.append((fn, args, future))
-        return future
+            self._early.append((fn, args, self._early_threads.submit(self._call, fn, args)))
 
     def _claim_early(self, fn, args):
         """The future of a call started early with `fn` and equal `args`, taken off the list; or None."""

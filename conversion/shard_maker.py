@@ -52,7 +52,7 @@ from conversion.shard_writer import ShardFile, ShardJob, default_threads
 from imaging import ValidationOptions
 
 __all__ = ["ShardSpec", "PlannedShard", "ShardMaker", "shard_file", "worker_processes", "first_shards",
-           "needs_decoders", "write_planned_shard", "planned_spec", "wants_helper"]
+           "needs_decoders", "write_planned_shard", "planned_spec"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Worker processes by default only from this many files: each costs ~0.6 s of
@@ -75,10 +75,6 @@ _SMALL_FILE_BYTES = 32 * 1024
 # stored raw); any other file has it load them while the driver plans.
 _RASTER_SUFFIXES = (".tif", ".tiff")
 
-# A helper process (`ShardMaker.start_helper`) only from this many bytes of input: it costs ~1 s of
-# CPU to start (Python, TensorFlow's decode ops), which only the decoding of the files it
-# takes back (500 photos of ~125 KB: ~0.6 s of one core's time per quarter) pays for.
-_HELPER_MIN_BYTES = 32 << 20
 # A shard whose worker processes die this often is given up (each death blames a file or retries once).
 _MAX_CRASHES_PER_SHARD = 50
 
@@ -155,11 +151,6 @@ class ShardMaker:
         self._pool: _processes.WorkerProcesses | None = None
         self._waiting: concurrent.futures.ThreadPoolExecutor | None = None
         self._decoders = True
-        # A helper (`start_helper`): the pool's one process writes the shards of plan files it
-        # was given early, or that the runner's threads hand it when it is idle (`takes`).
-        self._helper = False
-        self._helper_calls = 0  # Shards handed to the helper by `takes` and not written yet.
-        self._early_plans: dict[str, concurrent.futures.Future] = {}  # The helper's early shards.
         self._progress = _Progress()
         self._users = 0
 
@@ -226,13 +217,8 @@ class ShardMaker:
 
     @property
     def processes(self) -> int:
-        """The worker processes writing the shards (0: this process's own threads write them, a helper or not)."""
-        return 0 if self._pool is None or self._helper else self._pool.processes
-
-    @property
-    def helper(self) -> bool:
-        """Whether a helper process writes some shards beside this process's threads (`start_helper`)."""
-        return self._helper and self._pool is not None
+        """The worker processes writing the shards (0: this process's own threads write them)."""
+        return 0 if self._pool is None else self._pool.processes
 
     @property
     def pool(self) -> _processes.WorkerProcesses | None:
@@ -255,8 +241,8 @@ class ShardMaker:
         """
         if decoders is not None:
             self._decoders = decoders
-        if self.processes == processes and not (processes and self._helper):
-            return  # (A helper stays beside this process's threads.)
+        if self.processes == processes:
+            return
         self._close_pool()
         if not processes:
             return
@@ -266,40 +252,7 @@ class ShardMaker:
         # One thread per worker process waits on it (`write_later`).
         self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
 
-    def start_helper(self, decoders: bool = True) -> None:
-        """Has one worker process help this process's threads write the shards (`takes`), from now on.
-
-        For a driver that has Beam still to import (~1 s of one core, before
-        its threads can write anything): the helper loads its decoders and
-        writes the first shards (`start_early_plans`) on the other cores
-        meanwhile. Only where this process's threads write the shards and no
-        pool is running. It is forked from this process where that is safe
-        (before Beam and TensorFlow are imported): it has its modules already.
-        """
-        if self._pool is not None:
-            return
-        self.start_processes(1, decoders, fork=True)
-        self._helper = True
-
-    def takes(self, path: str) -> bool:
-        """Whether the helper writes the shard of the plan file `path` (then `write_plan` it); else this thread does.
-
-        It does the shards it was given early, and any other while it is idle
-        (its early ones written, no other in hand): so that no runner thread
-        waits for it while there is a shard it could write itself.
-        """
-        if not self.helper or self._spec.writing.resume:
-            return False
-        with self._crash_lock:
-            if path in self._early_plans:
-                return True
-            if self._helper_calls or not all(f.done() for f in self._early_plans.values()):
-                return False
-            self._helper_calls += 1
-            return True
-
     def _close_pool(self, kill: bool = False) -> None:
-        self._helper = False
         pool, self._pool = self._pool, None
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
@@ -334,7 +287,7 @@ class ShardMaker:
     def write(self, shard: PlannedShard) -> ShardOutcome:
         """Writes the shard and its index, saves its receipt and logs it; in a worker process if there are some."""
         self._progress.started(shard.name)
-        outcome = self._write(shard) if not self.processes else self._write_in_pool(shard)
+        outcome = self._write(shard) if self._pool is None else self._write_in_pool(shard)
         self._receipts.save(shard.name, shard.fingerprint, outcome)
         self._log_written(shard.name, outcome)
         return outcome
@@ -380,17 +333,9 @@ class ShardMaker:
         """
         if self._pool is None or self._spec.writing.resume:
             raise RuntimeError("write_plan needs worker processes and no --resume: load the plan, then `write`.")
-        helped = self._helper and path not in self._early_plans  # Handed over by `takes`.
-        try:
-            job = self._plan_job(path)
-            self._progress.started(job.name)
-            outcome = self._call_in_pool(job.name, None, lambda: self._plan_job(path), write_planned_shard, job, path)
-        finally:
-            with self._crash_lock:
-                if helped:
-                    self._helper_calls -= 1
-                else:
-                    self._early_plans.pop(path, None)
+        job = self._plan_job(path)
+        self._progress.started(job.name)
+        outcome = self._call_in_pool(job.name, None, lambda: self._plan_job(path), write_planned_shard, job, path)
         self._log_written(job.name, outcome)
         return outcome
 
@@ -404,9 +349,7 @@ class ShardMaker:
         """`start_early` for `write_plan`: the shards of the plan files `paths` start now."""
         self.load_quarantine()
         for path in paths:
-            future = self._pool.start_early(write_planned_shard, self._plan_job(path), path)
-            if self._helper:
-                self._early_plans[path] = future
+            self._pool.start_early(write_planned_shard, self._plan_job(path), path)
 
     def _plan_job(self, path: str) -> ShardJob:
         """The `ShardJob` of a shard plan file, without its files (`write_planned_shard` reads them).
@@ -471,7 +414,7 @@ class ShardMaker:
             validation=spec.validation,
             # A worker process has no other thread to hand the GIL to: it
             # reads and validates in its own, unless told otherwise.
-            threads=spec.writing.worker_threads or (0 if self.processes else default_threads()),
+            threads=spec.writing.worker_threads or (0 if self._pool is not None else default_threads()),
             quarantined=self._quarantined_of(files),
             targets=spec.targets,
         )
@@ -597,17 +540,6 @@ def _python_bound(files) -> bool:
     bound = sum(1 for f in files if f.size < _SMALL_FILE_BYTES
                 or f.rel_path.lower().endswith(_PYTHON_BOUND_SUFFIXES))
     return 2 * bound >= len(files)
-
-
-def wants_helper(files, runner_threads: int) -> bool:
-    """Whether a helper process pays for listed `files` that this process's threads write (`ShardMaker.start_helper`).
-
-    Where the driver has Beam still to import: from `_HELPER_MIN_BYTES` of
-    input, on a machine of several cores whose runner runs its shard writers
-    in this process's threads (`worker_processes` gave none).
-    """
-    cores = os.cpu_count() or 1
-    return runner_threads >= 2 and cores >= 2 and sum(f.size for f in files) >= _HELPER_MIN_BYTES
 
 
 def needs_decoders(files) -> bool:

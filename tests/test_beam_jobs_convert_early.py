@@ -14,9 +14,7 @@ import pathlib
 import subprocess
 import sys
 
-import numpy as np
 from helpers import make_class_tree
-from PIL import Image
 
 _REPO = pathlib.Path(__file__).parent.parent
 
@@ -57,31 +55,23 @@ def test_only_a_plain_local_conversion_reads_its_flags_without_beam(tmp_path):
     assert found["early"] == {k: k in ("plain", "verbose") for k in cases}
 
 
-def _noise_jpegs(root: pathlib.Path, count: int) -> None:
-    """`count` ~1.1 MB JPEGs of noise in two class folders: over the helper process's 32 MiB."""
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        folder = root / ("a", "b")[i % 2]
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = rng.integers(0, 256, (640, 720, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=95, subsampling=0)
-
-
 def test_the_program_writes_the_in_process_runs_bytes(tmp_path):
-    """A fresh program (flags read without Beam, a helper process beside its threads) and `run` in a test."""
+    """A fresh program (flags read without Beam, worker processes forked before its import) and `run` in a test.
+
+    1,000 small files: worker processes by default, started as the files are listed.
+    """
     from beam_jobs import convert as convert_module
 
     root = tmp_path / "images"
-    _noise_jpegs(root, 32)
-    assert sum(p.stat().st_size for p in root.rglob("*.jpg")) >= 32 << 20
-    common = ["--input_dir", str(root), "--num_shards", "4", "--split", "train=0.75,test=0.25"]
+    make_class_tree(root, classes=("a", "b"), per_class=500)
+    common = ["--input_dir", str(root), "--split", "train=0.75,test=0.25"]
     program = subprocess.run([sys.executable, "-m", "beam_jobs.convert", *common, "--output_dir",
                               str(tmp_path / "program")], capture_output=True, text=True, cwd=_REPO, timeout=600)
     assert program.returncode == 0, program.stderr
     convert_module.run([*common, "--output_dir", str(tmp_path / "in_process")])
     written = sorted(p.name for p in (tmp_path / "program").iterdir())
     assert written == sorted(p.name for p in (tmp_path / "in_process").iterdir())
-    assert sum(name.endswith(".tfrecord") for name in written) == 8
+    assert sum(name.endswith(".tfrecord") for name in written) >= 4
     for name in written:
         assert (tmp_path / "program" / name).read_bytes() == (tmp_path / "in_process" / name).read_bytes(), name
-    assert "Converted 32 images" in program.stderr
+    assert "Converted 1,000 images" in program.stderr

@@ -242,38 +242,3 @@ def test_write_plan_needs_worker_processes_and_no_resume(photos, tmp_path):
     maker = ShardMaker(_spec(tmp_path / "out"))
     with pytest.raises(RuntimeError, match="worker processes"):
         maker.write_plan(str(tmp_path / "train-00000-of-00001.tfrecord.json"))
-
-
-def test_a_helper_process_writes_its_early_shard_and_those_it_takes_when_idle_the_same_bytes(photos, tmp_path):
-    """`start_helper`: one worker process beside this process's threads (a driver importing Beam meanwhile)."""
-    from conversion.shard_plans import load_shard_plan, write_shard_plans
-
-    rels = sorted(p.relative_to(photos).as_posix() for p in photos.rglob("*.*"))
-    files = [_plan.PlannedFile("train", i % 3, i // 3, rel, str(photos / rel), (photos / rel).stat().st_size,
-                               ("a", "b").index(rel.split("/")[0]), 3) for i, rel in enumerate(rels)]
-    out_helped, out_threads = tmp_path / "helped", tmp_path / "threads"
-    paths = write_shard_plans(files, str(out_helped))
-    spec = dataclasses.replace(_spec(out_helped), total_shards=3)
-    helped = ShardMaker.shared(spec)
-    plain = ShardMaker.shared(dataclasses.replace(_spec(out_threads), total_shards=3))
-    try:
-        helped.start_helper()
-        # The runner's threads still write the shards (`processes`); the helper only takes some.
-        assert helped.helper and helped.processes == 0 and helped.pool.processes == 1
-        helped.start_early_plans(paths[:1])
-        assert helped.takes(paths[0])  # Its early shard, whenever it is asked for.
-        outcomes = [helped.write_plan(paths[0])]
-        assert helped.pool._early == []  # The early call's outcome was taken, not written again.
-        assert helped.takes(paths[1])  # Idle: it takes the next one ...
-        assert not helped.takes(paths[2])  # ... and no other while it writes that one.
-        outcomes.append(helped.write_plan(paths[1]))
-        (split, index), planned = load_shard_plan(paths[2])
-        outcomes.append(helped.write(helped.shard(split, index, planned)))  # In this thread.
-        expected = [plain.write(plain.shard("train", k, [f for f in files if f.shard == k])) for k in range(3)]
-    finally:
-        helped.release()
-        plain.release()
-    assert outcomes == expected and sum(o.result.num_records for o in outcomes) == len(files)
-    for k in range(3):
-        name = schemas.shard_filename("train", k, 3)
-        assert (out_helped / name).read_bytes() == (out_threads / name).read_bytes()
