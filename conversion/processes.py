@@ -39,9 +39,11 @@ import os
 import pickle
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 from conversion import console, guard
@@ -92,8 +94,6 @@ class _Forked:
         self.returncode = None
 
     def wait(self, timeout: float | None = None) -> int:
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             pid, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
@@ -108,7 +108,7 @@ class _Forked:
     def kill(self) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, 9)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -411,16 +411,12 @@ def main(fd_in: int, fd_out: int, quiet: bool = False, configure: bool = True) -
         driver's entry point does without --verbose (`conversion.console`).
       configure: Configure logging (a forked child keeps its parent's).
     """
-    import signal
-
     # Ctrl-C reaches the whole process group: the driver stops the children
     # by closing their input, so that an interrupted shard is not half-reported.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not configure:
-        pass
-    elif quiet:
+    if configure and quiet:
         console.configure_logging(verbose=False, level=logging.WARNING)
-    else:
+    elif configure:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
     calls = os.fdopen(fd_in, "rb")
     answers = os.fdopen(fd_out, "wb")
