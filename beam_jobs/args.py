@@ -10,14 +10,14 @@ of the pipeline or one Beam declares (`--runner`, `--project`,
 
 from __future__ import annotations
 
+# Beam is imported by the functions that need it: `print_help_if_asked` and
+# `check_arguments` run before a command has decided how to import it.
 import argparse
 import difflib
 import importlib
 import textwrap
 from typing import TYPE_CHECKING
 
-# Beam (~0.8 s of CPU to import) only where a pipeline's options are parsed: the help texts and
-# `check_arguments` of `shardsmith inspect|preview|doctor|serve-data` need none of it.
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -42,6 +42,8 @@ def pipeline_options(argv: list[str], own: type[PipelineOptions]) -> PipelineOpt
     Raises:
       UsageError: Naming each unknown argument, with the nearest option.
     """
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     unknown, known = _unknown(argv, own)
     if unknown:
         for module in _RUNNER_OPTION_MODULES:
@@ -52,8 +54,6 @@ def pipeline_options(argv: list[str], own: type[PipelineOptions]) -> PipelineOpt
         unknown, known = _unknown(argv, own)
     if unknown:
         raise UsageError(_describe(unknown, _option_strings(own), known))
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     return PipelineOptions(argv)
 
 

@@ -31,39 +31,35 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import sys
 
 if __name__ == "__main__":
     # Run as a program (`python -m beam_jobs.convert`): Beam logs a notice about
-    # BigQuery clients on the root logger as it is imported, below, before
-    # `main` runs; the console's logging must be in place first. Imported as
-    # a module (`shardsmith convert`, tests), this does nothing.
+    # BigQuery clients on the root logger as it is imported; the console's
+    # logging must be in place first. Imported as a module (`shardsmith
+    # convert`, tests), this does nothing.
     from conversion import console as _console
 
     _console.configure_logging(_console.is_verbose(sys.argv[1:]))
-    from beam_jobs import _startup
 
-    _startup.import_beam(sys.argv[1:])  # A local run's Beam without its remote clients.
-
-import apache_beam as beam  # noqa: E402 (after the logging of a program run)
-from apache_beam.options.pipeline_options import WorkerOptions
-
+# Beam is not imported here: a plain local run lists, plans and starts its shard
+# writers first (`_startup.early_config`), and imports Beam while they load their
+# decoders; any other run imports it as it reads its options (`_beam_options`).
 from schemas.tfds_metadata import tfds_files
 
-from beam_jobs import _runner, args
-from beam_jobs._finalize import FinalizeFn
-from beam_jobs._options import ConversionConfig, ConvertOptions, config_from_options
+from beam_jobs import _startup, args
+from conversion.config import ConversionConfig
 from conversion.files import write_atomically
 from conversion.lock import LockError
 from conversion.output_folder import (check_output, is_finished, prepare_append, prepare_output, read_manifest,
                                       summarize)
 from conversion.progress import ProgressBar
-from beam_jobs._shards import ImagesToTFRecords
-from beam_jobs._write import RECEIPTS_DIRNAME, WriteShardFn
-from conversion import append_run, console, elements, guard, plan as _plan, recovery
+from conversion.receipts import RECEIPTS_DIRNAME
+from conversion import append_run, console, guard, plan as _plan, recovery
 from conversion.examples import kind_for, record_schema
-from conversion.planning import build_plan, group_section
-from conversion.shard_maker import ShardMaker, ShardSpec, needs_decoders, worker_processes
+from conversion.planning import build_plan
+from conversion.shard_maker import ShardMaker, ShardSpec, needs_decoders, planned_spec, worker_processes
 from conversion.shard_plans import write_shard_plans
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options", "ConvertImages", "run", "main", "summarize", "help_text",
@@ -76,66 +72,30 @@ _EXAMPLE = """\
           --split train=0.8,validation=0.1,test=0.1
 
     Every Beam option works too (--runner DataflowRunner --project ... --setup_file ./setup.py)."""
+# Names of this module that need Beam, imported when first asked for.
+_WITH_BEAM = {"ConvertImages": "beam_jobs._convert_images", "ConvertOptions": "beam_jobs._options",
+              "config_from_options": "beam_jobs._options"}
 
 
-class ConvertImages(beam.PTransform):
-    """The whole conversion of a plan: shards, rejects, and the manifest last.
+def __getattr__(name):
+    if name in _WITH_BEAM:
+        import importlib
 
-    Args:
-      plan: The `Plan` of the conversion (labels, splits, shards of each file).
-      config: The `ConversionConfig`.
-      plan_paths: The shard plan files of `plan` (`conversion.shard_plans.write_shard_plans`).
-      spec: The `ShardSpec` every shard is written with (the driver's maker's);
-        by default the one `plan` and `config` make, for a run of its own.
-      append: With --append, `FinalizeFn`'s `append` (`conversion.append_run.AppendRun.finalize_args`).
+        return getattr(importlib.import_module(_WITH_BEAM[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _beam_options(argv: list[str]):
+    """Beam's `PipelineOptions` of `argv` (Beam imported for the run first: `_startup.import_beam`).
+
+    Raises:
+      args.UsageError: For an argument no option takes.
     """
+    _startup.import_beam(argv)
+    from beam_jobs import _runner  # noqa: F401 (its `ConsoleOptions` declare --verbose to Beam's parser)
+    from beam_jobs._options import ConvertOptions
 
-    def __init__(self, plan: _plan.Plan, config: ConversionConfig, plan_paths: list[str],
-                 spec: ShardSpec | None = None, append: dict | None = None):
-        super().__init__()
-        self._plan = plan
-        self._config = config
-        self._plan_paths = plan_paths
-        self._append = append
-        spec = spec or _planned_spec(ShardSpec(config.output_dir, config.validation), plan, config)
-        self._write = ImagesToTFRecords(spec)
-
-    def expand(self, pbegin):
-        plan, config = self._plan, self._config
-        written = (
-            pbegin
-            | "ShardPlans" >> beam.Create(self._plan_paths)  # path of a shard's plan
-            | "ImagesToTFRecords" >> self._write
-        )
-        listing_rejects = (
-            pbegin
-            | "ListingProblems" >> beam.Create(plan.problems, reshuffle=False)
-            | "AsRejects" >> beam.Map(elements.problem_to_reject)  # Reject
-        )
-        rejects = (listing_rejects, written[WriteShardFn.REJECTED]) | "AllRejects" >> beam.Flatten()
-        return (
-            pbegin
-            | "Once" >> beam.Create([None])
-            | "WriteManifest" >> beam.ParDo(
-                FinalizeFn(
-                    output_dir=config.output_dir,
-                    class_names=plan.class_names,
-                    shard_counts=plan.shard_counts,
-                    num_found=plan.num_found,
-                    options=config.manifest_options(plan.split_source),
-                    max_reject_fraction=config.max_reject_fraction,
-                    features=record_schema(config.validation, _targets(plan)).to_json(),
-                    extra={**group_section(plan, config),
-                           **kind_for(config.validation).manifest_section(plan, config)},
-                    targets=plan.targets_section,
-                    append=self._append,
-                    finish=kind_for(config.validation).finish_output,
-                ),
-                shards=beam.pvalue.AsList(written.shards),
-                rejects=beam.pvalue.AsList(rejects),
-                normalized=beam.pvalue.AsList(written[WriteShardFn.NORMALIZED]),
-            )
-        )
+    return args.pipeline_options(argv, ConvertOptions)
 
 
 def _targets(plan: _plan.Plan) -> tuple[str, ...]:
@@ -159,18 +119,39 @@ def run(argv: list[str] | None = None, *, wait: bool = True):
         before any work starts.
     """
     argv = sys.argv[1:] if argv is None else list(argv)  # As PipelineOptions(None) reads them.
-    options = args.pipeline_options(argv, ConvertOptions)
+    # A plain local run reads its flags without Beam, which it imports once its
+    # shard writers have started (`_run`); any other reads Beam's options now.
+    config = _startup.early_config(argv) if wait else None
+    if config is not None:
+        return _run(argv, None, config, wait=True)
+    from beam_jobs._options import config_from_options
+
+    options = _beam_options(argv)
     config = config_from_options(options)
     if config.append:
         # One writer at a time: a second append is refused, naming the first (`conversion.lock`).
         with append_run.holding_lock(config.output_dir):
-            return _run(options, config, wait=True)
-    return _run(options, config, wait=wait)
+            return _run(argv, options, config, wait=True)
+    return _run(argv, options, config, wait=wait)
 
 
-def _run(options, config: ConversionConfig, *, wait: bool):
-    """`run` once the options are read (and, with --append, the output folder locked)."""
-    runner = _runner.make_runner(options)
+def _run(argv: list[str], options, config: ConversionConfig, *, wait: bool):
+    """`run` once the flags are read (and, with --append, the output folder locked).
+
+    `options` is None where Beam is not imported yet (`_startup.early_config`):
+    the runner is then Beam's local one in its default mode (one thread per
+    core), and Beam is imported once the first shards are started.
+    """
+    runner = None
+    early = options is None
+    # Threads of this process that run the runner's shard writers: what `make_runner`
+    # gives the local runner by default where Beam is not imported yet.
+    threads, dask = os.cpu_count() or 1, False
+    if options is not None:
+        from beam_jobs import _runner
+
+        runner = _runner.make_runner(options)
+        threads, dask = _runner.in_process_threads(options), _runner.is_dask(options)
     # The shards' maker owns the worker processes (started by the driver only when it waits
     # for the pipeline; otherwise the shard writers start their own).
     maker = ShardMaker.shared(ShardSpec(config.output_dir, config.validation, config.writing))
@@ -179,7 +160,8 @@ def _run(options, config: ConversionConfig, *, wait: bool):
     try:
         appending = append_run.AppendRun(config) if config.append else None
         try:
-            plan, config = _plan_and_settle(config, options, maker, start=wait, appending=appending)
+            plan, config = _plan_and_settle(config, threads, dask, maker, start=wait, appending=appending,
+                                            before_beam=options is None)
         except append_run.NothingNew as e:
             _LOG.warning("%s", append_run.nothing_new_text(config.output_dir, appending.base, e.listing))
             # What a killed append left (its new shards, its temporary folder) goes, and TFDS's
@@ -188,13 +170,28 @@ def _run(options, config: ConversionConfig, *, wait: bool):
             for name, text in tfds_files(appending.base.manifest).items():
                 write_atomically(config.output_dir, name, text.encode())
             return None
+        num_files = len(plan.files)
+        plan, plan_paths = _start_shards(plan, config, maker)
+        if options is None:
+            # Now: the worker processes load their decoders and write the first shards meanwhile.
+            options = _beam_options(argv)
+        from beam_jobs import _runner  # After `_beam_options`: it imports Beam.
+
+        if early:
+            runner = _runner.make_runner(options)
+        if config.writing.worker_processes and not config.writing.dedup:
+            # The shard writer keeps every worker busy from one thread; with
+            # --dedup, hashing every file needs the runner's threads.
+            _runner.run_in_one_thread(options)
         if runner is not None and wait and ProgressBar.wanted():
+            from apache_beam.options.pipeline_options import WorkerOptions
+
             # The bar replaces the per-shard lines on a terminal.
             options.view_as(WorkerOptions).sdk_harness_log_level_overrides = {"shardsmith": "WARNING"}
             _LOG.setLevel(logging.WARNING)
-            progress = ProgressBar(config.output_dir, len(plan.files), RECEIPTS_DIRNAME)
+            progress = ProgressBar(config.output_dir, num_files, RECEIPTS_DIRNAME)
             progress.start()
-        result = _run_pipeline(plan, config, options, runner, maker,
+        result = _run_pipeline(plan, plan_paths, config, options, runner, maker,
                                append=None if appending is None else appending.finalize_args())
         if wait:
             result.wait_until_finish()
@@ -220,25 +217,31 @@ def _held_files(manifest) -> set[str]:
     return {name for info in manifest.splits.values() for s in info.shards for name in (s.file, s.index_file)}
 
 
-def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start: bool,
-                     appending: append_run.AppendRun | None = None):
+def _plan_and_settle(config: ConversionConfig, threads: int, dask: bool, maker: ShardMaker, start: bool,
+                     appending: append_run.AppendRun | None = None, before_beam: bool = False):
     """Lists and plans the input, and settles the worker processes; the plan and the settled config.
 
     The worker processes start once the files are listed (with `start`):
-    they load their decoders while the driver plans and builds the pipeline.
-    The maker's spec is then completed with what the plan decided. With
-    --append (`appending`), only the files the dataset does not hold are
-    planned, into the new version's shards.
+    they load their decoders while the driver plans, builds the pipeline
+    and, `before_beam`, imports Beam. The maker's spec is then completed
+    with what the plan decided. With --append (`appending`), only the files
+    the dataset does not hold are planned, into the new version's shards.
+
+    Args:
+      threads: Threads of this process that run the runner's shard writers
+        (`_runner.in_process_threads`).
+      dask: Whether the runner is a Dask cluster's.
 
     Raises:
       conversion.append_run.NothingNew: With --append, when every listed file is held.
     """
     asked = config.writing.worker_processes
-    threads = _runner.in_process_threads(options)  # The runner's shard writers' in this process.
 
     def on_listed(files):
         if start:  # The shards are not known yet: as many as the listed files call for.
-            maker.start_processes(worker_processes(asked, files, None, threads), needs_decoders(files))
+            # Before Beam's import they are forks of this process: they start with its modules.
+            maker.start_processes(worker_processes(asked, files, None, threads), needs_decoders(files),
+                                  fork=before_beam)
 
     first = appending is None or appending.base is None
     # --append into a folder without a dataset: a first conversion, which replaces what an
@@ -268,54 +271,54 @@ def _plan_and_settle(config: ConversionConfig, options, maker: ShardMaker, start
     processes = worker_processes(asked, plan.files, sum(plan.shard_counts.values()), threads)
     if start:
         maker.start_processes(processes)
-    if processes and not config.writing.dedup:
-        # The shard writer keeps every worker busy from one thread; with
-        # --dedup, hashing every file needs the runner's threads.
-        _runner.run_in_one_thread(options)
     config = dataclasses.replace(
         config, writing=dataclasses.replace(
             config.writing, worker_processes=processes,
             # On a Dask cluster each worker writes its shards in child processes of its own,
             # so that a decoder's crash costs its file, not the worker (`WritingOptions.isolated`).
-            isolated=not processes and asked is None and _runner.is_dask(options)))
-    maker.spec = _planned_spec(maker.spec, plan, config)
+            isolated=not processes and asked is None and dask))
+    maker.spec = planned_spec(maker.spec, plan, config)
     return plan, config
 
 
-def _run_pipeline(plan: _plan.Plan, config: ConversionConfig, options, runner, maker: ShardMaker,
-                  append: dict | None = None):
-    """Builds and starts the pipeline of a plan, the maker's first shards started early; its result."""
+def _start_shards(plan: _plan.Plan, config: ConversionConfig, maker: ShardMaker):
+    """Writes the plan's shard plans and starts its first shards early; (the plan without its files, their paths)."""
     plan_paths = write_shard_plans(plan.files, config.output_dir)
     # The shard writers read their files from the plan files: the driver need
     # not hold one object per image while the pipeline runs (~0.7 KB each,
     # 70 MiB of peak memory at 100,000 images).
     plan = dataclasses.replace(plan, files=())
-    convert = ConvertImages(plan, config, plan_paths, maker.spec, append=append)
     if maker.processes and not config.writing.resume and not config.writing.dedup:
         # One shard per worker process starts now: they write while Beam builds and starts
-        # the pipeline (~1-2 s of the driver's wall time on busy cores), whose shard writer
-        # then takes their outcomes. Not with --resume: its receipts decide what is written;
-        # nor with --dedup: the shards' files are known once the pipeline compared them.
-        # The plan files are in (split, shard) order, the plan's: its first shards.
+        # the pipeline (~1-2 s of the driver's wall time on busy cores; more where Beam is
+        # still to import), whose shard writer then takes their outcomes. Not with --resume:
+        # its receipts decide what is written; nor with --dedup: the shards' files are known
+        # once the pipeline compared them. The plan files are in (split, shard) order, the
+        # plan's: its first shards.
         maker.start_early_plans(plan_paths[:maker.processes])
+    return plan, plan_paths
+
+
+def _run_pipeline(plan: _plan.Plan, plan_paths: list[str], config: ConversionConfig, options, runner,
+                  maker: ShardMaker, append: dict | None = None):
+    """Builds and starts the pipeline of a plan (its shards' plan files written, the first started); its result."""
+    import apache_beam as beam
+
+    from beam_jobs._convert_images import ConvertImages
+
+    convert = ConvertImages(plan, config, plan_paths, maker.spec, append=append)
     pipeline = beam.Pipeline(runner=runner, options=options)
     _ = pipeline | "ConvertImages" >> convert
     return pipeline.run()
 
 
-def _planned_spec(spec: ShardSpec, plan: _plan.Plan, config: ConversionConfig) -> ShardSpec:
-    """`spec` completed with what the plan decided (classes, shards, targets) and the settled writing."""
-    return dataclasses.replace(
-        spec, writing=config.writing, num_classes=len(plan.class_names),
-        total_shards=sum(plan.shard_counts.values()), targets=_targets(plan))
-
-
 def help_text() -> str:
     """The text of `shardsmith convert --help`: every option and an example."""
+    from beam_jobs._flags import add_flags
 
     def add_arguments(parser):
-        ConvertOptions._add_argparse_args(parser)
-        _runner.ConsoleOptions._add_argparse_args(parser)
+        add_flags(parser)  # `ConvertOptions`' flags and the console's (`_runner.ConsoleOptions`'), without Beam.
+        parser.add_argument(console.VERBOSE_FLAG, action="store_true", help=console.VERBOSE_HELP)
 
     return args.help_text("shardsmith convert", __doc__.splitlines()[0], _EXAMPLE, add_arguments,
                           required=("--input_dir", "--output_dir"))
@@ -344,8 +347,11 @@ def _main(argv: list[str]) -> int:
     if args.print_help_if_asked(argv, help_text):
         return 0
     try:
-        options = args.pipeline_options(argv, ConvertOptions)
-        config = config_from_options(options)
+        config = _startup.early_config(argv)  # A plain local run: read without Beam (see `run`).
+        if config is None:
+            from beam_jobs._options import config_from_options
+
+            config = config_from_options(_beam_options(argv))
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError) as e:
         print(f"shardsmith convert: error: {e}", file=sys.stderr)
         return 2

@@ -52,7 +52,7 @@ from conversion.shard_writer import ShardFile, ShardJob, default_threads
 from imaging import ValidationOptions
 
 __all__ = ["ShardSpec", "PlannedShard", "ShardMaker", "shard_file", "worker_processes", "first_shards",
-           "needs_decoders", "write_planned_shard"]
+           "needs_decoders", "write_planned_shard", "planned_spec"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Worker processes by default only from this many files: each costs ~0.6 s of
@@ -116,6 +116,19 @@ class PlannedShard:
     name: str
     files: tuple
     fingerprint: str
+
+
+def planned_spec(spec: ShardSpec, plan, config) -> ShardSpec:
+    """`spec` completed with what the plan decided (classes, shards, targets) and the settled writing.
+
+    Args:
+      spec: The spec the driver's maker was made with.
+      plan: The conversion's `conversion.plan.Plan`.
+      config: The `conversion.config.ConversionConfig`, its writing settled.
+    """
+    return dataclasses.replace(
+        spec, writing=config.writing, num_classes=len(plan.class_names),
+        total_shards=sum(plan.shard_counts.values()), targets=tuple(plan.target_kinds))
 
 
 class ShardMaker:
@@ -212,7 +225,7 @@ class ShardMaker:
         """The worker processes (`conversion.processes.WorkerProcesses`), or None."""
         return self._pool
 
-    def start_processes(self, processes: int, decoders: bool | None = None) -> None:
+    def start_processes(self, processes: int, decoders: bool | None = None, fork: bool = False) -> None:
         """Has `processes` worker processes write the shards from now on (0: this process's threads).
 
         Started now, they load their decoders while the caller goes on; a
@@ -222,6 +235,9 @@ class ShardMaker:
           processes: How many.
           decoders: Whether they load TensorFlow's decoders (not for a folder
             of rasters stored raw); None: as the last start asked (yes at first).
+          fork: Fork them from this process where that is safe (before Beam
+            and TensorFlow are imported: `processes.WorkerProcesses`), so that
+            they start with its modules.
         """
         if decoders is not None:
             self._decoders = decoders
@@ -232,7 +248,7 @@ class ShardMaker:
             return
         self._pool = _processes.WorkerProcesses(
             processes, warm=warm_call(self._spec.validation, processes, self._decoders),
-            file_timeout=self._spec.writing.file_timeout, file_memory=self._spec.writing.memory_bound)
+            file_timeout=self._spec.writing.file_timeout, file_memory=self._spec.writing.memory_bound, fork=fork)
         # One thread per worker process waits on it (`write_later`).
         self._waiting = concurrent.futures.ThreadPoolExecutor(processes, "shardsmith-shard")
 

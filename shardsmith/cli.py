@@ -163,9 +163,7 @@ def _main(argv: list[str]) -> int:
             print(error, file=sys.stderr)
             return 2
     if command == "convert":
-        from beam_jobs import _startup
-
-        _startup.import_beam(rest)  # A local run's Beam without its remote clients.
+        # Imports Beam itself, when its run needs it (`beam_jobs._startup`).
         from beam_jobs.convert import main as run
     elif command == "verify":
         from beam_jobs.verify import main as run
