@@ -112,9 +112,14 @@ def shape(data: bytes) -> tuple[int, int, int] | None:
     if size > _BYTES_MAX:
         return None
     stream = b"".join(idat)
-    # A zlib header of DEFLATE with a 32 KiB window (libdeflate ignores the
-    # window size, zlib holds the stream to it), no preset dictionary.
-    if len(stream) < 6 or stream[0] != 0x78 or (stream[0] << 8 | stream[1]) % 31 or stream[1] & 0x20:
+    # A zlib header: DEFLATE, no preset dictionary, and a window that holds
+    # every distance. libdeflate ignores the window size, zlib (libpng's)
+    # refuses a distance beyond it: a window below 32 KiB (libpng writes
+    # them for small images) is accepted only when it holds all the rows.
+    if len(stream) < 6 or (stream[0] << 8 | stream[1]) % 31 or stream[1] & 0x20:
+        return None
+    method, window = stream[0] & 15, stream[0] >> 4
+    if method != 8 or window > 7 or window < 7 and size > 1 << (window + 8):
         return None
     try:
         # One byte of room more than the rows need: a stream holding more
