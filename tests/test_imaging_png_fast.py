@@ -85,6 +85,7 @@ def _writers() -> dict[str, bytes]:
     rgba16 = np.stack([grey16, grey16 // 3, grey16 // 5, np.full_like(grey16, 65535)], axis=-1)
     files = {
         "pillow RGB": encode(rgb, "PNG"),
+        "pillow RGB with pHYs": encode(rgb, "PNG", dpi=(300, 300)),
         "pillow L": encode(pixels(2, size=(37, 53), mode="L"), "PNG"),
         "pillow RGBA opaque": encode(pixels(3, size=(37, 53), mode="RGBA") | np.uint8(255), "PNG"),
         "pillow I;16": encode(grey16, "PNG"),
@@ -105,6 +106,8 @@ def _writers() -> dict[str, bytes]:
         "hand stream twice": _png(2, 1, 0, b"\x00\x05\x06",
                                   stream=zlib.compress(b"\x00\x05\x06") * 2),
         "hand plain": _png(2, 1, 0, b"\x00\x05\x06"),
+        "hand gAMA": _png(2, 1, 0, b"\x00\x05\x06", extra=_chunk(b"gAMA", struct.pack(">I", 45455))),
+        "hand gAMA of 3 bytes": _png(2, 1, 0, b"\x00\x05\x06", extra=_chunk(b"gAMA", b"\x00\x00\x01")),
         # A 512-byte zlib window: enough for 16 rows of 31 bytes, not for 17.
         "hand small window": _png(10, 16, 2, bytes(16 * 31), stream=_small_window(bytes(16 * 31))),
         "hand small window too small": _png(10, 17, 2, bytes(17 * 31), stream=_small_window(bytes(17 * 31))),
@@ -125,13 +128,13 @@ def test_independent_writers_give_what_tensorflow_gives(validator, monkeypatch):
             assert fast == _tf_shape(data), name
         assert _outcome(validator, data) == _as_before(validator, data, monkeypatch), name
     # The plain cases take the fast path; the unusual ones are left to TensorFlow.
-    for name in ("pillow RGB", "pillow L", "pillow RGBA opaque", "pillow I;16", "imagecodecs RGB",
+    for name in ("pillow RGB", "pillow RGB with pHYs", "hand gAMA", "pillow L", "pillow RGBA opaque", "pillow I;16", "imagecodecs RGB",
                  "imagecodecs grey", "imagecodecs grey+alpha opaque", "imagecodecs grey 16",
                  "imagecodecs RGBA 16 opaque", "imagecodecs RGB level 1", "hand plain", "hand small window",
                  "skimage camera.png"):
         assert name in accepted, name
     for name in ("pillow P (palette)", "hand interlaced", "hand palette", "hand tRNS", "hand 1-bit",
-                 "hand stream twice", "hand small window too small"):
+                 "hand stream twice", "hand small window too small", "hand gAMA of 3 bytes"):
         assert name not in accepted, name
 
 

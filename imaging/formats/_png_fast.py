@@ -37,10 +37,11 @@ _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # decode_png(channels=0) gives them; palette (3) is left to TensorFlow.
 _CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}
 # Ancillary chunks that carry no pixels and that libpng reads without failing
-# (at worst a warning, which TensorFlow logs); any other chunk, tRNS included
-# (it adds an alpha channel), leaves the file to TensorFlow.
-_BEFORE_IDAT = frozenset((b"gAMA", b"cHRM", b"sRGB", b"pHYs", b"sBIT", b"tEXt", b"tIME"))
-_AFTER_IDAT = frozenset((b"tEXt", b"tIME"))
+# (a damaged one gets a libpng warning, which TensorFlow prints to stderr),
+# with the length each must have (None: any); any other chunk, tRNS included
+# (it adds an alpha channel), or another length leaves the file to TensorFlow.
+_BEFORE_IDAT = {b"gAMA": 4, b"cHRM": 32, b"sRGB": 1, b"pHYs": 9, b"tEXt": None, b"tIME": 7}
+_AFTER_IDAT = {b"tEXt": None, b"tIME": 7}
 # libpng's default user limits (PNG_USER_WIDTH_MAX, PNG_USER_HEIGHT_MAX), and
 # a decoded size far below any of TensorFlow's own size checks.
 _SIDE_MAX = 1_000_000
@@ -97,7 +98,7 @@ def shape(data: bytes) -> tuple[int, int, int] | None:
             if length != 0 or state == 0 or body_end + 4 != end:
                 return None
             break
-        elif kind not in (_BEFORE_IDAT if state == 0 else _AFTER_IDAT):
+        elif (_BEFORE_IDAT if state == 0 else _AFTER_IDAT).get(kind, -1) not in (None, length):
             return None
         else:
             state = 2 if state == 1 else state
