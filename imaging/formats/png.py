@@ -1,4 +1,7 @@
-"""PNG: kept byte for byte once TensorFlow decodes it; transparency flattened onto --background."""
+"""PNG: kept byte for byte once TensorFlow decodes it; transparency flattened onto --background.
+
+A plain, intact PNG is not decoded: `_png_fast` proves TensorFlow would decode it.
+"""
 
 from __future__ import annotations
 
