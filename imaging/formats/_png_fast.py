@@ -25,6 +25,7 @@ with libdeflate and skips unfiltering.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 
@@ -49,13 +50,18 @@ _BYTES_MAX = 1 << 30
 _CHUNK_HEAD = struct.Struct(">I4s")
 _U32 = struct.Struct(">I")
 
-try:  # imagecodecs is a dependency; a build without libdeflate leaves every PNG to TensorFlow.
-    import imagecodecs as _imagecodecs
 
-    _inflate = _imagecodecs.deflate_decode if _imagecodecs.DEFLATE.available else None
-    _INFLATE_ERRORS = (_imagecodecs.DeflateError, MemoryError)
-except (ImportError, AttributeError):  # pragma: no cover - depends on the installed build
-    _inflate = None
+
+@functools.cache
+def _libdeflate():
+    """(imagecodecs' libdeflate inflate, its errors), or None without libdeflate; loaded at the first PNG."""
+    try:  # imagecodecs is a dependency; a build without libdeflate leaves every PNG to TensorFlow.
+        import imagecodecs
+        if not imagecodecs.DEFLATE.available:
+            return None
+        return imagecodecs.deflate_decode, (imagecodecs.DeflateError, MemoryError)
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the installed build
+        return None
 
 
 def shape(data: bytes) -> tuple[int, int, int] | None:
@@ -68,8 +74,10 @@ def shape(data: bytes) -> tuple[int, int, int] | None:
       The decoded shape, only for a plain, intact PNG; None where anything
       is unusual or damaged (TensorFlow must decide then).
     """
-    if _inflate is None or not data.startswith(_SIGNATURE) or len(data) < 57:
+    codec = _libdeflate()
+    if codec is None or not data.startswith(_SIGNATURE) or len(data) < 57:
         return None
+    inflate, inflate_errors = codec
     view = memoryview(data)
     end = len(data)
     pos = 8
@@ -125,8 +133,8 @@ def shape(data: bytes) -> tuple[int, int, int] | None:
     try:
         # One byte of room more than the rows need: a stream holding more
         # inflates to more, and is left to TensorFlow.
-        pixels = _inflate(stream, out=size + 1)
-    except _INFLATE_ERRORS:  # Damaged, or too large to hold: TensorFlow decides.
+        pixels = inflate(stream, out=size + 1)
+    except inflate_errors:  # Damaged, or too large to hold: TensorFlow decides.
         return None
     if len(pixels) != size:
         return None
