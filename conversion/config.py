@@ -19,11 +19,14 @@ import schemas
 from conversion import listing
 from conversion.masks import MaskOptions
 from conversion.options import ShardingOptions, WritingOptions, parse_memory, parse_split
-from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
-from imaging.patches import PatchOptions
-from imaging.time_series import TimeSeriesOptions
-from imaging.volumes import VolumeOptions
+from imaging.dicom import DicomOptions
+from imaging.raster import RasterOptions
+from imaging.resize import ResizeOptions
+from imaging.validator import ValidationOptions
+
+# The options of time series and volumes are imported where their flag is given: a
+# conversion of photos does not load their modules (`imaging.time_series`, `imaging.volumes`).
 
 __all__ = ["ConversionConfig"]
 
@@ -31,7 +34,7 @@ _RESIZE = ResizeOptions()
 _RASTER = RasterOptions()
 
 
-def _patch_options(o) -> PatchOptions | None:
+def _patch_options(o):
     """--raster_patch and its companions as `PatchOptions`; None without --raster_patch.
 
     Raises:
@@ -44,11 +47,13 @@ def _patch_options(o) -> PatchOptions | None:
             raise ValueError(f"{given[0]} shapes the patches of --raster_patch: give --raster_patch N "
                              f"with it. Received: {given[0]} without --raster_patch")
         return None
+    from imaging.patches import PatchOptions
+
     return PatchOptions.parse(o.raster_patch, stride=o.raster_stride, edge=o.raster_edge or "shift",
                               max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
 
 
-def _time_series_options(o) -> TimeSeriesOptions | None:
+def _time_series_options(o):
     """--time_series and --bands as `TimeSeriesOptions` (max_pixels and patch set by ValidationOptions).
 
     Raises:
@@ -67,10 +72,12 @@ def _time_series_options(o) -> TimeSeriesOptions | None:
         if given:
             raise ValueError(f"--time_series stores every pass as it is and does not combine with {flag} "
                              f"(for bands: --bands B02,B03). Received: --time_series with {flag}")
+    from imaging.time_series import TimeSeriesOptions
+
     return TimeSeriesOptions(bands=TimeSeriesOptions.parse_bands(o.bands) if o.bands else None)
 
 
-def _volume_options(o) -> VolumeOptions | None:
+def _volume_options(o):
     """--volumes and --min_slices as `VolumeOptions`.
 
     Raises:
@@ -95,6 +102,8 @@ def _volume_options(o) -> VolumeOptions | None:
         if given:
             raise ValueError(f"--volumes stores each series or NIfTI file whole and does not combine with {flag} "
                              f"yet. Received: --volumes with {flag}")
+    from imaging.volumes import VolumeOptions
+
     return VolumeOptions(min_slices=o.min_slices)
 
 
