@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from typing import TYPE_CHECKING
 
 import schemas
 from conversion import listing
@@ -25,8 +26,12 @@ from imaging.raster import RasterOptions
 from imaging.resize import ResizeOptions
 from imaging.validator import ValidationOptions
 
-# The options of time series and volumes are imported where their flag is given: a
-# conversion of photos does not load their modules (`imaging.time_series`, `imaging.volumes`).
+if TYPE_CHECKING:
+    # Imported where their flag is given: a conversion of photos does not load
+    # `imaging.time_series` and `imaging.volumes` (CPU before its first decode).
+    from imaging.patches import PatchOptions
+    from imaging.time_series import TimeSeriesOptions
+    from imaging.volumes import VolumeOptions
 
 __all__ = ["ConversionConfig"]
 
@@ -34,7 +39,7 @@ _RESIZE = ResizeOptions()
 _RASTER = RasterOptions()
 
 
-def _patch_options(o):
+def _patch_options(o) -> PatchOptions | None:
     """--raster_patch and its companions as `PatchOptions`; None without --raster_patch.
 
     Raises:
@@ -53,7 +58,7 @@ def _patch_options(o):
                               max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
 
 
-def _time_series_options(o):
+def _time_series_options(o) -> TimeSeriesOptions | None:
     """--time_series and --bands as `TimeSeriesOptions` (max_pixels and patch set by ValidationOptions).
 
     Raises:
@@ -77,7 +82,7 @@ def _time_series_options(o):
     return TimeSeriesOptions(bands=TimeSeriesOptions.parse_bands(o.bands) if o.bands else None)
 
 
-def _volume_options(o):
+def _volume_options(o) -> VolumeOptions | None:
     """--volumes and --min_slices as `VolumeOptions`.
 
     Raises:
