@@ -482,8 +482,8 @@ class _Writer:
                 with contextlib.ExitStack() as stack:
                     labels = None if mask is None else stack.enter_context(self._labels(f, *mask))
                     fh = stack.enter_context(open_to_read(f.path))
-                    cut = _scenes().cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster, validation.resize,
-                                           labels, columns)
+                    cut = _scenes().cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster,
+                                             validation.resize, labels, columns)
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.

@@ -89,6 +89,8 @@ def _prepare_output(plan, config) -> None:
 
 
 def _finish_output(manifest, rejects, output_dir: str) -> None:
+    # A function of this module, not `conversion.volumes.write_manifest` itself: the row is built
+    # without importing it.
     _volumes().write_manifest(manifest, rejects, output_dir)
 
 
