@@ -12,15 +12,11 @@ import contextlib
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
 
 import schemas
-from conversion import listing as _listing
+from conversion import append as _append, listing as _listing
 from conversion.files import TMP_DIRNAME, join, write_atomically
 from conversion.lock import OutputLock
-
-if TYPE_CHECKING:  # Annotations only: `_appending` imports it at run time.
-    from conversion import append as _append
 
 __all__ = ["AppendRun", "NothingNew", "holding_lock", "PENDING_INVENTORY", "PENDING_REPORT"]
 
@@ -35,13 +31,6 @@ PENDING_REPORT = "append-report-pending.json"
 # from) holds: the command takes it before its first attempt, so that an attempt
 # that goes on after a crash (`conversion.recovery`) is not refused by its own lock.
 _HELD: set[str] = set()
-
-
-def _appending():
-    """`conversion.append`, imported by an append (--append) only: a first conversion never loads it."""
-    from conversion import append
-
-    return append
 
 
 def _key(output_dir: str) -> str:
@@ -84,13 +73,13 @@ class AppendRun:
 
     def __init__(self, config):
         self._config = config
-        self.base = _appending().load_base(config.output_dir)
+        self.base = _append.load_base(config.output_dir)
         self.listing: _append.Listing | None = None
         self.duplicates: dict[str, str] = {}
         # Listed files an earlier version rejected (rel_path to that reason), converted again now.
         self.retried: dict[str, str] = {}
         if self.base is not None:
-            _appending().check_compatible(self.base.manifest, config.manifest_options("hash"), config.class_names)
+            _append.check_compatible(self.base.manifest, config.manifest_options("hash"), config.class_names)
 
     @property
     def version(self) -> int:
@@ -110,27 +99,26 @@ class AppendRun:
         Raises:
           NothingNew: When there is none.
         """
-        append = _appending()
         locations = self._locations()
         if self.base is None:
-            stats = (append.content_hashes(files) if locations is None else
-                     {loc: (size, 0, digest) for loc, (size, digest) in append.location_digests(files, *locations).items()})
-            self.listing = append.Listing(tuple(files), (), (), (), stats)
+            stats = (_append.content_hashes(files) if locations is None else
+                     {loc: (size, 0, digest) for loc, (size, digest) in _append.location_digests(files, *locations).items()})
+            self.listing = _append.Listing(tuple(files), (), (), (), stats)
             return files, problems
         if locations is not None:
             if self.base.rebuilt:
                 # Inventories read from the shards: the locations' passes as they are now.
-                self.base = append.fill_unknown_locations(self.base, append.location_digests(files, *locations))
-            self.listing = append.sort_locations(files, self.base, *locations)
+                self.base = _append.fill_unknown_locations(self.base, _append.location_digests(files, *locations))
+            self.listing = _append.sort_locations(files, self.base, *locations)
         else:
-            self.base = append.fill_unknown(self.base, files)
-            self.listing = append.sort_listing(files, self.base)
+            self.base = _append.fill_unknown(self.base, files)
+            self.listing = _append.sort_listing(files, self.base)
         held = self.base.held
         # A held file that no longer reads as a file (a link now broken) is missing, not a new reject.
         problems = [p for p in problems if p.rel_path not in held]
         new = list(self.listing.new)
         if self._config.writing.dedup and locations is None:
-            self.duplicates = append.duplicates_of_held(new, self.listing.stats, self.base)
+            self.duplicates = _append.duplicates_of_held(new, self.listing.stats, self.base)
             new = [f for f in new if f.rel_path not in self.duplicates]
             problems = sorted([*problems, *(
                 _listing.Problem(p, "duplicate", f"same content as {_listing.display_path(kept)}, held by "
@@ -168,7 +156,7 @@ class AppendRun:
         if self.base is None:
             return
         manifest = self.base.manifest
-        _appending().check_features(manifest, features)
+        _append.check_features(manifest, features)
         held = tuple(manifest.class_names)
         if tuple(plan.class_names[:len(held)]) != held:
             raise ValueError(
@@ -196,8 +184,7 @@ class AppendRun:
         out = self._config.output_dir
         if self.base is not None:
             for version, entries in sorted(self.base.rebuilt.items()):
-                append = _appending()
-                write_atomically(out, append.inputs_filename(version), append.inventory_text(entries))
+                write_atomically(out, _append.inputs_filename(version), _append.inventory_text(entries))
         stats = self.listing.stats
         entries = {}
         # With --volumes an entry is a series unit, made of its volumes' files: `conversion.finalize`
@@ -208,11 +195,11 @@ class AppendRun:
             key = f.rel_path if volumes is None else _unit_of_volume(f.rel_path)
             if key not in entries:
                 size, mtime, sha = stats.get(key, (f.size, 0, None))
-                entries[key] = _appending().HeldFile(key, size, mtime, sha, f.split, self.version)
+                entries[key] = _append.HeldFile(key, size, mtime, sha, f.split, self.version)
             if volumes is not None:
                 sources.setdefault(key, []).extend(volumes[f.rel_path].sources)
         tmp = join(out, TMP_DIRNAME)
-        write_atomically(tmp, PENDING_INVENTORY, _appending().inventory_text(entries.values(), sources))
+        write_atomically(tmp, PENDING_INVENTORY, _append.inventory_text(entries.values(), sources))
         write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates, self.retried))
 
     def finalize_args(self) -> dict:
@@ -275,7 +262,7 @@ def version_summary(manifest: schemas.Manifest) -> str:
             text += (f", {i['retried']:,} rejected by an earlier version and tried again ("
                      f"{i['retried'] - again:,} written, {again:,} rejected again)")
         if i.get("changed") or i.get("missing_from_input") or i.get("duplicates_of_held") or i.get("retried"):
-            text += f": see {_appending().REPORT_FILENAME}"
+            text += f": see {_append.REPORT_FILENAME}"
     new_classes = manifest.class_names[manifest.all_versions[-2].num_classes:] if len(manifest.all_versions) > 1 else ()
     if new_classes:
         text += f"; new classes {list(new_classes)} at indices {manifest.class_names.index(new_classes[0])}+"

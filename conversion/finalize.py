@@ -15,7 +15,7 @@ import os
 import schemas
 from schemas.tfds_metadata import tfds_files
 from conversion.output_folder import remove_dataset_files
-from conversion import targets as _targets
+from conversion import append as _append, targets as _targets
 from conversion.append_run import PENDING_INVENTORY, PENDING_REPORT
 from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
@@ -28,13 +28,6 @@ __all__ = ["Finalizer"]
 _LOG = logging.getLogger("shardsmith.convert")
 # The manifest's section of a volume dataset (`conversion.volumes.manifest_section`).
 _VOLUMES = "volumes"
-
-
-def _appending():
-    """`conversion.append`, imported by an append (--append) only: a first conversion never loads it."""
-    from conversion import append
-
-    return append
 
 
 class Finalizer:
@@ -130,7 +123,7 @@ class Finalizer:
         base = schemas.Manifest.from_json(self._append["base"], schemas.MANIFEST_FILENAME)
         report = {**report, "version": None, "kept_version": base.latest_version}
         text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        write_atomically(self._output_dir, _appending().REPORT_FILENAME, text.encode("utf-8", "surrogateescape"))
+        write_atomically(self._output_dir, _append.REPORT_FILENAME, text.encode("utf-8", "surrogateescape"))
         remove_dataset_files(self._output_dir, keep={name for info in base.splits.values() for s in info.shards
                                                      for name in (s.file, s.index_file)})
         for name, text in tfds_files(base).items():
@@ -138,7 +131,7 @@ class Finalizer:
         remove_tree(join(self._output_dir, TMP_DIRNAME))
         _LOG.warning("No version added to %s: its only new inputs, %s rejected by version %d, were tried again "
                      "and rejected again (see %s); the dataset is version %d as it was.", self._output_dir,
-                     f"{len(rejects):,}", base.latest_version, _appending().REPORT_FILENAME, base.latest_version)
+                     f"{len(rejects):,}", base.latest_version, _append.REPORT_FILENAME, base.latest_version)
         return base
 
     def _report(self, rejects) -> dict | None:
@@ -161,14 +154,14 @@ class Finalizer:
             entry = json.loads(line)
             if "sources" in entry:  # An example of several files (a series): held unless all were rejected.
                 if not set(entry["sources"]) <= rejected:
-                    kept.append(_appending().HeldFile.from_dict(entry, self._append["version"]).to_json() + "\n")
+                    kept.append(_append.HeldFile.from_dict(entry, self._append["version"]).to_json() + "\n")
             elif entry["path"] not in rejected:
                 kept.append(line)
-        write_atomically(self._output_dir, _appending().inputs_filename(self._append["version"]),
+        write_atomically(self._output_dir, _append.inputs_filename(self._append["version"]),
                          "".join(kept).encode())
         if report is not None:
             text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-            write_atomically(self._output_dir, _appending().REPORT_FILENAME, text.encode("utf-8", "surrogateescape"))
+            write_atomically(self._output_dir, _append.REPORT_FILENAME, text.encode("utf-8", "surrogateescape"))
 
     def _grown(self, manifest: schemas.Manifest, retried_again: int = 0) -> schemas.Manifest:
         """The dataset's manifest with this run's shards as a new version (None base: `manifest`)."""
