@@ -77,14 +77,14 @@ def test_the_program_writes_the_in_process_runs_bytes(tmp_path):
     assert "Converted 1,000 images" in program.stderr
 
 
-# The code of other kinds of example and target, and of --append: a plain image conversion
-# never needs it (each costs CPU to import, before the supervising process forks: issue 40).
-_OTHER_KINDS = ("conversion.append", "imaging.time_series", "imaging.volumes", "imaging.scenes", "imaging.masks",
+# The code of other kinds of example and target: a plain image conversion never needs it
+# (each costs CPU to import, before the supervising process forks: issue 40).
+_OTHER_KINDS = ("imaging.time_series", "imaging.volumes", "imaging.scenes", "imaging.masks",
                 "conversion.time_series", "conversion.volumes", "conversion.targets.coco",
                 "conversion.targets.voc")
 
 
-def test_a_plain_image_conversion_loads_no_other_kinds_or_appends_code(tmp_path):
+def test_a_plain_image_conversion_loads_no_other_kinds_code(tmp_path):
     root = tmp_path / "images"
     make_class_tree(root, classes=("a", "b"), per_class=3)
     argv = ["--input_dir", str(root), "--output_dir", str(tmp_path / "out"), "--split", "train=0.5,test=0.5"]
