@@ -1,7 +1,7 @@
 """The options of the conversion: its flags, and the config built from them.
 
 `ConvertOptions` declares the flags (Beam's `PipelineOptions`; the flags
-themselves are `beam_jobs._flags`'s, which a local run also reads without Beam);
+themselves are `conversion.flags`'s, which a local run also reads without Beam);
 `config_from_options` turns them, once, into `conversion.config.ConversionConfig`
 (frozen groups that check themselves). Every default is defined once, in its
 group; the flags read it from there.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_jobs._flags import add_flags
+from conversion.flags import add_flags
 from conversion.config import ConversionConfig
 
 __all__ = ["ConvertOptions", "ConversionConfig", "config_from_options"]
@@ -22,7 +22,7 @@ class ConvertOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        """Declares the flags, group by group (`beam_jobs._flags`)."""
+        """Declares the flags, group by group (`conversion.flags`)."""
         add_flags(parser)
 
 

@@ -68,7 +68,7 @@ def early_config(argv: list[str]):
     """
     if "apache_beam" in sys.modules or not _is_local(argv) or "-h" in argv or "--help" in argv:
         return None
-    from beam_jobs._flags import add_flags
+    from conversion.flags import add_flags
     from conversion import console
     from conversion.config import ConversionConfig
 

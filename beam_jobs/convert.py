@@ -314,7 +314,7 @@ def _run_pipeline(plan: _plan.Plan, plan_paths: list[str], config: ConversionCon
 
 def help_text() -> str:
     """The text of `shardsmith convert --help`: every option and an example."""
-    from beam_jobs._flags import add_flags
+    from conversion.flags import add_flags
 
     def add_arguments(parser):
         add_flags(parser)  # `ConvertOptions`' flags and the console's (`_runner.ConsoleOptions`'), without Beam.
