@@ -14,16 +14,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from typing import TYPE_CHECKING
 
 import schemas
 from conversion import listing
 from conversion.masks import MaskOptions
 from conversion.options import ShardingOptions, WritingOptions, parse_memory, parse_split
-from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 from imaging import dicom as _dicom
-from imaging.patches import PatchOptions
-from imaging.time_series import TimeSeriesOptions
-from imaging.volumes import VolumeOptions
+from imaging.dicom import DicomOptions
+from imaging.raster import RasterOptions
+from imaging.resize import ResizeOptions
+from imaging.validator import ValidationOptions
+
+if TYPE_CHECKING:
+    # Imported where their flag is given: a conversion of photos does not load
+    # `imaging.time_series` and `imaging.volumes` (CPU before its first decode).
+    from imaging.patches import PatchOptions
+    from imaging.time_series import TimeSeriesOptions
+    from imaging.volumes import VolumeOptions
 
 __all__ = ["ConversionConfig"]
 
@@ -44,6 +52,8 @@ def _patch_options(o) -> PatchOptions | None:
             raise ValueError(f"{given[0]} shapes the patches of --raster_patch: give --raster_patch N "
                              f"with it. Received: {given[0]} without --raster_patch")
         return None
+    from imaging.patches import PatchOptions
+
     return PatchOptions.parse(o.raster_patch, stride=o.raster_stride, edge=o.raster_edge or "shift",
                               max_nodata=1.0 if o.raster_max_nodata is None else o.raster_max_nodata)
 
@@ -67,6 +77,8 @@ def _time_series_options(o) -> TimeSeriesOptions | None:
         if given:
             raise ValueError(f"--time_series stores every pass as it is and does not combine with {flag} "
                              f"(for bands: --bands B02,B03). Received: --time_series with {flag}")
+    from imaging.time_series import TimeSeriesOptions
+
     return TimeSeriesOptions(bands=TimeSeriesOptions.parse_bands(o.bands) if o.bands else None)
 
 
@@ -95,6 +107,8 @@ def _volume_options(o) -> VolumeOptions | None:
         if given:
             raise ValueError(f"--volumes stores each series or NIfTI file whole and does not combine with {flag} "
                              f"yet. Received: --volumes with {flag}")
+    from imaging.volumes import VolumeOptions
+
     return VolumeOptions(min_slices=o.min_slices)
 
 

@@ -20,8 +20,6 @@ from conversion.append_run import PENDING_INVENTORY, PENDING_REPORT
 from conversion.elements import ConversionError
 from conversion.normalized import dicom_summary as _dicom_summary, line as _normalized_entry
 from conversion.normalized import patches_summary as _patch_summary
-from conversion.time_series import merge_time_series
-from conversion.volumes import counted_section, merge_sections as merge_volume_sections
 from conversion.files import TMP_DIRNAME, exists, join, read_bytes, remove_tree, write_atomically
 from conversion.listing import display_path
 
@@ -189,9 +187,13 @@ class Finalizer:
             grown[key] = _targets.merge_sections(old.extra[key], manifest.extra[key])
         if _VOLUMES in old.extra and _VOLUMES in manifest.extra:
             # Every version's volumes, per split (`inspect` of the latest; `at_version` of an older).
-            grown[_VOLUMES] = merge_volume_sections(old.extra[_VOLUMES], manifest.extra[_VOLUMES])
+            from conversion.volumes import merge_sections  # Only for volumes: a photo run never loads it.
+
+            grown[_VOLUMES] = merge_sections(old.extra[_VOLUMES], manifest.extra[_VOLUMES])
         if schemas.TIME_SERIES in old.extra and schemas.TIME_SERIES in manifest.extra:
             # Every version's locations.
+            from conversion.time_series import merge_time_series
+
             grown[schemas.TIME_SERIES] = merge_time_series(old.extra[schemas.TIME_SERIES],
                                                            manifest.extra[schemas.TIME_SERIES])
         extra.update(grown)
@@ -287,6 +289,8 @@ class Finalizer:
         if patches:
             extra["patches"] = patches
         if _VOLUMES in extra:  # The run's counts per split and its reconciliation.
+            from conversion.volumes import counted_section
+
             extra[_VOLUMES] = counted_section(extra[_VOLUMES], shards, counts)
         dicom = _dicom_summary(normalized)
         if dicom:

@@ -33,7 +33,6 @@ import numpy as np
 import schemas
 from conversion import listing as _listing
 from conversion.files import is_local, open_to_read, read_bytes
-from imaging import masks as _masks
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
@@ -51,6 +50,13 @@ TARGET_KIND = next(kind for kind, specs in schemas.TARGET_KINDS.items() if specs
 # Masks looked for besides `imaging.masks.MASK_EXTENSIONS`, only to be rejected
 # as 'mask_lossy' (a JPEG's class ids are not exact) rather than 'missing_mask'.
 _LOSSY_EXTENSIONS = (".jpg", ".jpeg")
+
+
+def _masks():
+    """`imaging.masks`, imported once masks are read (--masks_dir): a photo run never loads it."""
+    from imaging import masks
+
+    return masks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +172,7 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
         mask_files = [m for m in mask_files if is_mask(m.rel_path)]
     by_stem = collections.defaultdict(list)
     for m in mask_files:
-        if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS + _LOSSY_EXTENSIONS:
+        if os.path.splitext(m.rel_path)[1].lower() in _masks().MASK_EXTENSIONS + _LOSSY_EXTENSIONS:
             by_stem[_stem(m.rel_path)].append(m)
     kept, problems, mask_of, used = [], list(problems), {}, set()
     for f in files:
@@ -174,7 +180,7 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
         found = by_stem.get(stem, []) if stem is not None else []
         if stem is not None:
             used.add(stem)
-        lossless = [m for m in found if os.path.splitext(m.rel_path)[1].lower() in _masks.MASK_EXTENSIONS]
+        lossless = [m for m in found if os.path.splitext(m.rel_path)[1].lower() in _masks().MASK_EXTENSIONS]
         if len(lossless) == 1 or (found and not lossless):
             # A JPEG mask alone is paired, then rejected 'mask_lossy' by the shard writer.
             kept.append(f)
@@ -212,7 +218,7 @@ def _missing_message(f, stem: str | None, options: MaskOptions) -> str:
         return (f"its name does not end with {image_suffix!r} (--mask_suffix {options.mask_suffix}), "
                 "so it has no mask name")
     where = "/".join(p for p in (options.masks_dir.rstrip("/"), stem) if p)
-    return f"no mask at {where}{{{','.join(_masks.MASK_EXTENSIONS)}}}"
+    return f"no mask at {where}{{{','.join(_masks().MASK_EXTENSIONS)}}}"
 
 
 def _list_masks(masks_dir: str):
@@ -253,7 +259,7 @@ def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions):
         image_suffix, mask_suffix = suffixes
 
         def is_mask(rel: str) -> bool:
-            if os.path.splitext(rel)[1].lower() not in _masks.MASK_EXTENSIONS:
+            if os.path.splitext(rel)[1].lower() not in _masks().MASK_EXTENSIONS:
                 return False
             stem = _stem(rel)
             return stem.endswith(mask_suffix) if mask_suffix else not stem.endswith(image_suffix)
@@ -317,9 +323,9 @@ def _dataset_dtype(paths: Sequence) -> str:
         try:
             with open_to_read(m.path) as fh:
                 head = fh.read(_HEAD_BYTES)
-                bits = _masks.mask_bit_depth(head)
+                bits = _masks().mask_bit_depth(head)
                 if bits is None and m.size > len(head):
-                    bits = _masks.mask_bit_depth(head + fh.read())
+                    bits = _masks().mask_bit_depth(head + fh.read())
         except OSError:
             return 8  # The shard writer reads it again and says why.
         return bits or 8
@@ -373,7 +379,7 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
         mask_data = read_bytes(mask_path)
     except OSError as e:
         raise ImageRejected("mask_unreadable", f"mask of {rel_path}: {e}") from e
-    ids = _masks.read_mask(mask_data, mask_path, max_pixels)
+    ids = _masks().read_mask(mask_data, mask_path, max_pixels)
     if dtype == "uint8" and ids.dtype != np.uint8 and ids.size and int(ids.max()) > 255:
         raise ImageRejected(
             "mask_not_class_ids",
@@ -381,14 +387,14 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
     out = []
     encoded = {}  # Frames of one file share a size: the mask is aligned and encoded once.
     for image in images:
-        frame = _masks.image_frame(data, image.actions, image.height, image.width, image.details)
+        frame = _masks().image_frame(data, image.actions, image.height, image.width, image.details)
         if frame not in encoded:
-            aligned = _masks.align_mask(ids, frame, rel_path)
-            if not aligned.actions and _masks.storable_as_is(mask_data, dtype):
+            aligned = _masks().align_mask(ids, frame, rel_path)
+            if not aligned.actions and _masks().storable_as_is(mask_data, dtype):
                 png = mask_data  # Its ids exactly as TensorFlow decodes them: kept byte for byte.
             else:
-                png = _masks.encode_mask(aligned.ids, dtype)
-            encoded[frame] = (aligned, png, _masks.pixel_counts(aligned.ids))
+                png = _masks().encode_mask(aligned.ids, dtype)
+            encoded[frame] = (aligned, png, _masks().pixel_counts(aligned.ids))
         aligned, png, counts = encoded[frame]
         if aligned.actions:
             details = dict(image.details or {})
@@ -407,7 +413,7 @@ def pair_patches(images, ids: Sequence[np.ndarray], dtype: str) -> list[MaskedIm
         already cut, padded and resized with them (`imaging.scenes.LabelRaster`).
       dtype: The dataset's mask dtype.
     """
-    return [MaskedImage(image, _masks.encode_mask(window, dtype), _masks.pixel_counts(window))
+    return [MaskedImage(image, _masks().encode_mask(window, dtype), _masks().pixel_counts(window))
             for image, window in zip(images, ids, strict=True)]
 
 

@@ -27,7 +27,6 @@ from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
 from imaging import ImageRejected, ImageValidator, ValidationOptions, ValidImage
 from imaging import boxes as _boxes
-from imaging import scenes as _scenes
 from schemas.tfrecord import frame_record
 
 __all__ = ["ShardFile", "ShardJob", "ShardOutcome", "write_shard", "warm_up", "warm_call", "record_schema",
@@ -241,7 +240,7 @@ class _Writer:
         shard = _Shard(job.num_classes)
         try:
             for f, outcome in self._validated(job.files, job.threads):
-                if isinstance(outcome, _scenes.Cut):
+                if f.patch_rows is not None and isinstance(outcome, _scenes().Cut):  # Only a scene's item is cut.
                     outcome = self._cut_outcome(shard, f, outcome)
                 elif isinstance(outcome, Reject) and f.patch_rows is not None:
                     outcome = self._failed_rows(shard, f, outcome)
@@ -483,8 +482,8 @@ class _Writer:
                 with contextlib.ExitStack() as stack:
                     labels = None if mask is None else stack.enter_context(self._labels(f, *mask))
                     fh = stack.enter_context(open_to_read(f.path))
-                    cut = _scenes.cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster, validation.resize,
-                                           labels, columns)
+                    cut = _scenes().cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster,
+                                             validation.resize, labels, columns)
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.
@@ -504,7 +503,7 @@ class _Writer:
             fh = open_to_read(path)
         except OSError as e:
             raise ImageRejected("mask_unreadable", f"mask of {f.rel_path}: {e}") from e
-        with fh, _scenes.LabelRaster(fh, path, dtype) as labels:
+        with fh, _scenes().LabelRaster(fh, path, dtype) as labels:
             yield labels
 
     def _with_targets(self, f: ShardFile, images, data: bytes):
@@ -551,9 +550,16 @@ def _internal_error(f: ShardFile, error: Exception) -> Reject:
     return Reject(f.rel_path, guard.INTERNAL_ERROR, guard.internal_error_message(f.rel_path, error))
 
 
-def _item(f: ShardFile) -> _scenes.WorkItem:
+def _item(f: ShardFile):
     """The `imaging.scenes.WorkItem` of a scene's work item."""
-    return _scenes.WorkItem.parse(f.patch_rows)
+    return _scenes().WorkItem.parse(f.patch_rows)
+
+
+def _scenes():
+    """`imaging.scenes`, imported once a scene is cut (--raster_patch): a photo run never loads it."""
+    from imaging import scenes
+
+    return scenes
 
 
 def _item_details(f: ShardFile) -> dict:

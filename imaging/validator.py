@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from imaging import dicom as _dicom
 from imaging import formats as _formats
 from imaging import raster as _raster
 from imaging import resize as _resize
-from imaging import time_series as _time_series
-from imaging import volumes as _volumes
 from imaging.errors import ImageRejected
 from imaging.formats import ValidImage
 from imaging.formats import jpeg as _jpeg
 from imaging.sniff import sniff_format
+
+if TYPE_CHECKING:  # Imported where given: a conversion of photos never loads them.
+    from imaging import time_series as _time_series
+    from imaging import volumes as _volumes
 
 __all__ = ["ValidationOptions", "ValidImage", "ImageValidator"]
 
@@ -102,14 +105,20 @@ class ValidationOptions:
         if self.raster.max_pixels != self.max_pixels:
             object.__setattr__(self, "raster", dataclasses.replace(self.raster, max_pixels=self.max_pixels))
         if self.time_series is not None:
+            from imaging import time_series as _time_series
+
             if not isinstance(self.time_series, _time_series.TimeSeriesOptions):
                 raise ValueError("time_series must be an imaging.time_series.TimeSeriesOptions or None. "
                                  f"Received: {self.time_series!r}")
             wanted = dataclasses.replace(self.time_series, max_pixels=self.max_pixels, patch=self.raster.patch)
             if wanted != self.time_series:
                 object.__setattr__(self, "time_series", wanted)
-        if self.volumes is not None and not isinstance(self.volumes, _volumes.VolumeOptions):
-            raise ValueError(f"volumes must be an imaging.volumes.VolumeOptions or None. Received: {self.volumes!r}")
+        if self.volumes is not None:
+            from imaging import volumes as _volumes
+
+            if not isinstance(self.volumes, _volumes.VolumeOptions):
+                raise ValueError(
+                    f"volumes must be an imaging.volumes.VolumeOptions or None. Received: {self.volumes!r}")
 
 
 class ImageValidator:

@@ -75,3 +75,51 @@ def test_the_program_writes_the_in_process_runs_bytes(tmp_path):
     for name in written:
         assert (tmp_path / "program" / name).read_bytes() == (tmp_path / "in_process" / name).read_bytes(), name
     assert "Converted 1,000 images" in program.stderr
+
+
+# The code of other kinds of example and target: a plain image conversion never needs it
+# (each costs CPU to import, before the supervising process forks: issue 40).
+_OTHER_KINDS = ("imaging.time_series", "imaging.volumes", "imaging.scenes", "imaging.masks",
+                "conversion.time_series", "conversion.volumes", "conversion.targets.coco",
+                "conversion.targets.voc")
+
+
+def test_a_plain_image_conversion_loads_no_other_kinds_code(tmp_path):
+    root = tmp_path / "images"
+    make_class_tree(root, classes=("a", "b"), per_class=3)
+    argv = ["--input_dir", str(root), "--output_dir", str(tmp_path / "out"), "--split", "train=0.5,test=0.5"]
+    code = (
+        "import json, sys\n"
+        "import beam_jobs.convert\n"
+        "on_import = sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)\n"
+        "beam_jobs.convert.run(json.loads(sys.argv[1]))\n"
+        "print(json.dumps({'on_import': on_import,\n"
+        "                  'after_run': sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(argv), json.dumps(_OTHER_KINDS)],
+                         capture_output=True, text=True, cwd=_REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found == {"on_import": [], "after_run": []}
+    assert any(p.name.endswith(".tfrecord") for p in (tmp_path / "out").iterdir())
+
+
+def test_the_imaging_packages_names_load_when_asked():
+    code = (
+        "import json, sys\n"
+        "import imaging\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('imaging.'))\n"
+        "ns = {}\n"
+        "exec('from imaging import *', ns)\n"
+        "print(json.dumps({'loaded': loaded, 'star': sorted(k for k in ns if not k.startswith('__')),\n"
+        "                  'all': sorted(imaging.__all__),\n"
+        "                  'homes': {n: getattr(imaging, n).__module__ for n in imaging.__all__},\n"
+        "                  'in_dir': sorted(set(imaging.__all__) - set(dir(imaging)))}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["loaded"] == []  # Importing the package loads none of its modules.
+    assert found["star"] == found["all"] and found["in_dir"] == []
+    assert found["homes"]["ImageValidator"] == "imaging.validator"
+    assert found["homes"]["DicomOptions"] == "imaging.dicom"

@@ -11,10 +11,16 @@ from __future__ import annotations
 import dataclasses
 
 import schemas
-from conversion import time_series as _time_series
 from conversion.examples.kind import ExampleKind, Grouped
 
 __all__ = ["KIND"]
+
+
+def _time_series():
+    """`conversion.time_series`, imported once a conversion of this kind asks: a photo run never loads it."""
+    from conversion import time_series
+
+    return time_series
 
 
 def _applies(validation) -> bool:
@@ -23,7 +29,7 @@ def _applies(validation) -> bool:
 
 def _group(files: list, problems: list, config) -> Grouped:
     # Locations, not files, are planned: each one "file" whose path is its plan's.
-    located = _time_series.plan_locations(files, problems, config.validation.time_series, config.output_dir)
+    located = _time_series().plan_locations(files, problems, config.validation.time_series, config.output_dir)
     members = {name: tuple(rel for date in p.dates for rel in date.rel_paths) for name, p in located.stacks.items()}
     return Grouped(list(located.files), list(located.problems), members, located.stacks)
 
@@ -38,7 +44,7 @@ def _windows(files: list, grouped: Grouped, targets, config):
     patch = config.validation.raster.patch
     if patch is None:
         return None, {}
-    return _time_series.stack_windows(grouped.plans, patch), {}
+    return _time_series().stack_windows(grouped.plans, patch), {}
 
 
 def _cut_masks(mask_plan, windows, config):
@@ -48,7 +54,7 @@ def _cut_masks(mask_plan, windows, config):
 
 def _finish_plan(plan, grouped: Grouped):
     stacks = grouped.plans
-    plan = _time_series.expand_problems(plan, stacks)
+    plan = _time_series().expand_problems(plan, stacks)
     return dataclasses.replace(plan, stacks={f.rel_path: stacks[f.rel_path] for f in plan.files})
 
 
@@ -57,20 +63,20 @@ def _record_schema(validation, targets: tuple[str, ...] = ()):
 
 
 def _write_shard(job):
-    return _time_series.write_stacks(job, job.validation.time_series)
+    return _time_series().write_stacks(job, job.validation.time_series)
 
 
 def _warm_call(validation, processes: int, decoders: bool = True) -> tuple:
-    return _time_series.warm_up, ()
+    return _time_series().warm_up, ()
 
 
 def _manifest_section(plan, config) -> dict:
-    return _time_series.manifest_section(plan.stacks, plan, config.validation.time_series)
+    return _time_series().manifest_section(plan.stacks, plan, config.validation.time_series)
 
 
 def _prepare_output(plan, config) -> None:
     # Each location's plan, which its shard writer reads (its planned file's path).
-    _time_series.write_stack_plans(plan.stacks, config.output_dir)
+    _time_series().write_stack_plans(plan.stacks, config.output_dir)
 
 
 KIND = ExampleKind(

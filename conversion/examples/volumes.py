@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from conversion import files as _files, guard, volumes as _volumes
+from conversion import files as _files, guard
 from conversion.examples.kind import ExampleKind, Grouped
 from schemas.volumes import VOLUME_SCHEMA
 
 __all__ = ["KIND"]
+
+
+def _volumes():
+    """`conversion.volumes`, imported once a conversion of this kind asks: a photo run never loads it."""
+    from conversion import volumes
+
+    return volumes
 
 
 def _applies(validation) -> bool:
@@ -37,7 +44,7 @@ def _labels_csv(config):
 def _group(files: list, problems: list, config) -> Grouped:
     # Volumes, not files, are planned: each one "file" whose path is its plan's.
     quarantined = guard.Quarantine(guard.quarantine_path(config.output_dir)).load() if config.writing.resume else None
-    planned = _volumes.plan_volumes(
+    planned = _volumes().plan_volumes(
         files, problems, config.input_dir, config.output_dir, options=config.validation.volumes,
         split_ratios=config.split_ratios, seed=config.seed, quarantined=quarantined,
         labels_csv=_labels_csv(config), dedup=config.writing.dedup)
@@ -65,20 +72,26 @@ def _record_schema(validation, targets: tuple[str, ...] = ()):
 
 
 def _write_shard(job):
-    return _volumes.write_volumes(job)
+    return _volumes().write_volumes(job)
 
 
 def _warm_call(validation, processes: int, decoders: bool = True) -> tuple:
-    return _volumes.warm_up, ()
+    return _volumes().warm_up, ()
 
 
 def _manifest_section(plan, config) -> dict:
-    return _volumes.manifest_section(plan.volumes, plan, config.validation.volumes)
+    return _volumes().manifest_section(plan.volumes, plan, config.validation.volumes)
 
 
 def _prepare_output(plan, config) -> None:
     # Each volume's plan, which its shard writer reads (its planned file's path).
-    _volumes.write_volume_plans(plan.volumes, config.input_dir, config.output_dir)
+    _volumes().write_volume_plans(plan.volumes, config.input_dir, config.output_dir)
+
+
+def _finish_output(manifest, rejects, output_dir: str) -> None:
+    # A function of this module, not `conversion.volumes.write_manifest` itself: the row is built
+    # without importing it.
+    _volumes().write_manifest(manifest, rejects, output_dir)
 
 
 KIND = ExampleKind(
@@ -92,5 +105,5 @@ KIND = ExampleKind(
     finish_plan=_finish_plan,
     manifest_section=_manifest_section,
     prepare_output=_prepare_output,
-    finish_output=_volumes.write_manifest,
+    finish_output=_finish_output,
 )

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 import schemas
 from conversion import listing as _listing
 from conversion.files import exists, read_bytes
-from conversion.targets import coco as _coco, voc as _voc
 from conversion.targets._box_files import BoxAnnotations
 from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
@@ -113,13 +112,18 @@ def _read_annotations(path: str, listed: Sequence[str]) -> BoxAnnotations:
     """Reads --annotations: a COCO JSON file, or a folder of VOC XML files."""
     if not exists(path):
         raise FileNotFoundError(f"--annotations {path!r} does not exist.")
+    # Their readers (voc's XML parser) are imported with --annotations only: not on every run.
     if _is_file(path):
+        from conversion.targets import coco as _coco
+
         return _coco.read_coco(read_bytes(path), path, listed)
     found, _ = _listing.list_input(path)
     xmls = [f for f in found if f.rel_path.lower().endswith(".xml")]
     if not xmls:
         raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml); "
                          "give a COCO instances JSON file or a folder of VOC XML files.")
+    from conversion.targets import voc as _voc
+
     # Sorted by relative path (the listing's order): the first of two XMLs of one image wins.
     return _voc.read_voc([(f.rel_path, read_bytes(f.path)) for f in xmls], path, listed)
 
