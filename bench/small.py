@@ -30,7 +30,7 @@ measure `bench.read`'s decode ceiling (every photo decoded whole and resized to
 224, bytes in memory, every core; issue 40's "limit") and print the converter's
 share of it (issue 40: >= 70%).
 
-Targets: small images >= 1.2x (b), whole process; photos >= 1.2x (b); photo
+Targets (issue 40): small images >= 1.5x (b), whole process; photos >= 1.6x (b); photo
 steady state >= 0.8x the ceiling; peak memory at ``count`` <= 1.1x at
 ``count / 10``. Shared cores make figures noisy: compare contenders of the
 same run, CPU seconds move less than wall time.
@@ -68,7 +68,10 @@ _BY_NAME = {c.name: c for c in CONTENDERS}
 _LABELS = {"shardsmith": "shardsmith (default command)",
            "multiprocess": "(b) 2-process converter, Pillow decode",
            "naive": "(c) tutorial loop, no validation"}
-_TARGET_VS_B = 1.2
+# Issue 40's: converting small JPEGs >= 1.5x and photos >= 1.6x the two-process converter.
+_TARGET_SMALL_VS_B = 1.5
+_TARGET_PHOTOS_VS_B = 1.6
+_TARGET_SHARE = 0.7
 _TARGET_MEMORY = 1.1
 _TARGET_CEILING = 0.8
 
@@ -226,8 +229,8 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=True) 
     lines = ["", f"Converting {photos:,} photos ({rounds} rounds, (b) in {repeat if with_b else 0}; "
                  f"load average {os.getloadavg()[0]:.1f}):", *_table(full)]
     if with_b:
-        lines.append(f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_VS_B}x: "
-                     f"{_verdict(p_vs_b >= _TARGET_VS_B)})")
+        lines.append(f"Target photos vs (b): {p_vs_b:.2f}x (>= {_TARGET_PHOTOS_VS_B}x: "
+                     f"{_verdict(p_vs_b >= _TARGET_PHOTOS_VS_B)})")
     lines += [f"Steady state of shardsmith ({quarter:,} -> {photos:,} photos, best of {rounds}): "
               f"{steady:.0f} images/s, {steady_cpu_ms:.2f} CPU ms/img; validation ceiling (TF decode "
               f"of the same bytes in memory, same scale, every core, best of {rounds}): "
@@ -241,7 +244,8 @@ def _photos(photos, seed, corpus_dir, work, repeat, steady_rounds, with_b=True) 
     share = full["shardsmith"].images_per_s / read_ceiling
     lines.append(f"Converter's share of the decode ceiling (full decode + resize to 224, "
                  f"{read_ceiling:.0f} images/s, best of {rounds}): whole process {share:.0%}, "
-                 f"steady state {steady / read_ceiling:.0%} (issue 40: >= 70%)")
+                 f"steady state {steady / read_ceiling:.0%} (issue 40, whole process: >= {_TARGET_SHARE:.0%}: "
+                 f"{_verdict(share >= _TARGET_SHARE)})")
     return {"photos": {n: m.__dict__ for n, m in full.items()}, "photos_vs_b": p_vs_b,
             "steady_images_per_s": steady, "steady_cpu_ms_per_image": steady_cpu_ms,
             "ceiling": ceil, "ceilings": ceilings, "steady_vs_ceiling": vs_ceiling,
@@ -292,7 +296,8 @@ def run(*, count: int = 100_000, photos: int = 2000, seed: int = 0, repeat: int 
             lines += [f"Converting {count:,} small images ({corpus.format_stats(stats)}), whole processes, "
                       f"best of {repeat}, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}):",
                       *_table(small),
-                      f"Target small images vs (b): {vs_b:.2f}x (>= {_TARGET_VS_B}x: {_verdict(vs_b >= _TARGET_VS_B)})",
+                      f"Target small images vs (b): {vs_b:.2f}x (>= {_TARGET_SMALL_VS_B}x: "
+                      f"{_verdict(vs_b >= _TARGET_SMALL_VS_B)})",
                       f"Peak memory of shardsmith: {tenth:,} images {memory.peak_rss / _MIB:.0f} MiB, "
                       f"{count:,} images {small['shardsmith'].peak_rss / _MIB:.0f} MiB: {mem_ratio:.2f}x "
                       f"(<= {_TARGET_MEMORY}x: {_verdict(mem_ratio <= _TARGET_MEMORY)}), "
