@@ -48,7 +48,9 @@ import traceback
 
 from conversion import console, guard
 
-__all__ = ["WorkerProcesses", "WorkerDied", "main"]
+__all__ = ["WorkerProcesses", "WorkerDied", "fork_is_safe", "main"]
+
+_LOG = logging.getLogger("shardsmith.convert")
 
 # Seconds a closing child may take to finish and exit before it is killed.
 _EXIT_WAIT = 10
@@ -119,7 +121,7 @@ class _Worker:
     `fork`: the child is a fork of this process, not a fresh interpreter:
     it has every module this process has imported (~0.5 s of CPU less to
     start). Only for a process without TensorFlow, Beam or threads of other
-    libraries (`_can_fork`); `close_in_child` are the descriptors of other
+    libraries (`fork_is_safe`, Beam not imported); `close_in_child` are the descriptors of other
     children's pipes, closed in it (a fresh child inherits none).
     """
 
@@ -222,7 +224,7 @@ class WorkerProcesses:
       file_memory: Bytes a child may hold while it works on a file
         (--file_memory) before the watchdog stops it; None: no bound.
       fork: Fork the first children from this process where it is safe
-        (`_can_fork`: no TensorFlow, Beam or other libraries' threads yet):
+        (`fork_is_safe`, Beam not imported: no TensorFlow, Beam or other libraries' threads yet):
         they start with its modules imported. A child that takes a dead
         one's place later is a fresh interpreter.
 
@@ -265,7 +267,9 @@ class WorkerProcesses:
             raise
 
     def _start(self) -> _Worker:
-        fork = self._fork and _can_fork()
+        # Not once Beam is imported either: its pools and clients may hold locks (and the
+        # supervising fork of a plain run precedes it: `beam_jobs._startup.early_config`).
+        fork = self._fork and "apache_beam" not in sys.modules and fork_is_safe()
         with self._lock:
             others = tuple(fd for w in self._workers for fd in w.parent_fds) if fork else ()
         worker = _Worker(self._env, fork=fork, close_in_child=others)
@@ -369,15 +373,48 @@ class WorkerProcesses:
             shutil.rmtree(self.journal_folder, ignore_errors=True)
 
 
-def _can_fork() -> bool:
-    """Whether a worker process may be forked from this one: no TensorFlow, no Beam, only shardsmith's threads.
+def fork_is_safe() -> bool:
+    """Whether this process can fork a child: the command's supervised attempt, or a worker process.
 
-    Their thread pools and locks would be missing or held in the child
-    (`conversion.recovery`'s supervising fork asks the same before any work).
+    Not once TensorFlow is loaded (its thread pools would be missing in the
+    child, their locks possibly held), nor beside other threads than
+    shardsmith's own (the console's stderr filter, which holds no lock the
+    child needs): `beam_jobs.convert.main` called inside a program that has done other
+    work then runs in that program's process, unsupervised.
     """
-    if not hasattr(os, "fork") or "tensorflow" in sys.modules or "apache_beam" in sys.modules:
+    if not hasattr(os, "fork") or "tensorflow" in sys.modules:
         return False
-    return all(t is threading.main_thread() or t.name.startswith("shardsmith-") for t in threading.enumerate())
+    if not all(t is threading.main_thread() or t.name.startswith("shardsmith-")
+               for t in threading.enumerate()):
+        return False
+    return _native_threads_are_fork_safe()
+
+
+# Native threads a fresh command process has that survive a fork: Python's
+# own and OpenBLAS's (named as the process, which they inherit) and
+# jemalloc's background thread (both libraries re-create their threads in a
+# child). Any other, e.g. gRPC's pollers and timers, means a library is
+# running that a fork could leave broken in either process.
+_FORK_SAFE_THREAD_NAMES = ("jemalloc_bg_thd",)
+
+
+def _native_threads_are_fork_safe() -> bool:
+    try:
+        tasks = os.listdir("/proc/self/task")
+        with open("/proc/self/comm") as f:
+            process = f.read().strip()  # "python", "shardsmith", ...
+    except OSError:
+        return True  # No /proc (macOS): Python's own threads were checked.
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # Ended meanwhile.
+        if name != process and name not in _FORK_SAFE_THREAD_NAMES:
+            _LOG.debug("Not forking: native thread %r is running", name)
+            return False
+    return True
 
 
 def _fork_child(env, fd_in: int, fd_out: int, close: tuple) -> int:

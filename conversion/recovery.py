@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import traceback
 from collections.abc import Sequence
 
@@ -202,7 +201,7 @@ def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, t
       The exit status of the last attempt (128 + N when it was ended by signal N
       and not by a file).
     """
-    if not _fork_is_safe():
+    if not _processes.fork_is_safe():
         return attempt(argv)
     folder = new_journal_folder()
     previous = os.environ.get(JOURNAL_ENV)
@@ -239,52 +238,6 @@ def supervise(attempt, argv: list[str], *, quarantine: Quarantine, validation, t
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _fork_is_safe() -> bool:
-    """Whether this process can fork a child that does the work (the command, at its start).
-
-    Not once TensorFlow is loaded (its thread pools would be missing in the
-    child, their locks possibly held), nor beside other threads than
-    shardsmith's own (the console's stderr filter, which holds no lock the
-    child needs): `beam_jobs.convert.main` called inside a program that has done other
-    work then runs in that program's process, unsupervised.
-    """
-    import sys
-
-    if not hasattr(os, "fork") or "tensorflow" in sys.modules:
-        return False
-    if not all(t is threading.main_thread() or t.name.startswith("shardsmith-")
-               for t in threading.enumerate()):
-        return False
-    return _native_threads_are_fork_safe()
-
-
-# Native threads a fresh command process has that survive a fork: Python's
-# own and OpenBLAS's (named as the process, which they inherit) and
-# jemalloc's background thread (both libraries re-create their threads in a
-# child). Any other, e.g. gRPC's pollers and timers, means a library is
-# running that a fork could leave broken in either process.
-_FORK_SAFE_THREAD_NAMES = ("jemalloc_bg_thd",)
-
-
-def _native_threads_are_fork_safe() -> bool:
-    try:
-        tasks = os.listdir("/proc/self/task")
-        with open("/proc/self/comm") as f:
-            process = f.read().strip()  # "python", "shardsmith", ...
-    except OSError:
-        return True  # No /proc (macOS): Python's own threads were checked.
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue  # Ended meanwhile.
-        if name != process and name not in _FORK_SAFE_THREAD_NAMES:
-            _LOG.debug("Not forking a supervising process: native thread %r is running", name)
-            return False
-    return True
 
 
 def _run_child(attempt, argv) -> tuple[int, int]:
