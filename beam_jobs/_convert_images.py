@@ -65,7 +65,7 @@ class ConvertImages(beam.PTransform):
                     num_found=plan.num_found,
                     options=config.manifest_options(plan.split_source),
                     max_reject_fraction=config.max_reject_fraction,
-                    features=record_schema(config.validation, _targets(plan)).to_json(),
+                    features=record_schema(config.validation, plan.target_kinds).to_json(),
                     extra={**group_section(plan, config),
                            **kind_for(config.validation).manifest_section(plan, config)},
                     targets=plan.targets_section,
@@ -78,7 +78,3 @@ class ConvertImages(beam.PTransform):
             )
         )
 
-
-def _targets(plan: _plan.Plan) -> tuple[str, ...]:
-    """The target kinds of the plan's records (`schemas.TARGET_KINDS`, `conversion.targets.TARGETS`)."""
-    return tuple(plan.target_kinds)

@@ -128,7 +128,7 @@ def planned_spec(spec: ShardSpec, plan, config) -> ShardSpec:
     """
     return dataclasses.replace(
         spec, writing=config.writing, num_classes=len(plan.class_names),
-        total_shards=sum(plan.shard_counts.values()), targets=tuple(plan.target_kinds))
+        total_shards=sum(plan.shard_counts.values()), targets=plan.target_kinds)
 
 
 class ShardMaker:
