@@ -14,7 +14,6 @@ extra (spelled `dask.distributed`: that extra declares `dask[distributed]`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import pathlib
@@ -31,6 +30,8 @@ __all__ = ["LocalDaskCluster", "dask_command", "kill_groups"]
 _CODE_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 _POLL_S = 0.2
 _LOG_TAIL_CHARS = 2000
+# argv[1]: the core; argv[2:]: the command it then runs, pinned to that core.
+_PINNED = "import os, sys; os.sched_setaffinity(0, [int(sys.argv[1])]); os.execv(sys.argv[2], sys.argv[2:])"
 
 
 def dask_command(*args: str) -> list[str]:
@@ -134,11 +135,17 @@ class LocalDaskCluster:
     def _start(self, name: str, *args: str, cpu: int | None = None) -> None:
         log = open(self.folder / f"{name}.log", "wb")
         self._logs.append(log)
+        command = dask_command(*args)
+        if cpu is not None:
+            # Pinned before the command starts, so inherited by the nanny's worker process too: by a
+            # small interpreter that sets its affinity and then becomes the command (exec), not in a
+            # `preexec_fn`, which makes `subprocess` fork() instead of vfork(), and a fork() of a
+            # process where Beam's multi-threaded runner ran (gRPC's poller) can abort the child
+            # before its exec (`tests/helpers.run_without_core_dumps` says how).
+            command = [sys.executable, "-c", _PINNED, str(cpu), *command]
         self.procs.append(subprocess.Popen(
-            dask_command(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self._env, cwd=str(self.folder), start_new_session=True,
-            # Set before exec, so inherited by the nanny's worker process too.
-            preexec_fn=None if cpu is None else functools.partial(os.sched_setaffinity, 0, [cpu]),
         ))
 
     def _log_tails(self) -> str:

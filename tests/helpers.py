@@ -75,6 +75,29 @@ def make_class_tree(root: pathlib.Path, classes=("cat", "dog", "fish"), per_clas
     return written
 
 
+def run_without_core_dumps(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, **kwargs)` with core dumps off in the child (tests crash decoders on purpose).
+
+    The limit is lowered in this process while the child runs and inherited,
+    not set in a `preexec_fn`: with one, `subprocess` starts the child with
+    fork() instead of vfork(), which runs gRPC's fork handlers. In a test
+    process where Beam's multi-threaded runner ran earlier (its gRPC server
+    stays), gRPC then restarts its epoll poller in the child, `close_fds`
+    closes the poller's descriptor before exec, and the child aborts (SIGABRT,
+    "Epoll1Poller ... epoll_wait error: Bad file descriptor") before it runs
+    the command: 35 of 300 such starts (grpcio 1.85.4; grpc/grpc issue 43055).
+    Only the soft limit moves (it can move back), and only meanwhile.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    try:
+        return subprocess.run(cmd, **kwargs)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+
+
 def interpreters_at_once() -> int:
     """How many fresh interpreters a test module starts at a time (each imports TensorFlow).
 

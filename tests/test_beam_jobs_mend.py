@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import convert, make_class_tree, read_records
+from helpers import convert, make_class_tree, read_records, run_without_core_dumps
 
 import schemas
 
@@ -91,11 +91,6 @@ def test_a_shard_whose_sources_changed_is_not_replaced(converted, tmp_path):
     assert (out / name).read_bytes() == broken
 
 
-def _no_core_dumps():
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
 
 def test_a_file_that_crashes_or_hangs_the_mend_is_named_and_every_shard_is_mended(tmp_path):
     """Converted without the faulty plugin (its files are no images then, rejected); mended with it:
@@ -117,10 +112,10 @@ def test_a_file_that_crashes_or_hangs_the_mend_is_named_and_every_shard_is_mende
         shard.write_bytes(bytes(data))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(faulty_plugin(tmp_path)), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    mended = subprocess.run([sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(root),
-                             "--output_dir", str(out), "--num_shards", "16", "--max_reject_fraction", "0.5",
-                             "--file_timeout", "8", "--resume"], env=env, capture_output=True, text=True,
-                            timeout=600, preexec_fn=_no_core_dumps)
+    mended = run_without_core_dumps([sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(root),
+                                    "--output_dir", str(out), "--num_shards", "16", "--max_reject_fraction", "0.5",
+                                    "--file_timeout", "8", "--resume"], env=env, capture_output=True, text=True,
+                                    timeout=600)
     assert mended.returncode == 0, mended.stderr[-3000:]
     by_kind = {kind: rel for rel, kind in faulty.items()}
     assert f"Rejected {by_kind['SEGV']} (decoder_crashed)" in mended.stderr, mended.stderr[-3000:]

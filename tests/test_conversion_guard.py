@@ -22,7 +22,7 @@ import schemas
 from beam_jobs import verify
 from conversion import guard
 from helpers import (add_faulty_files, add_growing_file, faulty_plugin, holding_process, make_class_tree,
-                     read_records)
+                     read_records, run_without_core_dumps)
 
 _FAULTS = {"RAISE": guard.INTERNAL_ERROR, "SEGV": guard.DECODER_CRASHED, "HANG": guard.TIMEOUT}
 # Far above a small file's validation even on a loaded machine (4 s gave good files false
@@ -40,15 +40,9 @@ def _add_faulty_files(root: pathlib.Path, folder: str) -> dict[str, str]:
     return {rel: _FAULTS[kind] for rel, kind in add_faulty_files(root, folder).items()}
 
 
-def _no_core_dumps():
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 def _run(args, env, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=600, preexec_fn=_no_core_dumps)
+    return run_without_core_dumps([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                                  timeout=600)
 
 
 def _check_converted(out: pathlib.Path, images: dict, faulty: dict, result) -> None:

@@ -10,6 +10,7 @@ import pydicom
 import readers
 from beam_jobs import convert
 from conversion.volumes import read_manifest
+from helpers import run_without_core_dumps
 from test_imaging_volumes import read_sitk, write_series
 
 
@@ -211,7 +212,6 @@ _TIMEOUT = 8
 def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(tmp_path):
     """The real command: the driver supervised, each series decoded in a worker process."""
     import os
-    import subprocess
     import sys
 
     scans = tmp_path / "scans"
@@ -235,14 +235,9 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])}
     out = tmp_path / "out"
 
-    def no_core_dumps():
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    result = subprocess.run([sys.executable, "-m", "beam_jobs.convert", "--volumes", "--input_dir", str(scans),
-                             "--output_dir", str(out), "--file_timeout", str(_TIMEOUT), "--worker_processes", "2"],
-                            env=env, capture_output=True, text=True, timeout=600, preexec_fn=no_core_dumps)
+    command = [sys.executable, "-m", "beam_jobs.convert", "--volumes", "--input_dir", str(scans),
+               "--output_dir", str(out), "--file_timeout", str(_TIMEOUT), "--worker_processes", "2"]
+    result = run_without_core_dumps(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 3, result.stderr[-3000:]
     assert "hit an error in shardsmith or a decoder" in result.stderr
     manifest = json.loads((out / "volumes.json").read_text())
@@ -277,10 +272,7 @@ def test_a_series_whose_decoder_crashes_hangs_or_raises_costs_that_series_only(t
         data = bytearray(shard.read_bytes() or b"\0")
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
-    mended = subprocess.run([sys.executable, "-m", "beam_jobs.convert", "--volumes", "--input_dir", str(scans),
-                             "--output_dir", str(out), "--file_timeout", str(_TIMEOUT), "--worker_processes", "2",
-                             "--resume"], env=env, capture_output=True, text=True, timeout=300,
-                            preexec_fn=no_core_dumps)
+    mended = run_without_core_dumps([*command, "--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert mended.returncode == 0, mended.stderr[-3000:]
     assert f"Rejected {crashed} (decoder_crashed)" in mended.stderr, mended.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in out.glob("*.tfrecord")} == before
