@@ -23,6 +23,9 @@ entry point (`shardsmith ...`, `python -m beam_jobs.convert`, ...) runs:
   forwards every line to the real stderr except those lines. Everything
   else, Python's tracebacks and a crashing library's last words included,
   passes through, in order.
+- Beam's tracebacks of what the command reports itself in one sentence: an
+  error of its own (the reject budget exceeded) and Ctrl-C, and the bundles
+  that fail as the runner stops after them.
 
 `--verbose`, or SHARDSMITH_VERBOSE=1 in the environment, shows all of it.
 
@@ -38,6 +41,7 @@ import logging
 import os
 import re
 import select
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -133,8 +137,9 @@ _QUIET_NIBABEL = _QuietLibraries()
 # The errors a conversion or verification reports itself, in one sentence at its end
 # (`conversion.elements.ConversionError`, a worker process's death).
 _OWN_FAILURES = ("ConversionError", "WorkerDied")
-# Set when Beam's runner reported one of `_OWN_FAILURES` during the running entry point
-# (cleared when it ends): what Beam's workers print and log after it is dropped.
+# Set when Beam's runner reported one of `_OWN_FAILURES` during the running entry point, or
+# Ctrl-C came (`_interrupt_noted`; cleared when it ends): what Beam's workers print and log
+# after it is dropped.
 _own_failure_seen = threading.Event()
 
 
@@ -237,10 +242,10 @@ def entry_point(argv: Sequence[str] = ()) -> Iterator[None]:
         if verbose:
             yield
         elif os.name != "posix":
-            with _own_failures_unprinted():
+            with _own_failures_unprinted(), _interrupt_noted():
                 yield
         else:
-            with _native_stderr_filtered(), _own_failures_unprinted():
+            with _native_stderr_filtered(), _own_failures_unprinted(), _interrupt_noted():
                 yield
     finally:
         with _DEPTH_LOCK:
@@ -297,6 +302,43 @@ def _own_failures_unprinted() -> Iterator[None]:
     finally:
         if isinstance(sys.stderr, _WithoutOwnFailures):
             sys.stderr = previous
+
+
+@contextlib.contextmanager
+def _interrupt_noted() -> Iterator[None]:
+    """Ctrl-C during the block sets `_own_failure_seen`, then does what it did before (KeyboardInterrupt).
+
+    An interrupted command reports itself in one sentence ("interrupted: 12 of
+    40 shards finished ... To go on: ..."). Beam's runner, stopped by the
+    KeyboardInterrupt in the main thread, tears its workers down while their
+    bundles still run: those fail (`KeyError: 'bundle_6'`) and print and log
+    their tracebacks, ~60 lines, 2 runs in 12 on a busy machine when Ctrl-C
+    came as the last shards were written. They are consequences of the
+    interrupt, not news: dropped as after an own failure.
+
+    Only in the main thread (where Python runs signal handlers) and over a
+    handler that raises (Python's default): an ignored or default-action
+    SIGINT is left as it is. A process forked in the block (the supervised
+    conversion's child) keeps the handler.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):
+        yield
+        return
+
+    def noted(signum, frame):
+        _own_failure_seen.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is noted:
+            signal.signal(signal.SIGINT, previous)
 
 
 def exit_program(code: int | None) -> None:
