@@ -35,7 +35,9 @@ def import_beam(argv: list[str]) -> None:
 
 
 def _is_local(argv: list[str]) -> bool:
-    if any("://" in a for a in argv):
+    from schemas.manifest import is_url
+
+    if any(is_url(a) for a in argv):
         return False
     for i, a in enumerate(argv):
         if a == "--runner":

@@ -178,7 +178,7 @@ def _patch_options(manifest: schemas.Manifest) -> PatchOptions | None:
 
 def _local_folder_problem(dataset_dir: str) -> str | None:
     """`schemas.not_a_dataset_folder` of a path; whether it exists is told for local paths only."""
-    local = "://" not in dataset_dir
+    local = not schemas.is_url(dataset_dir)
     return schemas.not_a_dataset_folder(dataset_dir, exists=os.path.exists(dataset_dir) if local else None,
                                         is_file=local and os.path.isfile(dataset_dir))
 

@@ -73,6 +73,7 @@ from readers.options import (
 )
 from readers.positions import ReadPosition
 from schemas.features import HEIGHT, IMAGE, LABEL, WIDTH, ImageRecord, raw_format
+from schemas.manifest import is_url
 
 __all__ = [
     "LABEL_MODES", "AUGMENTATIONS", "SHUFFLE_MODES", "OPTION_NAMES", "ImageOptions",
@@ -292,7 +293,7 @@ def _shard_reader(split_files: SplitFiles) -> Callable[[tf.Tensor], tf.data.Data
     paths = tf.constant(index.paths, tf.string)
     offsets = tf.constant(index.offset, tf.int64)
     lengths = tf.constant(index.length, tf.int64)
-    remote = any("://" in p for p in index.paths)
+    remote = any(is_url(p) for p in index.paths)
 
     @_no_autograph
     def locate(shard):
@@ -403,7 +404,7 @@ def _shards_records(
     # store each read is a request, which the parallel interleave overlaps; the
     # tf.data service's dynamic sharding (split provider) needs the parallel one:
     # with a sequential interleave both workers read every file.
-    local = not any("://" in os.fspath(p) for p in paths)
+    local = not any(is_url(p) for p in paths)
     parallelism = (None if local and not served and _SEQUENTIAL_LOCAL_READS
                    else tf.data.AUTOTUNE)
 

@@ -53,6 +53,7 @@ import tensorflow as tf
 from readers import dataset as _dataset
 from readers.metadata import SplitFiles, load_split
 from readers.options import AUGMENTATIONS, LABEL_MODES, ReaderConfig
+from schemas.manifest import is_url
 
 __all__ = ["INPUT_BOUND_SHARE", "STAGES", "DoctorOptions", "Diagnosis", "diagnose", "load_model"]
 
@@ -351,7 +352,7 @@ def _why_no_cold(split_files: SplitFiles) -> str | None:
     """Why the split's files cannot be dropped from the page cache, or None."""
     if not hasattr(os, "posix_fadvise"):
         return "this system has no posix_fadvise (Linux only)"
-    if any("://" in p for p in split_files.paths):
+    if any(is_url(p) for p in split_files.paths):
         return "the shards are not local files (a URL): there is no local page cache to drop"
     fstype = _filesystem(split_files.paths[0])
     if fstype in _NO_CACHE_DROP_FS:

@@ -31,6 +31,7 @@ from compat import tf_internals
 from readers import corrupt, record_index
 from readers.metadata import SplitFiles
 from readers.positions import ReadPosition
+from schemas.manifest import is_url
 
 __all__ = ["GlobalOrder", "check_damaged", "global_records"]
 
@@ -268,7 +269,7 @@ def global_records(
     # again beside it rather than carried through the reads (cheaper).
     data = record_index.read_records_at(
         located.map(lambda p, o, n_, e, r: (p, o, n_)),
-        remote=any("://" in p for p in index.paths),
+        remote=any(is_url(p) for p in index.paths),
     )
     ds = tf.data.Dataset.zip(located, data)
     output = _output(aug_seed)

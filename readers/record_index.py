@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from readers.metadata import SplitFiles
 from schemas.features import FILENAME, ImageExampleSchema
-from schemas.manifest import ManifestError
+from schemas.manifest import ManifestError, is_url
 from schemas.tfrecord import IndexFileError, check_frame, frame_data, parse_index
 
 __all__ = [
@@ -233,10 +233,6 @@ _HAS_BYTE_OFFSETS = _probe_byte_offsets()
 _READER = "auto"
 
 
-def _is_url(path: str) -> bool:
-    return "://" in path
-
-
 def supports_offset_reads() -> bool:
     """Whether TensorFlow's TFRecord reader can start at an offset here."""
     return _HAS_BYTE_OFFSETS
@@ -275,7 +271,7 @@ class _Files:
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         handle = self._open.get(path)
-        if _is_url(path):
+        if is_url(path):
             if handle is None:
                 handle = self._open[path] = tf.io.gfile.GFile(path, "rb")
             handle.seek(offset)

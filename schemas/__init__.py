@@ -58,6 +58,7 @@ from schemas.time_series import (
 )
 from schemas.manifest import (
     MANIFEST_FILENAME,
+    is_url,
     not_a_dataset_folder,
     NORMALIZED_FILENAME,
     REJECT_REASONS,
@@ -90,7 +91,7 @@ __all__ = [
     "MANIFEST_FILENAME", "REJECTS_FILENAME", "NORMALIZED_FILENAME", "VERIFY_REPORT_FILENAME", "SPLITS",
     "REJECT_REASONS", "SKIP_REASONS", "TARGETS_SECTION", "Manifest", "ManifestError", "ImageStats", "BandStats",
     "BandStatsAccumulator", "ShardInfo",
-    "SplitInfo", "shard_filename", "index_filename", "not_a_dataset_folder", "VersionInfo", "CLASS_ORDERS",
+    "SplitInfo", "shard_filename", "index_filename", "is_url", "not_a_dataset_folder", "VersionInfo", "CLASS_ORDERS",
     "STACK", "STACK_DTYPE", "STACK_SHAPE", "STACK_DATES", "STACK_BANDS", "STACK_VALID", "STACK_FEATURES",
     "TIME_SERIES", "StackRecord", "TimeSeriesExampleSchema", "example_kind",
 ]

@@ -25,6 +25,7 @@ from typing import Any
 from schemas.features import SCHEMA_VERSION
 
 __all__ = [
+    "is_url",
     "not_a_dataset_folder",
     "MANIFEST_FILENAME",
     "REJECTS_FILENAME",
@@ -159,6 +160,15 @@ def shard_filename(split: str, index: int, count: int, version: int = 1) -> str:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 < version < 100000:
         raise ValueError(f"version must be an integer in [1, 100000). Received: {version!r}")
     return _VERSION_TEMPLATE.format(split=split, version=version, index=index, count=count)
+
+
+def is_url(path) -> bool:
+    """Whether a dataset's file or folder is on an object store or another filesystem by URL
+    (`gs://bucket/...`, `s3://...`, `hdfs://...`) rather than a local path.
+
+    Such a path cannot be listed, locked or renamed with `os`; a read of it is a request.
+    """
+    return "://" in str(path)
 
 
 def not_a_dataset_folder(path: str, *, exists: bool | None, is_file: bool) -> str | None:

@@ -202,14 +202,14 @@ def _interrupted_sentence(argv: list[str]) -> str:
 
     from conversion.files import TMP_DIRNAME
     from conversion.shard_plans import PLANS_DIRNAME
-    from schemas.manifest import SHARD_FILENAME_RE
+    from schemas.manifest import SHARD_FILENAME_RE, is_url
 
     out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output_dir"),
                next((a.split("=", 1)[1] for a in argv if a.startswith("--output_dir=")), None))
     again = ["shardsmith", "convert", *(a for a in argv if a != "--overwrite")]
     if "--resume" not in again:
         again.append("--resume")
-    if out is None or "://" in out or not os.path.isdir(out):
+    if out is None or is_url(out) or not os.path.isdir(out):
         kept = "nothing was written"
     else:
         done = sum(1 for name in os.listdir(out)

@@ -41,7 +41,7 @@ def inspect_dataset(data_dir: str) -> dict:
     Raises:
       ManifestError: If the folder is not a finished dataset.
     """
-    local = "://" not in data_dir
+    local = not schemas.is_url(data_dir)
     problem = schemas.not_a_dataset_folder(data_dir, exists=os.path.exists(data_dir) if local else None,
                                            is_file=local and os.path.isfile(data_dir))
     if problem:

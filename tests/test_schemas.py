@@ -624,3 +624,13 @@ def test_shard_of_a_class_its_version_did_not_have_is_refused():
     doc["splits"]["train"]["shards"][0]["class_counts"] = [1, 1, 1]
     with pytest.raises(schemas.ManifestError, match="holds class 'c', which that version did not have"):
         schemas.Manifest.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("path", "url"), [
+    ("gs://bucket/data/train-00000-of-00004.tfrecord", True), ("s3://b/d", True), ("hdfs://nn:8020/d", True),
+    ("/data/train", False), ("relative/dir", False), ("C:\\data", False), ("", False),
+])
+def test_is_url_tells_an_object_store_from_a_local_path(path, url, tmp_path):
+    assert schemas.is_url(path) is url
+    # A path object of a local folder (the reader takes them) is local.
+    assert schemas.is_url(tmp_path) is False
