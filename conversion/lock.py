@@ -4,8 +4,9 @@
 in the folder holding the writer's host, process id, start time and command
 line; a second writer finds it and is refused with `LockError`, which names
 the holder. The lock is taken atomically for a local folder: the file is
-created with `O_CREAT | O_EXCL`, so of two processes starting together exactly
-one gets it. A lock left by a process that no longer runs on this host (a
+written whole to a draft and linked to its name (`link` fails if the name
+exists), so of two processes starting together exactly one gets it, and one
+killed at any point leaves no lock or a whole one. A lock left by a process that no longer runs on this host (a
 killed conversion) is detected and explained, and never broken silently:
 breaking it automatically would let two writers that both saw it stale remove
 each other's fresh locks.
@@ -109,6 +110,61 @@ def _refusal(output_dir: str, holder: dict | None) -> LockError:
     )
 
 
+def _draft_name() -> str:
+    """This process's draft of the lock file: `_shardsmith.lock.<host>.<pid>.tmp`."""
+    return f"{LOCK_FILENAME}.{socket.gethostname()}.{os.getpid()}.tmp"
+
+
+def _create_whole(path: str, data: bytes) -> None:
+    """Creates the local file `path` holding `data`, or raises FileExistsError; never half-written.
+
+    The lock is written in full to a draft beside it, then linked to its name
+    (`link` creates a name atomically, and fails if it exists): a process
+    killed at any point leaves either no lock or a whole one, never the empty
+    file an exclusive create followed by a write leaves when killed between
+    the two (which the next writer could only call "not a shardsmith lock"),
+    and a writer starting meanwhile never reads a half-written one. Where the
+    filesystem has no hard links (FAT, some network mounts), the exclusive
+    create and write.
+    """
+    draft = os.path.join(os.path.dirname(path), _draft_name())
+    with open(draft, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        raise
+    except OSError:  # No hard links here.
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.remove(draft)
+
+
+def _remove_dead_drafts(output_dir: str) -> None:
+    """Removes the lock drafts of processes on this host that no longer run (killed in `_create_whole`).
+
+    Called with the lock held; a live process's draft (a writer being refused
+    right now) is left to it.
+    """
+    prefix, host = LOCK_FILENAME + ".", socket.gethostname()
+    for name in sorted(os.listdir(output_dir)):
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        draft_host, _, pid = name[len(prefix):-len(".tmp")].rpartition(".")
+        if draft_host == host and pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.remove(os.path.join(output_dir, name))
+            except FileNotFoundError:
+                pass
+
+
 class OutputLock:
     """Holds the output folder's lock for the duration of a `with` block.
 
@@ -139,14 +195,10 @@ class OutputLock:
         if files.is_local(self.output_dir):
             os.makedirs(self.output_dir, exist_ok=True)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                _create_whole(self.path, data)
             except FileExistsError:
                 raise _refusal(self.output_dir, read_lock(self.output_dir)) from None
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _remove_dead_drafts(self.output_dir)
         else:
             holder = read_lock(self.output_dir)
             if holder is not None:

@@ -106,3 +106,64 @@ def test_a_file_that_is_not_a_lock_is_named(tmp_path):
     with pytest.raises(LockError, match="not a shardsmith lock"):
         OutputLock(str(tmp_path)).acquire()
 
+
+
+# Takes the lock on argv[1], SIGKILLed by itself at the argv[2]-th line that runs in
+# conversion/lock.py (the stop of a `kill -9`, a power cut, the OOM killer, at that point);
+# prints "done" if it got that far without being killed.
+_KILLED_AT_LINE = """
+import os, signal, sys
+from conversion import lock
+
+out, at = sys.argv[1], int(sys.argv[2])
+count = 0
+
+def trace(frame, event, arg):
+    global count
+    if frame.f_code.co_filename != lock.__file__:
+        return None
+    if event == "line":
+        count += 1
+        if count == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return trace
+
+sys.settrace(trace)
+lock.OutputLock(out, command="killed").acquire()
+sys.settrace(None)
+print("done")
+"""
+
+
+def test_a_writer_killed_at_any_line_of_taking_the_lock_leaves_none_or_a_whole_one(tmp_path):
+    """Killed between creating the lock file and writing it, a writer left an empty file, which the
+    next writer could only call "not a shardsmith lock ('')" (an append test's kill, once, under
+    load); and a draft left behind by such a kill is cleared by the next writer that gets the lock."""
+    env = dict(os.environ, PYTHONPATH=str(_REPO))
+    seen = set()
+    for at in range(1, 200):
+        out = tmp_path / f"at{at}"
+        proc = subprocess.run([sys.executable, "-c", _KILLED_AT_LINE, str(out), str(at)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            assert proc.stdout == "done\n" and read_lock(str(out))["command"] == "killed"
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        lock_file = out / LOCK_FILENAME
+        if lock_file.exists():
+            holder = read_lock(str(out))
+            assert "unreadable" not in holder and holder["command"] == "killed", (at, holder)
+            with pytest.raises(LockError, match="no longer runs"):
+                OutputLock(str(out)).acquire()
+            lock_file.unlink()
+            seen.add("whole lock")
+        else:
+            seen.add("no lock")
+        # The next writer gets the lock, and leaves nothing behind once it lets go of it.
+        with OutputLock(str(out)):
+            pass
+        assert sorted(p.name for p in out.iterdir()) == [], at
+    else:
+        pytest.fail("the writer was killed at every one of 199 lines")
+    # Both outcomes occurred: the kill came before the lock existed, and after.
+    assert seen == {"no lock", "whole lock"}, seen
