@@ -253,7 +253,8 @@ def _plan_and_settle(config: ConversionConfig, threads: int, dask: bool, maker: 
     plan = build_plan(config, on_listed=on_listed,
                       select=None if appending is None else appending.select,
                       known_classes=None if appending is None else appending.known_classes,
-                      held=None if appending is None or appending.base is None else appending.base.manifest)
+                      held=None if appending is None or appending.base is None else appending.base.manifest,
+                      appending=appending)
     if appending is not None:
         # Before anything is written: the new records must be like the dataset's.
         appending.check_plan(plan, record_schema(config.validation, _targets(plan)).to_json())

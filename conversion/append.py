@@ -39,7 +39,7 @@ from conversion import files as _files, targets as _targets
 
 __all__ = ["INPUTS_FILE_RE", "REPORT_FILENAME", "HeldFile", "Base", "Listing", "inputs_filename", "load_base", "read_inventory", "earlier_rejects",
            "rebuild_inventory", "sort_listing", "sort_locations", "location_digests", "fill_unknown_locations", "content_hashes", "inventory_text", "check_compatible",
-           "check_features", "fill_unknown", "duplicates_of_held", "version_files"]
+           "check_features", "fill_unknown", "fill_labels", "amended", "duplicates_of_held", "version_files"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 
@@ -82,6 +82,10 @@ class HeldFile(NamedTuple):
       sha256: The SHA-256 of its bytes (None: unknown).
       split: The split its records are in.
       version: The version that converted it.
+      label: A series unit's class name (--volumes; None: not recorded, an inventory
+        written before labels were, or an image's: its record holds it).
+      contents: A series unit's volumes (--volumes --dedup): record filename to the
+        SHA-256 of its content (`conversion.volumes.content_digests`); None: not recorded.
     """
 
     rel_path: str
@@ -90,10 +94,18 @@ class HeldFile(NamedTuple):
     sha256: str | None
     split: str
     version: int
+    label: str | None = None
+    contents: Mapping[str, str] | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"path": self.rel_path, "size": self.size, "mtime_ns": self.mtime_ns,
-                           "sha256": self.sha256, "split": self.split}, sort_keys=True, ensure_ascii=True)
+        entry = {"path": self.rel_path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256,
+                 "split": self.split}
+        # Only where known: an image's line stays as it was.
+        if self.label is not None:
+            entry["label"] = self.label
+        if self.contents is not None:
+            entry["contents"] = dict(self.contents)
+        return json.dumps(entry, sort_keys=True, ensure_ascii=True)
 
     @classmethod
     def from_json(cls, line: str, version: int) -> HeldFile:
@@ -101,7 +113,8 @@ class HeldFile(NamedTuple):
 
     @classmethod
     def from_dict(cls, d: Mapping, version: int) -> HeldFile:
-        return cls(str(d["path"]), int(d["size"]), int(d["mtime_ns"]), d.get("sha256"), str(d["split"]), version)
+        return cls(str(d["path"]), int(d["size"]), int(d["mtime_ns"]), d.get("sha256"), str(d["split"]), version,
+                   d.get("label"), d.get("contents"))
 
 
 def read_inventory(text: str, version: int) -> tuple[HeldFile, ...]:
@@ -139,8 +152,9 @@ class Base:
       manifest: Its manifest (the latest complete version).
       held: Relative path to its `HeldFile`, of every version.
       version: The number the new version gets (the latest's + 1).
-      rebuilt: Versions whose inventory was missing and rebuilt from their
-        shards: version to its files, to be written with the new version's.
+      rebuilt: Versions whose inventory is written again with the new version's:
+        version to its files. One missing, rebuilt from its shards; or one
+        completed by this append (labels, content digests: `fill_labels`, `amended`).
       rejected: The inputs the latest version rejected or skipped (its
         rejects.jsonl), by path as written there, to their reason: held by no
         version, an append tries them again (`earlier_rejects`).
@@ -217,21 +231,68 @@ def rebuild_inventory(output_dir: str, manifest: schemas.Manifest, version: int,
     several records of a file is dropped). Sizes, times and hashes are those of
     the input files now, filled in by `fill_from_input`; until then unknown.
     """
-    from schemas.features import FILENAME
+    paths: dict[str, str] = {}
+    for split, path, _ in _records_of(output_dir, manifest, version):
+        paths.setdefault(path, split)
+    _LOG.info("Version %d of %s has no %s: its %s inputs read from its shards' records (once)", version,
+              output_dir, inputs_filename(version), f"{len(paths):,}")
+    return tuple(HeldFile(p, -1, 0, None, s, version) for p, s in sorted(paths.items()))
+
+
+def _records_of(output_dir: str, manifest: schemas.Manifest, version: int):
+    """(split, input path, label index or None) of each record version `version` wrote, from its shards.
+
+    The input path is the record's `filename` without its mark (`_RECORD_MARK`).
+    """
+    from schemas.features import FILENAME, LABEL
     from schemas.tf_runtime import example_pb2
     from schemas.tfrecord import iter_records
 
     example = example_pb2().Example()
-    paths: dict[str, str] = {}
     for split, shard in version_files(manifest, version):
         with _files.open_to_read(_files.join(output_dir, shard)) as f:
             for _, _, data in iter_records(f, shard):
                 example.ParseFromString(data)
-                name = example.features.feature[FILENAME.key].bytes_list.value[0].decode("utf-8", "surrogateescape")
-                paths.setdefault(_RECORD_MARK.sub("", name), split)
-    _LOG.info("Version %d of %s has no %s: its %s inputs read from its shards' records (once)", version,
-              output_dir, inputs_filename(version), f"{len(paths):,}")
-    return tuple(HeldFile(p, -1, 0, None, s, version) for p, s in sorted(paths.items()))
+                feature = example.features.feature
+                name = feature[FILENAME.key].bytes_list.value[0].decode("utf-8", "surrogateescape")
+                label = feature[LABEL.key].int64_list.value if LABEL.key in feature else ()
+                yield split, _RECORD_MARK.sub("", name), (label[0] if label else None)
+
+
+def fill_labels(base: Base, output_dir: str) -> Base:
+    """`base` with the class name of every held entry that lacks one, read once from its version's records.
+
+    For a volume dataset whose inventories were written before they held
+    labels (or rebuilt from shards): an append with --labels_csv compares
+    them with the CSV. The versions completed are added to `rebuilt`, to be
+    written again with the new version's inventory (the next append reads them).
+    """
+    versions = sorted({h.version for h in base.held.values() if h.label is None})
+    if not versions:
+        return base
+    names = base.manifest.class_names
+    found = []
+    for version in versions:
+        labels = {path: names[label] for _, path, label in _records_of(output_dir, base.manifest, version)
+                  if label is not None and 0 <= label < len(names)}
+        found += [h._replace(label=labels[h.rel_path]) for h in base.held.values()
+                  if h.version == version and h.label is None and h.rel_path in labels]
+        _LOG.info("Version %d of %s: the labels of its inputs read from its shards' records (once)", version,
+                  output_dir)
+    return amended(base, found)
+
+
+def amended(base: Base, entries: Iterable[HeldFile]) -> Base:
+    """`base` with `entries` replacing held ones, their versions' inventories to be written again (`rebuilt`)."""
+    held, rebuilt = dict(base.held), dict(base.rebuilt)
+    versions = set()
+    for h in entries:
+        held[h.rel_path] = h
+        versions.add(h.version)
+    for version in versions:
+        rebuilt[version] = tuple(sorted((h for h in held.values() if h.version == version),
+                                        key=lambda h: os.fsencode(h.rel_path)))
+    return dataclasses.replace(base, held=held, rebuilt=rebuilt)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,10 @@ class AppendRun:
         self.duplicates: dict[str, str] = {}
         # Listed files an earlier version rejected (rel_path to that reason), converted again now.
         self.retried: dict[str, str] = {}
+        # --volumes: the listed files of the held series units (`held_volumes`), and the
+        # --labels_csv rows (read once: the units are its rows).
+        self._held_files: frozenset[str] = frozenset()
+        self._labels_csv = None
         if self.base is not None:
             _append.check_compatible(self.base.manifest, config.manifest_options("hash"), config.class_names)
 
@@ -113,6 +117,8 @@ class AppendRun:
         else:
             self.base = _append.fill_unknown(self.base, files)
             self.listing = _append.sort_listing(files, self.base)
+        if self._config.validation.volumes is not None:
+            self._settle_volumes(files, locations[0])
         held = self.base.held
         # A held file that no longer reads as a file (a link now broken) is missing, not a new reject.
         problems = [p for p in problems if p.rel_path not in held]
@@ -137,14 +143,75 @@ class AppendRun:
                   f"{len(self.listing.held):,}", f"{len(self.listing.changed):,}", f"{len(self.listing.missing):,}")
         return new, problems
 
+    def _settle_volumes(self, files, location_of) -> None:
+        """--volumes, once the listing is sorted: the held series' labels checked against --labels_csv, and
+        with --dedup their content digests known (read from the inventories, else from their files, once).
+
+        Raises:
+          ValueError: For a --labels_csv row that gives a held series another label or split
+            (`conversion.volumes.check_held_rows`), before anything is written.
+        """
+        from conversion import volumes
+
+        new = {f.rel_path for f in self.listing.new}
+        self._held_files = frozenset(f.rel_path for f in files if f.rel_path not in new)
+        if self._labels_csv is not None:
+            if any(h.label is None for h in self.base.held.values()):
+                self.base = _append.fill_labels(self.base, self._config.output_dir)
+            volumes.check_held_rows(self._labels_csv, self.base.held, self._config.labels_csv)
+        if not self._config.writing.dedup:
+            return
+        # The held, unchanged series whose version recorded no digests (written before they were, or
+        # without --dedup): read whole once, their digests written into that version's inventory.
+        unknown = {unit for unit in self.listing.held if self.base.held[unit].contents is None}
+        if not unknown:
+            return
+        units: dict[str, list[str]] = {}
+        for f in files:
+            unit = location_of(f.rel_path) if f.rel_path in self._held_files else None
+            if unit in unknown:
+                units.setdefault(unit, []).append(f.rel_path)
+        _LOG.info("--dedup: reading the %s held series whose version recorded no content digest (once)",
+                  f"{len(units):,}")
+        digests = volumes.content_digests(units, self._config.input_dir, self._config.validation.volumes)
+        filled = []
+        for unit in sorted(units, key=os.fsencode):
+            mine = {name: d for name, d in digests.items() if volumes.unit_of_volume(name) == unit}
+            filled.append(self.base.held[unit]._replace(contents=dict(sorted(mine.items()))))
+        self.base = _append.amended(self.base, filled)
+
+    def held_volumes(self):
+        """--volumes: what the dataset holds, as `conversion.volumes.plan_volumes` plans against it; None
+        for a first conversion."""
+        if self.base is None:
+            return None
+        from conversion.volumes import HeldVolumes
+
+        contents = {}
+        for h in sorted(self.base.held.values(), key=lambda h: (h.version, os.fsencode(h.rel_path))):
+            for name, digest in sorted((h.contents or {}).items()):
+                contents.setdefault(digest, (name, h.version))
+        return HeldVolumes(self._held_files, contents)
+
+    def found_duplicates(self, duplicates) -> None:
+        """--volumes --dedup: the new files planning rejected as copies of held volumes (rel_path to its filename).
+
+        One an earlier version rejected is counted as tried again, not as a duplicate (`inputs`).
+        """
+        self.duplicates.update((rel, name) for rel, name in duplicates.items() if rel not in self.retried)
+
     def _locations(self):
         """With --time_series: (location of a file, whether a file is a pass), as `sort_locations` takes
         them: a location is held or new as a whole. None for examples that are files."""
         if self._config.validation.volumes is not None:
             # A series folder (or NIfTI file) is held or new as a whole: its files, by path and size.
-            from conversion.volumes import series_unit
+            from conversion import volumes
 
-            return series_unit, _in_a_series
+            if self._config.labels_csv:
+                # Its units are the CSV's rows (a folder, or a NIfTI file), and the held ones.
+                self._labels_csv = volumes.read_labels_csv(self._config.labels_csv)
+                return volumes.csv_unit_locator(self._labels_csv, () if self.base is None else self.base.held)
+            return volumes.series_unit, _in_a_series
         if self._config.validation.time_series is None:
             return None
         from imaging import time_series as _ts
@@ -197,7 +264,14 @@ class AppendRun:
                 size, mtime, sha = stats.get(key, (f.size, 0, None))
                 entries[key] = _append.HeldFile(key, size, mtime, sha, f.split, self.version)
             if volumes is not None:
-                sources.setdefault(key, []).extend(volumes[f.rel_path].sources)
+                job = volumes[f.rel_path]
+                sources.setdefault(key, []).extend(job.sources)
+                # A series' class (an append with --labels_csv compares it with the CSV's row), and with
+                # --dedup its volumes' content digests (an append compares new series with them).
+                contents = entries[key].contents
+                if job.content is not None:
+                    contents = {**(contents or {}), job.filename: job.content}
+                entries[key] = entries[key]._replace(label=job.label, contents=contents)
         tmp = join(out, TMP_DIRNAME)
         write_atomically(tmp, PENDING_INVENTORY, _append.inventory_text(entries.values(), sources))
         write_atomically(tmp, PENDING_REPORT, report_text(self.version, self.listing, self.duplicates, self.retried))

@@ -90,15 +90,6 @@ def _volume_options(o) -> VolumeOptions | None:
     """
     if not getattr(o, "volumes", False):
         return None
-    if getattr(o, "append", False):
-        # An append sorts the listing by series folder (`conversion.volumes.series_unit`); a --labels_csv
-        # row names the unit instead, and --dedup compares the new volumes among themselves only.
-        for flag, given in (("--labels_csv", bool(o.labels_csv)), ("--dedup", o.dedup)):
-            if given:
-                raise ValueError(
-                    f"--volumes --append grows a dataset of class folders (input/<class>/<series>/...) and "
-                    f"does not combine with {flag} yet: convert the grown folder into a new --output_dir (or "
-                    f"with --overwrite). Received: --volumes --append with {flag}")
     refused = [("--time_series", o.time_series),
                ("--annotations", bool(o.annotations)), ("--masks_dir", bool(o.masks_dir)),
                ("--group_by", bool(o.group_by)), ("--raster_patch", bool(o.raster_patch)),

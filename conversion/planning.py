@@ -32,7 +32,7 @@ _HEADER_THREADS = 8
 
 
 def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_classes=None,
-               held=None) -> _plan.Plan:
+               held=None, appending=None) -> _plan.Plan:
     """Lists the input and plans the conversion (no image is read).
 
     Args:
@@ -44,13 +44,15 @@ def build_plan(config: ConversionConfig, on_listed=None, *, select=None, known_c
         (`conversion.append_run.AppendRun`): the listed files to convert, the
         dataset's class names and its manifest (the targets' kinds plan new
         targets against it: box classes, mask dtype).
+      appending: With --append, the `conversion.append_run.AppendRun` those
+        come from, for a kind that plans against the dataset (`ExampleKind.group`).
 
     Raises:
       FileNotFoundError: For an empty --input_dir or a missing --labels_csv.
       ValueError: When no file has a label.
     """
     with paused_gc():
-        return _build_plan(config, on_listed, select, known_classes, held)
+        return _build_plan(config, on_listed, select, known_classes, held, appending)
 
 
 @contextlib.contextmanager
@@ -78,7 +80,7 @@ def paused_gc():
         gc.enable()
 
 
-def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held_manifest) -> _plan.Plan:
+def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held_manifest, appending) -> _plan.Plan:
     files, problems = _listing.list_input(config.input_dir)
     if not files and not problems:
         raise FileNotFoundError(f"--input_dir {config.input_dir!r} contains no files.")
@@ -93,7 +95,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
     # The files as examples, by the conversion's kind (`conversion.examples`): one file each for images,
     # one location of dated passes each for time series.
     kind = _examples.kind_for(config.validation)
-    grouped = kind.group(files, problems, config)
+    grouped = kind.group(files, problems, config, appending)
     files, problems = grouped.files, grouped.problems
     # A kind that labels its examples itself (volumes: a series' class folder or CSV row above it)
     # has read --labels_csv already.

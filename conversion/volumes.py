@@ -34,7 +34,7 @@ import logging
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 
 from conversion import files as _files, guard
@@ -47,7 +47,8 @@ from imaging.errors import ImageRejected
 from schemas import tfrecord
 from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
-__all__ = ["VolumeJob", "VolumesPlan", "plan_volumes", "write_volume_plans", "volume_plan_path", "write_volumes",
+__all__ = ["VolumeJob", "VolumesPlan", "HeldVolumes", "plan_volumes", "content_digests", "read_labels_csv",
+           "csv_unit_locator", "check_held_rows", "write_volume_plans", "volume_plan_path", "write_volumes",
            "warm_up", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST",
            "series_unit", "unit_of_volume", "merge_sections"]
 
@@ -74,6 +75,8 @@ class VolumeJob:
       sources: The input files it counts (each input is counted once, in one volume).
       notes: Files of the volume's series that it leaves out and why (a
         duplicate slice, a frame of another stack), for normalized.jsonl.
+      content: With --dedup, the SHA-256 (hex) of its content (`content_digests`),
+        kept in an append's inventory; else None.
     """
 
     filename: str
@@ -83,6 +86,7 @@ class VolumeJob:
     nifti: str | None = None
     sources: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    content: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -93,15 +97,18 @@ class VolumeJob:
         return len(self.stack.slices) * first.rows * first.columns * 2
 
     def to_json(self) -> dict:
-        return {"filename": self.filename, "label": self.label, "split": self.split,
-                "stack": None if self.stack is None else self.stack.to_json(), "nifti": self.nifti,
-                "sources": list(self.sources), "notes": list(self.notes)}
+        out = {"filename": self.filename, "label": self.label, "split": self.split,
+               "stack": None if self.stack is None else self.stack.to_json(), "nifti": self.nifti,
+               "sources": list(self.sources), "notes": list(self.notes)}
+        if self.content is not None:
+            out["content"] = self.content
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> VolumeJob:
         stack = None if data["stack"] is None else volumes.Stack.from_json(data["stack"])
         return cls(data["filename"], data["label"], data["split"], stack, data["nifti"],
-                   tuple(data["sources"]), tuple(data["notes"]))
+                   tuple(data["sources"]), tuple(data["notes"]), data.get("content"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +122,8 @@ class VolumesPlan:
       jobs: Volume filename -> its `VolumeJob`.
       class_names: The classes found.
       split_source: "csv" when --labels_csv gave the splits, else "series".
+      duplicates_of_held: With --append --dedup: each input file rejected as a
+        copy of a volume the dataset holds, to that volume's filename.
     """
 
     files: tuple[InputFile, ...]
@@ -122,6 +131,22 @@ class VolumesPlan:
     jobs: dict[str, VolumeJob]
     class_names: tuple[str, ...]
     split_source: str
+    duplicates_of_held: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldVolumes:
+    """What the dataset an append grows holds already, as `plan_volumes` plans against it.
+
+    Attributes:
+      files: The listed input files of its series units (held or changed): a
+        --labels_csv row of theirs is no `missing_file`.
+      contents: With --dedup: the content digest (hex, `content_digests`) of
+        each held volume, to its (record filename, version).
+    """
+
+    files: frozenset[str] = frozenset()
+    contents: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def volume_plan_path(output_dir: str, filename: str) -> str:
@@ -173,10 +198,84 @@ def _csv_entry_of(rel_path: str, labels_csv: Mapping[str, tuple[str, str | None]
     return None
 
 
+def read_labels_csv(path: str) -> dict[str, tuple[str, str | None]]:
+    """--labels_csv's rows for volumes: path -> (label, split or None).
+
+    Raises:
+      FileNotFoundError: For a missing file.
+    """
+    if not _files.exists(path):
+        raise FileNotFoundError(f"--labels_csv {path!r} does not exist.")
+    from conversion.plan import read_labels_csv as read
+
+    return read(_files.read_bytes(path).decode("utf-8-sig"), path)
+
+
+def csv_unit_locator(labels_csv: Mapping[str, tuple[str, str | None]], held_units: Collection[str]):
+    """With --append --labels_csv: the series unit of a listed file, as `conversion.append.sort_locations` takes it.
+
+    A file's unit is the one `plan_volumes` gives it (its CSV row's folder, or the
+    NIfTI file itself), except that a DICOM file under a held unit's folder is that
+    unit's (a slice added to a held series makes it `changed`, whatever rows came since).
+
+    Returns:
+      (location_of, is_member): a file's unit (None: under no row nor held unit), and
+      whether it has one.
+    """
+    held_units = frozenset(held_units)
+
+    def location_of(rel_path: str) -> str | None:
+        if _is_nifti_name(rel_path):
+            held = rel_path in held_units
+            return rel_path if held or _csv_entry_of(rel_path, labels_csv) is not None else None
+        parts = rel_path.split("/")
+        for depth in range(len(parts), 0, -1):
+            folder = "/".join(parts[:depth])
+            if folder in held_units:
+                return folder
+        return _csv_entry_of(rel_path, labels_csv)
+
+    return location_of, lambda rel_path: location_of(rel_path) is not None
+
+
+def check_held_rows(labels_csv: Mapping[str, tuple[str, str | None]], held: Mapping, source: str) -> None:
+    """Refuses a --labels_csv that relabels or resplits a series unit the dataset holds (--append).
+
+    An append never rewrites a held record: a row that now gives its unit another
+    label, or another split, would leave the dataset unlike the CSV. A held unit
+    no row names keeps its record.
+
+    Args:
+      labels_csv: The CSV's rows (path -> (label, split or None)).
+      held: Unit -> its `conversion.append.HeldFile` (label, split, version).
+      source: --labels_csv, for the message.
+
+    Raises:
+      ValueError: Naming --labels_csv, each unit (up to 5), what it was and what the CSV says now.
+    """
+    differ = []
+    for unit in sorted(held, key=os.fsencode):
+        entry = _csv_entry_of(unit, labels_csv)
+        if entry is None:
+            continue
+        h = held[unit]
+        label, split = labels_csv[entry]
+        if (h.label is not None and label != h.label) or (split is not None and split != h.split):
+            now = f"label {label!r}" + (f", split {split!r}" if split is not None else "")
+            differ.append(f"{unit} (held by version {h.version} with label {h.label!r}, split {h.split!r}; "
+                          f"the CSV now says {now})")
+    if differ:
+        more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+        raise ValueError(
+            f"--labels_csv {source} gives {len(differ)} series the dataset holds another label or split: "
+            f"{'; '.join(differ[:5])}{more}. --append never rewrites a held record: restore those rows, or "
+            "convert the grown folder with --overwrite (or into another --output_dir) to relabel them.")
+
+
 def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_dir: str, output_dir: str, *,
                  options: volumes.VolumeOptions, split_ratios=None, seed: int = 0, quarantined=None,
                  labels_csv: Mapping[str, tuple[str, str | None]] | None = None,
-                 dedup: bool = False) -> VolumesPlan:
+                 dedup: bool = False, held: HeldVolumes | None = None) -> VolumesPlan:
     """Plans every volume of a listing, from headers only.
 
     Args:
@@ -191,6 +290,8 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         whose every series takes its label (and split). None: class folders.
       dedup: --dedup: of volumes whose files are byte for byte the same, the
         one with the smallest name is kept, the others rejected `duplicate`.
+      held: With --append: what the dataset holds (`files` are not planned here);
+        with --dedup a new volume whose content it holds is a `duplicate` too.
 
     Raises:
       ValueError: For --split together with a CSV split column.
@@ -218,6 +319,8 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
             by_unit[(label, unit)].append(f.rel_path)
             if split is not None:
                 csv_splits[unit] = split
+        if held is not None:  # A row of held series: listed, and held already.
+            used.update(filter(None, (_csv_entry_of(rel, labels_csv) for rel in held.files)))
         for path in sorted(set(labels_csv) - used):
             rejects.append((path, "missing_file", "listed in --labels_csv but no file is there"))
         split_source = "csv" if has_split else "series"
@@ -234,29 +337,14 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     digests: dict[str, bytes] = {}  # With --dedup: rel_path -> the SHA-256 of its bytes.
     planned = []  # (class, unit, filename, stack or None, nifti or None)
     for (cls, unit), paths in sorted(by_unit.items()):
-        slices = []
-        for rel in sorted(paths):
-            if rel in quarantined:
-                rejects.append((rel, *quarantined[rel]))
-                continue
-            path = _files.join(input_dir, rel)
-            if _is_nifti_name(rel):
-                if dedup:
-                    digests[rel] = _digest(path, rel, rejects)
-                planned.append((cls, rel, rel, None, rel))
-                continue
-            slices += _headers(path, rel, rejects, digests if dedup else None)
-        if not slices:
-            continue
-        plan = volumes.plan_stacks(slices, min_slices=options.min_slices,
-                                   pixel_hash=functools.partial(_pixel_hash, input_dir))
-        rejects += list(plan.rejects)
-        for stack, name in zip(plan.stacks, stack_names(unit, plan.stacks)):
-            planned.append((cls, unit, name, stack, None))
+        planned += [(cls, unit, name, stack, nifti) for name, stack, nifti in
+                    _plan_unit(unit, paths, input_dir, options, rejects, digests if dedup else None, quarantined)]
     planned.sort(key=lambda p: os.fsencode(p[2]))
+    contents: dict[str, str] = {}
+    of_held: dict[str, str] = {}
     if dedup:
         # Before the labels are compared: a copied series is a duplicate, wherever it lies.
-        planned, copies = _drop_copies(planned, digests)
+        planned, copies, contents, of_held = _drop_copies(planned, digests, {} if held is None else held.contents)
         rejects += copies
     uid_classes: dict[str, set[str]] = defaultdict(set)
     for cls, _, _, stack, _ in planned:
@@ -274,9 +362,61 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         if split is None:  # Its split's ratio is zero: said, not silently dropped.
             rejects += [(rel, "not_in_split", f"{name}: its split has a ratio of zero (--split)") for rel in members]
             continue
-        jobs.append(VolumeJob(name, cls, split, stack, nifti, members))
+        jobs.append(VolumeJob(name, cls, split, stack, nifti, members, content=contents.get(name)))
     sizes = {f.rel_path: f.size for f in files}
-    return _settled(jobs, rejects, class_names, split_source, output_dir, sizes)
+    settled = _settled(jobs, rejects, class_names, split_source, output_dir, sizes)
+    if of_held:  # The files rejected as copies of held volumes (not those a kept volume counts).
+        rejected = {p.rel_path for p in settled.problems if p.reason == "duplicate"}
+        settled = dataclasses.replace(settled, duplicates_of_held={
+            rel: name for rel, name in sorted(of_held.items()) if rel in rejected})
+    return settled
+
+
+def _plan_unit(unit: str, paths: Sequence[str], input_dir: str, options: volumes.VolumeOptions, rejects: list,
+               digests: dict | None, quarantined: Mapping) -> list[tuple]:
+    """(filename, stack or None, nifti or None) of each volume of a series unit, from its files' headers.
+
+    With `digests` (--dedup), each file is read whole and the SHA-256 of its bytes kept there.
+    """
+    slices, out = [], []
+    for rel in sorted(paths):
+        if rel in quarantined:
+            rejects.append((rel, *quarantined[rel]))
+            continue
+        path = _files.join(input_dir, rel)
+        if _is_nifti_name(rel):
+            if digests is not None:
+                digests[rel] = _digest(path, rel, rejects)
+            out.append((rel, None, rel))
+            continue
+        slices += _headers(path, rel, rejects, digests)
+    if slices:
+        plan = volumes.plan_stacks(slices, min_slices=options.min_slices,
+                                   pixel_hash=functools.partial(_pixel_hash, input_dir))
+        rejects += list(plan.rejects)
+        out += [(name, stack, None) for stack, name in zip(plan.stacks, stack_names(unit, plan.stacks))]
+    return out
+
+
+def content_digests(units: Mapping[str, Sequence[str]], input_dir: str,
+                    options: volumes.VolumeOptions) -> dict[str, str]:
+    """Record filename -> content digest (hex) of each volume of series units, read whole (--dedup).
+
+    For an append's held series whose version did not record them (`conversion.append_run`):
+    each unit is planned as `plan_volumes` planned it (its stacks, their names), so a
+    digest is the one its volume had when written.
+
+    Args:
+      units: Series unit -> the relative paths of its files.
+      input_dir: --input_dir.
+      options: --min_slices.
+    """
+    digests: dict[str, bytes] = {}
+    out = {}
+    for unit, paths in sorted(units.items()):
+        for name, stack, nifti in _plan_unit(unit, paths, input_dir, options, [], digests, {}):
+            out[name] = _content_key(stack, nifti, digests).hex()
+    return out
 
 
 def stack_names(unit: str, stacks: Sequence[volumes.Stack]) -> list[str]:
@@ -387,34 +527,52 @@ def _digest(path: str, rel: str, rejects: list) -> bytes:
         return b"unreadable:" + os.fsencode(rel)  # The converter reads it again and says why.
 
 
-def _drop_copies(planned: list[tuple], digests: Mapping[str, bytes]):
+def _content_key(stack, nifti, digests: Mapping[str, bytes]) -> bytes:
+    """A volume's content digest: its files' bytes in its own order (a series' slices sorted along the normal)."""
+    h = hashlib.sha256()
+    if nifti is not None:
+        h.update(digests[nifti])
+    else:
+        for s in stack.slices:  # In the volume's order, each frame by its file's bytes.
+            h.update(digests[s.name] + s.frame.to_bytes(4, "little"))
+    return h.digest()
+
+
+def _drop_copies(planned: list[tuple], digests: Mapping[str, bytes], held: Mapping[str, tuple[str, int]]):
     """--dedup: of volumes made of the same bytes, the one with the smallest name is kept.
 
-    A volume's content is its files' bytes in its own order (a series' slices
-    sorted along the normal), so a copied series folder, under any name or
-    class, is a copy; one slice differing makes another series.
+    A volume's content is its files' bytes in its own order (`_content_key`),
+    so a copied series folder, under any name or class, is a copy; one slice
+    differing makes another series. With --append, a copy of a volume the
+    dataset holds (`held`) is rejected too, naming it and its version.
 
     Args:
       planned: (class, unit, filename, stack, nifti) sorted by filename.
       digests: rel_path -> the SHA-256 of the file's bytes.
+      held: Content digest (hex) -> (filename, version) of the held volumes.
+
+    Returns:
+      (the kept items, the copies' rejects, filename -> content digest (hex) of
+      the kept, each copy of a held volume's files -> that volume's filename).
     """
-    kept: dict[bytes, str] = {}
-    out, copies = [], []
+    kept: dict[str, str] = {}
+    out, copies, contents, of_held = [], [], {}, {}
     for item in planned:  # Sorted by filename: the first of each content is kept.
         _, _, name, stack, nifti = item
-        h = hashlib.sha256()
-        if nifti is not None:
-            h.update(digests[nifti])
-        else:
-            for s in stack.slices:  # In the volume's order, each frame by its file's bytes.
-                h.update(digests[s.name] + s.frame.to_bytes(4, "little"))
-        key = h.digest()
-        if key in kept:
-            copies += [(rel, "duplicate", f"{name}: same content as {kept[key]}") for rel in _members(stack, nifti)]
+        key = _content_key(stack, nifti, digests).hex()
+        members = _members(stack, nifti)
+        if key in held:
+            held_name, version = held[key]
+            copies += [(rel, "duplicate", f"{name}: same content as {held_name}, held by version {version}")
+                       for rel in members]
+            of_held.update(dict.fromkeys(members, held_name))
+        elif key in kept:
+            copies += [(rel, "duplicate", f"{name}: same content as {kept[key]}") for rel in members]
         else:
             kept[key] = name
+            contents[name] = key
             out.append(item)
-    return out, copies
+    return out, copies, contents, of_held
 
 
 def write_volume_plans(jobs: Mapping[str, VolumeJob], input_dir: str, output_dir: str) -> None:

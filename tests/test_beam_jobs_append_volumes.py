@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
+import shutil
 import sys
 
 import nibabel
@@ -189,17 +191,204 @@ def test_an_append_of_rejected_series_only_adds_no_version(grown):
     assert fifth.latest_version == 4 and fifth.versions[-1].inputs["retried"] == 1
 
 
-def test_options_volumes_cannot_grow_with_are_refused_before_anything_is_written(grown, tmp_path):
+def _records(out: pathlib.Path, manifest) -> dict[str, tuple[str, str, bytes]]:
+    """Filename -> (split, class name, the record's bytes) of every record the manifest names."""
+    from schemas.features import FILENAME, LABEL
+    from schemas.tf_runtime import example_pb2
+    from schemas.tfrecord import iter_records
+
+    example = example_pb2().Example()
+    got = {}
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            with open(out / shard.file, "rb") as f:
+                for _, _, data in iter_records(f, shard.file):
+                    example.ParseFromString(data)
+                    name = example.features.feature[FILENAME.key].bytes_list.value[0].decode()
+                    label = manifest.class_names[example.features.feature[LABEL.key].int64_list.value[0]]
+                    got[name] = (split, label, data)
+    return got
+
+
+def _relabelled(data: bytes, index: int) -> bytes:
+    """A volume record's bytes with its label set to `index` (the rest as written)."""
+    from schemas.features import LABEL
+    from schemas.tf_runtime import example_pb2
+
+    example = example_pb2().Example()
+    example.ParseFromString(data)
+    example.features.feature[LABEL.key].int64_list.value[0] = index
+    return example.SerializeToString(deterministic=True)
+
+
+def _write_csv(path: pathlib.Path, rows: dict[str, tuple[str, str]]) -> pathlib.Path:
+    path.write_text("path,label,split\n" + "".join(f"{p},{label},{split}\n" for p, (label, split) in rows.items()))
+    return path
+
+
+def _whole_state(out: pathlib.Path) -> dict[str, bytes]:
+    """Every file under the output folder (a refused append writes none)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+CSV_FLAGS = ("--volumes", "--runner", "DirectRunner", "--direct_num_workers", "1")
+
+
+@pytest.fixture
+def csv_grown(tmp_path):
+    """A --labels_csv volume dataset (rows name patients' folders and NIfTI files, no class folders),
+    converted without --append (no inventory), then grown by new rows and a new class."""
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    rows = {"site1/p0": ("a", "train"), "site1/p1": ("b", "validation"), "site2/p2": ("a", "validation"),
+            "site2/n0.nii.gz": ("b", "train")}
+    for i, unit in enumerate(("site1/p0", "site1/p1", "site2/p2")):
+        write_series(scans / unit / "ct", count=3 + i)
+    _nifti(scans / "site2" / "n0.nii.gz", seed=1)
+    csv = _write_csv(tmp_path / "labels.csv", rows)
+    first = convert(scans, out, *CSV_FLAGS, "--labels_csv", csv)
+    before = _shard_state(out)
+    # New rows: a patient of a new class sorting first ('aa'), one of a held class, a NIfTI file
+    # of a new class sorting last; and a file no row names.
+    rows.update({"site3/p3": ("aa", "train"), "site3/p4": ("b", "validation"), "site3/n1.nii.gz": ("c", "train")})
+    write_series(scans / "site3" / "p3", count=3, orientation="oblique")
+    write_series(scans / "site3" / "p4" / "mr", count=4, orientation="sagittal")
+    _nifti(scans / "site3" / "n1.nii.gz", seed=2)
+    write_series(scans / "loose", count=2)
+    _write_csv(csv, rows)
+    second = convert(scans, out, *CSV_FLAGS, "--labels_csv", csv, "--append")
+    return scans, out, csv, rows, first, second, before
+
+
+def test_a_labels_csv_grows_by_rows_with_the_records_a_full_conversion_gives(csv_grown, tmp_path):
+    scans, out, csv, rows, first, second, before = csv_grown
+    assert {name: s for name, s in _shard_state(out).items() if name in before} == before
+    assert [v.version for v in second.versions] == [1, 2]
+    # Class indices never move: the new classes come after the held ones.
+    assert first.class_names == ("a", "b") and second.class_names[:2] == ("a", "b")
+    assert set(second.class_names[2:]) == {"aa", "c"} and second.class_order == "first_appearance"
+    inputs = second.versions[1].inputs
+    assert (inputs["held"], inputs["new"], inputs["changed"], inputs["missing_from_input"]) == (4, 3 + 4 + 1 + 2, 0, 0)
+    # The held rows are no 'missing_file'; the file no row names is 'no_label', as in a full conversion.
+    rejects = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    assert {r["reason"] for r in rejects} == {"no_label"} and len(rejects) == 2
+
+    latest = _records(out, second)
+    assert {name: (split, label) for name, (split, label, _) in latest.items()} == \
+        {unit: (split, label) for unit, (label, split) in rows.items()}
+    # Version 1's records are the bytes it read before the append.
+    assert {n: r for n, r in _records(out, second.at_version(1)).items()} == \
+        {n: r for n, r in _records(out, first).items()}
+    # A full conversion of the grown folder and CSV gives every record the same bytes, but for
+    # the label index of the classes it orders otherwise (sorted, not first appearance).
+    rebuilt_out = tmp_path / "rebuilt"
+    rebuilt = convert(scans, rebuilt_out, *CSV_FLAGS, "--labels_csv", csv)
+    again = _records(rebuilt_out, rebuilt)
+    assert sorted(again) == sorted(latest)
+    same_index = 0
+    for name, (split, label, data) in latest.items():
+        assert again[name][:2] == (split, label)
+        index = second.class_names.index(label)
+        if rebuilt.class_names.index(label) == index:
+            assert again[name][2] == data, name
+            same_index += 1
+        else:
+            assert _relabelled(again[name][2], index) == _relabelled(data, index), name
+    assert second.class_names == ("a", "b", "aa", "c") and rebuilt.class_names == ("a", "aa", "b", "c")
+    assert same_index == 3  # Those of 'a' and 'c' (the same index both ways), byte for byte.
+    # The inventories hold each unit (a CSV row's folder, or a NIfTI file) with its label and split;
+    # version 1's, which it lacked, read once from its shards.
+    for version, units in ((1, ("site1/p0", "site1/p1", "site2/n0.nii.gz", "site2/p2")),
+                           (2, ("site3/n1.nii.gz", "site3/p3", "site3/p4"))):
+        inventory = [json.loads(line) for line in (out / _append.inputs_filename(version)).read_text().splitlines()]
+        assert [e["path"] for e in inventory] == list(units)
+        assert {e["path"]: (e["label"], e["split"]) for e in inventory} == {u: rows[u] for u in units}
+
+
+def test_a_held_unit_the_csv_relabels_or_resplits_is_refused_before_anything_is_written(csv_grown, tmp_path):
     from beam_jobs import convert as convert_module
 
-    scans, out, *_ = grown
-    state = _shard_state(out)
-    csv = tmp_path / "labels.csv"
-    csv.write_text("path,label\nhealthy/p0,a\n")
-    for flags in (("--labels_csv", str(csv)), ("--dedup",)):
-        with pytest.raises(ValueError, match=f"does not combine with {flags[0]} yet"):
-            convert_module.run(["--input_dir", str(scans), "--output_dir", str(out), *FLAGS, "--append", *flags])
-    assert _shard_state(out) == state and not (out / LOCK_FILENAME).exists()
+    scans, out, csv, rows, *_ = csv_grown
+    write_series(scans / "site4" / "p5", count=3)
+    state = _whole_state(out)
+    for unit, now, said in (("site1/p0", ("b", "train"), "label 'b', split 'train'"),
+                            ("site3/n1.nii.gz", ("c", "validation"), "label 'c', split 'validation'")):
+        _write_csv(csv, {**rows, unit: now, "site4/p5": ("a", "train")})
+        was = rows[unit]
+        version = 1 if unit.startswith("site1") else 2
+        with pytest.raises(ValueError, match=r"--labels_csv .*{}".format(re.escape(
+                f"{unit} (held by version {version} with label {was[0]!r}, split {was[1]!r}; "
+                f"the CSV now says {said})"))):
+            convert_module.run(["--input_dir", str(scans), "--output_dir", str(out), *CSV_FLAGS,
+                                "--labels_csv", str(csv), "--append"])
+        assert _whole_state(out) == state  # Nor a lock, nor a temporary folder, nor an inventory.
+    # The rows restored, the new patient is appended.
+    _write_csv(csv, {**rows, "site4/p5": ("a", "train")})
+    third = convert(scans, out, *CSV_FLAGS, "--labels_csv", csv, "--append")
+    assert third.latest_version == 3 and sum(third.versions[-1].num_records.values()) == 1
+
+
+def _copy(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """A byte-for-byte copy of a series folder or a NIfTI file."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dst) if src.is_dir() else shutil.copyfile(src, dst)
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["digests_stored", "digests_recomputed"])
+def test_dedup_rejects_copies_of_held_and_of_new_series(tmp_path, monkeypatch, stored):
+    """A new series (or NIfTI file) whose files are a copy of a held one's is a `duplicate` naming it and
+    its version; a copy of another new one, as in a conversion. Held digests are read from the
+    inventories (stored by an append with --dedup), else computed from the held files once."""
+    from conversion import volumes
+
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    for i in range(3):
+        write_series(scans / "healthy" / f"p{i}", count=3)
+    (scans / "sick").mkdir()
+    _nifti(scans / "sick" / "v.nii.gz", seed=4)
+    # Stored: a first conversion by --append --dedup records them. Else a plain one (no inventory).
+    convert(scans, out, *FLAGS, *(("--append", "--dedup") if stored else ()))
+    before = _shard_state(out)
+    _copy(scans / "healthy" / "p0", scans / "sick" / "copy_of_p0")
+    _copy(scans / "sick" / "v.nii.gz", scans / "healthy" / "w.nii.gz")
+    write_series(scans / "healthy" / "p9", count=4)
+    _copy(scans / "healthy" / "p9", scans / "sick" / "p9_again")
+    real = volumes.content_digests
+    read = []
+    monkeypatch.setattr(volumes, "content_digests", lambda units, *a: read.append(sorted(units)) or real(units, *a))
+    second = convert(scans, out, *FLAGS, "--append", "--dedup")
+    assert read == ([] if stored else [["healthy/p0", "healthy/p1", "healthy/p2", "sick/v.nii.gz"]])
+    assert {name: s for name, s in _shard_state(out).items() if name in before} == before
+    v2 = second.versions[-1]
+    assert sum(v2.num_records.values()) == 1  # healthy/p9 alone.
+    assert (v2.inputs["duplicates_of_held"], v2.inputs["new"], v2.inputs["held"]) == (3 + 1, 4 + 4, 4)
+    rejects = {json.loads(line)["path"]: json.loads(line) for line in
+               (out / schemas.REJECTS_FILENAME).read_text().splitlines()}
+    assert {r["reason"] for r in rejects.values()} == {"duplicate"} and len(rejects) == 3 + 1 + 4
+    messages = {r["message"] for r in rejects.values()}
+    assert messages == {"sick/copy_of_p0: same content as healthy/p0, held by version 1",
+                        "healthy/w.nii.gz: same content as sick/v.nii.gz, held by version 1",
+                        "sick/p9_again: same content as healthy/p9"}
+    report = json.loads((out / _append.REPORT_FILENAME).read_text())
+    assert report["duplicates_of_held"] == {
+        **{f"sick/copy_of_p0/{p.name}": "healthy/p0" for p in (scans / "sick" / "copy_of_p0").iterdir()},
+        "healthy/w.nii.gz": "sick/v.nii.gz"}
+    names = [n for split in second.splits for n in _volumes(out, split)]
+    assert sorted(names) == ["healthy/p0", "healthy/p1", "healthy/p2", "healthy/p9", "sick/v.nii.gz"]
+    # Every version's inventory holds its series' content digests now (version 1's written once).
+    for version in (1, 2):
+        entries = [json.loads(line) for line in (out / _append.inputs_filename(version)).read_text().splitlines()]
+        assert all(set(e["contents"]) == {e["path"]} for e in entries), entries
+    # The next append reads them back: no held file is read again, a copy of p9 (version 2) is found.
+    monkeypatch.setattr(volumes, "content_digests", lambda *a: pytest.fail("a held series was read again"))
+    _copy(scans / "healthy" / "p9", scans / "sick" / "p9_later")
+    write_series(scans / "sick" / "q0", count=3)
+    third = convert(scans, out, *FLAGS, "--append", "--dedup")
+    # The copies version 2 rejected are tried again (held by no version), counted apart.
+    v3 = third.versions[-1]
+    assert (v3.inputs["duplicates_of_held"], v3.inputs["retried"], v3.inputs["retried_rejected_again"]) == (4, 8, 8)
+    assert sum(v3.num_records.values()) == 1
+    assert "sick/p9_later: same content as healthy/p9, held by version 2" in {
+        json.loads(line)["message"] for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()}
 
 
 def test_an_append_killed_while_writing_leaves_version_1_and_the_next_finishes_it(tmp_path):

@@ -37,7 +37,7 @@ def _applies(validation) -> bool:
     return True  # Asked first, for this test: every conversion.
 
 
-def _group(files, problems, config) -> Grouped:
+def _group(files, problems, config, appending=None) -> Grouped:
     # One example per pair, named by its left file; a file without its other half is refused.
     by_path = {f.rel_path: f for f in files}
     kept, members, refused = [], {}, list(problems)

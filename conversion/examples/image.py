@@ -18,7 +18,7 @@ def _applies(validation) -> bool:
     return True
 
 
-def _group(files: list, problems: list, config) -> Grouped:
+def _group(files: list, problems: list, config, appending=None) -> Grouped:
     # One file, one example (a scene's patches are planned later, from its windows).
     return Grouped(files, problems, None)
 

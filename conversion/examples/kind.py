@@ -42,8 +42,10 @@ class ExampleKind:
       name: The kind's name ("image", ...), as the reading side's row names it.
       applies: Takes the conversion's `imaging.ValidationOptions`; True when
         the conversion writes this kind.
-      group: (files, problems, config) -> `Grouped`: the listed files as
-        examples; config is the `conversion.config.ConversionConfig`.
+      group: (files, problems, config, appending) -> `Grouped`: the listed
+        files as examples; config is the `conversion.config.ConversionConfig`,
+        appending the `conversion.append_run.AppendRun` with --append (its
+        files are those the dataset does not hold), else None.
       record_schema: (validation, targets) -> the schema of its records.
       write_shard: `conversion.shard_writer.ShardJob` -> its `ShardOutcome`.
       warm_call: (validation, processes, decoders) -> the warm-up (fn, args)
@@ -67,7 +69,7 @@ class ExampleKind:
 
     name: str
     applies: Callable[[Any], bool]
-    group: Callable[[list, list, Any], Grouped]
+    group: Callable[[list, list, Any, Any], Grouped]
     record_schema: Callable[[Any, tuple[str, ...]], Any]
     write_shard: Callable[[Any], Any]
     warm_call: Callable[[Any, int, bool], tuple]

@@ -27,7 +27,7 @@ def _applies(validation) -> bool:
     return validation.time_series is not None
 
 
-def _group(files: list, problems: list, config) -> Grouped:
+def _group(files: list, problems: list, config, appending=None) -> Grouped:
     # Locations, not files, are planned: each one "file" whose path is its plan's.
     located = _time_series().plan_locations(files, problems, config.validation.time_series, config.output_dir)
     members = {name: tuple(rel for date in p.dates for rel in date.rel_paths) for name, p in located.stacks.items()}

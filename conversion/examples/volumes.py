@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from conversion import files as _files, guard
+from conversion import guard
 from conversion.examples.kind import ExampleKind, Grouped
 from schemas.volumes import VOLUME_SCHEMA
 
@@ -30,24 +30,19 @@ def _applies(validation) -> bool:
     return validation.volumes is not None
 
 
-def _labels_csv(config):
-    """--labels_csv's rows (path -> (label, split)), or None without one."""
-    if not config.labels_csv:
-        return None
-    if not _files.exists(config.labels_csv):
-        raise FileNotFoundError(f"--labels_csv {config.labels_csv!r} does not exist.")
-    from conversion.plan import read_labels_csv
-
-    return read_labels_csv(_files.read_bytes(config.labels_csv).decode("utf-8-sig"), config.labels_csv)
-
-
-def _group(files: list, problems: list, config) -> Grouped:
+def _group(files: list, problems: list, config, appending=None) -> Grouped:
     # Volumes, not files, are planned: each one "file" whose path is its plan's.
+    volumes = _volumes()
     quarantined = guard.Quarantine(guard.quarantine_path(config.output_dir)).load() if config.writing.resume else None
-    planned = _volumes().plan_volumes(
+    # With --append (`conversion.append_run.AppendRun`): the dataset's series, which new ones may copy.
+    held = None if appending is None else appending.held_volumes()
+    planned = volumes.plan_volumes(
         files, problems, config.input_dir, config.output_dir, options=config.validation.volumes,
         split_ratios=config.split_ratios, seed=config.seed, quarantined=quarantined,
-        labels_csv=_labels_csv(config), dedup=config.writing.dedup)
+        labels_csv=volumes.read_labels_csv(config.labels_csv) if config.labels_csv else None,
+        dedup=config.writing.dedup, held=held)
+    if appending is not None:
+        appending.found_duplicates(planned.duplicates_of_held)
     members = {name: job.sources for name, job in planned.jobs.items()}
     labels = {name: (job.label, job.split) for name, job in planned.jobs.items()}
     return Grouped(list(planned.files), list(planned.problems), members, planned.jobs, labels, planned.split_source)
