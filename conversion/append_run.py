@@ -159,7 +159,7 @@ class AppendRun:
             if any(h.label is None for h in self.base.held.values()):
                 self.base = _append.fill_labels(self.base, self._config.output_dir)
             volumes.check_held_rows(self._labels_csv, self.base.held, self._config.labels_csv)
-        if not self._config.writing.dedup:
+        if not self._config.writing.dedup or not new:  # Nothing new: nothing to compare (`NothingNew`).
             return
         # The held, unchanged series whose version recorded no digests (written before they were, or
         # without --dedup): read whole once, their digests written into that version's inventory.

@@ -225,7 +225,8 @@ def _add_writing_flags(parser) -> None:
     """How the shards are written: copies, an existing output, threads, processes, timeouts."""
     parser.add_argument(
         "--dedup", action="store_true",
-        help="Keep one copy of identical files (the smallest path); list the others as duplicates.",
+        help="Keep one copy of identical files (the smallest path; with --volumes, of identical "
+        "series); list the others as duplicates. With --append, a copy of a held file is one too.",
     )
     parser.add_argument(
         "--overwrite", action="store_true",

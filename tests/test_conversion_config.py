@@ -91,8 +91,6 @@ def test_volumes_are_a_kind_of_example_with_their_own_options():
 
 @pytest.mark.parametrize("given, message", [
     (dict(min_slices=0), "--min_slices must be >= 1. Received: 0"),
-    (dict(append=True, labels_csv="labels.csv"), "--volumes --append grows a dataset of class folders"),
-    (dict(append=True, dedup=True), "does not combine with --dedup yet"),
     (dict(time_series=True), "does not combine with --time_series"),
     (dict(masks_dir="m"), "does not combine with --masks_dir"),
     (dict(raster_patch="256"), "does not combine with --raster_patch"),
@@ -101,3 +99,9 @@ def test_what_volumes_do_not_take_is_refused_naming_the_flag(given, message):
     with pytest.raises(ValueError) as caught:
         ConversionConfig.from_flags(_flags(volumes=True, **given))
     assert message in str(caught.value)
+
+
+def test_volumes_append_takes_a_labels_csv_and_dedup():
+    """A volume dataset grows by --labels_csv rows, and --dedup compares new series with held ones."""
+    config = ConversionConfig.from_flags(_flags(volumes=True, append=True, labels_csv="labels.csv", dedup=True))
+    assert (config.append, config.labels_csv, config.writing.dedup) == (True, "labels.csv", True)

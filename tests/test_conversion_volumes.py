@@ -5,9 +5,11 @@ and affine compared with nibabel's and SimpleITK's own reads; every input file a
 from __future__ import annotations
 
 import json
+import types
 
 import nibabel
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conversion import volumes as cv
@@ -105,3 +107,57 @@ def test_every_dicom_file_is_counted_once_in_a_volume_or_a_reject(tmp_path):
     np.testing.assert_allclose(np.reshape(decoded["volume/affine"], (4, 4)), want_affine, atol=1e-4)
     section = cv.manifest_section(plan.jobs, type("P", (), {"files": plan.files})(), VolumeOptions())
     assert json.loads(json.dumps(section))["volumes"]["files"] == 5
+
+
+def test_content_digests_of_held_series_are_those_a_dedup_plan_gives_its_volumes(tmp_path):
+    """An append computes a held series' digests without its plan: they must be the plan's, per volume."""
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    write_series(scans / "c" / "two" / "a", count=3)
+    write_series(scans / "c" / "two" / "b", count=4, orientation="sagittal")
+    write_series(scans / "c" / "one", count=3)
+    _write(scans / "d" / "v.nii.gz", np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4))
+    plan = _plan(scans, out, dedup=True)
+    assert len(plan.jobs) == 4 and all(job.content for job in plan.jobs.values())
+    units = {}
+    for f in list_input(str(scans))[0]:
+        units.setdefault(cv.series_unit(f.rel_path), []).append(f.rel_path)
+    assert cv.content_digests(units, str(scans), VolumeOptions()) == \
+        {name: job.content for name, job in plan.jobs.items()}
+    # Without --dedup no file is read whole: no digest.
+    assert not any(job.content for job in _plan(scans, out).jobs.values())
+
+
+def test_a_copy_of_a_held_volume_is_a_duplicate_naming_it_and_its_version(tmp_path):
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    write_series(scans / "c" / "new", count=3)
+    held_plan = _plan(scans, out, dedup=True)
+    (digest,) = [job.content for job in held_plan.jobs.values()]
+    plan = _plan(scans, out, dedup=True, held=cv.HeldVolumes(frozenset(), {digest: ("c/old", 2)}))
+    assert plan.jobs == {}
+    assert {(p.reason, p.message) for p in plan.problems} == {
+        ("duplicate", "c/new: same content as c/old, held by version 2")}
+    assert plan.duplicates_of_held == {p.rel_path: "c/old" for p in plan.problems}
+
+
+def test_with_append_the_csv_units_are_its_rows_and_the_held_units():
+    rows = {"site/p0": ("a", None), "site/p0/late": ("b", None), "site": ("c", None), "n/x.nii.gz": ("a", None)}
+    location_of, is_member = cv.csv_unit_locator(rows, held_units={"site/p0", "other/h.nii"})
+    # A held folder keeps its files, even under a deeper row since; else the deepest row wins.
+    assert location_of("site/p0/late/s1") == "site/p0" and location_of("site/p0/s1") == "site/p0"
+    assert location_of("site/p1/s1") == "site"
+    # A NIfTI file is its own unit, held or under a row; a file under neither is none.
+    assert location_of("n/x.nii.gz") == "n/x.nii.gz" and location_of("site/y.nii") == "site/y.nii"
+    assert location_of("other/h.nii") == "other/h.nii" and not is_member("other/s1")
+
+
+def test_a_csv_that_relabels_or_resplits_a_held_unit_is_refused_naming_each():
+    held = {unit: types.SimpleNamespace(label=label, split=split, version=version) for unit, label, split, version in (
+        ("p0", "a", "train", 1), ("p1", "b", "validation", 2), ("p2", None, "train", 1), ("gone", "a", "train", 1))}
+    cv.check_held_rows({"p0": ("a", "train"), "p1": ("b", None), "p2": ("z", "train")}, held, "l.csv")  # Unchanged.
+    with pytest.raises(ValueError) as e:
+        cv.check_held_rows({"p0": ("b", "train"), "p1": ("b", "test"), "p2": ("a", "train")}, held, "l.csv")
+    assert str(e.value).startswith("--labels_csv l.csv gives 2 series the dataset holds another label or split: "
+                                   "p0 (held by version 1 with label 'a', split 'train'; the CSV now says label "
+                                   "'b', split 'train'); p1 (held by version 2 with label 'b', split 'validation'; "
+                                   "the CSV now says label 'b', split 'test')")
+    assert "--overwrite" in str(e.value)
