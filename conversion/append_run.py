@@ -79,7 +79,7 @@ class AppendRun:
         # Listed files an earlier version rejected (rel_path to that reason), converted again now.
         self.retried: dict[str, str] = {}
         # --volumes: the listed files of the held series units (`held_volumes`), and the
-        # --labels_csv rows (read once: the units are its rows).
+        # --labels_csv rows (the units are its rows: `_locations`).
         self._held_files: frozenset[str] = frozenset()
         self._labels_csv = None
         if self.base is not None:

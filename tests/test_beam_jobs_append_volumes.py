@@ -234,10 +234,11 @@ def _whole_state(out: pathlib.Path) -> dict[str, bytes]:
 CSV_FLAGS = ("--volumes", "--runner", "DirectRunner", "--direct_num_workers", "1")
 
 
-@pytest.fixture
-def csv_grown(tmp_path):
+@pytest.fixture(params=[(), ("--append",)], ids=["first_plain", "first_append"])
+def csv_grown(tmp_path, request):
     """A --labels_csv volume dataset (rows name patients' folders and NIfTI files, no class folders),
-    converted without --append (no inventory), then grown by new rows and a new class."""
+    converted without --append (no inventory: rebuilt, its labels read from the shards) or with it
+    (an inventory of labelled units), then grown by new rows and a new class."""
     scans, out = tmp_path / "scans", tmp_path / "out"
     rows = {"site1/p0": ("a", "train"), "site1/p1": ("b", "validation"), "site2/p2": ("a", "validation"),
             "site2/n0.nii.gz": ("b", "train")}
@@ -245,7 +246,7 @@ def csv_grown(tmp_path):
         write_series(scans / unit / "ct", count=3 + i)
     _nifti(scans / "site2" / "n0.nii.gz", seed=1)
     csv = _write_csv(tmp_path / "labels.csv", rows)
-    first = convert(scans, out, *CSV_FLAGS, "--labels_csv", csv)
+    first = convert(scans, out, *CSV_FLAGS, "--labels_csv", csv, *request.param)
     before = _shard_state(out)
     # New rows: a patient of a new class sorting first ('aa'), one of a held class, a NIfTI file
     # of a new class sorting last; and a file no row names.
