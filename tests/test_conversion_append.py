@@ -36,7 +36,8 @@ def test_an_inventory_line_keeps_a_series_label_and_contents_and_an_image_line_a
 
 
 def test_amended_entries_are_written_again_with_their_whole_version():
-    held = {path: append.HeldFile(path, 1, 0, None, "train", version) for path, version in (("a", 1), ("b", 1), ("c", 2))}
+    held = {path: append.HeldFile(path, 1, 0, None, "train", version)
+            for path, version in (("a", 1), ("b", 1), ("c", 2))}
     base = append.Base(types.SimpleNamespace(), held, 3)
     grown = append.amended(base, [held["b"]._replace(contents={"b": "00"})])
     assert grown.rebuilt == {1: (held["a"], held["b"]._replace(contents={"b": "00"}))}
