@@ -337,3 +337,49 @@ def test_append_on_dask_matches_the_local_runner(dask_cluster, dataset_input, tm
     # The 5 new files; the truncated JPEG version 1 rejected is tried again (and rejected again).
     assert manifest.versions[1].inputs["new"] == 5 and manifest.versions[1].inputs["retried"] == 1
     assert manifest.rejects == {"corrupt": 1, "hidden_file": 1}
+
+
+def test_a_volume_append_by_csv_rows_with_dedup_on_dask_gives_the_local_runners_bytes(dask_cluster, tmp_path):
+    """`convert --volumes --append --labels_csv --dedup`: planned against the held dataset (its rows,
+    its content digests) in the driver, written on the cluster's workers: the local runner's files."""
+    from test_imaging_volumes import write_series
+
+    scans, csv = tmp_path / "in", tmp_path / "labels.csv"
+    rows = ["site1/p0,a,train", "site1/p1,b,validation", "site2/p2,a,validation"]
+    for i, unit in enumerate(("site1/p0", "site1/p1", "site2/p2")):
+        write_series(scans / unit, count=3 + i)
+    csv.write_text("path,label,split\n" + "\n".join(rows) + "\n")
+    args = ["--volumes", "--input_dir", str(scans), "--labels_csv", str(csv), "--dedup", "--append"]
+    outs = {"local": tmp_path / "local", "dask": tmp_path / "dask"}
+    # Version 1 by the local runner, copied: both append to the same bytes.
+    convert_module.run([*args, "--output_dir", str(outs["local"])])
+    shutil.copytree(outs["local"], outs["dask"])
+    # A new row of a new class, and a row naming a copy of a held series.
+    write_series(scans / "site3" / "p3", count=4, orientation="oblique")
+    shutil.copytree(scans / "site1" / "p0", scans / "site3" / "copy_of_p0")
+    csv.write_text(csv.read_text() + "site3/p3,c,train\nsite3/copy_of_p0,b,train\n")
+    convert_module.run([*args, "--output_dir", str(outs["local"])])
+    convert_module.run([*args, "--output_dir", str(outs["dask"]), "--runner", "DaskRunner",
+                        "--dask_client_address", dask_cluster.address])
+    local, on_dask = _files(outs["local"]), _files(outs["dask"])
+    assert sorted(on_dask) == sorted(local)
+    # The metadata files record when each version was written, and nothing else differs in them.
+    stamped = ("manifest.json", "volumes.json")
+    assert [name for name in local if name not in stamped and on_dask[name] != local[name]] == []
+    for name in stamped:
+        assert _untimed(json.loads(on_dask[name])) == _untimed(json.loads(local[name])), name
+    rejects = [json.loads(line) for line in local[schemas.REJECTS_FILENAME].decode().splitlines()]
+    # One line per file of the copy (3 slices).
+    assert [(r["reason"], r["message"]) for r in rejects] == [
+        ("duplicate", "site3/copy_of_p0: same content as site1/p0, held by version 1")] * 3
+    volumes = json.loads(local["volumes.json"])
+    assert sum(s["records"] for s in volumes["splits"].values()) == 4
+
+
+def _untimed(value):
+    """A JSON value without its "time" entries (when a version was written), at any depth."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k != "time"}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
