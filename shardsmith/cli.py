@@ -243,6 +243,12 @@ def run() -> None:
     try:
         code = main()
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C in a command that reads (verify, inspect, preview, doctor, serve-data): one
+        # line and the shell's status, not Python's traceback (`convert` says what it kept).
+        command = next((a for a in sys.argv[1:2] if a in _SUMMARIES), None)
+        print(f"shardsmith{' ' + command if command else ''}: interrupted.", file=sys.stderr)
+        code = _INTERRUPTED
     except BrokenPipeError:
         # Whoever read stdout stopped (`shardsmith inspect DS | head`): nothing is left to
         # say, and nothing more may be written there, not even at exit (Python's docs,

@@ -244,3 +244,33 @@ def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path):
     # (A shard renamed into place just before its receipt was saved is written again.)
     assert 40 - len(kept) <= len(counts) <= 40, finished.stderr
     assert counts == sorted(set(counts)) and (not counts or counts[-1] == 40), counts
+
+
+@pytest.mark.parametrize("command", ["verify", "preview"])
+def test_ctrl_c_in_a_reading_command_is_one_line_not_a_traceback(tmp_path, command):
+    """Ctrl-C in `verify` or `preview` ended with Python's KeyboardInterrupt traceback."""
+    import signal
+
+    make_class_tree(tmp_path / "images", classes=("a", "b"), per_class=4)
+    convert(tmp_path / "images", tmp_path / "out")
+    args = [str(tmp_path / "out")] + (["--output", str(tmp_path / "p.png")] if command == "preview" else [])
+    # `-X importtime` writes a line per module imported: Ctrl-C once TensorFlow is being imported,
+    # which every reading command does before it reads (the interpreter's own handler is in place).
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "shardsmith", command, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=_REPO)
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if line.rstrip().endswith("| tensorflow") or "tensorflow.python" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert rest.rstrip().endswith(f"shardsmith {command}: interrupted."), rest[-3000:]
