@@ -43,7 +43,7 @@ import schemas
 from beam_jobs import _runner, _verify_fns, args
 from beam_jobs._verify_fns import CHECK_FAILED
 from conversion import console, scene_log
-from conversion.files import exists, join, read_bytes
+from conversion.files import exists, join, output_full_text, read_bytes
 from imaging.patches import PatchOptions
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
@@ -310,6 +310,13 @@ def _main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as e:  # ManifestError is a ValueError.
         print(f"shardsmith verify: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # The runner wraps errors raised in its steps.
+        full = output_full_text(e)  # Its report, written last, found the disk full.
+        if full is None:
+            raise
+        print(f"shardsmith verify: error: {full}: the report was not written; free some space and run "
+              "it again.", file=sys.stderr)
+        return 1
     print(describe(report))  # The verdict is the result: stdout.
     fail_dups = PipelineOptions(_dataset_dir_as_option(argv)).view_as(VerifyOptions).fail_on_duplicates
     failed_checks = sum(CHECK_FAILED in p for p in report["problems"])

@@ -135,8 +135,10 @@ class _QuietLibraries(logging.Filter):
 _QUIET_NIBABEL = _QuietLibraries()
 
 # The errors a conversion or verification reports itself, in one sentence at its end
-# (`conversion.elements.ConversionError`, a worker process's death).
-_OWN_FAILURES = ("ConversionError", "WorkerDied")
+# (`conversion.elements.ConversionError`, a worker process's death, a full output disk).
+_OWN_FAILURES = ("ConversionError", "WorkerDied", "OutputFull")
+# How a traceback whose first exception was raised in a worker process begins (its cause).
+_REMOTE_CAUSE = "conversion.processes._RemoteTraceback: "
 # Set when Beam's runner reported one of `_OWN_FAILURES` during the running entry point, or
 # Ctrl-C came (`_interrupt_noted`; cleared when it ends): what Beam's workers print and log
 # after it is dropped.
@@ -272,7 +274,11 @@ class _WithoutOwnFailures:
         self._dropped = False
 
     def write(self, text):
-        traceback = isinstance(text, str) and text.startswith("Traceback (most recent call last):")
+        # One whole traceback; an exception raised in a worker process (`conversion.processes`)
+        # comes first as its cause ("conversion.processes._RemoteTraceback: In worker process ...").
+        traceback = isinstance(text, str) and (
+            text.startswith("Traceback (most recent call last):")
+            or (text.startswith(_REMOTE_CAUSE) and "\nTraceback (most recent call last):" in text))
         if traceback and any(f"{name}: " in text for name in _OWN_FAILURES):
             _own_failure_seen.set()
             self._dropped = True  # `print` writes its line end next: dropped too.

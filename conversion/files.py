@@ -13,6 +13,8 @@ the shard writers' worker processes (`processes`) import it only for a URL
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
 import hashlib
 import io
@@ -21,7 +23,7 @@ import re
 import shutil
 import uuid
 
-__all__ = ["AtomicWriter", "write_shard_index", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
+__all__ = ["AtomicWriter", "OutputFull", "output_full_text", "write_shard_index", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
            "join", "remove", "remove_tree", "match", "TMP_DIRNAME"]
 
 # Temporary files live in this folder inside the output until renamed.
@@ -113,6 +115,39 @@ def join(folder: str, *names: str) -> str:
     return _filesystems().join(folder, *names)
 
 
+# A local write that fails with one of these found the output's disk (or the user's quota) full:
+# no file's fault, and no retry helps until space is freed.
+_DISK_FULL = frozenset(filter(None, (errno.ENOSPC, getattr(errno, "EDQUOT", None))))
+
+
+class OutputFull(Exception):
+    """A write into the output folder failed for want of space (ENOSPC, EDQUOT); says what to do.
+
+    Not an OSError: no handler of a file's read errors may take it for the input's
+    fault. Its text names the error, the file and the folder; the conversion reports
+    it in one sentence with what to do (`recovery.failure_message`).
+    """
+
+
+def output_full_text(e: BaseException) -> str | None:
+    """The text of an `OutputFull`, also where a runner wrapped it (an error raised in a pipeline's
+    step reaches the caller as the runner's own, its text holding the original's); else None."""
+    if isinstance(e, OutputFull):
+        return str(e)
+    for line in str(e).splitlines():
+        if "OutputFull: " in line:
+            return _RUNNING_STEP.sub("", line.split("OutputFull: ", 1)[1].strip())
+    return None
+
+
+# What Beam's runner appends to the text of an error raised in a step.
+_RUNNING_STEP = re.compile(r"\s*\[while running '[^']*'\]$")
+
+
+def _disk_full(e: OSError, output_dir: str, name: str) -> OutputFull:
+    return OutputFull(f"{e.strerror} while writing {name} into {output_dir}")
+
+
 def _filesystems():
     from apache_beam.io.filesystems import FileSystems
 
@@ -137,6 +172,7 @@ class AtomicWriter:
 
     def __init__(self, output_dir: str, name: str, in_tmp_dir: bool = True):
         self._local = is_local(output_dir)
+        self._output_dir, self._name, self._file = output_dir, name, None
         self.final_path = join(output_dir, name)
         if in_tmp_dir:
             tmp_path = join(output_dir, TMP_DIRNAME, f"{name}.{uuid.uuid4().hex}")
@@ -146,9 +182,10 @@ class AtomicWriter:
         if self._local:
             # LocalFileSystem.create: the folder made if missing, then io.open.
             folder = os.path.dirname(tmp_path)
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-            self._file = io.open(tmp_path, "wb")
+            with self._space(name):
+                if folder:
+                    os.makedirs(folder, exist_ok=True)
+                self._file = io.open(tmp_path, "wb")
         else:
             from apache_beam.io.filesystem import CompressionTypes
 
@@ -170,7 +207,8 @@ class AtomicWriter:
         if len(data) >= _WRITE_CHUNK:
             self._flush()
             self.num_bytes += len(data)
-            self._file.write(data)
+            with self._space(self._name):
+                self._file.write(data)
             self._sha.update(data)
             return
         self._pending.append(data)
@@ -184,7 +222,8 @@ class AtomicWriter:
             return
         chunk = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         self._pending, self._pending_bytes = [], 0
-        self._file.write(chunk)
+        with self._space(self._name):
+            self._file.write(chunk)
         self._sha.update(chunk)
 
     @property
@@ -196,7 +235,8 @@ class AtomicWriter:
     def commit(self) -> None:
         """Writes what is pending, closes the temporary file and renames it to the final name."""
         self._flush()
-        self._file.close()
+        with self._space(self._name):
+            self._file.close()
         if self._local:
             # os.replace: LocalFileSystem's os.rename, which also replaces an
             # existing final file (an earlier attempt's same bytes) on Windows.
@@ -211,11 +251,30 @@ class AtomicWriter:
 
     def abort(self) -> None:
         self._pending, self._pending_bytes = [], 0
-        self._file.close()
         if self._local:
-            os.remove(self._tmp_path)
-        else:
-            _filesystems().delete([self._tmp_path])
+            # Closing flushes what the file object buffers: on a full disk that fails
+            # again, and the temporary file is removed all the same.
+            with contextlib.suppress(OSError):
+                self._file.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._tmp_path)
+            return
+        self._file.close()
+        _filesystems().delete([self._tmp_path])
+
+    @contextlib.contextmanager
+    def _space(self, name: str):
+        """A local write that finds the disk full raises `OutputFull`, its temporary file removed."""
+        try:
+            yield
+        except OutputFull:
+            raise
+        except OSError as e:
+            if not self._local or e.errno not in _DISK_FULL:
+                raise
+            if self._file is not None:
+                self.abort()  # What it wrote is of no use, and takes the space needed.
+            raise _disk_full(e, self._output_dir, name) from None
 
 
 def write_atomically(output_dir: str, name: str, data: bytes) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from conversion import processes as _processes
 from conversion.elements import ConversionError
+from conversion.files import output_full_text
 from conversion.guard import (
     DECODER_CRASHED, JOURNAL_ENV, TIMEOUT, TOO_LARGE, Quarantine, Suspect, Watchdog, busy_slots, forget,
     format_bytes, new_journal_folder, signal_name,
@@ -291,8 +292,11 @@ def _run_child(attempt, argv) -> tuple[int, int]:
 
 
 def failure_message(e: BaseException) -> str | None:
-    """The text of a `ConversionError` or `WorkerDied` of an attempt, also inside a runner's wrapped
-    exception (the runner wraps errors raised in its workers); None for any other error."""
+    """The text of a `ConversionError`, `WorkerDied` or `files.OutputFull` of an attempt, also inside a
+    runner's wrapped exception (the runner wraps errors raised in its workers); None for any other error."""
+    full = output_full_text(e)
+    if full is not None:
+        return full + _DISK_FULL_ADVICE
     for line in str(e).splitlines():
         for kind in ("ConversionError:", "WorkerDied:"):
             if kind in line:
@@ -300,3 +304,8 @@ def failure_message(e: BaseException) -> str | None:
     if isinstance(e, (ConversionError, _processes.WorkerDied)):
         return str(e)
     return None
+
+
+# After `files.OutputFull`'s text ("No space left on device while writing X into DIR").
+_DISK_FULL_ADVICE = (": the conversion stopped there, and the shards finished so far are kept. Free some space "
+                     "(or give another --output_dir), then run the same command with --resume to go on.")

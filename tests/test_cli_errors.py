@@ -274,3 +274,68 @@ def test_ctrl_c_in_a_reading_command_is_one_line_not_a_traceback(tmp_path, comma
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     assert rest.rstrip().endswith(f"shardsmith {command}: interrupted."), rest[-3000:]
+
+
+def _in_a_small_filesystem(script: str) -> subprocess.CompletedProcess | None:
+    """Runs the shell `script` in a mount namespace of its own, where it may mount a tmpfs of a set
+    size (nothing mounted outlives it); None where this system lets no process make one."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    # As root, a mount namespace; otherwise one of a user namespace where this user is root.
+    for flags in (["--mount"], ["--user", "--map-root-user", "--mount"]):
+        probe = subprocess.run([unshare, *flags, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt || "
+                                "mount -t tmpfs -o size=64k tmpfs \"$TMPDIR\""], capture_output=True)
+        if probe.returncode == 0:
+            return subprocess.run([unshare, *flags, "sh", "-c", script], capture_output=True, text=True,
+                                  timeout=600)
+    return None
+
+
+# Photos written by the driver's threads; tiny files past the threshold by worker processes.
+@pytest.mark.parametrize("per_class", [60, 600], ids=["driver", "worker_processes"])
+def test_a_full_output_disk_is_one_sentence_and_resume_finishes(tmp_path, per_class):
+    """A disk that fills up printed ~650 lines of Beam's tracebacks (OSError: [Errno 28]) and left
+    the half-written shard files in the temporary folder, taking the space a re-run needs."""
+    import re
+    import shlex
+
+    from helpers import read_records
+
+    make_class_tree(tmp_path / "images", classes=("a", "b"), per_class=per_class)
+    size_kib = max(64, sum(p.stat().st_size for p in (tmp_path / "images").rglob("*") if p.is_file()) // 2500)
+    mnt, out = tmp_path / "small", tmp_path / "small" / "out"
+    mnt.mkdir()
+    argv = [sys.executable, "-m", "shardsmith", "convert", "--input_dir", str(tmp_path / "images"),
+            "--output_dir", str(out), "--num_shards", "8"]
+    q = shlex.quote
+    result = _in_a_small_filesystem(f"""
+        set -e
+        mount -t tmpfs -o size={size_kib}k tmpfs {q(str(mnt))}
+        cd {q(str(_REPO))}
+        set +e
+        {shlex.join(argv)} 2> {q(str(tmp_path / "first.err"))}; echo $? > {q(str(tmp_path / "first.rc"))}
+        ls -A {q(str(out / "_shardsmith_tmp"))} > {q(str(tmp_path / "left.txt"))}
+        mount -o remount,size=64m {q(str(mnt))}
+        {shlex.join(argv)} --resume 2> {q(str(tmp_path / "second.err"))}; echo $? > {q(str(tmp_path / "second.rc"))}
+        cp -r {q(str(out))} {q(str(tmp_path / "kept"))}
+    """)
+    if result is None:
+        pytest.skip("this system lets no process mount a small filesystem (unshare)")
+    assert result.returncode == 0, result.stderr
+    first = (tmp_path / "first.err").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first
+    assert "Traceback" not in first, first
+    found = re.search(r"shardsmith convert: error: No space left on device while writing "
+                      r"train-0000\d-of-00008\.(?:tfrecord|idx) into (\S+): the conversion stopped there, and the shards "
+                      r"finished so far are kept\. Free some space \(or give another --output_dir\), then run the "
+                      r"same command with --resume to go on\.\n$", first)
+    assert found and found[1] == str(out), first
+    # No half-written file is left to take the space: only the run's plans and receipts.
+    assert set((tmp_path / "left.txt").read_text().split()) <= {"plans", "done"}
+    second = (tmp_path / "second.err").read_text()
+    assert (tmp_path / "second.rc").read_text().strip() == "0", second
+    assert f"Converted {2 * per_class:,} images into 8 shards" in second
+    assert len(read_records(tmp_path / "kept")) == 2 * per_class
