@@ -714,3 +714,21 @@ def test_headers_of_large_files_read_from_their_start_in_memory_are_the_whole_fi
     from_bytes = volumes.read_slices(path.read_bytes(), "s.dcm")
     assert [dataclasses.replace(s, pixel_hash="") for s in from_bytes] == from_header
     assert from_header[0].pixel_offset == pydicom.dcmread(path)["PixelData"].file_tell  # Where pydicom read them.
+
+
+def test_a_pixel_element_with_an_implicit_vr_header_in_an_explicit_vr_file_holds_pixels():
+    """pydicom's SC_rgb_jpeg.dcm: explicit VR, its PixelData written as tag + FFFFFFFF (no VR).
+
+    pydicom reads that element as implicit VR and decodes it; the volume path's header check
+    rejected it as corrupt ("VR 'ÿÿ' holds no pixel bytes"), a whole series with it.
+    """
+    import io
+
+    from imaging import dicom
+
+    data = pathlib_bytes(get_testdata_file("SC_rgb_jpeg.dcm"))
+    at = data.rfind(b"\xe0\x7f\x10\x00")
+    assert data[at + 4:at + 8] == b"\xff\xff\xff\xff"
+    assert pydicom.dcmread(io.BytesIO(data)).pixel_array.shape == (256, 256, 3)
+    ds, keyword, offset = dicom.read_header(io.BytesIO(data), "sc.dcm")
+    assert keyword == "PixelData" and offset == -1
