@@ -180,6 +180,11 @@ class Volume:
 
 
 def _floats(value, count: int, what: str, name: str) -> tuple[float, ...]:
+    if value is None or (not isinstance(value, (int, float)) and not value):
+        # Absent (or empty): an image without the Image Plane module (a secondary capture, an
+        # X-ray, an ultrasound frame) is a valid DICOM image, just not a slice of a volume.
+        raise ImageRejected("not_a_volume", f"{name} has no {what}: a DICOM image without a position and "
+                                            "orientation in the patient cannot be placed in a volume")
     try:
         values = tuple(float(v) for v in (value or ()))
     except (TypeError, ValueError):
@@ -201,7 +206,8 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
 
     Raises:
       ImageRejected: 'not_an_image', 'no_pixel_data' (skipped as in 2-D),
-        'corrupt' (no position or orientation), 'mosaic'.
+        'not_a_volume' (no position, orientation or pixel spacing), 'corrupt' (one that is
+        not numbers), 'mosaic'.
     """
     ds = dicom.read_dataset(data, name)
     pixels = ds.get("PixelData")

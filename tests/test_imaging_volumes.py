@@ -732,3 +732,22 @@ def test_a_pixel_element_with_an_implicit_vr_header_in_an_explicit_vr_file_holds
     assert pydicom.dcmread(io.BytesIO(data)).pixel_array.shape == (256, 256, 3)
     ds, keyword, offset = dicom.read_header(io.BytesIO(data), "sc.dcm")
     assert keyword == "PixelData" and offset == -1
+
+
+def test_an_image_without_a_position_is_not_a_volume_and_a_malformed_one_is_corrupt():
+    """pydicom's SC_rgb_small_odd.dcm, a secondary capture (no Image Plane module), is a valid image that no
+    volume can place: `not_a_volume`, not `corrupt`; an orientation of 5 numbers stays corrupt."""
+    import io
+
+    data = pathlib_bytes(get_testdata_file("SC_rgb_small_odd.dcm"))
+    assert "ImageOrientationPatient" not in pydicom.dcmread(io.BytesIO(data))
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(data), "sc.dcm")
+    assert info.value.reason == "not_a_volume" and "has no ImageOrientationPatient" in info.value.message
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.ImageOrientationPatient = [1, 0, 0, 0, 1]
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "ct.dcm")
+    assert info.value.reason == "corrupt" and "is not 6 numbers" in info.value.message

@@ -47,8 +47,9 @@ def read(data: bytes, name: str, fmt: str | None, context, finish: Callable):
 
     Raises:
       ImageRejected: 'not_an_image' where Pillow knows no format and nothing
-        was sniffed, or knows it only by name (a stub: HDF5, GRIB, BUFR); 'corrupt' for damaged headers and for what `finish`
-        raises from Pillow or TensorFlow; 'too_large' above --max_pixels.
+        was sniffed, or knows it only by name (a stub: HDF5, GRIB, BUFR);
+        'corrupt' for damaged headers and for what `finish` raises from
+        Pillow or TensorFlow; 'too_large' above --max_pixels.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
