@@ -290,6 +290,8 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
         stored_dtype = f"{'int' if signed else 'uint'}{max(8, allocated)}"
         stored_range = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
     photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
+    offsets = _grid_frame_offsets(ds, frames, name)
+    dose_scaling = _dose_grid_scaling(ds, name)
     slices = []
     for index in range(frames):
         orientation = _floats(dicom.frame_value(ds, index, "PlaneOrientationSequence",
@@ -298,9 +300,17 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
         position = _floats(dicom.frame_value(ds, index, "PlanePositionSequence",
                                              "ImagePositionPatient", multi=True),
                            3, "ImagePositionPatient", name)
+        if offsets is not None:
+            # PS3.3 C.8.8.3.2: frame k lies offsets[k] along the normal from the first frame,
+            # whose position is ImagePositionPatient (relative offsets start at 0; absolute
+            # ones, allowed for axial frames only, start at its z).
+            normal = np.cross(orientation[:3], orientation[3:])
+            position = tuple(float(v) for v in np.add(position, (offsets[index] - offsets[0]) * normal))
         spacing = _floats(dicom.frame_value(ds, index, "PixelMeasuresSequence", "PixelSpacing",
                                             multi=True), 2, "PixelSpacing", name)
         slope = dicom.frame_value(ds, index, "PixelValueTransformationSequence", "RescaleSlope")
+        if dose_scaling is not None and slope in (None, ""):
+            slope = dose_scaling
         intercept = dicom.frame_value(ds, index, "PixelValueTransformationSequence", "RescaleIntercept")
         try:
             slope = 1.0 if slope in (None, "") else float(slope)
@@ -319,6 +329,40 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_offset=pixel_offset if frames == 1 else -1,
         ))
     return slices
+
+
+def _grid_frame_offsets(ds, frames: int, name: str) -> tuple[float, ...] | None:
+    """An RT Dose's GridFrameOffsetVector (PS3.3 C.8.8.3.2), one offset per frame; None without one.
+
+    A multi-frame RT Dose file gives one ImagePositionPatient for all its frames and places
+    frame k by the k-th offset; read as one position, its frames would all be at one place.
+    """
+    vector = ds.get("GridFrameOffsetVector")
+    if frames < 2 or vector in (None, "") or "PerFrameFunctionalGroupsSequence" in ds:
+        return None
+    values = [vector] if isinstance(vector, (str, bytes, int, float)) else vector  # One value, or a MultiValue.
+    try:
+        offsets = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        offsets = ()
+    if len(offsets) != frames or not np.isfinite(offsets).all():
+        raise ImageRejected("corrupt", f"{name}: GridFrameOffsetVector {vector!r} is not {frames} numbers, "
+                                       "one per frame")
+    return offsets
+
+
+def _dose_grid_scaling(ds, name: str) -> float | None:
+    """An RT Dose's DoseGridScaling: stored value x scaling = dose in DoseUnits (PS3.3 C.8.8.3)."""
+    value = ds.get("DoseGridScaling")
+    if value in (None, ""):
+        return None
+    try:
+        scaling = float(value)
+    except (TypeError, ValueError):
+        scaling = math.nan
+    if not math.isfinite(scaling) or scaling <= 0:
+        raise ImageRejected("corrupt", f"{name}: DoseGridScaling {value!r} is not a positive number")
+    return scaling
 
 
 def _pixel_digest(pixels: bytes, frames: int, index: int) -> str:

@@ -751,3 +751,24 @@ def test_an_image_without_a_position_is_not_a_volume_and_a_malformed_one_is_corr
     with pytest.raises(ImageRejected) as info:
         volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "ct.dcm")
     assert info.value.reason == "corrupt" and "is not 6 numbers" in info.value.message
+
+
+@pytest.mark.parametrize("source", ["rtdose.dcm", "rtdose_expb.dcm", "rtdose_rle.dcm"])
+def test_an_rt_dose_grid_is_placed_by_its_frame_offsets_and_scaled_to_dose(source):
+    """pydicom's RT Dose files: 15 frames, one ImagePositionPatient, GridFrameOffsetVector 0, 5, ..., 70
+    and DoseGridScaling 1e-6. Read as 15 frames at one place they were `conflicting_slices`."""
+    import io
+
+    data = pathlib_bytes(get_testdata_file(source))
+    ds = pydicom.dcmread(io.BytesIO(data))
+    slices = volumes.read_slice_headers(io.BytesIO(data), source)
+    first = np.array([float(v) for v in ds.ImagePositionPatient])
+    offsets = [float(v) for v in ds.GridFrameOffsetVector]
+    assert [s.position for s in slices] == [tuple(first + (0, 0, z)) for z in offsets]
+    plan = volumes.plan_stacks(slices)
+    assert not plan.rejects, plan.rejects
+    volume = volumes.read_stack(plan.stacks[0], {source: data}.__getitem__)
+    assert volume.voxels.dtype == np.float32 and volume.spacing == (5.0, 10.0, 10.0)
+    np.testing.assert_allclose(volume.voxels, ds.pixel_array * float(ds.DoseGridScaling), rtol=1e-6)
+    # The last frame's voxel (0, 0, 14) lies 70 mm above the first: RAS (-x, -y, z) of LPS.
+    np.testing.assert_allclose(volume.affine @ [0, 0, 14, 1], [-first[0], -first[1], first[2] + 70, 1])
