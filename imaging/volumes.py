@@ -209,7 +209,10 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
         'not_a_volume' (no position, orientation or pixel spacing), 'corrupt' (one that is
         not numbers), 'mosaic'.
     """
-    ds = dicom.read_dataset(data, name)
+    try:
+        ds = dicom.read_dataset(data, name)
+    except ImageRejected as e:
+        raise _what_else(e, data[:_PAIR_HEADER_BYTES], name) from None
     pixels = ds.get("PixelData")
     return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"",
                    dicom.dataset_pixel_offset(ds, data))
@@ -233,9 +236,41 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
     parsed = _header_from_memory(f, name)
     if parsed is None:
         f.seek(0)
-        parsed = dicom.read_header(f, name)
+        try:
+            parsed = dicom.read_header(f, name)
+        except ImageRejected as e:
+            f.seek(0)
+            raise _what_else(e, f.read(_PAIR_HEADER_BYTES), name) from None
     ds, keyword, pixel_offset = parsed
     return _slices(ds, name, keyword, None, pixel_offset)
+
+
+# A NIfTI-1 or Analyze 7.5 header is 348 bytes, a NIfTI-2 header 540.
+_PAIR_HEADER_BYTES = 540
+# The magic of a NIfTI .hdr/.img pair's header (a single .nii file's is n+1 / n+2).
+_PAIR_MAGICS = (b"ni1\x00", b"ni2\x00")
+
+
+def _what_else(rejected: ImageRejected, head: bytes, name: str) -> ImageRejected:
+    """`rejected` ('not_an_image': not DICOM) said of a --volumes input: what else it is, where known.
+
+    "Not a DICOM file" is true of a NIfTI or Analyze .hdr/.img pair too, yet tells its owner
+    nothing: its header is named, with the way to a file --volumes reads.
+    """
+    if rejected.reason != "not_an_image":
+        return rejected
+    sizes = {int.from_bytes(head[:4], "little"), int.from_bytes(head[:4], "big")}
+    if head[344:348] in _PAIR_MAGICS or head[4:8] in _PAIR_MAGICS:
+        kind = "a NIfTI .hdr/.img pair"
+    elif 348 in sizes and len(head) >= 348:
+        kind = "an Analyze 7.5 .hdr/.img pair"
+    else:
+        return ImageRejected("not_an_image", f"{name} is neither a DICOM file nor a NIfTI file (.nii, .nii.gz)")
+    return ImageRejected(
+        "not_an_image",
+        f"{name} is the header of {kind}, which --volumes does not read (NIfTI as one .nii or .nii.gz "
+        "file only); save it as one file, e.g. nibabel.save(nibabel.load(HDR), 'volume.nii')",
+    )
 
 
 def _header_from_memory(f, name: str):

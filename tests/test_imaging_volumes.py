@@ -772,3 +772,23 @@ def test_an_rt_dose_grid_is_placed_by_its_frame_offsets_and_scaled_to_dose(sourc
     np.testing.assert_allclose(volume.voxels, ds.pixel_array * float(ds.DoseGridScaling), rtol=1e-6)
     # The last frame's voxel (0, 0, 14) lies 70 mm above the first: RAS (-x, -y, z) of LPS.
     np.testing.assert_allclose(volume.affine @ [0, 0, 14, 1], [-first[0], -first[1], first[2] + 70, 1])
+
+
+@pytest.mark.parametrize("image_class, kind", [(nibabel.Nifti1Pair, "a NIfTI .hdr/.img pair"),
+                                               (nibabel.Nifti2Pair, "a NIfTI .hdr/.img pair"),
+                                               (nibabel.AnalyzeImage, "an Analyze 7.5 .hdr/.img pair")])
+def test_a_pair_header_is_named_as_what_it_is_not_only_as_not_dicom(tmp_path, image_class, kind):
+    """nibabel's .hdr/.img pairs (SPM's format) under --volumes: "not a DICOM file" was true, and no help."""
+    import io
+
+    nibabel.save(image_class(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)), tmp_path / "v.img")
+    header, data = (tmp_path / "v.hdr").read_bytes(), (tmp_path / "v.img").read_bytes()
+    for read in (lambda b: volumes.read_slice_headers(io.BytesIO(b), "v.hdr"),
+                 lambda b: volumes.read_slices(b, "v.hdr")):
+        with pytest.raises(ImageRejected) as info:
+            read(header)
+        assert info.value.reason == "not_an_image"
+        assert f"v.hdr is the header of {kind}, which --volumes does not read" in info.value.message
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(data), "v.img")
+    assert info.value.message == "v.img is neither a DICOM file nor a NIfTI file (.nii, .nii.gz)"
