@@ -729,7 +729,8 @@ def test_a_pixel_element_with_an_implicit_vr_header_in_an_explicit_vr_file_holds
     data = pathlib_bytes(get_testdata_file("SC_rgb_jpeg.dcm"))
     at = data.rfind(b"\xe0\x7f\x10\x00")
     assert data[at + 4:at + 8] == b"\xff\xff\xff\xff"
-    assert pydicom.dcmread(io.BytesIO(data)).pixel_array.shape == (256, 256, 3)
+    with pytest.warns(UserWarning, match="Expected explicit VR, but found implicit VR"):
+        assert pydicom.dcmread(io.BytesIO(data)).pixel_array.shape == (256, 256, 3)
     ds, keyword, offset = dicom.read_header(io.BytesIO(data), "sc.dcm")
     assert keyword == "PixelData" and offset == -1
 
