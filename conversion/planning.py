@@ -8,6 +8,7 @@ Beam is imported only for an input or labels CSV at a URL (`conversion.files`).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -164,16 +165,31 @@ def _checked(plan: _plan.Plan, config: ConversionConfig, masked: bool, appending
             "and --mask_suffix)."
         )
     if not plan.files:
-        raise ValueError(
-            f"--input_dir {config.input_dir!r} has no labelled images: {len(plan.problems)} "
-            "files found, none inside a class folder (ROOT/<class>/...) or the labels CSV."
-        )
+        raise ValueError(_nothing_to_convert(plan.problems, config.input_dir))
     _LOG.info(
         "Found %s files belonging to %d classes; %s to convert into %s",
         f"{plan.num_found:,}", len(plan.class_names), f"{len(plan.files):,}",
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
     return plan
+
+
+def _nothing_to_convert(problems, input_dir: str) -> str:
+    """Why no file is left to convert, from the reasons of the files refused while planning.
+
+    Files outside any class folder are the usual cause; but a folder of files each refused
+    for a reason of its own (DICOM series of one slice, files without pixel data under
+    --volumes) has its class folders, and is told what was refused instead.
+    """
+    reasons = collections.Counter(p.reason for p in problems)
+    if set(reasons) <= {"no_label"}:
+        return (f"--input_dir {input_dir!r} has no labelled images: {len(problems)} files found, none inside "
+                "a class folder (ROOT/<class>/...) or the labels CSV.")
+    counts = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    example = min((p for p in problems if p.reason != "no_label"), key=lambda p: p.rel_path)
+    shown = example.message if example.rel_path in example.message else f"{example.rel_path}: {example.message}"
+    return (f"--input_dir {input_dir!r} has nothing to convert: {len(problems)} files found, every one refused "
+            f"while planning ({counts}); e.g. {shown}")
 
 
 def _kind_labels(grouped):

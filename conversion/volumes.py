@@ -618,7 +618,9 @@ def write_volumes(job):
                 try:
                     framed, notes = _framed(plan, f.label, input_dir)
                 except ImageRejected as e:
-                    rejects += [Reject(rel, e.reason, f"{f.rel_path}: {e.message}") for rel in plan.sources]
+                    # Each file of a series names its series; a NIfTI file's message names it already.
+                    message = e.message if e.message.startswith(f.rel_path) else f"{f.rel_path}: {e.message}"
+                    rejects += [Reject(rel, e.reason, message) for rel in plan.sources]
                     continue
                 except OSError as e:
                     rejects += [Reject(rel, "unreadable", f"{f.rel_path}: {e}") for rel in plan.sources]

@@ -1241,12 +1241,22 @@ def _check_pixel_element(rest: bytes, order: str, ds: Dataset, keyword: str, nam
         return  # Cut short: the writer reads the file and says so.
     syntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "") or "")
     explicit = syntax != _IMPLICIT_VR_LITTLE_ENDIAN if syntax else rest[:2] in _PIXEL_VRS
+    if explicit and not _is_vr(rest[:2]):
+        # Some writers encode the pixel element with an implicit VR header in an explicit VR
+        # file (pydicom's SC_rgb_jpeg.dcm: tag, then FFFFFFFF). pydicom reads an element whose
+        # VR bytes are no VR (outside AA..ZZ) as implicit VR, and decodes its pixels.
+        explicit = False
     vr, length = _element_header(rest, order, explicit)
     if explicit and vr not in _PIXEL_VRS:
         raise ImageRejected("corrupt", f"{name}: its {keyword} element (VR {vr.decode('latin-1')!r}) "
                                        "holds no pixel bytes")
     if length == 0:
         raise ImageRejected("corrupt", f"{name}: its {keyword} element is empty (length 0): no pixel bytes")
+
+
+def _is_vr(code: bytes) -> bool:
+    """Whether two bytes may be a VR, by pydicom's test (from b"AA" to b"ZZ") for an implicit VR switch."""
+    return len(code) == 2 and b"AA" <= bytes(code) <= b"ZZ"
 
 
 # The pixel elements of group 7FE0, by element number.

@@ -180,6 +180,11 @@ class Volume:
 
 
 def _floats(value, count: int, what: str, name: str) -> tuple[float, ...]:
+    if value is None or (not isinstance(value, (int, float)) and not value):
+        # Absent (or empty): an image without the Image Plane module (a secondary capture, an
+        # X-ray, an ultrasound frame) is a valid DICOM image, just not a slice of a volume.
+        raise ImageRejected("not_a_volume", f"{name} has no {what}: a DICOM image without a position and "
+                                            "orientation in the patient cannot be placed in a volume")
     try:
         values = tuple(float(v) for v in (value or ()))
     except (TypeError, ValueError):
@@ -201,9 +206,13 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
 
     Raises:
       ImageRejected: 'not_an_image', 'no_pixel_data' (skipped as in 2-D),
-        'corrupt' (no position or orientation), 'mosaic'.
+        'not_a_volume' (no position, orientation or pixel spacing), 'corrupt' (one that is
+        not numbers), 'mosaic'.
     """
-    ds = dicom.read_dataset(data, name)
+    try:
+        ds = dicom.read_dataset(data, name)
+    except ImageRejected as e:
+        raise _what_else(e, data[:_PAIR_HEADER_BYTES], name) from None
     pixels = ds.get("PixelData")
     return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"",
                    dicom.dataset_pixel_offset(ds, data))
@@ -227,9 +236,41 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
     parsed = _header_from_memory(f, name)
     if parsed is None:
         f.seek(0)
-        parsed = dicom.read_header(f, name)
+        try:
+            parsed = dicom.read_header(f, name)
+        except ImageRejected as e:
+            f.seek(0)
+            raise _what_else(e, f.read(_PAIR_HEADER_BYTES), name) from None
     ds, keyword, pixel_offset = parsed
     return _slices(ds, name, keyword, None, pixel_offset)
+
+
+# A NIfTI-1 or Analyze 7.5 header is 348 bytes, a NIfTI-2 header 540.
+_PAIR_HEADER_BYTES = 540
+# The magic of a NIfTI .hdr/.img pair's header (a single .nii file's is n+1 / n+2).
+_PAIR_MAGICS = (b"ni1\x00", b"ni2\x00")
+
+
+def _what_else(rejected: ImageRejected, head: bytes, name: str) -> ImageRejected:
+    """`rejected` ('not_an_image': not DICOM) said of a --volumes input: what else it is, where known.
+
+    "Not a DICOM file" is true of a NIfTI or Analyze .hdr/.img pair too, yet tells its owner
+    nothing: its header is named, with the way to a file --volumes reads.
+    """
+    if rejected.reason != "not_an_image":
+        return rejected
+    sizes = {int.from_bytes(head[:4], "little"), int.from_bytes(head[:4], "big")}
+    if head[344:348] in _PAIR_MAGICS or head[4:8] in _PAIR_MAGICS:
+        kind = "a NIfTI .hdr/.img pair"
+    elif 348 in sizes and len(head) >= 348:
+        kind = "an Analyze 7.5 .hdr/.img pair"
+    else:
+        return ImageRejected("not_an_image", f"{name} is neither a DICOM file nor a NIfTI file (.nii, .nii.gz)")
+    return ImageRejected(
+        "not_an_image",
+        f"{name} is the header of {kind}, which --volumes does not read (NIfTI as one .nii or .nii.gz "
+        "file only); save it as one file, e.g. nibabel.save(nibabel.load(HDR), 'volume.nii')",
+    )
 
 
 def _header_from_memory(f, name: str):
@@ -284,6 +325,8 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
         stored_dtype = f"{'int' if signed else 'uint'}{max(8, allocated)}"
         stored_range = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
     photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
+    offsets = _grid_frame_offsets(ds, frames, name)
+    dose_scaling = _dose_grid_scaling(ds, name)
     slices = []
     for index in range(frames):
         orientation = _floats(dicom.frame_value(ds, index, "PlaneOrientationSequence",
@@ -292,9 +335,17 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
         position = _floats(dicom.frame_value(ds, index, "PlanePositionSequence",
                                              "ImagePositionPatient", multi=True),
                            3, "ImagePositionPatient", name)
+        if offsets is not None:
+            # PS3.3 C.8.8.3.2: frame k lies offsets[k] along the normal from the first frame,
+            # whose position is ImagePositionPatient (relative offsets start at 0; absolute
+            # ones, allowed for axial frames only, start at its z).
+            normal = np.cross(orientation[:3], orientation[3:])
+            position = tuple(float(v) for v in np.add(position, (offsets[index] - offsets[0]) * normal))
         spacing = _floats(dicom.frame_value(ds, index, "PixelMeasuresSequence", "PixelSpacing",
                                             multi=True), 2, "PixelSpacing", name)
         slope = dicom.frame_value(ds, index, "PixelValueTransformationSequence", "RescaleSlope")
+        if dose_scaling is not None and slope in (None, ""):
+            slope = dose_scaling
         intercept = dicom.frame_value(ds, index, "PixelValueTransformationSequence", "RescaleIntercept")
         try:
             slope = 1.0 if slope in (None, "") else float(slope)
@@ -313,6 +364,40 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_offset=pixel_offset if frames == 1 else -1,
         ))
     return slices
+
+
+def _grid_frame_offsets(ds, frames: int, name: str) -> tuple[float, ...] | None:
+    """An RT Dose's GridFrameOffsetVector (PS3.3 C.8.8.3.2), one offset per frame; None without one.
+
+    A multi-frame RT Dose file gives one ImagePositionPatient for all its frames and places
+    frame k by the k-th offset; read as one position, its frames would all be at one place.
+    """
+    vector = ds.get("GridFrameOffsetVector")
+    if frames < 2 or vector in (None, "") or "PerFrameFunctionalGroupsSequence" in ds:
+        return None
+    values = [vector] if isinstance(vector, (str, bytes, int, float)) else vector  # One value, or a MultiValue.
+    try:
+        offsets = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        offsets = ()
+    if len(offsets) != frames or not np.isfinite(offsets).all():
+        raise ImageRejected("corrupt", f"{name}: GridFrameOffsetVector {vector!r} is not {frames} numbers, "
+                                       "one per frame")
+    return offsets
+
+
+def _dose_grid_scaling(ds, name: str) -> float | None:
+    """An RT Dose's DoseGridScaling: stored value x scaling = dose in DoseUnits (PS3.3 C.8.8.3)."""
+    value = ds.get("DoseGridScaling")
+    if value in (None, ""):
+        return None
+    try:
+        scaling = float(value)
+    except (TypeError, ValueError):
+        scaling = math.nan
+    if not math.isfinite(scaling) or scaling <= 0:
+        raise ImageRejected("corrupt", f"{name}: DoseGridScaling {value!r} is not a positive number")
+    return scaling
 
 
 def _pixel_digest(pixels: bytes, frames: int, index: int) -> str:

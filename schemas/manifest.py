@@ -107,7 +107,8 @@ REJECT_REASONS = {
     "mosaic": "A Siemens mosaic: the slices of a volume packed in one image.",
     "too_few_slices": "A stack with fewer slices than --min_slices (a scout or localizer).",
     "mixed_labels": "The files of one series lie under different class folders.",
-    "not_a_volume": "A NIfTI file that is not 3-D (a 4-D time series, a 2-D image).",
+    "not_a_volume": "A NIfTI file that is not 3-D (a 4-D time series, a 2-D image), or a DICOM image "
+                    "without a position and orientation (a secondary capture, an X-ray).",
     # Time series (--time_series): a location's dated passes stacked.
     "no_date": "A pass with no date in its name and no TIFF DateTime tag, or a location with no date left.",
     "misaligned": "A date whose CRS, geotransform, size, dtype or band count differs from the "

@@ -45,3 +45,26 @@ def test_a_missing_input_or_labels_csv_is_named(tmp_path, scans):
         build_plan(ConversionConfig(str(tmp_path / "empty"), str(tmp_path / "out")))
     with pytest.raises(FileNotFoundError, match="--labels_csv .* does not exist"):
         build_plan(ConversionConfig(str(scans), str(tmp_path / "out"), labels_csv=str(tmp_path / "none.csv")))
+
+
+def test_a_folder_whose_every_file_is_refused_while_planning_is_told_why(tmp_path):
+    # Under --volumes a single-slice series (pydicom's CT_small.dcm) and a report are refused
+    # while planning: they lie in class folders, and the error says what refused them.
+    import shutil
+
+    from pydicom.data import get_testdata_file
+
+    from imaging import ValidationOptions
+    from imaging.volumes import VolumeOptions
+
+    for series, name in (("s1", "CT_small.dcm"), ("s2", "rtplan.dcm")):
+        (tmp_path / "in" / "a" / series).mkdir(parents=True)
+        shutil.copy(get_testdata_file(name), tmp_path / "in" / "a" / series / name)
+    config = ConversionConfig(str(tmp_path / "in"), str(tmp_path / "out"),
+                              validation=ValidationOptions(volumes=VolumeOptions()))
+    with pytest.raises(ValueError) as e:
+        build_plan(config)
+    message = str(e.value)
+    assert "class folder" not in message
+    assert "2 files found" in message and "no_pixel_data 1, too_few_slices 1" in message
+    assert "e.g. a/s1/CT_small.dcm: 1 slice(s)" in message

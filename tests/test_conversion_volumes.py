@@ -161,3 +161,13 @@ def test_a_csv_that_relabels_or_resplits_a_held_unit_is_refused_naming_each():
                                    "'b', split 'train'); p1 (held by version 2 with label 'b', split 'validation'; "
                                    "the CSV now says label 'b', split 'test')")
     assert "--overwrite" in str(e.value)
+
+
+def test_a_rejected_nifti_file_is_named_once_in_its_message(tmp_path):
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    _write(scans / "c" / "four.nii", np.zeros((2, 3, 4, 2), np.int16), np.eye(4))
+    _write(scans / "c" / "three.nii", np.zeros((2, 3, 4), np.int16), np.eye(4))
+    plan = _plan(scans, out)
+    _, rejects, _ = _write_one_shard(plan, scans, out, ["c"])
+    assert [(r.rel_path, r.reason, r.message) for r in rejects] == [
+        ("c/four.nii", "not_a_volume", "c/four.nii has shape (2, 3, 4, 2), not 3-D")]

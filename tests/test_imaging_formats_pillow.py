@@ -46,3 +46,16 @@ def test_unknown_bytes_are_not_an_image_and_a_damaged_header_is_corrupt(context)
     with pytest.raises(ImageRejected) as e:
         pillow.images(b"GIF89a" + b"\xff" * 4, "bad.gif", "gif", context)
     assert e.value.reason == "corrupt" and "GIF" in e.value.message
+
+
+def test_a_container_pillow_only_names_is_not_an_image_rather_than_corrupt(context):
+    # nibabel's MINC2 test volume is a whole HDF5 file: Pillow's HDF5 stub recognises it and
+    # raises "cannot find loader" on load, which is no damage to the file.
+    from nibabel.testing import data_path
+
+    with open(f"{data_path}/small.mnc", "rb") as f:
+        minc2 = f.read()
+    with pytest.raises(ImageRejected) as e:
+        pillow.images(minc2, "brain.mnc", formats.format_of(minc2), context)
+    assert e.value.reason == "not_an_image"
+    assert "HDF5" in e.value.message and "no decoder" in e.value.message

@@ -714,3 +714,82 @@ def test_headers_of_large_files_read_from_their_start_in_memory_are_the_whole_fi
     from_bytes = volumes.read_slices(path.read_bytes(), "s.dcm")
     assert [dataclasses.replace(s, pixel_hash="") for s in from_bytes] == from_header
     assert from_header[0].pixel_offset == pydicom.dcmread(path)["PixelData"].file_tell  # Where pydicom read them.
+
+
+def test_a_pixel_element_with_an_implicit_vr_header_in_an_explicit_vr_file_holds_pixels():
+    """pydicom's SC_rgb_jpeg.dcm: explicit VR, its PixelData written as tag + FFFFFFFF (no VR).
+
+    pydicom reads that element as implicit VR and decodes it; the volume path's header check
+    rejected it as corrupt ("VR 'ÿÿ' holds no pixel bytes"), a whole series with it.
+    """
+    import io
+
+    from imaging import dicom
+
+    data = pathlib_bytes(get_testdata_file("SC_rgb_jpeg.dcm"))
+    at = data.rfind(b"\xe0\x7f\x10\x00")
+    assert data[at + 4:at + 8] == b"\xff\xff\xff\xff"
+    with pytest.warns(UserWarning, match="Expected explicit VR, but found implicit VR"):
+        assert pydicom.dcmread(io.BytesIO(data)).pixel_array.shape == (256, 256, 3)
+    ds, keyword, offset = dicom.read_header(io.BytesIO(data), "sc.dcm")
+    assert keyword == "PixelData" and offset == -1
+
+
+def test_an_image_without_a_position_is_not_a_volume_and_a_malformed_one_is_corrupt():
+    """pydicom's SC_rgb_small_odd.dcm, a secondary capture (no Image Plane module), is a valid image that no
+    volume can place: `not_a_volume`, not `corrupt`; an orientation of 5 numbers stays corrupt."""
+    import io
+
+    data = pathlib_bytes(get_testdata_file("SC_rgb_small_odd.dcm"))
+    assert "ImageOrientationPatient" not in pydicom.dcmread(io.BytesIO(data))
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(data), "sc.dcm")
+    assert info.value.reason == "not_a_volume" and "has no ImageOrientationPatient" in info.value.message
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.ImageOrientationPatient = [1, 0, 0, 0, 1]
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(buf.getvalue()), "ct.dcm")
+    assert info.value.reason == "corrupt" and "is not 6 numbers" in info.value.message
+
+
+@pytest.mark.parametrize("source", ["rtdose.dcm", "rtdose_expb.dcm", "rtdose_rle.dcm"])
+def test_an_rt_dose_grid_is_placed_by_its_frame_offsets_and_scaled_to_dose(source):
+    """pydicom's RT Dose files: 15 frames, one ImagePositionPatient, GridFrameOffsetVector 0, 5, ..., 70
+    and DoseGridScaling 1e-6. Read as 15 frames at one place they were `conflicting_slices`."""
+    import io
+
+    data = pathlib_bytes(get_testdata_file(source))
+    ds = pydicom.dcmread(io.BytesIO(data))
+    slices = volumes.read_slice_headers(io.BytesIO(data), source)
+    first = np.array([float(v) for v in ds.ImagePositionPatient])
+    offsets = [float(v) for v in ds.GridFrameOffsetVector]
+    assert [s.position for s in slices] == [tuple(first + (0, 0, z)) for z in offsets]
+    plan = volumes.plan_stacks(slices)
+    assert not plan.rejects, plan.rejects
+    volume = volumes.read_stack(plan.stacks[0], {source: data}.__getitem__)
+    assert volume.voxels.dtype == np.float32 and volume.spacing == (5.0, 10.0, 10.0)
+    np.testing.assert_allclose(volume.voxels, ds.pixel_array * float(ds.DoseGridScaling), rtol=1e-6)
+    # The last frame's voxel (0, 0, 14) lies 70 mm above the first: RAS (-x, -y, z) of LPS.
+    np.testing.assert_allclose(volume.affine @ [0, 0, 14, 1], [-first[0], -first[1], first[2] + 70, 1])
+
+
+@pytest.mark.parametrize("image_class, kind", [(nibabel.Nifti1Pair, "a NIfTI .hdr/.img pair"),
+                                               (nibabel.Nifti2Pair, "a NIfTI .hdr/.img pair"),
+                                               (nibabel.AnalyzeImage, "an Analyze 7.5 .hdr/.img pair")])
+def test_a_pair_header_is_named_as_what_it_is_not_only_as_not_dicom(tmp_path, image_class, kind):
+    """nibabel's .hdr/.img pairs (SPM's format) under --volumes: "not a DICOM file" was true, and no help."""
+    import io
+
+    nibabel.save(image_class(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)), tmp_path / "v.img")
+    header, data = (tmp_path / "v.hdr").read_bytes(), (tmp_path / "v.img").read_bytes()
+    for read in (lambda b: volumes.read_slice_headers(io.BytesIO(b), "v.hdr"),
+                 lambda b: volumes.read_slices(b, "v.hdr")):
+        with pytest.raises(ImageRejected) as info:
+            read(header)
+        assert info.value.reason == "not_an_image"
+        assert f"v.hdr is the header of {kind}, which --volumes does not read" in info.value.message
+    with pytest.raises(ImageRejected) as info:
+        volumes.read_slice_headers(io.BytesIO(data), "v.img")
+    assert info.value.message == "v.img is neither a DICOM file nor a NIfTI file (.nii, .nii.gz)"

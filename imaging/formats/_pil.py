@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 from imaging.errors import ImageRejected
 
@@ -47,8 +47,9 @@ def read(data: bytes, name: str, fmt: str | None, context, finish: Callable):
 
     Raises:
       ImageRejected: 'not_an_image' where Pillow knows no format and nothing
-        was sniffed; 'corrupt' for damaged headers and for what `finish`
-        raises from Pillow or TensorFlow; 'too_large' above --max_pixels.
+        was sniffed, or knows it only by name (a stub: HDF5, GRIB, BUFR);
+        'corrupt' for damaged headers and for what `finish` raises from
+        Pillow or TensorFlow; 'too_large' above --max_pixels.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -70,6 +71,15 @@ def read(data: bytes, name: str, fmt: str | None, context, finish: Callable):
         try:
             return finish(data, im, fmt, name, context)
         except PIL_ERRORS as e:
+            if isinstance(im, ImageFile.StubImageFile) and isinstance(e, OSError):
+                # Pillow names some containers (HDF5, so MINC2 volumes; GRIB, BUFR; WMF
+                # off Windows) by their signature, but only a registered handler reads
+                # them: the file is whole, just in no format shardsmith reads.
+                raise ImageRejected(
+                    "not_an_image",
+                    f"{name} is a {im.format} file, which Pillow recognises but has no decoder for: "
+                    "not in an image format shardsmith reads",
+                ) from e
             raise ImageRejected("corrupt", f"{name}: {e}") from e
         except context.ops.OpError as e:
             raise context.corrupt(e, name) from e
