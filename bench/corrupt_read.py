@@ -50,8 +50,8 @@ def _damage(copy: Path, split) -> int:
 
 def _bare(read_shard, *_):
     """The reader without its damage handling: TensorFlow's sequential reader alone (the baseline)."""
-    def read(f, start=0, stop=None):
-        return read_shard(f).take(stop) if stop is not None else read_shard(f).skip(start)
+    def read(path, shard, count, start, stop):
+        return read_shard(path).take(stop).skip(start)
     return read
 
 

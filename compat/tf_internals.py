@@ -51,6 +51,17 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
    that opens one shard. Without the wrapper, the same records in the same
    order, one trace fewer per interleave (measured in a fresh process: 0.05
    -> 0.02 CPU s per interleave built, part of the time to the first batch).
+8. One interleave function for several interleaves (`interleave_each`): the
+   reader's shuffled pass reads the shard heads, then the rest, through two
+   interleaves of one read function. `Dataset.interleave` traces its function
+   anew for each (a FunctionDef each, each instantiated - placed and optimised
+   by grappler - when its iterator starts); here the second dataset op names
+   the first one's function (`_InterleaveDataset` built around the first's
+   `StructuredFunctionWrapper`).
+9. `unbatch` without its identity map (`unbatch_dense`): `Dataset.unbatch`
+   maps every element through `normalize_to_dense` first, a function that is
+   an identity for dense tensors, but one more to trace and to instantiate
+   before the first batch; `_UnbatchDataset` is the op alone.
 """
 
 from __future__ import annotations
@@ -82,6 +93,8 @@ __all__ = [
     "data_service_worker_count",
     "data_service_worker",
     "tfrecord_file_dataset",
+    "interleave_each",
+    "unbatch_dense",
 ]
 
 # The lowest TensorFlow release these internals were used with and the first
@@ -412,3 +425,77 @@ def tfrecord_file_dataset(path):
     except (ImportError, AttributeError, UntestedVersion):
         return tf.data.TFRecordDataset(path)
     return source(path)
+
+
+def interleave_each(inputs, map_func, *, cycle_length: int, block_length: int) -> list:
+    """`[d.interleave(map_func, cycle_length, block_length) for d in inputs]`, `map_func` traced once.
+
+    tf.data traces the function of every `interleave` call anew, and each trace
+    is a FunctionDef of its own, instantiated anew when its iterator starts.
+    Here the first call traces it and every dataset's op names that one
+    function (see the module's docstring, 8). Sequential interleaves only (no
+    `num_parallel_calls`). Where a release has moved the classes, or is outside
+    `TESTED`, one public `interleave` per input.
+
+    Args:
+      inputs: Datasets of one element spec.
+      map_func: `fn(*element) -> dataset`, as for `interleave`.
+      cycle_length, block_length: As for `interleave`.
+    """
+    try:
+        check("one interleave function for several interleaves")
+        from tensorflow.python.data.ops import dataset_ops, interleave_op
+        from tensorflow.python.ops import gen_dataset_ops
+        base = interleave_op._InterleaveDataset
+    except (ImportError, AttributeError, UntestedVersion):
+        return [d.interleave(map_func, cycle_length=cycle_length, block_length=block_length)
+                for d in inputs]
+    if not inputs:
+        return []
+    first = base(inputs[0], map_func, cycle_length, block_length)
+    shared = first._map_func
+
+    class _SharedInterleave(base):
+        # `_InterleaveDataset` with the wrapper of `first` instead of a new trace.
+        def __init__(self, input_dataset):  # pylint: disable=super-init-not-called
+            self._input_dataset = input_dataset
+            self._map_func = shared
+            self._structure = first._structure
+            self._cycle_length = first._cycle_length
+            self._block_length = first._block_length
+            self._name = None
+            variant_tensor = gen_dataset_ops.interleave_dataset(
+                input_dataset._variant_tensor, shared.function.captured_inputs,
+                self._cycle_length, self._block_length, f=shared.function, **self._common_args)
+            dataset_ops.UnaryDataset.__init__(self, input_dataset, variant_tensor)
+
+    return [first] + [_SharedInterleave(d) for d in inputs[1:]]
+
+
+def unbatch_dense(dataset):
+    """`dataset.unbatch()` of a dataset of dense tensors only, without its identity map.
+
+    `unbatch` first maps every element through a function that re-encodes
+    sparse and ragged components as dense ones (`normalize_to_dense`), for
+    dense tensors an identity: one more function to trace as the dataset is
+    built and to instantiate as its iterator starts, and one call per batch
+    (see the module's docstring, 9). The same elements, in the same order.
+    Where a component is not a dense `tf.TensorSpec`, where a release has
+    moved the class, or outside `TESTED`, the public `unbatch`.
+
+    Args:
+      dataset: A dataset whose element components are dense tensors with a
+        leading batch dimension.
+    """
+    import tensorflow as tf
+
+    specs = tf.nest.flatten(dataset.element_spec)
+    if not all(type(s) is tf.TensorSpec for s in specs):  # noqa: E721 (subclasses are not dense)
+        return dataset.unbatch()
+    try:
+        check("unbatch without its identity map")
+        from tensorflow.python.data.ops import unbatch_op
+        unbatched = unbatch_op._UnbatchDataset
+    except (ImportError, AttributeError, UntestedVersion):
+        return dataset.unbatch()
+    return unbatched(dataset)

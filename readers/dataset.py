@@ -109,6 +109,8 @@ _SEED_MODULUS = 2**31 - 1
 # Local shard files are interleaved sequentially (see `_shards_records`); off
 # for the benchmark's ablation only.
 _SEQUENTIAL_LOCAL_READS = True
+# A shard read to its end (`_past_damage`'s stop).
+_ALL = np.iinfo(np.int64).max
 
 # The reader's own map functions are plain TensorFlow ops (their Python `if`s
 # test Python values only), so AutoGraph's source transformation is skipped:
@@ -150,8 +152,8 @@ def _ramp_head(buffer: int, num_shards: int, batch_size: int | None) -> int:
     return head if head * num_shards < buffer else 0
 
 
-def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed: int | None,
-                  pipeline_id: int, num_records: int, read=None) -> tf.data.Dataset:
+def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, seed: int | None,
+                  pipeline_id: int, num_records: int) -> tf.data.Dataset:
     """One epoch whose first batch need not wait for the record shuffle buffer.
 
     tf.data's `shuffle` fills its whole buffer (up to 1024 records, some
@@ -177,24 +179,17 @@ def _ramped_epoch(interleaved, head: int, buffer: int, *, num_shards: int, seed:
     seeded order).
 
     Args:
-      interleaved: `fn(per_shard) -> records`, the interleave of the (shuffled)
-        shard files, each read by `per_shard(file)`.
+      parts_of: `fn([(start, stop), ...]) -> [records, ...]`: for each range,
+        the interleave of the (shuffled) shard files, each read from record
+        `start` to `stop` (None: to its end).
       head: Records of each shard in the first part.
       buffer: The shuffle buffer of the rest.
       num_shards: Shard files of this pipeline.
       seed: The reader's seed, or None.
       pipeline_id: This input pipeline (for its own seeds).
       num_records: Records of this pipeline per epoch.
-      read: `fn(file, start, stop) -> records` [start, stop) of one shard
-        (stop None: to its end); default: TensorFlow's reader.
     """
-    if read is None:
-        def read(f, start, stop):
-            records = tf_internals.tfrecord_file_dataset(f)
-            return records.take(stop) if stop is not None else records.skip(start)
-
-    heads = interleaved(_no_autograph(lambda f: read(f, 0, head)))
-    rest = interleaved(_no_autograph(lambda f: read(f, head, None)))
+    heads, rest = parts_of([(0, head), (head, None)])
     heads = heads.shuffle(head * num_shards, seed=_derive_seed(seed, 5, pipeline_id),
                           reshuffle_each_iteration=True)
     rest = rest.shuffle(buffer, seed=_derive_seed(seed, 6, pipeline_id),
@@ -373,13 +368,13 @@ def _shards_records(
         # time to the first batch.
         read_shard = _shard_reader(split_files)
     indexed = read_shard is not None
-    parts = None
+    guard = None
     if indexed:
         shard_ids = list(range(len(split_files.paths)))
         if num_pipelines > 1 and not record_sharding:
             shard_ids = shard_ids[pipeline_id::num_pipelines]
         files = tf.data.Dataset.from_tensor_slices(tf.constant(shard_ids, tf.int64))
-    else:
+    elif served:
         # TensorFlow's reader, which fails on a damaged record (DataLossError).
         files = tf.data.Dataset.from_tensor_slices(list(paths))
         # TensorFlow's reader of one file, without the flat_map that
@@ -387,10 +382,18 @@ def _shards_records(
         # interleave, which the first batch waits for (compat/tf_internals.py);
         # not converted by AutoGraph (0.5 s of CPU in building the dataset).
         read_shard = _no_autograph(tf_internals.tfrecord_file_dataset)
-        if not served:
-            # A damaged record fails the read with an error that names it, or is skipped alone.
-            parts = _past_damage(read_shard, split_files, skipped if skip_past else None)
-            read_shard = _no_autograph(lambda f: parts(f))
+    else:
+        # A damaged record fails the read with an error that names it, or is skipped alone
+        # (`_past_damage`). Each file goes with its number in the split and its record count,
+        # which the guard would otherwise look up in its function for each shard opened.
+        guard = _past_damage(_no_autograph(tf_internals.tfrecord_file_dataset), split_files,
+                             skipped if skip_past else None)
+        number = {os.fspath(p): n for n, p in enumerate(split_files.paths)}
+        files = tf.data.Dataset.from_tensor_slices((
+            tf.constant([os.fspath(p) for p in paths]),
+            tf.constant([number[os.fspath(p)] for p in paths], tf.int64),
+            tf.constant(list(counts), tf.int64),
+        ))
     if standard and served:
         files, read_shard = _seeded_files(files, read_shard, _derive_seed(seed, 2, pipeline_id))
     # Record-level sharding needs every pipeline to see the records in the same
@@ -407,15 +410,9 @@ def _shards_records(
     local = not any(is_url(p) for p in paths)
     parallelism = (None if local and not served and _SEQUENTIAL_LOCAL_READS
                    else tf.data.AUTOTUNE)
+    cycle_length = min(len(paths), _MAX_CYCLE_LENGTH)
 
-    def interleaved(per_shard=read_shard):
-        records = files.interleave(
-            per_shard,
-            cycle_length=min(len(paths), _MAX_CYCLE_LENGTH),
-            block_length=_BLOCK_LENGTH,
-            num_parallel_calls=parallelism,
-            deterministic=True if record_sharding and parallelism else None,
-        )
+    def sharded(records):
         if record_sharding:
             records = records.shard(num_pipelines, pipeline_id)
         if indexed:
@@ -425,6 +422,32 @@ def _shards_records(
                 skipped=skipped,
             )
         return records
+
+    def interleaved(inputs, per_shard):
+        if parallelism is None:
+            # One function for every range read (the ramp's heads and rest): traced once as
+            # the dataset is built, instantiated once as its iterator starts
+            # (`tf_internals.interleave_each`).
+            return tf_internals.interleave_each(inputs, per_shard, cycle_length=cycle_length,
+                                                block_length=_BLOCK_LENGTH)
+        return [d.interleave(per_shard, cycle_length=cycle_length, block_length=_BLOCK_LENGTH,
+                             num_parallel_calls=parallelism,
+                             deterministic=True if record_sharding else None) for d in inputs]
+
+    def parts_of(bounds):
+        """The interleaved records [start, stop) of every shard, for each (start, stop) of `bounds`."""
+        if guard is None:
+            # No range read here: a whole read of each shard (see the ramp's conditions).
+            (_, stop), = bounds
+            assert stop is None
+            return [sharded(r) for r in interleaved([files], read_shard)]
+        # Each range's start and stop go beside each file, so that the ranges share one function.
+        inputs = [tf.data.Dataset.zip(
+            files, tf.data.Dataset.from_tensors(tf.constant(start, tf.int64)).repeat(),
+            tf.data.Dataset.from_tensors(tf.constant(_ALL if stop is None else stop, tf.int64)).repeat(),
+        ) for start, stop in bounds]
+        return [sharded(r) for r in interleaved(inputs, _no_autograph(
+            lambda file, start, stop: guard(*file, start, stop)))]
 
     def epoch(records):
         if not served:
@@ -439,8 +462,8 @@ def _shards_records(
     ramped = None
     if head and not (record_sharding or indexed or reading.cache or served):
         ramped = _ramped_epoch(
-            interleaved, head, buffer, num_shards=len(paths), seed=seed,
-            pipeline_id=pipeline_id, num_records=num_records, read=parts,
+            parts_of, head, buffer, num_shards=len(paths), seed=seed,
+            pipeline_id=pipeline_id, num_records=num_records,
         )
     if ramped is not None:
         # Every epoch of a repeated read is ramped: one pair of interleaves
@@ -448,7 +471,7 @@ def _shards_records(
         # ~0.03 s of CPU to build and instantiate).
         records = ramped.repeat() if reading.repeat else ramped
     else:
-        records = epoch(interleaved())
+        records = epoch(parts_of([(0, None)])[0])
         if shuffle:
             records = records.shuffle(
                 buffer, seed=_derive_seed(seed, 1, pipeline_id), reshuffle_each_iteration=True
@@ -467,7 +490,8 @@ def _shards_records(
 
 
 def _past_damage(read_shard, split_files: SplitFiles, skipped: corrupt.CorruptRecords | None):
-    """`read(path, start=0, stop=None)`: records [start, stop) of a shard, read by `read_shard`, past its damage.
+    """`read(path, shard, count, start, stop)`: records [start, stop) of shard number `shard`
+    (`count` records, at `path`), read by `read_shard`, past its damage.
 
     TensorFlow's reader fails a damaged record with `DataLossError: corrupted
     record at N`, naming no file, and reads no further in that file. Here a
@@ -486,10 +510,11 @@ def _past_damage(read_shard, split_files: SplitFiles, skipped: corrupt.CorruptRe
     With on_corrupt='raise', a shard whose size is not the manifest's as the
     dataset is built (one `stat` per shard) fails when it is opened: cut
     short, with the message above; grown, with `corrupt.shard_size_problem`.
-    """
-    all_paths = tf.constant([os.fspath(p) for p in split_files.paths])
-    all_counts = tf.constant(list(split_files.num_records), tf.int64)
 
+    `read` is a plain function of tensors, for the reader's interleave function: its
+    arguments come with each shard file (`_shards_records`), so that it has nothing to
+    look up, and it holds the size check only where a shard has a problem.
+    """
     def message(path, count):
         return corrupt.damaged_shard_message(os.fsdecode(path.numpy()), int(count.numpy()))
 
@@ -499,45 +524,39 @@ def _past_damage(read_shard, split_files: SplitFiles, skipped: corrupt.CorruptRe
         # an object store each is a request): a Python call per shard opened costs the first batch
         # ~0.1 s on 2 cores. Only a shard cut short or grown fails, when it is opened.
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            problems = tf.constant(list(pool.map(
+            found = list(pool.map(
                 corrupt.shard_size_problem, [os.fspath(p) for p in split_files.paths], split_files.num_records,
-                split_files.num_bytes)), tf.string)
+                split_files.num_bytes))
+        # The usual case, every shard of the manifest's size: no check in the function (its
+        # ops are traced and instantiated before the first batch).
+        problems = tf.constant(found, tf.string) if any(found) else None
 
     def rest(shard, start, stop):
         records = corrupt.read_past_damage(split_files, int(shard.numpy()), int(start.numpy()), int(stop.numpy()),
                                            skipped)
         return tf.constant(records, tf.string) if records else tf.zeros([0], tf.string)
 
-    def part(path, start, stop):
-        shard = tf.argmax(tf.cast(tf.equal(all_paths, path), tf.int32), output_type=tf.int64)
-        count = tf.gather(all_counts, shard)
-        stop = tf.where(stop < 0, count, tf.minimum(stop, count))
+    def read(path, shard, count, start, stop):
+        stop = tf.minimum(stop, count)
         if skipped is None:
-            problem = tf.gather(problems, shard)
-            with tf.control_dependencies([tf.debugging.Assert(tf.equal(tf.strings.length(problem), 0), [problem],
-                                                              summarize=1)]):
-                path = tf.identity(path)
+            if problems is not None:
+                problem = tf.gather(problems, shard)
+                with tf.control_dependencies([tf.debugging.Assert(
+                        tf.equal(tf.strings.length(problem), 0), [problem], summarize=1)]):
+                    path = tf.identity(path)
 
             @_no_autograph
-            def fail(p):
-                text = tf.py_function(message, [p, count], tf.string)
+            def fail(p, n):
+                text = tf.py_function(message, [p, n], tf.string)
                 with tf.control_dependencies([tf.debugging.Assert(False, [text], summarize=1)]):
                     return tf.identity(p)
 
-            tail = tf.data.Dataset.from_tensors(path).map(fail)
+            tail = tf.data.Dataset.from_tensors((path, count)).map(fail)
         else:
-            tail = tf.data.Dataset.from_tensors(shard).flat_map(_no_autograph(
-                lambda s: tf.data.Dataset.from_tensor_slices(tf.ensure_shape(
-                    tf.py_function(rest, [s, start, stop], tf.string), [None]))))
+            tail = tf.data.Dataset.from_tensors((shard, start, stop)).flat_map(_no_autograph(
+                lambda s, a, b: tf.data.Dataset.from_tensor_slices(tf.ensure_shape(
+                    tf.py_function(rest, [s, a, b], tf.string), [None]))))
         return read_shard(path).ignore_errors().concatenate(tail).take(stop).skip(start)
-
-    # Traced once, whichever parts of the shards the reader's interleaves read (the ramped
-    # first epoch reads heads, then the rest): each trace is ~50 ms before the first batch.
-    traced = tf.function(part, autograph=False, input_signature=[
-        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
-
-    def read(path, start=0, stop=None):
-        return traced(path, tf.constant(start, tf.int64), tf.constant(-1 if stop is None else stop, tf.int64))
 
     return read
 
@@ -898,7 +917,10 @@ def _parse(records: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
         features = decode.parse_examples(serialized, keys, stages.schema)
         return (features, *rest) if rest else features
 
-    return records.batch(_PARSE_BATCH).map(parse, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    # Unbatched without `unbatch`'s identity map: one function fewer to trace and to
+    # instantiate before the first batch (`tf_internals.unbatch_dense`).
+    return tf_internals.unbatch_dense(
+        records.batch(_PARSE_BATCH).map(parse, num_parallel_calls=tf.data.AUTOTUNE))
 
 
 def _decode_and_preprocess(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:

@@ -209,6 +209,12 @@ def decode_image(
     """
     channels = _check_channels(channels)
     dtype = _check_decode_dtype(dtype)
+    if channels != 4 and dtype == tf.uint8:
+        # TensorFlow's `decode_image` decodes a JPEG as `decode_jpeg` with its defaults does
+        # (one kernel, the same flags: the same pixels and errors), so no format test (a
+        # `tf.cond`, two branch functions to instantiate before the first batch) is needed
+        # where `_decode_jpeg` would add nothing: no alpha, no 16-bit scaling.
+        return tf.ensure_shape(_decode_other(encoded, channels, dtype), [None, None, channels])
     image = tf.cond(
         tf.io.is_jpeg(encoded),
         lambda: _decode_jpeg(encoded, channels, dtype),

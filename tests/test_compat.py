@@ -206,3 +206,61 @@ _startup.import_beam({argv!r})
 print("apache_beam" in sys.modules, "pymongo" in sys.modules)
 """)
     assert lines[0] == f"True {not local}"
+
+
+def _graph_functions(ds):
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    return [f.signature.name for f in graph.library.function]
+
+
+def _ranges(tf, n):
+    # (base, count) per "file": three files read over two ranges of counts.
+    return tf.data.Dataset.from_tensor_slices((tf.constant([0, 100, 200], tf.int64),
+                                               tf.constant([n, n + 1, n + 2], tf.int64)))
+
+
+def test_interleave_each_traces_its_function_once(monkeypatch):
+    import tensorflow as tf
+
+    traces = []
+
+    def read(base, count):
+        traces.append(1)
+        return tf.data.Dataset.range(base, base + count)
+
+    inputs = [_ranges(tf, 2), _ranges(tf, 4)]
+    expected = [list(d.interleave(read, cycle_length=2, block_length=1).as_numpy_iterator())
+                for d in inputs]
+    traces.clear()
+    shared = tf_internals.interleave_each(inputs, read, cycle_length=2, block_length=1)
+    assert traces == [1]  # one trace for both
+    assert [list(d.as_numpy_iterator()) for d in shared] == expected
+    both = shared[0].concatenate(shared[1])
+    assert list(both.as_numpy_iterator()) == expected[0] + expected[1]
+    assert len(_graph_functions(both)) == 1  # one function in the library, named by both ops
+    # Outside the tested releases: the public interleave, one trace each, the same records.
+    monkeypatch.setattr(tf_internals, "TESTED", ("1.0", "1.1"))
+    traces.clear()
+    public = tf_internals.interleave_each(inputs, read, cycle_length=2, block_length=1)
+    assert traces == [1, 1]
+    assert [list(d.as_numpy_iterator()) for d in public] == expected
+
+
+def test_unbatch_dense_has_no_identity_map(monkeypatch):
+    import tensorflow as tf
+
+    batches = tf.data.Dataset.range(10).batch(4).map(lambda x: {"a": x, "b": tf.strings.as_string(x)})
+    expected = list(batches.unbatch().as_numpy_iterator())
+    assert len(_graph_functions(batches.unbatch())) == 2  # the map's, and unbatch's `normalize`
+    ours = tf_internals.unbatch_dense(batches)
+    assert list(ours.as_numpy_iterator()) == expected
+    assert ours.element_spec == batches.unbatch().element_spec
+    assert len(_graph_functions(ours)) == 1
+    # Ragged components need the re-encoding: the public unbatch.
+    ragged = tf.data.Dataset.from_tensors(tf.ragged.constant([[1], [2, 3]]))
+    assert [r.tolist() for r in tf_internals.unbatch_dense(ragged).as_numpy_iterator()] == [[1], [2, 3]]
+    monkeypatch.setattr(tf_internals, "TESTED", ("1.0", "1.1"))
+    assert list(tf_internals.unbatch_dense(batches).as_numpy_iterator()) == expected

@@ -187,3 +187,22 @@ def test_bad_arguments(written, kwargs, match):
 def test_unknown_key(serialized):
     with pytest.raises(ValueError, match="Unknown feature keys"):
         decode.decode_example(serialized[0], keys=[IMAGE.key + "_nope"])
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_decode_image_needs_no_format_test_for_8_bit_rgb_or_gray(written, serialized, channels):
+    # TensorFlow's decode_image decodes a JPEG as decode_jpeg does: the same pixels, so the
+    # format `tf.cond` (two branch functions to instantiate before a first batch) is left out.
+    for record in serialized:
+        encoded = decode.parse_examples(tf.constant(record), [IMAGE.key])[IMAGE.key]
+        expected = (tf.io.decode_jpeg(encoded, channels=channels) if tf.io.is_jpeg(encoded)
+                    else tf.io.decode_image(encoded, channels=channels, expand_animations=False))
+        np.testing.assert_array_equal(decode.decode_image(encoded, channels=channels).numpy(),
+                                      expected.numpy())
+    spec = tf.TensorSpec([], tf.string)
+    graph = tf.function(lambda e: decode.decode_image(e, channels=channels)).get_concrete_function(spec).graph
+    assert not {"If", "StatelessIf"} & {op.type for op in graph.get_operations()}
+    # With alpha added to JPEGs, or 16-bit scaling, the JPEG branch stays.
+    for kw in ({"channels": 4}, {"channels": channels, "dtype": tf.uint16}):
+        graph = tf.function(lambda e: decode.decode_image(e, **kw)).get_concrete_function(spec).graph
+        assert {"If", "StatelessIf"} & {op.type for op in graph.get_operations()}

@@ -3,7 +3,7 @@ for the record shuffle buffer (`readers.dataset._ramped_epoch`)."""
 
 import pytest
 
-from readers import image_dataset_from_tfrecords
+from readers import dataset, image_dataset_from_tfrecords
 from readers.dataset import _RAMP_PARSE_AHEAD, _RAMP_RECORDS, _ramp_head
 from schemas import FILENAME
 
@@ -106,3 +106,47 @@ def test_small_buffers_read_as_before(larger):
     for shard in range(_SHARDS):
         in_shard = [position[n] for n in names if position[n] % _SHARDS == shard]
         assert in_shard == sorted(in_shard)
+
+
+def _functions(ds):
+    """Names of the functions in the dataset's graph (what its iterator instantiates)."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    return [f.signature.name for f in graph.library.function]
+
+
+def test_the_first_batch_waits_for_few_functions(larger, monkeypatch):
+    # Each function of the pipeline is traced as it is built and instantiated (placed,
+    # optimised) as its iterator starts, before the first batch. The ramp's heads and rest
+    # share one read function (with the damaged-shard guard's tail), unbatching adds no
+    # identity map and the decode no format cond: read, guard tail, parse, decode. Main
+    # before issue 40's ninth pass: 7 (two reads, the per-shard `tf.function`, `normalize`,
+    # two cond branches). Photos' path (per image), as records of over 32 KiB take.
+    monkeypatch.setattr(dataset, "_BATCHED_DECODE_MAX_RECORD_BYTES", 0)
+    ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), repeat=True)
+    names = _functions(ds)
+    assert len(names) == 4, names
+    assert sum("interleave" in n for n in names) == 1, names
+    assert not any("normalize" in n or n.startswith("cond_") for n in names), names
+
+
+def test_seeded_order_is_the_one_before_issue_40(larger):
+    # The order the reader gave before the first batch's functions were slimmed (main at
+    # f617f97): the same seed gives the same records in the same order, repeated epochs too.
+    import hashlib
+
+    def digest(names):
+        return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+    (once,) = _passes(image_dataset_from_tfrecords(
+        larger.data_dir, batch_size=8, image_size=(4, 4), seed=7, extra_features=NAMES), 1)
+    assert digest(once) == "a3fe024669c06b71"
+    ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), seed=7,
+                                      extra_features=NAMES, repeat=True).take(120)
+    repeated = [v.decode() for *_, extras in ds for v in extras[FILENAME.key].numpy()]
+    assert len(repeated) == 960 and digest(repeated) == "1248d9de49381ea8"
+    (unshuffled,) = _passes(image_dataset_from_tfrecords(
+        larger.data_dir, batch_size=8, image_size=(4, 4), seed=7, shuffle=False, extra_features=NAMES), 1)
+    assert digest(unshuffled) == "cd2b6fdd33a05263"
