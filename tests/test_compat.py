@@ -1,8 +1,6 @@
 """Tests of compat/: private internals of TensorFlow, Beam and pydicom in quarantine."""
 
 import ast
-import io
-import os
 import pathlib
 import re
 import subprocess
