@@ -5,8 +5,10 @@ A plain, intact PNG is not decoded: `_png_fast` proves TensorFlow would decode i
 
 from __future__ import annotations
 
+import numpy as np
 from PIL import Image
 
+from imaging import raster as _raster
 from imaging.formats import _pil, _png_fast
 from imaging.formats._shared import Context, ValidImage
 
@@ -23,7 +25,13 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
 
 
 def _from_pillow(data: bytes, im: Image.Image, fmt: str, name: str, context: Context) -> ValidImage:
-    if _pil.has_transparency(im):
+    if data[24] == 16 and (data[25] in (4, 6) or "transparency" in im.info):
+        # Pillow reads 16-bit colour and grey+alpha PNGs as 8-bit RGBA: its
+        # flattening would cut every value to 8 bits (and grey to RGB).
+        flat = _flattened_16(data, context)
+        if flat is not None:
+            return context.checked(_raster.png_bytes(flat), "png", ("flatten_alpha",), name)
+    elif _pil.has_transparency(im):
         flat = _pil.to_storable_mode(im, context.background)
         return context.checked(_pil.encode(flat, "png"), "png", ("flatten_alpha",), name)
     # A plain, intact PNG is proven decodable without TensorFlow's decode
@@ -38,3 +46,22 @@ def _from_pillow(data: bytes, im: Image.Image, fmt: str, name: str, context: Con
     decoded = context.ops.decode_png(data, dtype=context.png_dtype(data))
     h, w, c = decoded.shape
     return ValidImage(data, "png", int(h), int(w), int(c), "png")
+
+
+def _flattened_16(data: bytes, context: Context) -> np.ndarray | None:
+    """A 16-bit PNG with alpha or tRNS flattened onto --background at 16 bits; None if opaque.
+
+    Decoded by TensorFlow as 16-bit RGBA (tRNS applied). Grey PNGs (colour
+    types 0 and 4) stay one band, flattened onto the background's luma, as
+    8-bit grey ones are by Pillow's conversion to 'L'.
+    """
+    rgba = np.asarray(context.ops.decode_png(data, channels=4, dtype=context.ops.uint16))
+    if rgba[..., 3].min() == 65535:
+        return None
+    background = np.asarray(context.background, np.float64) * 257
+    if data[25] in (0, 4):
+        rgba = rgba[..., ::3]  # The grey band and alpha (TF repeats grey into R, G, B).
+        background = background @ np.array([0.299, 0.587, 0.114])
+    alpha = rgba[..., -1:].astype(np.float64) / 65535
+    flat = rgba[..., :-1] * alpha + background * (1 - alpha)
+    return np.rint(flat).astype(np.uint16)
