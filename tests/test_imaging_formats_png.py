@@ -96,3 +96,36 @@ def test_a_transparent_16_bit_png_is_flattened_at_16_bits(context, kind):
     if kind in ("rgba", "grey_alpha"):
         half = np.rint(expected[0, 1] * (32768 / 65535) + np.asarray(background) * (32767 / 65535))
         np.testing.assert_array_equal(decoded[0, 1], half)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("kind", ["rgb", "grey16", "transparent"])
+def test_a_png_with_an_exif_orientation_is_turned_upright(context, kind, orientation):
+    """As JPEG, WebP and TIFF photos are (a PNG's eXIf chunk was ignored: the photo stayed on its
+    side where every viewer and Pillow's `exif_transpose` turn it upright)."""
+    from PIL import Image, ImageOps
+    import io
+
+    arr = {"rgb": lambda: pixels(8, size=(12, 20)),
+           "grey16": lambda: np.arange(12 * 20, dtype=np.uint16).reshape(12, 20) * 211,
+           "transparent": lambda: pixels(9, size=(12, 20), mode="RGBA") | np.uint8(255)}[kind]()
+    if kind == "transparent":
+        arr[0, 0, 3] = 0
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = encode(arr, "PNG", exif=exif)
+    [image] = png.images(data, "r.png", "png", context)
+    source = Image.open(io.BytesIO(data))
+    if kind == "transparent":
+        flat = Image.new("RGBA", source.size, (10, 200, 30, 255))
+        flat.alpha_composite(source.convert("RGBA"))
+        flat.info["exif"] = source.info["exif"]
+        source = flat.convert("RGB")
+        source.info["exif"] = flat.info["exif"]
+    expected = np.asarray(ImageOps.exif_transpose(source))
+    dtype = tf.uint16 if kind == "grey16" else tf.uint8
+    decoded = tf.io.decode_png(image.data, dtype=dtype).numpy()
+    np.testing.assert_array_equal(decoded.reshape(expected.shape), expected)
+    turned = ("exif_transpose",) if orientation > 1 else ()
+    assert image.actions == turned + (("flatten_alpha",) if kind == "transparent" else ())
+    assert (image.height, image.width) == expected.shape[:2]
