@@ -59,3 +59,17 @@ def test_a_container_pillow_only_names_is_not_an_image_rather_than_corrupt(conte
         pillow.images(minc2, "brain.mnc", formats.format_of(minc2), context)
     assert e.value.reason == "not_an_image"
     assert "HDF5" in e.value.message and "no decoder" in e.value.message
+
+
+def test_a_heic_or_jpeg_xl_photo_is_named_in_its_rejection(context):
+    """"IMG_0001.HEIC is not in a known image format" left an iPhone user guessing."""
+    import imagecodecs
+
+    jxl = imagecodecs.jpegxl_encode(pixels(2, size=(8, 8)))
+    # The ISO base media header of an iPhone photo (no HEIF writer is installed to make a whole one).
+    heic = b"\0\0\0\x18ftypheic\0\0\0\0mif1heic" + b"\0" * 64
+    for data, name, kind in ((jxl, "a.jxl", "JPEG XL image"), (heic, "IMG_0001.HEIC", "HEIF (HEIC) image")):
+        with pytest.raises(ImageRejected) as e:
+            pillow.images(data, name, formats.format_of(data), context)
+        assert e.value.reason == "not_an_image"
+        assert e.value.message == f"{name} is a {kind}, a format shardsmith does not read: convert it to JPEG or PNG first"
