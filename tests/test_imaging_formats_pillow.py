@@ -73,3 +73,15 @@ def test_a_heic_or_jpeg_xl_photo_is_named_in_its_rejection(context):
             pillow.images(data, name, formats.format_of(data), context)
         assert e.value.reason == "not_an_image"
         assert e.value.message == f"{name} is a {kind}, a format shardsmith does not read: convert it to JPEG or PNG first"
+
+
+@pytest.mark.parametrize("orientation, turned", [(0, False), (9, False), (1, False), (6, True)])
+def test_exif_transpose_is_listed_only_where_the_orientation_turns_the_image(context, orientation, turned):
+    """Orientation 0 (some cameras write it) or 9 turns nothing, but was listed as 'exif_transpose'."""
+    arr = pixels(3, size=(10, 20))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    [image] = pillow.images(encode(arr, "WEBP", lossless=True, exif=exif), "o.webp", "webp", context)
+    assert ("exif_transpose" in image.actions) is turned
+    decoded = tf.io.decode_png(image.data).numpy()
+    np.testing.assert_array_equal(decoded, np.rot90(arr, -1) if turned else arr)
