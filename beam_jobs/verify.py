@@ -265,10 +265,11 @@ def describe(report: dict) -> str:
     if len(report["problems"]) > 50:
         lines.append(f"  ... and {len(report['problems']) - 50} more: see {report['report_path']}")
     if dup["groups"]:
+        across = (f"{dup['across_splits']} of them across splits (a leak between train and evaluation)"
+                  if dup["across_splits"] else "none across splits")
         lines.append(
             f"Duplicates: {dup['groups']} group{'s' if dup['groups'] > 1 else ''} of identical images, "
-            f"{dup['across_splits']} of them "
-            f"across splits (a leak between train and evaluation): see {report['report_path']}"
+            f"{across}: see {report['report_path']}"
         )
     else:
         lines.append("No duplicate images.")

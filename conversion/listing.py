@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import heapq
 import os
 import stat
 
@@ -95,14 +96,19 @@ def _walk_local(root: str):
         raise FileNotFoundError(f"--input_dir {root!r} does not exist or is not a folder.")
     files: list[InputFile] = []
     problems: list[Problem] = []
-    visited = {os.path.realpath(root)}
+    # Real path of each folder listed -> where it was listed. Real folders are
+    # walked first, links to folders after them (in name order): a link never
+    # takes a folder's files away from the folder itself (a class folder's
+    # images listed, and labelled, under the class of a folder linking to it).
+    listed = {os.path.realpath(root): ""}
+    links: list[tuple[bytes, str, str, frozenset]] = []
 
-    def walk(folder: str, rel: str):
+    def walk(folder: str, rel: str, above: frozenset):
         with os.scandir(folder) as it:
             entries = list(it)
         # Files and problems in any order (both are sorted at the end); only
         # folders are walked in name order, as which of two links to one
-        # folder is listed (and which is a cycle) depends on that order.
+        # folder is listed depends on that order.
         folders = []
         for entry in entries:
             rel_path = f"{rel}{entry.name}"
@@ -123,25 +129,38 @@ def _walk_local(root: str):
                     problems.append(Problem(rel_path, "unreadable", f"cannot stat: {e.strerror}"))
                 continue
             if stat.S_ISDIR(st.st_mode):
-                folders.append((os.fsencode(entry.name), rel_path, entry))
+                item = (os.fsencode(rel_path), rel_path, entry.path, above)
+                if entry.is_symlink():
+                    heapq.heappush(links, item)
+                else:
+                    folders.append(item)
             elif stat.S_ISREG(st.st_mode):
                 files.append(InputFile(rel_path, entry.path, st.st_size, st.st_mtime_ns))
             else:
                 problems.append(Problem(rel_path, "unreadable", "not a regular file"))
-        for _, rel_path, entry in sorted(folders, key=lambda folder: folder[0]):
-            real = os.path.realpath(entry.path)
-            if real in visited:
-                problems.append(Problem(
-                    rel_path, "symlink_loop", "link to a folder already listed (a cycle)"
-                ))
-                continue
-            visited.add(real)
-            try:
-                walk(entry.path, rel_path + "/")
-            except PermissionError as e:
-                problems.append(Problem(rel_path, "unreadable", f"cannot list: {e.strerror}"))
+        for item in sorted(folders):
+            enter(*item[1:])
 
-    walk(root, "")
+    def enter(rel_path: str, path: str, above: frozenset):
+        real = os.path.realpath(path)
+        if real in above:
+            problems.append(Problem(rel_path, "symlink_loop", "link to a folder above it (a cycle)"))
+            return
+        if real in listed:
+            where = display_path(listed[real]) or "the input folder"
+            problems.append(Problem(
+                rel_path, "symlink_loop", f"link to a folder already listed, as {where!r}"
+            ))
+            return
+        listed[real] = rel_path
+        try:
+            walk(path, rel_path + "/", above | {real})
+        except PermissionError as e:
+            problems.append(Problem(rel_path, "unreadable", f"cannot list: {e.strerror}"))
+
+    walk(root, "", frozenset([os.path.realpath(root)]))
+    while links:
+        enter(*heapq.heappop(links)[1:])
     return files, problems
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["JpegHeader", "jpeg_header", "sniff_format"]
+__all__ = ["JpegHeader", "jpeg_header", "sniff_format", "unread_format"]
 
 _EXIF_ORIENTATION = 0x0112
 
@@ -39,6 +39,26 @@ def sniff_format(head: bytes) -> str | None:
         return "tiff"
     if head[128:132] == b"DICM":
         return "dicom"
+    return None
+
+
+# ISO base media ("ftyp") brands of HEIF images: iPhones' HEIC photos.
+_HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"})
+
+
+def unread_format(head: bytes) -> str | None:
+    """Names a common image format that shardsmith does not read, from its first bytes.
+
+    For the message of a file rejected as 'not_an_image': "an iPhone's HEIC
+    photo" says what to do, where "not in a known image format" does not.
+
+    Returns:
+      'HEIF (HEIC) image', 'JPEG XL image', or None.
+    """
+    if head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS:
+        return "HEIF (HEIC) image"
+    if head.startswith((b"\xff\x0a", b"\x00\x00\x00\x0cJXL \r\n\x87\n")):
+        return "JPEG XL image"
     return None
 
 

@@ -251,3 +251,15 @@ def test_a_record_whose_check_raises_is_reported_and_the_rest_verified(dataset, 
     assert report["problems"] == failed
     assert report["records"] == manifest.counts["written"]
     assert "hit an error in shardsmith or a decoder" in capsys.readouterr().err
+
+
+def test_duplicates_within_one_split_are_not_called_a_leak():
+    """'6 groups of identical images, 0 of them across splits (a leak between train and
+    evaluation)' read as if there were a leak."""
+    report = {"ok": True, "records": 4, "splits": {"train": {"shards": 1, "records": 4}},
+              "problems": [], "report_path": "verify_report.json",
+              "duplicates": {"groups": 2, "across_splits": 0, "list": []}}
+    assert verify.describe(report).splitlines()[-1] == \
+        "Duplicates: 2 groups of identical images, none across splits: see verify_report.json"
+    report["duplicates"]["across_splits"] = 1
+    assert "1 of them across splits (a leak between train and evaluation)" in verify.describe(report)

@@ -61,3 +61,17 @@ def test_file_urls_are_local_and_listed_alike(tmp_path):
     make_class_tree(tmp_path, classes=("a",), per_class=2)
     assert is_local(str(tmp_path)) and is_local("file://" + str(tmp_path)) and not is_local("gs://bucket/x")
     assert list_input("file://" + str(tmp_path)) == list_input(str(tmp_path))
+
+
+def test_a_link_to_a_class_folder_never_takes_its_files_away(tmp_path):
+    """A link inside one class to another class's folder (`cat/also_dogs -> ../dog`) is walked
+    before `dog` in name order; `dog`'s images stay listed, and labelled, as `dog`."""
+    make_class_tree(tmp_path, classes=("cat", "dog"), per_class=2)
+    os.symlink("../dog", tmp_path / "cat" / "also_dogs")
+    os.symlink("..", tmp_path / "dog" / "up")
+    files, problems = list_input(str(tmp_path))
+    assert sorted({f.rel_path.split("/")[0] for f in files}) == ["cat", "dog"]
+    assert not any("also_dogs" in f.rel_path for f in files)
+    assert [(p.rel_path, p.reason, p.message) for p in problems] == [
+        ("cat/also_dogs", "symlink_loop", "link to a folder already listed, as 'dog'"),
+        ("dog/up", "symlink_loop", "link to a folder above it (a cycle)")]

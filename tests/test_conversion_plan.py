@@ -259,13 +259,18 @@ def test_planning_pauses_the_garbage_collector_and_restores_it():
         gc.enable()
 
 
-def test_of_two_ways_into_one_folder_the_first_in_name_order_is_listed(tmp_path):
+def test_of_two_ways_into_one_folder_the_folder_itself_is_listed(tmp_path):
     root = tmp_path / "in"
     for name in ("b.jpg", "a.jpg"):
         write(root / "zeta" / name, b"x")
     write(root / "cat" / "c.jpg", b"x")
     os.symlink(root / "zeta", root / "alpha")  # A link that sorts before its target.
     os.symlink(root / "cat", root / "zeta" / "to_cat")
+    write(tmp_path / "outside" / "o.jpg", b"x")
+    os.symlink(tmp_path / "outside", root / "zeta" / "two")  # Two links into a folder outside
+    os.symlink(tmp_path / "outside", root / "zeta" / "one")  # the input: the first in name order.
     files, problems = list_input(str(root))
-    assert [f.rel_path for f in files] == ["alpha/a.jpg", "alpha/b.jpg", "alpha/to_cat/c.jpg"]
-    assert [(p.rel_path, p.reason) for p in problems] == [("cat", "symlink_loop"), ("zeta", "symlink_loop")]
+    assert [f.rel_path for f in files] == ["cat/c.jpg", "zeta/a.jpg", "zeta/b.jpg", "zeta/one/o.jpg"]
+    assert [(p.rel_path, p.reason) for p in problems] == [
+        ("alpha", "symlink_loop"), ("zeta/to_cat", "symlink_loop"), ("zeta/two", "symlink_loop")]
+    assert problems[0].message == "link to a folder already listed, as 'zeta'"

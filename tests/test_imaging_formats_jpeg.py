@@ -80,3 +80,25 @@ def test_a_batch_decodes_together_unless_one_fails(context):
     broken = jpeg.batchable(whole[: len(whole) // 2], context)
     assert broken is not None  # The header alone looks fine.
     assert not jpeg.decode_together(good + [broken], context)
+
+
+@pytest.mark.parametrize("process", ["12-bit JPEG", "lossless JPEG", "JPEG-LS image"])
+def test_a_whole_jpeg_in_a_process_tf_cannot_decode_is_unsupported_not_damaged(context, process):
+    """A 12-bit, lossless or JPEG-LS file (imagecodecs writes them) was rejected as 'corrupt',
+    "its header is damaged": the user would look for damage in a whole file."""
+    import imagecodecs
+
+    grey = pixels(7, size=(16, 24), mode="L")
+    data = {
+        "12-bit JPEG": lambda: imagecodecs.jpeg8_encode(grey.astype(np.uint16) * 16, bitspersample=12),
+        "lossless JPEG": lambda: imagecodecs.ljpeg_encode(grey),
+        "JPEG-LS image": lambda: imagecodecs.jpegls_encode(grey),
+    }[process]()
+    with pytest.raises(ImageRejected) as e:
+        jpeg.images(data, "x.jpg", "jpeg", context)
+    assert e.value.reason == "unsupported_codec"
+    assert e.value.message.startswith(f"x.jpg is a {process}, which TensorFlow's JPEG decoder does not read")
+    # A damaged 8-bit JPEG is still corrupt.
+    with pytest.raises(ImageRejected) as e:
+        jpeg.images(encode(grey, "JPEG")[:200], "t.jpg", "jpeg", context)
+    assert e.value.reason == "corrupt"

@@ -59,3 +59,29 @@ def test_a_container_pillow_only_names_is_not_an_image_rather_than_corrupt(conte
         pillow.images(minc2, "brain.mnc", formats.format_of(minc2), context)
     assert e.value.reason == "not_an_image"
     assert "HDF5" in e.value.message and "no decoder" in e.value.message
+
+
+def test_a_heic_or_jpeg_xl_photo_is_named_in_its_rejection(context):
+    """"IMG_0001.HEIC is not in a known image format" left an iPhone user guessing."""
+    import imagecodecs
+
+    jxl = imagecodecs.jpegxl_encode(pixels(2, size=(8, 8)))
+    # The ISO base media header of an iPhone photo (no HEIF writer is installed to make a whole one).
+    heic = b"\0\0\0\x18ftypheic\0\0\0\0mif1heic" + b"\0" * 64
+    for data, name, kind in ((jxl, "a.jxl", "JPEG XL image"), (heic, "IMG_0001.HEIC", "HEIF (HEIC) image")):
+        with pytest.raises(ImageRejected) as e:
+            pillow.images(data, name, formats.format_of(data), context)
+        assert e.value.reason == "not_an_image"
+        assert e.value.message == f"{name} is a {kind}, a format shardsmith does not read: convert it to JPEG or PNG first"
+
+
+@pytest.mark.parametrize("orientation, turned", [(0, False), (9, False), (1, False), (6, True)])
+def test_exif_transpose_is_listed_only_where_the_orientation_turns_the_image(context, orientation, turned):
+    """Orientation 0 (some cameras write it) or 9 turns nothing, but was listed as 'exif_transpose'."""
+    arr = pixels(3, size=(10, 20))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    [image] = pillow.images(encode(arr, "WEBP", lossless=True, exif=exif), "o.webp", "webp", context)
+    assert ("exif_transpose" in image.actions) is turned
+    decoded = tf.io.decode_png(image.data).numpy()
+    np.testing.assert_array_equal(decoded, np.rot90(arr, -1) if turned else arr)

@@ -55,3 +55,77 @@ def test_a_header_over_max_pixels_is_too_large(context):
     with pytest.raises(ImageRejected) as e:
         png.images(encode(pixels(6, size=(400, 300)), "PNG"), "big.png", "png", context)
     assert e.value.reason == "too_large"
+
+
+def _with_trns(data: bytes, body: bytes) -> bytes:
+    """`data` with a tRNS chunk (the transparent colour) before its first IDAT."""
+    import struct
+    import zlib
+
+    at = data.index(b"IDAT") - 4
+    chunk = struct.pack(">I", len(body)) + b"tRNS" + body + struct.pack(">I", zlib.crc32(b"tRNS" + body))
+    return data[:at] + chunk + data[at:]
+
+
+@pytest.mark.parametrize("kind", ["rgba", "grey_alpha", "rgb_trns", "grey_trns"])
+def test_a_transparent_16_bit_png_is_flattened_at_16_bits(context, kind):
+    """Pillow reads 16-bit colour and grey+alpha PNGs as 8-bit RGBA: flattening through it cut
+    every value to 8 bits, and grey+alpha to RGB."""
+    import imagecodecs  # An independent writer of 16-bit colour PNGs.
+
+    grey = (np.arange(20 * 30, dtype=np.uint16).reshape(20, 30) * 97 + 1)
+    alpha = np.full_like(grey, 65535)
+    alpha[0, 0], alpha[0, 1] = 0, 32768
+    colour = np.dstack([grey, grey // 2, 65535 - grey])
+    data = {
+        "rgba": lambda: imagecodecs.png_encode(np.dstack([colour, alpha])),
+        "grey_alpha": lambda: imagecodecs.png_encode(np.dstack([grey, alpha])),
+        "rgb_trns": lambda: _with_trns(imagecodecs.png_encode(colour), colour[0, 0].astype(">u2").tobytes()),
+        "grey_trns": lambda: _with_trns(imagecodecs.png_encode(grey), grey[0, :1].astype(">u2").tobytes()),
+    }[kind]()
+    [image] = png.images(data, "t16.png", "png", context)
+    expected = colour if kind.startswith("rgb") else grey[..., None]
+    assert image.actions == ("flatten_alpha",)
+    assert (image.height, image.width, image.channels) == expected.shape
+    decoded = tf.io.decode_png(image.data, dtype=tf.uint16).numpy()
+    background = np.array([10, 200, 30]) * 257
+    if expected.shape[2] == 1:
+        background = [round(float(background @ [0.299, 0.587, 0.114]))]
+    np.testing.assert_array_equal(decoded[0, 0], background)  # Transparent: the background.
+    np.testing.assert_array_equal(decoded[1:], expected[1:])  # Opaque: every 16-bit value kept.
+    if kind in ("rgba", "grey_alpha"):
+        half = np.rint(expected[0, 1] * (32768 / 65535) + np.asarray(background) * (32767 / 65535))
+        np.testing.assert_array_equal(decoded[0, 1], half)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("kind", ["rgb", "grey16", "transparent"])
+def test_a_png_with_an_exif_orientation_is_turned_upright(context, kind, orientation):
+    """As JPEG, WebP and TIFF photos are (a PNG's eXIf chunk was ignored: the photo stayed on its
+    side where every viewer and Pillow's `exif_transpose` turn it upright)."""
+    from PIL import Image, ImageOps
+    import io
+
+    arr = {"rgb": lambda: pixels(8, size=(12, 20)),
+           "grey16": lambda: np.arange(12 * 20, dtype=np.uint16).reshape(12, 20) * 211,
+           "transparent": lambda: pixels(9, size=(12, 20), mode="RGBA") | np.uint8(255)}[kind]()
+    if kind == "transparent":
+        arr[0, 0, 3] = 0
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = encode(arr, "PNG", exif=exif)
+    [image] = png.images(data, "r.png", "png", context)
+    source = Image.open(io.BytesIO(data))
+    if kind == "transparent":
+        flat = Image.new("RGBA", source.size, (10, 200, 30, 255))
+        flat.alpha_composite(source.convert("RGBA"))
+        flat.info["exif"] = source.info["exif"]
+        source = flat.convert("RGB")
+        source.info["exif"] = flat.info["exif"]
+    expected = np.asarray(ImageOps.exif_transpose(source))
+    dtype = tf.uint16 if kind == "grey16" else tf.uint8
+    decoded = tf.io.decode_png(image.data, dtype=dtype).numpy()
+    np.testing.assert_array_equal(decoded.reshape(expected.shape), expected)
+    turned = ("exif_transpose",) if orientation > 1 else ()
+    assert image.actions == turned + (("flatten_alpha",) if kind == "transparent" else ())
+    assert (image.height, image.width) == expected.shape[:2]

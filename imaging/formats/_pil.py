@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from imaging.errors import ImageRejected
+from imaging.sniff import unread_format
 
 __all__ = ["EXIF_ORIENTATION", "PIL_ERRORS", "encode", "has_transparency", "read",
            "to_storable_mode"]
@@ -57,6 +58,11 @@ def read(data: bytes, name: str, fmt: str | None, context, finish: Callable):
             im = _open(data)
         except UnidentifiedImageError:
             if fmt is None:
+                known = unread_format(data[:16])
+                if known is not None:
+                    raise ImageRejected(
+                        "not_an_image", f"{name} is a {known}, a format shardsmith does not read: "
+                        "convert it to JPEG or PNG first") from None
                 raise ImageRejected("not_an_image", f"{name} is not in a known image format") from None
             raise ImageRejected(
                 "corrupt", f"{name} looks like {fmt.upper()} but its header is damaged"

@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from imaging import resize as _resize
+from imaging.errors import ImageRejected
 from imaging.formats import _pil
 from imaging.formats._shared import Context, ValidImage, plain_image
 from imaging.sniff import JpegHeader, jpeg_header
@@ -29,6 +30,22 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
     Raises:
       ImageRejected: With the reason the file cannot be stored.
     """
+    try:
+        return _images(data, name, context)
+    except ImageRejected as e:
+        process = _unread_process(data) if e.reason == "corrupt" else None
+        if process is None:
+            raise
+        # Whole and valid, just in a JPEG process no decoder here reads:
+        # 'corrupt' ("its header is damaged") would send the user looking for damage.
+        raise ImageRejected(
+            "unsupported_codec",
+            f"{name} is a {process}, which TensorFlow's JPEG decoder does not read (it reads "
+            "8-bit baseline and progressive JPEGs): convert it to PNG or TIFF first",
+        ) from e
+
+
+def _images(data: bytes, name: str, context: Context) -> list[ValidImage]:
     header = jpeg_header(data)
     if header is not None:
         if context.resize.active and not context.resize.allows(header.height, header.width):
@@ -36,6 +53,30 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
         if header.orientation not in range(2, 9):
             return [context.fit(_plain(data, header, name, context), name)]
     return [context.fit(_pil.read(data, name, "jpeg", context, _from_pillow), name)]
+
+
+# Start-of-frame markers of the lossless processes, JPEG-LS's (SOF55) among them.
+_LOSSLESS_SOF = {0xC3: "lossless JPEG", 0xC7: "lossless JPEG", 0xCB: "lossless JPEG",
+                 0xCF: "lossless JPEG", 0xF7: "JPEG-LS image"}
+
+
+def _unread_process(data: bytes) -> str | None:
+    """The JPEG process of a file TF cannot decode although it may be whole, from its first
+    start-of-frame: '12-bit JPEG', 'lossless JPEG', 'JPEG-LS image'; None for any other."""
+    pos = 2
+    while pos + 9 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        if marker in _LOSSLESS_SOF:
+            return _LOSSLESS_SOF[marker]
+        if marker in (0xC0, 0xC1, 0xC2) and data[pos + 4] == 12:
+            return "12-bit JPEG"  # The DCT processes' only other precision (any other is damage).
+        if marker == 0xDA or 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return None
+        pos += 2 + (data[pos + 2] << 8 | data[pos + 3])
+    return None
 
 
 def batchable(data: bytes, context: Context) -> ValidImage | None:

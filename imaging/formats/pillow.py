@@ -37,7 +37,9 @@ def reencode(data: bytes, im: Image.Image, fmt: str, name: str, context: Context
     if getattr(im, "n_frames", 1) > 1:
         actions.append("first_frame")
     im.seek(0)
-    if im.getexif().get(_pil.EXIF_ORIENTATION, 1) not in (1, None):
+    # Only 2-8 turn the image (0 and 9+ are written by some cameras and tools,
+    # and `exif_transpose` leaves them be): listing any other would be untrue.
+    if im.getexif().get(_pil.EXIF_ORIENTATION) in range(2, 9):
         im = ImageOps.exif_transpose(im)
         actions.append("exif_transpose")
     if _pil.has_transparency(im):
