@@ -7,6 +7,7 @@ Frozen values that check themselves, naming the flag they come from;
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 
@@ -147,6 +148,24 @@ def parse_memory(text: str | None) -> int | None:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+_LONG_SPLIT_NAMES = sorted(name for name in SPLIT_ALIASES if len(name) >= 5)
+
+
+def _misspelt_split(name: str) -> str | None:
+    """The known split name that `name` is probably a typo of ('valdation'), else None.
+
+    A split of any other name is kept (a user's 'holdout'), so a typo would
+    silently become a split that no trainer asks for. Names that only add a
+    number to a known one ('test_2') are meant as written.
+    """
+    if name in SPLIT_ALIASES or name.rstrip("0123456789_") in SPLIT_ALIASES:
+        return None
+    # Against the long names only: near 'val' or 'test' lie names meant as they are ('eval',
+    # 'tests').
+    close = difflib.get_close_matches(name, _LONG_SPLIT_NAMES, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def parse_split(text: str) -> dict[str, float]:
     """Parses --split 'train=0.8,validation=0.2' into {split: ratio}.
 
@@ -166,6 +185,13 @@ def parse_split(text: str) -> dict[str, float]:
             raise ValueError(
                 "--split must look like train=0.8,validation=0.1,test=0.1 (names of letters, "
                 f"digits and _, each ratio in [0, 1], each name once). Received: {text!r}"
+            )
+        typo = _misspelt_split(name)
+        if typo is not None:
+            raise ValueError(
+                f"--split: {name!r} looks like a misspelling of {typo!r}, and would make a split of "
+                f"its own (known names: {', '.join(sorted(SPLIT_ALIASES))}; other names, such as "
+                f"holdout=0.1 or eval=0.1, are kept as written). Received: {text!r}"
             )
         ratios[name] = ratio
     if not math.isclose(sum(ratios.values()), 1.0, abs_tol=1e-6):

@@ -55,3 +55,21 @@ def test_a_malformed_split_is_one_sentence_with_an_example(text):
 def test_ratios_must_add_up_to_one():
     with pytest.raises(ValueError, match=r"--split ratios must add up to 1. Received: 'train=0.5,test=0.4' \(sum 0.9\)"):
         parse_split("train=0.5,test=0.4")
+
+
+@pytest.mark.parametrize("text, name, meant", [
+    ("train=0.8,valdation=0.2", "valdation", "validation"),
+    ("trian=0.8,val=0.2", "trian", "train"),
+    ("trainig=0.9,test=0.1", "trainig", "training"),
+])
+def test_a_misspelt_split_name_is_refused_naming_the_split_it_looks_like(text, name, meant):
+    # A split of any name is allowed, so a typo would become a split no trainer reads.
+    with pytest.raises(ValueError, match=rf"--split: '{name}' looks like a misspelling of '{meant}'.*"
+                                          rf"Received: '{text}'"):
+        parse_split(text)
+
+
+def test_other_split_names_are_kept_as_written():
+    assert parse_split("train=0.7,eval=0.1,holdout=0.1,test_2=0.1") == {
+        "train": 0.7, "eval": 0.1, "holdout": 0.1, "test_2": 0.1}
+    assert parse_split("train=0.8,tests=0.1,dev=0.1") == {"train": 0.8, "tests": 0.1, "dev": 0.1}
