@@ -347,6 +347,25 @@ def test_georef_from_model_transformation_and_pixel_is_point_as_gdal_reports_the
     assert g.geotransform == (95.0, 10.0, 0.0, 205.0, 0.0, -10.0)
 
 
+@pytest.mark.parametrize("tiepoint", [(0.0, 0.0, 0.0, *_UTM_ORIGIN, 0.0), (2.0, 3.0, 0.0, *_UTM_ORIGIN, 0.0)],
+                         ids=["at_the_corner", "at_pixel_2_3"])
+def test_a_negative_pixel_scale_y_is_read_north_up_as_gdal_reads_it(tmp_path, tiepoint):
+    # Some writers store the geotransform's negative dy as ModelPixelScale's Y. GDAL ignores
+    # that sign by default (GTIFF_HONOUR_NEGATIVE_SCALEY=NO), so every GIS shows the image
+    # north up; the stored geotransform must be the one they show, not a mirror image.
+    import rasterio
+
+    from imaging.georef import read_georef
+
+    data = _geotiff(_u16(6, 8), scale=(10.0, -10.0), tiepoint=tiepoint)
+    [g] = read_georef(data, "n.tif")
+    path = write(tmp_path / "n.tif", data)
+    with rasterio.open(path) as src:
+        gdal = src.transform.to_gdal()
+    assert g.geotransform == gdal
+    assert g.geotransform[5] == -10.0
+
+
 def test_no_or_user_defined_georef_is_unknown_not_rejected():
     from imaging.georef import read_georef
 
