@@ -132,6 +132,8 @@ SKIP_REASONS = {
     "not_in_split": "The file's split has a ratio of zero.",
     "not_a_raster": "With --time_series, a file that is not a TIFF raster (a location is made of rasters).",
     "band_not_selected": "With --time_series, a band file of a band --bands leaves out.",
+    "sidecar": "A GIS sidecar of another input (GDAL's .aux.xml, .ovr, .msk; a world file, .prj): "
+               "part of that file, not an image.",
 }
 
 _SHARD_TEMPLATE = "{split}-{index:05d}-of-{count:05d}.tfrecord"
