@@ -22,8 +22,9 @@ Its files are grouped by date into one stack, dates ascending (issue 37):
   file without a band suffix holds every band of its date, named '1', '2',
   ... as GDAL numbers them (--bands 4,3,2 then picks and orders them).
 - **Alignment is checked**, never assumed: every file of every date must
-  share the CRS (EPSG code), geotransform, width, height, dtype and band
-  count with the location's first date (its first file). A date that
+  share the CRS (EPSG code), geotransform (to a millionth of a pixel),
+  width, height, dtype, band count and nodata value with the stack: those
+  of the date most dates agree with, the earliest on a tie. A date that
   does not is left out of the stack (its files rejected `misaligned`, with
   what differs); a date without every band is left out (`missing_band`);
   two files for one date and band leave that date out (`conflicting_dates`);
@@ -221,8 +222,8 @@ class LocationPlan:
       dates: The time steps kept, ascending.
       bands: The band names, in stack order.
       height, width, dtype: Of every date (dtype: the stored type).
-      epsg, geotransform: Of the first date (all kept dates share them).
-      nodata: The first file's GDAL nodata value, or None.
+      epsg, geotransform: Of the reference date (all kept dates share them).
+      nodata: The reference date's GDAL nodata value (all kept dates share it), or None.
       outcomes: Every file in no stack: the dates left out and why, and
         files rejected on their own (`no_date`), sorted by path.
       rejected: (reason, message) when the location gives no stack at all;
@@ -343,23 +344,64 @@ def _tag_date(scene: SceneReader) -> datetime.date | None:
 
 
 def _differences(ref: _Header, h: _Header, band_file: bool) -> list[str]:
-    """What differs between a file and the location's reference (its first date's first file)."""
+    """What differs between a file and the location's reference (the first file of its reference date)."""
     out = []
     if h.epsg != ref.epsg:
-        out.append(f"CRS EPSG:{h.epsg} (first date: EPSG:{ref.epsg})")
-    if h.geotransform != ref.geotransform:
-        out.append(f"geotransform {_gt(h.geotransform)} (first date: {_gt(ref.geotransform)})")
+        out.append(f"CRS EPSG:{h.epsg} (the stack's: EPSG:{ref.epsg})")
+    if not _same_grid(h, ref):
+        out.append(f"geotransform {_gt(h.geotransform)} (the stack's: {_gt(ref.geotransform)})")
     if (h.height, h.width) != (ref.height, ref.width):
-        out.append(f"size {h.width}x{h.height} (first date: {ref.width}x{ref.height})")
+        out.append(f"size {h.width}x{h.height} (the stack's: {ref.width}x{ref.height})")
     if h.dtype != ref.dtype:
-        out.append(f"dtype {h.dtype} (first date: {ref.dtype})")
+        out.append(f"dtype {h.dtype} (the stack's: {ref.dtype})")
     if h.bands != (1 if band_file else ref.bands):
-        out.append(f"{h.bands} bands (first date: {1 if band_file else ref.bands})")
+        out.append(f"{h.bands} bands (the stack's: {1 if band_file else ref.bands})")
+    if not _same_nodata(h.nodata, ref.nodata):
+        # One nodata value per stack: another date's would be counted as data (band statistics,
+        # --raster_max_nodata) and read as values by a model.
+        out.append(f"nodata {_nodata_text(h.nodata)} (the stack's: {_nodata_text(ref.nodata)})")
     return out
 
 
+# Geotransforms that differ by less than this share of a pixel at every corner of the grid
+# are one grid: float noise of reprojection tools (1e-9 m on 10 m pixels), not a shift.
+_GRID_TOLERANCE = 1e-6
+
+
+def _same_grid(h: _Header, ref: _Header) -> bool:
+    """Whether two files' geotransforms put every corner of the grid within `_GRID_TOLERANCE` pixel."""
+    a, b = h.geotransform, ref.geotransform
+    if a is None or b is None:
+        return a is b
+    if a == b:
+        return True
+    x0, dx, rx, y0, ry, dy = b
+    det = dx * dy - rx * ry
+    if det == 0:
+        return False
+    for row, col in ((0, 0), (0, ref.width), (ref.height, 0), (ref.height, ref.width)):
+        # Where `h` puts this corner, in `ref`'s pixels.
+        ex = a[0] + col * a[1] + row * a[2] - (x0 + col * dx + row * rx)
+        ey = a[3] + col * a[4] + row * a[5] - (y0 + col * ry + row * dy)
+        dcol, drow = (ex * dy - ey * rx) / det, (ey * dx - ex * ry) / det
+        if max(abs(dcol), abs(drow)) >= _GRID_TOLERANCE:
+            return False
+    return True
+
+
+def _same_nodata(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _nodata_text(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
 def _gt(geotransform) -> str:
-    return "none" if geotransform is None else "(" + ", ".join(f"{v:g}" for v in geotransform) + ")"
+    # repr: two geotransforms that differ must not print alike (f"{v:g}" shows 6 digits).
+    return "none" if geotransform is None else "(" + ", ".join(repr(float(v)) for v in geotransform) + ")"
 
 
 def plan_location(location: str, files: Sequence[tuple[str, str]], options: TimeSeriesOptions) -> LocationPlan:
@@ -385,8 +427,7 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
         if len(dtypes) > 1:
             return rejected("mixed_dtypes", f"{location or '.'}: the band files of {date.isoformat()} are of "
                                             f"several dtypes ({', '.join(dtypes)}); a stack has one")
-    first = next(iter(dates.values()))
-    ref = first[min(first, key=lambda b: natural_key(b or ""))]
+    ref = _reference(dates, band_files)
     bands, unselected = _stack_bands(dates, ref, band_files, options)
     kept = [date_plan for date, per_band in dates.items()
             if (date_plan := _date_plan(date, per_band, ref, band_files, bands, unselected, outcomes)) is not None]
@@ -460,6 +501,19 @@ def _rejected(location: str, dates, outcomes: list[Outcome], reason: str, messag
                         (reason, message))
 
 
+def _reference(dates, band_files: bool) -> _Header:
+    """The header every date is checked against: the first file of the date that most dates agree with.
+
+    The earliest such date when several tie. A location whose first pass alone was
+    delivered in another CRS or grid keeps its other dates, rather than that pass only.
+    """
+    firsts = [per_band[min(per_band, key=lambda b: natural_key(b or ""))] for per_band in dates.values()]
+    if len(firsts) > 2:
+        agree = [sum(not _differences(ref, h, band_files) for h in firsts) for ref in firsts]
+        return firsts[agree.index(max(agree))]
+    return firsts[0]
+
+
 def _stack_bands(dates, ref: _Header, band_files: bool, options: TimeSeriesOptions) -> tuple[list, list]:
     """The stack's bands (--bands, else every band found, in natural order) and the bands found but not kept."""
     if band_files:
@@ -480,8 +534,9 @@ def _date_plan(date, per_band, ref: _Header, band_files: bool, bands, unselected
     if diffs:
         what = "; ".join(f"{rel}: {', '.join(d)}" for rel, d in sorted(diffs.items()))
         for h in per_band.values():
-            outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the first date "
-                                    f"({what}); left out of the stack, nothing resampled", iso))
+            outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the stack (the grid most "
+                                    f"dates share, the earliest's on a tie: {what}); left out of the "
+                                    f"stack, nothing resampled", iso))
         return None
     if band_files:
         missing = [b for b in bands if b not in per_band]

@@ -154,6 +154,55 @@ def test_shifted_and_reprojected_dates_are_left_out_saying_what_differs(tmp_path
                                   _rasterio_stack([[loc / "2020-01-01.tif"], [loc / "2020-04-01.tif"]]))
 
 
+def test_a_first_pass_in_another_grid_is_left_out_not_every_other_pass(tmp_path):
+    # The first pass alone came in the next UTM zone: the stack is the three that agree.
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0), crs="EPSG:32632")
+    for month in (2, 3, 4):
+        write_geotiff(loc / f"2020-0{month}-01.tif", _values(month))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-02-01", "2020-03-01", "2020-04-01"]
+    assert plan.epsg == 32633
+    [odd] = plan.outcomes
+    assert (odd.rel_path, odd.reason) == ("loc/2020-01-01.tif", "misaligned")
+    assert "CRS EPSG:32632 (the stack's: EPSG:32633)" in odd.message
+    np.testing.assert_array_equal(ts.read_stack(plan), _rasterio_stack(
+        [[loc / f"2020-0{m}-01.tif"] for m in (2, 3, 4)]))
+
+
+def test_float_noise_in_a_geotransform_is_one_grid_and_a_shift_is_printed_exactly(tmp_path):
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0))
+    # What a reprojection tool leaves: 1e-10 m on 10 m pixels.
+    write_geotiff(loc / "2020-02-01.tif", _values(1),
+                  transform=from_origin(300000.0000000001, 5000000.0, 10.000000000001, 10.0))
+    # A thousandth of a pixel is a shift, and the message shows which digits differ.
+    write_geotiff(loc / "2020-03-01.tif", _values(2), transform=from_origin(300000.01, 5000000.0, 10.0, 10.0))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-01-01", "2020-02-01"]
+    [shifted] = plan.outcomes
+    assert shifted.reason == "misaligned" and "300000.01, 10.0" in shifted.message, shifted.message
+
+
+def test_a_pass_with_another_nodata_value_is_left_out(tmp_path):
+    # One nodata value per stack: -9999 of the second pass would count as data in the band
+    # statistics and in --raster_max_nodata, and be read as a value.
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0, dtype="int16"), nodata=0)
+    write_geotiff(loc / "2020-02-01.tif", _values(1, dtype="int16"), nodata=-9999)
+    write_geotiff(loc / "2020-03-01.tif", _values(2, dtype="int16"), nodata=0)
+    write_geotiff(loc / "2020-04-01.tif", _values(3, dtype="int16"))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-01-01", "2020-03-01"] and plan.nodata == 0
+    why = {o.rel_path: o.message for o in plan.outcomes if o.reason == "misaligned"}
+    assert "nodata -9999 (the stack's: 0)" in why["loc/2020-02-01.tif"]
+    assert "nodata none (the stack's: 0)" in why["loc/2020-04-01.tif"]
+    nan = tmp_path / "nan"
+    for month in (1, 2):
+        write_geotiff(nan / f"2020-0{month}-01.tif", _values(month, dtype="float32"), nodata=float("nan"))
+    assert len(ts.plan_location("nan", _files(nan), ts.TimeSeriesOptions()).dates) == 2
+
+
 def test_missing_band_duplicate_date_no_date_and_mixed_dtypes(tmp_path):
     loc = tmp_path / "loc"
     for date in ("20200101", "20200201", "20200301"):
