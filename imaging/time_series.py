@@ -74,7 +74,14 @@ _ISO = r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)"
 _COMPACT = r"(?<!\d)(\d{4})(\d{2})(\d{2})(?=T\d|(?!\d))"
 _DATE_RE = re.compile(f"{_ISO}|{_COMPACT}")
 # A band suffix at the end of a file's stem: _B02, _B4, _B8A, .B11, _SR_B4, _ST_B10.
-_BAND_RE = re.compile(r"[._]((?:SR_|ST_)?B\d{1,2}A?)$", re.IGNORECASE)
+# A band suffix: Sentinel-2's and Landsat's band numbers, and the other layers their
+# products hold beside the bands (Landsat Collection 2: QA_PIXEL, QA_RADSAT, SR_QA_AEROSOL,
+# the ST_ layers, the angle layers; Sentinel-2 L2A: SCL, AOT, WVP, TCI), each a band of its
+# date: as whole-date files they left every date of a Landsat download out
+# (conflicting_dates). Sentinel-2 L2A's resolution suffix (`_B02_10m`) is no part of the name.
+_BAND_RE = re.compile(r"[._]((?:SR_|ST_)?B\d{1,2}A?|QA_PIXEL|QA_RADSAT|SR_QA_AEROSOL|"
+                      r"ST_(?:QA|ATRAN|CDIST|DRAD|EMIS|EMSD|TRAD|URAD)|[SV][AZ]A|SCL|AOT|WVP|TCI)"
+                      r"(?:_[126]0M)?$", re.IGNORECASE)
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -104,7 +111,7 @@ def name_date(name: str) -> datetime.date | None:
 
 
 def band_of(name: str) -> str | None:
-    """The band a file's name ends in ('B02', 'B8A', 'SR_B4', upper case), or None."""
+    """The band a file's name ends in ('B02', 'B8A', 'SR_B4', 'QA_PIXEL', 'SCL', upper case), or None."""
     stem = posixpath.basename(name)
     for ext in RASTER_EXTENSIONS:
         if stem.lower().endswith(ext):
@@ -343,8 +350,13 @@ def _tag_date(scene: SceneReader) -> datetime.date | None:
         return None
 
 
-def _differences(ref: _Header, h: _Header, band_file: bool) -> list[str]:
-    """What differs between a file and the location's reference (the first file of its reference date)."""
+def _differences(ref: _Header, h: _Header, band_file: bool, same_band: _Header | None = None) -> list[str]:
+    """What differs between a file and the location's reference (the first file of its reference date).
+
+    The nodata value is compared with `same_band`'s, the reference date's file of the
+    file's own band (default: `ref`).
+    """
+    same_band = ref if same_band is None else same_band
     out = []
     if h.epsg != ref.epsg:
         out.append(f"CRS EPSG:{h.epsg} (the stack's: EPSG:{ref.epsg})")
@@ -356,10 +368,10 @@ def _differences(ref: _Header, h: _Header, band_file: bool) -> list[str]:
         out.append(f"dtype {h.dtype} (the stack's: {ref.dtype})")
     if h.bands != (1 if band_file else ref.bands):
         out.append(f"{h.bands} bands (the stack's: {1 if band_file else ref.bands})")
-    if not _same_nodata(h.nodata, ref.nodata):
-        # One nodata value per stack: another date's would be counted as data (band statistics,
+    if not _same_nodata(h.nodata, same_band.nodata):
+        # Another date's nodata value would be counted as data (band statistics,
         # --raster_max_nodata) and read as values by a model.
-        out.append(f"nodata {_nodata_text(h.nodata)} (the stack's: {_nodata_text(ref.nodata)})")
+        out.append(f"nodata {_nodata_text(h.nodata)} (the stack's: {_nodata_text(same_band.nodata)})")
     return out
 
 
@@ -423,14 +435,20 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
         return rejected("no_date", f"{location or '.'}: no date left to stack")
     band_files = any(band is not None for per_band in dates.values() for band in per_band)
     for date, per_band in dates.items():
-        dtypes = sorted({h.dtype for h in per_band.values()})
+        # Only the bands --bands keeps: the others are skipped (band_not_selected).
+        chosen = {b: h for b, h in per_band.items() if options.bands is None or b is None or b in options.bands}
+        dtypes = sorted({h.dtype for h in chosen.values()})
         if len(dtypes) > 1:
+            which = "; ".join(f"{d}: {', '.join(sorted((b for b, h in chosen.items() if h.dtype == d), key=natural_key))}"
+                              for d in dtypes)
             return rejected("mixed_dtypes", f"{location or '.'}: the band files of {date.isoformat()} are of "
-                                            f"several dtypes ({', '.join(dtypes)}); a stack has one")
-    ref = _reference(dates, band_files)
+                                            f"several dtypes ({which}); a stack has one: pick bands of one "
+                                            f"dtype with --bands")
+    ref, ref_bands = _reference(dates, band_files, options.bands)
     bands, unselected = _stack_bands(dates, ref, band_files, options)
     kept = [date_plan for date, per_band in dates.items()
-            if (date_plan := _date_plan(date, per_band, ref, band_files, bands, unselected, outcomes)) is not None]
+            if (date_plan := _date_plan(date, per_band, ref, ref_bands, band_files, bands, unselected,
+                                        outcomes)) is not None]
     outcomes.sort(key=lambda o: os.fsencode(o.rel_path))
     if not kept:
         return LocationPlan(location, (), tuple(bands), 0, 0, "", 0, None, None, tuple(outcomes),
@@ -501,17 +519,25 @@ def _rejected(location: str, dates, outcomes: list[Outcome], reason: str, messag
                         (reason, message))
 
 
-def _reference(dates, band_files: bool) -> _Header:
-    """The header every date is checked against: the first file of the date that most dates agree with.
+def _reference(dates, band_files: bool, selected) -> tuple[_Header, dict]:
+    """The header every date is checked against, and its date's files by band.
 
-    The earliest such date when several tie. A location whose first pass alone was
-    delivered in another CRS or grid keeps its other dates, rather than that pass only.
+    The first file (of the bands --bands keeps, when given) of the date that most
+    dates agree with; the earliest such date when several tie. A location whose
+    first pass alone was delivered in another CRS or grid keeps its other dates,
+    rather than that pass only.
     """
-    firsts = [per_band[min(per_band, key=lambda b: natural_key(b or ""))] for per_band in dates.values()]
+    def first(per_band):
+        kept = [b for b in per_band if selected is None or b is None or b in selected] or list(per_band)
+        return per_band[min(kept, key=lambda b: natural_key(b or ""))]
+
+    per_date = list(dates.values())
+    firsts = [first(per_band) for per_band in per_date]
+    best = 0
     if len(firsts) > 2:
         agree = [sum(not _differences(ref, h, band_files) for h in firsts) for ref in firsts]
-        return firsts[agree.index(max(agree))]
-    return firsts[0]
+        best = agree.index(max(agree))
+    return firsts[best], per_date[best]
 
 
 def _stack_bands(dates, ref: _Header, band_files: bool, options: TimeSeriesOptions) -> tuple[list, list]:
@@ -525,11 +551,16 @@ def _stack_bands(dates, ref: _Header, band_files: bool, options: TimeSeriesOptio
     return bands, [b for b in found if b not in bands]
 
 
-def _date_plan(date, per_band, ref: _Header, band_files: bool, bands, unselected,
+def _date_plan(date, per_band, ref: _Header, ref_bands: dict, band_files: bool, bands, unselected,
                outcomes: list[Outcome]) -> DatePlan | None:
-    """One date's files in the stack's band order; None (its files' outcomes added) when it is left out."""
+    """One date's files in the stack's band order; None (its files' outcomes added) when it is left out.
+
+    `ref_bands`: the reference date's files by band; each band's nodata value is its own
+    (Landsat's QA_PIXEL fills with 1, its surface reflectance with 0), the same on every date.
+    """
     iso = date.isoformat()
-    diffs = {h.rel_path: _differences(ref, h, band_files) for h in per_band.values()}
+    diffs = {h.rel_path: _differences(ref, h, band_files, ref_bands.get(band, ref))
+             for band, h in per_band.items() if band not in unselected}
     diffs = {rel: d for rel, d in diffs.items() if d}
     if diffs:
         what = "; ".join(f"{rel}: {', '.join(d)}" for rel, d in sorted(diffs.items()))
