@@ -139,6 +139,34 @@ def test_a_damaged_size_marker_is_corrupt():
     assert e.value.reason == "corrupt" and "JPEG 2000 header" in e.value.message
 
 
+@pytest.mark.parametrize("transform", [_TRANSFORM, Affine(10.0, 2.0, 399960.0, 3.0, -10.0, 5800020.0),
+                                       Affine(10.0, 0.0, 399960.0, 0.0, 10.0, 5800020.0)],
+                         ids=["north_up", "rotated", "south_up"])
+@pytest.mark.parametrize("bits", [8, 15])
+def test_raster_georef_reads_the_geojp2_box_as_gdal_does(tmp_path, transform, bits):
+    path = tmp_path / "g.jp2"
+    array = _u16(1, bits) if bits > 8 else _RNG.integers(0, 256, (1, 37, 53), dtype=np.uint8)
+    with rasterio.open(path, "w", driver="JP2OpenJPEG", height=37, width=53, count=1, dtype=array.dtype.name,
+                       crs="EPSG:32633", transform=transform, QUALITY=100, REVERSIBLE="YES",
+                       GMLJP2="NO", **({"NBITS": bits} if bits > 8 else {})) as dst:
+        dst.write(array)
+    with rasterio.open(path) as src:
+        gdal = src.transform.to_gdal()
+        epsg = src.crs.to_epsg()
+    [image] = ImageValidator(raster=RasterOptions(georef=True)).validate_all(path.read_bytes(), "g.jp2")
+    assert image.georef.epsg == epsg == 32633
+    np.testing.assert_allclose(image.georef.geotransform, gdal, rtol=0, atol=1e-9)
+    assert (image.georef.height, image.georef.width) == (37, 53)
+    # --max_side scales the pixel size, as for a GeoTIFF.
+    [small] = ImageValidator(raster=RasterOptions(georef=True), resize=ResizeOptions(max_side=26)).validate_all(
+        path.read_bytes(), "g.jp2")
+    assert "scale_geotransform" in small.actions
+    assert small.georef.geotransform[1] == pytest.approx(gdal[1] * 53 / small.width)
+    # Without the option, or without a GeoJP2 box: unknown.
+    [plain] = ImageValidator().validate_all(path.read_bytes(), "g.jp2")
+    assert plain.georef is None
+
+
 def test_a_folder_of_sentinel2_bands_converts_with_their_values(tmp_path):
     root, out = tmp_path / "in", tmp_path / "out"
     expected = {}

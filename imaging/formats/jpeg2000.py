@@ -14,17 +14,21 @@ fourth component for alpha.
   `--raster_dtype`; so is every JPEG 2000 when those options are given.
 
 The size is read from the codestream's SIZ marker and checked against
---max_pixels before anything is decoded. Georeferencing (GeoJP2, GMLJP2) is
-not read: with --raster_georef these records are stored as unknown.
+--max_pixels before anything is decoded. With --raster_georef, the
+georeferencing is read from the GeoJP2 box (a GeoTIFF's tags in a 'uuid' box,
+which GDAL writes by default and reads first), as `imaging.georef` reads a
+GeoTIFF's; files with GMLJP2 alone are stored as unknown.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import numpy as np
 from PIL import Image
 
+from imaging import georef as _georef
 from imaging import raster as _raster
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
@@ -36,6 +40,8 @@ __all__ = ["JP2_SIGNATURE", "J2K_SIGNATURE", "images"]
 JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 J2K_SIGNATURE = b"\xff\x4f\xff\x51"
 _CODESTREAM_BOX = b"jp2c"
+# The UUID of a GeoJP2 box: a degenerate GeoTIFF follows it, holding the GeoTIFF tags.
+_GEOJP2_UUID = bytes.fromhex("b14bf8bd083d4b43a5ae8cd7d5a6ce03")
 
 
 def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
@@ -68,9 +74,60 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
              and context.raster.reads_pixels_as_default)
     if photo:
         png = _pil.encode(Image.fromarray(array[:, :, 0] if components == 1 else array), "png")
-        return [context.fit(context.stored(png, "jpeg2000", ("reencode_jpeg2000_to_png",), name), name)]
-    r = _raster.apply_options(array, None, context.raster, name)
-    return [stored_raster(r, name, "jpeg2000", context)]
+        image = context.fit(context.stored(png, "jpeg2000", ("reencode_jpeg2000_to_png",), name), name)
+    else:
+        r = _raster.apply_options(array, None, context.raster, name)
+        image = stored_raster(r, name, "jpeg2000", context)
+    return [_with_georef(image, data, height, width, name, context)]
+
+
+def _with_georef(image: ValidImage, data: bytes, height: int, width: int, name: str,
+                 context: Context) -> ValidImage:
+    """The image with its GeoJP2 georeferencing (--raster_georef), scaled to its stored size."""
+    if not context.raster.georef:
+        return image
+    tiff = _geojp2(data)
+    if tiff is None:
+        return image  # No GeoJP2 box: stored as unknown.
+    pages = _georef.read_georef(tiff, name)
+    if not pages:
+        return image
+    found = pages[0]
+    georef = _georef.Georef(found.epsg, found.geotransform, height, width)
+    stored = georef.for_size(image.height, image.width)
+    if stored.geotransform == georef.geotransform:
+        return dataclasses.replace(image, georef=stored)
+    details = {**(image.details or {}), "source_geotransform": list(georef.geotransform)}
+    return dataclasses.replace(image, georef=stored, actions=(*image.actions, "scale_geotransform"),
+                               details=details)
+
+
+def _geojp2(data: bytes) -> bytes | None:
+    """The GeoTIFF inside a JP2 file's GeoJP2 box (a top-level 'uuid' box), or None."""
+    for kind, body in _boxes(data):
+        if kind == b"uuid" and body[:16] == _GEOJP2_UUID:
+            return body[16:]
+    return None
+
+
+def _boxes(data: bytes):
+    """(type, contents) of a JP2 file's top-level boxes, up to the first damaged one."""
+    if not data.startswith(JP2_SIGNATURE):
+        return
+    pos = 0
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        header = 8
+        if length == 1:  # The length follows as 8 bytes.
+            if pos + 16 > len(data):
+                return
+            length, header = struct.unpack(">Q", data[pos + 8:pos + 16])[0], 16
+        elif length == 0:  # The last box: to the end of the file.
+            length = len(data) - pos
+        if length < header:
+            return
+        yield kind, data[pos + header:pos + length]
+        pos += length
 
 
 def _header(data: bytes, name: str):
@@ -99,21 +156,9 @@ def _codestream(data: bytes, name: str) -> bytes:
     """The codestream: the file itself (J2K), or the contents of a JP2 file's 'jp2c' box."""
     if not data.startswith(JP2_SIGNATURE):
         return data
-    pos = 0
-    while pos + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        header = 8
-        if length == 1:  # The length follows as 8 bytes.
-            if pos + 16 > len(data):
-                break
-            length, header = struct.unpack(">Q", data[pos + 8:pos + 16])[0], 16
-        elif length == 0:  # The last box: to the end of the file.
-            length = len(data) - pos
+    for kind, body in _boxes(data):
         if kind == _CODESTREAM_BOX:
-            return data[pos + header:pos + length]
-        if length < header:
-            break
-        pos += length
+            return body
     raise ImageRejected("corrupt", f"{name}: a JP2 file without a codestream box (truncated or damaged)")
 
 
