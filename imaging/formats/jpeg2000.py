@@ -34,11 +34,11 @@ from imaging.errors import ImageRejected
 from imaging.formats import _pil
 from imaging.formats._shared import Context, ValidImage, stored_raster
 
-__all__ = ["JP2_SIGNATURE", "J2K_SIGNATURE", "images"]
+__all__ = ["images"]
 
 # The JP2 signature box, and a codestream's SOC marker followed by its SIZ marker.
-JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
-J2K_SIGNATURE = b"\xff\x4f\xff\x51"
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+_J2K_SIGNATURE = b"\xff\x4f\xff\x51"
 _CODESTREAM_BOX = b"jp2c"
 # The UUID of a GeoJP2 box: a degenerate GeoTIFF follows it, holding the GeoTIFF tags.
 _GEOJP2_UUID = bytes.fromhex("b14bf8bd083d4b43a5ae8cd7d5a6ce03")
@@ -112,7 +112,7 @@ def _geojp2(data: bytes) -> bytes | None:
 
 def _boxes(data: bytes):
     """(type, contents) of a JP2 file's top-level boxes, up to the first damaged one."""
-    if not data.startswith(JP2_SIGNATURE):
+    if not data.startswith(_JP2_SIGNATURE):
         return
     pos = 0
     while pos + 8 <= len(data):
@@ -134,7 +134,7 @@ def _header(data: bytes, name: str):
     """(height, width, components, any signed, bits per component, subsampled sizes or ()) from SIZ."""
     stream = _codestream(data, name)
     try:
-        if stream[:4] != J2K_SIGNATURE:
+        if stream[:4] != _J2K_SIGNATURE:
             raise ValueError("no SOC and SIZ marker at the start of the codestream")
         (length, _caps, xsiz, ysiz, xo, yo, _xt, _yt, _xto, _yto,
          count) = struct.unpack(">HHIIIIIIIIH", stream[4:42])
@@ -154,7 +154,7 @@ def _header(data: bytes, name: str):
 
 def _codestream(data: bytes, name: str) -> bytes:
     """The codestream: the file itself (J2K), or the contents of a JP2 file's 'jp2c' box."""
-    if not data.startswith(JP2_SIGNATURE):
+    if not data.startswith(_JP2_SIGNATURE):
         return data
     for kind, body in _boxes(data):
         if kind == _CODESTREAM_BOX:
