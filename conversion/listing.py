@@ -21,6 +21,24 @@ __all__ = ["InputFile", "Problem", "list_input", "is_local", "display_path"]
 # Files that operating systems and tools drop into image folders.
 _SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "icon\r"})
 
+# The files GDAL, QGIS and ArcGIS keep beside a raster, named after it: part of that
+# raster, never an image of their own. Suffix of the raster's whole name -> what it is.
+# (An external overview or mask is itself a TIFF, and would otherwise be converted as one
+# more image: a reduced copy of the scene's pixels under its class.)
+_SIDECARS = {
+    ".aux.xml": ("GDAL's metadata sidecar", "; the statistics, nodata or georeferencing it holds are "
+                 "not read (shardsmith reads the raster's own tags)"),
+    ".ovr": ("GDAL's external overviews", ": reduced copies of its pixels"),
+    ".msk": ("GDAL's external mask", "; not read"),
+    ".xml": ("ArcGIS's metadata sidecar", ""),
+}
+# Beside a raster's stem (`scene.tfw` for `scene.tif`): world files and pyramids.
+_STEM_SIDECARS = {
+    ".wld": ("a world file", "; its georeferencing is not read (shardsmith reads GeoTIFF tags)"),
+    ".prj": ("an ESRI projection file", "; not read (shardsmith reads GeoTIFF tags)"),
+    ".rrd": ("ERDAS/ArcGIS pyramids", ": reduced copies of its pixels"),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class InputFile:
@@ -76,7 +94,9 @@ def list_input(root: str) -> tuple[list[InputFile], list[Problem]]:
 
     Returns:
       (files, problems), both sorted by relative path. Hidden files, broken
-      links and link loops are problems, so that nothing found goes unreported.
+      links and link loops are problems, so that nothing found goes unreported;
+      so are the GIS sidecars of a listed file (`scene.tif.aux.xml`,
+      `scene.tif.ovr`, `scene.tif.msk`, `scene.tfw`, ...), skipped as 'sidecar'.
 
     Raises:
       FileNotFoundError: If the root does not exist or is not a folder.
@@ -85,9 +105,59 @@ def list_input(root: str) -> tuple[list[InputFile], list[Problem]]:
         files, problems = _walk_local(root)
     else:
         files, problems = _list_remote(root)
+    files, sidecars = _without_sidecars(files)
+    problems += sidecars
     files.sort(key=lambda f: os.fsencode(f.rel_path))
     problems.sort(key=lambda p: os.fsencode(p.rel_path))
     return files, problems
+
+
+def _sidecar_of(rel_path: str, names: frozenset[str],
+                by_stem: dict[str, list[str]]) -> tuple[str, tuple[str, str]] | None:
+    """(the file it belongs to, (what it is, a note)) when `rel_path` is a GIS sidecar of a listed file.
+
+    `scene.tif.aux.xml`, `scene.tif.ovr`, `scene.tif.msk` and `scene.tif.xml` belong to
+    `scene.tif`; world files (`scene.tfw`, `scene.tifw`, `scene.wld`), `scene.prj` and
+    `scene.rrd` to the file of that stem. Only when that file is listed too (`names`;
+    `by_stem`: the listed names by their path less the last extension).
+    """
+    lower = rel_path.lower()
+    for suffix, what in _SIDECARS.items():
+        if lower.endswith(suffix) and rel_path[:-len(suffix)] in names:
+            return rel_path[:-len(suffix)], what
+    stem, dot, ext = rel_path.rpartition(".")
+    ext = ext.lower()
+    if not dot or "/" in ext or not (ext.endswith("w") or "." + ext in _STEM_SIDECARS):
+        return None
+    siblings = [n for n in by_stem.get(stem, ()) if n != rel_path]
+    for sibling in siblings:
+        own = sibling[len(stem) + 1:].lower()
+        if own and ext in (own[0] + own[-1] + "w", own + "w"):  # GDAL's world file names.
+            return sibling, _STEM_SIDECARS[".wld"]
+    if "." + ext in _STEM_SIDECARS and siblings:
+        # Named after the raster, not after its world file or another sidecar of it.
+        rasters = [n for n in siblings if not n.lower().endswith((*_STEM_SIDECARS, "w"))]
+        return (rasters or siblings)[0], _STEM_SIDECARS["." + ext]
+    return None
+
+
+def _without_sidecars(files: list[InputFile]) -> tuple[list[InputFile], list[Problem]]:
+    """The files less GIS sidecars of other listed files, and those sidecars as skipped problems."""
+    names = frozenset(f.rel_path for f in files)
+    by_stem: dict[str, list[str]] = {}
+    for name in sorted(names, key=os.fsencode):
+        stem, dot, ext = name.rpartition(".")
+        if dot and "/" not in ext:
+            by_stem.setdefault(stem, []).append(name)
+    kept, skipped = [], []
+    for f in files:
+        found = _sidecar_of(f.rel_path, names, by_stem)
+        if found is None:
+            kept.append(f)
+        else:
+            owner, (what, note) = found
+            skipped.append(Problem(f.rel_path, "sidecar", f"{what} of {display_path(owner)}{note}"))
+    return kept, skipped
 
 
 def _walk_local(root: str):

@@ -6,8 +6,9 @@ GeographicTypeGeoKey (2048), and GTRasterTypeGeoKey (1025); then either
 ModelTransformationTag (34264) or ModelPixelScaleTag (33550) with one
 ModelTiepointTag (33922). The geotransform is in GDAL order
 (x0, dx, rx, y0, ry, dy) and refers to the top-left corner of the top-left
-pixel, as GDAL reports it (PixelIsPoint files are shifted by half a pixel, as
-GDAL does by default). Framework-free.
+pixel, as GDAL reports it (PixelIsPoint files are shifted by half a pixel, and
+a negative ModelPixelScale Y is taken as north up, as GDAL does by default).
+Framework-free.
 """
 
 from __future__ import annotations
@@ -169,4 +170,8 @@ def _geotransform(page, name: str) -> tuple[float, ...] | None:
     i, j, _, x, y, _ = tiepoints
     sx, sy = scale[:2]
     # Rows go south: the pixel scale's Y is positive, the geotransform's dy negative.
+    # A negative Y scale is read as GDAL reads it by default (GTIFF_HONOUR_NEGATIVE_SCALEY=NO):
+    # its sign is ignored, since writers that store one mostly mean a north-up image
+    # (the geotransform's dy) rather than a south-up one; every GIS then shows it north up.
+    sy = abs(sy)
     return (x - i * sx, sx, 0.0, y + j * sy, 0.0, -sy)

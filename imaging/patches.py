@@ -332,6 +332,10 @@ class SceneReader:
         except BaseException:
             self._tif.close()
             raise
+        self._start_cache()
+        self._mask_reader: SceneReader | None = None
+
+    def _start_cache(self) -> None:
         # (plane, row, column) -> (decoded segment or None, its first column in the scene).
         self._cache: dict[tuple[int, int, int], tuple[np.ndarray | None, int]] = {}
         self._columns: tuple[int, int] | None = None  # `keep_columns`
@@ -342,14 +346,34 @@ class SceneReader:
         import tifffile
 
         try:
-            pages = [p for p in self._tif.pages
-                     if not getattr(p, "is_reduced", False) and not getattr(p, "is_mask", False)]
+            every = list(self._tif.pages)
+            pages = [p for p in every if not getattr(p, "is_reduced", False) and not getattr(p, "is_mask", False)]
             if not pages:
                 raise ImageRejected("corrupt", f"{self.name}: a TIFF header without an image page")
             if not 0 <= page_index < len(pages):
                 raise ValueError(f"SceneReader: page must be from 0 to {len(pages) - 1}. "
                                  f"Received: {page_index!r}")
             page = pages[page_index]
+            # GDAL's internal mask of this page (GDAL_TIFF_INTERNAL_MASK): the next
+            # mask page of its size (overviews have masks of their own sizes).
+            after = every[every.index(page) + 1:]
+            self._mask_page = next((p for p in after if getattr(p, "is_mask", False)
+                                    and not getattr(p, "is_reduced", False)
+                                    and (p.imagelength, p.imagewidth) == (page.imagelength, page.imagewidth)),
+                                   None)
+        except ImageRejected:
+            raise
+        except (tifffile.TiffFileError, *_DAMAGE) as e:
+            if isinstance(e, ValueError) and str(e).startswith("SceneReader:"):
+                raise
+            raise ImageRejected("corrupt", f"{self.name}: damaged header ({type(e).__name__}: {e})") from e
+        self._setup_page(page)
+
+    def _setup_page(self, page) -> None:
+        """The layout of the page this reader reads (`_setup`; the mask reader's page too)."""
+        import tifffile
+
+        try:
             self._page = page
             if int(getattr(page, "imagedepth", 1)) != 1:
                 raise ImageRejected("unsupported_dtype",
@@ -407,9 +431,40 @@ class SceneReader:
         """The page's EPSG code and geotransform (`imaging.georef`), from its tags."""
         return page_georef(self._page, self.name)
 
+    @property
+    def has_mask(self) -> bool:
+        """Whether the page has GDAL's internal mask (GDAL_TIFF_INTERNAL_MASK: a COG's, an orthophoto's)."""
+        return self._mask_page is not None
+
+    def masked(self, y: int, x: int, height: int, width: int) -> np.ndarray | None:
+        """(height, width) booleans: True where the page's internal mask says no data; None without a mask.
+
+        GDAL's dataset mask of a file with an internal mask is that mask: the
+        pixels a JPEG-compressed orthophoto or a COG marks as outside its
+        footprint, whatever their values. Pixels outside the scene are False
+        here (`padded` says which). Only the mask's segments the window
+        overlaps are decoded, as for `read`.
+        """
+        if self._mask_page is None:
+            return None
+        if self._mask_reader is None:
+            reader = object.__new__(SceneReader)
+            reader.name = f"{self.name} (its internal mask)"
+            reader._tif = self._tif  # The same open file: closed with this reader.
+            reader._mask_page = None
+            reader._mask_reader = None
+            reader._setup_page(self._mask_page)
+            reader._start_cache()
+            reader._columns = self._columns
+            self._mask_reader = reader
+        values = self._mask_reader.read(y, x, height, width)
+        return (values == 0).all(axis=2) & ~self.padded(y, x, height, width)
+
     def close(self) -> None:
         """Closes the file and drops the cached segments."""
         self._cache.clear()
+        if self._mask_reader is not None:
+            self._mask_reader._cache.clear()
         self._tif.close()
 
     def __enter__(self) -> SceneReader:
@@ -436,6 +491,8 @@ class SceneReader:
             raise ValueError(f"SceneReader.keep_columns: right must exceed left {left}. Received: {right!r}")
         self._cache.clear()
         self._columns = (max(int(left), 0), min(int(right), self.width))
+        if self._mask_reader is not None:
+            self._mask_reader.keep_columns(left, right)
 
     def padded(self, y: int, x: int, height: int, width: int) -> np.ndarray:
         """(height, width) booleans: True where the window at (y, x) lies outside the scene."""

@@ -269,6 +269,9 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
             for x in xs:
                 window = scene.read(y, x, height, width, copy=False)  # Encoded at once
                 padded = scene.padded(y, x, height, width)
+                if scene.has_mask:
+                    # GDAL's internal mask marks no data too (orthophotos, COGs): as its dataset mask.
+                    padded = padded | scene.masked(y, x, height, width)
                 share = nodata_share(window, padded if padded.any() else None, scene.nodata)
                 if share > patch.max_nodata:
                     skipped.append((y, x))

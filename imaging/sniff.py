@@ -21,7 +21,7 @@ def sniff_format(head: bytes) -> str | None:
       head: At least the first 132 bytes (fewer for short files).
 
     Returns:
-      'jpeg', 'png', 'gif', 'bmp', 'webp', 'tiff', 'dicom', or None when the
+      'jpeg', 'png', 'gif', 'bmp', 'webp', 'tiff', 'dicom', 'jpeg2000', or None when the
       bytes match no signature shardsmith knows (Pillow may still read them).
     """
     if head.startswith(b"\xff\xd8\xff"):
@@ -39,6 +39,9 @@ def sniff_format(head: bytes) -> str | None:
         return "tiff"
     if head[128:132] == b"DICM":
         return "dicom"
+    # JPEG 2000: the JP2 signature box, or a bare codestream (SOC, then SIZ).
+    if head.startswith(b"\x00\x00\x00\x0cjP  \r\n\x87\n") or head.startswith(b"\xff\x4f\xff\x51"):
+        return "jpeg2000"
     return None
 
 

@@ -22,8 +22,9 @@ Its files are grouped by date into one stack, dates ascending (issue 37):
   file without a band suffix holds every band of its date, named '1', '2',
   ... as GDAL numbers them (--bands 4,3,2 then picks and orders them).
 - **Alignment is checked**, never assumed: every file of every date must
-  share the CRS (EPSG code), geotransform, width, height, dtype and band
-  count with the location's first date (its first file). A date that
+  share the CRS (EPSG code), geotransform (to a millionth of a pixel),
+  width, height, dtype, band count and nodata value with the stack: those
+  of the date most dates agree with, the earliest on a tie. A date that
   does not is left out of the stack (its files rejected `misaligned`, with
   what differs); a date without every band is left out (`missing_band`);
   two files for one date and band leave that date out (`conflicting_dates`);
@@ -73,7 +74,14 @@ _ISO = r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)"
 _COMPACT = r"(?<!\d)(\d{4})(\d{2})(\d{2})(?=T\d|(?!\d))"
 _DATE_RE = re.compile(f"{_ISO}|{_COMPACT}")
 # A band suffix at the end of a file's stem: _B02, _B4, _B8A, .B11, _SR_B4, _ST_B10.
-_BAND_RE = re.compile(r"[._]((?:SR_|ST_)?B\d{1,2}A?)$", re.IGNORECASE)
+# A band suffix: Sentinel-2's and Landsat's band numbers, and the other layers their
+# products hold beside the bands (Landsat Collection 2: QA_PIXEL, QA_RADSAT, SR_QA_AEROSOL,
+# the ST_ layers, the angle layers; Sentinel-2 L2A: SCL, AOT, WVP, TCI), each a band of its
+# date: as whole-date files they left every date of a Landsat download out
+# (conflicting_dates). Sentinel-2 L2A's resolution suffix (`_B02_10m`) is no part of the name.
+_BAND_RE = re.compile(r"[._]((?:SR_|ST_)?B\d{1,2}A?|QA_PIXEL|QA_RADSAT|SR_QA_AEROSOL|"
+                      r"ST_(?:QA|ATRAN|CDIST|DRAD|EMIS|EMSD|TRAD|URAD)|[SV][AZ]A|SCL|AOT|WVP|TCI)"
+                      r"(?:_[126]0M)?$", re.IGNORECASE)
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -103,7 +111,7 @@ def name_date(name: str) -> datetime.date | None:
 
 
 def band_of(name: str) -> str | None:
-    """The band a file's name ends in ('B02', 'B8A', 'SR_B4', upper case), or None."""
+    """The band a file's name ends in ('B02', 'B8A', 'SR_B4', 'QA_PIXEL', 'SCL', upper case), or None."""
     stem = posixpath.basename(name)
     for ext in RASTER_EXTENSIONS:
         if stem.lower().endswith(ext):
@@ -221,8 +229,8 @@ class LocationPlan:
       dates: The time steps kept, ascending.
       bands: The band names, in stack order.
       height, width, dtype: Of every date (dtype: the stored type).
-      epsg, geotransform: Of the first date (all kept dates share them).
-      nodata: The first file's GDAL nodata value, or None.
+      epsg, geotransform: Of the reference date (all kept dates share them).
+      nodata: The reference date's GDAL nodata value (all kept dates share it), or None.
       outcomes: Every file in no stack: the dates left out and why, and
         files rejected on their own (`no_date`), sorted by path.
       rejected: (reason, message) when the location gives no stack at all;
@@ -342,24 +350,70 @@ def _tag_date(scene: SceneReader) -> datetime.date | None:
         return None
 
 
-def _differences(ref: _Header, h: _Header, band_file: bool) -> list[str]:
-    """What differs between a file and the location's reference (its first date's first file)."""
+def _differences(ref: _Header, h: _Header, band_file: bool, same_band: _Header | None = None) -> list[str]:
+    """What differs between a file and the location's reference (the first file of its reference date).
+
+    The nodata value is compared with `same_band`'s, the reference date's file of the
+    file's own band (default: `ref`).
+    """
+    same_band = ref if same_band is None else same_band
     out = []
     if h.epsg != ref.epsg:
-        out.append(f"CRS EPSG:{h.epsg} (first date: EPSG:{ref.epsg})")
-    if h.geotransform != ref.geotransform:
-        out.append(f"geotransform {_gt(h.geotransform)} (first date: {_gt(ref.geotransform)})")
+        out.append(f"CRS EPSG:{h.epsg} (the stack's: EPSG:{ref.epsg})")
+    if not _same_grid(h, ref):
+        out.append(f"geotransform {_gt(h.geotransform)} (the stack's: {_gt(ref.geotransform)})")
     if (h.height, h.width) != (ref.height, ref.width):
-        out.append(f"size {h.width}x{h.height} (first date: {ref.width}x{ref.height})")
+        out.append(f"size {h.width}x{h.height} (the stack's: {ref.width}x{ref.height})")
     if h.dtype != ref.dtype:
-        out.append(f"dtype {h.dtype} (first date: {ref.dtype})")
+        out.append(f"dtype {h.dtype} (the stack's: {ref.dtype})")
     if h.bands != (1 if band_file else ref.bands):
-        out.append(f"{h.bands} bands (first date: {1 if band_file else ref.bands})")
+        out.append(f"{h.bands} bands (the stack's: {1 if band_file else ref.bands})")
+    if not _same_nodata(h.nodata, same_band.nodata):
+        # Another date's nodata value would be counted as data (band statistics,
+        # --raster_max_nodata) and read as values by a model.
+        out.append(f"nodata {_nodata_text(h.nodata)} (the stack's: {_nodata_text(same_band.nodata)})")
     return out
 
 
+# Geotransforms that differ by less than this share of a pixel at every corner of the grid
+# are one grid: float noise of reprojection tools (1e-9 m on 10 m pixels), not a shift.
+_GRID_TOLERANCE = 1e-6
+
+
+def _same_grid(h: _Header, ref: _Header) -> bool:
+    """Whether two files' geotransforms put every corner of the grid within `_GRID_TOLERANCE` pixel."""
+    a, b = h.geotransform, ref.geotransform
+    if a is None or b is None:
+        return a is b
+    if a == b:
+        return True
+    x0, dx, rx, y0, ry, dy = b
+    det = dx * dy - rx * ry
+    if det == 0:
+        return False
+    for row, col in ((0, 0), (0, ref.width), (ref.height, 0), (ref.height, ref.width)):
+        # Where `h` puts this corner, in `ref`'s pixels.
+        ex = a[0] + col * a[1] + row * a[2] - (x0 + col * dx + row * rx)
+        ey = a[3] + col * a[4] + row * a[5] - (y0 + col * ry + row * dy)
+        dcol, drow = (ex * dy - ey * rx) / det, (ey * dx - ex * ry) / det
+        if max(abs(dcol), abs(drow)) >= _GRID_TOLERANCE:
+            return False
+    return True
+
+
+def _same_nodata(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _nodata_text(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
 def _gt(geotransform) -> str:
-    return "none" if geotransform is None else "(" + ", ".join(f"{v:g}" for v in geotransform) + ")"
+    # repr: two geotransforms that differ must not print alike (f"{v:g}" shows 6 digits).
+    return "none" if geotransform is None else "(" + ", ".join(repr(float(v)) for v in geotransform) + ")"
 
 
 def plan_location(location: str, files: Sequence[tuple[str, str]], options: TimeSeriesOptions) -> LocationPlan:
@@ -381,15 +435,20 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
         return rejected("no_date", f"{location or '.'}: no date left to stack")
     band_files = any(band is not None for per_band in dates.values() for band in per_band)
     for date, per_band in dates.items():
-        dtypes = sorted({h.dtype for h in per_band.values()})
+        # Only the bands --bands keeps: the others are skipped (band_not_selected).
+        chosen = {b: h for b, h in per_band.items() if options.bands is None or b is None or b in options.bands}
+        dtypes = sorted({h.dtype for h in chosen.values()})
         if len(dtypes) > 1:
+            which = "; ".join(f"{d}: {', '.join(sorted((b for b, h in chosen.items() if h.dtype == d), key=natural_key))}"
+                              for d in dtypes)
             return rejected("mixed_dtypes", f"{location or '.'}: the band files of {date.isoformat()} are of "
-                                            f"several dtypes ({', '.join(dtypes)}); a stack has one")
-    first = next(iter(dates.values()))
-    ref = first[min(first, key=lambda b: natural_key(b or ""))]
+                                            f"several dtypes ({which}); a stack has one: pick bands of one "
+                                            f"dtype with --bands")
+    ref, ref_bands = _reference(dates, band_files, options.bands)
     bands, unselected = _stack_bands(dates, ref, band_files, options)
     kept = [date_plan for date, per_band in dates.items()
-            if (date_plan := _date_plan(date, per_band, ref, band_files, bands, unselected, outcomes)) is not None]
+            if (date_plan := _date_plan(date, per_band, ref, ref_bands, band_files, bands, unselected,
+                                        outcomes)) is not None]
     outcomes.sort(key=lambda o: os.fsencode(o.rel_path))
     if not kept:
         return LocationPlan(location, (), tuple(bands), 0, 0, "", 0, None, None, tuple(outcomes),
@@ -460,6 +519,27 @@ def _rejected(location: str, dates, outcomes: list[Outcome], reason: str, messag
                         (reason, message))
 
 
+def _reference(dates, band_files: bool, selected) -> tuple[_Header, dict]:
+    """The header every date is checked against, and its date's files by band.
+
+    The first file (of the bands --bands keeps, when given) of the date that most
+    dates agree with; the earliest such date when several tie. A location whose
+    first pass alone was delivered in another CRS or grid keeps its other dates,
+    rather than that pass only.
+    """
+    def first(per_band):
+        kept = [b for b in per_band if selected is None or b is None or b in selected] or list(per_band)
+        return per_band[min(kept, key=lambda b: natural_key(b or ""))]
+
+    per_date = list(dates.values())
+    firsts = [first(per_band) for per_band in per_date]
+    best = 0
+    if len(firsts) > 2:
+        agree = [sum(not _differences(ref, h, band_files) for h in firsts) for ref in firsts]
+        best = agree.index(max(agree))
+    return firsts[best], per_date[best]
+
+
 def _stack_bands(dates, ref: _Header, band_files: bool, options: TimeSeriesOptions) -> tuple[list, list]:
     """The stack's bands (--bands, else every band found, in natural order) and the bands found but not kept."""
     if band_files:
@@ -471,17 +551,23 @@ def _stack_bands(dates, ref: _Header, band_files: bool, options: TimeSeriesOptio
     return bands, [b for b in found if b not in bands]
 
 
-def _date_plan(date, per_band, ref: _Header, band_files: bool, bands, unselected,
+def _date_plan(date, per_band, ref: _Header, ref_bands: dict, band_files: bool, bands, unselected,
                outcomes: list[Outcome]) -> DatePlan | None:
-    """One date's files in the stack's band order; None (its files' outcomes added) when it is left out."""
+    """One date's files in the stack's band order; None (its files' outcomes added) when it is left out.
+
+    `ref_bands`: the reference date's files by band; each band's nodata value is its own
+    (Landsat's QA_PIXEL fills with 1, its surface reflectance with 0), the same on every date.
+    """
     iso = date.isoformat()
-    diffs = {h.rel_path: _differences(ref, h, band_files) for h in per_band.values()}
+    diffs = {h.rel_path: _differences(ref, h, band_files, ref_bands.get(band, ref))
+             for band, h in per_band.items() if band not in unselected}
     diffs = {rel: d for rel, d in diffs.items() if d}
     if diffs:
         what = "; ".join(f"{rel}: {', '.join(d)}" for rel, d in sorted(diffs.items()))
         for h in per_band.values():
-            outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the first date "
-                                    f"({what}); left out of the stack, nothing resampled", iso))
+            outcomes.append(Outcome(h.rel_path, "misaligned", f"{iso} differs from the stack (the grid most "
+                                    f"dates share, the earliest's on a tie: {what}); left out of the "
+                                    f"stack, nothing resampled", iso))
         return None
     if band_files:
         missing = [b for b in bands if b not in per_band]

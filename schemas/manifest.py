@@ -111,8 +111,8 @@ REJECT_REASONS = {
                     "without a position and orientation (a secondary capture, an X-ray).",
     # Time series (--time_series): a location's dated passes stacked.
     "no_date": "A pass with no date in its name and no TIFF DateTime tag, or a location with no date left.",
-    "misaligned": "A date whose CRS, geotransform, size, dtype or band count differs from the "
-                  "location's first date: left out of the stack.",
+    "misaligned": "A date whose CRS, geotransform, size, dtype, band count or nodata value differs "
+                  "from the stack's (those most of the location's dates share): left out of the stack.",
     "missing_band": "A date without a file for one of the stack's bands: left out of the stack.",
     "conflicting_dates": "Two files for the same date and band of one location: that date is left out.",
     "mixed_dtypes": "The band files of one date are of several dtypes: the location gives no stack.",
@@ -132,6 +132,8 @@ SKIP_REASONS = {
     "not_in_split": "The file's split has a ratio of zero.",
     "not_a_raster": "With --time_series, a file that is not a TIFF raster (a location is made of rasters).",
     "band_not_selected": "With --time_series, a band file of a band --bands leaves out.",
+    "sidecar": "A GIS sidecar of another input (GDAL's .aux.xml, .ovr, .msk; a world file, .prj): "
+               "part of that file, not an image.",
 }
 
 _SHARD_TEMPLATE = "{split}-{index:05d}-of-{count:05d}.tfrecord"

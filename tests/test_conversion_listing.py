@@ -75,3 +75,61 @@ def test_a_link_to_a_class_folder_never_takes_its_files_away(tmp_path):
     assert [(p.rel_path, p.reason, p.message) for p in problems] == [
         ("cat/also_dogs", "symlink_loop", "link to a folder already listed, as 'dog'"),
         ("dog/up", "symlink_loop", "link to a folder above it (a cycle)")]
+
+
+def test_gis_sidecars_of_a_listed_file_are_skipped_naming_it(tmp_path):
+    names = ["a/scene.tif", "a/scene.tif.aux.xml", "a/scene.tif.ovr", "a/scene.tif.ovr.aux.xml",
+             "a/scene.tif.msk", "a/scene.tif.xml", "a/scene.tfw", "a/scene.prj", "a/SCENE2.TIF",
+             "a/SCENE2.TIFW", "a/photo.jpg", "a/photo.jgw", "a/map.png", "a/map.wld",
+             # No file of their name: not sidecars of anything, listed as files.
+             "a/orphan.tif.ovr", "a/lonely.tfw", "b/scene.tif.aux.xml"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    files, problems = list_input(str(tmp_path))
+    assert [f.rel_path for f in files] == ["a/SCENE2.TIF", "a/lonely.tfw", "a/map.png", "a/orphan.tif.ovr",
+                                           "a/photo.jpg", "a/scene.tif", "b/scene.tif.aux.xml"]
+    owners = {p.rel_path: p.message.split(" of ", 1)[1].split(";")[0].split(":")[0] for p in problems}
+    assert owners == {"a/scene.tif.aux.xml": "a/scene.tif", "a/scene.tif.ovr": "a/scene.tif",
+                      "a/scene.tif.ovr.aux.xml": "a/scene.tif.ovr", "a/scene.tif.msk": "a/scene.tif",
+                      "a/scene.tif.xml": "a/scene.tif", "a/scene.tfw": "a/scene.tif",
+                      "a/scene.prj": "a/scene.tif", "a/SCENE2.TIFW": "a/SCENE2.TIF",
+                      "a/photo.jgw": "a/photo.jpg", "a/map.wld": "a/map.png"}
+    assert {p.reason for p in problems} == {"sidecar"}
+    assert "overviews" in next(p.message for p in problems if p.rel_path == "a/scene.tif.ovr")
+    assert "world file" in next(p.message for p in problems if p.rel_path == "a/scene.tfw")
+
+
+def test_gdal_sidecars_are_skipped_not_converted_or_rejected(tmp_path):
+    # Written by GDAL as QGIS and ArcGIS leave them: external overviews (a TIFF, which was
+    # converted as one more image of the class: a half-size copy of the scene), an external
+    # mask (also a TIFF) and PAM metadata (rejected as not_an_image: one per scene failed
+    # the job at --max_reject_fraction 0.1).
+    import json
+
+    import numpy as np
+    import rasterio
+    from helpers import convert, read_records, write_geotiff
+    from rasterio.enums import Resampling
+
+    import schemas
+
+    root, out = tmp_path / "in", tmp_path / "out"
+    scene = write_geotiff(root / "fields" / "scene.tif", np.arange(3 * 32 * 40, dtype=np.uint16).reshape(3, 32, 40))
+    write_geotiff(root / "fields" / "other.tif", np.ones((3, 32, 40), np.uint16))
+    with rasterio.Env(TIFF_USE_OVR=True, GDAL_TIFF_INTERNAL_MASK=False, GDAL_PAM_ENABLED=True):
+        with rasterio.open(scene, "r+") as dst:
+            dst.build_overviews([2], Resampling.nearest)
+            dst.write_mask(np.full((32, 40), 255, np.uint8))
+            dst.update_tags(1, STATISTICS_MEAN="12.5")
+        with rasterio.open(scene) as src:
+            src.stats(indexes=[1])  # GDAL keeps computed statistics in scene.tif.aux.xml.
+    sidecars = sorted(p.name for p in scene.parent.iterdir() if p.name.startswith("scene.tif."))
+    assert {"scene.tif.ovr", "scene.tif.msk", "scene.tif.aux.xml"} <= set(sidecars), sidecars
+    manifest = convert(root, out, "--min_shards", "1", "--num_shards", "1")
+    assert sorted(r[schemas.FILENAME.key].decode() for r in read_records(out)) == ["fields/other.tif",
+                                                                                   "fields/scene.tif"]
+    lines = [json.loads(line) for line in (out / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    assert {(d["path"], d["kind"], d["reason"]) for d in lines} == {
+        (f"fields/{name}", "skipped", "sidecar") for name in sidecars}
+    assert manifest.split("train").num_records == 2

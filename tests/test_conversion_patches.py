@@ -231,3 +231,41 @@ def test_non_tiff_inputs_are_converted_whole_beside_scenes(tmp_path):
     np.testing.assert_array_equal(records["s/photo.png"]["pixels"], photo)
     assert sum(name.startswith("s/scene.tif#patch=") for name in records) == len(records) - 1 > 0
     assert manifest.counts["written"] == 2
+
+
+def test_patches_outside_an_orthophotos_internal_mask_are_skipped(tmp_path):
+    # A JPEG orthophoto marks its footprint with GDAL's internal mask, not a nodata value:
+    # patches whose share of masked pixels exceeds --raster_max_nodata are skipped, as
+    # GDAL's dataset mask says; the others keep every value, masked pixels included.
+    h, w = 150, 230
+    rows, columns = np.mgrid[0:h, 0:w]
+    values = np.stack([(rows + 2 * columns + 40 * b) // 3 % 256 for b in range(3)]).astype(np.uint8)
+    path = tmp_path / "in" / "ortho" / "tile.tif"
+    path.parent.mkdir(parents=True)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
+        with rasterio.open(path, "w", driver="GTiff", width=w, height=h, count=3, dtype="uint8",
+                           crs="EPSG:32633", transform=_TRANSFORM, tiled=True, blockxsize=64, blockysize=64,
+                           compress="jpeg", photometric="ycbcr") as dst:
+            dst.write(values)
+            dst.write_mask(np.where(columns > rows + 40, 0, 255).astype(np.uint8))
+    convert(tmp_path / "in", tmp_path / "out", "--raster_patch", _PATCH, "--raster_stride", _STRIDE,
+            "--raster_max_nodata", _MAX_NODATA, "--num_shards", 1)
+    options = PatchOptions(_PATCH, _STRIDE, "shift")
+    expected_kept, expected_skipped = set(), set()
+    with rasterio.open(path) as src:
+        for y, x in grid(h, w, options):
+            window = Window(x, y, _PATCH, _PATCH)
+            share = np.count_nonzero(src.dataset_mask(window=window) == 0) / _PATCH ** 2
+            (expected_skipped if share > _MAX_NODATA else expected_kept).add((y, x))
+    assert expected_skipped and expected_kept
+    records = _records(tmp_path / "out")
+    kept = {tuple(int(v) for v in name.split("#patch=")[1].split(",")) for name in records}
+    assert kept == expected_kept
+    log = [json.loads(line) for line in (tmp_path / "out" / schemas.NORMALIZED_FILENAME).read_text().splitlines()]
+    skipped = {tuple(o) for entry in log for o in entry.get("details", {}).get("skipped", [])}
+    assert skipped == expected_skipped
+    with rasterio.open(path) as src:
+        for name, record in records.items():
+            y, x = (int(v) for v in name.split("#patch=")[1].split(","))
+            gdal = np.moveaxis(src.read(window=Window(x, y, _PATCH, _PATCH)), 0, -1)
+            np.testing.assert_array_equal(record["pixels"], gdal)

@@ -85,3 +85,27 @@ def test_exif_transpose_is_listed_only_where_the_orientation_turns_the_image(con
     assert ("exif_transpose" in image.actions) is turned
     decoded = tf.io.decode_png(image.data).numpy()
     np.testing.assert_array_equal(decoded, np.rot90(arr, -1) if turned else arr)
+
+
+@pytest.mark.parametrize("driver, name, what, options", [
+    ("VRT", "view.vrt", "GDAL virtual raster", {}), ("ENVI", "scene.hdr", "ENVI header", {}),
+    ("HFA", "scene.img", "ERDAS Imagine", {}), ("netCDF", "scene.nc", "NetCDF", {"FORMAT": "NC"}),
+    ("PCIDSK", "scene.pix", "PCIDSK", {})])
+def test_a_raster_format_only_gdal_reads_is_named_with_how_to_convert_it(tmp_path, driver, name, what, options):
+    # Written by GDAL itself: 'not in a known image format' alone does not tell a remote-sensing
+    # user that the file is fine and one gdal_translate away from being read.
+    rasterio = pytest.importorskip("rasterio")
+    import rasterio.shutil
+    from rasterio.transform import from_origin
+
+    base = tmp_path / "base.tif"
+    with rasterio.open(base, "w", driver="GTiff", width=8, height=6, count=2, dtype="uint16",
+                       crs="EPSG:32633", transform=from_origin(300000, 5000000, 10, 10)) as dst:
+        dst.write(np.arange(96, dtype=np.uint16).reshape(2, 6, 8))
+    target = tmp_path / (name if driver != "ENVI" else "scene.img")
+    rasterio.shutil.copy(base, target, driver=driver, **options)
+    path = tmp_path / name
+    with pytest.raises(ImageRejected) as e:
+        formats.images(path.read_bytes(), name, formats.Context(ValidationOptions()))
+    assert e.value.reason == "not_an_image"
+    assert what in e.value.message and "gdal_translate -of GTiff" in e.value.message, e.value.message

@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 import pytest
 import rasterio
+import rasterio.shutil
 import tifffile
 from hypothesis import given
 from hypothesis import strategies as st
@@ -414,6 +415,52 @@ def test_nodata_share_matches_gdal_dataset_mask(tmp_path, name):
             share = nodata_share(reader.read(y, x, h, w), reader.padded(y, x, h, w), reader.nodata)
         assert share == np.count_nonzero(mask == 0) / mask.size
         assert 0 < share < 1
+
+
+def _masked_scene(path: pathlib.Path, driver: str, **options) -> np.ndarray:
+    """A 3-band uint8 scene whose internal mask (GDAL_TIFF_INTERNAL_MASK) hides a diagonal footprint edge."""
+    h, w = 150, 230
+    rows, columns = np.mgrid[0:h, 0:w]
+    values = np.stack([(rows + 2 * columns + 40 * b) // 3 % 256 for b in range(3)]).astype(np.uint8)
+    mask = np.where(columns > rows + 40, 0, 255).astype(np.uint8)  # Outside the footprint: no data.
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
+        if driver == "COG":  # The COG driver copies a dataset: its mask comes from a GTiff.
+            source = path.with_suffix(".src.tif")
+            _masked_scene(source, "GTiff", tiled=True, blockxsize=64, blockysize=64)
+            rasterio.shutil.copy(source, path, driver="COG", **options)
+            return mask
+        with rasterio.open(path, "w", driver=driver, width=w, height=h, count=3, dtype="uint8", crs=_CRS,
+                           transform=_TRANSFORM, **options) as dst:
+            dst.write(values)
+            dst.write_mask(mask)
+            if options.get("tiled"):
+                dst.build_overviews([2, 4])  # Overviews with masks of their own: not this page's.
+    return mask
+
+
+@pytest.mark.parametrize("driver, options", [
+    ("GTiff", {"tiled": True, "blockxsize": 64, "blockysize": 64, "compress": "jpeg", "photometric": "ycbcr"}),
+    ("GTiff", {"interleave": "band", "compress": "deflate"}),
+    ("COG", {"compress": "jpeg", "blocksize": 64}),
+], ids=["tiled_jpeg_ycbcr_overviews", "striped_planar_deflate", "cog_jpeg"])
+def test_an_internal_mask_counts_as_no_data_like_gdals_dataset_mask(tmp_path, driver, options):
+    # JPEG orthophotos and COGs mark their footprint with a mask, not a nodata value (lossy
+    # values cannot hold one): --raster_max_nodata must see it as GDAL's dataset mask does.
+    path = tmp_path / "ortho.tif"
+    _masked_scene(path, driver, **options)
+    with SceneReader(path) as reader, rasterio.open(path) as src:
+        assert reader.has_mask and (reader.height, reader.width) == (150, 230)
+        for y, x, h, w in [(0, 0, 64, 64), (0, 128, 64, 64), (90, 0, 64, 64), (100, 190, 64, 64),
+                           (-10, 200, 40, 50)]:
+            gdal = src.dataset_mask(window=Window(x, y, w, h), boundless=True) == 0
+            masked = reader.masked(y, x, h, w)
+            np.testing.assert_array_equal(masked | reader.padded(y, x, h, w), gdal)
+            share = nodata_share(reader.read(y, x, h, w), masked | reader.padded(y, x, h, w), reader.nodata)
+            assert share == np.count_nonzero(gdal) / gdal.size
+    plain = tmp_path / "plain.tif"
+    _write(plain, Layout("uint8", 3, ()), np.zeros((3, 20, 30), np.uint8))
+    with SceneReader(plain) as reader:
+        assert not reader.has_mask and reader.masked(0, 0, 8, 8) is None
 
 
 # --- georeferencing ----------------------------------------------------------------------------

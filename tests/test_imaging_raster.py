@@ -347,6 +347,25 @@ def test_georef_from_model_transformation_and_pixel_is_point_as_gdal_reports_the
     assert g.geotransform == (95.0, 10.0, 0.0, 205.0, 0.0, -10.0)
 
 
+@pytest.mark.parametrize("tiepoint", [(0.0, 0.0, 0.0, *_UTM_ORIGIN, 0.0), (2.0, 3.0, 0.0, *_UTM_ORIGIN, 0.0)],
+                         ids=["at_the_corner", "at_pixel_2_3"])
+def test_a_negative_pixel_scale_y_is_read_north_up_as_gdal_reads_it(tmp_path, tiepoint):
+    # Some writers store the geotransform's negative dy as ModelPixelScale's Y. GDAL ignores
+    # that sign by default (GTIFF_HONOUR_NEGATIVE_SCALEY=NO), so every GIS shows the image
+    # north up; the stored geotransform must be the one they show, not a mirror image.
+    import rasterio
+
+    from imaging.georef import read_georef
+
+    data = _geotiff(_u16(6, 8), scale=(10.0, -10.0), tiepoint=tiepoint)
+    [g] = read_georef(data, "n.tif")
+    path = write(tmp_path / "n.tif", data)
+    with rasterio.open(path) as src:
+        gdal = src.transform.to_gdal()
+    assert g.geotransform == gdal
+    assert g.geotransform[5] == -10.0
+
+
 def test_no_or_user_defined_georef_is_unknown_not_rejected():
     from imaging.georef import read_georef
 
@@ -492,3 +511,30 @@ def test_band_stats_of_integers_with_nodata():
     assert stats.nodata[2] == 600 and stats.min[2] is None and stats.count[0] == 599
     assert raster.band_stats(a + 1, 0.0) == raster.band_stats(a + 1, None)
     assert raster.band_stats(a + 1, 0.0).mean == tuple(v[3] for v in _exact_band_stats(a + 1))
+
+def test_band_statistics_and_16_bit_png_hold_little_beside_the_raster():
+    # A 16-bit scene stored whole: its statistics widened every sample to 8 bytes at once
+    # (four times the scene), and its PNG made a big-endian copy beside the filtered rows.
+    import tracemalloc
+
+    # 12 MB of a smooth 16-bit scene with noise in its low bits, as sensors give.
+    ramp = (np.arange(1500, dtype=np.uint16)[:, None, None] * 7 + np.arange(1400, dtype=np.uint16)[None, :, None] * 11
+            + np.array([0, 900, 1800], np.uint16))
+    array = ramp + _RNG.integers(0, 16, (1500, 1400, 3), dtype=np.uint16)
+    tracemalloc.start()
+    try:
+        stats = raster.band_stats(array, None)
+        stats_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        png = raster.png_bytes(array)
+        png_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stats_peak < array.nbytes, stats_peak / array.nbytes  # Was four times.
+    # The filtered rows (the scene's size) and a block: not two more copies beside them.
+    assert png_peak < array.nbytes * 1.3 + 3 * len(png), (png_peak / array.nbytes, len(png) / array.nbytes)
+    tf_values = tf.io.decode_png(png, dtype=tf.uint16).numpy()
+    np.testing.assert_array_equal(tf_values, array)
+    values = array.reshape(-1, 3).astype(np.float64)
+    assert stats.mean == tuple(float(m) for m in (np.sum(array.reshape(-1, 3).astype(np.int64), axis=0) / values.shape[0]))
+    assert stats.min == tuple(float(v) for v in values.min(axis=0))

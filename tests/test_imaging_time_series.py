@@ -105,6 +105,42 @@ def test_one_file_per_band_and_date_landsat_names(tmp_path):
         ("band_not_selected", "B5.TIF"), ("band_not_selected", "B5.TIF")]
 
 
+def test_a_landsat_collection_2_download_with_its_qa_and_st_layers_stacks_the_bands_asked_for(tmp_path):
+    # What USGS delivers per scene, in one folder: the SR and ST bands and the product's other
+    # layers. Those were whole-date files beside band files: every date conflicting_dates.
+    loc = tmp_path / "tile"
+    paths = {}
+    layers = {"SR_B2": ("uint16", 0), "SR_B3": ("uint16", 0), "SR_B4": ("uint16", 0), "ST_B10": ("uint16", 0),
+              "QA_PIXEL": ("uint16", 1), "QA_RADSAT": ("uint16", None), "ST_ATRAN": ("int16", -9999),
+              "ST_QA": ("int16", -9999), "SR_QA_AEROSOL": ("uint8", 1)}
+    for d, (date, processed) in enumerate([("20200514", "20200820"), ("20200530", "20200907")]):
+        for k, (layer, (dtype, nodata)) in enumerate(layers.items()):
+            name = f"LC08_L2SP_198030_{date}_{processed}_02_T1_{layer}.TIF"
+            paths[date, layer] = write_geotiff(loc / name, _values(10 * d + k, bands=1, dtype=dtype), nodata=nodata)
+    assert {ts.band_of(p.name) for p in paths.values()} == set(layers)
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions(bands=("SR_B4", "SR_B3", "SR_B2")))
+    assert [d.date for d in plan.dates] == ["2020-05-14", "2020-05-30"] and plan.nodata == 0
+    assert {o.reason for o in plan.outcomes} == {"band_not_selected"} and len(plan.outcomes) == 2 * 6
+    np.testing.assert_array_equal(ts.read_stack(plan), _rasterio_stack(
+        [[paths[date, b] for b in plan.bands] for date in ("20200514", "20200530")]))
+    # Bands of one dtype with nodata values of their own (QA_PIXEL fills with 1): a stack.
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions(bands=("SR_B4", "QA_PIXEL")))
+    assert len(plan.dates) == 2
+    # Every layer: several dtypes, said band by band, with what to do.
+    plan = ts.plan_location("tile", _files(loc), ts.TimeSeriesOptions())
+    assert plan.rejected[0] == "mixed_dtypes"
+    assert "uint8: SR_QA_AEROSOL" in plan.rejected[1] and "--bands" in plan.rejected[1]
+
+
+def test_sentinel_2_l2a_layer_names_with_their_resolution_are_bands():
+    assert ts.band_of("T31TFJ_20200514T103629_B02_10m.tif") == "B02"
+    assert ts.band_of("T31TFJ_20200514T103629_B8A_20m.tif") == "B8A"
+    assert ts.band_of("T31TFJ_20200514T103629_SCL_20m.tif") == "SCL"
+    assert ts.band_of("S2A_31TFJ_20200514_0_L2A_AOT.tif") == "AOT"
+    assert ts.band_of("T31TFJ_20200514T103629_TCI_60m.tif") == "TCI"
+    assert ts.band_of("2020-05-14_10m.tif") is None and ts.band_of("field_PIXEL.tif") is None
+
+
 def test_sentinel_2_band_suffixes_of_every_spelling_are_ordered_by_bands(tmp_path):
     loc = tmp_path / "tile"
     names = {"B02": "{d}_B02.tif", "B4": "{d}_B4.tif", "B8A": "{d}_b8a.tif", "B11": "{d}.B11.tif"}
@@ -152,6 +188,55 @@ def test_shifted_and_reprojected_dates_are_left_out_saying_what_differs(tmp_path
     assert plan.dropped()["2020-03-01"]["reason"] == "misaligned"
     np.testing.assert_array_equal(ts.read_stack(plan),
                                   _rasterio_stack([[loc / "2020-01-01.tif"], [loc / "2020-04-01.tif"]]))
+
+
+def test_a_first_pass_in_another_grid_is_left_out_not_every_other_pass(tmp_path):
+    # The first pass alone came in the next UTM zone: the stack is the three that agree.
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0), crs="EPSG:32632")
+    for month in (2, 3, 4):
+        write_geotiff(loc / f"2020-0{month}-01.tif", _values(month))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-02-01", "2020-03-01", "2020-04-01"]
+    assert plan.epsg == 32633
+    [odd] = plan.outcomes
+    assert (odd.rel_path, odd.reason) == ("loc/2020-01-01.tif", "misaligned")
+    assert "CRS EPSG:32632 (the stack's: EPSG:32633)" in odd.message
+    np.testing.assert_array_equal(ts.read_stack(plan), _rasterio_stack(
+        [[loc / f"2020-0{m}-01.tif"] for m in (2, 3, 4)]))
+
+
+def test_float_noise_in_a_geotransform_is_one_grid_and_a_shift_is_printed_exactly(tmp_path):
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0))
+    # What a reprojection tool leaves: 1e-10 m on 10 m pixels.
+    write_geotiff(loc / "2020-02-01.tif", _values(1),
+                  transform=from_origin(300000.0000000001, 5000000.0, 10.000000000001, 10.0))
+    # A thousandth of a pixel is a shift, and the message shows which digits differ.
+    write_geotiff(loc / "2020-03-01.tif", _values(2), transform=from_origin(300000.01, 5000000.0, 10.0, 10.0))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-01-01", "2020-02-01"]
+    [shifted] = plan.outcomes
+    assert shifted.reason == "misaligned" and "300000.01, 10.0" in shifted.message, shifted.message
+
+
+def test_a_pass_with_another_nodata_value_is_left_out(tmp_path):
+    # One nodata value per stack: -9999 of the second pass would count as data in the band
+    # statistics and in --raster_max_nodata, and be read as a value.
+    loc = tmp_path / "loc"
+    write_geotiff(loc / "2020-01-01.tif", _values(0, dtype="int16"), nodata=0)
+    write_geotiff(loc / "2020-02-01.tif", _values(1, dtype="int16"), nodata=-9999)
+    write_geotiff(loc / "2020-03-01.tif", _values(2, dtype="int16"), nodata=0)
+    write_geotiff(loc / "2020-04-01.tif", _values(3, dtype="int16"))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    assert [d.date for d in plan.dates] == ["2020-01-01", "2020-03-01"] and plan.nodata == 0
+    why = {o.rel_path: o.message for o in plan.outcomes if o.reason == "misaligned"}
+    assert "nodata -9999 (the stack's: 0)" in why["loc/2020-02-01.tif"]
+    assert "nodata none (the stack's: 0)" in why["loc/2020-04-01.tif"]
+    nan = tmp_path / "nan"
+    for month in (1, 2):
+        write_geotiff(nan / f"2020-0{month}-01.tif", _values(month, dtype="float32"), nodata=float("nan"))
+    assert len(ts.plan_location("nan", _files(nan), ts.TimeSeriesOptions()).dates) == 2
 
 
 def test_missing_band_duplicate_date_no_date_and_mixed_dtypes(tmp_path):

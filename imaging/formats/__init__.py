@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from imaging import dicom as _dicom
 from imaging.errors import ImageRejected
-from imaging.formats import dicom, jpeg, pillow, png, tiff
+from imaging.formats import dicom, jpeg, jpeg2000, pillow, png, tiff
 from imaging.formats._shared import Context, ValidImage
 from imaging.sniff import sniff_format
 
@@ -37,6 +37,7 @@ _HANDLERS = {
     "webp": pillow,
     "tiff": tiff,
     "dicom": dicom,
+    "jpeg2000": jpeg2000,
 }
 
 

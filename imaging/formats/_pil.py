@@ -63,7 +63,8 @@ def read(data: bytes, name: str, fmt: str | None, context, finish: Callable):
                     raise ImageRejected(
                         "not_an_image", f"{name} is a {known}, a format shardsmith does not read: "
                         "convert it to JPEG or PNG first") from None
-                raise ImageRejected("not_an_image", f"{name} is not in a known image format") from None
+                raise ImageRejected("not_an_image", f"{name} is not in a known image format"
+                                                    f"{_gdal_format_hint(data)}") from None
             raise ImageRejected(
                 "corrupt", f"{name} looks like {fmt.upper()} but its header is damaged"
             ) from None
@@ -89,6 +90,29 @@ def read(data: bytes, name: str, fmt: str | None, context, finish: Callable):
             raise ImageRejected("corrupt", f"{name}: {e}") from e
         except context.ops.OpError as e:
             raise context.corrupt(e, name) from e
+
+
+# Raster formats GDAL reads and shardsmith does not, by their first bytes: named in the
+# rejection with how to convert them, rather than 'not in a known image format' alone.
+_GDAL_FORMATS = (
+    (b"<VRTDataset", "a GDAL virtual raster (VRT: XML pointing at other files)"),
+    (b"ENVI", "an ENVI header (its samples are in the raw file beside it)"),
+    (b"EHFA_HEADER_TAG", "an ERDAS Imagine (.img) raster"),
+    (b"CDF\x01", "a NetCDF file"),
+    (b"CDF\x02", "a NetCDF file"),
+    (b"\x0e\x03\x13\x01", "an HDF4 file"),
+    (b"PCIDSK", "a PCIDSK raster"),
+    (b"SIMPLE  =", "a FITS file"),
+)
+
+
+def _gdal_format_hint(data: bytes) -> str:
+    """': it is <format>; ...' for a raster format GDAL reads, else ''."""
+    for signature, what in _GDAL_FORMATS:
+        if data.startswith(signature):
+            return (f": it is {what}, which shardsmith does not read; convert it to GeoTIFF "
+                    f"(gdal_translate -of GTiff) to keep every band and value")
+    return ""
 
 
 def _open(data: bytes) -> Image.Image:

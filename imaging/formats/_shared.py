@@ -15,7 +15,7 @@ from imaging.errors import ImageRejected
 import schemas
 from schemas import tf_runtime
 
-__all__ = ["Context", "ValidImage", "plain_image", "tf_message"]
+__all__ = ["Context", "ValidImage", "plain_image", "stored_raster", "tf_message"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,3 +177,37 @@ def tf_message(e) -> str:
     """The text of a TensorFlow op error, without its long '{{function_node ...}}' prefix."""
     text = getattr(e, "message", str(e))
     return text.split("}}")[-1].strip() or text
+
+
+def stored_raster(r, name: str, source_format: str, context: Context) -> ValidImage:
+    """One raster (an `imaging.raster.Raster`): every band and bit, PNG or raw (see imaging/raster.py).
+
+    Resized first when --max_side/--min_side asks (the one size cap for
+    every kind of input). The actions say `source_format`:
+    'store_<format>_as_raw' or 'reencode_<format>_to_png'.
+    """
+    from PIL import Image
+
+    from imaging import raster as _raster
+    from imaging.formats import _pil
+
+    array, actions = r.array, r.actions
+    if context.resize.active and not context.resize.allows(*array.shape[:2]):
+        original = array.shape[:2]
+        array = _resize.resize_array(array, context.resize)
+        actions = actions + (context.resize.action,)
+        details = {**(r.details or {}), "original": list(original), "stored": list(array.shape[:2])}
+        r = dataclasses.replace(r, array=array, actions=actions, details=details)
+    h, w, c = array.shape
+    stats = _raster.band_stats(array, r.nodata)
+    if not _raster.is_png_storable(array):
+        return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c,
+                          source_format, (f"store_{source_format}_as_raw",) + actions, page=r.page,
+                          details=r.details, band_stats=stats)
+    if array.dtype == np.uint8:
+        # Pillow's encoder, as for the 8-bit TIFFs Pillow reads.
+        png = _pil.encode(Image.fromarray(array[:, :, 0] if c == 1 else array), "png")
+    else:
+        png = _raster.png_bytes(array)
+    image = context.stored(png, source_format, (f"reencode_{source_format}_to_png",) + actions, name)
+    return dataclasses.replace(image, page=r.page, details=r.details, band_stats=stats)

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-from PIL import Image
-
 from imaging import georef as _georef
 from imaging import raster as _raster
-from imaging import resize as _resize
 from imaging.errors import ImageRejected
-from imaging.formats import _notes, _pil, pillow
-from imaging.formats._shared import Context, ValidImage
-import schemas
+from imaging.formats import _notes, pillow
+from imaging.formats._shared import Context, ValidImage, stored_raster
 
 __all__ = ["images"]
 
@@ -53,33 +48,8 @@ def _read(data: bytes, name: str, context: Context) -> list[ValidImage]:
     if rasters is None:
         found = pillow.images(data, name, "tiff", context)
     else:
-        found = [_stored(r, name, context) for r in rasters]
+        found = [stored_raster(r, name, "tiff", context) for r in rasters]
     return _with_georef(found, data, name, context)
-
-
-def _stored(r: _raster.Raster, name: str, context: Context) -> ValidImage:
-    """One page read by imaging/raster.py: every band and bit, PNG or raw (see there)."""
-    array, actions = r.array, r.actions
-    if context.resize.active and not context.resize.allows(*array.shape[:2]):
-        # The one size cap for every kind of input (--max_side/--min_side).
-        original = array.shape[:2]
-        array = _resize.resize_array(array, context.resize)
-        actions = actions + (context.resize.action,)
-        details = {**(r.details or {}), "original": list(original), "stored": list(array.shape[:2])}
-        r = dataclasses.replace(r, array=array, actions=actions, details=details)
-    h, w, c = array.shape
-    stats = _raster.band_stats(array, r.nodata)
-    if not _raster.is_png_storable(array):
-        return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c,
-                          "tiff", ("store_tiff_as_raw",) + actions, page=r.page,
-                          details=r.details, band_stats=stats)
-    if array.dtype == np.uint8:
-        # Pillow's encoder, as for the 8-bit TIFFs Pillow reads.
-        png = _pil.encode(Image.fromarray(array[:, :, 0] if c == 1 else array), "png")
-    else:
-        png = _raster.png_bytes(array)
-    image = context.stored(png, "tiff", ("reencode_tiff_to_png",) + actions, name)
-    return dataclasses.replace(image, page=r.page, details=r.details, band_stats=stats)
 
 
 def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Context) -> list[ValidImage]:
