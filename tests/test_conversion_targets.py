@@ -425,3 +425,45 @@ def test_coco_bare_names_must_be_unique():
     assert [path for path, _ in found.missing] == ["x.jpg"]
     with pytest.raises(ValueError, match="not a JSON file"):
         read_coco(b"{", "ann.json", [])
+
+
+def test_coco_an_image_id_given_to_two_files_rejects_both(tmp_path):
+    # Two exports concatenated (each numbering its images from 1): id 1 names two files.
+    root = tmp_path / "images"
+    first = np.full((20, 20, 3), 40, np.uint8)
+    first[2:8, 2:8] = 255
+    second = np.full((20, 20, 3), 40, np.uint8)
+    second[12:18, 12:18] = 255
+    write(root / "task1" / "a.png", encode(first, "PNG"))
+    write(root / "task2" / "a.png", encode(second, "PNG"))
+    write(root / "task2" / "b.png", encode(second, "PNG"))
+    doc = {"images": [{"id": 1, "file_name": "task1/a.png", "width": 20, "height": 20},
+                      {"id": 1, "file_name": "task2/a.png", "width": 20, "height": 20},
+                      {"id": 2, "file_name": "task2/b.png", "width": 20, "height": 20}],
+           "categories": [{"id": 1, "name": "square"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 6, 6], "iscrowd": 0},
+                           {"id": 2, "image_id": 2, "category_id": 1, "bbox": [12, 12, 6, 6], "iscrowd": 0}]}
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--annotations", tmp_path / "ann.json", "--max_reject_fraction", "0.9")
+    # Neither file is stored with the other's box (nor with none): both are rejected, saying why.
+    assert set(_records(out)) == {"task2/b.png"}
+    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    for path in ("task1/a.png", "task2/a.png"):
+        assert rejects[path]["reason"] == "bad_target"
+        assert "image id 1 to 2 images (task1/a.png, task2/a.png)" in rejects[path]["message"]
+    assert manifest.targets["boxes"]["issues"] == {"duplicate_image_id": 1}
+    assert manifest.counts == {"found": 3, "written": 1, "rejected": 2, "skipped": 0}
+
+
+def test_coco_an_image_entry_repeated_keeps_its_boxes():
+    entry = {"id": 7, "file_name": "a.jpg", "width": 4, "height": 4}
+    doc = {"images": [entry, dict(entry), {"id": 8, "file_name": "a.jpg", "width": 4, "height": 4}],
+           "categories": [{"id": 1, "name": "dot"}],
+           "annotations": [{"id": 1, "image_id": 7, "category_id": 1, "bbox": [1, 1, 2, 2]},
+                           {"id": 2, "image_id": 8, "category_id": 1, "bbox": [0, 0, 1, 1]}]}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["a.jpg"])
+    # The same entry twice is one image; another id naming its file again is ignored, and counted.
+    assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 1.0, 3.0, 3.0, 0, 0]]
+    assert found.invalid == {}
+    assert found.issues == {"duplicate_image": 1}
