@@ -467,3 +467,17 @@ def test_coco_an_image_entry_repeated_keeps_its_boxes():
     assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 1.0, 3.0, 3.0, 0, 0]]
     assert found.invalid == {}
     assert found.issues == {"duplicate_image": 1}
+
+
+def test_voc_namespaced_xml_keeps_its_boxes_and_other_xml_is_refused():
+    plain = _voc_xml("a.jpg", (8, 8), [("dog", (2, 3, 6, 7), 0)])
+    namespaced = plain.replace("<annotation>", '<annotation xmlns="http://example.org/voc">', 1)
+    # An XML file that is no VOC annotation (CVAT's own format, say) beside an image of its stem.
+    cvat = '<?xml version="1.0"?><annotations><version>1.1</version></annotations>'
+    listed = ["a.jpg", "b.jpg"]
+    found = read_voc([("a.xml", b"\xef\xbb\xbf" + namespaced.encode()), ("b.xml", cvat.encode())], "ann", listed)
+    assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 2.0, 6.0, 7.0, 0, 0]]
+    assert found.files["a.jpg"]["size"] == [8, 8]
+    assert found.class_names == ("dog",)
+    assert "b.jpg" not in found.files
+    assert "its root element is <annotations>, not <annotation>" in found.invalid["b.jpg"]
