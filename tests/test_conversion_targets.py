@@ -481,3 +481,18 @@ def test_voc_namespaced_xml_keeps_its_boxes_and_other_xml_is_refused():
     assert found.class_names == ("dog",)
     assert "b.jpg" not in found.files
     assert "its root element is <annotations>, not <annotation>" in found.invalid["b.jpg"]
+
+
+def test_coco_ids_and_iscrowd_written_as_text():
+    # Category ids as text are read as numbers, in the categories and the annotations alike.
+    doc = {"images": [{"id": 1, "file_name": "a.jpg", "width": "10", "height": "10"}],
+           "categories": [{"id": "1", "name": "x"}, {"id": 3, "name": "y"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": "1", "bbox": [1, 1, 2, 2], "iscrowd": "0"},
+                           {"id": 2, "image_id": 1, "category_id": 3.0, "bbox": ["1", "1", "2", "2"], "iscrowd": "1"},
+                           {"id": 3, "image_id": 1, "category_id": "3", "bbox": [0, 0, 1, 1], "iscrowd": False}]}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["a.jpg"])
+    assert found.category_ids == (1, 3)
+    assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 1.0, 3.0, 3.0, 0, 0], [2, 1.0, 1.0, 3.0, 3.0, 1, 1],
+                                             [3, 0.0, 0.0, 1.0, 1.0, 1, 0]]
+    assert found.files["a.jpg"]["size"] == [10, 10]
+    assert found.issues == {}

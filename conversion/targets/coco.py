@@ -149,7 +149,7 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
         if rel is None:
             continue  # Its image is missing (or named twice): listed there.
         entry = files[rel]
-        category = ann.get("category_id")
+        category = _category_id(ann.get("category_id"))
         bbox = ann.get("bbox")
         corners = finite(bbox) if isinstance(bbox, (list, tuple)) and len(bbox) == 4 else None
         if category not in label_of:
@@ -160,5 +160,21 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
             entry["dropped"].append([ref, "bad_bbox"])
         else:
             x, y, w, h = corners
-            entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], 1 if ann.get("iscrowd") else 0])
+            entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], _is_crowd(ann.get("iscrowd"))])
     return unknown_images
+
+
+def _category_id(value):
+    """An annotation's category_id as `_categories` reads the categories' ids: "3" and 3.0 are 3."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    return int(number) if number.is_integer() else value
+
+
+def _is_crowd(value) -> int:
+    """COCO's iscrowd as 0 or 1; written as a number, a bool or text ("0" is no crowd)."""
+    if isinstance(value, str):
+        return 1 if value.strip().lower() in ("1", "true") else 0
+    return 1 if value else 0
