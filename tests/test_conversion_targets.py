@@ -496,3 +496,21 @@ def test_coco_ids_and_iscrowd_written_as_text():
                                              [3, 0.0, 0.0, 1.0, 1.0, 1, 0]]
     assert found.files["a.jpg"]["size"] == [10, 10]
     assert found.issues == {}
+
+
+def test_coco_a_box_wholly_outside_the_image_is_said_apart_from_an_empty_one(tmp_path):
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(0, size=(20, 30)), "PNG"))
+    doc = {"images": [{"id": 1, "file_name": "a.png", "width": 30, "height": 20}],
+           "categories": [{"id": 1, "name": "thing"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [40, 5, 6, 6]},  # right of it
+                           {"id": 2, "image_id": 1, "category_id": 1, "bbox": [5, 5, -3, 4]},  # negative width
+                           {"id": 3, "image_id": 1, "category_id": 1, "bbox": [5, 5, 4, 4]}]}
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--annotations", tmp_path / "ann.json")
+    _assert_boxes(_records(out)["a.png"], [(5 / 30, 5 / 20, 9 / 30, 9 / 20, 0, 0)])
+    dropped = _jsonl(out / schemas.NORMALIZED_FILENAME)["a.png"]["details"]["boxes"]["dropped"]
+    assert [(d["annotation_id"], d["reason"], d["box"]) for d in dropped] == [
+        (1, "outside_image", [40.0, 5.0, 46.0, 11.0]), (2, "zero_area", [5.0, 5.0, 2.0, 9.0])]
+    assert manifest.targets["boxes"]["issues"] == {"outside_image": 1, "zero_area": 1}
