@@ -514,3 +514,13 @@ def test_coco_a_box_wholly_outside_the_image_is_said_apart_from_an_empty_one(tmp
     assert [(d["annotation_id"], d["reason"], d["box"]) for d in dropped] == [
         (1, "outside_image", [40.0, 5.0, 46.0, 11.0]), (2, "zero_area", [5.0, 5.0, 2.0, 9.0])]
     assert manifest.targets["boxes"]["issues"] == {"outside_image": 1, "zero_area": 1}
+
+
+def test_coco_a_bare_name_of_several_files_says_which():
+    doc = {"images": [{"id": 1, "file_name": "x.jpg"}, {"id": 2, "file_name": "gone.jpg"}],
+           "categories": [], "annotations": []}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["c/x.jpg", "d/x.jpg"])
+    missing = dict(found.missing)
+    assert "2 files there have its name (c/x.jpg, d/x.jpg): give file_name relative to --input_dir" \
+        in missing["x.jpg"]
+    assert missing["gone.jpg"].endswith("(image id 2) but not found under --input_dir")

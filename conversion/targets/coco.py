@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,8 +91,7 @@ def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, d
         rel = index.find(image["file_name"])
         if rel is None:
             name = normalise_rel(image["file_name"])
-            missing.setdefault(name, f"named in --annotations {source} (image id {image['id']}) "
-                                     "but not found under --input_dir")
+            missing.setdefault(name, _not_found(name, image["id"], index, source))
             image_file[image["id"]] = None
             continue
         if len(files_of_id[image["id"]]) > 1:
@@ -109,6 +109,16 @@ def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, d
         files[rel] = {"size": size_of(image.get("width"), image.get("height")), "ref": "annotation_id",
                       "boxes": [], "dropped": []}
     return files, image_file, missing, invalid
+
+
+def _not_found(name: str, image_id, index: Index, source: str) -> str:
+    """Why an image entry's file_name names no listed file: none has it, or several have its name."""
+    where = f"named in --annotations {source} (image id {image_id})"
+    same_name = index.by_name.get(posixpath.basename(name), [])
+    if len(same_name) > 1:
+        return (f"{where} is not a path under --input_dir, and {len(same_name)} files there have its name "
+                f"({some(same_name)}): give file_name relative to --input_dir")
+    return f"{where} but not found under --input_dir"
 
 
 def _shared_ids(files_of_id: dict, index: Index, source: str, issues) -> dict[str, str]:
