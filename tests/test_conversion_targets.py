@@ -524,3 +524,23 @@ def test_coco_a_bare_name_of_several_files_says_which():
     assert "2 files there have its name (c/x.jpg, d/x.jpg): give file_name relative to --input_dir" \
         in missing["x.jpg"]
     assert missing["gone.jpg"].endswith("(image id 2) but not found under --input_dir")
+
+
+@pytest.mark.parametrize("kind", ["voc", "numbers"])
+def test_class_names_without_image_classes_is_a_usage_error(tmp_path, capfd, kind):
+    # Given to order VOC's box classes, or beside numeric targets: no image has a class of its own,
+    # and the manifest would have named classes with every label -1.
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(0), "PNG"))
+    if kind == "voc":
+        write(tmp_path / "ann" / "a.xml", _voc_xml("a.png", (32, 24), [("dog", (1, 1, 5, 5), 0)]).encode())
+        flags = ["--annotations", str(tmp_path / "ann")]
+    else:
+        (tmp_path / "t.csv").write_text("path,target\na.png,0.5\n")
+        flags = ["--labels_csv", str(tmp_path / "t.csv")]
+    status = convert_module.main(["--input_dir", str(root), "--output_dir", str(tmp_path / "out"), *flags,
+                                  "--class_names", "dog,cat"])
+    assert status == 2
+    # Said by the process that plans (a child of this one): read from the file descriptor.
+    assert "--class_names dog,cat names the images' own classes, but no image has one" in capfd.readouterr().err
+    assert not (tmp_path / "out" / schemas.MANIFEST_FILENAME).exists()
