@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
+from compat import beam_internals
 from conversion import console
 
 __all__ = ["make_runner", "is_dask", "in_process_threads", "run_in_one_thread", "ConsoleOptions"]
@@ -49,6 +50,8 @@ def make_runner(options: PipelineOptions):
         # runner is what it falls back to: use it straight away.
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+        # Its in-process workers' timed flushes lose elements (`compat.beam_internals`).
+        beam_internals.untimed_local_flushes()
         return FnApiRunner()
     if runner in _DASK_RUNNER_NAMES:
         # Beam knows no short name for its Dask runner, and its translation

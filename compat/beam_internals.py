@@ -7,7 +7,10 @@
    `try: ... except ImportError` of Beam's own (they are optional to it:
    their connectors and batch converters are then not registered). A local
    conversion uses none of them.
-2. The Dask runner, below.
+2. The local runner's output streams (`untimed_local_flushes`): Beam's
+   in-process workers flush each output stream on a timer, racing the
+   writes.
+3. The Dask runner, below.
 
 `beam_jobs._dask.DaskClusterRunner` translates a pipeline to Dask bags
 itself (Beam's own Dask runner mixes up the outputs of multi-output ParDos).
@@ -27,7 +30,7 @@ import sys
 
 from compat._versions import UntestedVersion, check_version, installed_version
 
-__all__ = ["TESTED", "check", "import_without_remote_clients", "bag_kwargs", "overrides", "primitive_kind", "side_input_views",
+__all__ = ["TESTED", "check", "import_without_remote_clients", "untimed_local_flushes", "bag_kwargs", "overrides", "primitive_kind", "side_input_views",
            "run_bundle", "receiver_class", "dumps", "loads"]
 
 # The lowest Beam release these internals were used with and the first one
@@ -88,6 +91,33 @@ def import_without_remote_clients() -> bool:
         sys.meta_path.insert(0, refuse)
         stack.callback(sys.meta_path.remove, refuse)
         import apache_beam  # noqa: F401
+    return True
+
+
+def untimed_local_flushes() -> bool:
+    """Has the local runner's in-process workers send their outputs by size only, never on a timer.
+
+    With `direct_running_mode="multi_threading"` (`beam_jobs._runner`), each
+    worker flushes every output stream once a second from a timer thread,
+    without the lock of the bundle's thread that writes elements into it:
+    bytes written between the timer's read and clear of the buffer are lost,
+    and an element can be cut in two. A step that emits for over a second
+    (100,000 rejects of missing files, say) then loses elements unsaid, or
+    fails to decode them ("Invalid PaneInfoEncoding", "Error decoding input
+    stream"). A batch job needs no timed flush: buffers go out when full and
+    at the bundle's end. The time limit is read when a worker starts; a
+    negative one turns the timer off (Beam takes 0 for "its default").
+
+    Returns:
+      True; False, with nothing done, where Beam is outside `TESTED`.
+    """
+    try:
+        check("the local runner's untimed output flushes")
+    except UntestedVersion:
+        return False
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = -1
     return True
 
 

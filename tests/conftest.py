@@ -84,6 +84,7 @@ _LONGEST_FIRST = (
     "test_gcs.py",  # 51
     "test_quiet.py",  # 50
     "test_readers_dataset.py",  # 44
+    "test_compat.py",  # 43 (alone, with its 14 s pipeline of 600,000 elements)
     "test_volumes_end_to_end.py",  # 40
     "test_bench_mutations_convert.py",  # 35
     "test_bench_rasters.py",  # 33

@@ -425,3 +425,122 @@ def test_coco_bare_names_must_be_unique():
     assert [path for path, _ in found.missing] == ["x.jpg"]
     with pytest.raises(ValueError, match="not a JSON file"):
         read_coco(b"{", "ann.json", [])
+
+
+def test_coco_an_image_id_given_to_two_files_rejects_both(tmp_path):
+    # Two exports concatenated (each numbering its images from 1): id 1 names two files.
+    root = tmp_path / "images"
+    first = np.full((20, 20, 3), 40, np.uint8)
+    first[2:8, 2:8] = 255
+    second = np.full((20, 20, 3), 40, np.uint8)
+    second[12:18, 12:18] = 255
+    write(root / "task1" / "a.png", encode(first, "PNG"))
+    write(root / "task2" / "a.png", encode(second, "PNG"))
+    write(root / "task2" / "b.png", encode(second, "PNG"))
+    doc = {"images": [{"id": 1, "file_name": "task1/a.png", "width": 20, "height": 20},
+                      {"id": 1, "file_name": "task2/a.png", "width": 20, "height": 20},
+                      {"id": 2, "file_name": "task2/b.png", "width": 20, "height": 20}],
+           "categories": [{"id": 1, "name": "square"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 6, 6], "iscrowd": 0},
+                           {"id": 2, "image_id": 2, "category_id": 1, "bbox": [12, 12, 6, 6], "iscrowd": 0}]}
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--annotations", tmp_path / "ann.json", "--max_reject_fraction", "0.9")
+    # Neither file is stored with the other's box (nor with none): both are rejected, saying why.
+    assert set(_records(out)) == {"task2/b.png"}
+    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    for path in ("task1/a.png", "task2/a.png"):
+        assert rejects[path]["reason"] == "bad_target"
+        assert "image id 1 to 2 images (task1/a.png, task2/a.png)" in rejects[path]["message"]
+    assert manifest.targets["boxes"]["issues"] == {"duplicate_image_id": 1}
+    assert manifest.counts == {"found": 3, "written": 1, "rejected": 2, "skipped": 0}
+
+
+def test_coco_an_image_entry_repeated_keeps_its_boxes():
+    entry = {"id": 7, "file_name": "a.jpg", "width": 4, "height": 4}
+    doc = {"images": [entry, dict(entry), {"id": 8, "file_name": "a.jpg", "width": 4, "height": 4}],
+           "categories": [{"id": 1, "name": "dot"}],
+           "annotations": [{"id": 1, "image_id": 7, "category_id": 1, "bbox": [1, 1, 2, 2]},
+                           {"id": 2, "image_id": 8, "category_id": 1, "bbox": [0, 0, 1, 1]}]}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["a.jpg"])
+    # The same entry twice is one image; another id naming its file again is ignored, and counted.
+    assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 1.0, 3.0, 3.0, 0, 0]]
+    assert found.invalid == {}
+    assert found.issues == {"duplicate_image": 1}
+
+
+def test_voc_namespaced_xml_keeps_its_boxes_and_other_xml_is_refused():
+    plain = _voc_xml("a.jpg", (8, 8), [("dog", (2, 3, 6, 7), 0)])
+    namespaced = plain.replace("<annotation>", '<annotation xmlns="http://example.org/voc">', 1)
+    # An XML file that is no VOC annotation (CVAT's own format, say) beside an image of its stem.
+    cvat = '<?xml version="1.0"?><annotations><version>1.1</version></annotations>'
+    listed = ["a.jpg", "b.jpg"]
+    found = read_voc([("a.xml", b"\xef\xbb\xbf" + namespaced.encode()), ("b.xml", cvat.encode())], "ann", listed)
+    assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 2.0, 6.0, 7.0, 0, 0]]
+    assert found.files["a.jpg"]["size"] == [8, 8]
+    assert found.class_names == ("dog",)
+    assert "b.jpg" not in found.files
+    assert "its root element is <annotations>, not <annotation>" in found.invalid["b.jpg"]
+
+
+def test_coco_ids_and_iscrowd_written_as_text():
+    # Category ids as text are read as numbers, in the categories and the annotations alike.
+    doc = {"images": [{"id": 1, "file_name": "a.jpg", "width": "10", "height": "10"}],
+           "categories": [{"id": "1", "name": "x"}, {"id": 3, "name": "y"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": "1", "bbox": [1, 1, 2, 2], "iscrowd": "0"},
+                           {"id": 2, "image_id": 1, "category_id": 3.0, "bbox": ["1", "1", "2", "2"], "iscrowd": "1"},
+                           {"id": 3, "image_id": 1, "category_id": "3", "bbox": [0, 0, 1, 1], "iscrowd": False}]}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["a.jpg"])
+    assert found.category_ids == (1, 3)
+    assert found.files["a.jpg"]["boxes"] == [[1, 1.0, 1.0, 3.0, 3.0, 0, 0], [2, 1.0, 1.0, 3.0, 3.0, 1, 1],
+                                             [3, 0.0, 0.0, 1.0, 1.0, 1, 0]]
+    assert found.files["a.jpg"]["size"] == [10, 10]
+    assert found.issues == {}
+
+
+def test_coco_a_box_wholly_outside_the_image_is_said_apart_from_an_empty_one(tmp_path):
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(0, size=(20, 30)), "PNG"))
+    doc = {"images": [{"id": 1, "file_name": "a.png", "width": 30, "height": 20}],
+           "categories": [{"id": 1, "name": "thing"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [40, 5, 6, 6]},  # right of it
+                           {"id": 2, "image_id": 1, "category_id": 1, "bbox": [5, 5, -3, 4]},  # negative width
+                           {"id": 3, "image_id": 1, "category_id": 1, "bbox": [5, 5, 4, 4]}]}
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--annotations", tmp_path / "ann.json")
+    _assert_boxes(_records(out)["a.png"], [(5 / 30, 5 / 20, 9 / 30, 9 / 20, 0, 0)])
+    dropped = _jsonl(out / schemas.NORMALIZED_FILENAME)["a.png"]["details"]["boxes"]["dropped"]
+    assert [(d["annotation_id"], d["reason"], d["box"]) for d in dropped] == [
+        (1, "outside_image", [40.0, 5.0, 46.0, 11.0]), (2, "zero_area", [5.0, 5.0, 2.0, 9.0])]
+    assert manifest.targets["boxes"]["issues"] == {"outside_image": 1, "zero_area": 1}
+
+
+def test_coco_a_bare_name_of_several_files_says_which():
+    doc = {"images": [{"id": 1, "file_name": "x.jpg"}, {"id": 2, "file_name": "gone.jpg"}],
+           "categories": [], "annotations": []}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["c/x.jpg", "d/x.jpg"])
+    missing = dict(found.missing)
+    assert "2 files there have its name (c/x.jpg, d/x.jpg): give file_name relative to --input_dir" \
+        in missing["x.jpg"]
+    assert missing["gone.jpg"].endswith("(image id 2) but not found under --input_dir")
+
+
+@pytest.mark.parametrize("kind", ["voc", "numbers"])
+def test_class_names_without_image_classes_is_a_usage_error(tmp_path, capfd, kind):
+    # Given to order VOC's box classes, or beside numeric targets: no image has a class of its own,
+    # and the manifest would have named classes with every label -1.
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(0), "PNG"))
+    if kind == "voc":
+        write(tmp_path / "ann" / "a.xml", _voc_xml("a.png", (32, 24), [("dog", (1, 1, 5, 5), 0)]).encode())
+        flags = ["--annotations", str(tmp_path / "ann")]
+    else:
+        (tmp_path / "t.csv").write_text("path,target\na.png,0.5\n")
+        flags = ["--labels_csv", str(tmp_path / "t.csv")]
+    status = convert_module.main(["--input_dir", str(root), "--output_dir", str(tmp_path / "out"), *flags,
+                                  "--class_names", "dog,cat"])
+    assert status == 2
+    # Said by the process that plans (a child of this one): read from the file descriptor.
+    assert "--class_names dog,cat names the images' own classes, but no image has one" in capfd.readouterr().err
+    assert not (tmp_path / "out" / schemas.MANIFEST_FILENAME).exists()

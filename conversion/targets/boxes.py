@@ -162,8 +162,10 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
         box = (x0, y0, x1, y1)
         inside = _boxes.clip_box(box, fw, fh)
         if _boxes.is_empty(inside):
-            dropped.append({ref: r, "reason": "zero_area", "box": list(box)})
-            issues.append("zero_area")
+            # A box of some area that lies wholly outside the frame is no empty box: said apart.
+            reason = "zero_area" if _boxes.is_empty(box) else "outside_image"
+            dropped.append({ref: r, "reason": reason, "box": list(box)})
+            issues.append(reason)
             continue
         if inside != box:
             clipped.append({ref: r, "from": list(box), "to": list(inside)})

@@ -205,6 +205,14 @@ def _plan(files, problems: list, *, split_ratios, labels_csv, class_names, targe
             del labels[path]
 
     found_classes = {label for label, _ in labels.values() if label is not None}
+    if class_names is not None and labels and not found_classes and (targets is None or targets.class_names is None):
+        # Else the manifest would name classes that no record has (every label -1), and
+        # label_mode="int" would read them.
+        raise ValueError(
+            f"--class_names {','.join(class_names)} names the images' own classes, but no image has one: "
+            "they are neither in class folders (ROOT/[<split>/]<class>/<file>, 2 classes or more) nor "
+            "labelled by --labels_csv. Box classes come from --annotations (COCO's categories, VOC's "
+            "object names) and mask ids from the masks: drop --class_names.")
     if targets is not None and targets.class_names is not None:
         class_names = targets.class_names
     elif class_names is None and known_classes is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,12 +41,12 @@ def read_coco(data: bytes, source: str, listed: Sequence[str]) -> BoxAnnotations
     category_ids, class_names = _categories(doc, source)
     label_of = {cid: i for i, cid in enumerate(category_ids)}
     issues = collections.Counter()
-    files, image_file, missing = _images(doc, source, Index(listed), issues)
+    files, image_file, missing, invalid = _images(doc, source, Index(listed), issues)
     unknown_images = _boxes(doc, files, image_file, label_of, issues)
     if unknown_images:
         _LOG.warning("--annotations %s: %d annotations name image ids that are not among its images: %s",
                      source, len(unknown_images), some(unknown_images))
-    return BoxAnnotations("coco", class_names, category_ids, files, tuple(sorted(missing.items())), {},
+    return BoxAnnotations("coco", class_names, category_ids, files, tuple(sorted(missing.items())), invalid,
                           dict(issues))
 
 
@@ -62,27 +63,43 @@ def _categories(doc: dict, source: str) -> tuple[tuple[int, ...], tuple[str, ...
     return category_ids, class_names
 
 
-def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, dict]:
-    """(relative path -> its entry, image id -> relative path or None, missing name -> message).
+def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, dict, dict]:
+    """(relative path -> its entry, image id -> relative path or None, missing name -> message,
+    relative path -> why its annotations cannot be used).
 
-    Images in id order; one named twice keeps its first entry (the second's
-    annotations are ignored), one not listed is missing.
+    Images in id order. One file named by several ids keeps its first id's
+    entry (the others' annotations are ignored); an entry repeated as it was
+    counts once. An id given to several files says nothing of which file its
+    annotations are on: each of those files is rejected (`invalid`), not kept
+    with another file's boxes or none. A file not listed is missing.
     """
     files: dict[str, dict] = {}
     image_file: dict[Any, str | None] = {}
     missing: dict[str, str] = {}
-    for image in sorted(doc["images"], key=lambda im: id_key(im.get("id") if isinstance(im, dict) else None)):
-        if not isinstance(image, dict) or "id" not in image or not isinstance(image.get("file_name"), str):
+    entries = []
+    for image in doc["images"]:
+        if isinstance(image, dict) and "id" in image and isinstance(image.get("file_name"), str):
+            entries.append(image)
+        else:
             issues["bad_image_entry"] += 1
-            continue
+    # Each id's files: the listed path, or the name when none is listed.
+    files_of_id = collections.defaultdict(set)
+    for image in entries:
+        files_of_id[image["id"]].add(index.find(image["file_name"]) or normalise_rel(image["file_name"]))
+    invalid = _shared_ids(files_of_id, index, source, issues)
+    for image in sorted(entries, key=lambda im: id_key(im["id"])):
         rel = index.find(image["file_name"])
         if rel is None:
             name = normalise_rel(image["file_name"])
-            missing.setdefault(name, f"named in --annotations {source} (image id {image['id']}) "
-                                     "but not found under --input_dir")
+            missing.setdefault(name, _not_found(name, image["id"], index, source))
             image_file[image["id"]] = None
             continue
-        if rel in files:
+        if len(files_of_id[image["id"]]) > 1:
+            image_file[image["id"]] = None  # Its files are rejected (`invalid`).
+            continue
+        if image_file.get(image["id"]) == rel:
+            continue  # The same entry again: its annotations are this file's all the same.
+        if rel in files or rel in invalid:
             issues["duplicate_image"] += 1
             _LOG.warning("--annotations %s: image id %s names %s again; its annotations are ignored",
                          source, image["id"], rel)
@@ -91,7 +108,35 @@ def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, d
         image_file[image["id"]] = rel
         files[rel] = {"size": size_of(image.get("width"), image.get("height")), "ref": "annotation_id",
                       "boxes": [], "dropped": []}
-    return files, image_file, missing
+    return files, image_file, missing, invalid
+
+
+def _not_found(name: str, image_id, index: Index, source: str) -> str:
+    """Why an image entry's file_name names no listed file: none has it, or several have its name."""
+    where = f"named in --annotations {source} (image id {image_id})"
+    same_name = index.by_name.get(posixpath.basename(name), [])
+    if len(same_name) > 1:
+        return (f"{where} is not a path under --input_dir, and {len(same_name)} files there have its name "
+                f"({some(same_name)}): give file_name relative to --input_dir")
+    return f"{where} but not found under --input_dir"
+
+
+def _shared_ids(files_of_id: dict, index: Index, source: str, issues) -> dict[str, str]:
+    """Listed path -> message, for every listed file of an image id that several files share."""
+    invalid: dict[str, str] = {}
+    for image_id in sorted(files_of_id, key=id_key):
+        names = sorted(files_of_id[image_id])
+        if len(names) < 2:
+            continue
+        issues["duplicate_image_id"] += 1
+        _LOG.warning("--annotations %s: image id %s is given to %d images (%s); they are rejected",
+                     source, image_id, len(names), some(names))
+        for rel in names:
+            if rel in index.paths:
+                invalid.setdefault(rel, (
+                    f"--annotations {source} gives image id {image_id} to {len(names)} images "
+                    f"({some(names)}): which boxes are this image's cannot be told"))
+    return invalid
 
 
 def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> list:
@@ -114,7 +159,7 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
         if rel is None:
             continue  # Its image is missing (or named twice): listed there.
         entry = files[rel]
-        category = ann.get("category_id")
+        category = _category_id(ann.get("category_id"))
         bbox = ann.get("bbox")
         corners = finite(bbox) if isinstance(bbox, (list, tuple)) and len(bbox) == 4 else None
         if category not in label_of:
@@ -125,5 +170,21 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
             entry["dropped"].append([ref, "bad_bbox"])
         else:
             x, y, w, h = corners
-            entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], 1 if ann.get("iscrowd") else 0])
+            entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], _is_crowd(ann.get("iscrowd"))])
     return unknown_images
+
+
+def _category_id(value):
+    """An annotation's category_id as `_categories` reads the categories' ids: "3" and 3.0 are 3."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    return int(number) if number.is_integer() else value
+
+
+def _is_crowd(value) -> int:
+    """COCO's iscrowd as 0 or 1; written as a number, a bool or text ("0" is no crowd)."""
+    if isinstance(value, str):
+        return 1 if value.strip().lower() in ("1", "true") else 0
+    return 1 if value else 0

@@ -38,10 +38,7 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
     names: set[str] = set()
     for name, data in documents:
         stem = posixpath.splitext(posixpath.basename(name))[0]
-        try:
-            root = ElementTree.fromstring(data)
-        except ElementTree.ParseError as e:
-            root, error = None, f"annotation {name} in --annotations {source} is not valid XML ({e})"
+        root, error = _parse(data, f"annotation {name} in --annotations {source}")
         tag_name = (root.findtext("filename") or "").strip() if root is not None else ""
         objects = [] if root is None else _voc_objects(root)
         names.update(label for _, label, corners, _ in objects if label and corners is not None)
@@ -79,6 +76,25 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
         files[rel] = {"size": entry["size"], "ref": "object", "boxes": boxes, "dropped": dropped}
     return BoxAnnotations("voc", class_names, None, files, tuple(sorted(missing.items())), invalid,
                           dict(issues))
+
+
+def _parse(data: bytes, what: str):
+    """(the <annotation> element with its tags' namespaces dropped, None), or (None, why not).
+
+    Tools that declare a default namespace write `{uri}object` tags, which a
+    plain `findall("object")` would skip: the boxes would be lost unsaid.
+    """
+    try:
+        root = ElementTree.fromstring(data)
+    except ElementTree.ParseError as e:
+        return None, f"{what} is not valid XML ({e})"
+    for element in root.iter():
+        if isinstance(element.tag, str) and element.tag.startswith("{"):
+            element.tag = element.tag.split("}", 1)[1]
+    if root.tag != "annotation":
+        return None, (f"{what} is not a Pascal VOC annotation: its root element is <{root.tag}>, "
+                      "not <annotation>")
+    return root, None
 
 
 def _voc_objects(root) -> list[tuple]:
