@@ -36,7 +36,7 @@ import schemas
 from imaging import masks as _masks, raster as _raster, resize as _resize
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
-from imaging.formats._shared import ValidImage
+from imaging.formats._shared import ValidImage, with_georef
 from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_georef
 from imaging.sniff import sniff_format
 
@@ -279,23 +279,13 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                     continue
                 image = _stored(_raster.apply_options(window, scene.nodata, options, name), y, x, resize)
                 if georef is not None:
-                    image = _with_georef(image, patch_georef(georef, y, x, height, width))
+                    image = with_georef(image, patch_georef(georef, y, x, height, width))
                 if labels is not None:
                     image, ids = _with_mask(image, labels.read(y, x, height, width))
                     masks.append(ids)
                 images.append(image)
         size = (scene.height, scene.width)
     return Cut(images, skipped, shares, masks, size)
-
-
-def _with_georef(image: ValidImage, georef) -> ValidImage:
-    """The patch with its georeferencing, scaled to its stored size as `imaging.formats.tiff` scales a page's."""
-    stored = georef.for_size(image.height, image.width)
-    if stored.geotransform == georef.geotransform:
-        return dataclasses.replace(image, georef=stored)
-    details = {**(image.details or {}), "source_geotransform": list(georef.geotransform)}
-    return dataclasses.replace(image, georef=stored, actions=(*image.actions, "scale_geotransform"),
-                               details=details)
 
 
 def _with_mask(image: ValidImage, ids: np.ndarray) -> tuple[ValidImage, np.ndarray]:

@@ -15,7 +15,7 @@ from imaging.errors import ImageRejected
 import schemas
 from schemas import tf_runtime
 
-__all__ = ["Context", "ValidImage", "plain_image", "stored_raster", "tf_message"]
+__all__ = ["Context", "ValidImage", "plain_image", "stored_raster", "tf_message", "with_georef"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,3 +211,18 @@ def stored_raster(r, name: str, source_format: str, context: Context) -> ValidIm
         png = _raster.png_bytes(array)
     image = context.stored(png, source_format, (f"reencode_{source_format}_to_png",) + actions, name)
     return dataclasses.replace(image, page=r.page, details=r.details, band_stats=stats)
+
+
+def with_georef(image: ValidImage, georef: _georef.Georef) -> ValidImage:
+    """`image` with `georef` (of its source's size) scaled to the stored size, saying so.
+
+    A resized image (--max_side, a patch stored smaller) keeps the same
+    footprint with larger pixels: the action `scale_geotransform`, with the
+    source's geotransform in its details.
+    """
+    stored = georef.for_size(image.height, image.width)
+    if stored.geotransform == georef.geotransform:
+        return dataclasses.replace(image, georef=stored)
+    details = {**(image.details or {}), "source_geotransform": list(georef.geotransform)}
+    return dataclasses.replace(image, georef=stored, actions=(*image.actions, "scale_geotransform"),
+                               details=details)

@@ -22,7 +22,6 @@ GeoTIFF's; files with GMLJP2 alone are stored as unknown.
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 
 import numpy as np
@@ -32,7 +31,7 @@ from imaging import georef as _georef
 from imaging import raster as _raster
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
-from imaging.formats._shared import Context, ValidImage, stored_raster
+from imaging.formats._shared import Context, ValidImage, stored_raster, with_georef
 
 __all__ = ["images"]
 
@@ -93,13 +92,7 @@ def _with_georef(image: ValidImage, data: bytes, height: int, width: int, name: 
     if not pages:
         return image
     found = pages[0]
-    georef = _georef.Georef(found.epsg, found.geotransform, height, width)
-    stored = georef.for_size(image.height, image.width)
-    if stored.geotransform == georef.geotransform:
-        return dataclasses.replace(image, georef=stored)
-    details = {**(image.details or {}), "source_geotransform": list(georef.geotransform)}
-    return dataclasses.replace(image, georef=stored, actions=(*image.actions, "scale_geotransform"),
-                               details=details)
+    return with_georef(image, _georef.Georef(found.epsg, found.geotransform, height, width))
 
 
 def _geojp2(data: bytes) -> bytes | None:
