@@ -184,12 +184,15 @@ def test_manifest_targets_mask_section(voc):
     assert section["masks_dir"] == str(root / "SegmentationClass")
     assert section["mask_suffix"] is None
     assert section["unmatched_masks"] == 1
-    assert section["num_classes"] == 256  # The border's 255.
     want = collections.defaultdict(collections.Counter)
     for rec in records:
         values, counts = np.unique(expected[rec[schemas.FILENAME.key].decode()], return_counts=True)
         want[rec["split"]].update({str(v): int(c) for v, c in zip(values, counts)})
     assert section["pixel_counts"] == {split: dict(c) for split, c in want.items()}
+    # VOC's border (255, the reader's ignore id) is in the pixel counts but is no class.
+    ids = {int(i) for counts in want.values() for i in counts}
+    assert 255 in ids
+    assert section["num_classes"] == max(ids - {255}) + 1 < 255
     assert set(section["pixel_counts"]) == set(manifest.splits)
 
 
@@ -281,7 +284,8 @@ def test_cityscapes_suffix_splits_and_16_bit_ids(cityscapes):
         values, counts = np.unique(_decoded_mask(rec, tf.uint16), return_counts=True)
         want[rec["split"]].update({str(v): int(c) for v, c in zip(values, counts)})
     assert section["pixel_counts"] == {split: dict(c) for split, c in want.items()}
-    assert section["num_classes"] == 65536
+    ids = {int(i) for counts in want.values() for i in counts}
+    assert section["num_classes"] == max(ids - {65535}) + 1
 
 
 def test_cityscapes_rejects_and_resize_actions(cityscapes):

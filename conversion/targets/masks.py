@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -79,7 +80,8 @@ def _merge(held: dict, mine: dict) -> dict:
             for class_id, n in counts.items():
                 into[str(class_id)] += int(n)
     return {**mine,
-            "num_classes": max(int(held.get("num_classes") or 0), int(mine.get("num_classes") or 0)),
+            "num_classes": _num_classes(pixels, mine.get("dtype")) if pixels else
+            max(int(held.get("num_classes") or 0), int(mine.get("num_classes") or 0)),
             "pixel_counts": {split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
                              for split, counts in sorted(pixels.items())}}
 
@@ -104,8 +106,7 @@ def _section(section: dict, shards, splits, num_classes: int) -> dict:
     for s in shards:
         for class_id, pixels in (s.mask_pixels or {}).items():
             per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
-    ids = [int(i) for counts in per_split.values() for i in counts]
-    section["num_classes"] = max(ids) + 1 if ids else 0
+    section["num_classes"] = _num_classes(per_split, section.get("dtype"))
     section["pixel_counts"] = {
         split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
         for split, counts in sorted(per_split.items())
@@ -115,6 +116,18 @@ def _section(section: dict, shards, splits, num_classes: int) -> dict:
 
 # The mask id that means "ignore this pixel" at each mask dtype: allowed above num_classes.
 _IGNORE_ID = {"uint8": 255, "uint16": 65535}
+
+
+def _num_classes(pixel_counts: Mapping[str, Mapping], dtype: str | None) -> int:
+    """The largest class id seen + 1, the dtype's ignore id left out.
+
+    VOC and Cityscapes draw object borders and unlabelled pixels with 255, and the reader pads
+    with the ignore id: counted as a class, it made VOC's 21 classes 256. Its pixels stay in
+    `pixel_counts`.
+    """
+    ignore = _IGNORE_ID.get(dtype)
+    ids = [int(i) for counts in pixel_counts.values() for i in counts if int(i) != ignore]
+    return max(ids) + 1 if ids else 0
 _MASK_DTYPES = tuple(_IGNORE_ID)
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
