@@ -2,7 +2,9 @@
 
 Every image is decoded with TensorFlow's own decode ops (the ones the reader
 runs), so nothing undecodable reaches a shard; plain PNGs are instead checked
-on everything that decode can fail on (`imaging.formats._png_fast`). Valid JPEG and PNG files are kept
+on everything that decode can fail on (`imaging.formats._png_fast`), and plain
+JPEGs decoded by Pillow's libjpeg-turbo where that proves TensorFlow decodes
+them (`imaging.formats._jpeg_fast`). Valid JPEG and PNG files are kept
 byte for byte; what TensorFlow cannot decode, or would show differently from
 how a person sees the file, is normalised and the action recorded:
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from compat import UntestedVersion, tf_internals
 
-__all__ = ["full", "image_ops", "jpeg_batch_decoder", "set_batch_decoder_threads", "example_pb2",
+__all__ = ["full", "image_ops", "image_ops_loaded", "jpeg_batch_decoder", "set_batch_decoder_threads", "example_pb2",
            "api_loaded"]
 
 _LOG = logging.getLogger("shardsmith")
@@ -90,6 +90,11 @@ def image_ops() -> ImageOps:
         if "image_ops" not in _LOADED:
             _LOADED["image_ops"] = _load_image_ops()
         return _LOADED["image_ops"]
+
+
+def image_ops_loaded() -> bool:
+    """Whether `image_ops` has loaded the decode ops in this process (loads nothing)."""
+    return "image_ops" in _LOADED
 
 
 def _load_image_ops() -> ImageOps:
