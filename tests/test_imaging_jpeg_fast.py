@@ -157,10 +157,13 @@ def test_damaged_jpegs_are_never_accepted_where_tensorflow_refuses(context, monk
     assert accepted > 50 and refused > 100 and left > 10, (accepted, refused, left)
 
 
-def test_a_batch_of_plain_jpegs_never_loads_tensorflow(context):
+def test_a_batch_of_plain_jpegs_never_loads_tensorflow(context, monkeypatch):
+    built = []
+    monkeypatch.setattr(tf_runtime, "jpeg_batch_decoder", lambda *args: built.append(args))
     batch = [jpeg.batchable(data, context) for data in _seeds().values()]
     assert jpeg.decode_together(batch, context)
-    assert "ops" not in vars(context)  # Context.ops, a cached property, was never asked.
+    # Neither a batch decoder nor Context.ops (a cached property) was asked for.
+    assert built == [] and "ops" not in vars(context)
     # A truncated file among them: TensorFlow decodes it, and the batch fails.
     truncated = jpeg.batchable(_seeds()["baseline 4:2:0"][:-300], context)
     assert not jpeg.decode_together([*batch, truncated], context)
