@@ -196,6 +196,8 @@ def test_a_25_megapixel_jpeg_is_never_decoded_in_full(tmp_path):
         from schemas import tf_runtime
         data = open(sys.argv[1], "rb").read()
         v = imaging.ImageValidator(resize=imaging.ResizeOptions(max_side=512))
+        # TensorFlow's decode ops loaded first (a plain JPEG's validation no longer loads them).
+        v.load_decoders()
         warm = io.BytesIO(); Image.new("RGB", (64, 64)).save(warm, "JPEG"); v.validate(warm.getvalue(), "w.jpg")
         def peak():
             # Linux: writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
