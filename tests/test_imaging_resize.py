@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import encode, pixels
+from helpers import encode
 from PIL import Image, ImageOps
 
 import imaging
