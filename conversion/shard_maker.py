@@ -59,12 +59,19 @@ _LOG = logging.getLogger("shardsmith.convert")
 # CPU to start, and ~2 s more and ~300 MB with TensorFlow's decode ops.
 _PROCESSES_MIN_FILES = 1000
 # ... and only for a folder whose validation is mostly Python work: rasters
-# and DICOM files (tifffile, pydicom, numpy), or small images (a fixed ~0.1 ms
-# per file around TensorFlow's decode). A photo's decode releases the GIL
-# for most of its time: threads already use every core (2,000 ~125 KB photos
-# on 2 cores: 6.8 s in threads, 7.8 s with 2 processes; 100,000 1.4 KB JPEGs:
-# 15.2 s and 13.4 s; 20,000 13-band rasters: 37.5 s and 13.1 s).
+# and DICOM files (tifffile, pydicom, numpy), small images (a fixed ~0.1 ms
+# per file around TensorFlow's decode), or JPEG and PNG photos, checked
+# without TensorFlow (`imaging.formats._jpeg_fast`, `_png_fast`: markers and
+# chunks walked in Python around Pillow's or zlib's work). Other photos'
+# decodes release the GIL for most of their time: threads use every core.
+# (On 2 cores: 100,000 1.4 KB JPEGs 15.2 s in threads, 13.4 s with 2
+# processes; 20,000 13-band rasters 37.5 s and 13.1 s; 2,000 ~125 KB photos,
+# 90% JPEG, 3.12-3.18 s and 2.79-2.84 s with 2 processes that load no
+# TensorFlow, 3.01-3.12 s with 2 that load its decode ops ahead, as they
+# did before JPEGs were checked without it: 6.8 s and 7.8 s then.)
 _PYTHON_BOUND_SUFFIXES = (".tif", ".tiff", ".dcm", ".dicom")
+# Photos validated without TensorFlow's decode ops where plain (the checks above).
+_CHECKED_SUFFIXES = (".jpg", ".jpeg", ".png")
 # ... or from this many planned bytes of scenes' patches (--raster_patch): one scene is
 # one file, but its work items are Python-bound (band statistics, nodata shares,
 # encoding) while their tiles decode (a 6144 x 6144 x 13 uint16 scene, 981 MB, on 2
@@ -538,13 +545,25 @@ def _scene_bytes(files) -> int:
 def _python_bound(files) -> bool:
     """Whether validating most of `files` is Python work (see `_PYTHON_BOUND_SUFFIXES`)."""
     bound = sum(1 for f in files if f.size < _SMALL_FILE_BYTES
-                or f.rel_path.lower().endswith(_PYTHON_BOUND_SUFFIXES))
+                or f.rel_path.lower().endswith(_PYTHON_BOUND_SUFFIXES) or _checked_photo(f))
     return 2 * bound >= len(files)
 
 
 def needs_decoders(files) -> bool:
-    """Whether worker processes need TensorFlow's decoders for `files`: not for rasters stored raw."""
-    return any(not f.rel_path.lower().endswith(_RASTER_SUFFIXES) for f in files)
+    """Whether worker processes load TensorFlow's decode ops ahead for `files`.
+
+    Not for rasters stored raw, nor where most files are JPEG or PNG photos
+    that the checks validate without TensorFlow (loading it costs a worker
+    ~0.55 s of CPU; a file that needs it loads it then). Tiny images want it:
+    TensorFlow decodes a batch of 32x32 JPEGs for a fifth of the check's CPU.
+    """
+    need = sum(1 for f in files if not f.rel_path.lower().endswith(_RASTER_SUFFIXES) and not _checked_photo(f))
+    return need > 0 and 2 * need >= len(files)
+
+
+def _checked_photo(f) -> bool:
+    """A JPEG or PNG photo (not a tiny image) that is validated without TensorFlow where plain."""
+    return f.size >= _SMALL_FILE_BYTES and f.rel_path.lower().endswith(_CHECKED_SUFFIXES)
 
 
 # A PlannedFile's fields in order: sorting by them is sorting the dataclasses (order=True), without

@@ -153,9 +153,13 @@ def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local
     assert decide(None, listed(big), None, local) == cores  # Listed, not planned yet.
     assert decide(None, listed(big), 1, local) == 0
     assert decide(None, listed(big - 1), 16, local) == 0
-    # Photos: their decodes release the GIL, threads use every core already ...
-    assert decide(None, listed(big, size=small + 1), 16, local) == 0
-    # ... unlike rasters and DICOM files of any size.
+    # Photos whose decodes release the GIL: threads use every core already ...
+    for name in ("a/{}.gif", "a/{}.webp", "a/{}.bmp"):
+        assert decide(None, listed(big, size=small + 1, name=name), 16, local) == 0
+    # ... but JPEG and PNG photos are checked without TensorFlow, partly in Python: processes ...
+    for name in ("a/{}.jpg", "a/{}.JPEG", "a/{}.png"):
+        assert decide(None, listed(big, size=small + 1, name=name), 16, local) == min(cores, 16)
+    # ... as for rasters and DICOM files of any size.
     for name in ("a/{}.tif", "a/{}.TIFF", "a/{}.dcm"):
         assert decide(None, listed(big, size=10**6, name=name), 16, local) == min(cores, 16)
     half = listed(big // 2, size=10**6) + listed(big - big // 2)
@@ -166,6 +170,20 @@ def test_the_default_is_one_process_per_core_only_for_large_folders_on_the_local
     # What is asked for is what runs.
     assert decide(0, listed(big), 16, local) == 0
     assert decide(3, listed(10, size=10**6), 1, ConvertOptions(["--runner", "DataflowRunner"])) == 3
+
+
+def test_worker_processes_load_tensorflows_decoders_ahead_only_where_most_files_need_them():
+    def listed(names, size):
+        return [_plan.PlannedFile("train", 0, i, name, "", size, 0, 1) for i, name in enumerate(names)]
+
+    photo, tiny = shard_maker._SMALL_FILE_BYTES, shard_maker._SMALL_FILE_BYTES - 1
+    # JPEG and PNG photos are checked without TensorFlow: a worker loads it only for a file that needs it.
+    assert not shard_maker.needs_decoders(listed(["a/1.jpg", "a/2.JPEG", "a/3.png", "a/4.gif"], photo))
+    # Tiny images decode in TensorFlow's batches for a fifth of the check's CPU; other formats need it.
+    assert shard_maker.needs_decoders(listed(["a/1.jpg", "a/2.jpg"], tiny))
+    assert shard_maker.needs_decoders(listed(["a/1.gif", "a/2.webp", "a/3.jpg"], photo))
+    # Rasters stored raw never need it.
+    assert not shard_maker.needs_decoders(listed(["a/1.tif", "a/2.TIFF"], photo))
 
 
 def _plan_of(n_files: int, shards: int) -> _plan.Plan:
