@@ -33,7 +33,12 @@ if TYPE_CHECKING:
     from imaging.time_series import TimeSeriesOptions
     from imaging.volumes import VolumeOptions
 
-__all__ = ["ConversionConfig"]
+__all__ = ["ConversionConfig", "ANNOTATION_FRAMES"]
+
+# --annotations_frame: 'auto', the annotation's image size decides (the raw frame where it cannot
+# tell: a square photo, or an EXIF orientation that keeps the size); 'raw' or 'upright': every box
+# and mask of an EXIF-rotated photo was drawn on that frame.
+ANNOTATION_FRAMES = ("auto", "raw", "upright")
 
 _RESIZE = ResizeOptions()
 _RASTER = RasterOptions()
@@ -132,6 +137,8 @@ class ConversionConfig:
     labels_csv: str | None = None
     # --annotations: COCO instances JSON or a folder of VOC XML files (boxes).
     annotations: str | None = None
+    # --annotations_frame: on which frame of an EXIF-rotated photo its boxes and masks were drawn.
+    annotations_frame: str = "auto"
     class_names: tuple[str, ...] | None = None
     split_ratios: dict[str, float] | None = None
     seed: int = 0
@@ -155,6 +162,13 @@ class ConversionConfig:
             )
         if self.group_by is not None:
             self._check_group_by()
+        if self.annotations_frame not in ANNOTATION_FRAMES:
+            raise ValueError(f"--annotations_frame must be one of {', '.join(ANNOTATION_FRAMES)}. "
+                             f"Received: {self.annotations_frame!r}")
+        if self.annotations_frame != "auto" and not (self.annotations or self.masks.masks_dir):
+            raise ValueError("--annotations_frame says on which frame boxes or masks were drawn: give "
+                             f"--annotations or --masks_dir with it. Received: --annotations_frame "
+                             f"{self.annotations_frame} alone")
         if self.overwrite and self.writing.resume:
             raise ValueError(
                 "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
@@ -260,6 +274,7 @@ class ConversionConfig:
             output_dir=o.output_dir,
             labels_csv=o.labels_csv,
             annotations=o.annotations,
+            annotations_frame=getattr(o, "annotations_frame", None) or "auto",
             class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
             split_ratios=parse_split(o.split) if o.split else None,
             seed=o.seed,
@@ -306,4 +321,6 @@ class ConversionConfig:
         if not v.raster.is_default:
             # Only then, so datasets converted without raster options keep their bytes.
             options["raster"] = v.raster.to_json()
+        if self.annotations_frame != "auto":
+            options["annotations_frame"] = self.annotations_frame
         return options

@@ -9,7 +9,7 @@ its arguments before it imports Beam (`beam_jobs._startup.early_config`).
 
 from __future__ import annotations
 
-from conversion.config import ConversionConfig
+from conversion.config import ANNOTATION_FRAMES, ConversionConfig
 from conversion.options import ShardingOptions, WritingOptions
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 
@@ -44,6 +44,13 @@ def _add_input_flags(parser) -> None:
         help="Boxes: a COCO instances JSON file (images by file_name under --input_dir) or a "
         "folder of Pascal VOC XML files (each matched to the image of its own stem). Images "
         "then need no class folders.",
+    )
+    parser.add_argument(
+        "--annotations_frame", choices=ANNOTATION_FRAMES, default=None,
+        help="On which frame of an EXIF-rotated photo its boxes (--annotations) and masks "
+        "(--masks_dir) were drawn: raw (as stored, EXIF-blind tools), upright (as a viewer shows "
+        "it: tools that turn photos upright), or auto (default: the annotation's or mask's size "
+        "decides, the raw frame where it cannot tell: square photos, 180-degree turns).",
     )
     parser.add_argument(
         "--class_names",

@@ -360,7 +360,7 @@ def unpack(item) -> tuple[Any, bytes | None, np.ndarray | None]:
 
 
 def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
-         max_pixels: int | None = None) -> list[MaskedImage]:
+         max_pixels: int | None = None, drawn: str = "auto") -> list[MaskedImage]:
     """A file's validated images, each with its mask aligned and encoded.
 
     Args:
@@ -371,6 +371,7 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
       data: The image file's bytes (its EXIF orientation, when it was turned).
       dtype: The dataset's mask dtype.
       max_pixels: --max_pixels.
+      drawn: --annotations_frame ('auto', 'raw', 'upright'): `imaging.masks.align_mask`.
 
     Raises:
       ImageRejected: With a mask reason: the pair is rejected.
@@ -389,7 +390,7 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
     for image in images:
         frame = _masks().image_frame(data, image.actions, image.height, image.width, image.details)
         if frame not in encoded:
-            aligned = _masks().align_mask(ids, frame, rel_path)
+            aligned = _masks().align_mask(ids, frame, rel_path, drawn)
             if not aligned.actions and _masks().storable_as_is(mask_data, dtype):
                 png = mask_data  # Its ids exactly as TensorFlow decodes them: kept byte for byte.
             else:

@@ -517,7 +517,8 @@ class _Writer:
             if mask is None:
                 return images
             path, dtype = mask
-            return _masks.pair(f.rel_path, path, images, data, dtype, self._job.validation.max_pixels)
+            return _masks.pair(f.rel_path, path, images, data, dtype, self._job.validation.max_pixels,
+                               _targets.masks.drawn_of(f.targets))
         except ImageRejected as e:
             return Reject(f.rel_path, e.reason, e.message)
         except Exception as e:  # noqa: BLE001 - this pair alone: rejected, reported

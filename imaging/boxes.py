@@ -93,7 +93,8 @@ def normalise_box(box: Box, width: float, height: float) -> Box:
     return (x0 / width, y0 / height, x1 / width, y1 / height)
 
 
-def annotation_frame(size: tuple[int, int] | None, raw: tuple[int, int], orientation: int) -> str | None:
+def annotation_frame(size: tuple[int, int] | None, raw: tuple[int, int], orientation: int,
+                     drawn: str = "auto") -> str | None:
     """On which frame a photo's boxes were drawn, from the size its annotation gives.
 
     Args:
@@ -101,15 +102,22 @@ def annotation_frame(size: tuple[int, int] | None, raw: tuple[int, int], orienta
         images[].width/height, VOC's <size>), or None when it gives none.
       raw: (width, height) of the file's raw frame (as stored in the file).
       orientation: The file's EXIF orientation (1-8).
+      drawn: --annotations_frame: 'auto' (the size decides), 'raw' or
+        'upright' (the annotations say which; the size must agree).
 
     Returns:
-      'raw' (no size given; the raw size, a square photo and orientations
-      that keep the size included: as pycocotools reads the file), 'upright'
-      (the upright size only), or None when the size matches neither.
+      'raw' or 'upright'; with 'auto', 'raw' where the size cannot tell (no
+      size given; a square photo and orientations that keep the size: as
+      pycocotools reads the file). None when the size does not fit.
     """
+    upright = upright_size(raw[0], raw[1], orientation)
+    if drawn == "raw":
+        return "raw" if size is None or tuple(size) == tuple(raw) else None
+    if drawn == "upright":
+        return "upright" if size is None or tuple(size) == upright else None
     if size is None or tuple(size) == tuple(raw):
         return "raw"
-    if tuple(size) == upright_size(raw[0], raw[1], orientation):
+    if tuple(size) == upright:
         return "upright"
     return None
 

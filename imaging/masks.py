@@ -298,28 +298,46 @@ class AlignedMask:
     details: dict | None = None
 
 
-def align_mask(ids: np.ndarray, frame: MaskFrame, name: str) -> AlignedMask:
+def align_mask(ids: np.ndarray, frame: MaskFrame, name: str, drawn: str = "auto") -> AlignedMask:
     """The mask's ids at the stored image's pixels.
 
     A mask of the image's upright size is taken as drawn upright, one of its
     raw frame's size as drawn on the raw frame (then turned like the image).
     Where both sizes are equal (a square photo, orientations 2-4) the raw
-    frame is meant, as pycocotools and every EXIF-blind tool draws on it.
-    Then it is resized to the stored size with the nearest neighbour.
+    frame is meant, as pycocotools and every EXIF-blind tool draws on it,
+    unless `drawn` says otherwise. Then it is resized to the stored size with
+    the nearest neighbour.
+
+    Args:
+      ids: The mask's class ids.
+      frame: The stored image's geometry.
+      name: The image's relative path, for messages.
+      drawn: --annotations_frame: 'auto' (the size decides), 'raw' or
+        'upright' (every mask was drawn on that frame; its size must agree).
 
     Raises:
-      ImageRejected: 'mask_size_mismatch', naming both sizes.
+      ImageRejected: 'mask_size_mismatch', naming the sizes (and the flag).
     """
     shape = tuple(ids.shape[:2])
     actions, details = [], {}
-    if frame.orientation is not None and shape == frame.raw:
+    upright, raw = tuple(frame.upright), frame.raw
+    turned = frame.orientation is not None
+    if drawn == "upright":
+        raw = upright  # Never turned: drawn on the photo a viewer shows.
+    elif drawn == "raw" and turned and shape != raw:
+        upright = None  # An upright-sized mask contradicts the flag.
+    if turned and drawn != "upright" and shape == raw:
         ids = _resize.orient_array(ids, frame.orientation)
         actions.append("mask_exif_transpose")
         details["orientation"] = int(frame.orientation)
-    elif shape != tuple(frame.upright):
-        sizes = f"{_size(frame.upright)} (upright)"
-        if frame.orientation is not None and frame.raw != tuple(frame.upright):
-            sizes += f" or {_size(frame.raw)} (its raw frame before EXIF orientation)"
+    elif shape != upright:
+        if drawn == "auto":
+            sizes = f"{_size(frame.upright)} (upright)"
+            if turned and frame.raw != tuple(frame.upright):
+                sizes += f" or {_size(frame.raw)} (its raw frame before EXIF orientation)"
+        else:
+            want = frame.raw if drawn == "raw" and turned else tuple(frame.upright)
+            sizes = f"{_size(want)} ({drawn}, as --annotations_frame {drawn} says)"
         raise ImageRejected(
             "mask_size_mismatch", f"mask of {name} is {_size(shape)}, the image {sizes}")
     if tuple(ids.shape[:2]) != tuple(frame.stored):

@@ -411,3 +411,27 @@ def test_a_missing_masks_dir_is_named(tmp_path):
     write(tmp_path / "in" / "a.png", encode(pixels(1), "PNG"))
     with pytest.raises(FileNotFoundError, match="--masks_dir"):
         _plan(tmp_path / "in", tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("drawn", [None, "upright", "raw"])
+def test_annotations_frame_says_on_which_frame_an_ambiguous_photos_mask_was_drawn(tmp_path, drawn):
+    # An upside-down phone photo (EXIF 3) keeps its size when turned: a mask cannot tell by its size
+    # whether it was drawn on the raw frame or where a viewer shows the photo.
+    root, masks = tmp_path / "images", tmp_path / "masks"
+    rot3 = _rotated_jpeg(3)
+    for name in ("a/p.jpg", "b/q.jpg"):
+        write(root / name, rot3)
+    upright = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(rot3))).convert("L")) > 127
+    drawn_upright = np.where(upright, 7, 1).astype(np.uint8)  # The block where a viewer shows it.
+    for name in ("a/p.png", "b/q.png"):
+        write(masks / name, _png(drawn_upright))
+    flags = ["--annotations_frame", drawn] if drawn else []
+    convert(root, tmp_path / "out", "--masks_dir", masks, *flags)
+    for name, record in _by_name(read_records(tmp_path / "out")).items():
+        stored = np.asarray(Image.open(io.BytesIO(record[schemas.IMAGE.key])).convert("L")) > 127
+        on_block = _decoded_mask(record, tf.uint8)[stored]
+        if drawn == "upright":
+            assert (on_block == 7).all(), name  # Kept as drawn: on the block.
+        else:
+            # Taken as drawn on the raw frame (the default where the size cannot tell), and turned.
+            assert (on_block == 1).all(), name

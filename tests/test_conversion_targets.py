@@ -544,3 +544,60 @@ def test_class_names_without_image_classes_is_a_usage_error(tmp_path, capfd, kin
     # Said by the process that plans (a child of this one): read from the file descriptor.
     assert "--class_names dog,cat names the images' own classes, but no image has one" in capfd.readouterr().err
     assert not (tmp_path / "out" / schemas.MANIFEST_FILENAME).exists()
+
+
+def test_annotations_frame_says_on_which_frame_an_ambiguous_photos_boxes_were_drawn(tmp_path):
+    # An upside-down phone photo (EXIF 3) keeps its size when turned: the annotation's width and
+    # height cannot tell a box drawn on the raw frame from one drawn where a viewer shows it.
+    root = tmp_path / "images"
+    raw3 = np.zeros((32, 48, 3), np.uint8)
+    raw3[4:12, 30:44] = 255
+    rot3 = _rotated_jpeg(raw3, 3)
+    write(root / "photos" / "rot3.jpg", rot3)
+    raw6 = np.zeros((32, 48, 3), np.uint8)
+    write(root / "photos" / "rot6.jpg", _rotated_jpeg(raw6, 6))
+    upright3 = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(rot3))).convert("L"))
+    ys, xs = np.nonzero(upright3 > 127)
+    mx0, my0, mx1, my1 = int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+    doc = {
+        "images": [{"id": 1, "file_name": "photos/rot3.jpg", "width": 48, "height": 32},
+                   {"id": 2, "file_name": "photos/rot6.jpg", "width": 48, "height": 32}],  # raw size
+        "categories": [{"id": 1, "name": "marker"}],
+        "annotations": [
+            # Drawn on the upright photo, as a tool that shows photos upright draws it.
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [mx0, my0, mx1 - mx0, my1 - my0], "iscrowd": 0},
+            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [1, 1, 4, 4], "iscrowd": 0},
+        ],
+    }
+    ann = tmp_path / "instances.json"
+    ann.write_text(json.dumps(doc))
+
+    def marker_vs_box(out):
+        rec = _records(out)["photos/rot3.jpg"]
+        w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
+        (x0, y0, x1, y1, _, _), = _boxes_of(rec)
+        return np.array(_marker_box(rec[schemas.IMAGE.key])), np.array((x0 * w, y0 * h, x1 * w, y1 * h))
+
+    convert(root, tmp_path / "auto", "--annotations", ann)
+    marker, box = marker_vs_box(tmp_path / "auto")
+    assert np.abs(marker - box).max() > 10  # Taken as drawn on the raw frame, turned: off the marker.
+    manifest = convert(root, tmp_path / "upright", "--annotations", ann, "--annotations_frame", "upright",
+                       "--max_reject_fraction", "0.5")
+    marker, box = marker_vs_box(tmp_path / "upright")
+    np.testing.assert_allclose(box, marker, atol=1.01)
+    assert _jsonl(tmp_path / "upright" / schemas.NORMALIZED_FILENAME)["photos/rot3.jpg"]["actions"] == ["exif_transpose"]
+    assert manifest.options["annotations_frame"] == "upright"
+    # A photo whose annotation gives the other frame's size is refused, naming the flag.
+    rejects = _jsonl(tmp_path / "upright" / schemas.REJECTS_FILENAME)
+    assert rejects["photos/rot6.jpg"]["reason"] == "bad_target"
+    assert "is not the photo's upright size 32x48" in rejects["photos/rot6.jpg"]["message"]
+    assert "--annotations_frame upright" in rejects["photos/rot6.jpg"]["message"]
+
+
+def test_annotations_frame_needs_annotations_or_masks(tmp_path, capfd):
+    write(tmp_path / "in" / "a" / "x.png", encode(pixels(0), "PNG"))
+    write(tmp_path / "in" / "b" / "y.png", encode(pixels(1), "PNG"))
+    status = convert_module.main(["--input_dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"),
+                                  "--annotations_frame", "upright"])
+    assert status == 2
+    assert "--annotations_frame says on which frame boxes or masks were drawn" in capfd.readouterr().err

@@ -221,3 +221,18 @@ def test_grey_pngs_of_the_datasets_depth_are_stored_as_they_are_and_decode_exact
     Image.fromarray(ids.astype(np.uint16) * 300).save(deep, "PNG")
     assert masks.storable_as_is(deep.getvalue(), "uint16") and not masks.storable_as_is(deep.getvalue(), "uint8")
     assert not masks.storable_as_is(b"not a png at all, just bytes", "uint8")
+
+
+@pytest.mark.parametrize("drawn, shape, want", [("upright", (20, 30), "20x30 (upright"),
+                                                ("raw", (30, 20), "30x20 (raw")])
+def test_a_mask_of_the_other_frame_than_annotations_frame_says_is_refused_naming_it(drawn, shape, want):
+    # A photo on its side (EXIF 6): raw 30 wide x 20 high, 20 x 30 upright.
+    frame = masks.MaskFrame(upright=(30, 20), stored=(30, 20), orientation=6)
+    with pytest.raises(ImageRejected) as e:
+        masks.align_mask(np.ones(shape, np.uint8), frame, "a/p.jpg", drawn)
+    assert e.value.reason == "mask_size_mismatch"
+    assert want in e.value.message and f"--annotations_frame {drawn}" in e.value.message
+    # The size the flag names is taken, turned only when drawn on the raw frame.
+    ok = masks.align_mask(np.ones(frame.raw if drawn == "raw" else frame.upright, np.uint8), frame, "a/p.jpg", drawn)
+    assert ok.ids.shape == (30, 20)
+    assert ("mask_exif_transpose" in ok.actions) is (drawn == "raw")

@@ -59,8 +59,13 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     _LOG.info("Read %s boxes of %d classes for %s images from --annotations %s (%s)",
               f"{sum(len(e['boxes']) for e in boxes.files.values()):,}", len(boxes.class_names),
               f"{len(boxes.files):,}", annotations, boxes.format)
+    values = dict(boxes.files)
+    drawn = request.config.annotations_frame
+    if drawn != "auto":
+        # Only where given: the default's planned targets stay as they were.
+        values = {rel: {**entry, "frame": drawn} for rel, entry in values.items()}
     return PlannedKind(
-        values=dict(boxes.files), section=section,
+        values=values, section=section,
         rejects={rel: ("bad_target", message) for rel, message in boxes.invalid.items()},
         missing=missing, source="the annotations",
     )
@@ -148,7 +153,13 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
     else:
         orientation, raw = 1, upright
     size = tuple(entry["size"]) if entry["size"] else None
-    frame = _boxes.annotation_frame(size, raw, orientation)
+    drawn = entry.get("frame", "auto")
+    frame = _boxes.annotation_frame(size, raw, orientation, drawn)
+    if frame is None and drawn != "auto":
+        want = raw if drawn == "raw" else upright
+        raise ImageRejected("bad_target", (
+            f"{name}: the annotation's image size {size[0]}x{size[1]} is not the photo's {drawn} size "
+            f"{want[0]}x{want[1]} (width x height), as --annotations_frame {drawn} says"))
     if frame is None:
         raise ImageRejected("bad_target", (
             f"{name}: the annotation's image size {size[0]}x{size[1]} is neither the photo's raw "

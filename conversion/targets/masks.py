@@ -26,7 +26,7 @@ import schemas
 from conversion import masks as _masks
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
-__all__ = ["KIND", "NAME", "of_file"]
+__all__ = ["KIND", "NAME", "of_file", "drawn_of"]
 
 # The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
 NAME = _masks.TARGET_KIND
@@ -47,7 +47,9 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     held = request.held_section(NAME)
     if held is not None:
         mask_plan = _held_dtype(mask_plan, held, options)
-    values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path]}
+    # --annotations_frame only where given: the default's planned targets stay as they were.
+    drawn = {} if config.annotations_frame == "auto" else {"frame": config.annotations_frame}
+    values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path], **drawn}
               for f in mask_plan.files}
     # Only what the rest of the run needs (dtype, section): the driver holds no
     # second object per image while the pipeline runs.
@@ -84,6 +86,11 @@ def _merge(held: dict, mine: dict) -> dict:
             max(int(held.get("num_classes") or 0), int(mine.get("num_classes") or 0)),
             "pixel_counts": {split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
                              for split, counts in sorted(pixels.items())}}
+
+
+def drawn_of(targets: str) -> str:
+    """--annotations_frame for a file's mask, from its planned targets' JSON text: 'auto' unless given."""
+    return (json.loads(targets).get(NAME) or {}).get("frame", "auto")
 
 
 def of_file(targets: str | None) -> tuple[str, str] | None:
