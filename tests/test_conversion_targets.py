@@ -601,3 +601,21 @@ def test_annotations_frame_needs_annotations_or_masks(tmp_path, capfd):
                                   "--annotations_frame", "upright"])
     assert status == 2
     assert "--annotations_frame says on which frame boxes or masks were drawn" in capfd.readouterr().err
+
+
+def test_coco_an_annotation_with_polygons_but_no_bbox_is_boxed_around_them():
+    # The format asks for both; some exporters write the polygons only.
+    doc = {"images": [{"id": 1, "file_name": "a.jpg", "width": 40, "height": 30}],
+           "categories": [{"id": 1, "name": "x"}],
+           "annotations": [
+               {"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0,
+                "segmentation": [[2, 3, 12, 3, 12, 9], [20.5, 1, 25, 4, 21, 7.25]]},
+               {"id": 2, "image_id": 1, "category_id": 1, "iscrowd": 1, "bbox": None,
+                "segmentation": {"counts": [5, 10, 1185], "size": [30, 40]}},  # RLE: not boxed here
+               {"id": 3, "image_id": 1, "category_id": 1, "bbox": [1, 2], "segmentation": [[0, 0, 5, 0, 5, 5]]},
+               {"id": 4, "image_id": 1, "category_id": 1, "segmentation": [[0, 0, 5, "x", 5, 5]]}]}
+    found = read_coco(json.dumps(doc).encode(), "ann.json", ["a.jpg"])
+    assert found.files["a.jpg"]["boxes"] == [[1, 2.0, 1.0, 25.0, 9.0, 0, 0]]
+    # A malformed bbox stays a bad one: only a missing one is made from the polygons.
+    assert [d[:2] for d in found.files["a.jpg"]["dropped"]] == [[2, "bad_bbox"], [3, "bad_bbox"], [4, "bad_bbox"]]
+    assert found.issues == {"bbox_from_segmentation": 1, "bad_bbox": 3}

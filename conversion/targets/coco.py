@@ -162,6 +162,12 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
         category = _category_id(ann.get("category_id"))
         bbox = ann.get("bbox")
         corners = finite(bbox) if isinstance(bbox, (list, tuple)) and len(bbox) == 4 else None
+        if corners is None and bbox is None and category in label_of:
+            # Some exporters write polygons only (the format asks for both): the box around the
+            # polygons' points, counted apart.
+            corners = _polygons_extent(ann.get("segmentation"))
+            if corners is not None:
+                issues["bbox_from_segmentation"] += 1
         if category not in label_of:
             issues["unknown_category"] += 1
             entry["dropped"].append([ref, "unknown_category"])
@@ -172,6 +178,25 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
             x, y, w, h = corners
             entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], _is_crowd(ann.get("iscrowd"))])
     return unknown_images
+
+
+def _polygons_extent(segmentation) -> list[float] | None:
+    """[x, y, width, height] around a polygon segmentation ([[x0, y0, x1, y1, ...], ...]), or None.
+
+    None for RLE (a dict: crowd regions, which COCO writers always box) and
+    for anything not a list of finite coordinate pairs.
+    """
+    if not isinstance(segmentation, list) or not segmentation:
+        return None
+    points = []
+    for polygon in segmentation:
+        values = finite(polygon) if isinstance(polygon, list) and len(polygon) >= 6 and len(polygon) % 2 == 0 \
+            else None
+        if values is None:
+            return None
+        points.extend(zip(values[0::2], values[1::2]))
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    return [min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys)]
 
 
 def _category_id(value):
