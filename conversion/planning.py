@@ -14,12 +14,14 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import re
 
 from conversion import examples as _examples, guard, listing as _listing
 from conversion import plan as _plan, targets as _targets
 from conversion.config import ConversionConfig
 from conversion.files import exists, open_to_read, read_bytes
+from conversion.targets.classes import sorted_class_names
 from imaging import dicom as _dicom
 
 __all__ = ["build_plan", "group_section", "paused_gc"]
@@ -171,7 +173,44 @@ def _checked(plan: _plan.Plan, config: ConversionConfig, masked: bool, appending
         f"{plan.num_found:,}", len(plan.class_names), f"{len(plan.files):,}",
         ", ".join(f"{split} ({n} shards)" for split, n in plan.shard_counts.items()),
     )
+    empty = _empty_class_folders(config, plan)
+    if empty:
+        every = ",".join(sorted_class_names((*plan.class_names, *empty)))
+        _LOG.warning(
+            "Class folders without a file under --input_dir: %s. They are no classes here, where "
+            "keras's image_dataset_from_directory would count them among its classes (so labels "
+            "could differ from its); give --class_names %s to keep an index for them.",
+            ", ".join(repr(name) for name in empty), every)
     return plan
+
+
+def _empty_class_folders(config: ConversionConfig, plan: _plan.Plan) -> tuple[str, ...]:
+    """Folders at a class folder's place (`ROOT/<class>`, `ROOT/<split>/<class>`) holding no file.
+
+    Only for classes taken from local folders, where an empty folder is the
+    one difference from keras's `image_dataset_from_directory` a user could
+    not see in the rejects list (it lists no file).
+    """
+    if (config.class_names is not None or config.labels_csv or config.annotations or config.masks.masks_dir
+            or not plan.class_names or not _listing.is_local(config.input_dir)):
+        return ()
+    parents = [config.input_dir]
+    if plan.split_source == "folders":
+        parents = [entry.path for entry in _scan(config.input_dir) if entry.name.lower() in _plan.SPLIT_ALIASES]
+    # Hidden folders (.git, __MACOSX) are no class folders; a folder of skipped files only
+    # (.DS_Store) is one without a file to convert.
+    names = {entry.name for parent in parents for entry in _scan(parent)
+             if not entry.name.startswith((".", "__"))}
+    return tuple(sorted(names - set(plan.class_names)))
+
+
+def _scan(folder: str) -> list:
+    """The folders of `folder` (links to folders included); none where it cannot be listed."""
+    try:
+        with os.scandir(folder) as it:
+            return [entry for entry in it if entry.is_dir()]
+    except OSError:
+        return []
 
 
 def _nothing_to_convert(problems, input_dir: str) -> str:

@@ -68,3 +68,30 @@ def test_a_folder_whose_every_file_is_refused_while_planning_is_told_why(tmp_pat
     assert "class folder" not in message
     assert "2 files found" in message and "no_pixel_data 1, too_few_slices 1" in message
     assert "e.g. a/s1/CT_small.dcm: 1 slice(s)" in message
+
+
+@pytest.mark.parametrize("layout", ["classes", "splits"])
+def test_an_empty_class_folder_is_said_with_the_class_names_that_keep_it(tmp_path, caplog, layout):
+    # keras's image_dataset_from_directory counts an empty class folder; here it is no class.
+    root = tmp_path / "in"
+    top = root / "train" if layout == "splits" else root
+    write(top / "cat" / "a.png", encode(pixels(0), "PNG"))
+    write(top / "dog" / "b.png", encode(pixels(1), "PNG"))
+    (top / "aardvark").mkdir()
+    (top / ".cache").mkdir()  # Hidden: never a class.
+    (top / "zebra").mkdir()
+    write(top / "zebra" / ".DS_Store", b"\0")  # Only a skipped file: no image either.
+    with caplog.at_level("WARNING", logger="shardsmith"):
+        plan = build_plan(ConversionConfig(input_dir=str(root), output_dir=str(tmp_path / "out")))
+    assert plan.class_names == ("cat", "dog")
+    said = [r.getMessage() for r in caplog.records if "Class folders without a file" in r.getMessage()]
+    assert said == ["Class folders without a file under --input_dir: 'aardvark', 'zebra'. They are no classes "
+                    "here, where keras's image_dataset_from_directory would count them among its classes (so "
+                    "labels could differ from its); give --class_names aardvark,cat,dog,zebra to keep an index "
+                    "for them."]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardsmith"):
+        plan = build_plan(ConversionConfig(input_dir=str(root), output_dir=str(tmp_path / "out"),
+                                           class_names=("aardvark", "cat", "dog", "zebra")))
+    assert plan.class_names == ("aardvark", "cat", "dog", "zebra")
+    assert not [r for r in caplog.records if "Class folders without a file" in r.getMessage()]
