@@ -129,3 +129,21 @@ def test_a_png_with_an_exif_orientation_is_turned_upright(context, kind, orienta
     turned = ("exif_transpose",) if orientation > 1 else ()
     assert image.actions == turned + (("flatten_alpha",) if kind == "transparent" else ())
     assert (image.height, image.width) == expected.shape[:2]
+
+
+def test_a_reject_speaks_of_the_file_not_of_tensorflows_op(tmp_path):
+    # 'Invalid PNG data, size 300 [Op:DecodePng] name:' said which TensorFlow op failed, not why the file did.
+    import json
+
+    from helpers import convert, write
+
+    import schemas
+
+    write(tmp_path / "in" / "a" / "ok.png", encode(pixels(0, size=(64, 64)), "PNG"))
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    write(tmp_path / "in" / "a" / "trunc.png", encode(noise, "PNG")[:300])
+    convert(tmp_path / "in", tmp_path / "out", "--max_reject_fraction", "0.9")
+    [reject] = [json.loads(line) for line in (tmp_path / "out" / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    assert reject["reason"] == "corrupt"
+    assert reject["message"].startswith("a/trunc.png: ")
+    assert "[Op:" not in reject["message"] and "name:" not in reject["message"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -173,10 +174,19 @@ class Context:
         return dataclasses.replace(image, details={**(details or {}), **sizes}, **fields)
 
 
+# What TensorFlow's eager ops append to an error's text: the op, and the (empty) op name.
+_OP_SUFFIX = re.compile(r"\s*\[Op:[A-Za-z0-9_]+\](?:\s*name:.*)?$", re.DOTALL)
+
+
 def tf_message(e) -> str:
-    """The text of a TensorFlow op error, without its long '{{function_node ...}}' prefix."""
+    """The text of a TensorFlow op error, without its '{{function_node ...}}' prefix and op suffix.
+
+    'Invalid PNG data, size 300 [Op:DecodePng] name:' is 'Invalid PNG data, size 300': the
+    rejects list speaks of the file, not of TensorFlow's op.
+    """
     text = getattr(e, "message", str(e))
-    return text.split("}}")[-1].strip() or text
+    text = text.split("}}")[-1].strip() or text
+    return _OP_SUFFIX.sub("", text) or text
 
 
 def stored_raster(r, name: str, source_format: str, context: Context) -> ValidImage:
