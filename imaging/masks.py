@@ -320,17 +320,13 @@ def align_mask(ids: np.ndarray, frame: MaskFrame, name: str, drawn: str = "auto"
     """
     shape = tuple(ids.shape[:2])
     actions, details = [], {}
-    upright, raw = tuple(frame.upright), frame.raw
     turned = frame.orientation is not None
-    if drawn == "upright":
-        raw = upright  # Never turned: drawn on the photo a viewer shows.
-    elif drawn == "raw" and turned and shape != raw:
-        upright = None  # An upright-sized mask contradicts the flag.
-    if turned and drawn != "upright" and shape == raw:
+    if turned and drawn != "upright" and shape == frame.raw:
         ids = _resize.orient_array(ids, frame.orientation)
         actions.append("mask_exif_transpose")
         details["orientation"] = int(frame.orientation)
-    elif shape != upright:
+    # Upright-sized, unless the flag says every mask of a turned photo is of its raw frame.
+    elif shape != tuple(frame.upright) or (drawn == "raw" and turned):
         if drawn == "auto":
             sizes = f"{_size(frame.upright)} (upright)"
             if turned and frame.raw != tuple(frame.upright):

@@ -33,6 +33,7 @@ patches. Framework-free (numpy, tifffile, imagecodecs).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -343,9 +344,7 @@ class SceneReader:
         self.decoded_bytes = 0
 
     def _setup(self, page_index: int) -> None:
-        import tifffile
-
-        try:
+        with self._damaged_header():
             every = list(self._tif.pages)
             pages = [p for p in every if not getattr(p, "is_reduced", False) and not getattr(p, "is_mask", False)]
             if not pages:
@@ -361,19 +360,13 @@ class SceneReader:
                                     and not getattr(p, "is_reduced", False)
                                     and (p.imagelength, p.imagewidth) == (page.imagelength, page.imagewidth)),
                                    None)
-        except ImageRejected:
-            raise
-        except (tifffile.TiffFileError, *_DAMAGE) as e:
-            if isinstance(e, ValueError) and str(e).startswith("SceneReader:"):
-                raise
-            raise ImageRejected("corrupt", f"{self.name}: damaged header ({type(e).__name__}: {e})") from e
         self._setup_page(page)
 
     def _setup_page(self, page) -> None:
         """The layout of the page this reader reads (`_setup`; the mask reader's page too)."""
         import tifffile
 
-        try:
+        with self._damaged_header():
             self._page = page
             if int(getattr(page, "imagedepth", 1)) != 1:
                 raise ImageRejected("unsupported_dtype",
@@ -419,6 +412,17 @@ class SceneReader:
             self._jpeg_args = ({"jpegtables": page.jpegtables, "jpegheader": page.jpegheader}
                                if compression in (6, 7, 33007, 34892) else {})
             self._file_size = int(self._tif.filehandle.size)
+
+    @contextlib.contextmanager
+    def _damaged_header(self):
+        """tifffile's and struct's errors on a damaged header (its pages, a page's tags) as 'corrupt'.
+
+        `ImageRejected` and the reader's own argument errors ('SceneReader: ...') pass through.
+        """
+        import tifffile
+
+        try:
+            yield
         except ImageRejected:
             raise
         except (tifffile.TiffFileError, *_DAMAGE) as e:

@@ -185,14 +185,20 @@ def _floats(value, count: int, what: str, name: str) -> tuple[float, ...]:
         # X-ray, an ultrasound frame) is a valid DICOM image, just not a slice of a volume.
         raise ImageRejected("not_a_volume", f"{name} has no {what}: a DICOM image without a position and "
                                             "orientation in the patient cannot be placed in a volume")
-    try:
-        values = tuple(float(v) for v in (value or ()))
-    except (TypeError, ValueError):
-        values = ()
-    if len(values) != count or not np.isfinite(values).all():
+    values = _finite_floats(value or ())
+    if values is None or len(values) != count:
         raise ImageRejected("corrupt", f"{name}: {what} {value!r} is not {count} numbers; "
                                        "a slice without it cannot be placed in a volume")
     return values
+
+
+def _finite_floats(values) -> tuple[float, ...] | None:
+    """`values` (a DICOM multi-value) as floats; None where one is no number or not finite."""
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        return None
+    return out if np.isfinite(out).all() else None
 
 
 def _is_mosaic(ds) -> bool:
@@ -376,11 +382,8 @@ def _grid_frame_offsets(ds, frames: int, name: str) -> tuple[float, ...] | None:
     if frames < 2 or vector in (None, "") or "PerFrameFunctionalGroupsSequence" in ds:
         return None
     values = [vector] if isinstance(vector, (str, bytes, int, float)) else vector  # One value, or a MultiValue.
-    try:
-        offsets = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        offsets = ()
-    if len(offsets) != frames or not np.isfinite(offsets).all():
+    offsets = _finite_floats(values)
+    if offsets is None or len(offsets) != frames:
         raise ImageRejected("corrupt", f"{name}: GridFrameOffsetVector {vector!r} is not {frames} numbers, "
                                        "one per frame")
     return offsets

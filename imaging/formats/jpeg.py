@@ -148,13 +148,12 @@ def _one_at_a_time(context: Context):
 def _plain(data: bytes, header: JpegHeader, name: str, context: Context) -> ValidImage:
     """An upright 8-bit JPEG whose markers were read by `jpeg_header`: TF decodes it, unless surely decodable."""
     context.check_pixels(header.width, header.height, name)
-    if _surely_decodable(data, context):
-        return ValidImage(data, "jpeg", header.height, header.width, header.components, "jpeg")
-    try:
-        # Kept byte for byte; the decode only proves TF can read every byte.
-        context.ops.decode_jpeg(data, ratio=context.jpeg_ratio)
-    except context.ops.OpError as e:
-        raise context.corrupt(e, name) from e
+    if not _surely_decodable(data, context):
+        try:
+            # Kept byte for byte; the decode only proves TF can read every byte.
+            context.ops.decode_jpeg(data, ratio=context.jpeg_ratio)
+        except context.ops.OpError as e:
+            raise context.corrupt(e, name) from e
     return ValidImage(data, "jpeg", header.height, header.width, header.components, "jpeg")
 
 
