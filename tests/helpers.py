@@ -390,6 +390,36 @@ def write_geotiff(path: pathlib.Path, array: np.ndarray, nodata=None, *, crs: st
     return path
 
 
+def gdal_read(path: pathlib.Path) -> np.ndarray:
+    """GDAL's values (rasterio) of a file's full-resolution image, (height, width, bands): the
+    independent reader raster values are compared with."""
+    import warnings
+
+    import rasterio
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Not georeferenced, and the like: the values are what counts.
+        with rasterio.open(path) as src:
+            return src.read().transpose(1, 2, 0)
+
+
+def stored_values(image) -> np.ndarray:
+    """The values a reader gets from a ValidImage, (height, width, channels): its raw bytes as
+    `schemas` says, or TensorFlow's decode of its PNG (8- or 16-bit)."""
+    import tensorflow as tf
+
+    import schemas
+
+    dtype = schemas.parse_raw_format(image.format)
+    if dtype is not None:
+        assert len(image.data) == image.height * image.width * image.channels * schemas.raw_itemsize(dtype)
+        return np.frombuffer(image.data, np.dtype(dtype).newbyteorder("<")).reshape(
+            image.height, image.width, image.channels)
+    assert image.format == "png", image.format
+    sixteen = image.data[24] == 16  # The IHDR's bit depth.
+    return tf.io.decode_png(image.data, dtype=tf.uint16 if sixteen else tf.uint8).numpy()
+
+
 def decoded_records(out_dir, split: str = "train"):
     """(record, serialized bytes, shard file) of every record of `split`, in shard order.
 

@@ -11,14 +11,13 @@ and failed on GDAL's RGB files.
 from __future__ import annotations
 
 import pathlib
-import warnings
 
 import imagecodecs
 import numpy as np
 import pytest
 import rasterio
 import tensorflow as tf
-from helpers import convert, read_records
+from helpers import convert, gdal_read, read_records, stored_values
 from rasterio.transform import Affine
 
 import schemas
@@ -38,20 +37,8 @@ def _gdal_jp2(path: pathlib.Path, array: np.ndarray, **options) -> bytes:
     return path.read_bytes()
 
 
-def _gdal_read(path: pathlib.Path) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with rasterio.open(path) as src:
-            return src.read().transpose(1, 2, 0)
 
 
-def _stored(image) -> np.ndarray:
-    dtype = schemas.parse_raw_format(image.format)
-    if dtype is not None:
-        return np.frombuffer(image.data, np.dtype(dtype).newbyteorder("<")).reshape(
-            image.height, image.width, image.channels)
-    assert image.format == "png", image.format
-    return tf.io.decode_png(image.data, dtype=tf.uint16 if image.data[24] == 16 else tf.uint8).numpy()
 
 
 def _u16(bands, bits=16, h=37, w=53):
@@ -85,9 +72,9 @@ def test_a_gdal_jpeg2000_is_stored_as_gdal_reads_it(validator, tmp_path, name):
     data = _gdal_jp2(path, array, **options)
     assert sniff_format(data[:132]) == "jpeg2000"
     [image] = validator.validate_all(data, path.name)
-    gdal = _gdal_read(path)
+    gdal = gdal_read(path)
     assert image.format == fmt and image.source_format == "jpeg2000"
-    stored = _stored(image)
+    stored = stored_values(image)
     assert stored.dtype == gdal.dtype and stored.shape == gdal.shape, (stored.shape, gdal.shape)
     np.testing.assert_array_equal(stored, gdal)
     np.testing.assert_array_equal(gdal, array.transpose(1, 2, 0))  # GDAL reads what was written.
@@ -103,7 +90,7 @@ def test_raster_options_apply_to_jpeg2000_too(tmp_path):
     options = RasterOptions(bands=(4, 2), dtype="uint8", value_range=(0.0, 32767.0))
     [image] = ImageValidator(raster=options).validate_all(data, "b.jp2")
     expected = np.clip(np.rint(array[[3, 1]].astype(np.float64) * (255 / 32767.0)), 0, 255).astype(np.uint8)
-    np.testing.assert_array_equal(_stored(image), expected.transpose(1, 2, 0))
+    np.testing.assert_array_equal(stored_values(image), expected.transpose(1, 2, 0))
     assert "select_bands" in image.actions and "scale_to_uint8" in image.actions
     with pytest.raises(ImageRejected) as e:
         ImageValidator(raster=RasterOptions(bands=(5,))).validate_all(data, "b.jp2")
@@ -174,7 +161,7 @@ def test_a_folder_of_sentinel2_bands_converts_with_their_values(tmp_path):
         (root / cls).mkdir(parents=True)
         path = root / cls / f"T31TFJ_20200514T103629_B0{k + 2}.jp2"
         _gdal_jp2(path, _u16(1, 15), NBITS=15)
-        expected[f"{cls}/{path.name}"] = _gdal_read(path)
+        expected[f"{cls}/{path.name}"] = gdal_read(path)
     manifest = convert(root, out, "--min_shards", "1", "--num_shards", "1")
     assert manifest.split("train").num_records == 2
     for rec in read_records(out):

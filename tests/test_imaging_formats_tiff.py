@@ -8,11 +8,9 @@ import logging
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tifffile
-from helpers import tiff_with_bad_tag
+from helpers import stored_values, tiff_with_bad_tag
 
-import schemas
 from imaging import ImageRejected, RasterOptions, ResizeOptions, ValidationOptions, formats
 from imaging.formats import tiff
 
@@ -25,12 +23,6 @@ def _tiff(array, **kwargs) -> bytes:
     return buf.getvalue()
 
 
-def _values(image) -> np.ndarray:
-    dtype = schemas.parse_raw_format(image.format)
-    if dtype is not None:
-        return np.frombuffer(image.data, np.dtype(dtype).newbyteorder("<")).reshape(
-            image.height, image.width, image.channels)
-    return tf.io.decode_png(image.data, dtype=tf.uint16 if image.data[24] == 16 else tf.uint8).numpy()
 
 
 def _context(**raster):
@@ -41,7 +33,7 @@ def test_a_multi_band_raster_keeps_every_band_and_value():
     bands = _RNG.integers(0, 65536, (16, 12, 6), dtype=np.uint16)
     [image] = tiff.images(_tiff(bands, planarconfig="contig"), "s2.tif", "tiff", _context())
     assert image.source_format == "tiff" and image.actions == ("store_tiff_as_raw",)
-    np.testing.assert_array_equal(_values(image), bands)
+    np.testing.assert_array_equal(stored_values(image), bands)
     np.testing.assert_allclose(image.band_stats.mean, bands.reshape(-1, 6).mean(0))
 
 
@@ -49,7 +41,7 @@ def test_pillows_tiffs_keep_pillows_png_and_no_band_statistics():
     rgb = _RNG.integers(0, 256, (10, 14, 3), dtype=np.uint8)
     [image] = tiff.images(_tiff(rgb, photometric="rgb"), "rgb.tif", "tiff", _context())
     assert image.actions == ("reencode_tiff_to_png",) and image.band_stats is None
-    np.testing.assert_array_equal(_values(image), rgb)
+    np.testing.assert_array_equal(stored_values(image), rgb)
 
 
 def test_every_page_when_asked_each_with_its_index():
@@ -62,7 +54,7 @@ def test_every_page_when_asked_each_with_its_index():
     found = tiff.images(data, "stack.tif", "tiff", _context(pages="all"))
     assert [image.page for image in found] == [0, 1, 2]
     for image, page in zip(found, pages):
-        np.testing.assert_array_equal(_values(image)[..., 0], page)
+        np.testing.assert_array_equal(stored_values(image)[..., 0], page)
     assert len(tiff.images(data, "stack.tif", "tiff", _context())) == 1
 
 
@@ -89,7 +81,7 @@ def test_what_tifffile_logs_about_a_file_it_reads_goes_into_its_details(caplog):
         [image] = tiff.images(data, "tagged.tif", "tiff", _context())
     # The fact relied on: tifffile reads the pixels and complains on its logger.
     assert any("invalid value offset" in r.getMessage() for r in caplog.records if r.name == "tifffile")
-    np.testing.assert_array_equal(_values(image), bands)
+    np.testing.assert_array_equal(stored_values(image), bands)
     [note] = image.details["warnings"]
     assert note.startswith("tifffile: ") and "invalid value offset" in note
     assert image.details["source_bands"] == 3  # raster.py's details are kept.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tifffile
-from helpers import convert, read_records, write
+from helpers import convert, read_records, stored_values, write
 
 import schemas
 from beam_jobs import verify
@@ -76,15 +76,6 @@ def _layouts():
 _LAYOUTS = _layouts()
 
 
-def _values(image) -> np.ndarray:
-    """The stored values of a ValidImage, as a reader gets them: raw bytes or TF's PNG decode."""
-    dtype = schemas.parse_raw_format(image.format)
-    if dtype is not None:
-        assert len(image.data) == image.height * image.width * image.channels * schemas.raw_itemsize(dtype)
-        return np.frombuffer(image.data, np.dtype(dtype).newbyteorder("<")).reshape(
-            image.height, image.width, image.channels)
-    sixteen = image.data[24] == 16
-    return tf.io.decode_png(image.data, dtype=tf.uint16 if sixteen else tf.uint8).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +88,7 @@ def test_every_layout_is_stored_without_changing_a_value(validator, layout):
     expected, data, fmt = _LAYOUTS[layout]
     [image] = validator.validate_all(data, f"{layout}.tif")
     assert image.format == fmt
-    got = _values(image)
+    got = stored_values(image)
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
     assert image.band_stats.num_bands == expected.shape[2]
@@ -107,7 +98,7 @@ def test_every_layout_is_stored_without_changing_a_value(validator, layout):
 def test_validate_takes_a_raster_too(validator):
     expected, data, _ = _LAYOUTS["dem_float32"]
     image = validator.validate(data, "dem.tif")
-    np.testing.assert_array_equal(_values(image), expected)
+    np.testing.assert_array_equal(stored_values(image), expected)
     assert image.actions == ("store_tiff_as_raw",)
 
 
@@ -118,7 +109,7 @@ def test_an_8_bit_rgb_tiff_keeps_pillows_bytes_whichever_path_reads_it(validator
     raster = validator.validate_all(_tiff(rgb, photometric="rgb", compression="zstd"), "b.tif")[0]
     assert pillow.band_stats is None and raster.band_stats is not None
     assert pillow.data == raster.data
-    np.testing.assert_array_equal(_values(raster), rgb)
+    np.testing.assert_array_equal(stored_values(raster), rgb)
 
 
 def test_every_page_with_pages_all_and_the_first_by_default():
@@ -126,17 +117,17 @@ def test_every_page_with_pages_all_and_the_first_by_default():
     data = _tiff(stack, photometric="minisblack")  # three pages
     first = ImageValidator().validate_all(data, "z.tif")
     assert len(first) == 1 and first[0].page is None
-    np.testing.assert_array_equal(_values(first[0])[:, :, 0], stack[0])
+    np.testing.assert_array_equal(stored_values(first[0])[:, :, 0], stack[0])
     pages = ImageValidator(raster=RasterOptions(pages="all")).validate_all(data, "z.tif")
     assert [p.page for p in pages] == [0, 1, 2]
     for page, want in zip(pages, stack):
-        np.testing.assert_array_equal(_values(page)[:, :, 0], want)
+        np.testing.assert_array_equal(stored_values(page)[:, :, 0], want)
 
 
 def test_bands_are_selected_in_order_and_the_change_listed():
     s2, data, _ = _LAYOUTS["sentinel2_13_bands"]
     [image] = ImageValidator(raster=RasterOptions(bands=(4, 3, 2, 8))).validate_all(data, "s2.tif")
-    np.testing.assert_array_equal(_values(image), s2[:, :, [3, 2, 1, 7]])
+    np.testing.assert_array_equal(stored_values(image), s2[:, :, [3, 2, 1, 7]])
     assert "select_bands" in image.actions and image.details["bands"] == [4, 3, 2, 8]
     with pytest.raises(ImageRejected) as e:
         ImageValidator(raster=RasterOptions(bands=(14,))).validate_all(data, "s2.tif")
@@ -148,7 +139,7 @@ def test_scaling_to_uint8_is_opt_in_and_stated():
     options = RasterOptions(dtype="uint8", value_range=(-125.0, 295.0))
     [image] = ImageValidator(raster=options).validate_all(data, "dem.tif")
     want = np.clip(np.rint((dem.astype(np.float64) + 125) * (255 / 420)), 0, 255).astype(np.uint8)
-    np.testing.assert_array_equal(_values(image), want)
+    np.testing.assert_array_equal(stored_values(image), want)
     assert "scale_to_uint8" in image.actions
     assert image.details["scaling"]["from"] == [-125.0, 295.0]
     with pytest.raises(ImageRejected, match="--raster_range"):
@@ -286,7 +277,7 @@ def test_max_side_caps_rasters_too_keeping_dtype_and_bands():
     s2 = _u16(80, 40, 13)
     contig = dict(photometric="minisblack", planarconfig="contig")
     [image] = ImageValidator(resize=ResizeOptions(max_side=20)).validate_all(_tiff(s2, **contig), "s2.tif")
-    stored = _values(image)
+    stored = stored_values(image)
     assert stored.shape == (20, 10, 13) and stored.dtype == np.uint16
     assert image.format == schemas.raw_format("uint16")
     assert image.actions[-1] == "resize_max_side"
@@ -295,7 +286,7 @@ def test_max_side_caps_rasters_too_keeping_dtype_and_bands():
     np.testing.assert_allclose(stored.mean(axis=(0, 1)), s2.mean(axis=(0, 1)), rtol=0.05)
     small = _u16(16, 8, 13)
     [kept] = ImageValidator(resize=ResizeOptions(max_side=20)).validate_all(_tiff(small, **contig), "s.tif")
-    np.testing.assert_array_equal(_values(kept), small)
+    np.testing.assert_array_equal(stored_values(kept), small)
     assert "resize_max_side" not in kept.actions
 
 

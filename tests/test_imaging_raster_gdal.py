@@ -21,7 +21,7 @@ import pytest
 import rasterio  # The `test` extra installs it (setup.py).
 import tensorflow as tf
 import tifffile
-from helpers import convert, read_records, write
+from helpers import convert, gdal_read, read_records, stored_values, write
 from PIL import Image
 from rasterio.enums import Resampling
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
@@ -242,23 +242,8 @@ def _write_geotiff(path: pathlib.Path, layout: Layout, seed: int) -> None:
                 dst.build_overviews(list(layout.overviews), Resampling.nearest)
 
 
-def _gdal_read(path: pathlib.Path) -> np.ndarray:
-    """GDAL's values of the full-resolution image, (height, width, bands)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        with rasterio.open(path) as src:
-            return src.read().transpose(1, 2, 0)
 
 
-def _stored(image) -> np.ndarray:
-    """The values a reader gets from a ValidImage: raw bytes as `schemas` says, or TF's PNG decode."""
-    dtype = schemas.parse_raw_format(image.format)
-    if dtype is not None:
-        return np.frombuffer(image.data, np.dtype(dtype).newbyteorder("<")).reshape(
-            image.height, image.width, image.channels)
-    assert image.format == "png", image.format
-    sixteen = image.data[24] == 16
-    return tf.io.decode_png(image.data, dtype=tf.uint16 if sixteen else tf.uint8).numpy()
 
 
 def _expected_dtype(gdal: np.ndarray) -> np.dtype:
@@ -288,12 +273,12 @@ def test_a_gdal_layout_is_stored_as_gdal_reads_it(validator, tmp_path, name):
             validator.validate_all(data, path.name)
         assert info.value.reason == layout.reject, info.value
         return
-    gdal = _gdal_read(path)
+    gdal = gdal_read(path)
     images = validator.validate_all(data, path.name)
     # Masks and overviews are neither bands nor records.
     assert len(images) == 1, [(i.height, i.width, i.channels) for i in images]
     [image] = images
-    _assert_same(_stored(image), gdal)
+    _assert_same(stored_values(image), gdal)
     # 8-bit grey and RGB GeoTIFFs stay on Pillow's path (the same bytes), without band statistics.
     assert image.band_stats is None or image.band_stats.num_bands == layout.bands
 
@@ -341,8 +326,8 @@ def test_other_writers_files_are_stored_as_gdal_reads_them(validator, tmp_path, 
         Image.fromarray(array).save(buf, "TIFF", **kwargs)
     path = write(tmp_path / f"{name}.tif", buf.getvalue())
     [image] = validator.validate_all(buf.getvalue(), path.name)
-    gdal = _gdal_read(path)
-    _assert_same(_stored(image), gdal)
+    gdal = gdal_read(path)
+    _assert_same(stored_values(image), gdal)
 
 
 def _patch_compression(data: bytes, code: int) -> bytes:
@@ -383,7 +368,7 @@ def test_a_folder_of_geotiffs_converts_end_to_end(tmp_path):
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_geotiff(path, _LAYOUTS[name], seed=100 + i)
-        expected[rel] = _gdal_read(path)
+        expected[rel] = gdal_read(path)
     manifest = convert(root, out, "--min_shards", "1", "--num_shards", "1")
     assert (out / schemas.MANIFEST_FILENAME).is_file()
     assert manifest.split("train").num_records == len(cases)
