@@ -47,7 +47,7 @@ from imaging import _tiff_ifds
 from imaging.errors import ImageRejected
 from imaging.georef import Georef, page_georef
 
-__all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets",
+__all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets", "open_scene",
            "patch_georef", "patch_geotransform"]
 
 # --raster_edge values; `shift` first: the default.
@@ -309,6 +309,9 @@ class SceneReader:
         reads; 'unsupported_dtype' for a volume or samples tifffile does not
         map to a numpy type.
     """
+
+    # What a patch's record says it was read from (`imaging.scenes`).
+    source_format = "tiff"
 
     def __init__(self, source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
                  name: str | None = None, page: int = 0):
@@ -661,6 +664,31 @@ class SceneReader:
         if array.dtype.kind == "b":
             array = array.view(np.uint8)
         return np.ascontiguousarray(array, self.dtype)
+
+
+def open_scene(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO, name: str | None = None):
+    """The reader of a scene by its first bytes: `imaging.jp2.Jp2SceneReader` for JPEG 2000, else `SceneReader`.
+
+    Both read windows alike (`read`, `padded`, `keep_columns`, `georef`,
+    `segment_shape`, ...); a file object is left at its start.
+
+    Raises:
+      ImageRejected: As the reader's constructor does.
+    """
+    from imaging import jp2
+
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        head = bytes(source[:12])
+    elif isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:
+            head = fh.read(12)
+    else:
+        source.seek(0)
+        head = source.read(12)
+        source.seek(0)
+    if jp2.is_jpeg2000(head):
+        return jp2.Jp2SceneReader(source, name)
+    return SceneReader(source, name)
 
 
 def _check_window(y, x, height, width) -> None:

@@ -15,19 +15,23 @@ fourth component for alpha.
 
 The size is read from the codestream's SIZ marker and checked against
 --max_pixels before anything is decoded. With --raster_georef, the
-georeferencing is read from the GeoJP2 box (a GeoTIFF's tags in a 'uuid' box,
-which GDAL writes by default and reads first), as `imaging.georef` reads a
-GeoTIFF's; files with GMLJP2 alone are stored as unknown.
+georeferencing is what GDAL reads (`imaging.jp2.georef`): the GeoJP2 box (a
+GeoTIFF's tags in a 'uuid' box, which GDAL writes by default and reads
+first), else the GMLJP2 coverage (Sentinel-2's tiles). With --raster_patch,
+.jp2/.j2k scenes are cut into patches tile by tile instead
+(`imaging.jp2.Jp2SceneReader`).
 """
 
 from __future__ import annotations
 
+import io
 import struct
 
 import numpy as np
 from PIL import Image
 
 from imaging import georef as _georef
+from imaging import jp2 as _jp2
 from imaging import raster as _raster
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
@@ -39,8 +43,6 @@ __all__ = ["images"]
 _JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 _J2K_SIGNATURE = b"\xff\x4f\xff\x51"
 _CODESTREAM_BOX = b"jp2c"
-# The UUID of a GeoJP2 box: a degenerate GeoTIFF follows it, holding the GeoTIFF tags.
-_GEOJP2_UUID = bytes.fromhex("b14bf8bd083d4b43a5ae8cd7d5a6ce03")
 
 
 def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
@@ -82,25 +84,13 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
 
 def _with_georef(image: ValidImage, data: bytes, height: int, width: int, name: str,
                  context: Context) -> ValidImage:
-    """The image with its GeoJP2 georeferencing (--raster_georef), scaled to its stored size."""
+    """The image with its GeoJP2 or GMLJP2 georeferencing (--raster_georef), scaled to its stored size."""
     if not context.raster.georef:
         return image
-    tiff = _geojp2(data)
-    if tiff is None:
-        return image  # No GeoJP2 box: stored as unknown.
-    pages = _georef.read_georef(tiff, name)
-    if not pages:
-        return image
-    found = pages[0]
+    found = _jp2.georef(_jp2.read_structure(io.BytesIO(data), name), name)
+    if found.geotransform is None and not found.epsg:
+        return image  # Neither box: stored as unknown.
     return with_georef(image, _georef.Georef(found.epsg, found.geotransform, height, width))
-
-
-def _geojp2(data: bytes) -> bytes | None:
-    """The GeoTIFF inside a JP2 file's GeoJP2 box (a top-level 'uuid' box), or None."""
-    for kind, body in _boxes(data):
-        if kind == b"uuid" and body[:16] == _GEOJP2_UUID:
-            return body[16:]
-    return None
 
 
 def _boxes(data: bytes):
