@@ -60,12 +60,13 @@ import numpy as np
 from imaging import georef as _georef
 from imaging.errors import ImageRejected
 
-__all__ = ["Jp2Structure", "Jp2SceneReader", "is_jpeg2000", "read_structure", "georef", "gmljp2_georef"]
+__all__ = ["Jp2Structure", "Jp2SceneReader", "decode", "is_jpeg2000", "read_structure", "georef", "gmljp2_georef"]
 
 JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 J2K_SIGNATURE = b"\xff\x4f\xff\x51"  # SOC, then SIZ.
 _GEOJP2_UUID = bytes.fromhex("b14bf8bd083d4b43a5ae8cd7d5a6ce03")
 _SOT, _EOC, _TLM, _PLM, _PPM, _SIZ = 0xFF90, 0xFFD9, 0xFF55, 0xFF57, 0xFF60, 0xFF51
+_MAX_TILES = 65535  # Isot, a tile's index, is 16 bits.
 # Georeferencing boxes larger than this are no georeferencing (a GeoJP2 is a few hundred
 # bytes, a GMLJP2 coverage a few KB): they are not read.
 _MAX_GEO_BOX = 4 << 20
@@ -211,13 +212,13 @@ def _codestream_structure(handle: BinaryIO, stream: tuple[int, int], geo, name: 
     pos = start + 2
     while True:  # The main header's marker segments, up to the first SOT.
         if pos + 4 > end:
-            raise ImageRejected("corrupt", f"{name}: its codestream ends within its main header (truncated)")
+            raise ImageRejected("corrupt", f"{name}: its codestream ends within its JPEG 2000 header (truncated)")
         handle.seek(pos)
         marker, seg = struct.unpack(">HH", _exactly(handle, 4, name))
         if marker == _SOT:
             break
         if marker >> 8 != 0xFF or seg < 2 or pos + 2 + seg > end:
-            raise ImageRejected("corrupt", f"{name}: damaged JPEG 2000 main header (marker {marker:04X} of "
+            raise ImageRejected("corrupt", f"{name}: damaged JPEG 2000 header (main header marker {marker:04X} of "
                                            f"{seg} bytes at {pos - start})")
         body = _exactly(handle, seg - 2, name)
         if marker == _SIZ:
@@ -243,6 +244,9 @@ def _codestream_structure(handle: BinaryIO, stream: tuple[int, int], geo, name: 
         raise ImageRejected("corrupt", f"{name}: its JPEG 2000 header gives an empty or inconsistent grid "
                                        f"(image {xo},{yo}-{xsiz},{ysiz}, tiles {xt}x{yt} from {xto},{yto})")
     across, down = -(-(xsiz - xto) // xt), -(-(ysiz - yto) // yt)
+    if across * down > _MAX_TILES:
+        raise ImageRejected("corrupt", f"{name}: its JPEG 2000 header gives {across}x{down} tiles, more than a "
+                                       f"codestream numbers ({_MAX_TILES})")
     tiles: list[list[tuple[int, int]]] = [[] for _ in range(across * down)]
     while pos + 2 <= end:  # The tile-parts: 12 bytes of SOT each, then skipped.
         handle.seek(pos)
@@ -354,7 +358,7 @@ def gmljp2_georef(xml: bytes, height: int, width: int) -> _georef.Georef | None:
     text = xml.rstrip(b"\0").replace(b"\0", b"\n")  # Some writers pad or split lines with NULs.
     try:
         root = ElementTree.fromstring(text)
-    except ElementTree.ParseError:
+    except (ElementTree.ParseError, ValueError):  # Not XML, or an encoding expat does not read.
         return None
     grid = next((e for e in root.iter() if _local(e.tag) == "RectifiedGrid"), None)
     if grid is None:
@@ -479,6 +483,7 @@ class Jp2SceneReader:
         self.nodata: float | None = None
         self.fill = 0
         self.segment_shape = (s.height, s.width) if s.whole else s.tile_shape
+        self.decodes_whole = s.whole
         self._cache: dict[tuple[int, int], np.ndarray] = {}
         self._columns: tuple[int, int] | None = None
         self.decoded_segments = 0
@@ -581,7 +586,7 @@ class Jp2SceneReader:
                 shape = (s.height, s.width)
             else:
                 data, shape = self._one_tile(row, col)
-            array = _decode(data, self.name)
+            array = decode(data, self.name)
             if array.shape != (*shape, self.bands):
                 raise ImageRejected("corrupt", f"{self.name}: tile {row},{col} decodes to {array.shape}, not "
                                                f"{shape[0]}x{shape[1]}x{self.bands}")
@@ -617,8 +622,12 @@ class Jp2SceneReader:
         return _exactly(self._handle, count, self.name)
 
 
-def _decode(data: bytes, name: str) -> np.ndarray:
-    """(rows, columns, components) of a codestream, as OpenJPEG decodes it."""
+def decode(data: bytes, name: str) -> np.ndarray:
+    """(rows, columns, components) of a JP2 file or codestream, every value as OpenJPEG decodes it.
+
+    Raises:
+      ImageRejected: 'corrupt' for data that does not decode.
+    """
     import imagecodecs
 
     try:

@@ -310,8 +310,10 @@ class SceneReader:
         map to a numpy type.
     """
 
-    # What a patch's record says it was read from (`imaging.scenes`).
+    # What a patch's record says it was read from (`imaging.scenes`), and whether a window
+    # decodes the whole scene (`imaging.jp2.Jp2SceneReader` of a one-tile JPEG 2000 does).
     source_format = "tiff"
+    decodes_whole = False
 
     def __init__(self, source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
                  name: str | None = None, page: int = 0):

@@ -96,10 +96,19 @@ def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _rast
     Raises:
       ImageRejected: As `SceneReader` does; 'missing_bands' for --raster_bands
         past its bands; 'too_large' when one patch holds more samples than
-        --max_pixels; 'unsupported_dtype' for samples raw records cannot hold.
+        --max_pixels, or a JPEG 2000 scene decoded whole (one tile) does;
+        'unsupported_dtype' for samples raw records cannot hold.
     """
     with open_scene(source, name) as scene:  # A TIFF's or a JPEG 2000's (`imaging.jp2`).
         header = SceneHeader(scene.height, scene.width, scene.bands, scene.dtype.name, scene.segment_shape)
+        whole = scene.decodes_whole
+    if whole and header.height * header.width * header.bands > options.max_pixels:
+        # Every work item would decode all of it: --max_pixels bounds that decode as a whole image's.
+        raise ImageRejected(
+            "too_large", f"{name} is one JPEG 2000 tile of {header.width}x{header.height}x{header.bands} = "
+                         f"{header.height * header.width * header.bands:,} samples, decoded whole for each work "
+                         f"item, more than --max_pixels={options.max_pixels:,}; tile it (gdal_translate -of "
+                         "JP2OpenJPEG -co BLOCKXSIZE=1024 -co BLOCKYSIZE=1024, or to a tiled GeoTIFF)")
     dtype = {"int8": "int16", "float16": "float32"}.get(header.dtype, header.dtype)
     if dtype not in schemas.RAW_DTYPES:
         raise ImageRejected("unsupported_dtype", f"{name} has {header.dtype} samples; stored types are "

@@ -24,7 +24,7 @@ from rasterio.windows import Window  # noqa: E402
 
 from imaging import ImageRejected, ImageValidator, RasterOptions  # noqa: E402
 from imaging.jp2 import Jp2SceneReader, georef, read_structure  # noqa: E402
-from imaging.patches import SceneReader, open_scene  # noqa: E402
+from imaging.patches import PatchOptions, SceneReader, open_scene  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
 
@@ -281,3 +281,19 @@ def test_the_axis_order_of_every_crs_it_knows_is_gdals(tmp_path):
             wrong.append((code, found.geotransform, geotransform))
     assert not wrong
     assert len(unknown) < 5, unknown
+
+
+def test_a_one_tile_scene_is_planned_only_within_max_pixels_as_it_is_decoded_whole(tmp_path):
+    from imaging.scenes import scene_header
+
+    array = _RNG.integers(0, 2 ** 16, (1, 70, 90), dtype=np.uint16)
+    one_tile = _gdal_jp2(tmp_path / "one.jp2", array)
+    tiled = _gdal_jp2(tmp_path / "tiled.jp2", array, blockxsize=32, blockysize=32)
+    options = RasterOptions(patch=PatchOptions(32), max_pixels=70 * 90 - 1)
+    with pytest.raises(ImageRejected) as e:
+        scene_header(str(one_tile), "one.jp2", options)
+    assert e.value.reason == "too_large" and "one JPEG 2000 tile of 90x70x1" in e.value.message
+    header = scene_header(str(tiled), "tiled.jp2", options)
+    assert (header.height, header.width, header.segment_shape) == (70, 90, (32, 32))
+    header = scene_header(str(one_tile), "one.jp2", RasterOptions(patch=PatchOptions(32), max_pixels=70 * 90))
+    assert header.segment_shape == (70, 90)
