@@ -164,3 +164,30 @@ def test_a_time_series_of_jpeg2000_passes_stacks_as_gdal_reads_them(tmp_path):
         assert record[schemas.EPSG.key] == 32631
         with rasterio.open(files[("20200514", "B02")]) as src:
             assert record[schemas.GEOTRANSFORM.key] == tuple(src.window_transform(window).to_gdal())
+
+
+def test_a_jpeg2000_scenes_label_raster_is_cut_with_it(tmp_path):
+    import io
+
+    from PIL import Image
+
+    ids = _RNG.integers(0, 6, (1, 150, 230), dtype=np.uint8)
+    scene = _jp2(tmp_path / "in" / "s2" / "tile.jp2", _RNG.integers(1, 2 ** 15, (2, 150, 230), dtype=np.uint16),
+                 "EPSG:32631", from_origin(600000.0, 5000040.0, 10.0, 10.0), NBITS=15, blockxsize=64, blockysize=48)
+    mask = write_geotiff(tmp_path / "masks" / "s2" / "tile.tif", ids, crs="EPSG:32631",
+                         transform=from_origin(600000.0, 5000040.0, 10.0, 10.0))
+    convert(tmp_path / "in", tmp_path / "out", "--masks_dir", tmp_path / "masks", "--raster_patch", _PATCH,
+            "--raster_stride", _STRIDE, "--raster_edge", _EDGE)
+    records = {r[schemas.FILENAME.key].decode(): r for r, _, _ in decoded_records(tmp_path / "out")}
+    options = PatchOptions(_PATCH, _STRIDE, _EDGE)
+    assert sorted(records) == sorted(f"s2/tile.jp2#patch={y},{x}" for y, x in grid(150, 230, options))
+    with rasterio.open(scene) as src, rasterio.open(mask) as labels:
+        for y, x in grid(150, 230, options):
+            record = records[f"s2/tile.jp2#patch={y},{x}"]
+            window = Window(x, y, _PATCH, _PATCH)
+            want = np.moveaxis(src.read(window=window, boundless=True, fill_value=0), 0, -1)
+            got = np.frombuffer(record[schemas.IMAGE.key], np.dtype("<u2")).reshape(want.shape)
+            np.testing.assert_array_equal(got, want)
+            with Image.open(io.BytesIO(record[schemas.MASK.key])) as im:
+                np.testing.assert_array_equal(np.asarray(im), labels.read(1, window=window, boundless=True,
+                                                                          fill_value=255))
