@@ -17,8 +17,10 @@ few KB at a time (issue 25's scene path, for JPEG 2000):
   tile grid moved onto the tile, so the tile keeps its reference-grid
   coordinates: code-blocks and precincts are the same) followed by the
   tile's own tile-parts. A codestream of one tile, or with packed packet
-  headers in its main header (PPM: they belong to every tile), is decoded
-  whole, once per work item;
+  headers in its main header (PPM: they belong to every tile), or whose
+  tile grid does not start at the image's corner (XTOsiz, YTOsiz other than
+  XOsiz, YOsiz; GDAL writes all four 0), is decoded whole,
+  once per work item;
 - `georef` is what GDAL reports by default (GEOREF_SOURCES
   PAM,INTERNAL,WORLDFILE; internal: GeoJP2 first, then GMLJP2): the GeoTIFF
   of a GeoJP2 box (`imaging.georef`), else the GMLJP2 coverage (`gmljp2_georef`).
@@ -108,7 +110,9 @@ class Jp2Structure:
         TLM and PLM markers (they index every tile).
       siz: The SIZ marker's fields (Rsiz, Xsiz, Ysiz, XOsiz, YOsiz, XTsiz,
         YTsiz, XTOsiz, YTOsiz); siz_at: where SIZ's Xsiz lies in `main_header`.
-      whole: True when tiles cannot be decoded alone (one tile, or PPM).
+      whole: True when the codestream is decoded whole: one tile; packet headers
+        of every tile in the main header (PPM); or a tile grid that does not
+        start at the image's corner (its first tiles narrower than the rest).
       codestream: (offset, length) of the codestream in the file.
       geo_boxes: (kind, contents) of the boxes that may hold georeferencing:
         GeoJP2 'uuid' boxes (their GeoTIFF, UUID removed) and 'asoc' boxes.
@@ -271,7 +275,7 @@ def _codestream_structure(handle: BinaryIO, stream: tuple[int, int], geo, name: 
                   if any((dx, dy) != (1, 1) for _, dx, dy in comps) else ())
     return Jp2Structure(height, width, count, bits, signed, subsampled, (yt, xt), (down, across),
                         tuple(tuple(p) for p in tiles), b"".join(kept), fields[:9], siz_at,
-                        packed or across * down == 1, stream, geo)
+                        packed or across * down == 1 or (xo, yo) != (xto, yto), stream, geo)
 
 
 def georef(structure: Jp2Structure, name: str) -> _georef.Georef:

@@ -105,10 +105,11 @@ def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _rast
     if whole and header.height * header.width * header.bands > options.max_pixels:
         # Every work item would decode all of it: --max_pixels bounds that decode as a whole image's.
         raise ImageRejected(
-            "too_large", f"{name} is one JPEG 2000 tile of {header.width}x{header.height}x{header.bands} = "
-                         f"{header.height * header.width * header.bands:,} samples, decoded whole for each work "
-                         f"item, more than --max_pixels={options.max_pixels:,}; tile it (gdal_translate -of "
-                         "JP2OpenJPEG -co BLOCKXSIZE=1024 -co BLOCKYSIZE=1024, or to a tiled GeoTIFF)")
+            "too_large", f"{name} is a JPEG 2000 of {header.width}x{header.height}x{header.bands} = "
+                         f"{header.height * header.width * header.bands:,} samples decoded whole for each work item "
+                         "(one tile, or every tile's packet headers in its main header), more than "
+                         f"--max_pixels={options.max_pixels:,}; tile it (gdal_translate -of JP2OpenJPEG -co "
+                         "BLOCKXSIZE=1024 -co BLOCKYSIZE=1024, or to a tiled GeoTIFF)")
     dtype = {"int8": "int16", "float16": "float32"}.get(header.dtype, header.dtype)
     if dtype not in schemas.RAW_DTYPES:
         raise ImageRejected("unsupported_dtype", f"{name} has {header.dtype} samples; stored types are "
