@@ -24,7 +24,7 @@ few KB at a time (issue 25's scene path, for JPEG 2000):
 - `georef` is what GDAL reports by default (GEOREF_SOURCES
   PAM,INTERNAL,WORLDFILE; internal: GeoJP2 first, then GMLJP2): the GeoTIFF
   of a GeoJP2 box (`imaging.georef`), else the GMLJP2 coverage (`gmljp2_georef`).
-  PAM and world files are sidecars, read elsewhere.
+  PAM (.aux.xml) and world files are sidecars, not read here.
 
 GMLJP2 (an `asoc` box labelled 'gml.data' holding the 'gml.root-instance'
 XML box: a FeatureCollection with a gml:RectifiedGrid, what Sentinel-2's
@@ -81,7 +81,7 @@ _NORTHING_FIRST = frozenset((
     *range(31466, 31470),  # DHDN / 3-degree Gauss-Krueger zones 2-5.
     2180, *range(2176, 2180),  # Poland CS92, CS2000 zones.
     *range(3006, 3019),  # SWEREF99 TM and its local zones.
-    *range(3126, 3141),  # ETRS89 / ETRS-GK19FIN ... GK31FIN.
+    *range(3126, 3141),  # ETRS89 / ETRS-GK19FIN to GK31FIN, and the rest of that range.
     *range(5105, 5131),  # ETRS89 / NTM zones 5-30 (Norway).
     3844,  # Pulkovo 1942(58) / Stereo70.
     *range(28404, 28433), 3333, 3833,  # Pulkovo 1942 / Gauss-Krueger zones 4-32; 1942(58) zones 2, 3.
@@ -179,11 +179,10 @@ def read_structure(handle: BinaryIO, name: str) -> Jp2Structure:
                 stream = body
             elif kind in (b"uuid", b"asoc") and body[1] <= _MAX_GEO_BOX:
                 handle.seek(body[0])
-                contents = _exactly(handle, body[1], name)
                 if kind == b"asoc":
-                    geo.append((kind, contents))
-                elif contents[:16] == _GEOJP2_UUID:
-                    geo.append((kind, contents[16:]))
+                    geo.append((kind, _exactly(handle, body[1], name)))
+                elif body[1] >= 16 and _exactly(handle, 16, name) == _GEOJP2_UUID:  # Not XMP's, nor others.
+                    geo.append((kind, _exactly(handle, body[1] - 16, name)))
             pos += length
         if stream is None:
             raise ImageRejected("corrupt", f"{name}: a JP2 file without a codestream box (truncated or damaged)")
@@ -285,12 +284,11 @@ def georef(structure: Jp2Structure, name: str) -> _georef.Georef:
       ImageRejected: 'corrupt' for a GeoJP2 box whose GeoTIFF tags are malformed.
     """
     height, width = structure.height, structure.width
-    for kind, contents in structure.geo_boxes:
-        if kind == b"uuid":
-            pages = _georef.read_georef(contents, name)
-            if pages and (pages[0].geotransform is not None or pages[0].epsg):
-                return _georef.Georef(pages[0].epsg, pages[0].geotransform, height, width)
-            break  # GDAL reads the first GeoJP2 box only, as here.
+    # GDAL weighs the first two GeoJP2 boxes (some writers add a second, wrong or empty one).
+    for contents in [c for kind, c in structure.geo_boxes if kind == b"uuid"][:2]:
+        pages = _georef.read_georef(contents, name)
+        if pages and (pages[0].geotransform is not None or pages[0].epsg):
+            return _georef.Georef(pages[0].epsg, pages[0].geotransform, height, width)
     for kind, contents in structure.geo_boxes:
         if kind == b"asoc":
             xml = _gml_root_instance(contents)

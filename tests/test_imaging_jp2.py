@@ -297,3 +297,20 @@ def test_a_one_tile_scene_is_planned_only_within_max_pixels_as_it_is_decoded_who
     assert (header.height, header.width, header.segment_shape) == (70, 90, (32, 32))
     header = scene_header(str(one_tile), "one.jp2", RasterOptions(patch=PatchOptions(32), max_pixels=70 * 90))
     assert header.segment_shape == (70, 90)
+
+
+def test_an_empty_first_geojp2_box_gives_way_to_the_second_as_in_gdal(tmp_path):
+    import tifffile
+
+    array = _RNG.integers(0, 256, (1, 40, 60), dtype=np.uint8)
+    data = _gdal_jp2(tmp_path / "w.jp2", array, GMLJP2="NO", GeoJP2="YES").read_bytes()
+    plain = io.BytesIO()
+    tifffile.imwrite(plain, np.zeros((1, 1), np.uint8))  # A GeoJP2 box without GeoTIFF tags.
+    uuid = bytes.fromhex("b14bf8bd083d4b43a5ae8cd7d5a6ce03")
+    empty = struct.pack(">I4s", 8 + 16 + len(plain.getvalue()), b"uuid") + uuid + plain.getvalue()
+    at = data.index(b"uuid" + uuid) - 4  # Before GDAL's own box.
+    path = tmp_path / "two.jp2"
+    path.write_bytes(data[:at] + empty + data[at:])
+    epsg, geotransform = _gdal_georef(path)
+    with Jp2SceneReader(path) as scene:
+        assert (scene.georef.epsg, scene.georef.geotransform) == (epsg, geotransform) == (32633, _UTM.to_gdal())
