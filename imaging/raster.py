@@ -190,8 +190,12 @@ _OJPEG = 6  # Old-style JPEG: TIFF 6.0's first, underspecified, JPEG scheme.
 _HEADER_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, EOFError)
 
 
-def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | None:
+def read_tiff(data: bytes, name: str, options: RasterOptions, sidecars=None) -> list[Raster] | None:
     """A TIFF file's kept pages, or None where it stays on Pillow's path; one header parse.
+
+    `sidecars` (an `imaging.sidecars.Sidecars`, or None) are the file's GIS
+    sidecars: a nodata value in its `.aux.xml` wins over its GDAL_NODATA tag,
+    as GDAL reads it.
 
     Pillow keeps (None) unsigned images of at most 8 bits per sample with 1 or
     3 bands, or 4 when the image is CMYK, compressed in a way Pillow decodes,
@@ -215,6 +219,8 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
         # The plainest multi-band files, without tifffile's per-tag cost
         # (imaging/_tiff_strips.py says which, and why).
         array, nodata = plain
+        if sidecars is not None:
+            nodata = sidecars.nodata_over(nodata)
         widened = _WIDEN.get(_dtype_name(array.dtype))
         if widened:
             array = array.astype(widened)
@@ -230,7 +236,7 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
     with tif:
         if default and _pillow_owns_file(tif):
             return None
-        return _decode_pages(tif, data, name, options)
+        return _decode_pages(tif, data, name, options, sidecars)
 
 
 def _open(data: bytes):
@@ -290,7 +296,7 @@ def _has_mask_pages(tif) -> bool:
         return False  # Pillow reads the first page and says what is wrong with the rest, as it did.
 
 
-def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[Raster]:
+def _decode_pages(tif, data: bytes, name: str, options: RasterOptions, sidecars=None) -> list[Raster]:
     """The kept pages of an opened TIFF (`read_tiff`)."""
     import tifffile
 
@@ -311,6 +317,8 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[R
             f"--max_pixels={options.max_pixels:,}",
         )
     nodata = _nodata(keep[0])
+    if sidecars is not None:
+        nodata = sidecars.nodata_over(nodata)
     out = []
     for index, page in enumerate(keep):
         array = _read_page(page, data, name)

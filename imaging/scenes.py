@@ -222,7 +222,8 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
 
 def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
              options: _raster.RasterOptions, resize: _resize.ResizeOptions | None = None,
-             labels: LabelRaster | None = None, columns: tuple[int, int] | None = None) -> Cut:
+             labels: LabelRaster | None = None, columns: tuple[int, int] | None = None,
+             sidecars=None) -> Cut:
     """The stored patches of the scene whose top row lies in [y0, y1) (a `WorkItem`).
 
     A patch whose nodata share (`nodata_share`: padding counts) exceeds
@@ -247,6 +248,9 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
         (an item of a row split into column ranges); None: every column.
         The reader then keeps only those columns of what it decodes (strips
         span the scene's width).
+      sidecars: What the scene's GIS sidecars say (`imaging.sidecars.Sidecars`:
+        a PAM file's nodata, a world file's georeferencing), applied over its
+        tags as GDAL applies them; None: its tags alone.
 
     Raises:
       ImageRejected: As `SceneReader.read`, `imaging.raster.apply_options`
@@ -265,6 +269,9 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
             if xs:
                 scene.keep_columns(xs[0], xs[-1] + width)
         georef = scene.georef if options.georef else None
+        if sidecars is not None:
+            scene.use_nodata(sidecars.nodata_over(scene.nodata))
+            georef = None if georef is None else sidecars.georef(georef)
         for y in rows:
             for x in xs:
                 window = scene.read(y, x, height, width, copy=False)  # Encoded at once
@@ -278,6 +285,8 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                     shares.append(share)
                     continue
                 image = _stored(_raster.apply_options(window, scene.nodata, options, name), y, x, resize)
+                if sidecars is not None and (sidecars.used or sidecars.warnings):
+                    image = dataclasses.replace(image, details={**(image.details or {}), **sidecars.details()})
                 if georef is not None:
                     image = with_georef(image, patch_georef(georef, y, x, height, width))
                 if labels is not None:
