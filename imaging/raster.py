@@ -166,6 +166,10 @@ class Raster:
       nodata: The GDAL nodata value of the file, or None.
       actions: What was changed beyond re-encoding ('select_bands', ...).
       details: JSON-safe provenance for normalized.jsonl.
+      masked: (height, width) booleans, True where the page's internal mask
+        (GDAL's, a mask page after it) says no data: left out of the band
+        statistics as nodata samples are, whatever their values; None
+        without a mask.
     """
 
     array: np.ndarray
@@ -173,6 +177,7 @@ class Raster:
     nodata: float | None
     actions: tuple[str, ...]
     details: dict[str, Any]
+    masked: np.ndarray | None = None
 
 
 # 8-bit TIFFs that Pillow has always read and shows as a person sees them
@@ -323,8 +328,30 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions, sidecars=
     for index, page in enumerate(keep):
         array = _read_page(page, data, name)
         page_index = index if options.pages == "all" and len(keep) > 1 else None
-        out.append(_finish(array, page_index, nodata, options, name))
+        out.append(_finish(array, page_index, nodata, options, name, _internal_mask(tif, page, data, name)))
     return out
+
+
+def _internal_mask(tif, page, data: bytes, name: str) -> np.ndarray | None:
+    """(height, width) booleans, True where the page's internal mask says no data; None without one.
+
+    GDAL's internal mask of a page (GDAL_TIFF_INTERNAL_MASK) is the next
+    mask page of its size (overviews have masks of their own sizes), as
+    `imaging.patches.SceneReader` finds it. GDAL's dataset mask is then that
+    mask: its zeros are no data, whatever the pixels hold.
+    """
+    import tifffile
+
+    try:
+        after = list(tif.pages)[page.index + 1:]
+        mask = next((p for p in after if _is_mask(p) and not _is_reduced(p)
+                     and (p.imagelength, p.imagewidth) == (page.imagelength, page.imagewidth)), None)
+    except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+        raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
+    if mask is None:
+        return None
+    values = _read_page(mask, data, f"{name} (its internal mask)")
+    return (values == 0).all(axis=2)
 
 
 def _from_header(name: str, fn, *args):
@@ -561,7 +588,8 @@ def _nodata(page) -> float | None:
     return float(value)
 
 
-def apply_options(array: np.ndarray, nodata: float | None, options: RasterOptions, name: str) -> Raster:
+def apply_options(array: np.ndarray, nodata: float | None, options: RasterOptions, name: str,
+                  masked: np.ndarray | None = None) -> Raster:
     """An array read from a TIFF (a whole page or a window of one) as `read_tiff` keeps it.
 
     Sample types raw records do not hold are widened losslessly (int8,
@@ -575,10 +603,10 @@ def apply_options(array: np.ndarray, nodata: float | None, options: RasterOption
     widened = _WIDEN.get(_dtype_name(array.dtype))
     if widened:
         array = array.astype(widened)
-    return _finish(array, None, nodata, options, name)
+    return _finish(array, None, nodata, options, name, masked)
 
 
-def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
+def _finish(array, page, nodata, options: RasterOptions, name: str, masked=None) -> Raster:
     actions: list[str] = []
     details: dict[str, Any] = {"source_dtype": _dtype_name(array.dtype), "source_bands": int(array.shape[2])}
     if options.bands is not None:
@@ -598,7 +626,9 @@ def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
         details["scaling"] = scaling
     if nodata is not None:
         details["nodata"] = _json_number(nodata)
-    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details)
+    if masked is not None and not masked.any():
+        masked = None  # A mask that masks nothing: the statistics are those of every pixel.
+    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details, masked)
 
 
 def _scale(array, nodata, options: RasterOptions, name: str):
@@ -674,14 +704,17 @@ def raw_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=little).tobytes()
 
 
-def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
+def band_stats(array: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
     """Per band: valid samples, min, max, mean, sum of squared deviations, nodata count.
 
-    Samples equal to `nodata`, and NaN, are counted as nodata and left out.
-    Integer samples with no nodata among them: from exact integer sums, each
-    statistic the correctly rounded float of its exact value
-    (`_band_stats_exact`); otherwise float64 sums.
+    Samples equal to `nodata`, NaN, and every sample of a pixel `masked`
+    marks ((height, width) booleans: an internal mask's no data) are counted
+    as nodata and left out. Integer samples with no nodata among them: from
+    exact integer sums, each statistic the correctly rounded float of its
+    exact value (`_band_stats_exact`); otherwise float64 sums.
     """
+    if masked is not None and masked.any():
+        return _band_stats_loop(array, nodata, masked.ravel())
     if array.dtype.kind in "ui":
         exact = _band_stats_exact(array, nodata)
         if exact is not None:
@@ -689,10 +722,17 @@ def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
     fast = _band_stats_all_valid(array, nodata)
     if fast is not None:
         return fast
+    return _band_stats_loop(array, nodata)
+
+
+def _band_stats_loop(array: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
+    """`band_stats` band by band in float64; `masked`: per pixel, flattened, True where left out."""
     counts, mins, maxs, means, m2s, missing = [], [], [], [], [], []
     for band in _bands(array):
         values = band.astype(np.float64, copy=False).ravel()
         invalid = np.isnan(values)
+        if masked is not None:
+            invalid |= masked
         if nodata is not None and not math.isnan(nodata):
             invalid |= values == nodata
         n_invalid = int(invalid.sum())

@@ -36,7 +36,7 @@ import schemas
 from imaging import masks as _masks, raster as _raster, resize as _resize
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
-from imaging.formats._shared import ValidImage, with_georef
+from imaging.formats._shared import ValidImage, with_georef, with_mask_stats
 from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_georef
 from imaging.sniff import sniff_format
 
@@ -276,15 +276,17 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
             for x in xs:
                 window = scene.read(y, x, height, width, copy=False)  # Encoded at once
                 padded = scene.padded(y, x, height, width)
+                masked = None
                 if scene.has_mask:
                     # GDAL's internal mask marks no data too (orthophotos, COGs): as its dataset mask.
-                    padded = padded | scene.masked(y, x, height, width)
+                    masked = scene.masked(y, x, height, width)
+                    padded = padded | masked
                 share = nodata_share(window, padded if padded.any() else None, scene.nodata)
                 if share > patch.max_nodata:
                     skipped.append((y, x))
                     shares.append(share)
                     continue
-                image = _stored(_raster.apply_options(window, scene.nodata, options, name), y, x, resize)
+                image = _stored(_raster.apply_options(window, scene.nodata, options, name, masked), y, x, resize)
                 if sidecars is not None and (sidecars.used or sidecars.warnings):
                     image = dataclasses.replace(image, details={**(image.details or {}), **sidecars.details()})
                 if georef is not None:
@@ -318,8 +320,12 @@ def _stored(r: _raster.Raster, y: int, x: int, resize: _resize.ResizeOptions | N
         array = _resize.resize_array(array, resize)
         actions = actions + (resize.action,)
         details = {**(details or {}), "original": list(original), "stored": list(array.shape[:2])}
+    masked = r.masked
+    if masked is not None and masked.shape != array.shape[:2]:
+        masked = _masks.nearest(masked.astype(np.uint8), array.shape[:2]).astype(bool)
     h, w, c = array.shape
-    stats = _raster.band_stats(array, r.nodata)
+    stats = _raster.band_stats(array, r.nodata, masked)
+    details = with_mask_stats(dataclasses.replace(r, masked=masked, details=details), stats).details
     if not _raster.is_png_storable(array):
         return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c, "tiff",
                           ("store_tiff_as_raw",) + actions, details=details, band_stats=stats,

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import tifffile
-from helpers import convert, decoded_records
+from helpers import convert, decoded_records, stored_values
 
 import schemas
 from imaging import ImageValidator, sidecars
@@ -322,3 +322,76 @@ def test_sidecars_through_the_converter_the_records_manifest_and_verify(tmp_path
     assert list(stats.nodata) == [120 - count for count, *_ in gdal] == [40, 40]
     assert list(stats.min) == [low for _, low, _, _ in gdal]
     assert verify.main([str(out)]) == 0
+
+
+def _masked_geotiff(path: pathlib.Path, array: np.ndarray, mask: np.ndarray, **options) -> pathlib.Path:
+    """A GeoTIFF GDAL writes with an internal mask (GDAL_TIFF_INTERNAL_MASK, a mask page after the image)."""
+    height, width, bands = array.shape
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
+        with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=bands,
+                           dtype=array.dtype.name, transform=_UTM, crs="EPSG:32633", **options) as dst:
+            dst.write(array.transpose(2, 0, 1))
+            dst.write_mask(np.where(mask, 0, 255).astype(np.uint8))
+    assert not list(path.parent.glob(path.name + ".msk"))  # Inside the file, not beside it.
+    return path
+
+
+@pytest.mark.parametrize("dtype,options", [("uint16", {}), ("float32", {"tiled": True, "blockxsize": 16,
+                                                                         "blockysize": 16})])
+def test_an_internal_mask_leaves_its_pixels_out_of_the_band_statistics_as_gdal_masks_them(tmp_path, dtype,
+                                                                                           options):
+    array = _RNG.integers(0, 5000, (24, 20, 3)).astype(dtype)
+    mask = np.zeros((24, 20), bool)
+    mask[:6] = True  # No data, whatever the pixels hold (5000 and above: outside the valid values' range).
+    array[:6] = 9000
+    path = _masked_geotiff(tmp_path / "m.tif", array, mask, **options)
+    (image,) = _validate(path, georef=False)
+    stats = image.band_stats
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert (stats.count[b], stats.nodata[b]) == (count, 120) and count == 360
+        assert (stats.min[b], stats.max[b]) == (low, high) and high < 9000
+        assert stats.mean[b] == pytest.approx(mean, rel=1e-6)
+    assert image.details["masked_pixels"] == 120
+    assert np.array_equal(stored_values(image), array)  # The values under the mask are kept.
+
+
+def test_patches_leave_their_internal_mask_out_of_their_statistics(tmp_path):
+    from imaging import patches, scenes
+
+    array = _RNG.integers(0, 5000, (32, 16, 1)).astype(np.uint16)
+    mask = np.zeros((32, 16), bool)
+    mask[:4] = True
+    array[:4] = 60000
+    path = _masked_geotiff(tmp_path / "m.tif", array, mask)
+    options = RasterOptions(patch=patches.PatchOptions(size=(16, 16), max_nodata=0.5))
+    cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options)
+    first, second = (image.band_stats for image in cut.images)
+    assert (first.count, first.nodata) == ((192,), (64,)) and first.max[0] < 60000
+    assert (second.count, second.nodata) == ((256,), (0,)) and "masked_pixels" not in cut.images[1].details
+    gdal = _gdal_stats(path)[0]
+    total = first.merge(second)
+    assert total.count[0] == gdal[0] and (total.min[0], total.max[0]) == gdal[1:3]
+
+
+def test_a_masked_raster_through_the_converter_keeps_gdals_statistics_and_verifies(tmp_path):
+    from beam_jobs import verify
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    array = _RNG.integers(0, 5000, (16, 12, 2)).astype(np.uint16)
+    mask = np.zeros((16, 12), bool)
+    mask[:, :3] = True
+    array[:, :3] = 65535
+    _masked_geotiff(root / "a" / "m.tif", array, mask)
+    _plain_tiff(root / "a" / "plain.tif", _RNG.integers(0, 5000, (16, 12, 2)).astype(np.uint16))
+    out = tmp_path / "out"
+    manifest = convert(root, out)
+    stats = manifest.splits["train"].band_stats
+    gdal_masked = _gdal_stats(root / "a" / "m.tif")
+    assert list(stats.nodata) == [48, 48] and stats.count[0] == gdal_masked[0][0] + 192
+    assert max(stats.max) < 65535
+    assert verify.main([str(out)]) == 0
+    # The recorded statistics are checked against the stored pixels: a count that does not add up fails.
+    normalized = out / schemas.NORMALIZED_FILENAME
+    normalized.write_text(normalized.read_text().replace('"count": [144, 144]', '"count": [140, 144]'))
+    assert verify.main([str(out)]) != 0

@@ -76,5 +76,5 @@ def images(data: bytes, name: str, context: Context, sidecars=None) -> list[Vali
         raise ImageRejected("empty_file", f"{name} has zero bytes")
     fmt = format_of(data)
     if sidecars is not None and fmt == "tiff":
-        return tiff.images(data, name, fmt, context, sidecars)
+        return tiff.images_with_sidecars(data, name, context, sidecars)
     return handler_for(fmt).images(data, name, fmt, context)

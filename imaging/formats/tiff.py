@@ -17,18 +17,26 @@ from imaging.errors import ImageRejected
 from imaging.formats import _notes, pillow
 from imaging.formats._shared import Context, ValidImage, stored_raster
 
-__all__ = ["images"]
+__all__ = ["images", "images_with_sidecars"]
 
 
-def images(data: bytes, name: str, fmt: str, context: Context, sidecars=None) -> list[ValidImage]:
+def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
     """A TIFF's kept pages (one image each), with their georeferencing when asked for.
 
     What tifffile logs about the file while it is read (a tag it cannot read,
     ...) is listed in each image's details under 'warnings', or added to the
     message it is rejected with.
 
-    `sidecars` (`imaging.sidecars.Sidecars`, or None): what the file's GIS
-    sidecars say (a world file, `.prj`, `.aux.xml`), applied over its tags as
+    Raises:
+      ImageRejected: With the reason the file cannot be stored.
+    """
+    return images_with_sidecars(data, name, context, None)
+
+
+def images_with_sidecars(data: bytes, name: str, context: Context, sidecars) -> list[ValidImage]:
+    """`images`, with what the file's GIS sidecars say (`imaging.sidecars.Sidecars`, or None).
+
+    A world file, `.prj` or `.aux.xml` is applied over the file's tags as
     GDAL applies them, to its first page; the sidecars read, and those left
     out, are listed in the details ('sidecars', 'sidecar_warnings').
 
