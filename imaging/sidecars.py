@@ -263,15 +263,23 @@ def world_geotransform(text: str) -> tuple[float, ...]:
     return (c - 0.5 * a - 0.5 * b, a, b, f - 0.5 * d - 0.5 * e, d, e)
 
 
+def _utm(north: int, south: int = 0) -> Callable[[re.Match], int]:
+    """The EPSG code of a UTM zone's name ('..._Zone_33N'): `north` or `south` + zone; 0 past zone 60."""
+    def code(m: re.Match) -> int:
+        zone = int(m.group(1))
+        base = north if m.group(2) == "N" else south
+        return base + zone if base and 1 <= zone <= 60 else 0
+    return code
+
+
 # The ESRI names of common CRSs (what ArcGIS writes in a .prj, without an AUTHORITY):
 # name pattern -> EPSG code (a function of the UTM zone where the name has one).
 _ESRI_NAMES: tuple[tuple[re.Pattern, Callable[[re.Match], int]], ...] = (
     (re.compile(r"GCS_WGS_1984"), lambda m: 4326),
     (re.compile(r"WGS_1984_Web_Mercator(_Auxiliary_Sphere)?"), lambda m: 3857),
-    (re.compile(r"WGS_1984_UTM_Zone_(\d{1,2})([NS])"),
-     lambda m: (32600 if m.group(2) == "N" else 32700) + int(m.group(1))),
-    (re.compile(r"ETRS_1989_UTM_Zone_(\d{1,2})N"), lambda m: 25800 + int(m.group(1))),
-    (re.compile(r"NAD_1983_UTM_Zone_(\d{1,2})N"), lambda m: 26900 + int(m.group(1))),
+    (re.compile(r"WGS_1984_UTM_Zone_(\d{1,2})([NS])"), _utm(32600, 32700)),
+    (re.compile(r"ETRS_1989_UTM_Zone_(\d{1,2})(N)"), _utm(25800)),
+    (re.compile(r"NAD_1983_UTM_Zone_(\d{1,2})(N)"), _utm(26900)),
     (re.compile(r"GCS_ETRS_1989"), lambda m: 4258),
     (re.compile(r"GCS_North_American_1983"), lambda m: 4269),
 )
