@@ -260,7 +260,7 @@ def test_sidecar_names_are_gdals_in_its_order():
 def test_a_scene_cut_into_patches_takes_its_world_file_and_pam_nodata(tmp_path):
     from imaging import patches, scenes
 
-    array = _RNG.integers(1, 400, (40, 30, 1), dtype=np.uint16)
+    array = _RNG.integers(10, 400, (40, 30, 1), dtype=np.uint16)
     array[:20] = 9  # The top half is nodata by the PAM file alone.
     path = _plain_tiff(tmp_path / "scene.tif", array, tile=(16, 16))
     (tmp_path / "scene.tfw").write_text(_WORLD["a"])
@@ -298,7 +298,7 @@ def test_sidecars_through_the_converter_the_records_manifest_and_verify(tmp_path
 
     root = tmp_path / "images"
     (root / "a").mkdir(parents=True)
-    array = _RNG.integers(1, 400, (12, 10, 2), dtype=np.uint16)
+    array = _RNG.integers(8, 400, (12, 10, 2), dtype=np.uint16)
     array[:4] = 7
     _baseline(root / "a" / "scene.tif", array, TFW="YES")  # World file + PAM SRS, by GDAL.
     pam = (root / "a" / "scene.tif.aux.xml").read_text()
