@@ -395,3 +395,24 @@ def test_a_masked_raster_through_the_converter_keeps_gdals_statistics_and_verifi
     normalized = out / schemas.NORMALIZED_FILENAME
     normalized.write_text(normalized.read_text().replace('"count": [144, 144]', '"count": [140, 144]'))
     assert verify.main([str(out)]) != 0
+
+
+def test_a_scene_and_its_sidecars_through_the_converter_as_patches(tmp_path):
+    from beam_jobs import verify
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    array = _RNG.integers(10, 400, (32, 24, 2)).astype(np.uint16)
+    array[:16, :12] = 9  # One patch of nodata by the PAM file alone.
+    path = _plain_tiff(root / "a" / "scene.tif", array, tile=(16, 16))
+    (root / "a" / "scene.tfw").write_text(_WORLD["b"])
+    (root / "a" / "scene.tif.aux.xml").write_text(_pam_nodata(tmp_path, 9, 2))
+    _, (x0, dx, rx, y0, ry, dy), nodata = _gdal(path)
+    assert nodata == (9.0, 9.0)
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--raster_patch", "16,12", "--raster_max_nodata", "0.5", "--raster_georef")
+    got = {r[schemas.FILENAME.key].decode(): tuple(r[schemas.GEOTRANSFORM.key]) for r, _, _ in decoded_records(out)}
+    assert got == {f"a/scene.tif#patch={y},{x}": (x0 + x * dx, dx, rx, y0 + y * dy, ry, dy)
+                   for y, x in ((0, 12), (16, 0), (16, 12))}  # (0, 0) is skipped for its nodata.
+    assert manifest.splits["train"].band_stats.nodata == (0, 0)
+    assert verify.main([str(out)]) == 0
