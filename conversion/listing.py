@@ -29,7 +29,8 @@ _SIDECARS = {
     ".aux.xml": ("GDAL's metadata sidecar", "; read with the raster as GDAL reads it: its nodata value "
                  "and georeferencing win over the raster's tags (its statistics are not read)"),
     ".ovr": ("GDAL's external overviews", ": reduced copies of its pixels"),
-    ".msk": ("GDAL's external mask", "; not read"),
+    ".msk": ("GDAL's external mask", "; read with the raster as its mask where it has no internal one "
+             "(as GDAL reads it)"),
     ".xml": ("ArcGIS's metadata sidecar", ""),
 }
 # Beside a raster's stem (`scene.tfw` for `scene.tif`): world files and pyramids.

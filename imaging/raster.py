@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import logging
 import math
 import struct
 import zlib
@@ -34,6 +35,7 @@ __all__ = ["RasterOptions", "Raster", "read_tiff", "png_bytes",
            "raw_bytes", "band_stats", "is_png_storable", "apply_options"]
 
 _PAGES = ("first", "all")
+_log = logging.getLogger(__name__)
 # Opt-in conversions (--raster_dtype): the target types, each a linear scaling.
 _TARGET_DTYPES = ("uint8", "uint16")
 # Lossless widening of sample types that raw records do not hold.
@@ -224,12 +226,14 @@ def read_tiff(data: bytes, name: str, options: RasterOptions, sidecars=None) -> 
         # The plainest multi-band files, without tifffile's per-tag cost
         # (imaging/_tiff_strips.py says which, and why).
         array, nodata = plain
+        masked = None
         if sidecars is not None:
             nodata = sidecars.nodata_over(nodata)
+            masked = _external_mask(sidecars, array.shape[:2], name)
         widened = _WIDEN.get(_dtype_name(array.dtype))
         if widened:
             array = array.astype(widened)
-        return [_finish(array, None, nodata, options, name)]
+        return [_finish(array, None, nodata, options, name, masked)]
     loop = _tiff_ifds.ifd_loop(data)
     if loop:
         # Before tifffile (and Pillow), which would read the same pages for ever.
@@ -328,8 +332,38 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions, sidecars=
     for index, page in enumerate(keep):
         array = _read_page(page, data, name)
         page_index = index if options.pages == "all" and len(keep) > 1 else None
-        out.append(_finish(array, page_index, nodata, options, name, _internal_mask(tif, page, data, name)))
+        masked = _internal_mask(tif, page, data, name)
+        if masked is None and index == 0 and sidecars is not None:
+            masked = _external_mask(sidecars, array.shape[:2], name)  # GDAL's dataset: the first page.
+        out.append(_finish(array, page_index, nodata, options, name, masked))
     return out
+
+
+def _external_mask(sidecars, size: tuple[int, int], name: str) -> np.ndarray | None:
+    """GDAL's external mask (`scene.tif.msk`, `imaging.sidecars.Sidecars.mask`) as `_internal_mask` gives one.
+
+    Its first full-resolution page, of the raster's size; zeros are no data
+    (where it has a band per raster band, a pixel is no data where every
+    band's mask says so). One that cannot be read, or of another size, is
+    left out with a warning: the raster is still read, as GDAL's data is.
+    """
+    import tifffile
+
+    if sidecars.mask is None:
+        return None
+    what = f"{name}'s external mask ({name}.msk)"
+    try:
+        with tifffile.TiffFile(io.BytesIO(sidecars.mask)) as tif:
+            page = next((p for p in tif.pages if not _is_reduced(p)), tif.pages.first)
+            values = _read_page(page, sidecars.mask, what)
+    except (ImageRejected, tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+        _log.warning("%s is left out: %s", what, getattr(e, "message", e))
+        return None
+    if values.shape[:2] != tuple(size):
+        _log.warning("%s is left out: it is %dx%d, the raster %dx%d", what, values.shape[1], values.shape[0],
+                     size[1], size[0])
+        return None
+    return (values == 0).all(axis=2)
 
 
 def _internal_mask(tif, page, data: bytes, name: str) -> np.ndarray | None:

@@ -22,8 +22,10 @@ Framework-free (numpy, tifffile, Pillow).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import logging
 import math
 import os
 import warnings
@@ -43,6 +45,7 @@ from imaging.sniff import sniff_format
 __all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows", "LabelHeader",
            "label_header", "label_padding", "LabelRaster"]
 
+_log = logging.getLogger(__name__)
 # Decoded bytes of the patches one work item holds at most (at least one patch):
 # a large scene spreads over workers and shards, and a shard writer holds
 # about one item's records at a time per read-ahead thread. A patch row wider
@@ -261,7 +264,10 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
     resize = resize if resize is not None and resize.active else None
     images, skipped, shares = [], [], []
     masks: list[np.ndarray] | None = None if labels is None else []
-    with SceneReader(source, name) as scene:
+    with SceneReader(source, name) as scene, contextlib.ExitStack() as stack:
+        external = None if scene.has_mask else _external_mask(sidecars, scene, name)
+        if external is not None:
+            stack.enter_context(external)
         rows = [y for y in offsets(scene.height, height, patch.stride[0], patch.edge) if y0 <= y < y1]
         xs = offsets(scene.width, width, patch.stride[1], patch.edge)
         if columns is not None:
@@ -281,6 +287,9 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                     # GDAL's internal mask marks no data too (orthophotos, COGs): as its dataset mask.
                     masked = scene.masked(y, x, height, width)
                     padded = padded | masked
+                elif external is not None:  # Its external mask (scene.tif.msk), as GDAL takes it.
+                    masked = (external.read(y, x, height, width) == 0).all(axis=2) & ~padded
+                    padded = padded | masked
                 share = nodata_share(window, padded if padded.any() else None, scene.nodata)
                 if share > patch.max_nodata:
                     skipped.append((y, x))
@@ -297,6 +306,28 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                 images.append(image)
         size = (scene.height, scene.width)
     return Cut(images, skipped, shares, masks, size)
+
+
+def _external_mask(sidecars, scene: SceneReader, name: str) -> SceneReader | None:
+    """A reader of the scene's external mask (`imaging.sidecars.Sidecars.mask`), of its size; else None.
+
+    One that cannot be read, or of another size, is left out with a warning
+    (the scene is still cut), as `imaging.raster` leaves it out of a whole raster.
+    """
+    if sidecars is None or sidecars.mask is None:
+        return None
+    what = f"{name}'s external mask ({name}.msk)"
+    try:
+        reader = SceneReader(sidecars.mask, what)
+    except ImageRejected as e:
+        _log.warning("%s is left out: %s", what, e.message)
+        return None
+    if (reader.height, reader.width) != (scene.height, scene.width):
+        _log.warning("%s is left out: it is %dx%d, the scene %dx%d", what, reader.width, reader.height,
+                     scene.width, scene.height)
+        reader.close()
+        return None
+    return reader
 
 
 def _with_mask(image: ValidImage, ids: np.ndarray) -> tuple[ValidImage, np.ndarray]:

@@ -12,7 +12,10 @@ value beside it rather than in its tags:
   ESRI names of common CRSs). GDAL's GTiff driver does not read it (ArcGIS
   does): it is used only where nothing else gives a CRS;
 - GDAL's **PAM file** (`scene.tif.aux.xml`): `<SRS>`, `<GeoTransform>` and
-  each band's `<NoDataValue>`.
+  each band's `<NoDataValue>`;
+- GDAL's **external mask** (`scene.tif.msk`, a TIFF): the raster's mask
+  where the file has no internal one, as GDAL takes it; its zeros are no
+  data. Its bytes are kept (`Sidecars.mask`) for the reader of the pixels.
 
 Precedence is GDAL's (GTiff's GDAL_GEOREF_SOURCES default,
 PAM,INTERNAL,TABFILE,WORLDFILE, checked with GDAL 3.10): the PAM file's
@@ -42,7 +45,11 @@ _log = logging.getLogger(__name__)
 # A sidecar larger than this is no sidecar GDAL writes (a PAM file of statistics
 # and histograms is a few KB): not read, so a stray large file costs nothing.
 _MAX_BYTES = 4 << 20
+# An external mask is as large as a 1- or 8-bit band of the raster, compressed.
+_MAX_MASK_BYTES = 256 << 20
 _AUX = ".aux.xml"
+_MSK = ".msk"
+_TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
 _PRJ = "prj"
 _WLD = "wld"
 _WARNED: set[tuple[str, str]] = set()
@@ -64,6 +71,8 @@ class Sidecars:
         without a `.prj`.
       used: The names of the sidecars read, in the order read.
       warnings: One sentence per sidecar left out, or part of one.
+      mask: The bytes of GDAL's external mask (`scene.tif.msk`, a TIFF);
+        None without one.
     """
 
     pam_epsg: int | None = None
@@ -73,6 +82,7 @@ class Sidecars:
     prj_epsg: int | None = None
     used: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    mask: bytes | None = dataclasses.field(default=None, repr=False)
 
     def georef(self, tags: Georef) -> Georef:
         """The georeferencing GDAL reports for the raster whose tags give `tags` (its first page).
@@ -105,17 +115,23 @@ class Sidecars:
 def sidecar_names(path: str) -> tuple[str, ...]:
     """The sidecars GDAL looks for beside `path`, in the order it looks (world files by precedence).
 
-    `folder/scene.tif` -> scene.tif.aux.xml, scene.tfw, scene.TFW, scene.tifw,
-    scene.TIFW, scene.wld, scene.WLD, scene.prj, scene.PRJ (with the folder).
+    `folder/scene.tif` -> scene.tif.aux.xml, scene.tif.msk, scene.tif.MSK,
+    scene.tfw, scene.TFW, scene.tifw, scene.TIFW, scene.wld, scene.WLD,
+    scene.prj, scene.PRJ (with the folder).
     """
     stem, dot, ext = path.rpartition(".")
     if not dot or "/" in ext or os.sep in ext:
-        return (path + _AUX,)
-    names = [path + _AUX]
+        return _own_names(path)
+    names = list(_own_names(path))
     for world_ext in _world_extensions(ext):
         names += [f"{stem}.{world_ext}", f"{stem}.{_other_case(world_ext)}"]
     names += [f"{stem}.{_PRJ}", f"{stem}.{_PRJ.upper()}"]
     return tuple(dict.fromkeys(names))  # A one-letter extension's two names can be one.
+
+
+def _own_names(path: str) -> tuple[str, ...]:
+    """The sidecars named after the raster's whole name: its PAM file and its external mask."""
+    return (path + _AUX, path + _MSK, path + _MSK.upper())
 
 
 def _world_extensions(ext: str) -> tuple[str, ...]:
@@ -138,13 +154,14 @@ def load(path: str, name: str, georef: bool = True,
       path: Where the raster is (its sidecars are looked for beside it).
       name: Its relative path, for warnings.
       georef: Whether georeferencing is wanted (--raster_georef): else only
-        the PAM file is looked for (its nodata value), not world files or `.prj`.
+        the PAM file (its nodata value) and the external mask are looked
+        for, not world files or `.prj`.
       read: `read(path)` -> the file's bytes, or None when there is no such
         file; default: the local file system.
     """
     read = read or _read_local
     found: dict[str, bytes] = {}
-    names = sidecar_names(path) if georef else (path + _AUX,)
+    names = sidecar_names(path) if georef else _own_names(path)
     for candidate in names:
         data = read(candidate)
         if data is not None:
@@ -157,7 +174,8 @@ def load(path: str, name: str, georef: bool = True,
 def _read_local(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            return f.read(_MAX_BYTES + 1)  # Past the limit: `parse` says it is too large.
+            limit = _MAX_MASK_BYTES if path.lower().endswith(_MSK) else _MAX_BYTES
+            return f.read(limit + 1)  # Past the limit: `parse` says it is too large.
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError as e:  # There, but unreadable (permissions): the raster is read without it.
@@ -178,6 +196,16 @@ def parse(name: str, found: Mapping[str, bytes]) -> Sidecars:
     for file, data in found.items():
         lower = file.lower()
         what = None
+        if lower.endswith(_MSK):
+            if "mask" in fields:
+                continue
+            if len(data) > _MAX_MASK_BYTES or data[:4] not in _TIFF_MAGIC:
+                warnings.append(f"{file}: {'larger than 256 MiB' if data[:4] in _TIFF_MAGIC else 'no TIFF'}, "
+                                "not read as GDAL's external mask")
+            else:
+                fields["mask"] = bytes(data)
+                used.append(file)
+            continue
         if lower.endswith(_AUX):
             what = "PAM file"
         elif lower.endswith("." + _PRJ):

@@ -252,9 +252,9 @@ def test_nodata_written_as_its_exact_double_and_nan_are_read(tmp_path):
 
 def test_sidecar_names_are_gdals_in_its_order():
     assert sidecars.sidecar_names("d/scene.tif") == (
-        "d/scene.tif.aux.xml", "d/scene.tfw", "d/scene.TFW", "d/scene.tifw", "d/scene.TIFW", "d/scene.wld",
+        "d/scene.tif.aux.xml", "d/scene.tif.msk", "d/scene.tif.MSK", "d/scene.tfw", "d/scene.TFW", "d/scene.tifw", "d/scene.TIFW", "d/scene.wld",
         "d/scene.WLD", "d/scene.prj", "d/scene.PRJ")
-    assert sidecars.sidecar_names("SCENE.TIF")[1:5] == ("SCENE.TFW", "SCENE.tfw", "SCENE.TIFW", "SCENE.tifw")
+    assert sidecars.sidecar_names("SCENE.TIF")[3:7] == ("SCENE.TFW", "SCENE.tfw", "SCENE.TIFW", "SCENE.tifw")
 
 
 def test_a_scene_cut_into_patches_takes_its_world_file_and_pam_nodata(tmp_path):
@@ -416,3 +416,60 @@ def test_a_scene_and_its_sidecars_through_the_converter_as_patches(tmp_path):
                    for y, x in ((0, 12), (16, 0), (16, 12))}  # (0, 0) is skipped for its nodata.
     assert manifest.splits["train"].band_stats.nodata == (0, 0)
     assert verify.main([str(out)]) == 0
+
+
+def _external_mask_tiff(path: pathlib.Path, array: np.ndarray, mask: np.ndarray, **options) -> pathlib.Path:
+    """A GeoTIFF with GDAL's external mask beside it (`scene.tif.msk`, GDAL_TIFF_INTERNAL_MASK=NO)."""
+    height, width, bands = array.shape
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=False):
+        with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=bands,
+                           dtype=array.dtype.name, transform=_UTM, crs="EPSG:32633", **options) as dst:
+            dst.write(array.transpose(2, 0, 1))
+            dst.write_mask(np.where(mask, 0, 255).astype(np.uint8))
+    assert (path.parent / (path.name + ".msk")).exists()
+    return path
+
+
+def test_an_external_msk_is_the_rasters_mask_as_gdal_takes_it(tmp_path):
+    array = _RNG.integers(0, 5000, (20, 18, 2)).astype(np.uint16)
+    mask = np.zeros((20, 18), bool)
+    mask[-5:] = True
+    array[-5:] = 65000
+    path = _external_mask_tiff(tmp_path / "e.tif", array, mask)
+    (image,) = _validate(path, georef=False)
+    stats = image.band_stats
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert (stats.count[b], stats.nodata[b]) == (count, 90) and high < 65000
+        assert (stats.min[b], stats.max[b]) == (low, high)
+        assert stats.mean[b] == pytest.approx(mean, rel=1e-12)
+    assert image.details["sidecars"] == ["e.tif.msk"] and image.details["masked_pixels"] == 90
+
+
+def test_an_external_msk_of_another_size_or_damaged_is_left_out_with_a_warning(tmp_path, caplog):
+    path = _plain_tiff(tmp_path / "e.tif", _RNG.integers(0, 5000, (8, 8)).astype(np.uint16))
+    _plain_tiff(tmp_path / "e.tif.msk", np.zeros((4, 4), np.uint8))
+    with caplog.at_level(logging.WARNING):
+        (image,) = _validate(path, georef=False)
+    assert image.band_stats.count == (64,) and "it is 4x4, the raster 8x8" in caplog.text
+    (tmp_path / "e.tif.msk").write_bytes(b"II*\0" + b"\xff" * 20)
+    (image,) = _validate(path, georef=False)
+    assert image.band_stats.count == (64,) and "e.tif's external mask (e.tif.msk) is left out" in caplog.text
+
+
+def test_patches_take_an_external_msk_as_their_mask(tmp_path):
+    from imaging import patches, scenes
+
+    array = _RNG.integers(0, 5000, (32, 16, 1)).astype(np.uint16)
+    mask = np.zeros((32, 16), bool)
+    mask[:12] = True
+    path = _external_mask_tiff(tmp_path / "m.tif", array, mask, tiled=True, blockxsize=16, blockysize=16)
+    options = RasterOptions(patch=patches.PatchOptions(size=(16, 16), max_nodata=0.5))
+    cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options, sidecars=sidecars.load(str(path), "m.tif", False))
+    assert cut.skipped == [(0, 0)]  # 12 of its 16 rows masked.
+    (image,) = cut.images
+    assert image.patch == (16, 0) and image.band_stats.count == (256,)
+    # With its second row partly masked: the masked pixels leave its statistics.
+    mask[16:18] = True
+    _external_mask_tiff(path, array, mask, tiled=True, blockxsize=16, blockysize=16)
+    cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options, sidecars=sidecars.load(str(path), "m.tif", False))
+    assert cut.images[0].band_stats.nodata == (32,)
