@@ -435,6 +435,14 @@ class SceneReader:
         """The page's EPSG code and geotransform (`imaging.georef`), from its tags."""
         return page_georef(self._page, self.name)
 
+    def use_nodata(self, nodata: float | None) -> None:
+        """Takes `nodata` as the page's nodata value (a PAM file's, `imaging.sidecars`), padding included."""
+        self.nodata = nodata
+        fits = nodata is not None and (self.dtype.kind == "f" or (
+            math.isfinite(nodata) and nodata == int(nodata)
+            and np.iinfo(self.dtype).min <= nodata <= np.iinfo(self.dtype).max))
+        self.fill = nodata if fits else 0  # A value the samples cannot hold pads with 0.
+
     @property
     def has_mask(self) -> bool:
         """Whether the page has GDAL's internal mask (GDAL_TIFF_INTERNAL_MASK: a COG's, an orthophoto's)."""
