@@ -5,6 +5,7 @@ The Dask translation (`--runner DaskRunner`) lives in `_dask`.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from apache_beam.options.pipeline_options import (
@@ -48,11 +49,7 @@ def make_runner(options: PipelineOptions):
         # The DirectRunner first tries the Prism runner, which downloads a
         # binary; offline it waits and fails. Beam's in-process portable
         # runner is what it falls back to: use it straight away.
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        # Its in-process workers' timed flushes lose elements (`compat.beam_internals`).
-        beam_internals.untimed_local_flushes()
-        return FnApiRunner()
+        return _local_runner_class()()
     if runner in _DASK_RUNNER_NAMES:
         # Beam knows no short name for its Dask runner, and its translation
         # mixes up the outputs of multi-output ParDos: use ours (`_dask`).
@@ -69,6 +66,25 @@ def make_runner(options: PipelineOptions):
 
         return DaskClusterRunner()
     return None
+
+
+@functools.cache
+def _local_runner_class():
+    """Beam's in-process portable runner, whose workers do not flush on a timer while it runs.
+
+    Their timed flushes lose elements (`compat.beam_internals.untimed_local_flushes`).
+    The runner runs a pipeline to its end inside `run_pipeline`, so the switch
+    is scoped to that call. Imported here, not at the module's import: the
+    runner's modules are not needed to parse options.
+    """
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    class BatchFnApiRunner(FnApiRunner):
+        def run_pipeline(self, pipeline, options):
+            with beam_internals.untimed_local_flushes():
+                return super().run_pipeline(pipeline, options)
+
+    return BatchFnApiRunner
 
 
 def is_dask(options: PipelineOptions) -> bool:

@@ -94,8 +94,9 @@ def import_without_remote_clients() -> bool:
     return True
 
 
-def untimed_local_flushes() -> bool:
-    """Has the local runner's in-process workers send their outputs by size only, never on a timer.
+@contextlib.contextmanager
+def untimed_local_flushes():
+    """While open, the local runner's in-process workers send their outputs by size only, never on a timer.
 
     With `direct_running_mode="multi_threading"` (`beam_jobs._runner`), each
     worker flushes every output stream once a second from a timer thread,
@@ -105,20 +106,27 @@ def untimed_local_flushes() -> bool:
     (100,000 rejects of missing files, say) then loses elements unsaid, or
     fails to decode them ("Invalid PaneInfoEncoding", "Error decoding input
     stream"). A batch job needs no timed flush: buffers go out when full and
-    at the bundle's end. The time limit is read when a worker starts; a
-    negative one turns the timer off (Beam takes 0 for "its default").
+    at the bundle's end. The time limit is read when a worker starts (inside
+    the runner's `run_pipeline`); a negative one turns the timer off (Beam
+    takes 0 for "its default"). Beam's own limit is put back on exit, so that
+    a caller's later pipelines in the same process run as Beam made them.
 
-    Returns:
+    Yields:
       True; False, with nothing done, where Beam is outside `TESTED`.
     """
     try:
         check("the local runner's untimed output flushes")
     except UntestedVersion:
-        return False
+        yield False
+        return
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
+    before = worker_handlers.DATA_BUFFER_TIME_LIMIT_MS
     worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = -1
-    return True
+    try:
+        yield True
+    finally:
+        worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = before
 
 
 def bag_kwargs(dask_options: dict) -> dict:

@@ -26,16 +26,19 @@ _SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "icon\r"})
 # (An external overview or mask is itself a TIFF, and would otherwise be converted as one
 # more image: a reduced copy of the scene's pixels under its class.)
 _SIDECARS = {
-    ".aux.xml": ("GDAL's metadata sidecar", "; the statistics, nodata or georeferencing it holds are "
-                 "not read (shardsmith reads the raster's own tags)"),
+    ".aux.xml": ("GDAL's metadata sidecar", "; read with the raster as GDAL reads it: its nodata value "
+                 "and georeferencing win over the raster's tags (its statistics are not read)"),
     ".ovr": ("GDAL's external overviews", ": reduced copies of its pixels"),
-    ".msk": ("GDAL's external mask", "; not read"),
+    ".msk": ("GDAL's external mask", "; read with the raster as its mask where it has no internal one "
+             "(as GDAL reads it)"),
     ".xml": ("ArcGIS's metadata sidecar", ""),
 }
 # Beside a raster's stem (`scene.tfw` for `scene.tif`): world files and pyramids.
 _STEM_SIDECARS = {
-    ".wld": ("a world file", "; its georeferencing is not read (shardsmith reads GeoTIFF tags)"),
-    ".prj": ("an ESRI projection file", "; not read (shardsmith reads GeoTIFF tags)"),
+    ".wld": ("a world file", "; read with --raster_georef as the raster's georeferencing where its "
+             "tags give none (as GDAL reads it)"),
+    ".prj": ("an ESRI projection file", "; read with --raster_georef as the raster's CRS where "
+             "nothing else gives one"),
     ".rrd": ("ERDAS/ArcGIS pyramids", ": reduced copies of its pixels"),
 }
 

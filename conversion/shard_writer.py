@@ -24,7 +24,7 @@ import schemas
 from conversion import guard, masks as _masks, targets as _targets
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
-from conversion.files import AtomicWriter, open_to_read, read_bytes, write_shard_index
+from conversion.files import AtomicWriter, exists, is_local, open_to_read, read_bytes, write_shard_index
 from imaging import ImageRejected, ImageValidator, ValidationOptions, ValidImage
 from imaging import boxes as _boxes
 from schemas.tfrecord import frame_record
@@ -444,17 +444,24 @@ class _Writer:
                 except Exception as e:  # noqa: BLE001 - this file alone: rejected, reported
                     outcomes[k] = _internal_error(group[k], e)
             items = [(data, group[k].rel_path) for k, _, data in read]
+            georef = self._job.validation.raster.georef
+            sidecars = {}  # The TIFFs' GIS sidecars, by name.
+            for k, _, data in read:
+                if data[:4] in _TIFF_MAGIC:
+                    found = _sidecars(group[k], georef)
+                    if found is not None:
+                        sidecars[group[k].rel_path] = found
 
             def on_file(i: int) -> None:  # `validate_many`'s i-th item (-1: a batch of them).
                 now_on(read[i][1] if i >= 0 else -1)
 
             try:
-                results = self._validator.validate_many(items, on_file)
+                results = self._validator.validate_many(items, on_file, sidecars)
             except Exception:  # noqa: BLE001 - which file, and why: one at a time below
                 results = []
                 for i, (data, name) in enumerate(items):
                     on_file(i)
-                    results.append(self._validate_one(data, name))
+                    results.append(self._validate_one(data, name, sidecars.get(name)))
             for (k, j, data), result in zip(read, results):
                 if isinstance(result, ImageRejected):
                     result = Reject(group[k].rel_path, result.reason, result.message)
@@ -483,7 +490,8 @@ class _Writer:
                     labels = None if mask is None else stack.enter_context(self._labels(f, *mask))
                     fh = stack.enter_context(open_to_read(f.path))
                     cut = _scenes().cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster,
-                                             validation.resize, labels, columns)
+                                             validation.resize, labels, columns,
+                                             _sidecars(f, validation.raster.georef))
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.
@@ -535,10 +543,10 @@ class _Writer:
                 # Rejected as bad_target by the boxes' `record` (`conversion.targets.boxes`), which needs it.
                 _LOG.debug("No raw frame of %s", f.rel_path, exc_info=e)
 
-    def _validate_one(self, data: bytes, name: str):
+    def _validate_one(self, data: bytes, name: str, sidecars=None):
         """A file's images, its ImageRejected, or the unexpected error it raised (returned)."""
         try:
-            return self._validator.validate_all(data, name)
+            return self._validator.validate_all(data, name, sidecars)
         except ImageRejected as e:
             return e
         except Exception as e:  # noqa: BLE001 - returned, and rejected as internal_error
@@ -569,6 +577,32 @@ def _item_details(f: ShardFile) -> dict:
     if item.x0 is None:
         return {"patch_rows": [item.y0, item.y1]}
     return {"patch_rows": [item.y0, item.y1], "patch_columns": [item.x0, item.x1]}
+
+
+# The first bytes of a TIFF (II or MM; 42, or 43 for BigTIFF): the files whose GIS sidecars are looked for.
+_TIFF_MAGIC = frozenset((b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"))
+
+
+def _sidecars(f: ShardFile, georef: bool):
+    """What the GIS sidecars beside a TIFF say (`imaging.sidecars.load`), or None without any.
+
+    Local files are looked up one name at a time (a stat each); URLs too,
+    through Beam's FileSystems. A sidecar that cannot be read is passed over
+    with a warning: the raster is converted without it.
+    """
+    from imaging import sidecars as _sidecars_module
+
+    if is_local(f.path):
+        return _sidecars_module.load(f.path, f.rel_path, georef)
+
+    def read(path: str) -> bytes | None:
+        try:
+            return read_bytes(path) if exists(path) else None
+        except OSError as e:
+            _LOG.warning("%s: its sidecar %s is not read (%s)", f.rel_path, path, e)
+            return None
+
+    return _sidecars_module.load(f.path, f.rel_path, georef, read)
 
 
 def _read(f: ShardFile) -> bytes:

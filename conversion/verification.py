@@ -486,7 +486,9 @@ def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
 
     Raster records are those read by imaging/raster.py, whose details name
     their source dtype and bands; the converter's band statistics cover
-    exactly these, with samples equal to the nodata value left out.
+    exactly these, with samples equal to the nodata value left out. A record
+    whose internal mask left pixels out maps to its `schemas.BandStats` as
+    recorded ('masked_stats'): the stored pixels alone cannot give them.
     """
     rasters = {}
     for line in normalized_jsonl.split("\n"):  # Not splitlines: a path may hold U+0085 or U+2028.
@@ -494,7 +496,10 @@ def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
             continue
         entry = json.loads(line)
         details = entry.get("details") or {}
-        if "source_bands" in details:
+        if "masked_stats" in details:
+            # An internal mask left pixels out that the stored values do not show: its statistics.
+            rasters[entry["path"]] = schemas.BandStats.from_json(details["masked_stats"])
+        elif "source_bands" in details:
             nodata = details.get("nodata")
             rasters[entry["path"]] = None if nodata is None else float(nodata)
     return rasters
@@ -593,11 +598,37 @@ class _BandCheck:
         self._shard = shard
         self._rasters = rasters
         self._stats = schemas.BandStatsAccumulator()  # As the writer combines them.
+        self._mask_problems: list[str] = []
 
     def add(self, name: str, pixels) -> None:
         if pixels is None:
             return
-        self._stats.add(_raster.band_stats(np.asarray(pixels), self._rasters[name]))
+        known = self._rasters[name]
+        if isinstance(known, schemas.BandStats):
+            self._stats.add(self._masked(name, np.asarray(pixels), known))
+        else:
+            self._stats.add(_raster.band_stats(np.asarray(pixels), known))
+
+    def _masked(self, name: str, pixels: np.ndarray, known: schemas.BandStats) -> schemas.BandStats:
+        """The recorded statistics of a record with an internal mask, checked as far as its pixels allow.
+
+        Its valid and nodata samples must add up to its pixels, and its
+        minimum and maximum lie within theirs; what does not is a problem.
+        """
+        whole = _raster.band_stats(pixels, None)
+        pixels_per_band = pixels.shape[0] * pixels.shape[1]
+        for b in range(min(known.num_bands, whole.num_bands)):
+            low, high = whole.min[b], whole.max[b]
+            inside = known.min[b] is None or (low <= known.min[b] and known.max[b] <= high)
+            if known.count[b] + known.nodata[b] != pixels_per_band or not inside:
+                self._mask_problems.append(
+                    f"{self._shard.file}: {name}: band {b + 1}'s recorded statistics under its internal "
+                    f"mask ({known.count[b]} valid + {known.nodata[b]} nodata, {known.min[b]}..{known.max[b]}) "
+                    f"do not fit its {pixels_per_band} stored pixels ({low}..{high})")
+        if known.num_bands != whole.num_bands:
+            self._mask_problems.append(f"{self._shard.file}: {name}: {known.num_bands} bands of recorded "
+                                       f"statistics, {whole.num_bands} stored")
+        return known
 
     def problems(self) -> list[str]:
         """Problem lines, naming the shard and the band (1-based, as GDAL numbers them)."""
@@ -612,7 +643,7 @@ class _BandCheck:
             what = "none" if got is None else f"{got.records} records of {got.num_bands} bands"
             return [f"{file}: band statistics of {what}, the manifest says {want.records} records "
                     f"of {want.num_bands} bands"]
-        out = []
+        out = list(self._mask_problems)
         for b in range(want.num_bands):
             scale = max(abs(v) for v in (got.min[b], got.max[b], 0.0) if v is not None)
             for field in ("count", "nodata", "min", "max", "mean", "m2"):

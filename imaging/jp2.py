@@ -437,8 +437,8 @@ class Jp2SceneReader:
     The tiles of the current row of tiles are kept: the windows of one row
     of patches, left to right, decode each tile once. Values are OpenJPEG's
     (imagecodecs), as GDAL's JP2OpenJPEG driver reads them. A JPEG 2000 file
-    holds no nodata value (GDAL keeps one in a .aux.xml sidecar): `nodata`
-    is None, pixels past the edge hold 0.
+    holds no nodata value (GDAL keeps one in its .aux.xml sidecar, which
+    `use_nodata` takes): `nodata` is None, pixels past the edge hold 0.
 
     Not thread-safe: one reader per thread or process.
 
@@ -495,6 +495,14 @@ class Jp2SceneReader:
     def georef(self) -> _georef.Georef:
         """The scene's EPSG code and geotransform (`georef`: GeoJP2, else GMLJP2)."""
         return georef(self.structure, self.name)
+
+    def use_nodata(self, nodata: float | None) -> None:
+        """Takes `nodata` as the scene's nodata value (its .aux.xml's, `imaging.sidecars`: where GDAL keeps a
+        JPEG 2000's), padding included (`imaging.patches.padding_fill`)."""
+        from imaging.patches import padding_fill
+
+        self.nodata = nodata
+        self.fill = padding_fill(nodata, self.dtype)
 
     def masked(self, y: int, x: int, height: int, width: int) -> None:
         """None: a JPEG 2000 file has no internal mask here (`SceneReader.masked`)."""
@@ -567,7 +575,10 @@ class Jp2SceneReader:
             view = tile[y - sy:y - sy + height, x - sx:x - sx + width]
             view.flags.writeable = False
             return view
-        out = (np.empty if inside else np.zeros)((height, width, self.bands), self.dtype)
+        if inside:
+            out = np.empty((height, width, self.bands), self.dtype)  # Every pixel is written below.
+        else:
+            out = np.full((height, width, self.bands), self.fill, self.dtype)
         for row in range(first_row, last_row + 1):
             for col in range(first_col, last_col + 1):
                 tile = self._tile(row, col)

@@ -48,7 +48,7 @@ from imaging.errors import ImageRejected
 from imaging.georef import Georef, page_georef
 
 __all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets", "open_scene",
-           "patch_georef", "patch_geotransform"]
+           "padding_fill", "patch_georef", "patch_geotransform"]
 
 # --raster_edge values; `shift` first: the default.
 EDGES = ("shift", "pad", "drop")
@@ -440,6 +440,11 @@ class SceneReader:
         """The page's EPSG code and geotransform (`imaging.georef`), from its tags."""
         return page_georef(self._page, self.name)
 
+    def use_nodata(self, nodata: float | None) -> None:
+        """Takes `nodata` as the page's nodata value (a PAM file's, `imaging.sidecars`), padding included."""
+        self.nodata = nodata
+        self.fill = padding_fill(nodata, self.dtype)
+
     @property
     def has_mask(self) -> bool:
         """Whether the page has GDAL's internal mask (GDAL_TIFF_INTERNAL_MASK: a COG's, an orthophoto's)."""
@@ -666,6 +671,13 @@ class SceneReader:
         if array.dtype.kind == "b":
             array = array.view(np.uint8)
         return np.ascontiguousarray(array, self.dtype)
+
+
+def padding_fill(nodata: float | None, dtype: np.dtype) -> float:
+    """What pixels past a scene's edge hold: its nodata value, or 0 without one or when `dtype` cannot hold it."""
+    fits = nodata is not None and (dtype.kind == "f" or (
+        math.isfinite(nodata) and nodata == int(nodata) and np.iinfo(dtype).min <= nodata <= np.iinfo(dtype).max))
+    return nodata if fits else 0
 
 
 def open_scene(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO, name: str | None = None):

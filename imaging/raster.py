@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import logging
 import math
 import struct
 import zlib
@@ -34,6 +35,7 @@ __all__ = ["RasterOptions", "Raster", "read_tiff", "png_bytes",
            "raw_bytes", "band_stats", "is_png_storable", "apply_options"]
 
 _PAGES = ("first", "all")
+_log = logging.getLogger(__name__)
 # Opt-in conversions (--raster_dtype): the target types, each a linear scaling.
 _TARGET_DTYPES = ("uint8", "uint16")
 # Lossless widening of sample types that raw records do not hold.
@@ -166,6 +168,10 @@ class Raster:
       nodata: The GDAL nodata value of the file, or None.
       actions: What was changed beyond re-encoding ('select_bands', ...).
       details: JSON-safe provenance for normalized.jsonl.
+      masked: (height, width) booleans, True where the page's internal mask
+        (GDAL's, a mask page after it) says no data: left out of the band
+        statistics as nodata samples are, whatever their values; None
+        without a mask.
     """
 
     array: np.ndarray
@@ -173,6 +179,7 @@ class Raster:
     nodata: float | None
     actions: tuple[str, ...]
     details: dict[str, Any]
+    masked: np.ndarray | None = None
 
 
 # 8-bit TIFFs that Pillow has always read and shows as a person sees them
@@ -190,8 +197,12 @@ _OJPEG = 6  # Old-style JPEG: TIFF 6.0's first, underspecified, JPEG scheme.
 _HEADER_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, EOFError)
 
 
-def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | None:
+def read_tiff(data: bytes, name: str, options: RasterOptions, sidecars=None) -> list[Raster] | None:
     """A TIFF file's kept pages, or None where it stays on Pillow's path; one header parse.
+
+    `sidecars` (an `imaging.sidecars.Sidecars`, or None) are the file's GIS
+    sidecars: a nodata value in its `.aux.xml` wins over its GDAL_NODATA tag,
+    as GDAL reads it.
 
     Pillow keeps (None) unsigned images of at most 8 bits per sample with 1 or
     3 bands, or 4 when the image is CMYK, compressed in a way Pillow decodes,
@@ -215,10 +226,14 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
         # The plainest multi-band files, without tifffile's per-tag cost
         # (imaging/_tiff_strips.py says which, and why).
         array, nodata = plain
+        masked = None
+        if sidecars is not None:
+            nodata = sidecars.nodata_over(nodata)
+            masked = _external_mask(sidecars, array.shape[:2], name)
         widened = _WIDEN.get(_dtype_name(array.dtype))
         if widened:
             array = array.astype(widened)
-        return [_finish(array, None, nodata, options, name)]
+        return [_finish(array, None, nodata, options, name, masked)]
     loop = _tiff_ifds.ifd_loop(data)
     if loop:
         # Before tifffile (and Pillow), which would read the same pages for ever.
@@ -230,7 +245,7 @@ def read_tiff(data: bytes, name: str, options: RasterOptions) -> list[Raster] | 
     with tif:
         if default and _pillow_owns_file(tif):
             return None
-        return _decode_pages(tif, data, name, options)
+        return _decode_pages(tif, data, name, options, sidecars)
 
 
 def _open(data: bytes):
@@ -290,7 +305,7 @@ def _has_mask_pages(tif) -> bool:
         return False  # Pillow reads the first page and says what is wrong with the rest, as it did.
 
 
-def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[Raster]:
+def _decode_pages(tif, data: bytes, name: str, options: RasterOptions, sidecars=None) -> list[Raster]:
     """The kept pages of an opened TIFF (`read_tiff`)."""
     import tifffile
 
@@ -311,12 +326,66 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions) -> list[R
             f"--max_pixels={options.max_pixels:,}",
         )
     nodata = _nodata(keep[0])
+    if sidecars is not None:
+        nodata = sidecars.nodata_over(nodata)
     out = []
     for index, page in enumerate(keep):
         array = _read_page(page, data, name)
         page_index = index if options.pages == "all" and len(keep) > 1 else None
-        out.append(_finish(array, page_index, nodata, options, name))
+        masked = _internal_mask(tif, page, data, name)
+        if masked is None and index == 0 and sidecars is not None:
+            masked = _external_mask(sidecars, array.shape[:2], name)  # GDAL's dataset: the first page.
+        out.append(_finish(array, page_index, nodata, options, name, masked))
     return out
+
+
+def _external_mask(sidecars, size: tuple[int, int], name: str) -> np.ndarray | None:
+    """GDAL's external mask (`scene.tif.msk`, `imaging.sidecars.Sidecars.mask`) as `_internal_mask` gives one.
+
+    Its first full-resolution page, of the raster's size; zeros are no data
+    (where it has a band per raster band, a pixel is no data where every
+    band's mask says so). One that cannot be read, or of another size, is
+    left out with a warning: the raster is still read, as GDAL's data is.
+    """
+    import tifffile
+
+    if sidecars.mask is None:
+        return None
+    what = f"{name}'s external mask ({name}.msk)"
+    try:
+        with tifffile.TiffFile(io.BytesIO(sidecars.mask)) as tif:
+            page = next((p for p in tif.pages if not _is_reduced(p)), tif.pages.first)
+            values = _read_page(page, sidecars.mask, what)
+    except (ImageRejected, tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+        _log.warning("%s is left out: %s", what, getattr(e, "message", e))
+        return None
+    if values.shape[:2] != tuple(size):
+        _log.warning("%s is left out: it is %dx%d, the raster %dx%d", what, values.shape[1], values.shape[0],
+                     size[1], size[0])
+        return None
+    return (values == 0).all(axis=2)
+
+
+def _internal_mask(tif, page, data: bytes, name: str) -> np.ndarray | None:
+    """(height, width) booleans, True where the page's internal mask says no data; None without one.
+
+    GDAL's internal mask of a page (GDAL_TIFF_INTERNAL_MASK) is the next
+    mask page of its size (overviews have masks of their own sizes), as
+    `imaging.patches.SceneReader` finds it. GDAL's dataset mask is then that
+    mask: its zeros are no data, whatever the pixels hold.
+    """
+    import tifffile
+
+    try:
+        after = list(tif.pages)[page.index + 1:]
+        mask = next((p for p in after if _is_mask(p) and not _is_reduced(p)
+                     and (p.imagelength, p.imagewidth) == (page.imagelength, page.imagewidth)), None)
+    except (tifffile.TiffFileError, *_HEADER_ERRORS) as e:
+        raise ImageRejected("corrupt", f"{name}: damaged page directory ({e})") from e
+    if mask is None:
+        return None
+    values = _read_page(mask, data, f"{name} (its internal mask)")
+    return (values == 0).all(axis=2)
 
 
 def _from_header(name: str, fn, *args):
@@ -553,7 +622,8 @@ def _nodata(page) -> float | None:
     return float(value)
 
 
-def apply_options(array: np.ndarray, nodata: float | None, options: RasterOptions, name: str) -> Raster:
+def apply_options(array: np.ndarray, nodata: float | None, options: RasterOptions, name: str,
+                  masked: np.ndarray | None = None) -> Raster:
     """An array read from a TIFF (a whole page or a window of one) as `read_tiff` keeps it.
 
     Sample types raw records do not hold are widened losslessly (int8,
@@ -567,10 +637,10 @@ def apply_options(array: np.ndarray, nodata: float | None, options: RasterOption
     widened = _WIDEN.get(_dtype_name(array.dtype))
     if widened:
         array = array.astype(widened)
-    return _finish(array, None, nodata, options, name)
+    return _finish(array, None, nodata, options, name, masked)
 
 
-def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
+def _finish(array, page, nodata, options: RasterOptions, name: str, masked=None) -> Raster:
     actions: list[str] = []
     details: dict[str, Any] = {"source_dtype": _dtype_name(array.dtype), "source_bands": int(array.shape[2])}
     if options.bands is not None:
@@ -590,7 +660,9 @@ def _finish(array, page, nodata, options: RasterOptions, name: str) -> Raster:
         details["scaling"] = scaling
     if nodata is not None:
         details["nodata"] = _json_number(nodata)
-    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details)
+    if masked is not None and not masked.any():
+        masked = None  # A mask that masks nothing: the statistics are those of every pixel.
+    return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details, masked)
 
 
 def _scale(array, nodata, options: RasterOptions, name: str):
@@ -666,14 +738,17 @@ def raw_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=little).tobytes()
 
 
-def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
+def band_stats(array: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
     """Per band: valid samples, min, max, mean, sum of squared deviations, nodata count.
 
-    Samples equal to `nodata`, and NaN, are counted as nodata and left out.
-    Integer samples with no nodata among them: from exact integer sums, each
-    statistic the correctly rounded float of its exact value
-    (`_band_stats_exact`); otherwise float64 sums.
+    Samples equal to `nodata`, NaN, and every sample of a pixel `masked`
+    marks ((height, width) booleans: an internal mask's no data) are counted
+    as nodata and left out. Integer samples with no nodata among them: from
+    exact integer sums, each statistic the correctly rounded float of its
+    exact value (`_band_stats_exact`); otherwise float64 sums.
     """
+    if masked is not None and masked.any():
+        return _band_stats_loop(array, nodata, masked.ravel())
     if array.dtype.kind in "ui":
         exact = _band_stats_exact(array, nodata)
         if exact is not None:
@@ -681,10 +756,17 @@ def band_stats(array: np.ndarray, nodata: float | None) -> schemas.BandStats:
     fast = _band_stats_all_valid(array, nodata)
     if fast is not None:
         return fast
+    return _band_stats_loop(array, nodata)
+
+
+def _band_stats_loop(array: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
+    """`band_stats` band by band in float64; `masked`: per pixel, flattened, True where left out."""
     counts, mins, maxs, means, m2s, missing = [], [], [], [], [], []
     for band in _bands(array):
         values = band.astype(np.float64, copy=False).ravel()
         invalid = np.isnan(values)
+        if masked is not None:
+            invalid |= masked
         if nodata is not None and not math.isnan(nodata):
             invalid |= values == nodata
         n_invalid = int(invalid.sum())

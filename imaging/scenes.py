@@ -22,8 +22,10 @@ Framework-free (numpy, tifffile, Pillow).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import logging
 import math
 import os
 import warnings
@@ -36,13 +38,14 @@ import schemas
 from imaging import masks as _masks, raster as _raster, resize as _resize
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
-from imaging.formats._shared import ValidImage, with_georef
+from imaging.formats._shared import ValidImage, with_georef, with_mask_stats
 from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, open_scene, patch_georef
 from imaging.sniff import sniff_format
 
 __all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows", "LabelHeader",
            "label_header", "label_padding", "LabelRaster"]
 
+_log = logging.getLogger(__name__)
 # Decoded bytes of the patches one work item holds at most (at least one patch):
 # a large scene spreads over workers and shards, and a shard writer holds
 # about one item's records at a time per read-ahead thread. A patch row wider
@@ -246,7 +249,8 @@ def _tall_tiles(header: SceneHeader, options: PatchOptions, step: int, rows: int
 
 def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
              options: _raster.RasterOptions, resize: _resize.ResizeOptions | None = None,
-             labels: LabelRaster | None = None, columns: tuple[int, int] | None = None) -> Cut:
+             labels: LabelRaster | None = None, columns: tuple[int, int] | None = None,
+             sidecars=None) -> Cut:
     """The stored patches of the scene whose top row lies in [y0, y1) (a `WorkItem`).
 
     A patch whose nodata share (`nodata_share`: padding counts) exceeds
@@ -271,6 +275,9 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
         (an item of a row split into column ranges); None: every column.
         The reader then keeps only those columns of what it decodes (strips
         span the scene's width).
+      sidecars: What the scene's GIS sidecars say (`imaging.sidecars.Sidecars`:
+        a PAM file's nodata, a world file's georeferencing), applied over its
+        tags as GDAL applies them; None: its tags alone.
 
     Raises:
       ImageRejected: As `SceneReader.read`, `imaging.raster.apply_options`
@@ -281,7 +288,10 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
     resize = resize if resize is not None and resize.active else None
     images, skipped, shares = [], [], []
     masks: list[np.ndarray] | None = None if labels is None else []
-    with open_scene(source, name) as scene:
+    with open_scene(source, name) as scene, contextlib.ExitStack() as stack:
+        external = None if scene.has_mask else _external_mask(sidecars, scene, name)
+        if external is not None:
+            stack.enter_context(external)
         rows = [y for y in offsets(scene.height, height, patch.stride[0], patch.edge) if y0 <= y < y1]
         xs = offsets(scene.width, width, patch.stride[1], patch.edge)
         if columns is not None:
@@ -289,20 +299,30 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
             if xs:
                 scene.keep_columns(xs[0], xs[-1] + width)
         georef = scene.georef if options.georef else None
+        if sidecars is not None:
+            scene.use_nodata(sidecars.nodata_over(scene.nodata))
+            georef = None if georef is None else sidecars.georef(georef)
         for y in rows:
             for x in xs:
                 window = scene.read(y, x, height, width, copy=False)  # Encoded at once
                 padded = scene.padded(y, x, height, width)
+                masked = None
                 if scene.has_mask:
                     # GDAL's internal mask marks no data too (orthophotos, COGs): as its dataset mask.
-                    padded = padded | scene.masked(y, x, height, width)
+                    masked = scene.masked(y, x, height, width)
+                    padded = padded | masked
+                elif external is not None:  # Its external mask (scene.tif.msk), as GDAL takes it.
+                    masked = (external.read(y, x, height, width) == 0).all(axis=2) & ~padded
+                    padded = padded | masked
                 share = nodata_share(window, padded if padded.any() else None, scene.nodata)
                 if share > patch.max_nodata:
                     skipped.append((y, x))
                     shares.append(share)
                     continue
-                image = _stored(_raster.apply_options(window, scene.nodata, options, name), y, x, resize,
+                image = _stored(_raster.apply_options(window, scene.nodata, options, name, masked), y, x, resize,
                                 scene.source_format)
+                if sidecars is not None and (sidecars.used or sidecars.warnings):
+                    image = dataclasses.replace(image, details={**(image.details or {}), **sidecars.details()})
                 if georef is not None:
                     image = with_georef(image, patch_georef(georef, y, x, height, width))
                 if labels is not None:
@@ -311,6 +331,28 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                 images.append(image)
         size = (scene.height, scene.width)
     return Cut(images, skipped, shares, masks, size)
+
+
+def _external_mask(sidecars, scene: SceneReader, name: str) -> SceneReader | None:
+    """A reader of the scene's external mask (`imaging.sidecars.Sidecars.mask`), of its size; else None.
+
+    One that cannot be read, or of another size, is left out with a warning
+    (the scene is still cut), as `imaging.raster` leaves it out of a whole raster.
+    """
+    if sidecars is None or sidecars.mask is None:
+        return None
+    what = f"{name}'s external mask ({name}.msk)"
+    try:
+        reader = SceneReader(sidecars.mask, what)
+    except ImageRejected as e:
+        _log.warning("%s is left out: %s", what, e.message)
+        return None
+    if (reader.height, reader.width) != (scene.height, scene.width):
+        _log.warning("%s is left out: it is %dx%d, the scene %dx%d", what, reader.width, reader.height,
+                     scene.width, scene.height)
+        reader.close()
+        return None
+    return reader
 
 
 def _with_mask(image: ValidImage, ids: np.ndarray) -> tuple[ValidImage, np.ndarray]:
@@ -338,8 +380,12 @@ def _stored(r: _raster.Raster, y: int, x: int, resize: _resize.ResizeOptions | N
         array = _resize.resize_array(array, resize)
         actions = actions + (resize.action,)
         details = {**(details or {}), "original": list(original), "stored": list(array.shape[:2])}
+    masked = r.masked
+    if masked is not None and masked.shape != array.shape[:2]:
+        masked = _masks.nearest(masked.astype(np.uint8), array.shape[:2]).astype(bool)
     h, w, c = array.shape
-    stats = _raster.band_stats(array, r.nodata)
+    stats = _raster.band_stats(array, r.nodata, masked)
+    details = with_mask_stats(dataclasses.replace(r, masked=masked, details=details), stats).details
     if not _raster.is_png_storable(array):
         return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c, fmt,
                           (f"store_{fmt}_as_raw",) + actions, details=details, band_stats=stats,

@@ -58,6 +58,7 @@ import numpy as np
 
 import schemas
 from imaging import raster as _raster
+from imaging import sidecars as _sidecars
 from imaging.errors import ImageRejected
 from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, open_scene, patch_geotransform
 
@@ -326,12 +327,16 @@ def _header(rel_path: str, path: str) -> _Header:
     band = band_of(rel_path)
     try:
         with open_scene(path, rel_path) as scene:
-            georef = scene.georef
+            georef, nodata = scene.georef, scene.nodata
+            # A world file, `.prj` or `.aux.xml` beside it, read as GDAL reads them.
+            sidecars = _sidecars.load(path, rel_path)
+            if sidecars is not None:
+                georef, nodata = sidecars.georef(georef), sidecars.nodata_over(nodata)
             dtype = _WIDEN.get(scene.dtype.name, scene.dtype.name)
             if date is None:
                 date = _tag_date(scene)
             return _Header(rel_path, path, date, band, georef.epsg, georef.geotransform, scene.height,
-                           scene.width, scene.bands, dtype, scene.nodata)
+                           scene.width, scene.bands, dtype, nodata)
     except ImageRejected as e:
         return _Header(rel_path, path, date, band, error=e)
 
@@ -608,7 +613,7 @@ def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = No
     y, x, h, w = (0, 0, plan.height, plan.width) if window is None else window
     out = np.empty((len(plan.dates), h, w, len(plan.bands)), np.dtype(plan.dtype))
     for t, date in enumerate(plan.dates):
-        _read_date(date, (y, x, h, w), out[t])
+        _read_date(date, (y, x, h, w), out[t], plan.nodata)
     return out
 
 
@@ -620,10 +625,12 @@ def _picks_by_file(date: DatePlan) -> dict[str, tuple[str, list[tuple[int, int]]
     return by_file
 
 
-def _read_date(date: DatePlan, window: tuple[int, int, int, int], out: np.ndarray) -> None:
+def _read_date(date: DatePlan, window: tuple[int, int, int, int], out: np.ndarray,
+               nodata: float | None) -> None:
     """Fills out (h, w, bands) with one date's window, opening each of its files once."""
     for rel, (path, picks) in _picks_by_file(date).items():
         with open_scene(path, rel) as scene:
+            scene.use_nodata(nodata)  # A PAM file's may stand for the tag's: padding holds it.
             values = scene.read(*window)
         for b, band in picks:
             out[:, :, b] = values[:, :, band]
@@ -658,6 +665,7 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
     for t, date in enumerate(plan.dates):
         for rel, (path, picks) in _picks_by_file(date).items():
             with open_scene(path, rel) as scene:
+                scene.use_nodata(plan.nodata)  # A PAM file's may stand for the tag's: padding holds it.
                 if xs:
                     scene.keep_columns(max(xs[0], 0), xs[-1] + width)
                 for k, (y, x) in enumerate(corners):

@@ -20,8 +20,8 @@ it; this module holds the options and the batched decoding of small JPEGs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from imaging import dicom as _dicom
 from imaging import formats as _formats
@@ -151,13 +151,15 @@ class ImageValidator:
         """Loads TensorFlow's decode ops now rather than at the first file that needs them."""
         self._context.ops  # noqa: B018 (the property loads them)
 
-    def validate_all(self, data: bytes, name: str) -> list[ValidImage]:
+    def validate_all(self, data: bytes, name: str, sidecars=None) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file or multi-page TIFF may give several images.
+
+        `sidecars`: what a TIFF's GIS sidecars say (`imaging.sidecars.load`), or None.
 
         Raises:
           ImageRejected: With the reason the file cannot be stored.
         """
-        return _formats.images(data, name, self._context)
+        return _formats.images(data, name, self._context, sidecars)
 
     def validate(self, data: bytes, name: str) -> ValidImage:
         """Checks one file's bytes (one image; see `validate_all` for DICOM).
@@ -180,7 +182,8 @@ class ImageValidator:
         return images[0]
 
     def validate_many(self, items: Sequence[tuple[bytes, str]],
-                      on_file: Callable[[int], None] | None = None) -> list[list[ValidImage] | ImageRejected]:
+                      on_file: Callable[[int], None] | None = None,
+                      sidecars: Mapping[str, Any] | None = None) -> list[list[ValidImage] | ImageRejected]:
         """Checks many files at once: for each, what `validate_all` returns or raises.
 
         Ordinary upright JPEGs (those `validate` keeps byte for byte after one
@@ -196,6 +199,8 @@ class ImageValidator:
             and with -1 as work on several starts (a batch's decode, the
             header checks of the JPEGs that may join one): the conversion's
             journal, so that its watchdog times each file (`conversion.guard`).
+          sidecars: Name -> what that file's GIS sidecars say
+            (`imaging.sidecars.Sidecars`), for the TIFFs that have some.
 
         Returns:
           One entry per item, in order: its images, or the `ImageRejected` it
@@ -210,7 +215,7 @@ class ImageValidator:
             image = _jpeg.batchable(data, self._context) if sniff_format(data[:132]) == "jpeg" else None
             if image is None:
                 on_file(i)
-                results[i] = self._validate_or_reject(data, name)
+                results[i] = self._validate_or_reject(data, name, sidecars and sidecars.get(name))
                 on_file(-1)
             else:
                 batch.append((i, image))
@@ -230,8 +235,8 @@ class ImageValidator:
                 start += size
         return results
 
-    def _validate_or_reject(self, data: bytes, name: str) -> list[ValidImage] | ImageRejected:
+    def _validate_or_reject(self, data: bytes, name: str, sidecars=None) -> list[ValidImage] | ImageRejected:
         try:
-            return self.validate_all(data, name)
+            return self.validate_all(data, name, sidecars)
         except ImageRejected as e:
             return e

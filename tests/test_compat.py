@@ -273,12 +273,29 @@ def test_the_local_runner_loses_no_element_of_a_step_that_emits_for_seconds(tmp_
 
     from beam_jobs._runner import make_runner
 
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
     n = 600_000
     counted = tmp_path / "counted"
     options = PipelineOptions([])
+    beams_own = worker_handlers.DATA_BUFFER_TIME_LIMIT_MS
     with beam.Pipeline(runner=make_runner(options), options=options) as p:
         rows = (p | "One" >> beam.Create([None])
                 | "Emit" >> beam.FlatMap(lambda _: ((f"img{i:09d}.jpg", "missing_file", "m" * 60) for i in range(n))))
         _ = (p | "Once" >> beam.Create([None])
              | "Count" >> beam.Map(lambda _, found: counted.write_text(str(len(found))), beam.pvalue.AsList(rows)))
     assert counted.read_text() == str(n)
+    # Only while our pipeline ran: a caller's later pipelines get Beam's own flushes back.
+    assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == beams_own > 0
+
+
+def test_untimed_local_flushes_puts_beams_limit_back_after_a_failure():
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    beams_own = worker_handlers.DATA_BUFFER_TIME_LIMIT_MS
+    with pytest.raises(KeyError):
+        with beam_internals.untimed_local_flushes() as switched:
+            assert switched is True
+            assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS < 0
+            raise KeyError("a step failed")
+    assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == beams_own

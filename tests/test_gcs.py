@@ -244,3 +244,39 @@ def test_append_bucket_to_bucket(child_env, bucket, tmp_path):
     assert manifest.versions[1].inputs["new"] == 4 and manifest.versions[1].inputs["held"] == 10
     assert "grow_out/_shardsmith.lock" not in after and "grow_out/inputs-v00002.jsonl" in after
     assert "OK: 14 records" in result.stdout + result.stderr and "Versions (convert --append): 1 (" in result.stdout
+
+
+def test_a_rasters_sidecars_are_read_from_a_bucket_as_from_disk(child_env, bucket, tmp_path):
+    """A plain TIFF with a world file, a PAM file (nodata, SRS) and an external mask, in a bucket:
+    the same records, manifest and normalized.jsonl as from local disk, where they are read."""
+    import numpy as np
+    import tifffile
+
+    images = tmp_path / "images"
+    rng = np.random.default_rng(5)
+    for i in range(2):
+        array = rng.integers(10, 4000, (12, 10, 2), dtype=np.uint16)
+        array[:3] = 7
+        write(images / "fields" / f"s{i}.tif", b"")
+        tifffile.imwrite(images / "fields" / f"s{i}.tif", array, photometric="minisblack", planarconfig="contig")
+        write(images / "fields" / f"s{i}.tfw", f"10\n0\n0\n-10\n{500005 + i}\n3999995\n".encode())
+        write(images / "fields" / f"s{i}.tif.aux.xml",
+              b'<PAMDataset><SRS>EPSG:32633</SRS><PAMRasterBand band="1"><NoDataValue>7</NoDataValue>'
+              b'</PAMRasterBand><PAMRasterBand band="2"><NoDataValue>7</NoDataValue></PAMRasterBand></PAMDataset>')
+        tifffile.imwrite(images / "fields" / f"s{i}.tif.msk", np.where(np.arange(10) < 2, 0, 255).astype(np.uint8)
+                         [None, :].repeat(12, 0))
+    for path in sorted(p for p in images.rglob("*") if p.is_file()):
+        bucket.blob(f"geo_in/{path.relative_to(images).as_posix()}").upload_from_filename(str(path))
+    args = ("--raster_georef", "--seed", "3")
+    _run(child_env, ("beam_jobs.convert", "--input_dir", f"gs://{_BUCKET}/geo_in",
+                     "--output_dir", f"gs://{_BUCKET}/geo_out", *args),
+         ("beam_jobs.verify", f"gs://{_BUCKET}/geo_out"))
+    local_out = tmp_path / "local"
+    manifest = convert(images, local_out, *args)
+    local = {str(p.relative_to(local_out)): p.read_bytes() for p in local_out.rglob("*") if p.is_file()}
+    remote = _objects(bucket, "geo_out/")
+    assert [name for name in local if remote[name] != local[name]] == []
+    # Read there: 3 rows of nodata and 2 masked columns of each 12x10 raster left out, the world file's origin.
+    assert manifest.splits["train"].band_stats.nodata == (2 * (30 + 24 - 6),) * 2
+    normalized = local[schemas.NORMALIZED_FILENAME].decode()
+    assert '"sidecars": ["s0.tif.aux.xml", "s0.tif.msk", "s0.tfw"]' in normalized

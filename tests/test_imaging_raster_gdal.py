@@ -391,3 +391,25 @@ def test_a_folder_of_geotiffs_converts_end_to_end(tmp_path):
     assert nans and stats.nodata[0] >= nans
     written = json.loads((out / schemas.MANIFEST_FILENAME).read_text())["splits"]["train"]
     assert written["band_stats"]["nodata_count"] == list(stats.nodata)
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+@pytest.mark.parametrize("dtype,bands", [("uint16", 1), ("uint16", 3), ("float32", 2), ("uint8", 4)])
+def test_rasters_ignore_the_tiff_orientation_tag_as_gdal_does_and_8_bit_photos_honour_it(
+        tmp_path, orientation, dtype, bands):
+    """GDAL reads a TIFF's pixels in stored order whatever its Orientation tag (274) says, and its
+    geotransform refers to that order: rasters keep it (docs/preparing/rasters.md, Orientation)."""
+    array = np.arange(4 * 6 * bands).reshape(4, 6, bands).astype(dtype)
+    path = tmp_path / "o.tif"
+    layout = {"planarconfig": "contig"} if bands > 1 else {}
+    tifffile.imwrite(path, array if bands > 1 else array[:, :, 0], photometric="minisblack",
+                     extratags=[(274, 3, 1, orientation, True)], **layout)
+    (image,) = ImageValidator().validate_all(path.read_bytes(), "o.tif")
+    assert np.array_equal(gdal_read(path), array)
+    assert np.array_equal(stored_values(image), array) and "exif_transpose" not in image.actions
+    # An 8-bit grey photo TIFF (Pillow's path) is turned upright, as image viewers show it.
+    photo = tmp_path / "photo.tif"
+    tifffile.imwrite(photo, array[:, :, 0].astype(np.uint8), extratags=[(274, 3, 1, orientation, True)])
+    (upright,) = ImageValidator().validate_all(photo.read_bytes(), "photo.tif")
+    assert "exif_transpose" in upright.actions
+    assert stored_values(upright).shape[:2] == ((6, 4) if orientation in (6, 8) else (4, 6))

@@ -59,13 +59,15 @@ def handler_for(fmt: str | None):
     return _HANDLERS.get(fmt, pillow)
 
 
-def images(data: bytes, name: str, context: Context) -> list[ValidImage]:
+def images(data: bytes, name: str, context: Context, sidecars=None) -> list[ValidImage]:
     """Every image one file gives, from the handler of its format.
 
     Args:
       data: The whole file.
       name: Its relative path, for messages.
       context: The options and decode ops (`Context`).
+      sidecars: What its GIS sidecars say (`imaging.sidecars.Sidecars`), or
+        None; read for TIFFs only (GDAL's GTiff driver reads them).
 
     Raises:
       ImageRejected: With the reason the file cannot be stored.
@@ -73,4 +75,6 @@ def images(data: bytes, name: str, context: Context) -> list[ValidImage]:
     if not data:
         raise ImageRejected("empty_file", f"{name} has zero bytes")
     fmt = format_of(data)
+    if sidecars is not None and fmt == "tiff":
+        return tiff.images_with_sidecars(data, name, context, sidecars)
     return handler_for(fmt).images(data, name, fmt, context)

@@ -16,7 +16,8 @@ from imaging.errors import ImageRejected
 import schemas
 from schemas import tf_runtime
 
-__all__ = ["Context", "ValidImage", "plain_image", "stored_raster", "tf_message", "with_georef"]
+__all__ = ["Context", "ValidImage", "plain_image", "stored_raster", "tf_message", "with_georef",
+           "with_mask_stats"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,9 +208,11 @@ def stored_raster(r, name: str, source_format: str, context: Context) -> ValidIm
         array = _resize.resize_array(array, context.resize)
         actions = actions + (context.resize.action,)
         details = {**(r.details or {}), "original": list(original), "stored": list(array.shape[:2])}
-        r = dataclasses.replace(r, array=array, actions=actions, details=details)
+        r = dataclasses.replace(r, array=array, actions=actions, details=details,
+                                masked=_resized_mask(r.masked, array.shape[:2]))
     h, w, c = array.shape
-    stats = _raster.band_stats(array, r.nodata)
+    stats = _raster.band_stats(array, r.nodata, r.masked)
+    r = with_mask_stats(r, stats)
     if not _raster.is_png_storable(array):
         return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c,
                           source_format, (f"store_{source_format}_as_raw",) + actions, page=r.page,
@@ -221,6 +224,29 @@ def stored_raster(r, name: str, source_format: str, context: Context) -> ValidIm
         png = _raster.png_bytes(array)
     image = context.stored(png, source_format, (f"reencode_{source_format}_to_png",) + actions, name)
     return dataclasses.replace(image, page=r.page, details=r.details, band_stats=stats)
+
+
+def _resized_mask(masked: np.ndarray | None, size: tuple[int, int]) -> np.ndarray | None:
+    """An internal mask's no-data pixels at the stored size (nearest neighbour, as masks are resized)."""
+    if masked is None:
+        return None
+    from imaging import masks as _masks
+
+    return _masks.nearest(masked.astype(np.uint8), size).astype(bool)
+
+
+def with_mask_stats(r, stats: schemas.BandStats):
+    """The raster (`imaging.raster.Raster`), its details saying what its internal mask left out.
+
+    The stored pixels keep their values under the mask, so its band
+    statistics cannot be recomputed from them alone: they are in the details
+    ('masked_pixels', 'masked_stats'), which `shardsmith verify` checks
+    against the stored pixels and adds up.
+    """
+    if r.masked is None:
+        return r
+    details = {**(r.details or {}), "masked_pixels": int(r.masked.sum()), "masked_stats": stats.to_json()}
+    return dataclasses.replace(r, details=details)
 
 
 def with_georef(image: ValidImage, georef: _georef.Georef) -> ValidImage:

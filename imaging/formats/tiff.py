@@ -17,7 +17,7 @@ from imaging.errors import ImageRejected
 from imaging.formats import _notes, pillow
 from imaging.formats._shared import Context, ValidImage, stored_raster
 
-__all__ = ["images"]
+__all__ = ["images", "images_with_sidecars"]
 
 
 def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImage]:
@@ -30,9 +30,22 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
     Raises:
       ImageRejected: With the reason the file cannot be stored.
     """
+    return images_with_sidecars(data, name, context, None)
+
+
+def images_with_sidecars(data: bytes, name: str, context: Context, sidecars) -> list[ValidImage]:
+    """`images`, with what the file's GIS sidecars say (`imaging.sidecars.Sidecars`, or None).
+
+    A world file, `.prj` or `.aux.xml` is applied over the file's tags as
+    GDAL applies them, to its first page; the sidecars read, and those left
+    out, are listed in the details ('sidecars', 'sidecar_warnings').
+
+    Raises:
+      ImageRejected: With the reason the file cannot be stored.
+    """
     with _notes.library_notes("tifffile") as notes:
         try:
-            found = _read(data, name, context)
+            found = _read(data, name, context, sidecars)
         except ImageRejected as e:
             if not notes:
                 raise
@@ -43,16 +56,21 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
             for image in found]
 
 
-def _read(data: bytes, name: str, context: Context) -> list[ValidImage]:
-    rasters = _raster.read_tiff(data, name, context.raster)
+def _read(data: bytes, name: str, context: Context, sidecars) -> list[ValidImage]:
+    rasters = _raster.read_tiff(data, name, context.raster, sidecars)
     if rasters is None:
         found = pillow.images(data, name, "tiff", context)
     else:
         found = [stored_raster(r, name, "tiff", context) for r in rasters]
-    return _with_georef(found, data, name, context)
+    found = _with_georef(found, data, name, context, sidecars)
+    noted = {} if sidecars is None else sidecars.details()
+    if not noted:
+        return found
+    return [dataclasses.replace(image, details={**(image.details or {}), **noted}) for image in found]
 
 
-def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Context) -> list[ValidImage]:
+def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Context,
+                 sidecars=None) -> list[ValidImage]:
     """The images with their page's georeferencing (--raster_georef), true for the stored pixels.
 
     A resize scales the pixel size (listed: 'scale_geotransform', with the
@@ -63,6 +81,9 @@ def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Conte
     if not context.raster.georef:
         return found
     pages = _georef.read_georef(data, name)
+    if sidecars is not None and pages:
+        # GDAL reads sidecars for the file's dataset, its first page.
+        pages[0] = sidecars.georef(pages[0])
     out = []
     for image in found:
         page = image.page or 0

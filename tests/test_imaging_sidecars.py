@@ -1,0 +1,475 @@
+"""GIS sidecars (world files, .prj, GDAL's .aux.xml) read as GDAL reads them: GDAL (rasterio) is the judge.
+
+The sidecars are written by GDAL itself where it writes them (TFW=YES, the
+BASELINE profile's PAM file, a PNG's nodata in its PAM file), and what
+shardsmith stores is compared with what rasterio reports for the same file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pathlib
+import re
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import tifffile
+from helpers import convert, decoded_records, stored_values
+
+import schemas
+from imaging import ImageValidator, sidecars
+from imaging.georef import Georef
+from imaging.raster import RasterOptions
+
+rasterio = pytest.importorskip("rasterio")
+from rasterio.crs import CRS  # noqa: E402
+from rasterio.transform import Affine  # noqa: E402
+
+_RNG = np.random.default_rng(1111)
+_UTM = Affine(10, 0, 500000, 0, -10, 4000000)
+
+
+def _gdal(path: pathlib.Path):
+    """(epsg or None, geotransform, nodata values) as GDAL reports them for `path`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NotGeoreferencedWarning: the identity is what GDAL says.
+        with rasterio.open(path) as src:
+            epsg = None if src.crs is None else src.crs.to_epsg()
+            return epsg, tuple(src.transform.to_gdal()), src.nodatavals
+
+
+def _gdal_stats(path: pathlib.Path):
+    """GDAL's masked statistics per band: (valid count, min, max, mean)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path) as src:
+            out = []
+            for b in range(1, src.count + 1):
+                band = src.read(b, masked=True)
+                out.append((int(band.count()), float(band.min()), float(band.max()), float(band.mean())))
+            return out
+
+
+def _plain_tiff(path: pathlib.Path, array: np.ndarray, **kwargs) -> pathlib.Path:
+    """A TIFF with no georeferencing or GDAL tag at all (tifffile's)."""
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    layout = {"planarconfig": "contig"} if array.ndim == 3 else {}
+    tifffile.imwrite(path, array, photometric="minisblack", **layout, **kwargs)
+    return path
+
+
+def _validate(path: pathlib.Path, georef: bool = True):
+    """What the converter stores for `path`, its sidecars read beside it."""
+    validator = ImageValidator(raster=RasterOptions(georef=georef))
+    found = sidecars.load(str(path), path.name, georef)
+    return validator.validate_all(path.read_bytes(), path.name, found)
+
+
+def _baseline(path: pathlib.Path, array: np.ndarray, transform=_UTM, crs="EPSG:32633", **options):
+    """A TIFF GDAL writes with PROFILE=BASELINE: no GeoTIFF tags; its georeferencing goes to sidecars."""
+    height, width, bands = array.shape
+    with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=bands,
+                       dtype=array.dtype.name, transform=transform, crs=crs, PROFILE="BASELINE",
+                       **options) as dst:
+        dst.write(array.transpose(2, 0, 1))
+    return path
+
+
+def test_a_world_file_written_by_gdal_georeferences_a_plain_tiff_as_gdal_reads_it(tmp_path):
+    array = _RNG.integers(0, 65536, (20, 30, 2), dtype=np.uint16)
+    path = _baseline(tmp_path / "scene.tif", array, transform=Affine(10, 0.5, 500000, -0.25, -10, 4000000),
+                     TFW="YES")
+    assert (tmp_path / "scene.tfw").exists()  # GDAL wrote the world file, and its SRS into the PAM file.
+    epsg, geotransform, _ = _gdal(path)
+    (image,) = _validate(path)
+    assert image.georef == Georef(epsg, geotransform, 20, 30)
+    assert epsg == 32633 and geotransform == (500000, 10, 0.5, 4000000, -0.25, -10)
+    assert image.details["sidecars"] == ["scene.tif.aux.xml", "scene.tfw"]
+    # Without --raster_georef the world file is not even looked for.
+    (plain,) = _validate(path, georef=False)
+    assert plain.georef is None and plain.details["sidecars"] == ["scene.tif.aux.xml"]
+
+
+@pytest.mark.parametrize("wkt", ["WKT1_ESRI", "WKT1_GDAL", "WKT2_2019"])
+@pytest.mark.parametrize("code", [32633, 32718, 4326, 3857, 25832, 26915, 2154])
+def test_the_epsg_code_of_a_prj_is_the_one_gdal_identifies(code, wkt):
+    text = CRS.from_epsg(code).to_wkt(version=wkt)
+    want = CRS.from_wkt(text).to_epsg()
+    got = sidecars.wkt_epsg(text)
+    # ESRI WKT names no authority: its name is looked up in a short table of common CRSs.
+    assert got == want or (wkt == "WKT1_ESRI" and got == 0 and code == 2154), (code, wkt, got, want)
+
+
+def test_a_prj_gives_the_crs_where_nothing_else_does(tmp_path):
+    array = _RNG.integers(0, 65536, (8, 9, 1), dtype=np.uint16)
+    path = _baseline(tmp_path / "scene.tif", array, TFW="YES")
+    (tmp_path / "scene.tif.aux.xml").unlink()  # The SRS GDAL wrote there: now only a .prj holds one.
+    (tmp_path / "scene.prj").write_text(CRS.from_epsg(32633).to_wkt(version="WKT1_ESRI"))
+    epsg, geotransform, _ = _gdal(path)
+    # GDAL's GTiff driver does not read a .prj (ArcGIS does): shardsmith takes its CRS where nothing
+    # else gives one, and the geotransform GDAL reads from the world file.
+    assert epsg is None
+    (image,) = _validate(path)
+    assert image.georef == Georef(32633, geotransform, 8, 9)
+    assert image.details["sidecars"] == ["scene.tfw", "scene.prj"]
+
+
+_WORLD = {"a": "10\n0\n0\n-10\n500005\n3999995\n", "b": "20\n0\n0\n-20\n600010\n2999990\n",
+          "c": "30\n0\n0\n-30\n15\n-15\n"}
+
+
+@pytest.mark.parametrize("files", [
+    {"tfw": "a", "tifw": "b", "wld": "c"},
+    {"tifw": "b", "wld": "c"},
+    {"wld": "c"},
+    {"TFW": "b", "wld": "c"},
+    {"tfw": "bad", "tifw": "b"},  # A malformed world file: GDAL passes over it to the next.
+    {"wld": "c", "tif.aux.xml": "pam"},  # The PAM file's GeoTransform wins.
+])
+def test_world_file_names_and_precedence_are_gdals(tmp_path, files):
+    path = _plain_tiff(tmp_path / "s.tif", _RNG.integers(0, 65536, (6, 5), dtype=np.uint16))
+    for ext, which in files.items():
+        text = {"bad": "10\n0\n0\n", "pam": "<PAMDataset><GeoTransform>1, 2, 0, 4, 0, -2</GeoTransform>"
+                "<SRS>EPSG:3857</SRS></PAMDataset>"}.get(which) or _WORLD[which]
+        (tmp_path / f"s.{ext}").write_text(text)
+    epsg, geotransform, _ = _gdal(path)
+    (image,) = _validate(path)
+    assert image.georef.geotransform == geotransform
+    assert image.georef.epsg == (epsg or 0)
+    assert bool(image.details.get("sidecar_warnings")) == ("bad" in files.values())
+
+
+def test_geotiff_tags_win_over_a_world_file_and_a_pam_file_wins_over_both(tmp_path):
+    array = _RNG.integers(0, 65536, (10, 12, 1), dtype=np.uint16)
+    path = tmp_path / "g.tif"
+    with rasterio.open(path, "w", driver="GTiff", width=12, height=10, count=1, dtype="uint16",
+                       transform=Affine(1, 0, 100, 0, -1, 200), crs="EPSG:4326") as dst:
+        dst.write(array[:, :, 0], 1)
+    (tmp_path / "g.tfw").write_text(_WORLD["a"])
+    epsg, geotransform, _ = _gdal(path)
+    assert (epsg, geotransform) == (4326, (100, 1, 0, 200, 0, -1))  # GDAL: the tags, not the world file.
+    (image,) = _validate(path)
+    assert (image.georef.epsg, image.georef.geotransform) == (epsg, geotransform)
+    # A PAM file GDAL wrote (BASELINE's SRS and GeoTransform) beside it: GDAL takes it over the tags.
+    _baseline(tmp_path / "other.tif", array)
+    shutil.copy(tmp_path / "other.tif.aux.xml", tmp_path / "g.tif.aux.xml")
+    epsg, geotransform, _ = _gdal(path)
+    assert (epsg, geotransform) == (32633, tuple(_UTM.to_gdal()))
+    (image,) = _validate(path)
+    assert (image.georef.epsg, image.georef.geotransform) == (epsg, geotransform)
+
+
+def _pam_nodata(tmp_path: pathlib.Path, value, bands: int) -> str:
+    """The PAM file GDAL writes for a PNG of `bands` bands with nodata `value` (of 2 or more bands
+    PNG keeps nodata only there; one band's would go to its tRNS chunk: the second's is dropped)."""
+    png = tmp_path / "nodata_source.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(png, "w", driver="PNG", width=4, height=4, count=max(bands, 2), dtype="uint16",
+                           nodata=value) as dst:
+            dst.write(np.zeros((max(bands, 2), 4, 4), np.uint16))
+    text = (tmp_path / "nodata_source.png.aux.xml").read_text()
+    if bands == 1:
+        text = re.sub(r'\s*<PAMRasterBand band="2">.*?</PAMRasterBand>', "", text, flags=re.DOTALL)
+    return text
+
+
+@pytest.mark.parametrize("own_tag", [False, True])
+def test_a_pam_nodata_value_is_gdals_nodata_and_leaves_the_band_statistics(tmp_path, own_tag):
+    array = _RNG.integers(0, 400, (16, 14, 2), dtype=np.uint16)
+    array[:5, :3] = 7
+    path = tmp_path / "n.tif"
+    if own_tag:  # The TIFF's own GDAL_NODATA (3): GDAL takes the PAM file's over it.
+        with rasterio.open(path, "w", driver="GTiff", width=14, height=16, count=2, dtype="uint16",
+                           nodata=3) as dst:
+            dst.write(array.transpose(2, 0, 1))
+    else:
+        _plain_tiff(path, array)
+    (tmp_path / "n.tif.aux.xml").write_text(_pam_nodata(tmp_path, 7, 2))
+    _, _, nodata = _gdal(path)
+    assert nodata == (7.0, 7.0)
+    (image,) = _validate(path, georef=False)
+    assert image.details["nodata"] == 7
+    stats = image.band_stats
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert stats.count[b] == count and stats.nodata[b] == 14 * 16 - count
+        assert (stats.min[b], stats.max[b]) == (low, high)
+        assert stats.mean[b] == pytest.approx(mean, rel=1e-12)
+
+
+def test_per_band_nodata_values_that_differ_are_not_used_and_said(tmp_path, caplog):
+    path = _plain_tiff(tmp_path / "n.tif", _RNG.integers(0, 400, (6, 6, 2), dtype=np.uint16))
+    pam = _pam_nodata(tmp_path, 7, 2)
+    last = pam.rindex("7.00000000000000E+00")
+    (tmp_path / "n.tif.aux.xml").write_text(pam[:last] + "9" + pam[last + len("7.00000000000000E+00"):])
+    assert _gdal(path)[2] == (7.0, 9.0)  # GDAL: one per band; one value per raster here.
+    with caplog.at_level(logging.WARNING, logger="imaging.sidecars"):
+        (image,) = _validate(path, georef=False)
+    assert "nodata" not in image.details
+    assert "band 1: 7, band 2: 9" in image.details["sidecar_warnings"][0]
+    assert "band 1: 7, band 2: 9" in caplog.text
+
+
+@pytest.mark.parametrize("name,text,gdal_reads", [
+    ("s.tif.aux.xml", "<PAMDataset><PAMRasterBand band='1'><NoDataValue>", False),  # Truncated XML.
+    ("s.tif.aux.xml", "<PAMDataset><GeoTransform>1,2,3</GeoTransform></PAMDataset>", False),
+    ("s.tif.aux.xml", "<Other/>", False),
+    ("s.tfw", "10\n0\n0\n-10\n5\n", False),
+    ("s.tfw", "0\n0\n0\n0\n5\n5\n", False),
+    ("s.tfw", "", False),
+    ("s.prj", "not a WKT", False),
+])
+def test_a_malformed_sidecar_is_left_out_with_a_warning_and_the_raster_is_still_read(
+        tmp_path, caplog, name, text, gdal_reads):
+    array = _RNG.integers(0, 65536, (6, 5, 1), dtype=np.uint16)
+    path = _plain_tiff(tmp_path / "s.tif", array)
+    (tmp_path / name).write_text(text)
+    epsg, geotransform, nodata = _gdal(path)
+    assert (epsg, geotransform, nodata) == (None, (0, 1, 0, 0, 0, 1), (None,))  # GDAL ignores it too.
+    with caplog.at_level(logging.WARNING, logger="imaging.sidecars"):
+        (image,) = _validate(path)
+        _validate(path)  # Warned once per file, not once per read (a scene's work items).
+    assert image.georef == Georef(0, None, 6, 5)
+    assert image.band_stats.count == (30,)
+    (warning,) = image.details["sidecar_warnings"]
+    assert warning.startswith(f"{name}: ")
+    assert caplog.text.count(warning) == 1
+
+
+def test_nodata_written_as_its_exact_double_and_nan_are_read(tmp_path):
+    found = sidecars.parse("x.tif", {"x.tif.aux.xml": b'<PAMDataset><PAMRasterBand band="1"><NoDataValue '
+                                                       b'le_hex_equiv="0000000000001C40">7.0E+00</NoDataValue>'
+                                                       b'</PAMRasterBand></PAMDataset>'})
+    assert found.nodata == 7.0
+    found = sidecars.parse("x.tif", {"x.tif.aux.xml": b"<PAMDataset><PAMRasterBand band='1'><NoDataValue>nan"
+                                                       b"</NoDataValue></PAMRasterBand></PAMDataset>"})
+    assert math.isnan(found.nodata)
+
+
+def test_sidecar_names_are_gdals_in_its_order():
+    assert sidecars.sidecar_names("d/scene.tif") == (
+        "d/scene.tif.aux.xml", "d/scene.tif.msk", "d/scene.tif.MSK", "d/scene.tfw", "d/scene.TFW", "d/scene.tifw", "d/scene.TIFW", "d/scene.wld",
+        "d/scene.WLD", "d/scene.prj", "d/scene.PRJ")
+    assert sidecars.sidecar_names("SCENE.TIF")[3:7] == ("SCENE.TFW", "SCENE.tfw", "SCENE.TIFW", "SCENE.tifw")
+
+
+def test_a_scene_cut_into_patches_takes_its_world_file_and_pam_nodata(tmp_path):
+    from imaging import patches, scenes
+
+    array = _RNG.integers(10, 400, (40, 30, 1), dtype=np.uint16)
+    array[:20] = 9  # The top half is nodata by the PAM file alone.
+    path = _plain_tiff(tmp_path / "scene.tif", array, tile=(16, 16))
+    (tmp_path / "scene.tfw").write_text(_WORLD["a"])
+    (tmp_path / "scene.tif.aux.xml").write_text(_pam_nodata(tmp_path, 9, 1))
+    epsg, geotransform, nodata = _gdal(path)
+    options = RasterOptions(georef=True, patch=patches.PatchOptions(size=(20, 15), max_nodata=0.5))
+    found = sidecars.load(str(path), "scene.tif")
+    cut = scenes.cut_rows(str(path), "scene.tif", 0, 40, options, sidecars=found)
+    assert cut.skipped == [(0, 0), (0, 15)]  # Without the PAM file's nodata, nothing would be skipped.
+    assert [image.patch for image in cut.images] == [(20, 0), (20, 15)]
+    x0, dx, rx, y0, ry, dy = geotransform
+    assert cut.images[1].georef == Georef(0, (x0 + 15 * dx, dx, rx, y0 + 20 * dy, ry, dy), 20, 15)
+    assert nodata == (9.0,) and cut.images[0].details["nodata"] == 9
+    assert epsg is None
+
+
+def test_time_series_headers_take_world_files_and_pam_nodata(tmp_path):
+    from imaging import time_series
+
+    files = []
+    for day in ("2020-05-01", "2020-06-01"):
+        path = _plain_tiff(tmp_path / f"{day}.tif", _RNG.integers(0, 400, (8, 8, 2), dtype=np.uint16))
+        (tmp_path / f"{day}.tfw").write_text(_WORLD["b"])
+        (tmp_path / f"{day}.tif.aux.xml").write_text(_pam_nodata(tmp_path, 5, 2))
+        files.append((f"loc/{day}.tif", str(path)))
+    plan = time_series.plan_location("loc", files, time_series.TimeSeriesOptions())
+    _, geotransform, nodata = _gdal(tmp_path / "2020-05-01.tif")
+    assert plan.geotransform == geotransform and plan.nodata == nodata[0] == 5.0
+    assert len(plan.dates) == 2
+
+
+def test_sidecars_through_the_converter_the_records_manifest_and_verify(tmp_path):
+    from beam_jobs import verify
+    from conversion.listing import list_input
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    array = _RNG.integers(8, 400, (12, 10, 2), dtype=np.uint16)
+    array[:4] = 7
+    _baseline(root / "a" / "scene.tif", array, TFW="YES")  # World file + PAM SRS, by GDAL.
+    pam = (root / "a" / "scene.tif.aux.xml").read_text()
+    nodata = _pam_nodata(tmp_path, 7, 2)
+    bands = nodata[nodata.index("  <PAMRasterBand"):nodata.index("</PAMDataset>")]
+    (root / "a" / "scene.tif.aux.xml").write_text(pam.replace("</PAMDataset>", bands + "</PAMDataset>"))
+    epsg, geotransform, nodata_values = _gdal(root / "a" / "scene.tif")
+    assert nodata_values == (7.0, 7.0) and epsg == 32633
+    _, problems = list_input(str(root))
+    notes = {p.rel_path: p.message for p in problems}
+    assert notes["a/scene.tfw"].startswith("a world file of a/scene.tif; read with --raster_georef")
+    assert "its nodata value and georeferencing win over" in notes["a/scene.tif.aux.xml"]
+
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--raster_georef")
+    (record,) = [r for r, _, _ in decoded_records(out)]
+    assert record[schemas.EPSG.key] == epsg
+    assert tuple(record[schemas.GEOTRANSFORM.key]) == geotransform
+    stats = manifest.splits["train"].band_stats
+    gdal = _gdal_stats(root / "a" / "scene.tif")
+    assert list(stats.nodata) == [120 - count for count, *_ in gdal] == [40, 40]
+    assert list(stats.min) == [low for _, low, _, _ in gdal]
+    assert verify.main([str(out)]) == 0
+
+
+def _masked_geotiff(path: pathlib.Path, array: np.ndarray, mask: np.ndarray, **options) -> pathlib.Path:
+    """A GeoTIFF GDAL writes with an internal mask (GDAL_TIFF_INTERNAL_MASK, a mask page after the image)."""
+    height, width, bands = array.shape
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):
+        with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=bands,
+                           dtype=array.dtype.name, transform=_UTM, crs="EPSG:32633", **options) as dst:
+            dst.write(array.transpose(2, 0, 1))
+            dst.write_mask(np.where(mask, 0, 255).astype(np.uint8))
+    assert not list(path.parent.glob(path.name + ".msk"))  # Inside the file, not beside it.
+    return path
+
+
+@pytest.mark.parametrize("dtype,options", [("uint16", {}), ("float32", {"tiled": True, "blockxsize": 16,
+                                                                         "blockysize": 16})])
+def test_an_internal_mask_leaves_its_pixels_out_of_the_band_statistics_as_gdal_masks_them(tmp_path, dtype,
+                                                                                           options):
+    array = _RNG.integers(0, 5000, (24, 20, 3)).astype(dtype)
+    mask = np.zeros((24, 20), bool)
+    mask[:6] = True  # No data, whatever the pixels hold (5000 and above: outside the valid values' range).
+    array[:6] = 9000
+    path = _masked_geotiff(tmp_path / "m.tif", array, mask, **options)
+    (image,) = _validate(path, georef=False)
+    stats = image.band_stats
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert (stats.count[b], stats.nodata[b]) == (count, 120) and count == 360
+        assert (stats.min[b], stats.max[b]) == (low, high) and high < 9000
+        assert stats.mean[b] == pytest.approx(mean, rel=1e-6)
+    assert image.details["masked_pixels"] == 120
+    assert np.array_equal(stored_values(image), array)  # The values under the mask are kept.
+
+
+def test_patches_leave_their_internal_mask_out_of_their_statistics(tmp_path):
+    from imaging import patches, scenes
+
+    array = _RNG.integers(0, 5000, (32, 16, 1)).astype(np.uint16)
+    mask = np.zeros((32, 16), bool)
+    mask[:4] = True
+    array[:4] = 60000
+    path = _masked_geotiff(tmp_path / "m.tif", array, mask)
+    options = RasterOptions(patch=patches.PatchOptions(size=(16, 16), max_nodata=0.5))
+    cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options)
+    first, second = (image.band_stats for image in cut.images)
+    assert (first.count, first.nodata) == ((192,), (64,)) and first.max[0] < 60000
+    assert (second.count, second.nodata) == ((256,), (0,)) and "masked_pixels" not in cut.images[1].details
+    gdal = _gdal_stats(path)[0]
+    total = first.merge(second)
+    assert total.count[0] == gdal[0] and (total.min[0], total.max[0]) == gdal[1:3]
+
+
+def test_a_masked_raster_through_the_converter_keeps_gdals_statistics_and_verifies(tmp_path):
+    from beam_jobs import verify
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    array = _RNG.integers(0, 5000, (16, 12, 2)).astype(np.uint16)
+    mask = np.zeros((16, 12), bool)
+    mask[:, :3] = True
+    array[:, :3] = 65535
+    _masked_geotiff(root / "a" / "m.tif", array, mask)
+    _plain_tiff(root / "a" / "plain.tif", _RNG.integers(0, 5000, (16, 12, 2)).astype(np.uint16))
+    out = tmp_path / "out"
+    manifest = convert(root, out)
+    stats = manifest.splits["train"].band_stats
+    gdal_masked = _gdal_stats(root / "a" / "m.tif")
+    assert list(stats.nodata) == [48, 48] and stats.count[0] == gdal_masked[0][0] + 192
+    assert max(stats.max) < 65535
+    assert verify.main([str(out)]) == 0
+    # The recorded statistics are checked against the stored pixels: a count that does not add up fails.
+    normalized = out / schemas.NORMALIZED_FILENAME
+    normalized.write_text(normalized.read_text().replace('"count": [144, 144]', '"count": [140, 144]'))
+    assert verify.main([str(out)]) != 0
+
+
+def test_a_scene_and_its_sidecars_through_the_converter_as_patches(tmp_path):
+    from beam_jobs import verify
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    array = _RNG.integers(10, 400, (32, 24, 2)).astype(np.uint16)
+    array[:16, :12] = 9  # One patch of nodata by the PAM file alone.
+    path = _plain_tiff(root / "a" / "scene.tif", array, tile=(16, 16))
+    (root / "a" / "scene.tfw").write_text(_WORLD["b"])
+    (root / "a" / "scene.tif.aux.xml").write_text(_pam_nodata(tmp_path, 9, 2))
+    _, (x0, dx, rx, y0, ry, dy), nodata = _gdal(path)
+    assert nodata == (9.0, 9.0)
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--raster_patch", "16,12", "--raster_max_nodata", "0.5", "--raster_georef")
+    got = {r[schemas.FILENAME.key].decode(): tuple(r[schemas.GEOTRANSFORM.key]) for r, _, _ in decoded_records(out)}
+    assert got == {f"a/scene.tif#patch={y},{x}": (x0 + x * dx, dx, rx, y0 + y * dy, ry, dy)
+                   for y, x in ((0, 12), (16, 0), (16, 12))}  # (0, 0) is skipped for its nodata.
+    assert manifest.splits["train"].band_stats.nodata == (0, 0)
+    assert verify.main([str(out)]) == 0
+
+
+def _external_mask_tiff(path: pathlib.Path, array: np.ndarray, mask: np.ndarray, **options) -> pathlib.Path:
+    """A GeoTIFF with GDAL's external mask beside it (`scene.tif.msk`, GDAL_TIFF_INTERNAL_MASK=NO)."""
+    height, width, bands = array.shape
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=False):
+        with rasterio.open(path, "w", driver="GTiff", width=width, height=height, count=bands,
+                           dtype=array.dtype.name, transform=_UTM, crs="EPSG:32633", **options) as dst:
+            dst.write(array.transpose(2, 0, 1))
+            dst.write_mask(np.where(mask, 0, 255).astype(np.uint8))
+    assert (path.parent / (path.name + ".msk")).exists()
+    return path
+
+
+def test_an_external_msk_is_the_rasters_mask_as_gdal_takes_it(tmp_path):
+    array = _RNG.integers(0, 5000, (20, 18, 2)).astype(np.uint16)
+    mask = np.zeros((20, 18), bool)
+    mask[-5:] = True
+    array[-5:] = 65000
+    path = _external_mask_tiff(tmp_path / "e.tif", array, mask)
+    (image,) = _validate(path, georef=False)
+    stats = image.band_stats
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert (stats.count[b], stats.nodata[b]) == (count, 90) and high < 65000
+        assert (stats.min[b], stats.max[b]) == (low, high)
+        assert stats.mean[b] == pytest.approx(mean, rel=1e-12)
+    assert image.details["sidecars"] == ["e.tif.msk"] and image.details["masked_pixels"] == 90
+
+
+def test_an_external_msk_of_another_size_or_damaged_is_left_out_with_a_warning(tmp_path, caplog):
+    path = _plain_tiff(tmp_path / "e.tif", _RNG.integers(0, 5000, (8, 8)).astype(np.uint16))
+    _plain_tiff(tmp_path / "e.tif.msk", np.zeros((4, 4), np.uint8))
+    with caplog.at_level(logging.WARNING):
+        (image,) = _validate(path, georef=False)
+    assert image.band_stats.count == (64,) and "it is 4x4, the raster 8x8" in caplog.text
+    (tmp_path / "e.tif.msk").write_bytes(b"II*\0" + b"\xff" * 20)
+    (image,) = _validate(path, georef=False)
+    assert image.band_stats.count == (64,) and "e.tif's external mask (e.tif.msk) is left out" in caplog.text
+
+
+def test_patches_take_an_external_msk_as_their_mask(tmp_path):
+    from imaging import patches, scenes
+
+    array = _RNG.integers(0, 5000, (32, 16, 1)).astype(np.uint16)
+    mask = np.zeros((32, 16), bool)
+    mask[:12] = True
+    path = _external_mask_tiff(tmp_path / "m.tif", array, mask, tiled=True, blockxsize=16, blockysize=16)
+    options = RasterOptions(patch=patches.PatchOptions(size=(16, 16), max_nodata=0.5))
+    cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options, sidecars=sidecars.load(str(path), "m.tif", False))
+    assert cut.skipped == [(0, 0)]  # 12 of its 16 rows masked.
+    (image,) = cut.images
+    assert image.patch == (16, 0) and image.band_stats.count == (256,)
+    # With its second row partly masked: the masked pixels leave its statistics.
+    mask[16:18] = True
+    _external_mask_tiff(path, array, mask, tiled=True, blockxsize=16, blockysize=16)
+    cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options, sidecars=sidecars.load(str(path), "m.tif", False))
+    assert cut.images[0].band_stats.nodata == (32,)
