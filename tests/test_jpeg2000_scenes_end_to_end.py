@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 
 import numpy as np
 import pytest
@@ -191,3 +192,55 @@ def test_a_jpeg2000_scenes_label_raster_is_cut_with_it(tmp_path):
             with Image.open(io.BytesIO(record[schemas.MASK.key])) as im:
                 np.testing.assert_array_equal(np.asarray(im), labels.read(1, window=window, boundless=True,
                                                                           fill_value=255))
+
+
+def test_the_nodata_value_gdal_keeps_beside_a_jpeg2000_skips_and_pads_its_patches(tmp_path):
+    # GDAL writes a JPEG 2000's nodata value into its PAM file (scene.jp2.aux.xml), not the file.
+    array = _RNG.integers(1, 2 ** 15, (2, 150, 230), dtype=np.uint16)
+    array[:, :90, :120] = 7  # A corner of nodata: patches there are skipped.
+    path = tmp_path / "in" / "s2" / "tile.jp2"
+    path.parent.mkdir(parents=True)
+    with rasterio.open(path, "w", driver="JP2OpenJPEG", height=150, width=230, count=2, dtype="uint16",
+                       crs="EPSG:32631", transform=from_origin(600000.0, 5000040.0, 10.0, 10.0), nodata=7,
+                       QUALITY=100, REVERSIBLE="YES", blockxsize=64, blockysize=48) as dst:
+        dst.write(array)
+    assert (tmp_path / "in" / "s2" / "tile.jp2.aux.xml").exists()
+    convert(tmp_path / "in", tmp_path / "out", "--raster_patch", _PATCH, "--raster_stride", _STRIDE,
+            "--raster_edge", _EDGE, "--raster_max_nodata", 0.5)
+    records = {r[schemas.FILENAME.key].decode(): r for r, _, _ in decoded_records(tmp_path / "out")}
+    kept = {}
+    with rasterio.open(path) as src:
+        assert src.nodata == 7
+        for y, x in grid(150, 230, PatchOptions(_PATCH, _STRIDE, _EDGE)):
+            window = np.moveaxis(src.read(window=Window(x, y, _PATCH, _PATCH), boundless=True, fill_value=7), 0, -1)
+            if np.count_nonzero((window == 7).all(axis=2)) / (_PATCH * _PATCH) <= 0.5:
+                kept[f"s2/tile.jp2#patch={y},{x}"] = window
+    assert kept and len(kept) < len(grid(150, 230, PatchOptions(_PATCH, _STRIDE, _EDGE)))
+    assert sorted(records) == sorted(kept)
+    for name, window in kept.items():
+        got = np.frombuffer(records[name][schemas.IMAGE.key], np.dtype("<u2")).reshape(window.shape)
+        np.testing.assert_array_equal(got, window, err_msg=name)  # Padding holds 7.
+
+
+def test_a_jpeg2000_without_georeferencing_boxes_takes_its_world_file_as_gdal(tmp_path):
+    array = _RNG.integers(1, 2 ** 15, (1, 100, 120), dtype=np.uint16)
+    path = tmp_path / "in" / "s2" / "plain.jp2"
+    path.parent.mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Not georeferenced: GDAL says so.
+        with rasterio.open(path, "w", driver="JP2OpenJPEG", height=100, width=120, count=1, dtype="uint16",
+                           QUALITY=100, REVERSIBLE="YES", GMLJP2="NO", GeoJP2="NO") as dst:
+            dst.write(array)
+    # GDAL's world file name for .jp2: first and last letters + 'w'. Six numbers: pixel sizes,
+    # rotation terms, then the centre of the top-left pixel.
+    (path.parent / "plain.j2w").write_text("10.0\n0.0\n0.0\n-10.0\n600005.0\n5000035.0\n")
+    convert(tmp_path / "in", tmp_path / "out", "--raster_patch", _PATCH, "--raster_georef")
+    records = {r[schemas.FILENAME.key].decode(): r for r, _, _ in decoded_records(tmp_path / "out")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path) as src:
+            assert src.transform.to_gdal() == (600000.0, 10.0, 0.0, 5000040.0, 0.0, -10.0)
+            for y, x in grid(100, 120, PatchOptions(_PATCH)):
+                record = records[f"s2/plain.jp2#patch={y},{x}"]
+                want = src.window_transform(Window(x, y, _PATCH, _PATCH)).to_gdal()
+                assert record[schemas.GEOTRANSFORM.key] == want
