@@ -1,7 +1,7 @@
 """--raster_patch on the driver: the work items of every scene and the masks cut with them, from headers.
 
 The image kind's planning of scenes cut into patches (`conversion.examples.image`):
-each TIFF scene's header is read (no pixel decoded) on a few threads, into
+each TIFF or JPEG 2000 scene's header is read (no pixel decoded) on a few threads, into
 work items of patches (`imaging.scenes.work_items`), and each scene's label
 raster (--masks_dir) is checked against it. A scene or mask whose header
 fails is rejected with its reason; the others are planned.
@@ -20,8 +20,9 @@ from conversion.files import open_to_read
 
 __all__ = ["SCENE_SUFFIXES", "scene_masks", "scene_windows"]
 
-# With --raster_patch, the inputs cut into patches (any other is converted as without it).
-SCENE_SUFFIXES = (".tif", ".tiff")
+# With --raster_patch, the inputs cut into patches (any other is converted as without it):
+# GeoTIFFs, and JPEG 2000 (Sentinel-2's bands), read tile by tile (`imaging.patches.open_scene`).
+SCENE_SUFFIXES = (".tif", ".tiff", ".jp2", ".j2k")
 
 _LOG = logging.getLogger("shardsmith.convert")
 # The work is I/O: waits on storage, not the CPU.
@@ -29,10 +30,10 @@ _HEADER_THREADS = 8
 
 
 def scene_windows(files, raster) -> tuple[dict[str, tuple[tuple[str, int], ...]], dict[str, tuple[str, str]]]:
-    """The work items of every TIFF scene (--raster_patch), from their headers read on threads.
+    """The work items of every TIFF or JPEG 2000 scene (--raster_patch), from their headers read on threads.
 
     Args:
-      files: The listed files; those named .tif/.tiff are scenes.
+      files: The listed files; those named .tif/.tiff/.jp2/.j2k are scenes.
       raster: The `imaging.RasterOptions`, `patch` set.
 
     Returns:

@@ -539,7 +539,7 @@ def worker_processes(asked: int | None, files, shards: int | None, runner_thread
 
 def _scene_bytes(files) -> int:
     """Planned decoded bytes of the scenes' work items among planned `files` (0 for listed files)."""
-    return sum(f.size for f in files if getattr(f, "patch_rows", None) is not None)
+    return sum(f.size for f in files if _scene_item(f))
 
 
 def _python_bound(files) -> bool:
@@ -557,8 +557,14 @@ def needs_decoders(files) -> bool:
     ~0.55 s of CPU; a file that needs it loads it then). Tiny images want it:
     TensorFlow decodes a batch of 32x32 JPEGs for a fifth of the check's CPU.
     """
-    need = sum(1 for f in files if not f.rel_path.lower().endswith(_RASTER_SUFFIXES) and not _checked_photo(f))
+    need = sum(1 for f in files if not f.rel_path.lower().endswith(_RASTER_SUFFIXES) and not _checked_photo(f)
+               and not _scene_item(f))
     return need > 0 and 2 * need >= len(files)
+
+
+def _scene_item(f) -> bool:
+    """A scene's work item (--raster_patch): cut without TensorFlow, whatever its format (TIFF, JPEG 2000)."""
+    return getattr(f, "patch_rows", None) is not None
 
 
 def _checked_photo(f) -> bool:

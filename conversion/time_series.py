@@ -102,10 +102,10 @@ def plan_locations(files: Sequence[InputFile], problems: Sequence[Problem], opti
             by_location[_ts.location_of(f.rel_path)].append(f)
         else:
             problems.append(Problem(f.rel_path, "not_a_raster",
-                                    "not a TIFF raster (.tif, .tiff): a location is made of rasters"))
+                                    "not a raster (.tif, .tiff, .jp2, .j2k): a location is made of rasters"))
     if not by_location:
-        raise ValueError(f"--time_series found no TIFF raster among {len(files)} files: a location is a "
-                         "folder directly holding the passes (.tif, .tiff) over one place.")
+        raise ValueError(f"--time_series found no raster among {len(files)} files: a location is a "
+                         "folder directly holding the passes (.tif, .tiff, .jp2, .j2k) over one place.")
 
     def plan(location):
         members = by_location[location]

@@ -47,8 +47,8 @@ from imaging import _tiff_ifds
 from imaging.errors import ImageRejected
 from imaging.georef import Georef, page_georef
 
-__all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets",
-           "patch_georef", "patch_geotransform"]
+__all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets", "open_scene",
+           "padding_fill", "patch_georef", "patch_geotransform"]
 
 # --raster_edge values; `shift` first: the default.
 EDGES = ("shift", "pad", "drop")
@@ -310,6 +310,11 @@ class SceneReader:
         map to a numpy type.
     """
 
+    # What a patch's record says it was read from (`imaging.scenes`), and whether a window
+    # decodes the whole scene (`imaging.jp2.Jp2SceneReader` of a one-tile JPEG 2000 does).
+    source_format = "tiff"
+    decodes_whole = False
+
     def __init__(self, source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
                  name: str | None = None, page: int = 0):
         import tifffile
@@ -438,10 +443,7 @@ class SceneReader:
     def use_nodata(self, nodata: float | None) -> None:
         """Takes `nodata` as the page's nodata value (a PAM file's, `imaging.sidecars`), padding included."""
         self.nodata = nodata
-        fits = nodata is not None and (self.dtype.kind == "f" or (
-            math.isfinite(nodata) and nodata == int(nodata)
-            and np.iinfo(self.dtype).min <= nodata <= np.iinfo(self.dtype).max))
-        self.fill = nodata if fits else 0  # A value the samples cannot hold pads with 0.
+        self.fill = padding_fill(nodata, self.dtype)
 
     @property
     def has_mask(self) -> bool:
@@ -669,6 +671,38 @@ class SceneReader:
         if array.dtype.kind == "b":
             array = array.view(np.uint8)
         return np.ascontiguousarray(array, self.dtype)
+
+
+def padding_fill(nodata: float | None, dtype: np.dtype) -> float:
+    """What pixels past a scene's edge hold: its nodata value, or 0 without one or when `dtype` cannot hold it."""
+    fits = nodata is not None and (dtype.kind == "f" or (
+        math.isfinite(nodata) and nodata == int(nodata) and np.iinfo(dtype).min <= nodata <= np.iinfo(dtype).max))
+    return nodata if fits else 0
+
+
+def open_scene(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO, name: str | None = None):
+    """The reader of a scene by its first bytes: `imaging.jp2.Jp2SceneReader` for JPEG 2000, else `SceneReader`.
+
+    Both read windows alike (`read`, `padded`, `keep_columns`, `georef`,
+    `segment_shape`, ...); a file object is left at its start.
+
+    Raises:
+      ImageRejected: As the reader's constructor does.
+    """
+    from imaging import jp2
+
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        head = bytes(source[:12])
+    elif isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:
+            head = fh.read(12)
+    else:
+        source.seek(0)
+        head = source.read(12)
+        source.seek(0)
+    if jp2.is_jpeg2000(head):
+        return jp2.Jp2SceneReader(source, name)
+    return SceneReader(source, name)
 
 
 def _check_window(y, x, height, width) -> None:

@@ -39,7 +39,7 @@ from imaging import masks as _masks, raster as _raster, resize as _resize
 from imaging.errors import ImageRejected
 from imaging.formats import _pil
 from imaging.formats._shared import ValidImage, with_georef, with_mask_stats
-from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_georef
+from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, open_scene, patch_georef
 from imaging.sniff import sniff_format
 
 __all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows", "LabelHeader",
@@ -99,10 +99,20 @@ def scene_header(source: str | os.PathLike | BinaryIO, name: str, options: _rast
     Raises:
       ImageRejected: As `SceneReader` does; 'missing_bands' for --raster_bands
         past its bands; 'too_large' when one patch holds more samples than
-        --max_pixels; 'unsupported_dtype' for samples raw records cannot hold.
+        --max_pixels, or a JPEG 2000 scene decoded whole (one tile) does;
+        'unsupported_dtype' for samples raw records cannot hold.
     """
-    with SceneReader(source, name) as scene:
+    with open_scene(source, name) as scene:  # A TIFF's or a JPEG 2000's (`imaging.jp2`).
         header = SceneHeader(scene.height, scene.width, scene.bands, scene.dtype.name, scene.segment_shape)
+        whole = scene.decodes_whole
+    if whole and header.height * header.width * header.bands > options.max_pixels:
+        # Every work item would decode all of it: --max_pixels bounds that decode as a whole image's.
+        raise ImageRejected(
+            "too_large", f"{name} is a JPEG 2000 of {header.width}x{header.height}x{header.bands} = "
+                         f"{header.height * header.width * header.bands:,} samples decoded whole for each work item "
+                         "(one tile, or every tile's packet headers in its main header), more than "
+                         f"--max_pixels={options.max_pixels:,}; tile it (gdal_translate -of JP2OpenJPEG -co "
+                         "BLOCKXSIZE=1024 -co BLOCKYSIZE=1024, or to a tiled GeoTIFF)")
     dtype = {"int8": "int16", "float16": "float32"}.get(header.dtype, header.dtype)
     if dtype not in schemas.RAW_DTYPES:
         raise ImageRejected("unsupported_dtype", f"{name} has {header.dtype} samples; stored types are "
@@ -190,8 +200,11 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
     the budget in both directions, whatever the scene's width. Those items
     hold the patch rows that start within one tile's height together (as
     the budget allows), so that a tile taller than a patch is decoded once,
-    not once per patch row. A scene without patches (smaller than one,
-    under 'drop') has none.
+    not once per patch row. So are the rows of a tiled scene whose tiles
+    hold more patch rows than an item of whole rows would (a Sentinel-2
+    JPEG 2000 band's 1024-px tiles and 256-px patches: each tile row was
+    decoded 4 times, once per item). A scene without patches (smaller than
+    one, under 'drop') has none.
     """
     rows = offsets(header.height, options.size[0], options.stride[0], options.edge)
     columns = offsets(header.width, options.size[1], options.stride[1], options.edge)
@@ -200,7 +213,7 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
     patch_bytes = max(1, options.size[0] * options.size[1] * header.bands * np.dtype(header.dtype).itemsize)
     per_item = _ITEM_BYTES // patch_bytes  # Patches an item holds within the budget.
     out = []
-    if per_item >= len(columns):
+    if per_item >= len(columns) and not _tall_tiles(header, options, per_item // len(columns), len(rows)):
         step = per_item // len(columns)
         for k in range(0, len(rows), step):
             chunk = rows[k:k + step]
@@ -221,6 +234,17 @@ def work_items(header: SceneHeader, options: PatchOptions) -> list[WorkItem]:
             x1 = columns[b] if b < len(columns) else columns[-1] + 1
             out.append(WorkItem(chunk[0], end, columns[a], x1, len(chunk) * (b - a)))
     return out
+
+
+def _tall_tiles(header: SceneHeader, options: PatchOptions, step: int, rows: int) -> bool:
+    """Whether a tiled scene's tile rows hold more patch rows than items of `step` whole rows.
+
+    Strips span the scene's width: column ranges would decode them again, so
+    a striped scene keeps whole rows.
+    """
+    if header.segment_shape is None or header.segment_shape[1] >= header.width:
+        return False
+    return min(-(-header.segment_shape[0] // options.stride[0]), rows) > step
 
 
 def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
@@ -264,7 +288,7 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
     resize = resize if resize is not None and resize.active else None
     images, skipped, shares = [], [], []
     masks: list[np.ndarray] | None = None if labels is None else []
-    with SceneReader(source, name) as scene, contextlib.ExitStack() as stack:
+    with open_scene(source, name) as scene, contextlib.ExitStack() as stack:
         external = None if scene.has_mask else _external_mask(sidecars, scene, name)
         if external is not None:
             stack.enter_context(external)
@@ -295,7 +319,8 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                     skipped.append((y, x))
                     shares.append(share)
                     continue
-                image = _stored(_raster.apply_options(window, scene.nodata, options, name, masked), y, x, resize)
+                image = _stored(_raster.apply_options(window, scene.nodata, options, name, masked), y, x, resize,
+                                scene.source_format)
                 if sidecars is not None and (sidecars.used or sidecars.warnings):
                     image = dataclasses.replace(image, details={**(image.details or {}), **sidecars.details()})
                 if georef is not None:
@@ -341,8 +366,12 @@ def _with_mask(image: ValidImage, ids: np.ndarray) -> tuple[ValidImage, np.ndarr
     return dataclasses.replace(image, actions=(*image.actions, "mask_resized"), details=details), ids
 
 
-def _stored(r: _raster.Raster, y: int, x: int, resize: _resize.ResizeOptions | None = None) -> ValidImage:
-    """One patch as a record's image: resized, then PNG or raw, as `imaging.formats.tiff` stores a page."""
+def _stored(r: _raster.Raster, y: int, x: int, resize: _resize.ResizeOptions | None = None,
+            fmt: str = "tiff") -> ValidImage:
+    """One patch as a record's image: resized, then PNG or raw, as `imaging.formats.tiff` stores a page.
+
+    `fmt` is the scene's format ('tiff', 'jpeg2000'), as the record and its actions say.
+    """
     array = r.array
     details: dict[str, Any] = r.details
     actions = r.actions
@@ -358,15 +387,15 @@ def _stored(r: _raster.Raster, y: int, x: int, resize: _resize.ResizeOptions | N
     stats = _raster.band_stats(array, r.nodata, masked)
     details = with_mask_stats(dataclasses.replace(r, masked=masked, details=details), stats).details
     if not _raster.is_png_storable(array):
-        return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c, "tiff",
-                          ("store_tiff_as_raw",) + actions, details=details, band_stats=stats,
+        return ValidImage(_raster.raw_bytes(array), schemas.raw_format(array.dtype), h, w, c, fmt,
+                          (f"store_{fmt}_as_raw",) + actions, details=details, band_stats=stats,
                           patch=(y, x))
     if array.dtype == np.uint8:
         # Pillow's encoder, as for whole 8-bit rasters.
         png = _pil.encode(Image.fromarray(array[:, :, 0] if c == 1 else array), "png")
     else:
         png = _raster.png_bytes(array)
-    return ValidImage(png, "png", h, w, c, "tiff", ("reencode_tiff_to_png",) + actions, details=details,
+    return ValidImage(png, "png", h, w, c, fmt, (f"reencode_{fmt}_to_png",) + actions, details=details,
                       band_stats=stats, patch=(y, x))
 
 

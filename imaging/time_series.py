@@ -1,6 +1,6 @@
 """Satellite time series: the dated passes over one location as one stack (time, height, width, bands).
 
-A **location** is every folder that directly holds rasters (TIFF files).
+A **location** is every folder that directly holds rasters (TIFF or JPEG 2000 files).
 Its files are grouped by date into one stack, dates ascending (issue 37):
 
 - **A file's date** comes from its name, else from its TIFF DateTime tag
@@ -30,7 +30,9 @@ Its files are grouped by date into one stack, dates ascending (issue 37):
   two files for one date and band leave that date out (`conflicting_dates`);
   band files of one date in several dtypes reject the location
   (`mixed_dtypes`). Nothing is resampled: that is the user's decision.
-- **Reading** uses `imaging.patches.SceneReader` (tifffile, imagecodecs):
+- **Reading** uses `imaging.patches.open_scene`: `SceneReader` for TIFFs
+  (tifffile, imagecodecs), `imaging.jp2.Jp2SceneReader` for JPEG 2000 (its
+  tiles, OpenJPEG; georeferencing from GeoJP2 or GMLJP2, no nodata value):
   one window of each file at a time, decoding only the strips or tiles it
   overlaps, so a location cut into patches (`read_patches`) holds one
   work item's patches of every date, never the whole stack.
@@ -58,14 +60,15 @@ import schemas
 from imaging import raster as _raster
 from imaging import sidecars as _sidecars
 from imaging.errors import ImageRejected
-from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, patch_geotransform
+from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, open_scene, patch_geotransform
 
 __all__ = ["TimeSeriesOptions", "LocationPlan", "DatePlan", "Outcome", "RASTER_EXTENSIONS", "is_raster_name",
            "name_date", "band_of", "natural_key", "plan_location", "read_stack", "read_patches",
            "stack_band_stats", "location_of", "patch_of"]
 
-# Extensions of the files a location is made of (case-insensitive).
-RASTER_EXTENSIONS = (".tif", ".tiff")
+# Extensions of the files a location is made of (case-insensitive): GeoTIFFs, and
+# JPEG 2000 (Sentinel-2's bands as delivered, read tile by tile: `imaging.jp2`).
+RASTER_EXTENSIONS = (".tif", ".tiff", ".jp2", ".j2k")
 _DATETIME_TAG = 306
 # Lossless widening of sample types that records do not hold (as `imaging.raster` widens).
 _WIDEN = {"int8": "int16", "float16": "float32", "bool": "uint8"}
@@ -323,7 +326,7 @@ def _header(rel_path: str, path: str) -> _Header:
     date = name_date(rel_path)
     band = band_of(rel_path)
     try:
-        with SceneReader(path, rel_path) as scene:
+        with open_scene(path, rel_path) as scene:
             georef, nodata = scene.georef, scene.nodata
             # A world file, `.prj` or `.aux.xml` beside it, read as GDAL reads them.
             sidecars = _sidecars.load(path, rel_path)
@@ -339,7 +342,9 @@ def _header(rel_path: str, path: str) -> _Header:
 
 
 def _tag_date(scene: SceneReader) -> datetime.date | None:
-    """The date of the TIFF DateTime tag ('YYYY:MM:DD HH:MM:SS'), or None."""
+    """The date of the TIFF DateTime tag ('YYYY:MM:DD HH:MM:SS'), or None (and for a JPEG 2000: no such tag)."""
+    if not isinstance(scene, SceneReader):
+        return None
     tag = scene._page.tags.get(_DATETIME_TAG)  # Same package: the page SceneReader opened.
     value = None if tag is None else tag.value
     if isinstance(value, bytes):
@@ -624,7 +629,7 @@ def _read_date(date: DatePlan, window: tuple[int, int, int, int], out: np.ndarra
                nodata: float | None) -> None:
     """Fills out (h, w, bands) with one date's window, opening each of its files once."""
     for rel, (path, picks) in _picks_by_file(date).items():
-        with SceneReader(path, rel) as scene:
+        with open_scene(path, rel) as scene:
             scene.use_nodata(nodata)  # A PAM file's may stand for the tag's: padding holds it.
             values = scene.read(*window)
         for b, band in picks:
@@ -659,7 +664,7 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
         np.empty((len(plan.dates), height, width, len(plan.bands)), np.dtype(plan.dtype)) for _ in corners]
     for t, date in enumerate(plan.dates):
         for rel, (path, picks) in _picks_by_file(date).items():
-            with SceneReader(path, rel) as scene:
+            with open_scene(path, rel) as scene:
                 scene.use_nodata(plan.nodata)  # A PAM file's may stand for the tag's: padding holds it.
                 if xs:
                     scene.keep_columns(max(xs[0], 0), xs[-1] + width)

@@ -50,6 +50,8 @@ def _scene(path: pathlib.Path, array: np.ndarray, nodata=None, **profile) -> pat
     (7801, 7651, 11, "uint16", (256, 256), 128, None, "drop"),  # Landsat-like: 59 columns of 360 KB
     (3000, 40000, 1, "uint8", None, 64, 32, "shift"),  # a long strip of a DEM, overlapping
     (1000, 1000, 13, "uint16", (256, 256), 256, None, "shift"),  # narrow: bands of whole rows, as before
+    (10980, 10980, 1, "uint16", (1024, 1024), 256, None, "shift"),  # a Sentinel-2 JPEG 2000 band: tall tiles
+    (10980, 10980, 1, "uint16", (2048, 10980), 256, None, "shift"),  # tall strips: whole rows still
     (300, 200, 4, "uint8", (16, 200), 512, None, "pad"),  # smaller than a patch: one padded patch
 ])
 def test_work_items_are_bounded_and_cover_every_patch_once(height, width, bands, dtype, segment, patch, stride,
@@ -73,10 +75,14 @@ def test_work_items_are_bounded_and_cover_every_patch_once(height, width, bands,
     assert set(covered.values()) == {1}
     assert len({item.name("s.tif") for item in items}) == len(items)
     assert [i.first for i in items].count(True) == 1 and items[0].first
-    # Bounded below: a row is split only when it does not fit, and then in ranges of at least
-    # half the budget's patches (as even as the count allows), so items are few and large.
+    # Bounded below: a row is split only when it does not fit, or when the tiles hold more patch
+    # rows than an item of whole rows, and then in ranges of at least half the budget's patches
+    # (as even as the count allows), so items are few and large.
     per_item = max(1, _BUDGET // patch_bytes)
-    if len(columns) <= per_item:
+    tiled = segment is not None and segment[1] < width
+    tall = tiled and len(columns) <= per_item and min(-(-segment[0] // options.stride[0]), len(rows)) > (
+        per_item // len(columns))
+    if len(columns) <= per_item and not tall:
         assert all(item.x0 is None for item in items)
         assert len(items) == -(-len(rows) // (per_item // len(columns)))
     else:
@@ -93,6 +99,14 @@ def test_a_sentinel_2_row_is_split_into_one_patch_items():
     items = scenes.work_items(scenes.SceneHeader(10980, 10980, 13, "float32"), PatchOptions(512))
     assert len(items) == 22 * 22 and {i.patches for i in items} == {1}
     assert items[1].key == "0,512,512,1024" and items[1].name("t.tif") == "t.tif#patch_rows=0,512#patch_columns=512,1024"
+
+
+def test_a_tile_row_of_a_narrow_scene_is_decoded_once_not_once_per_patch_row():
+    # A Sentinel-2 10 m band: 1024-px tiles, 43 columns of 256-px uint16 patches (128 KB) fit one item,
+    # but a tile row holds 4 patch rows: items of 4 rows and a third of the columns each.
+    items = scenes.work_items(scenes.SceneHeader(10980, 10980, 1, "uint16", (1024, 1024)), PatchOptions(256))
+    assert len(items) == 11 * 3 and all(i.y0 % 1024 == 0 and i.x0 is not None for i in items)
+    assert [i.key for i in items[:3]] == ["0,1024,0,3584", "0,1024,3584,7168", "0,1024,7168,10725"]
 
 
 def test_the_patch_rows_of_one_tile_row_go_together():

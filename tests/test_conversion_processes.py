@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pathlib
@@ -184,6 +185,10 @@ def test_worker_processes_load_tensorflows_decoders_ahead_only_where_most_files_
     assert shard_maker.needs_decoders(listed(["a/1.gif", "a/2.webp", "a/3.jpg"], photo))
     # Rasters stored raw never need it.
     assert not shard_maker.needs_decoders(listed(["a/1.tif", "a/2.TIFF"], photo))
+    # Nor do scenes' work items (--raster_patch), JPEG 2000 ones included: patches are cut without it.
+    items = [dataclasses.replace(f, patch_rows=f"{256 * i},{256 * i + 256}")
+             for i, f in enumerate(listed(["a/t.jp2"] * 3 + ["a/u.j2k"], photo))]
+    assert not shard_maker.needs_decoders(items)
 
 
 def _plan_of(n_files: int, shards: int) -> _plan.Plan:

@@ -73,5 +73,5 @@ def test_a_folder_without_rasters_is_one_sentence(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.jpg").write_bytes(b"x")
     files, problems = list_input(str(tmp_path))
-    with pytest.raises(ValueError, match="--time_series found no TIFF raster among 1 files"):
+    with pytest.raises(ValueError, match="--time_series found no raster among 1 files"):
         cts.plan_locations(files, problems, ts.TimeSeriesOptions(), str(tmp_path / "out"))
