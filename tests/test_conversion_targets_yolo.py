@@ -337,3 +337,30 @@ def test_class_names_beside_names_of_the_labels_is_refused(tmp_path):
     (tmp_path / "labels" / "classes.txt").write_text("a\n")
     with pytest.raises(ValueError, match="--class_names is not needed"):
         read_yolo(str(tmp_path / "labels"), str(tmp_path), ["x.png"], class_names=("a",))
+
+
+def test_roboflow_layout_in_one_run_from_the_data_yaml(tmp_path):
+    # Roboflow's export: {train,valid}/{images,labels}, its data.yaml naming '../train/images' (not
+    # there from the YAML's folder: tried without the '../', as Ultralytics does).
+    root = tmp_path / "export"
+    for split in ("train", "valid"):
+        write(root / split / "images" / "x.png", encode(pixels(5, size=(24, 32)), "PNG"))
+        write(root / split / "labels" / "x.txt", b"0 0.5 0.5 0.5 0.5\n" if split == "train" else b"")
+    (root / "data.yaml").write_text("train: ../train/images\nval: ../valid/images\nnc: 1\nnames: ['box']\n")
+    manifest = convert(root, tmp_path / "out", "--annotations", root / "data.yaml")
+    records = _records(tmp_path / "out")
+    assert {name: rec["split"] for name, rec in records.items()} == {
+        "train/images/x.png": "train", "valid/images/x.png": "validation"}
+    np.testing.assert_allclose(_boxes_in_pixels(records["train/images/x.png"]), [(8, 6, 24, 18, 0)], atol=1e-4)
+    assert manifest.targets["boxes"]["images_without_boxes"] == {"train": 0, "validation": 1}
+    # The label files and the YAML under --input_dir are no images: skipped, not rejected.
+    assert (manifest.counts["skipped"], manifest.counts["rejected"]) == (3, 0)
+
+
+def test_data_yaml_splits_refuse_split(tmp_path, capfd):
+    write(tmp_path / "images" / "train" / "a.png", encode(pixels(0), "PNG"))
+    (tmp_path / "data.yaml").write_text("train: images/train\nnames: [a]\n")
+    status = convert_module.main(["--input_dir", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out"),
+                                  "--annotations", str(tmp_path / "data.yaml"), "--split", "train=0.5,test=0.5"])
+    assert status == 2
+    assert "give each image its split (a data.yaml's train/val/test). Drop --split." in capfd.readouterr().err
