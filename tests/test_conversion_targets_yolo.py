@@ -364,3 +364,24 @@ def test_data_yaml_splits_refuse_split(tmp_path, capfd):
                                   "--annotations", str(tmp_path / "data.yaml"), "--split", "train=0.5,test=0.5"])
     assert status == 2
     assert "give each image its split (a data.yaml's train/val/test). Drop --split." in capfd.readouterr().err
+
+
+def test_data_yaml_run_of_one_split_folder_counts_no_other_splits_labels(ultralytics, tmp_path):
+    root, _, _ = ultralytics
+    manifest = convert(root / "images" / "train", tmp_path / "out", "--annotations", root / "data.yaml")
+    assert sorted(_records(tmp_path / "out")) == ["im0.png", "im1.png", "im2.png"]
+    assert sorted(manifest.splits) == ["train"]
+    assert "unknown_image" not in manifest.targets["boxes"]["issues"]  # val's labels are not this run's
+
+
+def test_append_counts_no_held_images_labels_as_unknown(tmp_path):
+    root, labels = tmp_path / "images", tmp_path / "labels"
+    write(root / "a.png", encode(pixels(1), "PNG"))
+    write(labels / "a.txt", b"0 0.5 0.5 0.5 0.5\n")
+    (labels / "classes.txt").write_text("cat\ndog\n")
+    convert(root, tmp_path / "out", "--annotations", labels)
+    write(root / "b.png", encode(pixels(2), "PNG"))
+    write(labels / "b.txt", b"1 0.5 0.5 0.5 0.5\n")
+    manifest = convert(root, tmp_path / "out", "--annotations", labels, "--append")
+    assert manifest.targets["boxes"]["counts"] == {"train": [1, 1]}
+    assert "unknown_image" not in manifest.targets["boxes"]["issues"]

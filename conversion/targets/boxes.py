@@ -147,7 +147,7 @@ def _read_coco(path: str, found, request: TargetRequest):
 def _read_yolo(path: str, found, request: TargetRequest):
     config = request.config
     return _yolo.read_yolo(path, config.input_dir, [f.rel_path for f in request.files],
-                           class_names=config.class_names, found=found or None)
+                           class_names=config.class_names, found=found or None, listed=request.listed)
 
 
 def _read_voc(path: str, found, request: TargetRequest):

@@ -69,7 +69,7 @@ class _Sources:
 
 
 def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_names=None,
-              found: Sequence | None = None) -> tuple[BoxAnnotations, Mapping[str, str] | None]:
+              found: Sequence | None = None, listed: Sequence[str] = ()) -> tuple[BoxAnnotations, Mapping[str, str] | None]:
     """Reads YOLO labels for the images among `files`.
 
     Args:
@@ -78,6 +78,8 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
       files: The listed examples' relative paths.
       class_names: --class_names, used when neither data.yaml nor classes.txt names the classes.
       found: The labels folder's `listing.InputFile`s, when already listed.
+      listed: Every listed path (problems and, with --append, the held
+        files too): their label files are no label files of no image.
 
     Returns:
       (the boxes, relative path -> split of each image a data.yaml's keys
@@ -89,46 +91,12 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
     """
     root = _full(input_dir)
     images = [rel for rel in files if not rel.lower().endswith(_NOT_IMAGES)]
-    splits = None
     if is_data_yaml(annotations):
-        names, doc = _data_yaml(annotations)
-        if class_names is not None:
-            raise ValueError(f"--class_names is not needed with --annotations {annotations}: its 'names' "
-                             "are the box classes. Drop --class_names.")
-        for dataset_root in _roots(doc, annotations):
-            sources = _sources(doc, annotations, dataset_root)
-            splits = {rel: split for rel in images if (split := _split_of(_join(root, rel), sources))}
-            if splits:
-                break
-        if not splits:
-            where = [n for r in _roots(doc, annotations) for n in _sources(doc, annotations, r).named]
-            raise ValueError(f"--annotations {annotations}: none of the images under --input_dir {input_dir} "
-                             f"is among its train/val/test images ({some(where)}). Give the folder that "
-                             "holds them as --input_dir.")
-        images = sorted(splits)
-        # The labels' folders, to find the label files of no image: those of the image folders, and
-        # those of the images the list files name.
-        label_roots = sorted({posixpath.dirname(_label_path(f + "/x")) for f, _ in sources.folders}
-                             | {posixpath.dirname(_label_path(p)) for p in sources.images})
-        labels = {}
-        for label_root in label_roots:
-            if exists(label_root):
-                labels.update({_join(label_root, f.rel_path): f for f in _listed(label_root)})
-        labels_folder = None
+        names, splits, labels = _from_data_yaml(annotations, input_dir, root, images, class_names)
+        images, labels_folder = sorted(splits), None
     else:
-        labels_folder = _full(annotations)
-        listed = list(found) if found is not None else _listed(annotations)
-        names = _classes_txt(annotations, listed)
-        if names is None and class_names is None:
-            raise ValueError(
-                f"--annotations {annotations} is a folder of YOLO labels without class names: give the "
-                f"dataset's data.yaml as --annotations, put a {_CLASSES_TXT} (one name a line) in the "
-                "labels folder, or give --class_names.")
-        if names is not None and class_names is not None:
-            raise ValueError(f"--class_names is not needed: {_CLASSES_TXT} in --annotations {annotations} "
-                             "names the box classes. Drop --class_names.")
-        names = tuple(names if names is not None else class_names)
-        labels = {_join(labels_folder, f.rel_path): f for f in listed}
+        names, labels = _from_folder(annotations, class_names, found)
+        splits, labels_folder = None, _full(annotations)
     labels = {path: f for path, f in labels.items()
               if path.lower().endswith(".txt") and posixpath.basename(path) != _CLASSES_TXT}
     issues = collections.Counter()
@@ -146,12 +114,61 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
             entries[rel] = entry
         else:
             invalid[rel] = error
+    for rel in set(listed) - set(images):
+        used.add(_label_of(_join(root, rel), rel, labels, labels_folder))
     unknown = sorted(set(labels) - used)
     if unknown:
         issues["unknown_image"] += len(unknown)
         _LOG.warning("--annotations %s: %d label files name no image under --input_dir: %s",
                      annotations, len(unknown), some(unknown))
     return BoxAnnotations(YOLO_FORMAT, names, None, entries, (), invalid, dict(issues), frame="upright"), splits
+
+
+def _from_data_yaml(annotations: str, input_dir: str, root: str, images: Sequence[str], class_names):
+    """(class names, relative path -> split of each image it places, full path -> listed file of the labels)."""
+    names, doc = _data_yaml(annotations)
+    if class_names is not None:
+        raise ValueError(f"--class_names is not needed with --annotations {annotations}: its 'names' "
+                         "are the box classes. Drop --class_names.")
+    splits = {}
+    for dataset_root in _roots(doc, annotations):
+        sources = _sources(doc, annotations, dataset_root)
+        splits = {rel: split for rel in images if (split := _split_of(_join(root, rel), sources))}
+        if splits:
+            break
+    if not splits:
+        where = [n for r in _roots(doc, annotations) for n in _sources(doc, annotations, r).named]
+        raise ValueError(f"--annotations {annotations}: none of the images under --input_dir {input_dir} "
+                         f"is among its train/val/test images ({some(where)}). Give the folder that "
+                         "holds them as --input_dir.")
+    # The labels' folders, to find the label files of no image: those of the image folders that hold
+    # an image of --input_dir (a run of one split folder counts no other split's labels), and those
+    # of the images the list files name.
+    placed = [_join(root, rel) for rel in splits]
+    folders = [f for f, _ in sources.folders if any(p.startswith(f.rstrip("/") + "/") for p in placed)]
+    label_roots = sorted({posixpath.dirname(_label_path(f + "/x")) for f in folders}
+                         | {posixpath.dirname(_label_path(p)) for p in sources.images})
+    labels = {}
+    for label_root in label_roots:
+        if exists(label_root):
+            labels.update({_join(label_root, f.rel_path): f for f in _listed(label_root)})
+    return names, splits, labels
+
+
+def _from_folder(annotations: str, class_names, found):
+    """(class names, full path -> listed file of the labels) of a labels folder."""
+    listed = list(found) if found is not None else _listed(annotations)
+    names = _classes_txt(annotations, listed)
+    if names is None and class_names is None:
+        raise ValueError(
+            f"--annotations {annotations} is a folder of YOLO labels without class names: give the "
+            f"dataset's data.yaml as --annotations, put a {_CLASSES_TXT} (one name a line) in the "
+            "labels folder, or give --class_names.")
+    if names is not None and class_names is not None:
+        raise ValueError(f"--class_names is not needed: {_CLASSES_TXT} in --annotations {annotations} "
+                         "names the box classes. Drop --class_names.")
+    folder = _full(annotations)
+    return tuple(names if names is not None else class_names), {_join(folder, f.rel_path): f for f in listed}
 
 
 def _listed(folder: str) -> list:
