@@ -20,8 +20,6 @@ from beam_jobs import convert as convert_module
 from conversion.targets.yolo import read_yolo
 from schemas.tfrecord import iter_records
 
-globox = pytest.importorskip("globox")
-
 _ORIENTATION = 0x0112
 _NAMES = ("cat", "dog", "bird")
 
@@ -73,6 +71,8 @@ def _jsonl(path: pathlib.Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
+    # The test extra installs it; only these tests need it.
+    globox = pytest.importorskip("globox")
     base = tmp_path_factory.mktemp("yolo_twins")
     images = base / "images"
     rng = np.random.default_rng(11)
