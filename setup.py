@@ -63,6 +63,8 @@ setuptools.setup(
         # read with tifffile; imagecodecs holds its LZW/deflate/zstd/JPEG codecs.
         "tifffile>=2023.1",
         "imagecodecs>=2023.1",
+        # A YOLO data.yaml (--annotations) is read with PyYAML; Apache Beam requires it already.
+        "pyyaml>=5.1",
     ],
     extras_require={
         # A lean CPU-only TensorFlow: CPU machines, Dataflow workers, CI.
@@ -100,6 +102,8 @@ setuptools.setup(
             # Reads our index files in a test (without TensorFlow in the process:
             # its bundled example.proto clashes with TensorFlow's). No torch needed.
             "tfrecord>=1.14.6",
+            # Writes and reads YOLO labels apart from our reader (pure Python: numpy, rich, tqdm).
+            "globox>=2.4",
             # The independent reader of tests/test_imaging_raster_gdal.py: GDAL (its
             # wheel ships it) writes GeoTIFFs in its drivers' layouts and reads them back.
             "rasterio>=1.4",

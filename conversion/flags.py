@@ -41,9 +41,10 @@ def _add_input_flags(parser) -> None:
     )
     parser.add_argument(
         "--annotations",
-        help="Boxes: a COCO instances JSON file (images by file_name under --input_dir) or a "
-        "folder of Pascal VOC XML files (each matched to the image of its own stem). Images "
-        "then need no class folders.",
+        help="Boxes: a COCO instances JSON file (images by file_name under --input_dir), a "
+        "folder of Pascal VOC XML files (each matched to the image of its own stem), or YOLO "
+        "labels: an Ultralytics data.yaml, or a labels folder of .txt files (names from its "
+        "classes.txt or --class_names). Images then need no class folders.",
     )
     parser.add_argument(
         "--annotations_frame", choices=ANNOTATION_FRAMES, default=None,
@@ -54,7 +55,8 @@ def _add_input_flags(parser) -> None:
     )
     parser.add_argument(
         "--class_names",
-        help="Comma-separated class names in label order (default: sorted names found).",
+        help="Comma-separated class names in label order (default: sorted names found); with "
+        "YOLO labels that name none (no data.yaml, no classes.txt), the box classes, id 0 first.",
     )
 
 

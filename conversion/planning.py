@@ -135,7 +135,8 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
         seed=config.seed,
         split_ratios=config.split_ratios,
         labels_csv=csv_rows,
-        class_names=config.class_names,
+        # With YOLO labels without names of their own, --class_names names the box classes.
+        class_names=None if planned.targets and planned.targets.takes_class_names else config.class_names,
         num_shards=sharding.num_shards,
         target_shard_bytes=sharding.target_shard_bytes,
         min_shards=sharding.min_shards,

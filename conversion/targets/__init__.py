@@ -12,7 +12,7 @@ them (`counter`) and how its part of the manifest's `targets` section is
 completed (`section`):
 
 - `masks`: --masks_dir (the pairing itself is `conversion.masks`);
-- `boxes`: --annotations, COCO (`coco`) or Pascal VOC (`voc`);
+- `boxes`: --annotations, COCO (`coco`), YOLO (`yolo`) or Pascal VOC (`voc`);
 - `labels`: several labels per image in --labels_csv (`labels_csv`);
 - `numbers`: a `target` column of numbers in --labels_csv.
 
@@ -103,7 +103,8 @@ def plan_targets(request: TargetRequest) -> PlannedTargets:
     values: dict[str, dict] = {}
     rejects: dict[str, tuple[str, str]] = {}
     section, missing, summaries = {}, [], {}
-    source = class_names = labels_from = None
+    source = class_names = labels_from = splits = None
+    takes_class_names = False
     for kind in TARGETS:
         planned = kind.plan(request._replace(files=files, problems=problems))
         if planned is None:
@@ -117,6 +118,8 @@ def plan_targets(request: TargetRequest) -> PlannedTargets:
         source = source or planned.source
         class_names = class_names or planned.class_names
         labels_from = labels_from or planned.labels_from
+        splits = splits or planned.splits
+        takes_class_names = takes_class_names or planned.takes_class_names
         files = files if planned.files is None else planned.files
         problems = problems if planned.problems is None else planned.problems
         if planned.summary is not None:
@@ -128,7 +131,8 @@ def plan_targets(request: TargetRequest) -> PlannedTargets:
     # Files without a value of every kind (not in the CSV, say) stay out of `values`: the plan skips them.
     encoded = {rel: _dumps(v) for rel, v in values.items() if rel not in rejects and len(v) == len(kinds)}
     targets = PlanTargets(kinds=kinds, values=encoded, source=source, missing=tuple(missing),
-                                rejects=rejects, class_names=class_names, section=section)
+                          rejects=rejects, class_names=class_names, section=section, splits=splits,
+                          takes_class_names=takes_class_names)
     return PlannedTargets(files, problems, labels_csv, targets, labels_from, summaries)
 
 

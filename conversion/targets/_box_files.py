@@ -28,16 +28,20 @@ class BoxAnnotations:
     """Boxes read from --annotations, matched to the listed files.
 
     Attributes:
-      format: 'coco' or 'voc'.
+      format: 'coco', 'voc' or 'yolo'.
       class_names: Box class names in label order.
       category_ids: COCO category id of each label; None for VOC.
       files: Relative path to {'size': [w, h] or None, 'ref': what a box's
         reference is, 'boxes': [[ref, xmin, ymin, xmax, ymax, label,
         is_crowd], ...], 'dropped': [[ref, reason], ...]} (pixels, on the
-        frame the annotation was drawn on).
+        frame the annotation was drawn on; with 'units': 'fraction',
+        fractions of that frame's width and height, as YOLO gives them).
       missing: Entries naming files that do not exist (rel_path, message).
       invalid: Files whose annotation cannot be read (rel_path -> message).
       issues: Dataset-level counts of what was dropped or not matched.
+      frame: The frame the format's boxes are drawn on where
+        --annotations_frame is 'auto': 'auto' (each image's annotated size
+        decides), or 'upright' (YOLO: Ultralytics measures the upright photo).
     """
 
     format: str
@@ -47,6 +51,7 @@ class BoxAnnotations:
     missing: tuple[tuple[str, str], ...]
     invalid: Mapping[str, str]
     issues: Mapping[str, int]
+    frame: str = "auto"
 
 
 class Index:

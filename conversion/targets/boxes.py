@@ -1,10 +1,13 @@
-"""The boxes kind: COCO or Pascal VOC boxes (--annotations), one row of `conversion.targets.TARGETS`.
+"""The boxes kind: COCO, YOLO or Pascal VOC boxes (--annotations), one row of `conversion.targets.TARGETS`.
 
-- Planning (`_plan`, on the driver): reads --annotations, a COCO instances
-  JSON file (`conversion.targets.coco`) or a folder of VOC XML files
+- Planning (`_plan`, on the driver): reads --annotations in one of the box
+  formats (`FORMATS`, a row each): a COCO instances JSON file
+  (`conversion.targets.coco`), YOLO labels (`conversion.targets.yolo`: a
+  labels folder or a data.yaml) or a folder of VOC XML files
   (`conversion.targets.voc`), and gives each annotated file its boxes, in
-  pixels of the frame they were drawn on; the annotations name the
-  dataset's files (a file they do not name is skipped, 'no_label').
+  pixels of the frame they were drawn on (YOLO's: fractions of it); the
+  annotations name the dataset's files (a file they do not name is skipped,
+  'no_label'; YOLO's: every image, a background one without labels).
 - Writing (`_record`, per record): once the image is validated, its boxes are
   clipped to the frame they were drawn on, turned upright with the photo
   when drawn on its raw frame (`imaging.boxes`), normalised to the stored
@@ -19,18 +22,20 @@ import collections
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import schemas
 from conversion import listing as _listing
 from conversion.files import exists, read_bytes
+from conversion.targets import yolo as _yolo
 from conversion.targets._box_files import BoxAnnotations
 from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import ImageRejected
 from imaging import boxes as _boxes
 
-__all__ = ["KIND", "BOX_ACTIONS"]
+__all__ = ["KIND", "BOX_ACTIONS", "FORMATS", "BoxFormat"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Per-record actions on boxes, listed in normalized.jsonl.
@@ -43,7 +48,7 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     annotations = request.config.annotations
     if not annotations:
         return None
-    boxes = _read_annotations(annotations, request.listed)
+    boxes, splits = _read_annotations(annotations, request)
     held = request.held_section(NAME)
     if held is not None:
         boxes = _in_held_order(boxes, held)
@@ -61,13 +66,16 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
               f"{len(boxes.files):,}", annotations, boxes.format)
     values = dict(boxes.files)
     drawn = request.config.annotations_frame
+    if drawn == "auto":
+        drawn = boxes.frame
     if drawn != "auto":
         # Only where given: the default's planned targets stay as they were.
         values = {rel: {**entry, "frame": drawn} for rel, entry in values.items()}
     return PlannedKind(
         values=values, section=section,
         rejects={rel: ("bad_target", message) for rel, message in boxes.invalid.items()},
-        missing=missing, source="the annotations",
+        missing=missing, source="the annotations", splits=splits,
+        takes_class_names=boxes.format == _yolo.YOLO_FORMAT and request.config.class_names is not None,
     )
 
 
@@ -113,30 +121,75 @@ def _merge(held: dict, mine: dict) -> dict:
     return out
 
 
-def _read_annotations(path: str, listed: Sequence[str]) -> BoxAnnotations:
-    """Reads --annotations: a COCO JSON file, or a folder of VOC XML files."""
-    if not exists(path):
-        raise FileNotFoundError(f"--annotations {path!r} does not exist.")
-    # Their readers (voc's XML parser) are imported with --annotations only: not on every run.
-    if _is_file(path):
-        from conversion.targets import coco as _coco
+class BoxFormat(NamedTuple):
+    """One format --annotations may be in: a row of `FORMATS`.
 
-        return _coco.read_coco(read_bytes(path), path, listed)
-    found, _ = _listing.list_input(path)
-    xmls = [f for f in found if f.rel_path.lower().endswith(".xml")]
-    if not xmls:
-        raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml); "
-                         "give a COCO instances JSON file or a folder of VOC XML files.")
+    Attributes:
+      name: The manifest's targets.boxes.format.
+      accepts: (path, whether it is a file, the files of a folder: `listing.InputFile`s,
+        () for a file) -> whether --annotations is in this format.
+      read: (path, the files of a folder, `TargetRequest`) -> (`BoxAnnotations`,
+        relative path -> split where the annotations give each image its split, else None).
+    """
+
+    name: str
+    accepts: Callable[[str, bool, Sequence], bool]
+    read: Callable[[str, Sequence, TargetRequest], tuple[BoxAnnotations, dict | None]]
+
+
+def _read_coco(path: str, found, request: TargetRequest):
+    # Their readers (voc's XML parser, yolo's YAML) are imported with --annotations only: not on every run.
+    from conversion.targets import coco as _coco
+
+    return _coco.read_coco(read_bytes(path), path, request.listed), None
+
+
+def _read_yolo(path: str, found, request: TargetRequest):
+    config = request.config
+    return _yolo.read_yolo(path, config.input_dir, [f.rel_path for f in request.files],
+                           class_names=config.class_names, found=found or None, listed=request.listed)
+
+
+def _read_voc(path: str, found, request: TargetRequest):
     from conversion.targets import voc as _voc
 
     # Sorted by relative path (the listing's order): the first of two XMLs of one image wins.
-    return _voc.read_voc([(f.rel_path, read_bytes(f.path)) for f in xmls], path, listed)
+    return _voc.read_voc([(f.rel_path, read_bytes(f.path)) for f in found if _is_xml(f)], path,
+                         request.listed), None
+
+
+def _is_xml(f) -> bool:
+    return f.rel_path.lower().endswith(".xml")
+
+
+# The formats, tried in this order: a YAML file is YOLO's data.yaml, any other file COCO's JSON; a
+# folder with VOC XML files is VOC's, else one with text files YOLO's labels.
+FORMATS: tuple[BoxFormat, ...] = (
+    BoxFormat("coco", lambda path, is_file, found: is_file and not _yolo.is_data_yaml(path), _read_coco),
+    BoxFormat("voc", lambda path, is_file, found: not is_file and any(map(_is_xml, found)), _read_voc),
+    BoxFormat(_yolo.YOLO_FORMAT, lambda path, is_file, found: _yolo.is_data_yaml(path) if is_file
+              else any(f.rel_path.lower().endswith(".txt") for f in found), _read_yolo),
+)
+
+
+def _read_annotations(path: str, request: TargetRequest) -> tuple[BoxAnnotations, dict | None]:
+    """Reads --annotations in the first of `FORMATS` that accepts it."""
+    if not exists(path):
+        raise FileNotFoundError(f"--annotations {path!r} does not exist.")
+    is_file = _is_file(path)
+    found = () if is_file else tuple(_listing.list_input(path)[0])
+    for form in FORMATS:
+        if form.accepts(path, is_file, found):
+            return form.read(path, found, request)
+    raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml) or YOLO label "
+                     "files (*.txt); give a COCO instances JSON file, a YOLO data.yaml or labels folder, or a "
+                     "folder of VOC XML files.")
 
 
 def _is_file(path: str) -> bool:
     if _listing.is_local(path):
         return os.path.isfile(path)
-    return path.lower().endswith(".json")
+    return path.lower().endswith((".json", ".yaml", ".yml"))
 
 
 def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
@@ -166,6 +219,10 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
             f"size {raw[0]}x{raw[1]} nor its upright size {upright[0]}x{upright[1]} (width x height)"))
     fw, fh = raw if frame == "raw" else upright
     ref = entry.get("ref", "box")
+    if entry.get("units") == "fraction":
+        # YOLO's fractions of the frame, in its pixels: clipped and counted as COCO's and VOC's are.
+        entry = {**entry, "boxes": [[r, x0 * fw, y0 * fh, x1 * fw, y1 * fh, *rest]
+                                    for r, x0, y0, x1, y1, *rest in entry["boxes"]]}
     kept, clipped, dropped, issues = [], [], [], []
     for r, reason in entry["dropped"]:
         dropped.append({ref: r, "reason": reason})

@@ -145,7 +145,7 @@ class Labelled(NamedTuple):
     Attributes:
       labels: Relative path -> (label or None, split or None) of every labelled file.
       class_names: The dataset's classes, in index order.
-      split_source: "hash", "csv" or "folders" (the manifest's split source).
+      split_source: "hash", "csv", "folders" or "annotations" (the manifest's split source).
       ratios: Split name -> fraction, for hash splits; None otherwise.
       num_found: The inputs: the listing's plus the CSV's rows and targets that point nowhere.
     """
@@ -188,7 +188,10 @@ def _plan(files, problems: list, *, split_ratios, labels_csv, class_names, targe
         split_source = "csv" if has_csv_split else "hash"
     elif targets is not None and targets.source is not None:
         named = [f for f in files if f.rel_path in targets.values or f.rel_path in targets.rejects]
-        labels, split_source = image_labels_optional(named, split_ratios)
+        if targets.splits is not None:
+            labels, split_source = _splits_of_targets(named, targets, split_ratios)
+        else:
+            labels, split_source = image_labels_optional(named, split_ratios)
         unlabeled = [f for f in files if f.rel_path not in labels]
     else:
         labels, unlabeled, split_source = (folder_labels or labels_from_folders)(files, split_ratios)
@@ -222,6 +225,15 @@ def _plan(files, problems: list, *, split_ratios, labels_csv, class_names, targe
         class_names = sorted_class_names(found_classes)
     ratios = dict(split_ratios or {"train": 1.0}) if split_source == "hash" else None
     return Labelled(labels, tuple(class_names), split_source, ratios, num_found)
+
+
+def _splits_of_targets(files, targets, split_ratios) -> tuple[dict, str]:
+    """({rel_path: (None, split)}, 'annotations'): the splits the targets give (a YOLO data.yaml's keys)."""
+    if split_ratios is not None:
+        raise ValueError(f"--split assigns splits by hash, but {targets.source} give each image its split "
+                         "(a data.yaml's train/val/test). Drop --split.")
+    return {f.rel_path: (None, targets.splits[f.rel_path]) for f in files if f.rel_path in targets.splits}, \
+        "annotations"
 
 
 class _Counts:

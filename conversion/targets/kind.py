@@ -71,6 +71,10 @@ class PlannedKind(NamedTuple):
         folders.
       summary: What the rest of the run needs of this kind (e.g. the
         `conversion.masks.MaskPlan`), or None.
+      splits: Relative path to split, where this kind's files say each
+        file's split (a YOLO data.yaml's train/val/test); None: they do not.
+      takes_class_names: Whether --class_names named this kind's classes
+        (YOLO labels without names of their own), not the images' classes.
     """
 
     values: Mapping[str, Any]
@@ -83,6 +87,8 @@ class PlannedKind(NamedTuple):
     problems: list | None = None
     labels_from: Callable | None = None
     summary: Any = None
+    splits: Mapping[str, str] | None = None
+    takes_class_names: bool = False
 
 
 class RecordPart(NamedTuple):
@@ -182,6 +188,9 @@ class PlanTargets:
       class_names: The image-level class names when the targets decide them
         (several labels per image: their sorted union); None otherwise.
       section: The dataset-level part of the manifest's targets section.
+      splits: Relative path to split where the targets give each file's
+        split (`PlannedKind.splits`); None: the folders or --split do.
+      takes_class_names: Whether --class_names named a kind's classes, not the images'.
     """
 
     kinds: tuple[str, ...]
@@ -191,6 +200,8 @@ class PlanTargets:
     rejects: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     class_names: tuple[str, ...] | None = None
     section: Mapping = dataclasses.field(default_factory=dict)
+    splits: Mapping[str, str] | None = None
+    takes_class_names: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
