@@ -266,3 +266,11 @@ def test_folder_of_neither_format_is_a_usage_error(tmp_path, capfd):
                                   "--annotations", str(tmp_path / "anns")])
     assert status == 2
     assert "LabelMe JSON files (*.json)" in capfd.readouterr().err
+
+
+def test_image_path_resolves_under_a_bucket_url():
+    # Two listed files have the name: only the imagePath, resolved from the JSON's folder, tells them apart.
+    doc = json.dumps(_doc("../../images/sub/x.png", [])).encode()
+    boxes = read_labelme([("nested/x.json", doc)], "gs://bucket/anns", "gs://bucket/images",
+                         ["other/x.png", "sub/x.png"])
+    assert sorted(boxes.files) == ["sub/x.png"]

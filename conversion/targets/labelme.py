@@ -130,13 +130,21 @@ def _full(path: str) -> str:
     return path.rstrip("/")
 
 
+def _resolved(folder: str, rel: str) -> str:
+    """`rel` under `folder` with its '..' and '.' resolved; a URL's scheme ('gs://') kept whole."""
+    scheme, sep, rest = folder.partition("://")
+    if not sep:
+        return posixpath.normpath(posixpath.join(folder, rel))
+    return scheme + sep + posixpath.normpath(posixpath.join(rest, rel))
+
+
 def _image_of(name: str, image_path, folder: str, images_root: str, index: Index, issues) -> str | None:
     """The listed path of a JSON's image: its imagePath from the JSON's folder, else a unique name or stem."""
     if isinstance(image_path, str) and image_path.strip():
         # Windows' LabelMe writes '..\\images\\x.jpg'.
         path = image_path.strip().replace("\\", "/")
         if not (path.startswith("/") or (len(path) > 1 and path[1] == ":")):
-            full = posixpath.normpath(posixpath.join(folder, posixpath.dirname(name), path))
+            full = _resolved(folder, posixpath.join(posixpath.dirname(name), path))
             if full.startswith(images_root + "/") and full[len(images_root) + 1:] in index.paths:
                 return full[len(images_root) + 1:]
         same_name = index.by_name.get(posixpath.basename(path), [])
