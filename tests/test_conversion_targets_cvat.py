@@ -242,7 +242,7 @@ def test_exif_photos_upright_by_default_and_old_raw_exports_by_their_size(handma
         np.testing.assert_allclose(box[:4], _marker(rec[schemas.IMAGE.key]), atol=1.01, err_msg=name)
     details = _jsonl(out / schemas.NORMALIZED_FILENAME)
     assert details["rot6.jpg"]["details"]["boxes"]["frame"] == "upright"
-    assert details["rot6_old.jpg"]["details"]["boxes"]["frame"] == "raw"  # CVAT before 2.1: the raw size
+    assert details["rot6_old.jpg"]["details"]["boxes"]["frame"] == "raw"  # older CVAT: the raw size
     # Turned by 180 degrees the sizes agree: the upright photo, as CVAT shows it.
     assert details["rot3.jpg"]["details"]["boxes"]["frame"] == "upright"
 
@@ -327,3 +327,23 @@ def test_class_names_name_the_box_classes_of_a_conversion(tmp_path):
     assert manifest.targets["boxes"]["class_names"] == ["cat", "dog"]
     assert manifest.class_names == ()
     assert _boxes_in_pixels(_records(tmp_path / "out")["a.png"]) == [pytest.approx((1, 2, 8, 9, 1))]
+
+
+def test_append_keeps_the_held_classes_indices(tmp_path):
+    images, xml = tmp_path / "images", tmp_path / "annotations.xml"
+    write(images / "a.png", encode(pixels(1), "PNG"))
+    box = '<box label="{}" xtl="1" ytl="2" xbr="8" ybr="9"/>'
+    labels = "".join(f"<label><name>{n}</name></label>" for n in ("a", "b"))
+    xml.write_bytes(_xml(f"<task><labels>{labels}</labels></task>",
+                         f'<image id="0" name="a.png" width="32" height="24">{box.format("b")}</image>'))
+    convert(images, tmp_path / "out", "--annotations", xml)
+    # The grown task's labels in another order, with a new one first: the held indices stay.
+    write(images / "b.png", encode(pixels(2), "PNG"))
+    labels = "".join(f"<label><name>{n}</name></label>" for n in ("c", "b", "a"))
+    xml.write_bytes(_xml(f"<task><labels>{labels}</labels></task>",
+                         f'<image id="0" name="a.png" width="32" height="24">{box.format("b")}</image>',
+                         f'<image id="1" name="b.png" width="32" height="24">{box.format("c")}{box.format("a")}</image>'))
+    manifest = convert(images, tmp_path / "out", "--annotations", xml, "--append")
+    assert manifest.targets["boxes"]["class_names"] == ["a", "b", "c"]
+    assert [b[4] for b in _boxes_in_pixels(_records(tmp_path / "out")["b.png"])] == [2, 0]
+    assert manifest.targets["boxes"]["counts"] == {"train": [1, 1, 1]}

@@ -152,7 +152,7 @@ _SHAPES = [
     _shape("dog", "line", [[1, 1], [30, 4]]),
     _shape("cat", "linestrip", [[3, 3], [9, 12], [6, 20]]),
     _shape("dog", "point", [[7, 7]]),  # no area: dropped when stored
-    {"label": "cat", "points": [[1, 2], [3, 9], [8, 4]]},  # LabelMe 2's untyped polygon
+    {"label": "cat", "points": [[1, 2], [3, 9], [8, 4]]},  # no shape_type: LabelMe reads a polygon
     _shape("dog", "cuboid", [[1, 1], [2, 2]]),
 ]
 _BAD = {

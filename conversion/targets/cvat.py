@@ -19,10 +19,10 @@ cannot be read (a coordinate that is not a number, no label, a label not
 among the classes) rejects its image ('bad_target', saying which shape and
 what was wrong).
 
-CVAT (2.1 on) measures and shows each photo upright by its EXIF orientation;
-older versions showed the raw frame: the image's width and height tell them
-apart, and where they cannot (a square photo, a photo turned by 180 degrees)
-the upright photo is taken.
+CVAT (since 2022, its pull request 4529) measures and shows each photo
+upright by its EXIF orientation; older versions showed the raw frame: the
+image's width and height tell them apart, and where they cannot (a square
+photo, a photo turned by 180 degrees) the upright photo is taken.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def _entry(doc: dict, where: str, label_of: dict, given: bool, issues) -> dict:
         what = f"{where} shape {k}"
         if not isinstance(shape, dict):
             raise _Malformed(f"{what} is not a JSON object")
-        kind = shape.get("shape_type") or "polygon"  # LabelMe before 3.0 wrote polygons only, untyped.
+        kind = shape.get("shape_type") or "polygon"  # LabelMe reads a shape without a type as a polygon.
         label = shape.get("label")
         if not isinstance(label, str) or not label.strip():
             raise _Malformed(f"{what} ({kind}) has no label")
