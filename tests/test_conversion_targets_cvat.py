@@ -347,3 +347,15 @@ def test_append_keeps_the_held_classes_indices(tmp_path):
     assert manifest.targets["boxes"]["class_names"] == ["a", "b", "c"]
     assert [b[4] for b in _boxes_in_pixels(_records(tmp_path / "out")["b.png"])] == [2, 0]
     assert manifest.targets["boxes"]["counts"] == {"train": [1, 1, 1]}
+
+
+def test_the_unpacked_exports_folder_is_read_as_its_annotations_xml(tmp_path):
+    # CVAT's export: annotations.xml next to images/; the folder given is CVAT's, not a VOC folder.
+    export = tmp_path / "export"
+    write(export / "images" / "a.png", encode(pixels(0), "PNG"))
+    (export / "annotations.xml").write_text(
+        '<annotations><image id="0" name="a.png" width="32" height="24">'
+        '<box label="dog" xtl="1" ytl="2" xbr="8" ybr="9"/></image></annotations>')
+    manifest = convert(export / "images", tmp_path / "out", "--annotations", export)
+    assert manifest.targets["boxes"]["format"] == "cvat"
+    assert _boxes_in_pixels(_records(tmp_path / "out")["a.png"]) == [pytest.approx((1, 2, 8, 9, 0))]

@@ -167,7 +167,16 @@ def _read_voc(path: str, found, request: TargetRequest):
 def _read_cvat(path: str, found, request: TargetRequest):
     from conversion.targets import cvat as _cvat
 
-    return _cvat.read_cvat(read_bytes(path), path, request.listed, class_names=request.config.class_names), None
+    xml = _cvat_xml(path, not found, found)
+    return _cvat.read_cvat(read_bytes(xml), xml, request.listed, class_names=request.config.class_names), None
+
+
+def _cvat_xml(path: str, is_file: bool, found) -> str | None:
+    """CVAT's XML file: --annotations itself, or the annotations.xml of the unpacked export it holds, alone."""
+    if is_file:
+        return path if path.lower().endswith(".xml") else None
+    xml = [f for f in found if _is_xml(f)]
+    return xml[0].path if len(xml) == 1 and xml[0].rel_path == "annotations.xml" else None
 
 
 def _read_labelme(path: str, found, request: TargetRequest):
@@ -196,10 +205,10 @@ def _mostly_json(found) -> bool:
 
 
 # The formats, tried in this order: a YAML file is YOLO's data.yaml, an XML file CVAT's, any other file
-# COCO's JSON; a folder with VOC XML files is VOC's, else one with more JSON files than text files
-# LabelMe's, else one with text files YOLO's labels.
+# COCO's JSON; a folder whose one XML file is annotations.xml is CVAT's export, one with other XML files
+# VOC's, else one with more JSON files than text files LabelMe's, else one with text files YOLO's labels.
 FORMATS: tuple[BoxFormat, ...] = (
-    BoxFormat("cvat", lambda path, is_file, found: is_file and path.lower().endswith(".xml"), _read_cvat,
+    BoxFormat("cvat", lambda path, is_file, found: _cvat_xml(path, is_file, found) is not None, _read_cvat,
               takes_class_names=True),
     BoxFormat("coco", lambda path, is_file, found: is_file and not _yolo.is_data_yaml(path), _read_coco),
     BoxFormat("voc", lambda path, is_file, found: not is_file and any(map(_is_xml, found)), _read_voc),
