@@ -135,7 +135,7 @@ class ConversionConfig:
     input_dir: str
     output_dir: str
     labels_csv: str | None = None
-    # --annotations: COCO instances JSON, a folder of VOC XML files, or YOLO labels (boxes).
+    # --annotations: COCO instances JSON, CVAT XML, a folder of VOC XML or LabelMe JSON files, or YOLO labels (boxes).
     annotations: str | None = None
     # --annotations_frame: on which frame of an EXIF-rotated photo its boxes and masks were drawn.
     annotations_frame: str = "auto"

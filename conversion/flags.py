@@ -41,9 +41,10 @@ def _add_input_flags(parser) -> None:
     )
     parser.add_argument(
         "--annotations",
-        help="Boxes: a COCO instances JSON file (images by file_name under --input_dir), a "
-        "folder of Pascal VOC XML files (each matched to the image of its own stem), or YOLO "
-        "labels: an Ultralytics data.yaml, or a labels folder of .txt files (names from its "
+        help="Boxes: a COCO instances JSON file (images by file_name under --input_dir), a CVAT "
+        "for images 1.1 annotations.xml, a folder of Pascal VOC XML files (each matched to the "
+        "image of its own stem), a folder of LabelMe JSON files (each naming its imagePath), or "
+        "YOLO labels: an Ultralytics data.yaml, or a labels folder of .txt files (names from its "
         "classes.txt or --class_names). Images then need no class folders.",
     )
     parser.add_argument(
@@ -51,12 +52,14 @@ def _add_input_flags(parser) -> None:
         help="On which frame of an EXIF-rotated photo its boxes (--annotations) and masks "
         "(--masks_dir) were drawn: raw (as stored, EXIF-blind tools), upright (as a viewer shows "
         "it: tools that turn photos upright), or auto (default: the annotation's or mask's size "
-        "decides, the raw frame where it cannot tell: square photos, 180-degree turns).",
+        "decides, the raw frame where it cannot tell: square photos, 180-degree turns; for CVAT "
+        "and LabelMe, which show photos upright, the upright one; for YOLO labels, upright).",
     )
     parser.add_argument(
         "--class_names",
         help="Comma-separated class names in label order (default: sorted names found); with "
-        "YOLO labels that name none (no data.yaml, no classes.txt), the box classes, id 0 first.",
+        "CVAT or LabelMe annotations, and YOLO labels that name none (no data.yaml, no "
+        "classes.txt), the box classes, id 0 first.",
     )
 
 

@@ -103,7 +103,9 @@ def annotation_frame(size: tuple[int, int] | None, raw: tuple[int, int], orienta
       raw: (width, height) of the file's raw frame (as stored in the file).
       orientation: The file's EXIF orientation (1-8).
       drawn: --annotations_frame: 'auto' (the size decides), 'raw' or
-        'upright' (the annotations say which; the size must agree).
+        'upright' (the annotations say which; the size must agree); or
+        'auto_upright': the size decides, and where it cannot, the upright
+        photo (a tool that shows photos upright, as CVAT and LabelMe do).
 
     Returns:
       'raw' or 'upright'; with 'auto', 'raw' where the size cannot tell (no
@@ -115,6 +117,8 @@ def annotation_frame(size: tuple[int, int] | None, raw: tuple[int, int], orienta
         return "raw" if size is None or tuple(size) == tuple(raw) else None
     if drawn == "upright":
         return "upright" if size is None or tuple(size) == upright else None
+    if drawn == "auto_upright" and (size is None or tuple(size) == upright):
+        return "upright"
     if size is None or tuple(size) == tuple(raw):
         return "raw"
     if tuple(size) == upright:

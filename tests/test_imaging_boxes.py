@@ -62,6 +62,17 @@ def test_annotation_frame():
     assert boxes.annotation_frame((100, 100), raw, 6) is None
 
 
+def test_annotation_frame_auto_upright_lets_the_size_decide_and_breaks_ties_upright():
+    # CVAT and LabelMe show photos upright: where the size cannot tell, the upright photo.
+    raw = (48, 32)
+    assert boxes.annotation_frame((48, 32), raw, 6, "auto_upright") == "raw"  # an EXIF-blind export
+    assert boxes.annotation_frame((32, 48), raw, 6, "auto_upright") == "upright"
+    assert boxes.annotation_frame((48, 32), raw, 3, "auto_upright") == "upright"
+    assert boxes.annotation_frame((32, 32), (32, 32), 6, "auto_upright") == "upright"
+    assert boxes.annotation_frame(None, raw, 6, "auto_upright") == "upright"
+    assert boxes.annotation_frame((100, 100), raw, 6, "auto_upright") is None
+
+
 def test_raw_frame_from_jpeg_and_png_bytes():
     arr = np.zeros((32, 48, 3), np.uint8)
     assert boxes.raw_frame(_with_orientation(arr, 6, "JPEG")) == (6, 48, 32)

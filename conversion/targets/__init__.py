@@ -12,7 +12,8 @@ them (`counter`) and how its part of the manifest's `targets` section is
 completed (`section`):
 
 - `masks`: --masks_dir (the pairing itself is `conversion.masks`);
-- `boxes`: --annotations, COCO (`coco`), YOLO (`yolo`) or Pascal VOC (`voc`);
+- `boxes`: --annotations, COCO (`coco`), CVAT (`cvat`), Pascal VOC (`voc`),
+  LabelMe (`labelme`) or YOLO (`yolo`);
 - `labels`: several labels per image in --labels_csv (`labels_csv`);
 - `numbers`: a `target` column of numbers in --labels_csv.
 

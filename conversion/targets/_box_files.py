@@ -1,7 +1,7 @@
 """What the readers of box annotations share: `BoxAnnotations`, and the listed files by name.
 
-`conversion.targets.coco` and `conversion.targets.voc` read an annotation
-format each into a `BoxAnnotations`; the boxes kind
+`conversion.targets.coco`, `cvat`, `voc`, `labelme` and `yolo` read an
+annotation format each into a `BoxAnnotations`; the boxes kind
 (`conversion.targets.boxes`) plans and stores them whatever their format.
 """
 
@@ -28,7 +28,7 @@ class BoxAnnotations:
     """Boxes read from --annotations, matched to the listed files.
 
     Attributes:
-      format: 'coco', 'voc' or 'yolo'.
+      format: 'coco', 'cvat', 'voc', 'labelme' or 'yolo'.
       class_names: Box class names in label order.
       category_ids: COCO category id of each label; None for VOC.
       files: Relative path to {'size': [w, h] or None, 'ref': what a box's
@@ -41,7 +41,9 @@ class BoxAnnotations:
       issues: Dataset-level counts of what was dropped or not matched.
       frame: The frame the format's boxes are drawn on where
         --annotations_frame is 'auto': 'auto' (each image's annotated size
-        decides), or 'upright' (YOLO: Ultralytics measures the upright photo).
+        decides), 'upright' (YOLO: Ultralytics measures the upright photo), or
+        'auto_upright' (the size decides, the upright photo where it cannot:
+        CVAT and LabelMe show photos upright).
     """
 
     format: str

@@ -1,10 +1,12 @@
-"""The boxes kind: COCO, YOLO or Pascal VOC boxes (--annotations), one row of `conversion.targets.TARGETS`.
+"""The boxes kind: COCO, CVAT, VOC, LabelMe or YOLO boxes (--annotations), one row of `conversion.targets.TARGETS`.
 
 - Planning (`_plan`, on the driver): reads --annotations in one of the box
   formats (`FORMATS`, a row each): a COCO instances JSON file
-  (`conversion.targets.coco`), YOLO labels (`conversion.targets.yolo`: a
-  labels folder or a data.yaml) or a folder of VOC XML files
-  (`conversion.targets.voc`), and gives each annotated file its boxes, in
+  (`conversion.targets.coco`), a CVAT for images XML file
+  (`conversion.targets.cvat`), a folder of VOC XML files
+  (`conversion.targets.voc`), a folder of LabelMe JSON files
+  (`conversion.targets.labelme`) or YOLO labels (`conversion.targets.yolo`:
+  a labels folder or a data.yaml), and gives each annotated file its boxes, in
   pixels of the frame they were drawn on (YOLO's: fractions of it); the
   annotations name the dataset's files (a file they do not name is skipped,
   'no_label'; YOLO's: every image, a background one without labels).
@@ -22,6 +24,7 @@ import collections
 import dataclasses
 import logging
 import os
+import posixpath
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -48,7 +51,7 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     annotations = request.config.annotations
     if not annotations:
         return None
-    boxes, splits = _read_annotations(annotations, request)
+    form, (boxes, splits) = _read_annotations(annotations, request)
     held = request.held_section(NAME)
     if held is not None:
         boxes = _in_held_order(boxes, held)
@@ -75,7 +78,7 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
         values=values, section=section,
         rejects={rel: ("bad_target", message) for rel, message in boxes.invalid.items()},
         missing=missing, source="the annotations", splits=splits,
-        takes_class_names=boxes.format == _yolo.YOLO_FORMAT and request.config.class_names is not None,
+        takes_class_names=form.takes_class_names and request.config.class_names is not None,
     )
 
 
@@ -130,11 +133,14 @@ class BoxFormat(NamedTuple):
         () for a file) -> whether --annotations is in this format.
       read: (path, the files of a folder, `TargetRequest`) -> (`BoxAnnotations`,
         relative path -> split where the annotations give each image its split, else None).
+      takes_class_names: Whether --class_names names this format's box classes
+        (read passes it on), not the images' classes.
     """
 
     name: str
     accepts: Callable[[str, bool, Sequence], bool]
     read: Callable[[str, Sequence, TargetRequest], tuple[BoxAnnotations, dict | None]]
+    takes_class_names: bool = False
 
 
 def _read_coco(path: str, found, request: TargetRequest):
@@ -158,38 +164,80 @@ def _read_voc(path: str, found, request: TargetRequest):
                          request.listed), None
 
 
+def _read_cvat(path: str, found, request: TargetRequest):
+    from conversion.targets import cvat as _cvat
+
+    xml = _cvat_xml(path, not found, found)
+    return _cvat.read_cvat(read_bytes(xml), xml, request.listed, class_names=request.config.class_names), None
+
+
+def _cvat_xml(path: str, is_file: bool, found) -> str | None:
+    """CVAT's XML file: --annotations itself, or the annotations.xml of the unpacked export it holds, alone."""
+    if is_file:
+        return path if path.lower().endswith(".xml") else None
+    xml = [f for f in found if _is_xml(f)]
+    return xml[0].path if len(xml) == 1 and xml[0].rel_path == "annotations.xml" else None
+
+
+def _read_labelme(path: str, found, request: TargetRequest):
+    from conversion.targets import labelme as _labelme
+
+    config = request.config
+    return _labelme.read_labelme([(f.rel_path, read_bytes(f.path)) for f in found if _is_json(f)], path,
+                                 config.input_dir, request.listed, class_names=config.class_names), None
+
+
 def _is_xml(f) -> bool:
     return f.rel_path.lower().endswith(".xml")
 
 
-# The formats, tried in this order: a YAML file is YOLO's data.yaml, any other file COCO's JSON; a
-# folder with VOC XML files is VOC's, else one with text files YOLO's labels.
+def _is_json(f) -> bool:
+    return f.rel_path.lower().endswith(".json")
+
+
+def _is_labels_txt(f) -> bool:
+    return f.rel_path.lower().endswith(".txt") and posixpath.basename(f.rel_path) != "classes.txt"
+
+
+def _mostly_json(found) -> bool:
+    # A folder of both: each format has a file per image, so the more numerous ones are the labels.
+    return sum(map(_is_json, found)) > sum(map(_is_labels_txt, found))
+
+
+# The formats, tried in this order: a YAML file is YOLO's data.yaml, an XML file CVAT's, any other file
+# COCO's JSON; a folder whose one XML file is annotations.xml is CVAT's export, one with other XML files
+# VOC's, else one with more JSON files than text files LabelMe's, else one with text files YOLO's labels.
 FORMATS: tuple[BoxFormat, ...] = (
+    BoxFormat("cvat", lambda path, is_file, found: _cvat_xml(path, is_file, found) is not None, _read_cvat,
+              takes_class_names=True),
     BoxFormat("coco", lambda path, is_file, found: is_file and not _yolo.is_data_yaml(path), _read_coco),
     BoxFormat("voc", lambda path, is_file, found: not is_file and any(map(_is_xml, found)), _read_voc),
+    BoxFormat("labelme", lambda path, is_file, found: not is_file and _mostly_json(found), _read_labelme,
+              takes_class_names=True),
     BoxFormat(_yolo.YOLO_FORMAT, lambda path, is_file, found: _yolo.is_data_yaml(path) if is_file
-              else any(f.rel_path.lower().endswith(".txt") for f in found), _read_yolo),
+              else any(f.rel_path.lower().endswith(".txt") for f in found), _read_yolo, takes_class_names=True),
 )
 
 
-def _read_annotations(path: str, request: TargetRequest) -> tuple[BoxAnnotations, dict | None]:
-    """Reads --annotations in the first of `FORMATS` that accepts it."""
+def _read_annotations(path: str, request: TargetRequest) -> tuple[BoxFormat, tuple[BoxAnnotations, dict | None]]:
+    """Reads --annotations in the first of `FORMATS` that accepts it: (that row, what its `read` returns)."""
     if not exists(path):
         raise FileNotFoundError(f"--annotations {path!r} does not exist.")
     is_file = _is_file(path)
     found = () if is_file else tuple(_listing.list_input(path)[0])
     for form in FORMATS:
         if form.accepts(path, is_file, found):
-            return form.read(path, found, request)
-    raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml) or YOLO label "
-                     "files (*.txt); give a COCO instances JSON file, a YOLO data.yaml or labels folder, or a "
-                     "folder of VOC XML files.")
+            return form, form.read(path, found, request)
+    raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml), LabelMe JSON "
+                     "files (*.json) or YOLO label files (*.txt); give a COCO instances JSON file, a CVAT "
+                     "annotations.xml, a YOLO data.yaml or labels folder, or a folder of VOC XML or LabelMe "
+                     "JSON files.")
 
 
 def _is_file(path: str) -> bool:
     if _listing.is_local(path):
         return os.path.isfile(path)
-    return path.lower().endswith((".json", ".yaml", ".yml"))
+    return path.lower().endswith((".json", ".yaml", ".yml", ".xml"))
 
 
 def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
@@ -208,7 +256,7 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
     size = tuple(entry["size"]) if entry["size"] else None
     drawn = entry.get("frame", "auto")
     frame = _boxes.annotation_frame(size, raw, orientation, drawn)
-    if frame is None and drawn != "auto":
+    if frame is None and drawn in ("raw", "upright"):
         want = raw if drawn == "raw" else upright
         raise ImageRejected("bad_target", (
             f"{name}: the annotation's image size {size[0]}x{size[1]} is not the photo's {drawn} size "
