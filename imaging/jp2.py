@@ -498,11 +498,9 @@ class Jp2SceneReader:
 
     def use_nodata(self, nodata: float | None) -> None:
         """Takes `nodata` as the scene's nodata value (its .aux.xml's, `imaging.sidecars`: where GDAL keeps a
-        JPEG 2000's), padding included (`imaging.patches.padding_fill`)."""
-        from imaging.patches import padding_fill
-
+        JPEG 2000's), padding included (`imaging.georef.padding_fill`)."""
         self.nodata = nodata
-        self.fill = padding_fill(nodata, self.dtype)
+        self.fill = _georef.padding_fill(nodata, self.dtype)
 
     def masked(self, y: int, x: int, height: int, width: int) -> None:
         """None: a JPEG 2000 file has no internal mask here (`SceneReader.masked`)."""

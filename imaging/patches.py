@@ -45,7 +45,7 @@ import numpy as np
 
 from imaging import _tiff_ifds
 from imaging.errors import ImageRejected
-from imaging.georef import Georef, page_georef
+from imaging.georef import Georef, padding_fill, page_georef
 
 __all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets", "open_scene",
            "padding_fill", "patch_georef", "patch_geotransform"]
@@ -671,13 +671,6 @@ class SceneReader:
         if array.dtype.kind == "b":
             array = array.view(np.uint8)
         return np.ascontiguousarray(array, self.dtype)
-
-
-def padding_fill(nodata: float | None, dtype: np.dtype) -> float:
-    """What pixels past a scene's edge hold: its nodata value, or 0 without one or when `dtype` cannot hold it."""
-    fits = nodata is not None and (dtype.kind == "f" or (
-        math.isfinite(nodata) and nodata == int(nodata) and np.iinfo(dtype).min <= nodata <= np.iinfo(dtype).max))
-    return nodata if fits else 0
 
 
 def open_scene(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO, name: str | None = None):
