@@ -139,16 +139,20 @@ def plan_locations(files: Sequence[InputFile], problems: Sequence[Problem], opti
 def stack_windows(stacks: dict[str, _ts.LocationPlan], patch) -> dict[str, tuple[tuple[str, int], ...]]:
     """The work items of every location cut into patches (--raster_patch), as `conversion.plan.make_plan` takes them.
 
-    Each item is a band of patch rows, or a range of columns of one
+    Each item is a band of patch rows, or a range of columns of them
     (`imaging.scenes.WorkItem` keys), of at most `_ITEM_BYTES` of decoded
-    patches of every date (at least one patch): what a writer holds.
+    patches of every date (at least one patch): what a writer holds. As for
+    a scene, the patch rows a tile row holds stay in one item (the budget
+    allowing), so that a tile taller than a patch (a Sentinel-2 JPEG 2000
+    band's 1024 px, a tiled GeoTIFF's) is decoded once per date, not once
+    per patch row.
     """
     from imaging import scenes as _scenes
 
     out = {}
     for location, plan in stacks.items():
         t, h, w, b = plan.shape
-        header = _scenes.SceneHeader(h, w, t * b, plan.dtype, None)
+        header = _scenes.SceneHeader(h, w, t * b, plan.dtype, plan.segment_shape)
         items = _scenes.work_items(header, patch)
         patch_bytes = patch.size[0] * patch.size[1] * t * b * np.dtype(plan.dtype).itemsize
         out[location] = tuple((item.key, max(1, item.patches) * patch_bytes) for item in items)

@@ -244,6 +244,9 @@ class LocationPlan:
         files rejected on their own (`no_date`), sorted by path.
       rejected: (reason, message) when the location gives no stack at all;
         its files are then each in `outcomes` with that reason.
+      segment_shape: (rows, columns) of one tile or strip of the reference
+        date's first file (a product's passes are stored alike): what its
+        work items keep together (`imaging.scenes.work_items`); None: unknown.
     """
 
     location: str
@@ -257,6 +260,7 @@ class LocationPlan:
     nodata: float | None
     outcomes: tuple[Outcome, ...]
     rejected: tuple[str, str] | None = None
+    segment_shape: tuple[int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -286,11 +290,13 @@ class LocationPlan:
                 "epsg": self.epsg, "geotransform": None if self.geotransform is None else list(self.geotransform),
                 "nodata": _json_float(self.nodata),
                 "outcomes": [[o.rel_path, o.reason, o.message, o.date] for o in self.outcomes],
-                "rejected": None if self.rejected is None else list(self.rejected)}
+                "rejected": None if self.rejected is None else list(self.rejected),
+                "segment_shape": None if self.segment_shape is None else list(self.segment_shape)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LocationPlan:
         nodata = d["nodata"]
+        segment = d.get("segment_shape")  # Absent from a plan written before it was kept.
         return cls(d["location"],
                    tuple(DatePlan(date, tuple((rel, path, int(b)) for rel, path, b in files))
                          for date, files in d["dates"]),
@@ -298,7 +304,8 @@ class LocationPlan:
                    None if d["geotransform"] is None else tuple(float(v) for v in d["geotransform"]),
                    None if nodata is None else float(nodata),
                    tuple(Outcome(*o) for o in d["outcomes"]),
-                   None if d["rejected"] is None else tuple(d["rejected"]))
+                   None if d["rejected"] is None else tuple(d["rejected"]),
+                   None if segment is None else (int(segment[0]), int(segment[1])))
 
 
 def _json_float(value: float | None):
@@ -324,6 +331,7 @@ class _Header:
     bands: int = 0
     dtype: str = ""
     nodata: float | None = None
+    segment_shape: tuple[int, int] | None = None
     error: ImageRejected | None = None
 
 
@@ -341,7 +349,7 @@ def _header(rel_path: str, path: str) -> _Header:
             if date is None:
                 date = _tag_date(scene)
             return _Header(rel_path, path, date, band, georef.epsg, georef.geotransform, scene.height,
-                           scene.width, scene.bands, dtype, nodata)
+                           scene.width, scene.bands, dtype, nodata, scene.segment_shape)
     except ImageRejected as e:
         return _Header(rel_path, path, date, band, error=e)
 
@@ -474,7 +482,7 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
         return rejected("unsupported_dtype", f"{location or '.'}: {dtype} samples; stacks hold "
                                              f"{', '.join(schemas.RAW_DTYPES)}")
     plan = LocationPlan(location, tuple(kept), tuple(bands), ref.height, ref.width, dtype, ref.epsg,
-                        ref.geotransform, ref.nodata, tuple(outcomes))
+                        ref.geotransform, ref.nodata, tuple(outcomes), None, ref.segment_shape)
     if options.patch is None and plan.samples > options.max_pixels:
         return rejected("too_large", f"{location or '.'}: a stack of {plan.shape} is {plan.samples:,} samples, "
                                      f"more than --max_pixels={options.max_pixels:,}; cut it into patches "
