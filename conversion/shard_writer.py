@@ -445,9 +445,9 @@ class _Writer:
                     outcomes[k] = _internal_error(group[k], e)
             items = [(data, group[k].rel_path) for k, _, data in read]
             georef = self._job.validation.raster.georef
-            sidecars = {}  # The TIFFs' GIS sidecars, by name.
+            sidecars = {}  # The TIFFs' and JPEG 2000s' GIS sidecars, by name.
             for k, _, data in read:
-                if data[:4] in _TIFF_MAGIC:
+                if _has_sidecars(data):
                     found = _sidecars(group[k], georef)
                     if found is not None:
                         sidecars[group[k].rel_path] = found
@@ -579,12 +579,19 @@ def _item_details(f: ShardFile) -> dict:
     return {"patch_rows": [item.y0, item.y1], "patch_columns": [item.x0, item.x1]}
 
 
-# The first bytes of a TIFF (II or MM; 42, or 43 for BigTIFF): the files whose GIS sidecars are looked for.
+# The first bytes of a TIFF (II or MM; 42, or 43 for BigTIFF).
 _TIFF_MAGIC = frozenset((b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"))
 
 
+def _has_sidecars(data: bytes) -> bool:
+    """Whether GDAL reads GIS sidecars beside a file of these bytes: a TIFF's or a JPEG 2000's (JP2OpenJPEG)."""
+    from imaging import jp2
+
+    return data[:4] in _TIFF_MAGIC or jp2.is_jpeg2000(data[:12])
+
+
 def _sidecars(f: ShardFile, georef: bool):
-    """What the GIS sidecars beside a TIFF say (`imaging.sidecars.load`), or None without any.
+    """What the GIS sidecars beside a TIFF or a JPEG 2000 say (`imaging.sidecars.load`), or None without any.
 
     Local files are looked up one name at a time (a stat each); URLs too,
     through Beam's FileSystems. A sidecar that cannot be read is passed over
