@@ -109,6 +109,10 @@ class VerifyDataset(beam.PTransform):
             # Stacks: each location's nodata value, from the manifest (`conversion.time_series`).
             rasters = {loc: (None if v.get("nodata") is None else float(v["nodata"]))
                        for loc, v in m.extra[schemas.TIME_SERIES]["locations"].items()}
+            if normalized is not None:
+                # A stack record whose files' masks left samples out: its statistics as recorded.
+                rasters.update((name, known) for name, known in _verify_fns.raster_records(normalized).items()
+                               if isinstance(known, schemas.BandStats))
         fn = _verify_fns.VerifyShardFn
         checked = (
             pbegin

@@ -17,6 +17,7 @@ import functools
 import itertools
 import logging
 import os
+import threading
 import types
 from typing import NamedTuple
 
@@ -24,7 +25,7 @@ import schemas
 from conversion import guard, masks as _masks, targets as _targets
 from conversion import scene_log as _scene_log
 from conversion.elements import Reject, ShardOutcome, ShardResult
-from conversion.files import AtomicWriter, exists, is_local, open_to_read, read_bytes, write_shard_index
+from conversion.files import AtomicWriter, exists, is_local, match, open_to_read, read_bytes, write_shard_index
 from imaging import ImageRejected, ImageValidator, ValidationOptions, ValidImage
 from imaging import boxes as _boxes
 from schemas.tfrecord import frame_record
@@ -233,6 +234,8 @@ class _Writer:
         # rel_path -> (EXIF orientation, raw width, raw height) of targeted files turned upright
         # (`_validate_group`, on the read-ahead threads; read after their results).
         self._raw_frames: dict[str, tuple[int, int, int]] = {}
+        # The objects of the remote folders its rasters lie in, listed once for their sidecars.
+        self._folders = _RemoteFolders()
 
     def write(self) -> ShardOutcome:
         job = self._job
@@ -445,10 +448,10 @@ class _Writer:
                     outcomes[k] = _internal_error(group[k], e)
             items = [(data, group[k].rel_path) for k, _, data in read]
             georef = self._job.validation.raster.georef
-            sidecars = {}  # The TIFFs' GIS sidecars, by name.
+            sidecars = {}  # The TIFFs' and JPEG 2000s' GIS sidecars, by name.
             for k, _, data in read:
-                if data[:4] in _TIFF_MAGIC:
-                    found = _sidecars(group[k], georef)
+                if _has_sidecars(data):
+                    found = _sidecars(group[k], georef, self._folders)
                     if found is not None:
                         sidecars[group[k].rel_path] = found
 
@@ -491,7 +494,7 @@ class _Writer:
                     fh = stack.enter_context(open_to_read(f.path))
                     cut = _scenes().cut_rows(fh, f.rel_path, item.y0, item.y1, validation.raster,
                                              validation.resize, labels, columns,
-                                             _sidecars(f, validation.raster.georef))
+                                             _sidecars(f, validation.raster.georef, self._folders))
                 if cut.masks is None:
                     return cut
                 # Encoded here, on the read-ahead threads, as photos' masks are.
@@ -579,25 +582,67 @@ def _item_details(f: ShardFile) -> dict:
     return {"patch_rows": [item.y0, item.y1], "patch_columns": [item.x0, item.x1]}
 
 
-# The first bytes of a TIFF (II or MM; 42, or 43 for BigTIFF): the files whose GIS sidecars are looked for.
+# The first bytes of a TIFF (II or MM; 42, or 43 for BigTIFF).
 _TIFF_MAGIC = frozenset((b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"))
 
 
-def _sidecars(f: ShardFile, georef: bool):
-    """What the GIS sidecars beside a TIFF say (`imaging.sidecars.load`), or None without any.
+def _has_sidecars(data: bytes) -> bool:
+    """Whether GDAL reads GIS sidecars beside a file of these bytes: a TIFF's or a JPEG 2000's (JP2OpenJPEG)."""
+    from imaging import jp2
 
-    Local files are looked up one name at a time (a stat each); URLs too,
-    through Beam's FileSystems. A sidecar that cannot be read is passed over
-    with a warning: the raster is converted without it.
+    return data[:4] in _TIFF_MAGIC or jp2.is_jpeg2000(data[:12])
+
+
+class _RemoteFolders:
+    """The object names of the remote folders a shard's rasters lie in, each folder listed once.
+
+    GDAL's sidecars of a raster are up to 11 names (`imaging.sidecars.sidecar_names`):
+    an existence check of each on gs:// is a request per name and raster,
+    though most rasters have none. One listing of the folder (a request per
+    1,000 objects) answers them all. Shared by the shard's read-ahead threads.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._names: dict[str, frozenset[str] | None] = {}
+
+    def names(self, folder: str) -> frozenset[str] | None:
+        """The paths of the objects directly in `folder`; None where it cannot be listed as a pattern."""
+        with self._lock:
+            if folder not in self._names:
+                self._names[folder] = self._list(folder)
+            return self._names[folder]
+
+    @staticmethod
+    def _list(folder: str) -> frozenset[str] | None:
+        if any(c in folder for c in "*?["):
+            return None  # A wildcard of its own in the folder's name: one check per name instead.
+        try:
+            return frozenset(match(folder + "/*"))
+        except OSError as e:
+            _LOG.warning("%s is not listed for sidecars (%s): each name is checked instead", folder, e)
+            return None
+
+
+def _sidecars(f: ShardFile, georef: bool, folders: _RemoteFolders | None = None):
+    """What the GIS sidecars beside a TIFF or a JPEG 2000 say (`imaging.sidecars.load`), or None without any.
+
+    Local files are looked up one name at a time (a stat each); URLs in
+    their folder's listing (`_RemoteFolders`, one per shard), else one
+    existence check per name through Beam's FileSystems. A sidecar that
+    cannot be read is passed over with a warning: the raster is converted
+    without it.
     """
     from imaging import sidecars as _sidecars_module
 
     if is_local(f.path):
         return _sidecars_module.load(f.path, f.rel_path, georef)
+    listed = None if folders is None else folders.names(f.path.rsplit("/", 1)[0])
 
     def read(path: str) -> bytes | None:
         try:
-            return read_bytes(path) if exists(path) else None
+            there = path in listed if listed is not None else exists(path)
+            return read_bytes(path) if there else None
         except OSError as e:
             _LOG.warning("%s: its sidecar %s is not read (%s)", f.rel_path, path, e)
             return None

@@ -48,7 +48,8 @@ from imaging.errors import ImageRejected
 from schemas.tfrecord import frame_record
 
 __all__ = ["LocationsPlan", "plan_locations", "stack_windows", "expand_problems", "write_stack_plans",
-           "stack_plan_path", "write_stacks", "warm_up", "manifest_section", "merge_time_series", "CUT_ACTION"]
+           "stack_plan_path", "write_stacks", "warm_up", "manifest_section", "merge_time_series", "CUT_ACTION",
+           "MASK_ACTION"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 _HEADER_THREADS = 8
@@ -56,6 +57,8 @@ _HEADER_THREADS = 8
 STACKS_DIRNAME = "stacks"
 # normalized.jsonl's action of a stack's work item of patches.
 CUT_ACTION = "cut_into_patches"
+# normalized.jsonl's action of a stack record whose files' masks left samples out of its statistics.
+MASK_ACTION = "mask_as_nodata"
 # Decoded bytes of the patches of one work item at most (at least one patch), as for scenes.
 _ITEM_BYTES = 8 << 20
 
@@ -136,16 +139,20 @@ def plan_locations(files: Sequence[InputFile], problems: Sequence[Problem], opti
 def stack_windows(stacks: dict[str, _ts.LocationPlan], patch) -> dict[str, tuple[tuple[str, int], ...]]:
     """The work items of every location cut into patches (--raster_patch), as `conversion.plan.make_plan` takes them.
 
-    Each item is a band of patch rows, or a range of columns of one
+    Each item is a band of patch rows, or a range of columns of them
     (`imaging.scenes.WorkItem` keys), of at most `_ITEM_BYTES` of decoded
-    patches of every date (at least one patch): what a writer holds.
+    patches of every date (at least one patch): what a writer holds. As for
+    a scene, the patch rows a tile row holds stay in one item (the budget
+    allowing), so that a tile taller than a patch (a Sentinel-2 JPEG 2000
+    band's 1024 px, a tiled GeoTIFF's) is decoded once per date, not once
+    per patch row.
     """
     from imaging import scenes as _scenes
 
     out = {}
     for location, plan in stacks.items():
         t, h, w, b = plan.shape
-        header = _scenes.SceneHeader(h, w, t * b, plan.dtype, None)
+        header = _scenes.SceneHeader(h, w, t * b, plan.dtype, plan.segment_shape)
         items = _scenes.work_items(header, patch)
         patch_bytes = patch.size[0] * patch.size[1] * t * b * np.dtype(plan.dtype).itemsize
         out[location] = tuple((item.key, max(1, item.patches) * patch_bytes) for item in items)
@@ -220,7 +227,7 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
             members = [rel for date in plan.dates for rel in date.rel_paths]
             with guard.working_on([(rel, item.path) for rel in members[:1]]):
                 try:
-                    records, note = _records(item, plan, options, schema, mask_dtype)
+                    records, notes = _records(item, plan, options, schema, mask_dtype)
                 except ImageRejected as e:
                     rejects += [Reject(rel, e.reason, f"{plan.location}: {e.message}") for rel in members]
                     continue
@@ -229,8 +236,7 @@ def write_stacks(job, options: _ts.TimeSeriesOptions):
                     message = guard.internal_error_message(plan.location, e)
                     rejects += [Reject(rel, guard.INTERNAL_ERROR, message) for rel in members]
                     continue
-            if note is not None:
-                normalized.append(note)
+            normalized += notes
             if item.patch_rows is None or _work_item(item).first:
                 sources += len(members)  # A location counts its files once, by its first item.
             for framed, stats, counts in records:
@@ -268,19 +274,24 @@ def _work_item(item: _Item):
 
 
 def _records(item: _Item, plan: _ts.LocationPlan, options: _ts.TimeSeriesOptions, schema, mask_dtype):
-    """(framed record, band stats, mask pixel counts or None) of each stack of the item; its normalized.jsonl note."""
+    """(framed record, band stats, mask pixel counts or None) of each stack of the item; its normalized.jsonl notes.
+
+    The notes: a work item's of patches (`CUT_ACTION`), and one per record
+    whose files' masks left samples out of its band statistics
+    (`_masked_note`).
+    """
     encode = _encoder(schema, plan, item.label)
     if item.patch_rows is None:
-        stack = _ts.read_stack(plan)
+        stack, masked = _ts.read_stack(plan, with_mask=True)
         mask = counts = None
         if mask_dtype is not None:
             mask, counts = _whole_mask(item.mask, plan, mask_dtype)
-        stats = _ts.stack_band_stats(stack, plan.nodata)
+        stats = _ts.stack_band_stats(stack, plan.nodata, masked)
         record = encode(stack, plan.location, plan.geotransform, mask)
         stack = None  # Held twice at most, as patches are.
         framed = frame_record(record)
         record = None
-        return [(framed, stats, counts)], None
+        return [(framed, stats, counts)], _masked_note(plan.location, masked, stats)
     from imaging import masks as _masks, scenes as _scenes
 
     work = _work_item(item)
@@ -294,9 +305,9 @@ def _records(item: _Item, plan: _ts.LocationPlan, options: _ts.TimeSeriesOptions
             labels.close()
             raise ImageRejected("mask_size_mismatch", f"its mask {item.mask} is {labels.width}x{labels.height}, "
                                                       f"the location {plan.width}x{plan.height}")
-    out, skipped, shares = [], [], []
+    out, skipped, shares, notes = [], [], [], []
     try:
-        for y, x, stack, share in _ts.read_patches(plan, patch, work.y0, work.y1, columns):
+        for y, x, stack, share, masked in _ts.read_patches(plan, patch, work.y0, work.y1, columns):
             if stack is None:
                 skipped.append([y, x])
                 shares.append(round(share, 6))
@@ -306,7 +317,8 @@ def _records(item: _Item, plan: _ts.LocationPlan, options: _ts.TimeSeriesOptions
             if labels is not None:
                 ids = labels.read(y, x, h, w)
                 mask, counts = _masks.encode_mask(ids, mask_dtype), _masks.pixel_counts(ids)
-            stats = _ts.stack_band_stats(stack, plan.nodata)
+            stats = _ts.stack_band_stats(stack, plan.nodata, masked)
+            notes += _masked_note(name, masked, stats)
             record = encode(stack, name, geotransform, mask)
             # Each let go as soon as the next form exists: one patch is held twice at most.
             stack = None
@@ -321,7 +333,20 @@ def _records(item: _Item, plan: _ts.LocationPlan, options: _ts.TimeSeriesOptions
                                "skipped_nodata_share": shares, "scene_size": [plan.height, plan.width]}
     if columns is not None:
         details["patch_columns"] = list(columns)
-    return out, (work.name(plan.location), "tiff", (CUT_ACTION,), details)
+    return out, [(work.name(plan.location), "tiff", (CUT_ACTION,), details), *notes]
+
+
+def _masked_note(name: str, masked, stats) -> list[tuple]:
+    """normalized.jsonl's note of a stack record whose files' masks marked samples as no data; [] without.
+
+    The stored samples keep their values under a mask, so the record's band
+    statistics are listed (`masked_stats`, as a single raster's): `shardsmith
+    verify` checks them against the stored samples instead of recomputing them.
+    """
+    if masked is None or not masked.any():
+        return []
+    return [(name, "tiff", (MASK_ACTION,), {"masked_samples": int(np.count_nonzero(masked)),
+                                            "masked_stats": stats.to_json()})]
 
 
 def _encoder(schema, plan: _ts.LocationPlan, label: int):

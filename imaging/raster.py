@@ -32,7 +32,7 @@ from imaging.errors import ImageRejected
 from imaging.patches import PatchOptions
 
 __all__ = ["RasterOptions", "Raster", "read_tiff", "png_bytes",
-           "raw_bytes", "band_stats", "is_png_storable", "apply_options"]
+           "raw_bytes", "band_stats", "is_png_storable", "apply_options", "external_mask"]
 
 _PAGES = ("first", "all")
 _log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def read_tiff(data: bytes, name: str, options: RasterOptions, sidecars=None) -> 
         masked = None
         if sidecars is not None:
             nodata = sidecars.nodata_over(nodata)
-            masked = _external_mask(sidecars, array.shape[:2], name)
+            masked = external_mask(sidecars, array.shape[:2], name)
         widened = _WIDEN.get(_dtype_name(array.dtype))
         if widened:
             array = array.astype(widened)
@@ -334,12 +334,12 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions, sidecars=
         page_index = index if options.pages == "all" and len(keep) > 1 else None
         masked = _internal_mask(tif, page, data, name)
         if masked is None and index == 0 and sidecars is not None:
-            masked = _external_mask(sidecars, array.shape[:2], name)  # GDAL's dataset: the first page.
+            masked = external_mask(sidecars, array.shape[:2], name)  # GDAL's dataset: the first page.
         out.append(_finish(array, page_index, nodata, options, name, masked))
     return out
 
 
-def _external_mask(sidecars, size: tuple[int, int], name: str) -> np.ndarray | None:
+def external_mask(sidecars, size: tuple[int, int], name: str) -> np.ndarray | None:
     """GDAL's external mask (`scene.tif.msk`, `imaging.sidecars.Sidecars.mask`) as `_internal_mask` gives one.
 
     Its first full-resolution page, of the raster's size; zeros are no data

@@ -43,7 +43,7 @@ from imaging.patches import PatchOptions, SceneReader, nodata_share, offsets, op
 from imaging.sniff import sniff_format
 
 __all__ = ["SceneHeader", "Cut", "WorkItem", "scene_header", "work_items", "cut_rows", "LabelHeader",
-           "label_header", "label_padding", "LabelRaster"]
+           "label_header", "label_padding", "LabelRaster", "external_mask"]
 
 _log = logging.getLogger(__name__)
 # Decoded bytes of the patches one work item holds at most (at least one patch):
@@ -289,7 +289,7 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
     images, skipped, shares = [], [], []
     masks: list[np.ndarray] | None = None if labels is None else []
     with open_scene(source, name) as scene, contextlib.ExitStack() as stack:
-        external = None if scene.has_mask else _external_mask(sidecars, scene, name)
+        external = None if scene.has_mask else external_mask(sidecars, scene, name)
         if external is not None:
             stack.enter_context(external)
         rows = [y for y in offsets(scene.height, height, patch.stride[0], patch.edge) if y0 <= y < y1]
@@ -333,7 +333,7 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
     return Cut(images, skipped, shares, masks, size)
 
 
-def _external_mask(sidecars, scene: SceneReader, name: str) -> SceneReader | None:
+def external_mask(sidecars, scene: SceneReader, name: str) -> SceneReader | None:
     """A reader of the scene's external mask (`imaging.sidecars.Sidecars.mask`), of its size; else None.
 
     One that cannot be read, or of another size, is left out with a warning

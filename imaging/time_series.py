@@ -36,6 +36,10 @@ Its files are grouped by date into one stack, dates ascending (issue 37):
   one window of each file at a time, decoding only the strips or tiles it
   overlaps, so a location cut into patches (`read_patches`) holds one
   work item's patches of every date, never the whole stack.
+- **Masks** count as nodata, as a single scene's do: each file's GDAL mask
+  (its internal one, else its `.msk`) marks its samples as no data in the
+  band statistics (`stack_band_stats`) and in a patch's nodata share
+  (`read_patches`); the stored samples keep their values.
 
 `plan_location` reads headers only (a few KB per file) and says what each
 input file becomes; `read_stack` and `read_patches` read the values.
@@ -44,6 +48,7 @@ Framework-free (numpy, tifffile).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -239,6 +244,9 @@ class LocationPlan:
         files rejected on their own (`no_date`), sorted by path.
       rejected: (reason, message) when the location gives no stack at all;
         its files are then each in `outcomes` with that reason.
+      segment_shape: (rows, columns) of one tile or strip of the reference
+        date's first file (a product's passes are stored alike): what its
+        work items keep together (`imaging.scenes.work_items`); None: unknown.
     """
 
     location: str
@@ -252,6 +260,7 @@ class LocationPlan:
     nodata: float | None
     outcomes: tuple[Outcome, ...]
     rejected: tuple[str, str] | None = None
+    segment_shape: tuple[int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -281,11 +290,13 @@ class LocationPlan:
                 "epsg": self.epsg, "geotransform": None if self.geotransform is None else list(self.geotransform),
                 "nodata": _json_float(self.nodata),
                 "outcomes": [[o.rel_path, o.reason, o.message, o.date] for o in self.outcomes],
-                "rejected": None if self.rejected is None else list(self.rejected)}
+                "rejected": None if self.rejected is None else list(self.rejected),
+                "segment_shape": None if self.segment_shape is None else list(self.segment_shape)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LocationPlan:
         nodata = d["nodata"]
+        segment = d.get("segment_shape")  # Absent from a plan written before it was kept.
         return cls(d["location"],
                    tuple(DatePlan(date, tuple((rel, path, int(b)) for rel, path, b in files))
                          for date, files in d["dates"]),
@@ -293,7 +304,8 @@ class LocationPlan:
                    None if d["geotransform"] is None else tuple(float(v) for v in d["geotransform"]),
                    None if nodata is None else float(nodata),
                    tuple(Outcome(*o) for o in d["outcomes"]),
-                   None if d["rejected"] is None else tuple(d["rejected"]))
+                   None if d["rejected"] is None else tuple(d["rejected"]),
+                   None if segment is None else (int(segment[0]), int(segment[1])))
 
 
 def _json_float(value: float | None):
@@ -319,6 +331,7 @@ class _Header:
     bands: int = 0
     dtype: str = ""
     nodata: float | None = None
+    segment_shape: tuple[int, int] | None = None
     error: ImageRejected | None = None
 
 
@@ -336,7 +349,7 @@ def _header(rel_path: str, path: str) -> _Header:
             if date is None:
                 date = _tag_date(scene)
             return _Header(rel_path, path, date, band, georef.epsg, georef.geotransform, scene.height,
-                           scene.width, scene.bands, dtype, nodata)
+                           scene.width, scene.bands, dtype, nodata, scene.segment_shape)
     except ImageRejected as e:
         return _Header(rel_path, path, date, band, error=e)
 
@@ -469,7 +482,7 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
         return rejected("unsupported_dtype", f"{location or '.'}: {dtype} samples; stacks hold "
                                              f"{', '.join(schemas.RAW_DTYPES)}")
     plan = LocationPlan(location, tuple(kept), tuple(bands), ref.height, ref.width, dtype, ref.epsg,
-                        ref.geotransform, ref.nodata, tuple(outcomes))
+                        ref.geotransform, ref.nodata, tuple(outcomes), None, ref.segment_shape)
     if options.patch is None and plan.samples > options.max_pixels:
         return rejected("too_large", f"{location or '.'}: a stack of {plan.shape} is {plan.samples:,} samples, "
                                      f"more than --max_pixels={options.max_pixels:,}; cut it into patches "
@@ -599,22 +612,41 @@ def _date_plan(date, per_band, ref: _Header, ref_bands: dict, band_files: bool, 
     return DatePlan(iso, tuple((per_band[b].rel_path, per_band[b].path, 0) for b in bands))
 
 
-def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = None) -> np.ndarray:
+def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = None, *,
+               with_mask: bool = False):
     """The stack (time, height, width, bands) of a planned location, or of one window of it.
 
     Args:
       plan: From `plan_location`, not rejected.
       window: (y, x, height, width); None: the whole location. A window
         reaching past the edges holds each file's nodata value (0 without).
+      with_mask: Also return where the files' masks say no data (`_PassFile`).
+
+    Returns:
+      The stack; with `with_mask`, (stack, masked): masked is (time, height,
+      width, bands) booleans, True where a file's mask (GDAL's internal one,
+      else its `.msk`) marks the sample as no data, or None when no file of
+      the stack has a mask.
 
     Raises:
       ImageRejected: As `imaging.patches.SceneReader` does (a damaged strip).
     """
     y, x, h, w = (0, 0, plan.height, plan.width) if window is None else window
     out = np.empty((len(plan.dates), h, w, len(plan.bands)), np.dtype(plan.dtype))
+    masked: np.ndarray | None = None
     for t, date in enumerate(plan.dates):
-        _read_date(date, (y, x, h, w), out[t], plan.nodata)
-    return out
+        for rel, (path, picks) in _picks_by_file(date).items():
+            with _PassFile(path, rel, plan.nodata) as source:
+                values = source.scene.read(y, x, h, w)
+                file_mask = source.masked(y, x, h, w)
+            for b, band in picks:
+                out[t, :, :, b] = values[:, :, band]
+            if file_mask is not None and with_mask:
+                if masked is None:
+                    masked = np.zeros(out.shape, bool)
+                for b, _ in picks:
+                    masked[t, :, :, b] = file_mask
+    return (out, masked) if with_mask else out
 
 
 def _picks_by_file(date: DatePlan) -> dict[str, tuple[str, list[tuple[int, int]]]]:
@@ -625,19 +657,54 @@ def _picks_by_file(date: DatePlan) -> dict[str, tuple[str, list[tuple[int, int]]
     return by_file
 
 
-def _read_date(date: DatePlan, window: tuple[int, int, int, int], out: np.ndarray,
-               nodata: float | None) -> None:
-    """Fills out (h, w, bands) with one date's window, opening each of its files once."""
-    for rel, (path, picks) in _picks_by_file(date).items():
-        with open_scene(path, rel) as scene:
-            scene.use_nodata(nodata)  # A PAM file's may stand for the tag's: padding holds it.
-            values = scene.read(*window)
-        for b, band in picks:
-            out[:, :, b] = values[:, :, band]
+class _PassFile:
+    """One file of a pass opened for windows, with GDAL's mask of it, as a single scene is read.
+
+    The mask is the file's internal one (GDAL_TIFF_INTERNAL_MASK), else its
+    external `.msk` (`imaging.sidecars`, `imaging.scenes.external_mask`: one
+    of another size or damaged is left out with a warning). A file holding
+    several bands of the stack masks each of them; a band file, its band.
+    """
+
+    def __init__(self, path: str, rel: str, nodata: float | None):
+        from imaging import scenes as _scenes
+
+        self._stack = contextlib.ExitStack()
+        try:
+            self.scene = self._stack.enter_context(open_scene(path, rel))
+            self.scene.use_nodata(nodata)  # A PAM file's may stand for the tag's: padding holds it.
+            self._external = None
+            if not self.scene.has_mask:
+                self._external = _scenes.external_mask(_sidecars.load(path, rel, georef=False), self.scene, rel)
+                if self._external is not None:
+                    self._stack.enter_context(self._external)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __enter__(self) -> _PassFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def keep_columns(self, left: int, right: int) -> None:
+        self.scene.keep_columns(left, right)
+        if self._external is not None:
+            self._external.keep_columns(left, right)
+
+    def masked(self, y: int, x: int, height: int, width: int) -> np.ndarray | None:
+        """(height, width) booleans, True where the file's mask says no data (never past its edge); None without."""
+        if self.scene.has_mask:
+            return self.scene.masked(y, x, height, width)
+        if self._external is None:
+            return None
+        return (self._external.read(y, x, height, width) == 0).all(axis=2) & ~self.scene.padded(y, x, height, width)
 
 
 def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
-                 columns: tuple[int, int] | None = None) -> Iterator[tuple[int, int, np.ndarray | None, float]]:
+                 columns: tuple[int, int] | None = None
+                 ) -> Iterator[tuple[int, int, np.ndarray | None, float, np.ndarray | None]]:
     """The patches of a location whose top row is in [y0, y1) (and left column in `columns`).
 
     Every patch is the same window of every date. The patches of the item
@@ -645,10 +712,13 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
     is the item's patches of every date, not the location's stack.
 
     Yields:
-      (y, x, stack (time, h, w, bands) or None when skipped, nodata share):
-      a patch whose share of pixels holding no data, over all its dates
-      (`imaging.patches.nodata_share`: padding counts), exceeds
-      --raster_max_nodata is skipped.
+      (y, x, stack (time, h, w, bands) or None when skipped, nodata share,
+      masked): a patch whose share of pixels holding no data, over all its
+      dates, exceeds --raster_max_nodata is skipped. A pixel of a date holds
+      no data where each band is the nodata value, NaN or under its file's
+      mask (`read_stack`'s `masked`, here (time, h, w, bands) or None when no
+      file has a mask), or lies past the location's edge, as a single
+      scene's patch counts them (`imaging.patches.nodata_share`).
     """
     height, width = options.size
     rows = [y for y in offsets(plan.height, height, options.stride[0], options.edge) if y0 <= y < y1]
@@ -658,29 +728,50 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
     corners = [(y, x) for y in rows for x in xs]
     if not corners:
         return
+    shape = (len(plan.dates), height, width, len(plan.bands))
     # One array per patch, each let go once yielded: the caller's encoded record need not sit
     # beside every decoded patch of the item.
-    stacks: list[np.ndarray | None] = [
-        np.empty((len(plan.dates), height, width, len(plan.bands)), np.dtype(plan.dtype)) for _ in corners]
+    stacks: list[np.ndarray | None] = [np.empty(shape, np.dtype(plan.dtype)) for _ in corners]
+    masks: list[np.ndarray | None] = [None] * len(corners)
     for t, date in enumerate(plan.dates):
         for rel, (path, picks) in _picks_by_file(date).items():
-            with open_scene(path, rel) as scene:
-                scene.use_nodata(plan.nodata)  # A PAM file's may stand for the tag's: padding holds it.
+            with _PassFile(path, rel, plan.nodata) as source:
                 if xs:
-                    scene.keep_columns(max(xs[0], 0), xs[-1] + width)
+                    source.keep_columns(max(xs[0], 0), xs[-1] + width)
                 for k, (y, x) in enumerate(corners):
-                    values = scene.read(y, x, height, width, copy=False)
+                    values = source.scene.read(y, x, height, width, copy=False)
                     for b, band in picks:
                         stacks[k][t, :, :, b] = values[:, :, band]
-    padded = np.zeros((height, width), bool)
+                    file_mask = source.masked(y, x, height, width)
+                    if file_mask is not None and file_mask.any():
+                        if masks[k] is None:
+                            masks[k] = np.zeros(shape, bool)
+                        for b, _ in picks:
+                            masks[k][t, :, :, b] = file_mask
     for k, (y, x) in enumerate(corners):
         inside_rows = (np.arange(y, y + height) >= 0) & (np.arange(y, y + height) < plan.height)
         inside_cols = (np.arange(x, x + width) >= 0) & (np.arange(x, x + width) < plan.width)
         padded = ~(inside_rows[:, None] & inside_cols[None, :])
         stack, stacks[k] = stacks[k], None
-        share = float(np.mean([nodata_share(stack[t], padded if padded.any() else None, plan.nodata)
+        masked, masks[k] = masks[k], None
+        share = float(np.mean([_date_share(stack[t], padded, plan.nodata, None if masked is None else masked[t])
                                for t in range(stack.shape[0])]))
-        yield y, x, (None if share > options.max_nodata else stack), share
+        if share > options.max_nodata:
+            yield y, x, None, share, None
+        else:
+            yield y, x, stack, share, masked
+
+
+def _date_share(window: np.ndarray, padded: np.ndarray, nodata: float | None, masked: np.ndarray | None) -> float:
+    """One date's nodata share of a patch: `nodata_share`, a masked sample counting as nodata."""
+    if masked is None:
+        return nodata_share(window, padded if padded.any() else None, nodata)
+    empty = masked.copy()
+    if window.dtype.kind == "f":
+        empty |= np.isnan(window)
+    if nodata is not None and not math.isnan(nodata):
+        empty |= window == nodata
+    return float(np.count_nonzero(empty.all(axis=2) | padded)) / padded.size
 
 
 def patch_of(plan: LocationPlan, y: int, x: int, height: int, width: int) -> tuple[str, tuple[float, ...] | None]:
@@ -688,7 +779,18 @@ def patch_of(plan: LocationPlan, y: int, x: int, height: int, width: int) -> tup
     return f"{plan.location}#patch={y},{x}", patch_geotransform(plan.geotransform, y, x)
 
 
-def stack_band_stats(stack: np.ndarray, nodata: float | None) -> schemas.BandStats:
-    """Per-band statistics of a stack (time, height, width, bands): every date's pixels, nodata and NaN left out."""
+def stack_band_stats(stack: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
+    """Per-band statistics of a stack (time, height, width, bands): every date's pixels, nodata and NaN left out.
+
+    `masked` ((time, height, width, bands) booleans, `read_stack`'s): samples
+    under their file's mask are counted as nodata too, as a single scene's
+    masked statistics count them (`imaging.raster.band_stats`).
+    """
     t, h, w, b = stack.shape
-    return _raster.band_stats(np.ascontiguousarray(stack).reshape(t * h, w, b), nodata)
+    if masked is None or not masked.any():
+        return _raster.band_stats(np.ascontiguousarray(stack).reshape(t * h, w, b), nodata)
+    # Each band under its own file's mask (band files of one date have one each).
+    per_band = [_raster.band_stats(np.ascontiguousarray(stack[..., k:k + 1]).reshape(t * h, w, 1), nodata,
+                                   masked[..., k].reshape(t * h, w)) for k in range(b)]
+    return schemas.BandStats(1, *(tuple(v for s in per_band for v in getattr(s, field))
+                                  for field in ("count", "min", "max", "mean", "m2", "nodata")))

@@ -154,7 +154,7 @@ class ImageValidator:
     def validate_all(self, data: bytes, name: str, sidecars=None) -> list[ValidImage]:
         """Checks one file's bytes; a multi-frame DICOM file or multi-page TIFF may give several images.
 
-        `sidecars`: what a TIFF's GIS sidecars say (`imaging.sidecars.load`), or None.
+        `sidecars`: what a TIFF's or a JPEG 2000's GIS sidecars say (`imaging.sidecars.load`), or None.
 
         Raises:
           ImageRejected: With the reason the file cannot be stored.

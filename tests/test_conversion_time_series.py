@@ -13,6 +13,7 @@ from conversion import time_series as cts
 from conversion.listing import list_input
 from imaging import time_series as ts
 from imaging.patches import PatchOptions
+from imaging.scenes import WorkItem
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
 
@@ -75,3 +76,34 @@ def test_a_folder_without_rasters_is_one_sentence(tmp_path):
     files, problems = list_input(str(tmp_path))
     with pytest.raises(ValueError, match="--time_series found no raster among 1 files"):
         cts.plan_locations(files, problems, ts.TimeSeriesOptions(), str(tmp_path / "out"))
+
+
+def test_work_items_of_tall_tiles_decode_each_tile_once_per_date(tmp_path, monkeypatch):
+    """1024-px tiles, 256-px patches (a Sentinel-2 band's layout): each item holds a tile row's patch rows."""
+    root = tmp_path / "in"
+    for i in range(4):
+        values = np.full((1, 2048, 2048), 100 + i, np.uint16)
+        write_geotiff(root / "loc" / f"2020-0{i + 1}-01.tif", values, tiled=True, blockxsize=1024,
+                      blockysize=1024, compress="deflate")
+    files, problems = list_input(str(root))
+    planned = cts.plan_locations(files, problems, ts.TimeSeriesOptions(), str(tmp_path / "out"))
+    plan = planned.stacks["loc"]
+    assert plan.segment_shape == (1024, 1024)
+    assert ts.LocationPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    options = PatchOptions(size=(256, 256))
+    items = [WorkItem.parse(key) for key, _ in cts.stack_windows(planned.stacks, options)["loc"]]
+    readers, real_open = [], ts.open_scene
+
+    def counted(*args, **kwargs):  # The real readers, kept to count what they decoded.
+        readers.append(real_open(*args, **kwargs))
+        return readers[-1]
+
+    monkeypatch.setattr(ts, "open_scene", counted)
+    corners = []
+    for item in items:
+        columns = None if item.x0 is None else (item.x0, item.x1)
+        corners += [(y, x) for y, x, stack, _, _ in ts.read_patches(plan, options, item.y0, item.y1, columns)]
+    assert sorted(corners) == [(y, x) for y in range(0, 2048, 256) for x in range(0, 2048, 256)]
+    # 4 dates x 4 tiles, each decoded once: each item's rows lie in one tile row, its columns in tiles.
+    assert sum(r.decoded_segments for r in readers) == 16
+    assert all(item.y0 // 1024 == (item.y1 - 1) // 1024 for item in items)

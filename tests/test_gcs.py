@@ -280,3 +280,67 @@ def test_a_rasters_sidecars_are_read_from_a_bucket_as_from_disk(child_env, bucke
     assert manifest.splits["train"].band_stats.nodata == (2 * (30 + 24 - 6),) * 2
     normalized = local[schemas.NORMALIZED_FILENAME].decode()
     assert '"sidecars": ["s0.tif.aux.xml", "s0.tif.msk", "s0.tfw"]' in normalized
+
+
+# A conversion in one child, the shard writer's existence checks and folder listings written to a
+# file (argv[2]) one line each: the conversion's work runs in a fork of the child (`recovery.supervise`).
+_COUNTING_CHILD = """
+import json, sys
+from conversion import console, shard_writer
+from conversion import files
+real_exists, real_match = shard_writer.exists, files.match
+def note(what):
+    with open(sys.argv[2], "a") as f:
+        f.write(what + "\\n")
+def exists(path):
+    note("exists")
+    return real_exists(path)
+def match(pattern):
+    note("match")
+    return real_match(pattern)
+shard_writer.exists, shard_writer.match = exists, match
+from beam_jobs import convert
+console.exit_program(convert.main(json.loads(sys.argv[1])))
+"""
+
+
+def test_sidecars_in_a_bucket_cost_one_listing_per_folder_not_a_check_per_name(child_env, bucket, tmp_path):
+    """Rasters with and without sidecars in a bucket: their folder listed once per shard, no name
+    checked one by one (11 per TIFF with --raster_georef), and the shards those of a local run."""
+    import numpy as np
+    import tifffile
+
+    images = tmp_path / "images"
+    rng = np.random.default_rng(6)
+    for folder in ("fields", "forest"):
+        for i in range(3):
+            path = images / folder / f"t{i}.tif"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tifffile.imwrite(path, rng.integers(10, 4000, (8, 6, 2), dtype=np.uint16), photometric="minisblack",
+                             planarconfig="contig")
+        write(images / folder / "t0.tfw", b"10\n0\n0\n-10\n500005\n3999995\n")
+        write(images / folder / "t1.tif.aux.xml", b'<PAMDataset><PAMRasterBand band="1"><NoDataValue>7'
+                                                  b'</NoDataValue></PAMRasterBand></PAMDataset>')
+    for path in sorted(p for p in images.rglob("*") if p.is_file()):
+        bucket.blob(f"few_in/{path.relative_to(images).as_posix()}").upload_from_filename(str(path))
+    args = ["--raster_georef", "--seed", "3", "--worker_processes", "0"]
+    noted = tmp_path / "calls.txt"
+    noted.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-c", _COUNTING_CHILD, json.dumps(
+            ["--input_dir", f"gs://{_BUCKET}/few_in", "--output_dir", f"gs://{_BUCKET}/few_out", *args]),
+         str(noted)],
+        env=child_env, cwd=str(_REPO), capture_output=True, text=True, timeout=_RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = noted.read_text().split()
+    calls = {what: lines.count(what) for what in ("exists", "match")}
+    manifest = convert(images, tmp_path / "local", *args)
+    shards = sum(len(info.shards) for info in manifest.splits.values())
+    assert calls["exists"] == 0 and 2 <= calls["match"] <= 2 * shards, calls
+    local = {str(p.relative_to(tmp_path / "local")): p.read_bytes()
+             for p in (tmp_path / "local").rglob("*") if p.is_file()}
+    remote = _objects(bucket, "few_out/")
+    assert [name for name in local if remote[name] != local[name]] == []
+    normalized = local[schemas.NORMALIZED_FILENAME].decode()
+    assert '"sidecars": ["t0.tfw"]' in normalized and '"sidecars": ["t1.tif.aux.xml"]' in normalized

@@ -473,3 +473,89 @@ def test_patches_take_an_external_msk_as_their_mask(tmp_path):
     _external_mask_tiff(path, array, mask, tiled=True, blockxsize=16, blockysize=16)
     cut = scenes.cut_rows(str(path), "m.tif", 0, 32, options, sidecars=sidecars.load(str(path), "m.tif", False))
     assert cut.images[0].band_stats.nodata == (32,)
+
+
+def _jp2(path: pathlib.Path, array: np.ndarray, boxes: bool, nodata=None, codec: str = "JP2") -> pathlib.Path:
+    """A lossless JPEG 2000 GDAL writes (JP2OpenJPEG): with its GeoJP2 and GMLJP2 boxes, or none;
+    a nodata value goes to its PAM file (`scene.jp2.aux.xml`), where GDAL keeps it."""
+    height, width, bands = array.shape
+    options = {} if boxes else {"GeoJP2": "NO", "GMLJP2": "NO"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path, "w", driver="JP2OpenJPEG", width=width, height=height, count=bands,
+                           dtype=array.dtype.name, transform=_UTM if boxes else None,
+                           crs="EPSG:32633" if boxes else None, nodata=nodata, QUALITY="100",
+                           REVERSIBLE="YES", CODEC=codec, **options) as dst:
+            dst.write(array.transpose(2, 0, 1))
+    return path
+
+
+@pytest.mark.parametrize("case", ["boxes and a world file", "a world file alone", "a .j2k's world file",
+                                  "a PAM file over the boxes"])
+def test_a_whole_jpeg2000_takes_its_sidecars_as_gdals_jp2openjpeg_driver_reads_them(tmp_path, case):
+    array = _RNG.integers(10, 4000, (16, 12, 1)).astype(np.uint16)
+    if case == "a .j2k's world file":
+        path = _jp2(tmp_path / "s.j2k", array, boxes=False, codec="J2K")
+        (tmp_path / "s.j2w").write_text(_WORLD["a"])  # Not a .j2k's name: GDAL passes it over.
+        (tmp_path / "s.j2kw").write_text(_WORLD["b"])
+    else:
+        path = _jp2(tmp_path / "s.jp2", array, boxes=case != "a world file alone")
+        (tmp_path / "s.j2w").write_text(_WORLD["a"])
+        (tmp_path / "s.wld").write_text(_WORLD["c"])
+    if case == "a PAM file over the boxes":
+        (tmp_path / "s.jp2.aux.xml").write_text("<PAMDataset><SRS>EPSG:3857</SRS>"
+                                                "<GeoTransform>100, 2, 0, 200, 0, -2</GeoTransform></PAMDataset>")
+    epsg, geotransform, _ = _gdal(path)
+    assert geotransform != (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    (image,) = _validate(path)
+    assert (image.georef.epsg, image.georef.geotransform) == (epsg or 0, geotransform)
+    assert image.details["sidecars"]
+    np.testing.assert_array_equal(stored_values(image), array)
+
+
+def test_a_whole_jpeg2000s_pam_nodata_and_external_mask_leave_its_band_statistics(tmp_path):
+    array = _RNG.integers(10, 4000, (16, 12, 2)).astype(np.uint16)
+    array[:2] = 7
+    path = _jp2(tmp_path / "n.jp2", array, boxes=True, nodata=7)
+    assert (tmp_path / "n.jp2.aux.xml").exists()  # Where GDAL keeps a JPEG 2000's nodata value.
+    (image,) = _validate(path, georef=False)
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert (image.band_stats.count[b], image.band_stats.nodata[b]) == (count, 24)
+        assert (image.band_stats.min[b], image.band_stats.max[b]) == (low, high)
+    # GDAL's external mask beside it (written for a GeoTIFF, the same file GDAL writes for any raster),
+    # without the nodata value (rasterio's masked read then is GDAL's mask alone).
+    (tmp_path / "n.jp2.aux.xml").unlink()
+    mask = np.zeros((16, 12), bool)
+    mask[:, -4:] = True
+    _external_mask_tiff(tmp_path / "m.tif", array, mask)
+    shutil.copy(tmp_path / "m.tif.msk", tmp_path / "n.jp2.msk")
+    (image,) = _validate(path, georef=False)
+    stats = image.band_stats
+    for b, (count, low, high, mean) in enumerate(_gdal_stats(path)):
+        assert (stats.count[b], stats.nodata[b]) == (count, 64) and count == 128
+        assert stats.mean[b] == pytest.approx(mean, rel=1e-12)
+    assert image.details["masked_pixels"] == 64
+    # An 8-bit photo-like JPEG 2000 with a nodata value is a raster: its statistics too.
+    photo = _jp2(tmp_path / "p.jp2", np.full((8, 8, 3), 200, np.uint8), boxes=True, nodata=0)
+    (image,) = _validate(photo, georef=False)
+    assert image.band_stats is not None and image.band_stats.count == (64, 64, 64)
+
+
+def test_jpeg2000s_and_their_sidecars_through_the_converter_the_records_and_verify(tmp_path):
+    from beam_jobs import verify
+
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    array = _RNG.integers(10, 4000, (16, 12, 1)).astype(np.uint16)
+    array[0] = 9
+    georeferenced = _jp2(root / "a" / "w.jp2", array, boxes=False, nodata=9)
+    (root / "a" / "w.j2w").write_text(_WORLD["b"])
+    _, geotransform, nodata = _gdal(georeferenced)
+    assert nodata == (9.0,)
+    out = tmp_path / "out"
+    manifest = convert(root, out, "--raster_georef")
+    (record, _, _), = decoded_records(out)
+    assert tuple(record[schemas.GEOTRANSFORM.key]) == geotransform
+    assert manifest.splits["train"].band_stats.nodata == (12,)
+    assert manifest.counts["skipped"] == 2  # its PAM file and its world file, as sidecars
+    assert verify.main([str(out)]) == 0

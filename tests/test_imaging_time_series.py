@@ -21,7 +21,9 @@ def _values(seed, bands=3, height=12, width=10, dtype="uint16"):
 
 
 def _files(folder):
-    return [(p.relative_to(folder.parent).as_posix(), str(p)) for p in sorted(folder.iterdir())]
+    # The rasters, as the listing gives them (GDAL's sidecars, scene.tif.msk, are no passes).
+    return [(p.relative_to(folder.parent).as_posix(), str(p)) for p in sorted(folder.iterdir())
+            if ts.is_raster_name(p.name)]
 
 
 def _rasterio_stack(paths_per_date, bands_per_file=None):
@@ -290,7 +292,7 @@ def test_patches_are_the_same_window_of_every_date(tmp_path, tiled):
                            nodata=0, compress="deflate", **profile) for i in range(3)]
     options = PatchOptions((16, 16), stride=(12, 12), edge="pad")
     plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions(patch=options))
-    got = {(y, x): (stack, share) for y, x, stack, share in ts.read_patches(plan, options, 0, 10 ** 6)}
+    got = {(y, x): (stack, share) for y, x, stack, share, _ in ts.read_patches(plan, options, 0, 10 ** 6)}
     assert sorted(got) == [(y, x) for y in (0, 12, 24) for x in (0, 12, 24, 36)]  # 37 rows, 45 columns
     for (y, x), (stack, share) in got.items():
         expected = []
@@ -307,7 +309,7 @@ def test_patches_are_the_same_window_of_every_date(tmp_path, tiled):
             assert gt == tuple(src.window_transform(((y, y + 16), (x, x + 16))).to_gdal())
     # --raster_max_nodata: patches mostly outside the location are skipped.
     strict = PatchOptions((16, 16), stride=(12, 12), edge="pad", max_nodata=0.5)
-    skipped = [(y, x) for y, x, stack, _ in ts.read_patches(plan, strict, 0, 10 ** 6) if stack is None]
+    skipped = [(y, x) for y, x, stack, _, _ in ts.read_patches(plan, strict, 0, 10 ** 6) if stack is None]
     assert (24, 36) in skipped and (0, 0) not in skipped
 
 
@@ -328,3 +330,99 @@ def test_the_plan_travels_as_json(tmp_path):
     plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
     again = ts.LocationPlan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again == plan
+
+
+def _masked_geotiff(path, array, mask, internal, nodata=None):
+    """A GeoTIFF (bands, h, w) with GDAL's mask (True: no data): internal (GDAL_TIFF_INTERNAL_MASK), else `.msk`."""
+    bands, height, width = array.shape
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=internal):
+        with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=bands,
+                           dtype=array.dtype.name, nodata=nodata, crs="EPSG:32633",
+                           transform=from_origin(300000.0, 5000000.0, 10.0, 10.0), tiled=True,
+                           blockxsize=16, blockysize=16) as dst:
+            dst.write(array)
+            dst.write_mask(np.where(mask, 0, 255).astype(np.uint8))
+    assert (path.parent / (path.name + ".msk")).exists() != internal
+    return path
+
+
+def _gdal_masked(paths_per_date):
+    """(time, h, w, bands) booleans: where GDAL's masks (rasterio's read_masks: nodata and dataset mask) say no data."""
+    dates = []
+    for paths in paths_per_date:
+        planes = []
+        for path in paths:
+            with rasterio.open(path) as src:
+                planes.append(src.read_masks() == 0)
+        dates.append(np.transpose(np.concatenate(planes), (1, 2, 0)))
+    return np.stack(dates)
+
+
+def _mask_location(tmp_path):
+    """Three passes of 2 bands: an internal mask, an external `.msk`, none (nodata 0 in each)."""
+    loc = tmp_path / "loc"
+    height, width = 32, 32
+    masks = [np.zeros((height, width), bool) for _ in range(3)]
+    masks[0][:20, :16] = True  # most of patch (0, 0) on the first date
+    masks[1][:, 24:] = True
+    masks[1][5, 3] = True
+    paths = [_masked_geotiff(loc / "2020-01-01.tif", _values(0, 2, height, width), masks[0], True, nodata=0),
+             _masked_geotiff(loc / "2020-02-01.tif", _values(1, 2, height, width), masks[1], False, nodata=0),
+             write_geotiff(loc / "2020-03-01.tif", _values(2, 2, height, width), nodata=0, tiled=True,
+                           blockxsize=16, blockysize=16)]
+    values = _values(2, 2, height, width)
+    values[:, 30, 30] = 0  # nodata, under no mask
+    write_geotiff(paths[2], values, nodata=0, tiled=True, blockxsize=16, blockysize=16)
+    return loc, paths
+
+
+def test_a_passs_internal_or_external_mask_counts_as_its_nodata_as_gdal_reads_them(tmp_path):
+    loc, paths = _mask_location(tmp_path)
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    stack, masked = ts.read_stack(plan, with_mask=True)
+    np.testing.assert_array_equal(stack, _rasterio_stack([[p] for p in paths]))  # values kept under the mask
+    gdal_empty = _gdal_masked([[p] for p in paths])  # GDAL: mask or nodata
+    np.testing.assert_array_equal(masked | (stack == 0), gdal_empty)
+    # Band statistics: GDAL's masked read (rasterio's masked arrays) of every date.
+    stats = ts.stack_band_stats(stack, plan.nodata, masked)
+    for b in range(2):
+        kept = np.concatenate([rasterio.open(p).read(b + 1, masked=True).compressed() for p in paths])
+        assert stats.count[b] == kept.size and stats.nodata[b] == gdal_empty[..., b].sum()
+        assert (stats.min[b], stats.max[b]) == (kept.min(), kept.max())
+        assert stats.mean[b] == pytest.approx(kept.astype(np.float64).mean(), rel=1e-12)
+    # Patches: a masked pixel is a nodata pixel of its date in --raster_max_nodata's share.
+    options = PatchOptions((16, 16), max_nodata=0.2)
+    got = {(y, x): (stack, share, m) for y, x, stack, share, m in ts.read_patches(plan, options, 0, 32)}
+    for (y, x), (patch, share, m) in got.items():
+        empty = gdal_empty[:, y:y + 16, x:x + 16].all(axis=3)
+        assert share == pytest.approx(empty.mean()), (y, x)
+        assert (patch is None) == (empty.mean() > 0.2)
+        if patch is not None:
+            np.testing.assert_array_equal(m | (patch == 0), gdal_empty[:, y:y + 16, x:x + 16])
+    assert got[(0, 0)][0] is None and got[(16, 0)][0] is not None  # 320 of 768 pixels masked
+    assert got[(16, 16)][2][1, :, 8:].all() and not got[(16, 16)][2][1, :, :8].any()
+
+
+def test_a_band_files_mask_masks_its_band_alone(tmp_path):
+    loc = tmp_path / "loc"
+    mask = np.zeros((16, 16), bool)
+    mask[:8] = True
+    paths = {}
+    for d, date in enumerate(["20200601", "20200701"]):
+        for b, band in enumerate(["B4", "B5"]):
+            path = loc / f"T31TFJ_{date}_{band}.tif"
+            if (d, band) == (1, "B5"):
+                paths[d, b] = _masked_geotiff(path, _values(10 * d + b, 1, 16, 16), mask, False)
+            else:
+                paths[d, b] = write_geotiff(path, _values(10 * d + b, 1, 16, 16))
+    plan = ts.plan_location("loc", _files(loc), ts.TimeSeriesOptions())
+    stack, masked = ts.read_stack(plan, with_mask=True)
+    by_date = [[paths[d, 0], paths[d, 1]] for d in range(2)]
+    np.testing.assert_array_equal(masked, _gdal_masked(by_date))
+    assert masked[1, :8, :, 1].all() and not masked[..., 0].any()
+    stats = ts.stack_band_stats(stack, plan.nodata, masked)
+    assert stats.count == (512, 384) and stats.nodata == (0, 128)
+    # A pixel whose other band holds data is no nodata pixel: the patch is kept.
+    (_, _, patch, share, _), = ts.read_patches(plan, PatchOptions((16, 16), max_nodata=0.0), 0, 16)
+    assert patch is not None and share == 0.0

@@ -290,3 +290,52 @@ def test_band_statistics_are_the_train_splits_values_without_nodata_or_nan(tmp_p
             assert stats.std[b] == pytest.approx(samples[good[:, b], b].astype(np.float64).std(), rel=1e-9)
             assert stats.min[b] == samples[good[:, b], b].min() and stats.max[b] == samples[good[:, b], b].max()
     assert len(manifest.splits) == 2
+
+
+@pytest.mark.parametrize("patch", [None, "16"])
+def test_a_passs_mask_counts_as_its_nodata_and_verify_checks_its_statistics(tmp_path, patch):
+    """An internal mask on one pass, an external `.msk` on another: GDAL's masked statistics, patches skipped."""
+    root = tmp_path / "in"
+    loc = root / "field" / "loc"
+    loc.mkdir(parents=True)
+    masks = [np.zeros((32, 32), bool) for _ in range(2)]
+    masks[0][:14, :16] = True  # most of patch (0, 0) on the first date: skipped at 0.3
+    masks[1][20:, 5:9] = True
+    paths = []
+    for i, internal in enumerate((True, False)):
+        path = loc / f"2020-0{i + 1}-01.tif"
+        with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=internal):
+            with rasterio.open(path, "w", driver="GTiff", height=32, width=32, count=2, dtype="uint16",
+                               crs="EPSG:32633", transform=from_origin(300000.0, 5000000.0, 10.0, 10.0),
+                               tiled=True, blockxsize=16, blockysize=16) as dst:
+                dst.write(_values(70 + i, bands=2, height=32, width=32))
+                dst.write_mask(np.where(masks[i], 0, 255).astype(np.uint8))
+        paths.append(path)
+    assert (loc / "2020-02-01.tif.msk").exists()
+    out = tmp_path / "out"
+    args = ["--time_series"] + ([] if patch is None else ["--raster_patch", patch, "--raster_max_nodata", "0.3"])
+    manifest = convert(root, out, *args)
+    kept = set()
+    for rec in _records(out):
+        kept.add(rec[schemas.FILENAME.key].decode())
+    if patch is None:
+        assert kept == {"field/loc"}
+        windows = [(0, 0, 32)]
+    else:
+        assert kept == {f"field/loc#patch={y},{x}" for y, x in ((0, 16), (16, 0), (16, 16))}
+        windows = [(y, x, 16) for y, x in ((0, 16), (16, 0), (16, 16))]
+    # GDAL's masked read of the records' windows, every date.
+    good = [np.concatenate([rasterio.open(p).read(b + 1, masked=True)[y:y + s, x:x + s].compressed()
+                            for p in paths for y, x, s in windows]) for b in range(2)]
+    stats = manifest.splits["train"].band_stats
+    for b in range(2):
+        assert stats.count[b] == good[b].size and stats.min[b] == good[b].min() and stats.max[b] == good[b].max()
+        assert stats.mean[b] == pytest.approx(good[b].astype(np.float64).mean(), rel=1e-12)
+    assert sum(stats.nodata) == 2 * sum(int(m[y:y + s, x:x + s].sum()) for m in masks for y, x, s in windows)
+    lines = [json.loads(line) for line in (out / schemas.NORMALIZED_FILENAME).read_text().splitlines()]
+    noted = {line["path"] for line in lines if "mask_as_nodata" in line["actions"]}
+    assert noted == ({"field/loc"} if patch is None else {"field/loc#patch=16,0"})
+    from beam_jobs import verify as verify_module
+
+    report = verify_module.run([str(out)])
+    assert report["ok"], report

@@ -67,7 +67,7 @@ def images(data: bytes, name: str, context: Context, sidecars=None) -> list[Vali
       name: Its relative path, for messages.
       context: The options and decode ops (`Context`).
       sidecars: What its GIS sidecars say (`imaging.sidecars.Sidecars`), or
-        None; read for TIFFs only (GDAL's GTiff driver reads them).
+        None; read for TIFFs and JPEG 2000 (GDAL's GTiff and JP2OpenJPEG drivers read them).
 
     Raises:
       ImageRejected: With the reason the file cannot be stored.
@@ -77,4 +77,6 @@ def images(data: bytes, name: str, context: Context, sidecars=None) -> list[Vali
     fmt = format_of(data)
     if sidecars is not None and fmt == "tiff":
         return tiff.images_with_sidecars(data, name, context, sidecars)
+    if sidecars is not None and fmt == "jpeg2000":
+        return jpeg2000.images_with_sidecars(data, name, context, sidecars)
     return handler_for(fmt).images(data, name, fmt, context)
