@@ -57,7 +57,10 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
    anew for each (a FunctionDef each, each instantiated - placed and optimised
    by grappler - when its iterator starts); here the second dataset op names
    the first one's function (`_InterleaveDataset` built around the first's
-   `StructuredFunctionWrapper`).
+   `StructuredFunctionWrapper`). The first may be a deterministic parallel
+   interleave (`_ParallelInterleaveDataset`, the ramp's shard heads, which the
+   heads' shuffle reads whole before its first record), sharing the function
+   the same way.
 9. `unbatch` without its identity map (`unbatch_dense`): `Dataset.unbatch`
    maps every element through `normalize_to_dense` first, a function that is
    an identity for dense tensors, but one more to trace and to instantiate
