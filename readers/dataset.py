@@ -109,8 +109,11 @@ _SEED_MODULUS = 2**31 - 1
 # Local shard files are interleaved sequentially (see `_shards_records`); off
 # for the benchmark's ablation only.
 _SEQUENTIAL_LOCAL_READS = True
-# Threads reading the shard heads of a ramped epoch from local files (`_ramped_epoch`): its
-# heads' shuffle reads all of them before its first record; None: in one thread.
+# Threads reading the shard heads of a ramped epoch from local files (`_ramped_epoch`): the
+# heads' shuffle reads and checksums all of them before its first record, which the first
+# decode waits for (photos: 256 records, ~48 ms of one thread's CPU, 18 ms on the busiest of
+# two; bench/RESULTS.md, ttfb11). A deterministic parallel interleave: the same order. None:
+# in one thread, as the rest.
 _HEAD_READERS = 2
 # A shard read to its end (`_past_damage`'s stop).
 _ALL = np.iinfo(np.int64).max
