@@ -57,7 +57,10 @@ Tested with TensorFlow 2.16 to 2.21 (`TESTED`); checked at use, not import.
    anew for each (a FunctionDef each, each instantiated - placed and optimised
    by grappler - when its iterator starts); here the second dataset op names
    the first one's function (`_InterleaveDataset` built around the first's
-   `StructuredFunctionWrapper`).
+   `StructuredFunctionWrapper`). The first may be a deterministic parallel
+   interleave (`_ParallelInterleaveDataset`, the ramp's shard heads, which the
+   heads' shuffle reads whole before its first record), sharing the function
+   the same way.
 9. `unbatch` without its identity map (`unbatch_dense`): `Dataset.unbatch`
    maps every element through `normalize_to_dense` first, a function that is
    an identity for dense tensors, but one more to trace and to instantiate
@@ -427,32 +430,47 @@ def tfrecord_file_dataset(path):
     return source(path)
 
 
-def interleave_each(inputs, map_func, *, cycle_length: int, block_length: int) -> list:
+def interleave_each(inputs, map_func, *, cycle_length: int, block_length: int,
+                    parallel_first: int | None = None) -> list:
     """`[d.interleave(map_func, cycle_length, block_length) for d in inputs]`, `map_func` traced once.
 
     tf.data traces the function of every `interleave` call anew, and each trace
     is a FunctionDef of its own, instantiated anew when its iterator starts.
     Here the first call traces it and every dataset's op names that one
-    function (see the module's docstring, 8). Sequential interleaves only (no
-    `num_parallel_calls`). Where a release has moved the classes, or is outside
-    `TESTED`, one public `interleave` per input.
+    function (see the module's docstring, 8). Sequential interleaves, but for
+    the first input's with `parallel_first`: a deterministic parallel
+    interleave of that many threads (the sequential one's order). Where a
+    release has moved the classes, or is outside `TESTED`, one public
+    `interleave` per input.
 
     Args:
       inputs: Datasets of one element spec.
       map_func: `fn(*element) -> dataset`, as for `interleave`.
       cycle_length, block_length: As for `interleave`.
+      parallel_first: None, or the `num_parallel_calls` of the first input's
+        interleave (`deterministic=True`).
     """
+    def public(d, parallel):
+        if parallel is None:
+            return d.interleave(map_func, cycle_length=cycle_length, block_length=block_length)
+        return d.interleave(map_func, cycle_length=cycle_length, block_length=block_length,
+                            num_parallel_calls=parallel, deterministic=True)
+
     try:
         check("one interleave function for several interleaves")
         from tensorflow.python.data.ops import dataset_ops, interleave_op
         from tensorflow.python.ops import gen_dataset_ops
         base = interleave_op._InterleaveDataset
+        parallel_base = interleave_op._ParallelInterleaveDataset
     except (ImportError, AttributeError, UntestedVersion):
-        return [d.interleave(map_func, cycle_length=cycle_length, block_length=block_length)
-                for d in inputs]
+        return [public(d, parallel_first if i == 0 else None) for i, d in enumerate(inputs)]
     if not inputs:
         return []
-    first = base(inputs[0], map_func, cycle_length, block_length)
+    if parallel_first is None:
+        first = base(inputs[0], map_func, cycle_length, block_length)
+    else:
+        first = parallel_base(inputs[0], map_func, cycle_length, block_length, parallel_first,
+                              deterministic=True)
     shared = first._map_func
 
     class _SharedInterleave(base):

@@ -109,6 +109,12 @@ _SEED_MODULUS = 2**31 - 1
 # Local shard files are interleaved sequentially (see `_shards_records`); off
 # for the benchmark's ablation only.
 _SEQUENTIAL_LOCAL_READS = True
+# Threads reading the shard heads of a ramped epoch from local files (`_ramped_epoch`): the
+# heads' shuffle reads and checksums all of them before its first record, which the first
+# decode waits for (photos: 256 records, ~48 ms of one thread's CPU, 18 ms on the busiest of
+# two; bench/RESULTS.md, ttfb11). A deterministic parallel interleave: the same order. None:
+# in one thread, as the rest.
+_HEAD_READERS = 2
 # A shard read to its end (`_past_damage`'s stop).
 _ALL = np.iinfo(np.int64).max
 
@@ -411,6 +417,8 @@ def _shards_records(
     parallelism = (None if local and not served and _SEQUENTIAL_LOCAL_READS
                    else tf.data.AUTOTUNE)
     cycle_length = min(len(paths), _MAX_CYCLE_LENGTH)
+    # No more threads than shards read at once (tf.data's rule), none for one shard.
+    head_readers = min(_HEAD_READERS, cycle_length) if _HEAD_READERS and cycle_length > 1 else None
 
     def sharded(records):
         if record_sharding:
@@ -428,8 +436,11 @@ def _shards_records(
             # One function for every range read (the ramp's heads and rest): traced once as
             # the dataset is built, instantiated once as its iterator starts
             # (`tf_internals.interleave_each`).
-            return tf_internals.interleave_each(inputs, per_shard, cycle_length=cycle_length,
-                                                block_length=_BLOCK_LENGTH)
+            # The first of several ranges is the ramp's heads, which its shuffle reads whole before
+            # its first record: read by `_HEAD_READERS` threads (the same order).
+            return tf_internals.interleave_each(
+                inputs, per_shard, cycle_length=cycle_length, block_length=_BLOCK_LENGTH,
+                parallel_first=head_readers if len(inputs) > 1 else None)
         return [d.interleave(per_shard, cycle_length=cycle_length, block_length=_BLOCK_LENGTH,
                              num_parallel_calls=parallelism,
                              deterministic=True if record_sharding else None) for d in inputs]

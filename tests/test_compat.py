@@ -247,6 +247,43 @@ def test_interleave_each_traces_its_function_once(monkeypatch):
     assert [list(d.as_numpy_iterator()) for d in public] == expected
 
 
+def _graph_ops(ds) -> list[str]:
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    return [n.op for n in graph.node]
+
+
+def test_interleave_each_reads_the_first_input_in_parallel_in_the_same_order(monkeypatch):
+    import tensorflow as tf
+
+    traces = []
+
+    def read(base, count):
+        traces.append(1)
+        return tf.data.Dataset.range(base, base + count)
+
+    inputs = [_ranges(tf, 5), _ranges(tf, 3)]
+    expected = [list(d.interleave(read, cycle_length=2, block_length=1).as_numpy_iterator())
+                for d in inputs]
+    traces.clear()
+    shared = tf_internals.interleave_each(inputs, read, cycle_length=2, block_length=1, parallel_first=2)
+    assert traces == [1]
+    both = shared[0].concatenate(shared[1])
+    # Deterministic: the sequential interleave's order, even where the options allow another.
+    options = tf.data.Options()
+    options.deterministic = False
+    assert list(both.with_options(options).as_numpy_iterator()) == expected[0] + expected[1]
+    ops = _graph_ops(both)
+    assert ops.count("ParallelInterleaveDatasetV4") == 1 and ops.count("InterleaveDataset") == 1, ops
+    assert len(_graph_functions(both)) == 1
+    monkeypatch.setattr(tf_internals, "TESTED", ("1.0", "1.1"))
+    public = tf_internals.interleave_each(inputs, read, cycle_length=2, block_length=1, parallel_first=2)
+    assert [list(d.as_numpy_iterator()) for d in public] == expected
+    assert "ParallelInterleaveDatasetV4" in _graph_ops(public[0])
+
+
 def test_unbatch_dense_has_no_identity_map(monkeypatch):
     import tensorflow as tf
 

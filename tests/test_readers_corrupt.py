@@ -167,3 +167,49 @@ def test_skip_counts_each_damaged_record_once_per_epoch_over_repeats(three_damag
     # epoch would give at least 4 counts per record over the two whole epochs alone.
     assert 2 * len(lost) <= int(ds.corrupt_records) < 4 * len(lost)
 
+
+
+@pytest.fixture(scope="module")
+def ramped(tmp_path_factory):
+    """320 images in 4 shards (a ramped shuffled pass: 64 head records of each shard, read
+    apart from the rest), and a copy with two head records damaged: a data byte (shard 1,
+    record 2) and a length byte (shard 3, record 5)."""
+    root = tmp_path_factory.mktemp("ramped")
+    make_class_tree(root / "images", classes=("cat", "dog"), per_class=160)
+    manifest = convert(root / "images", root / "dataset", "--num_shards", 4)
+    (split,) = manifest.splits.values()
+    copy = root / "damaged"
+    shutil.copytree(root / "dataset", copy)
+    lost = []
+    for shard, record, at in ((split.shards[1], 2, "data"), (split.shards[3], 5, "length")):
+        offset, length = _index(copy, shard)[record]
+        path = copy / shard.file
+        data = bytearray(path.read_bytes())
+        data[offset + (length // 2 if at == "data" else 1)] ^= 0x01
+        path.write_bytes(bytes(data))
+        lost += _names_in(root / "dataset", shard, [record])
+    return root / "dataset", copy, split, lost
+
+
+def test_damaged_shard_heads_read_in_parallel_keep_the_order_counts_and_messages(ramped):
+    """The shard heads of a ramped pass are read by several threads (`readers.dataset._HEAD_READERS`):
+    a damaged head record is skipped in its place (the seeded order is the undamaged one's without
+    it) and counted once, or fails the read naming its shard and byte offset."""
+    from readers import dataset
+
+    original, copy, split, lost = ramped
+    head = dataset._ramp_head(320, 4, 16)
+    assert head == 64 and head * 4 < 320  # the ramp, with both damaged records in the heads
+    options = dict(batch_size=16, shuffle=True, seed=3, **SMALL)
+    whole = _names(readers.image_dataset_from_tfrecords(original, on_corrupt="skip", **options))
+    ds = readers.image_dataset_from_tfrecords(copy, on_corrupt="skip", **options)
+    assert _names(ds) == [n for n in whole if n not in lost]
+    assert int(ds.corrupt_records) == 2 and len(ds.corrupt_records.by_shard) == 2
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        _names(readers.image_dataset_from_tfrecords(copy, **options))
+    message = raised.value.message
+    expected = [f"Damaged record in shard {copy / shard.file} at byte offset {_index(copy, shard)[record][0]} "
+                f"({found}): record #{record} of its {shard.num_records}"
+                for shard, record, found in ((split.shards[1], 2, "bad data CRC"),
+                                             (split.shards[3], 5, "bad length CRC"))]
+    assert any(e in message for e in expected), message

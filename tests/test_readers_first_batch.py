@@ -132,6 +132,26 @@ def test_the_first_batch_waits_for_few_functions(larger, monkeypatch):
     assert not any("normalize" in n or n.startswith("cond_") for n in names), names
 
 
+def test_the_shard_heads_are_read_in_parallel_by_the_shared_function(larger):
+    # The heads' shuffle holds every head record before its first one: they are read by a
+    # deterministic parallel interleave (`_HEAD_READERS` threads), the rest sequentially, both
+    # through the one read function. Main before issue 40's eleventh pass: two sequential ones.
+    import tensorflow as tf
+
+    ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), repeat=True)
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    reads = {n.op: n for n in graph.node if n.op in ("ParallelInterleaveDatasetV4", "InterleaveDataset")}
+    assert sorted(reads) == ["InterleaveDataset", "ParallelInterleaveDatasetV4"], [n.op for n in graph.node]
+    heads = reads["ParallelInterleaveDatasetV4"]
+    assert heads.attr["deterministic"].s == b"true"
+    assert heads.attr["f"].func.name == reads["InterleaveDataset"].attr["f"].func.name
+    # Not for a pass without the ramp (no shuffle): one sequential interleave.
+    unshuffled = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), shuffle=False)
+    graph.ParseFromString(unshuffled._as_serialized_graph().numpy())
+    assert not any(n.op == "ParallelInterleaveDatasetV4" for n in graph.node)
+
+
 def test_seeded_order_is_the_one_before_issue_40(larger):
     # The order the reader gave before the first batch's functions were slimmed (main at
     # f617f97): the same seed gives the same records in the same order, repeated epochs too.
