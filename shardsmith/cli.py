@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 __all__ = ["main", "run", "command_help", "print_help_if_asked"]
 
@@ -232,6 +234,33 @@ def _volume_dataset(command: str, rest: list[str]) -> str | None:
     return folder if folder is not None and is_volume_dataset(folder) else None
 
 
+def _quiet_threads_after_ctrl_c() -> None:
+    """After Ctrl-C, the exceptions of other threads go unsaid: the command's one line says it all.
+
+    A pipeline interrupted while it runs (`verify`, `convert`) is torn down by
+    its runner, and the threads of Beam's local workers then fail reading
+    streams that closed under them ("Exception in thread
+    read_grpc_client_inputs", a gRPC traceback each). The SIGINT handler
+    notes the interrupt before it raises KeyboardInterrupt in the main thread,
+    so those failures, which come later, are known for what they are. Set by
+    the program's entry point only (nothing a library import does).
+    """
+    interrupted = threading.Event()
+    shown = threading.excepthook
+
+    def on_interrupt(signum, frame):
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    def thread_failed(args):
+        if not interrupted.is_set():
+            shown(args)
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_interrupt)
+    threading.excepthook = thread_failed
+
+
 def run() -> None:
     """The `shardsmith` program: `main` on the command line's arguments, then the exit.
 
@@ -240,6 +269,7 @@ def run() -> None:
     """
     from conversion import console
 
+    _quiet_threads_after_ctrl_c()
     try:
         code = main()
         sys.stdout.flush()

@@ -276,6 +276,53 @@ def test_ctrl_c_in_a_reading_command_is_one_line_not_a_traceback(tmp_path, comma
     assert rest.rstrip().endswith(f"shardsmith {command}: interrupted."), rest[-3000:]
 
 
+_THREAD_FAILS_AS_A_PIPELINE_IS_TORN_DOWN = """
+import os, signal, sys, threading, time
+from shardsmith import cli
+
+def main():
+    # As Beam's local workers do when their runner stops on Ctrl-C: a thread whose
+    # stream closes under it fails once the main thread unwinds.
+    unwound = threading.Event()
+
+    def reader():
+        unwound.wait()
+        raise ConnectionError("failed to connect to all addresses")
+
+    thread = threading.Thread(target=reader, name="read_grpc_client_inputs")
+    thread.start()
+    try:
+        if INTERRUPT:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
+    finally:
+        unwound.set()
+        thread.join()
+    return 0
+
+sys.argv = ["shardsmith", "verify"]
+cli.main = main
+cli.run()
+"""
+
+
+@pytest.mark.parametrize("interrupt", [True, False])
+def test_threads_failing_after_ctrl_c_go_unsaid_and_other_failures_are_shown(interrupt):
+    """Ctrl-C during `verify`'s pipeline printed a gRPC traceback per worker thread of Beam's."""
+    script = f"INTERRUPT = {interrupt}\n" + _THREAD_FAILS_AS_A_PIPELINE_IS_TORN_DOWN
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=_REPO,
+                          timeout=120)
+    if interrupt:
+        assert done.returncode == 130, done.stderr
+        assert "Traceback" not in done.stderr and "ConnectionError" not in done.stderr, done.stderr
+        assert done.stderr.rstrip().endswith("shardsmith verify: interrupted."), done.stderr
+    else:
+        # Not interrupted: a thread's failure is news, and is shown.
+        assert done.returncode == 0, done.stderr
+        assert "Exception in thread read_grpc_client_inputs" in done.stderr, done.stderr
+        assert "ConnectionError: failed to connect to all addresses" in done.stderr, done.stderr
+
+
 def _in_a_small_filesystem(script: str) -> subprocess.CompletedProcess | None:
     """Runs the shell `script` in a mount namespace of its own, where it may mount a tmpfs of a set
     size (nothing mounted outlives it); None where this system lets no process make one."""
