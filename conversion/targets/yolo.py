@@ -109,7 +109,7 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
             entries[rel] = entry
             continue
         used.add(label)
-        error = _read_lines(read_bytes(labels[label].path), label, len(names), entry, issues)
+        error = _read_lines(read_bytes(labels[label].path), _shown(label, root), len(names), entry, issues)
         if error is None:
             entries[rel] = entry
         else:
@@ -200,6 +200,16 @@ def _label_of(image: str, rel: str, labels: Mapping, labels_folder: str | None) 
     if labels_folder is not None:
         candidates.append(_join(labels_folder, posixpath.splitext(rel)[0] + ".txt"))
     return next((c for c in candidates if c in labels), None)
+
+
+def _shown(label: str, root: str) -> str:
+    """A label file's path for messages: from the folder it shares with --input_dir
+    (`labels/val/x.txt` beside `images/val`), as the rejects name images; else as given."""
+    ours, theirs = label.split("/"), root.rstrip("/").split("/")
+    common = 0
+    while common < min(len(ours) - 1, len(theirs)) and ours[common] == theirs[common]:
+        common += 1
+    return "/".join(ours[common:]) if any(ours[:common]) else label
 
 
 def _classes_txt(annotations: str, listed) -> tuple[str, ...] | None:
