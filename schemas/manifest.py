@@ -132,6 +132,8 @@ SKIP_REASONS = {
     "not_in_split": "The file's split has a ratio of zero.",
     "not_a_raster": "With --time_series, a file that is not a TIFF raster (a location is made of rasters).",
     "band_not_selected": "With --time_series, a band file of a band --bands leaves out.",
+    "annotation_file": "A file of --annotations inside --input_dir (a YOLO label file or data.yaml, a LabelMe "
+                       "JSON, a VOC or CVAT XML, a COCO JSON): part of the labels, not an image.",
     "sidecar": "A GIS sidecar of another input (GDAL's .aux.xml, .ovr, .msk; a world file, .prj): "
                "part of that file, not an image.",
 }

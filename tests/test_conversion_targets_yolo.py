@@ -198,6 +198,24 @@ def test_data_yaml_gives_names_splits_and_boxes(ultralytics):
     assert boxes["issues"]["clipped"] == 1
 
 
+def test_a_dataset_root_as_input_skips_its_label_files_as_annotation_files(ultralytics, tmp_path):
+    root, out_of_images, _ = ultralytics
+    # The whole dataset as --input_dir: its labels/, data.yaml and Ultralytics' cache lie among the images.
+    manifest = convert(root, tmp_path / "out", "--annotations", root / "data.yaml", "--max_reject_fraction", "0.5")
+    rows = [json.loads(line) for line in (tmp_path / "out" / schemas.REJECTS_FILENAME).read_text().splitlines()]
+    skipped = {r["path"]: r["reason"] for r in rows if r["kind"] == "skipped"}
+    assert skipped == {
+        "data.yaml": "annotation_file",
+        "labels/train.cache": "annotation_file",
+        **{f"labels/{name}.txt": "annotation_file"
+           for name in ("train/im0", "train/im1", "val/im0", "val/im1", "val/ghost")},
+    }
+    # The same images stored as from images/ alone.
+    first = schemas.Manifest.from_json((out_of_images / schemas.MANIFEST_FILENAME).read_text())
+    assert manifest.counts["written"] == first.counts["written"] == 5  # val/im1 rejected (class 3 of 3)
+    assert manifest.rejects["annotation_file"] == 7 and "no_label" not in manifest.rejects
+
+
 def test_data_yaml_class_outside_the_names_rejects_the_image(ultralytics):
     _, out, _ = ultralytics
     rejects = {d["path"]: d for d in map(json.loads, (out / schemas.REJECTS_FILENAME).read_text().splitlines())}

@@ -44,6 +44,10 @@ class BoxAnnotations:
         decides), 'upright' (YOLO: Ultralytics measures the upright photo), or
         'auto_upright' (the size decides, the upright photo where it cannot:
         CVAT and LabelMe show photos upright).
+      sources: Full paths of the files the boxes were read from where the
+        format's reader knows more of them than --annotations names (YOLO's
+        label files beside a data.yaml); the rest are found by
+        `conversion.targets.boxes`.
     """
 
     format: str
@@ -54,6 +58,7 @@ class BoxAnnotations:
     invalid: Mapping[str, str]
     issues: Mapping[str, int]
     frame: str = "auto"
+    sources: frozenset = frozenset()
 
 
 class Index:

@@ -74,12 +74,52 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     if drawn != "auto":
         # Only where given: the default's planned targets stay as they were.
         values = {rel: {**entry, "frame": drawn} for rel, entry in values.items()}
+    own = _annotation_files(annotations, boxes, request.files)
     return PlannedKind(
         values=values, section=section,
         rejects={rel: ("bad_target", message) for rel, message in boxes.invalid.items()},
         missing=missing, source="the annotations", splits=splits,
         takes_class_names=form.takes_class_names and request.config.class_names is not None,
+        files=[f for f in request.files if f.rel_path not in own] if own else None,
+        problems=[*request.problems, *(_listing.Problem(rel, "annotation_file", why) for rel, why in sorted(own.items()))]
+        if own else None,
     )
+
+
+# What the files of annotations are named (never images): VOC's XML, COCO's, LabelMe's and CVAT's
+# JSON/XML, YOLO's label files, data.yaml and classes.txt, and Ultralytics' label caches.
+_ANNOTATION_SUFFIXES = (".xml", ".json", ".txt", ".yaml", ".yml", ".cache")
+
+
+def _annotation_files(annotations: str, boxes: BoxAnnotations, files) -> dict[str, str]:
+    """Relative path -> why, of the listed inputs that are the annotations' own files, not images.
+
+    Annotations often lie inside --input_dir (a YOLO dataset's `labels/` beside `images/`, LabelMe's
+    JSON beside each image, a VOC or COCO export's root): they are skipped as 'annotation_file',
+    not as images the annotations do not name ('no_label').
+    """
+    named = set(boxes.files) | set(boxes.invalid)
+    given = _comparable(annotations)
+    sources = {_comparable(p) for p in boxes.sources}
+    # Ultralytics caches a labels folder's reading beside it: `labels/train.cache` for `labels/train/`.
+    caches = {posixpath.dirname(p) + ".cache" for p in sources}
+    own = {}
+    for f in files:
+        if f.rel_path in named:
+            continue
+        path = _comparable(f.path)
+        if path == given or path in sources or path in caches:
+            own[f.rel_path] = f"a file of --annotations {annotations} ({boxes.format})"
+        elif path.startswith(given + "/") and f.rel_path.lower().endswith(_ANNOTATION_SUFFIXES):
+            own[f.rel_path] = f"in the --annotations folder {annotations} ({boxes.format})"
+    return own
+
+
+def _comparable(path: str) -> str:
+    """A path as compared with another: absolute where local, without a trailing '/'."""
+    if _listing.is_local(path):
+        return os.path.abspath(path).replace(os.sep, "/").rstrip("/")
+    return path.rstrip("/")
 
 
 def _in_held_order(boxes: BoxAnnotations, held) -> BoxAnnotations:

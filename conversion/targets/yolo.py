@@ -97,6 +97,7 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
     else:
         names, labels = _from_folder(annotations, class_names, found)
         splits, labels_folder = None, _full(annotations)
+    all_labels = labels
     labels = {path: f for path, f in labels.items()
               if path.lower().endswith(".txt") and posixpath.basename(path) != _CLASSES_TXT}
     issues = collections.Counter()
@@ -121,7 +122,8 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
         issues["unknown_image"] += len(unknown)
         _LOG.warning("--annotations %s: %d label files name no image under --input_dir: %s",
                      annotations, len(unknown), some(unknown))
-    return BoxAnnotations(YOLO_FORMAT, names, None, entries, (), invalid, dict(issues), frame="upright"), splits
+    return BoxAnnotations(YOLO_FORMAT, names, None, entries, (), invalid, dict(issues), frame="upright",
+                          sources=frozenset(f.path for f in all_labels.values())), splits
 
 
 def _from_data_yaml(annotations: str, input_dir: str, root: str, images: Sequence[str], class_names):
