@@ -214,8 +214,8 @@ def test_the_same_input_gives_the_same_bytes(coco, tmp_path):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--masks_dir", "{root}"], ("--annotation_masks", "--masks_dir")),
-    ([], ("--annotation_masks", "--annotations")),
+    (["--masks_dir", "{root}"], ("--annotation_masks with --masks_dir", "give one of them")),
+    ([], ("give --annotations with it", "--annotation_masks alone")),
 ])
 def test_usage_errors_name_both_flags(tmp_path, capsys, extra, words):
     root = tmp_path / "images"
@@ -323,3 +323,40 @@ def test_polygons_of_cvat_labelme_and_yolo_are_pycocotools_drawings(tmp_path, fo
     np.testing.assert_array_equal(_mask_of(records["a.png"]), expected)
     assert (_mask_of(records["plain.png"]) == 0).all()
     assert manifest.extra[schemas.TARGETS_SECTION]["mask"]["class_names"] == ["background", "ant", "bee"]
+
+
+def test_append_draws_the_new_images_masks_and_adds_their_pixels(tmp_path):
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(1, size=(30, 40)), "PNG"))
+    square = [[4, 4, 20, 4, 20, 20, 4, 20]]
+    doc = {"images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 30}],
+           "categories": [{"id": 1, "name": "ant"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 4, 16, 16], "iscrowd": 0,
+                            "segmentation": square}]}
+    ann = tmp_path / "instances.json"
+    ann.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert(root, out, "--annotations", ann, "--annotation_masks")
+    write(root / "b.png", encode(pixels(2, size=(30, 40)), "PNG"))
+    doc["images"].append({"id": 2, "file_name": "b.png", "width": 40, "height": 30})
+    doc["categories"].append({"id": 2, "name": "bee"})
+    doc["annotations"].append({"id": 2, "image_id": 2, "category_id": 2, "bbox": [0, 0, 10, 10], "iscrowd": 0,
+                               "segmentation": [[0, 0, 10, 0, 10, 10, 0, 10]]})
+    ann.write_text(json.dumps(doc))
+    manifest = convert(root, out, "--annotations", ann, "--annotation_masks", "--append")
+    section = manifest.extra[schemas.TARGETS_SECTION]["mask"]
+    assert section["class_names"] == ["background", "ant", "bee"]
+    assert section["num_classes"] == 3
+    b = _mask_of(_records(out)["b.png"])
+    assert b[:10, :10].min() == 2 and (b == 2).sum() == 100
+    assert section["pixel_counts"]["train"] == {"0": 2 * 1200 - 256 - 100, "1": 256, "2": 100}
+
+
+def test_inspect_names_the_drawn_ids(coco):
+    _, ann, _, manifest = coco
+    from conversion.targets import masks as mask_kind
+
+    shown = mask_kind.KIND.describe(manifest.extra[schemas.TARGETS_SECTION]["mask"], [], ["train"], 10)
+    assert f"drawn from --annotations {ann}" in shown.head[0]
+    names = [row[0] for row in shown.rows[1:]]
+    assert "0 background" in names and "1 dog" in names and "255 (ignore)" in names
