@@ -22,6 +22,7 @@ from pycocotools.coco import COCO
 import schemas
 from beam_jobs import convert as convert_module
 from conversion import annotation_masks
+from imaging import ImageRejected
 from schemas.tfrecord import iter_records
 
 
@@ -189,6 +190,7 @@ def test_verify_and_the_reader_take_the_drawn_masks(coco):
     ds = readers.image_dataset_from_tfrecords(str(out), "train", label_mode="mask", batch_size=None,
                                               shuffle=False, image_size=None)
     stored = {name: _mask_of(rec) for name, rec in _records(out).items()}
+    assert ds.class_names == ["background", "dog", "bird", "cat"]  # Mask id -> name.
     read = [mask.numpy()[..., 0] for _, mask in ds]
     assert len(read) == len(stored)
     assert sorted(m.tobytes() for m in read) == sorted(m.astype(np.int32).tobytes() for m in stored.values())
@@ -360,3 +362,31 @@ def test_inspect_names_the_drawn_ids(coco):
     assert f"drawn from --annotations {ann}" in shown.head[0]
     names = [row[0] for row in shown.rows[1:]]
     assert "0 background" in names and "1 dog" in names and "255 (ignore)" in names
+
+
+def test_cvat_rotated_boxes_ellipses_and_masks_are_read_as_regions():
+    from conversion.targets.cvat import read_cvat
+
+    xml = b"""<?xml version="1.0" encoding="utf-8"?>
+<annotations><version>1.1</version>
+  <meta><task><labels><label><name>ant</name></label></labels></task></meta>
+  <image id="0" name="a.png" width="10" height="10">
+    <box label="ant" xtl="1" ytl="3" xbr="9" ybr="7" rotation="90"/>
+    <ellipse label="ant" cx="5" cy="5" rx="3" ry="2"/>
+    <mask label="ant" rle="1, 2, 2, 1" left="1" top="1" width="3" height="2"/>
+    <mask label="ant" rle="1, 2" left="1" top="1" width="3" height="2"/>
+  </image>
+</annotations>"""
+    entry = read_cvat(xml, "annotations.xml", ["a.png"]).files["a.png"]
+    kinds = [r[0] for r in entry["regions"]]
+    assert kinds == ["rotated_box", "ellipse", "bitmap", "bitmap"]
+    # A box 8 wide and 4 high about (5, 5), turned a quarter: 4 wide and 8 high.
+    ids = annotation_masks.draw_ids({**entry, "boxes": entry["boxes"][:1], "regions": entry["regions"][:1]},
+                                    10, 10, "uint8", "a.png")
+    expected = np.zeros((10, 10), np.uint8)
+    expected[1:9, 3:7] = 1
+    np.testing.assert_array_equal(ids, expected)
+    # The last mask's run lengths do not fill its 3 x 2 box: the image is a bad target.
+    with pytest.raises(ImageRejected) as raised:
+        annotation_masks.draw_ids(entry, 10, 10, "uint8", "a.png")
+    assert raised.value.reason == "bad_target" and "3x2" in raised.value.message
