@@ -1,7 +1,7 @@
 """Segmentation masks drawn from the regions of --annotations (--annotation_masks): Beam-free.
 
 Each image's regions (COCO polygons and RLE, CVAT polygons, boxes, ellipses
-and masks, LabelMe polygons, rectangles and circles, YOLO-seg polygons; a
+and masks, LabelMe polygons, rectangles, circles and masks, YOLO-seg polygons; a
 box where the format gives no region: VOC objects, YOLO detection lines)
 are drawn into one class-id mask on the frame the annotation was drawn on,
 then aligned with each stored image as a mask file is (`imaging.masks.align_mask`:
@@ -27,11 +27,14 @@ its read-ahead threads, as it calls `conversion.masks.pair` for mask files.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import math
 from collections.abc import Sequence
 
 import numpy as np
+from PIL import Image
 
 from conversion.masks import MaskedImage
 from imaging import boxes as _boxes
@@ -113,6 +116,8 @@ def _covered(region, box, scale, width: int, height: int, what: str) -> np.ndarr
         return _rotated(cx, cy, hw, hh, angle, width, height, lambda u, v: (np.abs(u) <= 1.0) & (np.abs(v) <= 1.0))
     if kind == "bitmap":
         return _bitmap(region[1], width, height, what)
+    if kind == "png_bitmap":
+        return _png_bitmap(region[1], width, height, what)
     if kind == "none":
         return None
     if kind == "bad":
@@ -182,7 +187,12 @@ def _bitmap(value, width: int, height: int, what: str) -> np.ndarray | None:
     if runs.size == 0 or runs.min() < 0 or int(runs.sum()) != w * h:
         raise ImageRejected("bad_target", f"{what}: its mask's run lengths sum to {int(runs.sum())}, "
                             f"its box is {w}x{h} = {w * h} pixels")
-    bits = np.repeat(np.arange(runs.size) % 2 == 1, runs).reshape(h, w)
+    return _placed(np.repeat(np.arange(runs.size) % 2 == 1, runs).reshape(h, w), left, top, width, height)
+
+
+def _placed(bits: np.ndarray, left: int, top: int, width: int, height: int) -> np.ndarray | None:
+    """A bitmap with its top-left pixel at (left, top) on the frame, cut to it; None when wholly outside."""
+    h, w = bits.shape
     out = np.zeros((height, width), bool)
     r0, c0 = max(top, 0), max(left, 0)
     r1, c1 = min(top + h, height), min(left + w, width)
@@ -190,6 +200,17 @@ def _bitmap(value, width: int, height: int, what: str) -> np.ndarray | None:
         return None
     out[r0:r1, c0:c1] = bits[r0 - top:r1 - top, c0 - left:c1 - left]
     return out
+
+
+def _png_bitmap(value, width: int, height: int, what: str) -> np.ndarray | None:
+    """LabelMe's mask shape: a base64 PNG of its box, nonzero pixels covered, its top-left at (left, top)."""
+    left, top, text = value
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(text, validate=True))) as im:
+            bits = np.asarray(im.convert("L")) > 0
+    except (ValueError, OSError) as e:  # binascii.Error is a ValueError; Pillow's are OSErrors
+        raise ImageRejected("bad_target", f"{what}: its mask bitmap is not a base64 PNG ({e})") from None
+    return _placed(bits, left, top, width, height)
 
 
 def pair(rel_path: str, entry: dict, images, data: bytes, dtype: str, drawn: str = "auto") -> list[MaskedImage]:

@@ -7,6 +7,7 @@ decoded by TensorFlow, must hold the same ids pixel for pixel.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import pathlib
@@ -390,3 +391,27 @@ def test_cvat_rotated_boxes_ellipses_and_masks_are_read_as_regions():
     with pytest.raises(ImageRejected) as raised:
         annotation_masks.draw_ids(entry, 10, 10, "uint8", "a.png")
     assert raised.value.reason == "bad_target" and "3x2" in raised.value.message
+
+
+def test_labelme_mask_shapes_draw_their_bitmaps(tmp_path):
+    from conversion.targets.labelme import read_labelme
+
+    bits = np.zeros((3, 4), np.uint8)
+    bits[0, 1:3] = 1
+    bits[2, :] = 1
+    buf = io.BytesIO()
+    Image.fromarray(bits * 255).save(buf, "PNG")
+    shapes = [{"label": "ant", "shape_type": "mask", "points": [[2.0, 1.0], [5.0, 3.0]],
+               "mask": base64.b64encode(buf.getvalue()).decode()},
+              {"label": "ant", "shape_type": "mask", "points": [[0, 0], [1, 1]]}]
+    doc = {"imagePath": "a.png", "imageWidth": 8, "imageHeight": 6, "shapes": shapes}
+    found = read_labelme([("a.json", json.dumps(doc).encode())], str(tmp_path), str(tmp_path), ["a.png"],
+                         class_names=("ant",))
+    entry = found.files["a.png"]
+    first = {**entry, "boxes": entry["boxes"][:1], "regions": entry["regions"][:1]}
+    expected = np.zeros((6, 8), np.uint8)
+    expected[1:4, 2:6] = bits
+    np.testing.assert_array_equal(annotation_masks.draw_ids(first, 8, 6, "uint8", "a.png"), expected)
+    with pytest.raises(ImageRejected) as raised:
+        annotation_masks.draw_ids(entry, 8, 6, "uint8", "a.png")
+    assert raised.value.reason == "bad_target" and "no 'mask' bitmap" in raised.value.message

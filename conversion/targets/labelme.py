@@ -199,14 +199,14 @@ def _entry(doc: dict, where: str, label_of: dict, given: bool, issues) -> dict:
             if kind not in _CORNERS:
                 issues["bbox_from_segmentation"] += 1
         boxes.append([k, *box, label_of[label], 0])
-        regions.append(_region(kind, points))
+        regions.append(_region(kind, points, shape.get("mask")))
     return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped, "regions": regions}
 
 
-def _region(kind: str, points) -> list | None:
+def _region(kind: str, points, bitmap) -> list | None:
     """The region a shape draws (`conversion.annotation_masks`): None for a rectangle (its box), a
-    circle, a polygon; ['none'] for lines and points (no area); ['bad', why] for a mask shape (its
-    bitmap is not drawn yet)."""
+    circle, a polygon, a mask shape's bitmap (a base64 PNG placed at its first corner); ['none'] for
+    lines and points (no area); ['bad', why] for a mask shape without its bitmap."""
     if kind == "rectangle":
         return None
     if kind == "circle":
@@ -215,7 +215,10 @@ def _region(kind: str, points) -> list | None:
     if kind == "polygon":
         return ["polygons", [[v for p in points for v in p]]]
     if kind == "mask":
-        return ["bad", "a LabelMe mask shape (a bitmap) is not drawn into masks yet: draw it as a polygon"]
+        if not isinstance(bitmap, str) or not bitmap:
+            return ["bad", "its mask shape has no 'mask' bitmap (a base64 PNG) to draw"]
+        left, top = min(p[0] for p in points), min(p[1] for p in points)
+        return ["png_bitmap", [math.floor(left), math.floor(top), bitmap]]
     return ["none"]
 
 
