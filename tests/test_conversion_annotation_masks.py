@@ -353,6 +353,12 @@ def test_append_draws_the_new_images_masks_and_adds_their_pixels(tmp_path):
     b = _mask_of(_records(out)["b.png"])
     assert b[:10, :10].min() == 2 and (b == 2).sum() == 100
     assert section["pixel_counts"]["train"] == {"0": 2 * 1200 - 256 - 100, "1": 256, "2": 100}
+    # Boxes alone cannot be added to a dataset of boxes and masks: the message names the flag.
+    write(root / "c.png", encode(pixels(3, size=(30, 40)), "PNG"))
+    doc["images"].append({"id": 3, "file_name": "c.png", "width": 40, "height": 30})
+    ann.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="--annotation_masks"):
+        convert(root, out, "--annotations", ann, "--append")
 
 
 def test_inspect_names_the_drawn_ids(coco):

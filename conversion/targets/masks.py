@@ -239,5 +239,5 @@ def _describe(mask, class_names, splits, max_classes: int) -> Description:
     return Description(head, rows, tail)
 
 
-KIND = TargetKind(name=NAME, flag="--masks_dir", plan=_plan, record=_record, section=_section, verify=_verify,
-                  describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--masks_dir or --annotation_masks", plan=_plan, record=_record,
+                  section=_section, verify=_verify, describe=_describe, merge=_merge)
