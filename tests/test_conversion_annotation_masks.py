@@ -421,3 +421,25 @@ def test_labelme_mask_shapes_draw_their_bitmaps(tmp_path):
     with pytest.raises(ImageRejected) as raised:
         annotation_masks.draw_ids(entry, 8, 6, "uint8", "a.png")
     assert raised.value.reason == "bad_target" and "no 'mask' bitmap" in raised.value.message
+
+
+def test_voc_boxes_draw_rectangles_and_difficult_objects_are_ignored(tmp_path):
+    root = tmp_path / "images"
+    write(root / "a.png", encode(pixels(1, size=(30, 40)), "PNG"))
+
+    def obj(name, box, difficult):
+        x0, y0, x1, y1 = box
+        return (f"<object><name>{name}</name><difficult>{difficult}</difficult><bndbox><xmin>{x0}</xmin>"
+                f"<ymin>{y0}</ymin><xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>")
+    # VOC's corners are 1-based pixels, both inclusive: xmin 3 .. xmax 10 are the columns 2..9.
+    xml = ("<annotation><filename>a.png</filename><size><width>40</width><height>30</height></size>"
+           + obj("dog", (3, 2, 10, 12), 0) + obj("cat", (8, 10, 20, 25), 0) + obj("dog", (30, 1, 40, 5), 1)
+           + "</annotation>")
+    write(tmp_path / "voc" / "a.xml", xml.encode())
+    manifest = convert(root, tmp_path / "out", "--annotations", tmp_path / "voc", "--annotation_masks")
+    expected = np.zeros((30, 40), np.uint8)
+    expected[1:12, 2:10] = 2  # dog: class 1 of (cat, dog)
+    expected[9:25, 7:20] = 1  # cat, drawn over the dog
+    expected[0:5, 29:40] = 255  # difficult: void, as VOC's own masks have it
+    np.testing.assert_array_equal(_mask_of(_records(tmp_path / "out")["a.png"]), expected)
+    assert manifest.extra[schemas.TARGETS_SECTION]["mask"]["class_names"] == ["background", "cat", "dog"]
