@@ -31,6 +31,7 @@ import base64
 import dataclasses
 import io
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,6 +70,12 @@ def _coco_mask():
     from pycocotools import mask
 
     return mask
+
+
+# pycocotools' decoder asks numpy 2 for a copy-free array of its RLE object, which warns once per
+# region (DeprecationWarning, no change to the pixels): said once here rather than on every image.
+warnings.filterwarnings("ignore", message=r".*__array__ implementation doesn't accept a copy keyword",
+                        category=DeprecationWarning, module=r"pycocotools")
 
 
 def draw_ids(entry: dict, width: int, height: int, dtype: str, name: str) -> np.ndarray:
