@@ -65,6 +65,9 @@ setuptools.setup(
         "imagecodecs>=2023.1",
         # A YOLO data.yaml (--annotations) is read with PyYAML; Apache Beam requires it already.
         "pyyaml>=5.1",
+        # --annotation_masks draws COCO polygons and RLE with pycocotools' own rasteriser (what
+        # `COCO.annToMask` gives COCO users); imported only when a mask is drawn.
+        "pycocotools>=2.0.7",
     ],
     extras_require={
         # A lean CPU-only TensorFlow: CPU machines, Dataflow workers, CI.

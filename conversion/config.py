@@ -139,6 +139,8 @@ class ConversionConfig:
     annotations: str | None = None
     # --annotations_frame: on which frame of an EXIF-rotated photo its boxes and masks were drawn.
     annotations_frame: str = "auto"
+    # --annotation_masks: the regions of --annotations drawn into each image's mask (`conversion.annotation_masks`).
+    annotation_masks: bool = False
     class_names: tuple[str, ...] | None = None
     split_ratios: dict[str, float] | None = None
     seed: int = 0
@@ -169,6 +171,13 @@ class ConversionConfig:
             raise ValueError("--annotations_frame says on which frame boxes or masks were drawn: give "
                              f"--annotations or --masks_dir with it. Received: --annotations_frame "
                              f"{self.annotations_frame} alone")
+        if self.annotation_masks and not self.annotations:
+            raise ValueError("--annotation_masks draws the regions of --annotations into masks: give "
+                             "--annotations with it. Received: --annotation_masks alone")
+        if self.annotation_masks and self.masks.masks_dir:
+            raise ValueError("--annotation_masks draws each image's mask from --annotations, and --masks_dir "
+                             "reads it from mask files: give one of them. Received: --annotation_masks with "
+                             f"--masks_dir {self.masks.masks_dir}")
         if self.overwrite and self.writing.resume:
             raise ValueError(
                 "--overwrite starts the dataset afresh and --resume keeps what an interrupted run "
@@ -275,6 +284,7 @@ class ConversionConfig:
             labels_csv=o.labels_csv,
             annotations=o.annotations,
             annotations_frame=getattr(o, "annotations_frame", None) or "auto",
+            annotation_masks=bool(getattr(o, "annotation_masks", False)),
             class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
             split_ratios=parse_split(o.split) if o.split else None,
             seed=o.seed,

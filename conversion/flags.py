@@ -56,6 +56,13 @@ def _add_input_flags(parser) -> None:
         "and LabelMe, which show photos upright, the upright one; for YOLO labels, upright).",
     )
     parser.add_argument(
+        "--annotation_masks", action="store_true",
+        help="With --annotations: draw each image's regions (COCO polygons and RLE, CVAT and LabelMe "
+        "shapes, YOLO-seg polygons; VOC and YOLO boxes as rectangles) into a segmentation mask "
+        "stored as masks of --masks_dir are: 0 background, box class index + 1, crowd regions "
+        "255 (ignore); a later region over an earlier.",
+    )
+    parser.add_argument(
         "--class_names",
         help="Comma-separated class names in label order (default: sorted names found); with "
         "CVAT or LabelMe annotations, and YOLO labels that name none (no data.yaml, no "

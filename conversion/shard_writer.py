@@ -524,6 +524,11 @@ class _Writer:
             return images
         try:
             self._note_raw_frame(f, data, images)
+            drawn = _targets.masks.drawn_regions(f.targets)
+            if drawn is not None:
+                from conversion import annotation_masks  # Only runs with --annotation_masks load pycocotools.
+
+                return annotation_masks.pair(f.rel_path, drawn[0], images, data, drawn[1])
             mask = _targets.masks.of_file(f.targets)
             if mask is None:
                 return images

@@ -119,7 +119,8 @@ REJECT_REASONS = {
 }
 # Why an input file was skipped: it was never meant to be an image of the set.
 # The manifest's section describing targets beyond one class (`Manifest.targets`):
-# {"mask": {"dtype": "uint8"|"uint16", "pixel_counts": {split: {"<id>": pixels}}, ...},
+# {"mask": {"dtype": "uint8"|"uint16", "pixel_counts": {split: {"<id>": pixels}}, ...
+#           (--annotation_masks: "class_names": ["background", box classes...] by mask id, "ignore_id")},
 #  "boxes": {"format": "coco"|"cvat"|"voc"|"labelme"|"yolo", "class_names": [...], "category_ids": [...] (COCO),
 #            "counts": {split: [boxes per class]}, "issues": {...}},
 #  "labels": {"counts": {split: [images per class]}},  (multi-label; names: class_names)

@@ -309,7 +309,7 @@ def test_an_append_that_changes_the_target_kind_or_label_mode_is_refused(tmp_pat
     _labels_csv(csv, rows)
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()}
     # Masks beside the labels: another target kind.
-    with pytest.raises(ValueError, match=r"another target kind .*mask \(--masks_dir\)"):
+    with pytest.raises(ValueError, match=r"another target kind .*mask \(--masks_dir or --annotation_masks\)"):
         convert(inp, out, *SPLIT, "--labels_csv", csv, "--masks_dir", tmp_path / "masks", "--append")
     # Numbers instead of several labels: another label mode of the labels CSV.
     _labels_csv(tmp_path / "numbers.csv", {p: "1.5" for p in rows}, "target")

@@ -107,7 +107,7 @@ def plan_targets(request: TargetRequest) -> PlannedTargets:
     source = class_names = labels_from = splits = None
     takes_class_names = False
     for kind in TARGETS:
-        planned = kind.plan(request._replace(files=files, problems=problems))
+        planned = kind.plan(request._replace(files=files, problems=problems, planned=dict(section)))
         if planned is None:
             continue
         for rel, value in planned.values.items():

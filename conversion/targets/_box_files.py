@@ -35,7 +35,10 @@ class BoxAnnotations:
         reference is, 'boxes': [[ref, xmin, ymin, xmax, ymax, label,
         is_crowd], ...], 'dropped': [[ref, reason], ...]} (pixels, on the
         frame the annotation was drawn on; with 'units': 'fraction',
-        fractions of that frame's width and height, as YOLO gives them).
+        fractions of that frame's width and height, as YOLO gives them);
+        'regions', where the format has some: the region of each box, in
+        the same order, that --annotation_masks draws (`conversion.annotation_masks`;
+        None: the box itself).
       missing: Entries naming files that do not exist (rel_path, message).
       invalid: Files whose annotation cannot be read (rel_path -> message).
       issues: Dataset-level counts of what was dropped or not matched.

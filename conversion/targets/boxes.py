@@ -68,6 +68,10 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
               f"{sum(len(e['boxes']) for e in boxes.files.values()):,}", len(boxes.class_names),
               f"{len(boxes.files):,}", annotations, boxes.format)
     values = dict(boxes.files)
+    if not getattr(request.config, "annotation_masks", False):
+        # Each box's region travels only to be drawn (--annotation_masks, `conversion.annotation_masks`):
+        # without it, the planned targets stay as they were.
+        values = {rel: {k: v for k, v in entry.items() if k != "regions"} for rel, entry in values.items()}
     drawn = request.config.annotations_frame
     if drawn == "auto":
         drawn = boxes.frame

@@ -107,7 +107,7 @@ def _images(doc: dict, source: str, index: Index, issues) -> tuple[dict, dict, d
             continue
         image_file[image["id"]] = rel
         files[rel] = {"size": size_of(image.get("width"), image.get("height")), "ref": "annotation_id",
-                      "boxes": [], "dropped": []}
+                      "boxes": [], "dropped": [], "regions": []}
     return files, image_file, missing, invalid
 
 
@@ -177,7 +177,40 @@ def _boxes(doc: dict, files: dict, image_file: dict, label_of: dict, issues) -> 
         else:
             x, y, w, h = corners
             entry["boxes"].append([ref, x, y, x + w, y + h, label_of[category], _is_crowd(ann.get("iscrowd"))])
+            entry["regions"].append(_region(ann.get("segmentation")))
     return unknown_images
+
+
+def _region(segmentation) -> list | None:
+    """The region an annotation's segmentation draws (`conversion.annotation_masks`): None (its box,
+    where it has no segmentation), ['polygons', [[x0, y0, ...], ...]], ['rle', {'size', 'counts'}]
+    (compressed counts text or uncompressed counts list), or ['bad', why it cannot be drawn]."""
+    if segmentation is None or segmentation == []:
+        return None
+    if isinstance(segmentation, list):
+        polygons = []
+        for polygon in segmentation:
+            values = finite(polygon) if isinstance(polygon, list) and len(polygon) >= 6 \
+                and len(polygon) % 2 == 0 else None
+            if values is None:
+                return ["bad", "its segmentation polygon is not [x0, y0, x1, y1, x2, y2, ...] of finite numbers "
+                               "(three points or more)"]
+            polygons.append(values)
+        return ["polygons", polygons]
+    if not isinstance(segmentation, dict):
+        return ["bad", f"its segmentation is a {type(segmentation).__name__}, not polygons or an RLE"]
+    size, counts = segmentation.get("size"), segmentation.get("counts")
+    if not (isinstance(size, list) and len(size) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+        return ["bad", f"its RLE's size {size!r} is not [height, width] of whole numbers above 0"]
+    if isinstance(counts, str) and counts.isascii():
+        return ["rle", {"size": size, "counts": counts}]
+    if isinstance(counts, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+        if sum(counts) != size[0] * size[1]:
+            return ["bad", f"its RLE's counts sum to {sum(counts)}, its size {size[1]}x{size[0]} has "
+                           f"{size[0] * size[1]} pixels"]
+        return ["rle", {"size": size, "counts": counts}]
+    return ["bad", "its RLE's counts are neither a compressed text nor a list of whole numbers"]
 
 
 def _polygons_extent(segmentation) -> list[float] | None:

@@ -151,7 +151,7 @@ def _image_entry(image, where: str, label_of: dict, given: bool, issues) -> dict
         if size is None:
             raise _Malformed(f"{where}: width {image.get('width')!r} and height {image.get('height')!r} "
                              "must be whole numbers above 0")
-    boxes, dropped = [], []
+    boxes, dropped, regions = [], [], []
     for k, shape in enumerate(image, start=1):
         what = f"{where} shape {k} <{shape.tag}>"
         if shape.tag == "tag":
@@ -173,7 +173,36 @@ def _image_entry(image, where: str, label_of: dict, given: bool, issues) -> dict
             dropped.append([k, "unsupported_shape"])
             continue
         boxes.append([k, *corners, label_of[label], 0])
-    return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped}
+        regions.append(_region(shape, what))
+    return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped, "regions": regions}
+
+
+def _region(shape, what: str) -> list | None:
+    """The region a shape draws (`conversion.annotation_masks`): None for an upright box; a rotated
+    box, an ellipse, a polygon, a mask's run lengths; ['none'] for polylines and points (no area);
+    ['bad', why] for a mask whose run lengths cannot be read. The shape's numbers are read already."""
+    if shape.tag == "box":
+        x0, y0, x1, y1 = _numbers(shape, ("xtl", "ytl", "xbr", "ybr"), what)
+        angle = _rotation(shape, what)
+        if angle % 360.0 == 0.0:
+            return None
+        return ["rotated_box", [(x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) / 2, (y1 - y0) / 2, angle]]
+    if shape.tag == "polygon":
+        points = _points(shape.get("points"), what)
+        return ["polygons", [[v for p in points for v in p]]] if len(points) >= 3 else ["none"]
+    if shape.tag == "ellipse":
+        return ["ellipse", [*_numbers(shape, ("cx", "cy", "rx", "ry"), what), _rotation(shape, what)]]
+    if shape.tag == "mask":
+        box = _numbers(shape, ("left", "top", "width", "height"), what)
+        if not all(float(v).is_integer() for v in box) or box[2] < 1 or box[3] < 1:
+            return ["bad", f"its mask's left, top, width and height {box} are not whole numbers (width and "
+                           "height above 0)"]
+        try:
+            counts = [int(v) for v in (shape.get("rle") or "").split(",")]
+        except ValueError:
+            return ["bad", f"its mask's rle {(shape.get('rle') or '')[:40]!r} is not comma-separated run lengths"]
+        return ["bitmap", [*(int(v) for v in box), counts]]
+    return ["none"]
 
 
 def _numbers(shape, names: Sequence[str], what: str) -> list[float]:

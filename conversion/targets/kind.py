@@ -30,6 +30,8 @@ class TargetRequest(NamedTuple):
       held: With --append, the `schemas.Manifest` of the dataset appended to
         (its targets section says what a kind's new targets must agree with:
         box classes, mask dtype, ...); None for a first conversion.
+      planned: The manifest sections of the rows planned before this one,
+        by kind (the masks that --annotation_masks draws take the boxes' classes).
     """
 
     config: Any
@@ -40,6 +42,7 @@ class TargetRequest(NamedTuple):
     windows: Mapping | None = None
     example: Any = None
     held: Any = None
+    planned: Mapping[str, Any] = {}
 
     def held_section(self, name: str) -> Mapping[str, Any] | None:
         """The held dataset's manifest section of kind `name`; None for a first conversion or none."""

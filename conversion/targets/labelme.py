@@ -169,7 +169,7 @@ def _entry(doc: dict, where: str, label_of: dict, given: bool, issues) -> dict:
         if size is None:
             raise _Malformed(f"{where}: imageWidth {width!r} and imageHeight {height!r} must be whole numbers "
                              "above 0")
-    boxes, dropped = [], []
+    boxes, dropped, regions = [], [], []
     for k, shape in enumerate(doc["shapes"], start=1):
         what = f"{where} shape {k}"
         if not isinstance(shape, dict):
@@ -199,7 +199,27 @@ def _entry(doc: dict, where: str, label_of: dict, given: bool, issues) -> dict:
             if kind not in _CORNERS:
                 issues["bbox_from_segmentation"] += 1
         boxes.append([k, *box, label_of[label], 0])
-    return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped}
+        regions.append(_region(kind, points, shape.get("mask")))
+    return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped, "regions": regions}
+
+
+def _region(kind: str, points, bitmap) -> list | None:
+    """The region a shape draws (`conversion.annotation_masks`): None for a rectangle (its box), a
+    circle, a polygon, a mask shape's bitmap (a base64 PNG placed at its first corner); ['none'] for
+    lines and points (no area); ['bad', why] for a mask shape without its bitmap."""
+    if kind == "rectangle":
+        return None
+    if kind == "circle":
+        r = math.hypot(points[1][0] - points[0][0], points[1][1] - points[0][1])
+        return ["ellipse", [points[0][0], points[0][1], r, r, 0.0]]
+    if kind == "polygon":
+        return ["polygons", [[v for p in points for v in p]]]
+    if kind == "mask":
+        if not isinstance(bitmap, str) or not bitmap:
+            return ["bad", "its mask shape has no 'mask' bitmap (a base64 PNG) to draw"]
+        left, top = min(p[0] for p in points), min(p[1] for p in points)
+        return ["png_bitmap", [math.floor(left), math.floor(top), bitmap]]
+    return ["none"]
 
 
 def _points(value, what: str) -> list[tuple[float, float]]:

@@ -11,6 +11,12 @@
   aligned with each stored image and encoded as a PNG (the `mask` feature).
 - The manifest: the dtype and folder, then pixels per class id and split
   (the shards' `mask_pixels`).
+
+With --annotation_masks (and --annotations) no mask file is read: planned
+after the boxes row, every image that row planned gets a mask drawn from
+its boxes' regions (`conversion.annotation_masks`, `drawn_regions`); the
+section then names each id (`class_names`: 'background', then the box
+classes) and the crowd regions' `ignore_id`.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ import numpy as np
 
 import schemas
 from conversion import masks as _masks
+from conversion.targets import boxes as _boxes
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
-__all__ = ["KIND", "NAME", "of_file", "drawn_of"]
+__all__ = ["KIND", "NAME", "of_file", "drawn_of", "drawn_regions"]
 
 # The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
 NAME = _masks.TARGET_KIND
@@ -34,6 +41,8 @@ NAME = _masks.TARGET_KIND
 
 def _plan(request: TargetRequest) -> PlannedKind | None:
     config = request.config
+    if getattr(config, "annotation_masks", False):
+        return _plan_drawn(request)
     options = config.masks
     if not options.active:
         return None
@@ -59,6 +68,42 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
                        summary=summary)
 
 
+def _plan_drawn(request: TargetRequest) -> PlannedKind:
+    """--annotation_masks: every image the boxes row planned gets a mask drawn from its regions
+    (`conversion.annotation_masks`), of ids 0 (background) and box class index + 1."""
+    from conversion import annotation_masks as _drawn
+
+    box_names = list(request.planned[_boxes.NAME]["class_names"])
+    dtype = _drawn.mask_dtype(len(box_names))
+    held = request.held_section(NAME)
+    if held is not None and held.get("dtype") != dtype:
+        raise ValueError(
+            f"--append adds to a dataset of {held.get('dtype')} masks (its manifest's targets.{NAME}.dtype), "
+            f"and the masks --annotation_masks draws of {len(box_names)} box classes need {dtype}: the "
+            "held masks' PNGs cannot change. Convert the grown folder with --overwrite.")
+    section = {"dtype": dtype, "drawn_from": request.config.annotations,
+               "class_names": _drawn.mask_class_names(box_names), "ignore_id": _drawn.IGNORE_IDS[dtype]}
+    # Files the boxes row did not plan stay out of the plan's values (`plan_targets`).
+    values = {f.rel_path: {"dtype": dtype, _DRAWN: True} for f in request.files}
+    return PlannedKind(values=values, section=section)
+
+
+# A file's mask value with this key set is drawn from its boxes' regions, not read from a mask file.
+_DRAWN = "drawn"
+
+
+def drawn_regions(targets: str | None) -> tuple[dict, str] | None:
+    """(the boxes row's value, mask dtype) of a file whose mask is drawn from its annotation
+    (--annotation_masks), from its planned targets' JSON text; None otherwise."""
+    if targets is None:
+        return None
+    values = json.loads(targets)
+    value = values.get(NAME)
+    if value is None or not value.get(_DRAWN):
+        return None
+    return values[_boxes.NAME], value["dtype"]
+
+
 def _held_dtype(mask_plan, held, options):
     """With --append: the new masks stored at the dataset's dtype (as a full conversion of the grown
     folder stores them), refused when they need a wider one than its held masks' PNGs."""
@@ -82,8 +127,8 @@ def _merge(held: dict, mine: dict) -> dict:
             for class_id, n in counts.items():
                 into[str(class_id)] += int(n)
     return {**mine,
-            "num_classes": _num_classes(pixels, mine.get("dtype")) if pixels else
-            max(int(held.get("num_classes") or 0), int(mine.get("num_classes") or 0)),
+            "num_classes": max(_num_classes(pixels, mine.get("dtype")), len(mine.get("class_names") or ()))
+            if pixels else max(int(held.get("num_classes") or 0), int(mine.get("num_classes") or 0)),
             "pixel_counts": {split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
                              for split, counts in sorted(pixels.items())}}
 
@@ -99,7 +144,7 @@ def of_file(targets: str | None) -> tuple[str, str] | None:
     if targets is None:
         return None
     value = json.loads(targets).get(NAME)
-    return None if value is None else (value["path"], value["dtype"])
+    return None if value is None or value.get(_DRAWN) else (value["path"], value["dtype"])
 
 
 def _record(value, image, raw_frame, name: str) -> RecordPart:
@@ -113,7 +158,8 @@ def _section(section: dict, shards, splits, num_classes: int) -> dict:
     for s in shards:
         for class_id, pixels in (s.mask_pixels or {}).items():
             per_split.setdefault(s.split, collections.Counter())[class_id] += pixels
-    section["num_classes"] = _num_classes(per_split, section.get("dtype"))
+    # Drawn masks (--annotation_masks) name their ids: every class counts, though no pixel has it.
+    section["num_classes"] = max(_num_classes(per_split, section.get("dtype")), len(section.get("class_names") or ()))
     section["pixel_counts"] = {
         split: {str(i): counts[str(i)] for i in sorted(map(int, counts))}
         for split, counts in sorted(per_split.items())
@@ -176,20 +222,22 @@ def _describe(mask, class_names, splits, max_classes: int) -> Description:
     dtype = mask.get("dtype", "?")
     ignore = _IGNORE_ID.get(dtype)
     suffix = mask.get("mask_suffix")
-    head = [f"masks: {dtype}, {mask.get('num_classes', '?')} classes, from {mask.get('masks_dir')}"
-            + (f" (suffix {suffix})" if suffix else "")]
+    where = (f"drawn from --annotations {mask['drawn_from']}" if mask.get("drawn_from")
+             else f"from {mask.get('masks_dir')}" + (f" (suffix {suffix})" if suffix else ""))
+    head = [f"masks: {dtype}, {mask.get('num_classes', '?')} classes, {where}"]
+    names = mask.get("class_names") or []
     pixel_counts = {s: {int(k): int(v) for k, v in (mask.get("pixel_counts") or {}).get(s, {}).items()}
                     for s in splits}
     ids = sorted({i for counts in pixel_counts.values() for i in counts})
     totals = {s: sum(counts.values()) for s, counts in pixel_counts.items()}
     rows = [["mask id", *(f"{s} pixels" for s in splits)]]
     for i in ids[:max_classes]:
-        name = f"{i} (ignore)" if i == ignore else str(i)
+        name = f"{i} (ignore)" if i == ignore else f"{i} {names[i]}" if i < len(names) else str(i)
         rows.append([name, *(f"{pixel_counts[s].get(i, 0) / totals[s]:.1%}" if totals[s] else "-"
                              for s in splits)])
     tail = [f"... and {len(ids) - max_classes} more mask ids"] if len(ids) > max_classes else []
     return Description(head, rows, tail)
 
 
-KIND = TargetKind(name=NAME, flag="--masks_dir", plan=_plan, record=_record, section=_section, verify=_verify,
-                  describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--masks_dir or --annotation_masks", plan=_plan, record=_record,
+                  section=_section, verify=_verify, describe=_describe, merge=_merge)

@@ -268,6 +268,8 @@ def _read_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) 
             box = [min(xs), min(ys), max(xs), max(ys)]
             issues["bbox_from_segmentation"] += 1
         entry["boxes"].append([number, *box, int(label_id), 0])
+        # The region it draws (`conversion.annotation_masks`): a polygon's points, or its box.
+        entry.setdefault("regions", []).append(["polygons", [values]] if len(values) > 4 else None)
     return None
 
 

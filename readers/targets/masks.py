@@ -150,11 +150,19 @@ def _overlay_of(manifest, split_files) -> MaskOverlay | None:
     return MaskOverlay((manifest.targets.get("mask") or {}).get("dtype", "uint8"))
 
 
+def _class_names(split_files) -> list[str] | None:
+    """The name of each mask id where the converter drew the masks from annotations
+    (targets.mask.class_names: 'background', then the box classes); else the manifest's class_names."""
+    names = split_files.targets.get("mask", {}).get("class_names")
+    return list(names) if names else None
+
+
 MODE = TargetMode(
     name="mask",
     kind="mask",
     keys=(MASK.key,),
     settings=_settings,
+    class_names=_class_names,
     label=_label,
     label_spec=_label_spec,
     flip=_flip,
