@@ -303,8 +303,10 @@ def read_bytes(path: str) -> bytes:
 _URL_READ_THREADS = 10
 _LOCAL_READ_THREADS = 4
 # Local files read by one task of `read_many`: a task per small file would cost
-# more than its read (~10 us against ~7 us).
-_LOCAL_READ_CHUNK = 64
+# more than its read (~10 us against ~7 us). Files in the page cache read
+# fastest one after another (20,000 small ones: 57 ms; on 4 threads in tasks
+# of 512, 62 ms; of 64, 88 ms: the threads take turns at the GIL).
+_LOCAL_READ_CHUNK = 512
 
 
 def read_many(paths: Sequence[str]) -> list[bytes | OSError]:
@@ -320,7 +322,8 @@ def read_many(paths: Sequence[str]) -> list[bytes | OSError]:
       paths: Full paths (local or URLs).
 
     Returns:
-      One entry per path, in order: its bytes (`read_bytes`), or the OSError.
+      One entry per path, in order: its bytes (`read_bytes`), or the OSError
+      (for a URL, any error of its read, as an OSError of its type and text).
     """
     paths = list(paths)
     if not paths:
@@ -342,6 +345,12 @@ def _read_chunk(paths: Sequence[str]) -> list[bytes | OSError]:
             out.append(read_bytes(path))
         except OSError as e:  # Kept as that file's result: its caller names the file and the reason.
             out.append(e)
+        except Exception as e:  # noqa: BLE001 - this file alone: its caller reports it
+            # Object stores' clients raise their own errors (google-cloud-storage's NotFound for an
+            # object gone since the listing), no OSError; a local read raises only OSErrors.
+            if is_local(path):
+                raise
+            out.append(OSError(f"{type(e).__name__}: {e}"))
     return out
 
 

@@ -415,3 +415,24 @@ def test_voc_xml_files_in_a_bucket_are_read_on_threads_into_the_local_runs_shard
     rejects = (tmp_path / "remote" / schemas.REJECTS_FILENAME).read_text()
     assert rejects.replace(f"gs://{_BUCKET}/voc", str(xmls)) == (local / schemas.REJECTS_FILENAME).read_text()
     assert "p007.xml in --annotations gs://" in rejects and "is not valid XML" in rejects
+
+
+_READ_MANY_CHILD = """
+import json, sys
+from conversion import files
+out = files.read_many(sys.argv[1:])
+print(json.dumps([o.decode() if isinstance(o, bytes) else f"{type(o).__name__}: {o}" for o in out]))
+"""
+
+
+def test_read_many_of_a_bucket_keeps_an_objects_error_as_its_own(child_env, bucket):
+    """An object gone (its client's NotFound, no OSError) is that object's OSError; the others' bytes come."""
+    for i in range(3):
+        bucket.blob(f"many/{i}.txt").upload_from_string(f"object {i}".encode())
+    paths = [f"gs://{_BUCKET}/many/0.txt", f"gs://{_BUCKET}/many/gone.txt", f"gs://{_BUCKET}/many/2.txt"]
+    result = subprocess.run([sys.executable, "-c", _READ_MANY_CHILD, *paths], env=child_env, cwd=str(_REPO),
+                            capture_output=True, text=True, timeout=_RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-4000:]
+    first, gone, last = json.loads(result.stdout.splitlines()[-1])
+    assert (first, last) == ("object 0", "object 2")
+    assert gone.startswith("OSError: NotFound: 404") and "gone.txt" in gone
