@@ -13,6 +13,7 @@ the shard writers' worker processes (`processes`) import it only for a URL
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import fnmatch
@@ -22,8 +23,9 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Sequence
 
-__all__ = ["AtomicWriter", "OutputFull", "output_full_text", "write_shard_index", "write_atomically", "read_bytes", "open_to_read", "exists", "is_local", "scheme",
+__all__ = ["AtomicWriter", "OutputFull", "output_full_text", "write_shard_index", "write_atomically", "read_bytes", "read_many", "open_to_read", "exists", "is_local", "scheme",
            "join", "remove", "remove_tree", "match", "TMP_DIRNAME"]
 
 # Temporary files live in this folder inside the output until renamed.
@@ -290,6 +292,66 @@ def read_bytes(path: str) -> bytes:
         return _read_local(path)
     with open_to_read(path) as f:
         return f.read()
+
+
+# Threads of `read_many`. A URL's read is a request (tens of milliseconds on
+# gs://, two requests: its metadata, then its bytes) that waits on the network,
+# so many are kept in flight; google-cloud-storage's HTTP session keeps 10
+# connections (requests' default pool), and more threads would open and drop
+# connections, each with a warning. A local read is a few system calls: threads
+# only help where the disk (or a network file system) makes them wait.
+_URL_READ_THREADS = 10
+_LOCAL_READ_THREADS = 4
+# Local files read by one task of `read_many`: a task per small file would cost
+# more than its read (~10 us against ~7 us). Files in the page cache read
+# fastest one after another (20,000 small ones: 57 ms; on 4 threads in tasks
+# of 512, 62 ms; of 64, 88 ms: the threads take turns at the GIL).
+_LOCAL_READ_CHUNK = 512
+
+
+def read_many(paths: Sequence[str]) -> list[bytes | OSError]:
+    """Reads many whole files on a few threads: each file's bytes, or the OSError its read raised.
+
+    Many small files (annotations: a file per image) on cloud storage cost
+    a request each; read one after another, 100,000 of them take an hour.
+    The results are in the order of `paths` whatever the threads do, so what
+    is planned from them does not depend on the pool; a file that cannot be
+    read is that file's error, for its caller to report, not the end of the others.
+
+    Args:
+      paths: Full paths (local or URLs).
+
+    Returns:
+      One entry per path, in order: its bytes (`read_bytes`), or the OSError
+      (for a URL, any error of its read, as an OSError of its type and text).
+    """
+    paths = list(paths)
+    if not paths:
+        return []
+    local = all(map(is_local, paths))
+    threads = _LOCAL_READ_THREADS if local else _URL_READ_THREADS
+    size = _LOCAL_READ_CHUNK if local else 1
+    chunks = [paths[i:i + size] for i in range(0, len(paths), size)]
+    if len(chunks) == 1:
+        return _read_chunk(chunks[0])
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(chunks)), "shardsmith-files") as pool:
+        return [data for chunk in pool.map(_read_chunk, chunks) for data in chunk]
+
+
+def _read_chunk(paths: Sequence[str]) -> list[bytes | OSError]:
+    out = []
+    for path in paths:
+        try:
+            out.append(read_bytes(path))
+        except OSError as e:  # Kept as that file's result: its caller names the file and the reason.
+            out.append(e)
+        except Exception as e:  # noqa: BLE001 - this file alone: its caller reports it
+            # Object stores' clients raise their own errors (google-cloud-storage's NotFound for an
+            # object gone since the listing), no OSError; a local read raises only OSErrors.
+            if is_local(path):
+                raise
+            out.append(OSError(f"{type(e).__name__}: {e}"))
+    return out
 
 
 # A local file up to this size is read with one `os.read` (and one more that

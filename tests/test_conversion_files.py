@@ -57,3 +57,22 @@ def test_remove_deletes_one_file_and_ignores_a_missing_one(tmp_path):
     assert not path.exists()
     files.remove(str(path))
     assert not path.exists()
+
+
+def test_read_many_keeps_the_order_and_each_files_error(tmp_path):
+    # More files than one local task reads, so several tasks run on the pool.
+    count = 3 * files._LOCAL_READ_CHUNK + 5
+    paths = []
+    for i in range(count):
+        path = tmp_path / f"f{i:04d}.txt"
+        path.write_bytes(f"file {i}".encode() * (i % 7 + 1))
+        paths.append(str(path))
+    paths[10] = str(tmp_path / "gone.txt")  # Removed after it was listed.
+    (tmp_path / "folder.txt").mkdir()
+    paths[150] = str(tmp_path / "folder.txt")
+    found = files.read_many(reversed(paths))[::-1]
+    assert len(found) == count
+    assert isinstance(found[10], FileNotFoundError) and found[10].filename == paths[10]
+    assert isinstance(found[150], IsADirectoryError)
+    assert [found[i] == read_bytes(paths[i]) for i in range(count) if i not in (10, 150)] == [True] * (count - 2)
+    assert files.read_many([]) == []

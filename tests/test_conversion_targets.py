@@ -417,6 +417,16 @@ def test_voc_unreadable_xml_and_ambiguous_stems():
     assert found.class_names == ("cat", "dog")
 
 
+def test_voc_xml_that_cannot_be_read_rejects_its_image_only():
+    listed = ["JPEGImages/a.jpg", "JPEGImages/b.jpg"]
+    gone = FileNotFoundError(2, "No such file or directory", "/ann/a.xml")
+    documents = [("a.xml", gone), ("b.xml", _voc_xml("b.jpg", (4, 4), [("dog", (1, 1, 2, 2), 0)]).encode())]
+    found = read_voc(documents, "ann", listed)
+    assert found.invalid == {"JPEGImages/a.jpg": "annotation a.xml in --annotations ann cannot be read "
+                                                 "(No such file or directory)"}
+    assert found.files.keys() == {"JPEGImages/b.jpg"} and found.class_names == ("dog",)
+
+
 def test_coco_bare_names_must_be_unique():
     doc = {"images": [{"id": 1, "file_name": "x.jpg"}, {"id": 2, "file_name": "a/y.jpg"}],
            "categories": [], "annotations": []}

@@ -274,3 +274,15 @@ def test_image_path_resolves_under_a_bucket_url():
     boxes = read_labelme([("nested/x.json", doc)], "gs://bucket/anns", "gs://bucket/images",
                          ["other/x.png", "sub/x.png"])
     assert sorted(boxes.files) == ["sub/x.png"]
+
+
+def test_a_json_that_cannot_be_read_rejects_the_image_of_its_stem_only(tmp_path):
+    from conversion.targets.labelme import read_labelme
+
+    shape = {"label": "cat", "shape_type": "rectangle", "points": [[1, 1], [3, 3]]}
+    good = json.dumps({"imagePath": "b.png", "shapes": [shape]}).encode()
+    gone = FileNotFoundError(2, "No such file or directory", str(tmp_path / "ann" / "a.json"))
+    found = read_labelme([("a.json", gone), ("b.json", good)], str(tmp_path / "ann"), str(tmp_path / "img"),
+                         ["a.png", "b.png"])
+    assert found.invalid == {"a.png": "LabelMe file a.json cannot be read (No such file or directory)"}
+    assert sorted(found.files) == ["b.png"] and found.class_names == ("cat",)

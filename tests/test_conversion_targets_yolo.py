@@ -17,6 +17,7 @@ from PIL import Image, ImageOps
 
 import schemas
 from beam_jobs import convert as convert_module
+from conversion import listing
 from conversion.targets.yolo import read_yolo
 from schemas.tfrecord import iter_records
 
@@ -284,6 +285,17 @@ def test_malformed_line_rejects_the_image(tmp_path, line, says):
     assert sorted(boxes.invalid) == ["x.jpg"]
     assert "x.txt line 2: " in boxes.invalid["x.jpg"] and says in boxes.invalid["x.jpg"]
     assert boxes.files["y.jpg"]["boxes"] == []  # No label file: a background image.
+
+
+def test_a_label_file_gone_after_the_listing_rejects_its_image_only(tmp_path):
+    for name in ("a", "b", "c"):
+        write(tmp_path / "labels" / f"{name}.txt", b"0 0.5 0.5 0.2 0.2\n")
+    found, _ = listing.list_input(str(tmp_path / "labels"))
+    (tmp_path / "labels" / "b.txt").unlink()
+    boxes, _ = read_yolo(str(tmp_path / "labels"), str(tmp_path / "images"), ["a.jpg", "b.jpg", "c.jpg"],
+                         class_names=("a",), found=found)
+    assert boxes.invalid == {"b.jpg": "label file labels/b.txt cannot be read (No such file or directory)"}
+    assert sorted(boxes.files) == ["a.jpg", "c.jpg"] and len(boxes.files["c.jpg"]["boxes"]) == 1
 
 
 def test_coordinates_within_the_tolerance_are_kept(tmp_path):

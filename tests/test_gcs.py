@@ -344,3 +344,95 @@ def test_sidecars_in_a_bucket_cost_one_listing_per_folder_not_a_check_per_name(c
     assert [name for name in local if remote[name] != local[name]] == []
     normalized = local[schemas.NORMALIZED_FILENAME].decode()
     assert '"sidecars": ["t0.tfw"]' in normalized and '"sidecars": ["t1.tif.aux.xml"]' in normalized
+
+
+# A conversion in one child whose annotation reads (`files.read_bytes` of gs:// XML files) are
+# noted, each with the reads in flight as it starts, in a file (argv[2]). The first read waits
+# (up to 20 s) for a second one to start: reads one after another would each note 1.
+_OVERLAP_CHILD = """
+import json, sys, threading
+from conversion import console, files
+real_read, lock, second = files.read_bytes, threading.Lock(), threading.Event()
+in_flight = [0]
+def read_bytes(path):
+    if not (path.startswith("gs://") and path.endswith(".xml")):
+        return real_read(path)
+    with lock:
+        in_flight[0] += 1
+        now = in_flight[0]
+        with open(sys.argv[2], "a") as f:
+            f.write(f"{now}\\n")
+    if now > 1:
+        second.set()
+    else:
+        second.wait(20)
+    try:
+        return real_read(path)
+    finally:
+        with lock:
+            in_flight[0] -= 1
+files.read_bytes = read_bytes
+from beam_jobs import convert
+console.exit_program(convert.main(json.loads(sys.argv[1])))
+"""
+
+
+def test_voc_xml_files_in_a_bucket_are_read_on_threads_into_the_local_runs_shards(child_env, bucket, tmp_path):
+    """240 Pascal VOC XML files in a bucket (and one naming no image): read with several requests in
+    flight, and the shards, boxes and rejects those of the same files on local disk."""
+    images, xmls = tmp_path / "images", tmp_path / "voc"
+    for i in range(240):
+        write(images / f"p{i:03d}.png", encode(pixels(i, size=(12, 16)), "PNG"))
+        box = f"<xmin>{1 + i % 5}</xmin><ymin>2</ymin><xmax>{9 + i % 7}</xmax><ymax>11</ymax>"
+        body = "not xml" if i == 7 else (f"<annotation><filename>p{i:03d}.png</filename><size><width>16</width>"
+                                         f"<height>12</height></size><object><name>{'cat' if i % 3 else 'dog'}"
+                                         f"</name><difficult>0</difficult><bndbox>{box}</bndbox></object></annotation>")
+        write(xmls / f"p{i:03d}.xml", body.encode())
+    write(xmls / "stray.xml", b"<annotation><filename>stray.png</filename></annotation>")
+    for path in sorted(xmls.iterdir()):
+        bucket.blob(f"voc/{path.name}").upload_from_filename(str(path))
+    args = ["--seed", "3", "--max_reject_fraction", "0.5", "--worker_processes", "0"]
+    noted = tmp_path / "reads.txt"
+    noted.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-c", _OVERLAP_CHILD, json.dumps(
+            ["--input_dir", str(images), "--output_dir", str(tmp_path / "remote"),
+             "--annotations", f"gs://{_BUCKET}/voc", *args]), str(noted)],
+        env=child_env, cwd=str(_REPO), capture_output=True, text=True, timeout=_RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-4000:]
+    in_flight = [int(n) for n in noted.read_text().split()]
+    assert len(in_flight) == 241 and max(in_flight) > 1, in_flight
+    local = tmp_path / "local"
+    manifest = convert(images, local, "--annotations", xmls, *args)
+    remote = schemas.Manifest.from_json((tmp_path / "remote" / schemas.MANIFEST_FILENAME).read_text())
+    assert remote.targets["boxes"].pop("source") == f"gs://{_BUCKET}/voc"
+    assert remote.targets["boxes"] == {k: v for k, v in manifest.targets["boxes"].items() if k != "source"}
+    assert remote.counts == manifest.counts
+    assert manifest.counts["rejected"] == 2 and manifest.targets["boxes"]["class_names"] == ["cat", "dog"]
+    shards = [name for name in sorted(os.listdir(local)) if name.endswith((".tfrecord", ".idx"))]
+    assert shards and [n for n in shards if (tmp_path / "remote" / n).read_bytes() != (local / n).read_bytes()] == []
+    rejects = (tmp_path / "remote" / schemas.REJECTS_FILENAME).read_text()
+    assert rejects.replace(f"gs://{_BUCKET}/voc", str(xmls)) == (local / schemas.REJECTS_FILENAME).read_text()
+    assert "p007.xml in --annotations gs://" in rejects and "is not valid XML" in rejects
+
+
+_READ_MANY_CHILD = """
+import json, sys
+from conversion import files
+out = files.read_many(sys.argv[1:])
+print(json.dumps([o.decode() if isinstance(o, bytes) else f"{type(o).__name__}: {o}" for o in out]))
+"""
+
+
+def test_read_many_of_a_bucket_keeps_an_objects_error_as_its_own(child_env, bucket):
+    """An object gone (its client's NotFound, no OSError) is that object's OSError; the others' bytes come."""
+    for i in range(3):
+        bucket.blob(f"many/{i}.txt").upload_from_string(f"object {i}".encode())
+    paths = [f"gs://{_BUCKET}/many/0.txt", f"gs://{_BUCKET}/many/gone.txt", f"gs://{_BUCKET}/many/2.txt"]
+    result = subprocess.run([sys.executable, "-c", _READ_MANY_CHILD, *paths], env=child_env, cwd=str(_REPO),
+                            capture_output=True, text=True, timeout=_RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-4000:]
+    first, gone, last = json.loads(result.stdout.splitlines()[-1])
+    assert (first, last) == ("object 0", "object 2")
+    assert gone.startswith("OSError: NotFound: 404") and "gone.txt" in gone

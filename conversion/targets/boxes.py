@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import schemas
 from conversion import listing as _listing
-from conversion.files import exists, read_bytes
+from conversion.files import exists, read_bytes, read_many
 from conversion.targets import yolo as _yolo
 from conversion.targets._box_files import BoxAnnotations
 from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
@@ -204,8 +204,7 @@ def _read_voc(path: str, found, request: TargetRequest):
     from conversion.targets import voc as _voc
 
     # Sorted by relative path (the listing's order): the first of two XMLs of one image wins.
-    return _voc.read_voc([(f.rel_path, read_bytes(f.path)) for f in found if _is_xml(f)], path,
-                         request.listed), None
+    return _voc.read_voc(_documents([f for f in found if _is_xml(f)]), path, request.listed), None
 
 
 def _read_cvat(path: str, found, request: TargetRequest):
@@ -227,8 +226,14 @@ def _read_labelme(path: str, found, request: TargetRequest):
     from conversion.targets import labelme as _labelme
 
     config = request.config
-    return _labelme.read_labelme([(f.rel_path, read_bytes(f.path)) for f in found if _is_json(f)], path,
-                                 config.input_dir, request.listed, class_names=config.class_names), None
+    return _labelme.read_labelme(_documents([f for f in found if _is_json(f)]), path, config.input_dir,
+                                 request.listed, class_names=config.class_names), None
+
+
+def _documents(found) -> list[tuple[str, bytes | OSError]]:
+    """(relative path, bytes or the OSError of its read) of each listed file, in their order, read
+    on threads (`files.read_many`: a request each on cloud storage)."""
+    return list(zip([f.rel_path for f in found], read_many([f.path for f in found])))
 
 
 def _is_xml(f) -> bool:
@@ -265,10 +270,18 @@ FORMATS: tuple[BoxFormat, ...] = (
 
 def _read_annotations(path: str, request: TargetRequest) -> tuple[BoxFormat, tuple[BoxAnnotations, dict | None]]:
     """Reads --annotations in the first of `FORMATS` that accepts it: (that row, what its `read` returns)."""
-    if not exists(path):
-        raise FileNotFoundError(f"--annotations {path!r} does not exist.")
     is_file = _is_file(path)
-    found = () if is_file else tuple(_listing.list_input(path)[0])
+    # On object stores (gs://) a folder is only a prefix of object names: no object has its
+    # name, so it exists where its listing finds files.
+    prefix = not is_file and not _listing.is_local(path)
+    if not prefix and not exists(path):
+        raise FileNotFoundError(f"--annotations {path!r} does not exist.")
+    try:
+        found = () if is_file else tuple(_listing.list_input(path)[0])
+    except FileNotFoundError:
+        if not prefix:
+            raise
+        raise FileNotFoundError(f"--annotations {path!r} does not exist or is empty.") from None
     for form in FORMATS:
         if form.accepts(path, is_file, found):
             return form, form.read(path, found, request)

@@ -50,12 +50,13 @@ _POINTS = {"rectangle": (2, 2), "mask": (2, 2), "circle": (2, 2), "polygon": (3,
 _CORNERS = ("rectangle", "mask")
 
 
-def read_labelme(documents: Sequence[tuple[str, bytes]], annotations: str, input_dir: str,
+def read_labelme(documents: Sequence[tuple[str, bytes | OSError]], annotations: str, input_dir: str,
                  listed: Sequence[str], class_names=None) -> BoxAnnotations:
     """Reads LabelMe JSON files and matches each to its image among the listed files.
 
     Args:
-      documents: (JSON file's path relative to --annotations, its bytes), sorted.
+      documents: (JSON file's path relative to --annotations, its bytes or the
+        OSError of its read: its image's 'bad_target' where its stem finds it), sorted.
       annotations: --annotations, the folder of the JSON files.
       input_dir: --input_dir (the listed paths are relative to it).
       listed: Relative paths under --input_dir (files and problems).
@@ -105,8 +106,10 @@ class _Malformed(ValueError):
     """A LabelMe file that cannot be read: its message names the file and what was wrong."""
 
 
-def _load(data: bytes, name: str):
-    """(the JSON object, None), or (None, why it is no LabelMe file)."""
+def _load(data: bytes | OSError, name: str):
+    """(the JSON object, None), or (None, why it is no LabelMe file or cannot be read)."""
+    if isinstance(data, OSError):
+        return None, f"LabelMe file {name} cannot be read ({data.strerror or data})"
     try:
         doc = json.loads(data.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

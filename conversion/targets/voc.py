@@ -15,7 +15,7 @@ __all__ = ["read_voc"]
 _LOG = logging.getLogger("shardsmith.convert")
 
 
-def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequence[str]) -> BoxAnnotations:
+def read_voc(documents: Sequence[tuple[str, bytes | OSError]], source: str, listed: Sequence[str]) -> BoxAnnotations:
     """Reads Pascal VOC XML files and matches each to the listed image of its own stem.
 
     The `<filename>` tag is not used to find the image (real files disagree
@@ -25,7 +25,8 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
     Labels are the sorted object names; `<difficult>` is the box's is_crowd.
 
     Args:
-      documents: (XML file's name relative to --annotations, its bytes), sorted.
+      documents: (XML file's name relative to --annotations, its bytes or the
+        OSError of its read: its image's 'bad_target'), sorted.
       source: --annotations, for messages.
       listed: Relative paths under --input_dir (files and problems).
     """
@@ -78,12 +79,14 @@ def read_voc(documents: Sequence[tuple[str, bytes]], source: str, listed: Sequen
                           dict(issues))
 
 
-def _parse(data: bytes, what: str):
+def _parse(data: bytes | OSError, what: str):
     """(the <annotation> element with its tags' namespaces dropped, None), or (None, why not).
 
     Tools that declare a default namespace write `{uri}object` tags, which a
     plain `findall("object")` would skip: the boxes would be lost unsaid.
     """
+    if isinstance(data, OSError):
+        return None, f"{what} cannot be read ({data.strerror or data})"
     try:
         root = ElementTree.fromstring(data)
     except ElementTree.ParseError as e:

@@ -36,7 +36,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 
 from conversion import listing as _listing
-from conversion.files import exists, read_bytes
+from conversion.files import exists, read_bytes, read_many
 from conversion.targets._box_files import BoxAnnotations, some
 from schemas.manifest import SPLIT_ALIASES
 
@@ -101,16 +101,24 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
     labels = {path: f for path, f in labels.items()
               if path.lower().endswith(".txt") and posixpath.basename(path) != _CLASSES_TXT}
     issues = collections.Counter()
-    entries, invalid, used = {}, {}, set()
+    entries, invalid = {}, {}
+    label_of = {rel: _label_of(_join(root, rel), rel, labels, labels_folder) for rel in images}
+    used = set(label_of.values()) - {None}
+    # Read on threads (a request each on cloud storage), in the images' order.
+    with_labels = [rel for rel in images if label_of[rel] is not None]
+    texts = dict(zip(with_labels, read_many([labels[label_of[rel]].path for rel in with_labels])))
     for rel in images:
-        label = _label_of(_join(root, rel), rel, labels, labels_folder)
+        label = label_of[rel]
         entry = {"size": None, "ref": "line", "units": "fraction", "boxes": [], "dropped": []}
         if label is None:
             issues["no_label_file"] += 1
             entries[rel] = entry
             continue
-        used.add(label)
-        error = _read_lines(read_bytes(labels[label].path), _shown(label, root), len(names), entry, issues)
+        data = texts[rel]
+        if isinstance(data, OSError):
+            error = f"label file {_shown(label, root)} cannot be read ({data.strerror or data})"
+        else:
+            error = _read_lines(data, _shown(label, root), len(names), entry, issues)
         if error is None:
             entries[rel] = entry
         else:
