@@ -28,7 +28,6 @@ its read-ahead threads, as it calls `conversion.masks.pair` for mask files.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import io
 import math
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from conversion.masks import MaskedImage
+from conversion.masks import MaskedImage, masked_image
 from imaging import boxes as _boxes
 from imaging.errors import ImageRejected
 
@@ -255,10 +254,5 @@ def pair(rel_path: str, entry: dict, images, data: bytes, dtype: str, drawn: str
             ids = draw_ids(entry, fw, fh, dtype, rel_path)
             aligned = masks.align_mask(ids, frame, rel_path, on if frame.orientation else "auto")
             encoded[frame] = (aligned, masks.encode_mask(aligned.ids, dtype), masks.pixel_counts(aligned.ids))
-        aligned, png, counts = encoded[frame]
-        if aligned.actions:
-            details = dict(image.details or {})
-            details["mask"] = aligned.details
-            image = dataclasses.replace(image, actions=(*image.actions, *aligned.actions), details=details)
-        out.append(MaskedImage(image, png, counts))
+        out.append(masked_image(image, *encoded[frame]))
     return out

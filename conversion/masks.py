@@ -37,7 +37,7 @@ from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
 __all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "pair",
-           "pair_patches", "unpack", "PixelCounter"]
+           "pair_patches", "unpack", "PixelCounter", "masked_image"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # A mask's header (PNG IHDR, a TIFF's first IFD) lies within these first bytes.
@@ -396,13 +396,17 @@ def pair(rel_path: str, mask_path: str, images, data: bytes, dtype: str,
             else:
                 png = _masks().encode_mask(aligned.ids, dtype)
             encoded[frame] = (aligned, png, _masks().pixel_counts(aligned.ids))
-        aligned, png, counts = encoded[frame]
-        if aligned.actions:
-            details = dict(image.details or {})
-            details["mask"] = aligned.details
-            image = dataclasses.replace(image, actions=(*image.actions, *aligned.actions), details=details)
-        out.append(MaskedImage(image, png, counts))
+        out.append(masked_image(image, *encoded[frame]))
     return out
+
+
+def masked_image(image, aligned, png: bytes, counts) -> MaskedImage:
+    """`image` with its encoded mask, and what aligning the mask did in its actions and details."""
+    if aligned.actions:
+        details = dict(image.details or {})
+        details["mask"] = aligned.details
+        image = dataclasses.replace(image, actions=(*image.actions, *aligned.actions), details=details)
+    return MaskedImage(image, png, counts)
 
 
 def pair_patches(images, ids: Sequence[np.ndarray], dtype: str) -> list[MaskedImage]:

@@ -11,6 +11,7 @@ in `conftest.py`.
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 import subprocess
@@ -455,3 +456,85 @@ def holding_process(folder: pathlib.Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     return proc
+
+
+def records_by_name(out_dir) -> dict[str, dict]:
+    """Filename -> record (with its 'split'), every shard of the manifest, decoded by the schema's
+    Python decoder (no TensorFlow)."""
+    import schemas
+    from schemas.tfrecord import iter_records
+
+    out_dir = pathlib.Path(out_dir)
+    manifest = schemas.Manifest.from_json((out_dir / schemas.MANIFEST_FILENAME).read_text())
+    schema = schemas.ImageExampleSchema.from_json(manifest.features)
+    found = {}
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            with open(out_dir / shard.file, "rb") as f:
+                for _, _, data in iter_records(f):
+                    rec = schema.decode(data)
+                    rec["split"] = split
+                    found[rec[schemas.FILENAME.key].decode()] = rec
+    return found
+
+
+def boxes_in_pixels(rec) -> list[tuple]:
+    """A record's boxes as (xmin, ymin, xmax, ymax, label) in pixels of its stored image."""
+    import schemas
+
+    w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
+    keys = [spec.key for spec in schemas.BOX_FEATURES]
+    return [(x0 * w, y0 * h, x1 * w, y1 * h, label) for x0, y0, x1, y1, label, _ in zip(*(rec[k] for k in keys))]
+
+
+def oriented_jpeg(raw: np.ndarray, orientation: int) -> bytes:
+    """A JPEG of the raw frame `raw` with an EXIF orientation, as a phone writes it."""
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    buf = io.BytesIO()
+    Image.fromarray(raw).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def upright_marker(image_bytes: bytes) -> tuple[int, int, int, int]:
+    """(xmin, ymin, xmax, ymax) of the bright marker of an image as a viewer shows it (upright)."""
+    from PIL import Image, ImageOps
+
+    arr = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(image_bytes))).convert("L"))
+    ys, xs = np.nonzero(arr > 127)
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def rows_by_path(path) -> dict[str, dict]:
+    """The rows of a JSON-lines file (rejects.jsonl, normalized.jsonl) by their 'path'; {} without the file."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return {}
+    return {d["path"]: d for d in map(json.loads, path.read_text().splitlines())}
+
+
+def marked_photo(orientation: int) -> bytes:
+    """A 48x32 phone photo (as stored) with a bright 12x8 marker, and an EXIF orientation."""
+    raw = np.zeros((32, 48, 3), np.uint8)
+    raw[6:14, 4:16] = 255
+    return oriented_jpeg(raw, orientation)
+
+
+def globox_images(globox, images: pathlib.Path, sizes: dict, names, seed: int, *, least: int = 1) -> list:
+    """Writes an image of each (width, height) of `sizes` (relative path -> size) and gives their
+    globox annotations: `least` to 3 random boxes each, labels taken from `names` in turn; an image
+    named 'd.png' has none. For tests that write the same boxes in two formats with globox."""
+    rng = np.random.default_rng(seed)
+    annotations = []
+    for name, (w, h) in sizes.items():
+        write(images / name, encode(pixels(len(annotations), size=(h, w)), "PNG"))
+        boxes = []
+        for _ in range(int(rng.integers(least, 4)) if name != "d.png" else 0):
+            x0, y0 = rng.uniform(0, w - 6), rng.uniform(0, h - 6)
+            x1, y1 = rng.uniform(x0 + 2, w), rng.uniform(y0 + 2, h)
+            label = names[(sum(len(a.boxes) for a in annotations) + len(boxes)) % len(names)]
+            boxes.append(globox.BoundingBox(label=label, xmin=x0, ymin=y0, xmax=x1, ymax=y1))
+        annotations.append(globox.Annotation(name, image_size=(w, h), boxes=boxes))
+    return annotations

@@ -10,12 +10,11 @@ from __future__ import annotations
 import base64
 import io
 import json
-import pathlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import convert, encode, pixels, write
+from helpers import convert, encode, oriented_jpeg, pixels, records_by_name, rows_by_path, write
 from PIL import Image
 from pycocotools import mask as coco_mask
 from pycocotools.coco import COCO
@@ -24,38 +23,10 @@ import schemas
 from beam_jobs import convert as convert_module
 from conversion import annotation_masks
 from imaging import ImageRejected
-from schemas.tfrecord import iter_records
-
-
-def _records(out: pathlib.Path) -> dict[str, dict]:
-    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
-    found = {}
-    for info in manifest.splits.values():
-        for shard in info.shards:
-            with open(out / shard.file, "rb") as f:
-                for _, _, data in iter_records(f):
-                    rec = schema.decode(data)
-                    found[rec[schemas.FILENAME.key].decode()] = rec
-    return found
 
 
 def _mask_of(rec) -> np.ndarray:
     return tf.io.decode_png(rec[schemas.MASK.key], channels=1).numpy()[..., 0]
-
-
-def _rejects(out: pathlib.Path) -> dict[str, dict]:
-    lines = (out / "rejects.jsonl").read_text().splitlines() if (out / "rejects.jsonl").exists() else []
-    return {d["path"]: d for d in map(json.loads, lines)}
-
-
-def _rotated_jpeg(raw: np.ndarray, orientation: int) -> bytes:
-    im = Image.fromarray(raw)
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    return buf.getvalue()
 
 
 def _expected(coco: COCO, image_id: int, label_of: dict) -> np.ndarray:
@@ -91,7 +62,7 @@ def coco(tmp_path_factory):
     write(root / "bad.png", encode(pixels(7, size=(30, 40)), "PNG"))
     write(root / "wrong_rle.png", encode(pixels(8, size=(30, 40)), "PNG"))
     # Stored on its side (EXIF 6): the raw frame is 48 wide, 32 high; annotated on it.
-    write(root / "rot6.jpg", _rotated_jpeg(np.zeros((32, 48, 3), np.uint8), 6))
+    write(root / "rot6.jpg", oriented_jpeg(np.zeros((32, 48, 3), np.uint8), 6))
     blob = np.zeros((30, 40), bool)
     blob[5:20, 8:30] = True
     blob[10:14, 12:16] = False  # A hole: RLE keeps it, a polygon could not.
@@ -142,7 +113,7 @@ def test_masks_are_pycocotools_drawings_of_the_annotations(coco):
     reference = COCO(str(ann))
     # Box classes in category id order (dog 2, bird 5, cat 7), as the boxes number them.
     label_of = {cid: k for k, cid in enumerate(sorted(reference.cats))}
-    records = _records(out)
+    records = records_by_name(out)
     for image_id in (1, 2, 3, 4):
         name = reference.imgs[image_id]["file_name"]
         expected = _expected(reference, image_id, label_of)
@@ -157,7 +128,7 @@ def test_raw_frame_regions_are_turned_with_the_photo(coco):
     _, ann, out, _ = coco
     reference = COCO(str(ann))
     raw = coco_mask.decode(coco_mask.frPyObjects([[4, 6, 24, 6, 24, 16, 10, 16]], 32, 48))[..., 0]
-    stored = _mask_of(_records(out)["rot6.jpg"])
+    stored = _mask_of(records_by_name(out)["rot6.jpg"])
     assert stored.shape == (48, 32)
     # EXIF 6: the raw frame turned a quarter clockwise to stand upright.
     np.testing.assert_array_equal(stored, np.rot90(raw, k=-1) * 1)  # dog: box class 0, mask id 1
@@ -166,7 +137,7 @@ def test_raw_frame_regions_are_turned_with_the_photo(coco):
 
 def test_malformed_regions_are_bad_targets(coco):
     _, _, out, _ = coco
-    rejects = _rejects(out)
+    rejects = rows_by_path(out / "rejects.jsonl")
     assert rejects["bad.png"]["reason"] == "bad_target"
     assert "polygon" in rejects["bad.png"]["message"]
     assert rejects["wrong_rle.png"]["reason"] == "bad_target"
@@ -190,7 +161,7 @@ def test_verify_and_the_reader_take_the_drawn_masks(coco):
     assert verify.main([str(out)]) == 0
     ds = readers.image_dataset_from_tfrecords(str(out), "train", label_mode="mask", batch_size=None,
                                               shuffle=False, image_size=None)
-    stored = {name: _mask_of(rec) for name, rec in _records(out).items()}
+    stored = {name: _mask_of(rec) for name, rec in records_by_name(out).items()}
     assert ds.class_names == ["background", "dog", "bird", "cat"]  # Mask id -> name.
     read = [mask.numpy()[..., 0] for _, mask in ds]
     assert len(read) == len(stored)
@@ -202,7 +173,7 @@ def test_resized_masks_follow_their_images_by_nearest(coco, tmp_path):
     small = tmp_path / "small"
     convert(root, small, "--annotations", ann, "--annotation_masks", "--max_side", "20",
             "--max_reject_fraction", "0.5")
-    full, resized = _records(out)["p0.png"], _records(small)["p0.png"]
+    full, resized = records_by_name(out)["p0.png"], records_by_name(small)["p0.png"]
     from imaging.masks import nearest
 
     np.testing.assert_array_equal(_mask_of(resized), nearest(_mask_of(full), (15, 20)))
@@ -212,7 +183,7 @@ def test_the_same_input_gives_the_same_bytes(coco, tmp_path):
     root, ann, out, _ = coco
     again = tmp_path / "again"
     convert(root, again, "--annotations", ann, "--annotation_masks", "--max_reject_fraction", "0.5")
-    first, second = _records(out), _records(again)
+    first, second = records_by_name(out), records_by_name(again)
     assert {k: v[schemas.MASK.key] for k, v in first.items()} == {k: v[schemas.MASK.key] for k, v in second.items()}
 
 
@@ -315,7 +286,7 @@ def test_polygons_of_cvat_labelme_and_yolo_are_pycocotools_drawings(tmp_path, fo
         (ann / "classes.txt").write_text("ant\nbee\n")
     extra = ["--class_names", "ant,bee"] if form == "labelme" else []
     manifest = convert(root, tmp_path / "out", "--annotations", ann, "--annotation_masks", *extra)
-    records = _records(tmp_path / "out")
+    records = records_by_name(tmp_path / "out")
     expected = _expected_two()
     if form == "yolo":
         # Fractions back to pixels are not always the same floats: pycocotools' drawing of those.
@@ -350,7 +321,7 @@ def test_append_draws_the_new_images_masks_and_adds_their_pixels(tmp_path):
     section = manifest.extra[schemas.TARGETS_SECTION]["mask"]
     assert section["class_names"] == ["background", "ant", "bee"]
     assert section["num_classes"] == 3
-    b = _mask_of(_records(out)["b.png"])
+    b = _mask_of(records_by_name(out)["b.png"])
     assert b[:10, :10].min() == 2 and (b == 2).sum() == 100
     assert section["pixel_counts"]["train"] == {"0": 2 * 1200 - 256 - 100, "1": 256, "2": 100}
     # Boxes alone cannot be added to a dataset of boxes and masks: the message names the flag.
@@ -441,5 +412,5 @@ def test_voc_boxes_draw_rectangles_and_difficult_objects_are_ignored(tmp_path):
     expected[1:12, 2:10] = 2  # dog: class 1 of (cat, dog)
     expected[9:25, 7:20] = 1  # cat, drawn over the dog
     expected[0:5, 29:40] = 255  # difficult: void, as VOC's own masks have it
-    np.testing.assert_array_equal(_mask_of(_records(tmp_path / "out")["a.png"]), expected)
+    np.testing.assert_array_equal(_mask_of(records_by_name(tmp_path / "out")["a.png"]), expected)
     assert manifest.extra[schemas.TARGETS_SECTION]["mask"]["class_names"] == ["background", "cat", "dog"]

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import io
 import json
-import pathlib
 
 import numpy as np
 import pytest
-from helpers import convert, encode, pixels, write
+from helpers import convert, encode, oriented_jpeg, pixels, records_by_name, rows_by_path, write
 from PIL import Image, ImageOps
 
 import schemas
@@ -21,30 +20,9 @@ from beam_jobs import convert as convert_module
 from conversion.targets.coco import read_coco
 from conversion.targets.labels_csv import read_targets_csv
 from conversion.targets.voc import read_voc
-from schemas.tfrecord import iter_records
 
-_ORIENTATION = 0x0112
 # float32, as the records store them.
 _TOL = 1e-6
-
-
-def _records(out: pathlib.Path) -> dict[str, dict]:
-    """Filename -> decoded record (with its split), every shard of the manifest."""
-    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
-    found = {}
-    for split, info in manifest.splits.items():
-        for shard in info.shards:
-            with open(out / shard.file, "rb") as f:
-                for _, _, data in iter_records(f):
-                    rec = schema.decode(data)
-                    rec["split"] = split
-                    found[rec[schemas.FILENAME.key].decode()] = rec
-    return found
-
-
-def _jsonl(path: pathlib.Path) -> dict[str, dict]:
-    return {d["path"]: d for d in map(json.loads, path.read_text().splitlines())}
 
 
 def _boxes_of(rec) -> list[tuple]:
@@ -59,15 +37,6 @@ def _assert_boxes(rec, expected):
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g[:4], e[:4], atol=_TOL)
         assert tuple(g[4:]) == tuple(e[4:])
-
-
-def _rotated_jpeg(raw: np.ndarray, orientation: int) -> bytes:
-    """A JPEG of the raw frame `raw`, with an EXIF orientation (as a phone writes it)."""
-    exif = Image.Exif()
-    exif[_ORIENTATION] = orientation
-    buf = io.BytesIO()
-    Image.fromarray(raw).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    return buf.getvalue()
 
 
 def _marker_box(image_bytes: bytes) -> tuple[int, int, int, int]:
@@ -109,10 +78,10 @@ def coco(tmp_path_factory):
     # Phone photos stored on their side: raw frame 48 wide, 32 high, shown 32 wide, 48 high.
     raw6 = np.zeros((32, 48, 3), np.uint8)
     raw6[6:14, 4:16] = 255  # The marker, on the raw frame: x 4..16, y 6..14.
-    write(root / "photos" / "rot6.jpg", _rotated_jpeg(raw6, 6))
+    write(root / "photos" / "rot6.jpg", oriented_jpeg(raw6, 6))
     raw8 = np.zeros((32, 48, 3), np.uint8)
     raw8[4:12, 30:44] = 255
-    rot8 = _rotated_jpeg(raw8, 8)
+    rot8 = oriented_jpeg(raw8, 8)
     write(root / "photos" / "rot8.jpg", rot8)
     # Drawn on the upright photo: where a viewer (Pillow) shows the marker.
     upright8 = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(rot8))).convert("L"))
@@ -160,7 +129,7 @@ def coco(tmp_path_factory):
 
 def test_coco_boxes_are_the_annotations_normalised(coco):
     doc, _, out, manifest = coco
-    records = _records(out)
+    records = records_by_name(out)
     names = {im["id"]: im["file_name"] for im in doc["images"]}
     for image_id in (1, 2, 3, 4, 5):
         rec = records[names[image_id]]
@@ -179,7 +148,7 @@ def test_coco_boxes_are_the_annotations_normalised(coco):
 
 def test_coco_rotated_photos_boxes_land_on_the_marker(coco):
     doc, _, out, _ = coco
-    records = _records(out)
+    records = records_by_name(out)
     for name in ("photos/rot6.jpg", "photos/rot8.jpg"):
         rec = records[name]
         w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
@@ -190,7 +159,7 @@ def test_coco_rotated_photos_boxes_land_on_the_marker(coco):
     # Orientation 6 turns the raw (x, y) to (raw height - y, x): computed here from the annotation.
     x, y, bw, bh = doc["annotations"][9]["bbox"]
     _assert_boxes(records["photos/rot6.jpg"], [((32 - (y + bh)) / 32, x / 48, (32 - y) / 32, (x + bw) / 48, 0, 0)])
-    normalized = _jsonl(out / schemas.NORMALIZED_FILENAME)
+    normalized = rows_by_path(out / schemas.NORMALIZED_FILENAME)
     assert normalized["photos/rot6.jpg"]["actions"] == ["exif_transpose", "boxes_exif_transpose"]
     assert normalized["photos/rot6.jpg"]["details"]["boxes"]["frame"] == "raw"
     assert normalized["photos/rot8.jpg"]["actions"] == ["exif_transpose"]
@@ -199,14 +168,14 @@ def test_coco_rotated_photos_boxes_land_on_the_marker(coco):
 
 def test_coco_problems_are_listed(coco):
     _, _, out, manifest = coco
-    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    rejects = rows_by_path(out / schemas.REJECTS_FILENAME)
     assert rejects["photos/nowhere.png"]["reason"] == "missing_file"
     assert rejects["photos/extra.png"]["reason"] == "no_label"
     assert rejects["photos/extra.png"]["message"] == "not in the annotations"
     bad = rejects["photos/mismatch.png"]
     assert bad["reason"] == "bad_target" and "100x90" in bad["message"] and "32x24" in bad["message"]
     assert manifest.counts == {"found": 11, "written": 8, "rejected": 2, "skipped": 1}
-    normalized = _jsonl(out / schemas.NORMALIZED_FILENAME)
+    normalized = rows_by_path(out / schemas.NORMALIZED_FILENAME)
     p1 = normalized["photos/p1.png"]
     assert p1["actions"] == ["boxes_clipped", "boxes_dropped"]
     assert p1["details"]["boxes"]["clipped"] == [
@@ -221,7 +190,7 @@ def test_coco_problems_are_listed(coco):
 
 def test_coco_counts_in_the_manifest(coco):
     doc, ann, out, manifest = coco
-    records = _records(out)
+    records = records_by_name(out)
     counts, without = {}, {}
     for rec in records.values():
         split = counts.setdefault(rec["split"], [0, 0, 0])
@@ -294,7 +263,7 @@ def voc(tmp_path_factory):
 
 def test_voc_boxes_by_the_xml_files_stem(voc):
     objects, out, manifest = voc
-    records = _records(out)
+    records = records_by_name(out)
     names = ["bird", "cat", "dog", "person"]  # Sorted object names, of every XML file.
     assert manifest.targets["boxes"]["class_names"] == names
     assert manifest.targets["boxes"]["category_ids"] is None
@@ -309,7 +278,7 @@ def test_voc_boxes_by_the_xml_files_stem(voc):
         _assert_boxes(records[path], expected)
         assert records[path]["split"] == split
         assert records[path][schemas.LABEL.key] == -1
-    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    rejects = rows_by_path(out / schemas.REJECTS_FILENAME)
     assert rejects["train/JPEGImages/000003.png"]["reason"] == "no_label"
     assert rejects["000009"]["reason"] == "missing_file"
     assert manifest.counts == {"found": 4, "written": 2, "rejected": 1, "skipped": 1}
@@ -336,7 +305,7 @@ def test_annotations_with_class_folders_keep_image_labels(tmp_path):
     (tmp_path / "ann.json").write_text(json.dumps(doc))
     manifest = convert(root, tmp_path / "out", "--annotations", tmp_path / "ann.json")
     assert manifest.class_names == ("cat", "dog")
-    records = _records(tmp_path / "out")
+    records = records_by_name(tmp_path / "out")
     assert {name: rec[schemas.LABEL.key] for name, rec in records.items()} == {
         "cat/a.png": 0, "cat/b.png": 0, "dog/c.png": 1}
 
@@ -355,7 +324,7 @@ def test_multi_label_csv(tmp_path):
     manifest = convert(root, tmp_path / "out", "--labels_csv", csv_path)
     names = sorted({n for label in rows.values() for n in label.split("|")})
     assert manifest.class_names == tuple(names)
-    records = _records(tmp_path / "out")
+    records = records_by_name(tmp_path / "out")
     for path, label in rows.items():
         assert records[path][schemas.LABELS.key] == tuple(sorted({names.index(n) for n in label.split("|")}))
         assert records[path][schemas.LABEL.key] == -1
@@ -371,14 +340,14 @@ def test_regression_csv(tmp_path):
     csv_path = tmp_path / "targets.csv"
     csv_path.write_text("path,target\n" + "".join(f"{p},{t}\n" for p, t in rows.items()))
     manifest = convert(root, tmp_path / "out", "--labels_csv", csv_path, "--max_reject_fraction", "0.5")
-    records = _records(tmp_path / "out")
+    records = records_by_name(tmp_path / "out")
     for path in ("a.png", "b.png"):
         want = np.array([float(v) for v in rows[path].split("|")], np.float32)
         np.testing.assert_array_equal(np.array(records[path][schemas.TARGET.key], np.float32), want)
         assert records[path][schemas.LABEL.key] == -1
     assert manifest.targets == {"target": {"length": 2}}
     assert manifest.class_names == ()
-    rejects = _jsonl(tmp_path / "out" / schemas.REJECTS_FILENAME)
+    rejects = rows_by_path(tmp_path / "out" / schemas.REJECTS_FILENAME)
     assert rejects["c.png"]["reason"] == "bad_target"
 
 
@@ -457,8 +426,8 @@ def test_coco_an_image_id_given_to_two_files_rejects_both(tmp_path):
     out = tmp_path / "out"
     manifest = convert(root, out, "--annotations", tmp_path / "ann.json", "--max_reject_fraction", "0.9")
     # Neither file is stored with the other's box (nor with none): both are rejected, saying why.
-    assert set(_records(out)) == {"task2/b.png"}
-    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    assert set(records_by_name(out)) == {"task2/b.png"}
+    rejects = rows_by_path(out / schemas.REJECTS_FILENAME)
     for path in ("task1/a.png", "task2/a.png"):
         assert rejects[path]["reason"] == "bad_target"
         assert "image id 1 to 2 images (task1/a.png, task2/a.png)" in rejects[path]["message"]
@@ -519,8 +488,8 @@ def test_coco_a_box_wholly_outside_the_image_is_said_apart_from_an_empty_one(tmp
     (tmp_path / "ann.json").write_text(json.dumps(doc))
     out = tmp_path / "out"
     manifest = convert(root, out, "--annotations", tmp_path / "ann.json")
-    _assert_boxes(_records(out)["a.png"], [(5 / 30, 5 / 20, 9 / 30, 9 / 20, 0, 0)])
-    dropped = _jsonl(out / schemas.NORMALIZED_FILENAME)["a.png"]["details"]["boxes"]["dropped"]
+    _assert_boxes(records_by_name(out)["a.png"], [(5 / 30, 5 / 20, 9 / 30, 9 / 20, 0, 0)])
+    dropped = rows_by_path(out / schemas.NORMALIZED_FILENAME)["a.png"]["details"]["boxes"]["dropped"]
     assert [(d["annotation_id"], d["reason"], d["box"]) for d in dropped] == [
         (1, "outside_image", [40.0, 5.0, 46.0, 11.0]), (2, "zero_area", [5.0, 5.0, 2.0, 9.0])]
     assert manifest.targets["boxes"]["issues"] == {"outside_image": 1, "zero_area": 1}
@@ -562,10 +531,10 @@ def test_annotations_frame_says_on_which_frame_an_ambiguous_photos_boxes_were_dr
     root = tmp_path / "images"
     raw3 = np.zeros((32, 48, 3), np.uint8)
     raw3[4:12, 30:44] = 255
-    rot3 = _rotated_jpeg(raw3, 3)
+    rot3 = oriented_jpeg(raw3, 3)
     write(root / "photos" / "rot3.jpg", rot3)
     raw6 = np.zeros((32, 48, 3), np.uint8)
-    write(root / "photos" / "rot6.jpg", _rotated_jpeg(raw6, 6))
+    write(root / "photos" / "rot6.jpg", oriented_jpeg(raw6, 6))
     upright3 = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(rot3))).convert("L"))
     ys, xs = np.nonzero(upright3 > 127)
     mx0, my0, mx1, my1 = int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
@@ -583,7 +552,7 @@ def test_annotations_frame_says_on_which_frame_an_ambiguous_photos_boxes_were_dr
     ann.write_text(json.dumps(doc))
 
     def marker_vs_box(out):
-        rec = _records(out)["photos/rot3.jpg"]
+        rec = records_by_name(out)["photos/rot3.jpg"]
         w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
         (x0, y0, x1, y1, _, _), = _boxes_of(rec)
         return np.array(_marker_box(rec[schemas.IMAGE.key])), np.array((x0 * w, y0 * h, x1 * w, y1 * h))
@@ -595,10 +564,10 @@ def test_annotations_frame_says_on_which_frame_an_ambiguous_photos_boxes_were_dr
                        "--max_reject_fraction", "0.5")
     marker, box = marker_vs_box(tmp_path / "upright")
     np.testing.assert_allclose(box, marker, atol=1.01)
-    assert _jsonl(tmp_path / "upright" / schemas.NORMALIZED_FILENAME)["photos/rot3.jpg"]["actions"] == ["exif_transpose"]
+    assert rows_by_path(tmp_path / "upright" / schemas.NORMALIZED_FILENAME)["photos/rot3.jpg"]["actions"] == ["exif_transpose"]
     assert manifest.options["annotations_frame"] == "upright"
     # A photo whose annotation gives the other frame's size is refused, naming the flag.
-    rejects = _jsonl(tmp_path / "upright" / schemas.REJECTS_FILENAME)
+    rejects = rows_by_path(tmp_path / "upright" / schemas.REJECTS_FILENAME)
     assert rejects["photos/rot6.jpg"]["reason"] == "bad_target"
     assert "is not the photo's upright size 32x48" in rejects["photos/rot6.jpg"]["message"]
     assert "--annotations_frame upright" in rejects["photos/rot6.jpg"]["message"]

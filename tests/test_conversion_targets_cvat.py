@@ -8,74 +8,20 @@ every malformed case are hand-made files.
 
 from __future__ import annotations
 
-import io
-import json
 import math
-import pathlib
 
 import numpy as np
 import pytest
-from helpers import convert, encode, pixels, write
-from PIL import Image, ImageOps
+from helpers import (
+    boxes_in_pixels, convert, encode, globox_images, marked_photo, pixels, records_by_name,
+    rows_by_path, upright_marker, write,
+)
 
 import schemas
 from beam_jobs import convert as convert_module
 from conversion.targets.cvat import read_cvat
 
-_ORIENTATION = 0x0112
 _NAMES = ("bird", "cat", "dog")  # Sorted: the classes of a CVAT file without <meta> labels.
-
-
-def _records(out: pathlib.Path) -> dict[str, dict]:
-    """Filename -> decoded record."""
-    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
-    found = {}
-    for split, info in manifest.splits.items():
-        for shard in info.shards:
-            for rec in _decoded(out / shard.file, schema):
-                found[rec[schemas.FILENAME.key].decode()] = rec
-    return found
-
-
-def _decoded(path: pathlib.Path, schema):
-    from schemas.tfrecord import iter_records
-
-    with open(path, "rb") as f:
-        for _, _, data in iter_records(f):
-            yield schema.decode(data)
-
-
-def _boxes_in_pixels(rec) -> list[tuple]:
-    """The record's boxes as (xmin, ymin, xmax, ymax) in pixels of the stored image, with their labels."""
-    w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
-    keys = [spec.key for spec in schemas.BOX_FEATURES]
-    return [(x0 * w, y0 * h, x1 * w, y1 * h, label) for x0, y0, x1, y1, label, _ in zip(*(rec[k] for k in keys))]
-
-
-def _oriented_jpeg(raw: np.ndarray, orientation: int) -> bytes:
-    exif = Image.Exif()
-    exif[_ORIENTATION] = orientation
-    buf = io.BytesIO()
-    Image.fromarray(raw).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    return buf.getvalue()
-
-
-def _marker(image_bytes: bytes) -> tuple[int, int, int, int]:
-    """(xmin, ymin, xmax, ymax) of the bright marker of an image as a viewer shows it (upright)."""
-    arr = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(image_bytes))).convert("L"))
-    ys, xs = np.nonzero(arr > 127)
-    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
-
-
-def _marked(orientation: int) -> bytes:
-    raw = np.zeros((32, 48, 3), np.uint8)  # 48 wide, 32 high as stored
-    raw[6:14, 4:16] = 255
-    return _oriented_jpeg(raw, orientation)
-
-
-def _jsonl(path: pathlib.Path) -> dict[str, dict]:
-    return {d["path"]: d for d in map(json.loads, path.read_text().splitlines())}
 
 
 # --------------------------------------------------------------------------
@@ -88,18 +34,8 @@ def twins(tmp_path_factory):
     globox = pytest.importorskip("globox")
     base = tmp_path_factory.mktemp("cvat_twins")
     images = base / "images"
-    rng = np.random.default_rng(7)
-    annotations = []
     sizes = {"a.png": (32, 24), "sub/b.png": (40, 30), "sub/deep/c.png": (27, 33), "d.png": (32, 24)}
-    for name, (w, h) in sizes.items():
-        write(images / name, encode(pixels(len(annotations), size=(h, w)), "PNG"))
-        boxes = []
-        for _ in range(int(rng.integers(1, 4)) if name != "d.png" else 0):  # d.png: no boxes
-            x0, y0 = rng.uniform(0, w - 6), rng.uniform(0, h - 6)
-            x1, y1 = rng.uniform(x0 + 2, w), rng.uniform(y0 + 2, h)
-            label = _NAMES[(sum(len(a.boxes) for a in annotations) + len(boxes)) % len(_NAMES)]
-            boxes.append(globox.BoundingBox(label=label, xmin=x0, ymin=y0, xmax=x1, ymax=y1))
-        annotations.append(globox.Annotation(name, image_size=(w, h), boxes=boxes))
+    annotations = globox_images(globox, images, sizes, _NAMES, 7)
     dataset = globox.AnnotationSet(annotations)
     dataset.save_coco(base / "instances.json", label_to_id={name: i for i, name in enumerate(_NAMES)},
                       imageid_to_id={a.image_id: i for i, a in enumerate(annotations)})
@@ -111,12 +47,12 @@ def twins(tmp_path_factory):
 
 def test_cvat_xml_stores_the_boxes_its_coco_twin_stores(twins):
     base, dataset, coco, cvat = twins
-    from_coco, from_cvat = _records(base / "out_coco"), _records(base / "out_cvat")
+    from_coco, from_cvat = records_by_name(base / "out_coco"), records_by_name(base / "out_cvat")
     assert sorted(from_cvat) == sorted(from_coco) == sorted(a.image_id for a in dataset)
     assert cvat.targets["boxes"]["class_names"] == coco.targets["boxes"]["class_names"] == list(_NAMES)
     assert cvat.targets["boxes"]["format"] == "cvat"
     for name in from_coco:
-        got, want = _boxes_in_pixels(from_cvat[name]), _boxes_in_pixels(from_coco[name])
+        got, want = boxes_in_pixels(from_cvat[name]), boxes_in_pixels(from_coco[name])
         assert len(got) == len(want), name
         for g, w in zip(got, want):
             np.testing.assert_allclose(g[:4], w[:4], atol=1e-3)
@@ -185,12 +121,12 @@ def handmade(tmp_path_factory):
         write(images / name, encode(pixels(k, size=(30, 40)), "PNG"))
     marks = {}
     for name, orientation in (("rot6.jpg", 6), ("rot6_old.jpg", 6), ("rot3.jpg", 3)):
-        marks[name] = _marked(orientation)
+        marks[name] = marked_photo(orientation)
         write(images / name, marks[name])
-    (base / "annotations.xml").write_text(_XML.format(u6=_marker(marks["rot6.jpg"]), u3=_marker(marks["rot3.jpg"])))
+    (base / "annotations.xml").write_text(_XML.format(u6=upright_marker(marks["rot6.jpg"]), u3=upright_marker(marks["rot3.jpg"])))
     out = base / "out"
     manifest = convert(images, out, "--annotations", base / "annotations.xml", "--max_reject_fraction", "0.9")
-    return base, out, manifest, _records(out), marks
+    return base, out, manifest, records_by_name(out), marks
 
 
 def test_meta_labels_give_the_classes_in_their_order(handmade):
@@ -204,7 +140,7 @@ def test_meta_labels_give_the_classes_in_their_order(handmade):
 def test_every_shape_is_boxed_by_its_extent(handmade):
     _, out, manifest, records, _ = handmade
     zebra, ant = 0, 1
-    np.testing.assert_allclose(_boxes_in_pixels(records["shapes.png"]), [
+    np.testing.assert_allclose(boxes_in_pixels(records["shapes.png"]), [
         (1, 2, 10, 12, ant),
         (15, 5, 25, 25, zebra),  # 20 x 10 turned by 90 degrees about (20, 15)
         (5.5, 5, 20, 25, ant),  # polygon
@@ -214,20 +150,20 @@ def test_every_shape_is_boxed_by_its_extent(handmade):
         (2, 3, 7, 9, ant),  # mask: its left, top, width, height
     ], atol=1e-3)
     half = 15 * math.sqrt(0.5)  # (10 + 5) / sqrt(2): the extent of a 20 x 10 box turned by 45 degrees
-    np.testing.assert_allclose(_boxes_in_pixels(records["rotated45.png"]),
+    np.testing.assert_allclose(boxes_in_pixels(records["rotated45.png"]),
                                [(20 - half, 15 - half, 20 + half, 15 + half, zebra)], atol=1e-3)
     issues = manifest.targets["boxes"]["issues"]
     assert issues["bbox_from_segmentation"] == 3
     assert issues["bbox_from_rotation"] == 2
     assert issues["tag"] == 1
     assert issues["unsupported_shape"] == 1
-    dropped = _jsonl(out / schemas.NORMALIZED_FILENAME)["shapes.png"]["details"]["boxes"]["dropped"]
+    dropped = rows_by_path(out / schemas.NORMALIZED_FILENAME)["shapes.png"]["details"]["boxes"]["dropped"]
     assert dropped == [{"shape": 9, "reason": "unsupported_shape"}]  # the skeleton, listed
 
 
 def test_images_without_shapes_are_kept_and_subfolders_found(handmade):
     _, _, manifest, records, _ = handmade
-    assert _boxes_in_pixels(records["folder/empty.png"]) == []
+    assert boxes_in_pixels(records["folder/empty.png"]) == []
     assert manifest.targets["boxes"]["images_without_boxes"] == {"train": 1}
     assert "unnamed.png" not in records  # not in the XML: skipped, as COCO's
     assert manifest.targets["boxes"]["issues"]["duplicate_image"] == 1
@@ -238,9 +174,9 @@ def test_exif_photos_upright_by_default_and_old_raw_exports_by_their_size(handma
     _, out, _, records, _ = handmade
     for name in ("rot6.jpg", "rot6_old.jpg", "rot3.jpg"):
         rec = records[name]
-        (box,) = _boxes_in_pixels(rec)
-        np.testing.assert_allclose(box[:4], _marker(rec[schemas.IMAGE.key]), atol=1.01, err_msg=name)
-    details = _jsonl(out / schemas.NORMALIZED_FILENAME)
+        (box,) = boxes_in_pixels(rec)
+        np.testing.assert_allclose(box[:4], upright_marker(rec[schemas.IMAGE.key]), atol=1.01, err_msg=name)
+    details = rows_by_path(out / schemas.NORMALIZED_FILENAME)
     assert details["rot6.jpg"]["details"]["boxes"]["frame"] == "upright"
     assert details["rot6_old.jpg"]["details"]["boxes"]["frame"] == "raw"  # older CVAT: the raw size
     # Turned by 180 degrees the sizes agree: the upright photo, as CVAT shows it.
@@ -259,7 +195,7 @@ def test_exif_photos_upright_by_default_and_old_raw_exports_by_their_size(handma
 ])
 def test_malformed_image_is_rejected_saying_what_was_wrong(handmade, name, says):
     base, out, _, records, _ = handmade
-    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    rejects = rows_by_path(out / schemas.REJECTS_FILENAME)
     assert rejects[name]["reason"] == "bad_target"
     assert says in rejects[name]["message"]
     assert str(base) not in rejects[name]["message"]  # the file by its name, not its absolute path
@@ -326,7 +262,7 @@ def test_class_names_name_the_box_classes_of_a_conversion(tmp_path):
                        "--class_names", "cat,dog")
     assert manifest.targets["boxes"]["class_names"] == ["cat", "dog"]
     assert manifest.class_names == ()
-    assert _boxes_in_pixels(_records(tmp_path / "out")["a.png"]) == [pytest.approx((1, 2, 8, 9, 1))]
+    assert boxes_in_pixels(records_by_name(tmp_path / "out")["a.png"]) == [pytest.approx((1, 2, 8, 9, 1))]
 
 
 def test_append_keeps_the_held_classes_indices(tmp_path):
@@ -345,7 +281,7 @@ def test_append_keeps_the_held_classes_indices(tmp_path):
                          f'<image id="1" name="b.png" width="32" height="24">{box.format("c")}{box.format("a")}</image>'))
     manifest = convert(images, tmp_path / "out", "--annotations", xml, "--append")
     assert manifest.targets["boxes"]["class_names"] == ["a", "b", "c"]
-    assert [b[4] for b in _boxes_in_pixels(_records(tmp_path / "out")["b.png"])] == [2, 0]
+    assert [b[4] for b in boxes_in_pixels(records_by_name(tmp_path / "out")["b.png"])] == [2, 0]
     assert manifest.targets["boxes"]["counts"] == {"train": [1, 1, 1]}
 
 
@@ -358,4 +294,4 @@ def test_the_unpacked_exports_folder_is_read_as_its_annotations_xml(tmp_path):
         '<box label="dog" xtl="1" ytl="2" xbr="8" ybr="9"/></image></annotations>')
     manifest = convert(export / "images", tmp_path / "out", "--annotations", export)
     assert manifest.targets["boxes"]["format"] == "cvat"
-    assert _boxes_in_pixels(_records(tmp_path / "out")["a.png"]) == [pytest.approx((1, 2, 8, 9, 0))]
+    assert boxes_in_pixels(records_by_name(tmp_path / "out")["a.png"]) == [pytest.approx((1, 2, 8, 9, 0))]

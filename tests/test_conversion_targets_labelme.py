@@ -8,65 +8,20 @@ malformed case are hand-made files.
 
 from __future__ import annotations
 
-import io
 import json
-import pathlib
 
 import numpy as np
 import pytest
-from helpers import convert, encode, pixels, write
-from PIL import Image, ImageOps
+from helpers import (
+    boxes_in_pixels, convert, encode, globox_images, marked_photo, pixels, records_by_name,
+    rows_by_path, upright_marker, write,
+)
 
 import schemas
 from beam_jobs import convert as convert_module
 from conversion.targets.labelme import read_labelme
 
-_ORIENTATION = 0x0112
 _NAMES = ("bird", "cat", "dog")  # Sorted: LabelMe's classes are the labels found, sorted.
-
-
-def _records(out: pathlib.Path) -> dict[str, dict]:
-    """Filename -> decoded record."""
-    from schemas.tfrecord import iter_records
-
-    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
-    found = {}
-    for info in manifest.splits.values():
-        for shard in info.shards:
-            with open(out / shard.file, "rb") as f:
-                for _, _, data in iter_records(f):
-                    rec = schema.decode(data)
-                    found[rec[schemas.FILENAME.key].decode()] = rec
-    return found
-
-
-def _boxes_in_pixels(rec) -> list[tuple]:
-    """The record's boxes as (xmin, ymin, xmax, ymax) in pixels of the stored image, with their labels."""
-    w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
-    keys = [spec.key for spec in schemas.BOX_FEATURES]
-    return [(x0 * w, y0 * h, x1 * w, y1 * h, label) for x0, y0, x1, y1, label, _ in zip(*(rec[k] for k in keys))]
-
-
-def _marked(orientation: int) -> bytes:
-    raw = np.zeros((32, 48, 3), np.uint8)  # 48 wide, 32 high as stored
-    raw[6:14, 4:16] = 255
-    exif = Image.Exif()
-    exif[_ORIENTATION] = orientation
-    buf = io.BytesIO()
-    Image.fromarray(raw).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    return buf.getvalue()
-
-
-def _marker(image_bytes: bytes) -> tuple[int, int, int, int]:
-    """(xmin, ymin, xmax, ymax) of the bright marker of an image as a viewer shows it (upright)."""
-    arr = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(image_bytes))).convert("L"))
-    ys, xs = np.nonzero(arr > 127)
-    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
-
-
-def _jsonl(path: pathlib.Path) -> dict[str, dict]:
-    return {d["path"]: d for d in map(json.loads, path.read_text().splitlines())}
 
 
 # --------------------------------------------------------------------------
@@ -79,18 +34,8 @@ def twins(tmp_path_factory):
     globox = pytest.importorskip("globox")
     base = tmp_path_factory.mktemp("labelme_twins")
     images = base / "images"
-    rng = np.random.default_rng(5)
-    annotations = []
     sizes = {"a.png": (32, 24), "b.png": (40, 30), "c.png": (27, 33), "d.png": (32, 24)}
-    for name, (w, h) in sizes.items():
-        write(images / name, encode(pixels(len(annotations), size=(h, w)), "PNG"))
-        boxes = []
-        for _ in range(int(rng.integers(1, 4)) if name != "d.png" else 0):  # d.png: no boxes
-            x0, y0 = rng.uniform(0, w - 6), rng.uniform(0, h - 6)
-            x1, y1 = rng.uniform(x0 + 2, w), rng.uniform(y0 + 2, h)
-            label = _NAMES[(sum(len(a.boxes) for a in annotations) + len(boxes)) % len(_NAMES)]
-            boxes.append(globox.BoundingBox(label=label, xmin=x0, ymin=y0, xmax=x1, ymax=y1))
-        annotations.append(globox.Annotation(name, image_size=(w, h), boxes=boxes))
+    annotations = globox_images(globox, images, sizes, _NAMES, 5)
     dataset = globox.AnnotationSet(annotations)
     dataset.save_coco(base / "instances.json", label_to_id={name: i for i, name in enumerate(_NAMES)},
                       imageid_to_id={a.image_id: i for i, a in enumerate(annotations)})
@@ -103,12 +48,12 @@ def twins(tmp_path_factory):
 
 def test_labelme_jsons_store_the_boxes_their_coco_twin_stores(twins):
     base, dataset, coco, labelme = twins
-    from_coco, from_labelme = _records(base / "out_coco"), _records(base / "out_labelme")
+    from_coco, from_labelme = records_by_name(base / "out_coco"), records_by_name(base / "out_labelme")
     assert sorted(from_labelme) == sorted(from_coco) == sorted(a.image_id for a in dataset)
     assert labelme.targets["boxes"]["class_names"] == coco.targets["boxes"]["class_names"] == list(_NAMES)
     assert labelme.targets["boxes"]["format"] == "labelme"
     for name in from_coco:
-        got, want = _boxes_in_pixels(from_labelme[name]), _boxes_in_pixels(from_coco[name])
+        got, want = boxes_in_pixels(from_labelme[name]), boxes_in_pixels(from_coco[name])
         assert len(got) == len(want), name
         for g, w in zip(got, want):
             np.testing.assert_allclose(g[:4], w[:4], atol=1e-3)
@@ -178,17 +123,17 @@ def handmade(tmp_path_factory):
     write(anns / "gone.json", json.dumps(_doc("../images/gone.png", [])).encode())
     for name, doc in _BAD.items():
         write(anns / f"{name}.json", b"{ not json" if doc is None else json.dumps(doc).encode())
-    marks = {name: _marked(orientation) for name, orientation in (("rot6.jpg", 6), ("rot3.jpg", 3))}
+    marks = {name: marked_photo(orientation) for name, orientation in (("rot6.jpg", 6), ("rot3.jpg", 3))}
     for name, data in marks.items():
         write(images / name, data)
         w, h = (32, 48) if name == "rot6.jpg" else (48, 32)
-        x0, y0, x1, y1 = _marker(data)
+        x0, y0, x1, y1 = upright_marker(data)
         write(anns / f"{name[:-4]}.json",
               json.dumps(_doc(f"../images/{name}", [_shape("cat", "rectangle", [[x0, y0], [x1, y1]])],
                               width=w, height=h)).encode())
     out = base / "out"
     manifest = convert(images, out, "--annotations", anns, "--max_reject_fraction", "0.9")
-    return base, out, manifest, _records(out)
+    return base, out, manifest, records_by_name(out)
 
 
 def test_every_shape_type_is_boxed_by_its_extent(handmade):
@@ -197,7 +142,7 @@ def test_every_shape_type_is_boxed_by_its_extent(handmade):
     assert boxes["format"] == "labelme"
     assert boxes["class_names"] == ["cat", "dog"]
     cat, dog = 0, 1
-    np.testing.assert_allclose(_boxes_in_pixels(records["shapes.png"]), [
+    np.testing.assert_allclose(boxes_in_pixels(records["shapes.png"]), [
         (2, 1, 10, 12, cat),
         (5, 5, 20, 25, dog),
         (15, 10, 25, 20, cat),
@@ -205,7 +150,7 @@ def test_every_shape_type_is_boxed_by_its_extent(handmade):
         (3, 3, 9, 20, cat),
         (1, 2, 8, 9, cat),
     ], atol=1e-3)
-    dropped = _jsonl(out / schemas.NORMALIZED_FILENAME)["shapes.png"]["details"]["boxes"]["dropped"]
+    dropped = rows_by_path(out / schemas.NORMALIZED_FILENAME)["shapes.png"]["details"]["boxes"]["dropped"]
     assert {"shape": 6, "reason": "zero_area", "box": [7.0, 7.0, 7.0, 7.0]} in dropped
     assert {"shape": 8, "reason": "unsupported_shape"} in dropped
     assert boxes["issues"]["bbox_from_segmentation"] == 5
@@ -214,17 +159,17 @@ def test_every_shape_type_is_boxed_by_its_extent(handmade):
 
 def test_image_paths_relative_to_the_json_and_images_without_jsons(handmade):
     _, _, manifest, records = handmade
-    assert _boxes_in_pixels(records["nested/empty.png"]) == []
+    assert boxes_in_pixels(records["nested/empty.png"]) == []
     assert "unannotated.png" not in records  # no JSON: skipped, as COCO's unnamed images
     assert manifest.targets["boxes"]["issues"]["missing_file"] == 1  # gone.json's image
 
 
 def test_exif_photos_are_read_upright(handmade):
     _, out, _, records = handmade
-    details = _jsonl(out / schemas.NORMALIZED_FILENAME)
+    details = rows_by_path(out / schemas.NORMALIZED_FILENAME)
     for name in ("rot6.jpg", "rot3.jpg"):
-        (box,) = _boxes_in_pixels(records[name])
-        np.testing.assert_allclose(box[:4], _marker(records[name][schemas.IMAGE.key]), atol=1.01, err_msg=name)
+        (box,) = boxes_in_pixels(records[name])
+        np.testing.assert_allclose(box[:4], upright_marker(records[name][schemas.IMAGE.key]), atol=1.01, err_msg=name)
         assert details[name]["details"]["boxes"]["frame"] == "upright"
 
 
@@ -239,7 +184,7 @@ def test_exif_photos_are_read_upright(handmade):
 ])
 def test_malformed_file_rejects_its_image_saying_what_was_wrong(handmade, name, says):
     base, out, _, records = handmade
-    rejects = _jsonl(out / schemas.REJECTS_FILENAME)
+    rejects = rows_by_path(out / schemas.REJECTS_FILENAME)
     assert rejects[f"{name}.png"]["reason"] == "bad_target"
     assert says in rejects[f"{name}.png"]["message"]
     assert str(base) not in rejects[f"{name}.png"]["message"]

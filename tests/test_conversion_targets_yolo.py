@@ -6,64 +6,21 @@ the same boxes, and both conversions must store the same boxes.
 
 from __future__ import annotations
 
-import io
 import json
-import pathlib
 
 import numpy as np
 import pytest
-from helpers import convert, encode, pixels, write
-from PIL import Image, ImageOps
+from helpers import (
+    boxes_in_pixels, convert, encode, globox_images, marked_photo, pixels, records_by_name,
+    rows_by_path, upright_marker, write,
+)
 
 import schemas
 from beam_jobs import convert as convert_module
 from conversion import listing
 from conversion.targets.yolo import read_yolo
-from schemas.tfrecord import iter_records
 
-_ORIENTATION = 0x0112
 _NAMES = ("cat", "dog", "bird")
-
-
-def _records(out: pathlib.Path) -> dict[str, dict]:
-    """Filename -> decoded record (with its split)."""
-    manifest = schemas.Manifest.from_json((out / schemas.MANIFEST_FILENAME).read_text())
-    schema = schemas.ImageExampleSchema.from_json(manifest.features)
-    found = {}
-    for split, info in manifest.splits.items():
-        for shard in info.shards:
-            with open(out / shard.file, "rb") as f:
-                for _, _, data in iter_records(f):
-                    rec = schema.decode(data)
-                    rec["split"] = split
-                    found[rec[schemas.FILENAME.key].decode()] = rec
-    return found
-
-
-def _boxes_in_pixels(rec) -> list[tuple]:
-    """The record's boxes as (xmin, ymin, xmax, ymax) in pixels of the stored image, with their labels."""
-    w, h = rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]
-    keys = [spec.key for spec in schemas.BOX_FEATURES]
-    return [(x0 * w, y0 * h, x1 * w, y1 * h, label) for x0, y0, x1, y1, label, _ in zip(*(rec[k] for k in keys))]
-
-
-def _rotated_jpeg(raw: np.ndarray, orientation: int) -> bytes:
-    exif = Image.Exif()
-    exif[_ORIENTATION] = orientation
-    buf = io.BytesIO()
-    Image.fromarray(raw).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    return buf.getvalue()
-
-
-def _marker(image_bytes: bytes) -> tuple[int, int, int, int]:
-    """(xmin, ymin, xmax, ymax) of the bright marker of an image as a viewer shows it (upright)."""
-    arr = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(image_bytes))).convert("L"))
-    ys, xs = np.nonzero(arr > 127)
-    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
-
-
-def _jsonl(path: pathlib.Path) -> dict[str, dict]:
-    return {d["path"]: d for d in map(json.loads, path.read_text().splitlines())}
 
 
 # --------------------------------------------------------------------------
@@ -76,24 +33,12 @@ def twins(tmp_path_factory):
     globox = pytest.importorskip("globox")
     base = tmp_path_factory.mktemp("yolo_twins")
     images = base / "images"
-    rng = np.random.default_rng(11)
-    annotations = []
     sizes = {"a.png": (32, 24), "b.png": (40, 30), "c.png": (27, 33), "d.png": (32, 24)}
-    for name, (w, h) in sizes.items():
-        write(images / name, encode(pixels(len(annotations), size=(h, w)), "PNG"))
-        boxes = []
-        for _ in range(int(rng.integers(0, 4)) if name != "d.png" else 0):  # d.png: no boxes
-            x0, y0 = rng.uniform(0, w - 6), rng.uniform(0, h - 6)
-            x1, y1 = rng.uniform(x0 + 2, w), rng.uniform(y0 + 2, h)
-            label = _NAMES[(sum(len(a.boxes) for a in annotations) + len(boxes)) % len(_NAMES)]
-            boxes.append(globox.BoundingBox(label=label, xmin=x0, ymin=y0, xmax=x1, ymax=y1))
-        annotations.append(globox.Annotation(name, image_size=(w, h), boxes=boxes))
+    annotations = globox_images(globox, images, sizes, _NAMES, 11, least=0)
     # A phone photo stored on its side (EXIF 6): the boxes of both are drawn on the upright photo.
-    raw6 = np.zeros((32, 48, 3), np.uint8)
-    raw6[6:14, 4:16] = 255
-    rot6 = _rotated_jpeg(raw6, 6)
+    rot6 = marked_photo(6)
     write(images / "rot6.jpg", rot6)
-    mx0, my0, mx1, my1 = _marker(rot6)
+    mx0, my0, mx1, my1 = upright_marker(rot6)
     annotations.append(globox.Annotation("rot6.jpg", image_size=(32, 48), boxes=[
         globox.BoundingBox(label="dog", xmin=mx0, ymin=my0, xmax=mx1, ymax=my1)]))
     dataset = globox.AnnotationSet(annotations)
@@ -110,12 +55,12 @@ def twins(tmp_path_factory):
 
 def test_yolo_labels_store_the_boxes_their_coco_twin_stores(twins):
     base, dataset, coco, yolo = twins
-    from_coco, from_yolo = _records(base / "out_coco"), _records(base / "out_yolo")
+    from_coco, from_yolo = records_by_name(base / "out_coco"), records_by_name(base / "out_yolo")
     assert sorted(from_yolo) == sorted(from_coco) == sorted(a.image_id for a in dataset)
     assert yolo.targets["boxes"]["class_names"] == coco.targets["boxes"]["class_names"] == list(_NAMES)
     assert yolo.targets["boxes"]["format"] == "yolo"
     for name in from_coco:
-        got, want = _boxes_in_pixels(from_yolo[name]), _boxes_in_pixels(from_coco[name])
+        got, want = boxes_in_pixels(from_yolo[name]), boxes_in_pixels(from_coco[name])
         assert len(got) == len(want), name
         for g, w in zip(got, want):
             # globox writes YOLO's fractions with a few decimals: within a tenth of a pixel.
@@ -126,27 +71,25 @@ def test_yolo_labels_store_the_boxes_their_coco_twin_stores(twins):
 
 def test_yolo_labels_are_read_on_the_upright_photo_by_default(twins):
     base, _, _, _ = twins
-    rec = _records(base / "out_yolo")["rot6.jpg"]
+    rec = records_by_name(base / "out_yolo")["rot6.jpg"]
     assert (rec[schemas.WIDTH.key], rec[schemas.HEIGHT.key]) == (32, 48)
-    (box,) = _boxes_in_pixels(rec)
-    np.testing.assert_allclose(box[:4], _marker(rec[schemas.IMAGE.key]), atol=1.01)
-    details = _jsonl(base / "out_yolo" / schemas.NORMALIZED_FILENAME)["rot6.jpg"]["details"]["boxes"]
+    (box,) = boxes_in_pixels(rec)
+    np.testing.assert_allclose(box[:4], upright_marker(rec[schemas.IMAGE.key]), atol=1.01)
+    details = rows_by_path(base / "out_yolo" / schemas.NORMALIZED_FILENAME)["rot6.jpg"]["details"]["boxes"]
     assert details["frame"] == "upright"
 
 
 def test_yolo_labels_on_the_raw_frame_with_annotations_frame_raw(tmp_path):
     # Tools that ignore EXIF measure the raw frame: --annotations_frame raw turns their boxes.
-    raw6 = np.zeros((32, 48, 3), np.uint8)
-    raw6[6:14, 4:16] = 255
-    rot6 = _rotated_jpeg(raw6, 6)
+    rot6 = marked_photo(6)
     write(tmp_path / "images" / "rot6.jpg", rot6)
     write(tmp_path / "labels" / "rot6.txt", f"0 {10 / 48} {10 / 32} {12 / 48} {8 / 32}\n".encode())
     (tmp_path / "labels" / "classes.txt").write_text("marker\n")
     convert(tmp_path / "images", tmp_path / "out", "--annotations", tmp_path / "labels",
             "--annotations_frame", "raw")
-    rec = _records(tmp_path / "out")["rot6.jpg"]
-    (box,) = _boxes_in_pixels(rec)
-    np.testing.assert_allclose(box[:4], _marker(rec[schemas.IMAGE.key]), atol=1.01)
+    rec = records_by_name(tmp_path / "out")["rot6.jpg"]
+    (box,) = boxes_in_pixels(rec)
+    np.testing.assert_allclose(box[:4], upright_marker(rec[schemas.IMAGE.key]), atol=1.01)
 
 
 # --------------------------------------------------------------------------
@@ -176,7 +119,7 @@ def ultralytics(tmp_path_factory):
 
 def test_data_yaml_gives_names_splits_and_boxes(ultralytics):
     _, out, manifest = ultralytics
-    records = _records(out)
+    records = records_by_name(out)
     assert {name: rec["split"] for name, rec in records.items()} == {
         "train/im0.png": "train", "train/im1.png": "train", "train/im2.png": "train",
         "val/im0.png": "validation", "val/im2.png": "validation"}
@@ -185,13 +128,13 @@ def test_data_yaml_gives_names_splits_and_boxes(ultralytics):
     assert boxes["class_names"] == ["cat", "dog", "bird"]
     assert manifest.class_names == ()
     # 0.5 0.5 0.25 0.5 on 32 x 24: x 12..20, y 6..18; the second box clipped at the top-left corner.
-    np.testing.assert_allclose(_boxes_in_pixels(records["train/im0.png"]),
+    np.testing.assert_allclose(boxes_in_pixels(records["train/im0.png"]),
                                [(12, 6, 20, 18, 0), (0, 0, 9.6, 7.2, 1)],
                                atol=1e-4)
-    assert _boxes_in_pixels(records["train/im1.png"]) == []
-    assert _boxes_in_pixels(records["train/im2.png"]) == []
+    assert boxes_in_pixels(records["train/im1.png"]) == []
+    assert boxes_in_pixels(records["train/im2.png"]) == []
     # The polygon (0.25, 0.25) (0.5, 0.25) (0.375, 0.75): boxed by its points' extent.
-    np.testing.assert_allclose(_boxes_in_pixels(records["val/im0.png"]), [(8, 6, 16, 18, 2)], atol=1e-4)
+    np.testing.assert_allclose(boxes_in_pixels(records["val/im0.png"]), [(8, 6, 16, 18, 2)], atol=1e-4)
     assert boxes["images_without_boxes"] == {"train": 2, "validation": 1}
     assert boxes["issues"]["no_label_file"] == 2
     assert boxes["issues"]["unknown_image"] == 1
@@ -235,7 +178,7 @@ def test_labels_folder_splits_come_from_the_split_folders(ultralytics, tmp_path)
     assert manifest.targets["boxes"]["class_names"] == ["cat", "dog", "bird", "fish"]
     assert manifest.class_names == ()
     assert sorted(manifest.splits) == ["train", "validation"]
-    assert _boxes_in_pixels(_records(tmp_path / "out")["val/im1.png"]) == [
+    assert boxes_in_pixels(records_by_name(tmp_path / "out")["val/im1.png"]) == [
         pytest.approx((12.8, 9.6, 19.2, 14.4, 3))]
 
 
@@ -250,9 +193,9 @@ def test_darknet_folder_with_classes_txt(tmp_path):
     write(folder / "a.txt", b"1 0.5 0.5 0.5 0.5\n\n")
     (folder / "classes.txt").write_text("person\ncar\n")
     convert(folder, tmp_path / "out", "--annotations", folder)
-    records = _records(tmp_path / "out")
+    records = records_by_name(tmp_path / "out")
     assert sorted(records) == ["a.png", "b.png"]  # The label files and classes.txt are no images.
-    np.testing.assert_allclose(_boxes_in_pixels(records["a.png"]), [(10, 5, 30, 15, 1)], atol=1e-4)
+    np.testing.assert_allclose(boxes_in_pixels(records["a.png"]), [(10, 5, 30, 15, 1)], atol=1e-4)
     manifest = schemas.Manifest.from_json((tmp_path / "out" / schemas.MANIFEST_FILENAME).read_text())
     assert manifest.targets["boxes"]["class_names"] == ["person", "car"]
     assert manifest.targets["boxes"]["images_without_boxes"] == {"train": 1}
@@ -317,7 +260,7 @@ def test_a_bad_label_file_is_one_reject_of_a_conversion(tmp_path):
     rejects = [json.loads(line) for line in (tmp_path / "out" / schemas.REJECTS_FILENAME).read_text().splitlines()]
     assert [(r["path"], r["reason"]) for r in rejects] == [("b.png", "bad_target")]
     assert "b.txt line 1: 4 fields" in rejects[0]["message"]
-    assert sorted(_records(tmp_path / "out")) == ["a.png", "c.png"]
+    assert sorted(records_by_name(tmp_path / "out")) == ["a.png", "c.png"]
     assert manifest.targets["boxes"]["issues"]["no_label_file"] == 1
 
 
@@ -381,10 +324,10 @@ def test_roboflow_layout_in_one_run_from_the_data_yaml(tmp_path):
         write(root / split / "labels" / "x.txt", b"0 0.5 0.5 0.5 0.5\n" if split == "train" else b"")
     (root / "data.yaml").write_text("train: ../train/images\nval: ../valid/images\nnc: 1\nnames: ['box']\n")
     manifest = convert(root, tmp_path / "out", "--annotations", root / "data.yaml")
-    records = _records(tmp_path / "out")
+    records = records_by_name(tmp_path / "out")
     assert {name: rec["split"] for name, rec in records.items()} == {
         "train/images/x.png": "train", "valid/images/x.png": "validation"}
-    np.testing.assert_allclose(_boxes_in_pixels(records["train/images/x.png"]), [(8, 6, 24, 18, 0)], atol=1e-4)
+    np.testing.assert_allclose(boxes_in_pixels(records["train/images/x.png"]), [(8, 6, 24, 18, 0)], atol=1e-4)
     assert manifest.targets["boxes"]["images_without_boxes"] == {"train": 0, "validation": 1}
     # The label files and the YAML under --input_dir are no images: skipped, not rejected.
     assert (manifest.counts["skipped"], manifest.counts["rejected"]) == (3, 0)
@@ -402,7 +345,7 @@ def test_data_yaml_splits_refuse_split(tmp_path, capfd):
 def test_data_yaml_run_of_one_split_folder_counts_no_other_splits_labels(ultralytics, tmp_path):
     root, _, _ = ultralytics
     manifest = convert(root / "images" / "train", tmp_path / "out", "--annotations", root / "data.yaml")
-    assert sorted(_records(tmp_path / "out")) == ["im0.png", "im1.png", "im2.png"]
+    assert sorted(records_by_name(tmp_path / "out")) == ["im0.png", "im1.png", "im2.png"]
     assert sorted(manifest.splits) == ["train"]
     assert "unknown_image" not in manifest.targets["boxes"]["issues"]  # val's labels are not this run's
 
