@@ -249,6 +249,16 @@ def test_coordinates_within_the_tolerance_are_kept(tmp_path):
     assert [b[0] for b in boxes.files["x.jpg"]["boxes"]] == [1, 2]
 
 
+def test_a_repeated_line_is_dropped_and_counted_as_ultralytics_drops_it(tmp_path):
+    write(tmp_path / "labels" / "x.txt", b"0 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n0 0.50 0.5 0.2 0.20\n"
+                                         b"1 0.3 0.3 0.1 0.2\n")
+    boxes, _ = read_yolo(str(tmp_path / "labels"), str(tmp_path), ["x.jpg"], class_names=("a", "b"))
+    assert boxes.invalid == {}
+    # Line 3 repeats line 1 (the same numbers, written otherwise); line 4 differs from line 2.
+    assert [b[0] for b in boxes.files["x.jpg"]["boxes"]] == [1, 2, 4]
+    assert boxes.issues["duplicate_line"] == 1
+
+
 def test_a_bad_label_file_is_one_reject_of_a_conversion(tmp_path):
     root = tmp_path / "images"
     for name in ("a", "b", "c"):

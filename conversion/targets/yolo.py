@@ -243,6 +243,7 @@ def _read_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) 
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         return f"label file {label} is not UTF-8 text ({e})"
+    seen = set()
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
@@ -260,6 +261,11 @@ def _read_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) 
             return f"{where}: not a finite number in {line.strip()!r}"
         if not label_id.is_integer() or not 0 <= label_id < num_classes:
             return f"{where}: class {fields[0]} is not one of the {num_classes} classes (0-{num_classes - 1})"
+        if (label_id, *values) in seen:
+            # A line repeated (an exporter run twice): Ultralytics drops the copy, and so do we.
+            issues["duplicate_line"] += 1
+            continue
+        seen.add((label_id, *values))
         if len(values) == 4:
             cx, cy, w, h = values
             if not (w > 0 and h > 0):
