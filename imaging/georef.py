@@ -17,11 +17,10 @@ import dataclasses
 import io
 import math
 
-import numpy as np
 
 from imaging.errors import ImageRejected
 
-__all__ = ["Georef", "padding_fill", "page_georef", "read_georef"]
+__all__ = ["Georef", "page_georef", "read_georef"]
 
 _GEOKEY_DIRECTORY = 34735
 _MODEL_PIXEL_SCALE = 33550
@@ -177,11 +176,3 @@ def _geotransform(page, name: str) -> tuple[float, ...] | None:
     # (the geotransform's dy) rather than a south-up one; every GIS then shows it north up.
     sy = abs(sy)
     return (x - i * sx, sx, 0.0, y + j * sy, 0.0, -sy)
-
-
-def padding_fill(nodata: float | None, dtype) -> float:
-    """What pixels past a scene's edge (outside its grid) hold: its nodata value, or 0 without one or when
-    `dtype` (a numpy dtype) cannot hold it. Here, below both scene readers (`imaging.patches`, `imaging.jp2`)."""
-    fits = nodata is not None and (dtype.kind == "f" or (
-        math.isfinite(nodata) and nodata == int(nodata) and np.iinfo(dtype).min <= nodata <= np.iinfo(dtype).max))
-    return nodata if fits else 0

@@ -60,6 +60,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from imaging import georef as _georef
+from imaging._windows import check_window, outside, padding_fill
 from imaging.errors import ImageRejected
 
 __all__ = ["Jp2Structure", "Jp2SceneReader", "decode", "is_jpeg2000", "read_structure", "georef", "gmljp2_georef"]
@@ -498,9 +499,9 @@ class Jp2SceneReader:
 
     def use_nodata(self, nodata: float | None) -> None:
         """Takes `nodata` as the scene's nodata value (its .aux.xml's, `imaging.sidecars`: where GDAL keeps a
-        JPEG 2000's), padding included (`imaging.georef.padding_fill`)."""
+        JPEG 2000's), padding included (`imaging._windows.padding_fill`)."""
         self.nodata = nodata
-        self.fill = _georef.padding_fill(nodata, self.dtype)
+        self.fill = padding_fill(nodata, self.dtype)
 
     def masked(self, y: int, x: int, height: int, width: int) -> None:
         """None: a JPEG 2000 file has no internal mask here (`SceneReader.masked`)."""
@@ -527,18 +528,16 @@ class Jp2SceneReader:
         Raises:
           ValueError: For non-integer bounds or right <= left.
         """
-        _check(0, left, 1, 1)
-        _check(0, right, 1, 1)
+        check_window("Jp2SceneReader", 0, left, 1, 1)
+        check_window("Jp2SceneReader", 0, right, 1, 1)
         if right <= left:
             raise ValueError(f"Jp2SceneReader.keep_columns: right must exceed left {left}. Received: {right!r}")
         self._columns = (max(int(left), 0), min(int(right), self.width))
 
     def padded(self, y: int, x: int, height: int, width: int) -> np.ndarray:
         """(height, width) booleans: True where the window at (y, x) lies outside the scene."""
-        _check(y, x, height, width)
-        rows = (np.arange(y, y + height) >= 0) & (np.arange(y, y + height) < self.height)
-        columns = (np.arange(x, x + width) >= 0) & (np.arange(x, x + width) < self.width)
-        return ~(rows[:, np.newaxis] & columns[np.newaxis, :])
+        check_window("Jp2SceneReader", y, x, height, width)
+        return outside(y, x, height, width, self.height, self.width)
 
     def read(self, y: int, x: int, height: int, width: int, *, copy: bool = True) -> np.ndarray:
         """The window of `height` x `width` pixels at row y, column x: (height, width, bands).
@@ -552,7 +551,7 @@ class Jp2SceneReader:
             columns outside those of `keep_columns`.
           ImageRejected: 'corrupt' for a tile that does not decode.
         """
-        _check(y, x, height, width)
+        check_window("Jp2SceneReader", y, x, height, width)
         y, x, height, width = int(y), int(x), int(height), int(width)
         top, bottom = max(y, 0), min(y + height, self.height)
         left, right = max(x, 0), min(x + width, self.width)
@@ -648,11 +647,3 @@ def decode(data: bytes, name: str) -> np.ndarray:
     if array.ndim == 2:
         array = array[:, :, np.newaxis]
     return array
-
-
-def _check(y, x, height, width) -> None:
-    for what, value in (("y", y), ("x", x), ("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"Jp2SceneReader: {what} must be an integer. Received: {value!r}")
-    if height < 1 or width < 1:
-        raise ValueError(f"Jp2SceneReader: a window must be at least 1x1 pixels. Received: {height}x{width}")

@@ -45,7 +45,8 @@ import numpy as np
 
 from imaging import _tiff_ifds
 from imaging.errors import ImageRejected
-from imaging.georef import Georef, padding_fill, page_georef
+from imaging._windows import check_window, outside, padding_fill
+from imaging.georef import Georef, page_georef
 
 __all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets", "open_scene",
            "padding_fill", "patch_georef", "patch_geotransform"]
@@ -499,8 +500,8 @@ class SceneReader:
         Raises:
           ValueError: For non-integer bounds or right <= left.
         """
-        _check_window(0, left, 1, 1)
-        _check_window(0, right, 1, 1)
+        check_window("SceneReader", 0, left, 1, 1)
+        check_window("SceneReader", 0, right, 1, 1)
         if right <= left:
             raise ValueError(f"SceneReader.keep_columns: right must exceed left {left}. Received: {right!r}")
         self._cache.clear()
@@ -510,12 +511,8 @@ class SceneReader:
 
     def padded(self, y: int, x: int, height: int, width: int) -> np.ndarray:
         """(height, width) booleans: True where the window at (y, x) lies outside the scene."""
-        _check_window(y, x, height, width)
-        rows = np.arange(y, y + height)
-        columns = np.arange(x, x + width)
-        inside_rows = (rows >= 0) & (rows < self.height)
-        inside_columns = (columns >= 0) & (columns < self.width)
-        return ~(inside_rows[:, np.newaxis] & inside_columns[np.newaxis, :])
+        check_window("SceneReader", y, x, height, width)
+        return outside(y, x, height, width, self.height, self.width)
 
     def read(self, y: int, x: int, height: int, width: int, *, copy: bool = True) -> np.ndarray:
         """The window of `height` x `width` pixels at row y, column x: (height, width, bands).
@@ -539,7 +536,7 @@ class SceneReader:
             past the end of the file; 'unsupported_compression' for one no
             decoder reads.
         """
-        _check_window(y, x, height, width)
+        check_window("SceneReader", y, x, height, width)
         y, x, height, width = int(y), int(x), int(height), int(width)
         top, bottom = max(y, 0), min(y + height, self.height)
         left, right = max(x, 0), min(x + width, self.width)
@@ -696,11 +693,3 @@ def open_scene(source: str | os.PathLike | bytes | bytearray | memoryview | Bina
     if jp2.is_jpeg2000(head):
         return jp2.Jp2SceneReader(source, name)
     return SceneReader(source, name)
-
-
-def _check_window(y, x, height, width) -> None:
-    for what, value in (("y", y), ("x", x), ("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"SceneReader: {what} must be an integer. Received: {value!r}")
-    if height < 1 or width < 1:
-        raise ValueError(f"SceneReader: a window must be at least 1x1 pixels. Received: {height}x{width}")
