@@ -16,7 +16,7 @@ import stat
 
 from conversion.files import scheme
 
-__all__ = ["InputFile", "Problem", "list_input", "is_local", "display_path"]
+__all__ = ["InputFile", "Problem", "list_input", "is_local", "full_path", "display_path"]
 
 # Files that operating systems and tools drop into image folders.
 _SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "icon\r"})
@@ -77,6 +77,13 @@ class Problem:
 
 def is_local(path: str) -> bool:
     return scheme(path) in (None, "file")
+
+
+def full_path(path: str) -> str:
+    """A path as compared with another: absolute where local (POSIX separators), a URL without its trailing '/'."""
+    if is_local(path):
+        return os.path.abspath(path).replace(os.sep, "/")
+    return path.rstrip("/")
 
 
 def display_path(rel_path: str) -> str:

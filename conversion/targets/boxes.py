@@ -103,27 +103,20 @@ def _annotation_files(annotations: str, boxes: BoxAnnotations, files) -> dict[st
     not as images the annotations do not name ('no_label').
     """
     named = set(boxes.files) | set(boxes.invalid)
-    given = _comparable(annotations)
-    sources = {_comparable(p) for p in boxes.sources}
+    given = _listing.full_path(annotations)
+    sources = {_listing.full_path(p) for p in boxes.sources}
     # Ultralytics caches a labels folder's reading beside it: `labels/train.cache` for `labels/train/`.
     caches = {posixpath.dirname(p) + ".cache" for p in sources}
     own = {}
     for f in files:
         if f.rel_path in named:
             continue
-        path = _comparable(f.path)
+        path = _listing.full_path(f.path)
         if path == given or path in sources or path in caches:
             own[f.rel_path] = f"a file of --annotations {annotations} ({boxes.format})"
         elif path.startswith(given + "/") and f.rel_path.lower().endswith(_ANNOTATION_SUFFIXES):
             own[f.rel_path] = f"in the --annotations folder {annotations} ({boxes.format})"
     return own
-
-
-def _comparable(path: str) -> str:
-    """A path as compared with another: absolute where local, without a trailing '/'."""
-    if _listing.is_local(path):
-        return os.path.abspath(path).replace(os.sep, "/").rstrip("/")
-    return path.rstrip("/")
 
 
 def _in_held_order(boxes: BoxAnnotations, held) -> BoxAnnotations:

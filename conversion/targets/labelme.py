@@ -29,7 +29,6 @@ import collections
 import json
 import logging
 import math
-import os
 import posixpath
 from collections.abc import Sequence
 
@@ -64,7 +63,7 @@ def read_labelme(documents: Sequence[tuple[str, bytes | OSError]], annotations: 
     """
     index = Index(listed)
     issues = collections.Counter()
-    folder, images_root = _full(annotations), _full(input_dir)
+    folder, images_root = _listing.full_path(annotations), _listing.full_path(input_dir)
     parsed = []
     for name, data in documents:
         doc, error = _load(data, name)
@@ -124,13 +123,6 @@ def _load(data: bytes | OSError, name: str):
 def _shape_list(doc: dict) -> list:
     shapes = doc.get("shapes")
     return shapes if isinstance(shapes, list) else []
-
-
-def _full(path: str) -> str:
-    """A folder's path to compare paths with: absolute where local, without a trailing '/'."""
-    if _listing.is_local(path):
-        return os.path.abspath(path).replace(os.sep, "/")
-    return path.rstrip("/")
 
 
 def _resolved(folder: str, rel: str) -> str:

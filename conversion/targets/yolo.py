@@ -89,14 +89,14 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
       ValueError: For a data.yaml that cannot be used, class names given
         twice or nowhere.
     """
-    root = _full(input_dir)
+    root = _listing.full_path(input_dir)
     images = [rel for rel in files if not rel.lower().endswith(_NOT_IMAGES)]
     if is_data_yaml(annotations):
         names, splits, labels = _from_data_yaml(annotations, input_dir, root, images, class_names)
         images, labels_folder = sorted(splits), None
     else:
         names, labels = _from_folder(annotations, class_names, found)
-        splits, labels_folder = None, _full(annotations)
+        splits, labels_folder = None, _listing.full_path(annotations)
     all_labels = labels
     labels = {path: f for path, f in labels.items()
               if path.lower().endswith(".txt") and posixpath.basename(path) != _CLASSES_TXT}
@@ -177,20 +177,13 @@ def _from_folder(annotations: str, class_names, found):
     if names is not None and class_names is not None:
         raise ValueError(f"--class_names is not needed: {_CLASSES_TXT} in --annotations {annotations} "
                          "names the box classes. Drop --class_names.")
-    folder = _full(annotations)
+    folder = _listing.full_path(annotations)
     return tuple(names if names is not None else class_names), {_join(folder, f.rel_path): f for f in listed}
 
 
 def _listed(folder: str) -> list:
     found, _ = _listing.list_input(folder)
     return found
-
-
-def _full(path: str) -> str:
-    """A folder's path to compare paths with: absolute where local, without a trailing '/'."""
-    if _listing.is_local(path):
-        return os.path.abspath(path).replace(os.sep, "/")
-    return path.rstrip("/")
 
 
 def _join(folder: str, rel: str) -> str:
@@ -335,14 +328,14 @@ def _roots(doc: dict, path: str) -> list[str]:
     here): the YAML's folder stands in for that one, and for a 'path' whose
     folder holds none of the images (a 'path: .' run from elsewhere).
     """
-    here = posixpath.dirname(_full(path))
+    here = posixpath.dirname(_listing.full_path(path))
     root = doc.get("path")
     if not root:
         return [here]
     root = str(root)
     if _is_absolute(root):
-        return [_full(root)]
-    under_cwd = _full(root)
+        return [_listing.full_path(root)]
+    under_cwd = _listing.full_path(root)
     roots = [under_cwd] if _listing.is_local(path) and exists(under_cwd) else []
     return list(dict.fromkeys(roots + [posixpath.normpath(_join(here, root)), here]))
 
@@ -377,7 +370,7 @@ def _is_absolute(path: str) -> bool:
 def _resolve(root: str, value: str) -> str:
     """A split key's path: under the root; a '../' one that is not there, under the root all the same."""
     if _is_absolute(value):
-        return _full(value)
+        return _listing.full_path(value)
     found = posixpath.normpath(_join(root, value))
     if not exists(found) and value.startswith("../"):
         found = posixpath.normpath(_join(root, value[3:]))
@@ -395,7 +388,7 @@ def _image_list(source: str, path: str) -> list[str]:
         line = line.strip()
         if not line:
             continue
-        out.append(posixpath.normpath(_join(folder, line[2:])) if line.startswith("./") else _full(line))
+        out.append(posixpath.normpath(_join(folder, line[2:])) if line.startswith("./") else _listing.full_path(line))
     return out
 
 
