@@ -538,3 +538,20 @@ def globox_images(globox, images: pathlib.Path, sizes: dict, names, seed: int, *
             boxes.append(globox.BoundingBox(label=label, xmin=x0, ymin=y0, xmax=x1, ymax=y1))
         annotations.append(globox.Annotation(name, image_size=(w, h), boxes=boxes))
     return annotations
+
+
+def write_jp2(path: pathlib.Path, array: np.ndarray, crs: str = "EPSG:32633", transform=None, *, lossless=True,
+              lossy_quality: int = 25, **options) -> pathlib.Path:
+    """`array` (bands, height, width) as GDAL's JP2OpenJPEG driver writes it (rasterio), with no .aux.xml
+    beside it: what GDAL reports must come from the file's own boxes."""
+    import rasterio
+
+    bands, height, width = array.shape
+    path.parent.mkdir(parents=True, exist_ok=True)
+    quality = dict(QUALITY=100, REVERSIBLE="YES") if lossless else dict(QUALITY=lossy_quality)
+    with rasterio.open(path, "w", driver="JP2OpenJPEG", height=height, width=width, count=bands,
+                       dtype=array.dtype.name, crs=crs, transform=transform, **quality, **options) as dst:
+        dst.write(array)
+    for sidecar in path.parent.glob(path.name + ".aux.xml"):
+        sidecar.unlink()
+    return path

@@ -10,6 +10,7 @@ by GDAL too.
 
 from __future__ import annotations
 
+import functools
 import io
 import pathlib
 import struct
@@ -22,6 +23,7 @@ rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import Affine, from_origin  # noqa: E402
 from rasterio.windows import Window  # noqa: E402
 
+from helpers import write_jp2  # noqa: E402
 from imaging import ImageRejected, ImageValidator, RasterOptions  # noqa: E402
 from imaging.jp2 import Jp2SceneReader, georef, read_structure  # noqa: E402
 from imaging.patches import PatchOptions, SceneReader, open_scene  # noqa: E402
@@ -32,18 +34,7 @@ _RNG = np.random.default_rng(2011)
 _UTM = from_origin(399960.0, 5800020.0, 10.0, 10.0)
 
 
-def _gdal_jp2(path: pathlib.Path, array: np.ndarray, *, crs="EPSG:32633", transform=_UTM, lossless=True,
-              **options) -> pathlib.Path:
-    """`array` (bands, height, width) as GDAL's JP2OpenJPEG driver writes it; no .aux.xml beside it."""
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    quality = dict(QUALITY=100, REVERSIBLE="YES") if lossless else dict(QUALITY=25)
-    with rasterio.open(path, "w", driver="JP2OpenJPEG", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, crs=crs, transform=transform, **quality, **options) as dst:
-        dst.write(array)
-    for sidecar in path.parent.glob(path.name + ".aux.xml"):
-        sidecar.unlink()  # What GDAL reports must come from the file's own boxes.
-    return path
+_gdal_jp2 = functools.partial(write_jp2, crs="EPSG:32633", transform=_UTM, lossy_quality=25)
 
 
 def _gdal_georef(path: pathlib.Path):

@@ -11,6 +11,7 @@ rasterio's reads of every date.
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import warnings
@@ -24,7 +25,7 @@ from rasterio.windows import Window  # noqa: E402
 
 import schemas  # noqa: E402
 from beam_jobs import verify  # noqa: E402
-from helpers import convert, decoded_records, write_geotiff  # noqa: E402
+from helpers import convert, decoded_records, write_geotiff, write_jp2  # noqa: E402
 from imaging.patches import PatchOptions, grid  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")
@@ -33,17 +34,7 @@ _RNG = np.random.default_rng(1125)
 _PATCH, _STRIDE, _EDGE = 64, 48, "pad"
 
 
-def _jp2(path: pathlib.Path, array: np.ndarray, crs: str, transform, lossless=True, **options) -> pathlib.Path:
-    """`array` (bands, height, width) as GDAL's JP2OpenJPEG driver writes it; no .aux.xml beside it."""
-    bands, height, width = array.shape
-    path.parent.mkdir(parents=True, exist_ok=True)
-    quality = dict(QUALITY=100, REVERSIBLE="YES") if lossless else dict(QUALITY=30)
-    with rasterio.open(path, "w", driver="JP2OpenJPEG", height=height, width=width, count=bands,
-                       dtype=array.dtype.name, crs=crs, transform=transform, **quality, **options) as dst:
-        dst.write(array)
-    for sidecar in path.parent.glob(path.name + ".aux.xml"):
-        sidecar.unlink()
-    return path
+_jp2 = functools.partial(write_jp2, lossy_quality=30)
 
 
 _SCENES = {
