@@ -186,3 +186,33 @@ def test_per_band_nodata_through_the_converter_the_records_normalized_jsonl_and_
     image = np.array([[[1, 2, 4], [1, 2, 5], [1, 1, 4]]], np.uint16)
     rgb = preview._stretch_to_rgb(image, (1, 2, 3), (1.0, 2.0, 4.0), stretch=False)
     assert rgb[0, 0].tolist() == [0, 0, 0] and rgb[0, 1].tolist() == [1, 2, 5] and rgb[0, 2].tolist() == [1, 1, 4]
+
+
+def test_a_jpeg2000s_per_band_pam_nodata_whole_and_cut_into_padded_patches(tmp_path):
+    from imaging import ImageValidator, patches, scenes
+
+    array = _RNG.integers(0, 12, (20, 14, 3), dtype=np.uint16)
+    path = tmp_path / "n.jp2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path, "w", driver="JP2OpenJPEG", width=14, height=20, count=3, dtype="uint16",
+                           transform=_UTM, crs="EPSG:32633", QUALITY="100", REVERSIBLE="YES") as dst:
+            dst.write(array.transpose(2, 0, 1))
+    (tmp_path / "n.jp2.aux.xml").write_text(_pam([7, None, 9]))
+    gdal_nodata, values, valid = _gdal(path)
+    assert gdal_nodata == (7.0, None, 9.0)
+    found = sidecars.load(str(path), "n.jp2", georef=False)
+    (image,) = ImageValidator(raster=RasterOptions()).validate_all(path.read_bytes(), "n.jp2", found)
+    assert image.details["nodata"] == [7, None, 9]
+    _assert_masked_stats(image.band_stats, values, valid)
+    options = RasterOptions(patch=patches.PatchOptions(size=(20, 8), edge="pad"))
+    cut = scenes.cut_rows(str(path), "n.jp2", 0, 20, options, sidecars=found)
+    assert [i.patch for i in cut.images] == [(0, 0), (0, 8)]
+    stored = stored_values(cut.images[1])
+    assert stored[:, 6:].reshape(-1, 3).tolist() == [[7, 0, 9]] * 40  # Each band padded with its own.
+    _, values, valid = _gdal(path, (8, 0, 6, 20))
+    stats = cut.images[1].band_stats
+    # The padding is nodata in bands 1 and 3; band 2 has none, so its zeros count as values (as a
+    # scene without nodata pads with 0).
+    assert [stats.count[b] for b in range(3)] == [int(valid[b].sum()) + 40 * (b == 1) for b in range(3)]
+    assert [stats.nodata[b] for b in range(3)] == [int((~valid[b]).sum()) + 40 * (b != 1) for b in range(3)]
