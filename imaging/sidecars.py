@@ -138,11 +138,16 @@ class Sidecars:
                 values[band - 1] = value
         return _nodata.collapse(values)
 
-    def details(self) -> dict:
-        """What a record's details say of them: the sidecars read and the warnings (JSON-safe)."""
+    def details(self, first_page: bool = True) -> dict:
+        """What a record's details say of them: the sidecars read and the warnings (JSON-safe).
+
+        A later page's (`first_page` False) name only the sidecars it takes
+        (`page_georef`): the world file and the `.prj`.
+        """
         out: dict = {}
-        if self.used:
-            out["sidecars"] = list(self.used)
+        used = self.used if first_page else [u for u in self.used if not u.lower().endswith((_AUX, _MSK))]
+        if used:
+            out["sidecars"] = list(used)
         if self.warnings:
             out["sidecar_warnings"] = list(self.warnings)
         return out

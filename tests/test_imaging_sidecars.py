@@ -313,6 +313,8 @@ def test_later_pages_take_the_world_file_and_their_own_nodata_not_the_pam_file_o
     assert gdal == [((1, 2, 0, 3, 0, -2), (5.0, 5.0)), (world, (None, None)),
                     ((100, 20, 0, 900, 0, -20), (9.0, 9.0))]
     assert images[0].details["masked_pixels"] == 16 and "masked_pixels" not in images[1].details
+    assert images[0].details["sidecars"] == ["p.tif.aux.xml", "p.tif.msk", "p.tfw"]
+    assert images[1].details["sidecars"] == images[2].details["sidecars"] == ["p.tfw"]
 
 
 def test_a_later_page_after_an_internal_mask_keeps_its_own_georeferencing(tmp_path):

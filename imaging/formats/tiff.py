@@ -65,10 +65,13 @@ def _read(data: bytes, name: str, context: Context, sidecars) -> list[ValidImage
     else:
         found = [stored_raster(r, name, "tiff", context) for r in rasters]
     found = _with_georef(found, data, name, context, sidecars)
-    noted = {} if sidecars is None else sidecars.details()
-    if not noted:
+    if sidecars is None:
         return found
-    return [dataclasses.replace(image, details={**(image.details or {}), **noted}) for image in found]
+    out = []
+    for image in found:
+        noted = sidecars.details(first_page=not image.page)
+        out.append(dataclasses.replace(image, details={**(image.details or {}), **noted}) if noted else image)
+    return out
 
 
 def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Context,
