@@ -44,6 +44,7 @@ from beam_jobs import _runner, _verify_fns, args
 from beam_jobs._verify_fns import CHECK_FAILED
 from conversion import console, scene_log
 from conversion.files import exists, join, output_full_text, read_bytes
+from imaging import nodata as _nodata
 from imaging.patches import PatchOptions
 
 __all__ = ["VerifyOptions", "VerifyDataset", "run", "main", "help_text", "EXIT_CHECKS_FAILED"]
@@ -107,7 +108,7 @@ class VerifyDataset(beam.PTransform):
             None if normalized is None else _verify_fns.raster_records(normalized))
         if schemas.TIME_SERIES in m.extra:
             # Stacks: each location's nodata value, from the manifest (`conversion.time_series`).
-            rasters = {loc: (None if v.get("nodata") is None else float(v["nodata"]))
+            rasters = {loc: _nodata.from_json(v.get("nodata"))  # Per band: a list.
                        for loc, v in m.extra[schemas.TIME_SERIES]["locations"].items()}
             if normalized is not None:
                 # A stack record whose files' masks left samples out: its statistics as recorded.

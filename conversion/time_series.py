@@ -379,8 +379,11 @@ def _whole_mask(path: str, plan: _ts.LocationPlan, dtype: str) -> tuple[bytes, n
     return _masks.encode_mask(ids, dtype), _masks.pixel_counts(ids)
 
 
-def _nodata_json(value: float | None):
-    """A nodata value as JSON holds it ('nan' for NaN, which JSON has not)."""
+def _nodata_json(value):
+    """A nodata value as JSON holds it ('nan' for NaN, which JSON has not); a list of them per band
+    where the stack's bands have their own (`imaging.nodata`)."""
+    if isinstance(value, tuple):
+        return [_nodata_json(v) for v in value]
     if value is None:
         return None
     return "nan" if value != value else value

@@ -19,6 +19,7 @@ import numpy as np
 import schemas
 from imaging import ResizeOptions
 from imaging.resize import target_size as _resize_target
+from imaging import nodata as _nodata
 from imaging import raster as _raster
 from schemas import tf_runtime
 from schemas import volumes as _volume_schemas
@@ -482,7 +483,7 @@ def _failed(problem: str, name: str | None = None):
 
 
 def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
-    """Record filename to nodata value (None: none) of every raster record in normalized.jsonl.
+    """Record filename to nodata (`imaging.nodata`: per band where listed so) of every raster record in normalized.jsonl.
 
     Raster records are those read by imaging/raster.py, whose details name
     their source dtype and bands; the converter's band statistics cover
@@ -500,8 +501,7 @@ def raster_records(normalized_jsonl: str) -> dict[str, float | None]:
             # An internal mask left pixels out that the stored values do not show: its statistics.
             rasters[entry["path"]] = schemas.BandStats.from_json(details["masked_stats"])
         elif "source_bands" in details:
-            nodata = details.get("nodata")
-            rasters[entry["path"]] = None if nodata is None else float(nodata)
+            rasters[entry["path"]] = _nodata.from_json(details.get("nodata"))  # Per band: a list.
     return rasters
 
 

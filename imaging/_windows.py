@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-__all__ = ["check_window", "outside", "padding_fill"]
+__all__ = ["check_window", "outside", "padding_fill", "plane_fill"]
 
 
 def check_window(reader: str, y, x, height, width) -> None:
@@ -31,9 +31,16 @@ def outside(y: int, x: int, height: int, width: int, scene_height: int, scene_wi
     return ~(inside_rows[:, np.newaxis] & inside_columns[np.newaxis, :])
 
 
-def padding_fill(nodata: float | None, dtype) -> float:
+def padding_fill(nodata, dtype):
     """What pixels past a scene's edge (outside its grid) hold: its nodata value, or 0 without one or when
-    `dtype` (a numpy dtype) cannot hold it."""
+    `dtype` (a numpy dtype) cannot hold it; per band (a tuple) where the nodata is per band (`imaging.nodata`)."""
+    if isinstance(nodata, tuple):
+        return tuple(padding_fill(v, dtype) for v in nodata)
     fits = nodata is not None and (dtype.kind == "f" or (
         math.isfinite(nodata) and nodata == int(nodata) and np.iinfo(dtype).min <= nodata <= np.iinfo(dtype).max))
     return nodata if fits else 0
+
+
+def plane_fill(fill, plane: int):
+    """The fill (`padding_fill`) of one band, 0-based."""
+    return fill[plane] if isinstance(fill, tuple) else fill

@@ -85,7 +85,9 @@ def read_georef(data: bytes, name: str) -> list[Georef]:
         raise ImageRejected("corrupt", f"{name}: {loop}")
     try:
         with tifffile.TiffFile(io.BytesIO(data)) as tif:
-            pages = [p for p in tif.pages if not getattr(p, "is_reduced", False)] or [tif.pages.first]
+            # Masks (GDAL's internal masks) are no pages of their own either, as for `read_tiff`.
+            pages = [p for p in tif.pages if not getattr(p, "is_reduced", False)
+                     and not getattr(p, "is_mask", False)] or [tif.pages.first]
             return [_page_georef(p, name) for p in pages]
     except (tifffile.TiffFileError, ValueError, TypeError, KeyError, IndexError) as e:
         raise ImageRejected("corrupt", f"{name}: unreadable GeoTIFF tags ({type(e).__name__}: {e})") from e

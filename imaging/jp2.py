@@ -497,9 +497,10 @@ class Jp2SceneReader:
         """The scene's EPSG code and geotransform (`georef`: GeoJP2, else GMLJP2)."""
         return georef(self.structure, self.name)
 
-    def use_nodata(self, nodata: float | None) -> None:
+    def use_nodata(self, nodata) -> None:
         """Takes `nodata` as the scene's nodata value (its .aux.xml's, `imaging.sidecars`: where GDAL keeps a
-        JPEG 2000's), padding included (`imaging._windows.padding_fill`)."""
+        JPEG 2000's; per band where it gives bands their own, `imaging.nodata`), padding included
+        (`imaging._windows.padding_fill`)."""
         self.nodata = nodata
         self.fill = padding_fill(nodata, self.dtype)
 

@@ -45,7 +45,8 @@ import numpy as np
 
 from imaging import _tiff_ifds
 from imaging.errors import ImageRejected
-from imaging._windows import check_window, outside, padding_fill
+from imaging import nodata as _nodata
+from imaging._windows import check_window, outside, padding_fill, plane_fill
 from imaging.georef import Georef, page_georef
 
 __all__ = ["EDGES", "PatchOptions", "SceneReader", "grid", "nodata_share", "offsets", "open_scene",
@@ -206,7 +207,7 @@ def grid(height: int, width: int, options: PatchOptions) -> list[tuple[int, int]
     return [(y, x) for y in rows for x in columns]
 
 
-def nodata_share(window: np.ndarray, padded: np.ndarray | None, nodata: float | None) -> float:
+def nodata_share(window: np.ndarray, padded: np.ndarray | None, nodata: _nodata.Nodata) -> float:
     """The share of the window's pixels that hold no data, from 0 to 1.
 
     A pixel holds no data when every band holds `nodata`; NaN counts as
@@ -216,7 +217,8 @@ def nodata_share(window: np.ndarray, padded: np.ndarray | None, nodata: float | 
     Args:
       window: (height, width, bands), or (height, width) for one band.
       padded: (height, width) booleans, True outside the scene; None: none.
-      nodata: The raster's nodata value, or None.
+      nodata: The raster's nodata value, or None; or one per band
+        (`imaging.nodata`): a pixel holds no data where each band holds its own.
 
     Raises:
       ValueError: For an empty window, or a `padded` mask of another shape.
@@ -231,7 +233,13 @@ def nodata_share(window: np.ndarray, padded: np.ndarray | None, nodata: float | 
     empty: np.ndarray | None = None
     if floating:
         empty = np.isnan(window)
-    if nodata is not None and not math.isnan(nodata):
+    if isinstance(nodata, tuple):
+        equal = np.zeros(window.shape, bool)
+        for b, value in enumerate(_nodata.per_band(nodata, window.shape[2])):
+            if value is not None and not math.isnan(value):
+                np.equal(window[:, :, b], value, out=equal[:, :, b])
+        empty = equal if empty is None else empty | equal
+    elif nodata is not None and not math.isnan(nodata):
         equal = window == nodata
         empty = equal if empty is None else empty | equal
     if empty is None:
@@ -296,8 +304,10 @@ class SceneReader:
       name: As given.
       height, width, bands: The page's size.
       dtype: The sample type of `read`'s arrays (1-bit samples as uint8).
-      nodata: The GDAL_NODATA value (tag 42113) as a float, or None.
-      fill: What pixels outside the scene hold: `nodata`, or 0 without one.
+      nodata: The GDAL_NODATA value (tag 42113) as a float, or None; after
+        `use_nodata`, per band where a PAM file says so (`imaging.nodata`).
+      fill: What pixels outside the scene hold: `nodata`, or 0 without one
+        (per band where `nodata` is).
       segment_shape: (rows, columns) of one tile, or of one strip.
       planar: Whether bands are stored as separate planes.
       decoded_segments, decoded_bytes: How many segments were decoded so far,
@@ -441,8 +451,9 @@ class SceneReader:
         """The page's EPSG code and geotransform (`imaging.georef`), from its tags."""
         return page_georef(self._page, self.name)
 
-    def use_nodata(self, nodata: float | None) -> None:
-        """Takes `nodata` as the page's nodata value (a PAM file's, `imaging.sidecars`), padding included."""
+    def use_nodata(self, nodata: _nodata.Nodata) -> None:
+        """Takes `nodata` as the page's nodata (a PAM file's, `imaging.sidecars`; per band where it gives
+        bands their own values), padding included."""
         self.nodata = nodata
         self.fill = padding_fill(nodata, self.dtype)
 
@@ -578,7 +589,7 @@ class SceneReader:
                             if plane is None:
                                 target[...] = self.fill
                             else:
-                                target[:, :, plane] = self.fill
+                                target[:, :, plane] = plane_fill(self.fill, plane)
                         continue
                     piece = segment[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
                     if plane is None:

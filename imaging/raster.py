@@ -28,6 +28,7 @@ import numpy as np
 
 import schemas
 from imaging import _tiff_ifds, _tiff_strips
+from imaging import nodata as _nodata
 from imaging.errors import ImageRejected
 from imaging.patches import PatchOptions
 
@@ -165,7 +166,8 @@ class Raster:
       array: (height, width, bands), the stored sample type.
       page: Its page index when every page is kept and the file has several;
         otherwise None.
-      nodata: The GDAL nodata value of the file, or None.
+      nodata: The page's GDAL nodata (`imaging.nodata`): one value (or None)
+        for every band, or a tuple of one per band where they differ.
       actions: What was changed beyond re-encoding ('select_bands', ...).
       details: JSON-safe provenance for normalized.jsonl.
       masked: (height, width) booleans, True where the page's internal mask
@@ -176,7 +178,7 @@ class Raster:
 
     array: np.ndarray
     page: int | None
-    nodata: float | None
+    nodata: _nodata.Nodata
     actions: tuple[str, ...]
     details: dict[str, Any]
     masked: np.ndarray | None = None
@@ -228,7 +230,7 @@ def read_tiff(data: bytes, name: str, options: RasterOptions, sidecars=None) -> 
         array, nodata = plain
         masked = None
         if sidecars is not None:
-            nodata = sidecars.nodata_over(nodata)
+            nodata = sidecars.nodata_over(nodata, array.shape[2])
             masked = external_mask(sidecars, array.shape[:2], name)
         widened = _WIDEN.get(_dtype_name(array.dtype))
         if widened:
@@ -325,16 +327,18 @@ def _decode_pages(tif, data: bytes, name: str, options: RasterOptions, sidecars=
             f"{f' on {len(keep)} pages' if len(keep) > 1 else ''} = {total:,} samples, more than "
             f"--max_pixels={options.max_pixels:,}",
         )
-    nodata = _nodata(keep[0])
-    if sidecars is not None:
-        nodata = sidecars.nodata_over(nodata)
     out = []
     for index, page in enumerate(keep):
         array = _read_page(page, data, name)
         page_index = index if options.pages == "all" and len(keep) > 1 else None
+        # Each page's own GDAL_NODATA, as GDAL opens it (GTIFF_DIR:N). The PAM file and the
+        # external mask are the first page's alone: GDAL applies neither to a later page.
+        nodata = _tag_nodata(page)
         masked = _internal_mask(tif, page, data, name)
-        if masked is None and index == 0 and sidecars is not None:
-            masked = external_mask(sidecars, array.shape[:2], name)  # GDAL's dataset: the first page.
+        if index == 0 and sidecars is not None:
+            nodata = sidecars.nodata_over(nodata, array.shape[2])
+            if masked is None:
+                masked = external_mask(sidecars, array.shape[:2], name)
         out.append(_finish(array, page_index, nodata, options, name, masked))
     return out
 
@@ -614,7 +618,7 @@ def _check_segments(page, file_size: int, name: str) -> None:
         )
 
 
-def _nodata(page) -> float | None:
+def _tag_nodata(page) -> float | None:
     value = getattr(page, "nodata", 0)
     # tifffile reports 0 when there is no GDAL_NODATA tag.
     if 42113 not in page.tags:
@@ -622,7 +626,7 @@ def _nodata(page) -> float | None:
     return float(value)
 
 
-def apply_options(array: np.ndarray, nodata: float | None, options: RasterOptions, name: str,
+def apply_options(array: np.ndarray, nodata: _nodata.Nodata, options: RasterOptions, name: str,
                   masked: np.ndarray | None = None) -> Raster:
     """An array read from a TIFF (a whole page or a window of one) as `read_tiff` keeps it.
 
@@ -652,6 +656,7 @@ def _finish(array, page, nodata, options: RasterOptions, name: str, masked=None)
                 f"{name} has {bands} band{'s' * (bands != 1)}; --raster_bands asks for {missing}",
             )
         array = array[:, :, [b - 1 for b in options.bands]]
+        nodata = _nodata.select(_nodata.per_band(nodata, bands), [b - 1 for b in options.bands])
         actions.append("select_bands")
         details["bands"] = list(options.bands)
     if options.dtype is not None:
@@ -659,7 +664,7 @@ def _finish(array, page, nodata, options: RasterOptions, name: str, masked=None)
         actions.append(f"scale_to_{options.dtype}")
         details["scaling"] = scaling
     if nodata is not None:
-        details["nodata"] = _json_number(nodata)
+        details["nodata"] = _nodata.to_json(nodata)
     if masked is not None and not masked.any():
         masked = None  # A mask that masks nothing: the statistics are those of every pixel.
     return Raster(np.ascontiguousarray(array), page, nodata, tuple(actions), details, masked)
@@ -683,14 +688,6 @@ def _scale(array, nodata, options: RasterOptions, name: str):
     scaled = np.clip(np.nan_to_num(scaled, nan=0.0), 0, top).astype(options.dtype)
     return scaled, {"from": [low, high], "to": [0, int(top)], "rounding": "nearest, clipped",
                     "nan": 0}
-
-
-def _json_number(value: float):
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return int(value) if value == int(value) else value
 
 
 def is_png_storable(array: np.ndarray) -> bool:
@@ -738,15 +735,25 @@ def raw_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=little).tobytes()
 
 
-def band_stats(array: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
+def band_stats(array: np.ndarray, nodata: _nodata.Nodata,
+               masked: np.ndarray | None = None) -> schemas.BandStats:
     """Per band: valid samples, min, max, mean, sum of squared deviations, nodata count.
 
-    Samples equal to `nodata`, NaN, and every sample of a pixel `masked`
-    marks ((height, width) booleans: an internal mask's no data) are counted
-    as nodata and left out. Integer samples with no nodata among them: from
-    exact integer sums, each statistic the correctly rounded float of its
-    exact value (`_band_stats_exact`); otherwise float64 sums.
+    Samples equal to `nodata` (a band's own value where it has one per band,
+    `imaging.nodata`, as GDAL's per-band masks take them), NaN, and every
+    sample of a pixel `masked` marks ((height, width) booleans: an internal
+    mask's no data) are counted as nodata and left out. Integer samples with
+    no nodata among them: from exact integer sums, each statistic the
+    correctly rounded float of its exact value (`_band_stats_exact`);
+    otherwise float64 sums.
     """
+    if isinstance(nodata, tuple):
+        values = _nodata.per_band(nodata, array.shape[2])
+        if not any(v is not None and not math.isnan(v) and bool((array[:, :, b] == v).any())
+                   for b, v in enumerate(values)):
+            nodata = None  # No band holds its own value: the statistics of every sample, as below.
+        else:
+            return _band_stats_loop(array, values, None if masked is None or not masked.any() else masked.ravel())
     if masked is not None and masked.any():
         return _band_stats_loop(array, nodata, masked.ravel())
     if array.dtype.kind in "ui":
@@ -759,10 +766,11 @@ def band_stats(array: np.ndarray, nodata: float | None, masked: np.ndarray | Non
     return _band_stats_loop(array, nodata)
 
 
-def _band_stats_loop(array: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
+def _band_stats_loop(array: np.ndarray, nodata: _nodata.Nodata,
+                     masked: np.ndarray | None = None) -> schemas.BandStats:
     """`band_stats` band by band in float64; `masked`: per pixel, flattened, True where left out."""
     counts, mins, maxs, means, m2s, missing = [], [], [], [], [], []
-    for band in _bands(array):
+    for band, nodata in zip(_bands(array), _nodata.per_band(nodata, array.shape[2])):
         values = band.astype(np.float64, copy=False).ravel()
         invalid = np.isnan(values)
         if masked is not None:

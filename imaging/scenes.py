@@ -300,7 +300,7 @@ def cut_rows(source: str | os.PathLike | BinaryIO, name: str, y0: int, y1: int,
                 scene.keep_columns(xs[0], xs[-1] + width)
         georef = scene.georef if options.georef else None
         if sidecars is not None:
-            scene.use_nodata(sidecars.nodata_over(scene.nodata))
+            scene.use_nodata(sidecars.nodata_over(scene.nodata, scene.bands))
             georef = None if georef is None else sidecars.georef(georef)
         for y in rows:
             for x in xs:

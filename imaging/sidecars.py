@@ -12,7 +12,7 @@ value beside it rather than in its tags:
   ESRI names of common CRSs). GDAL's GTiff driver does not read it (ArcGIS
   does): it is used only where nothing else gives a CRS;
 - GDAL's **PAM file** (`scene.tif.aux.xml`): `<SRS>`, `<GeoTransform>` and
-  each band's `<NoDataValue>`;
+  each band's `<NoDataValue>` (GDAL's nodata is per band: `imaging.nodata`);
 - GDAL's **external mask** (`scene.tif.msk`, a TIFF): the raster's mask
   where the file has no internal one, as GDAL takes it; its zeros are no
   data. Its bytes are kept (`Sidecars.mask`) for the reader of the pixels.
@@ -22,7 +22,10 @@ PAM,INTERNAL,TABFILE,WORLDFILE, checked with GDAL 3.10): the PAM file's
 georeferencing and nodata win over the TIFF's own tags, which win over a
 world file; the CRS and the geotransform are each taken from the first
 source that has one. A sidecar that is malformed is left out with a warning
-(`Sidecars.warnings`); the raster is still read. Framework-free.
+(`Sidecars.warnings`); the raster is still read. A multi-page TIFF's later
+pages, which GDAL opens as `GTIFF_DIR:N:path`, take the world file (and the
+`.prj`) only: GDAL applies neither the PAM file nor the external mask to
+them (`Sidecars.page_georef`). Framework-free.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import struct
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Mapping
 
+from imaging import nodata as _nodata
 from imaging.georef import Georef
 
 __all__ = ["Sidecars", "sidecar_names", "load", "parse", "world_geotransform", "wkt_epsg"]
@@ -63,8 +67,8 @@ class Sidecars:
       pam_epsg: The PAM file's SRS as an EPSG code (0: an SRS without one);
         None when it gives none.
       pam_geotransform: The PAM file's `<GeoTransform>`; None when none.
-      nodata: The PAM file's nodata value, the same for every band; None
-        when it gives none (or different ones per band: a warning says so).
+      pam_nodata: The PAM file's nodata values, (band number, value) pairs
+        sorted by band, for the bands that have one (`<PAMRasterBand band="k">`).
       world: The world file's geotransform (GDAL order, the top-left corner);
         None without a usable world file.
       prj_epsg: The `.prj` file's EPSG code (0: a CRS without one); None
@@ -77,7 +81,7 @@ class Sidecars:
 
     pam_epsg: int | None = None
     pam_geotransform: tuple[float, ...] | None = None
-    nodata: float | None = None
+    pam_nodata: tuple[tuple[int, float], ...] = ()
     world: tuple[float, ...] | None = None
     prj_epsg: int | None = None
     used: tuple[str, ...] = ()
@@ -98,15 +102,52 @@ class Sidecars:
         geotransform = self.pam_geotransform or tags.geotransform or self.world
         return dataclasses.replace(tags, epsg=epsg, geotransform=geotransform)
 
-    def nodata_over(self, tags: float | None) -> float | None:
-        """The nodata value GDAL reports: the PAM file's, else the tags' (`tags`: GDAL_NODATA's)."""
-        return tags if self.nodata is None else self.nodata
+    def page_georef(self, tags: Georef) -> Georef:
+        """The georeferencing GDAL reports for a later page (`GTIFF_DIR:N:path`, N > 1) whose tags give `tags`.
 
-    def details(self) -> dict:
-        """What a record's details say of them: the sidecars read and the warnings (JSON-safe)."""
+        GDAL opens such a page as a subdataset: the world file applies to it
+        as to the first (where its own tags give no geotransform), the PAM
+        file does not (neither its top level nor a `<Subdataset>` of the
+        page: GDAL 3.10 writes one, and reads it back for no page). The
+        `.prj` (not GDAL's: ArcGIS's, the world file's companion) gives the
+        CRS where its tags give none, as for the first page.
+        """
+        epsg = tags.epsg
+        if not epsg and self.prj_epsg is not None:
+            epsg = self.prj_epsg
+        return dataclasses.replace(tags, epsg=epsg, geotransform=tags.geotransform or self.world)
+
+    @property
+    def nodata(self) -> float | None:
+        """The PAM file's nodata value where every band it lists has the same; else None."""
+        found = _nodata.collapse(v for _, v in self.pam_nodata)
+        return None if isinstance(found, tuple) else found
+
+    def nodata_over(self, tags: _nodata.Nodata, bands: int) -> _nodata.Nodata:
+        """The nodata GDAL reports for the first page (`imaging.nodata`): per band, the PAM file's, else the tags'.
+
+        Args:
+          tags: What the file itself gives (its GDAL_NODATA tag: every band's), or None.
+          bands: The raster's number of bands.
+        """
+        if not self.pam_nodata:
+            return tags
+        values = list(_nodata.per_band(tags, bands))
+        for band, value in self.pam_nodata:
+            if 1 <= band <= bands:
+                values[band - 1] = value
+        return _nodata.collapse(values)
+
+    def details(self, first_page: bool = True) -> dict:
+        """What a record's details say of them: the sidecars read and the warnings (JSON-safe).
+
+        A later page's (`first_page` False) name only the sidecars it takes
+        (`page_georef`): the world file and the `.prj`.
+        """
         out: dict = {}
-        if self.used:
-            out["sidecars"] = list(self.used)
+        used = self.used if first_page else [u for u in self.used if not u.lower().endswith((_AUX, _MSK))]
+        if used:
+            out["sidecars"] = list(used)
         if self.warnings:
             out["sidecar_warnings"] = list(self.warnings)
         return out
@@ -232,13 +273,9 @@ def parse(name: str, found: Mapping[str, bytes]) -> Sidecars:
             used.append(file)
         except ValueError as e:
             warnings.append(f"{file}: not read as a {what} ({e})")
-    nodata = fields.pop("nodata", None)
-    if isinstance(nodata, str):  # Per-band values that differ: GDAL's per band, one value here.
-        warnings.append(nodata)
-        nodata = None
     for warning in warnings:
         _warn_once(name, warning)
-    return Sidecars(nodata=nodata, used=tuple(used), warnings=tuple(warnings), **fields)
+    return Sidecars(used=tuple(used), warnings=tuple(warnings), **fields)
 
 
 def _warn_once(name: str, warning: str) -> None:
@@ -393,20 +430,18 @@ def _pam(data: bytes) -> tuple[dict, list[str]]:
         if element is None:
             continue
         try:
-            values[band.get("band", "1")] = _nodata(element)
+            number = int(band.get("band", "1"))
+            if number < 1:
+                raise ValueError(f"band {number} is no band number")
+            values[number] = _nodata_value(element)
         except (ValueError, struct.error) as e:
             problems.append(f"the <NoDataValue> of band {band.get('band')} is left out: {e}")
-    distinct = set(values.values())
-    if len(distinct) == 1 or (distinct and all(math.isnan(v) for v in distinct)):
-        fields["nodata"] = next(iter(values.values()))
-    elif distinct:
-        listed = ", ".join(f"band {b}: {v:g}" for b, v in sorted(values.items()))
-        fields["nodata"] = (f"the bands' nodata values differ ({listed}): one nodata value is kept "
-                            f"per raster, so none is used")
+    if values:
+        fields["pam_nodata"] = tuple(sorted(values.items()))
     return fields, problems
 
 
-def _nodata(element) -> float:
+def _nodata_value(element) -> float:
     """A `<NoDataValue>`: its exact double (`le_hex_equiv`, as GDAL writes for NaN payloads), else its text."""
     hex_value = element.get("le_hex_equiv")
     if hex_value:

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 import schemas
+from imaging import nodata as _nodata
 from imaging import raster as _raster
 from imaging import sidecars as _sidecars
 from imaging.errors import ImageRejected
@@ -239,7 +240,8 @@ class LocationPlan:
       bands: The band names, in stack order.
       height, width, dtype: Of every date (dtype: the stored type).
       epsg, geotransform: Of the reference date (all kept dates share them).
-      nodata: The reference date's GDAL nodata value (all kept dates share it), or None.
+      nodata: The reference date's GDAL nodata value (all kept dates share it), or None;
+        per stack band (`imaging.nodata`) where its bands' differ (`_stack_nodata`).
       outcomes: Every file in no stack: the dates left out and why, and
         files rejected on their own (`no_date`), sorted by path.
       rejected: (reason, message) when the location gives no stack at all;
@@ -257,7 +259,7 @@ class LocationPlan:
     dtype: str
     epsg: int
     geotransform: tuple[float, ...] | None
-    nodata: float | None
+    nodata: _nodata.Nodata
     outcomes: tuple[Outcome, ...]
     rejected: tuple[str, str] | None = None
     segment_shape: tuple[int, int] | None = None
@@ -288,7 +290,8 @@ class LocationPlan:
         return {"location": self.location, "dates": [[d.date, [list(f) for f in d.files]] for d in self.dates],
                 "bands": list(self.bands), "height": self.height, "width": self.width, "dtype": self.dtype,
                 "epsg": self.epsg, "geotransform": None if self.geotransform is None else list(self.geotransform),
-                "nodata": _json_float(self.nodata),
+                "nodata": ([_json_float(v) for v in self.nodata] if isinstance(self.nodata, tuple)
+                           else _json_float(self.nodata)),
                 "outcomes": [[o.rel_path, o.reason, o.message, o.date] for o in self.outcomes],
                 "rejected": None if self.rejected is None else list(self.rejected),
                 "segment_shape": None if self.segment_shape is None else list(self.segment_shape)}
@@ -302,7 +305,7 @@ class LocationPlan:
                          for date, files in d["dates"]),
                    tuple(d["bands"]), int(d["height"]), int(d["width"]), d["dtype"], int(d["epsg"]),
                    None if d["geotransform"] is None else tuple(float(v) for v in d["geotransform"]),
-                   None if nodata is None else float(nodata),
+                   _nodata.from_json(nodata),
                    tuple(Outcome(*o) for o in d["outcomes"]),
                    None if d["rejected"] is None else tuple(d["rejected"]),
                    None if segment is None else (int(segment[0]), int(segment[1])))
@@ -330,7 +333,7 @@ class _Header:
     width: int = 0
     bands: int = 0
     dtype: str = ""
-    nodata: float | None = None
+    nodata: _nodata.Nodata = None
     segment_shape: tuple[int, int] | None = None
     error: ImageRejected | None = None
 
@@ -344,7 +347,7 @@ def _header(rel_path: str, path: str) -> _Header:
             # A world file, `.prj` or `.aux.xml` beside it, read as GDAL reads them.
             sidecars = _sidecars.load(path, rel_path)
             if sidecars is not None:
-                georef, nodata = sidecars.georef(georef), sidecars.nodata_over(nodata)
+                georef, nodata = sidecars.georef(georef), sidecars.nodata_over(nodata, scene.bands)
             dtype = _WIDEN.get(scene.dtype.name, scene.dtype.name)
             if date is None:
                 date = _tag_date(scene)
@@ -424,14 +427,12 @@ def _same_grid(h: _Header, ref: _Header) -> bool:
     return True
 
 
-def _same_nodata(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a == b or (math.isnan(a) and math.isnan(b))
+def _same_nodata(a: _nodata.Nodata, b: _nodata.Nodata) -> bool:
+    return _nodata.same(a, b)
 
 
-def _nodata_text(value: float | None) -> str:
-    return "none" if value is None else f"{value:g}"
+def _nodata_text(value: _nodata.Nodata) -> str:
+    return _nodata.text(value)
 
 
 def _gt(geotransform) -> str:
@@ -482,12 +483,28 @@ def plan_location(location: str, files: Sequence[tuple[str, str]], options: Time
         return rejected("unsupported_dtype", f"{location or '.'}: {dtype} samples; stacks hold "
                                              f"{', '.join(schemas.RAW_DTYPES)}")
     plan = LocationPlan(location, tuple(kept), tuple(bands), ref.height, ref.width, dtype, ref.epsg,
-                        ref.geotransform, ref.nodata, tuple(outcomes), None, ref.segment_shape)
+                        ref.geotransform, _stack_nodata(ref, ref_bands, band_files, bands), tuple(outcomes),
+                        None, ref.segment_shape)
     if options.patch is None and plan.samples > options.max_pixels:
         return rejected("too_large", f"{location or '.'}: a stack of {plan.shape} is {plan.samples:,} samples, "
                                      f"more than --max_pixels={options.max_pixels:,}; cut it into patches "
                                      f"(--raster_patch 256) or raise --max_pixels")
     return plan
+
+
+def _stack_nodata(ref: _Header, ref_bands: dict, band_files: bool, bands) -> _nodata.Nodata:
+    """The stack's nodata (`imaging.nodata`), per stack band where its bands' differ.
+
+    Each band's is its reference file's (`_date_plan` holds every date to
+    it): a band file's own value (Landsat's QA_PIXEL fills with 1, its
+    surface reflectance with 0), or the band's of a file of several bands
+    (a PAM file may give each its own, as GDAL reads it).
+    """
+    if band_files:
+        return _nodata.collapse(_nodata.per_band(ref_bands.get(b, ref).nodata, 1)[0] for b in bands)
+    if not all(b.isdigit() and 1 <= int(b) <= ref.bands for b in bands):
+        return ref.nodata
+    return _nodata.select(_nodata.per_band(ref.nodata, ref.bands), [int(b) - 1 for b in bands])
 
 
 def _dated(headers: list[_Header]) -> tuple[list[Outcome], dict[datetime.date, list[_Header]]]:
@@ -636,7 +653,7 @@ def read_stack(plan: LocationPlan, window: tuple[int, int, int, int] | None = No
     masked: np.ndarray | None = None
     for t, date in enumerate(plan.dates):
         for rel, (path, picks) in _picks_by_file(date).items():
-            with _PassFile(path, rel, plan.nodata) as source:
+            with _PassFile(path, rel, plan.nodata, picks) as source:
                 values = source.scene.read(y, x, h, w)
                 file_mask = source.masked(y, x, h, w)
             for b, band in picks:
@@ -666,12 +683,18 @@ class _PassFile:
     several bands of the stack masks each of them; a band file, its band.
     """
 
-    def __init__(self, path: str, rel: str, nodata: float | None):
+    def __init__(self, path: str, rel: str, nodata: _nodata.Nodata, picks: Sequence[tuple[int, int]] = ()):
+        """`nodata`: the stack's (`LocationPlan.nodata`); `picks`: (band of the stack, band of the file) pairs."""
         from imaging import scenes as _scenes
 
         self._stack = contextlib.ExitStack()
         try:
             self.scene = self._stack.enter_context(open_scene(path, rel))
+            if isinstance(nodata, tuple):  # Per stack band: the file's bands each take their own.
+                values: list[float | None] = [None] * self.scene.bands
+                for b, band in picks:
+                    values[band] = nodata[b]
+                nodata = _nodata.collapse(values)
             self.scene.use_nodata(nodata)  # A PAM file's may stand for the tag's: padding holds it.
             self._external = None
             if not self.scene.has_mask:
@@ -735,7 +758,7 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
     masks: list[np.ndarray | None] = [None] * len(corners)
     for t, date in enumerate(plan.dates):
         for rel, (path, picks) in _picks_by_file(date).items():
-            with _PassFile(path, rel, plan.nodata) as source:
+            with _PassFile(path, rel, plan.nodata, picks) as source:
                 if xs:
                     source.keep_columns(max(xs[0], 0), xs[-1] + width)
                 for k, (y, x) in enumerate(corners):
@@ -762,15 +785,16 @@ def read_patches(plan: LocationPlan, options: PatchOptions, y0: int, y1: int,
             yield y, x, stack, share, masked
 
 
-def _date_share(window: np.ndarray, padded: np.ndarray, nodata: float | None, masked: np.ndarray | None) -> float:
+def _date_share(window: np.ndarray, padded: np.ndarray, nodata: _nodata.Nodata, masked: np.ndarray | None) -> float:
     """One date's nodata share of a patch: `nodata_share`, a masked sample counting as nodata."""
     if masked is None:
         return nodata_share(window, padded if padded.any() else None, nodata)
     empty = masked.copy()
     if window.dtype.kind == "f":
         empty |= np.isnan(window)
-    if nodata is not None and not math.isnan(nodata):
-        empty |= window == nodata
+    for b, value in enumerate(_nodata.per_band(nodata, window.shape[2])):
+        if value is not None and not math.isnan(value):
+            empty[:, :, b] |= window[:, :, b] == value
     return float(np.count_nonzero(empty.all(axis=2) | padded)) / padded.size
 
 
@@ -779,7 +803,7 @@ def patch_of(plan: LocationPlan, y: int, x: int, height: int, width: int) -> tup
     return f"{plan.location}#patch={y},{x}", patch_geotransform(plan.geotransform, y, x)
 
 
-def stack_band_stats(stack: np.ndarray, nodata: float | None, masked: np.ndarray | None = None) -> schemas.BandStats:
+def stack_band_stats(stack: np.ndarray, nodata: _nodata.Nodata, masked: np.ndarray | None = None) -> schemas.BandStats:
     """Per-band statistics of a stack (time, height, width, bands): every date's pixels, nodata and NaN left out.
 
     `masked` ((time, height, width, bands) booleans, `read_stack`'s): samples
@@ -790,7 +814,8 @@ def stack_band_stats(stack: np.ndarray, nodata: float | None, masked: np.ndarray
     if masked is None or not masked.any():
         return _raster.band_stats(np.ascontiguousarray(stack).reshape(t * h, w, b), nodata)
     # Each band under its own file's mask (band files of one date have one each).
-    per_band = [_raster.band_stats(np.ascontiguousarray(stack[..., k:k + 1]).reshape(t * h, w, 1), nodata,
+    values = _nodata.per_band(nodata, b)
+    per_band = [_raster.band_stats(np.ascontiguousarray(stack[..., k:k + 1]).reshape(t * h, w, 1), values[k],
                                    masked[..., k].reshape(t * h, w)) for k in range(b)]
     return schemas.BandStats(1, *(tuple(v for s in per_band for v in getattr(s, field))
                                   for field in ("count", "min", "max", "mean", "m2", "nodata")))

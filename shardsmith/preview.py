@@ -53,6 +53,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from conversion import console
+from imaging import nodata as _nodata
 from schemas.features import FILENAME, HEIGHT, LABEL, WIDTH
 from schemas.manifest import NORMALIZED_FILENAME, Manifest, ManifestError
 from schemas.time_series import TIME_SERIES, example_kind
@@ -239,21 +240,23 @@ def _check_rgb_bands(rgb_bands, bands: int) -> tuple[int, ...]:
     return tuple(rgb_bands)
 
 
-def _stretch_to_rgb(image: np.ndarray, rgb_bands: tuple[int, ...], nodata: float | None = None,
+def _stretch_to_rgb(image: np.ndarray, rgb_bands: tuple[int, ...], nodata: _nodata.Nodata = None,
                     stretch: bool = True) -> np.ndarray:
     """uint8 RGB of bands `rgb_bands` (1-based) of an (height, width, bands) image.
 
     Each band is stretched between its `_STRETCH` percentiles of the pixels
     that hold data (`stretch`), or shown as stored (8-bit data: `stretch`
-    False). A pixel whose every band holds `nodata` or NaN (as the converter
-    counts nodata) is left out of the percentiles and shown black; so is a
+    False). A pixel whose every band holds `nodata` (each band its own where
+    it is per band, `imaging.nodata`) or NaN (as the converter counts
+    nodata) is left out of the percentiles and shown black; so is a
     NaN or infinite sample.
     """
     image = np.asarray(image)
     values_all = image.astype(np.float64)
     empty = np.isnan(values_all)
-    if nodata is not None and not np.isnan(nodata):
-        empty |= values_all == nodata
+    for b, value in enumerate(_nodata.per_band(nodata, values_all.shape[-1])):
+        if value is not None and not np.isnan(value):
+            empty[..., b] |= values_all[..., b] == value
     missing = empty.all(axis=-1)
     channels = []
     for band in rgb_bands:
@@ -272,8 +275,8 @@ def _stretch_to_rgb(image: np.ndarray, rgb_bands: tuple[int, ...], nodata: float
     return np.stack(channels, axis=-1)
 
 
-def _nodata_values(data_dir, names) -> dict[str, float | None]:
-    """The nodata value (GDAL_NODATA) of each raster record named, from normalized.jsonl.
+def _nodata_values(data_dir, names) -> dict[str, _nodata.Nodata]:
+    """The nodata value (GDAL_NODATA; per band where listed so) of each raster record named, from normalized.jsonl.
 
     The file has a line per raster record (its details name the nodata value
     when the file has one); read line by line, up to the last record named.
@@ -282,7 +285,7 @@ def _nodata_values(data_dir, names) -> dict[str, float | None]:
     from schemas.tf_runtime import tf
 
     wanted = set(names)
-    found: dict[str, float | None] = {}
+    found: dict[str, _nodata.Nodata] = {}
     path = os.path.join(os.fspath(data_dir), NORMALIZED_FILENAME)
     if not wanted or not tf.io.gfile.exists(path):
         return found
@@ -294,7 +297,7 @@ def _nodata_values(data_dir, names) -> dict[str, float | None]:
             name = entry.get("path")
             if name in wanted:
                 nodata = (entry.get("details") or {}).get("nodata")
-                found[name] = None if nodata is None else float(nodata)
+                found[name] = _nodata.from_json(nodata)
     return found
 
 

@@ -201,17 +201,142 @@ def test_a_pam_nodata_value_is_gdals_nodata_and_leaves_the_band_statistics(tmp_p
         assert stats.mean[b] == pytest.approx(mean, rel=1e-12)
 
 
-def test_per_band_nodata_values_that_differ_are_not_used_and_said(tmp_path, caplog):
-    path = _plain_tiff(tmp_path / "n.tif", _RNG.integers(0, 400, (6, 6, 2), dtype=np.uint16))
-    pam = _pam_nodata(tmp_path, 7, 2)
-    last = pam.rindex("7.00000000000000E+00")
-    (tmp_path / "n.tif.aux.xml").write_text(pam[:last] + "9" + pam[last + len("7.00000000000000E+00"):])
-    assert _gdal(path)[2] == (7.0, 9.0)  # GDAL: one per band; one value per raster here.
-    with caplog.at_level(logging.WARNING, logger="imaging.sidecars"):
-        (image,) = _validate(path, georef=False)
-    assert "nodata" not in image.details
-    assert "band 1: 7, band 2: 9" in image.details["sidecar_warnings"][0]
-    assert "band 1: 7, band 2: 9" in caplog.text
+def _gdal_masks(name: str):
+    """GDAL's per-band masks of `name` (a path, or GTIFF_DIR:N:path): (bands, height, width) booleans, True valid.
+
+    Where a mask (`.msk`, internal) stands for GDAL's mask band, its nodata values are
+    left out too, as shardsmith leaves out both (docs/preparing/rasters.md).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(name) as src:
+            values = src.read().astype(np.float64)
+            masks = np.stack([src.read_masks(k) != 0 for k in range(1, src.count + 1)])
+            for k, nodata in enumerate(src.nodatavals):
+                if nodata is not None:
+                    masks[k] &= values[k] != nodata
+            return masks, values
+
+
+def _assert_gdals_masked_stats(stats, name: str, bands=None):
+    """`stats` (a record's band statistics) are GDAL's under its per-band masks (`src.read_masks(k)`)."""
+    masks, values = _gdal_masks(name)
+    for i, k in enumerate(bands or range(1, len(masks) + 1)):
+        valid, band = masks[k - 1], values[k - 1]
+        assert (stats.count[i], stats.nodata[i]) == (int(valid.sum()), int((~valid).sum()))
+        assert (stats.min[i], stats.max[i]) == (band[valid].min(), band[valid].max())
+        assert stats.mean[i] == pytest.approx(band[valid].mean(), rel=1e-12)
+
+
+@pytest.mark.parametrize("case", ["each band its own", "band 1's and the tag's", "bands 1 and 3, no tag"])
+def test_per_band_pam_nodata_values_are_each_bands_own_as_gdal_masks_them(tmp_path, case):
+    array = _RNG.integers(0, 12, (9, 8, 3), dtype=np.uint16)
+    path = tmp_path / "n.tif"
+    if case == "band 1's and the tag's":  # GDAL_NODATA 3 stands for the bands the PAM file leaves.
+        with rasterio.open(path, "w", driver="GTiff", width=8, height=9, count=3, dtype="uint16",
+                           nodata=3) as dst:
+            dst.write(array.transpose(2, 0, 1))
+    else:
+        _plain_tiff(path, array)
+    pam = _pam_nodata(tmp_path, 7, 2)  # GDAL's PAM file, its second band's value then edited.
+    value = "7.00000000000000E+00"
+    values = {"each band its own": (7, 9, 4), "band 1's and the tag's": (7,), "bands 1 and 3, no tag": (7, None, 4)}
+    band_xml = pam[pam.index("  <PAMRasterBand"):pam.index("  </PAMRasterBand>") + len("  </PAMRasterBand>\n")]
+    own = "".join(band_xml.replace('band="1"', f'band="{b}"').replace(value, f"{v}")
+                  for b, v in enumerate(values[case], 1) if v is not None)
+    (tmp_path / "n.tif.aux.xml").write_text(pam[:pam.index("  <PAMRasterBand")] + own + "</PAMDataset>\n")
+    gdal = _gdal(path)[2]
+    assert gdal == {"each band its own": (7, 9, 4), "band 1's and the tag's": (7, 3, 3),
+                    "bands 1 and 3, no tag": (7, None, 4)}[case]
+    (image,) = _validate(path, georef=False)
+    assert image.details["nodata"] == list(gdal)
+    _assert_gdals_masked_stats(image.band_stats, str(path))
+    # --raster_bands picks each band's own value with the band.
+    validator = ImageValidator(raster=RasterOptions(bands=(3, 1)))
+    (picked,) = validator.validate_all(path.read_bytes(), path.name, sidecars.load(str(path), path.name, False))
+    assert picked.details["nodata"] == [gdal[2], gdal[0]]
+    _assert_gdals_masked_stats(picked.band_stats, str(path), bands=(3, 1))
+
+
+def _gdal_pages(path: pathlib.Path, pages) -> list[np.ndarray]:
+    """A multi-page GeoTIFF written by GDAL (APPEND_SUBDATASET): `pages` of (nodata, transform), 2 bands each."""
+    arrays = []
+    for i, (nodata, transform) in enumerate(pages):
+        array = _RNG.integers(0, 12, (2, 9, 8), dtype=np.uint16)
+        options = {"nodata": nodata} if nodata is not None else {}
+        if transform is not None:
+            options.update(transform=transform, crs="EPSG:32633")
+        if i:
+            options["APPEND_SUBDATASET"] = "YES"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with rasterio.open(path, "w", driver="GTiff", width=8, height=9, count=2, dtype="uint16",
+                               **options) as dst:
+                dst.write(array)
+        arrays.append(array)
+    return arrays
+
+
+def test_later_pages_take_the_world_file_and_their_own_nodata_not_the_pam_file_or_msk_as_gdal_opens_them(tmp_path):
+    path = tmp_path / "p.tif"
+    _gdal_pages(path, [(3, None), (None, None), (9, Affine(20, 0, 100, 0, -20, 900))])
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=False):  # GDAL's external mask, of the dataset (page 1).
+        with rasterio.open(path, "r+") as dst:
+            mask = np.full((9, 8), 255, np.uint8)
+            mask[:2] = 0
+            dst.write_mask(mask)
+    (tmp_path / "p.tfw").write_text(_WORLD["a"])
+    # The PAM file: nodata 5 and a geotransform for the dataset, and for page 2 in a <Subdataset>
+    # as GDAL writes one (GDAL 3.10 reads it back for no page).
+    band = '<PAMRasterBand band="{}"><NoDataValue>{}</NoDataValue></PAMRasterBand>'
+    page2 = (f'<Subdataset name="GTIFF_DIR:2:{path}"><PAMDataset><GeoTransform>7,1,0,8,0,-1</GeoTransform>'
+             f'{band.format(1, 6)}{band.format(2, 6)}</PAMDataset></Subdataset>')
+    (tmp_path / "p.tif.aux.xml").write_text(f"<PAMDataset><GeoTransform>1,2,0,3,0,-2</GeoTransform>"
+                                            f"{band.format(1, 5)}{band.format(2, 5)}{page2}</PAMDataset>")
+    validator = ImageValidator(raster=RasterOptions(georef=True, pages="all"))
+    images = validator.validate_all(path.read_bytes(), path.name, sidecars.load(str(path), path.name))
+    assert len(images) == 3
+    gdal = []
+    for n, image in enumerate(images, 1):
+        name = str(path) if n == 1 else f"GTIFF_DIR:{n}:{path}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with rasterio.open(name) as src:
+                gdal.append((tuple(src.transform.to_gdal()), src.nodatavals))
+        geotransform, nodata = gdal[-1]
+        assert image.georef.geotransform == geotransform and image.georef.epsg == (32633 if n == 3 else 0)
+        assert image.details.get("nodata") == (None if nodata[0] is None else nodata[0])
+        _assert_gdals_masked_stats(image.band_stats, name)
+    world = tuple(sidecars.world_geotransform(_WORLD["a"]))
+    # What GDAL gives each page: the PAM file and the mask to the first alone, the world file to a
+    # later page without georeferencing of its own, and each page its own GDAL_NODATA.
+    assert gdal == [((1, 2, 0, 3, 0, -2), (5.0, 5.0)), (world, (None, None)),
+                    ((100, 20, 0, 900, 0, -20), (9.0, 9.0))]
+    assert images[0].details["masked_pixels"] == 16 and "masked_pixels" not in images[1].details
+    assert images[0].details["sidecars"] == ["p.tif.aux.xml", "p.tif.msk", "p.tfw"]
+    assert images[1].details["sidecars"] == images[2].details["sidecars"] == ["p.tfw"]
+
+
+def test_a_later_page_after_an_internal_mask_keeps_its_own_georeferencing(tmp_path):
+    path = tmp_path / "m.tif"
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True):  # Page 1, its mask page, then page 2.
+        for i, transform in enumerate((_UTM, Affine(20, 0, 100, 0, -20, 900))):
+            with rasterio.open(path, "w", driver="GTiff", width=8, height=9, count=2, dtype="uint16",
+                               transform=transform, crs="EPSG:32633", **({"APPEND_SUBDATASET": "YES"} if i else {})
+                               ) as dst:
+                dst.write(_RNG.integers(0, 12, (2, 9, 8), dtype=np.uint16))
+                if not i:
+                    dst.write_mask(np.full((9, 8), 255, np.uint8))
+    with tifffile.TiffFile(path) as tif:
+        assert [bool(p.is_mask) for p in tif.pages] == [False, True, False]
+    validator = ImageValidator(raster=RasterOptions(georef=True, pages="all"))
+    images = validator.validate_all(path.read_bytes(), path.name)
+    with rasterio.open(path) as src:  # GDAL numbers directories, masks included: its pages are 1 and 3.
+        pages = src.subdatasets
+    assert pages == [f"GTIFF_DIR:1:{path}", f"GTIFF_DIR:3:{path}"] and len(images) == 2
+    for image, name in zip(images, pages):
+        assert image.georef.geotransform == _gdal(name)[1]
+    assert images[1].georef.geotransform == (100, 20, 0, 900, 0, -20)
 
 
 @pytest.mark.parametrize("name,text,gdal_reads", [

@@ -90,7 +90,7 @@ def images_with_sidecars(data: bytes, name: str, context: Context, sidecars) -> 
                                        f"{height}x{width}x{components}")
     nodata = masked = None
     if sidecars is not None:
-        nodata = sidecars.nodata_over(None)  # A JPEG 2000 holds no nodata value of its own.
+        nodata = sidecars.nodata_over(None, components)  # A JPEG 2000 holds no nodata value of its own.
         masked = _raster.external_mask(sidecars, (height, width), name)
     photo = (not signed and max(bits) == 8 and components in (1, 3) and nodata is None and masked is None
              and context.raster.reads_pixels_as_default)

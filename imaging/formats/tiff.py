@@ -36,9 +36,11 @@ def images(data: bytes, name: str, fmt: str, context: Context) -> list[ValidImag
 def images_with_sidecars(data: bytes, name: str, context: Context, sidecars) -> list[ValidImage]:
     """`images`, with what the file's GIS sidecars say (`imaging.sidecars.Sidecars`, or None).
 
-    A world file, `.prj` or `.aux.xml` is applied over the file's tags as
-    GDAL applies them, to its first page; the sidecars read, and those left
-    out, are listed in the details ('sidecars', 'sidecar_warnings').
+    A world file, `.prj`, `.aux.xml` or `.msk` is applied over the file's
+    tags as GDAL applies them: all of them to its first page; to later pages
+    (`--raster_pages all`; GDAL's `GTIFF_DIR:N:path`) the world file and the
+    `.prj` only. The sidecars read, and those left out, are listed in the
+    details ('sidecars', 'sidecar_warnings').
 
     Raises:
       ImageRejected: With the reason the file cannot be stored.
@@ -63,10 +65,13 @@ def _read(data: bytes, name: str, context: Context, sidecars) -> list[ValidImage
     else:
         found = [stored_raster(r, name, "tiff", context) for r in rasters]
     found = _with_georef(found, data, name, context, sidecars)
-    noted = {} if sidecars is None else sidecars.details()
-    if not noted:
+    if sidecars is None:
         return found
-    return [dataclasses.replace(image, details={**(image.details or {}), **noted}) for image in found]
+    out = []
+    for image in found:
+        noted = sidecars.details(first_page=not image.page)
+        out.append(dataclasses.replace(image, details={**(image.details or {}), **noted}) if noted else image)
+    return out
 
 
 def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Context,
@@ -82,8 +87,9 @@ def _with_georef(found: list[ValidImage], data: bytes, name: str, context: Conte
         return found
     pages = _georef.read_georef(data, name)
     if sidecars is not None and pages:
-        # GDAL reads sidecars for the file's dataset, its first page.
-        pages[0] = sidecars.georef(pages[0])
+        # GDAL reads every sidecar for the file's dataset, its first page; a later page (GTIFF_DIR:N)
+        # takes the world file alone (`Sidecars.page_georef`).
+        pages = [sidecars.georef(g) if i == 0 else sidecars.page_georef(g) for i, g in enumerate(pages)]
     out = []
     for image in found:
         page = image.page or 0
