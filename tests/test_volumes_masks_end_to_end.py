@@ -1,0 +1,245 @@
+"""Segmentation masks of volumes (--volumes --masks_dir) on Beam's DirectRunner, read back with label_mode="mask".
+
+Images and label volumes are written by nibabel, pydicom, SimpleITK and
+dcm2niix; each label voxel's class is a function of its RAS position
+(`_class_at`), so the truth of any stored or read voxel is computed from its
+own affine, independently of how shardsmith placed it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import nibabel as nib
+import numpy as np
+import pytest
+import SimpleITK as sitk
+
+import readers
+from beam_jobs import convert
+from test_imaging_volumes import DCM2NIIX, write_series
+
+
+def _class_at(world: np.ndarray) -> np.ndarray:
+    """The class id of RAS positions [3, n]: bands of a few mm along each axis (offsets keep centres off edges)."""
+    x, y, z = world[:3]
+    return ((np.floor((x + 0.123) / 2.3) + 2 * np.floor((y + 0.31) / 2.1) + np.floor((z + 0.7) / 3.3)) % 4).astype(
+        np.int64)
+
+
+def _clear_of_edges(shape_dhw, affine) -> np.ndarray:
+    """[k, j, i]: voxels whose centre lies more than 1e-3 mm from a band's edge (two writers' float
+    geometry cannot put those on different sides)."""
+    ijk = np.indices(tuple(reversed(shape_dhw))).reshape(3, -1)
+    x, y, z = (affine @ np.vstack([ijk, np.ones(ijk.shape[1])]))[:3]
+    clear = np.ones(x.shape, bool)
+    for v, offset, width in ((x, 0.123, 2.3), (y, 0.31, 2.1), (z, 0.7, 3.3)):
+        u = (v + offset) / width
+        clear &= np.abs(u - np.round(u)) * width > 1e-3
+    return clear.reshape(tuple(reversed(shape_dhw))).transpose(2, 1, 0)
+
+
+def _labels_on(shape_ijk, affine) -> np.ndarray:
+    """The label volume of a grid, indexed (i, j, k) as NIfTI is."""
+    ijk = np.indices(shape_ijk).reshape(3, -1)
+    world = affine @ np.vstack([ijk, np.ones(ijk.shape[1])])
+    return _class_at(world).reshape(shape_ijk)
+
+
+def _truth_of(shape_dhw, affine) -> np.ndarray:
+    """What a stored mask of a grid must hold, [k, j, i]."""
+    return _labels_on(tuple(reversed(shape_dhw)), affine).transpose(2, 1, 0)
+
+
+def _save(values, affine, path, dtype):
+    values = np.asarray(values).astype(dtype)
+    image = nib.Nifti1Image(values, affine, dtype=values.dtype)
+    image.set_sform(affine, code=1)
+    image.set_qform(affine, code=1)
+    nib.save(image, path)
+
+
+IMAGE_AFFINE = np.array([[-0.8, 0, 0, 41.0], [0, -0.9, 0, 33.5], [0, 0, 2.5, -20.0], [0, 0, 0, 1]])
+SHAPE_IJK = (9, 8, 5)
+
+
+def _decathlon(root):
+    """A Medical Segmentation Decathlon task: imagesTr/<case>_0000.nii.gz, labelsTr/<case>.nii.gz."""
+    images, labels = root / "imagesTr", root / "labelsTr"
+    images.mkdir(parents=True)
+    labels.mkdir()
+    rng = np.random.default_rng(5)
+    for case in range(7):
+        _save(rng.integers(-500, 500, SHAPE_IJK), IMAGE_AFFINE, images / f"la_00{case}_0000.nii.gz", np.int16)
+    truth = _labels_on(SHAPE_IJK, IMAGE_AFFINE)
+    _save(truth, IMAGE_AFFINE, labels / "la_000.nii.gz", np.uint8)  # The same grid.
+    canonical = nib.as_closest_canonical(nib.Nifti1Image(truth.astype(np.uint8), IMAGE_AFFINE))
+    nib.save(canonical, labels / "la_001.nii.gz")  # Saved RAS by another tool: i and j flipped.
+    permuted = IMAGE_AFFINE[:, [2, 0, 1, 3]]  # Axes (k, i, j), float labels.
+    _save(truth.transpose(2, 0, 1), permuted, labels / "la_002.nii.gz", np.float32)
+    shifted = IMAGE_AFFINE.copy()
+    shifted[0, 3] += 0.4  # Half a column.
+    _save(truth, shifted, labels / "la_003.nii.gz", np.uint8)
+    _save(np.stack([truth, truth], axis=-1), IMAGE_AFFINE, labels / "la_004.nii.gz", np.uint8)  # 4-D
+    _save(truth + 0.5, IMAGE_AFFINE, labels / "la_005.nii.gz", np.float32)  # Not ids.
+    # la_006 has no label; a label without an image is no input.
+    _save(truth, IMAGE_AFFINE, labels / "la_099.nii.gz", np.uint8)
+    (root / "dataset.json").write_text(json.dumps({"labels": {"0": "background", "1": "left atrium",
+                                                              "2": "wall", "3": "vessel"}}))
+    return images, labels
+
+
+def _convert(images, labels, out, *more):
+    convert.run(["--volumes", "--input_dir", str(images), "--masks_dir", str(labels), *more,
+                 "--output_dir", str(out), "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    return json.loads((out / "manifest.json").read_text())
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _stored(out, split="train"):
+    """filename -> (volume, mask, affine) as stored."""
+    ds = readers.volume_dataset_from_tfrecords(out, split, dtype=None, label_mode="mask",
+                                               extra_features=("volume/affine", "filename"))
+    return {e["filename"].numpy().decode(): (v.numpy()[..., 0], m.numpy()[..., 0], e["volume/affine"].numpy())
+            for v, m, e in ds}
+
+
+def _check_patches(out, stored, **reading):
+    """Every voxel of every patch holds the class of the stored voxel nearest its RAS position (0 outside)."""
+    ds = readers.volume_dataset_from_tfrecords(out, "train", label_mode="mask", seed=3,
+                                               extra_features=("volume/affine", "filename"), **reading)
+    checked = 0
+    for volumes, masks, extras in ds:
+        affines, names = extras["volume/affine"].numpy(), extras["filename"].numpy()
+        if masks.shape.rank == 4:  # batch_size=None: one volume.
+            masks, affines, names = masks[None], affines[None], [names]
+        for mask, affine, name in zip(masks.numpy(), affines, names):
+            _, stored_mask, stored_affine = stored[name.decode()]
+            k, j, i = np.indices(mask.shape[:3]).reshape(3, -1)
+            world = affine @ np.vstack([i, j, k, np.ones_like(i)])
+            at = np.linalg.inv(stored_affine) @ world
+            near = np.round(at[:3])
+            # Voxels half-way between two stored voxels could go either way: left out.
+            clear = np.all(np.abs(np.abs(at[:3] - near) - 0.5) > 1e-3, axis=0)
+            si, sj, sk = near.astype(int)
+            inside = ((si >= 0) & (sj >= 0) & (sk >= 0) & (sk < stored_mask.shape[0]) & (sj < stored_mask.shape[1])
+                      & (si < stored_mask.shape[2]))
+            got = mask[..., 0].reshape(-1)
+            want = np.zeros_like(got)
+            want[inside] = stored_mask[sk[inside], sj[inside], si[inside]]
+            np.testing.assert_array_equal(got[clear], want[clear])
+            assert (got[~inside] == 0).all()  # Padding is background.
+            checked += 1
+        assert masks.dtype.name == "int32" and volumes.dtype.name == "float32"
+    return checked
+
+
+def test_a_decathlon_task_converts_with_its_labels_and_reads_back_as_masks(tmp_path):
+    images, labels = _decathlon(tmp_path / "Task02_Heart")
+    out = tmp_path / "out"
+    manifest = _convert(images, labels, out, "--mask_suffix", "_0000:")
+    rejects = {r["path"]: r for r in _lines(out / "rejects.jsonl")}
+    assert {p: r["reason"] for p, r in rejects.items()} == {
+        "la_003_0000.nii.gz": "mask_geometry_mismatch", "la_004_0000.nii.gz": "mask_geometry_mismatch",
+        "la_005_0000.nii.gz": "mask_not_class_ids", "la_006_0000.nii.gz": "missing_mask"}
+    assert "voxel centres up to 0.4 mm apart" in rejects["la_003_0000.nii.gz"]["message"]
+    assert "not 3-D" in rejects["la_004_0000.nii.gz"]["message"]
+    assert manifest["counts"] == {"found": 7, "written": 3, "rejected": 4, "skipped": 0}
+    section = manifest["targets"]["mask"]
+    # float32 labels in one header: uint16 for every mask (decided before any shard).
+    assert section["dtype"] == "uint16" and section["unmatched_masks"] == 1
+    assert section["class_names"] == ["background", "left atrium", "wall", "vessel"]
+    assert set(manifest["features"]) >= {"volume", "volume/mask"}
+    notes = {n["path"]: n["actions"] for n in _lines(out / "normalized.jsonl")}
+    assert "mask_reoriented" in notes["la_001_0000.nii.gz"] and "mask_reoriented" in notes["la_002_0000.nii.gz"]
+    assert "mask_reoriented" not in notes.get("la_000_0000.nii.gz", [])
+
+    stored = _stored(out)
+    assert sorted(stored) == ["la_000_0000.nii.gz", "la_001_0000.nii.gz", "la_002_0000.nii.gz"]
+    for name, (volume, mask, affine) in stored.items():
+        image = nib.load(images / name)
+        np.testing.assert_allclose(affine, image.affine, atol=1e-5)
+        np.testing.assert_array_equal(volume, np.asarray(image.dataobj).transpose(2, 1, 0))
+        np.testing.assert_array_equal(mask, _truth_of(volume.shape, affine))
+    # Pixel counts per class id add up to the stored voxels.
+    assert sum(section["pixel_counts"]["train"].values()) == 3 * np.prod(SHAPE_IJK)
+
+    # Resampled (nearest for the mask) and cut into patches, larger than the volume along z (padded).
+    assert _check_patches(out, stored, batch_size=2, spacing=(1.1, 0.7, 0.55), patch_size=(14, 6, 7),
+                          patches_per_volume=3, window=(0, 1000)) == 9
+    assert _check_patches(out, stored, batch_size=None, volume_size=(7, 5, 11)) == 3
+    assert _check_patches(out, stored, batch_size=4, patch_size=(3, 4, 5), patches_per_volume=4) == 12
+
+    # The same input, the same bytes.
+    again = tmp_path / "again"
+    _convert(images, labels, again, "--mask_suffix", "_0000:")
+    shards = sorted(p.name for p in out.glob("*.tfrecord"))
+    assert shards and shards == sorted(p.name for p in again.glob("*.tfrecord"))
+    for name in shards:
+        assert (out / name).read_bytes() == (again / name).read_bytes()
+
+
+def test_label_mode_mask_is_refused_on_a_dataset_without_masks(tmp_path):
+    images, _ = _decathlon(tmp_path / "task")
+    (images / "c").mkdir()
+    (images / "la_000_0000.nii.gz").rename(images / "c" / "la_000_0000.nii.gz")
+    out = tmp_path / "out"
+    convert.run(["--volumes", "--input_dir", str(images), "--output_dir", str(out), "--runner", "DirectRunner",
+                 "--direct_num_workers", "1"])
+    with pytest.raises(ValueError, match="hold no 'volume/mask'.*--masks_dir"):
+        readers.volume_dataset_from_tfrecords(out, "train", dtype=None, label_mode="mask")
+    with pytest.raises(ValueError, match="`label_mode` must be one of"):
+        readers.volume_dataset_from_tfrecords(out, "train", dtype=None, label_mode="categorical")
+
+
+def _sitk_label(reference: sitk.Image) -> sitk.Image:
+    """A label image on `reference`'s grid (SimpleITK's own geometry), classes from RAS positions."""
+    size = reference.GetSize()
+    lps = np.eye(4)
+    lps[:3, :3] = np.array(reference.GetDirection()).reshape(3, 3) * np.array(reference.GetSpacing())
+    lps[:3, 3] = reference.GetOrigin()
+    ras = np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
+    label = sitk.GetImageFromArray(_labels_on(size, ras).transpose(2, 1, 0).astype(np.uint8))
+    label.CopyInformation(reference)
+    return label
+
+
+def test_dicom_series_with_masks_exported_by_simpleitk_and_dcm2niix(tmp_path):
+    scans, masks = tmp_path / "scans", tmp_path / "masks"
+    uids = {"p1": write_series(scans / "ct" / "p1", count=5, orientation="oblique")[0],
+            "p2": write_series(scans / "ct" / "p2", count=4, orientation="sagittal", descending=True)[0],
+            "p3": write_series(scans / "ct" / "p3", count=4)[0]}
+    (masks / "ct").mkdir(parents=True)
+    reader = sitk.ImageSeriesReader()
+    images = {}
+    for name, uid in uids.items():
+        reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(scans / "ct" / name), uid))
+        images[name] = reader.Execute()
+    # p1: SimpleITK's label on the series' grid; p3: the same, flipped along the slices (stacked the
+    # other way: another voxel order of one grid).
+    sitk.WriteImage(_sitk_label(images["p1"]), str(masks / "ct" / "p1.nii.gz"))
+    sitk.WriteImage(sitk.Flip(_sitk_label(images["p3"]), [False, False, True]), str(masks / "ct" / "p3.nii"))
+    # p2: on dcm2niix's NIfTI of the series (its own voxel order and affine).
+    subprocess.run([DCM2NIIX, "-z", "n", "-b", "n", "-f", "vol", "-o", str(tmp_path), str(scans / "ct" / "p2")],
+                   check=True, capture_output=True)
+    exported = nib.load(tmp_path / "vol.nii")
+    _save(_labels_on(exported.shape[:3], exported.affine), exported.affine, masks / "ct" / "p2.nii.gz", np.uint8)
+    out = tmp_path / "out"
+    manifest = _convert(scans, masks, out)
+    assert manifest["counts"]["rejected"] == 0 and manifest["counts"]["written"] == 13
+    assert manifest["targets"]["mask"]["dtype"] == "uint8"
+    notes = {n["path"]: n["actions"] for n in _lines(out / "normalized.jsonl")}
+    assert "mask_reoriented" in notes["ct/p3"]
+    stored = _stored(out)
+    assert sorted(stored) == ["ct/p1", "ct/p2", "ct/p3"]
+    for name, (volume, mask, affine) in stored.items():
+        clear = _clear_of_edges(volume.shape, affine)
+        assert clear.mean() > 0.99
+        np.testing.assert_array_equal(mask[clear], _truth_of(volume.shape, affine)[clear], err_msg=name)
+        assert len(np.unique(mask)) > 1
+    assert _check_patches(out, stored, batch_size=1, spacing=(1.7, 0.9, 1.3), patch_size=(8, 16, 16),
+                          patches_per_volume=2) == 6
