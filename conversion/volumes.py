@@ -797,7 +797,8 @@ def write_manifest(manifest, rejects: Sequence[Reject], output_dir: str) -> dict
     """
     out = {
         "example_kind": VOLUME_SCHEMA.kind,
-        "features": VOLUME_SCHEMA.to_json(),
+        # The records' features: with --masks_dir, `volume/mask` among them.
+        "features": dict(manifest.features) or VOLUME_SCHEMA.to_json(),
         "class_names": list(manifest.class_names),
         "splits": {name: {"records": info.num_records, "shards": len(info.shards)}
                    for name, info in sorted(manifest.splits.items())},

@@ -165,6 +165,12 @@ def test_a_decathlon_task_converts_with_its_labels_and_reads_back_as_masks(tmp_p
         np.testing.assert_allclose(affine, image.affine, atol=1e-5)
         np.testing.assert_array_equal(volume, np.asarray(image.dataobj).transpose(2, 1, 0))
         np.testing.assert_array_equal(mask, _truth_of(volume.shape, affine))
+    # The volume tools read the masked records (volumes.json names their features).
+    from shardsmith.volumes import inspect_volumes, verify_volumes
+
+    assert verify_volumes(str(out)) == []
+    assert "la_000_0000.nii.gz: int16 (5, 8, 9)" in inspect_volumes(str(out))
+    assert "class -, mask ids [0, 1, 2, 3]" in inspect_volumes(str(out))
     # Pixel counts per class id add up to the stored voxels.
     assert sum(section["pixel_counts"]["train"].values()) == 3 * np.prod(SHAPE_IJK)
 
