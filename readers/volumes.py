@@ -66,6 +66,7 @@ class _Options:
     sharded_here: bool = False  # An input_context chose this pipeline's share.
     label_mode: str = "int"
     mask_dtype: str | None = None  # label_mode="mask": the dataset's mask dtype (its manifest's).
+    foreground_fraction: float = 0.0
 
     def __post_init__(self):
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or
@@ -87,6 +88,13 @@ class _Options:
             raise ValueError("`dtype=None` (volumes as stored) takes no resampling, patches or window.")
         if self.label_mode not in LABEL_MODES:
             raise ValueError(f"`label_mode` must be one of {LABEL_MODES}. Received: {self.label_mode!r}")
+        fraction = self.foreground_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise ValueError(f"`foreground_fraction` must be a number in [0, 1]. Received: {fraction!r}")
+        if fraction and (self.label_mode != "mask" or self.patch_size is None):
+            raise ValueError("`foreground_fraction` centres patches on the mask's foreground: it needs "
+                             "label_mode='mask' and `patch_size`. Received: foreground_fraction="
+                             f"{fraction!r}, label_mode={self.label_mode!r}, patch_size={self.patch_size!r}")
         if self.dtype is not None and self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"`dtype` must be 'float32', 'float16', 'bfloat16' or None. Received: {self.dtype!r}")
 
@@ -156,7 +164,8 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                                   spacing=None, window=None, dtype: str | None = "float32",
                                   extra_features=(), shuffle: bool = False, seed: int | None = None,
                                   input_context: tf.distribute.InputContext | None = None,
-                                  version: int | None = None, label_mode: str = "int"):
+                                  version: int | None = None, label_mode: str = "int",
+                                  foreground_fraction: float = 0.0):
     """A dataset of (volume, label[, extras]) from a volume dataset's shards.
 
     Args:
@@ -189,6 +198,10 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
         same parameters (`spacing` and `volume_size` by nearest neighbour, never
         interpolated; the same patch offsets; padded with 0, background) and no
         other (`window` and `dtype` leave it as it is).
+      foreground_fraction: With label_mode='mask' and `patch_size`: the share
+        of patches (each patch drawn, seeded) centred on a random foreground
+        voxel (id > 0) of its volume, as nnU-Net oversamples the foreground; a
+        volume without foreground gets random patches. 0: every patch random.
 
     Returns:
       A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples (label_mode
@@ -203,7 +216,8 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                        patches_per_volume, _triple(spacing, "spacing"),
                        None if window is None else tuple(float(v) for v in window), dtype,
                        tuple(extra_features), seed,
-                       input_context is not None and input_context.num_input_pipelines > 1, label_mode)
+                       input_context is not None and input_context.num_input_pipelines > 1, label_mode,
+                       foreground_fraction=foreground_fraction)
     if options.label_mode == "mask":
         options = dataclasses.replace(options, mask_dtype=_mask_dtype(data_dir, version))
     ds = _serialized(data_dir, split, shuffle, seed, input_context, version)
@@ -383,6 +397,29 @@ def _offsets(index, shape, options):
     return tf.cast(draws % tf.cast(room, tf.int64), tf.int32), pad
 
 
+def _foreground_offsets(index, offsets, pad, mask, options):
+    """`offsets` with a seeded share (`foreground_fraction`) of them centred on random foreground voxels.
+
+    Each patch draws (seeded by the volume's index, apart from `_offsets`' draws) whether it
+    is a foreground patch and which foreground voxel it centres; the patch is then moved to
+    hold it, kept inside the padded volume. A volume without foreground keeps `offsets`.
+    """
+    count = options.patches_per_volume
+    patch = tf.constant(options.patch_size, tf.int32)
+    base_seed = 0 if options.seed is None else int(options.seed)
+    seed = tf.stack([tf.cast(base_seed, tf.int64), -1 - index])  # Never an index `_offsets` draws with.
+    share = tf.random.stateless_uniform([count], seed=seed, dtype=tf.float32)
+    which = tf.random.stateless_uniform([count], seed=seed[::-1], minval=0, maxval=2**31 - 1, dtype=tf.int64)
+    foreground = tf.cast(tf.where(mask > 0), tf.int32)  # [n, 3] (k, j, i)
+    n = tf.shape(foreground)[0]
+    foreground = tf.concat([foreground, tf.zeros([1, 3], tf.int32)], 0)  # A row to gather when there is none.
+    centres = tf.gather(foreground, tf.cast(which % tf.cast(tf.maximum(n, 1), tf.int64), tf.int32))
+    room = tf.shape(mask) + pad - patch + 1
+    centred = tf.clip_by_value(centres + pad // 2 - patch // 2, 0, room - 1)
+    chosen = tf.logical_and(share < options.foreground_fraction, n > 0)
+    return tf.where(chosen[:, None], centred, offsets)
+
+
 def _patch_extras(parsed, offsets, pad, count):
     """Each patch's features: the volume's, repeated; the affine moved to the patch's first voxel."""
     # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
@@ -401,6 +438,8 @@ def _patches(index, volume, parsed, options):
     count = options.patches_per_volume
     patch = tf.constant(options.patch_size, tf.int32)
     offsets, pad = _offsets(index, tf.shape(volume), options)
+    if options.foreground_fraction:
+        offsets = _foreground_offsets(index, offsets, pad, parsed[VOLUME_MASK.key], options)
     volume = tf.cond(tf.reduce_any(pad > 0),
                      lambda: tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
                                     constant_values=tf.reduce_min(volume)),

@@ -249,3 +249,42 @@ def test_dicom_series_with_masks_exported_by_simpleitk_and_dcm2niix(tmp_path):
         assert len(np.unique(mask)) > 1
     assert _check_patches(out, stored, batch_size=1, spacing=(1.7, 0.9, 1.3), patch_size=(8, 16, 16),
                           patches_per_volume=2) == 6
+
+
+def test_foreground_fraction_centres_that_share_of_patches_on_the_foreground(tmp_path):
+    images, labels = tmp_path / "imagesTr", tmp_path / "labelsTr"
+    images.mkdir()
+    labels.mkdir()
+    shape = (24, 20, 16)
+    for case in range(2):
+        _save(np.zeros(shape), IMAGE_AFFINE, images / f"c{case}_0000.nii.gz", np.int16)
+        blob = np.zeros(shape)
+        if case == 0:
+            blob[3:5, 14:16, 2:4] = 2  # 8 voxels of 7680: a random 5^3 patch rarely holds one.
+        _save(blob, IMAGE_AFFINE, labels / f"c{case}.nii.gz", np.uint8)
+    out = tmp_path / "out"
+    _convert(images, labels, out, "--mask_suffix", "_0000:")
+    stored = _stored(out)
+
+    def share(fraction, seed=0):
+        ds = readers.volume_dataset_from_tfrecords(out, "train", patch_size=(5, 5, 5), patches_per_volume=40,
+                                                   seed=seed, label_mode="mask", foreground_fraction=fraction,
+                                                   extra_features=("filename",))
+        held = {}
+        for _, mask, extras in ds:
+            held.setdefault(extras["filename"].numpy().decode(), []).append(bool((mask.numpy() > 0).any()))
+        return {name: float(np.mean(v)) for name, v in held.items()}
+
+    assert share(1.0) == {"c0_0000.nii.gz": 1.0, "c1_0000.nii.gz": 0.0}  # c1 has no foreground.
+    assert share(0.0)["c0_0000.nii.gz"] < 0.2
+    assert 0.3 < share(0.5)["c0_0000.nii.gz"] < 0.8
+    assert share(0.5, seed=7) == share(0.5, seed=7)
+    # Foreground patches still hold the stored ids at their voxels' positions.
+    assert _check_patches(out, stored, batch_size=3, patch_size=(5, 6, 7), patches_per_volume=3,
+                          foreground_fraction=0.7, spacing=(1.5, 1.0, 1.0)) == 6
+    with pytest.raises(ValueError, match="`foreground_fraction` must be a number in"):
+        readers.volume_dataset_from_tfrecords(out, "train", patch_size=(5, 5, 5), label_mode="mask",
+                                              foreground_fraction=1.5)
+    with pytest.raises(ValueError, match="needs label_mode='mask' and `patch_size`"):
+        readers.volume_dataset_from_tfrecords(out, "train", batch_size=None, label_mode="mask",
+                                              foreground_fraction=0.5)
