@@ -686,7 +686,8 @@ def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple[str, str] |
     notes = tuple(dict.fromkeys((*plan.notes, *volume.notes)))
     ids = counts = None
     if mask is not None:
-        ids, mask_notes = _mask_ids(volume, *mask)
+        uids = () if plan.stack is None else tuple(s.sop_instance_uid for s in plan.stack.slices)
+        ids, mask_notes = _mask_ids(volume, *mask, uids)
         notes = (*notes, *mask_notes)
         counts = np.bincount(ids.ravel())
     schema = VOLUME_SCHEMA if mask is None else VOLUME_MASK_SCHEMA
@@ -695,8 +696,8 @@ def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple[str, str] |
     return tfrecord.frame_parts(parts), notes, counts
 
 
-def _mask_ids(volume: volumes.Volume, path: str, dtype: str) -> tuple[np.ndarray, tuple[str, ...]]:
-    """The class ids of a volume's mask file on its grid, in the dataset's mask dtype, and their notes.
+def _mask_ids(volume: volumes.Volume, path: str, dtype: str, uids: tuple[str, ...] = ()):
+    """(ids, notes): the class ids of a volume's mask file on its grid, in the dataset's mask dtype.
 
     Raises:
       ImageRejected: 'mask_unreadable', 'mask_geometry_mismatch', 'mask_not_class_ids'
@@ -708,7 +709,9 @@ def _mask_ids(volume: volumes.Volume, path: str, dtype: str) -> tuple[np.ndarray
         data = _files.read_bytes(path)
     except OSError as e:
         raise ImageRejected("mask_unreadable", f"mask {path}: {e}") from e
-    read = volume_masks.read_mask_volume(data, path, volume_masks.VolumeGrid.of(volume))
+    # A DICOM series' grid carries its slices' SOPInstanceUIDs (what SEG and RTSTRUCT masks refer to).
+    grid = volume_masks.VolumeGrid.of(volume, uids if len(uids) == volume.voxels.shape[0] else ())
+    read = volume_masks.read_mask_volume(data, path, grid)
     ids = read.ids
     if ids.dtype.itemsize > np.dtype(dtype).itemsize and ids.size and int(ids.max()) > np.iinfo(dtype).max:
         raise ImageRejected("mask_not_class_ids", f"mask {path} holds ids up to {int(ids.max())}, more than the "

@@ -64,7 +64,8 @@ class VolumeGrid:
       shape: (depth, height, width) as the volume is stored (slice k, row j, column i).
       affine: 16 floats, row-major 4x4, (i column, j row, k slice, 1) -> RAS mm.
       sop_instance_uids: For a DICOM series, each slice's SOPInstanceUID in the
-        stored order (slice k first); () when unknown (NIfTI, or not carried).
+        stored order (slice k is `sop_instance_uids[k]`; the frames of an enhanced
+        multi-frame file share one, in frame order); () for NIfTI.
 
     Raises:
       ValueError: A shape that is not 3 positive ints, or an affine that is not a finite 4x4.
@@ -83,7 +84,11 @@ class VolumeGrid:
             raise ValueError(f"`affine` must be a finite 4x4. Received: {self.affine!r}")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "affine", affine)
-        object.__setattr__(self, "sop_instance_uids", tuple(self.sop_instance_uids))
+        uids = tuple(str(u) for u in self.sop_instance_uids)
+        if uids and len(uids) != shape[0]:
+            raise ValueError(f"`sop_instance_uids` names each of the {shape[0]} slices, or none. "
+                             f"Received: {len(uids)}")
+        object.__setattr__(self, "sop_instance_uids", uids)
 
     @classmethod
     def of(cls, volume, sop_instance_uids=()) -> VolumeGrid:

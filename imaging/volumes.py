@@ -91,6 +91,8 @@ class DicomSlice:
       frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
       pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
         reads them there without parsing the file again (`dicom.native_pixel_offset`).
+      sop_instance_uid: SOPInstanceUID ('' when absent; the frames of an enhanced file
+        share it): what a DICOM SEG or RTSTRUCT mask refers to (`imaging.volume_masks.VolumeGrid`).
     """
 
     name: str
@@ -111,6 +113,7 @@ class DicomSlice:
     series_number: str = ""
     frames: int = 1
     pixel_offset: int = -1
+    sop_instance_uid: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -368,6 +371,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
             pixel_offset=pixel_offset if frames == 1 else -1,
+            sop_instance_uid=str(ds.get("SOPInstanceUID", "") or ""),
         ))
     return slices
 

@@ -288,3 +288,35 @@ def test_foreground_fraction_centres_that_share_of_patches_on_the_foreground(tmp
     with pytest.raises(ValueError, match="needs label_mode='mask' and `patch_size`"):
         readers.volume_dataset_from_tfrecords(out, "train", batch_size=None, label_mode="mask",
                                               foreground_fraction=0.5)
+
+
+def test_a_mask_reader_row_gets_the_series_grid_with_its_sop_instance_uids(tmp_path, monkeypatch):
+    """What a DICOM SEG or RTSTRUCT reader plugged into `MASK_READERS` receives: the stored grid, and
+    each stored slice's SOPInstanceUID in the stored order (pydicom's positions along the normal)."""
+    import pydicom
+
+    from imaging import volume_masks
+
+    scans, masks = tmp_path / "scans", tmp_path / "masks"
+    uid = write_series(scans / "ct" / "p1", count=5, orientation="oblique", descending=True)[0]
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(scans / "ct" / "p1"), uid))
+    (masks / "ct").mkdir(parents=True)
+    sitk.WriteImage(_sitk_label(reader.Execute()), str(masks / "ct" / "p1.nii.gz"))
+    grids = []
+
+    def row(data, name, grid):
+        grids.append(grid)
+        return volume_masks.read_nifti_mask(data, name, grid)
+
+    monkeypatch.setitem(volume_masks.MASK_READERS, "nifti", row)
+    out = tmp_path / "out"
+    _convert(scans, masks, out, "--worker_processes", "0")  # Decoded in this process: the row is seen.
+    (grid,) = grids
+    slices = [pydicom.dcmread(p, stop_before_pixels=True) for p in (scans / "ct" / "p1").iterdir()]
+    normal = np.cross(*np.reshape(np.asarray(slices[0].ImageOrientationPatient, float), (2, 3)))
+    slices.sort(key=lambda ds: float(np.dot(np.asarray(ds.ImagePositionPatient, float), normal)))
+    assert grid.sop_instance_uids == tuple(str(ds.SOPInstanceUID) for ds in slices)
+    (volume, mask, affine), = _stored(out).values()
+    assert grid.shape == volume.shape
+    np.testing.assert_allclose(grid.matrix, affine)
