@@ -320,3 +320,21 @@ def test_a_mask_reader_row_gets_the_series_grid_with_its_sop_instance_uids(tmp_p
     (volume, mask, affine), = _stored(out).values()
     assert grid.shape == volume.shape
     np.testing.assert_allclose(grid.matrix, affine)
+
+
+def test_masks_beside_their_volumes_in_class_folders(tmp_path):
+    """ITK-SNAP's layout: case.nii.gz beside case_seg.nii.gz, told apart by --mask_suffix; classes kept."""
+    scans = tmp_path / "scans"
+    for cls in ("liver", "kidney"):
+        (scans / cls).mkdir(parents=True)
+        _save(np.ones(SHAPE_IJK), IMAGE_AFFINE, scans / cls / "case.nii.gz", np.int16)
+        _save(_labels_on(SHAPE_IJK, IMAGE_AFFINE), IMAGE_AFFINE, scans / cls / "case_seg.nii.gz", np.uint8)
+    out = tmp_path / "out"
+    manifest = _convert(scans, scans, out, "--mask_suffix", ":_seg")
+    assert manifest["counts"] == {"found": 2, "written": 2, "rejected": 0, "skipped": 0}
+    assert manifest["class_names"] == ["kidney", "liver"] and manifest["targets"]["mask"]["dtype"] == "uint8"
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None, extra_features=("filename",))
+    assert sorted((e["filename"].numpy().decode(), int(label)) for _, label, e in ds) == [
+        ("kidney/case.nii.gz", 0), ("liver/case.nii.gz", 1)]
+    for name, (volume, mask, affine) in _stored(out).items():
+        np.testing.assert_array_equal(mask, _truth_of(volume.shape, affine))
