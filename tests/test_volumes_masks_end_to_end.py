@@ -338,3 +338,56 @@ def test_masks_beside_their_volumes_in_class_folders(tmp_path):
         ("kidney/case.nii.gz", 0), ("liver/case.nii.gz", 1)]
     for name, (volume, mask, affine) in _stored(out).items():
         np.testing.assert_array_equal(mask, _truth_of(volume.shape, affine))
+
+
+# A mask decoder that crashes or hangs on the masks marked so (in their NIfTI `descrip`), loaded into
+# every process of the real command.
+_FAULTY_MASK_DECODER = '''
+import os, signal, time
+import nibabel
+
+_from_bytes = nibabel.Nifti1Image.from_bytes.__func__
+
+def from_bytes(cls, data, *args, **kwargs):
+    if b"MASK-SEGV" in bytes(data[:348]):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if b"MASK-HANG" in bytes(data[:348]):
+        time.sleep(3600)
+    return _from_bytes(cls, data, *args, **kwargs)
+
+nibabel.Nifti1Image.from_bytes = classmethod(from_bytes)
+'''
+
+
+def test_a_mask_whose_decoder_crashes_or_hangs_rejects_its_volume_only(tmp_path):
+    import os
+    import sys
+
+    from helpers import run_without_core_dumps
+
+    scans, masks = tmp_path / "scans", tmp_path / "masks"
+    (masks / "ct").mkdir(parents=True)
+    reader = sitk.ImageSeriesReader()
+    for name, mark in (("p0", b""), ("segv", b"MASK-SEGV"), ("hang", b"MASK-HANG")):
+        uid = write_series(scans / "ct" / name, count=3)[0]
+        reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(scans / "ct" / name), uid))
+        sitk.WriteImage(_sitk_label(reader.Execute()), str(masks / "ct" / f"{name}.nii"))
+        image = nib.load(masks / "ct" / f"{name}.nii")
+        image.header["descrip"] = mark
+        nib.save(nib.Nifti1Image(np.asarray(image.dataobj), image.affine, image.header),
+                 masks / "ct" / f"{name}.nii.gz")
+        (masks / "ct" / f"{name}.nii").unlink()
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "sitecustomize.py").write_text(_FAULTY_MASK_DECODER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "beam_jobs.convert", "--volumes", "--input_dir", str(scans), "--masks_dir",
+               str(masks), "--output_dir", str(out), "--file_timeout", "8", "--worker_processes", "2"]
+    result = run_without_core_dumps(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 3, result.stderr[-3000:]
+    reasons = {}
+    for r in _lines(out / "rejects.jsonl"):
+        reasons.setdefault(r["path"].rsplit("/", 1)[0], set()).add(r["reason"])
+    assert reasons == {"ct/segv": {"decoder_crashed"}, "ct/hang": {"timeout"}}
+    assert list(_stored(out)) == ["ct/p0"]
