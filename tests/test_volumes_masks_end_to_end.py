@@ -187,6 +187,14 @@ def test_a_decathlon_task_converts_with_its_labels_and_reads_back_as_masks(tmp_p
     assert shards and shards == sorted(p.name for p in again.glob("*.tfrecord"))
     for name in shards:
         assert (out / name).read_bytes() == (again / name).read_bytes()
+    # Damaged shards are mended by --resume to the same bytes, masks and all.
+    for name in shards:
+        data = bytearray((again / name).read_bytes() or b"\0")
+        data[len(data) // 2] ^= 0xFF
+        (again / name).write_bytes(bytes(data))
+    _convert(images, labels, again, "--mask_suffix", "_0000:", "--resume")
+    for name in shards:
+        assert (out / name).read_bytes() == (again / name).read_bytes()
 
 
 def test_label_mode_mask_is_refused_on_a_dataset_without_masks(tmp_path):
