@@ -96,13 +96,17 @@ def _volume_options(o) -> VolumeOptions | None:
     if not getattr(o, "volumes", False):
         return None
     refused = [("--time_series", o.time_series),
-               ("--annotations", bool(o.annotations)), ("--masks_dir", bool(o.masks_dir)),
+               ("--annotations", bool(o.annotations)),
                ("--group_by", bool(o.group_by)), ("--raster_patch", bool(o.raster_patch)),
                ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
     for flag, given in refused:
         if given:
             raise ValueError(f"--volumes stores each series or NIfTI file whole and does not combine with {flag} "
                              f"yet. Received: --volumes with {flag}")
+    if o.masks_dir and getattr(o, "append", False):
+        # The held records' label volumes, their dtype and their grids' checks are not merged yet.
+        raise ValueError("--volumes with --masks_dir does not combine with --append yet: convert the grown "
+                         "folder with --overwrite. Received: --volumes --masks_dir with --append")
     from imaging.volumes import VolumeOptions
 
     return VolumeOptions(min_slices=o.min_slices)

@@ -130,7 +130,8 @@ def _add_image_flags(parser) -> None:
         "--masks_dir",
         help="Folder of segmentation masks mirroring --input_dir: the mask of INPUT/a/b.jpg is "
         "MASKS/a/b.png (or .tif, .tiff, .bmp, .gif), one class id per pixel, stored with each "
-        "image as a PNG. Images need no class folders then.",
+        "image as a PNG. Images need no class folders then. With --volumes: NIfTI label volumes, "
+        "MASKS/a/b.nii.gz (or .nii) for INPUT/a/b.nii.gz or the series folder INPUT/a/b/.",
     )
     parser.add_argument(
         "--mask_suffix",

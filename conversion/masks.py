@@ -36,7 +36,7 @@ from conversion.files import is_local, open_to_read, read_bytes
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["TARGET_KIND", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "pair",
+__all__ = ["TARGET_KIND", "drop_masks_dir", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "pair",
            "pair_patches", "unpack", "PixelCounter", "masked_image"]
 
 _LOG = logging.getLogger("shardsmith.convert")
@@ -105,9 +105,13 @@ class MaskOptions:
         image, mask = self.mask_suffix.split(":")
         return image, mask
 
-    def mask_stem(self, rel_path: str) -> str | None:
-        """The mask's path without extension for an image's relative path; None if its name does not fit."""
-        stem = _stem(rel_path)
+    def mask_stem(self, rel_path: str, volumes: bool = False) -> str | None:
+        """The mask's path without extension for an image's relative path; None if its name does not fit.
+
+        With `volumes`, `rel_path` is a planned volume's name: a NIfTI file's stem loses
+        `.nii`/`.nii.gz`, a DICOM series folder is its own stem (`_volume_stem`).
+        """
+        stem = _volume_stem(rel_path) if volumes else _stem(rel_path)
         suffixes = self.suffixes
         if suffixes is None:
             return stem
@@ -123,6 +127,49 @@ def _stem(rel_path: str) -> str:
     base, dot, _ = name.rpartition(".")
     name = base if dot and base else name
     return f"{folder}/{name}" if folder else name
+
+
+def _volume_stem(rel_path: str) -> str:
+    """A volume's or a mask volume's path without extension: 'a/b.nii.gz' -> 'a/b'; a series folder
+    ('a/1.2.840.5', its `#series=N`/`#stack=k` marks dropped) is itself: its dots are no extension."""
+    from conversion.volumes import unit_of_volume
+
+    rel_path = unit_of_volume(rel_path)
+    lower = rel_path.lower()
+    for ext in _volume_masks().VOLUME_MASK_EXTENSIONS:
+        if lower.endswith(ext):
+            return rel_path[:len(rel_path) - len(ext)]
+    return rel_path
+
+
+def _volume_masks():
+    """`imaging.volume_masks`, imported once volume masks are paired (--volumes --masks_dir)."""
+    from imaging import volume_masks
+
+    return volume_masks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    """How the masks of one kind of example are named and sized: images' PNG/TIFF masks, or volumes' NIfTI masks."""
+
+    extensions: tuple[str, ...]
+    lossy: tuple[str, ...]
+    stem: Any
+    bits: Any  # First bytes -> bits per id (None: unknown).
+    volumes: bool
+
+    def extension_of(self, rel_path: str) -> str:
+        lower = rel_path.lower()
+        return next((ext for ext in self.extensions + self.lossy if lower.endswith(ext)), "")
+
+
+def _family(volumes: bool) -> _Family:
+    if volumes:
+        vm = _volume_masks()
+        return _Family(vm.VOLUME_MASK_EXTENSIONS, (), _volume_stem, vm.mask_bits, True)
+    m = _masks()
+    return _Family(m.MASK_EXTENSIONS, _LOSSY_EXTENSIONS, _stem, m.mask_bit_depth, False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +197,13 @@ class MaskPlan:
 
 
 def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, input_dir: str,
-               split_ratios, labels_csv: bool, class_names) -> MaskPlan:
+               split_ratios, labels_csv: bool, class_names, volumes: bool = False) -> MaskPlan:
     """Pairs the listed images with their masks; decides labels and the mask dtype.
+
+    With `volumes` (--volumes), `files` are planned volumes (labelled by their
+    kind already): each NIfTI file's or series folder's mask is a `.nii.gz` or
+    `.nii` file (`imaging.volume_masks.VOLUME_MASK_EXTENSIONS`), its dtype from
+    the NIfTI header's datatype.
 
     Args:
       files, problems: The input listing (`conversion.listing.list_input`).
@@ -160,33 +212,36 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
       split_ratios: --split, or None.
       labels_csv: Whether a --labels_csv gives the labels.
       class_names: --class_names, or None.
+      volumes: Whether the examples are volumes (see above).
 
     Raises:
       FileNotFoundError: For a --masks_dir that does not exist.
       ValueError: For split folders mixed with other folders, --split with
         split folders, or --class_names without class folders.
     """
+    family = _family(volumes)
     mask_files = _list_masks(options.masks_dir)
-    files, problems, is_mask = _drop_masks_dir(files, problems, input_dir, options)
+    files, problems, is_mask = _drop_masks_dir(files, problems, input_dir, options, family)
     if is_mask is not None:  # Masks beside their images: only the masks are looked up.
         mask_files = [m for m in mask_files if is_mask(m.rel_path)]
     by_stem = collections.defaultdict(list)
     for m in mask_files:
-        if os.path.splitext(m.rel_path)[1].lower() in _masks().MASK_EXTENSIONS + _LOSSY_EXTENSIONS:
-            by_stem[_stem(m.rel_path)].append(m)
+        if family.extension_of(m.rel_path):
+            by_stem[family.stem(m.rel_path)].append(m)
     kept, problems, mask_of, used = [], list(problems), {}, set()
     for f in files:
-        stem = options.mask_stem(f.rel_path)
+        stem = options.mask_stem(f.rel_path, volumes)
         found = by_stem.get(stem, []) if stem is not None else []
         if stem is not None:
             used.add(stem)
-        lossless = [m for m in found if os.path.splitext(m.rel_path)[1].lower() in _masks().MASK_EXTENSIONS]
+        lossless = [m for m in found if family.extension_of(m.rel_path) in family.extensions]
         if len(lossless) == 1 or (found and not lossless):
             # A JPEG mask alone is paired, then rejected 'mask_lossy' by the shard writer.
             kept.append(f)
             mask_of[f.rel_path] = (lossless or found)[0]
         elif not found:
-            problems.append(_listing.Problem(f.rel_path, "missing_mask", _missing_message(f, stem, options)))
+            problems.append(_listing.Problem(f.rel_path, "missing_mask",
+                                             _missing_message(f, stem, options, family.extensions)))
         else:
             names = " and ".join(_listing.display_path(m.rel_path) for m in lossless)
             problems.append(_listing.Problem(
@@ -198,27 +253,67 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
         _LOG.info("%s mask files under --masks_dir %s have no image (not inputs)", f"{unmatched:,}",
                   options.masks_dir)
     labels_from = None
-    if not labels_csv:
+    if not labels_csv and not volumes:  # Volumes are labelled by their kind (class folders).
         kept, outside, labels_from = _labels(kept, split_ratios, class_names)
         problems += outside
-    dtype = _dataset_dtype([mask_of[f.rel_path] for f in kept])
+    dtype = _dataset_dtype([mask_of[f.rel_path] for f in kept], family.bits)
     section = {
         "dtype": dtype,
         "masks_dir": options.masks_dir,
         "mask_suffix": options.mask_suffix,
         "unmatched_masks": unmatched,
     }
+    names = _decathlon_class_names(options.masks_dir) if volumes else None
+    if names:
+        section["class_names"] = names
     return MaskPlan(tuple(kept), tuple(problems), {p: m.path for p, m in mask_of.items()}, dtype,
                     unmatched, labels_from, section)
 
 
-def _missing_message(f, stem: str | None, options: MaskOptions) -> str:
+def _decathlon_class_names(masks_dir: str) -> list[str] | None:
+    """The class name of each mask id from a Decathlon `dataset.json` in --masks_dir or the folder above it.
+
+    Its `labels` map is {"0": "background", "1": "left atrium"} (the Decathlon's) or
+    {"background": 0, ...} (nnU-Net v2's); ids must run 0..n-1. None without one (or
+    another JSON): the ids go unnamed.
+    """
+    import json
+
+    from conversion import files as _files
+
+    folder = masks_dir.rstrip("/")
+    for candidate in (folder, folder.rpartition("/")[0]):
+        if not candidate:
+            continue
+        path = _files.join(candidate, "dataset.json")
+        try:
+            if not _files.exists(path):
+                continue
+            labels = json.loads(read_bytes(path)).get("labels")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(labels, dict) or not labels:
+            continue
+        try:
+            if all(str(k).isdigit() for k in labels):
+                by_id = {int(k): str(v) for k, v in labels.items()}
+            else:
+                by_id = {int(v): str(k) for k, v in labels.items()}
+        except (TypeError, ValueError):
+            continue  # nnU-Net's region labels ([1, 2]): no one name per id.
+        if sorted(by_id) == list(range(len(by_id))):
+            _LOG.info("Mask class names from %s", path)
+            return [by_id[i] for i in range(len(by_id))]
+    return None
+
+
+def _missing_message(f, stem: str | None, options: MaskOptions, extensions: Sequence[str]) -> str:
     if stem is None:
         image_suffix = options.suffixes[0]
         return (f"its name does not end with {image_suffix!r} (--mask_suffix {options.mask_suffix}), "
                 "so it has no mask name")
     where = "/".join(p for p in (options.masks_dir.rstrip("/"), stem) if p)
-    return f"no mask at {where}{{{','.join(_masks().MASK_EXTENSIONS)}}}"
+    return f"no mask at {where}{{{','.join(extensions)}}}"
 
 
 def _list_masks(masks_dir: str):
@@ -229,7 +324,7 @@ def _list_masks(masks_dir: str):
     return found
 
 
-def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions):
+def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions, family: _Family | None = None):
     """(files, problems, is_mask): the listing without the mask files (masks are not inputs).
 
     `is_mask` tells masks from images by name where both share one folder
@@ -243,6 +338,7 @@ def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions):
       ValueError: For --masks_dir equal to --input_dir without a --mask_suffix
         that tells masks from images.
     """
+    family = family or _family(False)
     prefix = _inner_prefix(input_dir, options.masks_dir)
     if prefix is None:
         return files, problems, None
@@ -259,15 +355,25 @@ def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions):
         image_suffix, mask_suffix = suffixes
 
         def is_mask(rel: str) -> bool:
-            if os.path.splitext(rel)[1].lower() not in _masks().MASK_EXTENSIONS:
+            if family.extension_of(rel) not in family.extensions:
                 return False
-            stem = _stem(rel)
+            stem = family.stem(rel)
             return stem.endswith(mask_suffix) if mask_suffix else not stem.endswith(image_suffix)
 
     kept = [f for f in files if not is_mask(f.rel_path)]
     if len(kept) != len(files):
         _LOG.info("Left out %s mask files under --input_dir from the inputs", f"{len(files) - len(kept):,}")
     return kept, [p for p in problems if not is_mask(p.rel_path)], (None if prefix else is_mask)
+
+
+def drop_masks_dir(files, problems, input_dir: str, options: MaskOptions, volumes: bool = False):
+    """(files, problems, is_mask): the input listing without the mask files under --input_dir
+    (`plan_masks` does it for images; volumes do it before their series are planned).
+
+    Raises:
+      ValueError: For --masks_dir equal to --input_dir without a --mask_suffix.
+    """
+    return _drop_masks_dir(files, problems, input_dir, options, _family(volumes))
 
 
 def _inner_prefix(input_dir: str, masks_dir: str) -> str | None:
@@ -317,15 +423,15 @@ def _labels(files, split_ratios, class_names):
     return kept, outside, labels_from
 
 
-def _dataset_dtype(paths: Sequence) -> str:
-    """'uint16' when any mask file is 16-bit or deeper, from its header; else 'uint8'."""
+def _dataset_dtype(paths: Sequence, bit_depth) -> str:
+    """'uint16' when any mask file is 16-bit or deeper, from its header (`bit_depth` of its first bytes); else 'uint8'."""
     def depth(m):
         try:
             with open_to_read(m.path) as fh:
                 head = fh.read(_HEAD_BYTES)
-                bits = _masks().mask_bit_depth(head)
+                bits = bit_depth(head)
                 if bits is None and m.size > len(head):
-                    bits = _masks().mask_bit_depth(head + fh.read())
+                    bits = bit_depth(head + fh.read())
         except OSError:
             return 8  # The shard writer reads it again and says why.
         return bits or 8
@@ -333,7 +439,7 @@ def _dataset_dtype(paths: Sequence) -> str:
     with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
         deepest = max(pool.map(depth, paths), default=8)
     dtype = "uint16" if deepest > 8 else "uint8"
-    _LOG.info("Masks: %s files paired, stored as %s PNGs", f"{len(paths):,}", dtype)
+    _LOG.info("Masks: %s files paired, stored as %s", f"{len(paths):,}", dtype)
     return dtype
 
 

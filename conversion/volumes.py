@@ -36,16 +36,19 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
+import numpy as np
 
 from conversion import files as _files, guard
 from conversion.elements import Reject, ShardOutcome, ShardResult
 from conversion.listing import InputFile, Problem
 from conversion.plan import hash_split, sorted_class_names
+from conversion.masks import PixelCounter as _PixelCounter, TARGET_KIND as _MASK
 from conversion.targets import CLASS
+from conversion.targets.masks import of_file as _mask_of
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import tfrecord
-from schemas.volumes import VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
+from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
 
 __all__ = ["VolumeJob", "VolumesPlan", "HeldVolumes", "plan_volumes", "content_digests", "read_labels_csv",
            "csv_unit_locator", "check_held_rows", "write_volume_plans", "volume_plan_path", "write_volumes",
@@ -275,7 +278,7 @@ def check_held_rows(labels_csv: Mapping[str, tuple[str, str | None]], held: Mapp
 def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_dir: str, output_dir: str, *,
                  options: volumes.VolumeOptions, split_ratios=None, seed: int = 0, quarantined=None,
                  labels_csv: Mapping[str, tuple[str, str | None]] | None = None,
-                 dedup: bool = False, held: HeldVolumes | None = None) -> VolumesPlan:
+                 dedup: bool = False, held: HeldVolumes | None = None, unlabelled: bool = False) -> VolumesPlan:
     """Plans every volume of a listing, from headers only.
 
     Args:
@@ -292,6 +295,8 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         one with the smallest name is kept, the others rejected `duplicate`.
       held: With --append: what the dataset holds (`files` are not planned here);
         with --dedup a new volume whose content it holds is a `duplicate` too.
+      unlabelled: Without a CSV (--masks_dir: masks are the targets): a NIfTI file
+        directly under --input_dir is a volume without a class (label -1), not `no_label`.
 
     Raises:
       ValueError: For --split together with a CSV split column.
@@ -327,16 +332,18 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     else:
         for f in files:
             unit = _unit_of(f.rel_path)
+            if unit is None and unlabelled and _is_nifti_name(f.rel_path):
+                unit = (None, f.rel_path)  # Its own unit, without a class.
             if unit is None:
                 rejects.append((f.rel_path, "no_label", "outside any class folder"))
             else:
                 by_unit[unit].append(f.rel_path)
         split_source = "series"
-    class_names = tuple(sorted_class_names({label for label, _ in by_unit}))
+    class_names = tuple(sorted_class_names({label for label, _ in by_unit if label is not None}))
     split_ratios = dict(split_ratios or {"train": 1.0})
     digests: dict[str, bytes] = {}  # With --dedup: rel_path -> the SHA-256 of its bytes.
     planned = []  # (class, unit, filename, stack or None, nifti or None)
-    for (cls, unit), paths in sorted(by_unit.items()):
+    for (cls, unit), paths in sorted(by_unit.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         planned += [(cls, unit, name, stack, nifti) for name, stack, nifti in
                     _plan_unit(unit, paths, input_dir, options, rejects, digests if dedup else None, quarantined)]
     planned.sort(key=lambda p: os.fsencode(p[2]))
@@ -604,6 +611,8 @@ def write_volumes(job):
     quarantined = {rel: (reason, message) for rel, reason, message in job.quarantined}
     index_entries: list[tuple[int, int]] = []
     classes = CLASS.counter(job.num_classes)
+    masked = _MASK in job.targets
+    pixels = _PixelCounter() if masked else None
     rejects: list[Reject] = []
     normalized: list[tuple] = []
     sources = 0
@@ -616,7 +625,7 @@ def write_volumes(job):
                 continue
             with guard.working_on([(f.rel_path, f.path)]):
                 try:
-                    framed, notes = _framed(plan, f.label, input_dir)
+                    framed, notes, counts = _framed(plan, f.label, input_dir, _mask_of(f.targets) if masked else None)
                 except ImageRejected as e:
                     # Each file of a series names its series; a NIfTI file's message names it already.
                     message = e.message if e.message.startswith(f.rel_path) else f"{f.rel_path}: {e.message}"
@@ -631,8 +640,12 @@ def write_volumes(job):
                     rejects += [Reject(rel, guard.INTERNAL_ERROR, message) for rel in plan.sources]
                     continue
             if notes:
-                normalized.append((f.rel_path, "nifti" if plan.nifti else "dicom_series", ("volume_notes",),
+                actions = ("volume_notes",) + (("mask_reoriented",) if any(n.startswith("mask_reoriented")
+                                                                            for n in notes) else ())
+                normalized.append((f.rel_path, "nifti" if plan.nifti else "dicom_series", actions,
                                    {"notes": list(notes)}))
+            if counts is not None:
+                pixels.add(counts)
             offset = writer.num_bytes
             for part in framed:
                 writer.write(part)
@@ -646,17 +659,24 @@ def write_volumes(job):
     writer.commit()
     index_name, index_sha256 = _files.write_shard_index(job.output_dir, job.name, index_entries)
     result = ShardResult(job.split, job.index, job.num_shards, job.name, len(index_entries), writer.num_bytes,
-                         writer.sha256, classes.to_json(), index_name, index_sha256, sources)
+                         writer.sha256, classes.to_json(), index_name, index_sha256, sources,
+                         mask_pixels=pixels.to_json() if masked else None)
     return ShardOutcome(result, rejects, normalized)
 
 
-def _framed(plan: VolumeJob, label: int, input_dir: str) -> tuple[list, tuple[str, ...]]:
-    """One volume decoded and encoded as its framed record's parts, and its notes.
+def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple[str, str] | None = None):
+    """One volume decoded and encoded as its framed record's parts, its notes, and its mask's voxels per id.
 
     The voxels are decoded into one preallocated array (`imaging.volumes`);
     the record's parts hold them as a view of that array, and the framing
     (`schemas.tfrecord.frame_parts`) and the writer (`AtomicWriter.write`)
     copy no part: the volume is held once, plus one slice while decoding.
+    With `mask` ((path, dataset dtype), --masks_dir), its label volume is read
+    onto the volume's grid (`imaging.volume_masks`: reoriented when only its
+    voxel order differs, else rejected) and stored beside it.
+
+    Returns:
+      (framed parts, notes, voxels per class id (None without a mask)).
     """
     read = lambda rel: _files.read_bytes(_files.join(input_dir, rel))
     if plan.nifti is not None:
@@ -664,9 +684,39 @@ def _framed(plan: VolumeJob, label: int, input_dir: str) -> tuple[list, tuple[st
     else:
         volume = volumes.read_stack(plan.stack, read)
     notes = tuple(dict.fromkeys((*plan.notes, *volume.notes)))
-    parts = VOLUME_SCHEMA.encode_parts(VolumeRecord(volume.voxels, volume.spacing, volume.affine, label,
-                                                    plan.filename, volume.modality))
-    return tfrecord.frame_parts(parts), notes
+    ids = counts = None
+    if mask is not None:
+        uids = () if plan.stack is None else tuple(s.sop_instance_uid for s in plan.stack.slices)
+        ids, mask_notes = _mask_ids(volume, *mask, uids)
+        notes = (*notes, *mask_notes)
+        counts = np.bincount(ids.ravel())
+    schema = VOLUME_SCHEMA if mask is None else VOLUME_MASK_SCHEMA
+    parts = schema.encode_parts(VolumeRecord(volume.voxels, volume.spacing, volume.affine, label,
+                                             plan.filename, volume.modality, ids))
+    return tfrecord.frame_parts(parts), notes, counts
+
+
+def _mask_ids(volume: volumes.Volume, path: str, dtype: str, uids: tuple[str, ...] = ()):
+    """(ids, notes): the class ids of a volume's mask file on its grid, in the dataset's mask dtype.
+
+    Raises:
+      ImageRejected: 'mask_unreadable', 'mask_geometry_mismatch', 'mask_not_class_ids'
+        (`imaging.volume_masks`; ids above 255 where the headers said uint8).
+    """
+    from imaging import volume_masks
+
+    try:
+        data = _files.read_bytes(path)
+    except OSError as e:
+        raise ImageRejected("mask_unreadable", f"mask {path}: {e}") from e
+    # A DICOM series' grid carries its slices' SOPInstanceUIDs (what SEG and RTSTRUCT masks refer to).
+    grid = volume_masks.VolumeGrid.of(volume, uids if len(uids) == volume.voxels.shape[0] else ())
+    read = volume_masks.read_mask_volume(data, path, grid)
+    ids = read.ids
+    if ids.dtype.itemsize > np.dtype(dtype).itemsize and ids.size and int(ids.max()) > np.iinfo(dtype).max:
+        raise ImageRejected("mask_not_class_ids", f"mask {path} holds ids up to {int(ids.max())}, more than the "
+                            f"dataset's {dtype} masks hold (decided from the masks' headers)")
+    return np.ascontiguousarray(ids.astype(dtype, copy=False)), read.notes
 
 
 def warm_up() -> None:
@@ -750,7 +800,8 @@ def write_manifest(manifest, rejects: Sequence[Reject], output_dir: str) -> dict
     """
     out = {
         "example_kind": VOLUME_SCHEMA.kind,
-        "features": VOLUME_SCHEMA.to_json(),
+        # The records' features: with --masks_dir, `volume/mask` among them.
+        "features": dict(manifest.features) or VOLUME_SCHEMA.to_json(),
         "class_names": list(manifest.class_names),
         "splits": {name: {"records": info.num_records, "shards": len(info.shards)}
                    for name, info in sorted(manifest.splits.items())},

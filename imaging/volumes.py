@@ -30,7 +30,7 @@ from imaging import dicom
 from imaging.errors import ImageRejected
 
 __all__ = ["VolumeOptions", "DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "read_slice_headers", "plan_stacks",
-           "read_stack", "read_nifti", "is_nifti", "LPS_TO_RAS"]
+           "read_stack", "read_nifti", "nifti_image", "check_nifti_size", "is_nifti", "LPS_TO_RAS"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ class DicomSlice:
       frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
       pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
         reads them there without parsing the file again (`dicom.native_pixel_offset`).
+      sop_instance_uid: SOPInstanceUID ('' when absent; the frames of an enhanced file
+        share it): what a DICOM SEG or RTSTRUCT mask refers to (`imaging.volume_masks.VolumeGrid`).
     """
 
     name: str
@@ -111,6 +113,7 @@ class DicomSlice:
     series_number: str = ""
     frames: int = 1
     pixel_offset: int = -1
+    sop_instance_uid: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -368,6 +371,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
             pixel_offset=pixel_offset if frames == 1 else -1,
+            sop_instance_uid=str(ds.get("SOPInstanceUID", "") or ""),
         ))
     return slices
 
@@ -658,6 +662,43 @@ def is_nifti(head: bytes) -> bool:
     return head[:2] == b"\x1f\x8b" or head[344:348] in _NIFTI_MAGICS or head[4:8] in _NIFTI_MAGICS
 
 
+def nifti_image(data: bytes, name: str):
+    """A NIfTI-1/2 file's bytes (gzipped or not) as (a nibabel image, its voxels not read yet; the bytes ungzipped).
+
+    Raises:
+      ImageRejected: 'not_an_image' (no NIfTI header), 'corrupt' (a damaged gzip).
+    """
+    import nibabel
+
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise ImageRejected("corrupt", f"{name}: damaged gzip ({e})") from e
+    for cls in (nibabel.Nifti1Image, nibabel.Nifti2Image):
+        try:
+            return cls.from_bytes(data), data
+        except (nibabel.filebasedimages.ImageFileError, nibabel.spatialimages.HeaderDataError,
+                nibabel.wrapstruct.WrapStructError, ValueError, OSError):
+            # WrapStructError: fewer bytes than a header (a truncated or empty .nii).
+            continue
+    raise ImageRejected("not_an_image", f"{name} is not a NIfTI file nibabel reads")
+
+
+def check_nifti_size(image, data: bytes, name: str) -> None:
+    """Refuses a NIfTI image whose header asks more voxel bytes than its file holds, before nibabel reads them.
+
+    Raises:
+      ImageRejected: 'corrupt'.
+    """
+    offset = int(getattr(image.dataobj, "offset", 0))  # The image's header copy says 0.
+    needed = offset + math.prod(int(n) for n in image.shape) * image.get_data_dtype().itemsize
+    if needed > len(data):
+        raise ImageRejected("corrupt", f"{name}: its header gives {image.shape} voxels of "
+                            f"{image.get_data_dtype().name} from byte {offset}, {needed:,} bytes; the file holds "
+                            f"{len(data):,} (cut short, or a damaged header)")
+
+
 def read_nifti(data: bytes, name: str) -> Volume:
     """A NIfTI-1/2 file (.nii, or gzipped .nii.gz) as a volume, with nibabel.
 
@@ -667,24 +708,7 @@ def read_nifti(data: bytes, name: str) -> Volume:
     Raises:
       ImageRejected: 'not_an_image', 'corrupt', 'not_a_volume', 'unsupported_dtype'.
     """
-    import nibabel
-
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise ImageRejected("corrupt", f"{name}: damaged gzip ({e})") from e
-    image = None
-    for cls in (nibabel.Nifti1Image, nibabel.Nifti2Image):
-        try:
-            image = cls.from_bytes(data)
-            break
-        except (nibabel.filebasedimages.ImageFileError, nibabel.spatialimages.HeaderDataError,
-                nibabel.wrapstruct.WrapStructError, ValueError, OSError):
-            # WrapStructError: fewer bytes than a header (a truncated or empty .nii).
-            continue
-    if image is None:
-        raise ImageRejected("not_an_image", f"{name} is not a NIfTI file nibabel reads")
+    image, data = nifti_image(data, name)
     shape = image.shape
     if len(shape) == 4 and shape[3] == 1:
         shape = shape[:3]
@@ -692,14 +716,7 @@ def read_nifti(data: bytes, name: str) -> Volume:
         raise ImageRejected("not_a_volume", f"{name} has shape {image.shape}, not 3-D")
     if min(shape) < 1:  # A damaged dim[] (issue 39's mutations): not a schema's error later.
         raise ImageRejected("corrupt", f"{name}: its header gives an empty volume of shape {image.shape}")
-    # What the header says the voxels take, against what the file holds: refused before
-    # nibabel allocates it (it reads into a buffer of the header's size).
-    offset = int(getattr(image.dataobj, "offset", 0))  # The image's header copy says 0.
-    needed = offset + math.prod(int(n) for n in image.shape) * image.get_data_dtype().itemsize
-    if needed > len(data):
-        raise ImageRejected("corrupt", f"{name}: its header gives {image.shape} voxels of "
-                            f"{image.get_data_dtype().name} from byte {offset}, {needed:,} bytes; the file holds "
-                            f"{len(data):,} (cut short, or a damaged header)")
+    check_nifti_size(image, data, name)
     try:
         # nibabel moves scl_slope/scl_inter from the header to the array proxy, which
         # applies them (to float) only when they are not 1 and 0.

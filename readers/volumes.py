@@ -25,13 +25,15 @@ tf = _tf_runtime.full()
 
 from readers.metadata import load_manifest
 from schemas import LABEL, MANIFEST_FILENAME
-from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES, VOLUME_SCHEMA,
-                             VOLUME_SHAPE, VOLUME_SPACING)
+from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES, VOLUME_MASK, VOLUME_MASK_DTYPES,
+                             VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUME_SHAPE, VOLUME_SPACING)
 
-__all__ = ["volume_dataset_from_tfrecords", "VOLUME_EXTRA_FEATURES"]
+__all__ = ["volume_dataset_from_tfrecords", "VOLUME_EXTRA_FEATURES", "LABEL_MODES"]
 
 _LOG = logging.getLogger(__name__)
 
+# What `label_mode` may be: each volume's class, or its label volume (datasets converted with --masks_dir).
+LABEL_MODES = ("int", "mask")
 # Keys `extra_features` may name.
 VOLUME_EXTRA_FEATURES = tuple(spec.key for spec in VOLUME_SCHEMA.features
                               if spec.key not in (VOLUME.key, LABEL.key))
@@ -62,6 +64,9 @@ class _Options:
     extra_features: tuple[str, ...]
     seed: int | None
     sharded_here: bool = False  # An input_context chose this pipeline's share.
+    label_mode: str = "int"
+    mask_dtype: str | None = None  # label_mode="mask": the dataset's mask dtype (its manifest's).
+    foreground_fraction: float = 0.0
 
     def __post_init__(self):
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or
@@ -81,6 +86,15 @@ class _Options:
             and self.window is None
         if self.dtype is None and not raw:
             raise ValueError("`dtype=None` (volumes as stored) takes no resampling, patches or window.")
+        if self.label_mode not in LABEL_MODES:
+            raise ValueError(f"`label_mode` must be one of {LABEL_MODES}. Received: {self.label_mode!r}")
+        fraction = self.foreground_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise ValueError(f"`foreground_fraction` must be a number in [0, 1]. Received: {fraction!r}")
+        if fraction and (self.label_mode != "mask" or self.patch_size is None):
+            raise ValueError("`foreground_fraction` centres patches on the mask's foreground: it needs "
+                             "label_mode='mask' and `patch_size`. Received: foreground_fraction="
+                             f"{fraction!r}, label_mode={self.label_mode!r}, patch_size={self.patch_size!r}")
         if self.dtype is not None and self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"`dtype` must be 'float32', 'float16', 'bfloat16' or None. Received: {self.dtype!r}")
 
@@ -150,7 +164,8 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
                                   spacing=None, window=None, dtype: str | None = "float32",
                                   extra_features=(), shuffle: bool = False, seed: int | None = None,
                                   input_context: tf.distribute.InputContext | None = None,
-                                  version: int | None = None):
+                                  version: int | None = None, label_mode: str = "int",
+                                  foreground_fraction: float = 0.0):
     """A dataset of (volume, label[, extras]) from a volume dataset's shards.
 
     Args:
@@ -177,28 +192,47 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
       version: For a dataset that grew (`shardsmith convert --volumes --append`):
         None reads the latest version (every shard); N reads exactly what
         version N held (its shards, in the manifest's order).
+      label_mode: 'int': each volume's class (int64, -1 without one); 'mask'
+        (a dataset converted with --masks_dir): its label volume, int32
+        [d, h, w, 1], which follows every geometric step of its volume with the
+        same parameters (`spacing` and `volume_size` by nearest neighbour, never
+        interpolated; the same patch offsets; padded with 0, background) and no
+        other (`window` and `dtype` leave it as it is).
+      foreground_fraction: With label_mode='mask' and `patch_size`: the share
+        of patches (each patch drawn, seeded) centred on a random foreground
+        voxel (id > 0) of its volume, as nnU-Net oversamples the foreground; a
+        volume without foreground gets random patches. 0: every patch random.
 
     Returns:
-      A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples, with a
-      dict of `extra_features` as a third element when any are asked for.
+      A `tf.data.Dataset` of (volume [d, h, w, 1], label int64) tuples (label_mode
+      'mask': (volume, mask int32 [d, h, w, 1])), with a dict of `extra_features`
+      as a third element when any are asked for.
+
+    Raises:
+      ValueError: For a bad argument, naming it; label_mode='mask' on a dataset
+        without masks, naming what its records hold.
     """
     options = _Options(batch_size, _triple(volume_size, "volume_size", int), _triple(patch_size, "patch_size", int),
                        patches_per_volume, _triple(spacing, "spacing"),
                        None if window is None else tuple(float(v) for v in window), dtype,
                        tuple(extra_features), seed,
-                       input_context is not None and input_context.num_input_pipelines > 1)
+                       input_context is not None and input_context.num_input_pipelines > 1, label_mode,
+                       foreground_fraction=foreground_fraction)
+    if options.label_mode == "mask":
+        options = dataclasses.replace(options, mask_dtype=_mask_dtype(data_dir, version))
     ds = _serialized(data_dir, split, shuffle, seed, input_context, version)
     keys = (VOLUME.key, VOLUME_DTYPE.key, VOLUME_SHAPE.key, LABEL.key, VOLUME_SPACING.key, VOLUME_AFFINE.key) + \
         tuple(k for k in options.extra_features
-              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key))
-    spec = VOLUME_SCHEMA.parse_spec(keys)
+              if k not in (VOLUME_DTYPE.key, VOLUME_SHAPE.key, VOLUME_SPACING.key, VOLUME_AFFINE.key)) + \
+        ((VOLUME_MASK.key,) if options.mask_dtype else ())
+    spec = (VOLUME_MASK_SCHEMA if options.mask_dtype else VOLUME_SCHEMA).parse_spec(keys)
     stored = None
     if options.dtype is None:
         first = next(iter(ds.take(1).map(lambda s: tf.io.parse_single_example(s, spec)[VOLUME_DTYPE.key])), None)
         # A split without volumes (each rejected, its shards empty) yields nothing, in any dtype.
         stored = "uint8" if first is None else first.numpy().decode()
     resampled = options.spacing is not None or options.volume_size is not None
-    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN:
+    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN and not options.mask_dtype:
         # Patches of volumes as stored: each record is parsed once and its
         # patches cut from its raw bytes, in one parallel map; only the
         # patches are converted to float and windowed (elementwise steps commute
@@ -217,6 +251,45 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
     ds = ds.map(lambda volume, parsed: _finish(volume, parsed, options),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return _batched(ds, options)
+
+
+def _mask_dtype(data_dir, version) -> str:
+    """The dtype of a dataset's label volumes, from its manifest; refused for a dataset without masks.
+
+    Raises:
+      ValueError: Naming what the dataset's records hold instead.
+    """
+    manifest = load_manifest(os.fspath(data_dir), version)
+    section = (manifest.extra.get("targets") or {}).get("mask") or {}
+    if VOLUME_MASK.key not in manifest.features:
+        raise ValueError(f"label_mode='mask' reads the label volumes of a dataset converted with --volumes "
+                         f"--masks_dir; the records of {os.fspath(data_dir)!r} hold no {VOLUME_MASK.key!r}: "
+                         f"their features are {sorted(manifest.features)}. Use label_mode='int' (each volume's "
+                         "class), or convert with --masks_dir.")
+    dtype = section.get("dtype")
+    if dtype not in VOLUME_MASK_DTYPES:
+        raise ValueError(f"The manifest of {os.fspath(data_dir)!r} gives its masks' dtype (targets.mask.dtype) as "
+                         f"{dtype!r}, not one of {VOLUME_MASK_DTYPES}: a damaged manifest.")
+    return dtype
+
+
+def _decode_mask(parsed, dtype: str):
+    """The label volume [d, h, w] int32 of a parsed record, stored as `dtype` (its byte count checked)."""
+    shape = tf.cast(parsed[VOLUME_SHAPE.key], tf.int32)
+    raw = parsed[VOLUME_MASK.key]
+    ids = tf.io.decode_raw(raw, tf.as_dtype(dtype), little_endian=True)
+    tf.debugging.assert_equal(tf.size(ids), tf.reduce_prod(shape),
+                              message=f"volume/mask does not hold volume/shape's voxels of {dtype}")
+    return tf.ensure_shape(tf.reshape(tf.cast(ids, tf.int32), shape), [None, None, None])
+
+
+def _resize_nearest(mask, size):
+    """Nearest-neighbour resize of ids [d, h, w] to `size`, on `_resize`'s grid (half-voxel centres), separable."""
+    size = tf.cast(size, tf.int32)
+    m = tf.image.resize(mask[..., None], size[1:], method="nearest")  # [d, h', w', 1]
+    m = tf.transpose(m, [1, 0, 2, 3])
+    m = tf.image.resize(m, tf.stack([size[0], size[2]]), method="nearest")
+    return tf.cast(tf.transpose(m, [1, 0, 2, 3])[..., 0], tf.int32)
 
 
 def _batched(ds: tf.data.Dataset, options: _Options) -> tf.data.Dataset:
@@ -271,7 +344,10 @@ def _parse(serialized, spec, options: _Options, stored: str | None):
         volume = _decode(parsed, tf.float32)
     # Only what later steps use travels on: not the encoded voxels.
     wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
-    return volume, {k: v for k, v in parsed.items() if k in wanted}
+    out = {k: v for k, v in parsed.items() if k in wanted}
+    if options.mask_dtype:  # The label volume travels with its volume, through every step.
+        out[VOLUME_MASK.key] = _decode_mask(parsed, options.mask_dtype)
+    return volume, out
 
 
 def _preprocess(volume, parsed, options: _Options):
@@ -285,12 +361,16 @@ def _preprocess(volume, parsed, options: _Options):
         affine = _scale_affine(affine, tf.shape(volume), new)
         volume = _resize(volume, new)
         vox_spacing = tf.constant(options.spacing, tf.float64)
+        if options.mask_dtype:
+            parsed = {**parsed, VOLUME_MASK.key: _resize_nearest(parsed[VOLUME_MASK.key], new)}
     if options.volume_size is not None:
         new = tf.constant(options.volume_size, tf.int32)
         old = tf.shape(volume)
         affine = _scale_affine(affine, old, new)
         vox_spacing = vox_spacing * tf.cast(old, tf.float64) / tf.cast(new, tf.float64)
         volume = _resize(volume, new)
+        if options.mask_dtype:
+            parsed = {**parsed, VOLUME_MASK.key: _resize_nearest(parsed[VOLUME_MASK.key], new)}
     if options.window is not None:
         center, width = options.window
         low = center - width / 2
@@ -317,6 +397,29 @@ def _offsets(index, shape, options):
     return tf.cast(draws % tf.cast(room, tf.int64), tf.int32), pad
 
 
+def _foreground_offsets(index, offsets, pad, mask, options):
+    """`offsets` with a seeded share (`foreground_fraction`) of them centred on random foreground voxels.
+
+    Each patch draws (seeded by the volume's index, apart from `_offsets`' draws) whether it
+    is a foreground patch and which foreground voxel it centres; the patch is then moved to
+    hold it, kept inside the padded volume. A volume without foreground keeps `offsets`.
+    """
+    count = options.patches_per_volume
+    patch = tf.constant(options.patch_size, tf.int32)
+    base_seed = 0 if options.seed is None else int(options.seed)
+    seed = tf.stack([tf.cast(base_seed, tf.int64), -1 - index])  # Never an index `_offsets` draws with.
+    share = tf.random.stateless_uniform([count], seed=seed, dtype=tf.float32)
+    which = tf.random.stateless_uniform([count], seed=seed[::-1], minval=0, maxval=2**31 - 1, dtype=tf.int64)
+    foreground = tf.cast(tf.where(mask > 0), tf.int32)  # [n, 3] (k, j, i)
+    n = tf.shape(foreground)[0]
+    foreground = tf.concat([foreground, tf.zeros([1, 3], tf.int32)], 0)  # A row to gather when there is none.
+    centres = tf.gather(foreground, tf.cast(which % tf.cast(tf.maximum(n, 1), tf.int64), tf.int32))
+    room = tf.shape(mask) + pad - patch + 1
+    centred = tf.clip_by_value(centres + pad // 2 - patch // 2, 0, room - 1)
+    chosen = tf.logical_and(share < options.foreground_fraction, n > 0)
+    return tf.where(chosen[:, None], centred, offsets)
+
+
 def _patch_extras(parsed, offsets, pad, count):
     """Each patch's features: the volume's, repeated; the affine moved to the patch's first voxel."""
     # The affine of each patch: its first voxel (k, j, i) = offset - pad before.
@@ -335,13 +438,22 @@ def _patches(index, volume, parsed, options):
     count = options.patches_per_volume
     patch = tf.constant(options.patch_size, tf.int32)
     offsets, pad = _offsets(index, tf.shape(volume), options)
+    if options.foreground_fraction:
+        offsets = _foreground_offsets(index, offsets, pad, parsed[VOLUME_MASK.key], options)
     volume = tf.cond(tf.reduce_any(pad > 0),
                      lambda: tf.pad(volume, tf.stack([pad // 2, pad - pad // 2], axis=1),
                                     constant_values=tf.reduce_min(volume)),
                      lambda: volume)
     patches = tf.stack([tf.slice(volume, offsets[n], patch) for n in range(count)])
     patches = tf.ensure_shape(patches, [count, *options.patch_size])
-    return patches, _patch_extras(parsed, offsets, pad, count)
+    if not options.mask_dtype:
+        return patches, _patch_extras(parsed, offsets, pad, count)
+    # The mask cut at the same offsets, padded with 0 (background) where the volume is.
+    mask = tf.pad(parsed[VOLUME_MASK.key], tf.stack([pad // 2, pad - pad // 2], axis=1))
+    masks = tf.ensure_shape(tf.stack([tf.slice(mask, offsets[n], patch) for n in range(count)]),
+                            [count, *options.patch_size])
+    extras = _patch_extras({k: v for k, v in parsed.items() if k != VOLUME_MASK.key}, offsets, pad, count)
+    return patches, {**extras, VOLUME_MASK.key: masks}
 
 
 def _patches_of_raw(index, serialized, spec, options):
@@ -406,6 +518,7 @@ def _finish(volume, parsed, options: _Options):
     if options.dtype is not None:
         volume = tf.cast(volume, options.dtype)
     volume = volume[..., None]
+    target = parsed[VOLUME_MASK.key][..., None] if options.mask_dtype else parsed[LABEL.key]
     if options.extra_features:
-        return volume, parsed[LABEL.key], {k: parsed[k] for k in options.extra_features}
-    return volume, parsed[LABEL.key]
+        return volume, target, {k: parsed[k] for k in options.extra_features}
+    return volume, target

@@ -99,6 +99,8 @@ REJECT_REASONS = {
     "mask_not_class_ids": "The mask holds no class ids: colours (RGB with unequal channels), "
                           "floats, negative values or ids above 65535.",
     "mask_size_mismatch": "The mask's size is neither the image's upright size nor its raw frame's.",
+    "mask_geometry_mismatch": "A volume's mask does not lie on the volume's voxel grid (another shape, spacing, "
+                              "origin or orientation beyond a reordering of its axes), or is not 3-D.",
     "bad_target": "The image's target (labels, numbers, boxes) cannot be stored as given.",
     # Volumes (--volumes): a DICOM series stack or a NIfTI file that cannot be one volume.
     "missing_slice": "A gap between a stack's slices of more than 1.5 times its usual spacing, or a step more than 10% off it.",

@@ -12,7 +12,11 @@
 - `volume/modality`: DICOM Modality ('CT', 'MR', ...), '' when unknown;
 - `label`: the class index (-1 without one);
 - `filename`: the series folder relative to --input_dir, POSIX separators
-  (`#series=N` when a folder holds several series), or the NIfTI file.
+  (`#series=N` when a folder holds several series), or the NIfTI file;
+- `volume/mask` (a dataset converted with --masks_dir only,
+  `VOLUME_MASK_SCHEMA`): the class id of each voxel, little-endian, C order
+  (depth, height, width) as `volume/shape` says, uint8 or uint16: one dtype per
+  dataset, the manifest's `targets.mask.dtype` (its byte count tells it too).
 
 A plain reader needs nothing of shardsmith:
 
@@ -31,7 +35,7 @@ import numpy as np
 from schemas.features import (FILENAME, LABEL, FeatureSpec, decode_example, encode_example, encode_example_parts,
                               parse_spec_of)
 
-__all__ = ["VOLUME", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
+__all__ = ["VOLUME", "VOLUME_MASK", "VOLUME_MASK_DTYPES", "VOLUME_MASK_SCHEMA", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
            "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VOLUMES_MANIFEST_FILENAME", "VolumeRecord",
            "VolumeExampleSchema", "VOLUME_SCHEMA"]
 
@@ -61,6 +65,13 @@ VOLUME_AFFINE = FeatureSpec(
 )
 VOLUME_MODALITY = FeatureSpec("volume/modality", "bytes", "DICOM Modality (CT, MR, ...); '' when unknown.")
 VOLUME_FEATURES = (VOLUME, VOLUME_DTYPE, VOLUME_SHAPE, VOLUME_SPACING, VOLUME_AFFINE, VOLUME_MODALITY)
+VOLUME_MASK = FeatureSpec(
+    "volume/mask", "bytes",
+    "Class id of each voxel, little-endian, C order (depth, height, width) as volume/shape says; "
+    "uint8 or uint16, one dtype per dataset (the manifest's targets.mask.dtype).",
+)
+# The dtypes a dataset's masks are stored in (the narrowest every mask's header allows).
+VOLUME_MASK_DTYPES = ("uint8", "uint16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +86,7 @@ class VolumeRecord:
       label: Class index, -1 without one.
       filename: Series folder or NIfTI file, relative to --input_dir.
       modality: DICOM Modality, '' when unknown.
+      mask: With --masks_dir: the class ids, the volume's shape, uint8 or uint16; else None.
     """
 
     volume: np.ndarray
@@ -83,16 +95,25 @@ class VolumeRecord:
     label: int
     filename: str
     modality: str = ""
+    mask: np.ndarray | None = None
 
 
 class VolumeExampleSchema:
-    """The features of a volume record, their encoding (`encode`) and parsing."""
+    """The features of a volume record, their encoding (`encode`) and parsing.
+
+    Args:
+      mask: Whether its records hold a label volume (`volume/mask`, --masks_dir).
+    """
 
     kind = VOLUMES
-    features: tuple[FeatureSpec, ...] = VOLUME_FEATURES + (LABEL, FILENAME)
+
+    def __init__(self, mask: bool = False):
+        self.mask = bool(mask)
+        self.features: tuple[FeatureSpec, ...] = VOLUME_FEATURES + (LABEL, FILENAME) + \
+            ((VOLUME_MASK,) if self.mask else ())
 
     def __eq__(self, other):
-        return isinstance(other, VolumeExampleSchema)
+        return isinstance(other, VolumeExampleSchema) and other.mask == self.mask
 
     def __hash__(self):
         return hash(self.features)
@@ -119,7 +140,18 @@ class VolumeExampleSchema:
             raise ValueError(f"Record {record.filename!r}: the affine must be a finite 4x4. "
                              f"Received: {affine!r}")
         little = np.ascontiguousarray(volume.astype(volume.dtype.newbyteorder("<"), copy=False))
-        return {
+        out = {}
+        if self.mask:
+            mask = None if record.mask is None else np.asarray(record.mask)
+            if mask is None or mask.shape != volume.shape or mask.dtype.name not in VOLUME_MASK_DTYPES:
+                raise ValueError(f"Record {record.filename!r}: its mask must be {VOLUME_MASK_DTYPES} of the "
+                                 f"volume's shape {volume.shape}. Received: "
+                                 f"{None if mask is None else (mask.dtype.name, mask.shape)}")
+            out[VOLUME_MASK.key] = memoryview(np.ascontiguousarray(
+                mask.astype(mask.dtype.newbyteorder("<"), copy=False))).cast("B")
+        elif record.mask is not None:
+            raise ValueError(f"Record {record.filename!r} has a mask; its schema holds none (VOLUME_MASK_SCHEMA does)")
+        return out | {
             # A view, not a copy: the voxels (tens to hundreds of MB) are copied once, into the record.
             VOLUME.key: memoryview(little).cast("B"),
             VOLUME_DTYPE.key: volume.dtype.name,
@@ -159,12 +191,12 @@ class VolumeExampleSchema:
 
     @classmethod
     def from_json(cls, features) -> VolumeExampleSchema:
-        """The schema of a manifest's `features`.
+        """The schema of a manifest's `features` (with `volume/mask` or without).
 
         Raises:
           ValueError: Naming the features that are not a volume record's.
         """
-        schema = cls()
+        schema = cls(mask=VOLUME_MASK.key in features)
         want = schema.to_json()
         if dict(features) != want:
             missing = sorted(set(want) - set(features))
@@ -188,6 +220,12 @@ class VolumeExampleSchema:
         if len(raw) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
             raise ValueError(f"volume holds {len(raw)} bytes, not {shape} of {dtype}")
         out[VOLUME.key] = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<")).reshape(shape)
+        if self.mask:  # Its dtype is the dataset's; its byte count tells it.
+            ids = out[VOLUME_MASK.key]
+            width = len(ids) // max(int(np.prod(shape)), 1)
+            if width not in (1, 2) or len(ids) != width * int(np.prod(shape)):
+                raise ValueError(f"volume/mask holds {len(ids)} bytes, not {shape} of uint8 or uint16")
+            out[VOLUME_MASK.key] = np.frombuffer(ids, np.dtype(VOLUME_MASK_DTYPES[width - 1]).newbyteorder("<")).reshape(shape)
         out[VOLUME_AFFINE.key] = np.asarray(out[VOLUME_AFFINE.key]).reshape(4, 4)
         for key in (VOLUME_DTYPE.key, VOLUME_MODALITY.key, FILENAME.key):
             out[key] = os.fsdecode(out[key])
@@ -200,3 +238,5 @@ def _tf():
 
 
 VOLUME_SCHEMA = VolumeExampleSchema()
+# The records of a volume dataset converted with --masks_dir: each with its `volume/mask`.
+VOLUME_MASK_SCHEMA = VolumeExampleSchema(mask=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from conversion import volumes as _volumes
 from schemas import FILENAME, LABEL, MANIFEST_FILENAME, tfrecord
-from schemas.volumes import VOLUME, VOLUME_AFFINE, VOLUME_SCHEMA, VOLUME_SPACING
+from schemas.volumes import VOLUME, VOLUME_AFFINE, VOLUME_MASK, VOLUME_SCHEMA, VOLUME_SPACING, VolumeExampleSchema
 
 __all__ = ["is_volume_dataset", "inspect_volumes", "verify_volumes", "preview_volumes", "PREVIEW_FILENAME"]
 
@@ -73,12 +73,17 @@ def inspect_volumes(folder: str) -> str:
             shards = sum(len(e["shards"]) for e in v["splits"].values())
             lines.append(f"    v{v['version']} ({v['time'] or '-'}): {added} volumes in {shards} shard(s), "
                          f"{v['num_classes']} classes")
+    schema = _schema(manifest)
     for split, _, payload in _records(folder, manifest):
-        r = VOLUME_SCHEMA.decode(payload)
+        r = schema.decode(payload)
         spacing = ", ".join(f"{v:.3g}" for v in r[VOLUME_SPACING.key])
+        label = r[LABEL.key]
+        mask = ""
+        if VOLUME_MASK.key in r:  # --masks_dir: the class ids its label volume holds.
+            mask = f", mask ids {np.unique(r[VOLUME_MASK.key]).tolist()}"
         lines.append(f"    {split} {r[FILENAME.key]}: {r[VOLUME.key].dtype.name} {tuple(r[VOLUME.key].shape)}, "
                      f"spacing ({spacing}) mm, {_axcodes(r[VOLUME_AFFINE.key])}, "
-                     f"class {manifest['class_names'][r[LABEL.key]]}")
+                     f"class {manifest['class_names'][label] if label >= 0 else '-'}{mask}")
     reasons = collections.Counter(r["reason"] for r in manifest["rejects"])
     lines.append(f"  rejected files: {sum(reasons.values())}" +
                  (f" ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})" if reasons else ""))
@@ -90,14 +95,20 @@ def inspect_volumes(folder: str) -> str:
     return "\n".join(lines)
 
 
+def _schema(manifest: dict) -> VolumeExampleSchema:
+    """The record schema volumes.json names (with `volume/mask` for a dataset converted with --masks_dir)."""
+    return VolumeExampleSchema.from_json(manifest.get("features") or VOLUME_SCHEMA.to_json())
+
+
 def verify_volumes(folder: str) -> list[str]:
     """Re-reads every record (CRCs, schema, sizes, counts); returns the problems found."""
     manifest = _volumes.read_manifest(folder)
+    schema = _schema(manifest)
     problems, counts = [], collections.Counter()
     try:
         for split, name, payload in _records(folder, manifest):
             try:
-                VOLUME_SCHEMA.decode(payload)
+                schema.decode(payload)
                 counts[split] += 1
             except ValueError as e:
                 problems.append(f"{name}: {e}")

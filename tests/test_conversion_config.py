@@ -92,13 +92,19 @@ def test_volumes_are_a_kind_of_example_with_their_own_options():
 @pytest.mark.parametrize("given, message", [
     (dict(min_slices=0), "--min_slices must be >= 1. Received: 0"),
     (dict(time_series=True), "does not combine with --time_series"),
-    (dict(masks_dir="m"), "does not combine with --masks_dir"),
+    (dict(annotations="a.json"), "does not combine with --annotations"),
+    (dict(masks_dir="m", append=True), "--volumes with --masks_dir does not combine with --append yet"),
     (dict(raster_patch="256"), "does not combine with --raster_patch"),
 ])
 def test_what_volumes_do_not_take_is_refused_naming_the_flag(given, message):
     with pytest.raises(ValueError) as caught:
         ConversionConfig.from_flags(_flags(volumes=True, **given))
     assert message in str(caught.value)
+
+
+def test_volumes_take_masks_and_a_mask_suffix():
+    config = ConversionConfig.from_flags(_flags(volumes=True, masks_dir="labelsTr", mask_suffix="_0000:"))
+    assert config.masks.active and config.masks.suffixes == ("_0000", "")
 
 
 def test_volumes_append_takes_a_labels_csv_and_dedup():

@@ -79,3 +79,41 @@ def test_a_volume_record_framed_as_parts_is_the_framed_record_and_holds_its_voxe
         f.flush()
         (raw,) = list(tf.data.TFRecordDataset(f.name))
     np.testing.assert_array_equal(VOLUME_SCHEMA.decode(raw.numpy())["volume"], voxels)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", ">u2"])
+def test_a_masked_record_holds_its_ids_little_endian_as_tensorflow_parses_them(dtype):
+    import dataclasses
+
+    import tensorflow as tf
+
+    from schemas.volumes import VOLUME_MASK, VOLUME_MASK_SCHEMA, VolumeExampleSchema
+
+    record = _record()
+    ids = (np.arange(120).reshape(4, 5, 6) * (300 if np.dtype(dtype).itemsize == 2 else 2)).astype(dtype)
+    masked = dataclasses.replace(record, mask=ids)
+    serialized = VOLUME_MASK_SCHEMA.encode(masked)
+    raw = tf.io.parse_single_example(serialized, VOLUME_MASK_SCHEMA.parse_spec())[VOLUME_MASK.key]
+    stored = np.dtype(dtype).newbyteorder("=").name
+    back = tf.reshape(tf.io.decode_raw(raw, tf.as_dtype(stored), little_endian=True), [4, 5, 6]).numpy()
+    np.testing.assert_array_equal(back, ids)
+    decoded = VOLUME_MASK_SCHEMA.decode(serialized)  # Its width told by its byte count.
+    np.testing.assert_array_equal(decoded[VOLUME_MASK.key], ids)
+    assert decoded[VOLUME_MASK.key].dtype.name == stored
+    # The manifest's features say which schema; the plain one parses a masked record too.
+    assert VolumeExampleSchema.from_json(VOLUME_MASK_SCHEMA.to_json()) == VOLUME_MASK_SCHEMA != VOLUME_SCHEMA
+    assert VolumeExampleSchema.from_json(VOLUME_SCHEMA.to_json()) == VOLUME_SCHEMA
+    np.testing.assert_array_equal(VOLUME_SCHEMA.decode(serialized)[VOLUME.key], record.volume)
+
+
+def test_a_mask_must_fit_its_schema_and_volume():
+    import dataclasses
+
+    from schemas.volumes import VOLUME_MASK_SCHEMA
+
+    record = _record()
+    for mask in (None, np.zeros((4, 5, 7), np.uint8), np.zeros((4, 5, 6), np.int32)):
+        with pytest.raises(ValueError, match="its mask must be"):
+            VOLUME_MASK_SCHEMA.encode(dataclasses.replace(record, mask=mask))
+    with pytest.raises(ValueError, match="its schema holds none"):
+        VOLUME_SCHEMA.encode(dataclasses.replace(record, mask=np.zeros((4, 5, 6), np.uint8)))

@@ -14,7 +14,7 @@ import dataclasses
 
 from conversion import guard
 from conversion.examples.kind import ExampleKind, Grouped
-from schemas.volumes import VOLUME_SCHEMA
+from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA
 
 __all__ = ["KIND"]
 
@@ -33,6 +33,12 @@ def _applies(validation) -> bool:
 def _group(files: list, problems: list, config, appending=None) -> Grouped:
     # Volumes, not files, are planned: each one "file" whose path is its plan's.
     volumes = _volumes()
+    masked = config.masks.active
+    if masked:
+        # Label volumes inside --input_dir are no inputs (`conversion.masks`'s rule for images).
+        from conversion import masks as _masks
+
+        files, problems, _ = _masks.drop_masks_dir(files, problems, config.input_dir, config.masks, volumes=True)
     quarantined = guard.Quarantine(guard.quarantine_path(config.output_dir)).load() if config.writing.resume else None
     # With --append (`conversion.append_run.AppendRun`): the dataset's series, which new ones may copy.
     held = None if appending is None else appending.held_volumes()
@@ -40,7 +46,9 @@ def _group(files: list, problems: list, config, appending=None) -> Grouped:
         files, problems, config.input_dir, config.output_dir, options=config.validation.volumes,
         split_ratios=config.split_ratios, seed=config.seed, quarantined=quarantined,
         labels_csv=volumes.read_labels_csv(config.labels_csv) if config.labels_csv else None,
-        dedup=config.writing.dedup, held=held)
+        dedup=config.writing.dedup, held=held,
+        # With masks a class is optional: a NIfTI file directly under --input_dir (Decathlon's imagesTr) has none.
+        unlabelled=masked and not config.labels_csv)
     if appending is not None:
         appending.found_duplicates(planned.duplicates_of_held)
     members = {name: job.sources for name, job in planned.jobs.items()}
@@ -63,7 +71,8 @@ def _finish_plan(plan, grouped: Grouped):
 
 
 def _record_schema(validation, targets: tuple[str, ...] = ()):
-    return VOLUME_SCHEMA
+    # --masks_dir: each record holds its label volume (`volume/mask`).
+    return VOLUME_MASK_SCHEMA if "mask" in targets else VOLUME_SCHEMA
 
 
 def _write_shard(job):

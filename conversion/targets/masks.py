@@ -49,7 +49,8 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     mask_plan = _masks.plan_masks(
         request.files, request.problems, options, input_dir=config.input_dir,
         split_ratios=config.split_ratios, labels_csv=request.labels_csv is not None,
-        class_names=config.class_names)
+        class_names=config.class_names,
+        volumes=getattr(request.example, "name", None) == "volume")  # NIfTI label volumes (--volumes).
     if request.windows is not None:
         # Label rasters cut with their examples' windows, as the kind of example cuts them.
         mask_plan = request.example.cut_masks(mask_plan, request.windows, config)
