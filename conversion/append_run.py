@@ -293,7 +293,7 @@ def _in_a_series(rel_path: str) -> bool:
 
 
 def _unit_of_volume(filename: str) -> str:
-    from conversion.volumes import unit_of_volume
+    from schemas.volumes import unit_of_volume
 
     return unit_of_volume(filename)
 

@@ -35,6 +35,7 @@ from conversion import listing as _listing
 from conversion.files import is_local, open_to_read, read_bytes
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
+from schemas.volumes import unit_of_volume
 
 __all__ = ["TARGET_KIND", "drop_masks_dir", "MaskOptions", "MaskPlan", "MaskedImage", "plan_masks", "pair",
            "pair_patches", "unpack", "PixelCounter", "masked_image"]
@@ -132,8 +133,6 @@ def _stem(rel_path: str) -> str:
 def _volume_stem(rel_path: str) -> str:
     """A volume's or a mask volume's path without extension: 'a/b.nii.gz' -> 'a/b'; a series folder
     ('a/1.2.840.5', its `#series=N`/`#stack=k` marks dropped) is itself: its dots are no extension."""
-    from conversion.volumes import unit_of_volume
-
     rel_path = unit_of_volume(rel_path)
     lower = rel_path.lower()
     for ext in _volume_masks().VOLUME_MASK_EXTENSIONS:

@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
@@ -48,7 +47,7 @@ from conversion.targets.masks import of_file as _mask_of
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import tfrecord
-from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord
+from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUMES_MANIFEST_FILENAME, VolumeRecord, unit_of_volume
 
 __all__ = ["VolumeJob", "VolumesPlan", "HeldVolumes", "plan_volumes", "content_digests", "read_labels_csv",
            "csv_unit_locator", "check_held_rows", "write_volume_plans", "volume_plan_path", "write_volumes",
@@ -62,7 +61,6 @@ _NIFTI_SUFFIXES = (".nii", ".nii.gz")
 # Inside the temporary folder: each volume's plan, read by the shard writer.
 _PLANS_DIRNAME = "volumes"
 # What `stack_names` adds after a series folder's name when it gives several volumes.
-_VOLUME_MARK = re.compile(r"#(?:series|stack)=.*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,11 +176,6 @@ def series_unit(rel_path: str) -> str | None:
     """
     unit = _unit_of(rel_path)
     return None if unit is None else unit[1]
-
-
-def unit_of_volume(filename: str) -> str:
-    """The series unit of a planned volume: its filename without `stack_names`' marks."""
-    return _VOLUME_MARK.sub("", filename)
 
 
 def _is_nifti_name(rel_path: str) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,17 @@ from schemas.features import (FILENAME, LABEL, FeatureSpec, decode_example, enco
 
 __all__ = ["VOLUME", "VOLUME_MASK", "VOLUME_MASK_DTYPES", "VOLUME_MASK_SCHEMA", "VOLUME_DTYPE", "VOLUME_SHAPE", "VOLUME_SPACING", "VOLUME_AFFINE",
            "VOLUME_MODALITY", "VOLUME_FEATURES", "VOLUME_DTYPES", "VOLUMES", "VOLUMES_MANIFEST_FILENAME", "VolumeRecord",
-           "VolumeExampleSchema", "VOLUME_SCHEMA"]
+           "VolumeExampleSchema", "VOLUME_SCHEMA", "unit_of_volume"]
+
+# The marks a volume's `filename` ends with when its folder gave several volumes
+# (`#series=N`, `#stack=k`; conversion.volumes.stack_names writes them).
+_VOLUME_MARK = re.compile(r"#(?:series|stack)=.*$")
+
+
+def unit_of_volume(filename: str) -> str:
+    """The series unit of a volume record's `filename`: the name without its `#series=`/`#stack=` mark."""
+    return _VOLUME_MARK.sub("", filename)
+
 
 # The `example_kind` of a manifest whose records are volumes.
 VOLUMES = "volumes"
