@@ -91,6 +91,10 @@ class DicomSlice:
       frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
       pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
         reads them there without parsing the file again (`dicom.native_pixel_offset`).
+      sop_uid: SOPInstanceUID ('' when absent): what a SEG's frames and an RTSTRUCT's
+        contours name the slice by (`imaging/dicom_masks.py`).
+      frame_of_reference_uid: FrameOfReferenceUID ('' when absent): the patient
+        coordinate system the slice's position is in.
     """
 
     name: str
@@ -111,6 +115,8 @@ class DicomSlice:
     series_number: str = ""
     frames: int = 1
     pixel_offset: int = -1
+    sop_uid: str = ""
+    frame_of_reference_uid: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -368,6 +374,8 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
             pixel_offset=pixel_offset if frames == 1 else -1,
+            sop_uid=str(ds.get("SOPInstanceUID", "") or ""),
+            frame_of_reference_uid=str(ds.get("FrameOfReferenceUID", "") or ""),
         ))
     return slices
 
