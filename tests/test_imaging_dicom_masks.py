@@ -16,7 +16,7 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.data import get_testdata_file
-from pydicom.dataset import Dataset
+from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.pixels import pack_bits, unpack_bits
 from pydicom.sequence import Sequence
 from pydicom.uid import generate_uid
@@ -266,6 +266,65 @@ def test_labelmap_seg(series):
     assert mask.class_names[1:] == ("organ 1", "organ 2", "organ 3")
 
 
+@pytest.mark.parametrize("kind, syntax", [("FRACTIONAL", pydicom.uid.JPEG2000Lossless),
+                                          ("LABELMAP", pydicom.uid.RLELossless),
+                                          ("LABELMAP", pydicom.uid.JPEGLSLossless)])
+def test_compressed_seg(series, kind, syntax):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=29)
+    pixels = stacked(truth, 3).astype(np.float32) if kind == "FRACTIONAL" else truth
+    data = rewrite(write_seg(sources_in_k_order(folder, grid), pixels, kind, transfer_syntax_uid=syntax),
+                   lambda ds: None)
+    assert pydicom.dcmread(io.BytesIO(data)).file_meta.TransferSyntaxUID == syntax
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+
+
+def enhanced_ct(order, position=(-80.5, -91.25, 12.0), spacing=2.5):
+    """One Enhanced CT file whose frame f lies at slice order[f] (frames not in position order)."""
+    ct = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.SOPClassUID, ds.SOPInstanceUID = pydicom.uid.EnhancedCTImageStorage, generate_uid()
+    for keyword in ("PatientID", "PatientName", "PatientBirthDate", "PatientSex", "StudyInstanceUID", "StudyID",
+                    "StudyDate", "StudyTime", "AccessionNumber", "ReferringPhysicianName"):
+        setattr(ds, keyword, ct.get(keyword, ""))
+    ds.Modality, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = "CT", generate_uid(), generate_uid()
+    ds.SeriesNumber, ds.InstanceNumber, ds.ImageType = 1, 1, ["ORIGINAL", "PRIMARY", "AXIAL", "NONE"]
+    ds.Rows, ds.Columns, ds.NumberOfFrames = ct.Rows, ct.Columns, len(order)
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
+    shared, plane, measures = Dataset(), Dataset(), Dataset()
+    plane.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    measures.PixelSpacing, measures.SliceThickness = list(ct.PixelSpacing), spacing
+    shared.PlaneOrientationSequence, shared.PixelMeasuresSequence = Sequence([plane]), Sequence([measures])
+    ds.SharedFunctionalGroupsSequence = Sequence([shared])
+    frames = []
+    for k in order:
+        item, where = Dataset(), Dataset()
+        where.ImagePositionPatient = [position[0], position[1], position[2] + spacing * k]
+        item.PlanePositionSequence = Sequence([where])
+        frames.append(item)
+    ds.PerFrameFunctionalGroupsSequence = Sequence(frames)
+    ds.PixelData = np.concatenate([ct.pixel_array + 10 * k for k in order]).astype(np.int16).tobytes()
+    return ds
+
+
+def test_seg_of_an_enhanced_multiframe_series(tmp_path):
+    order = [3, 0, 5, 1, 4, 2]
+    source = enhanced_ct(order)
+    (tmp_path / "s").mkdir()
+    source.save_as(tmp_path / "s" / "enhanced.dcm", enforce_file_format=True)
+    grid, volume = grid_of(tmp_path / "s")
+    assert grid.frames == tuple(order.index(k) for k in range(6)) and set(grid.sop_uids) == {source.SOPInstanceUID}
+    truth = blobs(6, seed=31)
+    # highdicom's source frames are the file's, in its frame order: frame f is slice order[f].
+    data = write_seg([source], stacked(truth[order], 3))
+    first = pydicom.dcmread(io.BytesIO(data)).PerFrameFunctionalGroupsSequence[0]
+    assert "ReferencedFrameNumber" in first.DerivationImageSequence[0].SourceImageSequence[0]
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+
+
 def test_overlapping_segments_keep_the_highest_number(series):
     folder, grid, _ = series
     masks = np.zeros(grid.shape + (2,), bool)
@@ -460,6 +519,8 @@ def test_rtstruct_overlapping_rois_keep_the_later(series):
     assert mask.notes == ("mask_overlap: 400 voxel(s) in several ROIs; the later ROI kept",)
 
 
+# rt-utils 1.2.7 sets FileDataset.is_little_endian / is_implicit_VR, which pydicom 3 deprecates.
+@pytest.mark.filterwarnings("ignore:'FileDataset.is_:DeprecationWarning")
 def test_rtstruct_from_rt_utils_matches_its_masks_and_its_reader(tmp_path):
     folder = tmp_path / "s"
     write_series(folder, count=6)
@@ -490,6 +551,34 @@ def test_rtstruct_from_rt_utils_matches_its_masks_and_its_reader(tmp_path):
         np.testing.assert_array_equal(mask.labels == label, theirs, err_msg=name)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_fill_rule_is_scikit_image_s_on_random_polygons(series, seed):
+    """Random polygons (star-shaped or self-intersecting, some past the slice's edges) at generic
+    positions: our even-odd, pixel-centre fill and scikit-image's polygon agree pixel for pixel."""
+    _, grid, _ = series
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 40))
+    if seed % 2:  # Star-shaped (simple).
+        angles = np.sort(rng.uniform(0, 2 * np.pi, n))
+        radii = rng.uniform(5, 70, n)
+        points = np.c_[64 + radii * np.cos(angles), 64 + radii * np.sin(angles)] + rng.uniform(-30, 30, 2)
+    else:  # Any order: self-intersecting, parity decides.
+        points = rng.uniform(-20, SIZE + 20, (n, 2))
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, [(1, "p", [("CLOSED_PLANAR", 1, points)])])),
+                                            "rs.dcm", grid)
+    # Pixel centres within 2e-3 pixel of an edge: ours counts those within 1e-3 as on the contour
+    # (the points went through 6-decimal millimetres: ~1e-6 pixel), scikit-image those exactly on it.
+    j, i = np.mgrid[:SIZE, :SIZE]
+    centres = np.c_[i.ravel(), j.ravel()].astype(float)
+    a, b = points, np.roll(points, -1, axis=0)
+    t = np.clip(((centres[:, None] - a) * (b - a)).sum(-1) / ((b - a) ** 2).sum(-1), 0, 1)
+    distance = np.linalg.norm(centres[:, None] - (a + t[..., None] * (b - a)), axis=-1).min(axis=1)
+    near = (distance < 2e-3).reshape(SIZE, SIZE)
+    ours, theirs = mask.labels[1] == 1, rasterised(points)
+    np.testing.assert_array_equal(ours[~near], theirs[~near])
+    assert near.sum() <= 20  # A handful of the polygon's ~1,000 boundary pixels.
+
+
 def test_rtstruct_mismatches(series):
     _, grid, _ = series
     square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
@@ -515,6 +604,16 @@ def test_rtstruct_mismatches(series):
     with pytest.raises(ImageRejected, match="does not lie on one slice plane") as e:
         dicom_masks.labels_from_rtstruct(to_bytes(tilted), "rs.dcm", grid)
     assert e.value.reason == "mask_geometry_mismatch"
+    # A contour whose ContourImageSequence names another slice of the series than its plane's.
+    drawn = rtstruct_dataset(grid, rois)
+    image = Dataset()
+    image.ReferencedSOPInstanceUID = grid.sop_uids[3]
+    drawn.ROIContourSequence[0].ContourSequence[0].ContourImageSequence = Sequence([image])
+    with pytest.raises(ImageRejected, match=r"drawn on slice \[3\]\) does not lie") as e:
+        dicom_masks.labels_from_rtstruct(to_bytes(drawn), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+    image.ReferencedSOPInstanceUID = grid.sop_uids[2]
+    assert dicom_masks.labels_from_rtstruct(to_bytes(drawn), "rs.dcm", grid).labels[2, 40, 40] == 1
     with pytest.raises(ImageRejected, match="not an RT Structure Set") as e:
         dicom_masks.labels_from_rtstruct(sorted(series[0].iterdir())[0].read_bytes(), "ct.dcm", grid)
     assert e.value.reason == "unsupported_mask"
