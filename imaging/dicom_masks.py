@@ -210,6 +210,10 @@ def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
                             f"series {grid.series_uid}")
     names = _segment_names(ds, name, kind == "LABELMAP")
     frames = dicom.num_frames(ds, name)
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    if per_frame is not None and len(per_frame) != frames:
+        raise ImageRejected("corrupt", f"{name}: NumberOfFrames {frames}, PerFrameFunctionalGroupsSequence "
+                                       f"{len(per_frame)} items")
     depth, height, width = grid.shape
     rows, columns = int(ds.get("Rows") or 0), int(ds.get("Columns") or 0)
     if (rows, columns) != (height, width):
@@ -271,7 +275,7 @@ def _segment_names(ds, name: str, labelmap: bool) -> dict[int, str]:
             names[0] = _BACKGROUND
             continue
         if number is None or not 1 <= number <= 65535 or number in names:
-            raise ImageRejected("corrupt", f"{name}: SegmentNumber {item.get('SegmentNumber')!r} is not a new "
+            raise ImageRejected("corrupt", f"{name}: SegmentNumber {item.get('SegmentNumber')} is not a new "
                                            "number from 1 to 65535")
         names[number] = str(item.get("SegmentLabel", "") or "").strip() or f"segment_{number}"
     names.pop(0, None)
@@ -404,7 +408,7 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
     for position, roi in enumerate(rois, start=1):
         number = _int(roi.get("ROINumber"))
         if number is None or number in label_of:
-            raise ImageRejected("corrupt", f"{name}: ROINumber {roi.get('ROINumber')!r} is no new number")
+            raise ImageRejected("corrupt", f"{name}: ROINumber {roi.get('ROINumber')} is no new number")
         label_of[number] = position
         class_names.append(str(roi.get("ROIName", "") or "").strip() or f"roi_{number}")
         reference = str(roi.get("ReferencedFrameOfReferenceUID", "") or "") or default

@@ -402,6 +402,56 @@ def test_seg_of_another_geometry(series):
     assert e.value.reason == "mask_geometry_mismatch"
 
 
+def _replace(old, new):
+    def change(data):
+        assert len(old) == len(new) and old in data
+        return data.replace(old, new)
+    return change
+
+
+def _without_references(ds):
+    for item in ds.PerFrameFunctionalGroupsSequence:
+        del item.DerivationImageSequence
+
+
+@pytest.mark.parametrize("change, reason, text", [
+    (lambda d: d[:len(d) // 2], "corrupt", "pixel data"),
+    (lambda d: rewrite(d, lambda ds: delattr(ds, "SegmentSequence")), "corrupt", "without a SegmentSequence"),
+    (lambda d: rewrite(d, lambda ds: delattr(ds, "PixelData")), "corrupt", "without pixel data"),
+    (lambda d: rewrite(d, lambda ds: setattr(ds, "NumberOfFrames", 400)), "corrupt", "NumberOfFrames 400"),
+    (lambda d: rewrite(d, lambda ds: setattr(ds.PerFrameFunctionalGroupsSequence[0].SegmentIdentificationSequence[0],
+                                             "ReferencedSegmentNumber", 9)), "corrupt", "belongs to segment 9"),
+    (_replace(b"-91.25", b"-9x.25"), "corrupt", "ImagePositionPatient .* is not numbers"),
+    (lambda d: rewrite(d, lambda ds: delattr(ds, "SegmentationType")), "unsupported_mask", "SegmentationType"),
+    (lambda d: rewrite(d, lambda ds: (_without_references(ds), [delattr(item, "PlanePositionSequence") for item in
+                                                                ds.PerFrameFunctionalGroupsSequence])),
+     "unsupported_mask", "neither a source image of the series nor an ImagePositionPatient"),
+])
+def test_damaged_seg_is_rejected_with_a_reason(series, change, reason, text):
+    folder, grid, _ = series
+    data = change(write_seg(sources_in_k_order(folder, grid), stacked(blobs(grid.shape[0], seed=37), 3)))
+    with pytest.raises(ImageRejected, match=text) as e:
+        dicom_masks.read_dicom_mask(data, "seg.dcm", grid)
+    assert e.value.reason == reason
+
+
+def test_segment_numbers_past_255_give_16_bit_labels(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=41)
+
+    def renumber(ds):  # Segment 3 becomes 300 (numbers may be sparse).
+        ds.SegmentSequence[2].SegmentNumber = 300
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            if item.SegmentIdentificationSequence[0].ReferencedSegmentNumber == 3:
+                item.SegmentIdentificationSequence[0].ReferencedSegmentNumber = 300
+
+    mask = dicom_masks.labels_from_seg(rewrite(write_seg(sources_in_k_order(folder, grid), stacked(truth, 3)),
+                                               renumber), "seg.dcm", grid)
+    assert mask.labels.dtype == np.uint16
+    np.testing.assert_array_equal(mask.labels, np.where(truth == 3, 300, truth.astype(np.uint16)))
+    assert len(mask.class_names) == 301 and mask.class_names[300] == "organ 3" and mask.class_names[4] == "segment_4"
+
+
 def test_other_objects_are_unsupported(series):
     folder, grid, _ = series
     ct = sorted(folder.iterdir())[0].read_bytes()
@@ -577,6 +627,29 @@ def test_fill_rule_is_scikit_image_s_on_random_polygons(series, seed):
     ours, theirs = mask.labels[1] == 1, rasterised(points)
     np.testing.assert_array_equal(ours[~near], theirs[~near])
     assert near.sum() <= 20  # A handful of the polygon's ~1,000 boundary pixels.
+
+
+def _set_contour(ds, values):
+    ds.ROIContourSequence[0].ContourSequence[0].ContourData = values
+
+
+@pytest.mark.parametrize("change, reason, text", [
+    (lambda ds: _set_contour(ds, ["1", "2", "3", "4"]), "corrupt", "4 ContourData values, not x, y, z triplets"),
+    (lambda ds: setattr(ds.ROIContourSequence[0], "ReferencedROINumber", 5), "corrupt",
+     "names ROI 5, which StructureSetROISequence does not"),
+    (lambda ds: setattr(ds.StructureSetROISequence[1], "ROINumber", 1), "corrupt", "ROINumber 1 is no new number"),
+    (lambda ds: (delattr(ds, "ReferencedFrameOfReferenceSequence"),
+                 [delattr(roi, "ReferencedFrameOfReferenceUID") for roi in ds.StructureSetROISequence]),
+     "mask_reference_mismatch", "names no FrameOfReferenceUID"),
+])
+def test_damaged_rtstruct_is_rejected_with_a_reason(series, change, reason, text):
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)]), (2, "b", [("CLOSED_PLANAR", 3, square)])])
+    change(ds)
+    with pytest.raises(ImageRejected, match=text) as e:
+        dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == reason
 
 
 def test_rtstruct_mismatches(series):
