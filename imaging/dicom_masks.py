@@ -221,10 +221,16 @@ def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
                                                       f"slices {width}x{height}")
     by_source = {(uid, frame): k for k, (uid, frame) in
                  enumerate(zip(grid.sop_uids, grid.frames or (0,) * depth)) if uid}
+    # Slices of the series that the stack left out (an exact duplicate dropped by `plan_stacks`)
+    # are no slice of the grid: a frame derived from one is placed by its position, when the
+    # SEG names the volume's series (a frame of another series is a mismatch).
+    same_series = bool(grid.series_uid) and grid.series_uid in referenced_series
     placed = []  # (segment number, frame index, slice k)
+    by_position = 0
     for index in range(frames):
         _check_in_plane(ds, index, grid, name)
-        k = _frame_slice(ds, index, grid, by_source, name)
+        k, moved = _frame_slice(ds, index, grid, by_source, name, same_series)
+        by_position += moved
         if kind == "LABELMAP":
             segment = 0
         else:
@@ -233,6 +239,12 @@ def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
                 raise ImageRejected("corrupt", f"{name}: frame {index + 1} belongs to segment {segment}, which "
                                                f"SegmentSequence does not describe (segments {sorted(names)})")
         placed.append((segment, index, k))
+    if kind == "LABELMAP":
+        slices = [k for _, _, k in placed]
+        twice = sorted({k for k in slices if slices.count(k) > 1})
+        if twice:
+            raise ImageRejected("corrupt", f"{name}: a LABELMAP Segmentation with several frames on slice(s) "
+                                           f"{twice[:5]} of the series: which one holds the labels is unknown")
     top = max(names, default=0)
     labels = np.zeros(grid.shape, np.uint8 if top <= 255 else np.uint16)
     overlap = 0
@@ -251,14 +263,16 @@ def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
                 raise ImageRejected("corrupt", f"{name}: frame {index + 1} holds values {unknown[:5]} that "
                                                f"SegmentSequence does not describe (segments {sorted(names)})")
             on = stored != 0
-            overlap += int(np.count_nonzero(on & (plane != 0)))
             plane[on] = stored[on]
             continue
-        # FRACTIONAL: value / highest >= 0.5, in whole numbers (no rounding at the threshold).
+        # BINARY: the bit set; FRACTIONAL: value / highest >= 0.5, in whole numbers (no rounding at 0.5).
         on = stored != 0 if highest is None else 2 * stored.astype(np.int64) >= highest
         overlap += int(np.count_nonzero(on & (plane != 0) & (plane != segment)))
         plane[on] = segment
     notes = []
+    if by_position:
+        notes.append(f"frames_placed_by_position: {by_position} frame(s) derive from images of the series that "
+                     "are not slices of the stack (a duplicate left out)")
     if overlap:
         notes.append(f"mask_overlap: {overlap} voxel(s) in several segments; the highest SegmentNumber kept")
     class_names = tuple(names.get(v, f"segment_{v}") if v else _BACKGROUND for v in range(top + 1))
@@ -311,8 +325,14 @@ def _check_in_plane(ds, index: int, grid: SeriesGrid, name: str) -> None:
                                 f"{_text(ours)} mm")
 
 
-def _frame_slice(ds, index: int, grid: SeriesGrid, by_source: dict, name: str) -> int:
-    """The slice k of a SEG frame: by the source image it derives from, else by its position."""
+def _frame_slice(ds, index: int, grid: SeriesGrid, by_source: dict, name: str,
+                 same_series: bool) -> tuple[int, bool]:
+    """(slice k, whether placed by position though it names a source) of a SEG frame.
+
+    By the source image it derives from, else by its position; `same_series`: the SEG
+    names the grid's series, so a source that is no slice of the stack is one the stack
+    left out, and the position decides.
+    """
     sources = []
     for derivation in _item(ds, index, "DerivationImageSequence") or ():
         for source in derivation.get("SourceImageSequence") or ():
@@ -326,6 +346,8 @@ def _frame_slice(ds, index: int, grid: SeriesGrid, by_source: dict, name: str) -
     k = None
     if sources and by_source:
         found = sorted({by_source[s] for s in sources if s in by_source})
+        if not found and same_series and position is not None:
+            return _slice_at(position, grid, index, name, None), True
         if not found:
             raise ImageRejected("mask_reference_mismatch",
                                 f"{name}: frame {index + 1} derives from image {sources[0][0]} (frame "
@@ -338,14 +360,17 @@ def _frame_slice(ds, index: int, grid: SeriesGrid, by_source: dict, name: str) -
         if k is None:
             raise ImageRejected("unsupported_mask", f"{name}: frame {index + 1} has neither a source image of the "
                                                     "series nor an ImagePositionPatient: it cannot be placed")
-        return k
+        return k, False
+    return _slice_at(position, grid, index, name, k), False
+
+
+def _slice_at(position, grid: SeriesGrid, index: int, name: str, k: int | None) -> int:
+    """The slice whose first voxel is at `position` (LPS mm): `k` when given (its source), else the nearest."""
     i, j, at = grid.to_voxels(np.asarray(position))[0]
-    nearest = int(round(at))
+    where = "its source slice" if k is not None else "a slice of the series"
     if k is None:
-        k = nearest
-    off = max(abs(i), abs(j), abs(at - k))
-    if off > _POSITION_TOLERANCE or not 0 <= k < grid.shape[0]:
-        where = "its source slice" if sources and by_source else "a slice of the series"
+        k = int(round(at))
+    if max(abs(i), abs(j), abs(at - k)) > _POSITION_TOLERANCE or not 0 <= k < grid.shape[0]:
         raise ImageRejected("mask_geometry_mismatch",
                             f"{name}: frame {index + 1} at {_text(position)} mm (voxel {_text((i, j, at))}) is not on "
                             f"{where} (tolerance {_POSITION_TOLERANCE} voxel; the series has {grid.shape[0]} slices)")

@@ -325,6 +325,18 @@ def test_seg_of_an_enhanced_multiframe_series(tmp_path):
     np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
 
 
+def test_labelmap_seg_with_two_frames_on_one_slice_is_corrupt(series):
+    folder, grid, _ = series
+    data = write_seg(sources_in_k_order(folder, grid), blobs(grid.shape[0], seed=43), "LABELMAP")
+
+    def second_on_first(ds):  # Frame 2 derives from, and lies on, frame 1's slice (whichever it is).
+        ds.PerFrameFunctionalGroupsSequence[1] = ds.PerFrameFunctionalGroupsSequence[0]
+
+    with pytest.raises(ImageRejected, match=r"several frames on slice\(s\) \[\d\] of the series") as e:
+        dicom_masks.labels_from_seg(rewrite(data, second_on_first), "seg.dcm", grid)
+    assert e.value.reason == "corrupt"
+
+
 def test_overlapping_segments_keep_the_highest_number(series):
     folder, grid, _ = series
     masks = np.zeros(grid.shape + (2,), bool)
@@ -359,6 +371,16 @@ def test_seg_of_another_series_or_frame_of_reference(series, tmp_path):
         dicom_masks.labels_from_seg(unreferenced, "seg.dcm", grid)
     assert e.value.reason == "mask_reference_mismatch"
     own = write_seg(sources_in_k_order(folder, grid), stacked(truth, 3))
+    # A frame from a slice the stack left out (an exact duplicate `plan_stacks` dropped) of the SEG's
+    # own series: placed by its position, noted.
+    dropped = SeriesGrid(grid.shape, grid.affine, ("1.2.3",) + grid.sop_uids[1:], grid.frames, grid.series_uid,
+                         grid.frame_of_reference_uid)
+    mask = dicom_masks.labels_from_seg(own, "seg.dcm", dropped)
+    np.testing.assert_array_equal(mask.labels, truth)
+    on_first = len(np.unique(truth[0])) - 1  # highdicom writes a frame per segment present on the slice.
+    assert on_first > 0
+    assert mask.notes == (f"frames_placed_by_position: {on_first} frame(s) derive from images of the series "
+                          "that are not slices of the stack (a duplicate left out)",)
     moved = rewrite(own, lambda ds: setattr(ds, "FrameOfReferenceUID", "1.2.3.4"))
     with pytest.raises(ImageRejected, match="FrameOfReferenceUID 1.2.3.4, the series in") as e:
         dicom_masks.labels_from_seg(moved, "seg.dcm", grid)
