@@ -1,20 +1,26 @@
 """imaging.dicom_masks against independent writers and readers of DICOM SEG and RTSTRUCT.
 
 SEGs are written by highdicom (the reference implementation of the standard's Segmentation
-IOD) from known label blobs, and read back by highdicom too; RTSTRUCTs by rt-utils (contours
+IOD) from known label blobs, and read back by highdicom too, and by dcmqi (3D Slicer's SEG
+writer) from label images placed by SimpleITK; RTSTRUCTs by rt-utils (contours
 traced from masks by OpenCV) and by pydicom here with contours of known shapes, whose truth
 scikit-image's polygon rasteriser draws. Series are pydicom-written CT slices (pydicom's
 bundled CT_small) planned by imaging.volumes as a conversion plans them.
 """
 
 import io
+import json
 import pathlib
 import random
+import shutil
+import subprocess
+import sys
 
 import highdicom as hd
 import numpy as np
 import pydicom
 import pytest
+import SimpleITK as sitk
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.pixels import pack_bits, unpack_bits
@@ -27,6 +33,8 @@ from imaging import ImageRejected
 from imaging import dicom_masks, volumes
 from imaging.dicom_masks import SeriesGrid
 
+# dcmqi's wheel puts its tools beside the interpreter; `make test` may not have them on PATH.
+ITKIMAGE2SEGIMAGE = shutil.which("itkimage2segimage") or str(pathlib.Path(sys.executable).parent / "itkimage2segimage")
 SIZE = 128  # CT_small's rows and columns (0.661468 mm pixels, equal: rt-utils swaps them).
 ORIENTATIONS = {
     "axial": (np.array([1.0, 0, 0]), np.array([0, 1.0, 0])),
@@ -335,6 +343,44 @@ def test_labelmap_seg_with_two_frames_on_one_slice_is_corrupt(series):
     with pytest.raises(ImageRejected, match=r"several frames on slice\(s\) \[\d\] of the series") as e:
         dicom_masks.labels_from_seg(rewrite(data, second_on_first), "seg.dcm", grid)
     assert e.value.reason == "corrupt"
+
+
+@pytest.mark.parametrize("orientation", ["axial", "oblique"])
+def test_seg_written_by_dcmqi(tmp_path, orientation):
+    """3D Slicer's writer: a label image in ITK's geometry of the series (SimpleITK's reading of it) to a
+    SEG, binary and label map; its frames' positions come from ITK's geometry, not from our grid."""
+    series_uid, _, _ = write_series(tmp_path / "s", count=8, orientation=orientation)
+    grid, _ = grid_of(tmp_path / "s")
+    truth = blobs(8, seed=47)
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(tmp_path / "s"), series_uid))
+    image = reader.Execute()
+    values = np.zeros(sitk.GetArrayFromImage(image).shape, np.uint8)  # ITK's (z, y, x), its own slice order.
+    k, j, i = np.nonzero(truth)
+    world = np.c_[i, j, k, np.ones(len(i))] @ grid.lps.T  # Each labelled voxel's centre, LPS mm.
+    index = np.array([image.TransformPhysicalPointToIndex(tuple(p[:3])) for p in world])
+    values[index[:, 2], index[:, 1], index[:, 0]] = truth[k, j, i]
+    label = sitk.GetImageFromArray(values)
+    label.CopyInformation(image)
+    sitk.WriteImage(label, str(tmp_path / "label.nrrd"))
+    code = {"CodeValue": "91723000", "CodingSchemeDesignator": "SCT", "CodeMeaning": "Anatomical Structure"}
+    liver = {"CodeValue": "10200004", "CodingSchemeDesignator": "SCT", "CodeMeaning": "Liver"}
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "ContentCreatorName": "test", "ClinicalTrialSeriesID": "1", "ClinicalTrialTimePointID": "1",
+        "SeriesDescription": "seg", "SeriesNumber": "300", "InstanceNumber": "1", "ContentLabel": "SEG",
+        "ContentDescription": "seg", "ClinicalTrialCoordinatingCenterName": "test",
+        "segmentAttributes": [[{"labelID": n, "SegmentLabel": f"organ {n}", "SegmentAlgorithmType": "MANUAL",
+                                "SegmentedPropertyCategoryCodeSequence": code,
+                                "SegmentedPropertyTypeCodeSequence": liver} for n in (1, 2, 3)]]}))
+    for kind in ("binary", "labelmap"):
+        out = tmp_path / f"{kind}.dcm"
+        subprocess.run([ITKIMAGE2SEGIMAGE, "--inputImageList", str(tmp_path / "label.nrrd"), "--inputDICOMDirectory",
+                        str(tmp_path / "s"), "--outputDICOM", str(out), "--inputMetadata", str(tmp_path / "meta.json"),
+                        "--segmentationType", kind], check=True, capture_output=True, timeout=120)
+        assert pydicom.dcmread(out).SegmentationType == kind.upper()
+        mask = dicom_masks.labels_from_seg(out.read_bytes(), "seg.dcm", grid)
+        np.testing.assert_array_equal(mask.labels, truth, err_msg=kind)
+        assert mask.class_names == ("background", "organ 1", "organ 2", "organ 3")
 
 
 def test_overlapping_segments_keep_the_highest_number(series):
