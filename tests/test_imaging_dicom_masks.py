@@ -720,6 +720,17 @@ def test_damaged_rtstruct_is_rejected_with_a_reason(series, change, reason, text
     assert e.value.reason == reason
 
 
+def test_contour_data_that_is_no_numbers_is_corrupt(series):
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)])])
+    first = str(ds.ROIContourSequence[0].ContourSequence[0].ContourData[0]).encode()
+    data = to_bytes(ds)
+    with pytest.raises(ImageRejected, match="ContourData .* is not numbers") as e:
+        dicom_masks.labels_from_rtstruct(data.replace(first, b"x" * len(first), 1), "rs.dcm", grid)
+    assert e.value.reason == "corrupt"
+
+
 def test_rtstruct_mismatches(series):
     _, grid, _ = series
     square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
