@@ -19,7 +19,6 @@ says what each step decides and why.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import NamedTuple
 
 import numpy as np
@@ -31,7 +30,6 @@ from imaging.volumes import LPS_TO_RAS, Stack, stack_geometry
 __all__ = ["SeriesGrid", "DicomMask", "labels_from_seg", "labels_from_rtstruct", "read_dicom_mask",
            "dicom_mask_kind", "SEG_STORAGE", "LABEL_MAP_SEG_STORAGE", "RTSTRUCT_STORAGE", "REJECT_REASONS"]
 
-_LOG = logging.getLogger(__name__)
 
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 # Label Map Segmentation Storage (PS3.4, 2024): one frame of segment numbers per plane.
