@@ -172,6 +172,28 @@ def test_grid_is_the_volume_s(tmp_path, orientation, descending):
     assert grid.frames == (0,) * 5
 
 
+def test_grid_from_headers_and_from_a_plan_file(tmp_path):
+    """The converter plans from headers (`read_slice_headers`) and hands stacks to its workers as
+    JSON (`Stack.to_json`): the grid made there is the one made from whole files."""
+    write_series(tmp_path / "s", count=5, orientation="oblique")
+    grid, _ = grid_of(tmp_path / "s")
+    slices = []
+    for path in sorted((tmp_path / "s").iterdir()):
+        with open(path, "rb") as f:
+            slices += volumes.read_slice_headers(f, path.name)
+    stack = volumes.plan_stacks(slices).stacks[0]
+    for again in (stack, volumes.Stack.from_json(json.loads(json.dumps(stack.to_json())))):
+        other = SeriesGrid.from_stack(again)
+        assert (other.shape, other.sop_uids, other.frames, other.series_uid, other.frame_of_reference_uid) == \
+               (grid.shape, grid.sop_uids, grid.frames, grid.series_uid, grid.frame_of_reference_uid)
+        np.testing.assert_array_equal(other.affine, grid.affine)
+    # A plan file written before slices carried these UIDs still loads (without them).
+    old = stack.to_json()
+    for item in old["slices"]:
+        del item["sop_uid"], item["frame_of_reference_uid"]
+    assert SeriesGrid.from_stack(volumes.Stack.from_json(old)).sop_uids == ("",) * 5
+
+
 def test_grid_options_are_validated():
     with pytest.raises(ValueError, match="`shape`"):
         SeriesGrid((2, 3), np.eye(4))
