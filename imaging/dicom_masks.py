@@ -8,6 +8,9 @@ voxel, or an `ImageRejected` saying why they cannot:
 
     grid = dicom_masks.SeriesGrid.from_stack(stack)          # the series, as `plan_stacks` found it
     mask = dicom_masks.read_dicom_mask(data, name, grid)      # SEG or RTSTRUCT, by SOP class
+
+Any grid-like object will do as `grid` (`SeriesGrid.of`: its shape and affine, and the
+slices' SOPInstanceUIDs where it has them); what it lacks (the series' UIDs) is not checked.
     mask.labels          # uint8|uint16 (depth, height, width): the volume's (k, j, i)
     mask.class_names     # ("background", segment labels / ROI names ...) by label value
     mask.notes           # decisions taken (overlaps, contours left out), for normalized.jsonl
@@ -18,6 +21,7 @@ says what each step decides and why.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import NamedTuple
 
@@ -71,8 +75,9 @@ class SeriesGrid:
 
     Attributes:
       shape: (depth, height, width): slices k, rows j, columns i, as `Volume.voxels`.
-      affine: 4x4 float64, (i, j, k, 1) -> RAS mm, as `Volume.affine` (read-only).
-      sop_uids: Each slice's SOPInstanceUID in k order; () when unknown (a NIfTI volume).
+      affine: 4x4 float64, (i, j, k, 1) -> RAS mm, as `Volume.affine` (read-only; given
+        as a 4x4 or as its 16 values row by row).
+      sop_instance_uids: Each slice's SOPInstanceUID in k order; () when unknown (a NIfTI volume).
       frames: Each slice's frame in its file (0 for single-frame files) in k order; () all 0.
       series_uid: SeriesInstanceUID ('' when unknown).
       frame_of_reference_uid: FrameOfReferenceUID ('' when unknown: not checked).
@@ -83,7 +88,7 @@ class SeriesGrid:
 
     shape: tuple[int, int, int]
     affine: np.ndarray
-    sop_uids: tuple[str, ...] = dataclasses.field(default=(), repr=False)
+    sop_instance_uids: tuple[str, ...] = dataclasses.field(default=(), repr=False)
     frames: tuple[int, ...] = dataclasses.field(default=(), repr=False)
     series_uid: str = ""
     frame_of_reference_uid: str = ""
@@ -94,10 +99,12 @@ class SeriesGrid:
                                   for n in shape):
             raise ValueError(f"`shape` must be 3 positive ints (depth, height, width). Received: {self.shape!r}")
         affine = np.array(self.affine, dtype=np.float64)
+        if affine.size == 16:
+            affine = affine.reshape(4, 4)
         if affine.shape != (4, 4) or not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-12:
             raise ValueError(f"`affine` must be a finite invertible 4x4 matrix. Received: {self.affine!r}")
         affine.flags.writeable = False
-        for attribute in ("sop_uids", "frames"):
+        for attribute in ("sop_instance_uids", "frames"):
             value = tuple(getattr(self, attribute))
             if value and len(value) != shape[0]:
                 raise ValueError(f"`{attribute}` must be empty or one per slice ({shape[0]}). "
@@ -113,8 +120,19 @@ class SeriesGrid:
         affine, _ = stack_geometry(slices)
         references = sorted({s.frame_of_reference_uid for s in slices if s.frame_of_reference_uid})
         return cls((len(slices), slices[0].rows, slices[0].columns), affine,
-                   tuple(s.sop_uid for s in slices), tuple(s.frame for s in slices), stack.series_uid,
+                   tuple(s.sop_instance_uid for s in slices), tuple(s.frame for s in slices), stack.series_uid,
                    references[0] if len(references) == 1 else "")
+
+    @classmethod
+    def of(cls, grid) -> SeriesGrid:
+        """`grid` itself, or a SeriesGrid of any grid-like object: its `shape` and `affine` (4x4 or
+        16 values), and where it has them `sop_instance_uids`, `frames`, `series_uid`,
+        `frame_of_reference_uid` (a volume-mask table's grid; what it lacks is not checked)."""
+        if isinstance(grid, cls):
+            return grid
+        return cls(tuple(grid.shape), grid.affine, tuple(getattr(grid, "sop_instance_uids", ()) or ()),
+                   tuple(getattr(grid, "frames", ()) or ()), str(getattr(grid, "series_uid", "") or ""),
+                   str(getattr(grid, "frame_of_reference_uid", "") or ""))
 
     @property
     def lps(self) -> np.ndarray:
@@ -157,6 +175,7 @@ def read_dicom_mask(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
       ImageRejected: 'unsupported_mask' for any other DICOM object, and the reasons of
         `labels_from_seg` and `labels_from_rtstruct`.
     """
+    grid = SeriesGrid.of(grid)
     ds = dicom.read_dataset(data, name, require_pixels=False)
     sop_class = str(ds.get("SOPClassUID", "") or "")
     if sop_class == RTSTRUCT_STORAGE:
@@ -183,7 +202,7 @@ def labels_from_seg(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
         reference), 'mask_geometry_mismatch' (other size, spacing, orientation, or a
         frame off the series' slices), 'corrupt', 'unsupported_codec'.
     """
-    return _seg(dicom.read_dataset(data, name, require_pixels=False), name, grid)
+    return _seg(dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
 
 
 def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -217,8 +236,7 @@ def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
     if (rows, columns) != (height, width):
         raise ImageRejected("mask_geometry_mismatch", f"{name}: frames of {columns}x{rows} pixels, the series' "
                                                       f"slices {width}x{height}")
-    by_source = {(uid, frame): k for k, (uid, frame) in
-                 enumerate(zip(grid.sop_uids, grid.frames or (0,) * depth)) if uid}
+    by_source = _by_source(grid)
     # Slices of the series that the stack left out (an exact duplicate dropped by `plan_stacks`)
     # are no slice of the grid: a frame derived from one is placed by its position, when the
     # SEG names the volume's series (a frame of another series is a mismatch).
@@ -277,6 +295,30 @@ def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
     return DicomMask(labels, class_names, tuple(notes))
 
 
+def _by_source(grid: SeriesGrid) -> dict[tuple[str, int], int]:
+    """{(SOPInstanceUID, frame index): slice k} of the grid's slices.
+
+    A grid without `frames` whose UIDs repeat (an enhanced multi-frame file's, whose
+    frames the stack may have reordered) cannot tell its frames apart: those are left
+    out, and their SEG frames are placed by position.
+    """
+    uids = grid.sop_instance_uids
+    if grid.frames:
+        return {(uid, frame): k for k, (uid, frame) in enumerate(zip(uids, grid.frames)) if uid}
+    counts = collections.Counter(uids)
+    return {(uid, 0): k for k, uid in enumerate(uids) if uid and counts[uid] == 1}
+
+
+def _references(items) -> list[tuple[str, int]]:
+    """(SOPInstanceUID, frame index) of image references (a frame number each, else frame 0)."""
+    out = []
+    for item in items or ():
+        uid = str(item.get("ReferencedSOPInstanceUID", "") or "")
+        numbers = _as_list(item.get("ReferencedFrameNumber"))
+        out += [(uid, _int(n) - 1 if _int(n) else 0) for n in numbers] if numbers else [(uid, 0)]
+    return out
+
+
 def _segment_names(ds, name: str, labelmap: bool) -> dict[int, str]:
     """{SegmentNumber: SegmentLabel} of the segments (a LABELMAP's segment 0, its background, left out)."""
     names = {}
@@ -333,10 +375,7 @@ def _frame_slice(ds, index: int, grid: SeriesGrid, by_source: dict, name: str,
     """
     sources = []
     for derivation in _item(ds, index, "DerivationImageSequence") or ():
-        for source in derivation.get("SourceImageSequence") or ():
-            uid = str(source.get("ReferencedSOPInstanceUID", "") or "")
-            numbers = _as_list(source.get("ReferencedFrameNumber"))
-            sources += [(uid, int(n) - 1) for n in numbers] if numbers else [(uid, 0)]
+        sources += _references(derivation.get("SourceImageSequence"))
     position = _floats(dicom.frame_value(ds, index, "PlanePositionSequence", "ImagePositionPatient", multi=True),
                        "ImagePositionPatient", name)
     if position is not None and len(position) != 3:
@@ -344,8 +383,12 @@ def _frame_slice(ds, index: int, grid: SeriesGrid, by_source: dict, name: str,
     k = None
     if sources and by_source:
         found = sorted({by_source[s] for s in sources if s in by_source})
-        if not found and same_series and position is not None:
-            return _slice_at(position, grid, index, name, None), True
+        if not found and position is not None:
+            if any(uid in grid.sop_instance_uids for uid, _ in sources):
+                # A slice of the grid that `by_source` cannot name (frames of one file, no `frames`).
+                return _slice_at(position, grid, index, name, None), False
+            if same_series:
+                return _slice_at(position, grid, index, name, None), True
         if not found:
             raise ImageRejected("mask_reference_mismatch",
                                 f"{name}: frame {index + 1} derives from image {sources[0][0]} (frame "
@@ -405,7 +448,7 @@ def labels_from_rtstruct(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
         (another frame of reference or series), 'mask_geometry_mismatch' (a
         contour off the series' slice planes, or outside its slices), 'corrupt'.
     """
-    return _rtstruct(dicom.read_dataset(data, name, require_pixels=False), name, grid)
+    return _rtstruct(dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
 
 
 def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -437,7 +480,7 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
         reference = str(roi.get("ReferencedFrameOfReferenceUID", "") or "") or default
         _check_frame_of_reference(reference, grid, name, f"ROI {class_names[-1]!r}")
     labels = np.zeros(grid.shape, np.uint8 if len(rois) <= 255 else np.uint16)
-    by_uid = {uid: k for k, uid in enumerate(grid.sop_uids) if uid}
+    by_uid = _by_source(grid)
     left_out: dict[str, int] = {}
     overlap = 0
     contours_of = {}
@@ -481,9 +524,7 @@ def _place_contour(contour, grid: SeriesGrid, by_uid: dict, name: str, roi_name:
     points = grid.to_voxels(np.asarray(values).reshape(-1, 3))
     depth = points[:, 2]
     k = int(round(float(np.median(depth))))
-    references = sorted({by_uid[str(item.get("ReferencedSOPInstanceUID", ""))]
-                         for item in contour.get("ContourImageSequence") or ()
-                         if str(item.get("ReferencedSOPInstanceUID", "")) in by_uid})
+    references = sorted({by_uid[r] for r in _references(contour.get("ContourImageSequence")) if r in by_uid})
     where = np.asarray(values[2::3])
     if np.abs(depth - k).max() > _POSITION_TOLERANCE or not 0 <= k < grid.shape[0] \
             or (references and references != [k]):

@@ -91,7 +91,7 @@ class DicomSlice:
       frames: The file's NumberOfFrames: a multi-frame (enhanced) file is a stack by itself.
       pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
         reads them there without parsing the file again (`dicom.native_pixel_offset`).
-      sop_uid: SOPInstanceUID ('' when absent): what a SEG's frames and an RTSTRUCT's
+      sop_instance_uid: SOPInstanceUID ('' when absent): what a SEG's frames and an RTSTRUCT's
         contours name the slice by (`imaging/dicom_masks.py`).
       frame_of_reference_uid: FrameOfReferenceUID ('' when absent): the patient
         coordinate system the slice's position is in.
@@ -115,7 +115,7 @@ class DicomSlice:
     series_number: str = ""
     frames: int = 1
     pixel_offset: int = -1
-    sop_uid: str = ""
+    sop_instance_uid: str = ""
     frame_of_reference_uid: str = ""
 
     @property
@@ -374,7 +374,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_hash=digest, modality=str(ds.get("Modality", "") or ""),
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
             pixel_offset=pixel_offset if frames == 1 else -1,
-            sop_uid=str(ds.get("SOPInstanceUID", "") or ""),
+            sop_instance_uid=str(ds.get("SOPInstanceUID", "") or ""),
             frame_of_reference_uid=str(ds.get("FrameOfReferenceUID", "") or ""),
         ))
     return slices

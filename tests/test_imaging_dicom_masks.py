@@ -8,6 +8,7 @@ scikit-image's polygon rasteriser draws. Series are pydicom-written CT slices (p
 bundled CT_small) planned by imaging.volumes as a conversion plans them.
 """
 
+import dataclasses
 import io
 import json
 import pathlib
@@ -79,7 +80,7 @@ def sources_in_k_order(folder, grid):
     for path in folder.iterdir():
         ds = pydicom.dcmread(path)
         by_uid[ds.SOPInstanceUID] = ds
-    return [by_uid[uid] for uid in grid.sop_uids]
+    return [by_uid[uid] for uid in grid.sop_instance_uids]
 
 
 def blobs(depth, segments=3, seed=0):
@@ -164,10 +165,10 @@ def test_grid_is_the_volume_s(tmp_path, orientation, descending):
     assert grid.shape == volume.voxels.shape
     np.testing.assert_array_equal(grid.affine, volume.affine)
     assert (grid.series_uid, grid.frame_of_reference_uid) == (series_uid, frame_of_reference)
-    # sop_uids in k order: slice k's ImagePositionPatient is the affine's voxel (0, 0, k).
+    # sop_instance_uids in k order: slice k's ImagePositionPatient is the affine's voxel (0, 0, k).
     positions = {pydicom.dcmread(p).SOPInstanceUID: np.array(pydicom.dcmread(p).ImagePositionPatient, float)
                  for p in paths}
-    for k, uid in enumerate(grid.sop_uids):
+    for k, uid in enumerate(grid.sop_instance_uids):
         np.testing.assert_allclose(grid.to_voxels(positions[uid])[0], (0, 0, k), atol=1e-5)
     assert grid.frames == (0,) * 5
 
@@ -184,14 +185,14 @@ def test_grid_from_headers_and_from_a_plan_file(tmp_path):
     stack = volumes.plan_stacks(slices).stacks[0]
     for again in (stack, volumes.Stack.from_json(json.loads(json.dumps(stack.to_json())))):
         other = SeriesGrid.from_stack(again)
-        assert (other.shape, other.sop_uids, other.frames, other.series_uid, other.frame_of_reference_uid) == \
-               (grid.shape, grid.sop_uids, grid.frames, grid.series_uid, grid.frame_of_reference_uid)
+        assert (other.shape, other.sop_instance_uids, other.frames, other.series_uid, other.frame_of_reference_uid) == \
+               (grid.shape, grid.sop_instance_uids, grid.frames, grid.series_uid, grid.frame_of_reference_uid)
         np.testing.assert_array_equal(other.affine, grid.affine)
     # A plan file written before slices carried these UIDs still loads (without them).
     old = stack.to_json()
     for item in old["slices"]:
-        del item["sop_uid"], item["frame_of_reference_uid"]
-    assert SeriesGrid.from_stack(volumes.Stack.from_json(old)).sop_uids == ("",) * 5
+        del item["sop_instance_uid"], item["frame_of_reference_uid"]
+    assert SeriesGrid.from_stack(volumes.Stack.from_json(old)).sop_instance_uids == ("",) * 5
 
 
 def test_grid_options_are_validated():
@@ -199,8 +200,8 @@ def test_grid_options_are_validated():
         SeriesGrid((2, 3), np.eye(4))
     with pytest.raises(ValueError, match="`affine`"):
         SeriesGrid((2, 3, 4), np.zeros((4, 4)))
-    with pytest.raises(ValueError, match="`sop_uids`.*Received: 1"):
-        SeriesGrid((2, 3, 4), np.eye(4), sop_uids=("1.2",))
+    with pytest.raises(ValueError, match="`sop_instance_uids`.*Received: 1"):
+        SeriesGrid((2, 3, 4), np.eye(4), sop_instance_uids=("1.2",))
 
 
 # --- SEG ---------------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def test_grid_options_are_validated():
 def highdicom_labels(data, grid):
     """highdicom's own reading of the SEG, slice by slice of the series (its labels: segment numbers)."""
     seg = hd.seg.Segmentation.from_dataset(pydicom.dcmread(io.BytesIO(data)))
-    return seg.get_pixels_by_source_instance(list(grid.sop_uids), combine_segments=True, relabel=False)
+    return seg.get_pixels_by_source_instance(list(grid.sop_instance_uids), combine_segments=True, relabel=False)
 
 
 @pytest.mark.parametrize("shuffled", [False, True])
@@ -279,7 +280,7 @@ def test_fractional_seg_thresholds_at_one_half(series):
     truth[fractions[..., 1] >= 0.5] = 2
     np.testing.assert_array_equal(mask.labels, truth)
     seg = hd.seg.Segmentation.from_dataset(pydicom.dcmread(io.BytesIO(data)))
-    theirs = seg.get_pixels_by_source_instance(list(grid.sop_uids))  # Fractions, rescaled to 0..1.
+    theirs = seg.get_pixels_by_source_instance(list(grid.sop_instance_uids))  # Fractions, rescaled to 0..1.
     np.testing.assert_array_equal(mask.labels == 1, theirs[..., 0] >= 0.5)
     np.testing.assert_array_equal(mask.labels == 2, theirs[..., 1] >= 0.5)
 
@@ -346,7 +347,7 @@ def test_seg_of_an_enhanced_multiframe_series(tmp_path):
     (tmp_path / "s").mkdir()
     source.save_as(tmp_path / "s" / "enhanced.dcm", enforce_file_format=True)
     grid, volume = grid_of(tmp_path / "s")
-    assert grid.frames == tuple(order.index(k) for k in range(6)) and set(grid.sop_uids) == {source.SOPInstanceUID}
+    assert grid.frames == tuple(order.index(k) for k in range(6)) and set(grid.sop_instance_uids) == {source.SOPInstanceUID}
     truth = blobs(6, seed=31)
     # highdicom's source frames are the file's, in its frame order: frame f is slice order[f].
     data = write_seg([source], stacked(truth[order], 3))
@@ -405,6 +406,55 @@ def test_seg_written_by_dcmqi(tmp_path, orientation):
         assert mask.class_names == ("background", "organ 1", "organ 2", "organ 3")
 
 
+@dataclasses.dataclass(frozen=True)
+class TableGrid:
+    """A grid as a volume-mask table keeps it: shape, 16 affine values row by row, UIDs; no more."""
+
+    shape: tuple
+    affine: tuple
+    sop_instance_uids: tuple = ()
+
+
+def test_a_plain_grid_object_is_accepted(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=53)
+    data = rewrite(write_seg(sources_in_k_order(folder, grid), stacked(truth, 3)), shuffle_frames)
+    plain = TableGrid(grid.shape, tuple(grid.affine.ravel()), grid.sop_instance_uids)
+    np.testing.assert_array_equal(dicom_masks.read_dicom_mask(data, "seg.dcm", plain).labels, truth)
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    rs = to_bytes(rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)])]))
+    np.testing.assert_array_equal(dicom_masks.read_dicom_mask(rs, "rs.dcm", plain).labels,
+                                  dicom_masks.read_dicom_mask(rs, "rs.dcm", grid).labels)
+
+
+def test_enhanced_series_on_a_grid_without_frame_indices(tmp_path):
+    """A grid that knows the slices' UIDs but not which frame of the file each slice is: the SEG's
+    frames, all from the one file, go by position; an RTSTRUCT's contours on named frames too."""
+    order = [3, 0, 5, 1, 4, 2]
+    source = enhanced_ct(order)
+    (tmp_path / "s").mkdir()
+    source.save_as(tmp_path / "s" / "enhanced.dcm", enforce_file_format=True)
+    grid, _ = grid_of(tmp_path / "s")
+    plain = TableGrid(grid.shape, tuple(grid.affine.ravel()), grid.sop_instance_uids)
+    truth = blobs(6, seed=59)
+    data = write_seg([source], stacked(truth[order], 3))
+    mask = dicom_masks.read_dicom_mask(data, "seg.dcm", plain)
+    np.testing.assert_array_equal(mask.labels, truth)
+    assert mask.notes == ()
+    # A contour drawn on the file's frame 2 (slice 0): ContourImageSequence names the frame.
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 0, square)])])
+    image = Dataset()
+    image.ReferencedSOPInstanceUID, image.ReferencedFrameNumber = source.SOPInstanceUID, order.index(0) + 1
+    ds.ROIContourSequence[0].ContourSequence[0].ContourImageSequence = Sequence([image])
+    for which in (grid, plain):
+        assert dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", which).labels[0, 40, 40] == 1
+    image.ReferencedFrameNumber = order.index(3) + 1  # Another frame than the contour's plane.
+    with pytest.raises(ImageRejected, match=r"drawn on slice \[3\]") as e:
+        dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+
+
 def test_overlapping_segments_keep_the_highest_number(series):
     folder, grid, _ = series
     masks = np.zeros(grid.shape + (2,), bool)
@@ -419,7 +469,7 @@ def test_overlapping_segments_keep_the_highest_number(series):
     assert mask.notes == ("mask_overlap: 800 voxel(s) in several segments; the highest SegmentNumber kept",)
     # highdicom, asked for one segment at a time, agrees on each.
     seg = hd.seg.Segmentation.from_dataset(pydicom.dcmread(io.BytesIO(data)))
-    np.testing.assert_array_equal(seg.get_pixels_by_source_instance(list(grid.sop_uids))[..., 1], masks[..., 1])
+    np.testing.assert_array_equal(seg.get_pixels_by_source_instance(list(grid.sop_instance_uids))[..., 1], masks[..., 1])
 
 
 def test_seg_of_another_series_or_frame_of_reference(series, tmp_path):
@@ -441,7 +491,7 @@ def test_seg_of_another_series_or_frame_of_reference(series, tmp_path):
     own = write_seg(sources_in_k_order(folder, grid), stacked(truth, 3))
     # A frame from a slice the stack left out (an exact duplicate `plan_stacks` dropped) of the SEG's
     # own series: placed by its position, noted.
-    dropped = SeriesGrid(grid.shape, grid.affine, ("1.2.3",) + grid.sop_uids[1:], grid.frames, grid.series_uid,
+    dropped = SeriesGrid(grid.shape, grid.affine, ("1.2.3",) + grid.sop_instance_uids[1:], grid.frames, grid.series_uid,
                          grid.frame_of_reference_uid)
     mask = dicom_masks.labels_from_seg(own, "seg.dcm", dropped)
     np.testing.assert_array_equal(mask.labels, truth)
@@ -485,7 +535,7 @@ def test_seg_of_another_geometry(series):
     with pytest.raises(ImageRejected, match="is not on a slice of the series") as e:
         dicom_masks.labels_from_seg(rewrite(data, between), "seg.dcm", grid)
     assert e.value.reason == "mask_geometry_mismatch"
-    smaller = SeriesGrid((grid.shape[0], 64, 64), grid.affine, grid.sop_uids, grid.frames, grid.series_uid,
+    smaller = SeriesGrid((grid.shape[0], 64, 64), grid.affine, grid.sop_instance_uids, grid.frames, grid.series_uid,
                          grid.frame_of_reference_uid)
     with pytest.raises(ImageRejected, match="frames of 128x128 pixels, the series' slices 64x64") as e:
         dicom_masks.labels_from_seg(data, "seg.dcm", smaller)
@@ -781,12 +831,12 @@ def test_rtstruct_mismatches(series):
     # A contour whose ContourImageSequence names another slice of the series than its plane's.
     drawn = rtstruct_dataset(grid, rois)
     image = Dataset()
-    image.ReferencedSOPInstanceUID = grid.sop_uids[3]
+    image.ReferencedSOPInstanceUID = grid.sop_instance_uids[3]
     drawn.ROIContourSequence[0].ContourSequence[0].ContourImageSequence = Sequence([image])
     with pytest.raises(ImageRejected, match=r"drawn on slice \[3\]\) does not lie") as e:
         dicom_masks.labels_from_rtstruct(to_bytes(drawn), "rs.dcm", grid)
     assert e.value.reason == "mask_geometry_mismatch"
-    image.ReferencedSOPInstanceUID = grid.sop_uids[2]
+    image.ReferencedSOPInstanceUID = grid.sop_instance_uids[2]
     assert dicom_masks.labels_from_rtstruct(to_bytes(drawn), "rs.dcm", grid).labels[2, 40, 40] == 1
     with pytest.raises(ImageRejected, match="not an RT Structure Set") as e:
         dicom_masks.labels_from_rtstruct(sorted(series[0].iterdir())[0].read_bytes(), "ct.dcm", grid)
