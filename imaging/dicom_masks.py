@@ -9,7 +9,8 @@ voxel, or an `ImageRejected` saying why they cannot:
     grid = dicom_masks.SeriesGrid.from_stack(stack)          # the series, as `plan_stacks` found it
     mask = dicom_masks.read_dicom_mask(data, name, grid)      # SEG or RTSTRUCT, by SOP class
 
-Any grid-like object will do as `grid` (`SeriesGrid.of`: its shape and affine, and the
+`dicom_mask_kind(head)` tells a SEG or RTSTRUCT from other files, `dicom_mask_bits(head)` the
+label width (8 or 16 bits) it needs, both from its header. Any grid-like object will do as `grid` (`SeriesGrid.of`: its shape and affine, and the
 slices' SOPInstanceUIDs where it has them); what it lacks (the series' UIDs) is not checked.
     mask.labels          # uint8|uint16 (depth, height, width): the volume's (k, j, i)
     mask.class_names     # ("background", segment labels / ROI names ...) by label value
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -32,7 +35,7 @@ from imaging.errors import ImageRejected
 from imaging.volumes import LPS_TO_RAS, Stack, stack_geometry
 
 __all__ = ["SeriesGrid", "DicomMask", "labels_from_seg", "labels_from_rtstruct", "read_dicom_mask",
-           "dicom_mask_kind", "SEG_STORAGE", "LABEL_MAP_SEG_STORAGE", "RTSTRUCT_STORAGE", "REJECT_REASONS"]
+           "dicom_mask_kind", "dicom_mask_bits", "SEG_STORAGE", "LABEL_MAP_SEG_STORAGE", "RTSTRUCT_STORAGE", "REJECT_REASONS"]
 
 
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -166,6 +169,44 @@ def dicom_mask_kind(data: bytes) -> str | None:
     if sop_class in (SEG_STORAGE, LABEL_MAP_SEG_STORAGE):
         return "seg"
     return "rtstruct" if sop_class == RTSTRUCT_STORAGE else None
+
+
+# The sequence whose items decide a mask's label width, by SOP class: its items must all be
+# in the bytes read (a later top-level element parsed) for the width to be known.
+_LABEL_SEQUENCES = {SEG_STORAGE: ("SegmentSequence", 0x00620002), LABEL_MAP_SEG_STORAGE: ("SegmentSequence", 0x00620002),
+                    RTSTRUCT_STORAGE: ("StructureSetROISequence", 0x30060020)}
+
+
+def dicom_mask_bits(head: bytes) -> int | None:
+    """Bits per label (8 or 16) a SEG or RTSTRUCT needs, from its first bytes; None when unknown.
+
+    The labels `read_dicom_mask` gives are uint16 when a SegmentNumber exceeds 255 (SEG)
+    or there are more than 255 ROIs (RTSTRUCT), else uint8: told from the header, before
+    any pixel is read. None for other files, and when `head` ends before the segments' or
+    ROIs' sequence does (read more of the file and ask again).
+    """
+    import pydicom
+
+    if not dicom.is_dicom(head[:1024]):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ds = pydicom.dcmread(io.BytesIO(head), force=True, stop_before_pixels=True)
+            sop_class = str(ds.get("SOPClassUID", "") or "")
+            keyword, tag = _LABEL_SEQUENCES.get(sop_class, (None, 0))
+            # Complete when an element after the sequence was parsed (pydicom may stop quietly
+            # inside a sequence that the bytes cut short).
+            if keyword is None or keyword not in ds or not any(int(t) > tag for t in ds.keys()):
+                return None
+            items = list(ds[keyword].value)
+            if sop_class == RTSTRUCT_STORAGE:
+                top = len(items)
+            else:
+                top = max((_int(item.get("SegmentNumber")) or 0 for item in items), default=0)
+        except Exception:  # noqa: BLE001 - a prefix cut inside an element: the whole file decides
+            return None
+    return 8 if top <= 255 else 16
 
 
 def read_dicom_mask(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:

@@ -592,6 +592,32 @@ def test_segment_numbers_past_255_give_16_bit_labels(series):
     assert len(mask.class_names) == 301 and mask.class_names[300] == "organ 3" and mask.class_names[4] == "segment_4"
 
 
+def test_label_bits_from_the_header(series):
+    """8 or 16 bits from a file's first bytes, or None (never a wrong width) however short they are."""
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=67)
+
+    def renumber(ds):
+        ds.SegmentSequence[2].SegmentNumber = 256
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            if item.SegmentIdentificationSequence[0].ReferencedSegmentNumber == 3:
+                item.SegmentIdentificationSequence[0].ReferencedSegmentNumber = 256
+
+    seg = write_seg(sources_in_k_order(folder, grid), stacked(truth, 3))
+    wide = rewrite(seg, renumber)
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    rois = [(n, f"r{n}", [("CLOSED_PLANAR", 2, square)]) for n in range(1, 257)]
+    many = to_bytes(rtstruct_dataset(grid, rois))
+    few = to_bytes(rtstruct_dataset(grid, rois[:3]))
+    for data, bits in ((seg, 8), (wide, 16), (many, 16), (few, 8)):
+        assert dicom_masks.dicom_mask_bits(data) == bits
+        assert dicom_masks.read_dicom_mask(data, "m.dcm", grid).labels.dtype == np.dtype(f"uint{bits}")
+        answers = {dicom_masks.dicom_mask_bits(data[:n]) for n in range(0, len(data), max(1, len(data) // 400))}
+        assert answers <= {None, bits}, answers
+        assert bits in answers  # Known before the end of the file.
+    assert dicom_masks.dicom_mask_bits(sorted(folder.iterdir())[0].read_bytes()) is None
+
+
 def test_other_objects_are_unsupported(series):
     folder, grid, _ = series
     ct = sorted(folder.iterdir())[0].read_bytes()
