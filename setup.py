@@ -113,6 +113,11 @@ setuptools.setup(
             # The independent readers of DICOM series (tests/test_imaging_volumes.py):
             # ITK's ImageSeriesReader and dcm2niix (its wheel ships the binary).
             "SimpleITK>=2.3", "dcm2niix",
+            # The independent writers and readers of DICOM SEG and RTSTRUCT
+            # (tests/test_imaging_dicom_masks.py): highdicom, the standard's reference SEG
+            # implementation (pydicom 3); dcmqi, 3D Slicer's SEG writer (its wheel ships the
+            # binaries); rt-utils, which traces masks to contours with OpenCV.
+            "highdicom>=0.23", "dcmqi>=1.3", "rt-utils>=1.2.7",
         ],
         "bench": ["psutil", "scikit-image>=0.22"],
     },

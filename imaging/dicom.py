@@ -1037,8 +1037,15 @@ def is_keyword(keyword: str) -> bool:
     return isinstance(keyword, str) and tag_for_keyword(keyword) is not None
 
 
-def read_dataset(data: bytes, name: str) -> Dataset:
+def read_dataset(data: bytes, name: str, require_pixels: bool = True) -> Dataset:
     """Parses a DICOM file for the volume path (`imaging/volumes.py`), pixels undecoded.
+
+    Args:
+      data: The file's bytes.
+      name: The file's name, for messages.
+      require_pixels: Whether a file without pixel data is rejected; False for
+        objects that hold none by design (an RT Structure Set's contours,
+        `imaging/dicom_masks.py`).
 
     Raises:
       ImageRejected: 'not_an_image' (not DICOM), 'corrupt' (unreadable
@@ -1054,7 +1061,7 @@ def read_dataset(data: bytes, name: str) -> Dataset:
             keyword = next((k for k in _PIXEL_KEYWORDS if k in ds), None)
         except _PYDICOM_ERRORS as e:
             raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({_short(e)})") from e
-    if keyword is None:
+    if keyword is None and require_pixels:
         sop = _sop_class_name(ds)
         raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
                             else f"{name} is a DICOM file without pixel data")

@@ -92,7 +92,10 @@ class DicomSlice:
       pixel_offset: Where the file's pixel values lie as stored, or -1: `read_stack`
         reads them there without parsing the file again (`dicom.native_pixel_offset`).
       sop_instance_uid: SOPInstanceUID ('' when absent; the frames of an enhanced file
-        share it): what a DICOM SEG or RTSTRUCT mask refers to (`imaging.volume_masks.VolumeGrid`).
+        share it): what a SEG's frames and an RTSTRUCT's contours name the slice by
+        (`imaging.dicom_masks`).
+      frame_of_reference_uid: FrameOfReferenceUID ('' when absent): the patient
+        coordinate system the slice's position is in.
     """
 
     name: str
@@ -114,6 +117,7 @@ class DicomSlice:
     frames: int = 1
     pixel_offset: int = -1
     sop_instance_uid: str = ""
+    frame_of_reference_uid: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -372,6 +376,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             series_number=str(ds.get("SeriesNumber", "") or "").strip(), frames=frames,
             pixel_offset=pixel_offset if frames == 1 else -1,
             sop_instance_uid=str(ds.get("SOPInstanceUID", "") or ""),
+            frame_of_reference_uid=str(ds.get("FrameOfReferenceUID", "") or ""),
         ))
     return slices
 

@@ -1,0 +1,874 @@
+"""imaging.dicom_masks against independent writers and readers of DICOM SEG and RTSTRUCT.
+
+SEGs are written by highdicom (the reference implementation of the standard's Segmentation
+IOD) from known label blobs, and read back by highdicom too, and by dcmqi (3D Slicer's SEG
+writer) from label images placed by SimpleITK; RTSTRUCTs by rt-utils (contours
+traced from masks by OpenCV) and by pydicom here with contours of known shapes, whose truth
+scikit-image's polygon rasteriser draws. Series are pydicom-written CT slices (pydicom's
+bundled CT_small) planned by imaging.volumes as a conversion plans them.
+"""
+
+import dataclasses
+import io
+import json
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+
+import highdicom as hd
+import numpy as np
+import pydicom
+import pytest
+import SimpleITK as sitk
+from pydicom.data import get_testdata_file
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.pixels import pack_bits, unpack_bits
+from pydicom.sequence import Sequence
+from pydicom.uid import generate_uid
+from rt_utils import RTStructBuilder
+from skimage.draw import polygon
+
+from imaging import ImageRejected
+from imaging import dicom_masks, volumes
+from imaging.dicom_masks import SeriesGrid
+
+# dcmqi's wheel puts its tools beside the interpreter; `make test` may not have them on PATH.
+ITKIMAGE2SEGIMAGE = shutil.which("itkimage2segimage") or str(pathlib.Path(sys.executable).parent / "itkimage2segimage")
+SIZE = 128  # CT_small's rows and columns (0.661468 mm pixels, equal: rt-utils swaps them).
+ORIENTATIONS = {
+    "axial": (np.array([1.0, 0, 0]), np.array([0, 1.0, 0])),
+    # Oblique: rows and columns rotated about two axes (the grid's affine is no permutation).
+    "oblique": (np.array([0.9659258, 0.2588190, 0.0]), np.array([-0.2432103, 0.9076734, 0.3420201])),
+}
+
+
+def write_series(folder, count=8, orientation="axial", spacing=2.5, descending=False, series_uid=None,
+                 frame_of_reference=None):
+    """`count` CT slices of one series in `folder` under shuffled names; (series uid, FoR uid, paths)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    row, column = ORIENTATIONS[orientation]
+    normal = np.cross(row, column)
+    series_uid, frame_of_reference = series_uid or generate_uid(), frame_of_reference or generate_uid()
+    rng = random.Random(count)
+    paths = []
+    for k in range(count):
+        ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+        position = np.array([-80.5, -91.25, 12.0]) + (count - 1 - k if descending else k) * spacing * normal
+        ds.ImagePositionPatient = [f"{v:.6f}" for v in position]
+        ds.ImageOrientationPatient = [f"{v:.7f}" for v in (*row, *column)]
+        ds.SeriesInstanceUID, ds.FrameOfReferenceUID, ds.SOPInstanceUID = series_uid, frame_of_reference, generate_uid()
+        ds.InstanceNumber = rng.randint(1, 999)
+        path = folder / f"x{rng.randint(0, 10**9):09d}.dcm"
+        ds.save_as(path, enforce_file_format=True)
+        paths.append(path)
+    return series_uid, frame_of_reference, paths
+
+
+def grid_of(folder):
+    """The series' grid as a conversion would plan it (imaging.volumes), and its volume."""
+    slices = [s for p in sorted(folder.iterdir()) for s in volumes.read_slices(p.read_bytes(), p.name)]
+    plan = volumes.plan_stacks(slices)
+    assert len(plan.stacks) == 1, plan
+    stack = plan.stacks[0]
+    return SeriesGrid.from_stack(stack), volumes.read_stack(stack, lambda n: (folder / n).read_bytes())
+
+
+def sources_in_k_order(folder, grid):
+    by_uid = {}
+    for path in folder.iterdir():
+        ds = pydicom.dcmread(path)
+        by_uid[ds.SOPInstanceUID] = ds
+    return [by_uid[uid] for uid in grid.sop_instance_uids]
+
+
+def blobs(depth, segments=3, seed=0):
+    """Truth: `segments` label blobs (ellipsoids, a box), some touching; (depth, SIZE, SIZE) uint8."""
+    rng = np.random.default_rng(seed)
+    k, j, i = np.meshgrid(np.arange(depth), np.arange(SIZE), np.arange(SIZE), indexing="ij")
+    labels = np.zeros((depth, SIZE, SIZE), np.uint8)
+    for number in range(1, segments + 1):
+        c = (rng.uniform(1, depth - 2), rng.uniform(25, SIZE - 25), rng.uniform(25, SIZE - 25))
+        r = (rng.uniform(1.5, 3), rng.uniform(8, 20), rng.uniform(8, 20))
+        labels[((k - c[0]) / r[0]) ** 2 + ((j - c[1]) / r[1]) ** 2 + ((i - c[2]) / r[2]) ** 2 <= 1] = number
+    return labels
+
+
+def descriptions(count):
+    return [hd.seg.SegmentDescription(
+        segment_number=n, segment_label=f"organ {n}",
+        segmented_property_category=hd.sr.CodedConcept("91723000", "SCT", "Anatomical Structure"),
+        segmented_property_type=hd.sr.CodedConcept("10200004", "SCT", "Liver"),
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.MANUAL) for n in range(1, count + 1)]
+
+
+def write_seg(sources, pixel_array, segment_type="BINARY", count=3, **kwargs):
+    seg = hd.seg.Segmentation(
+        source_images=sources, pixel_array=pixel_array, segmentation_type=segment_type,
+        segment_descriptions=descriptions(count), series_instance_uid=generate_uid(), series_number=99,
+        sop_instance_uid=generate_uid(), instance_number=1, manufacturer="test", manufacturer_model_name="test",
+        software_versions="1", device_serial_number="1", **kwargs)
+    out = io.BytesIO()
+    seg.save_as(out)
+    return out.getvalue()
+
+
+def stacked(labels, count):
+    """A label volume as highdicom's stacked-segments array (slices, rows, columns, segments) of bools."""
+    return np.stack([labels == n for n in range(1, count + 1)], axis=-1)
+
+
+def rewrite(data, change):
+    ds = pydicom.dcmread(io.BytesIO(data))
+    change(ds)
+    out = io.BytesIO()
+    ds.save_as(out)
+    return out.getvalue()
+
+
+def shuffle_frames(ds, seed=1):
+    """The SEG's frames (pixels and per-frame groups together) in a random order."""
+    frames, rows, columns = int(ds.NumberOfFrames), int(ds.Rows), int(ds.Columns)
+    if int(ds.BitsAllocated) == 1:
+        pixels = unpack_bits(ds.PixelData)[:frames * rows * columns].reshape(frames, rows * columns)
+    else:
+        pixels = np.frombuffer(ds.PixelData, np.uint8 if int(ds.BitsAllocated) == 8 else np.uint16)
+        pixels = pixels[:frames * rows * columns].reshape(frames, rows * columns)
+    order = np.random.default_rng(seed).permutation(frames)
+    assert (order != np.arange(frames)).any()
+    pixels = pixels[order]
+    ds.PixelData = pack_bits(pixels.ravel()) if int(ds.BitsAllocated) == 1 else pixels.tobytes()
+    ds.PerFrameFunctionalGroupsSequence = Sequence([ds.PerFrameFunctionalGroupsSequence[int(i)] for i in order])
+    # The dimension index no longer says the order; readers must use each frame's own references.
+    if "DimensionOrganizationType" in ds:
+        del ds.DimensionOrganizationType
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ct") / "series"
+    series_uid, frame_of_reference, _ = write_series(folder, count=8)
+    grid, volume = grid_of(folder)
+    return folder, grid, volume
+
+
+# --- the grid ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("orientation", ["axial", "oblique"])
+@pytest.mark.parametrize("descending", [False, True])
+def test_grid_is_the_volume_s(tmp_path, orientation, descending):
+    series_uid, frame_of_reference, paths = write_series(tmp_path / "s", count=5, orientation=orientation,
+                                                         descending=descending)
+    grid, volume = grid_of(tmp_path / "s")
+    assert grid.shape == volume.voxels.shape
+    np.testing.assert_array_equal(grid.affine, volume.affine)
+    assert (grid.series_uid, grid.frame_of_reference_uid) == (series_uid, frame_of_reference)
+    # sop_instance_uids in k order: slice k's ImagePositionPatient is the affine's voxel (0, 0, k).
+    positions = {pydicom.dcmread(p).SOPInstanceUID: np.array(pydicom.dcmread(p).ImagePositionPatient, float)
+                 for p in paths}
+    for k, uid in enumerate(grid.sop_instance_uids):
+        np.testing.assert_allclose(grid.to_voxels(positions[uid])[0], (0, 0, k), atol=1e-5)
+    assert grid.frames == (0,) * 5
+
+
+def test_grid_from_headers_and_from_a_plan_file(tmp_path):
+    """The converter plans from headers (`read_slice_headers`) and hands stacks to its workers as
+    JSON (`Stack.to_json`): the grid made there is the one made from whole files."""
+    write_series(tmp_path / "s", count=5, orientation="oblique")
+    grid, _ = grid_of(tmp_path / "s")
+    slices = []
+    for path in sorted((tmp_path / "s").iterdir()):
+        with open(path, "rb") as f:
+            slices += volumes.read_slice_headers(f, path.name)
+    stack = volumes.plan_stacks(slices).stacks[0]
+    for again in (stack, volumes.Stack.from_json(json.loads(json.dumps(stack.to_json())))):
+        other = SeriesGrid.from_stack(again)
+        assert (other.shape, other.sop_instance_uids, other.frames, other.series_uid, other.frame_of_reference_uid) == \
+               (grid.shape, grid.sop_instance_uids, grid.frames, grid.series_uid, grid.frame_of_reference_uid)
+        np.testing.assert_array_equal(other.affine, grid.affine)
+    # A plan file written before slices carried these UIDs still loads (without them).
+    old = stack.to_json()
+    for item in old["slices"]:
+        del item["sop_instance_uid"], item["frame_of_reference_uid"]
+    assert SeriesGrid.from_stack(volumes.Stack.from_json(old)).sop_instance_uids == ("",) * 5
+
+
+def test_grid_options_are_validated():
+    with pytest.raises(ValueError, match="`shape`"):
+        SeriesGrid((2, 3), np.eye(4))
+    with pytest.raises(ValueError, match="`affine`"):
+        SeriesGrid((2, 3, 4), np.zeros((4, 4)))
+    with pytest.raises(ValueError, match="`sop_instance_uids`.*Received: 1"):
+        SeriesGrid((2, 3, 4), np.eye(4), sop_instance_uids=("1.2",))
+
+
+# --- SEG ---------------------------------------------------------------------------------------
+
+
+def highdicom_labels(data, grid):
+    """highdicom's own reading of the SEG, slice by slice of the series (its labels: segment numbers)."""
+    seg = hd.seg.Segmentation.from_dataset(pydicom.dcmread(io.BytesIO(data)))
+    return seg.get_pixels_by_source_instance(list(grid.sop_instance_uids), combine_segments=True, relabel=False)
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_binary_seg_matches_truth_and_highdicom(series, shuffled):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0])
+    data = write_seg(sources_in_k_order(folder, grid), stacked(truth, 3))
+    if shuffled:
+        data = rewrite(data, shuffle_frames)
+    mask = dicom_masks.labels_from_seg(data, "seg.dcm", grid)
+    assert mask.labels.dtype == np.uint8 and mask.labels.shape == grid.shape
+    np.testing.assert_array_equal(mask.labels, truth)
+    np.testing.assert_array_equal(mask.labels, highdicom_labels(data, grid))
+    assert mask.class_names == ("background", "organ 1", "organ 2", "organ 3")
+    assert mask.notes == ()
+    # The same through the dispatcher, and the object is told apart by its header.
+    assert dicom_masks.dicom_mask_kind(data) == "seg"
+    np.testing.assert_array_equal(dicom_masks.read_dicom_mask(data, "seg.dcm", grid).labels, truth)
+
+
+def test_seg_written_in_reverse_order_is_placed_by_its_sources(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=3)
+    # The SEG's frames follow the sources given: here the series' last slice first.
+    data = write_seg(sources_in_k_order(folder, grid)[::-1], stacked(truth[::-1], 3))
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+    np.testing.assert_array_equal(highdicom_labels(data, grid), truth)
+
+
+def test_seg_of_a_descending_series(tmp_path):
+    write_series(tmp_path / "s", count=6, orientation="oblique", descending=True)
+    grid, _ = grid_of(tmp_path / "s")
+    truth = blobs(6, seed=5)
+    data = write_seg(sources_in_k_order(tmp_path / "s", grid), stacked(truth, 3))
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+
+
+def test_seg_frames_without_source_references_are_placed_by_position(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=7)
+
+    def drop_references(ds):
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            del item.DerivationImageSequence
+        shuffle_frames(ds, seed=4)
+
+    data = rewrite(write_seg(sources_in_k_order(folder, grid), stacked(truth, 3)), drop_references)
+    assert "DerivationImageSequence" not in pydicom.dcmread(io.BytesIO(data)).PerFrameFunctionalGroupsSequence[0]
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+    # Without references a SEG needs no SOPInstanceUIDs: a grid of shape and affine only (NIfTI's) works.
+    bare = SeriesGrid(grid.shape, grid.affine)
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", bare).labels, truth)
+
+
+def test_fractional_seg_thresholds_at_one_half(series):
+    folder, grid, _ = series
+    rng = np.random.default_rng(11)
+    # Values well either side of 0.5 (highdicom stores round(v * 255)): 0.3, 0.45, 0.55, 0.7, 1.
+    fractions = rng.choice([0.0, 0.3, 0.45, 0.55, 0.7, 1.0], size=(grid.shape[0], SIZE, SIZE, 2),
+                           p=[0.5, 0.1, 0.1, 0.1, 0.1, 0.1]).astype(np.float32)
+    fractions[..., 1][fractions[..., 0] >= 0.5] = 0.0  # No overlap: highdicom combines only disjoint segments.
+    data = rewrite(write_seg(sources_in_k_order(folder, grid), fractions, "FRACTIONAL", count=2,
+                             max_fractional_value=255), shuffle_frames)
+    mask = dicom_masks.labels_from_seg(data, "seg.dcm", grid)
+    truth = np.zeros(grid.shape, np.uint8)
+    truth[fractions[..., 0] >= 0.5] = 1
+    truth[fractions[..., 1] >= 0.5] = 2
+    np.testing.assert_array_equal(mask.labels, truth)
+    seg = hd.seg.Segmentation.from_dataset(pydicom.dcmread(io.BytesIO(data)))
+    theirs = seg.get_pixels_by_source_instance(list(grid.sop_instance_uids))  # Fractions, rescaled to 0..1.
+    np.testing.assert_array_equal(mask.labels == 1, theirs[..., 0] >= 0.5)
+    np.testing.assert_array_equal(mask.labels == 2, theirs[..., 1] >= 0.5)
+
+
+def test_labelmap_seg(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=13)
+    data = write_seg(sources_in_k_order(folder, grid), truth, "LABELMAP")
+    ds = pydicom.dcmread(io.BytesIO(data))
+    assert ds.SOPClassUID == dicom_masks.LABEL_MAP_SEG_STORAGE and ds.SegmentationType == "LABELMAP"
+    mask = dicom_masks.labels_from_seg(data, "seg.dcm", grid)
+    np.testing.assert_array_equal(mask.labels, truth)
+    np.testing.assert_array_equal(mask.labels, highdicom_labels(data, grid))
+    assert mask.class_names[1:] == ("organ 1", "organ 2", "organ 3")
+
+
+@pytest.mark.parametrize("kind, syntax", [("FRACTIONAL", pydicom.uid.JPEG2000Lossless),
+                                          ("LABELMAP", pydicom.uid.RLELossless),
+                                          ("LABELMAP", pydicom.uid.JPEGLSLossless)])
+def test_compressed_seg(series, kind, syntax):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=29)
+    pixels = stacked(truth, 3).astype(np.float32) if kind == "FRACTIONAL" else truth
+    data = rewrite(write_seg(sources_in_k_order(folder, grid), pixels, kind, transfer_syntax_uid=syntax),
+                   lambda ds: None)
+    assert pydicom.dcmread(io.BytesIO(data)).file_meta.TransferSyntaxUID == syntax
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+
+
+def enhanced_ct(order, position=(-80.5, -91.25, 12.0), spacing=2.5):
+    """One Enhanced CT file whose frame f lies at slice order[f] (frames not in position order)."""
+    ct = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.SOPClassUID, ds.SOPInstanceUID = pydicom.uid.EnhancedCTImageStorage, generate_uid()
+    for keyword in ("PatientID", "PatientName", "PatientBirthDate", "PatientSex", "StudyInstanceUID", "StudyID",
+                    "StudyDate", "StudyTime", "AccessionNumber", "ReferringPhysicianName"):
+        setattr(ds, keyword, ct.get(keyword, ""))
+    ds.Modality, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = "CT", generate_uid(), generate_uid()
+    ds.SeriesNumber, ds.InstanceNumber, ds.ImageType = 1, 1, ["ORIGINAL", "PRIMARY", "AXIAL", "NONE"]
+    ds.Rows, ds.Columns, ds.NumberOfFrames = ct.Rows, ct.Columns, len(order)
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
+    shared, plane, measures = Dataset(), Dataset(), Dataset()
+    plane.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    measures.PixelSpacing, measures.SliceThickness = list(ct.PixelSpacing), spacing
+    shared.PlaneOrientationSequence, shared.PixelMeasuresSequence = Sequence([plane]), Sequence([measures])
+    ds.SharedFunctionalGroupsSequence = Sequence([shared])
+    frames = []
+    for k in order:
+        item, where = Dataset(), Dataset()
+        where.ImagePositionPatient = [position[0], position[1], position[2] + spacing * k]
+        item.PlanePositionSequence = Sequence([where])
+        frames.append(item)
+    ds.PerFrameFunctionalGroupsSequence = Sequence(frames)
+    ds.PixelData = np.concatenate([ct.pixel_array + 10 * k for k in order]).astype(np.int16).tobytes()
+    return ds
+
+
+def test_seg_of_an_enhanced_multiframe_series(tmp_path):
+    order = [3, 0, 5, 1, 4, 2]
+    source = enhanced_ct(order)
+    (tmp_path / "s").mkdir()
+    source.save_as(tmp_path / "s" / "enhanced.dcm", enforce_file_format=True)
+    grid, volume = grid_of(tmp_path / "s")
+    assert grid.frames == tuple(order.index(k) for k in range(6)) and set(grid.sop_instance_uids) == {source.SOPInstanceUID}
+    truth = blobs(6, seed=31)
+    # highdicom's source frames are the file's, in its frame order: frame f is slice order[f].
+    data = write_seg([source], stacked(truth[order], 3))
+    first = pydicom.dcmread(io.BytesIO(data)).PerFrameFunctionalGroupsSequence[0]
+    assert "ReferencedFrameNumber" in first.DerivationImageSequence[0].SourceImageSequence[0]
+    np.testing.assert_array_equal(dicom_masks.labels_from_seg(data, "seg.dcm", grid).labels, truth)
+
+
+def test_labelmap_seg_with_two_frames_on_one_slice_is_corrupt(series):
+    folder, grid, _ = series
+    data = write_seg(sources_in_k_order(folder, grid), blobs(grid.shape[0], seed=43), "LABELMAP")
+
+    def second_on_first(ds):  # Frame 2 derives from, and lies on, frame 1's slice (whichever it is).
+        ds.PerFrameFunctionalGroupsSequence[1] = ds.PerFrameFunctionalGroupsSequence[0]
+
+    with pytest.raises(ImageRejected, match=r"several frames on slice\(s\) \[\d\] of the series") as e:
+        dicom_masks.labels_from_seg(rewrite(data, second_on_first), "seg.dcm", grid)
+    assert e.value.reason == "corrupt"
+
+
+@pytest.mark.parametrize("orientation", ["axial", "oblique"])
+def test_seg_written_by_dcmqi(tmp_path, orientation):
+    """3D Slicer's writer: a label image in ITK's geometry of the series (SimpleITK's reading of it) to a
+    SEG, binary and label map; its frames' positions come from ITK's geometry, not from our grid."""
+    series_uid, _, _ = write_series(tmp_path / "s", count=8, orientation=orientation)
+    grid, _ = grid_of(tmp_path / "s")
+    truth = blobs(8, seed=47)
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(tmp_path / "s"), series_uid))
+    image = reader.Execute()
+    values = np.zeros(sitk.GetArrayFromImage(image).shape, np.uint8)  # ITK's (z, y, x), its own slice order.
+    k, j, i = np.nonzero(truth)
+    world = np.c_[i, j, k, np.ones(len(i))] @ grid.lps.T  # Each labelled voxel's centre, LPS mm.
+    index = np.array([image.TransformPhysicalPointToIndex(tuple(p[:3])) for p in world])
+    values[index[:, 2], index[:, 1], index[:, 0]] = truth[k, j, i]
+    label = sitk.GetImageFromArray(values)
+    label.CopyInformation(image)
+    sitk.WriteImage(label, str(tmp_path / "label.nrrd"))
+    code = {"CodeValue": "91723000", "CodingSchemeDesignator": "SCT", "CodeMeaning": "Anatomical Structure"}
+    liver = {"CodeValue": "10200004", "CodingSchemeDesignator": "SCT", "CodeMeaning": "Liver"}
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "ContentCreatorName": "test", "ClinicalTrialSeriesID": "1", "ClinicalTrialTimePointID": "1",
+        "SeriesDescription": "seg", "SeriesNumber": "300", "InstanceNumber": "1", "ContentLabel": "SEG",
+        "ContentDescription": "seg", "ClinicalTrialCoordinatingCenterName": "test",
+        "segmentAttributes": [[{"labelID": n, "SegmentLabel": f"organ {n}", "SegmentAlgorithmType": "MANUAL",
+                                "SegmentedPropertyCategoryCodeSequence": code,
+                                "SegmentedPropertyTypeCodeSequence": liver} for n in (1, 2, 3)]]}))
+    for kind in ("binary", "labelmap"):
+        out = tmp_path / f"{kind}.dcm"
+        subprocess.run([ITKIMAGE2SEGIMAGE, "--inputImageList", str(tmp_path / "label.nrrd"), "--inputDICOMDirectory",
+                        str(tmp_path / "s"), "--outputDICOM", str(out), "--inputMetadata", str(tmp_path / "meta.json"),
+                        "--segmentationType", kind], check=True, capture_output=True, timeout=120)
+        assert pydicom.dcmread(out).SegmentationType == kind.upper()
+        mask = dicom_masks.labels_from_seg(out.read_bytes(), "seg.dcm", grid)
+        np.testing.assert_array_equal(mask.labels, truth, err_msg=kind)
+        assert mask.class_names == ("background", "organ 1", "organ 2", "organ 3")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableGrid:
+    """A grid as a volume-mask table keeps it: shape, 16 affine values row by row, UIDs; no more."""
+
+    shape: tuple
+    affine: tuple
+    sop_instance_uids: tuple = ()
+
+
+def test_a_plain_grid_object_is_accepted(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=53)
+    data = rewrite(write_seg(sources_in_k_order(folder, grid), stacked(truth, 3)), shuffle_frames)
+    plain = TableGrid(grid.shape, tuple(grid.affine.ravel()), grid.sop_instance_uids)
+    np.testing.assert_array_equal(dicom_masks.read_dicom_mask(data, "seg.dcm", plain).labels, truth)
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    rs = to_bytes(rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)])]))
+    np.testing.assert_array_equal(dicom_masks.read_dicom_mask(rs, "rs.dcm", plain).labels,
+                                  dicom_masks.read_dicom_mask(rs, "rs.dcm", grid).labels)
+
+
+def test_enhanced_series_on_a_grid_without_frame_indices(tmp_path):
+    """A grid that knows the slices' UIDs but not which frame of the file each slice is: the SEG's
+    frames, all from the one file, go by position; an RTSTRUCT's contours on named frames too."""
+    order = [3, 0, 5, 1, 4, 2]
+    source = enhanced_ct(order)
+    (tmp_path / "s").mkdir()
+    source.save_as(tmp_path / "s" / "enhanced.dcm", enforce_file_format=True)
+    grid, _ = grid_of(tmp_path / "s")
+    plain = TableGrid(grid.shape, tuple(grid.affine.ravel()), grid.sop_instance_uids)
+    truth = blobs(6, seed=59)
+    data = write_seg([source], stacked(truth[order], 3))
+    mask = dicom_masks.read_dicom_mask(data, "seg.dcm", plain)
+    np.testing.assert_array_equal(mask.labels, truth)
+    assert mask.notes == ()
+    # A contour drawn on the file's frame 2 (slice 0): ContourImageSequence names the frame.
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 0, square)])])
+    image = Dataset()
+    image.ReferencedSOPInstanceUID, image.ReferencedFrameNumber = source.SOPInstanceUID, order.index(0) + 1
+    ds.ROIContourSequence[0].ContourSequence[0].ContourImageSequence = Sequence([image])
+    for which in (grid, plain):
+        assert dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", which).labels[0, 40, 40] == 1
+    image.ReferencedFrameNumber = order.index(3) + 1  # Another frame than the contour's plane.
+    with pytest.raises(ImageRejected, match=r"drawn on slice \[3\]") as e:
+        dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+
+
+def test_overlapping_segments_keep_the_highest_number(series):
+    folder, grid, _ = series
+    masks = np.zeros(grid.shape + (2,), bool)
+    masks[2:5, 20:60, 20:60, 0] = True
+    masks[3:6, 40:80, 40:80, 1] = True
+    data = write_seg(sources_in_k_order(folder, grid), masks, count=2)
+    mask = dicom_masks.labels_from_seg(rewrite(data, shuffle_frames), "seg.dcm", grid)
+    both = masks[..., 0] & masks[..., 1]
+    assert both.sum() == 2 * 20 * 20
+    np.testing.assert_array_equal(mask.labels[both], 2)
+    np.testing.assert_array_equal(mask.labels[masks[..., 0] & ~both], 1)
+    assert mask.notes == ("mask_overlap: 800 voxel(s) in several segments; the highest SegmentNumber kept",)
+    # highdicom, asked for one segment at a time, agrees on each.
+    seg = hd.seg.Segmentation.from_dataset(pydicom.dcmread(io.BytesIO(data)))
+    np.testing.assert_array_equal(seg.get_pixels_by_source_instance(list(grid.sop_instance_uids))[..., 1], masks[..., 1])
+
+
+def test_seg_of_another_series_or_frame_of_reference(series, tmp_path):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=17)
+    # Another series at the very same positions, in the same frame of reference (a second reconstruction).
+    write_series(tmp_path / "other", count=grid.shape[0], frame_of_reference=grid.frame_of_reference_uid)
+    other, _ = grid_of(tmp_path / "other")
+    data = write_seg(sources_in_k_order(tmp_path / "other", other), stacked(truth, 3))
+    with pytest.raises(ImageRejected, match=f"segments series {other.series_uid}, not the volume's series "
+                                            f"{grid.series_uid}") as e:
+        dicom_masks.labels_from_seg(data, "seg.dcm", grid)
+    assert e.value.reason == "mask_reference_mismatch"
+    # Without the series reference, the frames' source images still tell.
+    unreferenced = rewrite(data, lambda ds: delattr(ds, "ReferencedSeriesSequence"))
+    with pytest.raises(ImageRejected, match="derives from image .* not a slice of series") as e:
+        dicom_masks.labels_from_seg(unreferenced, "seg.dcm", grid)
+    assert e.value.reason == "mask_reference_mismatch"
+    own = write_seg(sources_in_k_order(folder, grid), stacked(truth, 3))
+    # A frame from a slice the stack left out (an exact duplicate `plan_stacks` dropped) of the SEG's
+    # own series: placed by its position, noted.
+    dropped = SeriesGrid(grid.shape, grid.affine, ("1.2.3",) + grid.sop_instance_uids[1:], grid.frames, grid.series_uid,
+                         grid.frame_of_reference_uid)
+    mask = dicom_masks.labels_from_seg(own, "seg.dcm", dropped)
+    np.testing.assert_array_equal(mask.labels, truth)
+    on_first = len(np.unique(truth[0])) - 1  # highdicom writes a frame per segment present on the slice.
+    assert on_first > 0
+    assert mask.notes == (f"frames_placed_by_position: {on_first} frame(s) derive from images of the series "
+                          "that are not slices of the stack (a duplicate left out)",)
+    moved = rewrite(own, lambda ds: setattr(ds, "FrameOfReferenceUID", "1.2.3.4"))
+    with pytest.raises(ImageRejected, match="FrameOfReferenceUID 1.2.3.4, the series in") as e:
+        dicom_masks.labels_from_seg(moved, "seg.dcm", grid)
+    assert e.value.reason == "mask_reference_mismatch"
+
+
+def test_seg_of_another_geometry(series):
+    folder, grid, _ = series
+    data = write_seg(sources_in_k_order(folder, grid), stacked(blobs(grid.shape[0], seed=19), 3))
+
+    def spacing(ds):
+        ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].PixelSpacing = [0.7, 0.7]
+
+    def orientation(ds):
+        ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence[0].ImageOrientationPatient = \
+            [0.9998477, 0.0174524, 0, -0.0174524, 0.9998477, 0]
+
+    def shifted(ds):
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            x, y, z = item.PlanePositionSequence[0].ImagePositionPatient
+            item.PlanePositionSequence[0].ImagePositionPatient = [x + 0.5, y, z]
+
+    for change, text in ((spacing, "PixelSpacing"), (orientation, "orientation"), (shifted, "is not on its source")):
+        with pytest.raises(ImageRejected, match=text) as e:
+            dicom_masks.labels_from_seg(rewrite(data, change), "seg.dcm", grid)
+        assert e.value.reason == "mask_geometry_mismatch", change
+    # Half a slice off, placed by position only.
+    def between(ds):
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            del item.DerivationImageSequence
+            x, y, z = item.PlanePositionSequence[0].ImagePositionPatient
+            item.PlanePositionSequence[0].ImagePositionPatient = [x, y, z + 1.25]
+
+    with pytest.raises(ImageRejected, match="is not on a slice of the series") as e:
+        dicom_masks.labels_from_seg(rewrite(data, between), "seg.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+    smaller = SeriesGrid((grid.shape[0], 64, 64), grid.affine, grid.sop_instance_uids, grid.frames, grid.series_uid,
+                         grid.frame_of_reference_uid)
+    with pytest.raises(ImageRejected, match="frames of 128x128 pixels, the series' slices 64x64") as e:
+        dicom_masks.labels_from_seg(data, "seg.dcm", smaller)
+    assert e.value.reason == "mask_geometry_mismatch"
+
+
+def _replace(old, new):
+    def change(data):
+        assert len(old) == len(new) and old in data
+        return data.replace(old, new)
+    return change
+
+
+def _without_references(ds):
+    for item in ds.PerFrameFunctionalGroupsSequence:
+        del item.DerivationImageSequence
+
+
+@pytest.mark.parametrize("change, reason, text", [
+    (lambda d: d[:len(d) // 2], "corrupt", "pixel data"),
+    (lambda d: rewrite(d, lambda ds: delattr(ds, "SegmentSequence")), "corrupt", "without a SegmentSequence"),
+    (lambda d: rewrite(d, lambda ds: delattr(ds, "PixelData")), "corrupt", "without pixel data"),
+    (lambda d: rewrite(d, lambda ds: setattr(ds, "NumberOfFrames", 400)), "corrupt", "NumberOfFrames 400"),
+    (lambda d: rewrite(d, lambda ds: setattr(ds.PerFrameFunctionalGroupsSequence[0].SegmentIdentificationSequence[0],
+                                             "ReferencedSegmentNumber", 9)), "corrupt", "belongs to segment 9"),
+    (_replace(b"-91.25", b"-9x.25"), "corrupt", "ImagePositionPatient .* is not numbers"),
+    (lambda d: rewrite(d, lambda ds: delattr(ds, "SegmentationType")), "unsupported_mask", "SegmentationType"),
+    (lambda d: rewrite(d, lambda ds: (_without_references(ds), [delattr(item, "PlanePositionSequence") for item in
+                                                                ds.PerFrameFunctionalGroupsSequence])),
+     "unsupported_mask", "neither a source image of the series nor an ImagePositionPatient"),
+])
+def test_damaged_seg_is_rejected_with_a_reason(series, change, reason, text):
+    folder, grid, _ = series
+    data = change(write_seg(sources_in_k_order(folder, grid), stacked(blobs(grid.shape[0], seed=37), 3)))
+    with pytest.raises(ImageRejected, match=text) as e:
+        dicom_masks.read_dicom_mask(data, "seg.dcm", grid)
+    assert e.value.reason == reason
+
+
+def test_segment_numbers_past_255_give_16_bit_labels(series):
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=41)
+
+    def renumber(ds):  # Segment 3 becomes 300 (numbers may be sparse).
+        ds.SegmentSequence[2].SegmentNumber = 300
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            if item.SegmentIdentificationSequence[0].ReferencedSegmentNumber == 3:
+                item.SegmentIdentificationSequence[0].ReferencedSegmentNumber = 300
+
+    mask = dicom_masks.labels_from_seg(rewrite(write_seg(sources_in_k_order(folder, grid), stacked(truth, 3)),
+                                               renumber), "seg.dcm", grid)
+    assert mask.labels.dtype == np.uint16
+    np.testing.assert_array_equal(mask.labels, np.where(truth == 3, 300, truth.astype(np.uint16)))
+    assert len(mask.class_names) == 301 and mask.class_names[300] == "organ 3" and mask.class_names[4] == "segment_4"
+
+
+def test_label_bits_from_the_header(series):
+    """8 or 16 bits from a file's first bytes, or None (never a wrong width) however short they are."""
+    folder, grid, _ = series
+    truth = blobs(grid.shape[0], seed=67)
+
+    def renumber(ds):
+        ds.SegmentSequence[2].SegmentNumber = 256
+        for item in ds.PerFrameFunctionalGroupsSequence:
+            if item.SegmentIdentificationSequence[0].ReferencedSegmentNumber == 3:
+                item.SegmentIdentificationSequence[0].ReferencedSegmentNumber = 256
+
+    seg = write_seg(sources_in_k_order(folder, grid), stacked(truth, 3))
+    wide = rewrite(seg, renumber)
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    rois = [(n, f"r{n}", [("CLOSED_PLANAR", 2, square)]) for n in range(1, 257)]
+    many = to_bytes(rtstruct_dataset(grid, rois))
+    few = to_bytes(rtstruct_dataset(grid, rois[:3]))
+    for data, bits in ((seg, 8), (wide, 16), (many, 16), (few, 8)):
+        assert dicom_masks.dicom_mask_bits(data) == bits
+        assert dicom_masks.read_dicom_mask(data, "m.dcm", grid).labels.dtype == np.dtype(f"uint{bits}")
+        answers = {dicom_masks.dicom_mask_bits(data[:n]) for n in range(0, len(data), max(1, len(data) // 400))}
+        assert answers <= {None, bits}, answers
+        assert bits in answers  # Known before the end of the file.
+    assert dicom_masks.dicom_mask_bits(sorted(folder.iterdir())[0].read_bytes()) is None
+
+
+def test_other_objects_are_unsupported(series):
+    folder, grid, _ = series
+    ct = sorted(folder.iterdir())[0].read_bytes()
+    assert dicom_masks.dicom_mask_kind(ct) is None
+    with pytest.raises(ImageRejected, match="CT Image Storage, not a Segmentation") as e:
+        dicom_masks.read_dicom_mask(ct, "ct.dcm", grid)
+    assert e.value.reason == "unsupported_mask"
+    with pytest.raises(ImageRejected) as e:
+        dicom_masks.read_dicom_mask(b"not dicom" * 100, "x.dcm", grid)
+    assert e.value.reason == "not_an_image"
+
+
+# --- RTSTRUCT ------------------------------------------------------------------------------------
+
+
+def rtstruct_dataset(grid, rois, frame_of_reference=None, series_uid=None):
+    """A minimal RT Structure Set written with pydicom: rois = [(number, name, [(type, k, (n, 2) i/j points)])].
+
+    The points are voxel coordinates, turned into patient LPS mm through the series' own
+    geometry, written here from the slices' ImagePositionPatient, orientation and spacing.
+    """
+    ds = Dataset()
+    ds.SOPClassUID, ds.SOPInstanceUID = dicom_masks.RTSTRUCT_STORAGE, generate_uid()
+    ds.Modality = "RTSTRUCT"
+    ds.FrameOfReferenceUID = frame_of_reference or grid.frame_of_reference_uid
+    reference = Dataset()
+    reference.FrameOfReferenceUID = ds.FrameOfReferenceUID
+    study, referenced_series = Dataset(), Dataset()
+    referenced_series.SeriesInstanceUID = series_uid or grid.series_uid
+    study.RTReferencedSeriesSequence = Sequence([referenced_series])
+    reference.RTReferencedStudySequence = Sequence([study])
+    ds.ReferencedFrameOfReferenceSequence = Sequence([reference])
+    ds.StructureSetROISequence, ds.ROIContourSequence = Sequence(), Sequence()
+    lps = grid.lps
+    for number, name, contours in rois:
+        roi = Dataset()
+        roi.ROINumber, roi.ROIName = number, name
+        roi.ReferencedFrameOfReferenceUID = ds.FrameOfReferenceUID
+        ds.StructureSetROISequence.append(roi)
+        item = Dataset()
+        item.ReferencedROINumber = number
+        item.ContourSequence = Sequence()
+        for kind, k, points in contours:
+            contour = Dataset()
+            contour.ContourGeometricType = kind
+            voxels = np.c_[points, np.full(len(points), k), np.ones(len(points))]
+            world = (voxels @ lps.T)[:, :3]
+            contour.NumberOfContourPoints = len(points)
+            contour.ContourData = [f"{v:.6f}" for v in world.ravel()]
+            item.ContourSequence.append(contour)
+        ds.ROIContourSequence.append(item)
+    ds.file_meta = pydicom.dataset.FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    return ds
+
+
+def to_bytes(ds):
+    out = io.BytesIO()
+    ds.save_as(out, enforce_file_format=True)
+    return out.getvalue()
+
+
+def circle(ci, cj, radius, n=90):
+    angles = np.linspace(0, 2 * np.pi, n, endpoint=False)
+    return np.c_[ci + radius * np.cos(angles), cj + radius * np.sin(angles)]
+
+
+def rasterised(points):
+    """scikit-image's fill of a polygon given as (i, j) points (pixel centres inside or on it)."""
+    out = np.zeros((SIZE, SIZE), bool)
+    rows, columns = polygon(points[:, 1], points[:, 0], (SIZE, SIZE))
+    out[rows, columns] = True
+    return out
+
+
+def test_rtstruct_contours_of_known_shapes(tmp_path):
+    # Oblique: the contours' patient coordinates go through a rotated, sheared-free affine.
+    write_series(tmp_path / "s", count=6, orientation="oblique")
+    grid, _ = grid_of(tmp_path / "s")
+    # Vertices at generic (non-integer) voxel positions: no pixel centre lies on an edge, so the
+    # rule "inside or on the contour" is scikit-image's as well as ours, with no ties.
+    rectangle = np.array([[10.3, 12.7], [50.6, 12.7], [50.6, 40.2], [10.3, 40.2]])
+    outer, hole = circle(80.37, 70.61, 30.3), circle(82.11, 68.93, 12.45)
+    island = circle(82.11, 68.93, 4.71)
+    rois = [
+        (7, "box", [("CLOSED_PLANAR", 1, rectangle), ("CLOSED_PLANAR", 2, rectangle + 3.1)]),
+        (3, "ring", [("CLOSED_PLANAR", 3, outer), ("CLOSED_PLANAR", 3, hole), ("CLOSED_PLANAR", 3, island),
+                     ("OPEN_PLANAR", 3, rectangle), ("POINT", 4, rectangle[:1])]),
+        (12, "disc", [("CLOSED_PLANAR", 4, circle(40.2, 90.8, 17.77, n=37))]),
+    ]
+    data = to_bytes(rtstruct_dataset(grid, rois))
+    assert dicom_masks.dicom_mask_kind(data) == "rtstruct"
+    mask = dicom_masks.labels_from_rtstruct(data, "rs.dcm", grid)
+    truth = np.zeros(grid.shape, np.uint8)
+    truth[1][rasterised(rectangle)] = 1
+    truth[2][rasterised(rectangle + 3.1)] = 1
+    truth[3][rasterised(outer) & ~rasterised(hole) | rasterised(island)] = 2
+    truth[4][rasterised(circle(40.2, 90.8, 17.77, n=37))] = 3
+    np.testing.assert_array_equal(mask.labels, truth)
+    assert mask.class_names == ("background", "box", "ring", "disc")
+    assert mask.notes == ("contours_ignored: 1 OPEN_PLANAR, 1 POINT (only CLOSED_PLANAR contours enclose voxels)",)
+    # Exact checks apart from any rasteriser: the rectangle's interior and exterior voxels.
+    assert mask.labels[1, 13:41, 11:51].all() and not mask.labels[1, :12].any() and not mask.labels[1, :, 51:].any()
+    assert mask.labels[3, 69, 82] == 2 and mask.labels[3, 60, 82] == 0 and mask.labels[3, 70, 110] == 2
+    assert not mask.labels[[0, 5]].any()
+
+
+def test_rtstruct_overlapping_rois_keep_the_later(series):
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    rois = [(1, "a", [("CLOSED_PLANAR", 2, square)]), (2, "b", [("CLOSED_PLANAR", 2, square + 20)])]
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, rois)), "rs.dcm", grid)
+    assert mask.labels[2, 50, 50] == 2 and mask.labels[2, 30, 30] == 1 and mask.labels[2, 70, 70] == 2
+    assert mask.notes == ("mask_overlap: 400 voxel(s) in several ROIs; the later ROI kept",)
+
+
+# rt-utils 1.2.7 sets FileDataset.is_little_endian / is_implicit_VR, which pydicom 3 deprecates.
+@pytest.mark.filterwarnings("ignore:'FileDataset.is_:DeprecationWarning")
+def test_rtstruct_from_rt_utils_matches_its_masks_and_its_reader(tmp_path):
+    folder = tmp_path / "s"
+    write_series(folder, count=6)
+    grid, _ = grid_of(folder)
+    truth = blobs(6, segments=2, seed=23)
+    ring = np.zeros((6, SIZE, SIZE), bool)
+    j, i = np.mgrid[:SIZE, :SIZE]
+    disc = (i - 90) ** 2 + (j - 40) ** 2
+    ring[2:5] = (disc <= 20 ** 2) & (disc > 8 ** 2)  # A ring: its hole is a second contour.
+    truth[ring] = 0  # Disjoint ROIs: each one's voxels are its mask's.
+    builder = RTStructBuilder.create_new(dicom_series_path=str(folder))
+    # rt-utils' masks are (rows, columns, slices), slices in its ascending-position order (= k).
+    names = {"blob one": truth == 1, "blob two": truth == 2, "ring": ring}
+    for name, roi in names.items():
+        builder.add_roi(mask=np.ascontiguousarray(roi.transpose(1, 2, 0)), name=name)
+    path = tmp_path / "rs.dcm"
+    builder.save(str(path))
+    mask = dicom_masks.labels_from_rtstruct(path.read_bytes(), "rs.dcm", grid)
+    assert mask.class_names == ("background", "blob one", "blob two", "ring")
+    # rt-utils traces each mask's boundary pixel centres (OpenCV): inside-or-on gives the mask back.
+    for label, (name, roi) in enumerate(names.items(), start=1):
+        np.testing.assert_array_equal(mask.labels == label, roi, err_msg=name)
+    assert mask.notes == ()
+    # rt-utils' own reader (OpenCV's fillPoly of the rounded vertices) of the same file.
+    reread = RTStructBuilder.create_from(dicom_series_path=str(folder), rt_struct_path=str(path))
+    for label, name in enumerate(names, start=1):
+        theirs = reread.get_roi_mask_by_name(name).transpose(2, 0, 1)
+        np.testing.assert_array_equal(mask.labels == label, theirs, err_msg=name)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fill_rule_is_scikit_image_s_on_random_polygons(series, seed):
+    """Random polygons (star-shaped or self-intersecting, some past the slice's edges) at generic
+    positions: our even-odd, pixel-centre fill and scikit-image's polygon agree pixel for pixel."""
+    _, grid, _ = series
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 40))
+    if seed % 2:  # Star-shaped (simple).
+        angles = np.sort(rng.uniform(0, 2 * np.pi, n))
+        radii = rng.uniform(5, 70, n)
+        points = np.c_[64 + radii * np.cos(angles), 64 + radii * np.sin(angles)] + rng.uniform(-30, 30, 2)
+    else:  # Any order: self-intersecting, parity decides.
+        points = rng.uniform(-20, SIZE + 20, (n, 2))
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, [(1, "p", [("CLOSED_PLANAR", 1, points)])])),
+                                            "rs.dcm", grid)
+    # Pixel centres within 2e-3 pixel of an edge: ours counts those within 1e-3 as on the contour
+    # (the points went through 6-decimal millimetres: ~1e-6 pixel), scikit-image those exactly on it.
+    j, i = np.mgrid[:SIZE, :SIZE]
+    centres = np.c_[i.ravel(), j.ravel()].astype(float)
+    a, b = points, np.roll(points, -1, axis=0)
+    t = np.clip(((centres[:, None] - a) * (b - a)).sum(-1) / ((b - a) ** 2).sum(-1), 0, 1)
+    distance = np.linalg.norm(centres[:, None] - (a + t[..., None] * (b - a)), axis=-1).min(axis=1)
+    near = (distance < 2e-3).reshape(SIZE, SIZE)
+    ours, theirs = mask.labels[1] == 1, rasterised(points)
+    np.testing.assert_array_equal(ours[~near], theirs[~near])
+    assert near.sum() <= 20  # A handful of the polygon's ~1,000 boundary pixels.
+
+
+def _set_contour(ds, values):
+    ds.ROIContourSequence[0].ContourSequence[0].ContourData = values
+
+
+@pytest.mark.parametrize("change, reason, text", [
+    (lambda ds: _set_contour(ds, ["1", "2", "3", "4"]), "corrupt", "4 ContourData values, not x, y, z triplets"),
+    (lambda ds: setattr(ds.ROIContourSequence[0], "ReferencedROINumber", 5), "corrupt",
+     "names ROI 5, which StructureSetROISequence does not"),
+    (lambda ds: setattr(ds.StructureSetROISequence[1], "ROINumber", 1), "corrupt", "ROINumber 1 is no new number"),
+    (lambda ds: (delattr(ds, "ReferencedFrameOfReferenceSequence"),
+                 [delattr(roi, "ReferencedFrameOfReferenceUID") for roi in ds.StructureSetROISequence]),
+     "mask_reference_mismatch", "names no FrameOfReferenceUID"),
+])
+def test_damaged_rtstruct_is_rejected_with_a_reason(series, change, reason, text):
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)]), (2, "b", [("CLOSED_PLANAR", 3, square)])])
+    change(ds)
+    with pytest.raises(ImageRejected, match=text) as e:
+        dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == reason
+
+
+def test_contour_data_that_is_no_numbers_is_corrupt(series):
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)])])
+    first = str(ds.ROIContourSequence[0].ContourSequence[0].ContourData[0]).encode()
+    data = to_bytes(ds)
+    with pytest.raises(ImageRejected, match="ContourData .* is not numbers") as e:
+        dicom_masks.labels_from_rtstruct(data.replace(first, b"x" * len(first), 1), "rs.dcm", grid)
+    assert e.value.reason == "corrupt"
+
+
+def test_rtstruct_mismatches(series):
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    rois = [(1, "a", [("CLOSED_PLANAR", 2, square)])]
+    cases = [
+        (rtstruct_dataset(grid, rois, frame_of_reference="1.2.3.4"), "mask_reference_mismatch",
+         "ROI 'a' is in FrameOfReferenceUID 1.2.3.4"),
+        (rtstruct_dataset(grid, rois, series_uid="1.2.3.5"), "mask_reference_mismatch",
+         "outlines series 1.2.3.5, not the volume's"),
+        (rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2.5, square)])]), "mask_geometry_mismatch",
+         "a contour of ROI 'a' .* does not lie on one slice plane"),
+        (rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", grid.shape[0] + 1, square)])]),
+         "mask_geometry_mismatch", "does not lie on one slice plane"),
+    ]
+    for ds, reason, text in cases:
+        with pytest.raises(ImageRejected, match=text) as e:
+            dicom_masks.labels_from_rtstruct(to_bytes(ds), "rs.dcm", grid)
+        assert e.value.reason == reason
+    tilted = rtstruct_dataset(grid, rois)
+    values = [float(v) for v in tilted.ROIContourSequence[0].ContourSequence[0].ContourData]
+    values[2] += 1.0  # One point 0.4 slice off its contour's plane.
+    tilted.ROIContourSequence[0].ContourSequence[0].ContourData = [f"{v:.6f}" for v in values]
+    with pytest.raises(ImageRejected, match="does not lie on one slice plane") as e:
+        dicom_masks.labels_from_rtstruct(to_bytes(tilted), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+    # A contour whose ContourImageSequence names another slice of the series than its plane's.
+    drawn = rtstruct_dataset(grid, rois)
+    image = Dataset()
+    image.ReferencedSOPInstanceUID = grid.sop_instance_uids[3]
+    drawn.ROIContourSequence[0].ContourSequence[0].ContourImageSequence = Sequence([image])
+    with pytest.raises(ImageRejected, match=r"drawn on slice \[3\]\) does not lie") as e:
+        dicom_masks.labels_from_rtstruct(to_bytes(drawn), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+    image.ReferencedSOPInstanceUID = grid.sop_instance_uids[2]
+    assert dicom_masks.labels_from_rtstruct(to_bytes(drawn), "rs.dcm", grid).labels[2, 40, 40] == 1
+    with pytest.raises(ImageRejected, match="not an RT Structure Set") as e:
+        dicom_masks.labels_from_rtstruct(sorted(series[0].iterdir())[0].read_bytes(), "ct.dcm", grid)
+    assert e.value.reason == "unsupported_mask"
+
+
+def test_reasons_are_documented():
+    text = (pathlib.Path(__file__).parent.parent / "docs/preparing/output.md").read_text(encoding="utf-8")
+    assert [r for r in dicom_masks.REJECT_REASONS if f"`{r}`" not in text] == []
