@@ -2,12 +2,17 @@
 
 Only fixtures and pytest hooks live here; the plain helper functions the tests import are in
 `helpers.py` (a conftest is loaded by pytest, not meant to be imported as a library).
+
+The helpers are imported by their plain names (`helpers`, `_reader_data`): pytest puts tests/
+on sys.path. Never as `tests.helpers`: `tests` here is a namespace package, and a third-party
+wheel that ships a top-level `tests` package (rt-utils 1.2.7 does) wins over a namespace.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 
 import pytest
 
@@ -29,6 +34,11 @@ def pytest_configure(config):
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     _register_hypothesis_profile()
+    # A run started in the background of a shell without job control (`nohup make test &`)
+    # inherits SIGINT ignored, and so would every command the Ctrl-C tests interrupt. A handler
+    # here is reset to the default in each child at exec, where Python installs its own.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _register_hypothesis_profile() -> None:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests import _reader_data as rd
+import _reader_data as rd
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

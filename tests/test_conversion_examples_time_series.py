@@ -15,7 +15,7 @@ from conversion.options import ShardingOptions
 from imaging import RasterOptions, ValidationOptions
 from imaging.patches import PatchOptions
 from imaging.time_series import TimeSeriesOptions
-from tests.helpers import convert, write_geotiff
+from helpers import convert, write_geotiff
 
 rasterio = pytest.importorskip("rasterio")
 

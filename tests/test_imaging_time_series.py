@@ -9,7 +9,7 @@ import pytest
 import schemas
 from imaging import time_series as ts
 from imaging.patches import PatchOptions
-from tests.helpers import write_geotiff
+from helpers import write_geotiff
 
 rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import from_origin  # noqa: E402

@@ -20,10 +20,7 @@ import readers
 from readers.options import ReadOptions
 from schemas import FILENAME
 
-try:
-    from tests.helpers import convert, make_class_tree, read_records
-except ImportError:  # tests/ itself is on sys.path
-    from helpers import convert, make_class_tree, read_records
+from helpers import convert, make_class_tree, read_records
 
 SMALL = dict(image_size=(8, 8), extra_features=(FILENAME.key,))
 

@@ -15,10 +15,7 @@ from readers.dataset import (OPTION_NAMES, ImageOptions, ReadOptions, ServiceRea
                              ShuffleOptions, without_extras)
 from schemas import CHANNELS, FILENAME, HEIGHT, IMAGE, LABEL, shard_filename
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 NAMES = (FILENAME.key,)
 

@@ -8,10 +8,7 @@ from readers import decode
 from readers.metadata import load_split
 from schemas import CHANNELS, FILENAME, FORMAT, HEIGHT, IMAGE, IMAGE_SCHEMA, LABEL, WIDTH
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 
 @pytest.fixture(scope="module")

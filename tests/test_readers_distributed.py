@@ -14,10 +14,7 @@ import tensorflow as tf
 from readers import distributed_dataset, make_dataset_fn
 from schemas import FILENAME
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 NAMES = (FILENAME.key,)
 REPO = Path(__file__).resolve().parent.parent

@@ -16,10 +16,7 @@ import pytest
 from readers import Diagnosis, DoctorOptions, diagnose
 from readers.doctor import INPUT_BOUND_SHARE, load_model
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SIZE = (16, 16)

@@ -72,7 +72,7 @@ def test_a_volume_dataset_is_of_the_volume_kind_and_the_image_reader_names_its_r
 
 
 def test_a_dataset_of_stacks_is_of_the_time_series_kind_and_the_image_reader_names_its_reader(tmp_path):
-    from tests.helpers import write_geotiff
+    from helpers import write_geotiff
 
     pytest.importorskip("rasterio")
     for date in ("2020-05-01", "2020-06-01"):

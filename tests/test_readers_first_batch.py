@@ -7,7 +7,7 @@ from readers import dataset, image_dataset_from_tfrecords
 from readers.dataset import _RAMP_PARSE_AHEAD, _RAMP_RECORDS, _ramp_head
 from schemas import FILENAME
 
-from tests import _reader_data as rd
+import _reader_data as rd
 
 NAMES = (FILENAME.key,)
 _SHARDS = 4

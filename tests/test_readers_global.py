@@ -26,14 +26,9 @@ from readers import global_shuffle, record_index
 from readers.positions import PositionTracker, ReadPosition
 from schemas import FILENAME, LABEL
 
-try:
-    from tests import _reader_data as rd
-    from tests import _reader_resume_child as child
-    from tests.helpers import convert, make_class_tree, read_records
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
-    import _reader_resume_child as child
-    from helpers import convert, make_class_tree, read_records
+import _reader_data as rd
+import _reader_resume_child as child
+from helpers import convert, make_class_tree, read_records
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_reader_resume_child.py"

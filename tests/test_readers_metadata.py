@@ -10,10 +10,7 @@ from readers.metadata import load_split
 import schemas
 from schemas import MANIFEST_FILENAME, SCHEMA_VERSION, ManifestError, shard_filename
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 
 @pytest.fixture(scope="module")

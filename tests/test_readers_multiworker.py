@@ -23,10 +23,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_reader_multiworker_child.py"

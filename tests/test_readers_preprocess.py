@@ -7,10 +7,7 @@ import tensorflow as tf
 
 from readers import preprocess
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 
 @pytest.fixture(scope="module")

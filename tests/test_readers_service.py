@@ -23,10 +23,7 @@ from readers import ReaderConfig, image_dataset_from_tfrecords, make_dataset_fn
 from readers.service import ServiceOptions
 from shardsmith import cli
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_reader_service_child.py"

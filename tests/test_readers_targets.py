@@ -23,10 +23,7 @@ import readers
 from readers import image_dataset_from_tfrecords
 from schemas import BBOX_IS_CROWD, FILENAME, LABELS
 
-try:
-    from tests import _reader_data as rd
-except ImportError:  # tests/ itself is on sys.path
-    import _reader_data as rd
+import _reader_data as rd
 
 NAMES = (FILENAME.key,)
 SIZE = (24, 24)

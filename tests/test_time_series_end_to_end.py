@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import schemas
-from tests.helpers import convert, write_geotiff
+from helpers import convert, write_geotiff
 
 rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import from_origin  # noqa: E402
