@@ -29,7 +29,7 @@ DEPTH = 6
 # Segment labels of the SEG (by SegmentNumber 1, 2, 3) and ROI names of the RTSTRUCT (in its
 # StructureSetROISequence order): the same organs under other numbers.
 SEG_LABELS = ("liver", "spleen", "kidney")
-ROI_NAMES = ("kidney", "tumour", "liver")
+ROI_NAMES = ("kidney", "tumour", " liver ")  # Names are compared stripped of spaces.
 # "background" first, then every name sorted.
 TABLE = ["background", "kidney", "liver", "spleen", "tumour"]
 
@@ -81,7 +81,7 @@ def tree(tmp_path_factory):
         builder.add_roi(mask=np.ascontiguousarray((labels == number).transpose(1, 2, 0)), name=name)
     (root / "P2/ST1/2.000000-RTSTRUCT-B").mkdir()
     builder.save(str(root / "P2/ST1/2.000000-RTSTRUCT-B/1-1.dcm"))
-    truths["P2/ST1"] = np.array([0] + [TABLE.index(n) for n in ROI_NAMES])[labels]
+    truths["P2/ST1"] = np.array([0] + [TABLE.index(n.strip()) for n in ROI_NAMES])[labels]
     # C: two SEGs of one series: ambiguous.
     write_series(root / "P3/ST1/1.000000-CT-C", count=DEPTH)
     grid, _ = grid_of(root / "P3/ST1/1.000000-CT-C")
@@ -218,7 +218,7 @@ def test_seg_header_gives_references_and_names(tree):
     root, _ = tree
     with open(root / "P2/ST1/2.000000-RTSTRUCT-B/1-1.dcm", "rb") as f:
         header = dicom_masks.read_mask_header(f, "rs")
-    assert header.kind == "rtstruct" and header.class_names == ROI_NAMES
+    assert header.kind == "rtstruct" and header.class_names == tuple(n.strip() for n in ROI_NAMES)
     series = pydicom.dcmread(next((root / "P2/ST1/1.000000-CT-B").iterdir())).SeriesInstanceUID
     assert header.series_uids == (series,)
     with open(root / "P1/ST1/300.000000-SEG-A/1-1.dcm", "rb") as f:
@@ -226,3 +226,34 @@ def test_seg_header_gives_references_and_names(tree):
     assert header.kind == "seg" and header.class_names == SEG_LABELS
     with open(next((root / "P1/ST1/1.000000-CT-A").iterdir()), "rb") as f:
         assert dicom_masks.read_mask_header(f, "ct") is None
+
+
+def test_each_stack_of_a_series_gets_its_mask_decoded_on_its_own_grid(tmp_path):
+    """A series of two stacks (two orientations, `#stack=k`): both are paired with the SEG drawn on
+    one; the other's slices are not the SEG's, and it is rejected as mask_geometry_mismatch."""
+    from imaging import volumes
+
+    root = tmp_path / "input"
+    folder = root / "P1/ST1/1.000000-CT"
+    series_uid, frame_of_reference, axial = write_series(folder, count=6)
+    write_series(folder, count=5, orientation="oblique", series_uid=series_uid, frame_of_reference=frame_of_reference)
+    slices = [s for p in axial for s in volumes.read_slices(p.read_bytes(), p.name)]
+    stack = volumes.plan_stacks(slices).stacks[0]
+    from imaging.dicom_masks import SeriesGrid
+
+    grid = SeriesGrid.from_stack(stack)
+    by_uid = {pydicom.dcmread(p).SOPInstanceUID: pydicom.dcmread(p) for p in axial}
+    labels = blobs(6, 2, seed=8)
+    (root / "P1/ST1/300.000000-SEG").mkdir()
+    (root / "P1/ST1/300.000000-SEG/1-1.dcm").write_bytes(
+        _seg([by_uid[u] for u in grid.sop_instance_uids], labels, ("liver", "spleen")))
+    manifest = _convert(root, tmp_path / "out", "--masks_dir", str(root))
+    assert manifest["counts"] == {"found": 11, "written": 6, "rejected": 5, "skipped": 0}
+    rejects = _rejects(tmp_path / "out")
+    assert {r["reason"] for r in rejects} == {"mask_geometry_mismatch"}
+    assert all("#stack=" in r["message"] and "SEG/1-1.dcm" in r["message"] for r in rejects)
+    ds = readers.volume_dataset_from_tfrecords(tmp_path / "out", "train", dtype=None, label_mode="mask",
+                                               extra_features=("filename",))
+    (name, mask), = [(e["filename"].numpy().decode(), m.numpy()[..., 0]) for _, m, e in ds]
+    assert name.startswith("P1/ST1#stack=")
+    np.testing.assert_array_equal(mask, labels)
