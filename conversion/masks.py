@@ -14,8 +14,11 @@ suffix and the mask's gains its own (Cityscapes). Beam-free, in three parts:
   of the file's stored images (`imaging.masks`), encodes it as a PNG;
 - counting (`PixelCounter`): pixels per class id of a shard's masks.
 
-The mask kind's row of the target table (`conversion.targets.masks`) plans
-with these and completes the manifest's `targets.mask` section.
+With --volumes, a volume's mask is a NIfTI label volume paired by name, or a
+DICOM SEG/RTSTRUCT paired with the series it references (`_plan_volume_masks`,
+`conversion.dicom_masks`). The mask kind's row of the target table
+(`conversion.targets.masks`) plans with these and completes the manifest's
+`targets.mask` section.
 """
 
 from __future__ import annotations
