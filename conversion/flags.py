@@ -131,7 +131,9 @@ def _add_image_flags(parser) -> None:
         help="Folder of segmentation masks mirroring --input_dir: the mask of INPUT/a/b.jpg is "
         "MASKS/a/b.png (or .tif, .tiff, .bmp, .gif), one class id per pixel, stored with each "
         "image as a PNG. Images need no class folders then. With --volumes: NIfTI label volumes, "
-        "MASKS/a/b.nii.gz (or .nii) for INPUT/a/b.nii.gz or the series folder INPUT/a/b/.",
+        "MASKS/a/b.nii.gz (or .nii) for INPUT/a/b.nii.gz or the series folder INPUT/a/b/; or DICOM "
+        "SEG/RTSTRUCT files (any names) paired with the series they reference, MASKS may then be "
+        "--input_dir itself (TCIA's layout).",
     )
     parser.add_argument(
         "--mask_suffix",

@@ -14,8 +14,11 @@ suffix and the mask's gains its own (Cityscapes). Beam-free, in three parts:
   of the file's stored images (`imaging.masks`), encodes it as a PNG;
 - counting (`PixelCounter`): pixels per class id of a shard's masks.
 
-The mask kind's row of the target table (`conversion.targets.masks`) plans
-with these and completes the manifest's `targets.mask` section.
+With --volumes, a volume's mask is a NIfTI label volume paired by name, or a
+DICOM SEG/RTSTRUCT paired with the series it references (`_plan_volume_masks`,
+`conversion.dicom_masks`). The mask kind's row of the target table
+(`conversion.targets.masks`) plans with these and completes the manifest's
+`targets.mask` section.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 
 import schemas
 from conversion import listing as _listing
-from conversion.files import is_local, open_to_read, read_bytes
+from conversion.files import is_local, join as _join, open_to_read, read_bytes
 from imaging.errors import ImageRejected
 from schemas.manifest import SPLIT_ALIASES
 from schemas.volumes import unit_of_volume
@@ -196,7 +199,8 @@ class MaskPlan:
 
 
 def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, input_dir: str,
-               split_ratios, labels_csv: bool, class_names, volumes: bool = False) -> MaskPlan:
+               split_ratios, labels_csv: bool, class_names, volumes: bool = False,
+               plans: Mapping | None = None) -> MaskPlan:
     """Pairs the listed images with their masks; decides labels and the mask dtype.
 
     With `volumes` (--volumes), `files` are planned volumes (labelled by their
@@ -212,12 +216,16 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
       labels_csv: Whether a --labels_csv gives the labels.
       class_names: --class_names, or None.
       volumes: Whether the examples are volumes (see above).
+      plans: With `volumes`, volume name -> its `conversion.volumes.VolumeJob`: a DICOM
+        series volume's mask may be a SEG or RTSTRUCT referencing its series (`_plan_volume_masks`).
 
     Raises:
       FileNotFoundError: For a --masks_dir that does not exist.
       ValueError: For split folders mixed with other folders, --split with
         split folders, or --class_names without class folders.
     """
+    if volumes:
+        return _plan_volume_masks(files, problems, options, input_dir, plans or {})
     family = _family(volumes)
     mask_files = _list_masks(options.masks_dir)
     files, problems, is_mask = _drop_masks_dir(files, problems, input_dir, options, family)
@@ -267,6 +275,108 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
         section["class_names"] = names
     return MaskPlan(tuple(kept), tuple(problems), {p: m.path for p, m in mask_of.items()}, dtype,
                     unmatched, labels_from, section)
+
+
+def _plan_volume_masks(files, problems, options: MaskOptions, input_dir: str, plans: Mapping) -> MaskPlan:
+    """`plan_masks` of volumes: NIfTI label volumes paired by name, DICOM SEG/RTSTRUCT by reference.
+
+    A NIfTI mask is `<stem>.nii.gz`/`.nii` under --masks_dir (`mask_stem`). A DICOM series
+    volume's mask may instead be any SEG or RTSTRUCT under --masks_dir (any name, any depth)
+    that references its SeriesInstanceUID (`conversion.dicom_masks`); with --masks_dir
+    --input_dir itself (or above the series, TCIA's `patient/study/<series>/`), those are the
+    files the volume planning skipped as `segmentation_object`, no inputs then. Several masks
+    for one volume refuse it (`mask_unreadable`, naming them). DICOM masks' labels are stored
+    as ids of one class table (`conversion.dicom_masks.class_table`), their dtype by its size.
+
+    Raises:
+      FileNotFoundError: For a --masks_dir that does not exist.
+      ValueError: For NIfTI and DICOM masks in one dataset (their ids mean different things).
+    """
+    from conversion import dicom_masks as _dicom
+
+    family = _family(True)
+    prefix = _inner_prefix(input_dir, options.masks_dir)
+    same_folder = prefix == "" and options.suffixes is None
+    # --masks_dir is --input_dir itself without --mask_suffix: masks are told from inputs by
+    # content (a SEG or RTSTRUCT), never by name; the folder is listed once, as the input.
+    mask_files = [] if same_folder else _list_masks(options.masks_dir)
+    files, problems, is_mask = _drop_masks_dir(files, problems, input_dir, options, family)
+    if is_mask is not None:
+        mask_files = [m for m in mask_files if is_mask(m.rel_path)]
+    inside = (lambda rel: True) if prefix == "" else (lambda rel: prefix is not None and rel.startswith(prefix))
+    # DICOM candidates: the inputs skipped as SEG/RTSTRUCT inside --masks_dir (masks, no inputs),
+    # and the files of --masks_dir that are no NIfTI mask (outside --input_dir: not read yet).
+    candidates = [(p.rel_path, _join(input_dir, p.rel_path)) for p in problems
+                  if p.reason == _SEGMENTATION_OBJECT and inside(p.rel_path)]
+    problems = [p for p in problems if not (p.reason == _SEGMENTATION_OBJECT and inside(p.rel_path))]
+    if prefix != "":
+        candidates += [(m.rel_path, m.path) for m in mask_files if not family.extension_of(m.rel_path)]
+    found, failed = _dicom.read_headers(candidates)
+    by_stem = collections.defaultdict(list)
+    for m in mask_files:
+        if family.extension_of(m.rel_path):
+            by_stem[family.stem(m.rel_path)].append(m)
+    series_of = {f.rel_path: plans[f.rel_path].stack.series_uid for f in files
+                 if f.rel_path in plans and plans[f.rel_path].stack is not None}
+    by_reference, unmatched_dicom = _dicom.pair_by_reference(series_of, found)
+    kept, problems, mask_of, used = [], list(problems), {}, set()
+    dicom_of = {}  # Volume name -> its DICOM mask.
+    for f in files:
+        stem = options.mask_stem(f.rel_path, True)
+        if stem is not None:
+            used.add(stem)
+        niftis = by_stem.get(stem, []) if stem is not None else []
+        dicoms = by_reference.get(f.rel_path, [])
+        if len(niftis) + len(dicoms) == 1:
+            kept.append(f)
+            if dicoms:
+                dicom_of[f.rel_path] = dicoms[0]
+                mask_of[f.rel_path] = dicoms[0].path
+            else:
+                mask_of[f.rel_path] = niftis[0].path
+        elif not niftis and not dicoms:
+            message = _missing_message(f, stem, options, family.extensions)
+            if f.rel_path in series_of:
+                message += f", and no SEG or RTSTRUCT under it references series {series_of[f.rel_path]}"
+            problems.append(_listing.Problem(f.rel_path, "missing_mask", message))
+        else:
+            names = " and ".join([_listing.display_path(m.rel_path) for m in niftis]
+                                 + ([_dicom.display(dicoms)] if dicoms else []))
+            problems.append(_listing.Problem(
+                f.rel_path, "mask_unreadable",
+                f"several masks under --masks_dir {options.masks_dir!r} fit it: {names}; which one is meant is "
+                "ambiguous (keep one)"))
+    if dicom_of and len(dicom_of) != len(mask_of):
+        nifti = sorted(set(mask_of) - set(dicom_of), key=os.fsencode)[:3]
+        raise ValueError(
+            f"--masks_dir {options.masks_dir!r} pairs {len(dicom_of):,} volumes with DICOM SEG/RTSTRUCT masks and "
+            f"{len(mask_of) - len(dicom_of):,} with NIfTI label volumes (e.g. {', '.join(nifti)}): a NIfTI mask's "
+            "ids are unnamed, a DICOM mask's are names mapped to one class table, and one dataset cannot hold "
+            "both meanings. Convert them as two datasets, or export the NIfTI masks as SEGs.")
+    unmatched = (sum(len(ms) for stem, ms in by_stem.items() if stem not in used) + len(unmatched_dicom)
+                 + len(failed))
+    if unmatched:
+        _LOG.info("%s mask files under --masks_dir %s have no volume (not inputs)", f"{unmatched:,}",
+                  options.masks_dir)
+    section = {"masks_dir": options.masks_dir, "mask_suffix": options.mask_suffix, "unmatched_masks": unmatched}
+    if dicom_of:
+        paired = [dicom_of[f.rel_path] for f in kept]
+        table = _dicom.class_table(paired)
+        dtype = _dicom.mask_dtype(table)
+        section = {"dtype": dtype, **section, "class_names": list(table), "paired_by": "reference"}
+        _LOG.info("Masks: %s DICOM SEG/RTSTRUCT paired by reference, %s classes, stored as %s",
+                  f"{len(paired):,}", f"{len(table):,}", dtype)
+    else:
+        dtype = _dataset_dtype([mask_of[f.rel_path] for f in kept], family.bits, path_of=lambda m: m)
+        section = {"dtype": dtype, **section}
+        names = _decathlon_class_names(options.masks_dir)
+        if names:
+            section["class_names"] = names
+    return MaskPlan(tuple(kept), tuple(problems), dict(mask_of), dtype, unmatched, None, section)
+
+
+# The skip reason of a SEG or RTSTRUCT among --volumes inputs (`imaging.dicom.check_not_segmentation`).
+_SEGMENTATION_OBJECT = "segmentation_object"
 
 
 def _decathlon_class_names(masks_dir: str) -> list[str] | None:
@@ -346,6 +456,10 @@ def _drop_masks_dir(files, problems, input_dir: str, options: MaskOptions, famil
             return rel.startswith(prefix)
     else:
         suffixes = options.suffixes
+        if suffixes is None and family.volumes:
+            # Volumes' masks beside their series are DICOM SEGs and RTSTRUCTs, told from the
+            # inputs by their content (`_plan_volume_masks`), not by name: nothing is left out here.
+            return files, problems, None
         if suffixes is None:
             raise ValueError(
                 f"--masks_dir {options.masks_dir!r} is --input_dir itself: give --mask_suffix "
@@ -422,14 +536,14 @@ def _labels(files, split_ratios, class_names):
     return kept, outside, labels_from
 
 
-def _dataset_dtype(paths: Sequence, bit_depth) -> str:
+def _dataset_dtype(paths: Sequence, bit_depth, path_of=None) -> str:
     """'uint16' when any mask file is 16-bit or deeper, from its header (`bit_depth` of its first bytes); else 'uint8'."""
     def depth(m):
         try:
-            with open_to_read(m.path) as fh:
+            with open_to_read(m.path if path_of is None else path_of(m)) as fh:
                 head = fh.read(_HEAD_BYTES)
                 bits = bit_depth(head)
-                if bits is None and m.size > len(head):
+                if bits is None and len(head) == _HEAD_BYTES:
                     bits = bit_depth(head + fh.read())
         except OSError:
             return 8  # The shard writer reads it again and says why.

@@ -122,7 +122,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
         problems = [*problems, *(_listing.Problem(p, r, m) for p, (r, m) in sorted(failed.items()))]
     # Targets beyond one class, one row of `conversion.targets.TARGETS` each: masks, boxes, labels, numbers.
     planned = _targets.plan_targets(_targets.TargetRequest(config, files, problems, listed, labels_csv,
-                                                           windows, kind, held_manifest))
+                                                           windows, kind, held_manifest, plans=grouped.plans))
     files, problems = planned.files, planned.problems
     csv_rows = planned.labels_csv
     if held and csv_rows is not None:

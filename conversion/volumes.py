@@ -43,7 +43,7 @@ from conversion.listing import InputFile, Problem
 from conversion.plan import hash_split, sorted_class_names
 from conversion.masks import PixelCounter as _PixelCounter, TARGET_KIND as _MASK
 from conversion.targets import CLASS
-from conversion.targets.masks import of_file as _mask_of
+from conversion.targets.masks import class_table_of as _mask_table, of_file as _mask_of
 from imaging import volumes
 from imaging.errors import ImageRejected
 from schemas import tfrecord
@@ -618,7 +618,8 @@ def write_volumes(job):
                 continue
             with guard.working_on([(f.rel_path, f.path)]):
                 try:
-                    framed, notes, counts = _framed(plan, f.label, input_dir, _mask_of(f.targets) if masked else None)
+                    mask = (*_mask_of(f.targets), _mask_table(f.targets)) if masked else None
+                    framed, notes, counts = _framed(plan, f.label, input_dir, mask)
                 except ImageRejected as e:
                     # Each file of a series names its series; a NIfTI file's message names it already.
                     message = e.message if e.message.startswith(f.rel_path) else f"{f.rel_path}: {e.message}"
@@ -657,16 +658,18 @@ def write_volumes(job):
     return ShardOutcome(result, rejects, normalized)
 
 
-def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple[str, str] | None = None):
+def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple | None = None):
     """One volume decoded and encoded as its framed record's parts, its notes, and its mask's voxels per id.
 
     The voxels are decoded into one preallocated array (`imaging.volumes`);
     the record's parts hold them as a view of that array, and the framing
     (`schemas.tfrecord.frame_parts`) and the writer (`AtomicWriter.write`)
     copy no part: the volume is held once, plus one slice while decoding.
-    With `mask` ((path, dataset dtype), --masks_dir), its label volume is read
-    onto the volume's grid (`imaging.volume_masks`: reoriented when only its
-    voxel order differs, else rejected) and stored beside it.
+    With `mask` ((path, dataset dtype, class table or None), --masks_dir), its
+    label volume is read onto the volume's grid (`imaging.volume_masks`:
+    reoriented when only its voxel order differs, else rejected; a DICOM SEG or
+    RTSTRUCT on the grid of the series stack, its references checked, its labels
+    mapped to the dataset's class table) and stored beside it.
 
     Returns:
       (framed parts, notes, voxels per class id (None without a mask)).
@@ -679,8 +682,7 @@ def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple[str, str] |
     notes = tuple(dict.fromkeys((*plan.notes, *volume.notes)))
     ids = counts = None
     if mask is not None:
-        uids = () if plan.stack is None else tuple(s.sop_instance_uid for s in plan.stack.slices)
-        ids, mask_notes = _mask_ids(volume, *mask, uids)
+        ids, mask_notes = _mask_ids(volume, *mask, stack=plan.stack)
         notes = (*notes, *mask_notes)
         counts = np.bincount(ids.ravel())
     schema = VOLUME_SCHEMA if mask is None else VOLUME_MASK_SCHEMA
@@ -689,12 +691,19 @@ def _framed(plan: VolumeJob, label: int, input_dir: str, mask: tuple[str, str] |
     return tfrecord.frame_parts(parts), notes, counts
 
 
-def _mask_ids(volume: volumes.Volume, path: str, dtype: str, uids: tuple[str, ...] = ()):
+def _mask_ids(volume: volumes.Volume, path: str, dtype: str, table=None, *, stack=None):
     """(ids, notes): the class ids of a volume's mask file on its grid, in the dataset's mask dtype.
+
+    Args:
+      table: The dataset's class table (names by id) of DICOM masks, whose local labels
+        (segment numbers, ROI positions) are mapped to it; None: ids stored as read.
+      stack: The DICOM series stack the volume was read from: its grid's slices' UIDs,
+        series and frame of reference, which a SEG's or RTSTRUCT's references must match.
 
     Raises:
       ImageRejected: 'mask_unreadable', 'mask_geometry_mismatch', 'mask_not_class_ids'
-        (`imaging.volume_masks`; ids above 255 where the headers said uint8).
+        (`imaging.volume_masks`; ids above 255 where the headers said uint8), and a DICOM
+        mask's 'mask_reference_mismatch', 'unsupported_mask', 'corrupt'.
     """
     from imaging import volume_masks
 
@@ -702,10 +711,16 @@ def _mask_ids(volume: volumes.Volume, path: str, dtype: str, uids: tuple[str, ..
         data = _files.read_bytes(path)
     except OSError as e:
         raise ImageRejected("mask_unreadable", f"mask {path}: {e}") from e
-    # A DICOM series' grid carries its slices' SOPInstanceUIDs (what SEG and RTSTRUCT masks refer to).
-    grid = volume_masks.VolumeGrid.of(volume, uids if len(uids) == volume.voxels.shape[0] else ())
+    grid = volume_masks.VolumeGrid.of(volume, stack)
     read = volume_masks.read_mask_volume(data, path, grid)
     ids = read.ids
+    if read.class_names:  # A DICOM SEG or RTSTRUCT: its labels by name, as ids of the dataset's table.
+        if table is None:
+            raise ImageRejected("mask_unreadable", f"mask {path} is a DICOM SEG or RTSTRUCT that planning did not "
+                                "pair by reference (the file changed since?)")
+        from conversion import dicom_masks
+
+        ids = dicom_masks.remap(ids, read.class_names, table, dtype, path)
     if ids.dtype.itemsize > np.dtype(dtype).itemsize and ids.size and int(ids.max()) > np.iinfo(dtype).max:
         raise ImageRejected("mask_not_class_ids", f"mask {path} holds ids up to {int(ids.max())}, more than the "
                             f"dataset's {dtype} masks hold (decided from the masks' headers)")

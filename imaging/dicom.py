@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from pydicom.dataset import Dataset
 
 __all__ = [
+    "SEGMENTATION_SOP_CLASSES",
+    "check_not_segmentation",
     "is_keyword",
     "IDENTIFYING_TAGS",
     "DicomOptions",
@@ -1010,6 +1012,33 @@ def _check_keyword(keyword, flag: str) -> None:
         )
 
 
+# The SOP classes of segmentations, to their kind: a DICOM SEG (Segmentation Storage; Label Map
+# Segmentation Storage, PS3.4 2024, which pydicom 3.0's UID dictionary does not know yet) and an RT
+# Structure Set. Under --volumes they are the masks of the series they reference
+# (`imaging.dicom_masks`), never volumes of their own.
+SEGMENTATION_SOP_CLASSES = {
+    "1.2.840.10008.5.1.4.1.1.66.4": "seg",
+    "1.2.840.10008.5.1.4.1.1.66.7": "seg",
+    "1.2.840.10008.5.1.4.1.1.481.3": "rtstruct",
+}
+
+
+def check_not_segmentation(ds: Dataset, name: str) -> None:
+    """Raises ImageRejected('segmentation_object') for a SEG or RTSTRUCT met as a --volumes input.
+
+    A SEG's frames are no image of the patient, and an RTSTRUCT has none: both annotate
+    another series, and are read as its mask (--masks_dir), not planned as volumes.
+    """
+    sop = str(ds.get("SOPClassUID", "") or "")
+    kind = SEGMENTATION_SOP_CLASSES.get(sop)
+    if kind is not None:
+        what = "a DICOM Segmentation (SEG)" if kind == "seg" else "a DICOM RT Structure Set (RTSTRUCT)"
+        raise ImageRejected(
+            "segmentation_object",
+            f"{name} is {what}: the mask of the series it references, not a volume; give --masks_dir "
+            "(the folder it is in, which may be --input_dir itself) to store it as that series' mask")
+
+
 def _sop_class_name(ds: Dataset) -> str:
     _load_pydicom()
     sop = ds.get("SOPClassUID") or getattr(getattr(ds, "file_meta", None), "MediaStorageSOPClassUID", None)
@@ -1062,6 +1091,7 @@ def read_dataset(data: bytes, name: str, require_pixels: bool = True) -> Dataset
         except _PYDICOM_ERRORS as e:
             raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({_short(e)})") from e
     if keyword is None and require_pixels:
+        check_not_segmentation(ds, name)
         sop = _sop_class_name(ds)
         raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
                             else f"{name} is a DICOM file without pixel data")
@@ -1105,6 +1135,7 @@ def read_header(f, name: str) -> tuple[Dataset, str, int]:
                 keyword = _PIXEL_ELEMENTS[element]
                 break
     if keyword is None:
+        check_not_segmentation(ds, name)
         sop = _sop_class_name(ds)
         raise ImageRejected("no_pixel_data", f"{name} is a DICOM {sop} without pixel data" if sop
                             else f"{name} is a DICOM file without pixel data")

@@ -34,7 +34,7 @@ from imaging import dicom
 from imaging.errors import ImageRejected
 from imaging.volumes import LPS_TO_RAS, Stack, stack_geometry
 
-__all__ = ["SeriesGrid", "DicomMask", "labels_from_seg", "labels_from_rtstruct", "read_dicom_mask",
+__all__ = ["SeriesGrid", "DicomMask", "MaskHeader", "read_mask_header", "labels_from_seg", "labels_from_rtstruct", "read_dicom_mask",
            "dicom_mask_kind", "dicom_mask_bits", "SEG_STORAGE", "LABEL_MAP_SEG_STORAGE", "RTSTRUCT_STORAGE", "REJECT_REASONS"]
 
 
@@ -44,8 +44,8 @@ SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 LABEL_MAP_SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.7"
 RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
 
-# The reasons this module adds (the lead merges them into schemas.REJECT_REASONS;
-# docs/preparing/output.md explains each).
+# The reasons this module raises (each in schemas.REJECT_REASONS, which a conversion reports
+# them by; docs/preparing/output.md explains each).
 REJECT_REASONS = {
     "mask_reference_mismatch": "A DICOM SEG or RTSTRUCT that annotates another series or frame of reference "
                                "than the volume's (SeriesInstanceUID, FrameOfReferenceUID, SOPInstanceUID).",
@@ -161,6 +161,78 @@ class DicomMask(NamedTuple):
     labels: np.ndarray
     class_names: tuple[str, ...]
     notes: tuple[str, ...]
+
+
+class MaskHeader(NamedTuple):
+    """What planning needs of a SEG or RTSTRUCT, from its header (`read_mask_header`).
+
+    Attributes:
+      kind: 'seg' or 'rtstruct'.
+      series_uids: The SeriesInstanceUIDs it references, sorted (a SEG's
+        ReferencedSeriesSequence; an RTSTRUCT's ReferencedFrameOfReferenceSequence >
+        RTReferencedStudySequence > RTReferencedSeriesSequence).
+      class_names: Its segments' labels (by SegmentNumber) or ROIs' names (in
+        StructureSetROISequence order), as `read_dicom_mask` names its labels 1, 2, ...
+        (stripped of spaces; an empty one `segment_<n>` / `roi_<n>`).
+    """
+
+    kind: str
+    series_uids: tuple[str, ...]
+    class_names: tuple[str, ...]
+
+
+# The top-level elements `read_mask_header` reads; pydicom steps over the others (their bytes unread).
+_HEADER_KEYWORDS = ("SOPClassUID", "SegmentationType", "ReferencedSeriesSequence", "SegmentSequence",
+                    "ReferencedFrameOfReferenceSequence", "StructureSetROISequence")
+
+
+def read_mask_header(f, name: str) -> MaskHeader | None:
+    """The references and class names of a SEG or RTSTRUCT from its header; None for any other file.
+
+    Args:
+      f: A binary file object at the file's start (seekable): only the elements named
+        above are parsed, the contours' and pixels' bytes are stepped over.
+      name: The file's name, for messages.
+
+    Raises:
+      ImageRejected: 'corrupt' (an unreadable header, a SegmentNumber that is no number).
+    """
+    import pydicom
+
+    head = f.read(1024)
+    if not dicom.is_dicom(head):
+        return None
+    f.seek(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ds = pydicom.dcmread(f, force=True, stop_before_pixels=True, specific_tags=list(_HEADER_KEYWORDS))
+            sop_class = str(ds.get("SOPClassUID", "") or "")
+            kind = dicom.SEGMENTATION_SOP_CLASSES.get(sop_class)
+            if kind is None:
+                return None
+            if kind == "seg":
+                labelmap = sop_class == LABEL_MAP_SEG_STORAGE or \
+                    str(ds.get("SegmentationType", "") or "").upper() == "LABELMAP"
+                names = _segment_names(ds, name, labelmap)
+                series = {str(item.get("SeriesInstanceUID", "") or "")
+                          for item in ds.get("ReferencedSeriesSequence") or ()}
+                return MaskHeader(kind, tuple(sorted(series - {""})), tuple(names[n] for n in sorted(names)))
+            series = {str(item.get("SeriesInstanceUID", "") or "")
+                      for reference in ds.get("ReferencedFrameOfReferenceSequence") or ()
+                      for study in reference.get("RTReferencedStudySequence") or ()
+                      for item in study.get("RTReferencedSeriesSequence") or ()}
+            names = tuple(_roi_name(roi) for roi in ds.get("StructureSetROISequence") or ())
+            return MaskHeader(kind, tuple(sorted(series - {""})), names)
+        except ImageRejected:
+            raise
+        except Exception as e:  # noqa: BLE001 - pydicom's many errors of a damaged header: said as 'corrupt'
+            raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({type(e).__name__}: {e})"[:300]) from e
+
+
+def _roi_name(roi) -> str:
+    """An ROI's class name: its ROIName without surrounding spaces, else `roi_<ROINumber>`."""
+    return str(roi.get("ROIName", "") or "").strip() or f"roi_{roi.get('ROINumber')}"
 
 
 def dicom_mask_kind(data: bytes) -> str | None:
@@ -517,7 +589,7 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
         if number is None or number in label_of:
             raise ImageRejected("corrupt", f"{name}: ROINumber {roi.get('ROINumber')} is no new number")
         label_of[number] = position
-        class_names.append(str(roi.get("ROIName", "") or "").strip() or f"roi_{number}")
+        class_names.append(_roi_name(roi))
         reference = str(roi.get("ReferencedFrameOfReferenceUID", "") or "") or default
         _check_frame_of_reference(reference, grid, name, f"ROI {class_names[-1]!r}")
     labels = np.zeros(grid.shape, np.uint8 if len(rois) <= 255 else np.uint16)

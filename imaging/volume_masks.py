@@ -26,9 +26,10 @@ ids have the grid's shape:
     mask.ids        # uint8/uint16 [depth, height, width], the volume's voxel order
     mask.notes      # ("mask_reoriented: ...",) or ()
 
-A new format (DICOM SEG, RTSTRUCT) is one more row: `MASK_READERS["dicom"] =
-reader`, its files told apart by `mask_format`, their class-id width by a
-`MASK_BITS` row.
+A format is one row: `MASK_READERS["dicom"]` reads a DICOM SEG or RTSTRUCT
+(`imaging.dicom_masks`) on the grid of the series it annotates (`VolumeGrid.of(volume,
+stack)` carries the series' UIDs, checked), its labels named by `MaskVolume.class_names`;
+files are told apart by `mask_format`, their class-id width by a `MASK_BITS` row.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import numpy as np
 from imaging.errors import ImageRejected
 
 __all__ = ["VolumeGrid", "MaskVolume", "MASK_READERS", "MASK_BITS", "VOLUME_MASK_EXTENSIONS", "mask_format",
-           "read_mask_volume", "mask_bits", "read_nifti_mask", "place_on_grid", "POSITION_TOLERANCE"]
+           "read_mask_volume", "mask_bits", "read_nifti_mask", "read_dicom_mask", "place_on_grid",
+           "POSITION_TOLERANCE"]
 
 # The mask file names --masks_dir is searched for, beside a volume's stem (longest first).
 VOLUME_MASK_EXTENSIONS = (".nii.gz", ".nii")
@@ -66,6 +68,13 @@ class VolumeGrid:
       sop_instance_uids: For a DICOM series, each slice's SOPInstanceUID in the
         stored order (slice k is `sop_instance_uids[k]`; the frames of an enhanced
         multi-frame file share one, in frame order); () for NIfTI.
+      frames: For a DICOM series, each slice's frame in its file (0 for single-frame
+        files) in the stored order; () for NIfTI (or all 0).
+      series_uid: The series' SeriesInstanceUID ('' for NIfTI: not checked).
+      frame_of_reference_uid: Its FrameOfReferenceUID ('' when unknown: not checked).
+
+    A DICOM SEG's or RTSTRUCT's reader (`MASK_READERS["dicom"]`) checks its references
+    against these: the one grid of `imaging.dicom_masks.SeriesGrid.of`.
 
     Raises:
       ValueError: A shape that is not 3 positive ints, or an affine that is not a finite 4x4.
@@ -74,6 +83,9 @@ class VolumeGrid:
     shape: tuple[int, int, int]
     affine: tuple[float, ...]
     sop_instance_uids: tuple[str, ...] = ()
+    frames: tuple[int, ...] = ()
+    series_uid: str = ""
+    frame_of_reference_uid: str = ""
 
     def __post_init__(self):
         shape = tuple(int(n) for n in self.shape)
@@ -89,11 +101,25 @@ class VolumeGrid:
             raise ValueError(f"`sop_instance_uids` names each of the {shape[0]} slices, or none. "
                              f"Received: {len(uids)}")
         object.__setattr__(self, "sop_instance_uids", uids)
+        frames = tuple(int(f) for f in self.frames)
+        if frames and len(frames) != shape[0]:
+            raise ValueError(f"`frames` names each of the {shape[0]} slices' frame, or none. Received: {len(frames)}")
+        object.__setattr__(self, "frames", frames)
+        object.__setattr__(self, "series_uid", str(self.series_uid or ""))
+        object.__setattr__(self, "frame_of_reference_uid", str(self.frame_of_reference_uid or ""))
 
     @classmethod
-    def of(cls, volume, sop_instance_uids=()) -> VolumeGrid:
-        """The grid of an `imaging.volumes.Volume`."""
-        return cls(tuple(volume.voxels.shape), tuple(np.asarray(volume.affine).ravel()), tuple(sop_instance_uids))
+    def of(cls, volume, stack=None) -> VolumeGrid:
+        """The grid of an `imaging.volumes.Volume`; with the `imaging.volumes.Stack` it was read
+        from (a DICOM series), its slices' SOPInstanceUIDs and frames, its series and frame of
+        reference: what a SEG's or RTSTRUCT's references are checked against."""
+        shape, affine = tuple(volume.voxels.shape), tuple(np.asarray(volume.affine).ravel())
+        if stack is None or len(stack.slices) != shape[0]:
+            return cls(shape, affine)
+        slices = stack.slices
+        references = sorted({s.frame_of_reference_uid for s in slices if s.frame_of_reference_uid})
+        return cls(shape, affine, tuple(s.sop_instance_uid for s in slices), tuple(s.frame for s in slices),
+                   stack.series_uid, references[0] if len(references) == 1 else "")
 
     @property
     def matrix(self) -> np.ndarray:
@@ -108,13 +134,16 @@ class VolumeGrid:
 
 
 class MaskVolume:
-    """A mask read onto a grid: `ids` [depth, height, width] (uint8 or uint16) and `notes` (for normalized.jsonl)."""
+    """A mask read onto a grid: `ids` [depth, height, width] (uint8 or uint16), `notes` (for
+    normalized.jsonl) and `class_names` (by id, "background" first: a DICOM SEG's segment labels or
+    an RTSTRUCT's ROI names; () for a NIfTI label volume, whose ids have no names in the file)."""
 
-    __slots__ = ("ids", "notes")
+    __slots__ = ("ids", "notes", "class_names")
 
-    def __init__(self, ids: np.ndarray, notes: tuple[str, ...] = ()):
+    def __init__(self, ids: np.ndarray, notes: tuple[str, ...] = (), class_names: tuple[str, ...] = ()):
         self.ids = ids
         self.notes = tuple(notes)
+        self.class_names = tuple(class_names)
 
     def __repr__(self):
         return f"MaskVolume(ids={self.ids.dtype.name}{list(self.ids.shape)}, notes={self.notes})"
@@ -267,14 +296,38 @@ def mask_format(head: bytes, name: str = "") -> str | None:
     return None
 
 
+def read_dicom_mask(data: bytes, name: str, grid: VolumeGrid) -> MaskVolume:
+    """A DICOM SEG or RTSTRUCT on `grid` (`imaging.dicom_masks.read_dicom_mask`): its labels are its
+    segment numbers / ROI positions, named by `class_names`; its references (series, frame of
+    reference, source slices) checked against the grid's.
+
+    Raises:
+      ImageRejected: 'mask_reference_mismatch', 'mask_geometry_mismatch', 'unsupported_mask',
+        'corrupt', 'unsupported_codec' (`imaging.dicom_masks`).
+    """
+    from imaging import dicom_masks
+
+    mask = dicom_masks.read_dicom_mask(data, name, dicom_masks.SeriesGrid.of(grid))
+    return MaskVolume(mask.labels, mask.notes, mask.class_names)
+
+
+def _dicom_bits(head: bytes) -> int | None:
+    from imaging import dicom_masks
+
+    return dicom_masks.dicom_mask_bits(head)
+
+
 # Mask file format -> its reader: (file bytes, name for messages, grid) -> MaskVolume on that grid.
 MASK_READERS: dict[str, Callable[[bytes, str, VolumeGrid], MaskVolume]] = {
     "nifti": read_nifti_mask,
+    "dicom": read_dicom_mask,
 }
 # Mask file format -> the bits its class ids need, from the file's first bytes (None: unknown):
-# the dataset's one mask dtype is decided from these before any shard is written.
+# the dataset's one mask dtype is decided from these before any shard is written. (A conversion
+# stores DICOM masks' labels remapped to its class table, whose size decides instead.)
 MASK_BITS: dict[str, Callable[[bytes], int | None]] = {
     "nifti": _nifti_bits,
+    "dicom": _dicom_bits,
 }
 
 

@@ -312,6 +312,7 @@ def _header_from_memory(f, name: str):
 
 def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offset: int = -1) -> list[DicomSlice]:
     """The slices of a parsed file; `pixels` None: digests left to `plan_stacks` ('')."""
+    dicom.check_not_segmentation(ds, name)  # A SEG's frames are a mask's, not a volume's.
     if _is_mosaic(ds):
         raise ImageRejected("mosaic", f"{name} is a Siemens mosaic (its slices packed in one image); "
                                       "convert it with dcm2niix, or export classic slices")

@@ -101,6 +101,10 @@ REJECT_REASONS = {
     "mask_size_mismatch": "The mask's size is neither the image's upright size nor its raw frame's.",
     "mask_geometry_mismatch": "A volume's mask does not lie on the volume's voxel grid (another shape, spacing, "
                               "origin or orientation beyond a reordering of its axes), or is not 3-D.",
+    "mask_reference_mismatch": "A volume's DICOM SEG or RTSTRUCT annotates another series or frame of reference "
+                               "than the volume's (SeriesInstanceUID, FrameOfReferenceUID, SOPInstanceUID).",
+    "unsupported_mask": "A volume's DICOM mask that is no SEG or RTSTRUCT, or whose frames or contours cannot "
+                        "be placed (no reference and no position).",
     "bad_target": "The image's target (labels, numbers, boxes) cannot be stored as given.",
     # Volumes (--volumes): a DICOM series stack or a NIfTI file that cannot be one volume.
     "missing_slice": "A gap between a stack's slices of more than 1.5 times its usual spacing, or a step more than 10% off it.",
@@ -137,6 +141,8 @@ SKIP_REASONS = {
     "band_not_selected": "With --time_series, a band file of a band --bands leaves out.",
     "annotation_file": "A file of --annotations inside --input_dir (a YOLO label file or data.yaml, a LabelMe "
                        "JSON, a VOC or CVAT XML, a COCO JSON): part of the labels, not an image.",
+    "segmentation_object": "With --volumes, a DICOM SEG or RTSTRUCT among the inputs without --masks_dir over it: "
+                           "the mask of the series it references (give --masks_dir), not a volume.",
     "sidecar": "A GIS sidecar of another input (GDAL's .aux.xml, .ovr, .msk; a world file, .prj): "
                "part of that file, not an image.",
 }

@@ -8,6 +8,7 @@ image by nearest neighbour, its own reader and geometry) or nibabel's
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 
 import nibabel as nib
@@ -184,10 +185,14 @@ def test_what_holds_no_class_ids_or_is_4d_is_rejected(values, reason, words):
 
 def test_files_no_reader_takes_are_mask_unreadable():
     grid = volume_masks.VolumeGrid((2, 2, 2), np.eye(4))
-    for data in (b"not a mask at all", b"\x00" * 128 + b"DICM" + b"\x00" * 100, gzip.compress(b"garbage")):
+    for data in (b"not a mask at all", gzip.compress(b"garbage")):
         with pytest.raises(ImageRejected) as e:
             volume_masks.read_mask_volume(data, "m", grid)
         assert e.value.reason == "mask_unreadable"
+    # A DICOM file goes to the DICOM row (SEG, RTSTRUCT), which says it is neither.
+    with pytest.raises(ImageRejected) as e:
+        volume_masks.read_mask_volume(b"\x00" * 128 + b"DICM" + b"\x00" * 100, "m", grid)
+    assert e.value.reason == "unsupported_mask" and "not a Segmentation" in e.value.message
 
 
 def test_mask_bits_come_from_the_header_alone():
@@ -215,3 +220,32 @@ def test_the_grid_is_a_small_frozen_validated_object():
         volume_masks.VolumeGrid((3, 4), np.eye(4))
     with pytest.raises(ValueError, match="`affine`"):
         volume_masks.VolumeGrid((3, 4, 5), np.full((4, 4), np.nan))
+
+
+def test_the_dicom_row_checks_the_series_grid_of_a_stack(tmp_path):
+    """`VolumeGrid.of(volume, stack)` carries the series' UIDs and slices: a SEG read through
+    `MASK_READERS["dicom"]` is checked against them, and names its labels."""
+    from imaging import dicom_masks
+    from test_imaging_dicom_masks import blobs, sources_in_k_order, stacked, write_seg, write_series
+
+    folder = tmp_path / "s"
+    series_uid, frame_of_reference, _ = write_series(folder, count=4, descending=True)
+    slices = [s for p in sorted(folder.iterdir()) for s in volumes.read_slices(p.read_bytes(), p.name)]
+    stack = volumes.plan_stacks(slices).stacks[0]
+    volume = volumes.read_stack(stack, lambda n: (folder / n).read_bytes())
+    grid = volume_masks.VolumeGrid.of(volume, stack)
+    series = dicom_masks.SeriesGrid.from_stack(stack)
+    assert (grid.series_uid, grid.frame_of_reference_uid) == (series_uid, frame_of_reference)
+    assert (grid.sop_instance_uids, grid.frames) == (series.sop_instance_uids, series.frames)
+    assert volume_masks.VolumeGrid.of(volume).series_uid == ""
+    truth = blobs(4, 2, seed=2)
+    seg = write_seg(sources_in_k_order(folder, series), stacked(truth, 2), count=2)
+    mask = volume_masks.read_mask_volume(seg, "seg.dcm", grid)
+    np.testing.assert_array_equal(mask.ids, truth)
+    assert mask.class_names == ("background", "organ 1", "organ 2")
+    other = dataclasses.replace(grid, series_uid="1.2.3.4")
+    with pytest.raises(ImageRejected) as e:
+        volume_masks.read_mask_volume(seg, "seg.dcm", other)
+    assert e.value.reason == "mask_reference_mismatch" and "1.2.3.4" in e.value.message
+    with pytest.raises(ValueError, match="`frames`"):
+        volume_masks.VolumeGrid((4, 2, 2), np.eye(4), frames=(0, 0))

@@ -793,3 +793,32 @@ def test_a_pair_header_is_named_as_what_it_is_not_only_as_not_dicom(tmp_path, im
     with pytest.raises(ImageRejected) as info:
         volumes.read_slice_headers(io.BytesIO(data), "v.img")
     assert info.value.message == "v.img is neither a DICOM file nor a NIfTI file (.nii, .nii.gz)"
+
+
+@pytest.mark.filterwarnings("ignore:'FileDataset.is_:DeprecationWarning")
+def test_seg_and_rtstruct_are_no_volumes(tmp_path):
+    """A SEG's frames and an RTSTRUCT (no pixels) are masks of a series: 'segmentation_object'
+    (skipped, naming --masks_dir), from the whole file and from its header alike."""
+    import io as _io
+
+    from rt_utils import RTStructBuilder
+
+    import schemas
+    from test_imaging_dicom_masks import blobs, grid_of, sources_in_k_order, stacked, write_seg
+    from test_imaging_dicom_masks import write_series as write_ct
+
+    folder = tmp_path / "s"
+    write_ct(folder, count=4)
+    grid, _ = grid_of(folder)
+    seg = write_seg(sources_in_k_order(folder, grid), stacked(blobs(4, 1), 1), count=1)
+    builder = RTStructBuilder.create_new(dicom_series_path=str(folder))
+    builder.add_roi(mask=np.ascontiguousarray((blobs(4, 1) == 1).transpose(1, 2, 0)), name="a")
+    builder.save(str(tmp_path / "rs.dcm"))
+    for data, what in ((seg, "Segmentation (SEG)"), ((tmp_path / "rs.dcm").read_bytes(), "RT Structure Set")):
+        for read in (lambda d: volumes.read_slices(d, "x.dcm"),
+                     lambda d: volumes.read_slice_headers(_io.BytesIO(d), "x.dcm")):
+            with pytest.raises(ImageRejected) as e:
+                read(data)
+            assert e.value.reason == "segmentation_object"
+            assert what in e.value.message and "--masks_dir" in e.value.message
+    assert "segmentation_object" in schemas.SKIP_REASONS

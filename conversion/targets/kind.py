@@ -32,6 +32,8 @@ class TargetRequest(NamedTuple):
         box classes, mask dtype, ...); None for a first conversion.
       planned: The manifest sections of the rows planned before this one,
         by kind (the masks that --annotation_masks draws take the boxes' classes).
+      plans: Example name -> the kind of example's plan of it (`Grouped.plans`: a
+        volume's `conversion.volumes.VolumeJob`, whose series a DICOM SEG references), or None.
     """
 
     config: Any
@@ -43,6 +45,7 @@ class TargetRequest(NamedTuple):
     example: Any = None
     held: Any = None
     planned: Mapping[str, Any] = {}
+    plans: Mapping[str, Any] | None = None
 
     def held_section(self, name: str) -> Mapping[str, Any] | None:
         """The held dataset's manifest section of kind `name`; None for a first conversion or none."""

@@ -33,7 +33,7 @@ from conversion import masks as _masks
 from conversion.targets import boxes as _boxes
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 
-__all__ = ["KIND", "NAME", "of_file", "drawn_of", "drawn_regions"]
+__all__ = ["KIND", "NAME", "of_file", "class_table_of", "drawn_of", "drawn_regions"]
 
 # The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
 NAME = _masks.TARGET_KIND
@@ -46,19 +46,24 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     options = config.masks
     if not options.active:
         return None
+    held = request.held_section(NAME)
+    volumes = getattr(request.example, "name", None) == "volume"
     mask_plan = _masks.plan_masks(
         request.files, request.problems, options, input_dir=config.input_dir,
         split_ratios=config.split_ratios, labels_csv=request.labels_csv is not None,
         class_names=config.class_names,
-        volumes=getattr(request.example, "name", None) == "volume")  # NIfTI label volumes (--volumes).
+        # --volumes: NIfTI label volumes by name, DICOM SEG/RTSTRUCT by the series they reference.
+        volumes=volumes, plans=request.plans)
     if request.windows is not None:
         # Label rasters cut with their examples' windows, as the kind of example cuts them.
         mask_plan = request.example.cut_masks(mask_plan, request.windows, config)
-    held = request.held_section(NAME)
     if held is not None:
         mask_plan = _held_dtype(mask_plan, held, options)
     # --annotations_frame only where given: the default's planned targets stay as they were.
     drawn = {} if config.annotations_frame == "auto" else {"frame": config.annotations_frame}
+    # DICOM masks' labels become ids of the dataset's class table, in the shard writer.
+    if mask_plan.section.get(_BY_REFERENCE):
+        drawn = {**drawn, _TABLE: list(mask_plan.section["class_names"])}
     values = {f.rel_path: {"dtype": mask_plan.dtype, "path": mask_plan.mask_of[f.rel_path], **drawn}
               for f in mask_plan.files}
     # Only what the rest of the run needs (dtype, section): the driver holds no
@@ -91,6 +96,19 @@ def _plan_drawn(request: TargetRequest) -> PlannedKind:
 
 # A file's mask value with this key set is drawn from its boxes' regions, not read from a mask file.
 _DRAWN = "drawn"
+# A file's mask value's class table (DICOM SEG/RTSTRUCT masks: names by dataset id), and the
+# section's mark of masks paired by the series they reference.
+_TABLE = "class_table"
+_BY_REFERENCE = "paired_by"
+
+
+def class_table_of(targets: str | None) -> tuple[str, ...] | None:
+    """The dataset's class table (names by id) a file's DICOM mask's labels are mapped to, from its
+    planned targets' JSON text; None for other masks (NIfTI, PNG), whose ids are stored as they are."""
+    if targets is None:
+        return None
+    table = (json.loads(targets).get(NAME) or {}).get(_TABLE)
+    return None if table is None else tuple(table)
 
 
 def drawn_regions(targets: str | None) -> tuple[dict, str] | None:
