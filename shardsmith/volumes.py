@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from conversion import verification as _verification
 from conversion import volumes as _volumes
 from schemas import FILENAME, LABEL, MANIFEST_FILENAME, tfrecord
 from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_MASK, VOLUME_MODALITY, VOLUME_SCHEMA, VOLUME_SPACING,
@@ -148,46 +149,26 @@ def inspect_volumes(folder: str) -> str:
 
 
 class _MaskCheck:
-    """verify's checks of masked records against the manifest's `targets.mask`: each mask of its dtype,
-    its ids in the class table (or, unnamed, the dtype's range), and the voxels per class and split."""
+    """verify's checks of masked records against the manifest's `targets.mask`, as `shardsmith verify`
+    makes them (`conversion.verification.volume_mask_problem`, `mask_voxel_problems`)."""
 
     def __init__(self, section: dict):
-        self._dtype = section.get("dtype")
-        self._names = section.get("class_names") or []
-        self._manifest_counts = {s: {int(k): int(v) for k, v in counts.items()}
-                                 for s, counts in (section.get("pixel_counts") or {}).items()}
-        self._counts = collections.defaultdict(collections.Counter)  # split -> class id -> voxels
-        self._holders = collections.defaultdict(list)  # (split, class id) -> records holding it
+        self._section = section
+        self._voxels = collections.defaultdict(collections.Counter)  # split -> class id -> voxels
+        self._holders = collections.defaultdict(lambda: collections.defaultdict(list))  # split -> id -> records
 
     def check(self, split: str, values: dict) -> str | None:
         """The problem of one decoded record's mask, or None; its voxels are counted either way."""
-        name, ids = values[FILENAME.key], values[VOLUME_MASK.key]
-        found, voxels = np.unique(ids, return_counts=True)
+        found, voxels = np.unique(values[VOLUME_MASK.key], return_counts=True)
         for i, n in zip(found.tolist(), voxels.tolist()):
-            self._counts[split][i] += n
-            self._holders[(split, i)].append(name)
-        if ids.dtype.name != self._dtype:
-            return (f"{name}: its mask is {ids.dtype.name}, the manifest's targets.mask.dtype is {self._dtype} "
-                    f"(a mask of another shape than its volume's {tuple(ids.shape)} reads so)")
-        if self._names:
-            bad = [i for i in found.tolist() if i >= len(self._names) and i != _ignore_id(self._dtype)]
-            if bad:
-                return (f"{name}: its mask holds class ids {bad[:5]}, outside the manifest's "
-                        f"{len(self._names)} class_names ({_ignore_id(self._dtype)}: ignore)")
-        return None
+            self._voxels[split][i] += n
+            self._holders[split][i].append(values[FILENAME.key])
+        return _verification.volume_mask_problem(values, self._section)
 
     def problems(self, splits) -> list[str]:
-        """The splits whose voxels per class differ from the manifest's `pixel_counts`, naming the records."""
-        out = []
-        for split in sorted(splits):
-            want, got = self._manifest_counts.get(split, {}), self._counts.get(split, {})
-            for i in sorted(set(want) | set(got)):
-                if want.get(i, 0) != got.get(i, 0):
-                    holders = sorted(self._holders.get((split, i), ()))
-                    out.append(f"split {split}: class {_class_name(i, self._names)}: {got.get(i, 0)} voxels in "
-                               f"the masks, the manifest's targets.mask.pixel_counts says {want.get(i, 0)} "
-                               f"(records holding it: {', '.join(holders[:5]) or 'none'})")
-        return out
+        """The splits whose voxels per class differ from the manifest's, naming the records holding the class."""
+        return [p for split in sorted(splits) for p in _verification.mask_voxel_problems(
+            split, self._voxels[split], self._section, self._holders[split])]
 
 
 def verify_volumes(folder: str) -> list[str]:
@@ -206,7 +187,7 @@ def verify_volumes(folder: str) -> list[str]:
                 continue
             problem = masks.check(split, values) if masks is not None else None
             if problem:
-                problems.append(f"{name}: {problem}")
+                problems.append(f"{name}: {values[FILENAME.key]}: {problem}")
     except ValueError as e:  # a damaged frame (CRC, length)
         problems.append(str(e))
     for split, entry in manifest["splits"].items():

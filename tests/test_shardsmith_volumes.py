@@ -169,10 +169,14 @@ def _rewrite(shard, name, change):
     shard.write_bytes(b"".join(frames))
 
 
-def test_verify_names_a_record_whose_mask_was_altered(converted, tmp_path):
+def test_verify_names_a_record_whose_mask_was_altered(converted, tmp_path, capsys):
     import shutil
 
+    from shardsmith import cli
+
     assert volumes.verify_volumes(str(converted)) == []
+    report = tmp_path / "clean.json"
+    assert cli.main(["verify", str(converted), "--report", str(report)]) == 0  # Voxels per class agree.
     out = tmp_path / "out"
     shutil.copytree(converted, out)
     shard = next(s for s, r in _records(out) if r["filename"] == "a.nii.gz")
@@ -191,3 +195,27 @@ def test_verify_names_a_record_whose_mask_was_altered(converted, tmp_path):
     _rewrite(shard, "a.nii.gz", outside_the_table)
     problems = volumes.verify_volumes(str(out))
     assert any("a.nii.gz: its mask holds class ids [7]" in p for p in problems), problems
+    # `shardsmith verify` (the Beam pipeline) names the record too.
+    capsys.readouterr()
+    assert cli.main(["verify", str(out), "--report", str(tmp_path / "altered.json")]) == 1
+    found = json.loads((tmp_path / "altered.json").read_text())["problems"]
+    assert any("a.nii.gz: its mask holds class ids [7], outside the manifest's 4" in p for p in found), found
+
+
+def test_verify_report_compares_the_voxels_per_class_with_the_manifest(converted):
+    from conversion import verification
+    from readers.metadata import load_manifest
+
+    manifest = load_manifest(str(converted))
+    shards = manifest.splits["train"].shards
+    truth = _mask_kji()
+    good = {0: 2 * truth.size - int((truth > 0).sum()), 1: int((truth == 1).sum()), 2: 8, 3: 3}
+
+    def checks(voxels):
+        return [verification.ShardCheck("train", s.file, s.num_records, tuple(s.class_counts), (), 0,
+                                         tuple(sorted(voxels.items())) if i == 0 else ()) for i, s in enumerate(shards)]
+
+    assert verification.report(manifest, checks(good), [])["problems"] == []
+    problems = verification.report(manifest, checks({**good, 1: good[1] - 1, 2: 9}), [])["problems"]
+    assert [p.split(":")[1] for p in problems] == [" class 1 liver", " class 2 tumour"], problems
+    assert f"held by: {shards[0].file}" in problems[0]
