@@ -150,7 +150,7 @@ def inspect_volumes(folder: str) -> str:
 
 class _MaskCheck:
     """verify's checks of masked records against the manifest's `targets.mask`, as `shardsmith verify`
-    makes them (`conversion.verification.volume_mask_problem`, `mask_voxel_problems`)."""
+    makes them (`conversion.verification.check_volume_mask`, `mask_voxel_problems`)."""
 
     def __init__(self, section: dict):
         self._section = section
@@ -159,11 +159,11 @@ class _MaskCheck:
 
     def check(self, split: str, values: dict) -> str | None:
         """The problem of one decoded record's mask, or None; its voxels are counted either way."""
-        found, voxels = np.unique(values[VOLUME_MASK.key], return_counts=True)
-        for i, n in zip(found.tolist(), voxels.tolist()):
+        problem, voxels = _verification.check_volume_mask(values, self._section)
+        for i, n in voxels.items():
             self._voxels[split][i] += n
             self._holders[split][i].append(values[FILENAME.key])
-        return _verification.volume_mask_problem(values, self._section)
+        return problem
 
     def problems(self, splits) -> list[str]:
         """The splits whose voxels per class differ from the manifest's, naming the records holding the class."""
@@ -291,6 +291,8 @@ def volume_planes(volume: np.ndarray, spacing, modality: str = "", mask: np.ndar
     for the class ids. CT (modality 'CT') is shown in `CT_WINDOW`, other volumes between their
     `PERCENTILES`.
     """
+    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
+        raise ValueError(f"max_side must be a positive int (pixels). Received: {max_side!r}")
     d, h, w = volume.shape
     sz, sy, sx = (float(v) for v in spacing)
     chosen = None if mask is None else _foreground_slices(mask, _ignore_id(mask.dtype.name))
@@ -313,8 +315,8 @@ def volume_planes(volume: np.ndarray, spacing, modality: str = "", mask: np.ndar
                         (low, high), step)
 
 
-def _overlay():
-    """`shardsmith.preview`'s mask colours (imported on use: they come with the readers)."""
+def _preview():
+    """`shardsmith.preview`: its mask colours and legend (imported on use: the colours come with the readers)."""
     from shardsmith import preview
 
     return preview
@@ -323,7 +325,7 @@ def _overlay():
 def render_row(planes: VolumePlanes, gap: int = 6) -> np.ndarray:
     """The RGB row of a volume [h, w, 3]: its three planes left to right, `gap` white pixels apart, each
     mask class id > 0 coloured over them as image previews colour masks (the ignore id left clear)."""
-    preview = _overlay()
+    preview = _preview()
     height = max(g.shape[0] for g in planes.grey)
     width = sum(g.shape[1] for g in planes.grey) + gap * 2
     row = np.full((height, width, 3), 255, np.uint8)
@@ -369,8 +371,9 @@ def preview_volumes(folder: str, limit: int = 16) -> str:
     from PIL import Image, ImageDraw
 
     from conversion.files import write_atomically
+    from readers.targets.overlay import INK, line_height
 
-    preview = _overlay()
+    preview = _preview()
     manifest = _volumes.read_manifest(folder)
     schema = _schema(manifest)
     section = _mask_section(folder) if schema.mask else {}
@@ -388,8 +391,6 @@ def preview_volumes(folder: str, limit: int = 16) -> str:
         if len(rows) == limit:
             break
     font = preview._font(12)
-    from readers.targets.overlay import INK, line_height
-
     text = line_height(font)
     notes = ["Planes: axial (k), coronal (j), sagittal (i), in stored voxel order, square pixels at the "
              "voxel spacing.",

@@ -139,7 +139,9 @@ def test_ct_is_shown_in_a_soft_tissue_window():
 def test_a_large_volume_is_shown_at_a_coarser_scale():
     planes = volumes.volume_planes(np.zeros((100, 512, 512), np.int16), (2.5, 0.7, 0.7))
     assert planes.step == pytest.approx(512 * 0.7 / 256)
-    assert [g.shape for g in planes.grey] == [(256, 256), (179, 256), (179, 256)]  # 250 mm of slices: 179 pixels
+    assert [g.shape for g in planes.grey] == [(256, 256), (179, 256), (179, 256)]
+    with pytest.raises(ValueError, match=r"max_side must be a positive int \(pixels\). Received: 0"):
+        volumes.volume_planes(np.zeros((2, 2, 2), np.int16), (1.0, 1.0, 1.0), max_side=0)  # 250 mm of slices: 179 pixels
 
 
 def test_inspect_lists_the_classes_their_voxels_and_volumes(converted):
