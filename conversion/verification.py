@@ -9,6 +9,7 @@ thin DoFns (`beam_jobs._verify_fns`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -31,7 +32,7 @@ from imaging import patches as _patches
 
 __all__ = ["ShardCheck", "ShardVerifier", "TargetCheck", "CONTENT", "PATCHES", "CHECK_FAILED",
            "counts_agree", "raster_records", "check_scene", "duplicate_group", "report",
-           "write_report"]
+           "write_report", "check_volume_mask", "mask_voxel_problems"]
 
 # The tags of what `ShardVerifier.check` gives out besides the shard's `ShardCheck`.
 CONTENT = "content"
@@ -60,6 +61,8 @@ class ShardCheck:
     problems: tuple[str, ...]
     # Records whose check raised an unexpected error: their class is unknown (`counts_agree`).
     unchecked: int = 0
+    # A masked volume dataset's: (class id, voxels) of the shard's masks, ascending ids.
+    mask_voxels: tuple[tuple[int, int], ...] = ()
 
 
 # Whether class counts match the manifest's, given `unchecked` records of unknown class: the class's row's.
@@ -129,6 +132,7 @@ class ShardVerifier:
         """
         problems = []
         classes = _CLASS.counter(self._num_classes)
+        mask_voxels = collections.Counter()  # A masked volume's voxels per class id.
         stored = []  # (format, height, width, channels, sample dtype) of each good record
         bands = _BandCheck(shard, self._rasters)
         path = join(self._dir, shard.file)
@@ -147,7 +151,7 @@ class ShardVerifier:
         def take(number: int, offset: int, data: bytes):
             """Checks one record; counts its class; yields its CONTENT (and PATCHES)."""
             nonlocal unchecked
-            problem, label, digest, name, image, pixels = self._check_record_guarded(data)
+            problem, label, digest, name, image, pixels = self._check_record_guarded(data, mask_voxels)
             if problem and CHECK_FAILED in problem:
                 unchecked += 1
             if problem:
@@ -218,7 +222,8 @@ class ShardVerifier:
             problems.extend(bands.problems())
         if not damaged:  # Else the index file was read, and held.
             problems.extend(self._check_index(shard, offsets))
-        yield ShardCheck(split, shard.file, len(offsets) + later, counts, tuple(problems), unchecked)
+        yield ShardCheck(split, shard.file, len(offsets) + later, counts, tuple(problems), unchecked,
+                         tuple(sorted(mask_voxels.items())))
 
     def _intact_index(self, shard) -> list[tuple[int, int]] | None:
         """(offset, length) of each record of a shard, from its index file; None without one that is the manifest's."""
@@ -283,21 +288,22 @@ class ShardVerifier:
                 problem += f", stored at {stored[0]}x{stored[1]} under its resize {self._resize.to_json()}"
         return problem, (scene, (y, x))
 
-    def _check_record_guarded(self, data: bytes):
+    def _check_record_guarded(self, data: bytes, mask_voxels: collections.Counter | None = None):
         """`_check_record`; an unexpected error checking one record is that record's problem alone."""
         try:
-            return self._check_record(data)
+            return self._check_record(data, mask_voxels)
         except Exception as e:  # noqa: BLE001 - reported; the other records are still verified
             return _failed(f"{CHECK_FAILED}: {guard.internal_error_message('check', e)}")
 
-    def _check_record(self, data: bytes):
+    def _check_record(self, data: bytes, mask_voxels: collections.Counter | None = None):
         """Returns (problem or None, label, content digest, filename, image, pixels).
 
         `image` is (format, height, width, channels, sample dtype); `pixels`
         the decoded values of a raster record (see `_BandCheck`), else None.
+        A masked volume's voxels per class id are added to `mask_voxels`.
         """
         if isinstance(self._schema, _volume_schemas.VolumeExampleSchema):
-            return self._check_volume(data)
+            return self._check_volume(data, mask_voxels)
         try:
             values = self._schema.decode(data)
         except ValueError as e:
@@ -344,8 +350,9 @@ class ShardVerifier:
         return (None, label, hashlib.sha256(image).hexdigest(), name,
                 (fmt, stored[0], stored[1], stored[2], dtype), pixels if wanted else None)
 
-    def _check_volume(self, data: bytes):
-        """`_check_record` of a volume: its voxels fill its shape and dtype, its affine is finite, its label a class."""
+    def _check_volume(self, data: bytes, mask_voxels: collections.Counter | None = None):
+        """`_check_record` of a volume: its voxels fill its shape and dtype, its affine is finite, its label a
+        class; its mask (--masks_dir) as `check_volume_mask` says, its voxels per class counted."""
         try:
             values = self._schema.decode(data)  # Raises on voxels that do not fill the shape.
         except ValueError as e:
@@ -355,6 +362,12 @@ class ShardVerifier:
             return _failed(f"{name}: label {label} is outside [0, {self._num_classes})", name)
         if not np.isfinite(values[_volume_schemas.VOLUME_AFFINE.key]).all():
             return _failed(f"{name}: its affine is not finite", name)
+        if self._schema.mask:
+            problem, voxels = check_volume_mask(values, self._targets.get("mask") or {})
+            if mask_voxels is not None:
+                mask_voxels.update(voxels)
+            if problem:
+                return _failed(f"{name}: {problem}", name)
         voxels = values[_volume_schemas.VOLUME.key]
         _, h, w = voxels.shape
         return (None, label, hashlib.sha256(voxels.tobytes()).hexdigest(), name,
@@ -682,6 +695,46 @@ def duplicate_group(element):
 
 
 
+def check_volume_mask(values: dict, section: dict) -> tuple[str | None, dict[int, int]]:
+    """(problem or None, voxels per class id) of a decoded masked volume record's `volume/mask`
+    (`VOLUME_MASK_SCHEMA.decode`) against the manifest's `targets.mask` section.
+
+    Its dtype must be the section's `dtype` (a mask of another shape than its volume's, whose byte
+    count fits the other dtype, reads so), and its ids must index `class_names` (or be the ignore id,
+    the dtype's largest value); unnamed ids may be any value of the dtype.
+    """
+    ids = values[_volume_schemas.VOLUME_MASK.key]
+    # bincount, not unique: one pass over the voxels, no sort (a CT's mask holds ~100 M).
+    counts = np.bincount(ids.reshape(-1))
+    voxels = {int(i): int(counts[i]) for i in np.flatnonzero(counts)}
+    dtype, names = section.get("dtype"), section.get("class_names") or []
+    if ids.dtype.name != dtype:
+        return (f"its mask is {ids.dtype.name}, the manifest's targets.mask.dtype is {dtype} (or the mask is not "
+                f"of its volume's shape {tuple(ids.shape)})"), voxels
+    if names:
+        ignore = int(np.iinfo(dtype).max)
+        bad = [i for i in voxels if i >= len(names) and i != ignore]
+        if bad:
+            return (f"its mask holds class ids {bad[:5]}, outside the manifest's {len(names)} "
+                    f"targets.mask.class_names ({ignore}: ignore)"), voxels
+    return None, voxels
+
+
+def mask_voxel_problems(split: str, voxels, section: dict, holders) -> list[str]:
+    """A split's voxels per class id (`voxels`: id -> count, from its masks) against the manifest's
+    `targets.mask.pixel_counts`: a problem per class that differs, naming `holders[id]` (what holds it)."""
+    names = section.get("class_names") or []
+    want = {int(k): int(v) for k, v in ((section.get("pixel_counts") or {}).get(split) or {}).items()}
+    out = []
+    for i in sorted(set(want) | set(voxels)):
+        if want.get(i, 0) != voxels.get(i, 0):
+            name = f"{i} {names[i]}" if i < len(names) else str(i)
+            held = sorted(set(holders.get(i, ())))
+            out.append(f"split {split}: class {name}: {voxels.get(i, 0)} voxels in the masks, the manifest's "
+                       f"targets.mask.pixel_counts says {want.get(i, 0)} (held by: {', '.join(held[:5]) or 'none'})")
+    return out
+
+
 def report(manifest, checks, duplicates, scene_problems=()) -> dict:
     """The verify report (report.json's document) of every shard check, duplicate group and
     scene problem (`check_scene`) of a dataset of `manifest` (`schemas.Manifest`)."""
@@ -698,6 +751,14 @@ def report(manifest, checks, duplicates, scene_problems=()) -> dict:
             problems.append(f"split {name}: class counts {list(counts)}, the manifest says "
                             f"{list(info.class_counts)}")
         splits[name] = {"shards": len(mine), "records": records}
+        if (manifest.targets or {}).get("mask") and _volume_schemas.VOLUME_MASK.key in manifest.features and \
+                not any(c.problems for c in mine):  # Damaged or bad records: their voxels are not all counted.
+            voxels, holders = collections.Counter(), collections.defaultdict(list)
+            for c in mine:
+                for class_id, n in c.mask_voxels:
+                    voxels[class_id] += n
+                    holders[class_id].append(c.file)
+            problems += mask_voxel_problems(name, voxels, manifest.targets["mask"], holders)
     versions = _versions_section(manifest, checks, problems)
     duplicates = sorted(duplicates, key=lambda d: d["images"][0]["filename"])
     doc = {

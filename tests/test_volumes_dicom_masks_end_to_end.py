@@ -141,6 +141,23 @@ def test_tcia_tree_with_seg_and_rtstruct_beside_their_series(tree, tmp_path):
     for name, truth in truths.items():
         np.testing.assert_array_equal(stored[name], truth, err_msg=name)  # Every voxel.
     assert set(np.unique(stored["P2/ST1"])) == {0, 1, 2, 4}  # kidney, liver, tumour remapped.
+    # The volume tools: classes by name, paired by reference; CT planes through each mask, in CT's window.
+    from shardsmith import volumes
+
+    text = volumes.inspect_volumes(str(tmp_path / "out"))
+    assert "paired by reference, 1 unmatched mask file(s)" in text
+    assert f"class 1 {TABLE[1]}: train " in text
+    assert volumes.verify_volumes(str(tmp_path / "out")) == []
+    ds = readers.volume_dataset_from_tfrecords(tmp_path / "out", "train", dtype=None, label_mode="mask",
+                                               extra_features=("filename", "volume/spacing", "volume/modality"))
+    for v, m, e in ds:
+        planes = volumes.volume_planes(v.numpy()[..., 0], e["volume/spacing"].numpy(),
+                                       e["volume/modality"].numpy().decode(), m.numpy()[..., 0].astype(np.uint8))
+        fg = stored[e["filename"].numpy().decode()] > 0
+        assert planes.window == (-160.0, 240.0) and planes.through_foreground == bool(fg.any())
+        assert planes.slices == tuple(int(np.argmax(fg.sum(axis=tuple(a for a in range(3) if a != axis))))
+                                      for axis in range(3)) or not fg.any()
+    assert volumes.preview_volumes(str(tmp_path / "out")) == str(tmp_path / "out" / "preview.png")
     # Counts: the CT slices are the inputs (5 series of 6); the SEG/RTSTRUCT files are masks, not counted.
     counts = manifest["counts"]
     assert counts == {"found": 30, "written": 12, "rejected": 18, "skipped": 0}

@@ -144,10 +144,21 @@ def test_inspect_verify_preview(tmp_path, capsys):
     assert "inputs 5 = 5 in volumes + 0 rejected + 0 skipped; volumes 1 planned = 1 written + 0" in text
     assert cli.main(["verify", str(out)]) == 0
     assert cli.main(["preview", str(out)]) == 0
-    sheet = np.asarray(Image.open(out / "preview.png"))
+    sheet = np.asarray(Image.open(out / "preview.png").convert("RGB"))
+    from schemas import tfrecord
+    from schemas.volumes import VOLUME_SCHEMA
+    from shardsmith import volumes
+
+    with open(next(out.glob("train-*.tfrecord")), "rb") as f:
+        record = VOLUME_SCHEMA.decode(next(tfrecord.iter_records(f))[2])
+    assert record["volume/modality"] == "CT"
+    planes = volumes.volume_planes(record["volume"], record["volume/spacing"], "CT")
+    # The middle slice in CT's soft-tissue window (W 400, L 40 HU), at its own pixel spacing.
     middle = want[want.shape[0] // 2].astype(np.float64)
-    scaled = np.round((middle - middle.min()) / (middle.max() - middle.min()) * 255)
-    np.testing.assert_array_equal(sheet[:want.shape[1], :want.shape[2]], scaled)
+    np.testing.assert_array_equal(planes.grey[0], np.round(np.clip((middle + 160) / 400, 0, 1) * 255))
+    row = volumes.render_row(planes)
+    y = next(y for y in range(sheet.shape[0]) if (sheet[y:y + row.shape[0], 12:12 + row.shape[1]] == row).all())
+    assert y > 0  # Under its caption.
     # A damaged shard fails verify.
     shard = next(out.glob("train-*.tfrecord"))
     data = bytearray(shard.read_bytes())
