@@ -132,6 +132,8 @@ def test_tcia_tree_with_seg_and_rtstruct_beside_their_series(tree, tmp_path):
     # One table for the dataset: the SEG's liver (segment 1) and the RTSTRUCT's (ROI 3) are one id.
     assert section["class_names"] == TABLE
     assert section["dtype"] == "uint8" and section["paired_by"] == "reference"
+    # Patients are no classes (ROOT/<patient>/<study>/<series>/<file>): label -1, no class names.
+    assert manifest["class_names"] == []
     assert section["unmatched_masks"] == 1  # The SEG of a series not among the inputs.
     assert readers.metadata.load_split(tmp_path / "out", "train", kind="volume").targets["mask"]["class_names"] == TABLE
     ds = readers.volume_dataset_from_tfrecords(tmp_path / "out", "train", dtype=None, label_mode="mask",
