@@ -144,10 +144,14 @@ class HeldVolumes:
         --labels_csv row of theirs is no `missing_file`.
       contents: With --dedup: the content digest (hex, `content_digests`) of
         each held volume, to its (record filename, version).
+      class_names: The dataset's class names: with --masks_dir, [] keeps every new
+        volume without a class (label -1) and a list keeps the class folders,
+        whatever layout the new volumes alone would show (`_class_layout`).
     """
 
     files: frozenset[str] = frozenset()
     contents: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    class_names: tuple[str, ...] | None = None
 
 
 def volume_plan_path(output_dir: str, filename: str) -> str:
@@ -174,6 +178,8 @@ def series_unit(rel_path: str) -> str | None:
     With --append a unit is held, new or changed as a whole (`conversion.append.sort_locations`):
     its volumes' labels and splits are decided by it, never by a slice.
     """
+    if _is_nifti_name(rel_path):
+        return rel_path  # Its own unit, in a class folder or not (--masks_dir: the Decathlon's flat imagesTr).
     unit = _unit_of(rel_path)
     return None if unit is None else unit[1]
 
@@ -348,7 +354,13 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     if masked and labels_csv is None:
         # Decided on the planned volumes (a file no volume takes, a README, does not count), before --dedup
         # drops any: the same listing gives the same labels.
-        classless = not _class_layout(planned)
+        if held is not None and held.class_names is not None:
+            # --append: the dataset's rule, not the new volumes' alone (its labels cannot change).
+            classless = not held.class_names
+            if not classless:
+                planned = _in_class_layout(planned, rejects)
+        else:
+            classless = not _class_layout(planned)
         if classless:
             planned = [(None, *rest) for _, *rest in planned]
     class_names = tuple(sorted_class_names({p[0] for p in planned} - {None} if masked and labels_csv is None
@@ -399,9 +411,7 @@ def _class_layout(planned: Sequence[tuple]) -> bool:
     classes: set = set()
     off = None  # The first volume that is not at ROOT/<class>/<volume>, for the log.
     for cls, _, name, stack, nifti in planned:
-        depth = 2 if nifti is not None else 3
-        paths = (nifti,) if nifti is not None else tuple(s.name for s in stack.slices)
-        if cls is None or any(path.count("/") != depth - 1 for path in paths):
+        if not _at_class_volume(cls, stack, nifti):
             off = off or name
         classes.add(cls)
     if off is None and len(classes) >= 2:
@@ -413,6 +423,27 @@ def _class_layout(planned: Sequence[tuple]) -> bool:
     _LOG.info("No volume labels (label -1, class_names []): %s; each volume's split is drawn by its top folder "
               "(a TCIA patient), a NIfTI file by itself. --labels_csv labels them.", why)
     return False
+
+
+def _at_class_volume(cls, stack, nifti) -> bool:
+    """Whether a planned volume lies exactly at ROOT/<class>/<volume> (`_class_layout`)."""
+    depth = 2 if nifti is not None else 3
+    paths = (nifti,) if nifti is not None else tuple(s.name for s in stack.slices)
+    return cls is not None and all(path.count("/") == depth - 1 for path in paths)
+
+
+def _in_class_layout(planned: Sequence[tuple], rejects: list) -> list[tuple]:
+    """--append to a dataset with class folders and masks: the new volumes at ROOT/<class>/<volume>;
+    the others rejected `no_label` (a full conversion of the grown folder would give no classes)."""
+    kept = []
+    for entry in planned:
+        cls, _, name, stack, nifti = entry
+        if _at_class_volume(cls, stack, nifti):
+            kept.append(entry)
+            continue
+        rejects += [(rel, "no_label", f"{name}: not at ROOT/<class>/<volume>, where the dataset's volumes "
+                                      "take their class folders") for rel in _members(stack, nifti)]
+    return kept
 
 
 def split_key(unit: str, nifti: str | None) -> str:

@@ -138,3 +138,70 @@ def test_labels_csv_still_labels_volumes_with_masks(tmp_path):
     manifest = _convert(scans, masks, out, "--labels_csv", str(tmp_path / "labels.csv"))
     assert manifest["class_names"] == ["healthy", "tumour"]
     assert {n: label for n, (label, _) in _labels(out, manifest).items()} == {"P1/a.nii.gz": 1, "P2/b.nii.gz": 0}
+
+
+def _decathlon_names(masks):
+    (masks.parent / "dataset.json").write_text(json.dumps({"labels": {"0": "background", "1": "atrium"}}))
+
+
+def test_append_to_a_decathlon_folder_keeps_its_names_and_holds_its_volumes(tmp_path):
+    scans, masks = tmp_path / "task" / "imagesTr", tmp_path / "task" / "labelsTr"
+    for case in range(4):
+        _nifti_case(scans / f"la_00{case}_0000.nii.gz", masks / f"la_00{case}.nii.gz")
+    _decathlon_names(masks)
+    out = tmp_path / "out"
+    first = _convert(scans, masks, out, "--mask_suffix", "_0000:", "--split", "train=0.5,validation=0.5")
+    assert first["targets"]["mask"]["class_names"] == ["background", "atrium"]
+    before = _labels(out, first)
+    for case in (4, 5):
+        _nifti_case(scans / f"la_00{case}_0000.nii.gz", masks / f"la_00{case}.nii.gz")
+    grown = _convert(scans, masks, out, "--mask_suffix", "_0000:", "--split", "train=0.5,validation=0.5", "--append")
+    inputs = grown["versions"][-1]["inputs"]
+    assert inputs["held"] == 4 and inputs["new"] == 2  # Held NIfTI files (flat, no class) are not read again.
+    assert grown["targets"]["mask"]["class_names"] == ["background", "atrium"] and grown["class_names"] == []
+    after = _labels(out, grown)
+    assert len(after) == 6 and {label for label, _ in after.values()} == {-1}
+    assert {name: after[name] for name in before} == before
+
+
+def test_append_of_masks_that_need_uint16_to_a_uint8_dataset_is_refused(tmp_path):
+    scans, masks = tmp_path / "imagesTr", tmp_path / "labelsTr"
+    _nifti_case(scans / "a.nii.gz", masks / "a.nii.gz")
+    out = tmp_path / "out"
+    assert _convert(scans, masks, out)["targets"]["mask"]["dtype"] == "uint8"
+    _nifti_case(scans / "b.nii.gz", masks / "b.nii.gz")
+    labels = np.zeros(SHAPE, np.int16)
+    labels[0, 0, 0] = 300
+    nib.save(nib.Nifti1Image(labels, AFFINE), masks / "b.nii.gz")
+    with pytest.raises(ValueError, match="need uint16.*--overwrite"):
+        _convert(scans, masks, out, "--append")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest.get("versions") or [1]) == 1 and manifest["targets"]["mask"]["dtype"] == "uint8"
+
+
+def test_append_keeps_the_dataset_s_labels_rule(tmp_path):
+    """New volumes follow the held dataset's rule, whatever layout they alone would show."""
+    # Held with class folders: a new class comes at the end; a new volume a folder deeper is no_label.
+    scans, masks = tmp_path / "scans", tmp_path / "masks"
+    for rel in ("liver/a.nii.gz", "kidney/b.nii.gz"):
+        _nifti_case(scans / rel, masks / rel)
+    out = tmp_path / "out"
+    assert _convert(scans, masks, out)["class_names"] == ["kidney", "liver"]
+    for rel in ("spleen/c.nii.gz", "liver/deep/d.nii.gz"):
+        _nifti_case(scans / rel, masks / rel)
+    grown = _convert(scans, masks, out, "--append")
+    assert grown["class_names"] == ["kidney", "liver", "spleen"]
+    assert {n: label for n, (label, _) in _labels(out, grown).items()} == {
+        "liver/a.nii.gz": 1, "kidney/b.nii.gz": 0, "spleen/c.nii.gz": 2}
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["path"], r["reason"]) for r in rejects] == [("liver/deep/d.nii.gz", "no_label")]
+    # Held without classes: new volumes in two class-like folders stay without a class.
+    scans, masks = tmp_path / "flat", tmp_path / "flat_masks"
+    _nifti_case(scans / "x.nii.gz", masks / "x.nii.gz")
+    out = tmp_path / "out_flat"
+    assert _convert(scans, masks, out)["class_names"] == []
+    for rel in ("liver/a.nii.gz", "kidney/b.nii.gz"):
+        _nifti_case(scans / rel, masks / rel)
+    grown = _convert(scans, masks, out, "--append")
+    assert grown["class_names"] == []
+    assert {label for label, _ in _labels(out, grown).values()} == {-1} and len(_labels(out, grown)) == 3
