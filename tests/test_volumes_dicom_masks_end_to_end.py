@@ -324,3 +324,43 @@ def test_append_new_series_with_a_seg_naming_a_new_class(tmp_path):
     _convert(root, again, "--masks_dir", str(root), "--append")
     assert _shard_digests(again) == _shard_digests(out)
     assert json.loads((again / "manifest.json").read_text())["targets"] == grown["targets"]
+
+
+def test_append_of_seg_masks_to_a_dataset_of_nifti_masks_is_refused(tmp_path):
+    import nibabel as nib
+
+    root, masks = tmp_path / "input", tmp_path / "masks"
+    write_series(root / "P1/ST1/1.000000-CT", count=DEPTH)
+    grid, _ = grid_of(root / "P1/ST1/1.000000-CT")
+    (masks / "P1").mkdir(parents=True)
+    # The series' NIfTI mask by name (MASKS/<patient>/<study>.nii.gz), on its grid (k, j, i -> i, j, k).
+    nib.save(nib.Nifti1Image(blobs(DEPTH, 1, seed=5).transpose(2, 1, 0).astype(np.uint8), grid.affine),
+             masks / "P1" / "ST1.nii.gz")
+    out = tmp_path / "out"
+    assert _convert(root, out, "--masks_dir", str(masks))["counts"]["written"] == DEPTH
+    labels_seg = _series_with_seg(root, "P2/ST1/1.000000-CT", ("liver",), 6)
+    assert labels_seg.any()
+    shutil.move(str(root / "P2/ST1/300.000000-SEG-6"), str(masks / "seg"))
+    with pytest.raises(ValueError, match="dataset of NIfTI label volumes.*DICOM SEG/RTSTRUCT.*--overwrite"):
+        _convert(root, out, "--masks_dir", str(masks), "--append")
+
+
+def test_append_whose_class_table_outgrows_uint8_is_refused(tmp_path):
+    """255 names fit uint8 (255 is its ignore id): an RTSTRUCT that grows the table past them needs
+    uint16, which the held uint8 masks cannot become."""
+    root = tmp_path / "input"
+    _series_with_seg(root, "P1/ST1/1.000000-CT", ("liver",), 1)
+    out = tmp_path / "out"
+    assert _convert(root, out, "--masks_dir", str(root))["targets"]["mask"]["dtype"] == "uint8"
+    folder = root / "P2/ST1/1.000000-CT"
+    write_series(folder, count=DEPTH)
+    builder = RTStructBuilder.create_new(dicom_series_path=str(folder))
+    for n in range(255):  # With background and liver: 257 names.
+        roi = np.zeros((128, 128, DEPTH), bool)
+        roi[8 * (n % 15) + 2:8 * (n % 15) + 6, 8 * (n // 15) % 120 + 2:8 * (n // 15) % 120 + 6, n % DEPTH] = True
+        builder.add_roi(mask=roi, name=f"structure {n:03d}")
+    (root / "P2/ST1/2.000000-RTSTRUCT").mkdir()
+    builder.save(str(root / "P2/ST1/2.000000-RTSTRUCT/1-1.dcm"))
+    with pytest.raises(ValueError, match="grow its class table to 257 names .255 new., which need uint16.*--overwrite"):
+        _convert(root, out, "--masks_dir", str(root), "--append")
+    assert len(json.loads((out / "manifest.json").read_text()).get("versions") or [1]) == 1

@@ -63,7 +63,7 @@ def _labels(out, manifest):
     return got
 
 
-def test_a_tcia_tree_with_masks_has_no_classes_and_keeps_each_patient_in_one_split(tmp_path):
+def test_a_tcia_tree_with_masks_has_no_classes_and_keeps_each_patient_in_one_split(tmp_path, caplog):
     """ROOT/<patient>/<study>/<series>/<file>: the patients are no classes; their studies share a split."""
     scans, masks = tmp_path / "tcia", tmp_path / "masks"
     patients = [f"LIDC-{p:04d}" for p in range(8)]
@@ -72,7 +72,11 @@ def test_a_tcia_tree_with_masks_has_no_classes_and_keeps_each_patient_in_one_spl
             # A NIfTI mask of a series is named by its volume: MASKS/<patient>/<study>.nii.gz.
             _series_case(scans / patient / study / "3.000000-CT-1", masks / patient / f"{study}.nii.gz")
     out = tmp_path / "out"
-    manifest = _convert(scans, masks, out, "--split", "train=0.5,validation=0.5", "--seed", "1")
+    with caplog.at_level("INFO", logger="shardsmith.convert"):
+        manifest = _convert(scans, masks, out, "--split", "train=0.5,validation=0.5", "--seed", "1")
+    # The log says which rule applies, and why.
+    assert ("No volume labels (label -1, class_names []): LIDC-0000/01-01-2000-CT is not at "
+            "ROOT/<class>/<volume>") in caplog.text
     assert manifest["counts"] == {"found": 48, "written": 48, "rejected": 0, "skipped": 0}  # In files.
     assert manifest["class_names"] == []
     got = _labels(out, manifest)
