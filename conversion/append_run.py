@@ -191,7 +191,8 @@ class AppendRun:
         for h in sorted(self.base.held.values(), key=lambda h: (h.version, os.fsencode(h.rel_path))):
             for name, digest in sorted((h.contents or {}).items()):
                 contents.setdefault(digest, (name, h.version))
-        return HeldVolumes(self._held_files, contents)
+        # With --masks_dir the dataset's labels rule (class folders or none) holds for the new volumes.
+        return HeldVolumes(self._held_files, contents, tuple(self.base.manifest.class_names))
 
     def found_duplicates(self, duplicates) -> None:
         """--volumes --dedup: the new files planning rejected as copies of held volumes (rel_path to its filename).

@@ -103,10 +103,6 @@ def _volume_options(o) -> VolumeOptions | None:
         if given:
             raise ValueError(f"--volumes stores each series or NIfTI file whole and does not combine with {flag} "
                              f"yet. Received: --volumes with {flag}")
-    if o.masks_dir and getattr(o, "append", False):
-        # The held records' label volumes, their dtype and their grids' checks are not merged yet.
-        raise ValueError("--volumes with --masks_dir does not combine with --append yet: convert the grown "
-                         "folder with --overwrite. Received: --volumes --masks_dir with --append")
     from imaging.volumes import VolumeOptions
 
     return VolumeOptions(min_slices=o.min_slices)

@@ -52,7 +52,7 @@ from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUMES_MANIFEST_
 __all__ = ["VolumeJob", "VolumesPlan", "HeldVolumes", "plan_volumes", "content_digests", "read_labels_csv",
            "csv_unit_locator", "check_held_rows", "write_volume_plans", "volume_plan_path", "write_volumes",
            "warm_up", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST",
-           "series_unit", "unit_of_volume", "merge_sections"]
+           "series_unit", "unit_of_volume", "merge_sections", "split_key"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written after manifest.json: the volume dataset's summary (class names, splits, rejects).
@@ -144,10 +144,14 @@ class HeldVolumes:
         --labels_csv row of theirs is no `missing_file`.
       contents: With --dedup: the content digest (hex, `content_digests`) of
         each held volume, to its (record filename, version).
+      class_names: The dataset's class names: with --masks_dir, [] keeps every new
+        volume without a class (label -1) and a list keeps the class folders,
+        whatever layout the new volumes alone would show (`_class_layout`).
     """
 
     files: frozenset[str] = frozenset()
     contents: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    class_names: tuple[str, ...] | None = None
 
 
 def volume_plan_path(output_dir: str, filename: str) -> str:
@@ -174,6 +178,8 @@ def series_unit(rel_path: str) -> str | None:
     With --append a unit is held, new or changed as a whole (`conversion.append.sort_locations`):
     its volumes' labels and splits are decided by it, never by a slice.
     """
+    if _is_nifti_name(rel_path):
+        return rel_path  # Its own unit, in a class folder or not (--masks_dir: the Decathlon's flat imagesTr).
     unit = _unit_of(rel_path)
     return None if unit is None else unit[1]
 
@@ -271,7 +277,7 @@ def check_held_rows(labels_csv: Mapping[str, tuple[str, str | None]], held: Mapp
 def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_dir: str, output_dir: str, *,
                  options: volumes.VolumeOptions, split_ratios=None, seed: int = 0, quarantined=None,
                  labels_csv: Mapping[str, tuple[str, str | None]] | None = None,
-                 dedup: bool = False, held: HeldVolumes | None = None, unlabelled: bool = False) -> VolumesPlan:
+                 dedup: bool = False, held: HeldVolumes | None = None, masked: bool = False) -> VolumesPlan:
     """Plans every volume of a listing, from headers only.
 
     Args:
@@ -288,8 +294,12 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         one with the smallest name is kept, the others rejected `duplicate`.
       held: With --append: what the dataset holds (`files` are not planned here);
         with --dedup a new volume whose content it holds is a `duplicate` too.
-      unlabelled: Without a CSV (--masks_dir: masks are the targets): a NIfTI file
-        directly under --input_dir is a volume without a class (label -1), not `no_label`.
+      masked: --masks_dir without a CSV (masks are the targets): classes by the
+        structural rule (`_class_layout`): the first folder is a class only when
+        every volume lies at ROOT/<class>/<volume> with two classes or more, else
+        every volume has label -1, no class names, and its split is drawn by
+        `split_key` (a patient's series together); a NIfTI file directly under
+        --input_dir is a volume, not `no_label`.
 
     Raises:
       ValueError: For --split together with a CSV split column.
@@ -325,14 +335,14 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     else:
         for f in files:
             unit = _unit_of(f.rel_path)
-            if unit is None and unlabelled and _is_nifti_name(f.rel_path):
+            if unit is None and masked and _is_nifti_name(f.rel_path):
                 unit = (None, f.rel_path)  # Its own unit, without a class.
             if unit is None:
-                rejects.append((f.rel_path, "no_label", "outside any class folder"))
+                rejects.append((f.rel_path, "no_label", "directly under --input_dir, outside any series folder"
+                                if masked else "outside any class folder"))
             else:
                 by_unit[unit].append(f.rel_path)
         split_source = "series"
-    class_names = tuple(sorted_class_names({label for label, _ in by_unit if label is not None}))
     split_ratios = dict(split_ratios or {"train": 1.0})
     digests: dict[str, bytes] = {}  # With --dedup: rel_path -> the SHA-256 of its bytes.
     planned = []  # (class, unit, filename, stack or None, nifti or None)
@@ -340,6 +350,21 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         planned += [(cls, unit, name, stack, nifti) for name, stack, nifti in
                     _plan_unit(unit, paths, input_dir, options, rejects, digests if dedup else None, quarantined)]
     planned.sort(key=lambda p: os.fsencode(p[2]))
+    classless = False
+    if masked and labels_csv is None:
+        # Decided on the planned volumes (a file no volume takes, a README, does not count), before --dedup
+        # drops any: the same listing gives the same labels.
+        if held is not None and held.class_names is not None:
+            # --append: the dataset's rule, not the new volumes' alone (its labels cannot change).
+            classless = not held.class_names
+            if not classless:
+                planned = _in_class_layout(planned, rejects)
+        else:
+            classless = not _class_layout(planned)
+        if classless:
+            planned = [(None, *rest) for _, *rest in planned]
+    class_names = tuple(sorted_class_names({p[0] for p in planned} - {None} if masked and labels_csv is None
+                                           else {label for label, _ in by_unit if label is not None}))
     contents: dict[str, str] = {}
     of_held: dict[str, str] = {}
     if dedup:
@@ -358,7 +383,8 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
                                               f"{sorted(uid_classes[stack.series_uid])}") for rel in members]
             continue
         # The split of the series unit's name (the folder), never of a slice.
-        split = csv_splits.get(unit) or hash_split(seed, unit, split_ratios)
+        split = csv_splits.get(unit) or hash_split(seed, split_key(unit, nifti) if classless else unit,
+                                                   split_ratios)
         if split is None:  # Its split's ratio is zero: said, not silently dropped.
             rejects += [(rel, "not_in_split", f"{name}: its split has a ratio of zero (--split)") for rel in members]
             continue
@@ -370,6 +396,65 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         settled = dataclasses.replace(settled, duplicates_of_held={
             rel: name for rel, name in sorted(of_held.items()) if rel in rejected})
     return settled
+
+
+def _class_layout(planned: Sequence[tuple]) -> bool:
+    """Whether the first folders are classes of volumes with masks (the log says which rule applies).
+
+    They are when every planned volume lies exactly at ROOT/<class>/<volume>: a NIfTI file
+    ROOT/<class>/<name>.nii(.gz), or a DICOM series whose every file lies directly in its series
+    folder ROOT/<class>/<series>/<file>; and there are two classes or more. A series' files one
+    folder deeper (a TCIA tree, ROOT/<patient>/<study>/<series>/<file>), slices directly in a
+    top folder (ROOT/<case>/<file>) or a NIfTI file directly under ROOT say the first folder is no
+    class, as images' class folders are only ROOT/<class>/<file> (docs/preparing/masks.md).
+    """
+    classes: set = set()
+    off = None  # The first volume that is not at ROOT/<class>/<volume>, for the log.
+    for cls, _, name, stack, nifti in planned:
+        if not _at_class_volume(cls, stack, nifti):
+            off = off or name
+        classes.add(cls)
+    if off is None and len(classes) >= 2:
+        _LOG.info("Volume labels from the %d class folders (ROOT/<class>/<volume>; --masks_dir gives the masks)",
+                  len(classes))
+        return True
+    why = (f"{off} is not at ROOT/<class>/<volume> (a NIfTI file, or a series folder holding its DICOM files)"
+           if off is not None else f"{len(classes)} class folder{'s' if len(classes) != 1 else ''}, not two or more")
+    _LOG.info("No volume labels (label -1, class_names []): %s; each volume's split is drawn by its top folder "
+              "(a TCIA patient), a NIfTI file by itself. --labels_csv labels them.", why)
+    return False
+
+
+def _at_class_volume(cls, stack, nifti) -> bool:
+    """Whether a planned volume lies exactly at ROOT/<class>/<volume> (`_class_layout`)."""
+    depth = 2 if nifti is not None else 3
+    paths = (nifti,) if nifti is not None else tuple(s.name for s in stack.slices)
+    return cls is not None and all(path.count("/") == depth - 1 for path in paths)
+
+
+def _in_class_layout(planned: Sequence[tuple], rejects: list) -> list[tuple]:
+    """--append to a dataset with class folders and masks: the new volumes at ROOT/<class>/<volume>;
+    the others rejected `no_label` (a full conversion of the grown folder would give no classes)."""
+    kept = []
+    for entry in planned:
+        cls, _, name, stack, nifti = entry
+        if _at_class_volume(cls, stack, nifti):
+            kept.append(entry)
+            continue
+        rejects += [(rel, "no_label", f"{name}: not at ROOT/<class>/<volume>, where the dataset's volumes "
+                                      "take their class folders") for rel in _members(stack, nifti)]
+    return kept
+
+
+def split_key(unit: str, nifti: str | None) -> str:
+    """What a volume without a class (--masks_dir, no class folders) has its split drawn by.
+
+    Its top folder under --input_dir when it is a DICOM series: TCIA's patient
+    (ROOT/<patient>/<study>/<series>/...), whose every study and series then share one split
+    (no patient in two splits); a case folder (ROOT/<case>/<files>) is its own series folder. A
+    NIfTI file by itself (its own series unit, as the Decathlon's and nnU-Net's one case per file).
+    """
+    return unit if nifti is not None else unit.split("/")[0]
 
 
 def _plan_unit(unit: str, paths: Sequence[str], input_dir: str, options: volumes.VolumeOptions, rejects: list,

@@ -93,7 +93,6 @@ def test_volumes_are_a_kind_of_example_with_their_own_options():
     (dict(min_slices=0), "--min_slices must be >= 1. Received: 0"),
     (dict(time_series=True), "does not combine with --time_series"),
     (dict(annotations="a.json"), "does not combine with --annotations"),
-    (dict(masks_dir="m", append=True), "--volumes with --masks_dir does not combine with --append yet"),
     (dict(raster_patch="256"), "does not combine with --raster_patch"),
 ])
 def test_what_volumes_do_not_take_is_refused_naming_the_flag(given, message):
@@ -105,6 +104,11 @@ def test_what_volumes_do_not_take_is_refused_naming_the_flag(given, message):
 def test_volumes_take_masks_and_a_mask_suffix():
     config = ConversionConfig.from_flags(_flags(volumes=True, masks_dir="labelsTr", mask_suffix="_0000:"))
     assert config.masks.active and config.masks.suffixes == ("_0000", "")
+
+
+def test_volumes_append_takes_masks():
+    config = ConversionConfig.from_flags(_flags(volumes=True, masks_dir="labelsTr", append=True))
+    assert config.masks.active and config.append
 
 
 def test_volumes_append_takes_a_labels_csv_and_dedup():

@@ -132,6 +132,8 @@ def test_tcia_tree_with_seg_and_rtstruct_beside_their_series(tree, tmp_path):
     # One table for the dataset: the SEG's liver (segment 1) and the RTSTRUCT's (ROI 3) are one id.
     assert section["class_names"] == TABLE
     assert section["dtype"] == "uint8" and section["paired_by"] == "reference"
+    # Patients are no classes (ROOT/<patient>/<study>/<series>/<file>): label -1, no class names.
+    assert manifest["class_names"] == []
     assert section["unmatched_masks"] == 1  # The SEG of a series not among the inputs.
     assert readers.metadata.load_split(tmp_path / "out", "train", kind="volume").targets["mask"]["class_names"] == TABLE
     ds = readers.volume_dataset_from_tfrecords(tmp_path / "out", "train", dtype=None, label_mode="mask",
@@ -274,3 +276,108 @@ def test_each_stack_of_a_series_gets_its_mask_decoded_on_its_own_grid(tmp_path):
     (name, mask), = [(e["filename"].numpy().decode(), m.numpy()[..., 0]) for _, m, e in ds]
     assert name.startswith("P1/ST1#stack=")
     np.testing.assert_array_equal(mask, labels)
+
+
+def _series_with_seg(root, series, names, seed):
+    """A CT series at root/<series> and a SEG of `names` beside it (<study>/300.000000-SEG-<seed>/1-1.dcm);
+    its labels (0 background, k the k-th name)."""
+    write_series(root / series, count=DEPTH)
+    grid, _ = grid_of(root / series)
+    labels = blobs(DEPTH, len(names), seed=seed)
+    seg = root / series.rsplit("/", 1)[0] / f"300.000000-SEG-{seed}"
+    seg.mkdir()
+    (seg / "1-1.dcm").write_bytes(_seg(sources_in_k_order(root / series, grid), labels, names))
+    return labels
+
+
+def _masks_by_name(out, version=None):
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None, label_mode="mask", version=version,
+                                               extra_features=("filename",))
+    return {e["filename"].numpy().decode(): m.numpy()[..., 0] for _, m, e in ds}
+
+
+def test_append_new_series_with_a_seg_naming_a_new_class(tmp_path):
+    """A week of new CT series with their SEGs: held ids never move, a new name comes at the table's end."""
+    root = tmp_path / "input"
+    first = {"P1/ST1": _series_with_seg(root, "P1/ST1/1.000000-CT", ("liver", "spleen"), 1),
+             "P2/ST1": _series_with_seg(root, "P2/ST1/1.000000-CT", ("kidney",), 2)}
+    out = tmp_path / "out"
+    manifest = _convert(root, out, "--masks_dir", str(root))
+    v1_table = ["background", "kidney", "liver", "spleen"]
+    assert manifest["targets"]["mask"]["class_names"] == v1_table and manifest["class_names"] == []
+    v1 = _masks_by_name(out)
+    v1_shards = _shard_digests(out)
+    # The new week: a new patient's series whose SEG names "aorta" (sorted first, yet appended last), and a
+    # new study of a held patient.
+    second = {"P3/ST1": _series_with_seg(root, "P3/ST1/1.000000-CT", ("liver", "aorta"), 3),
+              "P1/ST2": _series_with_seg(root, "P1/ST2/1.000000-CT", ("spleen",), 4)}
+    grown = _convert(root, out, "--masks_dir", str(root), "--append")
+    table = [*v1_table, "aorta"]
+    section = grown["targets"]["mask"]
+    assert section["class_names"] == table and section["dtype"] == "uint8" and section["paired_by"] == "reference"
+    assert grown["class_names"] == [] and len(grown["versions"]) == 2
+    assert readers.metadata.load_split(out, "train", kind="volume").targets["mask"]["class_names"] == table
+    # Held records are never rewritten: version 1 reads as it did, its ids unchanged.
+    assert {k: v for k, v in _shard_digests(out).items() if k in v1_shards} == v1_shards
+    old = _masks_by_name(out, version=1)
+    assert sorted(old) == sorted(v1)
+    for name, mask in old.items():
+        np.testing.assert_array_equal(mask, v1[name], err_msg=name)
+    truth = {name: np.array([0, *(table.index(n) for n in names)])[labels] for name, labels, names in (
+        ("P1/ST1", first["P1/ST1"], ("liver", "spleen")), ("P2/ST1", first["P2/ST1"], ("kidney",)),
+        ("P3/ST1", second["P3/ST1"], ("liver", "aorta")), ("P1/ST2", second["P1/ST2"], ("spleen",)))}
+    now = _masks_by_name(out)
+    assert sorted(now) == sorted(truth)
+    for name, mask in now.items():
+        np.testing.assert_array_equal(mask, truth[name], err_msg=name)
+    assert set(np.unique(now["P3/ST1"])) == {0, 2, 4}  # liver keeps its held id, aorta is 4.
+    # Same input, same bytes: the same two runs into another folder.
+    again = tmp_path / "again"
+    for series in second:
+        shutil.move(str(root / series.split("/")[0] / series.split("/")[1]), str(tmp_path / series.replace("/", "_")))
+    _convert(root, again, "--masks_dir", str(root))
+    for series in second:
+        shutil.move(str(tmp_path / series.replace("/", "_")), str(root / series.split("/")[0] / series.split("/")[1]))
+    _convert(root, again, "--masks_dir", str(root), "--append")
+    assert _shard_digests(again) == _shard_digests(out)
+    assert json.loads((again / "manifest.json").read_text())["targets"] == grown["targets"]
+
+
+def test_append_of_seg_masks_to_a_dataset_of_nifti_masks_is_refused(tmp_path):
+    import nibabel as nib
+
+    root, masks = tmp_path / "input", tmp_path / "masks"
+    write_series(root / "P1/ST1/1.000000-CT", count=DEPTH)
+    grid, _ = grid_of(root / "P1/ST1/1.000000-CT")
+    (masks / "P1").mkdir(parents=True)
+    # The series' NIfTI mask by name (MASKS/<patient>/<study>.nii.gz), on its grid (k, j, i -> i, j, k).
+    nib.save(nib.Nifti1Image(blobs(DEPTH, 1, seed=5).transpose(2, 1, 0).astype(np.uint8), grid.affine),
+             masks / "P1" / "ST1.nii.gz")
+    out = tmp_path / "out"
+    assert _convert(root, out, "--masks_dir", str(masks))["counts"]["written"] == DEPTH
+    labels_seg = _series_with_seg(root, "P2/ST1/1.000000-CT", ("liver",), 6)
+    assert labels_seg.any()
+    shutil.move(str(root / "P2/ST1/300.000000-SEG-6"), str(masks / "seg"))
+    with pytest.raises(ValueError, match="dataset of NIfTI label volumes.*DICOM SEG/RTSTRUCT.*--overwrite"):
+        _convert(root, out, "--masks_dir", str(masks), "--append")
+
+
+def test_append_whose_class_table_outgrows_uint8_is_refused(tmp_path):
+    """255 names fit uint8 (255 is its ignore id): an RTSTRUCT that grows the table past them needs
+    uint16, which the held uint8 masks cannot become."""
+    root = tmp_path / "input"
+    _series_with_seg(root, "P1/ST1/1.000000-CT", ("liver",), 1)
+    out = tmp_path / "out"
+    assert _convert(root, out, "--masks_dir", str(root))["targets"]["mask"]["dtype"] == "uint8"
+    folder = root / "P2/ST1/1.000000-CT"
+    write_series(folder, count=DEPTH)
+    builder = RTStructBuilder.create_new(dicom_series_path=str(folder))
+    for n in range(255):  # With background and liver: 257 names.
+        roi = np.zeros((128, 128, DEPTH), bool)
+        roi[8 * (n % 15) + 2:8 * (n % 15) + 6, 8 * (n // 15) % 120 + 2:8 * (n // 15) % 120 + 6, n % DEPTH] = True
+        builder.add_roi(mask=roi, name=f"structure {n:03d}")
+    (root / "P2/ST1/2.000000-RTSTRUCT").mkdir()
+    builder.save(str(root / "P2/ST1/2.000000-RTSTRUCT/1-1.dcm"))
+    with pytest.raises(ValueError, match="grow its class table to 257 names .255 new., which need uint16.*--overwrite"):
+        _convert(root, out, "--masks_dir", str(root), "--append")
+    assert len(json.loads((out / "manifest.json").read_text()).get("versions") or [1]) == 1

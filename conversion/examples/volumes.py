@@ -47,8 +47,8 @@ def _group(files: list, problems: list, config, appending=None) -> Grouped:
         split_ratios=config.split_ratios, seed=config.seed, quarantined=quarantined,
         labels_csv=volumes.read_labels_csv(config.labels_csv) if config.labels_csv else None,
         dedup=config.writing.dedup, held=held,
-        # With masks a class is optional: a NIfTI file directly under --input_dir (Decathlon's imagesTr) has none.
-        unlabelled=masked and not config.labels_csv)
+        # With masks a class is optional: class folders only when every volume is at ROOT/<class>/<volume>.
+        masked=masked and not config.labels_csv)
     if appending is not None:
         appending.found_duplicates(planned.duplicates_of_held)
     members = {name: job.sources for name, job in planned.jobs.items()}

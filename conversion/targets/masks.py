@@ -26,6 +26,8 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
+import logging
+
 import numpy as np
 
 import schemas
@@ -35,6 +37,7 @@ from conversion.targets.kind import Description, PlannedKind, RecordPart, Target
 
 __all__ = ["KIND", "NAME", "of_file", "class_table_of", "drawn_of", "drawn_regions"]
 
+_LOG = logging.getLogger("shardsmith.convert")
 # The kind's key (`schemas.TARGET_KINDS`): the one whose feature is `mask`.
 NAME = _masks.TARGET_KIND
 
@@ -57,6 +60,9 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
     if request.windows is not None:
         # Label rasters cut with their examples' windows, as the kind of example cuts them.
         mask_plan = request.example.cut_masks(mask_plan, request.windows, config)
+    if held is not None and volumes:
+        # The dataset's class table (held ids never move) and dtype, before the dtype is kept.
+        mask_plan = _held_volume_table(mask_plan, held, options)
     if held is not None:
         mask_plan = _held_dtype(mask_plan, held, options)
     # --annotations_frame only where given: the default's planned targets stay as they were.
@@ -135,6 +141,49 @@ def _held_dtype(mask_plan, held, options):
             f"the new masks under --masks_dir {options.masks_dir} need uint16 (ids or samples above "
             "8 bits): the held masks' PNGs cannot change. Convert the grown folder with --overwrite.")
     return dataclasses.replace(mask_plan, dtype=dtype, section={**mask_plan.section, "dtype": dtype})
+
+
+def _held_volume_table(mask_plan, held, options):
+    """--volumes --append: the new masks' class table is the dataset's, grown at its end.
+
+    DICOM SEG/RTSTRUCT masks: a name the dataset's table (`targets.mask.class_names`) lacks is
+    appended after its last id (new names sorted among themselves), so every held id keeps its
+    name and the held records stay true; the dtype is the grown table's, refused where it must
+    grow past the held one's. NIfTI label volumes keep the dataset's names (a Decathlon
+    `dataset.json`'s). Masks of the other family than the dataset's are refused.
+
+    Raises:
+      ValueError: Naming --masks_dir and --overwrite, for DICOM masks added to a dataset of
+        NIfTI masks (or the reverse), or a grown table that needs uint16 in a uint8 dataset.
+    """
+    from conversion import dicom_masks as _dicom
+
+    by_reference, held_by_reference = bool(mask_plan.section.get(_BY_REFERENCE)), bool(held.get(_BY_REFERENCE))
+    if mask_plan.files and by_reference != held_by_reference:
+        kinds = ("DICOM SEG/RTSTRUCT masks (ids of a named class table)", "NIfTI label volumes (ids as stored)")
+        raise ValueError(
+            f"--append adds to a dataset of {kinds[not held_by_reference]}, and the new masks under --masks_dir "
+            f"{options.masks_dir} are {kinds[not by_reference]}: one dataset cannot hold both meanings. Convert "
+            "the grown folder with --overwrite, or the new volumes into another --output_dir.")
+    held_names = list(held.get("class_names") or ())
+    if not by_reference:
+        if held_names:  # The Decathlon names the dataset was converted with.
+            return dataclasses.replace(mask_plan, section={**mask_plan.section, "class_names": held_names})
+        return mask_plan
+    new = sorted(set(mask_plan.section.get("class_names") or ()) - set(held_names) - {_dicom.BACKGROUND})
+    table = [*held_names, *new]
+    dtype = _dicom.mask_dtype(table)
+    if new:
+        _LOG.info("Mask classes: %d new names appended at the end of the dataset's class table (ids %d to %d): %s",
+                  len(new), len(held_names), len(table) - 1, ", ".join(new))
+    if held.get("dtype") in _MASK_DTYPES and _MASK_DTYPES.index(dtype) > _MASK_DTYPES.index(held["dtype"]):
+        raise ValueError(
+            f"--append adds to a dataset of {held['dtype']} masks (its manifest's targets.{NAME}.dtype), and the "
+            f"new masks under --masks_dir {options.masks_dir} grow its class table to {len(table)} names "
+            f"({len(new)} new), which need {dtype}: the held records' masks cannot change. Convert the grown "
+            "folder with --overwrite.")
+    return dataclasses.replace(mask_plan, dtype=dtype, section={**mask_plan.section, "class_names": table,
+                                                                "dtype": dtype, _BY_REFERENCE: held[_BY_REFERENCE]})
 
 
 def _merge(held: dict, mine: dict) -> dict:
