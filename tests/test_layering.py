@@ -139,3 +139,16 @@ def test_every_package_imports_only_those_of_a_lower_rank():
 
 def test_no_file_cycle_counting_imports_inside_functions():
     assert cycles(_graph()) == []
+
+
+def test_tests_import_their_helpers_by_plain_name():
+    """`tests` is a namespace package: a third-party wheel that ships a top-level `tests` package
+    (rt-utils does) wins over it, and `tests.helpers` stops importing in a fresh venv. Test files
+    import `helpers`, `_reader_data`, ... by plain name (pytest puts tests/ on sys.path)."""
+    found = []
+    for path in sorted((_REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.name}:{node.lineno}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert found == []
