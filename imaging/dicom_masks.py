@@ -174,11 +174,15 @@ class MaskHeader(NamedTuple):
       class_names: Its segments' labels (by SegmentNumber) or ROIs' names (in
         StructureSetROISequence order), as `read_dicom_mask` names its labels 1, 2, ...
         (stripped of spaces; an empty one `segment_<n>` / `roi_<n>`).
+      instance_uids: The SOPInstanceUIDs of the images it lists as drawn on, sorted (a SEG's
+        ReferencedSeriesSequence > ReferencedInstanceSequence; an RTSTRUCT's
+        RTReferencedSeriesSequence > ContourImageSequence); () when it lists none.
     """
 
     kind: str
     series_uids: tuple[str, ...]
     class_names: tuple[str, ...]
+    instance_uids: tuple[str, ...] = ()
 
 
 # The top-level elements `read_mask_header` reads; pydicom steps over the others (their bytes unread).
@@ -215,19 +219,27 @@ def read_mask_header(f, name: str) -> MaskHeader | None:
                 labelmap = sop_class == LABEL_MAP_SEG_STORAGE or \
                     str(ds.get("SegmentationType", "") or "").upper() == "LABELMAP"
                 names = _segment_names(ds, name, labelmap)
-                series = {str(item.get("SeriesInstanceUID", "") or "")
-                          for item in ds.get("ReferencedSeriesSequence") or ()}
-                return MaskHeader(kind, tuple(sorted(series - {""})), tuple(names[n] for n in sorted(names)))
-            series = {str(item.get("SeriesInstanceUID", "") or "")
-                      for reference in ds.get("ReferencedFrameOfReferenceSequence") or ()
-                      for study in reference.get("RTReferencedStudySequence") or ()
-                      for item in study.get("RTReferencedSeriesSequence") or ()}
+                items = list(ds.get("ReferencedSeriesSequence") or ())
+                series = {str(item.get("SeriesInstanceUID", "") or "") for item in items}
+                return MaskHeader(kind, tuple(sorted(series - {""})), tuple(names[n] for n in sorted(names)),
+                                  _instances(items, "ReferencedInstanceSequence"))
+            items = [item for reference in ds.get("ReferencedFrameOfReferenceSequence") or ()
+                     for study in reference.get("RTReferencedStudySequence") or ()
+                     for item in study.get("RTReferencedSeriesSequence") or ()]
+            series = {str(item.get("SeriesInstanceUID", "") or "") for item in items}
             names = tuple(_roi_name(roi) for roi in ds.get("StructureSetROISequence") or ())
-            return MaskHeader(kind, tuple(sorted(series - {""})), names)
+            return MaskHeader(kind, tuple(sorted(series - {""})), names, _instances(items, "ContourImageSequence"))
         except ImageRejected:
             raise
         except Exception as e:  # noqa: BLE001 - pydicom's many errors of a damaged header: said as 'corrupt'
             raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({type(e).__name__}: {e})"[:300]) from e
+
+
+def _instances(series_items, sequence: str) -> tuple[str, ...]:
+    """The ReferencedSOPInstanceUIDs of `sequence` in each referenced series' item, sorted."""
+    uids = {str(image.get("ReferencedSOPInstanceUID", "") or "")
+            for item in series_items for image in item.get(sequence) or ()}
+    return tuple(sorted(uids - {""}))
 
 
 def _roi_name(roi) -> str:
