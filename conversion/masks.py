@@ -287,8 +287,9 @@ def _strays_beside(volume: str, series_uid: str, failed, unmatched) -> str:
     said = [f"{rel} is unreadable ({why})" for rel, why in failed if rel.startswith(top)]
     for m in unmatched:
         if m.rel_path.startswith(top):
+            what = f"series {', '.join(m.series_uids)}" if m.series_uids else "no series"
             said.append(f"{m.rel_path} names this series but none of its slices" if series_uid in m.series_uids
-                        else f"{m.rel_path} references " + (f"series {', '.join(m.series_uids)}" if m.series_uids else "no series"))
+                        else f"{m.rel_path} references {what}")
     return f"; beside it, {'; '.join(said[:3])}" if said else ""
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import struct
 import warnings
 from typing import NamedTuple
 
@@ -304,8 +305,22 @@ def read_dicom_mask(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
     ds = dicom.read_dataset(data, name, require_pixels=False)
     sop_class = str(ds.get("SOPClassUID", "") or "")
     if sop_class == RTSTRUCT_STORAGE:
-        return _rtstruct(ds, name, grid)
-    return _seg(ds, name, grid)
+        return _lazily_parsed(_rtstruct, ds, name, grid)
+    return _lazily_parsed(_seg, ds, name, grid)
+
+
+def _lazily_parsed(read, ds, name: str, grid: SeriesGrid) -> DicomMask:
+    """`read(ds, name, grid)`, pydicom's errors of a damaged file said as 'corrupt'.
+
+    pydicom parses a sequence when it is first used: in a file cut short, or whose lengths are
+    damaged, that is where it raises OSError ('No tag to read at file position ...'), which was
+    rejected as the volume's own 'unreadable', naming no mask (found by a mutation run, mfuzz12).
+    """
+    try:
+        return read(ds, name, grid)
+    except (OSError, EOFError, struct.error) as e:
+        raise ImageRejected("corrupt", f"{name}: damaged or cut short: a sequence past its end "
+                                       f"({type(e).__name__}: {e})"[:300]) from e
 
 
 # --- SEG ------------------------------------------------------------------------------------
@@ -327,7 +342,7 @@ def labels_from_seg(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
         reference), 'mask_geometry_mismatch' (other size, spacing, orientation, or a
         frame off the series' slices), 'corrupt', 'unsupported_codec'.
     """
-    return _seg(dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
+    return _lazily_parsed(_seg, dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
 
 
 def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -573,7 +588,8 @@ def labels_from_rtstruct(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
         (another frame of reference or series), 'mask_geometry_mismatch' (a
         contour off the series' slice planes, or outside its slices), 'corrupt'.
     """
-    return _rtstruct(dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
+    return _lazily_parsed(_rtstruct, dicom.read_dataset(data, name, require_pixels=False), name,
+                          SeriesGrid.of(grid))
 
 
 def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -593,6 +609,13 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
                             f"{name} outlines series {', '.join(sorted(series))}, not the volume's series "
                             f"{grid.series_uid}")
     rois = list(ds.get("StructureSetROISequence") or ())
+    if not rois or not ds.get("ROIContourSequence"):
+        # Both are Type 1 (an item at least). Without them every voxel would be stored as background:
+        # a wrong mask, not none. pydicom reads a file cut short before its contours without an
+        # error (found by a mutation run, mfuzz12).
+        missing = [k for k in ("StructureSetROISequence", "ROIContourSequence") if not ds.get(k)]
+        raise ImageRejected("corrupt", f"{name}: an RT Structure Set without {' or '.join(missing)} (required): "
+                                       "it outlines no ROI (a file cut short?)")
     # An ROI's own ReferencedFrameOfReferenceUID, else the structure set's one (if it names one).
     default = next(iter(frames_of_reference)) if len(frames_of_reference) == 1 else ""
     label_of, class_names = {}, [_BACKGROUND]

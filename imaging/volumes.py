@@ -699,10 +699,12 @@ def nifti_layout(head: bytes) -> tuple[tuple[int, ...], int, int] | None:
         size = int(np.frombuffer(head, f"{order}i4", 1, 0)[0])
         if size == 348:
             rank, dims = int(np.frombuffer(head, f"{order}i2", 1, 40)[0]), np.frombuffer(head, f"{order}i2", 7, 42)
-            code, offset = int(np.frombuffer(head, f"{order}i2", 1, 70)[0]), float(np.frombuffer(head, f"{order}f4", 1, 108)[0])
+            code = int(np.frombuffer(head, f"{order}i2", 1, 70)[0])
+            offset = float(np.frombuffer(head, f"{order}f4", 1, 108)[0])
         elif size == 540 and len(head) >= 540:
             rank, dims = int(np.frombuffer(head, f"{order}i8", 1, 16)[0]), np.frombuffer(head, f"{order}i8", 7, 24)
-            code, offset = int(np.frombuffer(head, f"{order}i2", 1, 12)[0]), float(np.frombuffer(head, f"{order}i8", 1, 168)[0])
+            code = int(np.frombuffer(head, f"{order}i2", 1, 12)[0])
+            offset = float(np.frombuffer(head, f"{order}i8", 1, 168)[0])
         else:
             continue
         if not 1 <= rank <= 7 or code not in data_type_codes.dtype:
@@ -750,9 +752,9 @@ class _Gunzip:
         while count < n:
             if self._inflater is None:
                 rest = self._rest
-                if not rest.strip(b"\0"):  # The end (zero padding after the last member is allowed).
-                    break
                 if rest[:2] != b"\x1f\x8b":
+                    if not rest.strip(b"\0"):  # The end (zero padding after the last member is allowed).
+                        break
                     raise self._fail("bytes that are no gzip member after its end")
                 self._inflater, self._rest, feed = zlib.decompressobj(16 + zlib.MAX_WBITS), b"", rest
             else:
@@ -798,13 +800,15 @@ def _gunzip_nifti(data: bytes, name: str, check_shape: Callable[[tuple[int, ...]
     if offset > _NIFTI_MAX_EXTRA:
         raise ImageRejected("corrupt", f"{name}: its header puts its voxels at byte {offset - 16:,}, past the "
                                        f"{_NIFTI_MAX_EXTRA >> 20} MiB of header extensions read (a damaged vox_offset)")
-    body, _ = stream.read(max(0, offset + nbytes - len(head)))
+    # Inflated again from the start, in one piece: no copy of the voxels to join them to the header.
+    stream = _Gunzip(data, name)
+    whole, _ = stream.read(max(len(head), offset + nbytes))
     extra = stream.drain(_NIFTI_MAX_EXTRA)
     if extra > _NIFTI_MAX_EXTRA:
         raise ImageRejected("corrupt", f"{name}: its gzip inflates to more than {_NIFTI_MAX_EXTRA >> 20} MiB past "
                                        f"the {offset + nbytes:,} bytes its header's shape {shape} asks (a gzip bomb, "
                                        "or a damaged header)")
-    return head + body
+    return whole
 
 
 def nifti_image(data: bytes, name: str, check_shape: Callable[[tuple[int, ...]], None] | None = None):

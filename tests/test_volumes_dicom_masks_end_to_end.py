@@ -391,12 +391,12 @@ def test_append_whose_class_table_outgrows_uint8_is_refused(tmp_path):
 def test_a_seg_naming_another_series_than_its_images_costs_only_its_own_volume(tmp_path):
     """Found by a mutation run of mask files (mfuzz12): B's SEG with its ReferencedSeriesSequence
     rewritten to name A's series (its images still B's slices) made A's volume ambiguous (two
-    masks): A was lost for B's damaged header. A mask now pairs only with a volume holding one of
-    the images it lists: A is converted with its own SEG; B is missing_mask, naming its SEG and
-    what that references."""
+    masks): A was lost for B's damaged header. Of several masks of a series, those listing none of
+    its slices are left out: A is converted with its own SEG; B is missing_mask, naming its SEG and
+    what that references (and C, whose SEG is cut short, naming it unreadable)."""
     root = tmp_path / "input"
     uids = {}
-    for name in ("A", "B"):
+    for name in ("A", "B", "C"):
         folder = root / f"P{name}/ST1/1.000000-CT"
         uids[name], _, _ = write_series(folder, count=DEPTH)
         grid, _ = grid_of(folder)
@@ -407,11 +407,15 @@ def test_a_seg_naming_another_series_than_its_images_costs_only_its_own_volume(t
             out = io.BytesIO()
             ds.save_as(out)
             data = out.getvalue()
+        elif name == "C":  # Cut short in its header: no reference to read.
+            data = data[:1000]
         (root / f"P{name}/ST1/300.000000-SEG").mkdir()
         (root / f"P{name}/ST1/300.000000-SEG/1-1.dcm").write_bytes(data)
     manifest = _convert(root, tmp_path / "out", "--masks_dir", str(root))
-    assert manifest["counts"] == {"found": 2 * DEPTH, "written": DEPTH, "rejected": DEPTH, "skipped": 0}
-    assert manifest["targets"]["mask"]["unmatched_masks"] == 1
+    assert manifest["counts"] == {"found": 3 * DEPTH, "written": DEPTH, "rejected": 2 * DEPTH, "skipped": 0}
+    assert manifest["targets"]["mask"]["unmatched_masks"] == 2
     rejects = _rejects(tmp_path / "out")
-    assert {(r["path"].split("/")[0], r["reason"]) for r in rejects} == {("PB", "missing_mask")}
-    assert f"beside it, PB/ST1/300.000000-SEG/1-1.dcm references series {uids['A']}" in rejects[0]["message"]
+    assert {(r["path"].split("/")[0], r["reason"]) for r in rejects} == {("PB", "missing_mask"), ("PC", "missing_mask")}
+    message = {r["path"].split("/")[0]: r["message"] for r in rejects}
+    assert f"beside it, PB/ST1/300.000000-SEG/1-1.dcm references series {uids['A']}" in message["PB"]
+    assert "beside it, PC/ST1/300.000000-SEG/1-1.dcm is unreadable (" in message["PC"]
