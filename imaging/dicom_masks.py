@@ -69,6 +69,10 @@ _COSINE_TOLERANCE = 1e-4
 _SPACING_TOLERANCE = 1e-4
 # A pixel centre within this many pixels of a contour is on it, and inside (the closed rule).
 _EDGE_TOLERANCE = 1e-3
+# How far past a slice's edges (in slice widths / heights) a contour point may lie: a structure cut
+# by the field of view runs past it a little; a point 1e9 mm away is a damaged ContourData, whose
+# polygon would fill most of the slice (found by a mutation run, mfuzz12).
+_CONTOUR_REACH = 10
 _BACKGROUND = "background"
 _CLOSED = ("CLOSED_PLANAR", "CLOSEDPLANAR_XOR")
 
@@ -669,7 +673,17 @@ def _place_contour(contour, grid: SeriesGrid, by_uid: dict, name: str, roi_name:
     if not len(values) or len(values) % 3:
         raise ImageRejected("corrupt", f"{name}: a contour of ROI {roi_name!r} has {len(values)} "
                                        "ContourData values, not x, y, z triplets")
-    points = grid.to_voxels(np.asarray(values).reshape(-1, 3))
+    with np.errstate(over="ignore", invalid="ignore"):
+        points = grid.to_voxels(np.asarray(values).reshape(-1, 3))
+    reach = _CONTOUR_REACH * max(grid.shape[1], grid.shape[2])
+    with np.errstate(invalid="ignore"):
+        off = ~np.isfinite(points).all(axis=1) | (np.abs(points[:, :2]) > reach).any(axis=1)
+    if off.any():
+        far = np.asarray(values).reshape(-1, 3)[int(np.argmax(off))]
+        raise ImageRejected("mask_geometry_mismatch",
+                            f"{name}: a contour of ROI {roi_name!r} has a point at ({far[0]:.6g}, {far[1]:.6g}, "
+                            f"{far[2]:.6g}) mm, more than {_CONTOUR_REACH} slice widths off the series' "
+                            f"{grid.shape[2]}x{grid.shape[1]} slices (a damaged ContourData)")
     depth = points[:, 2]
     k = int(round(float(np.median(depth))))
     references = sorted({by_uid[r] for r in _references(contour.get("ContourImageSequence")) if r in by_uid})

@@ -903,3 +903,27 @@ def test_rtstruct_cut_short_anywhere_is_corrupt_never_a_partial_mask(tmp_path):
     with pytest.raises(ImageRejected, match="without ROIContourSequence") as e:
         dicom_masks.read_dicom_mask(data[:data.index(b"\x06\x30\x39\x00")], "rs.dcm", grid)  # (3006,0039)
     assert e.value.reason == "corrupt"
+
+
+@pytest.mark.parametrize("x,y", [(1e308, -45.0), (-1e9, 1e9), (3e5, -45.0)])
+def test_a_contour_point_far_off_the_slices_is_a_geometry_mismatch(series, x, y):
+    """Found by a mutation run of mask files (mfuzz12): one point of a square moved to x = 1e308 mm
+    (or -1e9, 1e9) was read, its polygon filling a wedge of the slice (1e308 overflowed to inf
+    through the grid's inverse affine). A structure past the field of view by a little is read."""
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)])])
+    contour = ds.ROIContourSequence[0].ContourSequence[0]
+    original = [float(v) for v in contour.ContourData]
+    within = dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid).labels
+    values = list(original)
+    values[0], values[1] = x, y
+    contour.ContourData = [f"{v:.10g}" for v in values]
+    with pytest.raises(ImageRejected, match="slice widths off the series' 128x128 slices") as e:
+        dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+    values = list(original)
+    values[0], values[1] = values[3] - 200.0, values[4]  # 300 pixels past the edge: read, clipped to the slice.
+    contour.ContourData = [f"{v:.10g}" for v in values]
+    wider = dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid).labels
+    assert wider.sum() > within.sum()
