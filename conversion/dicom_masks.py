@@ -51,6 +51,7 @@ class DicomMaskFile:
       kind: 'seg' or 'rtstruct'.
       series_uids: The SeriesInstanceUIDs it references.
       class_names: Its labels' names (segment labels, ROI names), stripped of spaces.
+      instance_uids: The SOPInstanceUIDs of the images it lists as drawn on (() when none).
     """
 
     rel_path: str
@@ -58,6 +59,7 @@ class DicomMaskFile:
     kind: str
     series_uids: tuple[str, ...]
     class_names: tuple[str, ...]
+    instance_uids: tuple[str, ...] = ()
 
 
 def read_headers(candidates: Sequence[tuple[str, str]]) -> tuple[list[DicomMaskFile], list[tuple[str, str]]]:
@@ -86,31 +88,54 @@ def read_headers(candidates: Sequence[tuple[str, str]]) -> tuple[list[DicomMaskF
                 failed.append((rel, str(e)))
                 continue
         if header is not None:
-            found.append(DicomMaskFile(rel, path, header.kind, header.series_uids, header.class_names))
+            found.append(DicomMaskFile(rel, path, header.kind, header.series_uids, header.class_names,
+                                       header.instance_uids))
     for rel, why in failed:
         _LOG.warning("Mask %s under --masks_dir is unreadable, paired with no volume: %s", rel, why)
     return found, failed
 
 
-def pair_by_reference(volume_series: Mapping[str, str], masks: Sequence[DicomMaskFile]):
+def pair_by_reference(volume_series: Mapping[str, str], masks: Sequence[DicomMaskFile],
+                      volume_instances: Mapping[str, frozenset] | None = None):
     """Each volume's masks by the series they reference.
+
+    Where several masks reference a volume's series, those listing the images they were drawn
+    on (`DicomMaskFile.instance_uids`) none of which is a slice of that volume are left out
+    of its masks: a SEG whose ReferencedSeriesSequence names another series than its
+    images' (a damaged or hand-edited header) no longer makes that series' volume ambiguous
+    (found by a mutation run of mask files, mfuzz12). A volume's only mask stays its mask
+    (the decoder says why its frames are not the volume's slices).
 
     Args:
       volume_series: Volume name -> its SeriesInstanceUID (DICOM series volumes only;
         the stacks of one series each get its masks).
       masks: The masks found (`read_headers`).
+      volume_instances: Volume name -> its slices' SOPInstanceUIDs; None (or a volume
+        missing): every mask of its series is its.
 
     Returns:
-      (volume name -> its masks (one, or several: ambiguous), the masks referencing no
-      planned series).
+      (volume name -> its masks (one, or several: ambiguous), the masks paired with no
+      volume: referencing no planned series, or left out as above).
     """
     by_series = defaultdict(list)
     for m in masks:
         for uid in m.series_uids:
             by_series[uid].append(m)
-    found = {name: by_series[uid] for name, uid in volume_series.items() if by_series.get(uid)}
-    planned = set(volume_series.values())
-    unmatched = [m for m in masks if not planned.intersection(m.series_uids)]
+    instances = volume_instances or {}
+
+    def fits(mask: DicomMaskFile, name: str) -> bool:
+        slices = instances.get(name)
+        return not mask.instance_uids or slices is None or not slices.isdisjoint(mask.instance_uids)
+
+    found = {}
+    for name, uid in volume_series.items():
+        fitting = by_series.get(uid, [])
+        if len(fitting) > 1:
+            fitting = [m for m in fitting if fits(m, name)] or fitting
+        if fitting:
+            found[name] = fitting
+    paired = {m.rel_path for ms in found.values() for m in ms}
+    unmatched = [m for m in masks if m.rel_path not in paired]
     return found, unmatched
 
 

@@ -277,6 +277,22 @@ def plan_masks(files: Sequence, problems: Sequence, options: MaskOptions, *, inp
                     unmatched, labels_from, section)
 
 
+def _strays_beside(volume: str, series_uid: str, failed, unmatched) -> str:
+    """What a volume's missing_mask message adds about the SEG/RTSTRUCTs in its top folder (a TCIA
+    patient) that no volume took: unreadable ones, and what the others reference (the likely
+    reason it has none); '' when there are none."""
+    top = volume.split("/", 1)[0] + "/" if "/" in volume else None
+    if top is None:
+        return ""
+    said = [f"{rel} is unreadable ({why})" for rel, why in failed if rel.startswith(top)]
+    for m in unmatched:
+        if m.rel_path.startswith(top):
+            what = f"series {', '.join(m.series_uids)}" if m.series_uids else "no series"
+            said.append(f"{m.rel_path} names this series but none of its slices" if series_uid in m.series_uids
+                        else f"{m.rel_path} references {what}")
+    return f"; beside it, {'; '.join(said[:3])}" if said else ""
+
+
 def _plan_volume_masks(files, problems, options: MaskOptions, input_dir: str, plans: Mapping) -> MaskPlan:
     """`plan_masks` of volumes: NIfTI label volumes paired by name, DICOM SEG/RTSTRUCT by reference.
 
@@ -318,7 +334,8 @@ def _plan_volume_masks(files, problems, options: MaskOptions, input_dir: str, pl
             by_stem[family.stem(m.rel_path)].append(m)
     series_of = {f.rel_path: plans[f.rel_path].stack.series_uid for f in files
                  if f.rel_path in plans and plans[f.rel_path].stack is not None}
-    by_reference, unmatched_dicom = _dicom.pair_by_reference(series_of, found)
+    instances_of = {name: frozenset(s.sop_instance_uid for s in plans[name].stack.slices) for name in series_of}
+    by_reference, unmatched_dicom = _dicom.pair_by_reference(series_of, found, instances_of)
     kept, problems, mask_of, used = [], list(problems), {}, set()
     dicom_of = {}  # Volume name -> its DICOM mask.
     for f in files:
@@ -338,6 +355,7 @@ def _plan_volume_masks(files, problems, options: MaskOptions, input_dir: str, pl
             message = _missing_message(f, stem, options, family.extensions)
             if f.rel_path in series_of:
                 message += f", and no SEG or RTSTRUCT under it references series {series_of[f.rel_path]}"
+                message += _strays_beside(f.rel_path, series_of[f.rel_path], failed, unmatched_dicom)
             problems.append(_listing.Problem(f.rel_path, "missing_mask", message))
         else:
             names = " and ".join([_listing.display_path(m.rel_path) for m in niftis]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import struct
 import warnings
 from typing import NamedTuple
 
@@ -68,6 +69,10 @@ _COSINE_TOLERANCE = 1e-4
 _SPACING_TOLERANCE = 1e-4
 # A pixel centre within this many pixels of a contour is on it, and inside (the closed rule).
 _EDGE_TOLERANCE = 1e-3
+# How far past a slice's edges (in slice widths / heights) a contour point may lie: a structure cut
+# by the field of view runs past it a little; a point 1e9 mm away is a damaged ContourData, whose
+# polygon would fill most of the slice (found by a mutation run, mfuzz12).
+_CONTOUR_REACH = 10
 _BACKGROUND = "background"
 _CLOSED = ("CLOSED_PLANAR", "CLOSEDPLANAR_XOR")
 
@@ -174,11 +179,15 @@ class MaskHeader(NamedTuple):
       class_names: Its segments' labels (by SegmentNumber) or ROIs' names (in
         StructureSetROISequence order), as `read_dicom_mask` names its labels 1, 2, ...
         (stripped of spaces; an empty one `segment_<n>` / `roi_<n>`).
+      instance_uids: The SOPInstanceUIDs of the images it lists as drawn on, sorted (a SEG's
+        ReferencedSeriesSequence > ReferencedInstanceSequence; an RTSTRUCT's
+        RTReferencedSeriesSequence > ContourImageSequence); () when it lists none.
     """
 
     kind: str
     series_uids: tuple[str, ...]
     class_names: tuple[str, ...]
+    instance_uids: tuple[str, ...] = ()
 
 
 # The top-level elements `read_mask_header` reads; pydicom steps over the others (their bytes unread).
@@ -215,19 +224,27 @@ def read_mask_header(f, name: str) -> MaskHeader | None:
                 labelmap = sop_class == LABEL_MAP_SEG_STORAGE or \
                     str(ds.get("SegmentationType", "") or "").upper() == "LABELMAP"
                 names = _segment_names(ds, name, labelmap)
-                series = {str(item.get("SeriesInstanceUID", "") or "")
-                          for item in ds.get("ReferencedSeriesSequence") or ()}
-                return MaskHeader(kind, tuple(sorted(series - {""})), tuple(names[n] for n in sorted(names)))
-            series = {str(item.get("SeriesInstanceUID", "") or "")
-                      for reference in ds.get("ReferencedFrameOfReferenceSequence") or ()
-                      for study in reference.get("RTReferencedStudySequence") or ()
-                      for item in study.get("RTReferencedSeriesSequence") or ()}
+                items = list(ds.get("ReferencedSeriesSequence") or ())
+                series = {str(item.get("SeriesInstanceUID", "") or "") for item in items}
+                return MaskHeader(kind, tuple(sorted(series - {""})), tuple(names[n] for n in sorted(names)),
+                                  _instances(items, "ReferencedInstanceSequence"))
+            items = [item for reference in ds.get("ReferencedFrameOfReferenceSequence") or ()
+                     for study in reference.get("RTReferencedStudySequence") or ()
+                     for item in study.get("RTReferencedSeriesSequence") or ()]
+            series = {str(item.get("SeriesInstanceUID", "") or "") for item in items}
             names = tuple(_roi_name(roi) for roi in ds.get("StructureSetROISequence") or ())
-            return MaskHeader(kind, tuple(sorted(series - {""})), names)
+            return MaskHeader(kind, tuple(sorted(series - {""})), names, _instances(items, "ContourImageSequence"))
         except ImageRejected:
             raise
         except Exception as e:  # noqa: BLE001 - pydicom's many errors of a damaged header: said as 'corrupt'
             raise ImageRejected("corrupt", f"{name}: unreadable DICOM header ({type(e).__name__}: {e})"[:300]) from e
+
+
+def _instances(series_items, sequence: str) -> tuple[str, ...]:
+    """The ReferencedSOPInstanceUIDs of `sequence` in each referenced series' item, sorted."""
+    uids = {str(image.get("ReferencedSOPInstanceUID", "") or "")
+            for item in series_items for image in item.get(sequence) or ()}
+    return tuple(sorted(uids - {""}))
 
 
 def _roi_name(roi) -> str:
@@ -292,8 +309,22 @@ def read_dicom_mask(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
     ds = dicom.read_dataset(data, name, require_pixels=False)
     sop_class = str(ds.get("SOPClassUID", "") or "")
     if sop_class == RTSTRUCT_STORAGE:
-        return _rtstruct(ds, name, grid)
-    return _seg(ds, name, grid)
+        return _lazily_parsed(_rtstruct, ds, name, grid)
+    return _lazily_parsed(_seg, ds, name, grid)
+
+
+def _lazily_parsed(read, ds, name: str, grid: SeriesGrid) -> DicomMask:
+    """`read(ds, name, grid)`, pydicom's errors of a damaged file said as 'corrupt'.
+
+    pydicom parses a sequence when it is first used: in a file cut short, or whose lengths are
+    damaged, that is where it raises OSError ('No tag to read at file position ...'), which was
+    rejected as the volume's own 'unreadable', naming no mask (found by a mutation run, mfuzz12).
+    """
+    try:
+        return read(ds, name, grid)
+    except (OSError, EOFError, struct.error) as e:
+        raise ImageRejected("corrupt", f"{name}: damaged or cut short: a sequence past its end "
+                                       f"({type(e).__name__}: {e})"[:300]) from e
 
 
 # --- SEG ------------------------------------------------------------------------------------
@@ -315,7 +346,7 @@ def labels_from_seg(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
         reference), 'mask_geometry_mismatch' (other size, spacing, orientation, or a
         frame off the series' slices), 'corrupt', 'unsupported_codec'.
     """
-    return _seg(dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
+    return _lazily_parsed(_seg, dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
 
 
 def _seg(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -561,7 +592,8 @@ def labels_from_rtstruct(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
         (another frame of reference or series), 'mask_geometry_mismatch' (a
         contour off the series' slice planes, or outside its slices), 'corrupt'.
     """
-    return _rtstruct(dicom.read_dataset(data, name, require_pixels=False), name, SeriesGrid.of(grid))
+    return _lazily_parsed(_rtstruct, dicom.read_dataset(data, name, require_pixels=False), name,
+                          SeriesGrid.of(grid))
 
 
 def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -581,6 +613,13 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
                             f"{name} outlines series {', '.join(sorted(series))}, not the volume's series "
                             f"{grid.series_uid}")
     rois = list(ds.get("StructureSetROISequence") or ())
+    if not rois or not ds.get("ROIContourSequence"):
+        # Both are Type 1 (an item at least). Without them every voxel would be stored as background:
+        # a wrong mask, not none. pydicom reads a file cut short before its contours without an
+        # error (found by a mutation run, mfuzz12).
+        missing = [k for k in ("StructureSetROISequence", "ROIContourSequence") if not ds.get(k)]
+        raise ImageRejected("corrupt", f"{name}: an RT Structure Set without {' or '.join(missing)} (required): "
+                                       "it outlines no ROI (a file cut short?)")
     # An ROI's own ReferencedFrameOfReferenceUID, else the structure set's one (if it names one).
     default = next(iter(frames_of_reference)) if len(frames_of_reference) == 1 else ""
     label_of, class_names = {}, [_BACKGROUND]
@@ -634,7 +673,17 @@ def _place_contour(contour, grid: SeriesGrid, by_uid: dict, name: str, roi_name:
     if not len(values) or len(values) % 3:
         raise ImageRejected("corrupt", f"{name}: a contour of ROI {roi_name!r} has {len(values)} "
                                        "ContourData values, not x, y, z triplets")
-    points = grid.to_voxels(np.asarray(values).reshape(-1, 3))
+    with np.errstate(over="ignore", invalid="ignore"):
+        points = grid.to_voxels(np.asarray(values).reshape(-1, 3))
+    reach = _CONTOUR_REACH * max(grid.shape[1], grid.shape[2])
+    with np.errstate(invalid="ignore"):
+        off = ~np.isfinite(points).all(axis=1) | (np.abs(points[:, :2]) > reach).any(axis=1)
+    if off.any():
+        far = np.asarray(values).reshape(-1, 3)[int(np.argmax(off))]
+        raise ImageRejected("mask_geometry_mismatch",
+                            f"{name}: a contour of ROI {roi_name!r} has a point at ({far[0]:.6g}, {far[1]:.6g}, "
+                            f"{far[2]:.6g}) mm, more than {_CONTOUR_REACH} slice widths off the series' "
+                            f"{grid.shape[2]}x{grid.shape[1]} slices (a damaged ContourData)")
     depth = points[:, 2]
     k = int(round(float(np.median(depth))))
     references = sorted({by_uid[r] for r in _references(contour.get("ContourImageSequence")) if r in by_uid})

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import zlib
 from collections.abc import Callable
 
@@ -243,17 +244,34 @@ def read_nifti_mask(data: bytes, name: str, grid: VolumeGrid) -> MaskVolume:
     """
     from imaging import volumes
 
+    def check_shape(shape):
+        # Before a voxel is inflated: a header asking more voxels than the volume has (2^31 of
+        # them, a gzip bomb's) is no label volume of it, however its file ends.
+        if len(shape) == 4 and shape[3] == 1:
+            shape = shape[:3]
+        if len(shape) != 3:
+            raise _not_3d(name, shape)
+        voxels = math.prod(shape) if min(shape) > 0 else 0
+        if voxels > math.prod(grid.shape):
+            raise ImageRejected("mask_geometry_mismatch", f"mask {name} does not lie on its volume's grid: shape "
+                                f"(depth, height, width) {tuple(reversed(shape))} against the volume's {grid.shape}, "
+                                f"{voxels:,} voxels against {math.prod(grid.shape):,} (refused before its voxels "
+                                "are read). A mask is never resampled: export it on the image's grid")
+
     try:
-        image, raw = volumes.nifti_image(data, name)
+        image, raw = volumes.nifti_image(data, name, check_shape)
         volumes.check_nifti_size(image, raw, name)
     except ImageRejected as e:
+        if e.reason == "mask_geometry_mismatch":
+            raise
         raise ImageRejected("mask_unreadable", f"mask {e.message}") from e
     shape = image.shape
+    if min(shape, default=0) < 1:  # A damaged dim[] (0, negative): numpy's "negative count" says less.
+        raise ImageRejected("mask_unreadable", f"mask {name}: its header gives an empty shape {shape}")
     if len(shape) == 4 and shape[3] == 1:
         shape = shape[:3]
     if len(shape) != 3:
-        raise ImageRejected("mask_geometry_mismatch", f"mask {name} has shape {image.shape}, not 3-D: one label "
-                            "volume of class ids per volume (a 4-D file of one channel per class is not read)")
+        raise _not_3d(name, image.shape)
     try:
         values = np.asarray(image.dataobj).reshape(shape)
     except (ValueError, OSError, EOFError) as e:
@@ -262,6 +280,11 @@ def read_nifti_mask(data: bytes, name: str, grid: VolumeGrid) -> MaskVolume:
     if not np.isfinite(affine).all():
         raise ImageRejected("mask_unreadable", f"mask {name}: its affine is not finite")
     return place_on_grid(values, affine, grid, name)
+
+
+def _not_3d(name: str, shape) -> ImageRejected:
+    return ImageRejected("mask_geometry_mismatch", f"mask {name} has shape {tuple(shape)}, not 3-D: one label "
+                         "volume of class ids per volume (a 4-D file of one channel per class is not read)")
 
 
 # NIfTI datatype codes of 8-bit and narrower samples (bool, uint8, int8): ids fit uint8.

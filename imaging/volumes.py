@@ -15,12 +15,12 @@ step decides and why.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import io
 import logging
 import os
 import math
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -668,19 +668,168 @@ def is_nifti(head: bytes) -> bool:
     return head[:2] == b"\x1f\x8b" or head[344:348] in _NIFTI_MAGICS or head[4:8] in _NIFTI_MAGICS
 
 
-def nifti_image(data: bytes, name: str):
+# NIfTI-2's 540-byte header and the 4-byte extension flag after it: every size a header gives is in these.
+_NIFTI_HEAD = 544
+# Bytes a .nii.gz may hold before its voxels (header extensions: a few KiB of XML or DICOM tags in
+# practice) and after them: past these a gzip is not inflated further (a gzip bomb, a damaged
+# vox_offset), as the voxels themselves are not past what the header's shape asks.
+_NIFTI_MAX_EXTRA = 64 << 20
+# The most bytes deflate makes of one byte (RFC 1951: a 258-byte match in under 2 bits): a header
+# asking more than this times the gzip's size is cut short or damaged, known without inflating.
+_DEFLATE_MAX_RATIO = 1032
+# Inflated in chunks this size when only the gzip's check (CRC, length) is wanted, not the bytes.
+_DRAIN_CHUNK = 1 << 20
+
+
+def nifti_layout(head: bytes) -> tuple[tuple[int, ...], int, int] | None:
+    """(shape, voxel data offset, voxel bytes) a NIfTI-1/2 header says, from the file's first bytes.
+
+    Read by hand, before nibabel, to know how far a .nii.gz is worth inflating. The
+    offset is at least the header's end; a shape with a dim below 1 gives 0 bytes.
+
+    Returns:
+      None when `head` is no NIfTI-1/2 header (nor one nibabel fixes up: a damaged sizeof_hdr),
+      its dim[0] is not 1..7, or its datatype is none nibabel knows (nibabel then says why).
+    """
+    from nibabel.nifti1 import data_type_codes
+
+    for order in ("<", ">"):
+        if len(head) < 348:
+            return None
+        size = int(np.frombuffer(head, f"{order}i4", 1, 0)[0])
+        if size == 348:
+            rank, dims = int(np.frombuffer(head, f"{order}i2", 1, 40)[0]), np.frombuffer(head, f"{order}i2", 7, 42)
+            code = int(np.frombuffer(head, f"{order}i2", 1, 70)[0])
+            offset = float(np.frombuffer(head, f"{order}f4", 1, 108)[0])
+        elif size == 540 and len(head) >= 540:
+            rank, dims = int(np.frombuffer(head, f"{order}i8", 1, 16)[0]), np.frombuffer(head, f"{order}i8", 7, 24)
+            code = int(np.frombuffer(head, f"{order}i2", 1, 12)[0])
+            offset = float(np.frombuffer(head, f"{order}i8", 1, 168)[0])
+        else:
+            continue
+        if not 1 <= rank <= 7 or code not in data_type_codes.dtype:
+            return None
+        shape = tuple(int(n) for n in dims[:rank])
+        itemsize = np.dtype(data_type_codes.dtype[code]).itemsize
+        voxels = math.prod(shape) if min(shape) > 0 else 0
+        # nibabel reads from int(vox_offset) (fixed up to the header's end when smaller); 16 bytes of slack.
+        start = int(offset) + 16 if math.isfinite(offset) and offset > 0 else 0
+        return shape, max(start, size + 4 + 16), voxels * itemsize
+    return _nibabel_layout(head)
+
+
+def _nibabel_layout(head: bytes) -> tuple[tuple[int, ...], int, int] | None:
+    """`nifti_layout` of a header nibabel fixes up (a damaged sizeof_hdr), as nibabel reads it."""
+    import nibabel
+
+    for cls in (nibabel.Nifti1Header, nibabel.Nifti2Header):
+        size = cls.template_dtype.itemsize
+        try:
+            # Without its extensions (their flag zeroed): only the sizes are wanted.
+            header = cls.from_fileobj(io.BytesIO(head[:size] + bytes(4)), check=True)
+            shape, itemsize = tuple(int(n) for n in header.get_data_shape()), header.get_data_dtype().itemsize
+            offset = int(header.get_data_offset())
+        except (nibabel.filebasedimages.ImageFileError, nibabel.spatialimages.HeaderDataError,
+                nibabel.wrapstruct.WrapStructError, ValueError, TypeError, OSError):
+            continue
+        voxels = math.prod(shape) if shape and min(shape) > 0 else 0
+        return shape, max(offset + 16, size + 4 + 16), voxels * itemsize
+    return None
+
+
+class _Gunzip:
+    """A gzip's members inflated on demand: `read(n)` at most n more bytes, `drain()` the rest checked, unkept."""
+
+    def __init__(self, data: bytes, name: str):
+        self._rest, self._inflater, self._name = data, None, name
+
+    def _fail(self, why) -> ImageRejected:
+        return ImageRejected("corrupt", f"{self._name}: damaged gzip ({why})")
+
+    def read(self, n: int, keep: bool = True) -> tuple[bytes, int]:
+        """(the next bytes, up to n, when `keep`; how many were inflated)."""
+        parts, count = [], 0
+        while count < n:
+            if self._inflater is None:
+                rest = self._rest
+                if rest[:2] != b"\x1f\x8b":
+                    if not rest.strip(b"\0"):  # The end (zero padding after the last member is allowed).
+                        break
+                    raise self._fail("bytes that are no gzip member after its end")
+                self._inflater, self._rest, feed = zlib.decompressobj(16 + zlib.MAX_WBITS), b"", rest
+            else:
+                feed = self._inflater.unconsumed_tail
+            try:
+                out = self._inflater.decompress(feed, min(n - count, _DRAIN_CHUNK) if not keep else n - count)
+            except zlib.error as e:
+                raise self._fail(e) from e
+            count += len(out)
+            if keep:
+                parts.append(out)
+            if self._inflater.eof:
+                self._rest, self._inflater = self._inflater.unused_data, None
+            elif not out and not self._inflater.unconsumed_tail:
+                raise self._fail("cut short: the file ends inside a gzip member")
+        return b"".join(parts), count
+
+    def drain(self, limit: int) -> int:
+        """Inflates the rest (its CRCs checked), keeping nothing; the bytes there were, or limit + 1 past it."""
+        _, count = self.read(limit + 1, keep=False)
+        return count
+
+
+def _gunzip_nifti(data: bytes, name: str, check_shape: Callable[[tuple[int, ...]], None] | None) -> bytes:
+    """A .nii.gz inflated as far as its header says its voxels reach, and never further.
+
+    The rest of the gzip is inflated unkept (its CRC checked, as `gzip.decompress`
+    does); more than `_NIFTI_MAX_EXTRA` bytes past the voxels, or voxels starting past
+    it, are refused before they are inflated: a gzip bomb costs no memory.
+    """
+    stream = _Gunzip(data, name)
+    head, _ = stream.read(_NIFTI_HEAD)
+    layout = nifti_layout(head)
+    if layout is None:
+        stream.drain(_NIFTI_MAX_EXTRA)  # A damaged gzip says so first; else nibabel says what it is not.
+        return head
+    shape, offset, nbytes = layout
+    if check_shape is not None:
+        check_shape(shape)
+    if offset + nbytes > _DEFLATE_MAX_RATIO * len(data) + _NIFTI_HEAD:
+        raise ImageRejected("corrupt", f"{name}: its header gives {shape} voxels, {offset + nbytes:,} bytes; a gzip "
+                                       f"of {len(data):,} bytes cannot hold them (cut short, or a damaged header)")
+    if offset > _NIFTI_MAX_EXTRA:
+        raise ImageRejected("corrupt", f"{name}: its header puts its voxels at byte {offset - 16:,}, past the "
+                                       f"{_NIFTI_MAX_EXTRA >> 20} MiB of header extensions read (a damaged vox_offset)")
+    # Inflated again from the start, in one piece: no copy of the voxels to join them to the header.
+    stream = _Gunzip(data, name)
+    whole, _ = stream.read(max(len(head), offset + nbytes))
+    extra = stream.drain(_NIFTI_MAX_EXTRA)
+    if extra > _NIFTI_MAX_EXTRA:
+        raise ImageRejected("corrupt", f"{name}: its gzip inflates to more than {_NIFTI_MAX_EXTRA >> 20} MiB past "
+                                       f"the {offset + nbytes:,} bytes its header's shape {shape} asks (a gzip bomb, "
+                                       "or a damaged header)")
+    return whole
+
+
+def nifti_image(data: bytes, name: str, check_shape: Callable[[tuple[int, ...]], None] | None = None):
     """A NIfTI-1/2 file's bytes (gzipped or not) as (a nibabel image, its voxels not read yet; the bytes ungzipped).
 
+    A .nii.gz is inflated only as far as its header's voxels reach (`_gunzip_nifti`).
+
+    Args:
+      check_shape: Called with the header's shape before any voxel is inflated; may raise
+        `ImageRejected` (a mask whose header asks more voxels than its volume has).
+
     Raises:
-      ImageRejected: 'not_an_image' (no NIfTI header), 'corrupt' (a damaged gzip).
+      ImageRejected: 'not_an_image' (no NIfTI header), 'corrupt' (a damaged gzip, one inflating
+        far past its voxels), and `check_shape`'s.
     """
     import nibabel
 
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise ImageRejected("corrupt", f"{name}: damaged gzip ({e})") from e
+        data = _gunzip_nifti(data, name, check_shape)
+    elif check_shape is not None and (layout := nifti_layout(data[:_NIFTI_HEAD])) is not None:
+        check_shape(layout[0])
     for cls in (nibabel.Nifti1Image, nibabel.Nifti2Image):
         try:
             return cls.from_bytes(data), data

@@ -872,3 +872,58 @@ def test_rtstruct_mismatches(series):
 def test_reasons_are_documented():
     text = (pathlib.Path(__file__).parent.parent / "docs/preparing/output.md").read_text(encoding="utf-8")
     assert [r for r in dicom_masks.REJECT_REASONS if f"`{r}`" not in text] == []
+
+
+def test_rtstruct_cut_short_anywhere_is_corrupt_never_a_partial_mask(tmp_path):
+    """Found by a mutation run of mask files (mfuzz12), on rt-utils' RTSTRUCT cut at many offsets:
+    pydicom parses its sequences lazily, and a cut inside one raised OSError ('No tag to read at
+    file position ...') while the mask was decoded: the volume was rejected 'unreadable', naming no
+    mask. A cut before ROIContourSequence read without an error, as an all-background mask. Every
+    cut is now rejected with a reason, or (past the contours) read whole."""
+    folder = tmp_path / "s"
+    write_series(folder, count=4)
+    grid, _ = grid_of(folder)
+    truth = blobs(4, segments=2, seed=5)
+    builder = RTStructBuilder.create_new(dicom_series_path=str(folder))
+    for number in (1, 2):
+        builder.add_roi(mask=np.ascontiguousarray((truth == number).transpose(1, 2, 0)), name=f"organ {number}")
+    path = tmp_path / "rs.dcm"
+    builder.save(str(path))
+    data = path.read_bytes()
+    whole = dicom_masks.read_dicom_mask(data, "rs.dcm", grid).labels
+    reasons = set()
+    for at in range(200, len(data), 11):
+        try:
+            mask = dicom_masks.read_dicom_mask(data[:at], "rs.dcm", grid)
+        except ImageRejected as e:
+            reasons.add(e.reason)
+            continue
+        np.testing.assert_array_equal(mask.labels, whole, err_msg=f"cut at {at} of {len(data)}")
+    assert "corrupt" in reasons
+    with pytest.raises(ImageRejected, match="without ROIContourSequence") as e:
+        dicom_masks.read_dicom_mask(data[:data.index(b"\x06\x30\x39\x00")], "rs.dcm", grid)  # (3006,0039)
+    assert e.value.reason == "corrupt"
+
+
+@pytest.mark.parametrize("x,y", [(1e308, -45.0), (-1e9, 1e9), (3e5, -45.0)])
+def test_a_contour_point_far_off_the_slices_is_a_geometry_mismatch(series, x, y):
+    """Found by a mutation run of mask files (mfuzz12): one point of a square moved to x = 1e308 mm
+    (or -1e9, 1e9) was read, its polygon filling a wedge of the slice (1e308 overflowed to inf
+    through the grid's inverse affine). A structure past the field of view by a little is read."""
+    _, grid, _ = series
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2, square)])])
+    contour = ds.ROIContourSequence[0].ContourSequence[0]
+    original = [float(v) for v in contour.ContourData]
+    within = dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid).labels
+    values = list(original)
+    values[0], values[1] = x, y
+    contour.ContourData = [f"{v:.10g}" for v in values]
+    with pytest.raises(ImageRejected, match="slice widths off the series' 128x128 slices") as e:
+        dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+    values = list(original)
+    values[0], values[1] = values[3] - 200.0, values[4]  # 300 pixels past the edge: read, clipped to the slice.
+    contour.ContourData = [f"{v:.10g}" for v in values]
+    wider = dicom_masks.read_dicom_mask(to_bytes(ds), "rs.dcm", grid).labels
+    assert wider.sum() > within.sum()

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import struct
+import tracemalloc
+import zlib
 
 import nibabel as nib
 import numpy as np
@@ -249,3 +252,67 @@ def test_the_dicom_row_checks_the_series_grid_of_a_stack(tmp_path):
     assert e.value.reason == "mask_reference_mismatch" and "1.2.3.4" in e.value.message
     with pytest.raises(ValueError, match="`frames`"):
         volume_masks.VolumeGrid((4, 2, 2), np.eye(4), frames=(0, 0))
+
+
+def _gzip_bomb(head: bytes, zeros: int) -> bytes:
+    """A gzip of `head` then `zeros` zero bytes, deflated by chunks (about a thousandth of that on disk)."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts, chunk = [deflate.compress(head)], bytes(1 << 22)
+    for start in range(0, zeros, len(chunk)):
+        parts.append(deflate.compress(chunk[:min(len(chunk), zeros - start)]))
+    return b"".join(parts) + deflate.flush()
+
+
+def _traced_peak(call):
+    """(what `call` raised, the most memory Python held while it ran)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageRejected) as e:
+            call()
+        return e.value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_gzip_bomb_mask_is_refused_before_its_voxels_are_inflated():
+    """Found by a mutation run of mask files (mfuzz12): a .nii.gz of 512 KiB whose header gives
+    1024 x 1024 x 512 voxels, all there (zeros), was inflated whole (512 MiB, and as much again
+    for its array) before its shape was compared with the volume's: a conversion's process grew
+    past --file_memory and was killed."""
+    affine = _oblique_affine()
+    grid = _grid(_nifti(np.zeros(SHAPE_IJK, np.int16), affine))
+    head = bytearray(_nifti(_labels(), affine)[:352])
+    struct.pack_into("<4h", head, 40, 3, 1024, 1024, 512)
+    bomb = _gzip_bomb(bytes(head), 1 << 29)
+    assert len(bomb) < 1 << 20
+    error, peak = _traced_peak(lambda: volume_masks.read_mask_volume(bomb, "m.nii.gz", grid))
+    assert error.reason == "mask_geometry_mismatch", error
+    assert "(512, 1024, 1024) against the volume's (5, 6, 7)" in error.message
+    assert "refused before its voxels are read" in error.message
+    assert peak < 16 << 20
+
+
+def test_a_mask_whose_gzip_inflates_far_past_its_voxels_is_refused_without_keeping_them():
+    """A right label volume followed by 100 MiB of zeros in its gzip: nibabel reads the voxels and
+    ignores the rest, but the rest was inflated (and kept) first. Now it is inflated a chunk at a
+    time, unkept, up to 64 MiB past the voxels; a little padding is read as before."""
+    affine = _oblique_affine()
+    grid = _grid(_nifti(np.zeros(SHAPE_IJK, np.int16), affine))
+    labels = _nifti(_labels(), affine)
+    error, peak = _traced_peak(lambda: volume_masks.read_mask_volume(_gzip_bomb(labels, 100 << 20), "m.nii.gz",
+                                                                     grid))
+    assert error.reason == "mask_unreadable" and "a gzip bomb" in error.message, error
+    assert peak < 16 << 20
+    padded = volume_masks.read_mask_volume(_gzip_bomb(labels, 1 << 20), "m.nii.gz", grid)
+    np.testing.assert_array_equal(padded.ids, _labels().transpose(2, 1, 0))
+
+
+def test_a_mask_header_with_a_negative_dim_is_unreadable_naming_its_shape():
+    """dim[1] = -7 (a mutation): numpy's 'negative count' was the whole message."""
+    affine = _oblique_affine()
+    grid = _grid(_nifti(np.zeros(SHAPE_IJK, np.int16), affine))
+    data = bytearray(_nifti(_labels(), affine))
+    struct.pack_into("<h", data, 42, -7)
+    with pytest.raises(ImageRejected) as e:
+        volume_masks.read_mask_volume(gzip.compress(bytes(data)), "m.nii.gz", grid)
+    assert e.value.reason == "mask_unreadable" and "empty shape (-7, 6, 5)" in e.value.message, e.value

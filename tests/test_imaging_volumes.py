@@ -493,6 +493,59 @@ def test_nifti_whose_header_claims_more_voxels_than_it_holds_is_refused_before_t
     assert peak < 16 << 20
 
 
+def test_nifti_gz_whose_deflate_stream_is_damaged_is_corrupt_not_an_internal_error():
+    """Found by a mutation run of mask files (mfuzz12): a bit flipped in a .nii.gz's deflate stream
+    makes zlib raise zlib.error ('invalid bit length repeat'), which is no OSError: it escaped as
+    an internal_error. Every flip of the gzip is read or rejected with a reason."""
+    import gzip
+    import zlib
+
+    data = gzip.compress(_nifti_bytes(), mtime=0)
+    zlib_errors = 0
+    for at in range(2, len(data)):
+        for bit in (0, 5):
+            damaged = bytearray(data)
+            damaged[at] ^= 1 << bit
+            try:
+                gzip.decompress(bytes(damaged))
+            except zlib.error:
+                zlib_errors += 1
+            except (OSError, EOFError):
+                pass
+            try:
+                volumes.read_nifti(bytes(damaged), "v.nii.gz")
+            except ImageRejected as e:
+                assert e.reason in ("corrupt", "not_an_image"), (at, bit, e)
+    assert zlib_errors > 10  # The flips include those zlib itself refuses.
+
+
+def test_nifti_gz_is_inflated_only_as_far_as_its_header_asks():
+    """A .nii.gz with 100 MiB of zeros after its voxels is refused without keeping them (a gzip
+    bomb); one whose sizeof_hdr nibabel fixes up is read as nibabel reads it."""
+    import gzip
+    import struct
+    import tracemalloc
+    import zlib
+
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    bomb = deflate.compress(_nifti_bytes()) + b"".join(deflate.compress(bytes(1 << 22)) for _ in range(25))
+    bomb += deflate.flush()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageRejected) as info:
+            volumes.read_nifti(bomb, "v.nii.gz")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason == "corrupt" and "a gzip bomb" in info.value.message, info.value
+    assert peak < 16 << 20
+    for cls in (nibabel.Nifti1Image, nibabel.Nifti2Image):
+        data = bytearray(cls(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)).to_bytes())
+        struct.pack_into("<i", data, 0, 0)
+        volume = volumes.read_nifti(gzip.compress(bytes(data)), "v.nii.gz")
+        np.testing.assert_array_equal(volume.voxels, np.arange(24, dtype=np.int16).reshape(2, 3, 4).transpose(2, 1, 0))
+
+
 def test_nibabels_header_fixes_stay_off_the_console(tmp_path):
     """sizeof_hdr=0: nibabel fixes the header and logs it on a handler of its own (twice, with the
     root's); shardsmith reads the file and the console stays quiet (found by bench.mutations_convert)."""

@@ -240,9 +240,14 @@ def test_seg_header_gives_references_and_names(tree):
     assert header.kind == "rtstruct" and header.class_names == tuple(n.strip() for n in ROI_NAMES)
     series = pydicom.dcmread(next((root / "P2/ST1/1.000000-CT-B").iterdir())).SeriesInstanceUID
     assert header.series_uids == (series,)
+    # The images it lists as drawn on: every slice of its series (rt-utils lists them all).
+    slices = tuple(sorted(pydicom.dcmread(p).SOPInstanceUID for p in (root / "P2/ST1/1.000000-CT-B").iterdir()))
+    assert header.instance_uids == slices
     with open(root / "P1/ST1/300.000000-SEG-A/1-1.dcm", "rb") as f:
         header = dicom_masks.read_mask_header(f, "seg")
     assert header.kind == "seg" and header.class_names == SEG_LABELS
+    slices = tuple(sorted(pydicom.dcmread(p).SOPInstanceUID for p in (root / "P1/ST1/1.000000-CT-A").iterdir()))
+    assert header.instance_uids == slices
     with open(next((root / "P1/ST1/1.000000-CT-A").iterdir()), "rb") as f:
         assert dicom_masks.read_mask_header(f, "ct") is None
 
@@ -381,3 +386,36 @@ def test_append_whose_class_table_outgrows_uint8_is_refused(tmp_path):
     with pytest.raises(ValueError, match="grow its class table to 257 names .255 new., which need uint16.*--overwrite"):
         _convert(root, out, "--masks_dir", str(root), "--append")
     assert len(json.loads((out / "manifest.json").read_text()).get("versions") or [1]) == 1
+
+
+def test_a_seg_naming_another_series_than_its_images_costs_only_its_own_volume(tmp_path):
+    """Found by a mutation run of mask files (mfuzz12): B's SEG with its ReferencedSeriesSequence
+    rewritten to name A's series (its images still B's slices) made A's volume ambiguous (two
+    masks): A was lost for B's damaged header. Of several masks of a series, those listing none of
+    its slices are left out: A is converted with its own SEG; B is missing_mask, naming its SEG and
+    what that references (and C, whose SEG is cut short, naming it unreadable)."""
+    root = tmp_path / "input"
+    uids = {}
+    for name in ("A", "B", "C"):
+        folder = root / f"P{name}/ST1/1.000000-CT"
+        uids[name], _, _ = write_series(folder, count=DEPTH)
+        grid, _ = grid_of(folder)
+        data = _seg(sources_in_k_order(folder, grid), blobs(DEPTH, 1, seed=7), ["liver"])
+        if name == "B":
+            ds = pydicom.dcmread(io.BytesIO(data))
+            ds.ReferencedSeriesSequence[0].SeriesInstanceUID = uids["A"]
+            out = io.BytesIO()
+            ds.save_as(out)
+            data = out.getvalue()
+        elif name == "C":  # Cut short in its header: no reference to read.
+            data = data[:1000]
+        (root / f"P{name}/ST1/300.000000-SEG").mkdir()
+        (root / f"P{name}/ST1/300.000000-SEG/1-1.dcm").write_bytes(data)
+    manifest = _convert(root, tmp_path / "out", "--masks_dir", str(root))
+    assert manifest["counts"] == {"found": 3 * DEPTH, "written": DEPTH, "rejected": 2 * DEPTH, "skipped": 0}
+    assert manifest["targets"]["mask"]["unmatched_masks"] == 2
+    rejects = _rejects(tmp_path / "out")
+    assert {(r["path"].split("/")[0], r["reason"]) for r in rejects} == {("PB", "missing_mask"), ("PC", "missing_mask")}
+    message = {r["path"].split("/")[0]: r["message"] for r in rejects}
+    assert f"beside it, PB/ST1/300.000000-SEG/1-1.dcm references series {uids['A']}" in message["PB"]
+    assert "beside it, PC/ST1/300.000000-SEG/1-1.dcm is unreadable (" in message["PC"]
