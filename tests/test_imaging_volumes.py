@@ -477,20 +477,26 @@ def test_nifti_with_an_empty_dimension_is_corrupt_not_an_internal_error():
 
 def test_nifti_whose_header_claims_more_voxels_than_it_holds_is_refused_before_they_are_allocated():
     """dim = 1024 x 1024 x 512 int16 (1 GiB) in a 400-byte file: nibabel would allocate 1 GiB to read it."""
+    data = _nifti_bytes(**{"42": ("<h", 1024), "44": ("<h", 1024), "46": ("<h", 512)})
+    rejected, peak = _refused_with_peak(data, "v.nii")
+    assert rejected.reason == "corrupt", rejected
+    assert "(1024, 1024, 512) voxels of int16 from byte 352, 1,073,742,176 bytes; the file holds 400" \
+        in rejected.message
+    assert peak < 16 << 20
+
+
+def _refused_with_peak(data: bytes, name: str):
+    """(the ImageRejected `read_nifti` raises, the peak of Python's allocations while it ran)."""
     import tracemalloc
 
-    data = _nifti_bytes(**{"42": ("<h", 1024), "44": ("<h", 1024), "46": ("<h", 512)})
     tracemalloc.start()
     try:
         with pytest.raises(ImageRejected) as info:
-            volumes.read_nifti(data, "v.nii")
+            volumes.read_nifti(data, name)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert info.value.reason == "corrupt", info.value
-    assert "(1024, 1024, 512) voxels of int16 from byte 352, 1,073,742,176 bytes; the file holds 400" \
-        in info.value.message
-    assert peak < 16 << 20
+    return info.value, peak
 
 
 def test_nifti_gz_whose_deflate_stream_is_damaged_is_corrupt_not_an_internal_error():
@@ -524,20 +530,13 @@ def test_nifti_gz_is_inflated_only_as_far_as_its_header_asks():
     bomb); one whose sizeof_hdr nibabel fixes up is read as nibabel reads it."""
     import gzip
     import struct
-    import tracemalloc
     import zlib
 
     deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     bomb = deflate.compress(_nifti_bytes()) + b"".join(deflate.compress(bytes(1 << 22)) for _ in range(25))
     bomb += deflate.flush()
-    tracemalloc.start()
-    try:
-        with pytest.raises(ImageRejected) as info:
-            volumes.read_nifti(bomb, "v.nii.gz")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert info.value.reason == "corrupt" and "a gzip bomb" in info.value.message, info.value
+    rejected, peak = _refused_with_peak(bomb, "v.nii.gz")
+    assert rejected.reason == "corrupt" and "a gzip bomb" in rejected.message, rejected
     assert peak < 16 << 20
     for cls in (nibabel.Nifti1Image, nibabel.Nifti2Image):
         data = bytearray(cls(np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4)).to_bytes())
