@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import logging
 import multiprocessing
 import os
@@ -276,7 +277,7 @@ def run_masked(volumes: int, depth: int, size: int, patch: int, work: Path, roun
     import readers
     from beam_jobs import convert
 
-    volumes_module = __import__("readers.volumes", fromlist=["_BITCAST_IS_LITTLE_ENDIAN"])
+    volumes_module = importlib.import_module("readers.volumes")
     images, labels = make_masked_corpus(work / "in", volumes, depth, size)
     out = work / "out"
     convert.run(["--volumes", "--input_dir", str(images), "--masks_dir", str(labels), "--mask_suffix", "_0000:",
