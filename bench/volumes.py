@@ -22,11 +22,23 @@ stage of both sides, in this process, one stage at a time.
     python -m bench.volumes --small    # 4 series of 24 64x64 slices, patches of 16^3
     python -m bench.volumes --series 4 --slices 50  # a quick look: 512x512 slices, 50^3 patches
     python -m bench.volumes --series 2 --slices 100 --profile  # CPU per stage, both sides
+    python -m bench.volumes --masks    # 4 CT-like 300x512x512 int16 volumes with uint8 masks
+    python -m bench.volumes --masks --small  # 4 of 24x64x64, patches of 16^3
+
+`--masks` compares the patch reader's label modes on volumes converted with
+`--masks_dir` (NIfTI images and label volumes): label_mode='int' (the
+baseline), 'mask', 'mask' with foreground_fraction=0.33, and both mask rows
+again through the decoded-volume path (what the reader does where it resamples;
+every masked patch took it before the raw-bytes path learned masks): patches/s
+and CPU ms per patch, each round's ratio to 'int' in the same round, variants'
+order rotating from round to round.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import logging
 import multiprocessing
 import os
@@ -232,6 +244,108 @@ def run(series: int, slices: int, size: int, patch: int, work: Path, rounds: int
             "volume_mb": volume_bytes / 2**20}
 
 
+def make_masked_corpus(root: Path, volumes: int, depth: int, size: int, seed: int = 0) -> tuple[Path, Path]:
+    """`volumes` CT-like int16 NIfTI volumes (depth x size x size) and uint8 label volumes (an organ-sized
+    ellipsoid of id 1 and a small one of id 2, ~3% foreground) as a segmentation task lays them out."""
+    import nibabel as nib
+
+    images, labels = root / "imagesTr", root / "labelsTr"
+    images.mkdir(parents=True)
+    labels.mkdir()
+    rng = np.random.default_rng(seed)
+    affine = np.diag([0.8, 0.8, 1.25, 1.0])
+    k, j, i = np.ogrid[:depth, :size, :size]
+    for n in range(volumes):
+        ct = rng.integers(-1000, 1500, (depth, size, size), dtype=np.int16)
+        ids = np.zeros((depth, size, size), np.uint8)
+        ids[((k - depth / 2) / (depth / 5)) ** 2 + ((j - size / 2) / (size / 6)) ** 2
+            + ((i - size * 0.4) / (size / 5)) ** 2 < 1] = 1
+        ids[((k - depth / 3) / (depth / 15)) ** 2 + ((j - size * 0.6) / (size / 25)) ** 2
+            + ((i - size * 0.6) / (size / 25)) ** 2 < 1] = 2
+        # NIfTI is indexed (i, j, k): the volume's (k, j, i) transposed.
+        nib.save(nib.Nifti1Image(ct.transpose(2, 1, 0), affine), images / f"case{n:03d}_0000.nii")
+        nib.save(nib.Nifti1Image(ids.transpose(2, 1, 0), affine), labels / f"case{n:03d}.nii")
+    return images, labels
+
+
+def run_masked(volumes: int, depth: int, size: int, patch: int, work: Path, rounds: int = 3) -> dict:
+    """Patches of masked volumes by label mode and path, interleaved rounds; per-round ratios to label_mode='int'.
+
+    Returns:
+      {"variants": names, "rounds": [{name: (wall s, CPU s)}, ...], "loads": [(start, end)], "count": patches}.
+    """
+    import readers
+    from beam_jobs import convert
+
+    volumes_module = importlib.import_module("readers.volumes")
+    images, labels = make_masked_corpus(work / "in", volumes, depth, size)
+    out = work / "out"
+    convert.run(["--volumes", "--input_dir", str(images), "--masks_dir", str(labels), "--mask_suffix", "_0000:",
+                 "--output_dir", str(out), "--runner", "DirectRunner"])
+    shape = (patch, patch, patch)
+
+    def reader(label_mode="int", fraction=0.0, decoded=False):
+        # The decoded-volume path, forced as a big-endian host would take it: the reader's path where it
+        # resamples, and every masked patch's path before this bench's change.
+        volumes_module._BITCAST_IS_LITTLE_ENDIAN = not decoded
+        try:
+            return readers.volume_dataset_from_tfrecords(out, "train", batch_size=4, patch_size=shape,
+                                                         patches_per_volume=4, seed=0, label_mode=label_mode,
+                                                         foreground_fraction=fraction).repeat()
+        finally:
+            volumes_module._BITCAST_IS_LITTLE_ENDIAN = True
+
+    datasets = {"int": reader(), "mask": reader("mask"), "mask fg 0.33": reader("mask", 0.33),
+                "mask, decoded path": reader("mask", decoded=True),
+                "mask fg 0.33, decoded path": reader("mask", 0.33, decoded=True)}
+    names = list(datasets)
+    # Each volume read twice at least (4 patches of each), and small volumes enough times for the
+    # CPU clock's 10 ms ticks.
+    count = 4 * max(2 * volumes, 16, 2**24 // (depth * size * size))
+    rows, loads = [], []
+    for r in range(rounds):
+        load = _load()
+        order = names[r % len(names):] + names[:r % len(names)]  # Who goes first rotates.
+        rows.append({name: _settled(datasets[name], count) for name in order})
+        loads.append((load, _load()))
+        _LOG.info("masked patches round %d: %s", r, rows[-1])
+    return {"variants": names, "rounds": rows, "loads": loads, "count": count}
+
+
+def _settled(ds, count: int) -> tuple[float, float]:
+    """`_patches_taken`, then a second's pause: the parallel maps' volumes still in flight when it stops
+    (a few 200 MB records) finish or are cancelled before the next variant's clock starts."""
+    timing = _patches_taken(ds, count)
+    gc.collect()
+    time.sleep(1.0)
+    return timing
+
+
+def _print_masked(r: dict, patch: int) -> None:
+    count = r["count"]
+    print(f"random {patch}^3 patches x{count} per variant and round (ratios to label_mode='int' in the same "
+          "round: above 1 is slower or costlier than 'int'):")
+    for i, (row, load) in enumerate(zip(r["rounds"], r["loads"])):
+        print(f"  round {i} (load {load[0]:.1f}-{load[1]:.1f}):")
+        for name in r["variants"]:
+            wall, cpu = row[name]
+            base_wall, base_cpu = row["int"][0], max(row["int"][1], 1e-9)
+            print(f"    {name:28s} {count / wall:7.1f} patches/s  {1000 * cpu / count:8.1f} ms CPU/patch  "
+                  f"(wall {wall / base_wall:.2f}x, CPU {cpu / base_cpu:.2f}x of 'int')")
+    print("  medians of the rounds' ratios to 'int':")
+    for name in r["variants"]:
+        walls = [row[name][0] / row["int"][0] for row in r["rounds"]]
+        cpus = [row[name][1] / max(row["int"][1], 1e-9) for row in r["rounds"]]
+        rates = [count / row[name][0] for row in r["rounds"]]
+        ms = [1000 * row[name][1] / count for row in r["rounds"]]
+        print(f"    {name:28s} wall {_median(walls):.2f}x, CPU {_median(cpus):.2f}x "
+              f"(median {_median(rates):.1f} patches/s, {_median(ms):.1f} ms CPU/patch)")
+    for fast, slow in (("mask", "mask, decoded path"), ("mask fg 0.33", "mask fg 0.33, decoded path")):
+        walls = [row[slow][0] / row[fast][0] for row in r["rounds"]]
+        cpus = [row[slow][1] / max(row[fast][1], 1e-9) for row in r["rounds"]]
+        print(f"  {slow} / {fast}: wall {_median(walls):.2f}x, CPU {_median(cpus):.2f}x (median of rounds)")
+
+
 def profile(series: int, slices: int, size: int, patch: int, work: Path) -> list[tuple[str, str, float, str]]:
     """CPU per stage of both converters and both patch readers, one stage at a time in this process.
 
@@ -393,7 +507,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slices", type=int, help="Slices per series (default 200; 24 with --small).")
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds of each side (default 3).")
     parser.add_argument("--profile", action="store_true", help="CPU per stage of both sides, one stage at a time.")
+    parser.add_argument("--masks", action="store_true",
+                        help="Patches of volumes with masks by label mode (default 4 volumes of 300x512x512).")
     args = parser.parse_args(argv)
+    if args.masks and args.profile:
+        parser.error("--masks and --profile are separate runs: pick one.")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1. Received: {args.rounds}")
+    if args.masks:
+        volumes, depth, size, patch = (4, 24, 64, 16) if args.small else (4, 300, 512, 96)
+        volumes, depth = args.series or volumes, args.slices or depth
+        work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_volumes_"))
+        print(f"masked volumes: {volumes} of {depth}x{size}x{size} int16 with uint8 masks, patches of {patch}^3 "
+              f"({depth * size * size * 3 / 2**20:.1f} MB of record each); load at start {_load():.1f}")
+        try:
+            r = run_masked(volumes, depth, size, patch, work, args.rounds)
+        finally:
+            if not args.work_dir:
+                shutil.rmtree(work, ignore_errors=True)
+        _print_masked(r, patch)
+        return 0
     series, slices, size, patch = (4, 24, 64, 16) if args.small else (20, 200, 512, 96)
     series, slices = args.series or series, args.slices or slices
     patch = min(patch, slices)  # The hand-written crop cannot pad a volume thinner than a patch.

@@ -232,11 +232,12 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
         # A split without volumes (each rejected, its shards empty) yields nothing, in any dtype.
         stored = "uint8" if first is None else first.numpy().decode()
     resampled = options.spacing is not None or options.volume_size is not None
-    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN and not options.mask_dtype:
+    if options.patch_size is not None and not resampled and _BITCAST_IS_LITTLE_ENDIAN:
         # Patches of volumes as stored: each record is parsed once and its
         # patches cut from its raw bytes, in one parallel map; only the
         # patches are converted to float and windowed (elementwise steps commute
-        # with a crop), never the whole volume (`_patches_of_raw`).
+        # with a crop), never the whole volume (`_patches_of_raw`). A mask's
+        # patches are cut at the same offsets from its own stored ids.
         ds = ds.enumerate().map(lambda i, s: _patches_of_raw(i, s, spec, options),
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
         return _batched(ds, options)
@@ -281,6 +282,15 @@ def _decode_mask(parsed, dtype: str):
     tf.debugging.assert_equal(tf.size(ids), tf.reduce_prod(shape),
                               message=f"volume/mask does not hold volume/shape's voxels of {dtype}")
     return tf.ensure_shape(tf.reshape(tf.cast(ids, tf.int32), shape), [None, None, None])
+
+
+def _stored_mask(parsed, dtype: str):
+    """The label volume [d, h, w] of a parsed record in its stored dtype (`_decode_mask` without the int32 cast)."""
+    shape = tf.cast(parsed[VOLUME_SHAPE.key], tf.int32)
+    ids = tf.io.decode_raw(parsed[VOLUME_MASK.key], tf.as_dtype(dtype), little_endian=True)
+    tf.debugging.assert_equal(tf.size(ids), tf.reduce_prod(shape),
+                              message=f"volume/mask does not hold volume/shape's voxels of {dtype}")
+    return tf.ensure_shape(tf.reshape(ids, shape), [None, None, None])
 
 
 def _resize_nearest(mask, size):
@@ -410,10 +420,14 @@ def _foreground_offsets(index, offsets, pad, mask, options):
     seed = tf.stack([tf.cast(base_seed, tf.int64), -1 - index])  # Never an index `_offsets` draws with.
     share = tf.random.stateless_uniform([count], seed=seed, dtype=tf.float32)
     which = tf.random.stateless_uniform([count], seed=seed[::-1], minval=0, maxval=2**31 - 1, dtype=tf.int64)
-    foreground = tf.cast(tf.where(mask > 0), tf.int32)  # [n, 3] (k, j, i)
-    n = tf.shape(foreground)[0]
-    foreground = tf.concat([foreground, tf.zeros([1, 3], tf.int32)], 0)  # A row to gather when there is none.
-    centres = tf.gather(foreground, tf.cast(which % tf.cast(tf.maximum(n, 1), tf.int64), tf.int32))
+    # The foreground's flat indices (row-major, as `tf.where` of the 3-D mask orders its rows): a
+    # third of the coordinates' memory, and only the chosen few unravelled to (k, j, i). The mask
+    # is compared in its own dtype (unsigned: > 0 is != 0), never converted whole.
+    foreground = tf.where(tf.reshape(mask, [-1]) > 0)[:, 0]  # [n] int64
+    n = tf.size(foreground, out_type=tf.int64)
+    foreground = tf.concat([foreground, tf.zeros([1], tf.int64)], 0)  # A row to gather when there is none.
+    flat = tf.gather(foreground, which % tf.maximum(n, 1))
+    centres = tf.cast(tf.transpose(tf.unravel_index(flat, tf.shape(mask, out_type=tf.int64))), tf.int32)
     room = tf.shape(mask) + pad - patch + 1
     centred = tf.clip_by_value(centres + pad // 2 - patch // 2, 0, room - 1)
     chosen = tf.logical_and(share < options.foreground_fraction, n > 0)
@@ -464,6 +478,9 @@ def _patches_of_raw(index, serialized, spec, options):
     float: one copy of the volume (its bytes out of the record), none per
     patch beyond the patch itself. A patch reaching past a volume smaller
     than it is padded with the volume's lowest value, as `_patches` does.
+    With masks (label_mode='mask'), each mask patch is cut at the same
+    offsets from the stored ids and padded with 0, and foreground centres
+    are drawn from the stored ids: `_patches`' values, bit for bit.
     """
     parsed = VOLUME_SCHEMA.finish_parsed(tf.io.parse_single_example(serialized, spec))
     name = parsed[VOLUME_DTYPE.key]
@@ -477,6 +494,11 @@ def _patches_of_raw(index, serialized, spec, options):
     count = options.patches_per_volume
     size = tf.constant(options.patch_size, tf.int32)
     offsets, pad = _offsets(index, shape, options)
+    # The label volume in its stored dtype (uint8/uint16, little-endian as this host): its patches
+    # are cut at the volume's offsets and only they are converted to int32.
+    mask = _stored_mask(parsed, options.mask_dtype) if options.mask_dtype else None
+    if options.foreground_fraction:
+        offsets = _foreground_offsets(index, offsets, pad, mask, options)
 
     def as_float(part):  # uint8 [..., itemsize] -> float32 [...], by the stored dtype
         def branch(d):
@@ -488,29 +510,38 @@ def _patches_of_raw(index, serialized, spec, options):
     def whole():  # Every patch inside the volume: sliced as bytes, converted together.
         parts = [tf.slice(raw, tf.concat([offsets[n], [0]], 0), tf.concat([size, [itemsize]], 0))
                  for n in range(count)]
-        return as_float(tf.stack(parts))
+        if mask is None:
+            return as_float(tf.stack(parts))
+        masks = tf.cast(tf.stack([tf.slice(mask, offsets[n], size) for n in range(count)]), tf.int32)
+        return as_float(tf.stack(parts)), masks
 
     def padded():  # A volume smaller than a patch: each patch's valid part, padded with the lowest value.
         lowest = tf.reduce_min(as_float(raw))
-        patches = []
+        patches, masks = [], []
         for n in range(count):
             start = offsets[n] - pad // 2  # In the volume's own frame: < 0 where padded.
             low = tf.maximum(start, 0)
             high = tf.minimum(start + size, shape)
             part = as_float(tf.slice(raw, tf.concat([low, [0]], 0), tf.concat([high - low, [itemsize]], 0)))
             before = low - start
-            patches.append(tf.pad(part, tf.stack([before, size - (high - low) - before], axis=1),
-                                  constant_values=lowest))
-        return tf.stack(patches)
+            around = tf.stack([before, size - (high - low) - before], axis=1)
+            patches.append(tf.pad(part, around, constant_values=lowest))
+            if mask is not None:  # Padded with 0, background, as `_patches` pads it.
+                masks.append(tf.pad(tf.cast(tf.slice(mask, low, high - low), tf.int32), around))
+        return tf.stack(patches) if mask is None else (tf.stack(patches), tf.stack(masks))
 
-    patches = tf.ensure_shape(tf.cond(tf.reduce_any(pad > 0), padded, whole), [count, *options.patch_size])
+    cut = tf.cond(tf.reduce_any(pad > 0), padded, whole)
+    patches = tf.ensure_shape(cut if mask is None else cut[0], [count, *options.patch_size])
     if options.window is not None:
         center, width = options.window
         patches = tf.clip_by_value((patches - (center - width / 2)) / width, 0.0, 1.0)
     wanted = {LABEL.key, VOLUME_AFFINE.key, VOLUME_SPACING.key, *options.extra_features}
     parsed = {k: v for k, v in parsed.items() if k in wanted}
+    extras = _patch_extras(parsed, offsets, pad, count)
+    if mask is not None:
+        extras[VOLUME_MASK.key] = tf.ensure_shape(cut[1], [count, *options.patch_size])
     # Finished here too (`_finish` is elementwise): no map per patch after the unbatch.
-    return _finish(patches, _patch_extras(parsed, offsets, pad, count), options)
+    return _finish(patches, extras, options)
 
 
 def _finish(volume, parsed, options: _Options):

@@ -8,6 +8,7 @@ own affine, independently of how shardsmith placed it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 
@@ -399,3 +400,53 @@ def test_a_mask_whose_decoder_crashes_or_hangs_rejects_its_volume_only(tmp_path)
         reasons.setdefault(r["path"].rsplit("/", 1)[0], set()).add(r["reason"])
     assert reasons == {"ct/segv": {"decoder_crashed"}, "ct/hang": {"timeout"}}
     assert list(_stored(out)) == ["ct/p0"]
+
+
+@pytest.mark.parametrize("big_ids", [False, True], ids=["uint8", "uint16"])
+def test_mask_patches_cut_from_the_stored_bytes_are_the_decoded_paths_bit_for_bit(tmp_path, monkeypatch, big_ids):
+    """label_mode='mask' patches of volumes as stored take the raw-bytes path (`_patches_of_raw`): the
+    same (volume, mask, affine) patches as the decoded-volume path, padded ones and foreground-centred
+    ones included, for every seed."""
+    images, labels = tmp_path / "imagesTr", tmp_path / "labelsTr"
+    images.mkdir()
+    labels.mkdir()
+    rng = np.random.default_rng(1)
+    # Volumes thinner than the patches below along each axis in turn (padded), one without foreground.
+    for case, shape in enumerate([(24, 20, 16), (30, 7, 18), (9, 26, 11), (24, 20, 16)]):
+        _save(rng.integers(-900, 900, shape), IMAGE_AFFINE, images / f"c{case}_0000.nii.gz", np.int16)
+        blob = np.zeros(shape, np.int64)
+        if case != 3:
+            blob[rng.random(shape) < 0.03] = 1
+            blob[2:5, 1:3, 3:6] = 300 if big_ids else 2
+        _save(blob, IMAGE_AFFINE, labels / f"c{case}.nii.gz", np.uint16 if big_ids else np.uint8)
+    out = tmp_path / "out"
+    manifest = _convert(images, labels, out, "--mask_suffix", "_0000:")
+    assert manifest["targets"]["mask"]["dtype"] == ("uint16" if big_ids else "uint8")
+    volumes_module = importlib.import_module("readers.volumes")
+    raw_cuts = []
+    cut = volumes_module._patches_of_raw
+    monkeypatch.setattr(volumes_module, "_patches_of_raw", lambda *a: raw_cuts.append(1) or cut(*a))
+
+    def read(fast, seed, **reading):
+        monkeypatch.setattr(volumes_module, "_BITCAST_IS_LITTLE_ENDIAN", fast)  # False: the decoded path.
+        ds = readers.volume_dataset_from_tfrecords(out, "train", label_mode="mask", seed=seed,
+                                                   extra_features=("volume/affine",), **reading)
+        return [(v.numpy(), m.numpy(), e["volume/affine"].numpy()) for v, m, e in ds]
+
+    for reading in [dict(patch_size=(8, 8, 8), patches_per_volume=3),
+                    dict(patch_size=(10, 12, 9), patches_per_volume=4, foreground_fraction=0.5, window=(0, 800)),
+                    dict(patch_size=(5, 5, 5), patches_per_volume=6, foreground_fraction=1.0, batch_size=4),
+                    dict(patch_size=(12, 30, 6), patches_per_volume=2, foreground_fraction=0.33, dtype="bfloat16")]:
+        for seed in (0, 5, 11):
+            raw_cuts.clear()
+            fast = read(True, seed, **reading)
+            assert raw_cuts, "the raw-bytes path was not taken"
+            raw_cuts.clear()
+            slow = read(False, seed, **reading)
+            assert not raw_cuts and len(fast) == len(slow) > 0
+            for got, want in zip(fast, slow):
+                for a, b in zip(got, want):
+                    assert (a.dtype, a.shape) == (b.dtype, b.shape)
+                    np.testing.assert_array_equal(a, b)
+            if reading.get("foreground_fraction") == 1.0:  # Every patch of a volume with foreground holds some.
+                assert sum(bool((m > 0).any()) for _, masks, _ in fast for m in masks) >= 12
