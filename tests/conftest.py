@@ -84,17 +84,48 @@ def pytest_xdist_auto_num_workers(config):
 # module nears its end: these first, so that the workers' last modules are short ones and both end
 # together. Collected as-is otherwise (alphabetically), so a slow module missing here can end the
 # run alone: keep it up to date from `--durations=0`. Figures: the seconds of each module's tests
-# (setup, call, teardown) in `make test` on 2 cores at load 1-5, 2026-12-06 (690 s in all).
+# (setup, call, teardown) in `make test` on 2 cores at load 1-3, 2026-12-07 (996 s in all).
 _LONGEST_FIRST = (
-    "test_beam_jobs_runner_dask.py",  # 85
-    "test_conversion_guard.py",  # 79
-    "test_readers_targets.py",  # 73
-    "test_beam_jobs_append_targets.py",  # 53
-    "test_beam_jobs_append.py",  # 53
-    "test_gcs.py",  # 51
-    "test_quiet.py",  # 50
-    "test_readers_dataset.py",  # 44
-    "test_compat.py",  # 43 (alone, with its 14 s pipeline of 600,000 elements)
+    "test_beam_jobs_runner_dask.py",  # 73
+    "test_conversion_guard.py",  # 66
+    "test_volumes_masks_end_to_end.py",  # 55
+    "test_gcs.py",  # 44
+    "test_readers_targets.py",  # 38
+    "test_beam_jobs_append.py",  # 37
+    "test_readers_service.py",  # 26
+    "test_beam_jobs_append_targets.py",  # 26
+    "test_quiet.py",  # 23
+    "test_cli_errors.py",  # 23
+    "test_beam_jobs_append_volumes.py",  # 22
+    "test_volumes_end_to_end.py",  # 20
+    "test_readers_dataset.py",  # 20
+    "test_compat.py",  # 18
+    "test_readers_rasters.py",  # 17
+    "test_beam_jobs_mend.py",  # 16
+    "test_readers_volumes.py",  # 15
+    "test_rasters_end_to_end.py",  # 15
+    "test_bench_time_series.py",  # 14
+    "test_conversion_patches.py",  # 14
+    "test_readers_global.py",  # 14
+    "test_bench_rasters.py",  # 13
+    "test_docs.py",  # 12
+    "test_bench_append.py",  # 11
+    "test_conversion_patches_memory.py",  # 10
+    "test_readers_doctor.py",  # 10
+    "test_patches_end_to_end.py",  # 10
+    "test_imaging_dicom_masks.py",  # 10
+    "test_conversion_shard_maker.py",  # 10
+    "test_volumes_dicom_masks_end_to_end.py",  # 9
+    "test_conversion_patch_masks.py",  # 9
+    "test_readers_distributed.py",  # 9
+    "test_bench_targets_convert.py",  # 9
+    "test_imaging_patches.py",  # 9
+    "test_beam_jobs_transforms.py",  # 9
+    "test_volumes_mask_labels_end_to_end.py",  # 9
+    "test_beam_jobs_convert.py",  # 8
+    "test_packaging.py",  # 8
+    "test_conversion_patches_scale.py",  # 8
+)
     "test_volumes_end_to_end.py",  # 40
     "test_bench_mutations_convert.py",  # 35
     "test_bench_rasters.py",  # 33

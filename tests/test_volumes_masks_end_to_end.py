@@ -437,7 +437,7 @@ def test_mask_patches_cut_from_the_stored_bytes_are_the_decoded_paths_bit_for_bi
                     dict(patch_size=(10, 12, 9), patches_per_volume=4, foreground_fraction=0.5, window=(0, 800)),
                     dict(patch_size=(5, 5, 5), patches_per_volume=6, foreground_fraction=1.0, batch_size=4),
                     dict(patch_size=(12, 30, 6), patches_per_volume=2, foreground_fraction=0.33, dtype="bfloat16")]:
-        for seed in (0, 5, 11):
+        for seed in (0, 11):
             raw_cuts.clear()
             fast = read(True, seed, **reading)
             assert raw_cuts, "the raw-bytes path was not taken"
