@@ -126,31 +126,6 @@ _LONGEST_FIRST = (
     "test_packaging.py",  # 8
     "test_conversion_patches_scale.py",  # 8
 )
-    "test_volumes_end_to_end.py",  # 40
-    "test_bench_mutations_convert.py",  # 35
-    "test_bench_rasters.py",  # 33
-    "test_readers_service.py",  # 32
-    "test_readers_volumes.py",  # 31
-    "test_conversion_patches.py",  # 28
-    "test_bench_append.py",  # 28
-    "test_readers_rasters.py",  # 25
-    "test_bench_targets_convert.py",  # 25
-    "test_beam_jobs_convert.py",  # 24
-    "test_beam_jobs_mend.py",  # 23
-    "test_readers_doctor.py",  # 22
-    "test_bench_patches.py",  # 22
-    "test_readers_global.py",  # 21
-    "test_readers_distributed.py",  # 21
-    "test_docs.py",  # 21
-    "test_beam_jobs_transforms.py",  # 21
-    "test_rasters_end_to_end.py",  # 19
-    "test_conversion_shard_maker.py",  # 18
-    "test_bench_time_series.py",  # 18
-    "test_schemas.py",  # 16
-    "test_conversion_patch_masks.py",  # 16
-    "test_readers_multiworker.py",  # 15
-    "test_cli_errors.py",  # 15
-)
 
 
 def pytest_collection_modifyitems(session, config, items):
