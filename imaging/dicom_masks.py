@@ -751,6 +751,16 @@ def _edges(points: np.ndarray):
     return x0, y0, np.roll(x0, -1), np.roll(y0, -1)
 
 
+def _crossings(x0, y0, x1, y1, first, stop):
+    """(rows, xs): every whole row r in [first, stop) of each edge, and the edge's x on it; None for none."""
+    count = np.maximum(stop - first, 0)
+    if not count.sum():
+        return None
+    edge = np.repeat(np.arange(len(x0)), count)
+    rows = first[edge] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    return rows, x0[edge] + (rows - y0[edge]) * (x1[edge] - x0[edge]) / (y1[edge] - y0[edge])
+
+
 def _add_spans(points: np.ndarray, parity: np.ndarray, height: int, width: int) -> None:
     """+1 at each strictly-inside span's first column, -1 past its last (scanline, even-odd)."""
     x0, y0, x1, y1 = _edges(points)
@@ -758,12 +768,10 @@ def _add_spans(points: np.ndarray, parity: np.ndarray, height: int, width: int) 
     # Row r crosses an edge when low <= r < high (half-open: a vertex on the row counts once).
     first = np.clip(np.ceil(low), 0, height).astype(np.int64)
     stop = np.clip(np.ceil(high), 0, height).astype(np.int64)
-    count = np.maximum(stop - first, 0)
-    if not count.sum():
+    crossed = _crossings(x0, y0, x1, y1, first, stop)
+    if crossed is None:
         return
-    edge = np.repeat(np.arange(len(x0)), count)
-    rows = first[edge] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-    xs = x0[edge] + (rows - y0[edge]) * (x1[edge] - x0[edge]) / (y1[edge] - y0[edge])
+    rows, xs = crossed
     order = np.lexsort((xs, rows))
     rows, xs = rows[order], xs[order]
     # Every row has an even number of crossings (the contour is closed; rows are whole), so
@@ -789,12 +797,10 @@ def _mark_edges(points: np.ndarray, edge: np.ndarray, height: int, width: int) -
     x0, y0, x1, y1 = x0[~flat], y0[~flat], x1[~flat], y1[~flat]
     first = np.clip(np.ceil(np.minimum(y0, y1) - eps), 0, height).astype(np.int64)
     stop = np.clip(np.floor(np.maximum(y0, y1) + eps) + 1, 0, height).astype(np.int64)
-    count = np.maximum(stop - first, 0)
-    if not count.sum():
+    crossed = _crossings(x0, y0, x1, y1, first, stop)
+    if crossed is None:
         return
-    index = np.repeat(np.arange(len(x0)), count)
-    rows = first[index] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-    xs = x0[index] + (rows - y0[index]) * (x1[index] - x0[index]) / (y1[index] - y0[index])
+    rows, xs = crossed
     columns = np.round(xs)
     on = (np.abs(xs - columns) <= eps) & (columns >= 0) & (columns < width)
     edge[rows[on], columns[on].astype(np.int64)] = True
