@@ -349,6 +349,38 @@ def test_masks_beside_their_volumes_in_class_folders(tmp_path):
         np.testing.assert_array_equal(mask, _truth_of(volume.shape, affine))
 
 
+def test_masked_volumes_are_sized_into_shards_with_their_masks(tmp_path):
+    """A record holds its mask beside its voxels: the masks' bytes count where shards are sized.
+
+    8 uncompressed NIfTI volumes of 48x64x64 int16 (384 KiB each, their file size as planned) with
+    uint16 masks (the same voxels, 2 bytes each: 384 KiB more) and --target_shard_mb 1: the
+    unmasked dataset's shards hold 1 MiB at most on average, and the masked one's must too
+    (planned on the volumes' bytes alone they held twice that).
+    """
+    shape_ijk = (64, 64, 48)
+    affine = np.diag([0.8, 0.8, 2.5, 1.0])
+    scans, labels = tmp_path / "scans" / "ct", tmp_path / "labels" / "ct"
+    scans.mkdir(parents=True)
+    labels.mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    for case in range(8):
+        _save(rng.integers(-500, 500, shape_ijk), affine, scans / f"case{case}.nii", np.int16)
+        # Ids above 255: uint16 masks, gzipped (a fraction of their stored bytes on disk).
+        _save(_labels_on(shape_ijk, affine) * 100, affine, labels / f"case{case}.nii.gz", np.uint16)
+    target = 1 << 20
+    sizing = ["--target_shard_mb", "1", "--min_shards", "1"]
+    convert.run(["--volumes", "--input_dir", str(tmp_path / "scans"), "--output_dir", str(tmp_path / "plain"),
+                 *sizing, "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    manifest = _convert(tmp_path / "scans", tmp_path / "labels", tmp_path / "masked", *sizing)
+    assert manifest["counts"]["written"] == 8 and manifest["targets"]["mask"]["dtype"] == "uint16"
+    shards = {}
+    for name in ("plain", "masked"):
+        shards[name] = [f.stat().st_size for f in sorted((tmp_path / name).glob("train-*.tfrecord"))]
+        # As every kind's: ceil(bytes / target) shards (records apart by one at most), 1 MiB on average.
+        assert sum(shards[name]) / len(shards[name]) <= target, (name, shards[name])
+    assert sum(shards["masked"]) > 1.9 * sum(shards["plain"]) and len(shards["masked"]) > len(shards["plain"])
+
+
 # A mask decoder that crashes or hangs on the masks marked so (in their NIfTI `descrip`), loaded into
 # every process of the real command.
 _FAULTY_MASK_DECODER = '''
