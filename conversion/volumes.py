@@ -52,7 +52,8 @@ from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUMES_MANIFEST_
 
 __all__ = ["VolumeJob", "VolumesPlan", "HeldVolumes", "plan_volumes", "content_digests", "read_labels_csv",
            "csv_unit_locator", "check_held_rows", "write_volume_plans", "volume_plan_path", "write_volumes",
-           "warm_up", "mask_bytes", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST",
+           "warm_up", "mask_bytes", "manifest_section", "counted_section", "stack_names", "write_manifest",
+           "read_manifest", "VOLUMES_MANIFEST",
            "series_unit", "unit_of_volume", "merge_sections", "split_key"]
 
 _LOG = logging.getLogger("shardsmith.convert")
