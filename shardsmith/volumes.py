@@ -265,8 +265,7 @@ def _linear(plane: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray
 # right on the image's left, anterior up), coronal from the front (right on the left, superior up),
 # sagittal from the patient's left (anterior on the left, superior up). As array axes of the shown
 # volume: 0 runs superior to inferior, 1 anterior to posterior, 2 right to left; RAS components
-# z, y, x, each decreasing.
-# The preview sheet's note of it, two lines.
+# z, y, x, each decreasing. This is the preview sheet's note of it, two lines.
 DISPLAY_CONVENTION = ("Planes in the radiological convention: axial seen from the feet (the patient's right on the "
                       "image's left, anterior up);",
                       "coronal from the front (right on the left, superior up); sagittal from the patient's left "
@@ -307,10 +306,10 @@ class VolumePlanes:
       slices: (k, j, i): the stored voxel the three shown planes cross at.
       through_foreground: Whether they were chosen through the mask's foreground (else middle slices).
       grey: Axial, coronal and sagittal uint8 planes, resampled so one pixel is `step` mm along both
-        sides (linear); with the volume's affine, in `DISPLAY_CONVENTION` (the axial plane
-        [posterior-anterior rows, right-left columns], coronal [inferior-superior, right-left],
-        sagittal [inferior-superior, anterior-posterior]), else in stored voxel order (axial
-        [h, w], coronal [d, w], sagittal [d, h]).
+        sides (linear); with the volume's affine, in `DISPLAY_CONVENTION` (axial: rows anterior to
+        posterior, columns the patient's right to left; coronal: rows superior to inferior,
+        columns right to left; sagittal: rows superior to inferior, columns anterior to
+        posterior), else in stored voxel order (axial [h, w], coronal [d, w], sagittal [d, h]).
       ids: The mask's class ids on the same pixels (nearest), or None without a mask.
       window: (low, high): the values shown black and white.
       step: Millimetres per displayed pixel.
