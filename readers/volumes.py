@@ -457,11 +457,14 @@ def _foreground_offsets(index, offsets, pad, mask, options):
     seed = tf.stack([tf.cast(base_seed, tf.int64), -1 - index])  # Never an index `_offsets` draws with.
     share = tf.random.stateless_uniform([count], seed=seed, dtype=tf.float32)
     which = tf.random.stateless_uniform([count], seed=seed[::-1], minval=0, maxval=2**31 - 1, dtype=tf.int64)
-    n, flat = foreground_voxels(mask, which)
+    wanted = share < options.foreground_fraction
+    # Searched only where a patch of the volume wants the foreground (at 0.33, 4 patches: 4 volumes in 5).
+    n, flat = tf.cond(tf.reduce_any(wanted), lambda: foreground_voxels(mask, which),
+                      lambda: (tf.zeros([], tf.int64), tf.zeros([count], tf.int64)))
     centres = tf.cast(tf.transpose(tf.unravel_index(flat, tf.shape(mask, out_type=tf.int64))), tf.int32)
     room = tf.shape(mask) + pad - patch + 1
     centred = tf.clip_by_value(centres + pad // 2 - patch // 2, 0, room - 1)
-    chosen = tf.logical_and(share < options.foreground_fraction, n > 0)
+    chosen = tf.logical_and(wanted, n > 0)
     return tf.where(chosen[:, None], centred, offsets)
 
 

@@ -299,6 +299,57 @@ def test_foreground_fraction_centres_that_share_of_patches_on_the_foreground(tmp
                                               foreground_fraction=0.5)
 
 
+def _listed_foreground(mask, ranks):
+    """The foreground search as first written (every foreground voxel listed by a flat `tf.where`, the
+    ranks' gathered): the reader's `foreground_voxels` must pick the same voxels."""
+    import tensorflow as tf
+
+    foreground = tf.where(tf.reshape(mask, [-1]) > 0)[:, 0]
+    n = tf.size(foreground, out_type=tf.int64)
+    foreground = tf.concat([foreground, tf.zeros([1], tf.int64)], 0)
+    return n, tf.gather(foreground, ranks % tf.maximum(n, 1))
+
+
+def test_foreground_patches_of_a_seed_are_those_a_listed_search_gives(tmp_path, monkeypatch):
+    """The reader's cheaper foreground search (busy rows only, skipped for a volume no patch of which
+    wants the foreground) changes no patch: for several seeds and fractions, on both patch paths, the
+    same (volume, mask, affine) patches as with every foreground voxel listed."""
+    images, labels = tmp_path / "imagesTr", tmp_path / "labelsTr"
+    images.mkdir()
+    labels.mkdir()
+    rng = np.random.default_rng(9)
+    for case, shape in enumerate([(24, 20, 16), (12, 30, 9), (24, 20, 16)]):
+        _save(rng.integers(-900, 900, shape), IMAGE_AFFINE, images / f"c{case}_0000.nii.gz", np.int16)
+        blob = np.zeros(shape, np.int64)
+        if case != 2:  # The last without foreground.
+            blob[rng.random(shape) < 0.01] = 1
+            blob[2:5, 1:3, 3:6] = 3
+        _save(blob, IMAGE_AFFINE, labels / f"c{case}.nii.gz", np.uint8)
+    out = tmp_path / "out"
+    _convert(images, labels, out, "--mask_suffix", "_0000:")
+    volumes_module = importlib.import_module("readers.volumes")
+    search = volumes_module.foreground_voxels
+
+    def read(listed, **reading):
+        monkeypatch.setattr(volumes_module, "foreground_voxels", _listed_foreground if listed else search)
+        ds = readers.volume_dataset_from_tfrecords(out, "train", label_mode="mask", patch_size=(6, 7, 5),
+                                                   patches_per_volume=4, extra_features=("volume/affine",),
+                                                   **reading)
+        return [(v.numpy(), m.numpy(), e["volume/affine"].numpy()) for v, m, e in ds]
+
+    centred = 0
+    for reading in [dict(foreground_fraction=0.33), dict(foreground_fraction=1.0),
+                    dict(foreground_fraction=0.5, spacing=(2.0, 1.0, 1.0))]:  # The decoded path.
+        for seed in (0, 5, 23):
+            got, want = read(False, seed=seed, **reading), read(True, seed=seed, **reading)
+            assert len(got) == len(want) == 12
+            for a, b in zip(got, want):
+                for x, y in zip(a, b):
+                    np.testing.assert_array_equal(x, y)
+            centred += sum(int((m > 0).any()) for _, m, _ in got)
+    assert centred > 30  # Foreground patches were drawn and compared, not only random ones.
+
+
 def test_a_mask_reader_row_gets_the_series_grid_with_its_sop_instance_uids(tmp_path, monkeypatch):
     """What a DICOM SEG or RTSTRUCT reader plugged into `MASK_READERS` receives: the stored grid, and
     each stored slice's SOPInstanceUID in the stored order (pydicom's positions along the normal)."""
