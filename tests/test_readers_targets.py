@@ -423,7 +423,7 @@ def test_label_modes_the_dataset_lacks_are_refused(seg, multi):
     with pytest.raises(ValueError, match=r"no 'labels' target"):
         readers.distributed_dataset(tf.distribute.get_strategy(), seg_dir,
                                     global_batch_size=2, label_mode="multi_hot")
-    with pytest.raises(ValueError, match=r"`pad_boxes` applies to label_mode='boxes' only"):
+    with pytest.raises(ValueError, match=r"`pad_boxes` applies to label_mode='boxes' and 'oriented_boxes' only"):
         image_dataset_from_tfrecords(seg_dir, label_mode="mask", pad_boxes=3)
     with pytest.raises(ValueError, match=r"`pad_boxes` must be a positive integer"):
         image_dataset_from_tfrecords(seg_dir, label_mode="boxes", pad_boxes=0)
