@@ -538,7 +538,7 @@ def test_the_image_level_class_is_rows_of_the_table_too():
     assert options.LABEL_MODES == (*(mode.name for mode in targets.MODES), None)
     assert targets.LABEL_MODES[:3] == ("int", "categorical", "binary")
     assert {targets.KIND_OF_MODE[m] for m in ("int", "categorical", "binary")} == {targets.CLASS_KIND}
-    assert targets.TARGET_LABEL_MODES == ("mask", "boxes", "multi_hot", "target")
+    assert targets.TARGET_LABEL_MODES == ("mask", "boxes", "oriented_boxes", "multi_hot", "target")
     # Which modes a dataset can be read in: the rows say.
     assert targets.supported_label_modes(("a", "b"), ()) == ("int", "categorical", "binary", None)
     assert targets.supported_label_modes(("a", "b", "c"), ("mask",)) == ("int", "categorical", "mask", None)
