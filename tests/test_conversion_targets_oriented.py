@@ -275,3 +275,39 @@ def test_polygon_area_either_winding():
     square = [(0, 0), (2, 0), (2, 3), (0, 3)]
     assert oriented.polygon_area(square) == oriented.polygon_area(square[::-1]) == 6
     assert oriented.polygon_area([(0, 0), (1, 1), (2, 2), (3, 3)]) == 0
+
+
+# --------------------------------------------------------------------------
+# verify and --append
+
+
+def test_verify_checks_the_oriented_boxes(dota, capsys):
+    from beam_jobs import verify
+
+    base, _ = dota
+    assert verify.main([str(base / "out")]) == 0
+    assert "targets checked: oriented_boxes" in capsys.readouterr().out
+    good = {schemas.OBB_CORNERS.key: [0.1] * 8, schemas.OBB_LABEL.key: [2], schemas.OBB_DIFFICULT.key: [1]}
+    assert oriented.check_oriented_boxes(good, 3) is None
+    assert "8 numbers, a label and a flag per oriented box" in oriented.check_oriented_boxes(
+        {**good, schemas.OBB_CORNERS.key: [0.1] * 7}, 3)
+    assert "outside [0, 3)" in oriented.check_oriented_boxes({**good, schemas.OBB_LABEL.key: [3]}, 3)
+    assert "not 0 or 1" in oriented.check_oriented_boxes({**good, schemas.OBB_DIFFICULT.key: [2]}, 3)
+    assert "not a finite number" in oriented.check_oriented_boxes(
+        {**good, schemas.OBB_CORNERS.key: [float("nan")] * 8}, 3)
+
+
+def test_append_keeps_the_held_classes_indices(tmp_path):
+    for name in ("a", "b"):
+        write(tmp_path / "images" / f"{name}.png", encode(pixels(0, size=(48, 64)), "PNG"))
+    write(tmp_path / "labelTxt" / "a.txt", b"1 2 30 2 30 20 1 20 ship 0\n")
+    convert(tmp_path / "images", tmp_path / "out", "--annotations", tmp_path / "labelTxt", "--boxes", "oriented")
+    write(tmp_path / "labelTxt" / "b.txt", b"1 2 30 2 30 20 1 20 harbor 0\n5 5 9 5 9 9 5 9 ship 0\n")
+    manifest = convert(tmp_path / "images", tmp_path / "out", "--annotations", tmp_path / "labelTxt",
+                       "--boxes", "oriented", "--append")
+    section = manifest.targets[_KIND]
+    assert section["class_names"] == ["ship", "harbor"]  # The held class first, the new one after.
+    records = records_by_name(tmp_path / "out")
+    assert list(records["a.png"][schemas.OBB_LABEL.key]) == [0]
+    assert list(records["b.png"][schemas.OBB_LABEL.key]) == [1, 0]
+    assert section["counts"] == {"train": [2, 1]}

@@ -209,6 +209,10 @@ def _merge(held: dict, mine: dict) -> dict:
     issues = collections.Counter(held.get("issues") or {})
     issues.update(mine.get("issues") or {})
     out["issues"] = dict(sorted(issues.items()))
+    if len(mine.get("class_names") or ()) > len(held.get("class_names") or ()) \
+            or held.get("class_order") == "first_appearance":
+        # As the boxes kind says it: a full conversion orders them as its annotations do; these came by appearance.
+        out["class_order"] = "first_appearance"
     return out
 
 
