@@ -23,6 +23,14 @@ would refuse rejects its image ('bad_target', with the file and line); a
 line of more than 5 numbers is a polygon (a segmentation label), boxed by
 its points' extent as Ultralytics boxes it. Label files of no image are
 counted ('unknown_image', as COCO's annotations of unknown images).
+
+With --boxes oriented (`oriented=True`) the lines are Ultralytics' oriented
+boxes (YOLO-OBB, its `-obb` models and `dota8`): 'class x1 y1 x2 y2 x3 y3 x4
+y4', the 4 corners as fractions, kept in their order
+(`conversion.targets.oriented`); any other line, a 'class cx cy w h' box
+among them, rejects its image. Without the flag such a line stays what it
+always was here, a 4-point polygon boxed by its extent: the two cannot be
+told apart by their numbers.
 """
 
 from __future__ import annotations
@@ -138,7 +146,8 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
         issues["unknown_image"] += len(unknown)
         _LOG.warning("--annotations %s: %d label files name no image under --input_dir: %s",
                      annotations, len(unknown), some(unknown))
-    return BoxAnnotations(YOLO_OBB_FORMAT if oriented else YOLO_FORMAT, names, None, entries, (), invalid, dict(issues), frame="upright",
+    form = YOLO_OBB_FORMAT if oriented else YOLO_FORMAT
+    return BoxAnnotations(form, names, None, entries, (), invalid, dict(issues), frame="upright",
                           sources=frozenset(f.path for f in all_labels.values())), splits
 
 
