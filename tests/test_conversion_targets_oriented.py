@@ -311,3 +311,25 @@ def test_append_keeps_the_held_classes_indices(tmp_path):
     assert list(records["a.png"][schemas.OBB_LABEL.key]) == [0]
     assert list(records["b.png"][schemas.OBB_LABEL.key]) == [1, 0]
     assert section["counts"] == {"train": [2, 1]}
+
+
+def test_a_dota_file_of_two_images_of_its_stem_is_counted_not_read(tmp_path):
+    write(tmp_path / "images" / "a" / "x.png", encode(pixels(0), "PNG"))
+    write(tmp_path / "images" / "b" / "x.png", encode(pixels(1), "PNG"))
+    write(tmp_path / "images" / "y.png", encode(pixels(2), "PNG"))
+    write(tmp_path / "labelTxt" / "x.txt", b"1 2 10 2 10 9 1 9 ship 0\n")
+    write(tmp_path / "labelTxt" / "y.txt", b"1 2 10 2 10 9 1 9 ship 0\n")
+    manifest = convert(tmp_path / "images", tmp_path / "out", "--annotations", tmp_path / "labelTxt",
+                       "--boxes", "oriented")
+    assert manifest.targets[_KIND]["issues"]["ambiguous_stem"] == 1
+    assert sorted(records_by_name(tmp_path / "out")) == ["y.png"]
+
+
+def test_boxes_oriented_does_not_combine_with_annotation_masks(tmp_path, capfd):
+    write(tmp_path / "images" / "a.png", encode(pixels(0), "PNG"))
+    write(tmp_path / "labelTxt" / "a.txt", b"1 2 10 2 10 9 1 9 ship 0\n")
+    status = convert_module.main(["--input_dir", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out"),
+                                  "--annotations", str(tmp_path / "labelTxt"), "--boxes", "oriented",
+                                  "--annotation_masks"])
+    assert status == 2
+    assert "does not combine with --boxes oriented" in capfd.readouterr().err
