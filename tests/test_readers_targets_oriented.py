@@ -192,3 +192,50 @@ def test_preview_draws_each_box_as_its_polygon(tmp_path):
     assert (tile[34:44, 46:49] == colour).all(axis=-1).any(axis=1).all()
     # Inside, below the name tag: not the class colour.
     assert not (tile[36:44, 26:40] == colour).all(axis=-1).any()
+
+
+def test_standard_augmentation_moves_the_corners_onto_the_painted_box(tmp_path):
+    # A red turned box on black, a green spot inside it by its first corner: after each random crop and
+    # flip, the coloured pixels lie inside the label's polygon and the spot is nearest its first corner.
+    from PIL import Image, ImageDraw
+
+    corners = [(14, 6), (44, 12), (38, 40), (8, 34)]
+    image = Image.new("RGB", (64, 48))
+    draw = ImageDraw.Draw(image)
+    draw.polygon(corners, fill=(255, 0, 0))
+    spot = np.add(corners[0], np.subtract(np.mean(corners, 0), corners[0]) * 0.3)
+    draw.ellipse((spot[0] - 3, spot[1] - 3, spot[0] + 3, spot[1] + 3), fill=(0, 255, 0))
+    write(tmp_path / "images" / "painted.png", encode(np.asarray(image), "PNG"))
+    write(tmp_path / "labelTxt" / "painted.txt", " ".join(f"{x} {y}" for x, y in corners).encode() + b" ship 0\n")
+    convert(tmp_path / "images", tmp_path / "out", "--annotations", tmp_path / "labelTxt", "--boxes", "oriented")
+    checked, flipped = 0, set()
+    for seed in range(8):
+        ds = image_dataset_from_tfrecords(tmp_path / "out", image_size=(32, 32), batch_size=None, shuffle=False,
+                                          label_mode="oriented_boxes", augment="standard", seed=seed,
+                                          interpolation="nearest")
+        for pixels_out, label in ds:
+            pixels_out = pixels_out.numpy()
+            red = (pixels_out[..., 0] > 127) & (pixels_out[..., 1] < 128)
+            green = (pixels_out[..., 1] > 127) & (pixels_out[..., 0] < 128)
+            if not len(label["classes"]):
+                assert (red | green).sum() <= 2  # Dropped: at most a sliver of the box is in the crop.
+                continue
+            polygon = label["corners"].numpy()[0] * 32
+            ys, xs = np.nonzero(red | green)
+            centres = np.stack([xs + 0.5, ys + 0.5], -1)
+            # Inside the (convex, clockwise) polygon, each edge's cross product, give or take the pixel
+            # Pillow's fill adds along the edges, as large as the crop's upscaling makes it.
+            edges = np.roll(polygon, -1, 0) - polygon
+            cross = (edges[None, :, 0] * (centres[:, None, 1] - polygon[None, :, 1])
+                     - edges[None, :, 1] * (centres[:, None, 0] - polygon[None, :, 0]))
+            lengths = np.linalg.norm(edges, axis=-1)
+            stored = np.linalg.norm(np.roll(corners, -1, 0) - np.asarray(corners), axis=-1)
+            tolerance = 1.0 + 1.5 * (lengths / stored).max()
+            assert (cross / lengths >= -tolerance).all(), seed
+            if green.sum() >= 4:
+                ys, xs = np.nonzero(green)
+                at = np.array([xs.mean() + 0.5, ys.mean() + 0.5])
+                assert np.argmin(np.linalg.norm(polygon - at, axis=-1)) == 0, seed
+                flipped.add(bool(polygon[0, 0] > polygon[2, 0]))
+                checked += 1
+    assert checked >= 4 and flipped == {True, False}
