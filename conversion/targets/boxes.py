@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import dataclasses
 import logging
 import os
@@ -33,7 +34,7 @@ from conversion import listing as _listing
 from conversion.files import exists, read_bytes, read_many
 from conversion.targets import yolo as _yolo
 from conversion.targets._box_files import BoxAnnotations
-from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
+from conversion.targets._counts import BoxCounts, appended_order, box_section, per_split_rows, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import ImageRejected
 from imaging import boxes as _boxes
@@ -439,44 +440,6 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
     return RecordPart(extra, tuple(actions), details or None, tuple(issues))
 
 
-class _Counts:
-    """One shard's boxes per class, images without boxes, and the issues of its boxes."""
-
-    def __init__(self):
-        self._boxes = collections.Counter()
-        self._without_boxes = 0
-        self._issues = collections.Counter()
-        self._seen = False
-
-    def add(self, part: RecordPart) -> None:
-        labels = part.extra[schemas.BBOX_LABEL.key]
-        self._seen = True
-        self._boxes.update(labels)
-        self._without_boxes += not labels
-        self._issues.update(part.issues)
-
-    def to_json(self) -> dict | None:
-        if not self._seen:
-            return None
-        return {"counts": as_list(self._boxes), "images_without_boxes": self._without_boxes,
-                "issues": dict(sorted(self._issues.items()))}
-
-
-def _section(section: dict, shards, splits: Sequence[str], num_classes: int) -> dict:
-    """The planned section with the boxes per class and split, images without boxes, every issue."""
-    width = len(section["class_names"])
-    issues = collections.Counter(section.get("issues", {}))
-    section["counts"], section["images_without_boxes"] = {}, {}
-    for split in sorted(splits):
-        parts = [s.targets[NAME] for s in shards if s.split == split and s.targets and NAME in s.targets]
-        section["counts"][split] = summed([p["counts"] for p in parts], width)
-        section["images_without_boxes"][split] = sum(p["images_without_boxes"] for p in parts)
-        for p in parts:
-            issues.update(p["issues"])
-    section["issues"] = dict(sorted(issues.items()))
-    return section
-
-
 def _verify(section, num_classes: int):
     names = section.get("class_names")
     if not isinstance(names, list):
@@ -521,5 +484,5 @@ def _describe(boxes, class_names, splits, max_classes: int) -> Description:
     return Description(head, rows, tail)
 
 
-KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record, counter=_Counts,
-                  section=_section, verify=_verify, describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record, counter=functools.partial(BoxCounts, schemas.BBOX_LABEL.key),
+                  section=functools.partial(box_section, NAME), verify=_verify, describe=_describe, merge=_merge)
