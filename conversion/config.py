@@ -77,7 +77,12 @@ def _time_series_options(o) -> TimeSeriesOptions | None:
             raise ValueError(f"--bands orders the bands of a time series' stacks: give --time_series with it "
                              f"(for one raster's bands: --raster_bands). Received: --bands {o.bands} alone")
         return None
-    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup), ("--group_by", bool(o.group_by)),
+    if o.group_by and not o.group_by.startswith("regex:"):
+        # A location's passes are rasters (GeoTIFF): no DICOM header to read a keyword from.
+        raise ValueError(f"--time_series groups locations by their paths only: give --group_by regex:PATTERN "
+                         f"(e.g. regex:(T[0-9]{{2}}[A-Z]{{3}}) for a Sentinel-2 tile id; every stack and patch of "
+                         f"a group in one split). Received: --time_series with --group_by {o.group_by}")
+    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup),
                ("--raster_bands", bool(o.raster_bands)), ("--raster_dtype", bool(o.raster_dtype)),
                ("--raster_pages", o.raster_pages != _RASTER.pages),
                ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
@@ -100,7 +105,7 @@ def _volume_options(o) -> VolumeOptions | None:
         return None
     refused = [("--time_series", o.time_series),
                ("--annotations", bool(o.annotations)),
-               ("--group_by", bool(o.group_by)), ("--raster_patch", bool(o.raster_patch)),
+               ("--raster_patch", bool(o.raster_patch)),
                ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
     for flag, given in refused:
         if given:

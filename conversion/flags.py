@@ -149,7 +149,9 @@ def _add_image_flags(parser) -> None:
     parser.add_argument(
         "--group_by",
         help="Keep groups in one split: dicom:PatientID, dicom:StudyInstanceUID (any DICOM "
-        "keyword), or regex:PATTERN over the relative path (its first group, else the match).",
+        "keyword), or regex:PATTERN over the relative path (its first group, else the match). "
+        "With --volumes, a series' group is the value most of its files give (its headers or "
+        "paths); with --time_series, regex: only, over the location's path.",
     )
 
 
