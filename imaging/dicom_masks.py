@@ -49,7 +49,8 @@ RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
 # them by; docs/preparing/output.md explains each).
 REJECT_REASONS = {
     "mask_reference_mismatch": "A DICOM SEG or RTSTRUCT that annotates another series or frame of reference "
-                               "than the volume's (SeriesInstanceUID, FrameOfReferenceUID, SOPInstanceUID).",
+                               "than the volume's (SeriesInstanceUID, FrameOfReferenceUID, SOPInstanceUID; an "
+                               "RTSTRUCT: none of its ROIs or contours).",
     "mask_geometry_mismatch": "The mask's grid is not the volume's: other size, spacing, orientation or "
                               "positions (a SEG frame or an RTSTRUCT contour off the series' slices).",
     "unsupported_mask": "A DICOM object that is no SEG or RTSTRUCT, or one whose frames or contours "
