@@ -267,6 +267,12 @@ _LABEL_SEQUENCES = {SEG_STORAGE: ("SegmentSequence", 0x00620002), LABEL_MAP_SEG_
                     RTSTRUCT_STORAGE: ("StructureSetROISequence", 0x30060020)}
 
 
+# An RTSTRUCT's contours, and the end of a sequence of undefined length ((FFFE,E0DD), length 0)
+# as little-endian transfer syntaxes write it.
+_ROI_CONTOURS = 0x30060039
+_SEQUENCE_END = b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"
+
+
 def dicom_mask_bits(head: bytes) -> int | None:
     """Bits per label (8 or 16) a SEG or RTSTRUCT needs, from its first bytes; None when unknown.
 
@@ -310,8 +316,32 @@ def read_dicom_mask(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
     ds = dicom.read_dataset(data, name, require_pixels=False)
     sop_class = str(ds.get("SOPClassUID", "") or "")
     if sop_class == RTSTRUCT_STORAGE:
+        if not _contours_complete(ds, data):
+            raise ImageRejected("corrupt", f"{name}: cut short inside its ROIContourSequence (the file ends "
+                                           "between two items of it, before the sequence's end)")
         return _lazily_parsed(_rtstruct, ds, name, grid)
     return _lazily_parsed(_seg, ds, name, grid)
+
+
+def _contours_complete(ds, data: bytes) -> bool:
+    """Whether an RTSTRUCT's ROIContourSequence ends inside `data`.
+
+    pydicom reads a sequence that a file cut short ends between two items without an error:
+    fewer contours, a partial mask (found as a flaky cut of the mutation test: rt-utils' random
+    UIDs move the offsets). Of a sequence of defined length, pydicom keeps the bytes it got and
+    the length declared (compared here, before the sequence is parsed); one of undefined length
+    must end with its delimiter. Complete too when an element after the sequence was read.
+    """
+    if _ROI_CONTOURS not in ds or any(int(t) > _ROI_CONTOURS for t in ds.keys()):
+        return True
+    element = ds.get_item(_ROI_CONTOURS)
+    length, value = getattr(element, "length", None), getattr(element, "value", None)
+    if isinstance(value, (bytes, bytearray)) and length is not None and length != 0xFFFFFFFF:
+        return len(value) >= length
+    undefined = getattr(element, "is_undefined_length", False) or length == 0xFFFFFFFF
+    if not undefined or getattr(ds, "is_little_endian", True) is False:
+        return True
+    return data.rstrip(b"\0").endswith(_SEQUENCE_END)
 
 
 def _lazily_parsed(read, ds, name: str, grid: SeriesGrid) -> DicomMask:

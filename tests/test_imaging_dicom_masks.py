@@ -1178,6 +1178,18 @@ def test_rtstruct_cut_short_anywhere_is_corrupt_never_a_partial_mask(tmp_path):
             continue
         np.testing.assert_array_equal(mask.labels, whole, err_msg=f"cut at {at} of {len(data)}")
     assert "corrupt" in reasons
+    # Cut right between two items (rt-utils writes the contours' sequences with their lengths):
+    # pydicom reads the items before the cut without an error. The offsets above hit such a cut
+    # by chance only (rt-utils' UIDs are random, the offsets move): each item start of the
+    # contours is cut here.
+    contours = data.index(b"\x06\x30\x39\x00")  # Implicit VR: tag, 4-byte length, the items.
+    end = contours + 8 + int.from_bytes(data[contours + 4:contours + 8], "little")
+    starts = [i for i in range(contours, end) if data.startswith(b"\xfe\xff\x00\xe0", i)]
+    assert len(starts) > 4
+    for at in starts[1:]:
+        with pytest.raises(ImageRejected, match="cut short") as e:
+            dicom_masks.read_dicom_mask(data[:at], "rs.dcm", grid)
+        assert e.value.reason == "corrupt"
     with pytest.raises(ImageRejected, match="without ROIContourSequence") as e:
         dicom_masks.read_dicom_mask(data[:data.index(b"\x06\x30\x39\x00")], "rs.dcm", grid)  # (3006,0039)
     assert e.value.reason == "corrupt"
