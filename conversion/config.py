@@ -33,12 +33,15 @@ if TYPE_CHECKING:
     from imaging.time_series import TimeSeriesOptions
     from imaging.volumes import VolumeOptions
 
-__all__ = ["ConversionConfig", "ANNOTATION_FRAMES"]
+__all__ = ["ConversionConfig", "ANNOTATION_FRAMES", "BOX_SHAPES"]
 
 # --annotations_frame: 'auto', the annotation's image size decides (the raw frame where it cannot
 # tell: a square photo, or an EXIF orientation that keeps the size); 'raw' or 'upright': every box
 # and mask of an EXIF-rotated photo was drawn on that frame.
 ANNOTATION_FRAMES = ("auto", "raw", "upright")
+# --boxes: 'axis', the boxes kind (axis-aligned: a rotated shape's extent); 'oriented', the
+# oriented_boxes kind (each box's 4 corners: DOTA, YOLO-OBB, CVAT's rotated boxes).
+BOX_SHAPES = ("axis", "oriented")
 
 _RESIZE = ResizeOptions()
 _RASTER = RasterOptions()
@@ -74,7 +77,12 @@ def _time_series_options(o) -> TimeSeriesOptions | None:
             raise ValueError(f"--bands orders the bands of a time series' stacks: give --time_series with it "
                              f"(for one raster's bands: --raster_bands). Received: --bands {o.bands} alone")
         return None
-    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup), ("--group_by", bool(o.group_by)),
+    if o.group_by and not o.group_by.startswith("regex:"):
+        # A location's passes are rasters (GeoTIFF): no DICOM header to read a keyword from.
+        raise ValueError(f"--time_series groups locations by their paths only: give --group_by regex:PATTERN "
+                         f"(e.g. regex:(T[0-9]{{2}}[A-Z]{{3}}) for a Sentinel-2 tile id; every stack and patch of "
+                         f"a group in one split). Received: --time_series with --group_by {o.group_by}")
+    refused = [("--annotations", bool(o.annotations)), ("--dedup", o.dedup),
                ("--raster_bands", bool(o.raster_bands)), ("--raster_dtype", bool(o.raster_dtype)),
                ("--raster_pages", o.raster_pages != _RASTER.pages),
                ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
@@ -97,7 +105,7 @@ def _volume_options(o) -> VolumeOptions | None:
         return None
     refused = [("--time_series", o.time_series),
                ("--annotations", bool(o.annotations)),
-               ("--group_by", bool(o.group_by)), ("--raster_patch", bool(o.raster_patch)),
+               ("--raster_patch", bool(o.raster_patch)),
                ("--max_side", o.max_side is not None), ("--min_side", o.min_side is not None)]
     for flag, given in refused:
         if given:
@@ -139,6 +147,8 @@ class ConversionConfig:
     annotations: str | None = None
     # --annotations_frame: on which frame of an EXIF-rotated photo its boxes and masks were drawn.
     annotations_frame: str = "auto"
+    # --boxes: 'axis' (the boxes kind) or 'oriented' (the oriented_boxes kind, `conversion.targets.oriented`).
+    boxes: str = "axis"
     # --annotation_masks: the regions of --annotations drawn into each image's mask (`conversion.annotation_masks`).
     annotation_masks: bool = False
     class_names: tuple[str, ...] | None = None
@@ -171,6 +181,14 @@ class ConversionConfig:
             raise ValueError("--annotations_frame says on which frame boxes or masks were drawn: give "
                              f"--annotations or --masks_dir with it. Received: --annotations_frame "
                              f"{self.annotations_frame} alone")
+        if self.boxes not in BOX_SHAPES:
+            raise ValueError(f"--boxes must be one of {', '.join(BOX_SHAPES)}. Received: {self.boxes!r}")
+        if self.boxes == "oriented" and not self.annotations:
+            raise ValueError("--boxes oriented says how the boxes of --annotations are stored: give "
+                             "--annotations with it. Received: --boxes oriented alone")
+        if self.boxes == "oriented" and self.annotation_masks:
+            raise ValueError("--annotation_masks draws the axis boxes' regions; it does not combine with "
+                             "--boxes oriented yet. Received: --boxes oriented with --annotation_masks")
         if self.annotation_masks and not self.annotations:
             raise ValueError("--annotation_masks draws the regions of --annotations into masks: give "
                              "--annotations with it. Received: --annotation_masks alone")
@@ -285,6 +303,7 @@ class ConversionConfig:
             annotations=o.annotations,
             annotations_frame=getattr(o, "annotations_frame", None) or "auto",
             annotation_masks=bool(getattr(o, "annotation_masks", False)),
+            boxes=getattr(o, "boxes", None) or "axis",
             class_names=tuple(c.strip() for c in o.class_names.split(",")) if o.class_names else None,
             split_ratios=parse_split(o.split) if o.split else None,
             seed=o.seed,
@@ -333,4 +352,7 @@ class ConversionConfig:
             options["raster"] = v.raster.to_json()
         if self.annotations_frame != "auto":
             options["annotations_frame"] = self.annotations_frame
+        if self.boxes != "axis":
+            # Only then: datasets of axis boxes keep their exact manifest.
+            options["boxes"] = self.boxes
         return options

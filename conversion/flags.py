@@ -9,7 +9,7 @@ its arguments before it imports Beam (`beam_jobs._startup.early_config`).
 
 from __future__ import annotations
 
-from conversion.config import ANNOTATION_FRAMES, ConversionConfig
+from conversion.config import ANNOTATION_FRAMES, BOX_SHAPES, ConversionConfig
 from conversion.options import ShardingOptions, WritingOptions
 from imaging import DicomOptions, RasterOptions, ResizeOptions, ValidationOptions
 
@@ -54,6 +54,12 @@ def _add_input_flags(parser) -> None:
         "it: tools that turn photos upright), or auto (default: the annotation's or mask's size "
         "decides, the raw frame where it cannot tell: square photos, 180-degree turns; for CVAT "
         "and LabelMe, which show photos upright, the upright one; for YOLO labels, upright).",
+    )
+    parser.add_argument(
+        "--boxes", choices=BOX_SHAPES, default=None,
+        help="How the boxes of --annotations are stored: axis (default: axis-aligned, a CVAT "
+        "rotated box as its extent) or oriented (each box's 4 corners, obb/corners: DOTA labelTxt "
+        "folders, Ultralytics YOLO-OBB labels or data.yaml, CVAT rotated boxes).",
     )
     parser.add_argument(
         "--annotation_masks", action="store_true",
@@ -143,7 +149,9 @@ def _add_image_flags(parser) -> None:
     parser.add_argument(
         "--group_by",
         help="Keep groups in one split: dicom:PatientID, dicom:StudyInstanceUID (any DICOM "
-        "keyword), or regex:PATTERN over the relative path (its first group, else the match).",
+        "keyword), or regex:PATTERN over the relative path (its first group, else the match). "
+        "With --volumes, a series' group is the value most of its files give (its headers or "
+        "paths); with --time_series, regex: only, over the location's path.",
     )
 
 

@@ -27,8 +27,8 @@ from conversion.targets.kind import PlanTargets
 from conversion.targets.labels_csv import read_labels_csv
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["PlannedFile", "Plan", "PlanTargets", "make_plan", "stable_hash", "hash_split", "SPLIT_ALIASES",
-           "read_labels_csv", "image_labels_optional", "sorted_class_names"]
+__all__ = ["PlannedFile", "Plan", "PlanTargets", "make_plan", "stable_hash", "hash_split", "split_groups",
+           "SPLIT_ALIASES", "read_labels_csv", "image_labels_optional", "sorted_class_names"]
 
 # The image-level class's planning, its row's (`conversion.targets.classes`), under the names it had here.
 sorted_class_names = _classes.sorted_class_names
@@ -321,6 +321,19 @@ def _plan_groups(planned: list[PlannedFile], groups, ratios, shard_counts, seed)
             "--group_by decides splits by hashing each group, so it needs hash splits "
             "(--split ...), not split folders or the CSV's split column."
         )
+    return split_groups(planned, groups, shard_counts, seed)
+
+
+def split_groups(planned: Sequence[PlannedFile], groups: Mapping[str, str], shard_counts: Mapping[str, int],
+                 seed: int) -> dict[str, tuple[str, ...]]:
+    """Each split's group ids: the sorted hashes of the groups of its planned files (`Plan.groups`).
+
+    Args:
+      planned: The planned files (their split and relative path).
+      groups: Relative path -> group value, for the files that have one.
+      shard_counts: The splits (each one listed, an empty one too).
+      seed: The conversion's seed (hashed with each value: no identifier is stored).
+    """
     per_split = collections.defaultdict(set)
     for f in planned:
         if f.rel_path in groups:

@@ -107,7 +107,7 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
     # With --append, the held files too: annotations name them, and they are no 'missing_file'.
     listed = tuple([f.rel_path for f in files] + [p.rel_path for p in problems] + sorted(held))
     groups = None
-    if config.group_by:
+    if config.group_by and grouped.groups is None:
         failed = _quarantined(config) if config.writing.resume else {}
         groups = group_keys([f for f in files if f.rel_path not in failed], config.group_by, failed)
         if failed:
@@ -148,6 +148,10 @@ def _build_plan(config: ConversionConfig, on_listed, select, known_classes, held
     if mask_plan is not None:
         # Its summary (dtype, section): each file's mask travels in its targets.
         plan = dataclasses.replace(plan, masks=mask_plan)
+    if config.group_by and grouped.groups is not None:
+        # A kind that split its examples by group itself (volumes): the manifest's groups of its planned ones.
+        plan = dataclasses.replace(plan, groups=_plan.split_groups(plan.files, grouped.groups, plan.shard_counts,
+                                                                   config.seed))
     return _checked(kind.finish_plan(plan, grouped), config, masked=mask_plan is not None,
                     appending=held_manifest is not None)
 

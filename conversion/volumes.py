@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
@@ -145,6 +146,8 @@ class VolumesPlan:
       split_source: "csv" when --labels_csv gave the splits, else "series".
       duplicates_of_held: With --append --dedup: each input file rejected as a
         copy of a volume the dataset holds, to that volume's filename.
+      groups: With --group_by: volume filename -> its group's value (a PatientID), for
+        the volumes that have one (`_group_of`); the others are split by their series.
     """
 
     files: tuple[InputFile, ...]
@@ -153,6 +156,7 @@ class VolumesPlan:
     class_names: tuple[str, ...]
     split_source: str
     duplicates_of_held: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    groups: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +323,8 @@ def check_held_rows(labels_csv: Mapping[str, tuple[str, str | None]], held: Mapp
 def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_dir: str, output_dir: str, *,
                  options: volumes.VolumeOptions, split_ratios=None, seed: int = 0, quarantined=None,
                  labels_csv: Mapping[str, tuple[str, str | None]] | None = None,
-                 dedup: bool = False, held: HeldVolumes | None = None, masked: bool = False) -> VolumesPlan:
+                 dedup: bool = False, held: HeldVolumes | None = None, masked: bool = False,
+                 group_by: str | None = None) -> VolumesPlan:
     """Plans every volume of a listing, from headers only.
 
     Args:
@@ -342,11 +347,18 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
         every volume has label -1, no class names, and its split is drawn by
         `split_key` (a patient's series together); a NIfTI file directly under
         --input_dir is a volume, not `no_label`.
+      group_by: --group_by (dicom:KEYWORD or regex:PATTERN): a volume's split is its
+        group's (`_group_of`), as an image's is, so every series of one patient lies in
+        one split; a volume without a group is split as without it.
 
     Raises:
-      ValueError: For --split together with a CSV split column.
+      ValueError: For --split together with a CSV split column, or --group_by dicom:KEYWORD
+        when every volume is a NIfTI file (no DICOM header to read it from).
     """
     quarantined = dict(quarantined or {})
+    group_kind, _, group_value = (group_by or "").partition(":")
+    # dicom:KEYWORD is read from the headers planning reads anyway (`_headers`), never twice.
+    keyword = group_value if group_kind == "dicom" else None
     rejects = [(p.rel_path, p.reason, p.message) for p in problems]
     # (class, series unit) -> its files; unit -> its split when the CSV gives one.
     by_unit: dict[tuple[str, str], list] = defaultdict(list)
@@ -390,7 +402,8 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     planned = []  # (class, unit, filename, stack or None, nifti or None)
     for (cls, unit), paths in sorted(by_unit.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         planned += [(cls, unit, name, stack, nifti) for name, stack, nifti in
-                    _plan_unit(unit, paths, input_dir, options, rejects, digests if dedup else None, quarantined)]
+                    _plan_unit(unit, paths, input_dir, options, rejects, digests if dedup else None, quarantined,
+                               keyword)]
     planned.sort(key=lambda p: os.fsencode(p[2]))
     classless = False
     if masked and labels_csv is None:
@@ -417,6 +430,7 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
     for cls, _, _, stack, _ in planned:
         if stack is not None:
             uid_classes[stack.series_uid].add(cls)
+    groups, group_notes = ({}, {}) if group_by is None else _groups_of(planned, group_by, held is not None)
     jobs = []
     for cls, unit, name, stack, nifti in planned:
         members = _members(stack, nifti)
@@ -424,15 +438,21 @@ def plan_volumes(files: Sequence[InputFile], problems: Sequence[Problem], input_
             rejects += [(rel, "mixed_labels", "the series lies under the classes "
                                               f"{sorted(uid_classes[stack.series_uid])}") for rel in members]
             continue
-        # The split of the series unit's name (the folder), never of a slice.
-        split = csv_splits.get(unit) or hash_split(seed, split_key(unit, nifti) if classless else unit,
-                                                   split_ratios)
+        # The split of the series unit's name (the folder), never of a slice; with --group_by, of its
+        # group's value, as an image's ('group:' + value: an image and a volume of one group share a split).
+        key = ("group:" + groups[name] if name in groups
+               else split_key(unit, nifti) if classless else unit)
+        split = csv_splits.get(unit) or hash_split(seed, key, split_ratios)
         if split is None:  # Its split's ratio is zero: said, not silently dropped.
             rejects += [(rel, "not_in_split", f"{name}: its split has a ratio of zero (--split)") for rel in members]
             continue
-        jobs.append(VolumeJob(name, cls, split, stack, nifti, members, content=contents.get(name)))
+        jobs.append(VolumeJob(name, cls, split, stack, nifti, members, notes=group_notes.get(name, ()),
+                              content=contents.get(name)))
     sizes = {f.rel_path: f.size for f in files}
     settled = _settled(jobs, rejects, class_names, split_source, output_dir, sizes)
+    if group_by is not None:
+        kept = {job.filename for job in settled.jobs.values()}
+        settled = dataclasses.replace(settled, groups={name: g for name, g in groups.items() if name in kept})
     if of_held:  # The files rejected as copies of held volumes (not those a kept volume counts).
         rejected = {p.rel_path for p in settled.problems if p.reason == "duplicate"}
         settled = dataclasses.replace(settled, duplicates_of_held={
@@ -488,6 +508,94 @@ def _in_class_layout(planned: Sequence[tuple], rejects: list) -> list[tuple]:
     return kept
 
 
+def _groups_of(planned: Sequence[tuple], group_by: str, appending: bool) -> tuple[dict[str, str], dict]:
+    """--group_by: each planned volume's group value (`_group_of`), and the notes of those its files disagree on.
+
+    dicom:KEYWORD is read from each series' headers (read while planning: `DicomSlice.group_value`);
+    regex:PATTERN is matched on each of its files' relative paths (a NIfTI file's: its own), as an
+    image's. A NIfTI volume has no DICOM header: with dicom:KEYWORD it is its own group, as a
+    non-DICOM image is; and when every volume is one, the flag would group nothing, which is refused.
+
+    Args:
+      planned: (class, unit, filename, stack, nifti) of each volume.
+      group_by: --group_by.
+      appending: With --append: a new batch of NIfTI files only is not refused (the
+        dataset's --group_by is held), only told.
+
+    Returns:
+      (filename -> group value, for the volumes that have one; filename -> its notes).
+
+    Raises:
+      ValueError: With dicom:KEYWORD, when every planned volume is a NIfTI file.
+    """
+    kind, _, value = group_by.partition(":")
+    pattern = re.compile(value) if kind == "regex" else None
+    groups, notes = {}, {}
+    niftis = 0
+    for _, _, name, stack, nifti in planned:
+        if pattern is None and nifti is not None:
+            niftis += 1
+            continue
+        if pattern is not None:
+            values = {rel: _matched(pattern, rel) for rel in _members(stack, nifti)}
+        else:  # One value per file: the frames of an enhanced file share its header.
+            values = {s.name: s.group_value or None for s in stack.slices}
+        found, note = _group_of(values, group_by)
+        if found is not None:
+            groups[name] = found
+        if note:
+            notes[name] = (note,)
+    if niftis and niftis == len(planned):
+        message = (f"--group_by {group_by} reads each series' DICOM headers, and every volume here is a NIfTI "
+                   f"file ({niftis}), which has none: group them by their paths with --group_by regex:PATTERN "
+                   "(e.g. regex:^([^/]+)/ for the top folder, regex:(case_[0-9]+) for a case id in the name). "
+                   f"Received: --volumes --group_by {group_by} with {niftis} NIfTI files and no DICOM series")
+        if not appending:
+            raise ValueError(message)
+        _LOG.warning("%s; each is its own group (split by itself)", message)
+    elif niftis:
+        _LOG.info("%d NIfTI volumes have no DICOM header to read %s from: each is its own group (--group_by)",
+                  niftis, value)
+    _LOG.info("Grouped %s of %s volumes (--group_by %s); the others are split by their own series folder "
+              "or NIfTI file", f"{len(groups):,}", f"{len(planned):,}", group_by)
+    return groups, notes
+
+
+def _matched(pattern: re.Pattern, rel_path: str) -> str | None:
+    """A path's group by --group_by regex:PATTERN: its first group, else the match, as an image's."""
+    m = pattern.search(rel_path)
+    if m is None:
+        return None
+    return m.group(1) if m.groups() else m.group(0)
+
+
+def _group_of(values: Mapping[str, str | None], group_by: str) -> tuple[str | None, str | None]:
+    """A volume's group from its files' values: (value, note or None).
+
+    The value most of its files give (ties: the smallest, so the same files give the same
+    group); None when none gives one (the volume is then its own group, as an image without
+    one is). The note, when some files give another value or none, says how many of each,
+    never the values (a PatientID is an identifier: it is stored hashed only).
+
+    Args:
+      values: Each of the volume's files -> its value (None: absent or empty, no match).
+      group_by: --group_by, for the note.
+    """
+    counts = Counter(v for v in values.values() if v)
+    if not counts:
+        return None, None
+    value = min(counts, key=lambda v: (-counts[v], v))
+    agree, given = counts[value], sum(counts.values())
+    if agree == len(values):
+        return value, None
+    parts = [f"grouped by the value {agree} of its {len(values)} files give"]
+    if given > agree:
+        parts.append(f"{given - agree} give another")
+    if given < len(values):
+        parts.append(f"{len(values) - given} none")
+    return value, f"--group_by {group_by}: " + "; ".join(parts)
+
+
 def split_key(unit: str, nifti: str | None) -> str:
     """What a volume without a class (--masks_dir, no class folders) has its split drawn by.
 
@@ -500,10 +608,11 @@ def split_key(unit: str, nifti: str | None) -> str:
 
 
 def _plan_unit(unit: str, paths: Sequence[str], input_dir: str, options: volumes.VolumeOptions, rejects: list,
-               digests: dict | None, quarantined: Mapping) -> list[tuple]:
+               digests: dict | None, quarantined: Mapping, keyword: str | None = None) -> list[tuple]:
     """(filename, stack or None, nifti or None) of each volume of a series unit, from its files' headers.
 
     With `digests` (--dedup), each file is read whole and the SHA-256 of its bytes kept there.
+    With `keyword` (--group_by dicom:KEYWORD), each slice keeps its value (`DicomSlice.group_value`).
     """
     slices, out = [], []
     for rel in sorted(paths):
@@ -516,7 +625,7 @@ def _plan_unit(unit: str, paths: Sequence[str], input_dir: str, options: volumes
                 digests[rel] = _digest(path, rel, rejects)
             out.append((rel, None, rel))
             continue
-        slices += _headers(path, rel, rejects, digests)
+        slices += _headers(path, rel, rejects, digests, keyword)
     if slices:
         plan = volumes.plan_stacks(slices, min_slices=options.min_slices,
                                    pixel_hash=functools.partial(_pixel_hash, input_dir))
@@ -597,8 +706,9 @@ def _settled(jobs: list[VolumeJob], rejects: list, class_names, split_source, ou
         mine = tuple(rel for rel in job.sources if rel not in counted)
         notes = [f"{rel}: counted in {counted[rel]}" for rel in job.sources if rel in counted]
         counted.update((rel, job.filename) for rel in mine)
-        settled.append(dataclasses.replace(job, sources=mine, notes=(*job.stack.notes, *notes)
-                                           if job.stack is not None else tuple(notes)))
+        # Its stack's notes, then its own (--group_by's), then the files other volumes count.
+        settled.append(dataclasses.replace(job, sources=mine, notes=(*job.stack.notes, *job.notes, *notes)
+                                           if job.stack is not None else (*job.notes, *notes)))
     jobs = settled
     by_name = {job.filename: i for i, job in enumerate(jobs)}
     problems = []
@@ -617,17 +727,20 @@ def _settled(jobs: list[VolumeJob], rejects: list, class_names, split_source, ou
     return VolumesPlan(files, tuple(problems), {job.filename: job for job in jobs}, class_names, split_source)
 
 
-def _headers(path: str, rel: str, rejects: list, digests: dict | None) -> list:
-    """The slices of one DICOM file, from its header (its whole bytes with --dedup); rejects it on failure."""
+def _headers(path: str, rel: str, rejects: list, digests: dict | None, keyword: str | None = None) -> list:
+    """The slices of one DICOM file, from its header (its whole bytes with --dedup); rejects it on failure.
+
+    `keyword`: --group_by's DICOM keyword, read from the same parse (`DicomSlice.group_value`).
+    """
     # Noted in the journal: a header that crashes the driver is known to the command above it.
     with guard.working_on([(rel, path)]):
         try:
             if digests is not None:  # The whole file: its digest.
                 data = _files.read_bytes(path)
                 digests[rel] = hashlib.sha256(data).digest()
-                return volumes.read_slices(data, rel)
+                return volumes.read_slices(data, rel, keyword)
             with _files.open_to_read(path) as f:  # Its header: the pixels are read once, by the writer.
-                return volumes.read_slice_headers(f, rel)
+                return volumes.read_slice_headers(f, rel, keyword)
         except ImageRejected as e:
             rejects.append((rel, e.reason, e.message))
         except OSError as e:

@@ -17,7 +17,7 @@ from PIL import Image
 
 from imaging.sniff import jpeg_header
 
-__all__ = ["Box", "SWAPPING_ORIENTATIONS", "upright_size", "orient_box", "clip_box", "is_empty",
+__all__ = ["Box", "SWAPPING_ORIENTATIONS", "upright_size", "orient_box", "orient_point", "clip_box", "is_empty",
            "normalise_box", "annotation_frame", "raw_frame"]
 
 # The EXIF tag of the orientation.
@@ -71,6 +71,30 @@ def orient_box(box: Box, orientation: int, width: float, height: float) -> Box:
     else:  # 8, turned 90 degrees anticlockwise to view: (x, y) -> (y, w - x).
         xs, ys = (y0, y1), (w - x1, w - x0)
     return (min(xs), min(ys), max(xs), max(ys))
+
+
+def orient_point(x: float, y: float, orientation: int, width: float, height: float) -> tuple[float, float]:
+    """Where the point (x, y) of the raw frame (`width` x `height`) lands in the upright image.
+
+    The point maps of `orient_box` (Pillow's `ImageOps.exif_transpose`), for
+    the corners of an oriented box: each corner keeps its place in the box's
+    point order.
+
+    Raises:
+      ValueError: For an orientation outside 1-8.
+    """
+    _check_orientation(orientation)
+    w, h = width, height
+    return {
+        1: (x, y),
+        2: (w - x, y),  # Mirrored left-right.
+        3: (w - x, h - y),  # Turned 180 degrees.
+        4: (x, h - y),  # Mirrored top-bottom.
+        5: (y, x),  # Transposed.
+        6: (h - y, x),  # Turned 90 degrees clockwise to view.
+        7: (h - y, w - x),  # Transversed.
+        8: (y, w - x),  # Turned 90 degrees anticlockwise to view.
+    }[orientation]
 
 
 def clip_box(box: Box, width: float, height: float) -> Box:

@@ -45,6 +45,7 @@ __all__ = [
     "SEGMENTATION_SOP_CLASSES",
     "check_not_segmentation",
     "is_keyword",
+    "header_value",
     "IDENTIFYING_TAGS",
     "DicomOptions",
     "DicomFrame",
@@ -487,6 +488,15 @@ def read_group_value(data: bytes, keyword: str) -> str | None:
             _LOG.debug("Cannot read %s from a DICOM header: %s", keyword, e)
             return None
     return value or None
+
+
+def header_value(ds: Dataset, keyword: str) -> str | None:
+    """One value of a parsed header as `read_group_value` reads it from bytes; None when absent or empty.
+
+    For a header parsed already (the volume path's planning): --group_by's value
+    without reading the file again.
+    """
+    return _tag_string(ds, keyword) or None
 
 
 def decode_dicom(data: bytes, name: str, options: DicomOptions) -> list[DicomFrame]:

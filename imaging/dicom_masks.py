@@ -49,7 +49,8 @@ RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
 # them by; docs/preparing/output.md explains each).
 REJECT_REASONS = {
     "mask_reference_mismatch": "A DICOM SEG or RTSTRUCT that annotates another series or frame of reference "
-                               "than the volume's (SeriesInstanceUID, FrameOfReferenceUID, SOPInstanceUID).",
+                               "than the volume's (SeriesInstanceUID, FrameOfReferenceUID, SOPInstanceUID; an "
+                               "RTSTRUCT: none of its ROIs or contours).",
     "mask_geometry_mismatch": "The mask's grid is not the volume's: other size, spacing, orientation or "
                               "positions (a SEG frame or an RTSTRUCT contour off the series' slices).",
     "unsupported_mask": "A DICOM object that is no SEG or RTSTRUCT, or one whose frames or contours "
@@ -266,6 +267,12 @@ _LABEL_SEQUENCES = {SEG_STORAGE: ("SegmentSequence", 0x00620002), LABEL_MAP_SEG_
                     RTSTRUCT_STORAGE: ("StructureSetROISequence", 0x30060020)}
 
 
+# An RTSTRUCT's contours, and the end of a sequence of undefined length ((FFFE,E0DD), length 0)
+# as little-endian transfer syntaxes write it.
+_ROI_CONTOURS = 0x30060039
+_SEQUENCE_END = b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"
+
+
 def dicom_mask_bits(head: bytes) -> int | None:
     """Bits per label (8 or 16) a SEG or RTSTRUCT needs, from its first bytes; None when unknown.
 
@@ -309,8 +316,32 @@ def read_dicom_mask(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
     ds = dicom.read_dataset(data, name, require_pixels=False)
     sop_class = str(ds.get("SOPClassUID", "") or "")
     if sop_class == RTSTRUCT_STORAGE:
+        if not _contours_complete(ds, data):
+            raise ImageRejected("corrupt", f"{name}: cut short inside its ROIContourSequence (the file ends "
+                                           "between two items of it, before the sequence's end)")
         return _lazily_parsed(_rtstruct, ds, name, grid)
     return _lazily_parsed(_seg, ds, name, grid)
+
+
+def _contours_complete(ds, data: bytes) -> bool:
+    """Whether an RTSTRUCT's ROIContourSequence ends inside `data`.
+
+    pydicom reads a sequence that a file cut short ends between two items without an error:
+    fewer contours, a partial mask (found as a flaky cut of the mutation test: rt-utils' random
+    UIDs move the offsets). Of a sequence of defined length, pydicom keeps the bytes it got and
+    the length declared (compared here, before the sequence is parsed); one of undefined length
+    must end with its delimiter. Complete too when an element after the sequence was read.
+    """
+    if _ROI_CONTOURS not in ds or any(int(t) > _ROI_CONTOURS for t in ds.keys()):
+        return True
+    element = ds.get_item(_ROI_CONTOURS)
+    length, value = getattr(element, "length", None), getattr(element, "value", None)
+    if isinstance(value, (bytes, bytearray)) and length is not None and length != 0xFFFFFFFF:
+        return len(value) >= length
+    undefined = getattr(element, "is_undefined_length", False) or length == 0xFFFFFFFF
+    if not undefined or getattr(ds, "is_little_endian", True) is False:
+        return True
+    return data.rstrip(b"\0").endswith(_SEQUENCE_END)
 
 
 def _lazily_parsed(read, ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -581,19 +612,33 @@ def labels_from_rtstruct(data: bytes, name: str, grid: SeriesGrid) -> DicomMask:
     Label value = the ROI's position in StructureSetROISequence + 1 (ROINumbers may be
     sparse); class_names = "background" + ROINames. Each CLOSED_PLANAR contour goes to
     the slice whose plane it lies on; its points go to (column, row) through the
-    grid's inverse affine. A voxel is in an ROI when its centre is inside an odd
-    number of the ROI's contours on that slice (even-odd: a contour inside another
-    is a hole, one inside that an island) or on one of them (within 1e-3 pixel).
-    Where ROIs overlap the later ROI wins (noted). POINT and OPEN_* contours are
-    left out (noted).
+    grid's inverse affine. A voxel is in an ROI when its centre is inside the ROI's
+    contours on that slice (`_fill_slice`: a contour inside another is a hole, one
+    inside the hole an island; contours that overlap without one inside the other
+    are pieces, united; CLOSEDPLANAR_XOR contours combine by exclusive or) or on one
+    of them (within 1e-3 pixel). Where ROIs overlap the later ROI wins (noted).
+    POINT and OPEN_* contours are left out (noted), and so are the ROIs of another
+    frame of reference and the contours drawn on another series' images (noted:
+    a structure set of a registered CT and MR outlines on both).
 
     Raises:
       ImageRejected: 'unsupported_mask' (no RTSTRUCT), 'mask_reference_mismatch'
-        (another frame of reference or series), 'mask_geometry_mismatch' (a
-        contour off the series' slice planes, or outside its slices), 'corrupt'.
+        (another series, or no ROI / contour in the series' frame of reference or on
+        its images), 'mask_geometry_mismatch' (a contour off the series' slice planes,
+        or outside its slices), 'corrupt'.
     """
     return _lazily_parsed(_rtstruct, dicom.read_dataset(data, name, require_pixels=False), name,
                           SeriesGrid.of(grid))
+
+
+# How many ROI names a note lists before "and N more".
+_NAMED_IN_NOTES = 5
+
+
+def _named(names) -> str:
+    names = list(dict.fromkeys(names))
+    shown = ", ".join(repr(n) for n in names[:_NAMED_IN_NOTES])
+    return shown + (f" and {len(names) - _NAMED_IN_NOTES} more" if len(names) > _NAMED_IN_NOTES else "")
 
 
 def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
@@ -601,13 +646,20 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
     if sop_class != RTSTRUCT_STORAGE:
         raise ImageRejected("unsupported_mask", f"{name} is a DICOM {_sop_name(sop_class)}, not an RT Structure Set")
     frames_of_reference, series = set(), set()
+    series_frame, image_series = {}, {}  # SeriesInstanceUID -> its FrameOfReferenceUID; image -> its series.
     for reference in ds.get("ReferencedFrameOfReferenceSequence") or ():
-        frames_of_reference.add(str(reference.get("FrameOfReferenceUID", "") or ""))
+        frame = str(reference.get("FrameOfReferenceUID", "") or "")
+        frames_of_reference.add(frame)
         for study in reference.get("RTReferencedStudySequence") or ():
             for item in study.get("RTReferencedSeriesSequence") or ():
-                series.add(str(item.get("SeriesInstanceUID", "") or ""))
+                uid = str(item.get("SeriesInstanceUID", "") or "")
+                series.add(uid)
+                series_frame.setdefault(uid, frame)
+                for image in item.get("ContourImageSequence") or ():
+                    image_series[str(image.get("ReferencedSOPInstanceUID", "") or "")] = uid
     frames_of_reference.discard("")
     series.discard("")
+    image_series.pop("", None)
     if grid.series_uid and series and grid.series_uid not in series:
         raise ImageRejected("mask_reference_mismatch",
                             f"{name} outlines series {', '.join(sorted(series))}, not the volume's series "
@@ -620,9 +672,12 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
         missing = [k for k in ("StructureSetROISequence", "ROIContourSequence") if not ds.get(k)]
         raise ImageRejected("corrupt", f"{name}: an RT Structure Set without {' or '.join(missing)} (required): "
                                        "it outlines no ROI (a file cut short?)")
+    # The series' frame of reference: the grid's own, else the one the structure set files its
+    # series under (a grid without one: a volume-mask table's).
+    ours = grid.frame_of_reference_uid or series_frame.get(grid.series_uid, "")
     # An ROI's own ReferencedFrameOfReferenceUID, else the structure set's one (if it names one).
     default = next(iter(frames_of_reference)) if len(frames_of_reference) == 1 else ""
-    label_of, class_names = {}, [_BACKGROUND]
+    label_of, class_names, elsewhere = {}, [_BACKGROUND], {}
     for position, roi in enumerate(rois, start=1):
         number = _int(roi.get("ROINumber"))
         if number is None or number in label_of:
@@ -630,11 +685,20 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
         label_of[number] = position
         class_names.append(_roi_name(roi))
         reference = str(roi.get("ReferencedFrameOfReferenceUID", "") or "") or default
-        _check_frame_of_reference(reference, grid, name, f"ROI {class_names[-1]!r}")
+        problem = _frame_of_reference_problem(reference, ours)
+        if problem:
+            elsewhere[number] = (class_names[-1], reference, problem)
+    if len(elsewhere) == len(label_of):
+        # Not one ROI in the series' patient space: no mask of this volume at all.
+        roi_name, _, problem = next(iter(elsewhere.values()))
+        more = f" (and {len(elsewhere) - 1} more ROI(s) likewise)" if len(elsewhere) > 1 else ""
+        raise ImageRejected("mask_reference_mismatch", f"{name} ROI {roi_name!r} {problem}{more}")
     labels = np.zeros(grid.shape, np.uint8 if len(rois) <= 255 else np.uint16)
-    by_uid = _by_source(grid)
-    left_out: dict[str, int] = {}
-    overlap = 0
+    by_uid, slice_uids = _by_source(grid), set(grid.sop_instance_uids)
+    ignored: dict[str, list[str]] = {}
+    other_series: dict[str, list[str]] = {}
+    overlap = united = placed = 0
+    degenerate = []
     contours_of = {}
     for roi_contour in ds.get("ROIContourSequence") or ():
         number = _int(roi_contour.get("ReferencedROINumber"))
@@ -644,27 +708,74 @@ def _rtstruct(ds, name: str, grid: SeriesGrid) -> DicomMask:
         contours_of.setdefault(number, []).extend(roi_contour.get("ContourSequence") or ())
     # ROIs in StructureSetROISequence order: where they overlap, the later one is written last.
     for number, label in sorted(label_of.items(), key=lambda kv: kv[1]):
+        if number in elsewhere:
+            continue
         roi_name = class_names[label]
-        per_slice: dict[int, list[np.ndarray]] = {}
+        per_slice: dict[int, list[tuple[np.ndarray, bool]]] = {}
         for contour in contours_of.get(number, ()):
             kind = str(contour.get("ContourGeometricType", "") or "").upper()
             if kind not in _CLOSED:
-                left_out[kind or "(no type)"] = left_out.get(kind or "(no type)", 0) + 1
+                ignored.setdefault(kind or "(no type)", []).append(roi_name)
+                continue
+            drawn_on = _other_series(contour, grid, by_uid, slice_uids, image_series)
+            if drawn_on:
+                other_series.setdefault(drawn_on, []).append(roi_name)
                 continue
             k, points = _place_contour(contour, grid, by_uid, name, roi_name)
-            per_slice.setdefault(k, []).append(points)
+            if len(points) < 3:
+                degenerate.append(roi_name)
+            per_slice.setdefault(k, []).append((points, kind != "CLOSED_PLANAR"))
+            placed += 1
         for k in sorted(per_slice):
-            window, inside = _fill_slice(per_slice[k], grid.shape[1], grid.shape[2])
+            window, inside, pieces = _fill_slice(per_slice[k], grid.shape[1], grid.shape[2])
+            united += pieces
             plane = labels[k][window]
             overlap += int(np.count_nonzero(inside & (plane != 0) & (plane != label)))
             plane[inside] = label
+    if other_series and not placed:
+        drawn = ", ".join(sorted(other_series))
+        raise ImageRejected("mask_reference_mismatch",
+                            f"{name}: every contour is drawn on images of series {drawn}, none on the volume's "
+                            f"series {grid.series_uid}")
     notes = []
-    if left_out:
-        notes.append("contours_ignored: " + ", ".join(f"{n} {kind}" for kind, n in sorted(left_out.items()))
-                     + " (only CLOSED_PLANAR contours enclose voxels)")
+    if elsewhere:
+        frames = sorted({reference or "(none)" for _, reference, _ in elsewhere.values()})
+        notes.append(f"rois_other_frame_of_reference: ROI(s) {_named(n for n, _, _ in elsewhere.values())} left out "
+                     f"(FrameOfReferenceUID {', '.join(frames)}, the series' {ours}): outlined in another patient "
+                     "space (a registered series'); their labels hold no voxel")
+    for drawn in sorted(other_series):
+        notes.append(f"contours_other_series: {len(other_series[drawn])} contour(s) of ROI(s) "
+                     f"{_named(other_series[drawn])} left out: drawn on images of series {drawn}")
+    if ignored:
+        notes.append("contours_ignored: " + ", ".join(f"{len(rois_)} {kind} (ROI(s) {_named(rois_)})"
+                                                        for kind, rois_ in sorted(ignored.items()))
+                     + " (markers and open lines: only CLOSED_PLANAR contours enclose voxels)")
+    if degenerate:
+        notes.append(f"contours_degenerate: {len(degenerate)} closed contour(s) of 1 or 2 points (ROI(s) "
+                     f"{_named(degenerate)}) enclose no area: kept as the voxel centres they pass through (how "
+                     "OpenCV and rt-utils trace a structure one voxel wide)")
+    if united:
+        notes.append(f"contours_united: {united} voxel(s) inside two overlapping contours of one ROI, neither inside "
+                     "the other: kept, as the union of the pieces drawn (an even-odd fill leaves them out)")
     if overlap:
         notes.append(f"mask_overlap: {overlap} voxel(s) in several ROIs; the later ROI kept")
     return DicomMask(labels, tuple(class_names), tuple(notes))
+
+
+def _other_series(contour, grid: SeriesGrid, by_uid: dict, slice_uids: set, image_series: dict) -> str:
+    """The series a contour is drawn on when that is another series than the grid's, else ''.
+
+    Told by its ContourImageSequence: images none of which is a slice of the grid, that the
+    structure set files under another series (RTReferencedSeriesSequence). A contour naming no
+    image, or images the structure set does not file, is placed by its position as before.
+    """
+    if not grid.series_uid or not grid.sop_instance_uids:
+        return ""
+    references = _references(contour.get("ContourImageSequence"))
+    if not references or any(r in by_uid or r[0] in slice_uids for r in references):
+        return ""
+    drawn = {image_series.get(uid, "") for uid, _ in references}
+    return min(drawn) if "" not in drawn and grid.series_uid not in drawn else ""
 
 
 def _place_contour(contour, grid: SeriesGrid, by_uid: dict, name: str, roi_name: str) -> tuple[int, np.ndarray]:
@@ -721,29 +832,137 @@ def _contour_data(contour, name: str) -> np.ndarray:
     return values
 
 
-def _fill_slice(contours: list[np.ndarray], height: int, width: int) -> tuple[tuple[slice, slice], np.ndarray]:
-    """The pixels whose centre is inside an odd number of `contours`, or on one of them.
+def _fill_slice(contours: list[tuple[np.ndarray, bool]], height: int,
+                width: int) -> tuple[tuple[slice, slice], np.ndarray, int]:
+    """The pixels inside one ROI's contours on one slice, or on one of them.
+
+    `contours`: (points as (column, row), whether CLOSEDPLANAR_XOR) each. The CLOSED_PLANAR
+    contours are a forest (`_nesting`): a contour inside another is a hole of it, one inside
+    a hole an island, and contours that overlap with neither inside the other are pieces,
+    united. For nested contours this is the even-odd rule; for overlapping pieces even-odd
+    (OpenCV's fillPoly: rt-utils; dicompyler-core's XOR of contour masks) would leave their
+    overlap out, which nobody drew. CLOSEDPLANAR_XOR contours are combined by exclusive or,
+    with each other and with that region (PS3.3 C.8.8.6.3). A contour crossing itself is
+    filled even-odd within itself.
 
     Returns:
-      (rows, columns) of the slice that the contours' bounding box covers, and the
-      pixels of that window: nothing outside it is inside (a small ROI on a 512x512
-      slice costs its box, not the slice).
+      (rows, columns) of the slice that the contours' bounding box covers; the pixels of
+      that window (nothing outside it is inside: a small ROI on a 512x512 slice costs its
+      box, not the slice); and how many pixels the union kept that even-odd leaves out.
     """
-    every = np.concatenate(contours)
+    every = np.concatenate([points for points, _ in contours])
     low = np.clip(np.floor(every.min(axis=0)), 0, (width, height)).astype(int)
     high = np.clip(np.ceil(every.max(axis=0)) + 1, 0, (width, height)).astype(int)
     window = (slice(low[1], high[1]), slice(low[0], high[0]))
     height, width = max(0, high[1] - low[1]), max(0, high[0] - low[0])
-    parity = np.zeros((height, width + 1), np.int32)
     edge = np.zeros((height, width), bool)
-    if height and width:
-        for points in contours:
-            _add_spans(points - low, parity, height, width)
-            _mark_edges(points - low, edge, height, width)
+    if not (height and width):
+        return window, edge, 0
+    for points, _ in contours:
+        _mark_edges(points - low, edge, height, width)
+    xor = [points - low for points, is_xor in contours if is_xor]
+    closed = [points - low for points, is_xor in contours if not is_xor]
+    inside = _even_odd(xor, height, width) if xor else np.zeros_like(edge)
+    united = 0
+    if len(closed) == 1:
+        inside ^= _even_odd(closed, height, width)
+    elif closed:
+        children, crossing = _nesting(closed)
+        if not crossing:
+            # Every two contours nested or apart: the forest's region is the even-odd one.
+            inside ^= _even_odd(closed, height, width)
+        else:
+            interiors = [_even_odd([points], height, width) for points in closed]
+
+            def carved(c: int) -> np.ndarray:  # A contour's interior less its holes (which keep their islands).
+                region = interiors[c].copy()
+                for child in children[c]:
+                    region &= ~carved(child)
+                return region
+
+            region = np.zeros_like(edge)
+            for root in children[None]:
+                region |= carved(root)
+            united = int(np.count_nonzero(region & ~np.logical_xor.reduce(interiors) & ~edge))
+            inside ^= region
+    return window, inside | edge, united
+
+
+def _even_odd(contours: list[np.ndarray], height: int, width: int) -> np.ndarray:
+    """The pixels strictly inside an odd number of `contours` (window coordinates)."""
+    parity = np.zeros((height, width + 1), np.int32)
+    for points in contours:
+        _add_spans(points, parity, height, width)
     # Each contour's spans added +1/-1 at their ends: the running sum counts, per pixel, the
-    # contours whose inside it is in; even-odd keeps the odd counts.
-    inside = (np.cumsum(parity, axis=1)[:, :width] % 2).astype(bool)
-    return window, inside | edge
+    # contours whose inside it is in.
+    return (np.cumsum(parity, axis=1)[:, :width] % 2).astype(bool)
+
+
+def _nesting(contours: list[np.ndarray]) -> tuple[dict, bool]:
+    """Which contour lies inside which, and whether two may overlap with neither inside the other.
+
+    A contour is inside another when every vertex of it is inside or on the other (a hole may
+    touch its outer contour); its parent is the smallest such contour. Equal contours (each
+    inside the other) are one piece drawn twice, neither the other's hole.
+
+    Returns:
+      ({parent index, or None for the outermost: [child indices]}, whether two contours whose
+      bounding boxes meet are not nested: they may overlap, and the fill must unite them).
+    """
+    areas = [abs(_area(points)) for points in contours]
+    lows = [points.min(axis=0) - _EDGE_TOLERANCE for points in contours]
+    highs = [points.max(axis=0) + _EDGE_TOLERANCE for points in contours]
+    children: dict = {a: [] for a in range(len(contours))}
+    children[None] = []
+    nested = set()
+    crossing = False
+    for a, points in enumerate(contours):
+        parents = []
+        for b, other in enumerate(contours):
+            if a == b or (lows[a] > highs[b]).any() or (lows[b] > highs[a]).any():
+                continue  # Apart: their boxes do not meet.
+            # Only a larger contour (by area, then index: one parent each, no cycles) holds another,
+            # and its box holds the other's.
+            if (areas[b], b) > (areas[a], a) and (lows[a] >= lows[b]).all() and (highs[a] <= highs[b]).all() \
+                    and _all_inside(points, other) \
+                    and not (areas[b] - areas[a] <= 1e-9 * areas[b] and _all_inside(other, points)):
+                parents.append((areas[b], b))
+                nested.add((a, b))
+        children[min(parents)[1] if parents else None].append(a)
+    for a in range(len(contours)):
+        for b in range(a + 1, len(contours)):
+            boxes_meet = not ((lows[a] > highs[b]).any() or (lows[b] > highs[a]).any())
+            if boxes_meet and (a, b) not in nested and (b, a) not in nested:
+                crossing = True
+    return children, crossing
+
+
+def _area(points: np.ndarray) -> float:
+    x, y = points[:, 0], points[:, 1]
+    return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(np.roll(x, -1), y))
+
+
+# Points times edges compared at once by `_all_inside` (bounds its temporary arrays).
+_BLOCK = 1 << 20
+
+
+def _all_inside(points: np.ndarray, polygon: np.ndarray) -> bool:
+    """Whether every point is inside `polygon` (crossing number) or within `_EDGE_TOLERANCE` of it."""
+    x0, y0, x1, y1 = _edges(polygon)
+    dx, dy = x1 - x0, y1 - y0
+    slope = dx / np.where(dy == 0, 1, dy)
+    step = max(1, _BLOCK // max(1, len(polygon)))
+    for start in range(0, len(points), step):
+        px, py = points[start:start + step, :1], points[start:start + step, 1:]
+        crosses = ((y0 <= py) != (y1 <= py)) & (px < x0 + (py - y0) * slope)
+        out = np.count_nonzero(crosses, axis=1) % 2 == 0
+        if out.any():
+            # Outside by the crossing number: inside still when on an edge (within the tolerance).
+            px, py = px[out], py[out]
+            t = np.clip(((px - x0) * dx + (py - y0) * dy) / np.maximum(dx * dx + dy * dy, 1e-300), 0, 1)
+            if (np.hypot(px - x0 - t * dx, py - y0 - t * dy).min(axis=1) > _EDGE_TOLERANCE).any():
+                return False
+    return True
 
 
 def _edges(points: np.ndarray):
@@ -809,17 +1028,21 @@ def _mark_edges(points: np.ndarray, edge: np.ndarray, height: int, width: int) -
 # --- shared ---------------------------------------------------------------------------------
 
 
-def _check_frame_of_reference(theirs: str, grid: SeriesGrid, name: str, what: str = "") -> None:
-    ours = grid.frame_of_reference_uid
+def _check_frame_of_reference(theirs: str, grid: SeriesGrid, name: str) -> None:
+    problem = _frame_of_reference_problem(theirs, grid.frame_of_reference_uid)
+    if problem:
+        raise ImageRejected("mask_reference_mismatch", f"{name} {problem}")
+
+
+def _frame_of_reference_problem(theirs: str, ours: str) -> str:
+    """Why FrameOfReferenceUID `theirs` is not the series' `ours`, for a message; '' when it is."""
     if not ours:
-        return  # Unknown for the volume (a series without it): positions and references decide.
+        return ""  # Unknown for the volume (a series without it): positions and references decide.
     if not theirs:
-        raise ImageRejected("mask_reference_mismatch", f"{name}{' ' + what if what else ''} names no "
-                                                       f"FrameOfReferenceUID; the series' is {ours}")
+        return f"names no FrameOfReferenceUID; the series' is {ours}"
     if theirs != ours:
-        raise ImageRejected("mask_reference_mismatch",
-                            f"{name}{' ' + what if what else ''} is in FrameOfReferenceUID {theirs}, the series in "
-                            f"{ours}: its coordinates are of another patient space")
+        return f"is in FrameOfReferenceUID {theirs}, the series in {ours}: its coordinates are of another patient space"
+    return ""
 
 
 def _as_list(value) -> list:

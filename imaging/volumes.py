@@ -96,6 +96,9 @@ class DicomSlice:
         (`imaging.dicom_masks`).
       frame_of_reference_uid: FrameOfReferenceUID ('' when absent): the patient
         coordinate system the slice's position is in.
+      group_value: The value of the DICOM keyword asked for when it was read
+        (--group_by dicom:KEYWORD: `read_slice_headers`' `group_keyword`); '' when
+        not asked, absent or empty.
     """
 
     name: str
@@ -118,6 +121,7 @@ class DicomSlice:
     pixel_offset: int = -1
     sop_instance_uid: str = ""
     frame_of_reference_uid: str = ""
+    group_value: str = ""
 
     @property
     def normal(self) -> np.ndarray:
@@ -142,8 +146,15 @@ class Stack:
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        """The stack as JSON (a plan file the shard writer reads back with `from_json`)."""
-        return dataclasses.asdict(self)
+        """The stack as JSON (a plan file the shard writer reads back with `from_json`).
+
+        Without its slices' `group_value`: planning's alone (a PatientID is no reader's business,
+        and the plan files of a run that stopped stay in its output folder).
+        """
+        out = dataclasses.asdict(self)
+        for data in out["slices"]:
+            del data["group_value"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> Stack:
@@ -214,8 +225,10 @@ def _is_mosaic(ds) -> bool:
     return "MOSAIC" in image_type or (0x0019, 0x100A) in ds
 
 
-def read_slices(data: bytes, name: str) -> list[DicomSlice]:
+def read_slices(data: bytes, name: str, group_keyword: str | None = None) -> list[DicomSlice]:
     """The slices (frames) of one DICOM file, from its bytes; each with its pixels' digest.
+
+    `group_keyword`: as `read_slice_headers`'.
 
     Raises:
       ImageRejected: 'not_an_image', 'no_pixel_data' (skipped as in 2-D),
@@ -228,10 +241,10 @@ def read_slices(data: bytes, name: str) -> list[DicomSlice]:
         raise _what_else(e, data[:_PAIR_HEADER_BYTES], name) from None
     pixels = ds.get("PixelData")
     return _slices(ds, name, "PixelData" if pixels is not None else "FloatPixelData", pixels or b"",
-                   dicom.dataset_pixel_offset(ds, data))
+                   dicom.dataset_pixel_offset(ds, data), group_keyword)
 
 
-def read_slice_headers(f, name: str) -> list[DicomSlice]:
+def read_slice_headers(f, name: str, group_keyword: str | None = None) -> list[DicomSlice]:
     """The slices (frames) of one DICOM file, its header only: its pixels are not read.
 
     Planning a series needs the pixels of two slices only when they share a
@@ -242,6 +255,8 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
 
     Args:
       f: A binary file object at the file's start.
+      group_keyword: A DICOM keyword (--group_by dicom:KEYWORD) whose value each slice
+        keeps as its `group_value`, read from the same parse of the header.
 
     Raises:
       ImageRejected: As `read_slices`.
@@ -255,7 +270,7 @@ def read_slice_headers(f, name: str) -> list[DicomSlice]:
             f.seek(0)
             raise _what_else(e, f.read(_PAIR_HEADER_BYTES), name) from None
     ds, keyword, pixel_offset = parsed
-    return _slices(ds, name, keyword, None, pixel_offset)
+    return _slices(ds, name, keyword, None, pixel_offset, group_keyword)
 
 
 # A NIfTI-1 or Analyze 7.5 header is 348 bytes, a NIfTI-2 header 540.
@@ -310,7 +325,8 @@ def _header_from_memory(f, name: str):
     return parsed if buffer.tell() < len(head) else None
 
 
-def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offset: int = -1) -> list[DicomSlice]:
+def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offset: int = -1,
+            group_keyword: str | None = None) -> list[DicomSlice]:
     """The slices of a parsed file; `pixels` None: digests left to `plan_stacks` ('')."""
     dicom.check_not_segmentation(ds, name)  # A SEG's frames are a mask's, not a volume's.
     if _is_mosaic(ds):
@@ -341,6 +357,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
     photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
     offsets = _grid_frame_offsets(ds, frames, name)
     dose_scaling = _dose_grid_scaling(ds, name)
+    group_value = (dicom.header_value(ds, group_keyword) or "") if group_keyword else ""
     slices = []
     for index in range(frames):
         orientation = _floats(dicom.frame_value(ds, index, "PlaneOrientationSequence",
@@ -378,6 +395,7 @@ def _slices(ds, name: str, pixel_keyword: str, pixels: bytes | None, pixel_offse
             pixel_offset=pixel_offset if frames == 1 else -1,
             sop_instance_uid=str(ds.get("SOPInstanceUID", "") or ""),
             frame_of_reference_uid=str(ds.get("FrameOfReferenceUID", "") or ""),
+            group_value=group_value,
         ))
     return slices
 

@@ -7,7 +7,7 @@
 The lower-level pieces live in `readers.metadata` (manifest and shard files),
 `readers.decode` (records to tensors, schema only), `readers.preprocess`
 (resize policies, augmentation, output dtype) and `readers.targets` (the
-label modes 'mask', 'boxes', 'multi_hot' and 'target' of datasets converted
+label modes 'mask', 'boxes', 'oriented_boxes', 'multi_hot' and 'target' of datasets converted
 with targets, each target moved with its image). `shuffle="global"` (a true
 per-epoch permutation read by offset, resumable exactly from a
 `ReadPosition`) lives in `readers.global_shuffle`, `readers.record_index`

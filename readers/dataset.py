@@ -777,7 +777,7 @@ class _Stages:
 
 def label_names(split_files: SplitFiles, label_mode: str | None) -> list[str]:
     """The class names the labels of `label_mode` index, in label order: the
-    manifest's targets.boxes.class_names for 'boxes', else its class_names."""
+    manifest's targets.boxes.class_names for 'boxes' (oriented_boxes' for 'oriented_boxes'), else its class_names."""
     return targets.class_names(split_files, label_mode)
 
 

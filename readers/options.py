@@ -348,12 +348,15 @@ class ReadOptions:
         255 for 8-bit masks and 65535 for 16-bit ones), 'boxes' (a dict:
         'boxes' float32 [batch, None, 4] (ymin, xmin, ymax, xmax) fractions
         of the output image and 'classes' int32 [batch, None], RaggedTensors
-        across a batch, dense with `pad_boxes`), 'multi_hot' (float32
+        across a batch, dense with `pad_boxes`), 'oriented_boxes' (a dict:
+        'corners' float32 [batch, None, 4, 2] (x, y) fractions and
+        'classes', as 'boxes'), 'multi_hot' (float32
         [batch, num_classes]) or 'target' (float32 [batch, k]). Every
         geometric step (crop, pad, resize, flip, augment='standard') moves
         the mask and the boxes with the image.
-      pad_boxes: label_mode='boxes' only: give every image exactly this many
-        rows, padded with class -1 and box (-1, -1, -1, -1); an image with
+      pad_boxes: label_mode='boxes' and 'oriented_boxes' only: give every
+        image exactly this many rows, padded with class -1 and box (-1, -1,
+        -1, -1) (corners -1); an image with
         more boxes keeps its first `pad_boxes` (in stored order). None:
         ragged, every box.
       repeat: Repeat forever (pass `steps_per_epoch` to `fit`). Every
@@ -416,9 +419,9 @@ class ReadOptions:
                     "`pad_boxes` must be a positive integer or None. "
                     f"Received: pad_boxes={self.pad_boxes!r}"
                 )
-            if self.label_mode != "boxes":
+            if self.label_mode not in ("boxes", "oriented_boxes"):
                 raise ValueError(
-                    "`pad_boxes` applies to label_mode='boxes' only. Received: "
+                    "`pad_boxes` applies to label_mode='boxes' and 'oriented_boxes' only. Received: "
                     f"pad_boxes={self.pad_boxes!r}, label_mode={self.label_mode!r}"
                 )
         object.__setattr__(self, "extra_features", _check_extra_features(self.extra_features))

@@ -56,6 +56,10 @@ __all__ = [
     "BBOX_LABEL",
     "BBOX_IS_CROWD",
     "BOX_FEATURES",
+    "OBB_CORNERS",
+    "OBB_LABEL",
+    "OBB_DIFFICULT",
+    "OBB_FEATURES",
     "LABELS",
     "TARGET",
     "TARGET_KINDS",
@@ -477,6 +481,19 @@ BBOX_IS_CROWD = FeatureSpec("bbox/is_crowd", "int64_list",
                             "1 where a box covers a crowd (COCO iscrowd) or is marked difficult "
                             "(VOC), else 0; one per box.")
 BOX_FEATURES = (BBOX_XMIN, BBOX_YMIN, BBOX_XMAX, BBOX_YMAX, BBOX_LABEL, BBOX_IS_CROWD)
+# Oriented boxes (--boxes oriented): one flat list of 8 numbers per box, not 8 lists as the axis
+# boxes' 4: a box's corners travel together (no lists of different lengths to check), and a
+# reader reshapes the one list to [n, 4, 2]. The corners keep the annotation's point order.
+OBB_CORNERS = FeatureSpec("obb/corners", "float32_list",
+                          "Corners of each oriented box, 8 numbers per box: x1, y1, x2, y2, x3, y3, x4, y4 "
+                          "as fractions of the stored image's width (x) and height (y), in the "
+                          "annotation's point order (DOTA's: clockwise on the image from its first point); "
+                          "corners may lie outside [0, 1] where the annotation's did.")
+OBB_LABEL = FeatureSpec("obb/label", "int64_list",
+                        "Class of each oriented box: index into the manifest's targets.oriented_boxes.class_names.")
+OBB_DIFFICULT = FeatureSpec("obb/difficult", "int64_list",
+                            "1 where an oriented box is marked difficult (DOTA), else 0; one per box.")
+OBB_FEATURES = (OBB_CORNERS, OBB_LABEL, OBB_DIFFICULT)
 LABELS = FeatureSpec("labels", "int64_list",
                      "Every class of the image (multi-label): indices into class_names, sorted, "
                      "each once.")
@@ -487,6 +504,7 @@ TARGET = FeatureSpec("target", "float32_list",
 TARGET_KINDS: Mapping[str, tuple[FeatureSpec, ...]] = {
     "mask": (MASK,),
     "boxes": BOX_FEATURES,
+    "oriented_boxes": OBB_FEATURES,
     "labels": (LABELS,),
     "target": (TARGET,),
 }

@@ -115,3 +115,26 @@ def test_volumes_append_takes_a_labels_csv_and_dedup():
     """A volume dataset grows by --labels_csv rows, and --dedup compares new series with held ones."""
     config = ConversionConfig.from_flags(_flags(volumes=True, append=True, labels_csv="labels.csv", dedup=True))
     assert (config.append, config.labels_csv, config.writing.dedup) == (True, "labels.csv", True)
+
+
+def test_volumes_take_group_by_with_a_split():
+    """--volumes --group_by: a patient's series in one split (`conversion.volumes`); it needs --split, as images'."""
+    for group_by in ("dicom:PatientID", "regex:^([^/]+)/"):
+        config = ConversionConfig.from_flags(_flags(volumes=True, group_by=group_by, split="train=0.8,validation=0.2"))
+        assert config.group_by == group_by and config.validation.volumes is not None
+        assert config.manifest_options("series")["group_by"] == group_by
+    with pytest.raises(ValueError, match="--group_by keeps each group in one split"):
+        ConversionConfig.from_flags(_flags(volumes=True, group_by="dicom:PatientID"))
+
+
+def test_time_series_take_group_by_regex_only():
+    """A location's passes are rasters: a tile's id in its path groups it, no DICOM keyword can."""
+    config = ConversionConfig.from_flags(_flags(time_series=True, group_by="regex:(T[0-9]{2}[A-Z]{3})_",
+                                                split="train=0.5,validation=0.5"))
+    assert config.group_by == "regex:(T[0-9]{2}[A-Z]{3})_"
+    with pytest.raises(ValueError) as caught:
+        ConversionConfig.from_flags(_flags(time_series=True, group_by="dicom:PatientID", split="train=1"))
+    assert str(caught.value) == (
+        "--time_series groups locations by their paths only: give --group_by regex:PATTERN (e.g. "
+        "regex:(T[0-9]{2}[A-Z]{3}) for a Sentinel-2 tile id; every stack and patch of a group in one split). "
+        "Received: --time_series with --group_by dicom:PatientID")

@@ -15,6 +15,7 @@ import tensorflow as tf
 from conversion import volumes as cv
 from conversion.examples import kind_for, write_shard
 from conversion.listing import list_input
+from conversion.plan import hash_split
 from conversion.shard_writer import ShardFile, ShardJob
 from imaging import ValidationOptions
 from imaging.volumes import VolumeOptions
@@ -171,3 +172,40 @@ def test_a_rejected_nifti_file_is_named_once_in_its_message(tmp_path):
     _, rejects, _ = _write_one_shard(plan, scans, out, ["c"])
     assert [(r.rel_path, r.reason, r.message) for r in rejects] == [
         ("c/four.nii", "not_a_volume", "c/four.nii has shape (2, 3, 4, 2), not 3-D")]
+
+
+def test_group_values_come_from_the_headers_planning_reads_with_or_without_dedup(tmp_path, monkeypatch):
+    """--group_by dicom:PatientID: each series' value read with its headers, once per file; none in the plan files."""
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    ratios = {"train": 0.5, "test": 0.5}
+    for name, pid in (("a", "PAT-1"), ("b", "PAT-2")):
+        write_series(scans / "c" / name, count=3, extra=lambda ds, k, pid=pid: setattr(ds, "PatientID", pid))
+    _write(scans / "c" / "v.nii.gz", np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4))
+    opened = []
+    monkeypatch.setattr(cv._files, "open_to_read", lambda path, real=cv._files.open_to_read: (
+        opened.append(path), real(path))[1])
+    for dedup in (False, True):
+        opened.clear()
+        plan = _plan(scans, out, dedup=dedup, group_by="dicom:PatientID", split_ratios=ratios)
+        # The NIfTI file has no DICOM header: its own group, split by itself.
+        assert plan.groups == {"c/a": "PAT-1", "c/b": "PAT-2"}
+        assert {n: j.split for n, j in plan.jobs.items()} == {
+            "c/a": hash_split(0, "group:PAT-1", ratios), "c/b": hash_split(0, "group:PAT-2", ratios),
+            "c/v.nii.gz": hash_split(0, "c/v.nii.gz", ratios)}
+        if not dedup:  # Each DICOM file's header opened once: the value is read with it.
+            assert len(opened) == len(set(opened)) == 6
+    cv.write_volume_plans(plan.jobs, str(scans), str(out))
+    written = [p.read_bytes() for p in out.rglob("*.json")]
+    assert len(written) == 3 and not any(b"PAT-" in data for data in written)
+    # The plan files read back whole (a slice's group value is planning's alone).
+    assert {cv.VolumeJob.from_json(json.loads(data)).filename for data in written} == set(plan.jobs)
+
+
+def test_an_append_of_nifti_files_only_to_a_dataset_grouped_by_a_dicom_keyword_is_told_not_refused(tmp_path, caplog):
+    scans, out = tmp_path / "scans", tmp_path / "out"
+    _write(scans / "c" / "v.nii.gz", np.arange(24, dtype=np.int16).reshape(2, 3, 4), np.eye(4))
+    with pytest.raises(ValueError, match="every volume here is a NIfTI file"):
+        _plan(scans, out, group_by="dicom:PatientID")
+    plan = _plan(scans, out, group_by="dicom:PatientID", held=cv.HeldVolumes())
+    assert list(plan.jobs) == ["c/v.nii.gz"] and plan.groups == {}
+    assert "every volume here is a NIfTI file (1)" in caplog.text

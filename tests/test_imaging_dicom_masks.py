@@ -719,7 +719,8 @@ def test_rtstruct_contours_of_known_shapes(tmp_path):
     truth[4][rasterised(circle(40.2, 90.8, 17.77, n=37))] = 3
     np.testing.assert_array_equal(mask.labels, truth)
     assert mask.class_names == ("background", "box", "ring", "disc")
-    assert mask.notes == ("contours_ignored: 1 OPEN_PLANAR, 1 POINT (only CLOSED_PLANAR contours enclose voxels)",)
+    assert mask.notes == ("contours_ignored: 1 OPEN_PLANAR (ROI(s) 'ring'), 1 POINT (ROI(s) 'ring') (markers and open "
+                          "lines: only CLOSED_PLANAR contours enclose voxels)",)
     # Exact checks apart from any rasteriser: the rectangle's interior and exterior voxels.
     assert mask.labels[1, 13:41, 11:51].all() and not mask.labels[1, :12].any() and not mask.labels[1, :, 51:].any()
     assert mask.labels[3, 69, 82] == 2 and mask.labels[3, 60, 82] == 0 and mask.labels[3, 70, 110] == 2
@@ -759,7 +760,10 @@ def test_rtstruct_from_rt_utils_matches_its_masks_and_its_reader(tmp_path):
     # rt-utils traces each mask's boundary pixel centres (OpenCV): inside-or-on gives the mask back.
     for label, (name, roi) in enumerate(names.items(), start=1):
         np.testing.assert_array_equal(mask.labels == label, roi, err_msg=name)
-    assert mask.notes == ()
+    # OpenCV traces a blob's one-voxel tip as a contour of 1 or 2 points: kept as those voxels (noted).
+    assert mask.notes == ("contours_degenerate: 1 closed contour(s) of 1 or 2 points (ROI(s) 'blob two') enclose no "
+                          "area: kept as the voxel centres they pass through (how OpenCV and rt-utils trace a "
+                          "structure one voxel wide)",)
     # rt-utils' own reader (OpenCV's fillPoly of the rounded vertices) of the same file.
     reread = RTStructBuilder.create_from(dicom_series_path=str(folder), rt_struct_path=str(path))
     for label, name in enumerate(names, start=1):
@@ -869,6 +873,280 @@ def test_rtstruct_mismatches(series):
     assert e.value.reason == "unsupported_mask"
 
 
+# --- RTSTRUCT as planning systems write them ------------------------------------------------------
+
+
+def _square(i0, j0, i1, j1):
+    return np.array([[i0, j0], [i1, j0], [i1, j1], [i0, j1]], float)
+
+
+def test_contours_of_one_roi_on_one_slice_nested_keyhole_overlapping_touching(series):
+    """Holes as planning systems write them, and pieces drawn over each other. Nested contours
+    (a hole, an island in it) and a keyhole cut (one contour) are even-odd's; two contours that
+    overlap, neither inside the other, are two drawn pieces: their union (even-odd, as
+    rt-utils' OpenCV fill and dicompyler-core's XOR, left the overlap out). Touching pieces
+    unite; a hole touching its outer contour is a hole. CLOSEDPLANAR_XOR contours combine by
+    exclusive or, as PS3.3 C.8.8.6.3 says. Generic vertex positions: no pixel centre lies on an
+    edge, so scikit-image's fill of each contour is the truth's building block."""
+    _, grid, _ = series
+    outer, hole, island = circle(40.3, 40.7, 30.2), circle(42.1, 38.9, 14.45), circle(42.1, 38.9, 5.71)
+    # A keyhole: the outer square, a channel 0.8 pixel wide from its top edge down to the inner square.
+    keyhole = np.array([[20.3, 20.2], [60.1, 20.2], [60.1, 60.6], [20.3, 60.6], [20.3, 20.2], [39.7, 20.2],
+                        [39.7, 30.4], [30.2, 30.4], [30.2, 50.3], [50.4, 50.3], [50.4, 30.4], [40.5, 30.4],
+                        [40.5, 20.2]])
+    piece_a, piece_b = circle(50.2, 60.4, 25.3), circle(75.6, 66.1, 20.7)
+    left, right = _square(10.3, 80.2, 40.6, 110.4), _square(40.6, 85.7, 70.2, 105.1)  # Touching along i = 40.6.
+    frame, notch = _square(70.3, 10.2, 120.4, 60.3), _square(70.3, 20.6, 90.2, 40.3)  # The notch touches i = 70.3.
+    xor_a, xor_b = circle(60.2, 60.4, 25.3), circle(80.6, 62.1, 20.7)
+    rois = [(1, "organ", [("CLOSED_PLANAR", 1, outer), ("CLOSED_PLANAR", 1, island), ("CLOSED_PLANAR", 1, hole),
+                          ("CLOSED_PLANAR", 2, keyhole),
+                          ("CLOSED_PLANAR", 3, piece_a), ("CLOSED_PLANAR", 3, piece_b),
+                          ("CLOSED_PLANAR", 4, right), ("CLOSED_PLANAR", 4, left), ("CLOSED_PLANAR", 4, notch),
+                          ("CLOSED_PLANAR", 4, frame),
+                          ("CLOSEDPLANAR_XOR", 5, xor_a), ("CLOSEDPLANAR_XOR", 5, xor_b)])]
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, rois)), "rs.dcm", grid)
+    truth = np.zeros(grid.shape, bool)
+    truth[1] = rasterised(outer) & ~rasterised(hole) | rasterised(island)
+    truth[2] = rasterised(keyhole)
+    truth[3] = rasterised(piece_a) | rasterised(piece_b)
+    truth[4] = rasterised(left) | rasterised(right) | rasterised(frame) & ~rasterised(notch)
+    truth[5] = rasterised(xor_a) ^ rasterised(xor_b)
+    np.testing.assert_array_equal(mask.labels == 1, truth)
+    assert truth[2, 40, 40] == 0 and truth[2, 25, 25] and truth[3].sum() > rasterised(piece_a).sum()
+    both = int((rasterised(piece_a) & rasterised(piece_b)).sum())
+    assert both > 100
+    assert mask.notes == (f"contours_united: {both} voxel(s) inside two overlapping contours of one ROI, neither "
+                          "inside the other: kept, as the union of the pieces drawn (an even-odd fill leaves them "
+                          "out)",)
+    # Order does not matter: the hole before its outer contour, the pieces the other way round.
+    again = [(1, "organ", [("CLOSED_PLANAR", 1, hole), ("CLOSED_PLANAR", 1, island), ("CLOSED_PLANAR", 1, outer),
+                           ("CLOSED_PLANAR", 3, piece_b), ("CLOSED_PLANAR", 3, piece_a)])]
+    reordered = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, again)), "rs.dcm", grid)
+    np.testing.assert_array_equal(reordered.labels[[1, 3]] == 1, truth[[1, 3]])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fill_rule_on_random_nested_and_overlapping_circles(series, seed):
+    """Random discs of one ROI on one slice, nested, overlapping or apart (each two clearly so, at
+    generic positions): the truth is built from scikit-image's fill of each contour, with the
+    nesting told from the circles' centres and radii (a disc inside another is a hole of the
+    smallest such, its own inner discs islands; the rest united)."""
+    _, grid, _ = series
+    rng = np.random.default_rng(seed)
+    while True:
+        discs = [(rng.uniform(20, 108), rng.uniform(20, 108), rng.uniform(4, 40)) for _ in range(rng.integers(3, 7))]
+        relation, clear = {}, True
+        for a, (xa, ya, ra) in enumerate(discs):
+            for b, (xb, yb, rb) in enumerate(discs):
+                d = np.hypot(xa - xb, ya - yb)
+                if a != b:
+                    relation[a, b] = "inside" if d + ra < rb - 1 else "holds" if d + rb < ra - 1 else \
+                        "apart" if d > ra + rb + 1 else "overlap" if abs(ra - rb) + 1 < d < ra + rb - 1 else "unclear"
+                    clear &= relation[a, b] != "unclear"
+        if clear and "overlap" in relation.values() and "inside" in relation.values():
+            break
+    polygons = [circle(x, y, r, n=120) for x, y, r in discs]
+    filled = [rasterised(p) for p in polygons]
+    parent = {a: min((discs[b][2], b) for b in range(len(discs)) if relation.get((a, b)) == "inside")[1]
+              if any(relation.get((a, b)) == "inside" for b in range(len(discs))) else None for a in range(len(discs))}
+
+    def carved(a):
+        region = filled[a].copy()
+        for child in (c for c in parent if parent[c] == a):
+            region &= ~carved(child)
+        return region
+
+    truth = np.zeros((SIZE, SIZE), bool)
+    for root in (a for a in parent if parent[a] is None):
+        truth |= carved(root)
+    rois = [(1, "organ", [("CLOSED_PLANAR", 1, p) for p in polygons])]
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, rois)), "rs.dcm", grid)
+    ours = mask.labels[1] == 1
+    # Where ours differs, the pixel centre must be on an edge (within 2e-3 pixel: ours counts those
+    # within 1e-3 as on the contour, scikit-image those exactly on it).
+    centres = np.argwhere(ours != truth)[:, ::-1].astype(float)
+    a, b = np.concatenate(polygons), np.concatenate([np.roll(p, -1, axis=0) for p in polygons])
+    t = np.clip(((centres[:, None] - a) * (b - a)).sum(-1) / ((b - a) ** 2).sum(-1), 0, 1)
+    distance = np.linalg.norm(centres[:, None] - (a + t[..., None] * (b - a)), axis=-1).min(axis=1, initial=1.0)
+    assert (distance < 2e-3).all(), centres[distance >= 2e-3][:5]
+    assert len(centres) <= 10 and ours.sum() > 100
+    assert not mask.labels[[0, 2]].any()
+
+
+def test_a_piece_over_another_piece_s_hole_fills_it(series):
+    """A hole belongs to the contour it lies in: a second piece drawn over that hole is drawn there."""
+    _, grid, _ = series
+    outer, hole, patch = _square(10.3, 10.2, 80.4, 80.6), _square(30.1, 30.3, 50.2, 50.4), _square(40.7, 35.2, 100.3, 45.1)
+    rois = [(1, "organ", [("CLOSED_PLANAR", 2, outer), ("CLOSED_PLANAR", 2, hole), ("CLOSED_PLANAR", 2, patch)])]
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, rois)), "rs.dcm", grid)
+    np.testing.assert_array_equal(mask.labels[2] == 1, rasterised(outer) & ~rasterised(hole) | rasterised(patch))
+    # Equal contours (one piece written twice) are that piece, not a piece and its hole.
+    twice = [(1, "organ", [("CLOSED_PLANAR", 2, outer), ("CLOSED_PLANAR", 2, outer.copy())])]
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, twice)), "rs.dcm", grid)
+    np.testing.assert_array_equal(mask.labels[2] == 1, rasterised(outer))
+
+
+def _second_frame_of_reference(ds, frame, series_uid, images=()):
+    """Adds a frame of reference (and a series in it, with `images`) to a structure set's references."""
+    reference, study, referenced = Dataset(), Dataset(), Dataset()
+    reference.FrameOfReferenceUID = frame
+    referenced.SeriesInstanceUID = series_uid
+    if images:
+        referenced.ContourImageSequence = Sequence(_image(uid) for uid in images)
+    study.RTReferencedSeriesSequence = Sequence([referenced])
+    reference.RTReferencedStudySequence = Sequence([study])
+    ds.ReferencedFrameOfReferenceSequence.append(reference)
+
+
+def _image(uid):
+    image = Dataset()
+    image.ReferencedSOPClassUID, image.ReferencedSOPInstanceUID = pydicom.uid.CTImageStorage, uid
+    return image
+
+
+def test_rtstruct_with_rois_on_two_frames_of_reference_keeps_the_series_ones(series):
+    """Registration-based planning: ROIs drawn on the CT and on a registered MR, in the MR's frame
+    of reference (its millimetres are another patient space). Those of the series' frame of
+    reference are filled, the others left out with a note; none of it: rejected. Before, one ROI
+    of another frame of reference rejected the whole structure set."""
+    _, grid, _ = series
+    square = _square(20.5, 20.5, 60.5, 60.5)
+    mr_frame, mr_series = generate_uid(), generate_uid()
+    rois = [(1, "body", [("CLOSED_PLANAR", 2, square)]),
+            # Drawn on the MR: at no slice plane of the CT (k 2.5) and far off it.
+            (2, "gtv mr", [("CLOSED_PLANAR", 2.5, square + 10)]),
+            (3, "cord", [("CLOSED_PLANAR", 4, square + 30)]),
+            (4, "gtv mr 2", [("CLOSED_PLANAR", 40, square)])]
+    ds = rtstruct_dataset(grid, rois)
+    _second_frame_of_reference(ds, mr_frame, mr_series)
+    for i in (1, 3):
+        ds.StructureSetROISequence[i].ReferencedFrameOfReferenceUID = mr_frame
+    data = to_bytes(ds)
+    for on in (grid, dataclasses.replace(grid, frame_of_reference_uid="")):
+        # A grid that does not know its frame of reference: the structure set says which is its series'.
+        mask = dicom_masks.labels_from_rtstruct(data, "rs.dcm", on)
+        assert mask.class_names == ("background", "body", "gtv mr", "cord", "gtv mr 2")
+        truth = np.zeros(grid.shape, np.uint8)
+        truth[2][rasterised(square)] = 1
+        truth[4][rasterised(square + 30)] = 3
+        np.testing.assert_array_equal(mask.labels, truth)
+        assert mask.notes == (f"rois_other_frame_of_reference: ROI(s) 'gtv mr', 'gtv mr 2' left out "
+                              f"(FrameOfReferenceUID {mr_frame}, the series' {grid.frame_of_reference_uid}): "
+                              "outlined in another patient space (a registered series'); their labels hold no voxel",)
+    header = dicom_masks.read_mask_header(io.BytesIO(data), "rs.dcm")
+    assert header.series_uids == tuple(sorted((grid.series_uid, mr_series)))
+    # Every ROI in the MR's frame of reference: no mask of this series.
+    for roi in ds.StructureSetROISequence:
+        roi.ReferencedFrameOfReferenceUID = mr_frame
+    with pytest.raises(ImageRejected, match=f"rs.dcm ROI 'body' is in FrameOfReferenceUID {mr_frame}, the series in "
+                                            rf"{grid.frame_of_reference_uid}.* \(and 3 more ROI\(s\) likewise\)") as e:
+        dicom_masks.labels_from_rtstruct(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == "mask_reference_mismatch"
+
+
+def test_rtstruct_with_contours_on_images_of_two_series(series):
+    """A CT and a PET in one frame of reference, ROIs outlined on both: a contour whose
+    ContourImageSequence names images the structure set files under the other series is left
+    out (noted); the series' own contours are filled. Before, the PET's contours (between the
+    CT's slices) rejected the whole structure set as off the slices."""
+    _, grid, _ = series
+    square = _square(20.5, 20.5, 60.5, 60.5)
+    pet_series, pet_images = generate_uid(), [generate_uid() for _ in range(3)]
+    rois = [(1, "body", [("CLOSED_PLANAR", 2, square), ("CLOSED_PLANAR", 1.5, square + 5)]),
+            (2, "suv hot spot", [("CLOSED_PLANAR", 3.5, square + 10)])]
+    ds = rtstruct_dataset(grid, rois)
+    ct = ds.ReferencedFrameOfReferenceSequence[0].RTReferencedStudySequence[0].RTReferencedSeriesSequence[0]
+    ct.ContourImageSequence = Sequence(_image(uid) for uid in grid.sop_instance_uids)
+    pet = Dataset()
+    pet.SeriesInstanceUID, pet.ContourImageSequence = pet_series, Sequence(_image(uid) for uid in pet_images)
+    ds.ReferencedFrameOfReferenceSequence[0].RTReferencedStudySequence[0].RTReferencedSeriesSequence.append(pet)
+    contours = ds.ROIContourSequence
+    contours[0].ContourSequence[0].ContourImageSequence = Sequence([_image(grid.sop_instance_uids[2])])
+    contours[0].ContourSequence[1].ContourImageSequence = Sequence([_image(pet_images[0])])
+    contours[1].ContourSequence[0].ContourImageSequence = Sequence([_image(pet_images[2])])
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(ds), "rs.dcm", grid)
+    truth = np.zeros(grid.shape, np.uint8)
+    truth[2][rasterised(square)] = 1
+    np.testing.assert_array_equal(mask.labels, truth)
+    assert mask.notes == (f"contours_other_series: 2 contour(s) of ROI(s) 'body', 'suv hot spot' left out: drawn on "
+                          f"images of series {pet_series}",)
+    # Only the PET's contours: none of this series.
+    del contours[0].ContourSequence[0]
+    with pytest.raises(ImageRejected, match=f"every contour is drawn on images of series {pet_series}, none on the "
+                                            f"volume's series {grid.series_uid}") as e:
+        dicom_masks.labels_from_rtstruct(to_bytes(ds), "rs.dcm", grid)
+    assert e.value.reason == "mask_reference_mismatch"
+
+
+def test_markers_open_lines_and_contours_of_fewer_than_three_points(series):
+    """POINT and OPEN_PLANAR contours (markers, lines) enclose nothing: left out, the note naming
+    their ROIs. A closed contour of 1 or 2 points (OpenCV's trace of a one-voxel-wide structure,
+    which rt-utils writes) is the voxels it passes through, noted. A contour off its slice plane by
+    more than the tolerance is rejected, never placed on the nearest slice."""
+    _, grid, _ = series
+    rois = [(1, "seed", [("CLOSED_PLANAR", 2, np.array([[20.0, 30.0]])),
+                         ("CLOSED_PLANAR", 3, np.array([[40.0, 50.0], [44.0, 50.0]]))]),
+            (2, "isocenter", [("POINT", 4, np.array([[60.2, 60.2]]))]),
+            (3, "applicator", [("OPEN_PLANAR", 4, _square(10.5, 10.5, 30.5, 30.5))])]
+    mask = dicom_masks.labels_from_rtstruct(to_bytes(rtstruct_dataset(grid, rois)), "rs.dcm", grid)
+    truth = np.zeros(grid.shape, np.uint8)
+    truth[2, 30, 20] = 1
+    truth[3, 50, 40:45] = 1
+    np.testing.assert_array_equal(mask.labels, truth)
+    assert mask.notes == (
+        "contours_ignored: 1 OPEN_PLANAR (ROI(s) 'applicator'), 1 POINT (ROI(s) 'isocenter') (markers and open "
+        "lines: only CLOSED_PLANAR contours enclose voxels)",
+        "contours_degenerate: 2 closed contour(s) of 1 or 2 points (ROI(s) 'seed') enclose no area: kept as the "
+        "voxel centres they pass through (how OpenCV and rt-utils trace a structure one voxel wide)")
+    off = rtstruct_dataset(grid, [(1, "a", [("CLOSED_PLANAR", 2 + 2 * dicom_masks._POSITION_TOLERANCE,
+                                             _square(20.5, 20.5, 60.5, 60.5))])])
+    with pytest.raises(ImageRejected, match="does not lie on one slice plane of the series") as e:
+        dicom_masks.labels_from_rtstruct(to_bytes(off), "rs.dcm", grid)
+    assert e.value.reason == "mask_geometry_mismatch"
+
+
+# pydicom's own test data: an RT Structure Set written by a planning system's export ('TPS'),
+# whose CT series pydicom does not ship. Its header and contours (rtstruct.dump beside it):
+PYDICOM_RTSTRUCT_SERIES = "1.2.826.0.1.3680043.8.498.2010020400001.2.1.1"
+PYDICOM_RTSTRUCT_FRAME = "1.2.826.0.1.3680043.8.498.2010020400001.2"
+
+
+def test_pydicom_s_rtstruct_without_its_series_and_on_its_series_rebuilt(series, tmp_path):
+    """pydicom's rtstruct.dcm ('patient': a 400 x 300 mm box on z = -200, -190, -180 mm, two
+    isocentre POINTs). Without its CT series (pydicom does not ship it) it pairs with no volume
+    and, given another series' volume, is 'mask_reference_mismatch' naming the series it
+    outlines. On a series rebuilt from its references (its series and frame of reference UIDs,
+    slices on its contours' planes) the box is filled, the POINTs noted."""
+    data = pathlib.Path(get_testdata_file("rtstruct.dcm")).read_bytes()
+    header = dicom_masks.read_mask_header(io.BytesIO(data), "rtstruct.dcm")
+    assert header == dicom_masks.MaskHeader("rtstruct", (PYDICOM_RTSTRUCT_SERIES,),
+                                            ("patient", "Isocenter 1", "Isocenter 2"), ())
+    _, grid, _ = series
+    with pytest.raises(ImageRejected, match=f"rtstruct.dcm outlines series {PYDICOM_RTSTRUCT_SERIES}, not the "
+                                            f"volume's series {grid.series_uid}") as e:
+        dicom_masks.read_dicom_mask(data, "rtstruct.dcm", grid)
+    assert e.value.reason == "mask_reference_mismatch"
+    # Its series rebuilt: 3 axial slices of 128 x 128 pixels of 4 mm, the first voxel at (-254, -254) mm.
+    folder = tmp_path / "ct"
+    folder.mkdir()
+    for k, z in enumerate((-180.0, -200.0, -190.0)):  # Files in no particular order.
+        ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+        ds.ImagePositionPatient, ds.ImageOrientationPatient = [-254.0, -254.0, z], [1, 0, 0, 0, 1, 0]
+        ds.PixelSpacing = [4.0, 4.0]
+        ds.SeriesInstanceUID, ds.FrameOfReferenceUID = PYDICOM_RTSTRUCT_SERIES, PYDICOM_RTSTRUCT_FRAME
+        ds.SOPInstanceUID = generate_uid()
+        ds.save_as(folder / f"{k}.dcm", enforce_file_format=True)
+    rebuilt, _ = grid_of(folder)
+    mask = dicom_masks.read_dicom_mask(data, "rtstruct.dcm", rebuilt)
+    assert mask.class_names == ("background", "patient", "Isocenter 1", "Isocenter 2")
+    # x -200..200 mm: columns 13.5..113.5; y -150..150 mm: rows 26..101, both edges on pixel centres.
+    truth = np.zeros((3, SIZE, SIZE), np.uint8)
+    truth[:, 26:102, 14:114] = 1
+    np.testing.assert_array_equal(mask.labels, truth)
+    assert mask.notes == ("contours_ignored: 2 POINT (ROI(s) 'Isocenter 1', 'Isocenter 2') (markers and open lines: "
+                          "only CLOSED_PLANAR contours enclose voxels)",)
+
+
 def test_reasons_are_documented():
     text = (pathlib.Path(__file__).parent.parent / "docs/preparing/output.md").read_text(encoding="utf-8")
     assert [r for r in dicom_masks.REJECT_REASONS if f"`{r}`" not in text] == []
@@ -900,6 +1178,18 @@ def test_rtstruct_cut_short_anywhere_is_corrupt_never_a_partial_mask(tmp_path):
             continue
         np.testing.assert_array_equal(mask.labels, whole, err_msg=f"cut at {at} of {len(data)}")
     assert "corrupt" in reasons
+    # Cut right between two items (rt-utils writes the contours' sequences with their lengths):
+    # pydicom reads the items before the cut without an error. The offsets above hit such a cut
+    # by chance only (rt-utils' UIDs are random, the offsets move): each item start of the
+    # contours is cut here.
+    contours = data.index(b"\x06\x30\x39\x00")  # Implicit VR: tag, 4-byte length, the items.
+    end = contours + 8 + int.from_bytes(data[contours + 4:contours + 8], "little")
+    starts = [i for i in range(contours, end) if data.startswith(b"\xfe\xff\x00\xe0", i)]
+    assert len(starts) > 4
+    for at in starts[1:]:
+        with pytest.raises(ImageRejected, match="cut short") as e:
+            dicom_masks.read_dicom_mask(data[:at], "rs.dcm", grid)
+        assert e.value.reason == "corrupt"
     with pytest.raises(ImageRejected, match="without ROIContourSequence") as e:
         dicom_masks.read_dicom_mask(data[:data.index(b"\x06\x30\x39\x00")], "rs.dcm", grid)  # (3006,0039)
     assert e.value.reason == "corrupt"

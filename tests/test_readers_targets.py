@@ -423,7 +423,7 @@ def test_label_modes_the_dataset_lacks_are_refused(seg, multi):
     with pytest.raises(ValueError, match=r"no 'labels' target"):
         readers.distributed_dataset(tf.distribute.get_strategy(), seg_dir,
                                     global_batch_size=2, label_mode="multi_hot")
-    with pytest.raises(ValueError, match=r"`pad_boxes` applies to label_mode='boxes' only"):
+    with pytest.raises(ValueError, match=r"`pad_boxes` applies to label_mode='boxes' and 'oriented_boxes' only"):
         image_dataset_from_tfrecords(seg_dir, label_mode="mask", pad_boxes=3)
     with pytest.raises(ValueError, match=r"`pad_boxes` must be a positive integer"):
         image_dataset_from_tfrecords(seg_dir, label_mode="boxes", pad_boxes=0)
@@ -538,7 +538,7 @@ def test_the_image_level_class_is_rows_of_the_table_too():
     assert options.LABEL_MODES == (*(mode.name for mode in targets.MODES), None)
     assert targets.LABEL_MODES[:3] == ("int", "categorical", "binary")
     assert {targets.KIND_OF_MODE[m] for m in ("int", "categorical", "binary")} == {targets.CLASS_KIND}
-    assert targets.TARGET_LABEL_MODES == ("mask", "boxes", "multi_hot", "target")
+    assert targets.TARGET_LABEL_MODES == ("mask", "boxes", "oriented_boxes", "multi_hot", "target")
     # Which modes a dataset can be read in: the rows say.
     assert targets.supported_label_modes(("a", "b"), ()) == ("int", "categorical", "binary", None)
     assert targets.supported_label_modes(("a", "b", "c"), ("mask",)) == ("int", "categorical", "mask", None)

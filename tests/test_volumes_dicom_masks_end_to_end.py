@@ -419,3 +419,52 @@ def test_a_seg_naming_another_series_than_its_images_costs_only_its_own_volume(t
     message = {r["path"].split("/")[0]: r["message"] for r in rejects}
     assert f"beside it, PB/ST1/300.000000-SEG/1-1.dcm references series {uids['A']}" in message["PB"]
     assert "beside it, PC/ST1/300.000000-SEG/1-1.dcm is unreadable (" in message["PC"]
+
+
+def test_one_rtstruct_of_a_registered_ct_and_mr_is_the_mask_of_each(tmp_path):
+    """Registration-based planning: one structure set outlines 'body' on the CT and 'gtv' on the
+    registered MR, each ROI in its series' frame of reference, and references both series. Each
+    series' volume takes it, keeping its own ROIs (the other's noted in normalized.jsonl); before,
+    both volumes were rejected as mask_reference_mismatch. pydicom's rtstruct.dcm, whose series is
+    not among the inputs, is an unmatched mask."""
+    from pydicom.data import get_testdata_file
+
+    from test_imaging_dicom_masks import rasterised, rtstruct_dataset, to_bytes
+
+    root = tmp_path / "input"
+    write_series(root / "P1/ST1/1.000000-CT", count=DEPTH)
+    write_series(root / "P1/ST2/1.000000-MR", count=DEPTH, spacing=3.0)
+    ct, _ = grid_of(root / "P1/ST1/1.000000-CT")
+    mr, _ = grid_of(root / "P1/ST2/1.000000-MR")
+    assert ct.frame_of_reference_uid != mr.frame_of_reference_uid
+    square = np.array([[20.5, 20.5], [60.5, 20.5], [60.5, 60.5], [20.5, 60.5]])
+    ds = rtstruct_dataset(ct, [(1, "body", [("CLOSED_PLANAR", 2, square)])])
+    on_mr = rtstruct_dataset(mr, [(2, "gtv", [("CLOSED_PLANAR", 3, square + 10)])])
+    ds.ReferencedFrameOfReferenceSequence.append(on_mr.ReferencedFrameOfReferenceSequence[0])
+    ds.StructureSetROISequence.append(on_mr.StructureSetROISequence[0])
+    ds.ROIContourSequence.append(on_mr.ROIContourSequence[0])
+    (root / "P1/ST1/2.000000-RTSTRUCT").mkdir()
+    (root / "P1/ST1/2.000000-RTSTRUCT/1-1.dcm").write_bytes(to_bytes(ds))
+    (root / "P9").mkdir()
+    shutil.copy(get_testdata_file("rtstruct.dcm"), root / "P9" / "rtstruct.dcm")
+    out = tmp_path / "out"
+    manifest = _convert(root, out, "--masks_dir", str(root))
+    assert manifest["counts"] == {"found": 2 * DEPTH, "written": 2 * DEPTH, "rejected": 0, "skipped": 0}
+    section = manifest["targets"]["mask"]
+    # An unmatched mask adds no class: pydicom's structure set's names are not in the table.
+    assert section["class_names"] == ["background", "body", "gtv"]
+    assert section["unmatched_masks"] == 1
+    ds = readers.volume_dataset_from_tfrecords(out, "train", dtype=None, label_mode="mask",
+                                               extra_features=("filename",))
+    stored = {e["filename"].numpy().decode(): m.numpy()[..., 0] for _, m, e in ds}
+    truth = {name: np.zeros((DEPTH, 128, 128), np.uint8) for name in stored}
+    ct_name, mr_name = sorted(stored)
+    assert "ST1" in ct_name and "ST2" in mr_name
+    truth[ct_name][2][rasterised(square)] = 1
+    truth[mr_name][3][rasterised(square + 10)] = 2
+    for name in stored:
+        np.testing.assert_array_equal(stored[name], truth[name], err_msg=name)
+    notes = {n["path"]: json.dumps(n) for n in
+             (json.loads(line) for line in (out / "normalized.jsonl").read_text().splitlines() if line.strip())}
+    assert "rois_other_frame_of_reference: ROI(s) 'gtv' left out" in notes[ct_name]
+    assert "rois_other_frame_of_reference: ROI(s) 'body' left out" in notes[mr_name]

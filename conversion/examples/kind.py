@@ -24,6 +24,10 @@ class Grouped(NamedTuple):
         it); None: labelled as files are (class folders, --labels_csv).
       split_source: With `labels`: the manifest's split source ("csv" when
         the labels carry the splits; else each example's split is its own).
+      groups: With --group_by, for a kind that splits its examples by group itself
+        (volumes: a series' PatientID, read with its headers): example name -> its
+        group value, for those that have one; the manifest's `groups` come from
+        them. None: the planner reads each example's group (`conversion.planning.group_keys`).
     """
 
     files: list
@@ -32,6 +36,7 @@ class Grouped(NamedTuple):
     plans: Mapping[str, Any] | None = None
     labels: Mapping[str, tuple[str, str | None]] | None = None
     split_source: str | None = None
+    groups: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,12 +48,15 @@ def _group(files: list, problems: list, config, appending=None) -> Grouped:
         labels_csv=volumes.read_labels_csv(config.labels_csv) if config.labels_csv else None,
         dedup=config.writing.dedup, held=held,
         # With masks a class is optional: class folders only when every volume is at ROOT/<class>/<volume>.
-        masked=masked and not config.labels_csv)
+        masked=masked and not config.labels_csv,
+        # Each volume's group: its series' headers (read here anyway) or its files' paths.
+        group_by=config.group_by)
     if appending is not None:
         appending.found_duplicates(planned.duplicates_of_held)
     members = {name: job.sources for name, job in planned.jobs.items()}
     labels = {name: (job.label, job.split) for name, job in planned.jobs.items()}
-    return Grouped(list(planned.files), list(planned.problems), members, planned.jobs, labels, planned.split_source)
+    return Grouped(list(planned.files), list(planned.problems), members, planned.jobs, labels, planned.split_source,
+                   planned.groups)
 
 
 def _sized_masks(mask_plan, plans, config):

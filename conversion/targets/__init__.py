@@ -13,7 +13,9 @@ completed (`section`):
 
 - `masks`: --masks_dir (the pairing itself is `conversion.masks`);
 - `boxes`: --annotations, COCO (`coco`), CVAT (`cvat`), Pascal VOC (`voc`),
-  LabelMe (`labelme`) or YOLO (`yolo`);
+  LabelMe (`labelme`), DOTA (`dota`, each box's extent) or YOLO (`yolo`);
+- `oriented_boxes` (`oriented`): --annotations with --boxes oriented, each
+  box's 4 corners: CVAT rotated boxes, DOTA, YOLO-OBB;
 - `labels`: several labels per image in --labels_csv (`labels_csv`);
 - `numbers`: a `target` column of numbers in --labels_csv.
 
@@ -36,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from conversion.targets import boxes as _boxes, classes as _classes, labels as _labels, masks as _masks
-from conversion.targets import numbers as _numbers
+from conversion.targets import numbers as _numbers, oriented as _oriented
 from conversion.targets._counts import per_split_rows
 from conversion.targets.kind import (ClassKind, Description, PlannedKind, PlanTargets, RecordPart, TargetKind,
                                      TargetRequest)
@@ -54,7 +56,7 @@ _LOG = logging.getLogger("shardsmith.convert")
 CLASS: ClassKind = _classes.KIND
 # The table, one row per kind. Planned in this order: a file's reject is the first row's
 # that rejects it; the mask row, last, pairs the examples that are left.
-TARGETS: tuple[TargetKind, ...] = (_labels.KIND, _boxes.KIND, _numbers.KIND, _masks.KIND)
+TARGETS: tuple[TargetKind, ...] = (_labels.KIND, _boxes.KIND, _oriented.KIND, _numbers.KIND, _masks.KIND)
 BOX_ACTIONS = _boxes.BOX_ACTIONS
 
 

@@ -1,8 +1,9 @@
 """What the readers of box annotations share: `BoxAnnotations`, and the listed files by name.
 
-`conversion.targets.coco`, `cvat`, `voc`, `labelme` and `yolo` read an
+`conversion.targets.coco`, `cvat`, `voc`, `labelme`, `dota` and `yolo` read an
 annotation format each into a `BoxAnnotations`; the boxes kind
-(`conversion.targets.boxes`) plans and stores them whatever their format.
+(`conversion.targets.boxes`) and the oriented boxes kind
+(`conversion.targets.oriented`) plan and store them whatever their format.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class BoxAnnotations:
     """Boxes read from --annotations, matched to the listed files.
 
     Attributes:
-      format: 'coco', 'cvat', 'voc', 'labelme' or 'yolo'.
+      format: 'coco', 'cvat', 'voc', 'labelme', 'dota', 'yolo' or 'yolo_obb'.
       class_names: Box class names in label order.
       category_ids: COCO category id of each label; None for VOC.
       files: Relative path to {'size': [w, h] or None, 'ref': what a box's
@@ -36,6 +37,8 @@ class BoxAnnotations:
         is_crowd], ...], 'dropped': [[ref, reason], ...]} (pixels, on the
         frame the annotation was drawn on; with 'units': 'fraction',
         fractions of that frame's width and height, as YOLO gives them);
+        oriented boxes (--boxes oriented) are [ref, x1, y1, ..., x4, y4,
+        label, difficult], the corners in the annotation's order;
         'regions', where the format has some: the region of each box, in
         the same order, that --annotation_masks draws (`conversion.annotation_masks`;
         None: the box itself).

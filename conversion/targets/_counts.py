@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+from collections.abc import Mapping, Sequence
 
-__all__ = ["as_list", "summed", "per_split_rows", "appended_order", "summed_per_split"]
+__all__ = ["as_list", "summed", "per_split_rows", "appended_order", "summed_per_split", "BoxCounts", "box_section"]
 
 
 def as_list(counter: Mapping[int, int], length: int = 0) -> list[int]:
@@ -60,3 +61,47 @@ def summed_per_split(held: dict, mine: dict) -> dict:
         else:
             out[split] = int(a or 0) + int(b or 0)
     return out
+
+
+class BoxCounts:
+    """One shard's boxes per class, images without any, and the issues of its boxes (axis or oriented).
+
+    Args:
+      label_key: The feature key of the boxes' labels in a `RecordPart`'s extra.
+    """
+
+    def __init__(self, label_key: str):
+        self._label_key = label_key
+        self._boxes = collections.Counter()
+        self._without_boxes = 0
+        self._issues = collections.Counter()
+        self._seen = False
+
+    def add(self, part) -> None:
+        labels = part.extra[self._label_key]
+        self._seen = True
+        self._boxes.update(labels)
+        self._without_boxes += not labels
+        self._issues.update(part.issues)
+
+    def to_json(self) -> dict | None:
+        if not self._seen:
+            return None
+        return {"counts": as_list(self._boxes), "images_without_boxes": self._without_boxes,
+                "issues": dict(sorted(self._issues.items()))}
+
+
+def box_section(name: str, section: dict, shards, splits: Sequence[str], num_classes: int | None = None) -> dict:
+    """Kind `name`'s planned section with its boxes per class and split, images without boxes, every issue
+    (`TargetKind.section`, from the shards' `BoxCounts`)."""
+    width = len(section["class_names"])
+    issues = collections.Counter(section.get("issues", {}))
+    section["counts"], section["images_without_boxes"] = {}, {}
+    for split in sorted(splits):
+        parts = [s.targets[name] for s in shards if s.split == split and s.targets and name in s.targets]
+        section["counts"][split] = summed([p["counts"] for p in parts], width)
+        section["images_without_boxes"][split] = sum(p["images_without_boxes"] for p in parts)
+        for p in parts:
+            issues.update(p["issues"])
+    section["issues"] = dict(sorted(issues.items()))
+    return section

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import dataclasses
 import logging
 import os
@@ -33,12 +34,13 @@ from conversion import listing as _listing
 from conversion.files import exists, read_bytes, read_many
 from conversion.targets import yolo as _yolo
 from conversion.targets._box_files import BoxAnnotations
-from conversion.targets._counts import appended_order, as_list, per_split_rows, summed, summed_per_split
+from conversion.targets._counts import BoxCounts, appended_order, box_section, per_split_rows, summed_per_split
 from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import ImageRejected
 from imaging import boxes as _boxes
 
-__all__ = ["KIND", "BOX_ACTIONS", "FORMATS", "BoxFormat"]
+__all__ = ["KIND", "BOX_ACTIONS", "FORMATS", "BoxFormat", "plan_annotations", "read_annotations", "Frame",
+           "annotation_frame_of", "cvat_xml"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Per-record actions on boxes, listed in normalized.jsonl.
@@ -48,13 +50,29 @@ NAME = next(kind for kind, specs in schemas.TARGET_KINDS.items() if specs == sch
 
 
 def _plan(request: TargetRequest) -> PlannedKind | None:
-    annotations = request.config.annotations
-    if not annotations:
+    if not request.config.annotations or getattr(request.config, "boxes", "axis") != "axis":
         return None
-    form, (boxes, splits) = _read_annotations(annotations, request)
-    held = request.held_section(NAME)
+    return plan_annotations(request, FORMATS, NAME, _LABEL_AT)
+
+
+# Where a planned box's label is: [ref, xmin, ymin, xmax, ymax, label, is_crowd].
+_LABEL_AT = 5
+
+
+def plan_annotations(request: TargetRequest, formats, name: str, label_at: int) -> PlannedKind:
+    """--annotations read in the first of `formats` that accepts it, planned as kind `name`.
+
+    Args:
+      request: The kind's `TargetRequest`.
+      formats: `BoxFormat` rows, tried in order.
+      name: The kind's key (the held dataset's section of it, with --append).
+      label_at: Where a planned box's label is in its list (renumbered with --append).
+    """
+    annotations = request.config.annotations
+    form, (boxes, splits) = read_annotations(annotations, request, formats)
+    held = request.held_section(name)
     if held is not None:
-        boxes = _in_held_order(boxes, held)
+        boxes = _in_held_order(boxes, held, label_at)
     missing = tuple(_listing.Problem(rel, "missing_file", message) for rel, message in boxes.missing)
     issues = dict(boxes.issues)
     if missing:
@@ -119,7 +137,7 @@ def _annotation_files(annotations: str, boxes: BoxAnnotations, files) -> dict[st
     return own
 
 
-def _in_held_order(boxes: BoxAnnotations, held) -> BoxAnnotations:
+def _in_held_order(boxes: BoxAnnotations, held, label_at: int) -> BoxAnnotations:
     """With --append: the boxes' labels renumbered so that the dataset's box classes keep their indices.
 
     The held classes come first, in their order, then this run's new ones in
@@ -140,7 +158,7 @@ def _in_held_order(boxes: BoxAnnotations, held) -> BoxAnnotations:
     files = {}
     for rel, entry in boxes.files.items():
         entry = dict(entry)
-        entry["boxes"] = [[*b[:5], remap[b[5]], *b[6:]] for b in entry["boxes"]]
+        entry["boxes"] = [[*b[:label_at], remap[b[label_at]], *b[label_at + 1:]] for b in entry["boxes"]]
         files[rel] = entry
     return dataclasses.replace(boxes, class_names=names, category_ids=ids, files=files)
 
@@ -193,6 +211,29 @@ def _read_yolo(path: str, found, request: TargetRequest):
                            class_names=config.class_names, found=found or None, listed=request.listed)
 
 
+def _read_dota(path: str, found, request: TargetRequest):
+    """DOTA's oriented boxes as axis boxes: each the extent of its corners ('bbox_from_rotation')."""
+    from conversion.targets import dota as _dota
+
+    read = _dota.read_dota(found, path, request.listed, class_names=request.config.class_names)
+    files = {}
+    for rel, entry in read.files.items():
+        boxes = [[r, min(c[0::2]), min(c[1::2]), max(c[0::2]), max(c[1::2]), label, difficult]
+                 for r, *c, label, difficult in entry["boxes"]]
+        files[rel] = {**entry, "boxes": boxes}
+    issues = dict(read.issues)
+    count = sum(len(e["boxes"]) for e in files.values())
+    if count:
+        issues["bbox_from_rotation"] = count
+    return dataclasses.replace(read, files=files, issues=issues), None
+
+
+def _is_dota(path: str, is_file: bool, found) -> bool:
+    from conversion.targets import dota as _dota
+
+    return not is_file and _dota.looks_like_dota(found)
+
+
 def _read_voc(path: str, found, request: TargetRequest):
     from conversion.targets import voc as _voc
 
@@ -203,11 +244,11 @@ def _read_voc(path: str, found, request: TargetRequest):
 def _read_cvat(path: str, found, request: TargetRequest):
     from conversion.targets import cvat as _cvat
 
-    xml = _cvat_xml(path, not found, found)
+    xml = cvat_xml(path, not found, found)
     return _cvat.read_cvat(read_bytes(xml), xml, request.listed, class_names=request.config.class_names), None
 
 
-def _cvat_xml(path: str, is_file: bool, found) -> str | None:
+def cvat_xml(path: str, is_file: bool, found) -> str | None:
     """CVAT's XML file: --annotations itself, or the annotations.xml of the unpacked export it holds, alone."""
     if is_file:
         return path if path.lower().endswith(".xml") else None
@@ -248,21 +289,28 @@ def _mostly_json(found) -> bool:
 
 # The formats, tried in this order: a YAML file is YOLO's data.yaml, an XML file CVAT's, any other file
 # COCO's JSON; a folder whose one XML file is annotations.xml is CVAT's export, one with other XML files
-# VOC's, else one with more JSON files than text files LabelMe's, else one with text files YOLO's labels.
+# VOC's, else one with more JSON files than text files LabelMe's, else one whose text files hold DOTA's
+# lines (a class name after 8 numbers) DOTA's labelTxt, else one with text files YOLO's labels.
 FORMATS: tuple[BoxFormat, ...] = (
-    BoxFormat("cvat", lambda path, is_file, found: _cvat_xml(path, is_file, found) is not None, _read_cvat,
+    BoxFormat("cvat", lambda path, is_file, found: cvat_xml(path, is_file, found) is not None, _read_cvat,
               takes_class_names=True),
     BoxFormat("coco", lambda path, is_file, found: is_file and not _yolo.is_data_yaml(path), _read_coco),
     BoxFormat("voc", lambda path, is_file, found: not is_file and any(map(_is_xml, found)), _read_voc),
     BoxFormat("labelme", lambda path, is_file, found: not is_file and _mostly_json(found), _read_labelme,
               takes_class_names=True),
+    BoxFormat("dota", _is_dota, _read_dota, takes_class_names=True),
     BoxFormat(_yolo.YOLO_FORMAT, lambda path, is_file, found: _yolo.is_data_yaml(path) if is_file
               else any(f.rel_path.lower().endswith(".txt") for f in found), _read_yolo, takes_class_names=True),
 )
 
 
-def _read_annotations(path: str, request: TargetRequest) -> tuple[BoxFormat, tuple[BoxAnnotations, dict | None]]:
-    """Reads --annotations in the first of `FORMATS` that accepts it: (that row, what its `read` returns)."""
+def read_annotations(path: str, request: TargetRequest, formats: Sequence[BoxFormat] = FORMATS,
+                     ) -> tuple[BoxFormat, tuple[BoxAnnotations, dict | None]]:
+    """Reads --annotations in the first of `formats` that accepts it: (that row, what its `read` returns).
+
+    Raises:
+      ValueError: When none accepts it (the last row may raise its own, saying what is read).
+    """
     is_file = _is_file(path)
     # On object stores (gs://) a folder is only a prefix of object names: no object has its
     # name, so it exists where its listing finds files.
@@ -275,7 +323,7 @@ def _read_annotations(path: str, request: TargetRequest) -> tuple[BoxFormat, tup
         if not prefix:
             raise
         raise FileNotFoundError(f"--annotations {path!r} does not exist or is empty.") from None
-    for form in FORMATS:
+    for form in formats:
         if form.accepts(path, is_file, found):
             return form, form.read(path, found, request)
     raise ValueError(f"--annotations {path!r} is a folder without Pascal VOC XML files (*.xml), LabelMe JSON "
@@ -290,7 +338,31 @@ def _is_file(path: str) -> bool:
     return path.lower().endswith((".json", ".yaml", ".yml", ".xml"))
 
 
-def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
+class Frame(NamedTuple):
+    """The frame a record's annotation was drawn on (`annotation_frame_of`).
+
+    Attributes:
+      frame: 'raw' or 'upright'.
+      orientation: The photo's EXIF orientation (1 when it was not turned).
+      size: The annotation's (width, height), or None.
+      drawn: (width, height) of the frame drawn on, in pixels.
+      upright: (width, height) of the upright photo at full scale.
+    """
+
+    frame: str
+    orientation: int
+    size: tuple | None
+    drawn: tuple[int, int]
+    upright: tuple[int, int]
+
+
+def annotation_frame_of(entry: dict, image, raw_frame, name: str) -> Frame:
+    """On which frame of the validated `image` a file's planned boxes `entry` were drawn.
+
+    Raises:
+      ImageRejected: 'bad_target' when the annotation's size fits neither frame, or the
+        raw frame of a photo turned upright cannot be read.
+    """
     # The upright size at full scale (before --max_side): what the annotation may give.
     original = (image.details or {}).get("original")
     upright = (int(original[1]), int(original[0])) if original else (image.width, image.height)
@@ -315,7 +387,11 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
         raise ImageRejected("bad_target", (
             f"{name}: the annotation's image size {size[0]}x{size[1]} is neither the photo's raw "
             f"size {raw[0]}x{raw[1]} nor its upright size {upright[0]}x{upright[1]} (width x height)"))
-    fw, fh = raw if frame == "raw" else upright
+    return Frame(frame, orientation, size, raw if frame == "raw" else upright, upright)
+
+
+def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
+    frame, orientation, size, (fw, fh), upright = annotation_frame_of(entry, image, raw_frame, name)
     ref = entry.get("ref", "box")
     if entry.get("units") == "fraction":
         # YOLO's fractions of the frame, in its pixels: clipped and counted as COCO's and VOC's are.
@@ -364,44 +440,6 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
     return RecordPart(extra, tuple(actions), details or None, tuple(issues))
 
 
-class _Counts:
-    """One shard's boxes per class, images without boxes, and the issues of its boxes."""
-
-    def __init__(self):
-        self._boxes = collections.Counter()
-        self._without_boxes = 0
-        self._issues = collections.Counter()
-        self._seen = False
-
-    def add(self, part: RecordPart) -> None:
-        labels = part.extra[schemas.BBOX_LABEL.key]
-        self._seen = True
-        self._boxes.update(labels)
-        self._without_boxes += not labels
-        self._issues.update(part.issues)
-
-    def to_json(self) -> dict | None:
-        if not self._seen:
-            return None
-        return {"counts": as_list(self._boxes), "images_without_boxes": self._without_boxes,
-                "issues": dict(sorted(self._issues.items()))}
-
-
-def _section(section: dict, shards, splits: Sequence[str], num_classes: int) -> dict:
-    """The planned section with the boxes per class and split, images without boxes, every issue."""
-    width = len(section["class_names"])
-    issues = collections.Counter(section.get("issues", {}))
-    section["counts"], section["images_without_boxes"] = {}, {}
-    for split in sorted(splits):
-        parts = [s.targets[NAME] for s in shards if s.split == split and s.targets and NAME in s.targets]
-        section["counts"][split] = summed([p["counts"] for p in parts], width)
-        section["images_without_boxes"][split] = sum(p["images_without_boxes"] for p in parts)
-        for p in parts:
-            issues.update(p["issues"])
-    section["issues"] = dict(sorted(issues.items()))
-    return section
-
-
 def _verify(section, num_classes: int):
     names = section.get("class_names")
     if not isinstance(names, list):
@@ -446,5 +484,5 @@ def _describe(boxes, class_names, splits, max_classes: int) -> Description:
     return Description(head, rows, tail)
 
 
-KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record, counter=_Counts,
-                  section=_section, verify=_verify, describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record, counter=functools.partial(BoxCounts, schemas.BBOX_LABEL.key),
+                  section=functools.partial(box_section, NAME), verify=_verify, describe=_describe, merge=_merge)

@@ -13,6 +13,13 @@ shapes. Each shape becomes a box:
 - `<ellipse cx= cy= rx= ry=>` (with its rotation): the ellipse's extent;
 - `<mask left= top= width= height=>`: the rectangle its RLE is cut to.
 
+With --boxes oriented (`oriented=True`) each `<box>` is kept as its 4
+corners instead (`rotated_box_corners`: top-left, top-right, bottom-right,
+bottom-left of the unrotated box, turned clockwise on the image by `rotation`
+degrees about its centre, as CVAT draws and exports it), a `<polygon>` of 4
+points as those points in their order, and every other shape is dropped
+('not_an_oriented_box').
+
 A `<tag>` is a label of the whole image, no box (counted 'tag'); a
 `<skeleton>` or `<cuboid>` is dropped ('unsupported_shape'). A shape that
 cannot be read (a coordinate that is not a number, no label, a label not
@@ -37,7 +44,7 @@ from collections.abc import Sequence
 from conversion.targets._box_files import BoxAnnotations, Index, finite, size_of, some
 from conversion.targets.labels_csv import normalise_rel
 
-__all__ = ["CVAT_FORMAT", "read_cvat"]
+__all__ = ["CVAT_FORMAT", "read_cvat", "rotated_box_corners"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 CVAT_FORMAT = "cvat"
@@ -49,7 +56,8 @@ _POINT_SHAPES = ("polygon", "polyline", "points")
 _UNSUPPORTED = ("skeleton", "cuboid")
 
 
-def read_cvat(data: bytes, source: str, listed: Sequence[str], class_names=None) -> BoxAnnotations:
+def read_cvat(data: bytes, source: str, listed: Sequence[str], class_names=None,
+              oriented: bool = False) -> BoxAnnotations:
     """Reads a CVAT for images 1.1 XML file and matches its images to the listed paths.
 
     Args:
@@ -57,6 +65,8 @@ def read_cvat(data: bytes, source: str, listed: Sequence[str], class_names=None)
       source: --annotations, for messages.
       listed: Relative paths under --input_dir (files and problems).
       class_names: --class_names: the box classes in label order, in place of the file's labels.
+      oriented: Keep boxes as their corners (--boxes oriented): each box
+        [shape, x1, y1, ..., x4, y4, label, 0].
 
     Returns:
       The boxes, in pixels of the frame each image was drawn on, in the
@@ -97,7 +107,8 @@ def read_cvat(data: bytes, source: str, listed: Sequence[str], class_names=None)
             _LOG.warning("--annotations %s: %s names %s again; its shapes are ignored", source, where, rel)
             continue
         try:
-            files[rel] = _image_entry(image, where, label_of, class_names is not None, issues)
+            entry = _oriented_entry if oriented else _image_entry
+            files[rel] = entry(image, where, label_of, class_names is not None, issues)
         except _Malformed as e:
             invalid[rel] = str(e)
     return BoxAnnotations(CVAT_FORMAT, names, None, files, tuple(sorted(missing.items())), invalid,
@@ -175,6 +186,64 @@ def _image_entry(image, where: str, label_of: dict, given: bool, issues) -> dict
         boxes.append([k, *corners, label_of[label], 0])
         regions.append(_region(shape, what))
     return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped, "regions": regions}
+
+
+def _label_index(shape, what: str, label_of: dict, given: bool) -> int:
+    label = (shape.get("label") or "").strip()
+    if not label:
+        raise _Malformed(f"{what} has no label")
+    if label not in label_of:
+        said = "--class_names" if given else "the file's <meta> labels"
+        raise _Malformed(f"{what}: label {label!r} is not among {said} ({some(list(label_of))})")
+    return label_of[label]
+
+
+def _oriented_entry(image, where: str, label_of: dict, given: bool, issues) -> dict:
+    """{'size', 'ref', 'boxes', 'dropped'} of one <image>, its boxes as corners (--boxes oriented)."""
+    size = None
+    if image.get("width") is not None or image.get("height") is not None:
+        size = size_of(image.get("width"), image.get("height"))
+        if size is None:
+            raise _Malformed(f"{where}: width {image.get('width')!r} and height {image.get('height')!r} "
+                             "must be whole numbers above 0")
+    boxes, dropped = [], []
+    for k, shape in enumerate(image, start=1):
+        what = f"{where} shape {k} <{shape.tag}>"
+        if shape.tag == "tag":
+            issues["tag"] += 1
+            continue
+        corners = None
+        if shape.tag == "box":
+            label = _label_index(shape, what, label_of, given)
+            box = _numbers(shape, ("xtl", "ytl", "xbr", "ybr"), what)
+            corners = rotated_box_corners(box, _rotation(shape, what))
+        elif shape.tag == "polygon":
+            label = _label_index(shape, what, label_of, given)
+            points = _points(shape.get("points"), what)
+            if len(points) == 4:
+                corners = [v for p in points for v in p]
+                issues["oriented_box_from_polygon"] += 1
+        if corners is None:
+            issues["not_an_oriented_box"] += 1
+            dropped.append([k, "not_an_oriented_box"])
+            continue
+        boxes.append([k, *corners, label, 0])
+    return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped}
+
+
+def rotated_box_corners(box, rotation: float) -> list[float]:
+    """[x1, y1, ..., x4, y4]: a CVAT box's corners, top-left, top-right, bottom-right, bottom-left of
+    the box (xtl, ytl, xbr, ybr), turned by `rotation` degrees clockwise on the image (y down) about its centre."""
+    x0, y0, x1, y1 = box
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+    if rotation % 360.0 == 0.0:
+        return [x0, y0, x1, y0, x1, y1, x0, y1]
+    cos, sin = math.cos(math.radians(rotation)), math.sin(math.radians(rotation))
+    out = []
+    for x, y in ((x0, y0), (x1, y0), (x1, y1), (x0, y1)):
+        dx, dy = x - cx, y - cy
+        out += [cx + dx * cos - dy * sin, cy + dx * sin + dy * cos]
+    return out
 
 
 def _region(shape, what: str) -> list | None:

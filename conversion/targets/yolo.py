@@ -23,6 +23,14 @@ would refuse rejects its image ('bad_target', with the file and line); a
 line of more than 5 numbers is a polygon (a segmentation label), boxed by
 its points' extent as Ultralytics boxes it. Label files of no image are
 counted ('unknown_image', as COCO's annotations of unknown images).
+
+With --boxes oriented (`oriented=True`) the lines are Ultralytics' oriented
+boxes (YOLO-OBB, its `-obb` models and `dota8`): 'class x1 y1 x2 y2 x3 y3 x4
+y4', the 4 corners as fractions, kept in their order
+(`conversion.targets.oriented`); any other line, a 'class cx cy w h' box
+among them, rejects its image. Without the flag such a line stays what it
+always was here, a 4-point polygon boxed by its extent: the two cannot be
+told apart by their numbers.
 """
 
 from __future__ import annotations
@@ -40,10 +48,12 @@ from conversion.files import exists, read_bytes, read_many
 from conversion.targets._box_files import BoxAnnotations, some
 from schemas.manifest import SPLIT_ALIASES
 
-__all__ = ["YOLO_FORMAT", "is_data_yaml", "read_yolo"]
+__all__ = ["YOLO_FORMAT", "YOLO_OBB_FORMAT", "is_data_yaml", "read_yolo"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 YOLO_FORMAT = "yolo"
+# Ultralytics' oriented boxes, 'class x1 y1 x2 y2 x3 y3 x4 y4' (--boxes oriented).
+YOLO_OBB_FORMAT = "yolo_obb"
 # Coordinates a little outside [0, 1] are rounding, not mistakes: Ultralytics accepts 1% either side.
 _TOLERANCE = 0.01
 # The file of class names in a labels folder (Darknet, LabelImg): never an image's labels.
@@ -69,7 +79,8 @@ class _Sources:
 
 
 def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_names=None,
-              found: Sequence | None = None, listed: Sequence[str] = ()) -> tuple[BoxAnnotations, Mapping[str, str] | None]:
+              found: Sequence | None = None, listed: Sequence[str] = (), oriented: bool = False,
+              ) -> tuple[BoxAnnotations, Mapping[str, str] | None]:
     """Reads YOLO labels for the images among `files`.
 
     Args:
@@ -80,6 +91,10 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
       found: The labels folder's `listing.InputFile`s, when already listed.
       listed: Every listed path (problems and, with --append, the held
         files too): their label files are no label files of no image.
+      oriented: Read Ultralytics' oriented boxes (YOLO-OBB, --boxes oriented):
+        each line 'class x1 y1 x2 y2 x3 y3 x4 y4', planned as [line, x1, y1,
+        ..., x4, y4, label, 0]; a line of another count (a 'class cx cy w h'
+        box among them) rejects its image.
 
     Returns:
       (the boxes, relative path -> split of each image a data.yaml's keys
@@ -118,7 +133,8 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
         if isinstance(data, OSError):
             error = f"label file {_shown(label, root)} cannot be read ({data.strerror or data})"
         else:
-            error = _read_lines(data, _shown(label, root), len(names), entry, issues)
+            read = _read_obb_lines if oriented else _read_lines
+            error = read(data, _shown(label, root), len(names), entry, issues)
         if error is None:
             entries[rel] = entry
         else:
@@ -130,7 +146,8 @@ def read_yolo(annotations: str, input_dir: str, files: Sequence[str], class_name
         issues["unknown_image"] += len(unknown)
         _LOG.warning("--annotations %s: %d label files name no image under --input_dir: %s",
                      annotations, len(unknown), some(unknown))
-    return BoxAnnotations(YOLO_FORMAT, names, None, entries, (), invalid, dict(issues), frame="upright",
+    form = YOLO_OBB_FORMAT if oriented else YOLO_FORMAT
+    return BoxAnnotations(form, names, None, entries, (), invalid, dict(issues), frame="upright",
                           sources=frozenset(f.path for f in all_labels.values())), splits
 
 
@@ -277,6 +294,44 @@ def _read_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) 
         entry["boxes"].append([number, *box, int(label_id), 0])
         # The region it draws (`conversion.annotation_masks`): a polygon's points, or its box.
         entry.setdefault("regions", []).append(["polygons", [values]] if len(values) > 4 else None)
+    return None
+
+
+def _read_obb_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) -> str | None:
+    """Adds a YOLO-OBB label file's oriented boxes to `entry` (corners as fractions); returns why
+    the file is refused, or None."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        return f"label file {label} is not UTF-8 text ({e})"
+    seen = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        where = f"label file {label} line {number}"
+        if len(fields) != 9:
+            kind = " (an axis box 'class cx cy w h': a dataset mixes boxes and oriented boxes)" \
+                if len(fields) == 5 else ""
+            return (f"{where}: {len(fields)} fields{kind}; with --boxes oriented a line is an oriented box "
+                    "'class x1 y1 x2 y2 x3 y3 x4 y4' (9)")
+        try:
+            label_id = float(fields[0])
+            values = [float(v) for v in fields[1:]]
+        except ValueError:
+            return f"{where}: not a number in {line.strip()!r}"
+        if not all(math.isfinite(v) for v in (label_id, *values)):
+            return f"{where}: not a finite number in {line.strip()!r}"
+        if not label_id.is_integer() or not 0 <= label_id < num_classes:
+            return f"{where}: class {fields[0]} is not one of the {num_classes} classes (0-{num_classes - 1})"
+        if not all(-_TOLERANCE <= v <= 1 + _TOLERANCE for v in values):
+            return (f"{where}: a corner is outside [0, 1]: YOLO-OBB labels are fractions of the image's "
+                    "width and height")
+        if (label_id, *values) in seen:
+            issues["duplicate_line"] += 1
+            continue
+        seen.add((label_id, *values))
+        entry["boxes"].append([number, *values, int(label_id), 0])
     return None
 
 

@@ -14,6 +14,9 @@ manifest's `targets` section):
 - 'boxes' (`readers.targets.boxes`): `(image, {"boxes": float32 [n, 4],
   "classes": int32 [n]})`, boxes (ymin, xmin, ymax, xmax) as fractions of
   the output image; with `pad_boxes=N` every image has N rows.
+- 'oriented_boxes' (`readers.targets.oriented`): `(image, {"corners":
+  float32 [n, 4, 2], "classes": int32 [n]})`, each box's corners (x, y) as
+  fractions of the output image; with `pad_boxes=N` every image has N rows.
 - 'multi_hot' (`readers.targets.labels`): float32 [num_classes], 1 for
   every class of the image.
 - 'target' (`readers.targets.numbers`): float32 [k], the regression targets.
@@ -42,7 +45,7 @@ from typing import Any
 import tensorflow as tf
 
 from readers.targets import boxes as _boxes, classes as _classes, labels as _labels, masks as _masks
-from readers.targets import numbers as _numbers
+from readers.targets import numbers as _numbers, oriented as _oriented
 from readers.targets.geometry import load_image
 from readers.targets.mode import TargetMode
 from schemas.features import IMAGE
@@ -65,7 +68,8 @@ __all__ = [
 ]
 
 # The table: one row per label mode, in `readers.options.LABEL_MODES` order.
-MODES: tuple[TargetMode, ...] = (*_classes.MODES, _masks.MODE, _boxes.MODE, _labels.MODE, _numbers.MODE)
+MODES: tuple[TargetMode, ...] = (*_classes.MODES, _masks.MODE, _boxes.MODE, _oriented.MODE, _labels.MODE,
+                                 _numbers.MODE)
 
 # Every label mode (None, no label, aside), and the kind of target each reads:
 # `classes.KIND` for the image-level class, else a key of `schemas.TARGET_KINDS`.
