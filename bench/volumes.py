@@ -24,14 +24,18 @@ stage of both sides, in this process, one stage at a time.
     python -m bench.volumes --series 2 --slices 100 --profile  # CPU per stage, both sides
     python -m bench.volumes --masks    # 4 CT-like 300x512x512 int16 volumes with uint8 masks
     python -m bench.volumes --masks --small  # 4 of 24x64x64, patches of 16^3
+    python -m bench.volumes --foreground  # the foreground search of one 300x512x512 mask alone
 
 `--masks` compares the patch reader's label modes on volumes converted with
 `--masks_dir` (NIfTI images and label volumes): label_mode='int' (the
 baseline), 'mask', 'mask' with foreground_fraction=0.33, and both mask rows
 again through the decoded-volume path (what the reader does where it resamples;
-every masked patch took it before the raw-bytes path learned masks): patches/s
-and CPU ms per patch, each round's ratio to 'int' in the same round, variants'
-order rotating from round to round.
+every masked patch took it before the raw-bytes path learned masks), and the
+foreground row once more with the baseline's flat `tf.where` search (the
+reader's before it searched busy rows only): patches/s and CPU ms per patch,
+each round's ratio to 'int' in the same round, variants' order rotating from
+round to round. `--foreground` times that search alone on one mask: the
+reader's `foreground_voxels` against the flat `tf.where`, same voxels checked.
 """
 
 from __future__ import annotations
@@ -244,6 +248,72 @@ def run(series: int, slices: int, size: int, patch: int, work: Path, rounds: int
             "volume_mb": volume_bytes / 2**20}
 
 
+def organ_mask(depth: int, size: int) -> np.ndarray:
+    """uint8 ids [depth, size, size]: an organ-sized ellipsoid of id 1 and a small one of id 2 (~3% foreground)."""
+    ids = np.zeros((depth, size, size), np.uint8)
+    k, j, i = np.ogrid[:depth, :size, :size]
+    ids[((k - depth / 2) / (depth / 5)) ** 2 + ((j - size / 2) / (size / 6)) ** 2
+        + ((i - size * 0.4) / (size / 5)) ** 2 < 1] = 1
+    ids[((k - depth / 3) / (depth / 15)) ** 2 + ((j - size * 0.6) / (size / 25)) ** 2
+        + ((i - size * 0.6) / (size / 25)) ** 2 < 1] = 2
+    return ids
+
+
+def _flat_foreground(mask, ranks):
+    """The baseline foreground search (the reader's before vmfix13, what one writes first): every
+    foreground voxel's flat index listed by `tf.where`, the ranks' gathered from the list."""
+    import tensorflow as tf
+
+    foreground = tf.where(tf.reshape(mask, [-1]) > 0)[:, 0]
+    n = tf.size(foreground, out_type=tf.int64)
+    foreground = tf.concat([foreground, tf.zeros([1], tf.int64)], 0)
+    return n, tf.gather(foreground, ranks % tf.maximum(n, 1))
+
+
+def run_foreground(depth: int, size: int, rounds: int = 5, calls: int = 10) -> dict:
+    """The foreground search of one mask alone (`foreground_fraction`'s, per volume read): the reader's
+    `foreground_voxels` against `_flat_foreground`, both traced once, interleaved rounds of `calls`.
+
+    Returns:
+      {"rounds": [{"flat": (wall s, CPU s), "rows": (...)}, ...], "loads": [...], "foreground": share}.
+    """
+    import tensorflow as tf
+
+    from readers.volumes import foreground_voxels
+
+    mask = tf.constant(organ_mask(depth, size))
+    ranks = tf.constant(np.random.default_rng(0).integers(0, 2**31 - 1, 4), tf.int64)
+    spec = [tf.TensorSpec([None, None, None], tf.uint8), tf.TensorSpec([None], tf.int64)]
+    searches = {"flat": tf.function(_flat_foreground, input_signature=spec),
+                "rows": tf.function(foreground_voxels, input_signature=spec)}
+    got = {name: [t.numpy() for t in fn(mask, ranks)] for name, fn in searches.items()}
+    # The same voxels, or the figure means nothing.
+    assert all((a == b).all() for a, b in zip(got["flat"], got["rows"])), got
+    rows, loads = [], []
+    for r in range(rounds):
+        load = _load()
+        order = list(searches)[r % 2:] + list(searches)[:r % 2]  # Who goes first alternates.
+        row = {}
+        for name in order:
+            row[name] = _timed(lambda: [searches[name](mask, ranks)[1].numpy() for _ in range(calls)])
+        rows.append(row)
+        loads.append((load, _load()))
+    share = float(got["flat"][0]) / mask.shape.num_elements()
+    return {"rounds": rows, "loads": loads, "calls": calls, "foreground": share}
+
+
+def _print_foreground(r: dict, depth: int, size: int) -> None:
+    calls = r["calls"]
+    print(f"foreground search of one {depth}x{size}x{size} uint8 mask ({100 * r['foreground']:.1f}% foreground), "
+          f"x{calls} per side and round (flat tf.where / rows: above 1 is the reader's search cheaper):")
+    for i, (row, load) in enumerate(zip(r["rounds"], r["loads"])):
+        (fw, fc), (rw, rc) = row["flat"], row["rows"]
+        print(f"  round {i}: flat {1000 * fc / calls:.1f} ms CPU, rows {1000 * rc / calls:.1f} ms CPU "
+              f"(CPU {fc / rc:.2f}x, wall {fw / rw:.2f}x), load {load[0]:.1f}-{load[1]:.1f}")
+    print(f"  median of the rounds' ratios: CPU {_median([x['flat'][1] / x['rows'][1] for x in r['rounds']]):.2f}x, "
+          f"wall {_median([x['flat'][0] / x['rows'][0] for x in r['rounds']]):.2f}x")
+
+
 def make_masked_corpus(root: Path, volumes: int, depth: int, size: int, seed: int = 0) -> tuple[Path, Path]:
     """`volumes` CT-like int16 NIfTI volumes (depth x size x size) and uint8 label volumes (an organ-sized
     ellipsoid of id 1 and a small one of id 2, ~3% foreground) as a segmentation task lays them out."""
@@ -254,14 +324,9 @@ def make_masked_corpus(root: Path, volumes: int, depth: int, size: int, seed: in
     labels.mkdir()
     rng = np.random.default_rng(seed)
     affine = np.diag([0.8, 0.8, 1.25, 1.0])
-    k, j, i = np.ogrid[:depth, :size, :size]
+    ids = organ_mask(depth, size)
     for n in range(volumes):
         ct = rng.integers(-1000, 1500, (depth, size, size), dtype=np.int16)
-        ids = np.zeros((depth, size, size), np.uint8)
-        ids[((k - depth / 2) / (depth / 5)) ** 2 + ((j - size / 2) / (size / 6)) ** 2
-            + ((i - size * 0.4) / (size / 5)) ** 2 < 1] = 1
-        ids[((k - depth / 3) / (depth / 15)) ** 2 + ((j - size * 0.6) / (size / 25)) ** 2
-            + ((i - size * 0.6) / (size / 25)) ** 2 < 1] = 2
         # NIfTI is indexed (i, j, k): the volume's (k, j, i) transposed.
         nib.save(nib.Nifti1Image(ct.transpose(2, 1, 0), affine), images / f"case{n:03d}_0000.nii")
         nib.save(nib.Nifti1Image(ids.transpose(2, 1, 0), affine), labels / f"case{n:03d}.nii")
@@ -284,18 +349,24 @@ def run_masked(volumes: int, depth: int, size: int, patch: int, work: Path, roun
                  "--output_dir", str(out), "--runner", "DirectRunner"])
     shape = (patch, patch, patch)
 
-    def reader(label_mode="int", fraction=0.0, decoded=False):
+    search = volumes_module.foreground_voxels
+
+    def reader(label_mode="int", fraction=0.0, decoded=False, flat=False):
         # The decoded-volume path, forced as a big-endian host would take it: the reader's path where it
-        # resamples, and every masked patch's path before this bench's change.
+        # resamples, and every masked patch's path before vfast12's change. `flat`: the foreground
+        # found by the baseline's flat `tf.where` (the reader's before vmfix13), traced into this one.
         volumes_module._BITCAST_IS_LITTLE_ENDIAN = not decoded
+        volumes_module.foreground_voxels = _flat_foreground if flat else search
         try:
             return readers.volume_dataset_from_tfrecords(out, "train", batch_size=4, patch_size=shape,
                                                          patches_per_volume=4, seed=0, label_mode=label_mode,
                                                          foreground_fraction=fraction).repeat()
         finally:
             volumes_module._BITCAST_IS_LITTLE_ENDIAN = True
+            volumes_module.foreground_voxels = search
 
     datasets = {"int": reader(), "mask": reader("mask"), "mask fg 0.33": reader("mask", 0.33),
+                "mask fg 0.33, flat search": reader("mask", 0.33, flat=True),
                 "mask, decoded path": reader("mask", decoded=True),
                 "mask fg 0.33, decoded path": reader("mask", 0.33, decoded=True)}
     names = list(datasets)
@@ -340,7 +411,8 @@ def _print_masked(r: dict, patch: int) -> None:
         ms = [1000 * row[name][1] / count for row in r["rounds"]]
         print(f"    {name:28s} wall {_median(walls):.2f}x, CPU {_median(cpus):.2f}x "
               f"(median {_median(rates):.1f} patches/s, {_median(ms):.1f} ms CPU/patch)")
-    for fast, slow in (("mask", "mask, decoded path"), ("mask fg 0.33", "mask fg 0.33, decoded path")):
+    for fast, slow in (("mask", "mask, decoded path"), ("mask fg 0.33", "mask fg 0.33, decoded path"),
+                       ("mask fg 0.33", "mask fg 0.33, flat search")):
         walls = [row[slow][0] / row[fast][0] for row in r["rounds"]]
         cpus = [row[slow][1] / max(row[fast][1], 1e-9) for row in r["rounds"]]
         print(f"  {slow} / {fast}: wall {_median(walls):.2f}x, CPU {_median(cpus):.2f}x (median of rounds)")
@@ -509,11 +581,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="CPU per stage of both sides, one stage at a time.")
     parser.add_argument("--masks", action="store_true",
                         help="Patches of volumes with masks by label mode (default 4 volumes of 300x512x512).")
+    parser.add_argument("--foreground", action="store_true",
+                        help="The foreground search of one mask alone (default 300x512x512; 24x64x64 with --small).")
     args = parser.parse_args(argv)
-    if args.masks and args.profile:
-        parser.error("--masks and --profile are separate runs: pick one.")
+    if sum((args.masks, args.profile, args.foreground)) > 1:
+        parser.error("--masks, --foreground and --profile are separate runs: pick one.")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1. Received: {args.rounds}")
+    if args.foreground:
+        depth, size = (24, 64) if args.small else (300, 512)
+        depth = args.slices or depth
+        print(f"load at start {_load():.1f}")
+        _print_foreground(run_foreground(depth, size, args.rounds), depth, size)
+        return 0
     if args.masks:
         volumes, depth, size, patch = (4, 24, 64, 16) if args.small else (4, 300, 512, 96)
         volumes, depth = args.series or volumes, args.slices or depth

@@ -26,6 +26,7 @@ that the command's supervising process knows a file that crashes the driver.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -52,13 +53,18 @@ from schemas.volumes import VOLUME_MASK_SCHEMA, VOLUME_SCHEMA, VOLUMES_MANIFEST_
 
 __all__ = ["VolumeJob", "VolumesPlan", "HeldVolumes", "plan_volumes", "content_digests", "read_labels_csv",
            "csv_unit_locator", "check_held_rows", "write_volume_plans", "volume_plan_path", "write_volumes",
-           "warm_up", "manifest_section", "counted_section", "stack_names", "write_manifest", "read_manifest", "VOLUMES_MANIFEST",
+           "warm_up", "mask_bytes", "manifest_section", "counted_section", "stack_names", "write_manifest",
+           "read_manifest", "VOLUMES_MANIFEST",
            "series_unit", "unit_of_volume", "merge_sections", "split_key"]
 
 _LOG = logging.getLogger("shardsmith.convert")
 # Written after manifest.json: the volume dataset's summary (class names, splits, rejects).
 VOLUMES_MANIFEST = VOLUMES_MANIFEST_FILENAME
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
+# Read of a NIfTI file's start for its header (`VolumeJob.voxel_count`): a gzipped header inflates from far fewer.
+_NIFTI_HEAD_BYTES = 65536
+# Reading NIfTI headers while planning waits on storage, not the CPU.
+_HEADER_THREADS = 8
 # Inside the temporary folder: each volume's plan, read by the shard writer.
 _PLANS_DIRNAME = "volumes"
 # What `stack_names` adds after a series folder's name when it gives several volumes.
@@ -97,6 +103,20 @@ class VolumeJob:
             return 0
         first = self.stack.slices[0]
         return len(self.stack.slices) * first.rows * first.columns * 2
+
+    def voxel_count(self, input_dir: str) -> int | None:
+        """Its voxels: a DICOM stack's from its plan, a NIfTI file's from its header (its first bytes
+        read under --input_dir); None for a header that says none (the shard writer reads the file
+        and rejects it). A --masks_dir mask holds as many, on its grid (`mask_bytes`)."""
+        if self.stack is not None:
+            first = self.stack.slices[0]
+            return len(self.stack.slices) * first.rows * first.columns
+        try:
+            with _files.open_to_read(_files.join(input_dir, self.nifti)) as f:
+                head = f.read(_NIFTI_HEAD_BYTES)
+        except OSError:
+            return None
+        return volumes.nifti_voxels(head)
 
     def to_json(self) -> dict:
         out = {"filename": self.filename, "label": self.label, "split": self.split,
@@ -162,6 +182,28 @@ def volume_plan_path(output_dir: str, filename: str) -> str:
     """Where a volume's plan is written (`write_volume_plans`): a stable name in the temporary folder."""
     digest = hashlib.blake2b(os.fsencode(filename), digest_size=12).hexdigest()
     return _files.join(output_dir, _files.TMP_DIRNAME, _PLANS_DIRNAME, digest + ".json")
+
+
+def mask_bytes(files: Sequence[InputFile], jobs: Mapping[str, VolumeJob], dtype: str,
+               input_dir: str) -> list[InputFile]:
+    """The planned volumes with their masks' bytes added to their sizes (--masks_dir): shards are sized by them.
+
+    A record holds its mask as stored (`schemas.volumes`): one id per voxel of its volume's
+    grid, raw (`dtype`, uint8 or uint16), in uncompressed shards; so a volume's share of a shard
+    grows by its voxels x the dtype's size (NIfTI headers read on threads). A volume whose
+    voxels are unknown (an unreadable header: the writer rejects it) keeps its size.
+
+    Args:
+      files: The planned volumes (`VolumesPlan.files`: rel_path the volume's name).
+      jobs: Volume name -> its `VolumeJob`.
+      dtype: The dataset's mask dtype.
+      input_dir: --input_dir, under which the NIfTI volumes lie.
+    """
+    itemsize = np.dtype(dtype).itemsize
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_THREADS) as pool:
+        voxels = list(pool.map(lambda f: jobs[f.rel_path].voxel_count(input_dir) if f.rel_path in jobs else None,
+                               files))
+    return [f if n is None else dataclasses.replace(f, size=f.size + n * itemsize) for f, n in zip(files, voxels)]
 
 
 def _unit_of(rel_path: str) -> tuple[str, str] | None:

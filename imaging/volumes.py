@@ -30,7 +30,7 @@ from imaging import dicom
 from imaging.errors import ImageRejected
 
 __all__ = ["VolumeOptions", "DicomSlice", "Stack", "StackPlan", "Volume", "read_slices", "read_slice_headers", "plan_stacks",
-           "read_stack", "read_nifti", "nifti_image", "check_nifti_size", "is_nifti", "LPS_TO_RAS"]
+           "read_stack", "read_nifti", "nifti_image", "check_nifti_size", "is_nifti", "nifti_voxels", "LPS_TO_RAS"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -734,6 +734,25 @@ def nifti_layout(head: bytes) -> tuple[tuple[int, ...], int, int] | None:
         start = int(offset) + 16 if math.isfinite(offset) and offset > 0 else 0
         return shape, max(start, size + 4 + 16), voxels * itemsize
     return _nibabel_layout(head)
+
+
+def nifti_voxels(head: bytes) -> int | None:
+    """The voxels a NIfTI-1/2 file's header says it holds, from its first bytes (gzipped or not).
+
+    Enough of a .nii.gz's first bytes to inflate its header (a few hundred; a 64 KiB read holds it)
+    is inflated, no further. None when they hold no header `nifti_layout` reads (the writer reads
+    the whole file and says why).
+    """
+    if head[:2] == b"\x1f\x8b":
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _NIFTI_HEAD)
+        except zlib.error:
+            return None
+    layout = nifti_layout(head[:_NIFTI_HEAD])
+    if layout is None:
+        return None
+    shape = layout[0]
+    return math.prod(shape) if min(shape) > 0 else 0
 
 
 def _nibabel_layout(head: bytes) -> tuple[tuple[int, ...], int, int] | None:

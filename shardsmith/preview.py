@@ -64,7 +64,7 @@ from schemas.time_series import TIME_SERIES, example_kind
 if TYPE_CHECKING:
     from readers.metadata import SplitFiles
 
-__all__ = ["add_arguments", "main", "contact_sheet", "count_chart"]
+__all__ = ["add_arguments", "main", "contact_sheet", "count_chart", "rows_sheet"]
 
 # The reader's resize policies (`readers.preprocess.RESIZE_POLICIES`, which imports TensorFlow),
 # for `--resize`'s choices; tests/test_shardsmith_preview.py checks that they are the same.
@@ -826,6 +826,45 @@ def _draw_legend_row(draw, row, origin, font) -> None:
             tx = x + _SWATCH + 3
         draw.text((tx, y), text, font=font, fill=_INK if colour else _MUTED)
         x += w
+
+
+def rows_sheet(rows: Sequence[tuple[str, np.ndarray]], notes: Sequence[str] = (),
+               legend: Sequence[tuple[tuple[int, int, int] | None, str]] = ()) -> Image.Image:
+    """A sheet of captioned picture rows in the contact sheet's style (its margins, font, colours).
+
+    Each row's caption is written above its pixels; the notes follow in muted text, then the
+    legend: each entry's colour as a swatch before its text (None: the text alone, muted),
+    wrapped to the sheet's width. The same rows, the same pixels.
+
+    Args:
+      rows: (caption, RGB uint8 [h, w, 3]) in order, top to bottom.
+      notes: Lines under the rows.
+      legend: (colour or None, text) entries under the notes.
+    """
+    from readers.targets.overlay import INK, line_height
+
+    font = _font(12)
+    text = line_height(font)
+    width = max([_MIN_SHEET_WIDTH] + [2 * _MARGIN + pixels.shape[1] for _, pixels in rows]
+                + [2 * _MARGIN + int(font.getlength(line)) + 1 for line in notes])
+    legend_rows = _legend_rows(legend, font, width - 2 * _MARGIN)
+    height = (2 * _MARGIN + sum(text + pixels.shape[0] + _GAP for _, pixels in rows)
+              + text * (len(notes) + len(legend_rows)))
+    sheet = Image.new("RGB", (width, height), _WHITE)
+    draw = ImageDraw.Draw(sheet)
+    y = _MARGIN
+    for caption, pixels in rows:
+        draw.text((_MARGIN, y), caption, font=font, fill=INK)
+        y += text
+        sheet.paste(Image.fromarray(pixels), (_MARGIN, y))
+        y += pixels.shape[0] + _GAP
+    for line in notes:
+        draw.text((_MARGIN, y), line, font=font, fill=_MUTED)
+        y += text
+    for legend_row in legend_rows:
+        _draw_legend_row(draw, legend_row, (_MARGIN, y), font)
+        y += text
+    return sheet
 
 
 def _raster_caption(image_size, resize, seed, bands, rgb_bands, dtype, stretch=True) -> tuple[str, str]:

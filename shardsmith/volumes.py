@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import itertools
 import json
 import os
 
@@ -31,7 +32,8 @@ from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_MASK, VOLUME_MODALITY
                              VolumeExampleSchema)
 
 __all__ = ["is_volume_dataset", "inspect_volumes", "verify_volumes", "preview_volumes", "PREVIEW_FILENAME",
-           "CT_WINDOW", "PERCENTILES", "VolumePlanes", "volume_planes", "render_row"]
+           "CT_WINDOW", "PERCENTILES", "DISPLAY_CONVENTION", "VolumePlanes", "volume_planes", "display_axes",
+           "render_row"]
 
 PREVIEW_FILENAME = "preview.png"
 
@@ -216,7 +218,8 @@ def _intensity_window(volume: np.ndarray, modality: str) -> tuple[float, float]:
     if modality == "CT":
         level, width = CT_WINDOW
         return level - width / 2, level + width / 2
-    flat = volume.reshape(-1)[::max(1, volume.size // _PERCENTILE_VOXELS)].astype(np.float64)
+    # `flat` steps through a view (a volume in display order) without copying it whole.
+    flat = np.asarray(volume.flat[::max(1, volume.size // _PERCENTILE_VOXELS)], np.float64)
     flat = flat[np.isfinite(flat)]
     if not flat.size:
         return 0.0, 0.0
@@ -258,15 +261,55 @@ def _linear(plane: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray
     return top * (1 - fr[:, None]) + bottom * fr[:, None]
 
 
+# The display convention the planes are shown in (radiological): axial seen from the feet (the patient's
+# right on the image's left, anterior up), coronal from the front (right on the left, superior up),
+# sagittal from the patient's left (anterior on the left, superior up). As array axes of the shown
+# volume: 0 runs superior to inferior, 1 anterior to posterior, 2 right to left; RAS components
+# z, y, x, each decreasing. This is the preview sheet's note of it, two lines.
+DISPLAY_CONVENTION = ("Planes in the radiological convention: axial seen from the feet (the patient's right on the "
+                      "image's left, anterior up);",
+                      "coronal from the front (right on the left, superior up); sagittal from the patient's left "
+                      "(anterior on the left, superior up).")
+
+
+def display_axes(affine) -> tuple[tuple[int, int, int], tuple[bool, bool, bool]]:
+    """(axes, flips): how a stored volume [k, j, i] becomes its display array (`DISPLAY_CONVENTION`).
+
+    Display axis t (0: superior to inferior, 1: anterior to posterior, 2: right to left) is the
+    stored array axis `axes[t]` (0: k, 1: j, 2: i), reversed when `flips[t]`: of the six ways to
+    pair them, the one whose voxel directions (the affine's columns) lie closest to the display
+    axes, as nibabel's `io_orientation` picks; an oblique volume is shown in its closest order,
+    not resampled. An affine without three finite independent columns keeps the stored order.
+    """
+    columns = np.asarray(affine, np.float64)[:3, :3]
+    if not np.isfinite(columns).all() or abs(np.linalg.det(columns)) < 1e-12:
+        return (0, 1, 2), (False, False, False)
+    # Direction of stored array axis a (k, j, i: the affine's columns 2, 1, 0), unit length.
+    directions = [columns[:, 2 - a] / np.linalg.norm(columns[:, 2 - a]) for a in range(3)]
+    # Display axis t is RAS component 2 - t (z, y, x), decreasing.
+    best = max(itertools.permutations(range(3)),
+               key=lambda axes: sum(abs(directions[a][2 - t]) for t, a in enumerate(axes)))
+    return best, tuple(bool(directions[a][2 - t] > 0) for t, a in enumerate(best))
+
+
+def _displayed(values: np.ndarray, axes, flips) -> np.ndarray:
+    """A stored [k, j, i] array as its display array: axes permuted, then reversed where flipped (a view)."""
+    shown = np.transpose(values, axes)
+    return shown[tuple(slice(None, None, -1) if flip else slice(None) for flip in flips)]
+
+
 @dataclasses.dataclass(frozen=True)
 class VolumePlanes:
     """A volume's three shown planes, at the display scale.
 
     Attributes:
-      slices: (k, j, i): the axial slice, coronal row and sagittal column shown.
+      slices: (k, j, i): the stored voxel the three shown planes cross at.
       through_foreground: Whether they were chosen through the mask's foreground (else middle slices).
-      grey: Axial [h, w], coronal [d, w], sagittal [d, h] uint8, resampled so one pixel is `step` mm
-        along both sides (linear).
+      grey: Axial, coronal and sagittal uint8 planes, resampled so one pixel is `step` mm along both
+        sides (linear); with the volume's affine, in `DISPLAY_CONVENTION` (axial: rows anterior to
+        posterior, columns the patient's right to left; coronal: rows superior to inferior,
+        columns right to left; sagittal: rows superior to inferior, columns anterior to
+        posterior), else in stored voxel order (axial [h, w], coronal [d, w], sagittal [d, h]).
       ids: The mask's class ids on the same pixels (nearest), or None without a mask.
       window: (low, high): the values shown black and white.
       step: Millimetres per displayed pixel.
@@ -281,20 +324,28 @@ class VolumePlanes:
 
 
 def volume_planes(volume: np.ndarray, spacing, modality: str = "", mask: np.ndarray | None = None,
-                  max_side: int = _MAX_SIDE) -> VolumePlanes:
+                  max_side: int = _MAX_SIDE, affine=None) -> VolumePlanes:
     """The axial, coronal and sagittal planes a preview shows of a volume (depth, height, width).
 
-    With a mask, each plane is the slice holding the most foreground voxels along its axis (middle
-    slices when the mask has none); without, the middle slices. Every plane is resampled to square
-    pixels of `step` mm (the smallest voxel spacing, coarser when the longest side would pass
-    `max_side`), so 5 mm CT slices are not squashed: linearly for the voxels, by nearest neighbour
-    for the class ids. CT (modality 'CT') is shown in `CT_WINDOW`, other volumes between their
-    `PERCENTILES`.
+    With its `affine` (voxel (i, j, k) to RAS, as records store it), the volume and its mask are
+    first put in `DISPLAY_CONVENTION` (`display_axes`: axes permuted and reversed, never
+    resampled), so a volume stored LPS, RAS or sagittally shows the same planes; without, the
+    stored voxel order is shown. With a mask, each plane is the slice holding the most foreground
+    voxels along its axis (middle slices when the mask has none); without, the middle slices.
+    Every plane is resampled to square pixels of `step` mm (the smallest voxel spacing, coarser
+    when the longest side would pass `max_side`), so 5 mm CT slices are not squashed: linearly
+    for the voxels, by nearest neighbour for the class ids. CT (modality 'CT') is shown in
+    `CT_WINDOW`, other volumes between their `PERCENTILES`.
     """
     if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
         raise ValueError(f"max_side must be a positive int (pixels). Received: {max_side!r}")
+    axes, flips = ((0, 1, 2), (False, False, False)) if affine is None else display_axes(affine)
+    stored_shape = volume.shape
+    volume = _displayed(volume, axes, flips)
+    mask = None if mask is None else _displayed(mask, axes, flips)
+    spacing = tuple(float(spacing[a]) for a in axes)
     d, h, w = volume.shape
-    sz, sy, sx = (float(v) for v in spacing)
+    sz, sy, sx = spacing
     chosen = None if mask is None else _foreground_slices(mask, _ignore_id(mask.dtype.name))
     k, j, i = chosen or (d // 2, h // 2, w // 2)
     step = max(min(sz, sy, sx), max(d * sz, h * sy, w * sx) / max_side)
@@ -311,7 +362,11 @@ def volume_planes(volume: np.ndarray, spacing, modality: str = "", mask: np.ndar
         grey.append(np.round(np.nan_to_num(scaled) * 255).astype(np.uint8))
         if labels is not None:
             ids.append(_nearest(labels, rows, cols))
-    return VolumePlanes((k, j, i), chosen is not None, tuple(grey), tuple(ids) if mask is not None else None,
+    # The stored voxel the planes cross at (display index t is stored axis axes[t], maybe reversed).
+    stored = [0, 0, 0]
+    for t, (a, flip) in enumerate(zip(axes, flips)):
+        stored[a] = stored_shape[a] - 1 - (k, j, i)[t] if flip else (k, j, i)[t]
+    return VolumePlanes(tuple(stored), chosen is not None, tuple(grey), tuple(ids) if mask is not None else None,
                         (low, high), step)
 
 
@@ -361,17 +416,15 @@ def _how_shown(planes: VolumePlanes, modality: str) -> str:
         window = f"CT W {width:g} L {level:g}"
     else:
         window = f"p{PERCENTILES[0]:g}-p{PERCENTILES[1]:g} {planes.window[0]:.4g}..{planes.window[1]:.4g}"
-    return f"k={k} j={j} i={i} ({where}); {window}; {planes.step:.3g} mm/px"
+    return f"voxel k={k} j={j} i={i} ({where}); {window}; {planes.step:.3g} mm/px"
 
 
 def preview_volumes(folder: str, limit: int = 16) -> str:
     """Writes PREVIEW_FILENAME: a row per volume (the first `limit`), its axial, coronal and sagittal
-    planes side by side (`volume_planes`, `render_row`), captioned; a masked dataset's class colours
-    are named in a legend under the sheet."""
-    from PIL import Image, ImageDraw
-
+    planes side by side in `DISPLAY_CONVENTION` (`volume_planes` with each record's affine,
+    `render_row`), captioned; a masked dataset's class colours are named in a legend under the sheet
+    (`shardsmith.preview.rows_sheet`)."""
     from conversion.files import write_atomically
-    from readers.targets.overlay import INK, line_height
 
     preview = _preview()
     manifest = _volumes.read_manifest(folder)
@@ -382,46 +435,26 @@ def preview_volumes(folder: str, limit: int = 16) -> str:
     for _, _, payload in _records(folder, manifest):
         values = schema.decode(payload)
         mask = values.get(VOLUME_MASK.key)
-        planes = volume_planes(values[VOLUME.key], values[VOLUME_SPACING.key], values[VOLUME_MODALITY.key], mask)
+        planes = volume_planes(values[VOLUME.key], values[VOLUME_SPACING.key], values[VOLUME_MODALITY.key], mask,
+                               affine=values[VOLUME_AFFINE.key])
         if planes.ids is not None:
             ignore = _ignore_id(mask.dtype.name)
             shown_ids.update(i for ids in planes.ids for i in np.unique(ids).tolist() if i not in (0, ignore))
         caption = f"{values[FILENAME.key]}: {_how_shown(planes, values[VOLUME_MODALITY.key])}"
-        rows.append((caption, render_row(planes, preview._GAP)))
+        rows.append((caption, render_row(planes)))
         if len(rows) == limit:
             break
-    font = preview._font(12)
-    text = line_height(font)
-    notes = ["Planes: axial (k), coronal (j), sagittal (i), in stored voxel order, square pixels at the "
-             "voxel spacing.",
-             f"CT: window W {CT_WINDOW[1]:g} L {CT_WINDOW[0]:g} HU; other volumes: their "
-             f"{PERCENTILES[0]:g}-{PERCENTILES[1]:g} % percentiles."]
+    notes = [*DISPLAY_CONVENTION,
+             f"Square pixels at the voxel spacing. CT: window W {CT_WINDOW[1]:g} L {CT_WINDOW[0]:g} HU; other "
+             f"volumes: their {PERCENTILES[0]:g}-{PERCENTILES[1]:g} % percentiles."]
     entries = []
     if schema.mask:
         dtype = section.get("dtype") or "uint8"
         entries = [(None, "mask classes:")] + [(preview.colour_of(i), _class_name(i, names))
                                                for i in sorted(shown_ids)]
         entries.append((None, f"(0 background, {_ignore_id(dtype)} ignore: not coloured)"))
-    width = max([preview._MIN_SHEET_WIDTH] + [2 * preview._MARGIN + r.shape[1] for _, r in rows])
-    legend = preview._legend_rows(entries, font, width - 2 * preview._MARGIN)
-    height = (2 * preview._MARGIN + sum(text + r.shape[0] + preview._GAP for _, r in rows)
-              + text * (len(notes) + len(legend)))
-    sheet = Image.new("RGB", (width, height), preview._WHITE)
-    draw = ImageDraw.Draw(sheet)
-    y = preview._MARGIN
-    for caption, row in rows:
-        draw.text((preview._MARGIN, y), caption, font=font, fill=INK)
-        y += text
-        sheet.paste(Image.fromarray(row), (preview._MARGIN, y))
-        y += row.shape[0] + preview._GAP
-    for line in notes:
-        draw.text((preview._MARGIN, y), line, font=font, fill=preview._MUTED)
-        y += text
-    for legend_row in legend:
-        preview._draw_legend_row(draw, legend_row, (preview._MARGIN, y), font)
-        y += text
     buf = io.BytesIO()
-    sheet.save(buf, format="PNG", optimize=False)
+    preview.rows_sheet(rows, notes, entries).save(buf, format="PNG", optimize=False)
     write_atomically(folder, PREVIEW_FILENAME, buf.getvalue())
     return os.path.join(folder, PREVIEW_FILENAME)
 

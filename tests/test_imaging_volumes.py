@@ -458,6 +458,19 @@ def test_nifti_4d_is_not_a_volume(tmp_path):
     assert info.value.reason == "not_a_volume"
 
 
+def test_nifti_voxels_from_the_first_bytes_of_a_nii_or_nii_gz(tmp_path):
+    """What --masks_dir's shard sizing counts a NIfTI volume's mask by: its voxels, from the header alone."""
+    image = nibabel.Nifti2Image(np.zeros((5, 7, 3), np.float32), np.eye(4))
+    for name in ("v.nii", "v.nii.gz"):
+        nibabel.save(image, tmp_path / name)
+        head = (tmp_path / name).read_bytes()[:1024]  # A gzipped header inflates from a few hundred.
+        assert volumes.nifti_voxels(head) == 105, name
+    four_d = nibabel.Nifti1Image(np.zeros((2, 3, 4, 1), np.int16), np.eye(4)).to_bytes()
+    assert volumes.nifti_voxels(four_d[:400]) == 24
+    assert volumes.nifti_voxels(b"\x1f\x8b" + bytes(200)) is None  # A damaged gzip: the writer says why.
+    assert volumes.nifti_voxels(b"not a header") is None
+
+
 def _nifti_bytes(**fields) -> bytes:
     """The smallest NIfTI-1 file (2x3x4 int16, nibabel's), with header fields (offset: (size, value)) overwritten."""
     import struct

@@ -186,3 +186,29 @@ def test_patches_of_every_stored_dtype_padded_and_windowed_as_numpy_does(tmp_pat
         k, j, i = np.array([k, j, i]) + pad // 2
         want = np.clip((padded[k:k + 8, j:j + 6, i:i + 10] - (20 - 50)) / 100, 0, 1)
         np.testing.assert_allclose(patch.numpy()[..., 0], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int32"])
+def test_foreground_voxels_are_those_a_flat_search_of_the_mask_gives(dtype):
+    """`foreground_fraction`'s centres: the (rank % n)-th foreground voxel in row-major order, as numpy
+    lists them, whatever rows hold it (none, the first, the last, one voxel in all), shape unknown."""
+    from readers.volumes import foreground_voxels
+
+    rng = np.random.default_rng(7)
+    search = tf.function(foreground_voxels, input_signature=[tf.TensorSpec([None, None, None], dtype),
+                                                             tf.TensorSpec([None], tf.int64)])
+    masks = [np.zeros((3, 4, 5), dtype), np.ones((2, 1, 7), dtype)]
+    last = np.zeros((4, 3, 6), dtype)
+    last[-1, -1, -1] = 300 if dtype != "uint8" else 200
+    masks.append(last)
+    for _ in range(20):
+        shape = tuple(int(n) for n in rng.integers(1, 12, 3))
+        share = rng.choice([0.005, 0.1, 0.6])
+        masks.append(((rng.random(shape) < share) * rng.integers(1, 255, shape)).astype(dtype))
+    for mask in masks:
+        ranks = rng.integers(0, 2**31 - 1, 9)
+        flat = np.flatnonzero(mask > 0)
+        n, got = search(tf.constant(mask), tf.constant(ranks, tf.int64))
+        assert int(n) == flat.size
+        if flat.size:
+            np.testing.assert_array_equal(got.numpy(), flat[ranks % flat.size])

@@ -73,11 +73,16 @@ def _records(out):
     return found
 
 
+def _hits(sheet: np.ndarray, part: np.ndarray) -> list[tuple[int, int]]:
+    """(y, x) of every place `part` lies in `sheet`, pixel for pixel."""
+    h, w = part.shape[:2]
+    return [(y, x) for y in range(sheet.shape[0] - h + 1) for x in range(sheet.shape[1] - w + 1)
+            if (sheet[y, x] == part[0, 0]).all() and (sheet[y:y + h, x:x + w] == part).all()]
+
+
 def _find(sheet: np.ndarray, part: np.ndarray) -> tuple[int, int]:
     """(y, x) of the one place `part` lies in `sheet`, pixel for pixel."""
-    h, w = part.shape[:2]
-    hits = [(y, x) for y in range(sheet.shape[0] - h + 1) for x in range(sheet.shape[1] - w + 1)
-            if (sheet[y, x] == part[0, 0]).all() and (sheet[y:y + h, x:x + w] == part).all()]
+    hits = _hits(sheet, part)
     assert len(hits) == 1, hits
     return hits[0]
 
@@ -87,14 +92,19 @@ def test_preview_shows_planes_through_the_mask_at_the_voxel_spacing(converted):
     sheet = np.asarray(Image.open(path).convert("RGB"))
     records = {r["filename"]: r for _, r in _records(converted)}
     a = records["a.nii.gz"]
-    planes = volumes.volume_planes(a[VOLUME.key], a[VOLUME_SPACING.key], "", a["volume/mask"])
+    planes = volumes.volume_planes(a[VOLUME.key], a[VOLUME_SPACING.key], "", a["volume/mask"],
+                                   affine=a[VOLUME_AFFINE.key])
     assert planes.slices == (2, 6, 5) and planes.through_foreground
     # 5 mm slices drawn 5 pixels high (1 mm per pixel): coronal and sagittal are 30 pixels high.
     assert [g.shape for g in planes.grey] == [(16, 20), (30, 20), (30, 16)]
-    row = volumes.render_row(planes, preview._GAP)
+    row = volumes.render_row(planes)
+    gap = (row.shape[1] - sum(g.shape[1] for g in planes.grey)) // 2
     y, x = _find(sheet, row)
     truth = _mask_kji()
-    expected = (truth[2], np.repeat(truth[:, 6, :], 5, axis=0), np.repeat(truth[:, :, 5], 5, axis=0))
+    # Stored RAS (i to the right, j anterior, k superior): shown radiologically every plane is
+    # reversed both ways (the patient's right on the left, anterior and superior up).
+    expected = (truth[2][::-1, ::-1], np.repeat(truth[:, 6, :], 5, axis=0)[::-1, ::-1],
+                np.repeat(truth[:, :, 5], 5, axis=0)[::-1, ::-1])
     left = 0
     for plane, ids in zip(planes.grey, expected):
         pixels = sheet[y:y + plane.shape[0], x + left:x + left + plane.shape[1]].astype(np.int64)
@@ -105,7 +115,7 @@ def test_preview_shows_planes_through_the_mask_at_the_voxel_spacing(converted):
             grey = (pixels[ids == i] - np.asarray(preview.colour_of(int(i))) * preview.MASK_ALPHA) / (
                 1 - preview.MASK_ALPHA)
             assert np.ptp(grey, axis=1).max() < 2.5
-        left += plane.shape[1] + preview._GAP
+        left += plane.shape[1] + gap
     assert sheet.shape[0] > y + 30
     # The legend under the rows: a swatch of each class shown, by name.
     legend = sheet[y + 30:]
@@ -115,6 +125,70 @@ def test_preview_shows_planes_through_the_mask_at_the_voxel_spacing(converted):
     # The same dataset, the same bytes.
     first = open(path, "rb").read()
     assert open(volumes.preview_volumes(str(converted)), "rb").read() == first
+
+
+def _reordered(values_kji, affine, order):
+    """(values [k, j, i], affine) of the same grid in another voxel order: 'ras' as given, 'lps' with
+    i and j reversed (as DICOM stores an axial scan), 'sagittal' with its axes permuted (i, j, k) ->
+    (k, i, j)."""
+    ijk = np.asarray(values_kji).transpose(2, 1, 0)
+    if order == "lps":
+        nx, ny = ijk.shape[:2]
+        flip = np.array([[-1, 0, 0, nx - 1], [0, -1, 0, ny - 1], [0, 0, 1, 0], [0, 0, 0, 1]], float)
+        return ijk[::-1, ::-1, :].transpose(2, 1, 0), affine @ flip
+    if order == "sagittal":
+        return ijk.transpose(2, 0, 1).transpose(2, 1, 0), affine[:, [2, 0, 1, 3]]
+    return np.asarray(values_kji), affine
+
+
+def test_preview_shows_a_volume_the_same_whatever_its_voxel_order(tmp_path):
+    """One anisotropic volume and its mask, written by nibabel RAS, LPS and sagittally: the same
+    planes, pixel for pixel, in the radiological convention; crossing at the same RAS position."""
+    images, labels, out = tmp_path / "imagesTr", tmp_path / "labelsTr", tmp_path / "out"
+    images.mkdir()
+    labels.mkdir()
+    values = np.random.default_rng(4).integers(0, 1000, SHAPE_KJI)
+    affine = np.array([[0.8, 0, 0, -10.0], [0, 0.9, 0, 4.0], [0, 0, 3.0, 20.0], [0, 0, 0, 1]])
+    for order in ("ras", "lps", "sagittal"):
+        for folder, what, dtype in ((images, values, np.int16), (labels, _mask_kji(), np.uint8)):
+            data, moved = _reordered(what, affine, order)
+            image = nib.Nifti1Image(np.asarray(data).transpose(2, 1, 0).astype(dtype), moved)
+            image.set_sform(moved, code=1)
+            image.set_qform(moved, code=1)
+            nib.save(image, folder / f"{order}.nii.gz")
+    convert.run(["--volumes", "--input_dir", str(images), "--masks_dir", str(labels), "--output_dir", str(out),
+                 "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    records = {r["filename"]: r for _, r in _records(out)}
+    assert sorted(records) == ["lps.nii.gz", "ras.nii.gz", "sagittal.nii.gz"]
+    assert records["sagittal.nii.gz"][VOLUME.key].shape == (16, 20, 6)  # Stored in its own voxel order.
+    shown, crossings = {}, {}
+    for name, r in records.items():
+        planes = volumes.volume_planes(r[VOLUME.key], r[VOLUME_SPACING.key], "", r["volume/mask"],
+                                       affine=r[VOLUME_AFFINE.key])
+        shown[name] = (planes, volumes.render_row(planes))
+        k, j, i = planes.slices
+        crossings[name] = (r[VOLUME_AFFINE.key] @ [i, j, k, 1])[:3]
+    ras, row = shown.pop("ras.nii.gz")
+    assert ras.through_foreground
+    for name, (planes, other) in shown.items():
+        np.testing.assert_array_equal(other, row, err_msg=name)
+        for a, b in zip(planes.ids, ras.ids):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        np.testing.assert_allclose(crossings[name], crossings["ras.nii.gz"], err_msg=name)
+    # RAS stored: the axial plane shows the stored slice reversed both ways (right on the left, anterior up).
+    k = ras.slices[0]
+    np.testing.assert_array_equal(ras.ids[0], _nearest_ids(_mask_kji()[k][::-1, ::-1], ras.grey[0].shape))
+    # The sheet shows the three rows and says how.
+    sheet = np.asarray(Image.open(volumes.preview_volumes(str(out))).convert("RGB"))
+    assert len(_hits(sheet, row)) == 3
+    assert volumes.DISPLAY_CONVENTION[0].startswith("Planes in the radiological convention")
+
+
+def _nearest_ids(ids, shape):
+    """`ids` [r, c] sampled at `shape`'s pixel centres by nearest neighbour (as the preview resamples)."""
+    rows = np.clip(np.floor((np.arange(shape[0]) + 0.5) * ids.shape[0] / shape[0]).astype(int), 0, ids.shape[0] - 1)
+    cols = np.clip(np.floor((np.arange(shape[1]) + 0.5) * ids.shape[1] / shape[1]).astype(int), 0, ids.shape[1] - 1)
+    return ids[rows[:, None], cols[None, :]]
 
 
 def test_preview_of_an_empty_mask_shows_middle_slices_by_percentiles(converted):

@@ -299,6 +299,57 @@ def test_foreground_fraction_centres_that_share_of_patches_on_the_foreground(tmp
                                               foreground_fraction=0.5)
 
 
+def _listed_foreground(mask, ranks):
+    """The foreground search as first written (every foreground voxel listed by a flat `tf.where`, the
+    ranks' gathered): the reader's `foreground_voxels` must pick the same voxels."""
+    import tensorflow as tf
+
+    foreground = tf.where(tf.reshape(mask, [-1]) > 0)[:, 0]
+    n = tf.size(foreground, out_type=tf.int64)
+    foreground = tf.concat([foreground, tf.zeros([1], tf.int64)], 0)
+    return n, tf.gather(foreground, ranks % tf.maximum(n, 1))
+
+
+def test_foreground_patches_of_a_seed_are_those_a_listed_search_gives(tmp_path, monkeypatch):
+    """The reader's cheaper foreground search (busy rows only, skipped for a volume no patch of which
+    wants the foreground) changes no patch: for several seeds and fractions, on both patch paths, the
+    same (volume, mask, affine) patches as with every foreground voxel listed."""
+    images, labels = tmp_path / "imagesTr", tmp_path / "labelsTr"
+    images.mkdir()
+    labels.mkdir()
+    rng = np.random.default_rng(9)
+    for case, shape in enumerate([(24, 20, 16), (12, 30, 9), (24, 20, 16)]):
+        _save(rng.integers(-900, 900, shape), IMAGE_AFFINE, images / f"c{case}_0000.nii.gz", np.int16)
+        blob = np.zeros(shape, np.int64)
+        if case != 2:  # The last without foreground.
+            blob[rng.random(shape) < 0.01] = 1
+            blob[2:5, 1:3, 3:6] = 3
+        _save(blob, IMAGE_AFFINE, labels / f"c{case}.nii.gz", np.uint8)
+    out = tmp_path / "out"
+    _convert(images, labels, out, "--mask_suffix", "_0000:")
+    volumes_module = importlib.import_module("readers.volumes")
+    search = volumes_module.foreground_voxels
+
+    def read(listed, **reading):
+        monkeypatch.setattr(volumes_module, "foreground_voxels", _listed_foreground if listed else search)
+        ds = readers.volume_dataset_from_tfrecords(out, "train", label_mode="mask", patch_size=(6, 7, 5),
+                                                   patches_per_volume=4, extra_features=("volume/affine",),
+                                                   **reading)
+        return [(v.numpy(), m.numpy(), e["volume/affine"].numpy()) for v, m, e in ds]
+
+    centred = 0
+    for reading in [dict(foreground_fraction=0.33), dict(foreground_fraction=1.0),
+                    dict(foreground_fraction=0.5, spacing=(2.0, 1.0, 1.0))]:  # The decoded path.
+        for seed in (0, 5, 23):
+            got, want = read(False, seed=seed, **reading), read(True, seed=seed, **reading)
+            assert len(got) == len(want) == 12
+            for a, b in zip(got, want):
+                for x, y in zip(a, b):
+                    np.testing.assert_array_equal(x, y)
+            centred += sum(int((m > 0).any()) for _, m, _ in got)
+    assert centred > 30  # Foreground patches were drawn and compared, not only random ones.
+
+
 def test_a_mask_reader_row_gets_the_series_grid_with_its_sop_instance_uids(tmp_path, monkeypatch):
     """What a DICOM SEG or RTSTRUCT reader plugged into `MASK_READERS` receives: the stored grid, and
     each stored slice's SOPInstanceUID in the stored order (pydicom's positions along the normal)."""
@@ -347,6 +398,38 @@ def test_masks_beside_their_volumes_in_class_folders(tmp_path):
         ("kidney/case.nii.gz", 0), ("liver/case.nii.gz", 1)]
     for name, (volume, mask, affine) in _stored(out).items():
         np.testing.assert_array_equal(mask, _truth_of(volume.shape, affine))
+
+
+def test_masked_volumes_are_sized_into_shards_with_their_masks(tmp_path):
+    """A record holds its mask beside its voxels: the masks' bytes count where shards are sized.
+
+    8 uncompressed NIfTI volumes of 48x64x64 int16 (384 KiB each, their file size as planned) with
+    uint16 masks (the same voxels, 2 bytes each: 384 KiB more) and --target_shard_mb 1: the
+    unmasked dataset's shards hold 1 MiB at most on average, and the masked one's must too
+    (planned on the volumes' bytes alone they held twice that).
+    """
+    shape_ijk = (64, 64, 48)
+    affine = np.diag([0.8, 0.8, 2.5, 1.0])
+    scans, labels = tmp_path / "scans" / "ct", tmp_path / "labels" / "ct"
+    scans.mkdir(parents=True)
+    labels.mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    for case in range(8):
+        _save(rng.integers(-500, 500, shape_ijk), affine, scans / f"case{case}.nii", np.int16)
+        # Ids above 255: uint16 masks, gzipped (a fraction of their stored bytes on disk).
+        _save(_labels_on(shape_ijk, affine) * 100, affine, labels / f"case{case}.nii.gz", np.uint16)
+    target = 1 << 20
+    sizing = ["--target_shard_mb", "1", "--min_shards", "1"]
+    convert.run(["--volumes", "--input_dir", str(tmp_path / "scans"), "--output_dir", str(tmp_path / "plain"),
+                 *sizing, "--runner", "DirectRunner", "--direct_num_workers", "1"])
+    manifest = _convert(tmp_path / "scans", tmp_path / "labels", tmp_path / "masked", *sizing)
+    assert manifest["counts"]["written"] == 8 and manifest["targets"]["mask"]["dtype"] == "uint16"
+    shards = {}
+    for name in ("plain", "masked"):
+        shards[name] = [f.stat().st_size for f in sorted((tmp_path / name).glob("train-*.tfrecord"))]
+        # As every kind's: ceil(bytes / target) shards (records apart by one at most), 1 MiB on average.
+        assert sum(shards[name]) / len(shards[name]) <= target, (name, shards[name])
+    assert sum(shards["masked"]) > 1.9 * sum(shards["plain"]) and len(shards["masked"]) > len(shards["plain"])
 
 
 # A mask decoder that crashes or hangs on the masks marked so (in their NIfTI `descrip`), loaded into

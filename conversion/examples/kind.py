@@ -61,6 +61,9 @@ class ExampleKind:
         and relative path -> (reason, message) of those that cannot be.
       cut_masks: (mask_plan, windows, config) -> the `conversion.masks.MaskPlan`
         of examples cut into those windows.
+      sized_masks: (mask_plan, plans, config) -> the `conversion.masks.MaskPlan`
+        whose files' sizes count their masks as this kind's records store them
+        (shards are sized by them); `plans` is `Grouped.plans`.
       finish_plan: (plan, grouped) -> the `conversion.plan.Plan` completed
         with what the kind keeps of its examples.
       manifest_section: (plan, config) -> the kind's sections of the manifest.
@@ -82,6 +85,7 @@ class ExampleKind:
     windows: Callable[[list, Grouped, tuple[str, ...], Any], tuple[Mapping | None, Mapping]] = (
         lambda files, grouped, targets, config: (None, {}))
     cut_masks: Callable[[Any, Mapping, Any], Any] = lambda mask_plan, windows, config: mask_plan
+    sized_masks: Callable[[Any, Mapping | None, Any], Any] = lambda mask_plan, plans, config: mask_plan
     finish_plan: Callable[[Any, Grouped], Any] = lambda plan, grouped: plan
     manifest_section: Callable[[Any, Any], dict] = lambda plan, config: {}
     prepare_output: Callable[[Any, Any], None] = lambda plan, config: None

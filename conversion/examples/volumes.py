@@ -59,6 +59,12 @@ def _group(files: list, problems: list, config, appending=None) -> Grouped:
                    planned.groups)
 
 
+def _sized_masks(mask_plan, plans, config):
+    # A record holds its mask raw beside its voxels (`schemas.volumes`): shards are sized by both.
+    files = _volumes().mask_bytes(mask_plan.files, plans or {}, mask_plan.dtype, config.input_dir)
+    return dataclasses.replace(mask_plan, files=tuple(files))
+
+
 def _finish_plan(plan, grouped: Grouped):
     # A volume is planned as one "file", but the inputs are its files: a problem of a volume
     # (unknown_class, ...) names each, and `num_found` counts each.
@@ -109,6 +115,7 @@ KIND = ExampleKind(
     record_schema=_record_schema,
     write_shard=_write_shard,
     warm_call=_warm_call,
+    sized_masks=_sized_masks,
     finish_plan=_finish_plan,
     manifest_section=_manifest_section,
     prepare_output=_prepare_output,

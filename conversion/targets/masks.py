@@ -65,6 +65,9 @@ def _plan(request: TargetRequest) -> PlannedKind | None:
         mask_plan = _held_volume_table(mask_plan, held, options)
     if held is not None:
         mask_plan = _held_dtype(mask_plan, held, options)
+    if request.example is not None:
+        # Each example's size with its mask as its records store it (a volume's raw ids): shards are sized by it.
+        mask_plan = request.example.sized_masks(mask_plan, request.plans, config)
     # --annotations_frame only where given: the default's planned targets stay as they were.
     drawn = {} if config.annotations_frame == "auto" else {"frame": config.annotations_frame}
     # DICOM masks' labels become ids of the dataset's class table, in the shard writer.
