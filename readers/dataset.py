@@ -23,6 +23,8 @@ The options come in three frozen, self-validating groups (`readers.options`: `Re
   -> decode and preprocess, per example: decode + resize policy or standard
      augmentation; then an optional user augmentation function
   -> batch and finish: batch -> per batch: scale/normalise, cast, labels
+  (photos without a callable `augment`: parse, decode, preprocess and finish
+  per record in one map function, then a plain batch: `_PHOTOS_PER_IMAGE`).
   -> `_finish_dataset`: cardinality, prefetch, options.
 
 For small images (mean record size up to 32 KiB) with batching and without a
@@ -100,10 +102,11 @@ _SHUFFLE_RAM_BUDGET = 256 * 1024 * 1024
 # the heads of the shards, fully shuffled among themselves, so that the first
 # batch does not wait for the record shuffle buffer to fill (`_ramped_epoch`).
 _RAMP_RECORDS = 128
-# ... and this many more: the parse stage reads about two of its batches ahead
-# of the decoding, and a read past the heads starts filling the buffer of the
-# rest (1024 photos: some 150 MB read, checksummed and copied, 0.2-0.3 s of
-# CPU) while the first batch is still being decoded.
+# ... and this many more: a batched parse stage reads about two of its batches
+# ahead of the decoding (photos, parsed per record, read ahead only as far as
+# the decode map's parallelism), and a read past the heads starts filling the
+# buffer of the rest (1024 photos: some 150 MB read, checksummed and copied,
+# 0.2-0.3 s of CPU) while the first batch is still being decoded.
 _RAMP_PARSE_AHEAD = 2 * _PARSE_BATCH
 _SEED_MODULUS = 2**31 - 1
 # Local shard files are interleaved sequentially (see `_shards_records`); off
@@ -997,20 +1000,28 @@ def _drop_rows(values, keep):
 _BY_BATCH = (_by_batch,)
 _TARGETS_BY_BATCH = (_targets_by_batch,)
 _RASTERS_BY_BATCH = (_rasters_by_batch,)
-def _decode_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
-    """Decodes, preprocesses and finishes each photo in one function call, then batches.
+def _parse_decode_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Parses, decodes, preprocesses and finishes each photo in one function call, then batches.
 
     For photos (larger records, no damaged record to mask, no callable `augment`, no
-    target), after `_parse`: one map function instead of `_PER_IMAGE`'s decode map and its
-    per-batch finish map; a plain batch last, which tf.data fuses with the map
+    target), straight from the records: one map function instead of `_PER_IMAGE`'s parse,
+    decode and per-batch finish maps; a plain batch last, which tf.data fuses with the map
     (map_and_batch_fusion): each image is written into its batch directly. The same values
-    (`finish` is elementwise per image, labels included), in the same order; one function
-    fewer to trace and to instantiate before the first batch (bench.read_stages).
+    (`finish` is elementwise per image, labels included), in the same order.
+
+    Why the parse is per record here: a batched parse (`_parse`) is a function of its own
+    to trace and instantiate, parses 64 records before the first decode and reads two of
+    its batches ahead, and `unbatch` copies each record's bytes out of the batch. Per
+    record, the first batch waits for one function fewer and reads no further ahead than
+    the decode map does (bench/RESULTS.md, ttfb13); one `parse_example` of a photo's record
+    costs about what its share of a batched one does (~0.07 ms against ~2.4 ms to decode
+    and resize it).
     """
-    standard = stages.standard
+    standard, keys = stages.standard, list(stages.keys)
 
     @_no_autograph
-    def load(features, *rest):
+    def load(serialized, *rest):
+        features = decode.parse_examples(serialized, keys, stages.schema)
         features = stages.decode(features, rest[0] if standard else None)
         return stages.finish(features, converted=stages.converts_per_image)
 
@@ -1021,7 +1032,7 @@ def _decode_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
 
 
 _PER_IMAGE = (_parse, _decode_and_preprocess, _user_augment, _batch_and_finish)
-_PHOTOS_PER_IMAGE = (_parse, _decode_and_finish)
+_PHOTOS_PER_IMAGE = (_parse_decode_and_finish,)
 # Switches `_PHOTOS_PER_IMAGE` off, for the benchmark's ablation (bench.read_stages) only.
 _FUSED_PHOTO_STAGES = True
 

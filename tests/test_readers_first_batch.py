@@ -120,15 +120,17 @@ def _functions(ds):
 def test_the_first_batch_waits_for_few_functions(larger, monkeypatch):
     # Each function of the pipeline is traced as it is built and instantiated (placed,
     # optimised) as its iterator starts, before the first batch. The ramp's heads and rest
-    # share one read function (with the damaged-shard guard's tail), unbatching adds no
-    # identity map and the decode no format cond: read, guard tail, parse, decode. Main
-    # before issue 40's ninth pass: 7 (two reads, the per-shard `tf.function`, `normalize`,
-    # two cond branches). Photos' path (per image), as records of over 32 KiB take.
+    # share one read function (with the damaged-shard guard's tail), the decode has no
+    # format cond, and photos are parsed in their decode function (no parse map, no
+    # unbatch): read, guard tail, load. Main before issue 40's ninth pass: 7 (two reads,
+    # the per-shard `tf.function`, `normalize`, two cond branches); before its thirteenth,
+    # 4 (a batched parse map). Photos' path (per image), as records of over 32 KiB take.
     monkeypatch.setattr(dataset, "_BATCHED_DECODE_MAX_RECORD_BYTES", 0)
     ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), repeat=True)
     names = _functions(ds)
-    assert len(names) == 4, names
+    assert len(names) == 3, names
     assert sum("interleave" in n for n in names) == 1, names
+    assert not any("parse" in n for n in names), names
     assert not any("normalize" in n or n.startswith("cond_") for n in names), names
 
 
