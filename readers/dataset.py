@@ -108,13 +108,15 @@ _RAMP_RECORDS = 128
 # buffer of the rest (1024 photos: some 150 MB read, checksummed and copied,
 # 0.2-0.3 s of CPU) while the first batch is still being decoded.
 _RAMP_PARSE_AHEAD = 2 * _PARSE_BATCH
+# The heads' shuffle buffer: one batch, and at least this many records (`_ramped_epoch`).
+_RAMP_WINDOW = 64
 _SEED_MODULUS = 2**31 - 1
 # Local shard files are interleaved sequentially (see `_shards_records`); off
 # for the benchmark's ablation only.
 _SEQUENTIAL_LOCAL_READS = True
 # Threads reading the shard heads of a ramped epoch from local files (`_ramped_epoch`): the
-# heads' shuffle reads and checksums all of them before its first record, which the first
-# decode waits for (photos: 256 records, ~48 ms of one thread's CPU, 18 ms on the busiest of
+# heads' shuffle reads and checksums its buffer (until 2026-12-07: all of them) before its
+# first record, which the first decode waits for (photos: 256 records, ~48 ms of one thread's CPU, 18 ms on the busiest of
 # two; bench/RESULTS.md, ttfb11). A deterministic parallel interleave: the same order. None:
 # in one thread, as the rest.
 _HEAD_READERS = 2
@@ -161,16 +163,30 @@ def _ramp_head(buffer: int, num_shards: int, batch_size: int | None) -> int:
     return head if head * num_shards < buffer else 0
 
 
-def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, seed: int | None,
-                  pipeline_id: int, num_records: int) -> tf.data.Dataset:
+def _ramp_window(head: int, num_shards: int, batch_size: int | None) -> int:
+    """The heads' shuffle buffer: one batch and at least `_RAMP_WINDOW` records, at most the heads."""
+    return min(head * num_shards, max(_RAMP_WINDOW, batch_size or 1))
+
+
+def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, window: int,
+                  seed: int | None, pipeline_id: int, num_records: int) -> tf.data.Dataset:
     """One epoch whose first batch need not wait for the record shuffle buffer.
 
     tf.data's `shuffle` fills its whole buffer (up to 1024 records, some
     150 MB of photos) before its first element. The epoch is instead the
     first `head` records of every shard (their interleave, shuffled in a
-    buffer that holds them all: a uniform permutation of them), then the
-    rest of every shard through the usual buffer of `buffer` records,
-    which fills once the first batch is decoded (see `_RAMP_PARSE_AHEAD`).
+    buffer of `window` records), then the rest of every shard through the
+    usual buffer of `buffer` records, which fills once the first batch is
+    decoded (see `_RAMP_PARSE_AHEAD`).
+
+    The heads' buffer is one batch (`_ramp_window`), not all the heads: a
+    shuffle reads its whole buffer before its first element, so the first
+    batch waits for `window + batch - 1` records rather than for every head
+    (the bench's photos: ~127 records of ~150 KB read and checksummed, not
+    256; until 2026-12-07 the buffer held every head, a uniform permutation
+    of them: another seeded order). The first batch is drawn from about the
+    first `2 x window / num_shards` records of each shard, every shard in
+    it (block length 1), and the heads as a whole still come before the rest.
 
     Why the mix stays as good: the converter writes each shard's records in
     a seeded hash order (independent of class and file name), so a shard's
@@ -194,12 +210,13 @@ def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, seed: in
       head: Records of each shard in the first part.
       buffer: The shuffle buffer of the rest.
       num_shards: Shard files of this pipeline.
+      window: The shuffle buffer of the heads (`_ramp_window`).
       seed: The reader's seed, or None.
       pipeline_id: This input pipeline (for its own seeds).
       num_records: Records of this pipeline per epoch.
     """
     heads, rest = parts_of([(0, head), (head, None)])
-    heads = heads.shuffle(head * num_shards, seed=_derive_seed(seed, 5, pipeline_id),
+    heads = heads.shuffle(window, seed=_derive_seed(seed, 5, pipeline_id),
                           reshuffle_each_iteration=True)
     rest = rest.shuffle(buffer, seed=_derive_seed(seed, 6, pipeline_id),
                         reshuffle_each_iteration=True)
@@ -476,7 +493,8 @@ def _shards_records(
     ramped = None
     if head and not (record_sharding or indexed or reading.cache or served):
         ramped = _ramped_epoch(
-            parts_of, head, buffer, num_shards=len(paths), seed=seed,
+            parts_of, head, buffer, num_shards=len(paths),
+            window=_ramp_window(head, len(paths), reading.batch_size), seed=seed,
             pipeline_id=pipeline_id, num_records=num_records,
         )
     if ramped is not None:
