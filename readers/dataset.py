@@ -23,6 +23,8 @@ The options come in three frozen, self-validating groups (`readers.options`: `Re
   -> decode and preprocess, per example: decode + resize policy or standard
      augmentation; then an optional user augmentation function
   -> batch and finish: batch -> per batch: scale/normalise, cast, labels
+  (photos without a callable `augment`: parse, decode, preprocess and finish
+  per record in one map function, then a plain batch: `_PHOTOS_PER_IMAGE`).
   -> `_finish_dataset`: cardinality, prefetch, options.
 
 For small images (mean record size up to 32 KiB) with batching and without a
@@ -100,18 +102,21 @@ _SHUFFLE_RAM_BUDGET = 256 * 1024 * 1024
 # the heads of the shards, fully shuffled among themselves, so that the first
 # batch does not wait for the record shuffle buffer to fill (`_ramped_epoch`).
 _RAMP_RECORDS = 128
-# ... and this many more: the parse stage reads about two of its batches ahead
-# of the decoding, and a read past the heads starts filling the buffer of the
-# rest (1024 photos: some 150 MB read, checksummed and copied, 0.2-0.3 s of
-# CPU) while the first batch is still being decoded.
+# ... and this many more: a batched parse stage reads about two of its batches
+# ahead of the decoding (photos, parsed per record, read ahead only as far as
+# the decode map's parallelism), and a read past the heads starts filling the
+# buffer of the rest (1024 photos: some 150 MB read, checksummed and copied,
+# 0.2-0.3 s of CPU) while the first batch is still being decoded.
 _RAMP_PARSE_AHEAD = 2 * _PARSE_BATCH
+# The heads' shuffle buffer: one batch, and at least this many records (`_ramped_epoch`).
+_RAMP_WINDOW = 64
 _SEED_MODULUS = 2**31 - 1
 # Local shard files are interleaved sequentially (see `_shards_records`); off
 # for the benchmark's ablation only.
 _SEQUENTIAL_LOCAL_READS = True
 # Threads reading the shard heads of a ramped epoch from local files (`_ramped_epoch`): the
-# heads' shuffle reads and checksums all of them before its first record, which the first
-# decode waits for (photos: 256 records, ~48 ms of one thread's CPU, 18 ms on the busiest of
+# heads' shuffle reads and checksums its buffer (until 2026-12-07: all of them) before its
+# first record, which the first decode waits for (photos: 256 records, ~48 ms of one thread's CPU, 18 ms on the busiest of
 # two; bench/RESULTS.md, ttfb11). A deterministic parallel interleave: the same order. None:
 # in one thread, as the rest.
 _HEAD_READERS = 2
@@ -158,16 +163,30 @@ def _ramp_head(buffer: int, num_shards: int, batch_size: int | None) -> int:
     return head if head * num_shards < buffer else 0
 
 
-def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, seed: int | None,
-                  pipeline_id: int, num_records: int) -> tf.data.Dataset:
+def _ramp_window(head: int, num_shards: int, batch_size: int | None) -> int:
+    """The heads' shuffle buffer: one batch and at least `_RAMP_WINDOW` records, at most the heads."""
+    return min(head * num_shards, max(_RAMP_WINDOW, batch_size or 1))
+
+
+def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, window: int,
+                  seed: int | None, pipeline_id: int, num_records: int) -> tf.data.Dataset:
     """One epoch whose first batch need not wait for the record shuffle buffer.
 
     tf.data's `shuffle` fills its whole buffer (up to 1024 records, some
     150 MB of photos) before its first element. The epoch is instead the
     first `head` records of every shard (their interleave, shuffled in a
-    buffer that holds them all: a uniform permutation of them), then the
-    rest of every shard through the usual buffer of `buffer` records,
-    which fills once the first batch is decoded (see `_RAMP_PARSE_AHEAD`).
+    buffer of `window` records), then the rest of every shard through the
+    usual buffer of `buffer` records, which fills once the first batch is
+    decoded (see `_RAMP_PARSE_AHEAD`).
+
+    The heads' buffer is one batch (`_ramp_window`), not all the heads: a
+    shuffle reads its whole buffer before its first element, so the first
+    batch waits for `window + batch - 1` records rather than for every head
+    (the bench's photos: ~127 records of ~150 KB read and checksummed, not
+    256; until 2026-12-07 the buffer held every head, a uniform permutation
+    of them: another seeded order). The first batch is drawn from about the
+    first `2 x window / num_shards` records of each shard, every shard in
+    it (block length 1), and the heads as a whole still come before the rest.
 
     Why the mix stays as good: the converter writes each shard's records in
     a seeded hash order (independent of class and file name), so a shard's
@@ -191,12 +210,13 @@ def _ramped_epoch(parts_of, head: int, buffer: int, *, num_shards: int, seed: in
       head: Records of each shard in the first part.
       buffer: The shuffle buffer of the rest.
       num_shards: Shard files of this pipeline.
+      window: The shuffle buffer of the heads (`_ramp_window`).
       seed: The reader's seed, or None.
       pipeline_id: This input pipeline (for its own seeds).
       num_records: Records of this pipeline per epoch.
     """
     heads, rest = parts_of([(0, head), (head, None)])
-    heads = heads.shuffle(head * num_shards, seed=_derive_seed(seed, 5, pipeline_id),
+    heads = heads.shuffle(window, seed=_derive_seed(seed, 5, pipeline_id),
                           reshuffle_each_iteration=True)
     rest = rest.shuffle(buffer, seed=_derive_seed(seed, 6, pipeline_id),
                         reshuffle_each_iteration=True)
@@ -473,7 +493,8 @@ def _shards_records(
     ramped = None
     if head and not (record_sharding or indexed or reading.cache or served):
         ramped = _ramped_epoch(
-            parts_of, head, buffer, num_shards=len(paths), seed=seed,
+            parts_of, head, buffer, num_shards=len(paths),
+            window=_ramp_window(head, len(paths), reading.batch_size), seed=seed,
             pipeline_id=pipeline_id, num_records=num_records,
         )
     if ramped is not None:
@@ -997,20 +1018,28 @@ def _drop_rows(values, keep):
 _BY_BATCH = (_by_batch,)
 _TARGETS_BY_BATCH = (_targets_by_batch,)
 _RASTERS_BY_BATCH = (_rasters_by_batch,)
-def _decode_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
-    """Decodes, preprocesses and finishes each photo in one function call, then batches.
+def _parse_decode_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
+    """Parses, decodes, preprocesses and finishes each photo in one function call, then batches.
 
     For photos (larger records, no damaged record to mask, no callable `augment`, no
-    target), after `_parse`: one map function instead of `_PER_IMAGE`'s decode map and its
-    per-batch finish map; a plain batch last, which tf.data fuses with the map
+    target), straight from the records: one map function instead of `_PER_IMAGE`'s parse,
+    decode and per-batch finish maps; a plain batch last, which tf.data fuses with the map
     (map_and_batch_fusion): each image is written into its batch directly. The same values
-    (`finish` is elementwise per image, labels included), in the same order; one function
-    fewer to trace and to instantiate before the first batch (bench.read_stages).
+    (`finish` is elementwise per image, labels included), in the same order.
+
+    Why the parse is per record here: a batched parse (`_parse`) is a function of its own
+    to trace and instantiate, parses 64 records before the first decode and reads two of
+    its batches ahead, and `unbatch` copies each record's bytes out of the batch. Per
+    record, the first batch waits for one function fewer and reads no further ahead than
+    the decode map does (bench/RESULTS.md, ttfb13); one `parse_example` of a photo's record
+    costs about what its share of a batched one does (~0.07 ms against ~2.4 ms to decode
+    and resize it).
     """
-    standard = stages.standard
+    standard, keys = stages.standard, list(stages.keys)
 
     @_no_autograph
-    def load(features, *rest):
+    def load(serialized, *rest):
+        features = decode.parse_examples(serialized, keys, stages.schema)
         features = stages.decode(features, rest[0] if standard else None)
         return stages.finish(features, converted=stages.converts_per_image)
 
@@ -1021,7 +1050,7 @@ def _decode_and_finish(ds: tf.data.Dataset, stages: _Stages) -> tf.data.Dataset:
 
 
 _PER_IMAGE = (_parse, _decode_and_preprocess, _user_augment, _batch_and_finish)
-_PHOTOS_PER_IMAGE = (_parse, _decode_and_finish)
+_PHOTOS_PER_IMAGE = (_parse_decode_and_finish,)
 # Switches `_PHOTOS_PER_IMAGE` off, for the benchmark's ablation (bench.read_stages) only.
 _FUSED_PHOTO_STAGES = True
 

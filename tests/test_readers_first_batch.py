@@ -4,7 +4,7 @@ for the record shuffle buffer (`readers.dataset._ramped_epoch`)."""
 import pytest
 
 from readers import dataset, image_dataset_from_tfrecords
-from readers.dataset import _RAMP_PARSE_AHEAD, _RAMP_RECORDS, _ramp_head
+from readers.dataset import _RAMP_PARSE_AHEAD, _RAMP_RECORDS, _RAMP_WINDOW, _ramp_head, _ramp_window
 from schemas import FILENAME
 
 import _reader_data as rd
@@ -37,6 +37,31 @@ def _passes(ds, n):
 def _heads(written):
     """File names of the first `_HEAD` records of every shard."""
     return {s.filename for i, s in enumerate(written.sources["train"]) if i // _SHARDS < _HEAD}
+
+
+def test_the_heads_shuffle_holds_one_batch_not_every_head(larger):
+    # The first batch waits for `window + batch - 1` records, not every head (issue 40's
+    # thirteenth pass): the heads' buffer is one batch and at least `_RAMP_WINDOW` records.
+    assert _ramp_window(32, 8, 64) == 64 == _RAMP_WINDOW
+    assert _ramp_window(80, 8, 256) == 256
+    assert _ramp_window(32, 8, None) == 64
+    assert _ramp_window(4, 8, 64) == 32                # never more than the heads
+    import tensorflow as tf
+
+    ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), seed=3)
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    consts = {n.name: n for n in graph.node if n.op == "Const"}
+    buffers = sorted(int(tf.make_ndarray(consts[n.input[1].split(":")[0]].attr["value"].tensor))
+                     for n in graph.node if n.op.startswith("ShuffleDataset") and n.input[1].split(":")[0] in consts)
+    # The files' (4, once per interleave), the heads' (one batch of 8: at least 64), the
+    # rest's (the default 400). Main before: the heads' held all 256.
+    assert set(buffers[:-2]) == {_SHARDS} and buffers[-2:] == [_RAMP_WINDOW, _RECORDS], buffers
+    # The first batch still comes from the heads of every shard.
+    (names,) = _passes(image_dataset_from_tfrecords(
+        larger.data_dir, batch_size=8, image_size=(4, 4), seed=3, extra_features=NAMES), 1)
+    position = {s.filename: i for i, s in enumerate(larger.sources["train"])}
+    assert all(position[n] // _SHARDS < 2 * _RAMP_WINDOW // _SHARDS for n in names[:8]), names[:8]
 
 
 def test_ramp_head_sizes():
@@ -120,15 +145,17 @@ def _functions(ds):
 def test_the_first_batch_waits_for_few_functions(larger, monkeypatch):
     # Each function of the pipeline is traced as it is built and instantiated (placed,
     # optimised) as its iterator starts, before the first batch. The ramp's heads and rest
-    # share one read function (with the damaged-shard guard's tail), unbatching adds no
-    # identity map and the decode no format cond: read, guard tail, parse, decode. Main
-    # before issue 40's ninth pass: 7 (two reads, the per-shard `tf.function`, `normalize`,
-    # two cond branches). Photos' path (per image), as records of over 32 KiB take.
+    # share one read function (with the damaged-shard guard's tail), the decode has no
+    # format cond, and photos are parsed in their decode function (no parse map, no
+    # unbatch): read, guard tail, load. Main before issue 40's ninth pass: 7 (two reads,
+    # the per-shard `tf.function`, `normalize`, two cond branches); before its thirteenth,
+    # 4 (a batched parse map). Photos' path (per image), as records of over 32 KiB take.
     monkeypatch.setattr(dataset, "_BATCHED_DECODE_MAX_RECORD_BYTES", 0)
     ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), repeat=True)
     names = _functions(ds)
-    assert len(names) == 4, names
+    assert len(names) == 3, names
     assert sum("interleave" in n for n in names) == 1, names
+    assert not any("parse" in n for n in names), names
     assert not any("normalize" in n or n.startswith("cond_") for n in names), names
 
 
@@ -152,9 +179,11 @@ def test_the_shard_heads_are_read_in_parallel_by_the_shared_function(larger):
     assert not any(n.op == "ParallelInterleaveDatasetV4" for n in graph.node)
 
 
-def test_seeded_order_is_the_one_before_issue_40(larger):
-    # The order the reader gave before the first batch's functions were slimmed (main at
-    # f617f97): the same seed gives the same records in the same order, repeated epochs too.
+def test_seeded_order_is_pinned(larger):
+    # The seeded order, pinned: the same seed gives the same records in the same order,
+    # repeated epochs too. The order of main at f617f97 (before issue 40's ninth pass) until
+    # its thirteenth, whose heads' shuffle holds one batch, not every head (shuffled digests
+    # a3fe024669c06b71 and 1248d9de49381ea8 before; the unshuffled order is unchanged).
     import hashlib
 
     def digest(names):
@@ -162,11 +191,11 @@ def test_seeded_order_is_the_one_before_issue_40(larger):
 
     (once,) = _passes(image_dataset_from_tfrecords(
         larger.data_dir, batch_size=8, image_size=(4, 4), seed=7, extra_features=NAMES), 1)
-    assert digest(once) == "a3fe024669c06b71"
+    assert digest(once) == "6818054c51832685"
     ds = image_dataset_from_tfrecords(larger.data_dir, batch_size=8, image_size=(4, 4), seed=7,
                                       extra_features=NAMES, repeat=True).take(120)
     repeated = [v.decode() for *_, extras in ds for v in extras[FILENAME.key].numpy()]
-    assert len(repeated) == 960 and digest(repeated) == "1248d9de49381ea8"
+    assert len(repeated) == 960 and digest(repeated) == "2198ee1ccfe9fdfe"
     (unshuffled,) = _passes(image_dataset_from_tfrecords(
         larger.data_dir, batch_size=8, image_size=(4, 4), seed=7, shuffle=False, extra_features=NAMES), 1)
     assert digest(unshuffled) == "cd2b6fdd33a05263"
