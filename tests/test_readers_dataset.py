@@ -481,7 +481,7 @@ def test_deterministic_defaults_follow_the_seed():
         ({"color_mode": "bgr"}, ValueError, r"`color_mode` must be one of \('grayscale', 'rgb', 'rgba'\) or None \(every band, as stored\). Received: color_mode='bgr'"),
         ({"shuffle": "yes"}, TypeError, r"`shuffle` must be one of \(True, False, 'shards', 'global'\). Received: shuffle='yes'"),
         ({"seed": "1"}, TypeError, r"`seed` must be an integer or None. Received: seed='1'"),
-        ({"label_mode": "onehot"}, ValueError, r"`label_mode` must be one of \('int', 'categorical', 'binary', 'mask', 'boxes', 'multi_hot', 'target', None\). Received: label_mode='onehot'"),
+        ({"label_mode": "onehot"}, ValueError, r"`label_mode` must be one of \('int', 'categorical', 'binary', 'mask', 'boxes', 'oriented_boxes', 'multi_hot', 'target', None\). Received: label_mode='onehot'"),
         ({"resize": "fit"}, ValueError, r"`resize` must be one of \('stretch', 'pad', 'crop'\). Received: resize='fit'"),
         ({"crop_fraction": 0.0, "resize": "crop"}, ValueError, r"`crop_fraction` must be a number in \(0, 1\]. Received: crop_fraction=0.0"),
         ({"crop_fraction": 0.875}, ValueError, r"`crop_fraction` only applies to resize='crop'.*resize='stretch'"),

@@ -340,14 +340,14 @@ def test_foreground_patches_of_a_seed_are_those_a_listed_search_gives(tmp_path, 
     centred = 0
     for reading in [dict(foreground_fraction=0.33), dict(foreground_fraction=1.0),
                     dict(foreground_fraction=0.5, spacing=(2.0, 1.0, 1.0))]:  # The decoded path.
-        for seed in (0, 5, 23):
+        for seed in (0, 23):
             got, want = read(False, seed=seed, **reading), read(True, seed=seed, **reading)
             assert len(got) == len(want) == 12
             for a, b in zip(got, want):
                 for x, y in zip(a, b):
                     np.testing.assert_array_equal(x, y)
             centred += sum(int((m > 0).any()) for _, m, _ in got)
-    assert centred > 30  # Foreground patches were drawn and compared, not only random ones.
+    assert centred > 20  # Foreground patches were drawn and compared, not only random ones.
 
 
 def test_a_mask_reader_row_gets_the_series_grid_with_its_sop_instance_uids(tmp_path, monkeypatch):
@@ -489,7 +489,7 @@ def test_a_mask_whose_decoder_crashes_or_hangs_rejects_its_volume_only(tmp_path)
 def test_mask_patches_cut_from_the_stored_bytes_are_the_decoded_paths_bit_for_bit(tmp_path, monkeypatch, big_ids):
     """label_mode='mask' patches of volumes as stored take the raw-bytes path (`_patches_of_raw`): the
     same (volume, mask, affine) patches as the decoded-volume path, padded ones and foreground-centred
-    ones included, for every seed."""
+    ones included, under four seeds."""
     images, labels = tmp_path / "imagesTr", tmp_path / "labelsTr"
     images.mkdir()
     labels.mkdir()
@@ -516,20 +516,22 @@ def test_mask_patches_cut_from_the_stored_bytes_are_the_decoded_paths_bit_for_bi
                                                    extra_features=("volume/affine",), **reading)
         return [(v.numpy(), m.numpy(), e["volume/affine"].numpy()) for v, m, e in ds]
 
-    for reading in [dict(patch_size=(8, 8, 8), patches_per_volume=3),
-                    dict(patch_size=(10, 12, 9), patches_per_volume=4, foreground_fraction=0.5, window=(0, 800)),
-                    dict(patch_size=(5, 5, 5), patches_per_volume=6, foreground_fraction=1.0, batch_size=4),
-                    dict(patch_size=(12, 30, 6), patches_per_volume=2, foreground_fraction=0.33, dtype="bfloat16")]:
-        for seed in (0, 11):
-            raw_cuts.clear()
-            fast = read(True, seed, **reading)
-            assert raw_cuts, "the raw-bytes path was not taken"
-            raw_cuts.clear()
-            slow = read(False, seed, **reading)
-            assert not raw_cuts and len(fast) == len(slow) > 0
-            for got, want in zip(fast, slow):
-                for a, b in zip(got, want):
-                    assert (a.dtype, a.shape) == (b.dtype, b.shape)
-                    np.testing.assert_array_equal(a, b)
-            if reading.get("foreground_fraction") == 1.0:  # Every patch of a volume with foreground holds some.
-                assert sum(bool((m > 0).any()) for _, masks, _ in fast for m in masks) >= 12
+    # Each reading under a seed of its own (each seed's patches differ; make test's time).
+    for seed, reading in [(0, dict(patch_size=(8, 8, 8), patches_per_volume=3)),
+                          (11, dict(patch_size=(10, 12, 9), patches_per_volume=4, foreground_fraction=0.5,
+                                    window=(0, 800))),
+                          (5, dict(patch_size=(5, 5, 5), patches_per_volume=6, foreground_fraction=1.0, batch_size=4)),
+                          (23, dict(patch_size=(12, 30, 6), patches_per_volume=2, foreground_fraction=0.33,
+                                    dtype="bfloat16"))]:
+        raw_cuts.clear()
+        fast = read(True, seed, **reading)
+        assert raw_cuts, "the raw-bytes path was not taken"
+        raw_cuts.clear()
+        slow = read(False, seed, **reading)
+        assert not raw_cuts and len(fast) == len(slow) > 0
+        for got, want in zip(fast, slow):
+            for a, b in zip(got, want):
+                assert (a.dtype, a.shape) == (b.dtype, b.shape)
+                np.testing.assert_array_equal(a, b)
+        if reading.get("foreground_fraction") == 1.0:  # Every patch of a volume with foreground holds some.
+            assert sum(bool((m > 0).any()) for _, masks, _ in fast for m in masks) >= 12
