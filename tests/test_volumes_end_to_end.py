@@ -156,9 +156,12 @@ def test_inspect_verify_preview(tmp_path, capsys):
     # The middle slice in CT's soft-tissue window (W 400, L 40 HU), at its own pixel spacing.
     middle = want[want.shape[0] // 2].astype(np.float64)
     np.testing.assert_array_equal(planes.grey[0], np.round(np.clip((middle + 160) / 400, 0, 1) * 255))
-    row = volumes.render_row(planes)
-    y = next(y for y in range(sheet.shape[0]) if (sheet[y:y + row.shape[0], 12:12 + row.shape[1]] == row).all())
-    assert y > 0  # Under its caption.
+    # The sheet shows the planes in the radiological convention (the record's affine decides).
+    row = volumes.render_row(volumes.volume_planes(record["volume"], record["volume/spacing"], "CT",
+                                                   affine=record["volume/affine"]))
+    y = next((y for y in range(sheet.shape[0] - row.shape[0] + 1)
+              if (sheet[y:y + row.shape[0], 12:12 + row.shape[1]] == row).all()), None)
+    assert y is not None and y > 0  # Under its caption.
     # A damaged shard fails verify.
     shard = next(out.glob("train-*.tfrecord"))
     data = bytearray(shard.read_bytes())
