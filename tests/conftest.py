@@ -84,47 +84,64 @@ def pytest_xdist_auto_num_workers(config):
 # module nears its end: these first, so that the workers' last modules are short ones and both end
 # together. Collected as-is otherwise (alphabetically), so a slow module missing here can end the
 # run alone: keep it up to date from `--durations=0`. Figures: the seconds of each module's tests
-# (setup, call, teardown) in `make test` on 2 cores at load 1-3, 2026-12-07 (996 s in all).
+# (setup, call, teardown) in `make test` on 2 cores, 2026-12-07, twelfth session (1,241 s in all,
+# on a slower hour of this shared machine than the eleventh session's 996 s).
 _LONGEST_FIRST = (
-    "test_beam_jobs_runner_dask.py",  # 73
-    "test_conversion_guard.py",  # 66
-    "test_volumes_masks_end_to_end.py",  # 55
-    "test_gcs.py",  # 44
-    "test_readers_targets.py",  # 38
-    "test_beam_jobs_append.py",  # 37
-    "test_readers_service.py",  # 26
-    "test_beam_jobs_append_targets.py",  # 26
-    "test_quiet.py",  # 23
-    "test_cli_errors.py",  # 23
-    "test_beam_jobs_append_volumes.py",  # 22
-    "test_volumes_end_to_end.py",  # 20
-    "test_readers_dataset.py",  # 20
-    "test_compat.py",  # 18
-    "test_readers_rasters.py",  # 17
-    "test_beam_jobs_mend.py",  # 16
-    "test_readers_volumes.py",  # 15
-    "test_rasters_end_to_end.py",  # 15
+    "test_beam_jobs_runner_dask.py",  # 72
+    "test_volumes_masks_end_to_end.py",  # 70
+    "test_conversion_guard.py",  # 61
+    "test_gcs.py",  # 57
+    "test_beam_jobs_append.py",  # 46
+    "test_readers_targets.py",  # 41
+    "test_cli_errors.py",  # 35
+    "test_readers_service.py",  # 34
+    "test_quiet.py",  # 32
+    "test_beam_jobs_append_targets.py",  # 29
+    "test_beam_jobs_append_volumes.py",  # 25
+    "test_readers_dataset.py",  # 24
+    "test_compat.py",  # 24
+    "test_readers_volumes.py",  # 22
+    "test_volumes_end_to_end.py",  # 22
+    "test_conversion_patches.py",  # 22
+    "test_readers_global.py",  # 21
+    "test_readers_rasters.py",  # 20
+    "test_bench_rasters.py",  # 20
+    "test_beam_jobs_mend.py",  # 19
+    "test_rasters_end_to_end.py",  # 18
+    "test_bench_append.py",  # 15
+    "test_docs.py",  # 15
     "test_bench_time_series.py",  # 14
-    "test_conversion_patches.py",  # 14
-    "test_readers_global.py",  # 14
-    "test_bench_rasters.py",  # 13
-    "test_docs.py",  # 12
-    "test_bench_append.py",  # 11
-    "test_conversion_patches_memory.py",  # 10
-    "test_readers_doctor.py",  # 10
-    "test_patches_end_to_end.py",  # 10
-    "test_imaging_dicom_masks.py",  # 10
-    "test_conversion_shard_maker.py",  # 10
-    "test_volumes_dicom_masks_end_to_end.py",  # 9
-    "test_conversion_patch_masks.py",  # 9
-    "test_readers_distributed.py",  # 9
-    "test_bench_targets_convert.py",  # 9
-    "test_imaging_patches.py",  # 9
-    "test_beam_jobs_transforms.py",  # 9
+    "test_conversion_patch_masks.py",  # 14
+    "test_readers_distributed.py",  # 14
+    "test_imaging_resize.py",  # 14
+    "test_readers_doctor.py",  # 13
+    "test_volumes_dicom_masks_end_to_end.py",  # 12
+    "test_patches_end_to_end.py",  # 12
+    "test_packaging.py",  # 12
+    "test_imaging_dicom_masks.py",  # 12
+    "test_conversion_shard_maker.py",  # 12
+    "test_bench_targets_convert.py",  # 11
+    "test_bench_patches.py",  # 11
+    "test_imaging_patches.py",  # 11
+    "test_bench_mutations_convert.py",  # 11
+    "test_beam_jobs_convert.py",  # 10
+    "test_conversion_patches_scale.py",  # 10
+    "test_beam_jobs_transforms.py",  # 10
+    "test_beam_jobs_verify_targets.py",  # 10
     "test_volumes_mask_labels_end_to_end.py",  # 9
-    "test_beam_jobs_convert.py",  # 8
-    "test_packaging.py",  # 8
-    "test_conversion_patches_scale.py",  # 8
+    "test_schemas.py",  # 9
+    "test_readers_targets_oriented.py",  # 9
+    "test_time_series_end_to_end.py",  # 9
+    "test_readers_first_batch.py",  # 8
+    "test_readers_multiworker.py",  # 8
+    "test_conversion_patches_memory.py",  # 8
+    "test_targets_end_to_end.py",  # 8
+    "test_beam_jobs_verify.py",  # 8
+    "test_conversion_masks.py",  # 8
+    "test_beam_jobs_convert_early.py",  # 8
+    "test_readers_corrupt.py",  # 7
+    "test_volumes_group_by_end_to_end.py",  # 7
+    "test_readers_versions.py",  # 7
 )
 
 
