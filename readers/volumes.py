@@ -31,6 +31,10 @@ from schemas.volumes import (VOLUME, VOLUME_AFFINE, VOLUME_DTYPE, VOLUME_DTYPES,
 __all__ = ["volume_dataset_from_tfrecords", "VOLUME_EXTRA_FEATURES", "LABEL_MODES", "foreground_voxels"]
 
 _LOG = logging.getLogger(__name__)
+# The map functions are traced as written: their branches on tensors are tf.cond / tf.where already,
+# and AutoGraph's conversion of them took most of a pipeline's build (~1 s of 1.2 for masked
+# patches, measured with cProfile), paid by every trainer before its first batch.
+_no_autograph = tf.autograph.experimental.do_not_convert
 
 # What `label_mode` may be: each volume's class, or its label volume (datasets converted with --masks_dir).
 LABEL_MODES = ("int", "mask")
@@ -238,18 +242,18 @@ def volume_dataset_from_tfrecords(data_dir, split: str, batch_size: int | None =
         # patches are converted to float and windowed (elementwise steps commute
         # with a crop), never the whole volume (`_patches_of_raw`). A mask's
         # patches are cut at the same offsets from its own stored ids.
-        ds = ds.enumerate().map(lambda i, s: _patches_of_raw(i, s, spec, options),
+        ds = ds.enumerate().map(_no_autograph(lambda i, s: _patches_of_raw(i, s, spec, options)),
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
         return _batched(ds, options)
-    ds = ds.map(lambda serialized: _parse(serialized, spec, options, stored),
+    ds = ds.map(_no_autograph(lambda serialized: _parse(serialized, spec, options, stored)),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if options.dtype is not None:
-        ds = ds.map(lambda volume, parsed: _preprocess(volume, parsed, options),
+        ds = ds.map(_no_autograph(lambda volume, parsed: _preprocess(volume, parsed, options)),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if options.patch_size is not None:
-        ds = ds.enumerate().map(lambda i, el: _patches(i, el[0], el[1], options),
+        ds = ds.enumerate().map(_no_autograph(lambda i, el: _patches(i, el[0], el[1], options)),
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
-    ds = ds.map(lambda volume, parsed: _finish(volume, parsed, options),
+    ds = ds.map(_no_autograph(lambda volume, parsed: _finish(volume, parsed, options)),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return _batched(ds, options)
 
