@@ -1,11 +1,15 @@
-"""Count lists of the manifest's `targets` section, shared by the kinds that count per class."""
+"""Count lists of the manifest's `targets` section, shared by the kinds that count per class, and the
+section, --append merge and inspect lines of the two box kinds (axis and oriented)."""
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
 
-__all__ = ["as_list", "summed", "per_split_rows", "appended_order", "summed_per_split", "BoxCounts", "box_section"]
+from conversion.targets.kind import Description
+
+__all__ = ["as_list", "summed", "per_split_rows", "appended_order", "summed_per_split", "BoxCounts", "box_section",
+           "box_merge", "box_description"]
 
 
 def as_list(counter: Mapping[int, int], length: int = 0) -> list[int]:
@@ -105,3 +109,43 @@ def box_section(name: str, section: dict, shards, splits: Sequence[str], num_cla
             issues.update(p["issues"])
     section["issues"] = dict(sorted(issues.items()))
     return section
+
+
+def box_merge(held: dict, mine: dict) -> dict:
+    """A box kind's grown section with --append (`TargetKind.merge`): this run's classes (the held ones
+    first), counts and issues added up."""
+    out = dict(mine)
+    out["counts"] = summed_per_split(held.get("counts") or {}, mine.get("counts") or {})
+    out["images_without_boxes"] = summed_per_split(held.get("images_without_boxes") or {},
+                                                   mine.get("images_without_boxes") or {})
+    issues = collections.Counter(held.get("issues") or {})
+    issues.update(mine.get("issues") or {})
+    out["issues"] = dict(sorted(issues.items()))
+    if len(mine.get("class_names") or ()) > len(held.get("class_names") or ()) \
+            or held.get("class_order") == "first_appearance":
+        # A full conversion orders them as its annotations do; these came by first appearance.
+        out["class_order"] = "first_appearance"
+    return out
+
+
+def box_description(noun: str, boxes: dict, class_names, splits, max_classes: int):
+    """A box kind's `shardsmith inspect` lines (`TargetKind.describe`): its boxes per class per split,
+    images without any, and the annotations' issues.
+
+    Args:
+      noun: What one box is called ("box", "oriented box"); its plural adds "es".
+      boxes: The kind's manifest section (class_names: the image-level ones, not shown here).
+    """
+    names = list(boxes.get("class_names") or [])
+    counts = boxes.get("counts") or {}
+    head = [f"{noun}es: {boxes.get('format', '?')} annotations from {boxes.get('source')}, {len(names)} classes"]
+    rows = per_split_rows(
+        f"{noun} class", names[:max_classes], splits,
+        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0)
+    tail = [f"... and {len(names) - max_classes} more {noun} classes"] if len(names) > max_classes else []
+    without = boxes.get("images_without_boxes") or {}
+    tail.append(f"images without {noun}es: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
+    issues = boxes.get("issues") or {}
+    if issues:
+        tail.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
+    return Description(head, rows, tail)

@@ -20,9 +20,8 @@
 
 from __future__ import annotations
 
-import collections
-import functools
 import dataclasses
+import functools
 import logging
 import os
 import posixpath
@@ -34,8 +33,8 @@ from conversion import listing as _listing
 from conversion.files import exists, read_bytes, read_many
 from conversion.targets import yolo as _yolo
 from conversion.targets._box_files import BoxAnnotations
-from conversion.targets._counts import BoxCounts, appended_order, box_section, per_split_rows, summed_per_split
-from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets._counts import BoxCounts, appended_order, box_description, box_merge, box_section
+from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import ImageRejected
 from imaging import boxes as _boxes
 
@@ -161,22 +160,6 @@ def _in_held_order(boxes: BoxAnnotations, held, label_at: int) -> BoxAnnotations
         entry["boxes"] = [[*b[:label_at], remap[b[label_at]], *b[label_at + 1:]] for b in entry["boxes"]]
         files[rel] = entry
     return dataclasses.replace(boxes, class_names=names, category_ids=ids, files=files)
-
-
-def _merge(held: dict, mine: dict) -> dict:
-    """The grown dataset's section: this run's classes (the held ones first), counts and issues added up."""
-    out = dict(mine)
-    out["counts"] = summed_per_split(held.get("counts") or {}, mine.get("counts") or {})
-    out["images_without_boxes"] = summed_per_split(held.get("images_without_boxes") or {},
-                                                   mine.get("images_without_boxes") or {})
-    issues = collections.Counter(held.get("issues") or {})
-    issues.update(mine.get("issues") or {})
-    out["issues"] = dict(sorted(issues.items()))
-    if len(mine.get("class_names") or ()) > len(held.get("class_names") or ()) \
-            or held.get("class_order") == "first_appearance":
-        # A full conversion orders them as its annotations do; these came by first appearance.
-        out["class_order"] = "first_appearance"
-    return out
 
 
 class BoxFormat(NamedTuple):
@@ -467,22 +450,7 @@ def _check_boxes(values, num_box_classes: int) -> str | None:
     return None
 
 
-def _describe(boxes, class_names, splits, max_classes: int) -> Description:
-    """Boxes per class per split, images without boxes, and the annotations' issues."""
-    names = list(boxes.get("class_names") or [])
-    counts = boxes.get("counts") or {}
-    head = [f"boxes: {boxes.get('format', '?')} annotations from {boxes.get('source')}, {len(names)} classes"]
-    rows = per_split_rows(
-        "box class", names[:max_classes], splits,
-        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0)
-    tail = [f"... and {len(names) - max_classes} more box classes"] if len(names) > max_classes else []
-    without = boxes.get("images_without_boxes") or {}
-    tail.append("images without boxes: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
-    issues = boxes.get("issues") or {}
-    if issues:
-        tail.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
-    return Description(head, rows, tail)
-
-
-KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record, counter=functools.partial(BoxCounts, schemas.BBOX_LABEL.key),
-                  section=functools.partial(box_section, NAME), verify=_verify, describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--annotations", plan=_plan, record=_record,
+                  counter=functools.partial(BoxCounts, schemas.BBOX_LABEL.key),
+                  section=functools.partial(box_section, NAME), verify=_verify,
+                  describe=functools.partial(box_description, "box"), merge=box_merge)

@@ -26,7 +26,6 @@ objects with oriented boxes; this kind keeps each box's 4 corners
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 from collections.abc import Sequence
@@ -34,9 +33,9 @@ from collections.abc import Sequence
 import schemas
 from conversion.targets import boxes as _boxes_kind
 from conversion.targets import yolo as _yolo
-from conversion.targets._counts import BoxCounts, box_section, per_split_rows, summed_per_split
+from conversion.targets._counts import BoxCounts, box_description, box_merge, box_section
 from conversion.targets.boxes import BoxFormat
-from conversion.targets.kind import Description, PlannedKind, RecordPart, TargetKind, TargetRequest
+from conversion.targets.kind import PlannedKind, RecordPart, TargetKind, TargetRequest
 from imaging import boxes as _geometry
 
 __all__ = ["KIND", "OBB_ACTIONS", "FORMATS", "polygon_area"]
@@ -163,22 +162,6 @@ def _record(entry: dict, image, raw_frame, name: str) -> RecordPart:
     return RecordPart(extra, tuple(actions), details or None, tuple(issues))
 
 
-def _merge(held: dict, mine: dict) -> dict:
-    """The grown dataset's section: this run's classes (the held ones first), counts and issues added up."""
-    out = dict(mine)
-    out["counts"] = summed_per_split(held.get("counts") or {}, mine.get("counts") or {})
-    out["images_without_boxes"] = summed_per_split(held.get("images_without_boxes") or {},
-                                                   mine.get("images_without_boxes") or {})
-    issues = collections.Counter(held.get("issues") or {})
-    issues.update(mine.get("issues") or {})
-    out["issues"] = dict(sorted(issues.items()))
-    if len(mine.get("class_names") or ()) > len(held.get("class_names") or ()) \
-            or held.get("class_order") == "first_appearance":
-        # As the boxes kind says it: a full conversion orders them as its annotations do; these came by appearance.
-        out["class_order"] = "first_appearance"
-    return out
-
-
 def _verify(section, num_classes: int):
     names = section.get("class_names")
     if not isinstance(names, list):
@@ -204,23 +187,7 @@ def check_oriented_boxes(values, num_classes: int) -> str | None:
     return None
 
 
-def _describe(boxes, class_names, splits, max_classes: int) -> Description:
-    """Oriented boxes per class per split, images without boxes, and the annotations' issues."""
-    names = list(boxes.get("class_names") or [])
-    counts = boxes.get("counts") or {}
-    head = [f"oriented boxes: {boxes.get('format', '?')} annotations from {boxes.get('source')}, "
-            f"{len(names)} classes"]
-    rows = per_split_rows(
-        "oriented box class", names[:max_classes], splits,
-        lambda s, i: (counts.get(s) or [0] * len(names))[i] if i < len(counts.get(s) or ()) else 0)
-    tail = [f"... and {len(names) - max_classes} more oriented box classes"] if len(names) > max_classes else []
-    without = boxes.get("images_without_boxes") or {}
-    tail.append("images without oriented boxes: " + ", ".join(f"{s} {int(without.get(s, 0)):,}" for s in splits))
-    issues = boxes.get("issues") or {}
-    if issues:
-        tail.append("annotation issues: " + ", ".join(f"{k} {int(n):,}" for k, n in sorted(issues.items())))
-    return Description(head, rows, tail)
-
-
-KIND = TargetKind(name=NAME, flag="--boxes oriented", plan=_plan, record=_record, counter=functools.partial(BoxCounts, schemas.OBB_LABEL.key),
-                  section=functools.partial(box_section, NAME), verify=_verify, describe=_describe, merge=_merge)
+KIND = TargetKind(name=NAME, flag="--boxes oriented", plan=_plan, record=_record,
+                  counter=functools.partial(BoxCounts, schemas.OBB_LABEL.key),
+                  section=functools.partial(box_section, NAME), verify=_verify,
+                  describe=functools.partial(box_description, "oriented box"), merge=box_merge)
