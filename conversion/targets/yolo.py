@@ -262,15 +262,10 @@ def _read_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) 
         if len(fields) < 5 or (len(fields) > 5 and len(fields) % 2 == 0):
             return (f"{where}: {len(fields)} fields; a box is 'class cx cy w h' (5), a polygon 'class x1 y1 "
                     "x2 y2 x3 y3 ...' (an odd number, 7 or more)")
-        try:
-            label_id = float(fields[0])
-            values = [float(v) for v in fields[1:]]
-        except ValueError:
-            return f"{where}: not a number in {line.strip()!r}"
-        if not all(math.isfinite(v) for v in (label_id, *values)):
-            return f"{where}: not a finite number in {line.strip()!r}"
-        if not label_id.is_integer() or not 0 <= label_id < num_classes:
-            return f"{where}: class {fields[0]} is not one of the {num_classes} classes (0-{num_classes - 1})"
+        parsed = _class_and_numbers(fields, line, where, num_classes)
+        if isinstance(parsed, str):
+            return parsed
+        label_id, values = parsed
         if (label_id, *values) in seen:
             # A line repeated (an exporter run twice): Ultralytics drops the copy, and so do we.
             issues["duplicate_line"] += 1
@@ -297,6 +292,21 @@ def _read_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) 
     return None
 
 
+def _class_and_numbers(fields, line: str, where: str, num_classes: int) -> tuple[float, list[float]] | str:
+    """A label line's class id and its numbers (a box's, a polygon's, an oriented box's corners), or why
+    the line is refused: a field that is not a finite number, a class id not among the classes."""
+    try:
+        label_id = float(fields[0])
+        values = [float(v) for v in fields[1:]]
+    except ValueError:
+        return f"{where}: not a number in {line.strip()!r}"
+    if not all(math.isfinite(v) for v in (label_id, *values)):
+        return f"{where}: not a finite number in {line.strip()!r}"
+    if not label_id.is_integer() or not 0 <= label_id < num_classes:
+        return f"{where}: class {fields[0]} is not one of the {num_classes} classes (0-{num_classes - 1})"
+    return label_id, values
+
+
 def _read_obb_lines(data: bytes, label: str, num_classes: int, entry: dict, issues) -> str | None:
     """Adds a YOLO-OBB label file's oriented boxes to `entry` (corners as fractions); returns why
     the file is refused, or None."""
@@ -315,15 +325,10 @@ def _read_obb_lines(data: bytes, label: str, num_classes: int, entry: dict, issu
                 if len(fields) == 5 else ""
             return (f"{where}: {len(fields)} fields{kind}; with --boxes oriented a line is an oriented box "
                     "'class x1 y1 x2 y2 x3 y3 x4 y4' (9)")
-        try:
-            label_id = float(fields[0])
-            values = [float(v) for v in fields[1:]]
-        except ValueError:
-            return f"{where}: not a number in {line.strip()!r}"
-        if not all(math.isfinite(v) for v in (label_id, *values)):
-            return f"{where}: not a finite number in {line.strip()!r}"
-        if not label_id.is_integer() or not 0 <= label_id < num_classes:
-            return f"{where}: class {fields[0]} is not one of the {num_classes} classes (0-{num_classes - 1})"
+        parsed = _class_and_numbers(fields, line, where, num_classes)
+        if isinstance(parsed, str):
+            return parsed
+        label_id, values = parsed
         if not all(-_TOLERANCE <= v <= 1 + _TOLERANCE for v in values):
             return (f"{where}: a corner is outside [0, 1]: YOLO-OBB labels are fractions of the image's "
                     "width and height")
