@@ -156,12 +156,7 @@ def _classes(root, images, class_names) -> tuple[str, ...]:
 
 def _image_entry(image, where: str, label_of: dict, given: bool, issues) -> dict:
     """{'size', 'ref', 'boxes', 'dropped'} of one <image>; raises `_Malformed` with what was wrong."""
-    size = None
-    if image.get("width") is not None or image.get("height") is not None:
-        size = size_of(image.get("width"), image.get("height"))
-        if size is None:
-            raise _Malformed(f"{where}: width {image.get('width')!r} and height {image.get('height')!r} "
-                             "must be whole numbers above 0")
+    size = _image_size(image, where)
     boxes, dropped, regions = [], [], []
     for k, shape in enumerate(image, start=1):
         what = f"{where} shape {k} <{shape.tag}>"
@@ -172,23 +167,30 @@ def _image_entry(image, where: str, label_of: dict, given: bool, issues) -> dict
             issues["unsupported_shape"] += 1
             dropped.append([k, "unsupported_shape"])
             continue
-        label = (shape.get("label") or "").strip()
-        if not label:
-            raise _Malformed(f"{what} has no label")
-        if label not in label_of:
-            said = "--class_names" if given else "the file's <meta> labels"
-            raise _Malformed(f"{what}: label {label!r} is not among {said} ({some(list(label_of))})")
+        label = _label_index(shape, what, label_of, given)
         corners = _corners(shape, what, issues)
         if corners is None:
             issues["unsupported_shape"] += 1
             dropped.append([k, "unsupported_shape"])
             continue
-        boxes.append([k, *corners, label_of[label], 0])
+        boxes.append([k, *corners, label, 0])
         regions.append(_region(shape, what))
     return {"size": size, "ref": "shape", "boxes": boxes, "dropped": dropped, "regions": regions}
 
 
+def _image_size(image, where: str):
+    """An <image>'s (width, height), None when it gives neither; raises `_Malformed` for a bad one."""
+    if image.get("width") is None and image.get("height") is None:
+        return None
+    size = size_of(image.get("width"), image.get("height"))
+    if size is None:
+        raise _Malformed(f"{where}: width {image.get('width')!r} and height {image.get('height')!r} "
+                         "must be whole numbers above 0")
+    return size
+
+
 def _label_index(shape, what: str, label_of: dict, given: bool) -> int:
+    """A shape's class index; raises `_Malformed` for a shape without a label or with one not among the classes."""
     label = (shape.get("label") or "").strip()
     if not label:
         raise _Malformed(f"{what} has no label")
@@ -200,12 +202,7 @@ def _label_index(shape, what: str, label_of: dict, given: bool) -> int:
 
 def _oriented_entry(image, where: str, label_of: dict, given: bool, issues) -> dict:
     """{'size', 'ref', 'boxes', 'dropped'} of one <image>, its boxes as corners (--boxes oriented)."""
-    size = None
-    if image.get("width") is not None or image.get("height") is not None:
-        size = size_of(image.get("width"), image.get("height"))
-        if size is None:
-            raise _Malformed(f"{where}: width {image.get('width')!r} and height {image.get('height')!r} "
-                             "must be whole numbers above 0")
+    size = _image_size(image, where)
     boxes, dropped = [], []
     for k, shape in enumerate(image, start=1):
         what = f"{where} shape {k} <{shape.tag}>"
